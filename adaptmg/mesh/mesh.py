@@ -291,7 +291,15 @@ class Mesh:
     @functools.cached_property
     def _hanging(self):
         """(nodes, parents (nh, 4) -1 padded, owner cell, (node, cell) pairs) of the hanging nodes;
-        the pairs list every active cell that contains a hanging node's parent edge/face."""
+        the pairs list every active cell that contains a hanging node's parent edge/face.
+
+        A hanging node's parents are vertices of active cells of two levels (below), so a mesh
+        whose active cells all have one level has none: that case returns at once (uniform
+        meshes, e.g. every level of a global-coarsening hierarchy of a uniform mesh)."""
+        lv_cells = self.levels
+        if lv_cells.size == 0 or lv_cells.min() == lv_cells.max():
+            e64, e32 = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+            return e64, np.zeros((0, 4), dtype=np.int64), e32, (e64.copy(), e32.copy())
         F, d = self._forest, self.dim
         ids = self.node_ids
         kind = F.node_kind[ids]
