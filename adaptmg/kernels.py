@@ -235,10 +235,24 @@ def add_cast(y, x):
 
 
 def dense_matvec(M, b, out):
-    """``out <- M b`` for a dense (small) matrix, one GEMV, no allocation."""
+    """``out <- M b`` for a dense (small) matrix, one GEMV, no allocation.
+
+    GPU: cuBLAS GEMV; while the current stream is being captured into a CUDA
+    graph (CuPy refuses cuBLAS there) the RawKernel ``adaptmg_dense_gemv_<type>``,
+    one warp per row of the C-contiguous ``M`` with a shuffle reduction.
+    """
     if _is_numpy(out):
         return np.dot(M, b, out=out)
-    return get_backend("gpu").xp.dot(M, b, out=out)
+    xp = get_backend("gpu").xp
+    if xp.cuda.get_current_stream().is_capturing():
+        if not (M.flags.c_contiguous and M.dtype == b.dtype == out.dtype):
+            raise TypeError("dense_matvec under graph capture needs a C-contiguous M and one dtype")
+        n, m = M.shape
+        ct = _ctype(out.dtype)
+        _csr_module(ct).get_function(f"adaptmg_dense_gemv_{ct}")(
+            ((n * 32 + 255) // 256,), (256,), (np.int32(n), np.int32(m), M, b, out))
+        return out
+    return xp.dot(M, b, out=out)
 
 
 # --------------------------------------------------------------------------
@@ -283,6 +297,44 @@ extern "C" __global__ void adaptmg_csr_residual_vec_{T}(
         for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) s += data[k] * x[indices[k]];
     for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
     if (row < n && lane == 0) r[row] = b[row] - s;
+}
+extern "C" __global__ void adaptmg_csr_spmv_vec_{T}(
+    const int n, const int tpr, const int* __restrict__ indptr, const int* __restrict__ indices,
+    const {T}* __restrict__ data, const {T}* __restrict__ x, const {T} alpha, const {T} beta,
+    {T}* __restrict__ y)
+{
+    int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    int row = tid / tpr, lane = tid % tpr;
+    {T} s = 0;
+    if (row < n)
+        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) s += data[k] * x[indices[k]];
+    for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
+    if (row < n && lane == 0) y[row] = beta == ({T})0 ? alpha * s : alpha * s + beta * y[row];
+}
+extern "C" __global__ void adaptmg_csr_spmv_{T}(
+    const int n, const int* __restrict__ indptr, const int* __restrict__ indices,
+    const {T}* __restrict__ data, const {T}* __restrict__ x, const {T} alpha, const {T} beta,
+    {T}* __restrict__ y)
+{
+    int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (i < n) {
+        {T} s = 0;
+        for (int k = indptr[i]; k < indptr[i + 1]; ++k) s += data[k] * x[indices[k]];
+        y[i] = beta == ({T})0 ? alpha * s : alpha * s + beta * y[i];
+    }
+}
+extern "C" __global__ void adaptmg_dense_gemv_{T}(
+    const int n, const int m, const {T}* __restrict__ M, const {T}* __restrict__ b,
+    {T}* __restrict__ out)
+{
+    // one warp per row of the row-major n x m matrix M
+    int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    int row = tid / 32, lane = tid % 32;
+    {T} s = 0;
+    if (row < n)
+        for (int j = lane; j < m; j += 32) s += M[(size_t)row * m + j] * b[j];
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
+    if (row < n && lane == 0) out[row] = s;
 }
 extern "C" __global__ void adaptmg_csr_residual_{T}(
     const int n, const int* __restrict__ indptr, const int* __restrict__ indices,
@@ -463,7 +515,11 @@ class _GpuCsrPlan(SpMVPlan):
     """cuSPARSE generic SpMV with descriptor and buffer created once.
 
     Dense-vector descriptors hold only (size, pointer, dtype); they are cached
-    by that key, so a preallocated work vector gets its descriptor once.
+    by that key, so a preallocated work vector gets its descriptor once.  While
+    the current stream is being captured into a CUDA graph (:mod:`adaptmg.cudagraph`),
+    where CuPy does not allow cuSPARSE, the plan launches the RawKernel
+    ``adaptmg_csr_spmv_<type>`` instead (int32 CSR; same threads-per-row rule as
+    the fused kernels).
     """
 
     _MAX_CACHE = 256
@@ -502,6 +558,8 @@ class _GpuCsrPlan(SpMVPlan):
         self._buf = cupy.empty(max(int(size), 1), cupy.int8)
         self._vecs.clear()
         self._nnz0 = A.nnz == 0
+        self._raw = (A.indices.dtype == np.int32 and A.indptr.dtype == np.int32
+                     and self.dtype in (np.float32, np.float64))
 
     def _vec(self, v):
         key = (v.data.ptr, v.size)
@@ -519,6 +577,11 @@ class _GpuCsrPlan(SpMVPlan):
         if self._nnz0:
             y *= beta
             return y
+        if self._raw and self._cp.cuda.get_current_stream().is_capturing():
+            # CuPy refuses cuSPARSE calls during CUDA-graph capture: the same product
+            # with adaptmg's CSR kernel (row sums in another order: round-off differences)
+            A, t = self.A, self.dtype.type
+            return _launch_csr("csr_spmv", A, y, (A.indptr, A.indices, A.data, x, t(alpha), t(beta), y))
         ab = self._scalars.get((alpha, beta))
         if ab is None:
             if len(self._scalars) > 64:

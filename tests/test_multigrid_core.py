@@ -339,3 +339,42 @@ def test_gpu_cycle_never_synchronises():
                     ml.cycle(b, x, cycle=cyc)
                 M.matvec(r64)
             gpu.synchronize()
+
+
+@pytest.mark.gpu
+def test_graph_preconditioner_replays_the_eager_cycle():
+    """aspreconditioner(graph=...) on the GPU: the captured cycle gives the eager cycle's
+    result (all smoothers, V/W/F, float64 and float32 levels), is really a graph by default,
+    and the returned vectors are fresh arrays (a second application does not overwrite them)."""
+    from adaptmg.backend import get_backend
+    gpu = get_backend("gpu")
+    As, Ps = hierarchy(3, 2, 4)
+    n = As[-1].shape[0]
+    r1 = gpu.asarray(np.random.default_rng(5).standard_normal(n))
+    r2 = gpu.asarray(np.random.default_rng(6).standard_normal(n))
+    for sm in ("jacobi", "block_jacobi", "chebyshev"):
+        for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-5)):
+            ml = MultilevelSolver.from_matrices(As, Ps, backend=gpu, smoother=sm, dtype=dtype)
+            for cyc in ("V", "W", "F"):
+                Mg = ml.aspreconditioner(cyc)
+                assert Mg.graph, (sm, dtype, cyc, ml.graph_error)
+                Me = ml.aspreconditioner(cyc, graph=False)
+                assert not Me.graph
+                z1 = Mg.matvec(r1)
+                z2 = Mg.matvec(r2)
+                assert z1.dtype == r1.dtype
+                for z, r in ((z1, r1), (z2, r2)):
+                    ref = to_host(Me.matvec(r))
+                    err = np.abs(to_host(z) - ref).max() / np.abs(ref).max()
+                    assert err <= tol, (sm, dtype, cyc, err)
+
+
+def test_graph_option_is_validated(backend):
+    As, Ps = hierarchy(2, 4, 3)
+    ml = MultilevelSolver.from_matrices(As, Ps, backend=backend)
+    with pytest.raises(ValueError, match="graph"):
+        ml.aspreconditioner(graph="yes")
+    if not backend.is_gpu:
+        with pytest.raises(ValueError, match="GPU"):
+            ml.aspreconditioner(graph=True)
+        assert not ml.aspreconditioner().graph
