@@ -187,7 +187,8 @@ def system_matrix(dt: float, lam: float = LAMBDA, mu: float = MU):
 
 def run(case: str = "edge", level: int = 3, *, dt: float = 0.025, T: float = 2.5,
         steps: int | None = None, lam: float = LAMBDA, mu: float = MU, f=F, backend="auto",
-        rtol: float = 1e-8, maxiter: int = 50, tol: str = "rhs", levels=None, quiet: bool = False, out=None, coarse=(8, 8, 8)):
+        rtol: float = 1e-8, maxiter: int = 50, tol: str = "rhs", levels=None, quiet: bool = False, out=None,
+        coarse=(8, 8, 8), mg_dtype=np.float64):
     """Run the elasticity problem on the adaptive mesh ``make_mesh(case, level)``.
 
     ``tol="rhs"`` stops GMRES when ``||b - K x|| <= rtol ||b||`` (x0 = previous step);
@@ -220,7 +221,7 @@ def run(case: str = "edge", level: int = 3, *, dt: float = 0.025, T: float = 2.5
         # hierarchy down to the 4x4x4 box (750 rows, direct coarse solve) by default
         nlev = None if levels == "all" else (len(mesh.hierarchy()) - 1 if levels is None else int(levels))
         ml = multigrid(space, S, dirichlet="all", smoother="block_jacobi", backend=be,
-                       max_levels=nlev)
+                       max_levels=nlev, dtype=mg_dtype)
         cons = ml.constraints[-1]
         nd = space.num_dofs
         Kd = getattr(ml, "_A_outer", None)
