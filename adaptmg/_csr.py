@@ -5,14 +5,6 @@ import numpy as np
 import scipy.sparse as sp
 
 
-def _row_counts(flags: np.ndarray, indptr: np.ndarray) -> np.ndarray:
-    """Number of True entries of ``flags`` (one per stored entry) in each CSR row."""
-    ext = np.append(flags, False)                 # reduceat needs indices < len, also for empty rows
-    counts = np.add.reduceat(ext, indptr[:-1], dtype=np.int64)
-    counts[indptr[1:] == indptr[:-1]] = 0         # reduceat returns the next entry for empty rows
-    return counts
-
-
 def mask_rows_cols(A, rows: np.ndarray, cols: np.ndarray, diagonal=None) -> sp.csr_matrix:
     """A copy of CSR ``A`` with the entries outside ``rows`` x ``cols`` (boolean masks) removed.
 
@@ -20,22 +12,44 @@ def mask_rows_cols(A, rows: np.ndarray, cols: np.ndarray, diagonal=None) -> sp.c
     ``diagonal`` (a number, square A), each removed row becomes the single entry
     ``diagonal`` on the diagonal: ``diag(rows) A diag(cols) + diagonal (I - diag(rows))``.
     Each row keeps its order, so sorted input gives sorted output.
+
+    Cost: one boolean per entry (row mask repeated, column mask gathered), one compression
+    of data and indices; the new row pointers come from the (usually few) dropped entries,
+    ``indptr_new[r] = indptr[r] - #{dropped entries before indptr[r]}``.  A removed row that
+    stores exactly one diagonal entry keeps that entry (set to ``diagonal``); only removed
+    rows without one (e.g. the hanging rows of H^T A H) get an inserted entry.
     """
     A = sp.csr_matrix(A)
-    keep = np.repeat(rows, np.diff(A.indptr))      # one bool per entry, no index gather
-    keep &= cols[A.indices]
-    counts = _row_counts(keep, A.indptr)
-    data, indices = A.data[keep], A.indices[keep]
-    if diagonal is None:
-        indptr = np.concatenate([[0], np.cumsum(counts)])
-    else:
+    indptr, indices = A.indptr, A.indices
+    rowlen = np.diff(indptr)
+    keep = np.repeat(rows, rowlen)                 # one bool per entry, no index gather
+    keep &= cols[indices]
+    dtype = A.dtype if diagonal is None else np.result_type(A.dtype, type(diagonal))
+    diag_pos = missing = None
+    if diagonal is not None:
         removed = np.flatnonzero(~rows)
-        at = np.cumsum(counts)[removed] - counts[removed]    # start of each removed (empty) row
-        data = np.insert(data.astype(np.result_type(A.dtype, type(diagonal)), copy=False), at, diagonal)
-        indices = np.insert(indices, at, removed.astype(indices.dtype))
-        counts[removed] = 1                        # the one entry of each removed row
-        indptr = np.concatenate([[0], np.cumsum(counts)])
-    out = sp.csr_matrix((data, indices, indptr.astype(A.indptr.dtype)), shape=A.shape)
+        lens = rowlen[removed]
+        k = np.repeat(np.arange(removed.size), lens)            # removed row (rank) of each entry
+        ent = np.arange(k.size) + np.repeat(indptr[removed] - (np.cumsum(lens) - lens), lens)
+        on_diag = indices[ent] == removed[k]
+        ndiag = np.bincount(k[on_diag], minlength=removed.size)
+        diag_pos = ent[on_diag & (ndiag[k] == 1)]
+        keep[diag_pos] = True                      # the row's one diagonal entry stays
+        missing = removed[ndiag != 1]              # no (or a duplicated) diagonal entry: insert one
+    drop = np.flatnonzero(~keep)
+    data = A.data[keep].astype(dtype, copy=False)
+    indices = indices[keep]
+    indptr = indptr - np.searchsorted(drop, indptr)
+    if diagonal is not None:
+        data[diag_pos - np.searchsorted(drop, diag_pos)] = diagonal
+        if missing.size:
+            at = indptr[missing]                   # start of each (now empty) row
+            data = np.insert(data, at, diagonal)
+            indices = np.insert(indices, at, missing.astype(indices.dtype))
+            shift = np.zeros(indptr.size, dtype=indptr.dtype)
+            shift[missing + 1] = 1
+            indptr = indptr + np.cumsum(shift)
+    out = sp.csr_matrix((data, indices, indptr.astype(A.indptr.dtype, copy=False)), shape=A.shape)
     out.has_sorted_indices = A.has_sorted_indices
     return out
 

@@ -28,6 +28,56 @@ def test_mask_rows_cols_matches_diagonal_products(seed):
     assert abs(add_to_diagonal(A, np.arange(60.0)) - (A + sp.diags(np.arange(60.0)))).max() == 0
 
 
+def _mask_rows_cols_reference(A, rows, cols, diagonal=None):
+    """Entry-by-entry definition: kept entries in order, removed rows -> one diagonal entry."""
+    A = sp.csr_matrix(A)
+    data, indices, indptr = [], [], [0]
+    for r in range(A.shape[0]):
+        lo, hi = A.indptr[r], A.indptr[r + 1]
+        if rows[r]:
+            m = cols[A.indices[lo:hi]]
+            data += list(A.data[lo:hi][m])
+            indices += list(A.indices[lo:hi][m])
+        elif diagonal is not None:
+            data.append(diagonal)
+            indices.append(r)
+        indptr.append(len(indices))
+    return np.array(data, dtype=float), np.array(indices), np.array(indptr)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mask_rows_cols_structure_matches_reference(seed):
+    """Exact CSR arrays: removed rows with one, no or a duplicated diagonal entry, empty rows,
+    unsorted rows (kept order)."""
+    rng = np.random.default_rng(seed)
+    n = 50
+    A = sp.random(n, n, density=0.15, format="csr", random_state=seed) + sp.identity(n)
+    A = A.tolil()
+    for r in rng.choice(n, 8, replace=False):      # rows without diagonal entry / empty rows
+        A[r, r] = 0
+        if r % 2:
+            A[r, :] = 0
+    A = sp.csr_matrix(A)
+    A.eliminate_zeros()
+    # duplicated diagonal entries in a few rows (non-canonical input), unsorted rows
+    coo = A.tocoo()
+    dup = rng.choice(n, 4, replace=False)
+    i = np.concatenate([coo.row, dup])
+    j = np.concatenate([coo.col, dup])
+    v = np.concatenate([coo.data, np.full(dup.size, 0.5)])
+    perm = rng.permutation(i.size)
+    B = sp.csr_matrix((v[perm], j[perm], np.searchsorted(np.sort(i[perm]), np.arange(n + 1))), shape=(n, n))
+    order = np.argsort(i[perm], kind="stable")
+    B = sp.csr_matrix((v[perm][order], j[perm][order], B.indptr), shape=(n, n))
+    for M in (A, B):
+        r, c = rng.random(n) < 0.6, rng.random(n) < 0.7
+        for diagonal in (None, 3.0):
+            out = mask_rows_cols(M, r, c, diagonal=diagonal)
+            d, ind, ptr = _mask_rows_cols_reference(M, r, c, diagonal)
+            assert np.array_equal(out.indptr, ptr) and np.array_equal(out.indices, ind)
+            assert np.array_equal(out.data, d)
+
+
 @pytest.mark.parametrize("components", [1, 3])
 def test_congruence_equals_full_product_for_nonsymmetric_matrix(components):
     m = Mesh.box([0] * 3, [1] * 3, [2] * 3).refine()
