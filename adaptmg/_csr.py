@@ -14,10 +14,11 @@ def mask_rows_cols(A, rows: np.ndarray, cols: np.ndarray, diagonal=None) -> sp.c
     Each row keeps its order, so sorted input gives sorted output.
 
     Cost: one boolean per entry (row mask repeated, column mask gathered), one compression
-    of data and indices; the new row pointers come from the (usually few) dropped entries,
-    ``indptr_new[r] = indptr[r] - #{dropped entries before indptr[r]}``.  A removed row that
-    stores exactly one diagonal entry keeps that entry (set to ``diagonal``); only removed
-    rows without one (e.g. the hanging rows of H^T A H) get an inserted entry.
+    of data and indices; the new row pointers come from the fewer of the dropped or kept
+    entries: ``indptr_new[r] = indptr[r] - #{dropped before indptr[r]} = #{kept before
+    indptr[r]}``.  A removed row that stores exactly one diagonal entry keeps that entry
+    (set to ``diagonal``); only removed rows without one (e.g. the hanging rows of
+    H^T A H) get an inserted entry.
     """
     A = sp.csr_matrix(A)
     indptr, indices = A.indptr, A.indices
@@ -36,12 +37,20 @@ def mask_rows_cols(A, rows: np.ndarray, cols: np.ndarray, diagonal=None) -> sp.c
         diag_pos = ent[on_diag & (ndiag[k] == 1)]
         keep[diag_pos] = True                      # the row's one diagonal entry stays
         missing = removed[ndiag != 1]              # no (or a duplicated) diagonal entry: insert one
-    drop = np.flatnonzero(~keep)
-    data = A.data[keep].astype(dtype, copy=False)
-    indices = indices[keep]
-    indptr = indptr - np.searchsorted(drop, indptr)
+    nkeep = int(np.count_nonzero(keep))
+    if 2 * nkeep < keep.size:                      # few kept entries (e.g. a few columns): gather them
+        kept = np.flatnonzero(keep)
+        drop = None
+        data = A.data[kept].astype(dtype, copy=False)
+        indices = indices[kept]
+        indptr = np.searchsorted(kept, indptr)
+    else:                                          # few dropped entries (e.g. Dirichlet rows/columns)
+        drop = np.flatnonzero(~keep)
+        data = A.data[keep].astype(dtype, copy=False)
+        indices = indices[keep]
+        indptr = indptr - np.searchsorted(drop, indptr)
     if diagonal is not None:
-        data[diag_pos - np.searchsorted(drop, diag_pos)] = diagonal
+        data[np.searchsorted(kept, diag_pos) if drop is None else diag_pos - np.searchsorted(drop, diag_pos)] = diagonal
         if missing.size:
             at = indptr[missing]                   # start of each (now empty) row
             data = np.insert(data, at, diagonal)

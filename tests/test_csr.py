@@ -69,8 +69,8 @@ def test_mask_rows_cols_structure_matches_reference(seed):
     B = sp.csr_matrix((v[perm], j[perm], np.searchsorted(np.sort(i[perm]), np.arange(n + 1))), shape=(n, n))
     order = np.argsort(i[perm], kind="stable")
     B = sp.csr_matrix((v[perm][order], j[perm][order], B.indptr), shape=(n, n))
-    for M in (A, B):
-        r, c = rng.random(n) < 0.6, rng.random(n) < 0.7
+    for M, dens in ((A, 0.6), (B, 0.6), (A, 0.95), (B, 0.95)):   # most entries dropped / kept
+        r, c = rng.random(n) < dens, rng.random(n) < dens
         for diagonal in (None, 3.0):
             out = mask_rows_cols(M, r, c, diagonal=diagonal)
             d, ind, ptr = _mask_rows_cols_reference(M, r, c, diagonal)
