@@ -49,6 +49,7 @@ from __future__ import annotations
 import numpy as np
 
 from adaptmg import Mesh, Space, assemble, multigrid
+from adaptmg._csr import mask_rows_cols
 from adaptmg.backend import get_backend, to_host
 from adaptmg.fe.norms import errors
 from adaptmg import kernels as _K
@@ -166,9 +167,9 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
             Kd = be.asmatrix(ml.A)
         Kop = KP.SpMVOperator(Kd)
         Md = be.asmatrix(Mh)
-        # only the Dirichlet columns of A act on the lifting g: A_D = A diag(mask)
-        Ab = ml.assembled.tocsr(copy=True)
-        Ab.data *= mask_h[Ab.indices]
+        # only the Dirichlet columns of A act on the lifting g: A_D = A diag(mask), built from
+        # the few entries in those columns (no copy of the whole matrix)
+        Ab = mask_rows_cols(ml.assembled, np.ones(nd, dtype=bool), mask_h != 0)
         Ab.eliminate_zeros()
         Ad = be.asmatrix(Ab)
         M_plan, A_plan = _K.make_spmv(Md), _K.make_spmv(Ad)
