@@ -30,7 +30,14 @@ __all__ = ["interpolation_matrix", "prolongation"]
 
 
 def interpolation_matrix(coarse: Space, fine: Space) -> sp.csr_matrix:
-    """Node-level embedding chi (fine nodes x coarse nodes) of nested Q_k spaces."""
+    """Node-level embedding chi (fine nodes x coarse nodes) of nested Q_k spaces.
+
+    Each fine node is taken from one fine cell containing it (its first occurrence in
+    ``fine.cell_dofs``); its row holds the nonzero weights of table row (child position of
+    that cell, local index of the node), so the rows are built straight in CSR from the
+    compressed nonzero pattern of the (2^d + 1) * nloc table rows -- no dense
+    (nodes, nloc) weight and column arrays, no COO conversion.
+    """
     if not (isinstance(coarse, Space) and isinstance(fine, Space)):
         raise TypeError("interpolation_matrix expects two Space objects")
     if coarse.degree != fine.degree or coarse.dim != fine.dim:
@@ -39,25 +46,36 @@ def interpolation_matrix(coarse: Space, fine: Space) -> sp.csr_matrix:
     el = fine.element
     d, nloc = fine.dim, el.num_local
     cor = ref.corners(d).astype(float)
-    # weights table: [child 0..2^d-1, identity]
+    # weights table: [child 0..2^d-1, identity], row (table, j) = weights of local fine node j
     tables = [el.values((cor[b] + el.nodes) / 2.0) for b in range(2 ** d)] + [np.eye(nloc)]
-    W = np.stack(tables)                                    # (2^d + 1, nloc, nloc)
+    W = np.stack(tables).reshape(-1, nloc)                  # ((2^d + 1) * nloc, nloc)
     W[np.abs(W) < 1e-13] = 0.0
+    kr, kc = np.nonzero(W)                                  # table row-major: row, then column
+    wv = W[kr, kc]
+    cnt_tab = np.bincount(kr, minlength=W.shape[0])
+    start_tab = np.cumsum(cnt_tab) - cnt_tab
     sel = np.where(child < 0, 2 ** d, child)
     rows = fine.cell_dofs.ravel()
+    nf, ncn = fine.num_nodes, coarse.num_nodes
     # one (cell, local index) occurrence per fine node: later writes win, so write in reverse
-    first = np.full(fine.num_nodes, -1, dtype=np.int64)
+    first = np.full(nf, -1, dtype=np.int64)
     first[rows[::-1]] = np.arange(rows.size - 1, -1, -1)
     if (first < 0).any():
         raise RuntimeError("fine space has DoF nodes outside its cells")
-    uniq = np.arange(fine.num_nodes)
     cell = first // nloc
-    j = first % nloc
-    w = W[sel[cell], j]                                     # (nfine, nloc)
-    cols = coarse.cell_dofs[cidx[cell]]                     # (nfine, nloc)
-    nz = w != 0
-    r = np.repeat(uniq, nz.sum(1))
-    return sp.csr_matrix((w[nz], (r, cols[nz])), shape=(fine.num_nodes, coarse.num_nodes))
+    key = sel[cell] * nloc + (first - cell * nloc)          # table row of each fine node
+    cnt = cnt_tab[key]
+    indptr = np.zeros(nf + 1, dtype=np.int64)
+    np.cumsum(cnt, out=indptr[1:])
+    t = np.repeat(start_tab[key] - indptr[:-1], cnt)        # entry e -> nonzero t of the table
+    t += np.arange(t.size)
+    flat = np.repeat(cidx[cell] * nloc, cnt)                # coarse cell_dofs entry of each entry
+    flat += kc[t]
+    idx_t = np.int32 if max(nf, ncn, t.size) <= np.iinfo(np.int32).max else np.int64
+    A = sp.csr_matrix((wv[t], coarse.cell_dofs.ravel()[flat].astype(idx_t, copy=False),
+                       indptr.astype(idx_t, copy=False)), shape=(nf, ncn))
+    A.sort_indices()                                        # rows are distinct coarse nodes: no duplicates
+    return A
 
 
 def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None) -> sp.csr_matrix:

@@ -500,16 +500,18 @@ class Mesh:
     def parent_of(self, coarse: "Mesh"):
         """For each cell of ``self`` (a refinement of ``coarse`` by at most one level per cell):
         (index of the containing coarse cell, child index or -1 if the cell is a coarse cell itself)."""
-        if coarse._forest.num_cells > self._forest.num_cells or not np.array_equal(
-                coarse._forest.cell_nodes, self._forest.cell_nodes[:coarse._forest.num_cells]):
+        if coarse._forest is not self._forest and (
+                coarse._forest.num_cells > self._forest.num_cells or not np.array_equal(
+                coarse._forest.cell_nodes, self._forest.cell_nodes[:coarse._forest.num_cells])):
             raise ValueError("parent_of: meshes do not come from the same refinement history")
-        a = coarse._active
-        pos = np.searchsorted(a, self._active)
-        same = (pos < a.size) & (a[np.minimum(pos, a.size - 1)] == self._active)
+        # forest cell id -> index among the coarse active cells (-1: not active there)
+        loc = np.full(self._forest.num_cells, -1, dtype=np.int64)
+        loc[coarse._active] = np.arange(coarse._active.size)
+        pos = loc[self._active]
+        same = pos >= 0
         par = self._forest.cell_parent[self._active]
-        ppos = np.searchsorted(a, par)
-        pok = (par >= 0) & (a[np.minimum(ppos, a.size - 1)] == par)
-        if not (same | pok).all():
+        ppos = np.where(par >= 0, loc[np.maximum(par, 0)], -1)
+        if not (same | (ppos >= 0)).all():
             raise ValueError("parent_of: some cells are refined more than once relative to the coarse mesh")
         cidx = np.where(same, pos, ppos)
         child = np.where(same, -1, self._active - self._forest.cell_child0[np.where(par >= 0, par, 0)])
