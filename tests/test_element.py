@@ -183,3 +183,13 @@ def test_affine_mask():
         X = np.stack([ref @ A.T, ref @ A.T + 1.0, ref.copy()])
         X[2, -1] += 0.05                                         # move the last vertex: not affine
         assert affine_mask(X).tolist() == [True, True, False]
+        # against the definition: coefficients C (monomials of degree >= 2) times the vertices
+        V = rng.standard_normal((300, 2 ** d, d))
+        V[::2] = V[::2, :1] + (ref @ A.T)[None]                   # affine half
+        V[::4] += 1e-14 * rng.standard_normal((75, 2 ** d, d))      # within the tolerance or not
+        C = np.array([[(-1) ** (bin(S).count("1") - bin(v).count("1")) if v & ~S == 0 else 0
+                       for v in range(2 ** d)] for S in range(2 ** d) if bin(S).count("1") >= 2])
+        twist = np.abs(np.einsum("tv,cva->cta", C, V)).max(axis=(1, 2))
+        size = np.abs(V - V[:, :1]).max(axis=(1, 2))
+        assert np.array_equal(affine_mask(V), twist <= 1e-12 * size)
+        assert affine_mask(V[:0]).shape == (0,)

@@ -18,6 +18,8 @@ degenerate or wrongly ordered) is an error.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .element import LagrangeQ
@@ -106,30 +108,50 @@ def metric_factor(J, detJ, w, packed=False):
     return F
 
 
+@functools.lru_cache(maxsize=None)
+def _twist_terms(nv):
+    """Vertex index tuples (plus, minus) of the coefficients of the monomials of degree >= 2:
+    the coefficient of prod_{a in S} xhat_a is sum_{v subset S} (-1)^{|S| - |v|} X_v."""
+    out = []
+    for S in range(nv):
+        k = bin(S).count("1")
+        if k < 2:
+            continue
+        sub = [v for v in range(nv) if v & ~S == 0]
+        out.append((tuple(v for v in sub if (k - bin(v).count("1")) % 2 == 0),
+                    tuple(v for v in sub if (k - bin(v).count("1")) % 2 == 1)))
+    return tuple(out)
+
+
 def affine_mask(X, rtol=1e-12):
     r"""Cells whose multilinear map is affine (parallelograms / parallelepipeds), boolean (ncells,).
 
     The map is :math:`x(\hat x) = \sum_\alpha c_\alpha \hat x^\alpha` over the multi-indices
     :math:`\alpha \in \{0,1\}^d`; it is affine iff every coefficient with
-    :math:`|\alpha| \ge 2` vanishes (relative to the cell size).
+    :math:`|\alpha| \ge 2` vanishes (relative to the cell size
+    :math:`\max_v |X_v - X_0|_\infty`). The coefficients are signed sums of vertex rows
+    (:func:`_twist_terms`), evaluated on a (vertices, dim, cells) copy of X so that every
+    operation runs over contiguous rows of ncells values.
     """
     X = np.asarray(X, dtype=np.float64)
     nc, nv, d = X.shape
-    # coefficient of prod_{a in S} xhat_a is sum_v (-1)^{|S| - |v & S|} X_v over v subset of S
-    rows = []
-    for S in range(nv):
-        if bin(S).count("1") < 2:
-            continue
-        c = np.zeros(nv)
-        for v in range(nv):
-            if v & ~S == 0:
-                c[v] = (-1) ** (bin(S).count("1") - bin(v).count("1"))
-        rows.append(c)
-    if not rows:
+    terms = _twist_terms(nv)
+    if not terms or nc == 0:
         return np.ones(nc, dtype=bool)
-    C = np.array(rows)                                    # (ntwist, nv)
-    twist = np.abs(np.einsum("tv,cva->cta", C, X)).max(axis=(1, 2))
-    size = np.abs(X - X[:, :1]).max(axis=(1, 2))
+    Xc = np.ascontiguousarray(X.transpose(1, 2, 0))        # (nv, d, nc)
+    twist = None
+    for plus, minus in terms:
+        t = Xc[plus[0]] - Xc[minus[0]]
+        for v in plus[1:]:
+            t += Xc[v]
+        for v in minus[1:]:
+            t -= Xc[v]
+        np.abs(t, out=t)
+        tm = t.max(axis=0)
+        twist = tm if twist is None else np.maximum(twist, tm, out=twist)
+    D = Xc[1:] - Xc[:1]
+    np.abs(D, out=D)
+    size = D.reshape(-1, nc).max(axis=0)
     return twist <= rtol * size
 
 
