@@ -416,7 +416,16 @@ def _bad_cases():
     bad_b[5] = np.nan
     bad_x0 = np.zeros(N)
     bad_x0[7] = np.inf
+    # NaN in x0 where A x0 does not see it (a zero column): still reported, not carried into x
+    A_zero_col = A.tolil()
+    A_zero_col[:, 9] = 0
+    A_zero_col[9, 9] = 0
+    A_zero_col = A_zero_col.tocsr()
+    A_zero_col.eliminate_zeros()
+    nan_x0 = np.zeros(N)
+    nan_x0[9] = np.nan
     return [
+        ("x0-nan-unseen", dict(A=A_zero_col, x0=nan_x0), ValueError, r"x0 contains NaN or Inf"),
         ("nonsquare", dict(A=A[:, :-1]), ValueError, r"A must be square.*\(400, 399\)"),
         ("dense-3d", dict(A=np.zeros((2, 2, 2))), ValueError, r"A must be a 2-D"),
         ("b-length", dict(b=b[:-1]), ValueError, r"b has shape \(399,\).*\(400,\)"),

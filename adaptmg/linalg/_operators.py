@@ -307,7 +307,13 @@ class System:
             return None
         r = self.xp.empty_like(self.x)
         self.residual(self.x, out=r)
+        if self.x0_given:        # r + 0 x0 = r, but carries a NaN/Inf of x0 into ||r||
+            with np.errstate(invalid="ignore"):     # (even where A does not see it)
+                r += 0 * self.x
         rnorm = self.norm(r)
+        # a non-finite x0 shows in ||r||: only then look at x0 itself
+        if not math.isfinite(rnorm) and self.x0_given and not bool(self.xp.isfinite(self.x).all()):
+            raise ValueError("x0 contains NaN or Inf")
         if rnorm <= self.tol:
             return None
         if self.bnrm2 == 0.0:
@@ -350,17 +356,18 @@ def prepare_system(A, b, x0, *, rtol, atol, maxiter, M, callback) -> System:
     dtype = _working_dtype(kind_A[2], b.dtype, None if x0 is None else x0.dtype)
     xp = backend.xp
     bw = _as_vector(b, n, "b", backend, dtype)
-    if not bool(xp.isfinite(bw).all()):
-        raise ValueError("b contains NaN or Inf")
     x = xp.zeros(n, dtype=dtype)
     if x0 is not None:
         x[...] = _as_vector(x0, n, "x0", backend, dtype)   # a copy: x0 is never written
-        if not bool(xp.isfinite(x).all()):
-            raise ValueError("x0 contains NaN or Inf")
+        # (a non-finite x0 is reported by System.start, which sees it in ||b - A x0||)
 
     Aop = as_operator(A, n, dtype, backend, "A", classified=kind_A)
     Mop = None if M is None else as_operator(M, n, dtype, backend, "M")
     bnrm2 = float(xp.linalg.norm(bw))
+    # one synchronisation for ||b|| and the NaN/Inf test: only a non-finite norm
+    # (NaN/Inf in b, or an overflow of a finite b) needs the element-wise look
+    if not math.isfinite(bnrm2) and not bool(xp.isfinite(bw).all()):
+        raise ValueError("b contains NaN or Inf")
     return System(backend=backend, A=Aop, M=Mop, b=bw, x=x, x0_given=x0 is not None,
                   n=n, dtype=np.dtype(dtype), bnrm2=bnrm2, tol=max(rtol * bnrm2, atol),
                   maxiter=10 * n if maxiter is None else maxiter, callback=callback)
