@@ -414,6 +414,68 @@ def test_pattern_matches_scipy_and_is_memoised():
     assert asm.get_pattern(w, w, s.num_nodes, s.num_nodes) is not asm.get_pattern(w, w, s.num_nodes, s.num_nodes)
 
 
+def _pattern_reference(rows, cols, nrows, ncols):
+    """indptr/indices of the merged pattern by SciPy's COO -> CSR (duplicates summed, sorted)."""
+    nc, nr = rows.shape
+    ncl = cols.shape[1]
+    r = np.repeat(rows, ncl, axis=1).ravel()
+    c = np.tile(cols, (1, nr)).ravel()
+    A = sp.coo_matrix((np.ones(r.size), (r, c)), shape=(nrows, ncols)).tocsr()
+    A.sum_duplicates()
+    return A.indptr, A.indices
+
+
+def _pattern_tables():
+    from adaptmg import Mesh
+    from adaptmg.fe import Space
+    out = []
+    for d in (2, 3):
+        m = _adaptive_mesh(d)
+        assert m.num_hanging_nodes > 0
+        for k in (1, 2):
+            s = Space(m, k)
+            out.append((f"adaptive{d}d-Q{k}", s.cell_dofs, s.cell_dofs, s.num_nodes, s.num_nodes, True))
+        mf = m.refine()
+        parent, _ = mf.parent_of(m)
+        sc, sf = Space(m, 1), Space(mf, 1)
+        out.append((f"iso{d}d", sf.cell_dofs, sc.cell_dofs[parent], sf.num_nodes, sc.num_nodes, True))
+        out.append((f"iso{d}d-T", sc.cell_dofs[parent], sf.cell_dofs, sc.num_nodes, sf.num_nodes, False))
+    # a cell turned by 90 degrees: node 4 is local vertex 3 of both cells
+    pts = np.array([[0, 0], [1, 0], [2, 0], [0, 1], [1, 1], [2, 1]], float)
+    m = Mesh.from_cells(pts, np.array([[0, 1, 3, 4], [2, 5, 1, 4]])).refine()
+    for k in (1, 2):
+        s = Space(m, k)
+        out.append((f"rotated-Q{k}", s.cell_dofs, s.cell_dofs, s.num_nodes, s.num_nodes, False))
+    rng = np.random.default_rng(3)
+    out.append(("random", rng.integers(0, 30, (40, 4)), rng.integers(0, 11, (40, 3)), 30, 11, False))
+    return out
+
+
+@pytest.mark.parametrize("block", [64, 1 << 19])
+def test_pattern_slot_grouping_and_blocks_match_reference(block, monkeypatch):
+    """Pattern by the (node, local index) slot table and by the argsort fallback, in row blocks
+    of any size: the same indptr/indices as SciPy and pos pointing at (row_cells[c,i], col_cells[c,j])."""
+    from adaptmg.assemble import _sparse
+    monkeypatch.setattr(_sparse, "_BLOCK_ENTRIES", block)
+    argsort_only = lambda rc, n: (np.argsort(rc.reshape(-1), kind="stable").astype(  # noqa: E731
+        _sparse._index_dtype(rc.size)), False)
+    for name, rows, cols, nrows, ncols, by_slot in _pattern_tables():
+        P = Pattern(rows, cols, nrows, ncols)
+        assert P._by_slot == by_slot, name
+        ip, ind = _pattern_reference(rows, cols, nrows, ncols)
+        assert np.array_equal(P.indptr, ip) and np.array_equal(P.indices, ind), name
+        nc, nr, ncl = P.cell_shape
+        pos = P.pos.reshape(nc, nr, ncl)
+        row_of = np.repeat(np.arange(nrows), np.diff(P.indptr))
+        assert np.array_equal(row_of[pos], np.broadcast_to(rows[:, :, None], pos.shape)), name
+        assert np.array_equal(P.indices[pos], np.broadcast_to(cols[:, None, :], pos.shape)), name
+        with monkeypatch.context() as mp:
+            mp.setattr(_sparse, "_row_grouped", argsort_only)
+            Q = Pattern(rows, cols, nrows, ncols)
+        assert not Q._by_slot
+        assert all(np.array_equal(getattr(P, a), getattr(Q, a)) for a in ("indptr", "indices", "pos")), name
+
+
 def test_componentwise_expansion():
     A = sp.random(7, 5, density=0.4, random_state=1, format="csr")
     E = componentwise(A, 3)

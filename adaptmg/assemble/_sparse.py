@@ -6,10 +6,15 @@ Instead of the generic COO -> CSR conversion (a sort of all ``ncells * nloc**2``
 entries on every call, plus several temporaries of that size) the
 :class:`Pattern` is built once from the cell-to-node tables:
 
-1. the ``ncells * nloc`` node-cell incidences are grouped by row node with one
-   stable sort; this enumerates all entries row by row without sorting them;
-2. within each row the columns are sorted by SciPy's ``csr_sort_indices``
-   (per-row ``std::sort`` on short rows), carrying the entry numbers along;
+1. the ``ncells * nloc`` node-cell incidences are grouped by row node; this
+   enumerates all entries row by row without sorting them. When every node is
+   local index i of at most one cell (cells of one orientation: structured and
+   adaptive meshes, Q1 and Q2) the slot (node, i) is unique and the grouping is a
+   counting scatter into a (nodes, nloc) table; otherwise one stable argsort;
+2. the rows are processed in blocks of about ``_BLOCK_ENTRIES`` entries, so that
+   the entry-sized temporaries below stay in cache: within each row the columns
+   are sorted by SciPy's ``csr_sort_indices`` (per-row ``std::sort`` on short
+   rows), carrying the entry numbers along;
 3. equal neighbours are merged; the result is ``pos``, the CSR position of every
    element entry (cell-major order), plus ``indptr``/``indices``.
 
@@ -41,6 +46,32 @@ def _index_dtype(n):
     return np.int32 if n <= _INT32_MAX else np.int64
 
 
+def _row_grouped(row_cells, nrows):
+    """Incidence ids e = c*nr + i grouped by row node ``row_cells[c, i]`` (any order inside a row).
+
+    Returns (ids, by_slot). If every node is local index i of at most one cell for each i
+    (true on meshes whose cells share the reference orientation: structured and adaptive
+    meshes, Q1 and Q2), the slot (node, i) is unique and the grouping is one scatter of
+    e into a (nrows, nr) table, read back row by row (``by_slot=True``); the scatter is
+    checked by reading it back. Otherwise (or when the table would be much larger than the
+    incidences) one stable argsort of the row nodes.
+    """
+    nc, nr = row_cells.shape
+    ninc = nc * nr
+    inc_t = _index_dtype(ninc)
+    if ninc and nrows * nr <= 16 * ninc:
+        slot = (row_cells * nr + np.arange(nr)).reshape(-1)
+        ids = np.arange(ninc, dtype=inc_t)
+        table = np.full(nrows * nr, -1, dtype=inc_t)
+        table[slot] = ids
+        if np.array_equal(table[slot], ids):             # no slot written twice
+            return table[table >= 0], True
+    return np.argsort(row_cells.reshape(-1), kind="stable").astype(inc_t, copy=False), False
+
+
+_BLOCK_ENTRIES = 1 << 19     # entries per row block of Pattern: temporaries stay cache-sized
+
+
 class Pattern:
     """Merged sparsity pattern of the pairs (row_cells[c, i], col_cells[c, j]).
 
@@ -60,39 +91,54 @@ class Pattern:
         self.cell_shape = (nc, nr, ncl)
         nent = nc * nr * ncl
         ent_t = _index_dtype(nent)
-        col_t = _index_dtype(ncols)
-        inc = row_cells.reshape(-1)
-        order = np.argsort(inc, kind="stable")
-        counts = np.bincount(inc, minlength=nrows)
-        indptr0 = np.zeros(nrows + 1, dtype=np.int64)
-        np.cumsum(counts * ncl, out=indptr0[1:])
-        # entries of incidence e = c*nr + i are e*ncl + j: enumerate them row-grouped
-        cols = col_cells.astype(col_t, copy=False)[order // nr].reshape(-1)
-        src = (order.astype(ent_t)[:, None] * ent_t(ncl) + np.arange(ncl, dtype=ent_t)).reshape(-1)
-        del order
-        # sort the columns within each row, carrying the entry number along as "data"
-        tmp = sp.csr_matrix((src, cols, indptr0.astype(ent_t)), shape=self.shape, copy=False)
-        tmp.has_sorted_indices = False
-        tmp.sort_indices()
-        cols, src = tmp.indices, tmp.data
-        del tmp
-        new = np.empty(nent, dtype=bool)
-        if nent:
+        col_t = _index_dtype(max(ncols, nent))
+        counts = np.bincount(row_cells.reshape(-1), minlength=nrows)
+        inc_ptr = np.zeros(nrows + 1, dtype=np.int64)
+        np.cumsum(counts, out=inc_ptr[1:])
+        order, self._by_slot = _row_grouped(row_cells, nrows)
+        # column rows as single opaque items: a 1-D gather of ncl*itemsize-byte records is
+        # several times faster than fancy-indexing the rows of a 2-D array
+        ctab = np.ascontiguousarray(col_cells, dtype=col_t)
+        crec = ctab.view(np.dtype((np.void, ncl * ctab.itemsize))).reshape(nc) if ncl else None
+        jj = np.arange(ncl, dtype=ent_t)
+        pos = np.empty(nent, dtype=ent_t)
+        rownnz = np.zeros(nrows, dtype=np.int64)
+        parts = []
+        done = 0                                         # merged entries of the previous blocks
+        # blocks of whole rows with about _BLOCK_ENTRIES entries each
+        cuts = np.searchsorted(inc_ptr * ncl, np.arange(_BLOCK_ENTRIES, nent, _BLOCK_ENTRIES))
+        bounds = np.unique(np.concatenate([[0], cuts, [nrows]])) if nent else np.zeros(1, dtype=np.int64)
+        for r0, r1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            inc = order[inc_ptr[r0]:inc_ptr[r1]]
+            if inc.size == 0:
+                continue
+            # entries of incidence e = c*nr + i are e*ncl + j: enumerate them row-grouped
+            cols = crec[inc // nr].view(col_t)
+            src = (inc[:, None].astype(ent_t, copy=False) * ent_t(ncl) + jj).reshape(-1)
+            lptr = ((inc_ptr[r0:r1 + 1] - inc_ptr[r0]) * ncl).astype(col_t)
+            # sort the columns within each row, carrying the entry number along as "data"
+            tmp = sp.csr_matrix((src, cols, lptr), shape=(r1 - r0, ncols), copy=False)
+            tmp.has_sorted_indices = False
+            tmp.sort_indices()
+            cols, src = tmp.indices, tmp.data
+            del tmp
+            new = np.empty(cols.size, dtype=bool)
             new[0] = True
             np.not_equal(cols[1:], cols[:-1], out=new[1:])
-            new[indptr0[:-1][counts > 0]] = True        # a new row always starts a new entry
-        cum = np.cumsum(new, dtype=ent_t)
-        nnz = int(cum[-1]) if nent else 0
+            new[lptr[:-1][counts[r0:r1] > 0]] = True    # a new row always starts a new entry
+            cum = np.cumsum(new, dtype=ent_t)
+            ends = lptr[1:]
+            at_end = np.where(ends > 0, cum[np.maximum(ends - 1, 0)], 0)
+            rownnz[r0:r1] = np.diff(at_end, prepend=0)
+            parts.append(cols[new])
+            cum += ent_t(done - 1)
+            pos[src] = cum                               # src is a permutation of the block's entries
+            done = int(cum[-1]) + 1
+        nnz = done
         idx_t = _index_dtype(max(nnz, nrows, ncols))
-        ends = indptr0[1:]
         self.indptr = np.zeros(nrows + 1, dtype=idx_t)
-        if nent:
-            self.indptr[1:] = np.where(ends > 0, cum[np.maximum(ends - 1, 0)], 0)
-        self.indices = cols[new].astype(idx_t, copy=False)
-        del new
-        cum -= 1
-        pos = cols.view(ent_t) if cols.dtype.itemsize == np.dtype(ent_t).itemsize else np.empty(nent, ent_t)
-        pos[src] = cum                                   # src is a permutation: reuse the cols buffer
+        np.cumsum(rownnz, out=self.indptr[1:])
+        self.indices = (np.concatenate(parts) if parts else np.zeros(0, col_t)).astype(idx_t, copy=False)
         self.pos = pos
         self.nnz = nnz
 
