@@ -99,6 +99,7 @@ from adaptmg import Mesh, Space, assemble
 from adaptmg import kernels_ns as KN
 from adaptmg.backend import get_backend, to_host
 from adaptmg.gmg import multigrid
+from adaptmg import kernels as K
 from adaptmg.kernels import make_spmv
 from adaptmg.linalg import fgmres
 from adaptmg.multigrid import Level, MultilevelSolver
@@ -469,13 +470,15 @@ class NavierStokes:
         restart length, restart cycles).
     mg : dict of multigrid options (coarse_rows, smoother, smoother_kwargs, presmooth, postsmooth).
     host : the dict of :func:`assemble_host` (built here when None); ``meshes`` (coarse, fine).
+    extrapolate : start the pressure solve from :math:`2q^{n} - q^{n-1}` (linear
+        extrapolation in time) instead of :math:`q^n` (from the third step on).
 
     ``init_time``: seconds for the host assembly (when done here) plus the device setup.
     """
 
     def __init__(self, dim=3, n=None, *, dt=1e-4, Re=1000.0, graded=True, backend="auto",
                  use_kernels=True, rtol=1e-6, restart=30, maxiter=4, mg=None, meshes=None,
-                 host=None):
+                 host=None, extrapolate=True):
         if not (np.isscalar(dt) and np.isfinite(dt) and dt > 0):
             raise ValueError(f"dt must be a positive number, got {dt!r}")
         if not (np.isscalar(Re) and np.isfinite(Re) and Re > 0):
@@ -518,6 +521,9 @@ class NavierStokes:
         self.F = xp.zeros((d, nu_))
         self.P = xp.zeros(np_)
         self.Q = xp.zeros(np_)
+        self.Qprev = xp.zeros(np_)
+        self._x0 = xp.zeros(np_)
+        self.extrapolate = bool(extrapolate)
         self.PQ = xp.zeros(np_)
         self.Du = xp.zeros(np_)
         self.b = xp.zeros(np_)
@@ -566,7 +572,13 @@ class NavierStokes:
             tot = xp.sum(self.Du).reshape(1) if self.backend.is_gpu else np.array([self.Du.sum()])
             KN.pressure_rhs(self.Du, tot, 1.0 / dt, 1.0 / self.n_p, self.b)
         with ph("pres-solve"):
-            q, info = self.poisson.solve(self.b, self.Q)
+            x0 = self.Q
+            if self.extrapolate and self.steps_done >= 2:
+                x0 = self._x0
+                x0[...] = self.Q
+                K.axpby(-1.0, self.Qprev, 2.0, x0)                    # x0 = 2 q^n - q^{n-1}
+            q, info = self.poisson.solve(self.b, x0)
+            self.Qprev[...] = self.Q
             self.Q = q
             tot = xp.dot(self.m_p, q).reshape(1) if self.backend.is_gpu else np.array([self.m_p @ q])
             KN.shift(self.Q, tot, 1.0 / self.volume)                  # int q = 0

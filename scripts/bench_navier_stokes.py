@@ -98,6 +98,10 @@ def _parse_mg(spec):
             mg["smoother"] = v
         elif k == "tpr":
             mg["tpr"] = int(v)
+        elif k == "x0":
+            if v not in ("extrapolate", "previous"):
+                raise ValueError(f"x0 must be 'extrapolate' or 'previous', got {v!r}")
+            mg["x0"] = v
         elif k == "omega":
             skw["omega"] = v if v == "auto" else float(v)
         else:
@@ -105,6 +109,20 @@ def _parse_mg(spec):
     if skw:
         mg["smoother_kwargs"] = skw
     return mg
+
+
+_STATE = ("U", "P", "Q", "Qprev", "PQ")
+
+
+def _snapshot(ns):
+    """Copy of the time-stepping state (velocity, pressure, increment, time)."""
+    return dict({k: getattr(ns, k).copy() for k in _STATE}, time=ns.time, steps_done=ns.steps_done)
+
+
+def _restore(ns, snap):
+    for k in _STATE:
+        getattr(ns, k)[...] = snap[k]
+    ns.time, ns.steps_done = snap["time"], snap["steps_done"]
 
 
 def bench(args):
@@ -127,8 +145,9 @@ def bench(args):
     if want_gpu and not gpu_available():
         print("no GPU visible: GPU columns skipped")
         want_gpu = False
+    mg_all = _parse_mg(args.mg) if args.mg else {}
     kw = dict(dt=args.dt, Re=args.Re, rtol=args.rtol, host=host,
-              mg=_parse_mg(args.mg) if args.mg else None)
+              extrapolate=mg_all.pop("x0", "extrapolate") == "extrapolate", mg=mg_all or None)
 
     def run_gpu(name, uk):
         be = get_backend("gpu")
@@ -136,6 +155,10 @@ def bench(args):
         ns = NS.NavierStokes(dim, backend="gpu", use_kernels=uk, **kw)
         ns.advance(args.warmup)
         setup = time.perf_counter() - t1
+        if args.start:
+            ns.advance(args.start)
+        # every measurement below runs the same steps from this state
+        snap = _snapshot(ns)
         h = ns.advance(args.steps)
         per_step[name] = 1e3 * h["wall"] / h["steps"]
         mi, ma = _its(ns, args.steps)
@@ -146,13 +169,14 @@ def bench(args):
                      f"{getattr(ns.poisson.fused, 'tpr', '-')} {getattr(ns.poisson.fused, 'capture_error', '')}"
                      f"{getattr(ns.poisson.fused, 'subwarp_error', '')}")
         timer = Timer(be)
+        _restore(ns, snap)
         ns.advance(args.steps, timer)
         cols[name] = _phase_ms(timer, args.steps)
         notes.append(f"{name} phases (ms/step, synchronised): "
                      + ", ".join(f"{k} {v:.3f}" for k, v in cols[name].items()))
         if uk and args.rtol_fast:
             ns.poisson.rtol = args.rtol_fast
-            ns.advance(args.warmup)
+            _restore(ns, snap)
             h = ns.advance(args.steps)
             per_step[name + f" rtol={args.rtol_fast:g}"] = 1e3 * h["wall"] / h["steps"]
             mi, ma = _its(ns, args.steps)
@@ -161,15 +185,20 @@ def bench(args):
         if uk and args.variants:
             for spec in args.variants.split(";"):
                 mg = _parse_mg(spec)
+                ns.extrapolate = mg.pop("x0", "extrapolate") == "extrapolate"
                 for rt in (args.rtol, args.rtol_fast or args.rtol):
                     ns.set_pressure_solver(rtol=rt, **mg)
                     mg_note = f" (threads/row {ns.poisson.fused.tpr})" if ns.poisson.fused else ""
-                    ns.advance(args.warmup)
+                    ns.advance(args.warmup)          # kernels of the new cycle compile here
+                    _restore(ns, snap)
                     h = ns.advance(args.steps)
                     mi, ma = _its(ns, args.steps)
                     notes.append(f"  variant {spec} rtol={rt:g}: {1e3 * h['wall'] / h['steps']:.3f} "
                                  f"ms/step, GMRES iterations/step mean {mi:.2f} max {ma}{mg_note}")
             ns.set_pressure_solver(rtol=args.rtol, **(kw["mg"] or {}))
+            ns.extrapolate = kw["extrapolate"]
+        _restore(ns, snap)
+        ns.advance(args.steps)
         E = float(ns.kinetic_energy())
         notes.append(f"{name}: t = {ns.time:.4f}, kinetic energy {E:.4e}, pressure mean "
                      f"{ns.pressure_mean():.1e}, divergence predictor {ns.divergence_norm():.3e} "
@@ -264,6 +293,9 @@ def main(argv=None):
     ap.add_argument("--backend", choices=("both", "gpu", "cpu"), default="both")
     ap.add_argument("--steps", type=int, default=200, help="GPU steps per measurement")
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--start", type=int, default=0,
+                    help="steps run before the measured window (after the warm-up); every GPU "
+                         "measurement (phases, --rtol-fast, --variants) restarts from that state")
     ap.add_argument("--cpu-steps", type=int, default=3)
     ap.add_argument("--rtol", type=float, default=1e-6, help="pressure GMRES relative tolerance")
     ap.add_argument("--rtol-fast", type=float, default=1e-4, help="second GPU run with this rtol (0: none)")
