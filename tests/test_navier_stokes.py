@@ -356,3 +356,21 @@ def test_gpu_matches_cpu(use_kernels):
         out[name] = (to_host(ns.U), to_host(ns.P))
     for a, b in zip(out["cpu"], out["gpu"]):
         np.testing.assert_allclose(b, a, rtol=1e-8, atol=1e-10 * np.abs(a).max())
+
+
+def test_extrapolated_start_saves_pressure_iterations():
+    """x0 = 2 q^n - q^{n-1} for the pressure solve: fewer Krylov iterations than x0 = q^n on
+    the same steps (graded 3-D cavity, rtol 1e-6; 139 against 160 when written), and the
+    same flow to the solver tolerance.  (On the 32x32x64 cavity on an H100: 2.0 against 3.6
+    per step over steps 10-510.)"""
+    host = NS.assemble_host(3, (8, 8, 16), graded=True)
+    runs = {}
+    for extrapolate in (True, False):
+        ns = NS.NavierStokes(3, host=host, backend="cpu", extrapolate=extrapolate,
+                             mg=dict(coarse_rows=200))
+        ns.advance(60)
+        runs[extrapolate] = (sum(ns.poisson.iterations[2:]), ns.U.copy(), ns.poisson.failures)
+    (it_x, U_x, f_x), (it_p, U_p, f_p) = runs[True], runs[False]
+    assert f_x == f_p == 0
+    assert it_x <= 0.93 * it_p, (it_x, it_p)
+    assert np.abs(U_x - U_p).max() < 1e-6
