@@ -78,14 +78,17 @@ pressure update), four multi-matrix kernels (convection, viscous term, pressure
 gradient = pressure -> velocity map, divergence = velocity -> pressure map) that
 read the shared sparsity pattern once for all components (velocity stored
 component-major as (d, n), matrices in ELL layout on the GPU; :mod:`adaptmg.kernels_ns`),
-and GMRES (:func:`adaptmg.linalg.gmres`) preconditioned by a V-cycle that is one
-CUDA-graph launch (:class:`_FusedVCycle`).  The only transfers in the loop are the
-GMRES scalars (and one scalar every ``check_every`` steps when ``steady_tol`` is set).
+and flexible GMRES (:func:`adaptmg.linalg.fgmres`) preconditioned by a V-cycle that is
+one CUDA-graph launch (:class:`_FusedVCycle`), started from the extrapolation
+:math:`2q^n - q^{n-1}` of the last two increments.  The only transfers in the loop are
+the Krylov scalars (and one scalar every ``check_every`` steps when ``steady_tol`` is set).
 
-Measured on an H100 (``scripts/bench_navier_stokes.py``, 32x32x64, rtol 1e-6):
-10.1 ms per step with the 2+2-sweep Chebyshev cycle, 6.4 ms with the default
-1+1-sweep degree-4 cycle, 4.4 ms at rtol 1e-4 (paper: 41.5 ms); about 85 % of it is
-the pressure solve, which is launch/latency bound on its 70 785 unknowns.
+Measured on an H100 (``scripts/bench_navier_stokes.py --backend gpu --steps 500``,
+32x32x64, rtol 1e-6): 3.0 ms per step over steps 10-510 (2.0 FGMRES iterations per
+step) and 2.8 ms over steps 3010-3510 (``--start 3000``; paper: 41.5 ms).  Before the
+V(2,2) degree-6 cycle, FGMRES and the extrapolated start it was 5.8 ms (8.6 GMRES
+iterations with V(1,1) of degree 4); about 70 % of a step is the pressure solve, which
+is launch/latency bound on its 70 785 unknowns.
 """
 from __future__ import annotations
 
@@ -197,7 +200,8 @@ class _FusedVCycle:
     buffers), residual, restriction ``R r``, recursion, prolongation
     ``x += P x_c``, post-smoothing; coarse level :math:`x_0 = (L_0 + \gamma 11^T)^{-1} b_0`
     (:func:`adaptmg.kernels_ns.sym_gemv`).  Every kernel works on buffers allocated
-    here, so on the GPU the whole cycle (about 30 launches for 3 levels) is captured
+    here, so on the GPU the whole cycle (about 55 launches for the default V(2,2)
+    degree-6 cycle on 3 levels) is captured
     once in a CUDA graph and replayed with one launch: a cycle of the adaptmg
     MultilevelSolver on this small, launch-bound problem cost about 2 ms of Python
     and launch overhead on the H100.  Falls back to launching the kernels one by one
@@ -206,9 +210,9 @@ class _FusedVCycle:
     ``tpr > 1`` (GPU): ``tpr`` threads per row (32 for the dense coarse solve) with a
     shuffle reduction -- the levels are small and each one-thread row is a chain of
     dependent loads.  Used only if, at setup, the cycle reproduces the one-thread
-    cycle to 1e-12 on a random vector (else ``subwarp_error`` says why).  Not timed in
-    this module's benchmark runs so far; the project's fused CSR kernels measured
-    2x with 4 threads per row on 3-D Q1 levels (:func:`adaptmg.kernels.threads_per_row`).
+    cycle to 1e-12 on a random vector (else ``subwarp_error`` says why).  The pressure
+    solver uses ``tpr=4`` (the project's fused CSR kernels measured 2x with 4 threads
+    per row on 3-D Q1 levels, :func:`adaptmg.kernels.threads_per_row`).
     """
 
     def __init__(self, levels, Ainv, smoothers, presmooth, postsmooth, backend, graph=True, tpr=1):
