@@ -100,8 +100,9 @@ class Pattern:
         # several times faster than fancy-indexing the rows of a 2-D array
         ctab = np.ascontiguousarray(col_cells, dtype=col_t)
         crec = ctab.view(np.dtype((np.void, ncl * ctab.itemsize))).reshape(nc) if ncl else None
-        jj = np.arange(ncl, dtype=ent_t)
         pos = np.empty(nent, dtype=ent_t)
+        rec = np.dtype((np.void, max(ncl, 1) * pos.itemsize))
+        prec = pos.view(rec) if nent else None           # the ncl positions of one incidence as one record
         rownnz = np.zeros(nrows, dtype=np.int64)
         parts = []
         done = 0                                         # merged entries of the previous blocks
@@ -113,10 +114,10 @@ class Pattern:
             if inc.size == 0:
                 continue
             # entries of incidence e = c*nr + i are e*ncl + j: enumerate them row-grouped
-            cols = crec[inc // nr].view(col_t)
-            src = (inc[:, None].astype(ent_t, copy=False) * ent_t(ncl) + jj).reshape(-1)
+            cols = np.take(crec, inc // nr).view(col_t)
+            src = np.arange(cols.size, dtype=ent_t)      # local entry number k = (incidence in block)*ncl + j
             lptr = ((inc_ptr[r0:r1 + 1] - inc_ptr[r0]) * ncl).astype(col_t)
-            # sort the columns within each row, carrying the entry number along as "data"
+            # sort the columns within each row, carrying the local entry number along as "data"
             tmp = sp.csr_matrix((src, cols, lptr), shape=(r1 - r0, ncols), copy=False)
             tmp.has_sorted_indices = False
             tmp.sort_indices()
@@ -132,7 +133,9 @@ class Pattern:
             rownnz[r0:r1] = np.diff(at_end, prepend=0)
             parts.append(cols[new])
             cum += ent_t(done - 1)
-            pos[src] = cum                               # src is a permutation of the block's entries
+            rank = np.empty_like(cum)
+            rank[src] = cum                              # back to block order (a cache-local scatter)
+            np.put(prec, inc, rank.view(rec))            # ncl consecutive positions per incidence
             done = int(cum[-1]) + 1
         nnz = done
         idx_t = _index_dtype(max(nnz, nrows, ncols))
