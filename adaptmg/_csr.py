@@ -5,6 +5,13 @@ import numpy as np
 import scipy.sparse as sp
 
 
+def _count_before(indptr: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """For each ``indptr[r]``, how many of the sorted entry positions ``p`` lie before it
+    (= ``np.searchsorted(p, indptr)``), through the rows of the (few) positions."""
+    rows = np.searchsorted(indptr, p, side="right") - 1          # row holding each position
+    return np.cumsum(np.bincount(rows + 1, minlength=indptr.size))
+
+
 def mask_rows_cols(A, rows: np.ndarray, cols: np.ndarray, diagonal=None) -> sp.csr_matrix:
     """A copy of CSR ``A`` with the entries outside ``rows`` x ``cols`` (boolean masks) removed.
 
@@ -43,12 +50,12 @@ def mask_rows_cols(A, rows: np.ndarray, cols: np.ndarray, diagonal=None) -> sp.c
         drop = None
         data = A.data[kept].astype(dtype, copy=False)
         indices = indices[kept]
-        indptr = np.searchsorted(kept, indptr)
+        indptr = _count_before(indptr, kept)
     else:                                          # few dropped entries (e.g. Dirichlet rows/columns)
         drop = np.flatnonzero(~keep)
         data = A.data[keep].astype(dtype, copy=False)
         indices = indices[keep]
-        indptr = indptr - np.searchsorted(drop, indptr)
+        indptr = indptr - _count_before(indptr, drop)
     if diagonal is not None:
         data[np.searchsorted(kept, diag_pos) if drop is None else diag_pos - np.searchsorted(drop, diag_pos)] = diagonal
         if missing.size:
