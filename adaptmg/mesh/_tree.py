@@ -45,6 +45,16 @@ def lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarra
     return np.where(found, values[idx], -1)
 
 
+def _mean_of(X: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """``X[parents].mean(axis=1)`` (same rounding: sequential sum, then division) without
+    the (n, p, d) gather."""
+    out = X[parents[:, 0]]
+    for j in range(1, parents.shape[1]):
+        out += X[parents[:, j]]
+    out /= parents.shape[1]
+    return out
+
+
 def merge_registry(keys, values, new_keys, new_values):
     k = np.concatenate([keys, new_keys])
     v = np.concatenate([values, new_values])
@@ -129,7 +139,7 @@ class Forest:
             if k == d:                               # cell centres: always new
                 nodes = n_next + np.arange(m * pos.size, dtype=np.int64)
                 parents = G.reshape(-1, 2 ** k)
-                coords = self.X[parents].mean(axis=1)
+                coords = _mean_of(self.X, parents)
                 n_next += nodes.size
             else:
                 if k == 1:
@@ -146,8 +156,8 @@ class Forest:
                 ukeys, first, inv = np.unique(keys[new], return_index=True, return_inverse=True)
                 created = n_next + np.arange(ukeys.size, dtype=np.int64)
                 nodes[new] = created[inv]
-                parents = G.reshape(-1, 2 ** k)[np.flatnonzero(new)[first]]
-                coords = self.X[parents].mean(axis=1)
+                parents = np.take(G.reshape(-1, 2 ** k), np.flatnonzero(new)[first], axis=0)
+                coords = _mean_of(self.X, parents)
                 n_next += ukeys.size
                 if k == 1:
                     edge_keys, edge_nodes = merge_registry(edge_keys, edge_nodes, ukeys, created)
@@ -163,7 +173,7 @@ class Forest:
             raise ValueError(f"refinement would create {n_next} nodes; at most {MAX_NODES} are supported")
 
         # children: child c takes lattice points c + e for its vertices e
-        child_nodes = L[:, ref.child_lattice_index(d)].reshape(m * nv, nv)
+        child_nodes = np.take(L, ref.child_lattice_index(d).reshape(-1), axis=1).reshape(m * nv, nv)
         nc = self.num_cells
         child0 = self.cell_child0.copy()
         child0[cells] = nc + nv * np.arange(m, dtype=np.int64)
