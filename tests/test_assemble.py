@@ -582,6 +582,37 @@ def test_scalar_form_components_and_affine_path():
     assert abs(Af - ref).max() <= 1e-13 * abs(ref).max()
 
 
+@pytest.mark.parametrize("d", [2, 3])
+def test_affine_chunk_groups_equal_single_chunks(d, monkeypatch):
+    """Runs of all-affine chunks merged into one product give the same matrices, bit for bit,
+    as chunk-by-chunk assembly, also where a group holds a few non-affine cells."""
+    from adaptmg.assemble import forms
+
+    def corner_bump(p):                      # distorts only the cells near the origin
+        q = p.copy()
+        near = np.all((p > 1e-12) & (p < 0.3), axis=1)
+        q[near, 0] += 0.002 * np.sin(7.0 * p[near, 1])
+        return q
+    monkeypatch.setattr(forms, "_CHUNK_BYTES", 1 << 18)
+    s = StructuredSpace(StructuredMesh((64, 48) if d == 2 else (16, 12, 10), corner_bump), 1, 1)
+    info = forms._SpaceInfo(s)
+    xi, _ = info.quadrature(None)
+    assert info.affine_group(xi, info.nloc ** 2) > 1
+    kw = dict(mass=1.0, diffusion=0.3, convection=np.arange(1.0, d + 1))
+    A1, M1 = asm.scalar_form(s, return_mass=True, **kw)
+    K1 = asm.stiffness(s, 2.0)
+    with monkeypatch.context() as mp:
+        mp.setattr(forms._SpaceInfo, "affine_group", lambda self, xi, per: 1)
+        A0, M0 = asm.scalar_form(s, return_mass=True, **kw)
+        K0 = asm.stiffness(s, 2.0)
+    for X, Y in ((A1, A0), (M1, M0), (K1, K0)):
+        assert np.array_equal(X.indptr, Y.indptr) and np.array_equal(X.indices, Y.indices)
+        assert np.array_equal(X.data, Y.data)
+    groups = [g.affine for _, g in info.chunks(xi, info.nloc ** 2, affine=True,
+                                               group=info.affine_group(xi, info.nloc ** 2))]
+    assert any(groups) and not all(groups)
+
+
 def test_scalar_form_bad_input():
     s = space(2, 1)
     nc = s.mesh.num_cells

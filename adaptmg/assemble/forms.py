@@ -24,7 +24,10 @@ Performance choices (measured on a shared 2-core VM, see scripts/bench_assembly.
   fast path when the integrand is constant in the cell up to the basis functions
   (constant or per-cell coefficients): the factor is evaluated once per cell and
   contracted with :math:`\sum_q w_q T_q`, which gives the same numbers as the
-  full rule (it is exact for these integrands);
+  full rule (it is exact for these integrands); the scalar forms merge runs of up
+  to nq such chunks into one (:meth:`_SpaceInfo.affine_group`: the one-point
+  geometry keeps the temporaries within budget), which saves per-chunk overhead
+  on uniform meshes and changes no number;
 * products run through :func:`~adaptmg.fe.geometry.matmul_serial` (single-threaded
   BLAS blocks).
 
@@ -105,32 +108,52 @@ class _SpaceInfo:
         per_cell = max(per_cell_floats, xi.shape[0] * self.dim * self.dim * 4)
         return int(min(max(256, _CHUNK_BYTES // (8 * per_cell)), max(self.num_cells, 1)))
 
-    def chunks(self, xi, per_cell_floats, affine=False):
+    def affine_group(self, xi, per_cell_floats):
+        """How many chunks an all-affine run of cells may merge into one (see :meth:`chunks`):
+        at most the number of quadrature points (the geometry there has one point instead of
+        nq) and at most what keeps the (cells, per_cell_floats) product within the budget."""
+        step = self.chunk_size(xi, per_cell_floats)
+        return int(max(1, min(xi.shape[0], (_CHUNK_BYTES // (8 * max(per_cell_floats, 1))) // step)))
+
+    def chunks(self, xi, per_cell_floats, affine=False, group=1):
         """Yield (slice, CellGeometry) over chunks of ``chunk_size`` cells; raise on det J <= 0 after the sweep.
 
         With ``affine=True`` a chunk whose cells are all parallelograms/parallelepipeds
         gets the geometry at the cell centre only (``g.affine = True``, one point): J is
         constant there and the caller contracts with quadrature-summed reference tensors.
+        With ``group > 1`` (callers whose buffers hold ``group * chunk_size`` cells, see
+        :meth:`affine_group`) ``group`` consecutive chunks that are all affine are yielded
+        as one (fewer, larger products; same temporaries, the geometry having one point);
+        otherwise they are taken one by one exactly as with ``group=1``.
         """
         nc = self.num_cells
         step = self.chunk_size(xi, per_cell_floats)
+        group = max(1, int(group)) if affine else 1
         bad = None
         centre = np.full((1, self.dim), 0.5)
-        for s in range(0, nc, step):
-            sl = slice(s, min(s + step, nc))
-            X = self.points[self.cells[sl]]
-            if affine and affine_mask(X).all():
-                g = CellGeometry(X, centre, check=False)
-                g.affine = True
+        for s0 in range(0, nc, step * group):
+            big = slice(s0, min(s0 + step * group, nc))
+            Xb = self.points[self.cells[big]]
+            if group > 1 and affine_mask(Xb).all():
+                parts = [(big, Xb, True)]
             else:
-                g = CellGeometry(X, xi, check=False)
-                g.affine = False
-            if g.bad.any():
-                if bad is None:
-                    bad = np.zeros(nc, dtype=bool)
-                bad[sl] = g.bad
-                continue
-            yield sl, g
+                parts = [(slice(s, min(s + step, big.stop)), Xb[s - s0:s - s0 + step], None)
+                         for s in range(s0, big.stop, step)]
+            for sl, X, aff in parts:
+                if aff is None:
+                    aff = affine and affine_mask(X).all()
+                if aff:
+                    g = CellGeometry(X, centre, check=False)
+                    g.affine = True
+                else:
+                    g = CellGeometry(X, xi, check=False)
+                    g.affine = False
+                if g.bad.any():
+                    if bad is None:
+                        bad = np.zeros(nc, dtype=bool)
+                    bad[sl] = g.bad
+                    continue
+                yield sl, g
         if bad is not None:
             raise jacobian_error(bad)
 
@@ -201,7 +224,8 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None):
     nq, m, per = Tq.shape
     T_full = np.ascontiguousarray(Tq.reshape(nq * m, per))
     T_aff = np.tensordot(w, Tq, axes=1)
-    step = info.chunk_size(xi, per)
+    group = info.affine_group(xi, per) if affine_ok else 1
+    step = info.chunk_size(xi, per) * group
     buf = np.empty((step, per))
     if extra is not None:
         cols, Te = extra
@@ -210,7 +234,7 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None):
         Te_aff = np.tensordot(w, Te, axes=1)
         data_e = pat.new_data()
         buf_e = np.empty((step, per))
-    for sl, g in info.chunks(xi, per, affine=affine_ok):
+    for sl, g in info.chunks(xi, per, affine=affine_ok, group=group):
         F = factor(sl, g, g.detJ if g.affine else g.detJ * w)
         n = F.shape[0]
         K = matmul_serial(F.reshape(n, -1), T_aff if g.affine else T_full, out=buf[:n])
