@@ -224,7 +224,7 @@ class Mesh:
     def _node_numbering(self):
         """(forest ids of the mesh nodes, forest id -> mesh node index or -1), by masks in O(n)."""
         used = np.zeros(self._forest.num_nodes, dtype=bool)
-        used[self._forest.cell_nodes[self._active]] = True
+        used[np.take(self._forest.cell_nodes, self._active, axis=0)] = True
         ids = np.flatnonzero(used)
         pos = np.full(used.size, -1, dtype=np.int64)
         pos[ids] = np.arange(ids.size)
@@ -250,7 +250,7 @@ class Mesh:
     @functools.cached_property
     def cells(self) -> np.ndarray:
         """(num_cells, 2^dim) node indices of the active cells, lexicographic vertex order."""
-        c = self._node_numbering[1][self._forest.cell_nodes[self._active]]
+        c = np.take(self._node_numbering[1], np.take(self._forest.cell_nodes, self._active, axis=0))
         c.flags.writeable = False
         return c
 
