@@ -48,9 +48,9 @@ def lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarra
 def _mean_of(X: np.ndarray, parents: np.ndarray) -> np.ndarray:
     """``X[parents].mean(axis=1)`` (same rounding: sequential sum, then division) without
     the (n, p, d) gather."""
-    out = X[parents[:, 0]]
+    out = np.take(X, parents[:, 0], axis=0)
     for j in range(1, parents.shape[1]):
-        out += X[parents[:, j]]
+        out += np.take(X, parents[:, j], axis=0)
     out /= parents.shape[1]
     return out
 
@@ -116,7 +116,7 @@ class Forest:
         lat = ref.lattice(d, 3)                      # (3^d, d)
         cor = ref.corners(d)
         w3 = 3 ** np.arange(d)
-        CN = self.cell_nodes[cells]                  # (m, nv)
+        CN = np.take(self.cell_nodes, cells, axis=0)  # (m, nv)
         L = np.full((m, 3 ** d), -1, dtype=np.int64)
         L[:, (2 * cor * w3).sum(1)] = CN
 
@@ -135,7 +135,7 @@ class Forest:
                 sel = np.all(mask, axis=0) if mask else np.ones(nv, bool)
                 pv.append(np.flatnonzero(sel))
             pv = np.array(pv)                        # (npos, 2^k)
-            G = CN[:, pv]                            # (m, npos, 2^k)
+            G = np.take(CN, pv, axis=1)              # (m, npos, 2^k)
             if k == d:                               # cell centres: always new
                 nodes = n_next + np.arange(m * pos.size, dtype=np.int64)
                 parents = G.reshape(-1, 2 ** k)
@@ -181,7 +181,7 @@ class Forest:
         faces = np.arange(2 * d)
         axis, side = faces // 2, faces % 2
         on_parent = cor[:, axis] == side[None, :]                         # (nv, 2d)
-        pb = self.cell_bface[cells]                                       # (m, 2d)
+        pb = np.take(self.cell_bface, cells, axis=0)                      # (m, 2d)
         cb = np.where(on_parent[None, :, :], pb[:, None, :], -1).reshape(m * nv, 2 * d)
         return replace(
             self,
