@@ -26,30 +26,31 @@ cells), dt = 0.005 (explicit limits: diffusion h^2/(2 nu) = 0.012 at n = 32,
 convection 2 nu/|u|^2 = 0.02), run until max|du/dt| < 1e-5; prints the deviation of
 u(0.5, y) and v(x, 0.5) from Ghia, Ghia & Shin, J. Comput. Phys. 48 (1982), Re = 100.
 
-Measured (H100 80GB HBM3, CuPy 14, 22 Nov 2026; ``--steps 200 --cpu-steps 2``;
-3-D 32x32x64: 545 025 velocity nodes x 3, 70 785 pressure nodes; host assembly 13.7 s).
-Pressure MG Chebyshev degree 3, 2+2 sweeps (the default then), CUDA-graph V-cycle,
-one thread per row; ms per time step:
+Measured (H100 80GB HBM3, CuPy 14, 22 Nov 2026; ``--backend both --steps 500 --cpu-steps 3``;
+3-D 32x32x64: 545 025 velocity nodes x 3, 70 785 pressure nodes).  Pressure solver:
+FGMRES from the extrapolated start 2q^n - q^{n-1}, V(2,2) Chebyshev degree 6, 4 threads
+per row, CUDA-graph cycle; ms per time step over steps 10-510:
 
 ==============  ======  =====  =====  ==========  =========
 phase            CPU    GPU    GPU*   paper CPU   paper GPU
 ==============  ======  =====  =====  ==========  =========
-mom-rhs-nonlin  408.0   0.462  0.766  131.4       3.58
-mom-rhs-p        37.3   0.216  0.208   41.2       0.93
-mom-rhs-visc    124.8   0.159  0.285   32.0       0.93
-mom-solve         4.1   0.043  0.052   10.1       0.30
-pres-rhs         52.4   0.178  0.195   34.7       1.33
-pres-solve      536.2   7.07   7.71   374.2      32.6
-pres-up           0.5   0.031  0.035   41.7       1.81
-wall / step    1164    10.1   11.0    669        41.5
+mom-rhs-nonlin  346.0   0.440  0.729  131.4       3.58
+mom-rhs-p        38.5   0.203  0.183   41.2       0.93
+mom-rhs-visc     63.8   0.148  0.272   32.0       0.93
+mom-solve         3.8   0.035  0.038   10.1       0.30
+pres-rhs         52.1   0.163  0.168   34.7       1.33
+pres-solve      522.8   2.22   2.26   374.2      32.6
+pres-up           0.4   0.025  0.027   41.7       1.81
+wall / step    1028     3.00   3.35   669        41.5
 ==============  ======  =====  =====  ==========  =========
 
-GMRES iterations per step 7.0 (rtol 1e-6; CPU 12.5 at the start of the run);
-rtol 1e-4: 4.41 ms/step, 2.15 iterations.  Variants (ms/step at rtol 1e-6 / 1e-4):
-Chebyshev deg 3 1+1 sweeps 7.41 / 4.88, deg 4 1+1 6.42 / 4.90 (now the default),
-deg 2 2+2 7.43 / 5.15, deg 2 1+1 10.8 / 7.06.  The earlier adaptmg MultilevelSolver
-cycle (no graph) and thread-per-row CSR kernels: 24.7 ms/step.  The sub-warp pressure
-kernels (``--mg tpr=4``) have not been timed yet.
+FGMRES iterations per step 2.02 (rtol 1e-6; CPU 8.3 over its first 3 steps); rtol 1e-4:
+2.62 ms/step.  The paper's whole run, 40 000 steps to t = 4 (one ``NavierStokes.advance``
+per 10 000 steps): 2.86 / 2.72 / 2.68 / 3.06 ms per step, 113 s in all against the
+paper's 1660 s; 1.45-1.50 iterations per step, no failure.  Before this solver (GMRES
+from q^n, V(1,1) of degree 4): 5.8 ms/step over the same window (8.6 iterations), and
+24.7 ms/step with the MultilevelSolver cycle without CUDA graph.  ``--variants`` and
+``--start`` compare cycles on identical steps (each variant restarts from one snapshot).
 """
 from __future__ import annotations
 
