@@ -378,3 +378,14 @@ def test_graph_option_is_validated(backend):
         with pytest.raises(ValueError, match="GPU"):
             ml.aspreconditioner(graph=True)
         assert not ml.aspreconditioner().graph
+
+
+def test_singular_direct_coarse_matrix_is_refused(backend):
+    """coarse='direct' with a singular coarse matrix: ValueError on CPU (LAPACK) and GPU (cuSOLVER)."""
+    As, Ps = hierarchy(2, 4, 3)
+    n0 = As[0].shape[0]
+    A0 = sp.lil_matrix(As[0])
+    A0[n0 - 1, :] = 0
+    A0[:, n0 - 1] = 0
+    with pytest.raises(ValueError, match="coarse"):
+        MultilevelSolver.from_matrices([A0.tocsr()] + As[1:], Ps, backend=backend)
