@@ -30,7 +30,22 @@ calls are charged to both (e.g. ``assemble.mass`` inside the system-matrix callb
 Times are medians where repeated; GPU runs are preceded by a warm-up that compiles all
 kernels.
 
-Measured (H100 80GB + 16 host cores, CuPy 14.2, 2026-11-22; two runs of this script:
+Latest (H100 80GB + 16 host cores, CuPy 14.2, 2026-11-22, after the CUDA-graph
+preconditioner (``MultilevelSolver.aspreconditioner(graph="auto")``) and the host set-up
+work; ``--parts td,el-edge,el-face --td-n 10 --el-edge 6 --el-face 5 --repeat 3``), seconds:
+
+     transport-diffusion n=10 (1 050 625 DoFs)  init 3.14  rhs 0.05  solve 0.48  L2 5.281e-4
+         (targets 2 / 0.2 / 0.9; init breakdown of one run: scalar_form 1.65 of which the
+         sparsity patterns 0.9, Mesh.refine 0.59, MultilevelSolver setup 0.43,
+         prolongation 0.34, Constraints.matrix 0.24)
+     elasticity edge 6 (209 910 DoFs, tol='residual')  init 3.21  solve 1.00  (target 1.5)
+     elasticity face 5 (1 035 030 DoFs, tol='residual')  init 17.3  solve 2.88 (target 12)
+
+  The elasticity V-cycle costs 0.47 ms as a graph against 1.7-2.2 ms launched kernel by
+  kernel (7 levels, V(2,2) block Jacobi); ``run(mg_dtype=np.float32)`` gives 0.37 ms and
+  an edge-6 solve of 0.84 s.  The vertex case and the CPU columns were not re-run.
+
+Earlier (same machine and day, before those changes; two runs of this script:
 ``--parts check,td,td-cpu,el-edge --el-rhs-extra`` and ``--parts check,td,td-cpu,el-edge,
 el-face,el-vertex,el-cpu,ns --td-n 9 10 --td-cpu-n 9 --el-edge 4 5 6 --el-rhs-extra
 --el-cpu-edge 4 --el-cpu-face 2 3 --el-cpu-vertex 3 4``), seconds, 100 steps:
