@@ -259,30 +259,43 @@ def dense_matvec(M, b, out):
 # Fused CSR kernels (one launch per Jacobi sweep / residual; small levels)
 # --------------------------------------------------------------------------
 _CSR_SRC = r"""
+// row i of A x: one thread per row ...
+__device__ __forceinline__ {T} adaptmg_row_dot_{T}(
+    const int i, const int* __restrict__ indptr, const int* __restrict__ indices,
+    const {T}* __restrict__ data, const {T}* __restrict__ x)
+{
+    {T} s = 0;
+    for (int k = indptr[i]; k < indptr[i + 1]; ++k) s += data[k] * x[indices[k]];
+    return s;
+}
+// ... or tpr (2, 4, 8, 16 or 32) threads per row with a shuffle reduction; every thread
+// of the grid must call it (the shuffle needs the whole sub-warp); lane 0 gets the sum
+__device__ __forceinline__ {T} adaptmg_row_dot_vec_{T}(
+    const int row, const int lane, const int n, const int tpr, const int* __restrict__ indptr,
+    const int* __restrict__ indices, const {T}* __restrict__ data, const {T}* __restrict__ x)
+{
+    {T} s = 0;
+    if (row < n)
+        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) s += data[k] * x[indices[k]];
+    for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
+    return s;
+}
 extern "C" __global__ void adaptmg_csr_jacobi_{T}(
     const int n, const int* __restrict__ indptr, const int* __restrict__ indices,
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
     const {T}* __restrict__ dinv, const {T} omega, {T}* __restrict__ y)
 {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
-    if (i < n) {
-        {T} s = 0;
-        for (int k = indptr[i]; k < indptr[i + 1]; ++k) s += data[k] * x[indices[k]];
-        y[i] = x[i] + omega * dinv[i] * (b[i] - s);
-    }
+    if (i < n) y[i] = x[i] + omega * dinv[i] * (b[i] - adaptmg_row_dot_{T}(i, indptr, indices, data, x));
 }
 extern "C" __global__ void adaptmg_csr_jacobi_vec_{T}(
     const int n, const int tpr, const int* __restrict__ indptr, const int* __restrict__ indices,
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
     const {T}* __restrict__ dinv, const {T} omega, {T}* __restrict__ y)
 {
-    // tpr (2, 4, 8, 16 or 32) threads cooperate on one row; shuffle reduction
     int tid = blockDim.x * blockIdx.x + threadIdx.x;
     int row = tid / tpr, lane = tid % tpr;
-    {T} s = 0;
-    if (row < n)
-        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) s += data[k] * x[indices[k]];
-    for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
+    {T} s = adaptmg_row_dot_vec_{T}(row, lane, n, tpr, indptr, indices, data, x);
     if (row < n && lane == 0) y[row] = x[row] + omega * dinv[row] * (b[row] - s);
 }
 extern "C" __global__ void adaptmg_csr_residual_vec_{T}(
@@ -292,12 +305,18 @@ extern "C" __global__ void adaptmg_csr_residual_vec_{T}(
 {
     int tid = blockDim.x * blockIdx.x + threadIdx.x;
     int row = tid / tpr, lane = tid % tpr;
-    {T} s = 0;
-    if (row < n)
-        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) s += data[k] * x[indices[k]];
-    for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
+    {T} s = adaptmg_row_dot_vec_{T}(row, lane, n, tpr, indptr, indices, data, x);
     if (row < n && lane == 0) r[row] = b[row] - s;
 }
+extern "C" __global__ void adaptmg_csr_residual_{T}(
+    const int n, const int* __restrict__ indptr, const int* __restrict__ indices,
+    const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
+    {T}* __restrict__ r)
+{
+    int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (i < n) r[i] = b[i] - adaptmg_row_dot_{T}(i, indptr, indices, data, x);
+}
+// y <- alpha A x + beta y (y is not read when beta == 0)
 extern "C" __global__ void adaptmg_csr_spmv_vec_{T}(
     const int n, const int tpr, const int* __restrict__ indptr, const int* __restrict__ indices,
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T} alpha, const {T} beta,
@@ -305,10 +324,7 @@ extern "C" __global__ void adaptmg_csr_spmv_vec_{T}(
 {
     int tid = blockDim.x * blockIdx.x + threadIdx.x;
     int row = tid / tpr, lane = tid % tpr;
-    {T} s = 0;
-    if (row < n)
-        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) s += data[k] * x[indices[k]];
-    for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
+    {T} s = adaptmg_row_dot_vec_{T}(row, lane, n, tpr, indptr, indices, data, x);
     if (row < n && lane == 0) y[row] = beta == ({T})0 ? alpha * s : alpha * s + beta * y[row];
 }
 extern "C" __global__ void adaptmg_csr_spmv_{T}(
@@ -318,8 +334,7 @@ extern "C" __global__ void adaptmg_csr_spmv_{T}(
 {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i < n) {
-        {T} s = 0;
-        for (int k = indptr[i]; k < indptr[i + 1]; ++k) s += data[k] * x[indices[k]];
+        {T} s = adaptmg_row_dot_{T}(i, indptr, indices, data, x);
         y[i] = beta == ({T})0 ? alpha * s : alpha * s + beta * y[i];
     }
 }
@@ -335,18 +350,6 @@ extern "C" __global__ void adaptmg_dense_gemv_{T}(
         for (int j = lane; j < m; j += 32) s += M[(size_t)row * m + j] * b[j];
     for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
     if (row < n && lane == 0) out[row] = s;
-}
-extern "C" __global__ void adaptmg_csr_residual_{T}(
-    const int n, const int* __restrict__ indptr, const int* __restrict__ indices,
-    const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
-    {T}* __restrict__ r)
-{
-    int i = blockDim.x * blockIdx.x + threadIdx.x;
-    if (i < n) {
-        {T} s = 0;
-        for (int k = indptr[i]; k < indptr[i + 1]; ++k) s += data[k] * x[indices[k]];
-        r[i] = b[i] - s;
-    }
 }
 """
 

@@ -348,7 +348,11 @@ def test_graph_preconditioner_replays_the_eager_cycle():
     and the returned vectors are fresh arrays (a second application does not overwrite them)."""
     from adaptmg.backend import get_backend
     gpu = get_backend("gpu")
-    As, Ps = hierarchy(3, 2, 4)
+    for d, n0, L in ((3, 2, 4), (2, 4, 4)):       # 4 and 1 threads per CSR row
+        _graph_vs_eager(gpu, *hierarchy(d, n0, L))
+
+
+def _graph_vs_eager(gpu, As, Ps):
     n = As[-1].shape[0]
     r1 = gpu.asarray(np.random.default_rng(5).standard_normal(n))
     r2 = gpu.asarray(np.random.default_rng(6).standard_normal(n))
