@@ -85,10 +85,12 @@ the Krylov scalars (and one scalar every ``check_every`` steps when ``steady_tol
 
 Measured on an H100 (``scripts/bench_navier_stokes.py --backend gpu --steps 500``,
 32x32x64, rtol 1e-6): 3.0 ms per step over steps 10-510 (2.0 FGMRES iterations per
-step) and 2.8 ms over steps 3010-3510 (``--start 3000``; paper: 41.5 ms).  Before the
-V(2,2) degree-6 cycle, FGMRES and the extrapolated start it was 5.8 ms (8.6 GMRES
-iterations with V(1,1) of degree 4); about 70 % of a step is the pressure solve, which
-is launch/latency bound on its 70 785 unknowns.
+step) and 2.8 ms over steps 3010-3510 (``--start 3000``; paper: 41.5 ms).  On the same
+steps 10-510 with FGMRES from :math:`q^n`: V(1,1) of degree 4 4.7 ms (6.6 iterations),
+V(2,2) of degree 6 3.9 ms (3.6 iterations); the extrapolated start and one
+synchronisation less per solve give the 3.0 ms.  (The code before these changes: 5.8 ms
+over steps 10-110, 8.6 GMRES iterations.)  About 70 % of a step is the pressure solve,
+which is launch/latency bound on its 70 785 unknowns.
 """
 from __future__ import annotations
 
@@ -335,10 +337,11 @@ class _NeumannPoisson:
     Chebyshev smoothing: on the graded meshes of §5.3.1 point Jacobi with
     omega = 2/3 is not even convergent (cells with aspect ratio ~20 push
     :math:`\lambda_{max}(D^{-1}L)` above 3), Chebyshev estimates :math:`\lambda_{max}`.
-    Default V(2,2) with degree-6 sweeps and 4 threads per row: on the 32x32x64 graded
-    cavity (H100, rtol 1e-6) it needs 2.1 Krylov iterations per step against 8.6 for
-    V(1,1) of degree 4, whose cycle is 3x cheaper but whose iterations each add a fixed
-    ~0.3 ms of Krylov overhead (launches and the scalar transfer).
+    Default V(2,2) with degree-6 sweeps and 4 threads per row: on steps 10-510 of the
+    32x32x64 graded cavity (H100, rtol 1e-6, x0 = q^n) it needs 3.6 Krylov iterations
+    per step against 6.6 for V(1,1) of degree 4 (3.9 against 4.7 ms per step): that
+    cycle is about 3x cheaper, but every iteration also pays a fixed ~0.3 ms of Krylov
+    overhead (launches and the scalar transfer).
 
     The Krylov method is flexible GMRES (:func:`adaptmg.linalg.fgmres`): with a fixed
     preconditioner its iterates equal GMRES's, and keeping ``z_j = M v_j`` turns the

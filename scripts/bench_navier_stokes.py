@@ -48,7 +48,7 @@ FGMRES iterations per step 2.02 (rtol 1e-6; CPU 8.3 over its first 3 steps); rto
 2.62 ms/step.  The paper's whole run, 40 000 steps to t = 4 (one ``NavierStokes.advance``
 per 10 000 steps): 2.86 / 2.72 / 2.68 / 3.06 ms per step, 113 s in all against the
 paper's 1660 s; 1.45-1.50 iterations per step, no failure.  Before this solver (GMRES
-from q^n, V(1,1) of degree 4): 5.8 ms/step over the same window (8.6 iterations), and
+from q^n, V(1,1) of degree 4): 5.8 ms/step over steps 10-110 (8.6 iterations), and
 24.7 ms/step with the MultilevelSolver cycle without CUDA graph.  ``--variants`` and
 ``--start`` compare cycles on identical steps (each variant restarts from one snapshot).
 """
