@@ -585,8 +585,7 @@ class NavierStokes:
                 x0[...] = self.Q
                 K.axpby(-1.0, self.Qprev, 2.0, x0)                    # x0 = 2 q^n - q^{n-1}
             q, info = self.poisson.solve(self.b, x0)
-            self.Qprev[...] = self.Q
-            self.Q = q
+            self.Qprev, self.Q = self.Q, q                            # q is a fresh array: no copy
             tot = xp.dot(self.m_p, q).reshape(1) if self.backend.is_gpu else np.array([self.m_p @ q])
             KN.shift(self.Q, tot, 1.0 / self.volume)                  # int q = 0
         if update:
