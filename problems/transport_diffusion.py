@@ -87,7 +87,7 @@ def make_mesh(n: int) -> Mesh:
     return mesh
 
 
-def system_matrix(dt: float, lam: float = LAMBDA, b=B):
+def system_matrix(dt: float, lam: float = LAMBDA, b=B, device=None):
     """``assemble(space) -> M + dt (lam K + C)`` (used on every multigrid level).
 
     One :func:`adaptmg.assemble.scalar_form` pass per level (mass 1, diffusion
@@ -96,12 +96,13 @@ def system_matrix(dt: float, lam: float = LAMBDA, b=B):
     the multigrid builder starts there) is returned by the same pass
     (``return_mass=True``: one more small product and scatter, cheaper than a
     separate assembly, whose cost is mostly the geometry) and kept in
-    ``A.first_mass = (space, M)`` so that it is not assembled twice.
+    ``A.first_mass = (space, M)`` so that it is not assembled twice. ``device`` goes to
+    :func:`~adaptmg.assemble.scalar_form` (GPU: pattern and sums there; same host CSR).
     """
     bt = dt * np.asarray(b, dtype=np.float64)
 
     def A(space):
-        kw = dict(mass=1.0, diffusion=dt * lam, convection=bt)
+        kw = dict(mass=1.0, diffusion=dt * lam, convection=bt, device=device)
         if A.first_mass[0] is None:
             Ah, M = assemble.scalar_form(space, return_mass=True, **kw)
             A.first_mass = (space, M)
@@ -146,7 +147,7 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
     with timer("init"):
         mesh = make_mesh(n)
         space = Space(mesh, 1)
-        Asys = system_matrix(dt, lam, b)
+        Asys = system_matrix(dt, lam, b, device=be)
         # global-coarsening hierarchy down to 32x32 cells (1089 rows, direct coarse solve) for
         # n >= 7: on the GPU, coarser levels cost launches, not bandwidth
         if levels is None:

@@ -634,3 +634,64 @@ def test_scalar_form_bad_input():
         asm.scalar_form(s, mass=np.zeros(nc), diffusion=0.0, convection=[0.0, 0.0])
     with pytest.raises(ValueError, match="return_mass=True needs a nonzero mass"):
         asm.scalar_form(s, diffusion=1.0, return_mass=True)
+
+
+# ----------------------------------------------------------------------------- device pattern
+
+
+def test_segment_sum_twin_matches_add_at_on_pattern():
+    """The NumPy twin of adaptmg_segment_sum, fed with runs sorted stably by matrix position,
+    gives np.add.at's sums bit for bit (same entries, same order)."""
+    from adaptmg.assemble._device import segment_sum
+    for name, rows, cols, nrows, ncols, _ in _pattern_tables():
+        P = Pattern(rows, cols, nrows, ncols)
+        K = np.random.default_rng(5).standard_normal(P.pos.size)
+        ref = np.zeros(P.nnz)
+        np.add.at(ref, P.pos, K)
+        order = np.argsort(P.pos, kind="stable").astype(np.int32)
+        seg = np.searchsorted(P.pos[order], np.arange(P.nnz + 1)).astype(np.int32)
+        out = np.full(P.nnz, np.nan)
+        assert np.array_equal(segment_sum(seg, order, K, out), ref), name
+
+
+def test_scalar_form_device_argument():
+    """device=None/"cpu" is the host path (same matrix); a bad device is a TypeError/ValueError."""
+    s = space(2, 1)
+    A = asm.scalar_form(s, mass=1.0, diffusion=0.1)
+    for dev in (None, "cpu"):
+        B = asm.scalar_form(s, mass=1.0, diffusion=0.1, device=dev)
+        assert np.array_equal(A.data, B.data) and np.array_equal(A.indices, B.indices)
+    with pytest.raises(TypeError, match="device must be None"):
+        asm.scalar_form(s, mass=1.0, device=0)
+    with pytest.raises(ValueError, match="backend must be"):
+        asm.scalar_form(s, mass=1.0, device="tpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [2, 3])
+def test_device_pattern_and_scalar_form_bit_identical(d, monkeypatch):
+    """Pattern and sums on the GPU: the same host CSR as the host path, bit for bit (uniform,
+    distorted, adaptive with hanging nodes; Q1/Q2; return_mass; c = 2), and the same
+    indptr/indices as the host Pattern on every test table; small meshes stay on the host."""
+    from adaptmg.assemble import _device, forms
+    from adaptmg.fe import Space
+    for name, rows, cols, nrows, ncols, _ in _pattern_tables():
+        P = Pattern(rows, cols, nrows, ncols)
+        D = _device.DevicePattern("gpu", rows, cols, nrows, ncols)
+        assert np.array_equal(P.indptr, D.indptr) and np.array_equal(P.indices, D.indices), name
+    monkeypatch.setattr(forms, "MIN_DEVICE_ENTRIES", 0)
+    spaces = [space(d, 1, "distorted"), space(d, 2, "uniform"), Space(_adaptive_mesh(d), 1, 1),
+              Space(_adaptive_mesh(d), 2, 1), space(d, 1, "sheared", c=2)]
+    kw = dict(mass=1.0, diffusion=0.3, convection=np.arange(1.0, d + 1))
+    for s in spaces:
+        A0, M0 = asm.scalar_form(s, return_mass=True, **kw)
+        A1, M1 = asm.scalar_form(s, return_mass=True, device="gpu", **kw)
+        for X, Y in ((A0, A1), (M0, M1)):
+            assert isinstance(Y, sp.csr_matrix)
+            assert np.array_equal(X.indptr, Y.indptr) and np.array_equal(X.indices, Y.indices)
+            assert np.array_equal(X.data, Y.data)
+    monkeypatch.setattr(forms, "MIN_DEVICE_ENTRIES", 1 << 30)
+    calls = []
+    monkeypatch.setattr(forms, "get_device_pattern", lambda *a: calls.append(a))
+    asm.scalar_form(spaces[0], device="gpu", **kw)
+    assert calls == []

@@ -196,34 +196,42 @@ _CACHE = {}
 _CACHE_MAX = 8
 
 
-def get_pattern(row_cells, col_cells, nrows, ncols):
-    """:class:`Pattern` for these cell tables, memoised when both tables are read-only arrays.
+def memoised(row_cells, col_cells, key, build):
+    """``build()`` memoised by the identity of two read-only cell tables plus ``key``.
 
     The memo holds the tables weakly: an entry disappears when either table is
     garbage collected (e.g. with its space), and at most ``_CACHE_MAX`` are kept.
+    Writeable tables (or non-arrays) are never memoised.
     """
     cacheable = (isinstance(row_cells, np.ndarray) and isinstance(col_cells, np.ndarray)
                  and not row_cells.flags.writeable and not col_cells.flags.writeable)
     if not cacheable:
-        return Pattern(row_cells, col_cells, nrows, ncols)
-    key = (id(row_cells), id(col_cells), row_cells.shape, col_cells.shape, int(nrows), int(ncols))
+        return build()
+    key = (id(row_cells), id(col_cells), row_cells.shape, col_cells.shape) + tuple(key)
     hit = _CACHE.get(key)
     if hit is not None:
-        rref, cref, pat = hit
+        rref, cref, val = hit
         if rref() is row_cells and cref() is col_cells:
-            return pat
-    pat = Pattern(row_cells, col_cells, nrows, ncols)
+            return val
+    val = build()
     while len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
 
     def drop(_ref, key=key):
         _CACHE.pop(key, None)
-    _CACHE[key] = (weakref.ref(row_cells, drop), weakref.ref(col_cells, drop), pat)
-    return pat
+    _CACHE[key] = (weakref.ref(row_cells, drop), weakref.ref(col_cells, drop), val)
+    return val
+
+
+def get_pattern(row_cells, col_cells, nrows, ncols):
+    """:class:`Pattern` for these cell tables, memoised when both tables are read-only arrays
+    (see :func:`memoised`)."""
+    return memoised(row_cells, col_cells, ("host", int(nrows), int(ncols)),
+                    lambda: Pattern(row_cells, col_cells, nrows, ncols))
 
 
 def clear_cache():
-    """Forget memoised sparsity patterns."""
+    """Forget memoised sparsity patterns (host and device)."""
     _CACHE.clear()
 
 

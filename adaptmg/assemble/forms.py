@@ -51,9 +51,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import Backend, get_backend
 from ..fe.element import LagrangeQ
 from ..fe.geometry import CellGeometry, affine_mask, jacobian_error, matmul_serial, metric_factor, sym_pairs
 from ..fe.quadrature import default_num_points, tensor_gauss
+from ._device import MIN_DEVICE_ENTRIES, get_device_pattern
 from ._sparse import componentwise, get_pattern
 
 __all__ = ["mass", "lumped_mass", "stiffness", "convection", "scalar_form", "elasticity",
@@ -205,7 +207,7 @@ def _square_pattern(info):
     return get_pattern(info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
 
 
-def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None):
+def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None):
     r"""CSR of the element matrices :math:`K_c = \sum_q F_{c,q,:} T_{q,:,:}` summed over all cells.
 
     ``factor(sl, g, wdet)`` returns the geometric factor (n, nq, m) of a chunk of n
@@ -218,10 +220,31 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None):
     ``extra = (cols, Tq_e)`` also returns the matrix of a part of the form from the same
     pass: the factor columns ``cols`` (a slice of the m axis) against ``Tq_e`` (nq, m_e,
     nloc*nloc); the result is then ``(A, A_e)`` on the same sparsity pattern.
+
+    ``device`` (a GPU :class:`~adaptmg.backend.Backend`, see :func:`_assembly_device`):
+    pattern and summation on the GPU (:mod:`._device`); the element entries are copied
+    up chunk by chunk and the result is the same host CSR, bit for bit.
     """
-    pat = _square_pattern(info)
-    data = pat.new_data()
     nq, m, per = Tq.shape
+    if device is not None:
+        pat = get_device_pattern(device, info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
+        nent = info.num_cells * per
+        data = device.xp.empty(nent)
+        data_e = device.xp.empty(nent) if extra is not None else None
+
+        def add(dst, sl, K):
+            dst[sl.start * per:sl.stop * per].set(K.reshape(-1))
+
+        def finish(dst):
+            return componentwise(pat.csr(pat.sum(dst)), info.components)
+    else:
+        pat = _square_pattern(info)
+        data = pat.new_data()
+        data_e = pat.new_data() if extra is not None else None
+        add = pat.add
+
+        def finish(dst):
+            return componentwise(pat.csr(dst), info.components)
     T_full = np.ascontiguousarray(Tq.reshape(nq * m, per))
     T_aff = np.tensordot(w, Tq, axes=1)
     group = info.affine_group(xi, per) if affine_ok else 1
@@ -232,21 +255,37 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None):
         me = Te.shape[1]
         Te_full = np.ascontiguousarray(Te.reshape(nq * me, per))
         Te_aff = np.tensordot(w, Te, axes=1)
-        data_e = pat.new_data()
         buf_e = np.empty((step, per))
     for sl, g in info.chunks(xi, per, affine=affine_ok, group=group):
         F = factor(sl, g, g.detJ if g.affine else g.detJ * w)
         n = F.shape[0]
         K = matmul_serial(F.reshape(n, -1), T_aff if g.affine else T_full, out=buf[:n])
-        pat.add(data, sl, K)
+        add(data, sl, K)
         if extra is not None:
             Fe = np.ascontiguousarray(F[:, :, cols]).reshape(n, -1)
             K = matmul_serial(Fe, Te_aff if g.affine else Te_full, out=buf_e[:n])
-            pat.add(data_e, sl, K)
-    A = componentwise(pat.csr(data), info.components)
+            add(data_e, sl, K)
+    A = finish(data)
     if extra is None:
         return A
-    return A, componentwise(pat.csr(data_e), info.components)
+    return A, finish(data_e)
+
+
+def _assembly_device(device, info, per_cell):
+    """The GPU backend to build the pattern and sums on, or None for the host path.
+
+    ``device``: None / "cpu" (host), "gpu" / "auto" or a :class:`~adaptmg.backend.Backend`.
+    Small problems (fewer than ``MIN_DEVICE_ENTRIES`` element entries) stay on the host,
+    where they are cheaper than the copies and launches.
+    """
+    if device is None:
+        return None
+    if not isinstance(device, (str, Backend)):
+        raise TypeError(f"device must be None, 'cpu', 'gpu', 'auto' or a Backend, got {type(device).__name__}")
+    be = get_backend(device)
+    if not be.is_gpu or info.num_cells * per_cell < MIN_DEVICE_ENTRIES:
+        return None
+    return be
 
 
 def _stiffness_tensor(dphi):
@@ -370,7 +409,8 @@ def _is_zero(coef):
     return coef is not None and not callable(coef) and not np.any(np.asarray(coef, dtype=np.float64))
 
 
-def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=None, return_mass=False):
+def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=None, return_mass=False,
+                device=None):
     r"""Matrix of the combined scalar form :math:`\rho M + K_\kappa + C_b` in one assembly pass.
 
     Weak form: for trial :math:`u` and test :math:`v`,
@@ -398,6 +438,13 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
     alone, :math:`(\rho u, v)`, from the same pass (one more small product and scatter);
     it needs a nonzero ``mass``. Acts component-wise for c > 1. Returns CSR
     (num_dofs x num_dofs) on the pattern of :func:`mass`.
+
+    ``device="gpu"`` (or a GPU :class:`~adaptmg.backend.Backend`; None/"cpu" = host)
+    builds the sparsity pattern and sums the element matrices on the GPU
+    (:mod:`adaptmg.assemble._device`: one radix sort and one segmented-sum kernel
+    instead of the host row grouping and ``np.add.at``); the element matrices are still
+    computed on the host and the result is the same host CSR, bit for bit. Meshes with
+    fewer than ``MIN_DEVICE_ENTRIES`` element entries stay on the host.
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
@@ -458,7 +505,8 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
         return F
     affine_ok = not any(callable(c) for c in (mass, diffusion, convection))
     extra = (parts[0][0], blocks[0]) if return_mass else None
-    return _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=extra)
+    return _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=extra,
+                            device=_assembly_device(device, info, L))
 
 
 def derivative_matrices(space, *, quad_points=None):

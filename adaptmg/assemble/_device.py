@@ -1,0 +1,146 @@
+"""Sparsity pattern and element-matrix summation on the GPU, for host assembly of large meshes.
+
+Host assembly (:mod:`._sparse`) spends most of its time on two steps whose cost
+grows with the number of element entries ``E = ncells * nr * ncl``: building the
+pattern (grouping the entries by row and sorting their columns) and adding the
+element matrices into it (``np.add.at``).  Both are a sort and a segmented sum,
+which a GPU does in a few milliseconds for millions of entries:
+
+1. the key ``row * ncols + col`` of every entry (cell-major order ``(c, i, j)``)
+   is sorted by one stable radix sort; equal keys -- the entries summed into one
+   matrix position -- become a run ``order[seg[k]:seg[k+1]]``, still in entry
+   order; the distinct keys give ``indptr``/``indices`` (rows sorted, columns
+   sorted within rows, as on the host);
+2. the element entries (computed on the host, copied up chunk by chunk) are
+   summed per run by one kernel ``adaptmg_segment_sum``:
+   :math:`a_k = \\sum_{t=seg_k}^{seg_{k+1}-1} K_{order_t}`, sequentially from 0.
+
+The run order equals the order in which ``np.add.at`` visits the entries, so the
+summed values are bit-identical to the host pattern's; the matrix comes back to
+the host as SciPy CSR (the assembly contract), only ``data`` being copied per
+call: the index arrays are copied down once per pattern.  Patterns are memoised
+like the host ones (:func:`._sparse.memoised`).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..backend import get_backend
+from ._sparse import _index_dtype, memoised
+
+__all__ = ["DevicePattern", "get_device_pattern", "segment_sum", "MIN_DEVICE_ENTRIES"]
+
+# below this many element entries the copies and launches cost more than the host pattern
+MIN_DEVICE_ENTRIES = 1 << 18
+_INT32_MAX = np.iinfo(np.int32).max
+
+_SEGMENT_SUM = r"""
+double s = 0.0;
+for (I t = seg[i]; t < seg[i + 1]; ++t) s += K[order[t]];
+out = s;
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _segment_sum_kernel():
+    """CuPy kernel ``adaptmg_segment_sum``: out[i] = sum of K[order[t]], t in [seg[i], seg[i+1])."""
+    xp = get_backend("gpu").xp
+    return xp.ElementwiseKernel("raw I seg, raw I order, raw float64 K", "float64 out",
+                                _SEGMENT_SUM, "adaptmg_segment_sum")
+
+
+def _np_segment_sum(seg, order, K, out):
+    """NumPy twin of ``adaptmg_segment_sum`` (sequential sums from 0, like ``np.add.at``)."""
+    out[...] = 0.0
+    counts = np.diff(seg)
+    rows = np.repeat(np.arange(out.size), counts)
+    np.add.at(out, rows, K[order])
+    return out
+
+
+def segment_sum(seg, order, K, out):
+    """out[k] = sum_{t = seg[k]}^{seg[k+1]-1} K[order[t]] (in t order); NumPy or CuPy arrays."""
+    if isinstance(out, np.ndarray):
+        return _np_segment_sum(seg, order, K, out)
+    _segment_sum_kernel()(seg, order, K, out)
+    return out
+
+
+class DevicePattern:
+    """Merged sparsity pattern of the pairs (row_cells[c, i], col_cells[c, j]), built on the GPU.
+
+    Attributes: ``shape``, ``cell_shape`` (ncells, nr, ncl), ``nnz``, host ``indptr`` and
+    ``indices`` (identical to :class:`._sparse.Pattern`'s), and on the device ``order``
+    (entries sorted by matrix position, stable) and ``seg`` (nnz + 1 run starts).
+    """
+
+    def __init__(self, backend, row_cells, col_cells, nrows, ncols):
+        be = get_backend(backend)
+        if not be.is_gpu:
+            raise ValueError(f"DevicePattern needs the GPU backend, got {be.name!r}")
+        xp = be.xp
+        row_cells = np.asarray(row_cells)
+        col_cells = np.asarray(col_cells)
+        nc, nr = row_cells.shape
+        ncl = col_cells.shape[1]
+        if col_cells.shape[0] != nc:
+            raise ValueError(f"row and column cell tables differ in length: {row_cells.shape} vs {col_cells.shape}")
+        nrows, ncols = int(nrows), int(ncols)
+        nent = nc * nr * ncl
+        if nent > _INT32_MAX:
+            raise ValueError(f"DevicePattern: {nent} element entries exceed the 32-bit run indices")
+        self.backend = be
+        self.shape = (nrows, ncols)
+        self.cell_shape = (nc, nr, ncl)
+        r = xp.asarray(row_cells).astype(xp.int64)
+        c = xp.asarray(col_cells).astype(xp.int64)
+        keys = (r[:, :, None] * ncols + c[:, None, :]).reshape(-1)
+        del r, c
+        order = xp.argsort(keys)                       # stable: a run keeps entry order
+        sk = keys[order]
+        del keys
+        head = xp.empty(nent, dtype=bool)
+        if nent:
+            head[0] = True
+            xp.not_equal(sk[1:], sk[:-1], out=head[1:])
+        starts = xp.flatnonzero(head)
+        uk = sk[starts]
+        del sk, head
+        nnz = int(starts.size)
+        rows = uk // ncols
+        idx_t = _index_dtype(max(nnz, nrows, ncols))
+        indptr = xp.searchsorted(rows, xp.arange(nrows + 1, dtype=rows.dtype))
+        self.indices = (uk - rows * ncols).astype(idx_t).get()
+        self.indptr = indptr.astype(idx_t).get()
+        del uk, rows, indptr
+        self.order = order.astype(xp.int32)
+        del order
+        self.seg = xp.empty(nnz + 1, dtype=xp.int32)
+        self.seg[:nnz] = starts
+        self.seg[nnz] = nent
+        self.nnz = nnz
+
+    def sum(self, K):
+        """Summed entries (nnz,) on the host from all element entries ``K`` (device, (E,) float64)."""
+        xp = self.backend.xp
+        out = xp.empty(self.nnz, dtype=xp.float64)
+        segment_sum(self.seg, self.order, K, out)
+        return out.get()
+
+    def csr(self, data):
+        """Scalar host CSR of shape ``self.shape`` from summed ``data`` (nnz,)."""
+        A = sp.csr_matrix((data, self.indices, self.indptr), shape=self.shape, copy=False)
+        A.has_sorted_indices = True
+        A.has_canonical_format = True
+        return A
+
+
+def get_device_pattern(backend, row_cells, col_cells, nrows, ncols):
+    """:class:`DevicePattern` for these cell tables, memoised like :func:`._sparse.get_pattern`."""
+    be = get_backend(backend)
+    dev = int(be.xp.cuda.Device().id)
+    return memoised(row_cells, col_cells, ("gpu", dev, int(nrows), int(ncols)),
+                    lambda: DevicePattern(be, row_cells, col_cells, nrows, ncols))
