@@ -150,3 +150,38 @@ def test_bad_input():
         ml.solve(np.ones(n), rtol=-1.0)
     with pytest.raises(ValueError, match="cycle"):
         ml.solve(np.ones(n), cycle="Z")
+
+
+@pytest.mark.parametrize("galerkin", [False, True])
+def test_threaded_setup_is_identical_and_calls_assemble_in_order(galerkin, monkeypatch):
+    """Per-level set-up on worker threads gives the same levels, bit for bit, as threads=1
+    (hanging nodes, Dirichlet rows, both coarse-operator kinds); ``assemble`` runs in the
+    calling thread, finest level first; bad thread counts are a ValueError."""
+    import threading
+
+    def build(threads):
+        calls = []
+
+        def A(space):
+            calls.append((threading.get_ident(), space.num_dofs))
+            return assemble.stiffness(space)
+        ml = adaptmg.multigrid(poisson_mesh(2, 2, True), A, backend="cpu", galerkin=galerkin, threads=threads)
+        return ml, calls
+    ml1, c1 = build(1)
+    ml4, c4 = build(4)
+    assert c1 == c4 and {t for t, _ in c4} == {threading.get_ident()}
+    assert c4[0][1] == ml4.A.shape[0] and len(c4) == (1 if galerkin else len(ml4.levels))
+    for a, b in zip(ml1.levels, ml4.levels):
+        for X, Y in ((a.A, b.A), (a.P, b.P), (a.R, b.R)):
+            if X is None:
+                assert Y is None
+                continue
+            assert (X != Y).nnz == 0 and np.array_equal(X.indptr, Y.indptr) and np.array_equal(X.indices, Y.indices)
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="threads must be"):
+            adaptmg.multigrid(poisson_mesh(2, 1, False), assemble.stiffness, backend="cpu", threads=bad)
+    monkeypatch.setenv("ADAPTMG_THREADS", "many")
+    with pytest.raises(ValueError, match="ADAPTMG_THREADS"):
+        adaptmg.gmg.default_threads()
+    monkeypatch.setenv("ADAPTMG_THREADS", "3")
+    assert adaptmg.gmg.default_threads() == 3
