@@ -56,10 +56,17 @@ def _mean_of(X: np.ndarray, parents: np.ndarray) -> np.ndarray:
 
 
 def merge_registry(keys, values, new_keys, new_values):
-    k = np.concatenate([keys, new_keys])
-    v = np.concatenate([values, new_values])
-    order = np.argsort(k, kind="stable")
-    return k[order], v[order]
+    """Merge sorted ``new_keys`` (none of them in the sorted ``keys``) into the registry:
+    each new key lands at its rank among the old keys plus its own index (no sort)."""
+    n = keys.size + new_keys.size
+    at = np.searchsorted(keys, new_keys) + np.arange(new_keys.size)
+    old = np.ones(n, dtype=bool)
+    old[at] = False
+    k = np.empty(n, dtype=np.result_type(keys, new_keys))
+    v = np.empty(n, dtype=np.result_type(values, new_values))
+    k[at], v[at] = new_keys, new_values
+    k[old], v[old] = keys, values
+    return k, v
 
 
 @dataclass(frozen=True)
@@ -182,7 +189,10 @@ class Forest:
         axis, side = faces // 2, faces % 2
         on_parent = cor[:, axis] == side[None, :]                         # (nv, 2d)
         pb = np.take(self.cell_bface, cells, axis=0)                      # (m, 2d)
-        cb = np.where(on_parent[None, :, :], pb[:, None, :], -1).reshape(m * nv, 2 * d)
+        cb = np.empty((m, nv, 2 * d), dtype=np.int32)
+        cb[...] = pb[:, None, :]
+        cb[:, ~on_parent] = -1
+        cb = cb.reshape(m * nv, 2 * d)
         return replace(
             self,
             X=np.concatenate(X), node_kind=np.concatenate(kind), node_par=np.concatenate(par),
@@ -190,6 +200,6 @@ class Forest:
             cell_parent=np.concatenate([self.cell_parent, np.repeat(cells, nv)]),
             cell_child0=np.concatenate([child0, np.full(m * nv, -1, dtype=np.int64)]),
             cell_level=np.concatenate([self.cell_level, np.repeat(self.cell_level[cells] + 1, nv).astype(np.int16)]),
-            cell_bface=np.concatenate([self.cell_bface, cb.astype(np.int32)]),
+            cell_bface=np.concatenate([self.cell_bface, cb]),
             edge_keys=edge_keys, edge_nodes=edge_nodes, face_keys=face_keys, face_nodes=face_nodes,
         )
