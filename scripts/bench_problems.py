@@ -180,7 +180,7 @@ def warmup():
     from problems import elasticity as el
     from problems import transport_diffusion as td
     t0 = time.perf_counter()
-    td.run(5, steps=3, backend="gpu", quiet=True)
+    td.run(8, steps=3, backend="gpu", quiet=True)     # n >= 8: assembly takes the device path
     el.run("edge", 2, steps=2, backend="gpu", quiet=True)
     el.run("face", 2, steps=2, backend="gpu", quiet=True)
     log(f"[warm-up {time.perf_counter() - t0:.1f} s]")
