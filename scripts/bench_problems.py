@@ -152,7 +152,8 @@ def print_probe(acc, init_total, title):
             for k, v in sorted(acc.items(), key=lambda kv: -kv[1][0])]
     log(format_table(rows, [("fn", "function"), ("calls", "calls"), ("s", "seconds", ".3f"),
                             ("pct", "% of init", ".1f")],
-                     title=f"{title}: init {init_total:.2f} s, by function (nested calls counted in both)"))
+                     title=f"{title}: init {init_total:.2f} s, by function (nested calls counted in both; "
+                           "multigrid set-up tasks run on worker threads, so shares may sum past 100 %)"))
     return rows
 
 

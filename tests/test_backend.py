@@ -65,7 +65,10 @@ def test_large_uploads_page_locked_and_fallback():
         assert np.array_equal(gpu.asarray(a).get(), a)
     finally:
         rt.hostUnregister(a.ctypes.data)
-    A = sp.random(200000, 200000, density=2e-4, format="csr", random_state=1)
+    rows, per = B.PIN_MIN_BYTES // 64 + 5000, 8          # 8 sorted random columns per row
+    rng = np.random.default_rng(1)
+    A = sp.csr_matrix((rng.standard_normal(rows * per), np.sort(rng.integers(0, rows, (rows, per)), axis=1).ravel(),
+                       np.arange(0, rows * per + 1, per)), shape=(rows, rows))
     assert A.data.nbytes >= B.PIN_MIN_BYTES
     M = gpu.asmatrix(A).get()
     assert np.array_equal(M.indptr, A.indptr) and np.array_equal(M.indices, A.indices)
