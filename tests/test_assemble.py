@@ -663,6 +663,9 @@ def test_scalar_form_device_argument():
         assert np.array_equal(A.data, B.data) and np.array_equal(A.indices, B.indices)
     with pytest.raises(TypeError, match="device must be None"):
         asm.scalar_form(s, mass=1.0, device=0)
+    with pytest.raises(TypeError, match="device must be None"):
+        asm.stiffness(s, device=np)
+    assert np.array_equal(asm.mass(s, device="cpu").data, asm.mass(s).data)
     with pytest.raises(ValueError, match="backend must be"):
         asm.scalar_form(s, mass=1.0, device="tpu")
 
@@ -690,6 +693,9 @@ def test_device_pattern_and_scalar_form_bit_identical(d, monkeypatch):
             assert isinstance(Y, sp.csr_matrix)
             assert np.array_equal(X.indptr, Y.indptr) and np.array_equal(X.indices, Y.indices)
             assert np.array_equal(X.data, Y.data)
+        for form, arg in ((asm.mass, 2.0), (asm.stiffness, 0.5), (asm.convection, kw["convection"])):
+            X, Y = form(s, arg), form(s, arg, device="gpu")
+            assert np.array_equal(X.indices, Y.indices) and np.array_equal(X.data, Y.data), form.__name__
     monkeypatch.setattr(forms, "MIN_DEVICE_ENTRIES", 1 << 30)
     calls = []
     monkeypatch.setattr(forms, "get_device_pattern", lambda *a: calls.append(a))

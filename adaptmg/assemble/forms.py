@@ -313,11 +313,11 @@ def _convection_factor(g, bv, wdet):
 
 # ----------------------------------------------------------------------------- operators
 
-def mass(space, coef=1.0, *, quad_points=None):
+def mass(space, coef=1.0, *, quad_points=None, device=None):
     r"""Mass matrix :math:`M_{ij} = (\rho\,\phi_j, \phi_i) = \int_\Omega \rho\,\phi_j\phi_i\,dx`.
 
     ``coef`` (:math:`\rho`) as described in the module docstring. Acts component-wise
-    for c > 1. Returns CSR (num_dofs x num_dofs).
+    for c > 1. Returns CSR (num_dofs x num_dofs). ``device``: see :func:`scalar_form`.
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
@@ -327,7 +327,8 @@ def mass(space, coef=1.0, *, quad_points=None):
 
     def factor(sl, g, wdet):
         return wdet * ev(sl, g)
-    return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(coef))
+    return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(coef),
+                            device=_assembly_device(device, info, T.shape[-1]))
 
 
 def lumped_mass(space, method="auto", *, quad_points=None):
@@ -363,7 +364,7 @@ def lumped_mass(space, method="auto", *, quad_points=None):
     return np.repeat(m, info.components) if info.components > 1 else m
 
 
-def stiffness(space, coef=1.0, *, quad_points=None):
+def stiffness(space, coef=1.0, *, quad_points=None, device=None):
     r"""Stiffness (Laplace) matrix :math:`K_{ij} = (\kappa\nabla\phi_j, \nabla\phi_i)`.
 
     With :math:`G = J^{-1}J^{-T}` the element matrix is
@@ -371,6 +372,7 @@ def stiffness(space, coef=1.0, *, quad_points=None):
     computed as one product (cells, nq*d*d) @ (nq*d*d, nloc*nloc).
     ``coef`` (:math:`\kappa`): constant, per-cell (num_cells,) or callable kappa(x).
     Acts component-wise for c > 1. Returns CSR (num_dofs x num_dofs).
+    ``device``: see :func:`scalar_form`.
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
@@ -382,15 +384,16 @@ def stiffness(space, coef=1.0, *, quad_points=None):
         wc = wdet / g.detJ
         wc = wc * ev(sl, g)
         return metric_factor(g.J, g.detJ, wc, packed=True)   # w kappa det J J^{-1} J^{-T}
-    return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(coef))
+    return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(coef),
+                            device=_assembly_device(device, info, T.shape[-1]))
 
 
-def convection(space, b, *, quad_points=None):
+def convection(space, b, *, quad_points=None, device=None):
     r"""Convection matrix :math:`C_{ij} = (b\cdot\nabla\phi_j, \phi_i)` (row i = test function).
 
     ``b`` is a constant vector (dim,), per-cell (num_cells, dim) or a callable
     b(x) -> (..., dim). :math:`C u` is the vector of :math:`(b\cdot\nabla u_h, \phi_i)`.
-    Acts component-wise for c > 1.
+    Acts component-wise for c > 1. ``device``: see :func:`scalar_form`.
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
@@ -401,7 +404,8 @@ def convection(space, b, *, quad_points=None):
 
     def factor(sl, g, wdet):
         return _convection_factor(g, ev(sl, g), wdet)
-    return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(b))
+    return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(b),
+                            device=_assembly_device(device, info, T.shape[-1]))
 
 
 def _is_zero(coef):
