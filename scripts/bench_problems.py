@@ -30,17 +30,20 @@ calls are charged to both (e.g. ``assemble.mass`` inside the system-matrix callb
 Times are medians where repeated; GPU runs are preceded by a warm-up that compiles all
 kernels.
 
-Latest (H100 80GB + 16 host cores, CuPy 14.2, 2026-11-22, after the CUDA-graph
-preconditioner (``MultilevelSolver.aspreconditioner(graph="auto")``) and the host set-up
-work; ``--parts td,el-edge,el-face --td-n 10 --el-edge 6 --el-face 5 --repeat 3``), seconds:
+Latest (H100 80GB + 16 host cores, CuPy 14.2, 2026-11-22, after the device assembly
+(``scalar_form(device=...)``: pattern and sums on the GPU), the threaded multigrid set-up
+and the page-locked uploads; ``--parts td,el-edge,el-face --td-n 10 --el-edge 6
+--el-face 5 --repeat 5``), seconds:
 
-     transport-diffusion n=10 (1 050 625 DoFs)  init 3.14  rhs 0.05  solve 0.48  L2 5.281e-4
-         (targets 2 / 0.2 / 0.9; init breakdown of one run: scalar_form 1.65 of which the
-         sparsity patterns 0.9, Mesh.refine 0.59, MultilevelSolver setup 0.43,
-         prolongation 0.34, Constraints.matrix 0.24)
-     elasticity edge 6 (209 910 DoFs, tol='residual')  init 3.21  solve 1.00  (target 1.5)
-     elasticity face 5 (1 035 030 DoFs, tol='residual')  init 17.3  solve 2.88 (target 12)
+     transport-diffusion n=10 (1 050 625 DoFs)  init 1.50  rhs 0.05  solve 0.49  L2 5.281e-4
+         (targets 2 / 0.2 / 0.9; one probed run: scalar_form 0.70, Mesh.refine 0.56,
+         prolongation 0.33, Constraints.matrix 0.23, MultilevelSolver setup 0.22, the
+         last three mostly on worker threads)
+     elasticity edge 6 (209 910 DoFs, tol='residual')  init 2.18  solve 0.90  (target 1.5)
+     elasticity face 5 (1 035 030 DoFs, tol='residual')  init 10.5  solve 2.73 (target 12)
 
+  Before that (same day): transport-diffusion init 3.14 (scalar_form 1.65 of which the
+  sparsity patterns 0.9), elasticity init 3.21 / 17.3, solves 1.00 / 2.88.
   The elasticity V-cycle costs 0.47 ms as a graph against 1.7-2.2 ms launched kernel by
   kernel (7 levels, V(2,2) block Jacobi); ``run(mg_dtype=np.float32)`` gives 0.37 ms and
   an edge-6 solve of 0.84 s.  The vertex case and the CPU columns were not re-run.
