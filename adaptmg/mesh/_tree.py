@@ -132,6 +132,12 @@ class Forest:
         edge_keys, edge_nodes = self.edge_keys, self.edge_nodes
         face_keys, face_nodes = self.face_keys, self.face_nodes
 
+        # an edge/face of a fresh cell of level l is registered only if a cell of level l that
+        # shares it was split before (on a conforming coarse mesh, a cell of level k has the
+        # dyadic level-k sub-edges/faces of its root, so cells of other levels never share
+        # one exactly); without such a cell (e.g. a uniform refinement) every lookup would miss
+        split_levels = np.unique(self.cell_level[self.cell_child0 >= 0])
+        may_exist = bool(np.isin(np.unique(self.cell_level[cells]), split_levels).any())
         nodd = (lat == 1).sum(1)
         for k in range(1, d + 1):
             pos = np.flatnonzero(nodd == k)          # lattice points with k odd coordinates
@@ -158,7 +164,7 @@ class Forest:
                     r = np.arange(g.shape[0])
                     keys = pack(g[r, amin], g[r, 3 - amin])
                     old_k, old_v = face_keys, face_nodes
-                nodes = lookup(old_k, old_v, keys)
+                nodes = lookup(old_k, old_v, keys) if may_exist else np.full(keys.shape, -1, dtype=np.int64)
                 new = nodes < 0
                 ukeys, first, inv = np.unique(keys[new], return_index=True, return_inverse=True)
                 created = n_next + np.arange(ukeys.size, dtype=np.int64)
