@@ -161,7 +161,11 @@ def _upload(cupy, a, dtype=None):
         out.set(a)
         return out
     try:
-        rt.memcpy(out.data.ptr, ptr, a.nbytes, rt.memcpyHostToDevice)
+        # on the current stream (where ``out`` was allocated), then wait: the pages must
+        # stay locked until the copy is done
+        stream = cupy.cuda.get_current_stream()
+        rt.memcpyAsync(out.data.ptr, ptr, a.nbytes, rt.memcpyHostToDevice, stream.ptr)
+        stream.synchronize()
     finally:
         rt.hostUnregister(ptr)
     return out

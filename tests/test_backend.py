@@ -59,6 +59,12 @@ def test_large_uploads_page_locked_and_fallback():
         d = gpu.asarray(src, dtype=dtype)
         ref = np.asarray(src, dtype=dtype)
         assert d.shape == ref.shape and d.dtype == ref.dtype and np.array_equal(d.get(), ref)
+    with cupy.cuda.Stream(non_blocking=True):             # copies on the current stream
+        b = cupy.zeros(n)
+        b += 1.0
+        d = gpu.asarray(a)
+        d += b
+        assert np.array_equal(d.get(), a + 1.0)
     rt = cupy.cuda.runtime
     rt.hostRegister(a.ctypes.data, a.nbytes, 0)
     try:
