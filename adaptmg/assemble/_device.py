@@ -29,7 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import get_backend
-from ._sparse import _index_dtype, memoised
+from ._sparse import _index_dtype, cell_tables, memoised
 
 __all__ = ["DevicePattern", "get_device_pattern", "segment_sum", "MIN_DEVICE_ENTRIES"]
 
@@ -82,13 +82,7 @@ class DevicePattern:
         if not be.is_gpu:
             raise ValueError(f"DevicePattern needs the GPU backend, got {be.name!r}")
         xp = be.xp
-        row_cells = np.asarray(row_cells)
-        col_cells = np.asarray(col_cells)
-        nc, nr = row_cells.shape
-        ncl = col_cells.shape[1]
-        if col_cells.shape[0] != nc:
-            raise ValueError(f"row and column cell tables differ in length: {row_cells.shape} vs {col_cells.shape}")
-        nrows, ncols = int(nrows), int(ncols)
+        row_cells, col_cells, (nc, nr, ncl), (nrows, ncols) = cell_tables(row_cells, col_cells, nrows, ncols)
         nent = nc * nr * ncl
         if nent > _INT32_MAX:
             raise ValueError(f"DevicePattern: {nent} element entries exceed the 32-bit run indices")

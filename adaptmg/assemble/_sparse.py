@@ -69,6 +69,17 @@ def _row_grouped(row_cells, nrows):
     return np.argsort(row_cells.reshape(-1), kind="stable").astype(inc_t, copy=False), False
 
 
+def cell_tables(row_cells, col_cells, nrows, ncols):
+    """Checked (row_cells, col_cells, (ncells, nr, ncl), (nrows, ncols)) of a pattern's input."""
+    row_cells = np.asarray(row_cells)
+    col_cells = np.asarray(col_cells)
+    nc, nr = row_cells.shape
+    ncl = col_cells.shape[1]
+    if col_cells.shape[0] != nc:
+        raise ValueError(f"row and column cell tables differ in length: {row_cells.shape} vs {col_cells.shape}")
+    return row_cells, col_cells, (nc, nr, ncl), (int(nrows), int(ncols))
+
+
 _BLOCK_ENTRIES = 1 << 19     # entries per row block of Pattern: temporaries stay cache-sized
 
 
@@ -80,13 +91,7 @@ class Pattern:
     """
 
     def __init__(self, row_cells, col_cells, nrows, ncols):
-        row_cells = np.asarray(row_cells)
-        col_cells = np.asarray(col_cells)
-        nc, nr = row_cells.shape
-        ncl = col_cells.shape[1]
-        if col_cells.shape[0] != nc:
-            raise ValueError(f"row and column cell tables differ in length: {row_cells.shape} vs {col_cells.shape}")
-        nrows, ncols = int(nrows), int(ncols)
+        row_cells, col_cells, (nc, nr, ncl), (nrows, ncols) = cell_tables(row_cells, col_cells, nrows, ncols)
         self.shape = (nrows, ncols)
         self.cell_shape = (nc, nr, ncl)
         nent = nc * nr * ncl
