@@ -26,10 +26,9 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import scipy.sparse as sp
 
 from ..backend import get_backend
-from ._sparse import _index_dtype, cell_tables, memoised
+from ._sparse import Pattern, _index_dtype, cell_tables, memoised
 
 __all__ = ["DevicePattern", "get_device_pattern", "segment_sum", "MIN_DEVICE_ENTRIES"]
 
@@ -124,12 +123,8 @@ class DevicePattern:
         segment_sum(self.seg, self.order, K, out)
         return out.get()
 
-    def csr(self, data):
-        """Scalar host CSR of shape ``self.shape`` from summed ``data`` (nnz,)."""
-        A = sp.csr_matrix((data, self.indices, self.indptr), shape=self.shape, copy=False)
-        A.has_sorted_indices = True
-        A.has_canonical_format = True
-        return A
+    # scalar host CSR from summed data: the same host index arrays as Pattern's
+    csr = Pattern.csr
 
 
 def get_device_pattern(backend, row_cells, col_cells, nrows, ncols):
