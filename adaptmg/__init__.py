@@ -13,9 +13,7 @@ from .backend import get_backend, gpu_available
 from .mesh import Mesh
 from .fe import Constraints, LagrangeQ, Space
 from . import assemble, linalg
-from .multigrid import Level, MultilevelSolver
-from .gmg import multigrid, dirichlet_dofs  # noqa: F811  (the function shadows the submodule name)
-from .pyamg_bridge import from_pyamg
+from .multilevel import Level, MultilevelSolver, dirichlet_dofs, from_pyamg, multigrid
 
 __version__ = "0.1.0"
 __all__ = ["get_backend", "gpu_available", "Mesh", "Space", "Constraints", "LagrangeQ", "assemble",

@@ -1,6 +1,6 @@
 r"""Custom kernels of the Navier-Stokes pressure-correction solver (seed 001 §5.3), with NumPy twins.
 
-Same pattern as :mod:`adaptmg.kernels`: every GPU kernel is built by a
+Same pattern as :mod:`adaptmg.device.kernels`: every GPU kernel is built by a
 memoised factory and named ``adaptmg_ns_*``; each has a NumPy twin with the
 same semantics, used on the CPU and as the reference in the tests.  The public
 functions dispatch on the array type of their output argument and write into
@@ -57,7 +57,7 @@ One thread per row computes (``alpha``, ``beta`` host scalars;
 =================  ===============================================================  ==========
 
 plus, for the pressure multigrid (``K = 1``), ``residual`` (``r = b - A x``),
-``chebyshev`` (one Chebyshev step, :mod:`adaptmg.smoothers`) and the dense
+``chebyshev`` (one Chebyshev step, :mod:`adaptmg.multilevel.smoothers`) and the dense
 symmetric coarse solve :func:`sym_gemv` -- all launch-only kernels with fixed
 buffers, so that a whole V-cycle can be captured in a CUDA graph.
 
@@ -465,7 +465,7 @@ class MultiCSR:
             else:
                 self.matrix(0)
         elif not self.use_kernels and ("plan", kind, NO) not in self._cache:
-            from .kernels import make_spmv
+            from .device.kernels import make_spmv
             self._cache[("plan", kind, NO)] = make_spmv(self.backend.asmatrix(self.block(kind, NO)))
         return self
 
@@ -480,7 +480,7 @@ class MultiCSR:
         key = ("plan", kind, NO)
         plan = self._cache.get(key)
         if plan is None:
-            from .kernels import make_spmv
+            from .device.kernels import make_spmv
             plan = make_spmv(self.backend.asmatrix(self.block(kind, NO)))
             self._cache[key] = plan
         plan(x.reshape(-1), y.reshape(-1), alpha, beta)

@@ -1,6 +1,6 @@
 r"""Element-wise kernels of the application problems (``problems/``), with NumPy twins.
 
-Same pattern as :mod:`adaptmg.kernels`: every GPU kernel comes from a memoised
+Same pattern as :mod:`adaptmg.device.kernels`: every GPU kernel comes from a memoised
 factory and is named ``adaptmg_*``; each has a NumPy twin with the same
 semantics that runs on the CPU and serves as the reference in the tests.  The
 public functions dispatch on the array type of their first argument and write
@@ -147,13 +147,13 @@ def constrain_combine(z, r, s, g, out):
 
 class SpMVOperator:
     """``A`` as an operator for :mod:`adaptmg.linalg` whose ``matvec`` goes through a cached
-    :func:`adaptmg.kernels.make_spmv` plan (cuSPARSE descriptors created once, not per call).
+    :func:`adaptmg.device.kernels.make_spmv` plan (cuSPARSE descriptors created once, not per call).
 
     ``matvec(v)`` returns a new array ``A v`` (from the memory pool on the GPU).
     """
 
     def __init__(self, A):
-        from .kernels import make_spmv
+        from .device.kernels import make_spmv
         self.A = A
         self.shape = tuple(A.shape)
         self.dtype = np.dtype(A.dtype)

@@ -103,11 +103,11 @@ import scipy.sparse as sp
 from adaptmg import Mesh, Space, assemble
 from adaptmg import kernels_ns as KN
 from adaptmg.backend import get_backend, to_host
-from adaptmg.gmg import multigrid
-from adaptmg import kernels as K
-from adaptmg.kernels import make_spmv
+from adaptmg.multilevel.hierarchy import multigrid
+from adaptmg.device import kernels as K
+from adaptmg.device.kernels import make_spmv
 from adaptmg.linalg import fgmres
-from adaptmg.multigrid import Level, MultilevelSolver
+from adaptmg.multilevel import Level, MultilevelSolver
 
 try:
     from adaptmg.progress import progress as _progress
@@ -195,7 +195,7 @@ def pressure_hierarchy(space_p):
 class _FusedVCycle:
     r"""The V-cycle of the pressure multigrid as a fixed sequence of one-launch kernels.
 
-    Same mathematics as :class:`~adaptmg.multigrid.MultilevelSolver` with Chebyshev
+    Same mathematics as :class:`~adaptmg.multilevel.MultilevelSolver` with Chebyshev
     smoothing and a direct coarse solve (zero initial guess on every level):
     ``presmooth`` sweeps of degree-``degree`` Chebyshev steps
     (:meth:`adaptmg.kernels_ns.MultiCSR.chebyshev`, one launch each, ping-pong
@@ -311,7 +311,7 @@ class _FusedVCycle:
             op()
 
     def _capture(self):
-        from adaptmg.cudagraph import capture
+        from adaptmg.device.cudagraph import capture
         graph, why = capture(self.be, self._eager, [self.b], self.x, rtol=1e-12)
         if graph is None:  # pragma: no cover - depends on the CuPy/CUDA build
             self.capture_error = why
@@ -331,7 +331,7 @@ class _FusedVCycle:
 class _NeumannPoisson:
     r"""GMRES + V-cycle for the singular Neumann matrix L^p (see the module docstring).
 
-    ``levels``: host :class:`~adaptmg.multigrid.Level` list (coarse -> fine); the
+    ``levels``: host :class:`~adaptmg.multilevel.Level` list (coarse -> fine); the
     finest level with at most ``coarse_rows`` rows becomes the coarse level,
     solved exactly with :math:`L_0 + \gamma 1 1^T`, :math:`\gamma = mean(diag L_0)/n_0`.
     Chebyshev smoothing: on the graded meshes of §5.3.1 point Jacobi with

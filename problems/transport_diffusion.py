@@ -49,10 +49,10 @@ from __future__ import annotations
 import numpy as np
 
 from adaptmg import Mesh, Space, assemble, multigrid
-from adaptmg._csr import mask_rows_cols
+from adaptmg.fe.csr_ops import mask_rows_cols
 from adaptmg.backend import get_backend, to_host
 from adaptmg.fe.norms import errors
-from adaptmg import kernels as _K
+from adaptmg.device import kernels as _K
 from adaptmg import kernels_problems as KP
 
 

@@ -108,7 +108,7 @@ def log(*a):
 @contextlib.contextmanager
 def probe():
     """Wrap the main init functions of other modules with wall-clock counters."""
-    import adaptmg.gmg as gmg
+    import adaptmg.multilevel.hierarchy as gmg
     import adaptmg.assemble as asm
     import adaptmg.mesh.mesh as meshmod
     from adaptmg.fe import constraints as cmod

@@ -47,10 +47,10 @@ import time
 
 import numpy as np
 
-from adaptmg import kernels as K
+from adaptmg.device import kernels as K
 from adaptmg.backend import get_backend
 from adaptmg.assemble.testing import tensor_prolongation, tensor_q1_stiffness
-from adaptmg.multigrid import MultilevelSolver
+from adaptmg.multilevel import MultilevelSolver
 
 
 def hierarchy(d, nfine, ncoarse):

@@ -4,7 +4,7 @@ import pytest
 import scipy.sparse as sp
 
 from adaptmg import assemble
-from adaptmg._csr import add_to_diagonal, congruence_with_constraints, mask_rows_cols
+from adaptmg.fe.csr_ops import add_to_diagonal, congruence_with_constraints, mask_rows_cols
 from adaptmg.fe import Space
 from adaptmg.mesh import Mesh
 

@@ -182,6 +182,6 @@ def test_threaded_setup_is_identical_and_calls_assemble_in_order(galerkin, monke
             adaptmg.multigrid(poisson_mesh(2, 1, False), assemble.stiffness, backend="cpu", threads=bad)
     monkeypatch.setenv("ADAPTMG_THREADS", "many")
     with pytest.raises(ValueError, match="ADAPTMG_THREADS"):
-        adaptmg.gmg.default_threads()
+        adaptmg.multilevel.hierarchy.default_threads()
     monkeypatch.setenv("ADAPTMG_THREADS", "3")
-    assert adaptmg.gmg.default_threads() == 3
+    assert adaptmg.multilevel.hierarchy.default_threads() == 3

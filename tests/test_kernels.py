@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from adaptmg import kernels as K
+from adaptmg.device import kernels as K
 from adaptmg.backend import get_backend, to_host
 
 

@@ -13,8 +13,8 @@ import scipy.sparse.linalg as sla
 
 from adaptmg.backend import to_host
 from adaptmg.assemble.testing import tensor_prolongation, tensor_q1_stiffness
-from adaptmg.multigrid import Level, MultilevelSolver
-from adaptmg.smoothers import Jacobi
+from adaptmg.multilevel import Level, MultilevelSolver
+from adaptmg.multilevel.smoothers import Jacobi
 
 
 def hierarchy(d, n0, L):

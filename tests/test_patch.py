@@ -279,7 +279,7 @@ def test_bad_input():
 @pytest.mark.parametrize("coarse", ["direct", "smoother"])
 @pytest.mark.parametrize("accel", [None, "gmres"])
 def test_patch_levels_in_multilevel_solver(coarse, accel):
-    ml_mod = pytest.importorskip("adaptmg.multigrid")
+    ml_mod = pytest.importorskip("adaptmg.multilevel")
     V = CartesianSpace(2, 3, 4)
     b, _ = V.sine_problem()
     levels = patch_levels(V)                               # the one-argument switch

@@ -4,7 +4,7 @@ import pytest
 import scipy.sparse as sp
 
 from adaptmg.backend import to_host
-from adaptmg.smoothers import (BlockJacobi, Chebyshev, Jacobi, estimate_lambda_max,
+from adaptmg.multilevel.smoothers import (BlockJacobi, Chebyshev, Jacobi, estimate_lambda_max,
                                make_smoother)
 
 

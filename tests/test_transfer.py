@@ -5,7 +5,7 @@ import scipy.sparse as sp
 
 from adaptmg.fe import Space
 from adaptmg.mesh import Mesh
-from adaptmg.transfer import interpolation_matrix
+from adaptmg.multilevel.transfer import interpolation_matrix
 
 
 def _adaptive(dim):

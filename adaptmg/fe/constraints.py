@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from .._csr import congruence_with_constraints, mask_rows_cols
+from .csr_ops import congruence_with_constraints, mask_rows_cols
 from .space import Space
 
 __all__ = ["Constraints"]

@@ -125,7 +125,7 @@ class PatchSmoother:
 
     def smooth_adjoint(self, x, b, sweeps=1):
         """The adjoint sweep (colours in reverse order), used by
-        :class:`adaptmg.multigrid.MultilevelSolver` for post-smoothing."""
+        :class:`adaptmg.multilevel.MultilevelSolver` for post-smoothing."""
         return self.smooth(x, b, sweeps, reverse=True)
 
     def _color_array(self, X, B, col, cnt):

@@ -286,10 +286,10 @@ def patch_levels(space, backend="cpu", dtype=np.float64, coarse_level=None):
     from level i+1 (coarser) to i, ``levels[i].R`` restricts, and
     ``levels[i].smoother.smooth(x, b, sweeps)`` is the vertex-patch smoother
     (on the coarsest level the exact fast-diagonalisation solve).  Uses
-    ``adaptmg.multigrid.Level`` when that module is importable."""
+    ``adaptmg.multilevel.Level`` when that module is importable."""
     mg = PatchMultigrid(space, backend, dtype, coarse_level)
     try:
-        from ..multigrid import Level as _Level      # the shared driver, when present
+        from ..multilevel import Level as _Level      # the shared driver, when present
     except Exception:                                # pragma: no cover - driver absent
         _Level = PatchLevel
     levels = []

@@ -87,7 +87,7 @@ def test_gpu_solve_matches_cpu(dim, k, level):
 
 
 def test_patch_levels_in_multilevel_solver_gpu():
-    ml_mod = pytest.importorskip("adaptmg.multigrid")
+    ml_mod = pytest.importorskip("adaptmg.multilevel")
     from adaptmg.patch import patch_levels
     gpu = get_backend("gpu")
     V = CartesianSpace(3, 3, 3)

@@ -36,8 +36,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from . import kernels as K
-from .backend import get_backend, to_host
+from ..device import kernels as K
+from ..backend import get_backend, to_host
 
 __all__ = ["Smoother", "Jacobi", "BlockJacobi", "Chebyshev", "make_smoother",
            "estimate_lambda_max", "SMOOTHERS"]
@@ -180,7 +180,7 @@ class Jacobi(Smoother):
 
     ``S = D^{-1}`` is stored as a vector ``dinv``; one sweep is one SpMV
     (``Ax`` into scratch) and one fused kernel
-    (:func:`adaptmg.kernels.jacobi_residual_update`).  From a zero initial
+    (:func:`adaptmg.device.kernels.jacobi_residual_update`).  From a zero initial
     guess the first sweep is ``x = omega D^{-1} b`` (no SpMV).
 
     For the Q1 Laplacian the spectrum of ``D^{-1}A`` lies in ``(0, 1.5]`` in
@@ -240,7 +240,7 @@ class Jacobi(Smoother):
         return x
 
     def _smooth_fused(self, x, b, sweeps, tmp, zero_initial):
-        """One launch per sweep (:func:`adaptmg.kernels.csr_jacobi_sweep`), ping-pong
+        """One launch per sweep (:func:`adaptmg.device.kernels.csr_jacobi_sweep`), ping-pong
         between ``x`` and ``tmp`` arranged so that the result lands in ``x``."""
         w, dinv, A = self.omega, self.dinv, self.A
         m = sweeps - 1 if (zero_initial and sweeps > 0) else sweeps

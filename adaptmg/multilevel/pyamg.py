@@ -4,7 +4,7 @@ pyamg builds algebraic hierarchies (smoothed aggregation, Ruge-Stueben, ...) on
 the host: per level a matrix :math:`A_l`, a prolongation :math:`P_l` and a
 restriction :math:`R_l` (``levels[0]`` is pyamg's *finest* level).  Its cycles
 run on the CPU.  :func:`from_pyamg` copies exactly these matrices into an
-:class:`adaptmg.multigrid.MultilevelSolver` (levels reordered coarse -> fine,
+:class:`adaptmg.multilevel.MultilevelSolver` (levels reordered coarse -> fine,
 ``R`` stored explicitly, never applied as ``P^T``), so the same hierarchy is
 cycled with adaptmg's fused CSR kernels, on the GPU when ``backend`` says so::
 
@@ -45,9 +45,9 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
-from .backend import get_backend
-from .errors import gpu_memory_guard
-from .multigrid import Level, MultilevelSolver
+from ..backend import get_backend
+from ..errors import gpu_memory_guard
+from .solver import Level, MultilevelSolver
 from .smoothers import Jacobi, estimate_lambda_max, make_smoother
 
 __all__ = ["from_pyamg"]

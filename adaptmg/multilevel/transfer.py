@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ._csr import mask_rows_cols
-from .fe.space import Space
-from .mesh import reference as ref
+from ..fe.csr_ops import mask_rows_cols
+from ..fe.space import Space
+from ..mesh import reference as ref
 
 __all__ = ["interpolation_matrix", "prolongation"]
 

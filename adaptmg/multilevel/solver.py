@@ -2,7 +2,7 @@
 
 This module implements Algorithm 1 of seed 001 (§2.2) on a hierarchy of
 matrices that is given from outside (the mesh hierarchy and transfer operators
-live in :mod:`adaptmg.mesh` / :mod:`adaptmg.transfer`)::
+live in :mod:`adaptmg.mesh` / :mod:`adaptmg.multilevel.transfer`)::
 
     GMG(l, x_l, b_l):
       l = 0 :  return A_0^{-1} b_0                      (coarse solve)
@@ -20,7 +20,7 @@ A list given fine -> coarse (``levels[0].P`` set, ``levels[-1].P`` None) is
 reversed automatically.
 
 Device discipline.  Everything a cycle touches is allocated at setup: per
-level ``x``, ``b``, ``r`` vectors, SpMV plans (:func:`adaptmg.kernels.make_spmv`,
+level ``x``, ``b``, ``r`` vectors, SpMV plans (:func:`adaptmg.device.kernels.make_spmv`,
 cuSPARSE with cached descriptors on the GPU), the smoother's scratch and the
 dense coarse inverse.  A cycle then launches only SpMVs into preallocated
 outputs (``r = b - A x`` is one copy + one SpMV with ``alpha=-1, beta=1``;
@@ -30,7 +30,7 @@ branching on device values inside a cycle.  :meth:`MultilevelSolver.solve`
 reads one residual norm per iteration (outside the cycle).  Because of this
 discipline the preconditioner of :meth:`MultilevelSolver.aspreconditioner`
 can record a whole cycle in a CUDA graph and replay it with one launch
-(:mod:`adaptmg.cudagraph`).
+(:mod:`adaptmg.device.cudagraph`).
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
-from . import kernels as K
-from .backend import get_backend, to_host
+from ..device import kernels as K
+from ..backend import get_backend, to_host
 from .smoothers import make_smoother
 
 __all__ = ["Level", "MultilevelSolver", "ConvergenceWarning", "CYCLES"]
@@ -51,7 +51,7 @@ _ACCELS = (None, "cg", "gmres", "fgmres")
 
 def _convergence_warning_class():
     try:
-        from .linalg import ConvergenceWarning as CW  # type: ignore
+        from ..linalg import ConvergenceWarning as CW  # type: ignore
         return CW
     except Exception:
         return _ConvergenceWarning
@@ -62,7 +62,7 @@ class _ConvergenceWarning(UserWarning):
 
 
 try:  # one warning class for the whole package when adaptmg.linalg is present
-    from .linalg import ConvergenceWarning  # type: ignore  # noqa: F401
+    from ..linalg import ConvergenceWarning  # type: ignore  # noqa: F401
 except Exception:  # pragma: no cover - linalg missing or broken
     ConvergenceWarning = _ConvergenceWarning
 
@@ -199,14 +199,14 @@ class MultilevelSolver:
     fuse_below : int or "auto"
         Levels with fewer rows than this (CSR matrices with int32 indices)
         use one-launch fused kernels for the residual ``b - A x`` and for
-        Jacobi sweeps (:func:`adaptmg.kernels.csr_residual`,
+        Jacobi sweeps (:func:`adaptmg.device.kernels.csr_residual`,
         :func:`~adaptmg.kernels.csr_jacobi_sweep`): on the GPU small levels
         are bound by launch overhead, not bandwidth, so fewer launches win.
         "auto" (default): every CSR level on the GPU, none on the CPU.
         Measured on an H100 (``scripts/bench_vcycle.py``), V(2,2)-Jacobi in
         fine-SpMV units: 2-D Q1 1.05M DoFs 15.2 (cuSPARSE + fused update
         everywhere) -> 10.2 (all levels fused); 3-D Q1 2.05M DoFs 7.6 -> 6.0
-        (with 4 threads per row, :func:`adaptmg.kernels.threads_per_row`).
+        (with 4 threads per row, :func:`adaptmg.device.kernels.threads_per_row`).
     """
 
     def __init__(self, levels, *, coarse="direct", coarse_sweeps=10, presmooth=2,
@@ -363,7 +363,7 @@ class MultilevelSolver:
         (``"auto"``: all levels on the GPU, none on the CPU).
 
         Only CSR levels with int32 indices qualify; the flag of our own
-        :class:`~adaptmg.smoothers.Jacobi` smoothers is switched with it.
+        :class:`~adaptmg.multilevel.smoothers.Jacobi` smoothers is switched with it.
         """
         if isinstance(rows, str):
             if rows != "auto":
@@ -477,7 +477,7 @@ class MultilevelSolver:
         ``dtype`` of the operator defaults to the solver's ``outer_dtype``.
 
         ``graph``: on the GPU, record the cycle once in a CUDA graph and replay it
-        with one launch per application (:mod:`adaptmg.cudagraph`; the input is
+        with one launch per application (:mod:`adaptmg.device.cudagraph`; the input is
         copied into a fixed buffer first).  "auto" (default): on the GPU when every
         level is an assembled sparse matrix with adaptmg's own smoother; ``True``:
         also for matrix-free levels; ``False``: launch kernel by kernel.  If the
@@ -499,7 +499,7 @@ class MultilevelSolver:
         bbuf = xp.zeros(n, own_dtype)
         cyc = None
         if graph is True or (graph == "auto" and be.is_gpu and self._capturable()):
-            from .cudagraph import capture
+            from ..device.cudagraph import capture
             xbuf = xp.zeros(n, own_dtype)
             g, why = capture(be, lambda: self._run(bbuf, xbuf, kind, True), [bbuf], xbuf,
                              rtol=1e3 * float(np.finfo(own_dtype).eps))
@@ -640,7 +640,7 @@ class MultilevelSolver:
 
     def _krylov(self, accel):
         try:
-            from . import linalg as L  # type: ignore
+            from .. import linalg as L  # type: ignore
             f = getattr(L, accel)
             return f, "adaptmg"
         except (ImportError, AttributeError):

@@ -3,10 +3,10 @@
 ``multigrid(space, assemble)`` builds the global-coarsening hierarchy
 Omega_0, ..., Omega_L of ``space.mesh`` (seed 001 §2.2), a space of the same
 kind on every mesh, the hanging-node + Dirichlet constraints of each level, the
-prolongations P_l with the constraints folded in (:mod:`adaptmg.transfer`) and
+prolongations P_l with the constraints folded in (:mod:`adaptmg.multilevel.transfer`) and
 the level operators -- rediscretised by calling ``assemble`` on each level, or
 Galerkin products R_l A_l P_l -- and returns a
-:class:`~adaptmg.multigrid.MultilevelSolver` whose levels carry the spaces.
+:class:`~adaptmg.multilevel.MultilevelSolver` whose levels carry the spaces.
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ._csr import add_to_diagonal
-from .fe import Constraints, Space
-from .mesh import Mesh
-from .multigrid import Level, MultilevelSolver
+from ..fe.csr_ops import add_to_diagonal
+from ..fe import Constraints, Space
+from ..mesh import Mesh
+from .solver import Level, MultilevelSolver
 from .transfer import prolongation
 
 __all__ = ["multigrid", "dirichlet_dofs", "default_threads"]
@@ -129,7 +129,7 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
     threads : worker threads for the per-level set-up (constraints, prolongations,
         constrained matrices; default :func:`default_threads`, 1 = all in this thread).
         ``assemble`` is always called from the calling thread, finest level first.
-    Other arguments go to :class:`~adaptmg.multigrid.MultilevelSolver`.
+    Other arguments go to :class:`~adaptmg.multilevel.MultilevelSolver`.
 
     Returns
     -------

@@ -39,7 +39,7 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-from .backend import get_backend
+from ..backend import get_backend
 
 __all__ = [
     "get_kernel", "axpby", "jacobi_update", "jacobi_residual_update",
@@ -519,7 +519,7 @@ class _GpuCsrPlan(SpMVPlan):
 
     Dense-vector descriptors hold only (size, pointer, dtype); they are cached
     by that key, so a preallocated work vector gets its descriptor once.  While
-    the current stream is being captured into a CUDA graph (:mod:`adaptmg.cudagraph`),
+    the current stream is being captured into a CUDA graph (:mod:`adaptmg.device.cudagraph`),
     where CuPy does not allow cuSPARSE, the plan launches the RawKernel
     ``adaptmg_csr_spmv_<type>`` instead (int32 CSR; same threads-per-row rule as
     the fused kernels).

@@ -1,0 +1,11 @@
+"""Device kernels: every custom kernel of adaptmg's core with its NumPy twin.
+
+* :mod:`.kernels` -- fused element-wise vector kernels (Jacobi / Chebyshev updates,
+  ``axpby``), the dense coarse GEMV, the CSR row kernels (Jacobi sweep, residual,
+  SpMV that may run under CUDA-graph capture) and the SpMV plans (:func:`make_spmv`).
+* :mod:`.cudagraph` -- record one call into a CUDA graph and replay it (with a check
+  that the replay reproduces the eager call).
+
+Kernels come from memoised factories with names in the ``adaptmg_`` namespace; on
+the host the same algorithm runs in NumPy, so one test body checks both.
+"""

@@ -1,0 +1,23 @@
+"""Multilevel solvers: the hierarchy, its transfers and smoothers, and the one cycle.
+
+In the order data flows:
+
+* :mod:`.transfer` -- prolongation ``P_l`` between nested spaces (constraints folded in).
+* :mod:`.hierarchy` -- :func:`multigrid`: levels from a :class:`~adaptmg.Space` and an
+  assembly function (global coarsening, constraints, Galerkin or re-assembled matrices).
+* :mod:`.smoothers` -- the smoothers ``x <- x + omega S (b - A x)`` and their one name
+  registry (:func:`make_smoother`).
+* :mod:`.solver` -- :class:`Level` and :class:`MultilevelSolver`: V/W/F cycles,
+  stationary and Krylov-accelerated solves, the preconditioner.
+* :mod:`.pyamg` -- :func:`from_pyamg`: run a pyamg hierarchy with adaptmg's cycles.
+
+The package is named ``multilevel`` so that it never collides with the function
+:func:`adaptmg.multigrid`.
+"""
+from .solver import CYCLES, Level, MultilevelSolver
+from .hierarchy import default_threads, dirichlet_dofs, multigrid
+from .smoothers import SMOOTHERS, make_smoother
+from .pyamg import from_pyamg
+
+__all__ = ["CYCLES", "Level", "MultilevelSolver", "multigrid", "dirichlet_dofs", "default_threads",
+           "SMOOTHERS", "make_smoother", "from_pyamg"]
