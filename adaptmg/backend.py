@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["Backend", "get_backend", "gpu_available", "backend_of",
-           "to_device", "to_host", "CPU"]
+__all__ = ["Backend", "get_backend", "gpu_available", "backend_of", "is_device_array",
+           "is_device_sparse", "is_sparse", "to_device", "to_host", "CPU"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,15 @@ class Backend:
         A = sp.csr_matrix(A) if not sp.issparse(A) else A.tocsr()
         return A.astype(dtype) if dtype is not None and A.dtype != dtype else A
 
+    @property
+    def linalg(self):
+        """``scipy.sparse.linalg`` on the CPU, ``cupyx.scipy.sparse.linalg`` on the GPU."""
+        if self.is_gpu:
+            import cupyx.scipy.sparse.linalg as sla
+            return sla
+        import scipy.sparse.linalg as sla
+        return sla
+
     def synchronize(self) -> None:
         if self.is_gpu:
             self.xp.cuda.Device().synchronize()
@@ -65,11 +74,11 @@ def _cupy_status() -> tuple[Any, Any, str]:
     try:
         import cupy  # noqa: F401
         import cupyx.scipy.sparse as csp
-    except Exception as exc:  # ImportError, or a broken CUDA install
+    except (ImportError, OSError, RuntimeError) as exc:  # not installed, or a broken CUDA install
         return None, None, f"CuPy could not be imported ({type(exc).__name__}: {exc})"
     try:
         n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:
+    except RuntimeError as exc:   # cupy.cuda.runtime.CUDARuntimeError: no driver / no device
         return None, None, f"CuPy sees no CUDA device ({type(exc).__name__}: {exc})"
     if n < 1:
         return None, None, "CuPy sees no CUDA device (device count 0)"
@@ -113,6 +122,21 @@ def _is_cupy_array(a) -> bool:
 
 def _is_cupy_sparse(a) -> bool:
     return type(a).__module__.startswith("cupyx.scipy.sparse")
+
+
+def is_device_array(a) -> bool:
+    """True for a CuPy array or cupyx sparse matrix (tested without importing CuPy)."""
+    return a is not None and _is_cupy_array(a)
+
+
+def is_device_sparse(a) -> bool:
+    """True for a cupyx.scipy.sparse matrix."""
+    return a is not None and _is_cupy_sparse(a)
+
+
+def is_sparse(a) -> bool:
+    """True for a SciPy or a cupyx sparse matrix."""
+    return sp.issparse(a) or _is_cupy_sparse(a)
 
 
 def backend_of(*arrays) -> Backend:

@@ -66,7 +66,7 @@ def gpu_memory_guard(what: str, nbytes=None):
     """
     try:
         yield
-    except Exception as exc:
+    except Exception as exc:   # not swallowed: re-raised unchanged unless it is a GPU OOM
         if is_gpu_oom(exc):
             raise MemoryError(oom_message(what, nbytes, exc)) from exc
         raise

@@ -30,7 +30,7 @@ def enabled(quiet: bool = False, stream=None) -> bool:
     stream = sys.stderr if stream is None else stream
     try:
         return bool(stream.isatty())
-    except Exception:
+    except (AttributeError, ValueError, OSError):   # no isatty, or a closed stream
         return False
 
 

@@ -31,6 +31,17 @@ matrix descriptor and work buffer created once at setup and the dense-vector
 descriptors cached by device pointer, so a call costs one Python->C call
 instead of cupyx's create/query/allocate/destroy sequence.  On the CPU it calls
 SciPy's compiled ``csr_matvec`` (``y += A x``) into ``y``.
+
+Private library internals (this package is the only place that may use them):
+
+* ``scipy.sparse._sparsetools.csr_matvec``: SciPy's public ``A @ x`` allocates the
+  result; the compiled routine accumulates into a preallocated ``y``, which the
+  cycle needs (no allocation per SpMV).  If SciPy moves it, the plans fall back to
+  ``A @ x`` plus an axpby.
+* ``cupy_backends.cuda.libs.cusparse``, ``cupy._core._dtype``, ``cupy.cuda.device``:
+  the raw cuSPARSE ``spMV`` call with a matrix descriptor and work buffer created
+  once; ``cupyx.cusparse.spmv`` recreates both on every call (several host calls
+  per SpMV).  If they are unavailable the plan falls back to ``cupyx.cusparse.spmv``.
 """
 from __future__ import annotations
 
@@ -39,7 +50,7 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import get_backend
+from ..backend import get_backend, is_device_sparse
 
 __all__ = [
     "get_kernel", "axpby", "jacobi_update", "jacobi_residual_update",
@@ -490,10 +501,10 @@ class _CpuCsrPlan(SpMVPlan):
 
     def __init__(self, A):
         super().__init__(A)
-        try:
+        try:   # private SciPy routine: accumulates into y (see the module docstring)
             from scipy.sparse import _sparsetools
             self._matvec = _sparsetools.csr_matvec
-        except Exception:  # pragma: no cover - private SciPy API moved
+        except (ImportError, AttributeError):  # pragma: no cover - private SciPy API moved
             self._matvec = None
 
     def __call__(self, x, y, alpha=1.0, beta=0.0):
@@ -529,6 +540,7 @@ class _GpuCsrPlan(SpMVPlan):
 
     def __init__(self, A):
         super().__init__(A)
+        # private CuPy modules: descriptor and buffer made once (see the module docstring)
         import cupy
         from cupyx import cusparse as cxs
         from cupy_backends.cuda.libs import cusparse as _cs
@@ -617,10 +629,9 @@ def make_spmv(A) -> SpMVPlan:
     """
     if sp.issparse(A) and A.format == "csr":
         return _CpuCsrPlan(A)
-    mod = type(A).__module__
-    if mod.startswith("cupyx.scipy.sparse") and getattr(A, "format", None) == "csr":
+    if is_device_sparse(A) and getattr(A, "format", None) == "csr":
         try:
             return _GpuCsrPlan(A)
-        except Exception:  # pragma: no cover - depends on the CuPy build
+        except (ImportError, AttributeError, RuntimeError):  # pragma: no cover - CuPy build without them
             return _GpuCupyxPlan(A)
     return _GenericPlan(A)

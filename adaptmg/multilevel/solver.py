@@ -39,8 +39,11 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import get_backend, is_device_sparse, is_sparse, to_host
 from ..device import kernels as K
-from ..backend import get_backend, to_host
+from ..linalg import ConvergenceWarning
+from . import coarse as _coarse
+from .preconditioner import make_preconditioner
 from .smoothers import make_smoother
 
 __all__ = ["Level", "MultilevelSolver", "ConvergenceWarning", "CYCLES"]
@@ -48,31 +51,8 @@ __all__ = ["Level", "MultilevelSolver", "ConvergenceWarning", "CYCLES"]
 CYCLES = ("V", "W", "F")
 _ACCELS = (None, "cg", "gmres", "fgmres")
 
-
-def _convergence_warning_class():
-    try:
-        from ..linalg import ConvergenceWarning as CW  # type: ignore
-        return CW
-    except Exception:
-        return _ConvergenceWarning
-
-
-class _ConvergenceWarning(UserWarning):
-    """A solve stopped at ``maxiter`` before reaching the requested tolerance."""
-
-
-try:  # one warning class for the whole package when adaptmg.linalg is present
-    from ..linalg import ConvergenceWarning  # type: ignore  # noqa: F401
-except Exception:  # pragma: no cover - linalg missing or broken
-    ConvergenceWarning = _ConvergenceWarning
-
-
-def _is_device_sparse(A) -> bool:
-    return type(A).__module__.startswith("cupyx.scipy.sparse")
-
-
-def _is_sparse(A) -> bool:
-    return sp.issparse(A) or _is_device_sparse(A)
+_is_device_sparse = is_device_sparse
+_is_sparse = is_sparse
 
 
 def _host_csr(A, copy=True):
@@ -257,6 +237,7 @@ class MultilevelSolver:
         self.max_direct = int(max_direct)
         self.fuse_below = fuse_below
         self.graph_error = None          # why the last aspreconditioner(graph=...) capture was refused
+        self._preconditioners = {}       # cycle kind -> preconditioner reused by solve()
         self._smoother_spec = smoother
         self._smoother_kwargs = dict(smoother_kwargs or {})
         fineA = levels[-1].A
@@ -316,37 +297,7 @@ class MultilevelSolver:
         # coarse solver
         self._coarse_inv = None
         if self.coarse == "direct":
-            A0 = self.levels[0].A
-            n0 = self.levels[0].n
-            if n0 > self.max_direct:
-                raise ValueError(f"coarse='direct' refused: the coarse matrix has {n0} rows "
-                                 f"(> max_direct={self.max_direct}); use more levels, "
-                                 "coarse_max_rows, or coarse='smoother'")
-            if _is_sparse(A0):
-                Ad = to_host(A0).toarray().astype(np.float64)
-            elif hasattr(A0, "toarray"):
-                Ad = np.asarray(to_host(A0.toarray()), dtype=np.float64)
-            else:
-                raise TypeError("coarse='direct' needs a coarse matrix that is sparse or "
-                                f"has .toarray(); got {type(A0).__name__} "
-                                "(use coarse='smoother')")
-            sym = np.allclose(Ad, Ad.T, rtol=1e-12, atol=0)
-            if be.is_gpu:        # cuSOLVER on the device: the host LAPACK took 0.07-0.3 s at 1089 rows
-                inv = xp.linalg.inv(xp.asarray(Ad))
-                finite = bool(xp.isfinite(inv).all())
-            else:
-                try:
-                    inv = np.linalg.inv(Ad)
-                except np.linalg.LinAlgError as exc:
-                    raise ValueError(f"coarse='direct': the coarse matrix ({n0} x {n0}) is "
-                                     f"singular ({exc})") from None
-                finite = bool(np.all(np.isfinite(inv)))
-            if not finite:
-                raise ValueError(f"coarse='direct': the inverse of the coarse matrix ({n0} x {n0}) "
-                                 "is not finite (the matrix is singular or nearly so)")
-            if sym:
-                inv = 0.5 * (inv + inv.T)
-            self._coarse_inv = xp.ascontiguousarray(inv.astype(dt))
+            self._coarse_inv = _coarse.dense_inverse(self.levels[0].A, be, dt, self.max_direct)
         # outer (possibly higher precision) fine operator for solve()
         fine = self.levels[-1].A
         if self.outer_dtype != self.dtype and _is_sparse(fine):
@@ -371,6 +322,7 @@ class MultilevelSolver:
         elif not isinstance(rows, (int, np.integer)) or rows < 0:
             raise ValueError(f"fuse_below must be a non-negative integer or 'auto', got {rows!r}")
         self.fuse_below = rows
+        self._preconditioners = {}          # they were recorded with the old kernels
         for lev, d in zip(self.levels, self._dev):
             A = d.A
             if rows == "auto":
@@ -485,60 +437,22 @@ class MultilevelSolver:
         replay that differs from the eager cycle) the operator launches eagerly and
         ``self.graph_error`` says why.  The graph freezes the cycle as it is now:
         after changing a smoother (e.g. its ``omega``) build a new preconditioner.
-        Measured on an H100: the V(2,2) block-Jacobi cycle of the 7-level 3-D
-        elasticity hierarchy (210k DoFs) costs 1.7-2.2 ms eagerly, 0.47 ms as a graph.
         """
-        kind = _check_cycle(cycle)
-        if graph not in (True, False, "auto"):
-            raise ValueError(f"graph must be True, False or 'auto', got {graph!r}")
-        be, xp = self.backend, self.backend.xp
-        if graph is True and not be.is_gpu:
-            raise ValueError("graph=True needs the GPU backend (CUDA graphs); use graph=False or 'auto'")
-        n = self._dev[-1].n
-        own_dtype = self.dtype
-        bbuf = xp.zeros(n, own_dtype)
-        cyc = None
-        if graph is True or (graph == "auto" and be.is_gpu and self._capturable()):
-            from ..device.cudagraph import capture
-            xbuf = xp.zeros(n, own_dtype)
-            g, why = capture(be, lambda: self._run(bbuf, xbuf, kind, True), [bbuf], xbuf,
-                             rtol=1e3 * float(np.finfo(own_dtype).eps))
-            self.graph_error = why
-            if g is not None:
-                cyc = (g, xbuf)
+        return make_preconditioner(self, _check_cycle(cycle), dtype, graph)
 
-        def matvec(v):
-            host_in = be.is_gpu and isinstance(v, np.ndarray)
-            if host_in:
-                v = be.asarray(v)
-            vin = v.reshape(-1)
-            if vin.shape != (n,):
-                raise ValueError(f"preconditioner input must have {n} entries, got shape {v.shape}")
-            if cyc is not None:
-                xp.copyto(bbuf, vin, casting="unsafe")
-                cyc[0].launch()
-                out = cyc[1].astype(vin.dtype, copy=True)
-            else:
-                if vin.dtype == own_dtype and vin.flags.c_contiguous:
-                    bb = vin
-                else:
-                    bb = bbuf
-                    xp.copyto(bb, vin, casting="unsafe")
-                out = xp.empty(n, own_dtype)
-                self._run(bb, out, kind, True)
-                if vin.dtype != own_dtype:
-                    out = out.astype(vin.dtype)
-            out = out.reshape(v.shape)
-            return be.xp.asnumpy(out) if host_in else out
-
-        if be.is_gpu:
-            from cupyx.scipy.sparse.linalg import LinearOperator
-        else:
-            from scipy.sparse.linalg import LinearOperator
-        op_dtype = np.dtype(dtype) if dtype is not None else self.outer_dtype
-        M = LinearOperator((n, n), matvec=matvec, rmatvec=matvec, dtype=op_dtype)
-        M.graph = cyc is not None
+    def _cached_preconditioner(self, kind):
+        M = self._preconditioners.get(kind)
+        if M is None:
+            M = self._preconditioners[kind] = self.aspreconditioner(kind)
         return M
+
+    def reset_preconditioners(self):
+        """Forget the preconditioners that :meth:`solve` built and reuses.
+
+        A preconditioner recorded as a CUDA graph freezes the smoothers as they were
+        (e.g. their ``omega``); call this after changing a smoother in place.
+        """
+        self._preconditioners = {}
 
     def _capturable(self):
         """True when every level is an assembled sparse matrix with an adaptmg smoother."""
@@ -559,8 +473,9 @@ class MultilevelSolver:
         ``x <- x + B (b - A x)`` (``B`` one cycle from zero), residual in the
         fine matrix's precision (mixed-precision iterative refinement for a
         float32 hierarchy).  ``accel="cg" | "gmres" | "fgmres"``: Krylov
-        solver of :mod:`adaptmg.linalg` preconditioned by one cycle (falls
-        back to SciPy / cupyx for cg and gmres if adaptmg.linalg is missing).
+        solver of :mod:`adaptmg.linalg` preconditioned by one cycle (the
+        preconditioner, a CUDA graph on the GPU, is built on the first solve with
+        that cycle and reused: see :meth:`reset_preconditioners`).
 
         ``residuals``: a list that receives the residual norms (initial one
         first), as in pyamg.  ``callback(xk)`` is called after each iteration.
@@ -633,32 +548,17 @@ class MultilevelSolver:
             if callback is not None:
                 callback(x)
         if not res <= tol:
-            warnings.warn(_convergence_warning_class()(
+            warnings.warn(ConvergenceWarning(
                 f"multigrid ({kind}-cycle) did not reach the tolerance {tol:.3e} in "
                 f"{it} iterations: residual {res:.3e}"), stacklevel=3)
         return x
 
-    def _krylov(self, accel):
-        try:
-            from .. import linalg as L  # type: ignore
-            f = getattr(L, accel)
-            return f, "adaptmg"
-        except (ImportError, AttributeError):
-            pass
-        if accel == "fgmres":
-            raise ImportError("accel='fgmres' needs adaptmg.linalg.fgmres, which is not "
-                              "available in this installation")
-        if self.backend.is_gpu:
-            import cupyx.scipy.sparse.linalg as sla
-        else:
-            import scipy.sparse.linalg as sla
-        return getattr(sla, accel), "fallback"
-
     def _solve_krylov(self, b, x, have_x0, rtol, atol, maxiter, accel, kind, callback,
                       residuals):
+        from .. import linalg
         xp = self.backend.xp
-        f, origin = self._krylov(accel)
-        M = self.aspreconditioner(kind)
+        f = getattr(linalg, accel)
+        M = self._cached_preconditioner(kind)
         A = self._A_outer
         r = xp.empty_like(b)
         tol = max(rtol * float(xp.linalg.norm(b)), atol)
@@ -675,20 +575,13 @@ class MultilevelSolver:
             if callback is not None:
                 callback(arg)
 
-        kw = dict(x0=x, atol=atol, maxiter=maxiter, M=M, callback=cb)
-        if origin == "fallback" and accel == "gmres" and not self.backend.is_gpu:
-            kw["callback_type"] = "x"
-        try:
-            x, info = f(A, b, rtol=rtol, **kw)
-        except TypeError:
-            if origin != "fallback":
-                raise
-            x, info = f(A, b, tol=rtol, **kw)
+        x, info = f(A, b, x0=x, rtol=rtol, atol=atol, maxiter=maxiter, M=M,
+                    callback=cb if (callback is not None or residuals is not None) else None)
         res = float(xp.linalg.norm(self._residual(b, x, r)))
         if residuals is not None and (not residuals or residuals[-1] != res):
             residuals.append(res)
         if info != 0 or not res <= tol * (1 + 1e-8):
-            warnings.warn(_convergence_warning_class()(
+            warnings.warn(ConvergenceWarning(
                 f"multigrid-preconditioned {accel} did not reach the tolerance {tol:.3e} "
                 f"(info={info}, residual {res:.3e})"), stacklevel=3)
         return x

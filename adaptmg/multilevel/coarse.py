@@ -1,0 +1,56 @@
+"""The coarse-level solve of the cycle: a dense inverse applied as one GEMV.
+
+For the coarsest matrix :math:`A_0` (``n_0 <= max_direct`` rows) the solver
+stores :math:`A_0^{-1}` computed in float64 (LAPACK on the host, cuSOLVER on the
+device), symmetrised as :math:`(A_0^{-1} + A_0^{-T})/2` when :math:`A_0` is
+symmetric, and cast to the hierarchy's dtype; the coarse correction is then
+``x_0 = A_0^{-1} b_0``, one GEMV with no pivoting or triangular solves (which
+would serialise on the device).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import is_sparse, to_host
+
+__all__ = ["dense_inverse"]
+
+
+def _dense_host(A0):
+    if is_sparse(A0):
+        return to_host(A0).toarray().astype(np.float64)
+    if hasattr(A0, "toarray"):
+        return np.asarray(to_host(A0.toarray()), dtype=np.float64)
+    raise TypeError("coarse='direct' needs a coarse matrix that is sparse or has .toarray(); "
+                    f"got {type(A0).__name__} (use coarse='smoother')")
+
+
+def dense_inverse(A0, backend, dtype, max_direct):
+    """``A0^{-1}`` as a dense contiguous array of ``dtype`` on ``backend``.
+
+    Raises ``ValueError`` when ``A0`` has more than ``max_direct`` rows or is singular.
+    """
+    n0 = int(A0.shape[0])
+    if n0 > max_direct:
+        raise ValueError(f"coarse='direct' refused: the coarse matrix has {n0} rows "
+                         f"(> max_direct={max_direct}); use more levels, "
+                         "coarse_max_rows, or coarse='smoother'")
+    Ad = _dense_host(A0)
+    sym = np.allclose(Ad, Ad.T, rtol=1e-12, atol=0)
+    xp = backend.xp
+    if backend.is_gpu:        # cuSOLVER: no host LAPACK call at set-up
+        inv = xp.linalg.inv(xp.asarray(Ad))
+        finite = bool(xp.isfinite(inv).all())
+    else:
+        try:
+            inv = np.linalg.inv(Ad)
+        except np.linalg.LinAlgError as exc:
+            raise ValueError(f"coarse='direct': the coarse matrix ({n0} x {n0}) is "
+                             f"singular ({exc})") from None
+        finite = bool(np.all(np.isfinite(inv)))
+    if not finite:
+        raise ValueError(f"coarse='direct': the inverse of the coarse matrix ({n0} x {n0}) "
+                         "is not finite (the matrix is singular or nearly so)")
+    if sym:
+        inv = 0.5 * (inv + inv.T)
+    return xp.ascontiguousarray(inv.astype(dtype))
