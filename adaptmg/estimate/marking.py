@@ -1,0 +1,68 @@
+r"""Marking: which cells to refine, given the cell indicators :math:`\eta_K`.
+
+* :func:`doerfler` (bulk criterion): the smallest set M of cells, largest indicators
+  first, with :math:`\sum_{K\in M}\eta_K^2 \ge \theta \sum_K \eta_K^2`;
+* :func:`fixed_fraction`: the given fraction of cells (by count) with the largest
+  indicators;
+* :func:`mark`: one of the two by name, or ``"uniform"`` (all cells).
+
+Refinement is then ``mesh.refine(marked)``, which closes the marked set under the
+2:1 rule.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .inputs import to_host
+
+
+def _check_eta(eta):
+    eta = to_host(eta)
+    if eta is None or eta.ndim != 1 or eta.size == 0:
+        raise ValueError(f"eta must be a non-empty 1-D array of cell indicators, got shape "
+                         f"{None if eta is None else eta.shape}")
+    if not np.isfinite(eta).all() or (eta < 0).any():
+        raise ValueError("eta must be finite and non-negative")
+    return np.asarray(eta, dtype=float)
+
+
+def doerfler(eta, theta=0.5):
+    r"""Doerfler (bulk) marking: the smallest set M with
+    :math:`\sum_{K\in M}\eta_K^2 \ge \theta \sum_K \eta_K^2` (largest indicators first).
+    Returns a boolean mask over the cells."""
+    eta = _check_eta(eta)
+    if not (np.isscalar(theta) and 0 < theta <= 1):
+        raise ValueError(f"theta must lie in (0, 1], got {theta!r}")
+    e2 = eta ** 2
+    order = np.argsort(-e2, kind="stable")
+    cum = np.cumsum(e2[order])
+    total = cum[-1]
+    marked = np.zeros(eta.size, dtype=bool)
+    if total <= 0:
+        return marked
+    n = int(np.searchsorted(cum, theta * total * (1 - 1e-12))) + 1
+    marked[order[:min(n, eta.size)]] = True
+    return marked
+
+
+def fixed_fraction(eta, fraction=0.2):
+    """Mark the ``fraction`` of cells (by count, at least one) with the largest indicators."""
+    eta = _check_eta(eta)
+    if not (np.isscalar(fraction) and 0 < fraction <= 1):
+        raise ValueError(f"fraction must lie in (0, 1], got {fraction!r}")
+    n = max(1, int(np.ceil(fraction * eta.size)))
+    order = np.argsort(-eta, kind="stable")
+    marked = np.zeros(eta.size, dtype=bool)
+    marked[order[:n]] = True
+    return marked
+
+
+def mark(eta, strategy="doerfler", param=0.5):
+    """``doerfler(eta, param)``, ``fixed_fraction(eta, param)`` or ``"uniform"`` (all cells)."""
+    if strategy == "doerfler":
+        return doerfler(eta, param)
+    if strategy == "fixed_fraction":
+        return fixed_fraction(eta, param)
+    if strategy == "uniform":
+        return np.ones(_check_eta(eta).size, dtype=bool)
+    raise ValueError(f"strategy must be 'doerfler', 'fixed_fraction' or 'uniform', got {strategy!r}")
