@@ -7,9 +7,12 @@
     adaptmg info                      # backend, device, versions
     adaptmg bench <name> [args...]    # runs scripts/bench_<name>.py
 
-Problems are the modules of the ``problems`` package that define a ``run``
-function; they are found at run time (a module that fails to import is
-reported, not fatal).  A problem's options come from its ``OPTIONS`` dict
+Problems are the modules (or subpackages) of the installed package
+``adaptmg_problems`` (the repository folder ``problems/``) that define a ``run``
+function; they are found at run time with :func:`pkgutil.iter_modules`.  A problem
+module that fails to import is reported with its exception by ``adaptmg list`` and
+makes ``adaptmg run <problem>`` exit with status 1 and the message.  A problem's
+options come from its ``OPTIONS`` dict
 (``{"name": {"type": int, "default": 4, "help": "..."}}``) if it has one,
 else from the keyword parameters of ``run`` with int / float / str / bool
 defaults or annotations (``n: int = 7`` -> ``--n 7``; bools get
@@ -19,7 +22,8 @@ they make of it); instead it writes the returned fields as VTU and a PNG
 summary (convergence history + timing bars) into ``--out``.
 
 Exit status: 0 on success, 2 for bad arguments (argparse's message), 1 when a
-run fails (message on stderr, no traceback unless ``ADAPTMG_DEBUG`` is set).
+run fails or a problem module does not import (message on stderr, no traceback
+unless ``ADAPTMG_DEBUG`` is set).
 """
 from __future__ import annotations
 
@@ -31,49 +35,63 @@ import pkgutil
 import re
 import sys
 import time
+import traceback
 import typing
 from pathlib import Path
 
-__all__ = ["main", "discover_problems", "problem_options"]
+from .backend import to_host
 
+__all__ = ["main", "discover_problems", "load_problem", "problem_options", "ProblemImportError",
+           "PROBLEMS_PACKAGE"]
+
+#: the installed package whose modules with a ``run()`` are the problems
+PROBLEMS_PACKAGE = "adaptmg_problems"
 COMMON = ("backend", "quiet", "out")
 _SIMPLE = {"int": int, "float": float, "str": str, "bool": bool}
 
 
+class ProblemImportError(ImportError):
+    """A module of :data:`PROBLEMS_PACKAGE` raised while being imported (the cause is chained)."""
+
+
 # ------------------------------------------------------------------ discovery
 def _problems_package():
+    """The installed problems package, or None when it is not installed."""
     try:
-        return importlib.import_module("problems")
-    except ImportError:
-        # running from a checkout without installation: the repository root
-        root = Path(__file__).resolve().parent.parent
-        if (root / "problems" / "__init__.py").exists():
-            sys.path.insert(0, str(root))
-            return importlib.import_module("problems")
-        raise
+        return importlib.import_module(PROBLEMS_PACKAGE)
+    except ModuleNotFoundError as exc:
+        if exc.name != PROBLEMS_PACKAGE:
+            raise
+        return None
 
 
 def discover_problems():
-    """Names of the candidate problem modules (no import): ``problems/*.py`` not starting with '_'."""
-    try:
-        pkg = _problems_package()
-    except ImportError:
-        names = []
-    else:
-        names = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
-                       if not m.name.startswith("_") and not m.ispkg)
-    return names
+    """Names of the candidate problems, without importing them: the modules and subpackages
+    of :data:`PROBLEMS_PACKAGE` whose names do not start with '_' (a candidate is a problem
+    if it defines ``run``, see :func:`load_problem`)."""
+    pkg = _problems_package()
+    if pkg is None:
+        return []
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
 
 
 def load_problem(name):
-    """Import ``problems.<name>``; return (module, None) or (None, reason)."""
+    """Import ``adaptmg_problems.<name>``: the module if it defines ``run()``, else None.
+
+    Raises :class:`ProblemImportError`, with the original exception chained, when the
+    module fails to import.
+    """
+    modname = f"{PROBLEMS_PACKAGE}.{name}"
     try:
-        mod = importlib.import_module(f"problems.{name}")
-    except Exception as exc:  # a module under construction must not break the CLI
-        return None, f"import failed: {type(exc).__name__}: {exc}"
-    if not callable(getattr(mod, "run", None)):
-        return None, "no run() function"
-    return mod, None
+        mod = importlib.import_module(modname)
+    # The CLI boundary with application code: a problem module may fail to import with any
+    # exception (a missing optional dependency, a bug while it is being edited).  Nothing is
+    # swallowed: the exception is re-raised, chained, as ProblemImportError, which
+    # `adaptmg list` reports and `adaptmg run` turns into exit status 1 with the message.
+    except Exception as exc:  # noqa: BLE001 - see the comment above
+        raise ProblemImportError(f"problem {name!r} ({modname}) failed to import: "
+                                 f"{type(exc).__name__}: {exc}", name=modname) from exc
+    return mod if callable(getattr(mod, "run", None)) else None
 
 
 def _annotation_type(ann, default):
@@ -127,6 +145,8 @@ def _describe(mod):
 # ------------------------------------------------------------------ output
 def _write_outputs(name, res, outdir, quiet):
     """VTU of the returned fields and a PNG summary; returns the files written."""
+    import numpy as np
+
     from . import io
     from .fe import Space
     from .mesh import Mesh
@@ -142,9 +162,7 @@ def _write_outputs(name, res, outdir, quiet):
             fields = {"u": res["u"]}
         pd, cd = {}, {}
         for k, v in fields.items():
-            v = getattr(v, "get", lambda: v)() if type(v).__module__.startswith("cupy") else v
-            import numpy as np
-            a = np.asarray(v)
+            a = np.asarray(to_host(v))
             if a.ndim >= 1 and a.shape[0] == mesh.num_cells and (space is None or a.shape[0] != space.num_dofs) \
                     and a.shape[0] != mesh.num_nodes:
                 cd[k] = a
@@ -193,9 +211,10 @@ def _cmd_run(args, parser):
     if args.problem not in names:
         parser.error(f"unknown problem {args.problem!r}; available: {', '.join(names) or 'none'} "
                      "(see 'adaptmg list')")
-    mod, why = load_problem(args.problem)
+    mod = load_problem(args.problem)          # ProblemImportError: exit 1 in main()
     if mod is None:
-        parser.error(f"problem {args.problem!r} is not usable: {why}")
+        parser.error(f"{args.problem!r} is not a problem: {PROBLEMS_PACKAGE}.{args.problem} "
+                     "has no run() function")
     p = argparse.ArgumentParser(prog=f"adaptmg run {args.problem}",
                                 description=_describe(mod) or None)
     p.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="auto",
@@ -260,15 +279,30 @@ def _required(mod):
 
 
 def _cmd_list(args, parser):
+    if _problems_package() is None:
+        print(f"adaptmg list: the package {PROBLEMS_PACKAGE} is not installed "
+              "(pip install -e . in the repository)", file=sys.stderr)
+        return 1
+    failed = 0
     for name in discover_problems():
-        mod, why = load_problem(name)
-        if mod is None:
-            print(f"{name:22s} (unavailable: {why})")
+        try:
+            mod = load_problem(name)
+        except ProblemImportError as exc:
+            failed += 1
+            print(f"{name:22s} (import failed: {type(exc.__cause__).__name__}: {exc.__cause__})")
+            if os.environ.get("ADAPTMG_DEBUG"):
+                traceback.print_exception(exc.__cause__, file=sys.stderr)
+            continue
+        if mod is None:                   # a helper module, not a problem
             continue
         print(f"{name:22s} {_describe(mod)}")
         opts = problem_options(mod)
         if opts:
             print(" " * 23 + " ".join(f"--{n.replace('_', '-')} {d!r}" for n, _, d, _ in opts))
+    if failed:
+        print(f"adaptmg list: {failed} problem module(s) failed to import "
+              "(ADAPTMG_DEBUG=1 shows the tracebacks)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -282,7 +316,7 @@ def _version(dist_names, module=None):
     if module is not None:
         try:
             return getattr(importlib.import_module(module), "__version__", "installed")
-        except Exception:
+        except ImportError:
             pass
     return "not installed"
 
@@ -304,7 +338,7 @@ def _cmd_info(args, parser):
             free, total = cupy.cuda.runtime.memGetInfo()
             print(f"device     {name}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free), "
                   f"CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}")
-        except Exception as exc:  # pragma: no cover - device specific
+        except cupy.cuda.runtime.CUDARuntimeError as exc:  # pragma: no cover - device specific
             print(f"device     present, properties unavailable ({exc})")
     else:
         print(f"device     none ({reason})")
@@ -345,10 +379,7 @@ def _cmd_bench(args, parser):
         parser.error(f"no benchmark {args.name!r} ({script} does not exist); available: "
                      f"{', '.join(have) or 'none'}")
     import subprocess
-    env = dict(os.environ)
-    root = str(d.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return subprocess.call([sys.executable, str(script), *args.rest], cwd=root, env=env)
+    return subprocess.call([sys.executable, str(script), *args.rest], cwd=str(d.parent))
 
 
 def build_parser():
@@ -380,6 +411,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         return int(args.func(args, parser) or 0)
+    except ProblemImportError as exc:
+        if os.environ.get("ADAPTMG_DEBUG"):
+            raise
+        print(f"adaptmg: error: {exc} (ADAPTMG_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("adaptmg: interrupted", file=sys.stderr)
         return 130

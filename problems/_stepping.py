@@ -1,13 +1,30 @@
-"""The linear solve of one implicit time step, shared by the time-dependent problems."""
+r"""One implicit time step, shared by the time-dependent problems (transport-diffusion, elasticity).
+
+* :func:`time_steps` -- the validated number of steps from ``dt``, ``T`` or ``steps``;
+* :class:`SpMVOperator` -- the system matrix as a GMRES operator whose products go
+  through one cached :func:`adaptmg.device.kernels.make_spmv` plan;
+* :func:`constrain_combine` -- ``out = z * r + s * g``, the last step of the constrained
+  right-hand side :math:`f = Z H^T(\dots) + s\,g` (``z`` the 0/1 free-DoF mask as floats,
+  ``s`` the Dirichlet row scale, ``g`` the Dirichlet lifting), one fused kernel
+  ``adaptmg_constrain_combine`` (memoised factory keyed by the CuPy module of the arrays)
+  with its NumPy twin;
+* :func:`gmres_step` -- the (right-preconditioned) GMRES solve of one step from the previous
+  step's solution.
+"""
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
 
-from adaptmg.linalg import ConvergenceWarning, gmres
+from adaptmg.backend import backend_of
+from adaptmg.device.kernels import make_spmv
+from adaptmg.linalg import ConvergenceWarning, fgmres
 
-__all__ = ["gmres_step", "time_steps"]
+__all__ = ["time_steps", "SpMVOperator", "constrain_combine", "gmres_step", "KERNEL_NAMES"]
+
+KERNEL_NAMES = ("adaptmg_constrain_combine",)
 
 
 def time_steps(dt, T, steps, tol) -> int:
@@ -27,15 +44,64 @@ def time_steps(dt, T, steps, tol) -> int:
     return int(steps)
 
 
+class SpMVOperator:
+    """``A`` as an operator for :mod:`adaptmg.linalg` whose ``matvec`` goes through a cached
+    :func:`adaptmg.device.kernels.make_spmv` plan (cuSPARSE descriptors created once, not per call).
+
+    ``matvec(v)`` returns a new array ``A v`` (from the memory pool on the GPU).
+    """
+
+    def __init__(self, A):
+        self.A = A
+        self.shape = tuple(A.shape)
+        self.dtype = np.dtype(A.dtype)
+        self._plan = make_spmv(A)
+        self._xp = backend_of(A).xp
+
+    def matvec(self, v):
+        y = self._xp.empty(self.shape[0], self.dtype)
+        return self._plan(v, y, 1.0, 0.0)
+
+    def __matmul__(self, v):
+        return self.matvec(v)
+
+
+@functools.lru_cache(maxsize=None)
+def _combine_kernel(cp):
+    """Build (once per CuPy module) the ``ElementwiseKernel`` ``adaptmg_constrain_combine``."""
+    return cp.ElementwiseKernel("T z, T r, T s, T g", "T out", "out = z * r + s * g",
+                                "adaptmg_constrain_combine")
+
+
+def constrain_combine(z, r, s, g, out):
+    """``out <- z * r + s * g`` (z: 0/1 free mask as floats, s: Dirichlet row scale), in place."""
+    arrs = (z, r, g, out)
+    if any(a.shape != z.shape for a in arrs[1:]):
+        raise ValueError(f"constrain_combine: all arrays must have shape {z.shape}, "
+                         f"got {[a.shape for a in arrs]}")
+    if isinstance(z, np.ndarray):
+        np.multiply(z, r, out=out)
+        out += float(s) * g
+    else:
+        _combine_kernel(backend_of(z).xp)(z, r, z.dtype.type(s), g, out)
+    return out
+
+
 def gmres_step(K, rhs, x, M, *, rtol, maxiter, tol="rhs", xp, orthogonalization="cgs2"):
-    """One GMRES(maxiter) solve of K x = rhs from the previous step's x, preconditioned by M.
+    """One GMRES(maxiter) solve of K x = rhs from the previous step's x, right-preconditioned by M.
+
+    Runs :func:`adaptmg.linalg.fgmres` (one restart cycle of ``maxiter`` inner iterations,
+    the callback counting them): with the fixed preconditioner M its iterates are those of
+    right-preconditioned GMRES, the residual it monitors is the true one, and keeping
+    ``z_j = M v_j`` saves the V-cycle of the final update (at the price of ``maxiter``
+    more vectors).
 
     ``tol="rhs"``: stop at ||rhs - K x|| <= rtol ||rhs|| (a step that is already
     converged costs no iteration).  ``tol="residual"``: reduce this step's initial
     residual by ``rtol`` (Gascoigne style: every step works); at round-off level the
     final true-residual check may fail, which is reported through ``info`` only.
-    ``orthogonalization``: "cgs2" (default here: constant kernel launches per GMRES step,
-    0.54 vs 0.98 ms per iteration for MGS on the H100 at 70k unknowns) or "mgs".
+    ``orthogonalization``: "cgs2" (default here: a constant number of kernel launches
+    per GMRES step, where MGS launches one per basis vector) or "mgs".
     Returns (x, info, iterations).
     """
     count = [0]
@@ -47,11 +113,11 @@ def gmres_step(K, rhs, x, M, *, rtol, maxiter, tol="rhs", xp, orthogonalization=
         r0 = float(xp.linalg.norm(rhs - K.matvec(x)))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            x, info = gmres(K, rhs, x0=x, rtol=0.0, atol=rtol * r0, restart=maxiter, maxiter=1,
-                            M=M, callback=cb, orthogonalization=orthogonalization)
+            x, info = fgmres(K, rhs, x0=x, rtol=0.0, atol=rtol * r0, restart=maxiter, maxiter=1,
+                             M=M, callback=cb, orthogonalization=orthogonalization)
     elif tol == "rhs":
-        x, info = gmres(K, rhs, x0=x, rtol=rtol, restart=maxiter, maxiter=1, M=M, callback=cb,
-                        orthogonalization=orthogonalization)
+        x, info = fgmres(K, rhs, x0=x, rtol=rtol, restart=maxiter, maxiter=1, M=M, callback=cb,
+                         orthogonalization=orthogonalization)
     else:
         raise ValueError(f"tol must be 'rhs' or 'residual', got {tol!r}")
     return x, info, count[0]

@@ -32,7 +32,8 @@ and the free mask Z, the constrained right-hand side is
 :math:`Z H^T((M \otimes I_6) H x^{k-1} + dt F) = z \odot \mathrm{vec}(M_c X^{k-1}) + dt F_c`
 with the scalar :math:`M_c = H_s^T M H_s`, :math:`X` the solution viewed as a
 (nodes x 6) array and :math:`F_c = Z H^T F` formed once at init: one SpMM with
-6 columns and one fused kernel per step, on the backend's arrays.
+6 columns and one fused kernel per step
+(:func:`adaptmg_problems._stepping.constrain_combine`), on the backend's arrays.
 
 Meshes (:func:`make_mesh`).  Level 1 is the 8x8x8 box; level l >= 2 refines
 every active cell of level l-1 contained in the region
@@ -47,10 +48,8 @@ import scipy.sparse as sp
 
 from adaptmg import Mesh, Space, assemble, multigrid
 from adaptmg.backend import get_backend, to_host
-from adaptmg import kernels_problems as KP
 
-
-from ._stepping import gmres_step, time_steps
+from ._stepping import SpMVOperator, constrain_combine, gmres_step, time_steps
 from ._timing import Timer, format_table, progress
 
 __all__ = ["LAMBDA", "MU", "F", "CASES", "make_mesh", "mesh_stats", "system_matrix", "run",
@@ -227,7 +226,7 @@ def run(case: str = "edge", level: int = 3, *, dt: float = 0.025, T: float = 2.5
         Kd = getattr(ml, "_A_outer", None)
         if Kd is None:
             Kd = be.asmatrix(ml.A)
-        Kop = KP.SpMVOperator(Kd)
+        Kop = SpMVOperator(Kd)
         # right-hand side Z H^T (M (x) I_6) H x + dt Z H^T F: with H = Hs (x) I_6 this is
         # z * (Msc X) + dt Fc, Msc = Hs^T Ms Hs (scalar), X = x viewed as (nodes, 6)
         sp6, s1, Ms = S.first_mass
@@ -255,7 +254,7 @@ def run(case: str = "edge", level: int = 3, *, dt: float = 0.025, T: float = 2.5
     for _ in progress(range(steps), total=steps, desc=f"elasticity {case} l={level}", quiet=quiet):
         with timer("rhs"):
             Y = Mscd @ x.reshape(nn, 6)          # SpMM: scalar mass on the 6 components
-            KP.constrain_combine(zd, Y.reshape(-1), 1.0, Fcd, rhs)   # rhs = z * Y + dt Fc
+            constrain_combine(zd, Y.reshape(-1), 1.0, Fcd, rhs)   # rhs = z * Y + dt Fc
         with timer("solve"):
             x, info, its = gmres_step(Kop, rhs, x, Mprec, rtol=rtol, maxiter=maxiter, tol=tol, xp=xp)
             if info != 0:

@@ -109,7 +109,7 @@ def main(argv=None):
         if not gpu_available():
             ap.error("--backend gpu: CuPy or a CUDA device is not available")
     out = _printer(a.quiet)
-    mod = importlib.import_module(f"problems.{a.problem}")
+    mod = importlib.import_module(f"adaptmg_problems.{a.problem}")
     kw = dict(steps=a.steps, backend=a.backend, quiet=a.quiet, out=a.out, strategy=a.strategy,
               theta=a.theta, max_dofs=a.max_dofs)
     if a.problem == "lshape":

@@ -12,7 +12,7 @@ What is measured (all on one set of host matrices, assembled once):
 * GPU (custom kernels): ``--warmup`` steps, then ``--steps`` steps with no
   synchronisation except GMRES's scalars -> **ms per step** (the figure to compare
   with the paper's 1660 s / 40 000 steps = 41.5 ms); then ``--steps`` steps with the
-  phases of Table 4 timed by :class:`problems._timing.Timer` (it synchronises around
+  phases of Table 4 timed by :class:`adaptmg_problems._timing.Timer` (it synchronises around
   every phase, so the phase sum is a little above the unperturbed time per step);
 * GPU with ``--rtol-fast`` (looser pressure tolerance) per step, and GPU* (``--spmv``:
   every custom multi-matrix kernel replaced by one cuSPARSE SpMV with the
@@ -51,21 +51,39 @@ paper's 1660 s; 1.45-1.50 iterations per step, no failure.  Before this solver (
 from q^n, V(1,1) of degree 4): 5.8 ms/step over steps 10-110 (8.6 iterations), and
 24.7 ms/step with the MultilevelSolver cycle without CUDA graph.  ``--variants`` and
 ``--start`` compare cycles on identical steps (each variant restarts from one snapshot).
+
+Design measurements behind the solver (H100, same cavity, rtol 1e-6; they used to sit in
+the docstrings of :mod:`adaptmg_problems.navier_stokes` and :mod:`adaptmg.device.multicsr`):
+
+* time step: 3.0 ms over steps 10-510 (2.0 FGMRES iterations per step), 2.8 ms over
+  steps 3010-3510 (``--start 3000``).  With FGMRES from q^n on steps 10-510: V(1,1) of
+  degree 4 4.7 ms (6.6 iterations), V(2,2) of degree 6 3.9 ms (3.6 iterations); the
+  extrapolated start 2q^n - q^{n-1} and one synchronisation less per solve give the
+  3.0 ms.  About 70 % of a step is the pressure solve, launch/latency bound on its
+  70 785 unknowns.
+* pressure cycle: V(2,2) of degree 6 is about 3x the cost of V(1,1) of degree 4, but
+  every Krylov iteration also pays a fixed ~0.3 ms (launches and the scalar transfer),
+  so the stronger cycle wins (3.9 against 4.7 ms per step above).
+* CUDA graph: one cycle of the adaptmg MultilevelSolver on this problem cost about 2 ms
+  of Python and launch overhead; the captured cycle is one launch.
+* threads per row: the fused CSR kernels ran 2x faster with 4 threads per row on 3-D Q1
+  levels (:func:`adaptmg.device.kernels.threads_per_row`); with one thread per row a
+  kernel on a 10k-row level took about as long as on a 70k-row one (a chain of ``width``
+  dependent loads per thread).
+* ELL storage of :class:`adaptmg.device.multicsr.MultiCSR`: a thread-per-row CSR loop
+  over 27 entries ran at half of cuSPARSE's speed (32 cache lines per warp load); the
+  slot-major ELL layout makes the loads coalesced.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from adaptmg.backend import get_backend, gpu_available  # noqa: E402
-from problems import navier_stokes as NS  # noqa: E402
-from problems._timing import Timer, format_table  # noqa: E402
+from adaptmg.backend import get_backend, gpu_available
+from adaptmg_problems import navier_stokes as NS
+from adaptmg_problems._timing import Timer, format_table
 
 #: seed 001 Table 4 (seconds for 40 000 steps): CPU (8 threads) and GPU (custom kernels)
 PAPER = {"mom-rhs-nonlin": (5255.3, 143.1), "mom-rhs-p": (1648.0, 37.3),

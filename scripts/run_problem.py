@@ -16,12 +16,8 @@ With two backends a GPU/CPU ratio of the sums is added.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from problems._timing import format_table  # noqa: E402
+from adaptmg_problems._timing import format_table
 
 PHASES = ("init", "rhs", "solve", "sum")
 
@@ -41,7 +37,7 @@ def _time_stepping_kwargs(args, default_dt, backend):
 
 
 def run_td(n, backend, args):
-    from problems import transport_diffusion as td
+    from adaptmg_problems import transport_diffusion as td
     kw = _time_stepping_kwargs(args, 0.02, backend)
     r = td.run(n, **{**kw, "quiet": True}, compute_error=not args.no_error) if args.quiet else \
         _run_verbose(td.run, n, kw, compute_error=not args.no_error)
@@ -58,7 +54,7 @@ def _run_verbose(fn, size, kw, **extra):
 
 
 def run_el(case, level, backend, args):
-    from problems import elasticity as el
+    from adaptmg_problems import elasticity as el
     kw = _time_stepping_kwargs(args, 0.025, backend)
     if args.quiet:
         return el.run(case, level, **kw)

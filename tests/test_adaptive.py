@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from adaptmg.estimate import fitted_slope
-from problems import elasticity_corner, fichera, interior_layer, lshape
+from adaptmg_problems import elasticity_corner, fichera, interior_layer, lshape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,10 +1,12 @@
-"""The adaptmg command through subprocess, plus the progress and plot helpers."""
+"""The adaptmg command through subprocess, problem discovery, packaging, plus the progress and plot helpers."""
+import configparser
 import io as _io
 import os
 import re
 import subprocess
 import sys
 import types
+import uuid
 
 import numpy as np
 import pytest
@@ -20,7 +22,6 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 def adaptmg_cmd(*args, env=None, timeout=120):
     e = dict(os.environ, ADAPTMG_QUIET="1")
     e.update(env or {})
-    e["PYTHONPATH"] = ROOT + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
     return subprocess.run([sys.executable, "-m", "adaptmg", *args], capture_output=True, text=True,
                           timeout=timeout, env=e, cwd=ROOT)
 
@@ -43,13 +44,11 @@ def test_run_poisson_writes_files_and_reports_error(tmp_path):
 
 
 def test_poisson_error_decreases_with_refinement():
-    from problems import poisson
+    from adaptmg_problems import poisson
     e = [poisson.run(refine=k, local=1, backend="cpu", quiet=True)["error"]["L2"] for k in (2, 3)]
     assert e[1] < e[0] / 3                                 # O(h^2) in L2
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "problems", "transport_diffusion.py")),
-                    reason="problems/transport_diffusion.py not present")
 def test_run_transport_diffusion_small(tmp_path):
     r = adaptmg_cmd("run", "transport_diffusion", "--n", "4", "--steps", "3", "--backend", "cpu",
                     "--out", str(tmp_path))
@@ -65,6 +64,76 @@ def test_info_and_list():
     assert "backend" in r.stdout and "meshio" in r.stdout and "pyamg" in r.stdout
     r = adaptmg_cmd("list")
     assert r.returncode == 0 and "poisson" in r.stdout and "--refine" in r.stdout
+    # problems that are packages are found too; helper modules (no run()) are not listed
+    listed = [line.split()[0] for line in r.stdout.splitlines() if line and not line[0].isspace()]
+    assert {"navier_stokes", "transport_diffusion", "elasticity", "lshape"} <= set(listed)
+    assert not any(n.startswith("_") for n in listed), listed
+
+
+def _fake_problems(tmp_path, monkeypatch):
+    """A throw-away problems package: one problem, one module that fails to import, one helper."""
+    name = f"fake_problems_{uuid.uuid4().hex[:8]}"
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "good.py").write_text('"""A good problem."""\ndef run(n: int = 3, quiet=False):\n    return {}\n')
+    (pkg / "broken.py").write_text("x = undefined_name\ndef run():\n    return {}\n")
+    (pkg / "helper.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "PROBLEMS_PACKAGE", name)
+    return name
+
+
+def test_problem_that_fails_to_import_is_reported_not_swallowed(tmp_path, monkeypatch, capsys):
+    _fake_problems(tmp_path, monkeypatch)
+    assert cli.discover_problems() == ["broken", "good", "helper"]
+    assert cli.load_problem("helper") is None                     # no run(): not a problem
+    with pytest.raises(cli.ProblemImportError, match="'broken'.*NameError.*undefined_name") as ei:
+        cli.load_problem("broken")
+    assert isinstance(ei.value.__cause__, NameError)
+    # list: every problem, the broken one with its exception, exit status 1
+    assert cli.main(["list"]) == 1
+    out, err = capsys.readouterr()
+    assert re.search(r"broken\s+\(import failed: NameError: name 'undefined_name'", out), out
+    assert re.search(r"good\s+A good problem", out) and "--n 3" in out
+    assert "helper" not in out and "1 problem module(s) failed to import" in err
+    # run: a clear error and exit status 1 (ADAPTMG_DEBUG re-raises with the traceback)
+    monkeypatch.delenv("ADAPTMG_DEBUG", raising=False)
+    assert cli.main(["run", "broken"]) == 1
+    err = capsys.readouterr().err
+    assert "adaptmg: error: problem 'broken'" in err and "NameError" in err
+    monkeypatch.setenv("ADAPTMG_DEBUG", "1")
+    with pytest.raises(cli.ProblemImportError):
+        cli.main(["run", "broken"])
+    with pytest.raises(SystemExit) as ex:
+        cli.main(["run", "helper"])
+    assert ex.value.code == 2 and "'helper' is not a problem" in capsys.readouterr().err
+
+
+def test_setup_cfg_lists_every_package_and_problems_install_as_adaptmg_problems(tmp_path):
+    """setup.cfg lists the packages by hand (``problems/`` is installed as ``adaptmg_problems``):
+    every folder with an ``__init__.py`` must be listed, and the install must not create a
+    top-level ``problems`` package."""
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    listed = set(cfg["options"]["packages"].split())
+    mapping = dict(line.split("=") for line in cfg["options"]["package_dir"].strip().splitlines())
+    folder_to_pkg = {v.strip(): k.strip() for k, v in mapping.items()}
+    found = set()
+    for top in ("adaptmg", "problems"):
+        for d, _, files in os.walk(os.path.join(ROOT, top)):
+            if "__init__.py" in files:
+                rel = os.path.relpath(d, ROOT).split(os.sep)
+                found.add(".".join([folder_to_pkg.get(rel[0], rel[0])] + rel[1:]))
+    assert listed == found, (sorted(found - listed), sorted(listed - found))
+    # outside the repository: adaptmg_problems is the installed folder problems/, and no
+    # top-level "problems" package exists
+    r = subprocess.run([sys.executable, "-c", "import importlib.util as u, adaptmg_problems as p; "
+                        "print(p.__file__); print(u.find_spec('problems'))"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    file_, spec = r.stdout.split()
+    assert file_.endswith(os.path.join("__init__.py")) and spec == "None"
 
 
 @pytest.mark.parametrize("args,pattern,code", [

@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 from adaptmg import Space, assemble
-from problems import elasticity as el
+from adaptmg_problems import elasticity as el
 
 # seed 001, Table 2: number of mesh nodes on levels 1..6 (face up to 5 here)
 PAPER_NODES = {

@@ -18,7 +18,7 @@ def adaptive_box(dim, seed, steps, n=2):
 def rotated_lshape():
     """12-cell L-shape whose cells have their lexicographic vertex order rotated by 0/90/180/270
     degrees: neighbouring cells see a shared face with different local orientations."""
-    from problems.lshape import coarse_mesh
+    from adaptmg_problems.lshape import coarse_mesh
     m = coarse_mesh()
     cells = np.array(m.cells)
     rots = [[0, 1, 2, 3], [1, 3, 0, 2], [3, 2, 1, 0], [2, 0, 3, 1]]

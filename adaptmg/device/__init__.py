@@ -3,6 +3,8 @@
 * :mod:`.kernels` -- fused element-wise vector kernels (Jacobi / Chebyshev updates,
   ``axpby``), the dense coarse GEMV, the CSR row kernels (Jacobi sweep, residual,
   SpMV that may run under CUDA-graph capture) and the SpMV plans (:func:`make_spmv`).
+* :mod:`.multicsr` -- several sparse matrices on one sparsity pattern (:class:`MultiCSR`:
+  ELL/sub-warp products, residual, Chebyshev step, dense symmetric GEMV).
 * :mod:`.cudagraph` -- record one call into a CUDA graph and replay it (with a check
   that the replay reproduces the eager call).
 

@@ -1,71 +1,48 @@
-r"""Custom kernels of the Navier-Stokes pressure-correction solver (seed 001 §5.3), with NumPy twins.
+r"""Several sparse matrices on one sparsity pattern (:class:`MultiCSR`), with NumPy twins.
 
-Same pattern as :mod:`adaptmg.device.kernels`: every GPU kernel is built by a
-memoised factory and named ``adaptmg_ns_*``; each has a NumPy twin with the
-same semantics, used on the CPU and as the reference in the tests.  The public
-functions dispatch on the array type of their output argument and write into
-preallocated arrays (nothing is allocated per call on the GPU).
+Math.  ``K`` matrices :math:`A_0, \dots, A_{K-1}` of shape ``nr x nc`` are stored on
+the union of their sparsity patterns: one ``indptr``/``indices`` pair and values of
+shape ``(nnz, K)`` (entry ``e`` of matrix ``k`` is ``vals[e, k]``; an entry absent
+from one matrix is a stored zero).  A product then reads the shared pattern **once**
+for all matrices and all right-hand sides.  Vectors are stored component-major
+("structure of arrays"): ``x`` of shape ``(NO, nc)`` holds ``NO`` vectors of length
+``nc``.  With host scalars ``alpha``, ``beta`` (``beta = 0`` never reads ``y``):
 
-Layout.  Velocities are stored component-major ("structure of arrays"): an
-array ``U`` of shape ``(d, n)`` with ``U[c, i]`` the component c at velocity
-node i.  All velocity operators of the scheme are scalar node matrices that
-act on every component (stiffness ``L``, the convection matrices
-:math:`C_k`) or scalar matrices per component sharing one sparsity pattern
-(the pressure gradient :math:`B_k`, divergence :math:`D_k`).  Component-major
-storage lets one kernel read the shared pattern **once** for all components,
-where a plain SpMV on the interleaved ``node*d + c`` numbering reads ``d``
-(gradient) or ``d*d`` (convection) copies of it.
+=================  ====================================================================  ==============
+``vec(x, y)``      :math:`y_o = \alpha A_0 x_o + \beta y_o`, ``x (NO, nc)``, ``y (NO, nr)``  one matrix, NO vectors
+``conv(W, y)``     :math:`y_o = \alpha\sum_k A_k W_{o,k} + \beta y_o`, ``W (NO, K, nc)``      sum over the matrices
+``grad(x, y)``     :math:`y_o = \alpha A_o x + \beta y_o`, ``x (nc,)``, ``y (K, nr)``         block column
+``div(x, y)``      :math:`y = \alpha\sum_k A_k x_k + \beta y`, ``x (K, nc)``, ``y (nr,)``      block row
+=================  ====================================================================  ==============
 
-Element-wise kernels
---------------------
-``products(U, W)`` -- eq. (14) of seed 001, the node-wise products of the
-interpolated nonlinearity :math:`\mathcal I_h(u\otimes u)`:
+and, for one square matrix (``K = 1``) used as a multigrid level,
 
-.. math:: W[c, k, i] = u_{i,k}\, u_{i,c}, \qquad c, k < d,\ i < n .
+* ``residual(x, b, r)``: :math:`r = b - A_0 x`;
+* ``chebyshev(x, b, dinv, d, c1, c2, xout)``: one Chebyshev step
+  :math:`d \leftarrow c_1 d + c_2 D^{-1}(b - A_0 x)`, :math:`x_{out} = x + d`
+  (:mod:`adaptmg.multilevel.smoothers` gives the coefficients; ``c1 = 0`` does not read ``d``);
+* ``spmv(x, y)``: :math:`y = \alpha A_0 x + \beta y` on 1-D vectors (grid transfers),
 
-(The paper stores the 6 distinct products of the symmetric tensor; we store
-all :math:`d^2` so that :func:`MultiCSR.conv` can run one uniform loop.)
+plus :func:`sym_gemv`, :math:`x = S b` for a dense symmetric ``S`` (a direct coarse
+solve with a precomputed inverse).  All of these are launch-only kernels on fixed
+buffers, so a whole multigrid cycle built from them can be captured in a CUDA graph
+(:mod:`adaptmg.device.cudagraph`).
 
-``axpy_field(U, S, F)``: ``U += S * F`` (explicit momentum update with
-``S = dt * M_l^{-1}`` on free DoFs and 0 on Dirichlet DoFs).
+Storage on the GPU: ELL (:func:`ell_from_csr`), slot-major over the rows,
+``cols[k*nr + i]`` and ``vals[(k*K + kk)*nr + i]`` for slot ``k < width`` of row ``i``
+(padded with column 0 and value 0).  One thread per row; consecutive threads (rows)
+read consecutive addresses, where a thread-per-row loop over CSR makes the 32 threads
+of a warp touch 32 different cache lines per load.  ``tpr > 1`` (2..32 threads per
+row, shuffle reduction) serves small, latency-bound matrices: there one thread per
+row walks a chain of ``width`` dependent loads (column index, then the gathered
+``x``).  ``use_kernels=False`` replaces every custom kernel by one cuSPARSE SpMV with
+the equivalent block matrix (``I_NO (x) A_0``, ``I_NO (x) [A_0 .. A_{K-1}]``,
+``[A_0; ..; A_{K-1}]``, ``[A_0 .. A_{K-1}]``, :meth:`MultiCSR.block`), kept for comparison.
 
-``pressure_rhs(Du, total, inv_dt, inv_n, b)``: ``b = (Du - total[0] * inv_n) * inv_dt``
-(rhs of the Neumann problem, projected onto zero sum; ``total`` a 1-element
-device array holding ``sum(Du)``, so no host synchronisation).
-
-``shift(x, s, scale)``: ``x -= s[0] * scale``; ``shift_copy(v, s, scale, x)``:
-``x = v - s[0] * scale`` (zero-mean projections; ``s`` a device sum, no host sync).
-
-``pressure_update(Q, Du, minv, nu, P, PQ)``: ``P += Q + nu * minv * Du``,
-``PQ = P + Q`` (Step 3 of Algorithm 4 and the pressure the next momentum
-step needs).
-
-Multi-matrix kernels (:class:`MultiCSR`)
-----------------------------------------
-``K`` CSR matrices :math:`A_0..A_{K-1}` (``nr x nc``) with one sparsity
-pattern are stored on the host as ``indptr, indices`` and ``vals`` of shape
-``(nnz, K)``, on the GPU in ELL layout (:func:`ell_from_csr`: slot-major, so
-that the threads of a warp -- one per row -- read consecutive addresses).
-One thread per row computes (``alpha``, ``beta`` host scalars;
-``beta = 0`` never reads ``y``)
-
-=================  ===============================================================  ==========
-``vec(x, y)``      :math:`y_o = \alpha A_0 x_o + \beta y_o`,  ``x (NO, nc)``        viscous term
-``conv(W, y)``     :math:`y_o = \alpha\sum_k A_k W_{o,k} + \beta y_o`, ``W (d,d,nc)``   eq. (15)
-``grad(p, y)``     :math:`y_o = \alpha A_o p + \beta y_o`,  ``y (K, nr)``           pressure -> velocity
-``div(x, y)``      :math:`y = \alpha\sum_k A_k x_k + \beta y`,  ``x (K, nc)``        velocity -> pressure
-=================  ===============================================================  ==========
-
-plus, for the pressure multigrid (``K = 1``), ``residual`` (``r = b - A x``),
-``chebyshev`` (one Chebyshev step, :mod:`adaptmg.multilevel.smoothers`) and the dense
-symmetric coarse solve :func:`sym_gemv` -- all launch-only kernels with fixed
-buffers, so that a whole V-cycle can be captured in a CUDA graph.
-
-The NumPy twins use SciPy CSR products (multi-vector ``csr_matvecs``).  On the
-GPU, ``use_kernels=False`` replaces each custom kernel by one cuSPARSE SpMV with
-the equivalent block matrix (``I_NO (x) A_0``, ``I_d (x) [A_0 .. A_{d-1}]``,
-``[A_0; ..; A_{K-1}]``, ``[A_0 .. A_{K-1}]``) -- the plain-SpMV variant of the
-paper's GPU* column, kept for comparison.
+Kernels come from memoised factories (:func:`functools.lru_cache`, keyed by the CuPy
+module of the arrays and the template parameters) and are named
+``adaptmg_multicsr_*``; on the host the NumPy/SciPy twins (multi-vector
+``csr_matvecs``) compute the same products and serve as the reference in the tests.
 """
 from __future__ import annotations
 
@@ -74,15 +51,15 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-from .backend import get_backend
+from ..backend import backend_of, get_backend
 
-__all__ = ["products", "axpy_field", "pressure_rhs", "shift", "shift_copy", "pressure_update", "sym_gemv",
-           "ell_from_csr", "MultiCSR", "KERNEL_NAMES"]
+__all__ = ["MultiCSR", "ell_from_csr", "sym_gemv", "KERNEL_NAMES"]
 
-KERNEL_NAMES = ("adaptmg_ns_products", "adaptmg_ns_axpy_field", "adaptmg_ns_pressure_rhs",
-                "adaptmg_ns_shift", "adaptmg_ns_shift_copy", "adaptmg_ns_pressure_update", "adaptmg_ns_ell_vec",
-                "adaptmg_ns_ell_conv", "adaptmg_ns_ell_grad", "adaptmg_ns_ell_div",
-                "adaptmg_ns_residual", "adaptmg_ns_chebyshev", "adaptmg_ns_sym_gemv")
+#: the one-thread-per-row kernels of this module; the sub-warp variants are
+#: ``adaptmg_multicsr_{residual,chebyshev,spmv,sym_gemv}_sub<tpr>``
+KERNEL_NAMES = ("adaptmg_multicsr_ell_vec", "adaptmg_multicsr_ell_conv", "adaptmg_multicsr_ell_grad",
+                "adaptmg_multicsr_ell_div", "adaptmg_multicsr_residual", "adaptmg_multicsr_chebyshev",
+                "adaptmg_multicsr_sym_gemv")
 
 
 def _is_numpy(a) -> bool:
@@ -99,98 +76,8 @@ def _check(name, a, shape, like=None):
 
 
 # --------------------------------------------------------------------------
-# element-wise kernels
+# ELL product kernels (one thread per row)
 # --------------------------------------------------------------------------
-_EW_SPECS = {
-    "products": ("raw T u, int32 n, int32 d", "T w",
-                 "const int j = i % n; const int ck = i / n; const int k = ck % d;"
-                 "const int c = ck / d; w = u[k * n + j] * u[c * n + j];"),
-    "axpy_field": ("T s, T f", "T u", "u += s * f"),
-    "pressure_rhs": ("T du, raw T total, T inv_dt, T inv_n", "T b",
-                     "b = (du - total[0] * inv_n) * inv_dt"),
-    "shift": ("raw T s, T scale", "T x", "x -= s[0] * scale"),
-    "shift_copy": ("T v, raw T s, T scale", "T x", "x = v - s[0] * scale"),
-    "pressure_update": ("T q, T du, T minv, T nu", "T p, T pq",
-                        "T t = p + q + nu * minv * du; p = t; pq = t + q;"),
-}
-
-
-@functools.lru_cache(maxsize=None)
-def _ew_kernel(name):
-    cp = get_backend("gpu").xp
-    inp, out, op = _EW_SPECS[name]
-    return cp.ElementwiseKernel(inp, out, op, f"adaptmg_ns_{name}")
-
-
-def products(U, W):
-    r"""``W[c, k, i] = U[k, i] * U[c, i]`` (eq. 14), one element-wise launch.
-
-    ``U``: (d, n) velocity (component-major); ``W``: (d, d, n) output.
-    """
-    d, n = U.shape
-    _check("W", W, (d, d, n), U)
-    if _is_numpy(U):
-        np.multiply(U[:, None, :], U[None, :, :], out=W)
-        return W
-    return _ew_kernel("products")(U, np.int32(n), np.int32(d), W)
-
-
-def axpy_field(U, S, F):
-    """``U += S * F`` element-wise (explicit lumped-mass update)."""
-    if _is_numpy(U):
-        U += S * F
-        return U
-    return _ew_kernel("axpy_field")(S, F, U)
-
-
-def pressure_rhs(Du, total, inv_dt, inv_n, b):
-    """``b = (Du - total[0] * inv_n) * inv_dt`` (``total``: 1-element array with sum(Du)).
-
-    With ``inv_n = 1/len(Du)`` this is ``Du / dt`` projected onto zero sum.
-    """
-    if _is_numpy(b):
-        np.subtract(Du, float(total[0]) * inv_n, out=b)
-        b *= inv_dt
-        return b
-    t = b.dtype.type
-    return _ew_kernel("pressure_rhs")(Du, total, t(inv_dt), t(inv_n), b)
-
-
-def shift(x, s, scale):
-    """``x -= s[0] * scale`` (``s``: 1-element array, e.g. a device dot product)."""
-    if _is_numpy(x):
-        x -= float(s[0]) * scale
-        return x
-    return _ew_kernel("shift")(s, x.dtype.type(scale), x)
-
-
-def shift_copy(v, s, scale, x):
-    """``x = v - s[0] * scale`` (copy and shift in one launch)."""
-    if _is_numpy(x):
-        np.subtract(v, float(s[0]) * scale, out=x)
-        return x
-    return _ew_kernel("shift_copy")(v, s, x.dtype.type(scale), x)
-
-
-def pressure_update(Q, Du, minv, nu, P, PQ):
-    """``P <- P + Q + nu * minv * Du``; ``PQ <- P + Q`` (new P), one launch."""
-    if _is_numpy(P):
-        P += Q
-        P += nu * (minv * Du)
-        np.add(P, Q, out=PQ)
-        return P, PQ
-    return _ew_kernel("pressure_update")(Q, Du, minv, P.dtype.type(nu), P, PQ)
-
-
-# --------------------------------------------------------------------------
-# multi-matrix kernels (ELL storage on the GPU)
-# --------------------------------------------------------------------------
-# On the device the K matrices are stored in ELL format, column-major over the
-# rows: ``cols[k*nr + i]`` and ``vals[(k*K + kk)*nr + i]`` for slot k < width of
-# row i (padded with column 0 and value 0).  Consecutive threads (rows) then read
-# consecutive addresses: measured on the H100, a thread-per-row CSR loop over
-# 27 entries ran at half of cuSPARSE's speed, because the 32 threads of a warp
-# touched 32 different cache lines per load.
 _ELL_HEAD = r"""
 T acc[NO];
 #pragma unroll
@@ -229,10 +116,10 @@ _ELL_PARAMS = "raw I cols, raw T vals, raw T x, int32 nr, int32 nc, int32 width,
 
 
 @functools.lru_cache(maxsize=None)
-def _ell_kernel(kind, K, NO):
-    cp = get_backend("gpu").xp
+def _ell_kernel(cp, kind, K, NO):
+    """``adaptmg_multicsr_ell_<kind>`` for ``K`` matrices and ``NO`` outputs (``cp``: the CuPy module)."""
     body = _ELL_HEAD.replace("BODY", _ELL_BODY[kind]).replace("NO", str(NO)).replace("KK", str(K))
-    return cp.ElementwiseKernel(_ELL_PARAMS, "raw T y", body, f"adaptmg_ns_ell_{kind}")
+    return cp.ElementwiseKernel(_ELL_PARAMS, "raw T y", body, f"adaptmg_multicsr_ell_{kind}")
 
 
 # r = b - A x  and one Chebyshev step  d = c1 d + c2 dinv (b - A xin),  xout = xin + d  (A: K = 1)
@@ -256,12 +143,18 @@ _SOLVER_SPECS = {
 }
 
 
-# Sub-warp variants (TPR = 2..32 threads per row, shuffle reduction) for the small,
-# latency-bound levels of the pressure multigrid: one thread per row walks a chain of
-# ``width`` dependent loads (column index, then the gathered x), so a kernel on a
-# 10k-row level takes about as long as on a 70k-row one.  Launched with
-# size = roundup(nr * TPR, 32), so every warp is either fully inside or fully outside
-# the element-wise loop and the full-mask shuffles are well defined.
+@functools.lru_cache(maxsize=None)
+def _solver_kernel(cp, name):
+    """``adaptmg_multicsr_<name>`` (one thread per row; ``cp``: the CuPy module)."""
+    inp, out, op = _SOLVER_SPECS[name]
+    return cp.ElementwiseKernel(inp, out, op, f"adaptmg_multicsr_{name}")
+
+
+# --------------------------------------------------------------------------
+# sub-warp variants (TPR = 2..32 threads per row, shuffle reduction)
+# --------------------------------------------------------------------------
+# Launched with size = roundup(nr * TPR, 32), so every warp is either fully inside or
+# fully outside the element-wise loop and the full-mask shuffles are well defined.
 _SUB_ROWSUM = r"""
 const ptrdiff_t row = i / TPR;
 const int lane = (int)(i % TPR);
@@ -298,29 +191,22 @@ if (row < n && lane == 0) x[row] = s;
 
 
 @functools.lru_cache(maxsize=None)
-def _sub_kernel(name, tpr):
-    cp = get_backend("gpu").xp
+def _sub_kernel(cp, name, tpr):
+    """``adaptmg_multicsr_<name>_sub<tpr>`` (``tpr`` threads per row; ``cp``: the CuPy module)."""
     if name == "sym_gemv":
         return cp.ElementwiseKernel("raw T S, raw T b, int32 n", "raw T x",
-                                    _SUB_GEMV.replace("TPR", str(tpr)), f"adaptmg_ns_{name}_sub{tpr}")
+                                    _SUB_GEMV.replace("TPR", str(tpr)), f"adaptmg_multicsr_{name}_sub{tpr}")
     inp, out, epi = _SUB_SPECS[name]
     body = _SUB_ROWSUM.replace("EPILOGUE", epi).replace("TPR", str(tpr))
-    return cp.ElementwiseKernel(inp, out, body, f"adaptmg_ns_{name}_sub{tpr}")
+    return cp.ElementwiseKernel(inp, out, body, f"adaptmg_multicsr_{name}_sub{tpr}")
 
 
 def _sub_size(n, tpr):
     return ((n * tpr + 31) // 32) * 32
 
 
-@functools.lru_cache(maxsize=None)
-def _solver_kernel(name):
-    cp = get_backend("gpu").xp
-    inp, out, op = _SOLVER_SPECS[name]
-    return cp.ElementwiseKernel(inp, out, op, f"adaptmg_ns_{name}")
-
-
 def sym_gemv(S, b, x, tpr=1):
-    """``x = S b`` for a dense symmetric ``S`` (n x n), one launch (coarse solve of the pressure MG).
+    """``x = S b`` for a dense symmetric ``S`` (n x n), one launch (e.g. a direct coarse solve).
 
     ``tpr > 1`` (GPU): ``tpr`` threads per row with a shuffle reduction.
     """
@@ -328,13 +214,17 @@ def sym_gemv(S, b, x, tpr=1):
     if _is_numpy(x):
         np.dot(S, b, out=x)
         return x
+    cp = backend_of(x).xp
     if tpr > 1:
-        return _sub_kernel("sym_gemv", tpr)(S, b, np.int32(n), x, size=_sub_size(n, tpr))
-    return _solver_kernel("sym_gemv")(S, b, np.int32(n), x, size=n)
+        return _sub_kernel(cp, "sym_gemv", tpr)(S, b, np.int32(n), x, size=_sub_size(n, tpr))
+    return _solver_kernel(cp, "sym_gemv")(S, b, np.int32(n), x, size=n)
 
 
 def ell_from_csr(indptr, indices, vals, nrows):
-    """ELL arrays (width, cols (width*nrows,), vals (width*K*nrows,)) of a multi-matrix CSR pattern."""
+    """ELL arrays (width, cols (width*nrows,), vals (width*K*nrows,)) of a multi-matrix CSR pattern.
+
+    ``vals`` has shape (nnz, K); the layout is the slot-major one of the module docstring.
+    """
     indptr = np.asarray(indptr, dtype=np.int64)
     lens = np.diff(indptr)
     width = int(lens.max()) if lens.size else 0
@@ -355,7 +245,7 @@ def _same_pattern(mats):
 
 
 class MultiCSR:
-    """``K`` CSR matrices of one shape stored on one (union) sparsity pattern.
+    """``K`` CSR matrices of one shape stored on one (union) sparsity pattern (see the module doc).
 
     Build with :meth:`from_matrices` (host SciPy matrices), move with :meth:`to`.
     Attributes: ``shape``, ``K``, ``nnz``, ``indptr``, ``indices``, ``vals`` (nnz, K)
@@ -465,7 +355,7 @@ class MultiCSR:
             else:
                 self.matrix(0)
         elif not self.use_kernels and ("plan", kind, NO) not in self._cache:
-            from .device.kernels import make_spmv
+            from .kernels import make_spmv
             self._cache[("plan", kind, NO)] = make_spmv(self.backend.asmatrix(self.block(kind, NO)))
         return self
 
@@ -474,13 +364,14 @@ class MultiCSR:
         if self.use_kernels:
             nr, nc = self.shape
             T = y.dtype.type
-            _ell_kernel(kind, self.K, NO)(self.ell_cols, self.ell_vals, x, np.int32(nr), np.int32(nc),
-                                          np.int32(self.width), T(alpha), T(beta), y, size=nr)
+            _ell_kernel(self.backend.xp, kind, self.K, NO)(
+                self.ell_cols, self.ell_vals, x, np.int32(nr), np.int32(nc), np.int32(self.width),
+                T(alpha), T(beta), y, size=nr)
             return y
         key = ("plan", kind, NO)
         plan = self._cache.get(key)
         if plan is None:
-            from .device.kernels import make_spmv
+            from .kernels import make_spmv
             plan = make_spmv(self.backend.asmatrix(self.block(kind, NO)))
             self._cache[key] = plan
         plan(x.reshape(-1), y.reshape(-1), alpha, beta)
@@ -527,17 +418,27 @@ class MultiCSR:
             return self._finish(y, (self._host._cache["grad"] @ x).reshape(self.K, nr), alpha, beta)
         return self._gpu("grad", self.K, x, y, alpha, beta)
 
+    def div(self, x, y, alpha=1.0, beta=0.0):
+        r"""``y = alpha sum_k A_k x[k] + beta y``; ``x (K, nc)``, ``y (nr,)``."""
+        nr, nc = self.shape
+        _check("x", x, (self.K, nc))
+        _check("y", y, (nr,), x)
+        if _is_numpy(y):
+            return self._finish(y, self._hstack() @ x.reshape(-1), alpha, beta)
+        return self._gpu("div", 1, x, y, alpha, beta)
+
     def residual(self, x, b, r, tpr=1):
         """``r = b - A_0 x`` (square ``A_0``), one launch (``tpr`` threads per row on the GPU)."""
         nr, nc = self.shape
         if _is_numpy(r):
             np.subtract(b, self.matrix(0) @ x, out=r)
             return r
+        cp = self.backend.xp
         if tpr > 1:
-            return _sub_kernel("residual", tpr)(self.ell_cols, self.ell_vals, x, b, np.int32(nr),
-                                                np.int32(self.width), r, size=_sub_size(nr, tpr))
-        return _solver_kernel("residual")(self.ell_cols, self.ell_vals, x, b, np.int32(nr),
-                                          np.int32(self.width), r, size=nr)
+            return _sub_kernel(cp, "residual", tpr)(self.ell_cols, self.ell_vals, x, b, np.int32(nr),
+                                                    np.int32(self.width), r, size=_sub_size(nr, tpr))
+        return _solver_kernel(cp, "residual")(self.ell_cols, self.ell_vals, x, b, np.int32(nr),
+                                              np.int32(self.width), r, size=nr)
 
     def chebyshev(self, x, b, dinv, d, c1, c2, xout, tpr=1):
         """One Chebyshev step on ``A_0``: ``d = c1 d + c2 dinv (b - A_0 x)``, ``xout = x + d`` (c1 = 0: d not read)."""
@@ -550,27 +451,20 @@ class MultiCSR:
             np.add(x, t, out=xout)
             return xout
         T = xout.dtype.type
+        cp = self.backend.xp
         if tpr > 1:
-            return _sub_kernel("chebyshev", tpr)(self.ell_cols, self.ell_vals, x, b, dinv, np.int32(nr),
-                                                 np.int32(self.width), T(c1), T(c2), d, xout,
-                                                 size=_sub_size(nr, tpr))
-        return _solver_kernel("chebyshev")(self.ell_cols, self.ell_vals, x, b, dinv, np.int32(nr),
-                                           np.int32(self.width), T(c1), T(c2), d, xout, size=nr)
+            return _sub_kernel(cp, "chebyshev", tpr)(self.ell_cols, self.ell_vals, x, b, dinv, np.int32(nr),
+                                                     np.int32(self.width), T(c1), T(c2), d, xout,
+                                                     size=_sub_size(nr, tpr))
+        return _solver_kernel(cp, "chebyshev")(self.ell_cols, self.ell_vals, x, b, dinv, np.int32(nr),
+                                               np.int32(self.width), T(c1), T(c2), d, xout, size=nr)
 
     def spmv(self, x, y, alpha=1.0, beta=0.0, tpr=1):
-        """``y = alpha A_0 x + beta y`` for 1-D ``x``, ``y`` (grid transfers of the pressure MG)."""
+        """``y = alpha A_0 x + beta y`` for 1-D ``x``, ``y`` (e.g. multigrid grid transfers)."""
         nr, nc = self.shape
         if _is_numpy(y) or tpr <= 1:
             return self.vec(x.reshape(1, -1), y.reshape(1, -1), alpha, beta)
         T = y.dtype.type
-        return _sub_kernel("spmv", tpr)(self.ell_cols, self.ell_vals, x, np.int32(nr), np.int32(self.width),
-                                        T(alpha), T(beta), y, size=_sub_size(nr, tpr))
-
-    def div(self, x, y, alpha=1.0, beta=0.0):
-        r"""``y = alpha sum_k A_k x[k] + beta y``; ``x (K, nc)``, ``y (nr,)``."""
-        nr, nc = self.shape
-        _check("x", x, (self.K, nc))
-        _check("y", y, (nr,), x)
-        if _is_numpy(y):
-            return self._finish(y, self._hstack() @ x.reshape(-1), alpha, beta)
-        return self._gpu("div", 1, x, y, alpha, beta)
+        return _sub_kernel(self.backend.xp, "spmv", tpr)(self.ell_cols, self.ell_vals, x, np.int32(nr),
+                                                         np.int32(self.width), T(alpha), T(beta), y,
+                                                         size=_sub_size(nr, tpr))

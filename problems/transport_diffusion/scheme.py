@@ -35,9 +35,9 @@ the boundary values :math:`g^k` (the interpolant of :math:`\theta_{ex}(t_k)` on
 
 with GMRES right-preconditioned by one V-cycle of geometric multigrid
 (rediscretised :math:`A` on every level, Jacobi smoothing, direct coarse solve).
-The right-hand side is one fused kernel (:func:`adaptmg.kernels_problems.td_step_data`),
+The right-hand side is one fused kernel (:func:`.kernels.td_step_data`),
 two SpMVs (M and A; plus H^T on meshes with hanging nodes) and one fused
-combine, all on the backend's arrays.
+combine (:func:`adaptmg_problems._stepping.constrain_combine`), all on the backend's arrays.
 
 Timings follow Table 1: ``init`` (mesh, hierarchy, spaces, assembly of all
 levels, multigrid setup, transfer to the device, initial value), ``rhs`` and
@@ -45,19 +45,17 @@ levels, multigrid setup, transfer to the device, initial value), ``rhs`` and
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from adaptmg import Mesh, Space, assemble, multigrid
-from adaptmg.fe.csr_ops import mask_rows_cols
 from adaptmg.backend import get_backend, to_host
-from adaptmg.fe.norms import errors
 from adaptmg.device import kernels as _K
-from adaptmg import kernels_problems as KP
+from adaptmg.fe.csr_ops import mask_rows_cols
+from adaptmg.fe.norms import errors
 
-
-from ._stepping import gmres_step, time_steps
-from ._timing import Timer, format_table, progress
+from .._stepping import SpMVOperator, constrain_combine, gmres_step, time_steps
+from .._timing import Timer, format_table, progress
+from .kernels import td_exact, td_source, td_step_data
 
 __all__ = ["LAMBDA", "B", "exact", "source", "make_mesh", "system_matrix", "run", "COLUMNS"]
 
@@ -69,12 +67,12 @@ COLUMNS = [("n", "n"), ("dofs", "DOFs"), ("init", "init"), ("rhs", "rhs"), ("sol
 
 def exact(t: float):
     """theta_ex(t, .) as a callable on points (..., 2)."""
-    return lambda X: KP.td_exact(t, X)
+    return lambda X: td_exact(t, X)
 
 
 def source(t: float, lam: float = LAMBDA, b=B):
     """f(t, .) = d_t theta - lam Laplace theta + b . grad theta, as a callable on points (..., 2)."""
-    return lambda X: KP.td_source(t, X, lam, b)
+    return lambda X: td_source(t, X, lam, b)
 
 
 def make_mesh(n: int) -> Mesh:
@@ -166,7 +164,7 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         Kd = getattr(ml, "_A_outer", None)
         if Kd is None:
             Kd = be.asmatrix(ml.A)
-        Kop = KP.SpMVOperator(Kd)
+        Kop = SpMVOperator(Kd)
         Md = be.asmatrix(Mh)
         # only the Dirichlet columns of A act on the lifting g: A_D = A diag(mask), built from
         # the few entries in those columns (no copy of the whole matrix)
@@ -199,12 +197,12 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
     for k in progress(range(1, steps + 1), total=steps, desc=f"transport-diffusion n={n}", quiet=quiet):
         t = k * dt
         with timer("rhs"):
-            KP.td_step_data(xd, yd, u, maskd, t, lam, b, dt, w, g)
+            td_step_data(xd, yd, u, maskd, t, lam, b, dt, w, g)
             M_plan(w, r, 1.0, 0.0)            # r = M (u_old + dt f)
             A_plan(g, r, -1.0, 1.0)           # r -= A g   (Dirichlet lifting)
             if has_hanging:
                 HT_plan(r, r2, 1.0, 0.0)
-            KP.constrain_combine(zd, r2, s, g, rhs)
+            constrain_combine(zd, r2, s, g, rhs)
         with timer("solve"):
             x, info, its = gmres_step(Kop, rhs, x, Mprec, rtol=rtol, maxiter=maxiter, tol=tol, xp=xp)
             if info != 0:

@@ -1,14 +1,6 @@
-r"""Element-wise kernels of the application problems (``problems/``), with NumPy twins.
+r"""Exact solution, source and the fused right-hand-side kernel of the transport-diffusion problem.
 
-Same pattern as :mod:`adaptmg.device.kernels`: every GPU kernel comes from a memoised
-factory and is named ``adaptmg_*``; each has a NumPy twin with the same
-semantics that runs on the CPU and serves as the reference in the tests.  The
-public functions dispatch on the array type of their first argument and write
-into preallocated outputs.
-
-Transport-diffusion (seed 001 §5.1)
------------------------------------
-Exact solution :math:`\theta(t,x,y) = \exp(-(m_x^2 + m_y^2)/4)` with
+Exact solution (seed 001 §5.1) :math:`\theta(t,x,y) = \exp(-(m_x^2 + m_y^2)/4)` with
 :math:`m_z = c(t) - z`, :math:`c(t) = 1/2 + \cos(\pi t/2)/4`, for
 :math:`\partial_t\theta - \lambda\Delta\theta + b\cdot\nabla\theta = f`,
 :math:`b = (0, -1)`.  With :math:`\dot c = -(\pi/8)\sin(\pi t/2)`,
@@ -19,15 +11,13 @@ Exact solution :math:`\theta(t,x,y) = \exp(-(m_x^2 + m_y^2)/4)` with
     f = \theta\,\Big[-\tfrac{\dot c}{2}(m_x + m_y)
         - \lambda\big(\tfrac{m_x^2+m_y^2}{4} - 1\big) + b_x\tfrac{m_x}{2} + b_y\tfrac{m_y}{2}\Big].
 
-``td_step_data`` evaluates, for all nodes at once and in one launch,
+:func:`td_exact` and :func:`td_source` evaluate these on points (NumPy or CuPy arrays).
+:func:`td_step_data` evaluates, for all nodes at once and in one launch,
 ``w = u_old + dt * f(t, x)`` (the vector the mass matrix multiplies in the
 backward-Euler right-hand side) and ``g = mask * theta(t, x)`` (the Dirichlet
-lifting, zero off the boundary).
-
-Constrained right-hand side
----------------------------
-``constrain_combine(z, r, s, g, out)``: ``out = z * r + s * g`` -- the last step
-of :math:`f = Z H^T(\dots) + s g` (``z`` 0/1 free-DoF mask as floats).
+lifting, zero off the boundary).  The GPU kernel ``adaptmg_td_step_data`` comes from a
+memoised factory (keyed by the CuPy module of the arrays); its NumPy twin runs on the
+CPU and is the reference in the tests.
 """
 from __future__ import annotations
 
@@ -35,9 +25,9 @@ import functools
 
 import numpy as np
 
-from .backend import get_backend
+from adaptmg.backend import backend_of
 
-__all__ = ["td_exact", "td_source", "td_step_data", "constrain_combine", "KERNEL_NAMES"]
+__all__ = ["td_exact", "td_source", "td_step_data", "KERNEL_NAMES"]
 
 _TD_PREAMBLE = """
     T c = (T)0.5 + (T)0.25 * cos(h * t);           /* h = pi/2 */
@@ -55,18 +45,16 @@ _SPECS = {
         w = uold + dt * f;
         g = mask * th;
         """),
-    "constrain_combine": ("T z, T r, T s, T g", "T out", "out = z * r + s * g"),
 }
 
 KERNEL_NAMES = tuple(f"adaptmg_{k}" for k in _SPECS)
 
 
 @functools.lru_cache(maxsize=None)
-def _cupy_kernel(name: str):
-    """Build (once) the CuPy ``ElementwiseKernel`` called ``adaptmg_<name>``."""
-    xp = get_backend("gpu").xp
+def _kernel(cp, name: str):
+    """Build (once per CuPy module) the ``ElementwiseKernel`` called ``adaptmg_<name>``."""
     inp, outp, op = _SPECS[name]
-    return xp.ElementwiseKernel(inp, outp, op, f"adaptmg_{name}")
+    return cp.ElementwiseKernel(inp, outp, op, f"adaptmg_{name}")
 
 
 def _is_numpy(a) -> bool:
@@ -82,7 +70,7 @@ def td_exact(t: float, X) -> np.ndarray:
     """theta_ex(t, x) for points X of shape (..., 2) (NumPy or CuPy)."""
     c, _ = _td_c(float(t))
     mx, my = c - X[..., 0], c - X[..., 1]
-    xp = np if _is_numpy(X) else get_backend("gpu").xp
+    xp = np if _is_numpy(X) else backend_of(X).xp
     return xp.exp(-0.25 * (mx * mx + my * my))
 
 
@@ -91,12 +79,12 @@ def td_source(t: float, X, lam: float, b=(0.0, -1.0)) -> np.ndarray:
     c, cd = _td_c(float(t))
     mx, my = c - X[..., 0], c - X[..., 1]
     q = mx * mx + my * my
-    xp = np if _is_numpy(X) else get_backend("gpu").xp
+    xp = np if _is_numpy(X) else backend_of(X).xp
     th = xp.exp(-0.25 * q)
     return th * (-0.5 * cd * (mx + my) - lam * (0.25 * q - 1.0) + 0.5 * (b[0] * mx + b[1] * my))
 
 
-# ----------------------------------------------------------------- twins
+# ----------------------------------------------------------------- twin
 def _np_td_step_data(x, y, uold, mask, t, cdot, lam, bx, by, dt, w, g):
     c = 0.5 + 0.25 * np.cos(0.5 * np.pi * t)
     mx = c - x
@@ -109,60 +97,18 @@ def _np_td_step_data(x, y, uold, mask, t, cdot, lam, bx, by, dt, w, g):
     np.multiply(mask, th, out=g)
 
 
-def _np_constrain_combine(z, r, s, g, out):
-    np.multiply(z, r, out=out)
-    out += s * g
-
-
 # ---------------------------------------------------------------- public
-def _check_same(name, *arrs):
-    n = arrs[0].shape
-    for a in arrs[1:]:
-        if a.shape != n:
-            raise ValueError(f"{name}: all arrays must have shape {n}, got {[x.shape for x in arrs]}")
-
-
 def td_step_data(x, y, uold, mask, t, lam, b, dt, w, g):
     """``w <- uold + dt f(t, .)`` and ``g <- mask * theta(t, .)`` at the nodes (x, y), in place."""
-    _check_same("td_step_data", x, y, uold, mask, w, g)
+    n = x.shape
+    arrs = (x, y, uold, mask, w, g)
+    if any(a.shape != n for a in arrs[1:]):
+        raise ValueError(f"td_step_data: all arrays must have shape {n}, got {[a.shape for a in arrs]}")
     _, cd = _td_c(float(t))
     args = (float(t), float(cd), float(lam), float(b[0]), float(b[1]), float(dt))
     if _is_numpy(x):
         _np_td_step_data(x, y, uold, mask, *args, w, g)
     else:
         dt_ = x.dtype.type
-        _cupy_kernel("td_step_data")(x, y, uold, mask, *map(dt_, args), w, g)
+        _kernel(backend_of(x).xp, "td_step_data")(x, y, uold, mask, *map(dt_, args), w, g)
     return w, g
-
-
-def constrain_combine(z, r, s, g, out):
-    """``out <- z * r + s * g`` (z: 0/1 free mask as floats, s: Dirichlet row scale)."""
-    _check_same("constrain_combine", z, r, g, out)
-    if _is_numpy(z):
-        _np_constrain_combine(z, r, float(s), g, out)
-    else:
-        _cupy_kernel("constrain_combine")(z, r, z.dtype.type(s), g, out)
-    return out
-
-
-class SpMVOperator:
-    """``A`` as an operator for :mod:`adaptmg.linalg` whose ``matvec`` goes through a cached
-    :func:`adaptmg.device.kernels.make_spmv` plan (cuSPARSE descriptors created once, not per call).
-
-    ``matvec(v)`` returns a new array ``A v`` (from the memory pool on the GPU).
-    """
-
-    def __init__(self, A):
-        from .device.kernels import make_spmv
-        self.A = A
-        self.shape = tuple(A.shape)
-        self.dtype = np.dtype(A.dtype)
-        self._plan = make_spmv(A)
-        self._xp = np if isinstance(A.data, np.ndarray) else get_backend("gpu").xp
-
-    def matvec(self, v):
-        y = self._xp.empty(self.shape[0], self.dtype)
-        return self._plan(v, y, 1.0, 0.0)
-
-    def __matmul__(self, v):
-        return self.matvec(v)

@@ -7,7 +7,7 @@ other faces, Re = 1000.  2-D: the unit square, lid :math:`u = (1, 0)` on y = 1.
 The lid value is imposed on the nodes of the *open* lid face; nodes on its
 edges belong to the walls (u = 0).  Then :math:`u_h\cdot n = 0` at every
 boundary node, the discrete flux :math:`\int_{\partial\Omega} u_h\cdot n` is
-zero and the Neumann pressure problem below is compatible.
+zero and the Neumann pressure problem (:mod:`.pressure`) is compatible.
 
 Discretisation.  Q1-iso-Q2 / Q1: the velocity is Q1 (d components) on the
 uniform refinement ``fine = coarse.refine()`` of the pressure mesh ``coarse``;
@@ -30,7 +30,7 @@ Matrices (assembled once on the host, moved to the device once).  With
 
 Interpolated convection (eq. 13-15).  With the node-wise products
 :math:`v^k_{i,c} = u_{i,k}u_{i,c}` (eq. 14, one custom element-wise kernel,
-:func:`adaptmg.kernels_ns.products`),
+:func:`.kernels.products`),
 
 .. math:: n(u\otimes u, \phi_i e_c) = -(\mathcal I_h(u\otimes u), \nabla(\phi_i e_c))
           = -\sum_k (C_k v^k_c)_i ,
@@ -45,7 +45,7 @@ nodes keep their boundary value):
    :math:`u^m_c = u^{m-1}_c + k\,M_l^{-1} F_c`;
    timed as mom-rhs-nonlin (products + :math:`\sum_k C_k v^k`), mom-rhs-p, mom-rhs-visc, mom-solve;
 2. pressure Poisson (Step 2, Neumann): :math:`L^p q^m = \tfrac1k D u^m`
-   (pres-rhs: :math:`D u^m`; pres-solve: GMRES + multigrid);
+   (pres-rhs: :math:`D u^m`; pres-solve: GMRES + multigrid, :mod:`.pressure`);
 3. pressure update (Step 3, lumped pressure mass):
    :math:`p^m = p^{m-1} + q^m + \nu (M^p_l)^{-1} D u^m` (pres-up).
 
@@ -56,71 +56,36 @@ computes it after the loop; its discrete divergence is much smaller than the
 predictor's (the test checks this).  :math:`u_0 = 0`, :math:`q^0 = 0` and, because
 :math:`u_0 = 0` and f = 0, :math:`p^0 = 0` solves eq. (16).
 
-Neumann problem and its null space.  :math:`L^p` is singular with kernel the
-constants, and symmetric, so :math:`L^p q = b` is solvable iff
-:math:`\mathbf 1^T b = 0`; the solution is fixed by :math:`\int q = (m^p)^T q = 0`.
-We (i) project the rhs onto :math:`\mathbf 1^\perp` (exact up to round-off,
-since :math:`\mathbf 1^T D u = -\int_{\partial\Omega} u_h\cdot n = 0`), (ii) run
-GMRES right-preconditioned by a V-cycle whose input is projected onto
-:math:`\mathbf 1^\perp` and whose coarse problem is solved *exactly* with the
-regularised matrix :math:`L^p_0 + \gamma\mathbf 1\mathbf 1^T` (for
-:math:`\mathbf 1^T b_0 = 0` its solution solves :math:`L^p_0x = b_0` with
-:math:`\mathbf 1^T x = 0`; the restriction keeps :math:`\mathbf 1^T b = 0` because
-prolongation reproduces constants), and (iii) shift :math:`q` to zero mean with
-the lumped mass after the solve.  The pressure update keeps :math:`\int p = 0`
-because :math:`(m^p)^T (M^p_l)^{-1} D u = \mathbf 1^T D u = 0`.  Pinning one DoF
-would also work but makes the operator anisotropic at one node; the
-coarse-smoother variant does not solve the coarse problem.
-
 Device work.  All per-step work runs on the backend's arrays: element-wise
 kernels (eq. 14 products, momentum update, pressure rhs / zero-mean shifts,
 pressure update), four multi-matrix kernels (convection, viscous term, pressure
 gradient = pressure -> velocity map, divergence = velocity -> pressure map) that
 read the shared sparsity pattern once for all components (velocity stored
-component-major as (d, n), matrices in ELL layout on the GPU; :mod:`adaptmg.kernels_ns`),
+component-major as (d, n), matrices in ELL layout on the GPU;
+:class:`adaptmg.device.multicsr.MultiCSR`),
 and flexible GMRES (:func:`adaptmg.linalg.fgmres`) preconditioned by a V-cycle that is
-one CUDA-graph launch (:class:`_FusedVCycle`), started from the extrapolation
+one CUDA-graph launch (:class:`.pressure._FusedVCycle`), started from the extrapolation
 :math:`2q^n - q^{n-1}` of the last two increments.  The only transfers in the loop are
 the Krylov scalars (and one scalar every ``check_every`` steps when ``steady_tol`` is set).
-
-Measured on an H100 (``scripts/bench_navier_stokes.py --backend gpu --steps 500``,
-32x32x64, rtol 1e-6): 3.0 ms per step over steps 10-510 (2.0 FGMRES iterations per
-step) and 2.8 ms over steps 3010-3510 (``--start 3000``; paper: 41.5 ms).  On the same
-steps 10-510 with FGMRES from :math:`q^n`: V(1,1) of degree 4 4.7 ms (6.6 iterations),
-V(2,2) of degree 6 3.9 ms (3.6 iterations); the extrapolated start and one
-synchronisation less per solve give the 3.0 ms.  (The code before these changes: 5.8 ms
-over steps 10-110, 8.6 GMRES iterations.)  About 70 % of a step is the pressure solve,
-which is launch/latency bound on its 70 785 unknowns.
 """
 from __future__ import annotations
 
 import time
-import warnings
 
 import numpy as np
-import scipy.sparse as sp
 
 from adaptmg import Mesh, Space, assemble
-from adaptmg import kernels_ns as KN
 from adaptmg.backend import get_backend, to_host
-from adaptmg.multilevel.hierarchy import multigrid
 from adaptmg.device import kernels as K
-from adaptmg.device.kernels import make_spmv
-from adaptmg.linalg import fgmres
-from adaptmg.multilevel import Level, MultilevelSolver
+from adaptmg.device.multicsr import MultiCSR
+from adaptmg.progress import progress as _progress
 
-try:
-    from adaptmg.progress import progress as _progress
-except ImportError:  # pragma: no cover - fallback when the helper is absent
-    from ._timing import progress as _pg
+from .._timing import Timer, format_table
+from . import kernels as NK
+from .pressure import _NeumannPoisson, pressure_hierarchy
 
-    def _progress(it, description="", quiet=False):
-        return _pg(it, desc=description, quiet=quiet)
-
-from ._timing import Timer, format_table
-
-__all__ = ["PHASES", "graded_map", "make_meshes", "NavierStokes", "run", "corrected_velocity",
-           "centreline", "GHIA_RE100_U", "GHIA_RE100_V", "timing_table"]
+__all__ = ["PHASES", "graded_map", "make_meshes", "assemble_host", "NavierStokes", "run",
+           "corrected_velocity", "centreline", "GHIA_RE100_U", "GHIA_RE100_V", "timing_table"]
 
 #: the rows of seed 001 Table 4 (Step 1: mom-*, Step 2: pres-rhs/-solve, Step 3: pres-up)
 PHASES = ("mom-rhs-nonlin", "mom-rhs-p", "mom-rhs-visc", "mom-solve", "pres-rhs", "pres-solve",
@@ -185,237 +150,6 @@ def make_meshes(dim=3, n=None, graded=True):
 
 
 # ----------------------------------------------------------------------------- solver
-def pressure_hierarchy(space_p):
-    """Host multigrid hierarchy of the Neumann pressure stiffness (levels coarse -> fine, finest matrix)."""
-    ml0 = multigrid(space_p, assemble.stiffness, dirichlet=None, coarse="smoother",
-                    backend="cpu", smoother="jacobi")
-    return list(ml0.levels), sp.csr_matrix(ml0.A)
-
-
-class _FusedVCycle:
-    r"""The V-cycle of the pressure multigrid as a fixed sequence of one-launch kernels.
-
-    Same mathematics as :class:`~adaptmg.multilevel.MultilevelSolver` with Chebyshev
-    smoothing and a direct coarse solve (zero initial guess on every level):
-    ``presmooth`` sweeps of degree-``degree`` Chebyshev steps
-    (:meth:`adaptmg.kernels_ns.MultiCSR.chebyshev`, one launch each, ping-pong
-    buffers), residual, restriction ``R r``, recursion, prolongation
-    ``x += P x_c``, post-smoothing; coarse level :math:`x_0 = (L_0 + \gamma 11^T)^{-1} b_0`
-    (:func:`adaptmg.kernels_ns.sym_gemv`).  Every kernel works on buffers allocated
-    here, so on the GPU the whole cycle (about 55 launches for the default V(2,2)
-    degree-6 cycle on 3 levels) is captured
-    once in a CUDA graph and replayed with one launch: a cycle of the adaptmg
-    MultilevelSolver on this small, launch-bound problem cost about 2 ms of Python
-    and launch overhead on the H100.  Falls back to launching the kernels one by one
-    when capture is not available; on the CPU the NumPy twins run.
-
-    ``tpr > 1`` (GPU): ``tpr`` threads per row (32 for the dense coarse solve) with a
-    shuffle reduction -- the levels are small and each one-thread row is a chain of
-    dependent loads.  Used only if, at setup, the cycle reproduces the one-thread
-    cycle to 1e-12 on a random vector (else ``subwarp_error`` says why).  The pressure
-    solver uses ``tpr=4`` (the project's fused CSR kernels measured 2x with 4 threads
-    per row on 3-D Q1 levels, :func:`adaptmg.kernels.threads_per_row`).
-    """
-
-    def __init__(self, levels, Ainv, smoothers, presmooth, postsmooth, backend, graph=True, tpr=1):
-        be = backend
-        xp = be.xp
-        self.be = be
-        if presmooth < 1:
-            raise ValueError("the fused V-cycle needs presmooth >= 1")
-        self.ops = []
-        self.levels = []
-        for l, lev in enumerate(levels):
-            L = dict(n=lev.n, b=xp.zeros(lev.n))
-            if l == 0:
-                L["Ainv"] = be.asarray(np.ascontiguousarray(Ainv))
-                L["x"] = xp.zeros(lev.n)
-            else:
-                sm = smoothers[l]
-                b_, a_ = float(sm.lmax), float(sm.lower) * float(sm.lmax)
-                theta, delta = 0.5 * (b_ + a_), 0.5 * (b_ - a_)
-                sigma = theta / delta
-                coef = [(0.0, 1.0 / theta)]
-                rho_old = 1.0 / sigma
-                for _ in range(1, int(sm.degree)):
-                    rho = 1.0 / (2.0 * sigma - rho_old)
-                    coef.append((rho * rho_old, 2.0 * rho / delta))
-                    rho_old = rho
-                A = sp.csr_matrix(lev.A)
-                L.update(coef=coef, A=KN.MultiCSR.from_matrices([A]).to(be),
-                         P=KN.MultiCSR.from_matrices([sp.csr_matrix(lev.P)]).to(be),
-                         R=KN.MultiCSR.from_matrices([sp.csr_matrix(lev.R)]).to(be),
-                         dinv=be.asarray(1.0 / A.diagonal()), d=xp.zeros(lev.n), r=xp.zeros(lev.n),
-                         zero=xp.zeros(lev.n), xa=xp.zeros(lev.n), xb=xp.zeros(lev.n))
-            self.levels.append(L)
-        self.b = self.levels[-1]["b"]
-        self.tpr = 1
-        self.ops = []
-        self.x = self._build(len(levels) - 1, presmooth, postsmooth, 1)
-        self.graph = None
-        self.mode = "eager" if be.is_gpu else "numpy"
-        if be.is_gpu and tpr != 1:
-            self._try_subwarp(int(tpr), presmooth, postsmooth)
-        if be.is_gpu and graph:
-            self._capture()
-
-    def _try_subwarp(self, t, pre, post):
-        """Switch to the ``t``-threads-per-row kernels if they reproduce the one-thread cycle."""
-        xp = self.be.xp
-        simple_ops, simple_x = self.ops, self.x
-        try:
-            self.ops = []
-            fast_x = self._build(len(self.levels) - 1, pre, post, t)
-            fast_ops = self.ops
-            v = self.be.asarray(np.random.default_rng(2).standard_normal(self.b.size))
-            self.b[...] = v
-            for op in simple_ops:
-                op()
-            ref = simple_x.copy()
-            self.b[...] = v
-            for op in fast_ops:
-                op()
-            err = float(xp.abs(fast_x - ref).max()) / max(float(xp.abs(ref).max()), 1e-300)
-            if not err <= 1e-12:
-                raise RuntimeError(f"sub-warp cycle differs from the one-thread cycle (relative {err:.2e})")
-            self.ops, self.x, self.tpr = fast_ops, fast_x, t
-        except Exception as exc:  # pragma: no cover - device dependent
-            self.ops, self.x = simple_ops, simple_x
-            self.subwarp_error = repr(exc)
-
-    def _smooth_ops(self, L, cur, sweeps, t):
-        for s_ in range(sweeps):
-            for c1, c2 in L["coef"]:
-                out = L["xb"] if cur is L["xa"] else L["xa"]
-                self.ops.append(lambda L=L, x=cur, o=out, c1=c1, c2=c2:
-                                L["A"].chebyshev(x, L["b"], L["dinv"], L["d"], c1, c2, o, tpr=t))
-                cur = out
-        return cur
-
-    def _build(self, l, pre, post, t):
-        L = self.levels[l]
-        if l == 0:
-            tg = 32 if t > 1 else 1
-            self.ops.append(lambda L=L: KN.sym_gemv(L["Ainv"], L["b"], L["x"], tpr=tg))
-            return L["x"]
-        C = self.levels[l - 1]
-        cur = self._smooth_ops(L, L["zero"], pre, t)
-        self.ops.append(lambda L=L, x=cur: L["A"].residual(x, L["b"], L["r"], tpr=t))
-        self.ops.append(lambda L=L, C=C: L["R"].spmv(L["r"], C["b"], tpr=t))
-        xc = self._build(l - 1, pre, post, t)
-        self.ops.append(lambda L=L, x=cur, xc=xc: L["P"].spmv(xc, x, 1.0, 1.0, tpr=t))
-        return self._smooth_ops(L, cur, post, t)
-
-    def _eager(self):
-        for op in self.ops:
-            op()
-
-    def _capture(self):
-        from adaptmg.device.cudagraph import capture
-        graph, why = capture(self.be, self._eager, [self.b], self.x, rtol=1e-12)
-        if graph is None:  # pragma: no cover - depends on the CuPy/CUDA build
-            self.capture_error = why
-            return
-        self.graph = graph
-        self.mode = "cuda-graph"
-
-    def __call__(self):
-        """One V-cycle on the right-hand side in ``self.b``; the result is ``self.x``."""
-        if self.graph is not None:
-            self.graph.launch()
-        else:
-            self._eager()
-        return self.x
-
-
-class _NeumannPoisson:
-    r"""GMRES + V-cycle for the singular Neumann matrix L^p (see the module docstring).
-
-    ``levels``: host :class:`~adaptmg.multilevel.Level` list (coarse -> fine); the
-    finest level with at most ``coarse_rows`` rows becomes the coarse level,
-    solved exactly with :math:`L_0 + \gamma 1 1^T`, :math:`\gamma = mean(diag L_0)/n_0`.
-    Chebyshev smoothing: on the graded meshes of §5.3.1 point Jacobi with
-    omega = 2/3 is not even convergent (cells with aspect ratio ~20 push
-    :math:`\lambda_{max}(D^{-1}L)` above 3), Chebyshev estimates :math:`\lambda_{max}`.
-    Default V(2,2) with degree-6 sweeps and 4 threads per row: on steps 10-510 of the
-    32x32x64 graded cavity (H100, rtol 1e-6, x0 = q^n) it needs 3.6 Krylov iterations
-    per step against 6.6 for V(1,1) of degree 4 (3.9 against 4.7 ms per step): that
-    cycle is about 3x cheaper, but every iteration also pays a fixed ~0.3 ms of Krylov
-    overhead (launches and the scalar transfer).
-
-    The Krylov method is flexible GMRES (:func:`adaptmg.linalg.fgmres`): with a fixed
-    preconditioner its iterates equal GMRES's, and keeping ``z_j = M v_j`` turns the
-    final update ``x += M (V y)`` -- one more V-cycle per solve -- into ``x += Z y``.
-    """
-
-    def __init__(self, levels, A, backend, *, coarse_rows=2000, smoother="chebyshev",
-                 smoother_kwargs=None, presmooth=2, postsmooth=2, rtol=1e-6, restart=30,
-                 maxiter=4, fused=True, graph=True, tpr=4):
-        if smoother_kwargs is None and smoother == "chebyshev":
-            smoother_kwargs = {"degree": 6}
-        be = backend
-        xp = be.xp
-        l0 = max([l for l, lev in enumerate(levels) if lev.n <= coarse_rows] or [0])
-        A0 = sp.csr_matrix(levels[l0].A).toarray()
-        gamma = float(np.mean(np.diag(A0))) / A0.shape[0]
-        A0 = sp.csr_matrix(A0 + gamma)                      # L_0 + gamma 1 1^T
-        levels = [Level(A0, meta=levels[l0].meta)] + [
-            Level(lev.A, lev.P, lev.R, None, lev.meta) for lev in levels[l0 + 1:]]
-        self.ml = MultilevelSolver(levels, coarse="direct", backend=be, smoother=smoother,
-                                   smoother_kwargs=smoother_kwargs, presmooth=presmooth,
-                                   postsmooth=postsmooth)
-        self.fused = None
-        if fused and smoother == "chebyshev" and presmooth >= 1:
-            Ainv = np.linalg.inv(A0.toarray())
-            Ainv = 0.5 * (Ainv + Ainv.T)
-            sms = [d.smoother for d in self.ml._dev]
-            self.fused = _FusedVCycle(levels, Ainv, sms, presmooth, postsmooth, be, graph=graph, tpr=tpr)
-        self.A = be.asmatrix(A)
-        self._plan = make_spmv(self.A)
-        n = A.shape[0]
-        self.n = n
-        self._Ax = xp.zeros(n)
-        self._v = xp.zeros(n)
-        self._z = xp.zeros(n)
-        self._s = xp.zeros(1)
-        self.rtol, self.restart, self.maxiter = rtol, restart, maxiter
-        self.be = be
-        self.iterations = []
-        self.failures = 0
-
-    def matvec(self, x):
-        return self._plan(x, self._Ax)
-
-    def precond(self, v):
-        xp = self.be.xp
-        # v <- v - mean(v) (one reduction + one element-wise launch, no host sync)
-        if self.fused is not None:
-            # the cycle reads its rhs from fused.b: b = v - mean(v), two launches, no host sync
-            tot = xp.sum(v).reshape(1) if self.be.is_gpu else np.array([v.sum()])
-            KN.shift_copy(v, tot, 1.0 / self.n, self.fused.b)
-            return self.fused()
-        self._v[...] = v
-        self._s[0] = xp.sum(v) if self.be.is_gpu else np.sum(v)
-        KN.shift(self._v, self._s, 1.0 / self.n)
-        self.ml._run(self._v, self._z, "V", True)
-        return self._z
-
-    def solve(self, b, x0):
-        its = [0]
-
-        def cb(_):
-            its[0] += 1
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            x, info = fgmres(self.matvec, b, x0=x0, rtol=self.rtol, restart=self.restart,
-                             maxiter=self.maxiter, M=self.precond, callback=cb,
-                             orthogonalization="cgs2")
-        self.iterations.append(its[0])
-        if info != 0:
-            self.failures += 1
-        return x, info
-
-
 def assemble_host(dim=3, n=None, graded=True, meshes=None):
     """Meshes, boundary data and all matrices of the scheme on the host (dict), built once.
 
@@ -457,8 +191,8 @@ def assemble_host(dim=3, n=None, graded=True, meshes=None):
     G[lid_comp, lid] = 1.0
     levels, Ap = pressure_hierarchy(space_p)
     return dict(dim=d, coarse=coarse, fine=fine, space_p=space_p, space_s=space_s,
-                conv=KN.MultiCSR.from_matrices(C), visc=KN.MultiCSR.from_matrices([L]),
-                grad=KN.MultiCSR.from_matrices(Bk), div=KN.MultiCSR.from_matrices(Dk),
+                conv=MultiCSR.from_matrices(C), visc=MultiCSR.from_matrices([L]),
+                grad=MultiCSR.from_matrices(Bk), div=MultiCSR.from_matrices(Dk),
                 m_u=m_u, m_p=m_p, free=free, G=G, lid=lid, levels=levels, Ap=Ap,
                 seconds=time.perf_counter() - t0)
 
@@ -561,14 +295,14 @@ class NavierStokes:
         """Step 1: explicit momentum update of the (predictor) velocity ``U``."""
         ph = timer if timer is not None else _nophase
         with ph("mom-rhs-nonlin"):
-            KN.products(self.U, self.W)                               # eq. (14)
+            NK.products(self.U, self.W)                               # eq. (14)
             self.conv_op.conv(self.W, self.F)                         # F = sum_k C_k v^k
         with ph("mom-rhs-p"):
             self.grad_op.grad(self.PQ, self.F, -1.0, 1.0)             # F -= B (p + q)
         with ph("mom-rhs-visc"):
             self.visc_op.vec(self.U, self.F, -self.nu, 1.0)           # F -= nu L u
         with ph("mom-solve"):
-            KN.axpy_field(self.U, self.S, self.F)                     # u += dt M^-1 F (free nodes)
+            NK.axpy_field(self.U, self.S, self.F)                     # u += dt M^-1 F (free nodes)
 
     def pressure(self, timer=None, update=True):
         """Steps 2 and 3: Neumann Poisson problem for ``Q`` and (``update``) the pressure update."""
@@ -577,7 +311,7 @@ class NavierStokes:
         with ph("pres-rhs"):
             self.div_op.div(self.U, self.Du)                          # Du = -(div u, psi)
             tot = xp.sum(self.Du).reshape(1) if self.backend.is_gpu else np.array([self.Du.sum()])
-            KN.pressure_rhs(self.Du, tot, 1.0 / dt, 1.0 / self.n_p, self.b)
+            NK.pressure_rhs(self.Du, tot, 1.0 / dt, 1.0 / self.n_p, self.b)
         with ph("pres-solve"):
             x0 = self.Q
             if self.extrapolate and self.steps_done >= 2:
@@ -587,10 +321,10 @@ class NavierStokes:
             q, info = self.poisson.solve(self.b, x0)
             self.Qprev, self.Q = self.Q, q                            # q is a fresh array: no copy
             tot = xp.dot(self.m_p, q).reshape(1) if self.backend.is_gpu else np.array([self.m_p @ q])
-            KN.shift(self.Q, tot, 1.0 / self.volume)                  # int q = 0
+            NK.shift(self.Q, tot, 1.0 / self.volume)                  # int q = 0
         if update:
             with ph("pres-up"):
-                KN.pressure_update(self.Q, self.Du, self.minv_p, self.nu, self.P, self.PQ)
+                NK.pressure_update(self.Q, self.Du, self.minv_p, self.nu, self.P, self.PQ)
         return info
 
     # ------------------------------------------------------------------ time loop
@@ -711,7 +445,7 @@ def run(dim=3, n=(32, 32, 64), steps=100, dt=1e-4, Re=1000.0, backend="auto", qu
     backend : "auto" | "cpu" | "gpu".
     graded : §5.3.1 coordinates (False: uniform cells).
     rtol : GMRES tolerance of the pressure problem, relative to the norm of its rhs.
-    phases : time each phase of Table 4 with :class:`problems._timing.Timer` (synchronises the
+    phases : time each phase of Table 4 with :class:`adaptmg_problems._timing.Timer` (synchronises the
         device around every phase; ``per_step`` is then slightly pessimistic on the GPU --
         set False for the unperturbed time per step).
     monitor, steady_tol, check_every : see :meth:`NavierStokes.advance`.
