@@ -128,6 +128,7 @@ def test_components_are_block_diagonal():
     M1, M3 = asm.mass(s1), asm.mass(s3)
     assert M3.shape == (3 * s1.num_nodes,) * 2 and M3.nnz == 3 * M1.nnz
     for r in range(3):
+        # exact: c = 3 runs the same scalar assembly (same chunks, same GEMMs) and copies it per component
         assert abs(M3[r::3, r::3] - M1).max() == 0
         assert M3[r::3, (r + 1) % 3::3].nnz == 0
     assert np.allclose(asm.lumped_mass(s3).reshape(-1, 3), asm.lumped_mass(s1)[:, None])
@@ -348,6 +349,7 @@ def test_gradient_iso(d, mesh):
     v[:, 0] = Mf.points[:, 0]
     assert abs(v.ravel() @ B @ p + 1.5) < 1e-12
     D = asm.divergence_iso(sp_p, sp_u, parent, child)
+    # exact: divergence_iso is the transpose of gradient_iso, which runs the same code again
     assert abs(D - B.T).max() == 0 and D.shape == (sp_p.num_dofs, sp_u.num_dofs)
     # constant pressure against a velocity vanishing on the boundary: (1, div v) = 0
     inner = np.all((Mf.points > 1e-12) & (Mf.points < 1 - 1e-12), axis=1)
@@ -560,7 +562,7 @@ def test_scalar_form_equals_sum_of_forms(d, mesh, kind):
     assert abs(A - ref).max() <= 1e-13 * abs(ref).max()
     # same pass, mass term alone
     A2, Mr = asm.scalar_form(s, mass=rho, diffusion=kap, convection=b, return_mass=True)
-    assert abs(A2 - A).max() == 0
+    assert abs(A2 - A).max() == 0        # exact: same chunks, same GEMMs; the mass part is a side product
     M = asm.mass(s, rho)
     assert abs(Mr - M).max() <= 1e-14 * abs(M).max()
     # dropped terms: diffusion only / no diffusion
@@ -584,8 +586,9 @@ def test_scalar_form_components_and_affine_path():
 
 @pytest.mark.parametrize("d", [2, 3])
 def test_affine_chunk_groups_equal_single_chunks(d, monkeypatch):
-    """Runs of all-affine chunks merged into one product give the same matrices, bit for bit,
-    as chunk-by-chunk assembly, also where a group holds a few non-affine cells."""
+    """Runs of all-affine chunks merged into one product give the same matrices as
+    chunk-by-chunk assembly (same pattern exactly, values to round-off: the GEMMs differ
+    in their row count only), also where a group holds a few non-affine cells."""
     from adaptmg.assemble import forms
 
     def corner_bump(p):                      # distorts only the cells near the origin
@@ -605,9 +608,16 @@ def test_affine_chunk_groups_equal_single_chunks(d, monkeypatch):
         mp.setattr(forms._SpaceInfo, "affine_group", lambda self, xi, per: 1)
         A0, M0 = asm.scalar_form(s, return_mass=True, **kw)
         K0 = asm.stiffness(s, 2.0)
+    # Merging changes only the row count of the (cells, m) @ (m, nloc^2) GEMM, and BLAS may
+    # block it / use FMA differently: each element entry is a length-m dot product (m <= 10
+    # factor columns: mass, d(d+1)/2 metric pairs, d convection) whose rounding may change by
+    # ~m eps |F||T|, and each stored entry sums <= 2^d of them in the same order on both sides,
+    # so |X - Y| <= 2^d m eps max|X| (measured: <= 1 eps max|X| with OpenBLAS Haswell kernels);
+    # a distorted cell taken as affine (centre geometry) is off by ~5e-3 max|X| here.
+    tol = 2 ** d * 10 * np.finfo(float).eps
     for X, Y in ((A1, A0), (M1, M0), (K1, K0)):
         assert np.array_equal(X.indptr, Y.indptr) and np.array_equal(X.indices, Y.indices)
-        assert np.array_equal(X.data, Y.data)
+        assert np.abs(X.data - Y.data).max() <= tol * np.abs(X.data).max()
     groups = [g.affine for _, g in info.chunks(xi, info.nloc ** 2, affine=True,
                                                group=info.affine_group(xi, info.nloc ** 2))]
     assert any(groups) and not all(groups)
@@ -689,6 +699,8 @@ def test_device_pattern_and_scalar_form_bit_identical(d, monkeypatch):
     for s in spaces:
         A0, M0 = asm.scalar_form(s, return_mass=True, **kw)
         A1, M1 = asm.scalar_form(s, return_mass=True, device="gpu", **kw)
+        # exact: the element entries come from the same host GEMMs on both paths, and the device
+        # sums each run sequentially from 0 in np.add.at's order (additions only, nothing to fuse)
         for X, Y in ((A0, A1), (M0, M1)):
             assert isinstance(Y, sp.csr_matrix)
             assert np.array_equal(X.indptr, Y.indptr) and np.array_equal(X.indices, Y.indices)
