@@ -90,6 +90,13 @@ def okw(solver, ortho):
     return {} if solver == "cg" else {"orthogonalization": ortho}
 
 
+def cbkw(solver):
+    """(f)gmres: a callback once per inner iteration, maxiter counting restart cycles
+    (gmres' default is SciPy's deprecated 'legacy', which makes maxiter count inner
+    iterations and warns)."""
+    return {} if solver == "cg" else {"callback_type": "pr_norm"}
+
+
 # ----------------------------------------------------------------------------- agreement
 @pytest.mark.parametrize("form", ["sparse", "dense", "linop", "callable", "matvec"])
 @pytest.mark.parametrize("solver,problem,ortho", CASES_O)
@@ -122,7 +129,7 @@ def test_default_tolerance_and_x0_untouched(backend, solver, problem):
     xs = spla.spsolve(A.tocsc(), b)
     calls, cb = counter()
     x, info = SOLVERS[solver](backend.asmatrix(A), backend.asarray(b), backend.asarray(xs),
-                              callback=cb)
+                              callback=cb, **cbkw(solver))
     assert info == 0 and calls == []
     np.testing.assert_allclose(to_host(x), xs, rtol=0, atol=0)
 
@@ -148,7 +155,7 @@ def test_exact_preconditioner_converges_at_once(backend, solver, problem):
     M = spla.LinearOperator(A.shape, matvec=lu.solve, dtype=A.dtype)   # lives on the host
     calls, cb = counter()
     x, info = SOLVERS[solver](backend.asmatrix(A), backend.asarray(b), rtol=1e-10, M=M,
-                              callback=cb)
+                              callback=cb, **cbkw(solver))
     assert info == 0 and on_backend(x, backend)
     assert 1 <= len(calls) <= 3
     assert relres(A, x, b) <= 1e-10
@@ -166,7 +173,8 @@ def test_maxiter_exhausted(backend, solver, problem, ortho):
         msg = r"relative residual .* after 2 restart cycles \(10 iterations"
         with pytest.warns(ConvergenceWarning, match=msg):
             x, info = SOLVERS[solver](backend.asmatrix(A), backend.asarray(b), restart=5,
-                                      maxiter=2, callback=cb, **okw(solver, ortho))
+                                      maxiter=2, callback=cb, **okw(solver, ortho),
+                                      **cbkw(solver))
         assert info == 2 and len(calls) == 10
         # scipy's gmres does exactly the same iterations
         xref, iref = spla.gmres(A, b, restart=5, maxiter=2)
@@ -181,7 +189,8 @@ def test_callback_is_relative_residual(backend, solver, ortho):
     A, b = PROBLEMS["nonsym"], rhs(7)
     calls, cb = counter()
     x, info = SOLVERS[solver](backend.asmatrix(A), backend.asarray(b), rtol=1e-8,
-                              restart=200, callback=cb, orthogonalization=ortho)
+                              restart=200, callback=cb, orthogonalization=ortho,
+                              **cbkw(solver))
     assert info == 0
     hist = np.array(calls, dtype=float)
     assert np.all(np.diff(hist) <= 1e-12)                 # GMRES: monotone in one cycle
@@ -197,7 +206,9 @@ def test_cg_callback_gets_iterate(backend):
     assert info == 0 and len(seen) > 5 and set(seen) == {(True, (N,))}
     ref = []
     spla.cg(A, b, callback=lambda xk: ref.append(1))
-    assert len(seen) == len(ref)                          # same iteration count as scipy
+    # same iteration count as scipy: exact although the two differ in rounding, because the
+    # stopping residuals sit far from rtol (about 1.17 and 0.79 rtol), not within round-off
+    assert len(seen) == len(ref)
 
 
 def test_gmres_happy_breakdown(backend):
@@ -208,13 +219,14 @@ def test_gmres_happy_breakdown(backend):
     for solver in ("gmres", "fgmres", "cg"):
         calls, cb = counter()
         x, info = SOLVERS[solver](backend.asmatrix(A), backend.asarray(b), rtol=1e-14,
-                                  callback=cb)
-        assert info == 0 and len(calls) == 3, solver
+                                  callback=cb, **cbkw(solver))
+        assert info == 0 and len(calls) == 3, solver     # step-3 residual <= 4e-16, far below 1e-14
         np.testing.assert_allclose(to_host(x), b / d, rtol=1e-12)
     e = np.zeros(N)
     e[0] = 3.0                                            # an eigenvector: one step
     calls, cb = counter()
-    x, info = gmres(backend.asmatrix(A), backend.asarray(e), rtol=0.0, callback=cb)
+    x, info = gmres(backend.asmatrix(A), backend.asarray(e), rtol=0.0, callback=cb,
+                    callback_type="pr_norm")
     assert info == 0 and len(calls) == 1 and float(x[0]) == 3.0
 
 
@@ -241,7 +253,7 @@ def test_fgmres_with_variable_preconditioner(backend):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         xg, info_g = gmres(Ab, backend.asarray(b), rtol=rtol, restart=20, maxiter=5, M=make_M(),
-                           callback=cb_g)
+                           callback=cb_g, callback_type="pr_norm")
     assert info_g != 0 or len(calls_g) >= len(calls_f)   # plain gmres is not better
     # whatever gmres' recurrence said, info == 0 iff the true residual passes
     assert (info_g == 0) == (relres(A, xg, b) <= rtol)
@@ -262,7 +274,7 @@ def test_recurrence_residual_is_not_trusted(backend):
     calls, cb = counter()
     with pytest.warns(ConvergenceWarning, match="did not converge"):
         x, info = gmres(Ab, backend.asarray(b), rtol=rtol, restart=20, maxiter=3, M=M,
-                        callback=cb)
+                        callback=cb, callback_type="pr_norm")
     assert min(calls) <= rtol
     assert info == 3 and relres(A, x, b) > rtol
 
@@ -329,16 +341,17 @@ def test_complex_system(backend, solver, ortho):
 def _orthogonality_loss(backend, A, b, m, ortho):
     """max |I - V^H V| of the basis v_1..v_m of one GMRES(m) cycle (rtol = 0: no early exit).
 
-    With the identity as a right preconditioner, gmres applies M to v_1, ..., v_m in
-    this order (then once to the update V y, which is dropped), so M records the basis."""
+    Without x0 and M, gmres applies A to v_1, ..., v_m in this order (then once to the
+    update, for the true residual), so A records the basis."""
     seen = []
+    Ab = backend.asarray(A)
 
-    def M(v):
+    def A_recording(v):
         seen.append(to_host(v).copy())
-        return v
+        return Ab @ v
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        gmres(backend.asmatrix(A), backend.asarray(b), rtol=0.0, restart=m, maxiter=1, M=M,
+        gmres(A_recording, backend.asarray(b), rtol=0.0, restart=m, maxiter=1,
               orthogonalization=ortho)
     V = np.array(seen[:m])
     return np.abs(np.eye(len(V)) - V.conj() @ V.T).max(), len(V)
@@ -378,11 +391,13 @@ def test_cgs2_matches_mgs_iteration_by_iteration(backend, solver, problem):
     for ortho in ORTHO:
         calls, cb = counter()
         x, info = SOLVERS[solver](Ab, bb, rtol=1e-10, restart=15, maxiter=100, M=Md,
-                                  callback=cb, orthogonalization=ortho)
+                                  callback=cb, orthogonalization=ortho, **cbkw(solver))
         assert info == 0 and on_backend(x, backend)
         out[ortho] = (np.array(calls), to_host(x))
     (hm, xm), (hc, xc) = out["mgs"], out["cgs2"]
-    assert len(hm) == len(hc) > 15                      # restarts were involved
+    # restarts were involved; equal counts although MGS and CGS2 round differently: the last two
+    # residuals are about 1.07-1.18 and 0.87-0.89 rtol, far outside their < 1e-6 relative gap
+    assert len(hm) == len(hc) > 15
     np.testing.assert_allclose(hc, hm, rtol=1e-6, atol=1e-13)
     assert np.linalg.norm(xc - xm) <= 1e-8 * np.linalg.norm(xm)
 

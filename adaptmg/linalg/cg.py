@@ -23,14 +23,20 @@ denominators (for breakdown detection), in one transfer.
 The recurrence residual ``r_k`` drifts from ``b - A x_k`` in floating point.
 When it passes the stopping test the true residual is recomputed; if that
 one fails, it replaces ``r_k`` and the iteration restarts from it.
+
+SciPy's semantics (:func:`scipy.sparse.linalg.cg`): ``maxiter`` counts
+iterations (default ``10 n``), ``callback(xk)`` is called after each one,
+``x0='Mb'`` starts from ``M b``, ``A.psolve`` is the preconditioner when ``M`` is
+None.  Unlike SciPy, a (numerical) breakdown is detected and reported
+(``info < 0``), and ``info == 0`` is only returned after the true residual
+passed the test (SciPy tests its recurrence residual only).
 """
 from __future__ import annotations
 
 import math
-import warnings
 
-from . import ConvergenceWarning
-from ._operators import VectorOps, prepare_system
+from ._system import prepare_system
+from ._vectorops import VectorOps
 
 __all__ = ["cg"]
 
@@ -44,14 +50,16 @@ def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=Non
         The Hermitian positive definite ``n x n`` system matrix.
     b : ndarray, shape (n,) or (n, 1)
         Right-hand side (NumPy or CuPy; the solve runs where ``b`` lives).
-    x0 : ndarray, optional
-        Starting guess (default zero).  It is copied, never modified.
+    x0 : ndarray or 'Mb', optional
+        Starting guess (default zero; ``'Mb'``: ``M b``).  It is copied, never modified.
     rtol, atol : float
-        Stop when ``||b - A x|| <= max(rtol * ||b||, atol)``.
+        Stop when ``||b - A x|| <= max(rtol * ||b||, atol)`` (``inf`` allowed;
+        ``atol`` None or ``'legacy'`` raise ValueError, as in SciPy).
     maxiter : int, optional
         Maximum number of iterations (default ``10 n``).
     M : same kinds as ``A``, optional
-        Hermitian positive definite preconditioner approximating ``A^{-1}``.
+        Hermitian positive definite preconditioner approximating ``A^{-1}``
+        (default: ``A.psolve`` if ``A`` has one, else none).
     callback : callable, optional
         Called as ``callback(xk)`` after each iteration with the current iterate
         (the solver's own array: copy it to keep it).
@@ -65,7 +73,7 @@ def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=Non
         done without converging (a :class:`ConvergenceWarning` is emitted);
         <0: breakdown (``(p, A p) == 0`` or ``(r, M r) == 0`` or non-finite values).
     """
-    s = prepare_system(A, b, x0, rtol=rtol, atol=atol, maxiter=maxiter, M=M,
+    s = prepare_system("cg", A, b, x0, rtol=rtol, atol=atol, maxiter=maxiter, M=M,
                        callback=callback)
     xp, x, tol = s.xp, s.x, s.tol
     started = s.start()
@@ -90,7 +98,8 @@ def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=Non
         if s.callback is not None:
             s.callback(x)
         if not _finite(rnorm):
-            return _breakdown(s, x, k, "the residual became NaN or Inf")
+            return s.breakdown(f"at iteration {k}", "the residual became NaN or Inf",
+                               rnorm=rnorm)
         restart = False
         if rnorm <= tol:
             s.residual(x, out=r)                              # the true residual
@@ -99,9 +108,11 @@ def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=Non
                 return x, 0
             restart = True                                    # recurrence drifted
         elif pq_h == 0:
-            return _breakdown(s, x, k, "(p, A p) == 0: A is singular or not definite")
+            return s.breakdown(f"at iteration {k}",
+                               "(p, A p) == 0: A is singular or not definite")
         elif rz_h == 0:
-            return _breakdown(s, x, k, "(r, M r) == 0: M is singular or not definite")
+            return s.breakdown(f"at iteration {k}",
+                               "(r, M r) == 0: M is singular or not definite")
         z = precondition(r)
         rz_new = ops.dot(r, z)
         if restart:
@@ -110,17 +121,8 @@ def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=Non
             ops.cg_update_p(p, z, rz_new, rz)
         rz = rz_new
 
-    rel = s.norm(s.residual(x)) / s.bnrm2
-    warnings.warn(f"cg did not converge: relative residual {rel:.3e} after {s.maxiter} "
-                  f"iterations (rtol={rtol:g}, atol={atol:g})", ConvergenceWarning,
-                  stacklevel=2)
-    return x, s.maxiter
+    return s.not_converged(s.maxiter, f"{s.maxiter} iterations")
 
 
 def _finite(v) -> bool:
     return v == v and abs(v) != float("inf")
-
-
-def _breakdown(s, x, k, why):
-    warnings.warn(f"cg broke down at iteration {k}: {why}", ConvergenceWarning, stacklevel=3)
-    return x, -1
