@@ -2,10 +2,11 @@
 
 Smoother setting used: pyamg is built with weighted Jacobi (``('jacobi',
 {'omega': 4/3})``, i.e. omega = 4/(3 rho(D^-1 A)) per level, pyamg's
-``withrho``), and ``from_pyamg`` copies pyamg's per-level weight and sweep
-count, so both cycles are the same operator.  With pyamg's default symmetric
-Gauss-Seidel (not available on the GPU) the bridge's Jacobi needs more
-iterations; that case is checked only for convergence.
+``withrho``), and ``from_pyamg`` reads pyamg's per-level weight and sweep
+count, so both cycles are the same operator.  pyamg's default symmetric
+Gauss-Seidel becomes adaptmg's symmetric multicolour Gauss-Seidel (with a
+warning: colour order, not lexicographic); tests/multilevel/test_pyamg_fidelity.py
+checks all mappings.
 """
 import numpy as np
 import pytest
@@ -81,13 +82,20 @@ def test_bridge_preconditioner_is_pyamg_cycle():
 
 
 def test_bridge_default_gauss_seidel_hierarchy_converges():
+    from adaptmg.multilevel.pyamg import SmootherMappingWarning
     A = _poisson()
     ml = pyamg.smoothed_aggregation_solver(A)              # symmetric Gauss-Seidel in pyamg
-    mg = adaptmg.from_pyamg(ml, backend="cpu")             # Jacobi 4/(3 rho) in adaptmg
+    with pytest.warns(SmootherMappingWarning, match="multicolour GS"):
+        mg = adaptmg.from_pyamg(ml, backend="cpu")         # symmetric multicolour GS in adaptmg
     b = np.ones(A.shape[0])
-    res = []
+    res, res_p = [], []
     x = mg.solve(b, rtol=1e-8, accel="cg", residuals=res)
     assert np.linalg.norm(b - A @ x) <= 1e-8 * np.linalg.norm(b)
+    ml.solve(b, tol=1e-8, accel="cg", residuals=res_p)
+    assert len(res) - 1 <= 1.25 * (len(res_p) - 1)
+    mj = adaptmg.from_pyamg(ml, backend="cpu", smoother="jacobi")   # the earlier default
+    res = []
+    mj.solve(b, rtol=1e-8, accel="cg", residuals=res)
     assert len(res) - 1 <= 30
 
 

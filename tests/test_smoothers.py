@@ -4,8 +4,9 @@ import pytest
 import scipy.sparse as sp
 
 from adaptmg.backend import to_host
-from adaptmg.multilevel.smoothers import (BlockJacobi, Chebyshev, Jacobi, estimate_lambda_max,
-                               make_smoother)
+from adaptmg.multilevel.smoothers import (SMOOTHERS, BlockJacobi, Chebyshev, GaussSeidel, Jacobi,
+                                          PrePostSmoother, Richardson, estimate_lambda_max,
+                                          make_smoother, normalize_smoother_name)
 
 
 def lap1d(n):
@@ -42,12 +43,15 @@ def test_jacobi_sweep_formula(backend):
     np.testing.assert_allclose(to_host(x), to_host(z), rtol=1e-13, atol=1e-14)
 
 
-@pytest.mark.parametrize("kind", ["jacobi", "block_jacobi", "chebyshev"])
+@pytest.mark.parametrize("kind", ["jacobi", "block_jacobi", "richardson", "chebyshev",
+                                  "gauss_seidel", "block_gauss_seidel", "sor", "l1_gauss_seidel"])
 def test_smoother_is_A_selfadjoint(backend, kind):
-    """E = error propagation of a sweep; <A E x, y> == <A x, E y> (symmetric smoothing)."""
+    """E = error propagation of a sweep; <A E x, y> == <A x, E y> (symmetric smoothing; the
+    Gauss-Seidel names default to the symmetric sweep)."""
     A = lap2d(10)
     n = A.shape[0]
-    kw = {"block_size": 2} if kind == "block_jacobi" else {}
+    kw = {"block_jacobi": {"block_size": 2}, "block_gauss_seidel": {"block_size": 2},
+          "sor": {"omega": 1.4}, "l1_gauss_seidel": {"partition_rows": 30}}.get(kind, {})
     sm = make_smoother(kind, A, backend=backend, **kw)
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal(n), rng.standard_normal(n)
@@ -159,8 +163,14 @@ def test_bad_input():
         Jacobi(A, omega=-1)
     with pytest.raises(ValueError, match="diagonal"):
         Jacobi(sp.csr_matrix(np.array([[0.0, 1.0], [1.0, 2.0]])))
-    with pytest.raises(ValueError, match="unknown smoother"):
-        make_smoother("gauss_seidel", A)
+    with pytest.raises(ValueError, match="unknown smoother 'gauss_jordan'"):
+        make_smoother("gauss_jordan", A)
+    with pytest.raises(ValueError, match="scaling"):
+        Chebyshev(A, scaling="diag")
+    with pytest.raises(ValueError, match="lmax"):
+        Chebyshev(A, lmax=-1.0)
+    with pytest.raises(TypeError, match="adaptmg smoother"):
+        PrePostSmoother(Jacobi(A), object())
     with pytest.raises(TypeError, match="smoother"):
         make_smoother(42, A)
     with pytest.raises(ValueError, match="degree"):
@@ -188,3 +198,56 @@ def test_fused_jacobi_equals_two_launch_jacobi(backend, zero):
         plain.smooth(x1, b, sweeps, zero_initial=zero)
         fused.smooth(x2, b, sweeps, zero_initial=zero)
         np.testing.assert_allclose(to_host(x2), to_host(x1), rtol=1e-13, atol=1e-14)
+
+
+def test_richardson_and_unscaled_chebyshev(backend):
+    """Richardson: x + omega (b - A x); Chebyshev(scaling='none'): the polynomial in A itself."""
+    A = lap2d(9) * 3.0                               # diagonal 12: scaling matters
+    n = A.shape[0]
+    rng = np.random.default_rng(9)
+    x0, b = rng.standard_normal(n), rng.standard_normal(n)
+    x = backend.asarray(x0.copy())
+    Richardson(A, omega=0.05, backend=backend).smooth(x, backend.asarray(b), 2)
+    ref = x0.copy()
+    for _ in range(2):
+        ref = ref + 0.05 * (b - A @ ref)
+    np.testing.assert_allclose(to_host(x), ref, rtol=1e-13, atol=1e-13)
+    lam = float(np.linalg.eigvalsh(A.toarray())[-1])
+    assert 4 / (3 * 1.05 * lam) * 0.95 <= Richardson(A).omega <= 4 / (3 * lam) * 1.05
+    # degree 2, interval [a, b]: error polynomial (1 - t/r1)(1 - t/r2), r = Chebyshev nodes
+    lo, hi = 0.1 * lam, 1.1 * lam
+    sm = Chebyshev(A, degree=2, lower=lo / hi, lmax=hi, scaling="none", backend=backend)
+    r1, r2 = 0.5 * (hi + lo) + 0.5 * (hi - lo) * np.cos(np.pi * np.array([0.25, 0.75]))
+    e = backend.asarray(x0.copy())
+    sm.smooth(e, backend.xp.zeros(n), 1)
+    I = sp.identity(n)
+    ref = (I - A / r1) @ ((I - A / r2) @ x0)
+    np.testing.assert_allclose(to_host(e), ref, rtol=1e-11, atol=1e-11)
+    assert "scaling='none'" in repr(sm)
+
+
+def test_pre_post_smoother(backend):
+    """smooth runs pre (x pre_sweeps), smooth_adjoint runs post (x post_sweeps); .to moves both."""
+    A = lap2d(8)
+    n = A.shape[0]
+    b = backend.asarray(np.random.default_rng(10).standard_normal(n))
+    pre, post = Jacobi(A, omega=0.6, backend=backend), GaussSeidel(A, sweep="forward", backend=backend)
+    pp = PrePostSmoother(pre, post, pre_sweeps=2, post_sweeps=3)
+    x, y = backend.xp.zeros(n), backend.xp.zeros(n)
+    pp.smooth(x, b, 2)
+    pre.smooth(y, b, 4)
+    np.testing.assert_allclose(to_host(x), to_host(y), rtol=1e-14)
+    x, y = backend.xp.zeros(n), backend.xp.zeros(n)
+    pp.smooth_adjoint(x, b, 1)
+    post.smooth(y, b, 3)
+    np.testing.assert_allclose(to_host(x), to_host(y), rtol=1e-14)
+    p32 = pp.to(backend, np.float32)
+    assert p32.dtype == np.float32 and p32.pre.dtype == np.float32 and p32.post.dtype == np.float32
+    assert pp.to(backend) is pp
+    assert "pre=Jacobi(omega=0.6) x2" in repr(pp) and "post=GaussSeidel(sweep='forward'" in repr(pp)
+
+
+def test_every_registry_name_normalises_to_itself():
+    for name in SMOOTHERS:
+        assert normalize_smoother_name(name) == name
+        assert normalize_smoother_name(name.upper().replace("_", "-")) == name

@@ -108,7 +108,7 @@ CASES = [
     ("TimeSeriesWriter suffix", lambda t: adaptmg.io.TimeSeriesWriter(t / "a.vtu", M), ValueError, r"path must end in .xdmf"),
     # --- pyamg bridge
     ("from_pyamg ml type", lambda t: adaptmg.from_pyamg(A), TypeError, r"ml must be a pyamg MultilevelSolver"),
-    ("from_pyamg smoother", lambda t: adaptmg.from_pyamg(_amg(), smoother="gauss_seidel"), ValueError,
+    ("from_pyamg smoother", lambda t: adaptmg.from_pyamg(_amg(), smoother="gauss_jordan"), ValueError,
      r"smoother must be one of"),
     ("from_pyamg omega", lambda t: adaptmg.from_pyamg(_amg(), omega=-1.0), ValueError, r"omega must be a positive number"),
     ("from_pyamg presmooth", lambda t: adaptmg.from_pyamg(_amg(), presmooth=1.5), ValueError,

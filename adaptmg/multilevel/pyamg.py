@@ -6,7 +6,7 @@ restriction :math:`R_l` (``levels[0]`` is pyamg's *finest* level).  Its cycles
 run on the CPU.  :func:`from_pyamg` copies exactly these matrices into an
 :class:`adaptmg.multilevel.MultilevelSolver` (levels reordered coarse -> fine,
 ``R`` stored explicitly, never applied as ``P^T``), so the same hierarchy is
-cycled with adaptmg's fused CSR kernels, on the GPU when ``backend`` says so::
+cycled with adaptmg's kernels, on the GPU when ``backend`` says so::
 
     ml = pyamg.smoothed_aggregation_solver(A)
     mg = adaptmg.from_pyamg(ml)                         # GPU if available
@@ -18,20 +18,46 @@ post-smoothing; the coarsest level is solved with a dense inverse (pyamg's
 default coarse solver ``'pinv'`` is the same operator for a non-singular
 ``A_0``).
 
-Smoothers.  Gauss-Seidel (pyamg's default) is sequential and does not map to
-the GPU; adaptmg uses its own parallel smoothers of the form
-``x <- x + omega S (b - A x)``:
+Smoothers (``smoother=None``, the default: pyamg's own).  pyamg keeps the
+smoothers of level ``i`` as the callables ``ml.levels[i].presmoother`` /
+``.postsmoother`` (``functools.partial`` objects or closures made by
+``pyamg.relaxation.smoothing.change_smoothers``); :func:`from_pyamg` reads their
+parameters and maps each to adaptmg's closest smoother:
 
-* ``smoother="jacobi"`` (default).  ``omega=None`` picks, per level,
-  (1) pyamg's own weight when that level's pyamg pre-smoother is weighted
-  Jacobi (then the adaptmg cycle is *the same operator* as pyamg's cycle, and
-  so are the Krylov iteration counts), else (2) ``omega = 4 / (3 rho)`` with
-  ``rho`` the spectral radius of :math:`D^{-1} A_l` that pyamg cached on the
-  matrix (``A.rho_D_inv``) or a 20-step Lanczos estimate.  The number of sweeps
-  (``presmooth``/``postsmooth``) likewise defaults to pyamg's ``iterations``
-  of a Jacobi smoother, else 1 (pyamg's default).
-* ``"chebyshev"`` / ``"block_jacobi"``: adaptmg's smoothers with
-  ``smoother_kwargs``.
+====================================  =============================================  =======
+pyamg                                 adaptmg                                        exact?
+====================================  =============================================  =======
+jacobi (omega, iterations)            :class:`Jacobi` with pyamg's weight            yes
+block_jacobi (blocksize, omega)       :class:`BlockJacobi`                           yes
+richardson (omega)                    :class:`Richardson` with pyamg's weight        yes
+chebyshev (coefficients)              :class:`Chebyshev` (``scaling="none"``), the    yes [#]_
+                                      degree and interval read off the polynomial
+None                                  no smoothing                                   yes
+gauss_seidel (sweep)                  multicolour :class:`GaussSeidel`, same sweep   no [#]_
+block_gauss_seidel (blocksize, sweep) multicolour block GS, same sweep               no
+sor (omega, sweep)                    multicolour SOR, same omega and sweep          no
+cf_/fc_(block_)jacobi                 (block) Jacobi on all points, same omega       no
+anything else (gauss_seidel_nr/ne,    symmetric multicolour (block) GS               no
+jacobi_ne, schwarz, Krylov, custom)
+====================================  =============================================  =======
+
+.. [#] The same residual polynomial, evaluated by a three-term recurrence instead
+   of Horner's rule (round-off differs).
+.. [#] Multicolour Gauss-Seidel is Gauss-Seidel in colour order, not in pyamg's
+   lexicographic order: another (parallel) smoother of the same kind.
+
+``iterations`` become the sweep counts.  Where no exact equivalent exists,
+:func:`from_pyamg` says so in *one* :class:`SmootherMappingWarning` (levels,
+pyamg's smoother, what runs instead), in ``mg.smoother_notes`` and in the
+smoothers' ``repr`` (so ``print(mg)`` shows it); it never changes a smoother
+silently.  Different pre- and post-smoothers on a level become a
+:class:`~adaptmg.multilevel.smoothers.PrePostSmoother`.
+
+An explicit ``smoother="name"`` (any name of
+:data:`~adaptmg.multilevel.smoothers.SMOOTHERS`) overrides pyamg's settings on
+every level, without warning.  ``smoother="jacobi"`` keeps the weight rule of
+earlier versions: ``omega`` if given, else pyamg's own weight where that level's
+pyamg pre-smoother is weighted Jacobi, else ``4 / (3 rho(D^{-1} A_l))``.
 
 GPU memory: the hierarchy is moved once at setup; an allocation failure becomes
 a :class:`MemoryError` naming the hierarchy size and what to do
@@ -41,6 +67,8 @@ from __future__ import annotations
 
 import functools
 import numbers
+import warnings
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
@@ -48,11 +76,15 @@ import scipy.sparse as sp
 from ..backend import get_backend
 from ..errors import gpu_memory_guard
 from .solver import Level, MultilevelSolver
-from .smoothers import Jacobi, estimate_lambda_max, make_smoother
+from .smoothers import (SMOOTHERS, Jacobi, PrePostSmoother, estimate_lambda_max, make_smoother,
+                        normalize_smoother_name, smoother_setup_kwargs)
 
-__all__ = ["from_pyamg"]
+__all__ = ["from_pyamg", "SmootherMappingWarning"]
 
-_SMOOTHERS = ("jacobi", "chebyshev", "block_jacobi")
+
+class SmootherMappingWarning(UserWarning):
+    """pyamg's smoother on some level has no exact adaptmg equivalent; the message names the
+    levels, pyamg's smoother and the adaptmg smoother used instead."""
 
 
 def _csr(M, what):
@@ -71,16 +103,6 @@ def _csr(M, what):
     return M
 
 
-def _pyamg_jacobi(smoother):
-    """(omega, iterations) if ``smoother`` is pyamg's weighted Jacobi partial, else None."""
-    if isinstance(smoother, functools.partial):
-        fn = getattr(smoother.func, "__name__", "")
-        kw = smoother.keywords or {}
-        if fn == "jacobi" and "omega" in kw:
-            return float(kw["omega"]), int(kw.get("iterations", 1))
-    return None
-
-
 def _rho(A):
     """Spectral radius of D^{-1} A: pyamg's cached value or a Lanczos estimate."""
     rho = getattr(A, "rho_D_inv", None)
@@ -97,7 +119,198 @@ def _check_sweeps(name, v):
     return int(v)
 
 
-def from_pyamg(ml, backend="auto", smoother="jacobi", *, omega=None, presmooth=None,
+# ---------------------------------------------------------------------------
+# reading pyamg's smoothers
+# ---------------------------------------------------------------------------
+def _pyamg_params(fn):
+    """(name, parameters) of a pyamg level smoother (partial or closure), or (None, {})."""
+    if fn is None:
+        return "none", {}
+    if isinstance(fn, functools.partial):
+        return getattr(fn.func, "__name__", None), dict(fn.keywords or {})
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None, {}
+    cells = getattr(fn, "__closure__", None) or ()
+    params = {}
+    for k, c in zip(code.co_freevars, cells):
+        try:
+            params[k] = c.cell_contents
+        except ValueError:          # empty cell
+            pass
+    return getattr(fn, "__name__", None), params
+
+
+def _short(params, keys):
+    out = []
+    for k in keys:
+        if k in params:
+            v = params[k]
+            out.append(f"{k}={v!r}" if isinstance(v, str) else f"{k}={float(v):.4g}"
+                       if isinstance(v, (float, np.floating)) else f"{k}={v}")
+    return ", ".join(out)
+
+
+@dataclass
+class _Spec:
+    """The adaptmg smoother chosen for one pyamg smoother."""
+    kind: str                      # registry name or "none"
+    kwargs: dict = field(default_factory=dict)
+    iterations: int = 1
+    exact: bool = True
+    source: str = ""               # pyamg's smoother, e.g. "gauss_seidel(sweep='symmetric')"
+    instead: str = ""              # what adaptmg runs and why it is not the same (inexact only)
+
+    def key(self):
+        return (self.kind, tuple(sorted(self.kwargs.items())))
+
+
+def _chebyshev_from_coefficients(coef):
+    """(degree, lmax, lower) of the Chebyshev smoother whose polynomial pyamg stores."""
+    coef = np.asarray(coef, dtype=np.float64).ravel()
+    k = coef.size
+    if k == 0:
+        raise ValueError("empty Chebyshev polynomial")
+    q = np.r_[-coef, 1.0]                       # residual polynomial 1 - t p(t), highest first
+    roots = np.roots(q)
+    if np.abs(roots.imag).max(initial=0.0) > 1e-8 * np.abs(roots).max(initial=1.0):
+        raise ValueError("Chebyshev polynomial with complex roots")
+    roots = np.sort(roots.real)
+    if k == 1:
+        lower = 1.0 / 33.0                      # any interval centred at the root: same polynomial
+        lmax = 2.0 * roots[0] / (1.0 + lower)
+        return 1, float(lmax), lower
+    cos0 = np.cos(np.pi / (2 * k))
+    c = 0.5 * (roots[-1] + roots[0])
+    h = 0.5 * (roots[-1] - roots[0]) / cos0
+    a, b = c - h, c + h
+    if not (0 < a < b):
+        raise ValueError(f"Chebyshev interval [{a}, {b}] is not positive")
+    return k, float(b), float(a / b)
+
+
+def _blocksize(A):
+    bs = getattr(A, "blocksize", None)
+    return int(bs[0]) if bs is not None and bs[0] == bs[1] else 1
+
+
+_MISSING = object()
+
+
+def _map_pyamg(fn, A):
+    """The :class:`_Spec` of adaptmg's closest smoother to pyamg's level smoother ``fn``."""
+    if fn is _MISSING:          # a level pyamg never smooths (its coarsest): adaptmg's default
+        return _Spec("gauss_seidel", {"sweep": "symmetric"}, 1, True, "(none)")
+    name, p = _pyamg_params(fn)
+    it = p.get("iterations", 1)
+    it = int(it) if isinstance(it, numbers.Integral) and it >= 0 else 1
+    bs = _blocksize(A)
+    if name == "none":
+        return _Spec("none", {}, 0, True, "None")
+    if name == "jacobi" and "omega" in p:
+        return _Spec("jacobi", {"omega": float(p["omega"])}, it, True,
+                     f"jacobi({_short(p, ('omega', 'iterations'))})")
+    if name == "block_jacobi" and "omega" in p:
+        c = int(p.get("blocksize", bs) or 1)
+        return _Spec("block_jacobi", {"omega": float(p["omega"]), "block_size": c}, it, True,
+                     f"block_jacobi({_short(p, ('blocksize', 'omega', 'iterations'))})")
+    if name == "richardson" and "omega" in p:
+        return _Spec("richardson", {"omega": float(p["omega"])}, it, True,
+                     f"richardson({_short(p, ('omega', 'iterations'))})")
+    if name == "chebyshev" and "coefficients" in p:
+        src = f"chebyshev(degree={np.size(p['coefficients'])}, iterations={it})"
+        try:
+            k, lmax, lower = _chebyshev_from_coefficients(p["coefficients"])
+        except (ValueError, np.linalg.LinAlgError) as exc:
+            kind, kw = ("block_gauss_seidel", {"block_size": bs}) if bs > 1 else ("gauss_seidel", {})
+            return _Spec(kind, kw | {"sweep": "symmetric"}, it, False, src,
+                         f"symmetric multicolour GS (cannot read the polynomial: {exc})")
+        return _Spec("chebyshev", {"degree": k, "lmax": lmax, "lower": lower, "scaling": "none"},
+                     it, True, src)
+    if name in ("gauss_seidel", "block_gauss_seidel", "sor"):
+        sweep = p.get("sweep", "forward")
+        if sweep not in ("forward", "backward", "symmetric"):
+            sweep = "symmetric"
+        kw = {"sweep": sweep}
+        c = int(p.get("blocksize", 1) or 1) if name == "block_gauss_seidel" else 1
+        if c > 1:
+            kw["block_size"] = c
+        if name == "sor":
+            kw["omega"] = float(p.get("omega", 1.0))
+        what = ("multicolour SOR" if name == "sor" else
+                "multicolour block GS" if c > 1 else "multicolour GS")
+        src = f"{name}({_short(p, ('blocksize', 'omega', 'sweep', 'iterations'))})"
+        return _Spec("block_gauss_seidel" if c > 1 else "gauss_seidel", kw, it, False, src,
+                     f"{what} (sweep={sweep!r}): colour order, not pyamg's lexicographic order")
+    if name in ("cf_jacobi", "fc_jacobi", "cf_block_jacobi", "fc_block_jacobi") and "omega" in p:
+        c = int(p.get("blocksize", 1) or 1)
+        kind = "block_jacobi" if c > 1 else "jacobi"
+        kw = {"omega": float(p["omega"])} | ({"block_size": c} if c > 1 else {})
+        src = f"{name}({_short(p, ('omega', 'iterations', 'f_iterations', 'c_iterations'))})"
+        return _Spec(kind, kw, it, False, src,
+                     f"{kind.replace('_', ' ')} (omega={float(p['omega']):.4g}) on all points, "
+                     "not C/F-ordered")
+    label = name or type(fn).__name__
+    src = f"{label}({_short(p, ('sweep', 'omega', 'iterations'))})"
+    kw = ({"block_size": bs} if bs > 1 else {}) | {"sweep": "symmetric"}
+    return _Spec("block_gauss_seidel" if bs > 1 else "gauss_seidel", kw, it, False, src,
+                 "symmetric multicolour " + ("block GS" if bs > 1 else "GS") +
+                 " (adaptmg has no equivalent of this smoother)")
+
+
+class _NoSmoothing:
+    """pyamg's ``None`` smoother: leaves ``x`` as it is (zero from a zero initial guess)."""
+
+    _adaptmg_smoother = True
+    name = "none"
+
+    def __init__(self, n, backend, dtype):
+        self.n, self.backend, self.dtype = n, backend, np.dtype(dtype)
+        self.note = None
+
+    def to(self, backend="cpu", dtype=None):
+        be = get_backend(backend)
+        dt = np.dtype(dtype) if dtype is not None else self.dtype
+        return self if (be, dt) == (self.backend, self.dtype) else _NoSmoothing(self.n, be, dt)
+
+    def smooth(self, x, b, sweeps=1, work=None, zero_initial=False):
+        if zero_initial:
+            x.fill(0)
+        return x
+
+    smooth_adjoint = smooth
+
+    def __repr__(self):
+        return "NoSmoothing()"
+
+
+_SELF_ADJOINT = ("jacobi", "block_jacobi", "richardson", "chebyshev", "none")
+
+
+def _is_self_adjoint(s):
+    return s.kind in _SELF_ADJOINT or s.kwargs.get("sweep") == "symmetric"
+
+
+def _adjoint_pair(pre, post):
+    """pre = forward/backward GS and post = the same GS with the reverse sweep."""
+    if pre.kind != post.kind or pre.kind not in ("gauss_seidel", "block_gauss_seidel"):
+        return False
+    a, b = dict(pre.kwargs), dict(post.kwargs)
+    sa, sb = a.pop("sweep", None), b.pop("sweep", None)
+    return a == b and {sa, sb} == {"forward", "backward"}
+
+
+def _group_levels(levels):
+    """'level 2' / 'levels 0-3' / 'levels 0, 2' for a sorted list of pyamg level numbers."""
+    if len(levels) == 1:
+        return f"level {levels[0]}"
+    if levels == list(range(levels[0], levels[-1] + 1)):
+        return f"levels {levels[0]}-{levels[-1]}"
+    return "levels " + ", ".join(str(v) for v in levels)
+
+
+# ---------------------------------------------------------------------------
+def from_pyamg(ml, backend="auto", smoother=None, *, omega=None, presmooth=None,
                postsmooth=None, smoother_kwargs=None, dtype=np.float64, coarse="direct",
                max_direct=20000, coarse_sweeps=10):
     """Turn a pyamg ``MultilevelSolver`` into an adaptmg :class:`MultilevelSolver`.
@@ -110,26 +323,39 @@ def from_pyamg(ml, backend="auto", smoother="jacobi", *, omega=None, presmooth=N
         converted to CSR.  ``R`` is used as given (pyamg stores it explicitly).
     backend : "auto" | "cpu" | "gpu"
         Where the cycles run ("auto": the GPU when CuPy sees a device).
-    smoother : "jacobi" | "chebyshev" | "block_jacobi"
-        adaptmg smoother on every level (see the module docstring).
+    smoother : None or a smoother name
+        ``None`` (default): pyamg's own pre/post-smoothers of every level,
+        mapped to adaptmg's closest equivalents (module docstring); a
+        :class:`SmootherMappingWarning` lists the levels where the mapping is
+        not exact.  A name of :data:`~adaptmg.multilevel.smoothers.SMOOTHERS`
+        ("jacobi", "gauss_seidel", "block_gauss_seidel", "chebyshev", ...):
+        that adaptmg smoother on every level (block smoothers default to the
+        level's BSR block size), no warning.
     omega : float, optional
-        Jacobi weight on every level; default per level: pyamg's Jacobi weight
+        Relaxation weight on every level.  With ``smoother=None`` it replaces
+        pyamg's weights (Jacobi, Richardson, Gauss-Seidel/SOR).  With
+        ``smoother="jacobi"`` the default is, per level, pyamg's Jacobi weight
         when pyamg uses Jacobi there, else ``4 / (3 rho(D^{-1} A_l))``.
     presmooth, postsmooth : int, optional
-        Sweeps per level (default: pyamg's Jacobi ``iterations``, else 1).
+        Sweeps per level.  Default: pyamg's ``iterations`` (per level, when
+        they differ between levels); with an explicit ``smoother``, pyamg's
+        Jacobi ``iterations`` where known, else 1.
     smoother_kwargs : dict, optional
-        Extra arguments of the Chebyshev / block-Jacobi smoother.
+        Extra arguments of an explicitly named smoother.
     dtype : numpy float dtype
         Precision of the adaptmg hierarchy (float32 for mixed precision).
     coarse, max_direct, coarse_sweeps :
-        Coarse solver of :class:`MultilevelSolver` (dense inverse by default).
+        Coarse solver of :class:`MultilevelSolver` (dense inverse by default;
+        ``coarse="smoother"`` smooths the coarsest level with the next finer
+        level's pre-smoother kind).
 
     Returns
     -------
     MultilevelSolver
         ``.aspreconditioner()`` is a LinearOperator on the chosen backend that
         the :mod:`adaptmg.linalg` solvers (and SciPy / cupyx) accept as ``M``;
-        ``.solve(b, accel="cg")`` solves directly.
+        ``.solve(b, accel="cg")`` solves directly.  ``.smoother_notes`` lists
+        the levels whose smoothers differ from pyamg's (empty when exact).
     """
     levels_in = getattr(ml, "levels", None)
     if levels_in is None or not hasattr(ml, "aspreconditioner"):
@@ -138,27 +364,36 @@ def from_pyamg(ml, backend="auto", smoother="jacobi", *, omega=None, presmooth=N
     levels_in = list(levels_in)
     if not levels_in:
         raise ValueError("from_pyamg: ml has no levels")
-    if not isinstance(smoother, str) or smoother.lower().replace("-", "_") not in _SMOOTHERS:
-        raise ValueError(f"from_pyamg: smoother must be one of {_SMOOTHERS}, got {smoother!r}")
-    smoother = smoother.lower().replace("-", "_")
+    key = None
+    if smoother is not None:
+        try:
+            key = normalize_smoother_name(smoother) if isinstance(smoother, str) else None
+        except ValueError:
+            key = None
+        if key is None:
+            raise ValueError(f"from_pyamg: smoother must be one of None (pyamg's own smoothers) or "
+                             f"{sorted(SMOOTHERS)}, got {smoother!r}")
     if omega is not None:
         if isinstance(omega, bool) or not isinstance(omega, numbers.Real) or not np.isfinite(omega) \
                 or omega <= 0:
             raise ValueError(f"from_pyamg: omega must be a positive number or None, got {omega!r}")
-        if smoother != "jacobi":
-            raise ValueError(f"from_pyamg: omega applies to smoother='jacobi', not {smoother!r} "
+        if key == "chebyshev":
+            raise ValueError("from_pyamg: omega does not apply to smoother='chebyshev' "
                              "(use smoother_kwargs)")
     presmooth = _check_sweeps("presmooth", presmooth)
     postsmooth = _check_sweeps("postsmooth", postsmooth)
     if smoother_kwargs is not None and not isinstance(smoother_kwargs, dict):
         raise TypeError(f"from_pyamg: smoother_kwargs must be a dict, got {type(smoother_kwargs).__name__}")
+    if smoother_kwargs and key is None:
+        raise ValueError("from_pyamg: smoother_kwargs needs an explicit smoother name "
+                         "(with smoother=None pyamg's own settings are used)")
     dtype = np.dtype(dtype)
     if dtype.kind != "f":
         raise TypeError(f"from_pyamg: dtype must be float32 or float64, got {dtype}")
     be = get_backend(backend)
 
     # ---- host matrices, pyamg order (fine -> coarse)
-    As, Ps, Rs, infos = [], [], [], []
+    As, Ps, Rs = [], [], []
     L = len(levels_in)
     for i, lev in enumerate(levels_in):
         A = getattr(lev, "A", None)
@@ -170,7 +405,6 @@ def from_pyamg(ml, backend="auto", smoother="jacobi", *, omega=None, presmooth=N
         if hasattr(A, "rho_D_inv"):
             Ah.rho_D_inv = A.rho_D_inv
         As.append(Ah)
-        infos.append(_pyamg_jacobi(getattr(lev, "presmoother", None)))
         if i < L - 1:
             if getattr(lev, "P", None) is None:
                 raise ValueError(f"from_pyamg: ml.levels[{i}] (not the coarsest) has no P")
@@ -187,18 +421,87 @@ def from_pyamg(ml, backend="auto", smoother="jacobi", *, omega=None, presmooth=N
         if Rs[i].shape != (nc, n):
             raise ValueError(f"from_pyamg: ml.levels[{i}].R has shape {Rs[i].shape}, expected {(nc, n)}")
 
-    # ---- sweeps: pyamg's Jacobi iterations where known
-    jac = [t for t in infos if t is not None]
-    nsweep = jac[0][1] if jac else 1
-    pre = nsweep if presmooth is None else presmooth
-    post = nsweep if postsmooth is None else postsmooth
+    # ---- smoother specifications per pyamg level (pre, post)
+    specs = []
+    for i, lev in enumerate(levels_in):
+        src = levels_in[min(i, L - 2)] if L > 1 else lev       # coarsest: next finer level's kind
+        pre_fn = getattr(src, "presmoother", _MISSING)
+        post_fn = getattr(src, "postsmoother", pre_fn)
+        bs_lev = _blocksize(getattr(lev, "A", None))
+        if key is None:
+            pre, post = _map_pyamg(pre_fn, lev.A), _map_pyamg(post_fn, lev.A)
+            if i == L - 1 and L > 1:
+                # coarsest level (coarse="smoother"; pyamg smooths no coarsest level): the finer
+                # level's kind, with this level's block size and weights / interval of its own
+                for s in (pre, post):
+                    if "block_size" in s.kwargs:
+                        s.kwargs["block_size"] = bs_lev
+                    if s.kind in ("jacobi", "block_jacobi", "richardson"):
+                        s.kwargs["omega"] = "auto"
+                    if s.kind == "chebyshev":
+                        s.kwargs["lmax"] = None
+            if omega is not None:
+                for s in (pre, post):
+                    if s.kind == "chebyshev":
+                        raise ValueError(f"from_pyamg: omega does not apply to pyamg's chebyshev "
+                                         f"smoother on level {i}")
+                    if s.kind != "none":
+                        s.kwargs["omega"] = float(omega)
+        else:
+            name, p = _pyamg_params(pre_fn)
+            it = int(p.get("iterations", 1)) if name == "jacobi" else 1
+            if key == "jacobi":
+                if omega is not None:
+                    w = float(omega)
+                elif name == "jacobi" and "omega" in p and i < L - 1:
+                    w = float(p["omega"])
+                else:
+                    w = 4.0 / (3.0 * _rho(As[i]))
+                kw = {"omega": w} | dict(smoother_kwargs or {})
+            else:
+                kw = smoother_setup_kwargs(key, smoother_kwargs, block_size=bs_lev)
+                if omega is not None:
+                    kw["omega"] = float(omega)
+            pre = post = _Spec(key, kw, it, True, "")
+        specs.append((pre, post))
+
+    # ---- sweep counts: global when all levels agree, else per level inside the smoother
+    need = range(L - 1) if coarse != "smoother" else range(L)
+    counts = {(specs[i][0].iterations, specs[i][1].iterations) for i in need} or {(1, 1)}
+    if key is not None:        # explicit smoother: pyamg's Jacobi iterations (finest), as before
+        counts = {(specs[0][0].iterations,) * 2}
+    uniform = len(counts) == 1
+    pre_n, post_n = next(iter(counts)) if uniform else (1, 1)
+    pre = pre_n if presmooth is None else presmooth
+    post = post_n if postsmooth is None else postsmooth
+    per_level = not uniform and presmooth is None and postsmooth is None
+
+    # ---- warning and notes for inexact mappings
+    groups = {}
+    for i in need:
+        p_, q_ = specs[i]
+        if p_.exact and q_.exact:
+            continue
+        if p_.key() == q_.key() and p_.source == q_.source:
+            item = ("pre/post", p_.source, p_.instead)
+            groups.setdefault(item, []).append(i)
+        else:
+            for role, s in (("pre", p_), ("post", q_)):
+                if not s.exact:
+                    groups.setdefault((role, s.source, s.instead), []).append(i)
+    notes = [f"{_group_levels(lv)} (pyamg numbering), {role}smoother pyamg {src} -> adaptmg {inst}"
+             for (role, src, inst), lv in groups.items()]
+    if notes:
+        warnings.warn(SmootherMappingWarning(
+            "from_pyamg: pyamg's smoothers have no exact adaptmg equivalent on some levels "
+            "(pass smoother=... to choose one explicitly):\n  " + "\n  ".join(notes)),
+            stacklevel=2)
 
     nbytes = sum(M.data.nbytes + M.indices.nbytes + M.indptr.nbytes for M in As + Ps + Rs)
     what = (f"moving a {L}-level pyamg hierarchy ({As[0].shape[0]} rows on the finest level, "
             f"{sum(M.nnz for M in As)} nonzeros in all A_l) to the {be.name}")
     with gpu_memory_guard(what, nbytes * dtype.itemsize / 8):
         levels = []
-        skw = dict(smoother_kwargs or {})
         for i in range(L - 1, -1, -1):           # adaptmg: coarse -> fine
             A = be.asmatrix(As[i], dtype=dtype)
             if i < L - 1:
@@ -208,19 +511,49 @@ def from_pyamg(ml, backend="auto", smoother="jacobi", *, omega=None, presmooth=N
                 P = R = None
             sm = None
             if i < L - 1 or coarse == "smoother":
-                if smoother == "jacobi":
-                    if omega is not None:
-                        w = float(omega)
-                    elif infos[i] is not None:
-                        w = infos[i][0]
-                    else:
-                        w = 4.0 / (3.0 * _rho(As[i]))
-                    sm = Jacobi(A, omega=w, backend=be, dtype=dtype)
-                else:
-                    sm = make_smoother(smoother, A, backend=be, dtype=dtype, **skw)
+                if key is None:
+                    sm = _level_smoother(specs[i], A, be, dtype, per_level)
+                else:             # an explicit choice: adaptmg's own pre/post convention
+                    sm = _build(specs[i][0], A, be, dtype)
+                own = [n_ for (role, src, inst), lv in groups.items() if i in lv
+                       for n_ in [f"{role}: pyamg {src} -> {inst}"]]
+                if own:
+                    sm.note = "; ".join(own)
             meta = {"pyamg_level": i, "nnz": int(As[i].nnz)}
             levels.append(Level(A, P, R, smoother=sm, meta=meta))
         out = MultilevelSolver(levels, coarse=coarse, coarse_sweeps=coarse_sweeps, presmooth=pre,
-                               postsmooth=post, backend=be, dtype=dtype, smoother=smoother,
-                               smoother_kwargs=skw, max_direct=max_direct)
+                               postsmooth=post, backend=be, dtype=dtype,
+                               smoother=key if key is not None else "jacobi",
+                               max_direct=max_direct)
+    out.smoother_notes = notes
     return out
+
+
+def _build(spec, A, be, dtype):
+    if spec.kind == "none":
+        return _NoSmoothing(A.shape[0], be, dtype)
+    if spec.kind == "jacobi":
+        return Jacobi(A, backend=be, dtype=dtype, **spec.kwargs)
+    return make_smoother(spec.kind, A, backend=be, dtype=dtype, **spec.kwargs)
+
+
+def _level_smoother(spec_pair, A, be, dtype, per_level):
+    """One adaptmg smoother object for a level from its (pre, post) specs."""
+    pre, post = spec_pair
+    m_pre, m_post = (pre.iterations, post.iterations) if per_level else (1, 1)
+    s_pre = _build(pre, A, be, dtype)
+    if pre.key() == post.key() and _is_self_adjoint(pre):
+        single, s_post = True, s_pre
+    elif _adjoint_pair(pre, post):
+        single, s_post = True, None              # post = s_pre.smooth_adjoint
+    else:
+        single = False
+        s_post = s_pre if pre.key() == post.key() else _build(post, A, be, dtype)
+    if single and m_pre == m_post:
+        if m_pre == 1:
+            return s_pre
+        if s_post is s_pre:
+            return PrePostSmoother(s_pre, s_pre, m_pre, m_post)
+    if s_post is None:
+        s_post = _build(post, A, be, dtype)
+    return PrePostSmoother(s_pre, s_post, m_pre, m_post)

@@ -7,10 +7,25 @@ fixed ``S``, so it runs unchanged with SciPy on the CPU and cuSPARSE on the GPU.
 * :class:`Jacobi` -- ``S = D^{-1}`` stored as a vector (``D = diag(A)``).
 * :class:`BlockJacobi` -- ``S`` = inverse of the ``c x c`` diagonal node blocks
   of ``A`` (DoF index ``= node * c + component``), stored as a CSR matrix.
+* :class:`Richardson` -- ``S = I`` (pyamg's ``richardson``).
 * :class:`Chebyshev` -- for SPD ``A``: ``x <- x + p(D^{-1}A) D^{-1}(b - A x)``
   where ``1 - t p(t)`` is the Chebyshev polynomial of degree ``k`` that is
   smallest on ``[lower * lmax, lmax]``, ``lmax`` an estimate of the largest
-  eigenvalue of ``D^{-1} A`` (Lanczos at setup, times 1.1).
+  eigenvalue of ``D^{-1} A`` (Lanczos at setup, times 1.1); ``scaling="none"``
+  for the polynomial in ``A`` itself (pyamg's ``chebyshev``).
+* :class:`GaussSeidel`, :class:`BlockGaussSeidel`, :class:`L1GaussSeidel`
+  (:mod:`adaptmg.multilevel.gauss_seidel`) -- multicolour (block) Gauss-Seidel /
+  SOR and the l1 hybrid Gauss-Seidel: ``S`` is the inverse of a triangular
+  splitting in colour order, one kernel launch per colour on the GPU.
+* :class:`PrePostSmoother` -- different pre- and post-smoothers on one level.
+
+Names.  :data:`SMOOTHERS` is the one registry of smoother names ("jacobi",
+"block_jacobi", "richardson", "chebyshev", "gauss_seidel" (symmetric
+multicolour), "gauss_seidel_forward", "gauss_seidel_backward",
+"block_gauss_seidel", "sor", "l1_gauss_seidel"); :func:`normalize_smoother_name`
+is the one place where a user's spelling is turned into a registry key, and
+:func:`smoother_setup_kwargs` fills in the hierarchy defaults (block size,
+``omega="auto"``).
 
 Contract (all smoothers, and anything plugged into the multigrid driver)::
 
@@ -25,7 +40,10 @@ Symmetry.  The error propagation of one sweep is ``E = I - omega S A``.  With
 ``S`` symmetric, ``E`` is self-adjoint in the ``A`` inner product, so using the
 same smoother for pre- and post-smoothing makes the V-cycle symmetric.  The
 Chebyshev sweep's error propagation ``1 - D^{-1}A p(D^{-1}A)`` is a polynomial
-in ``D^{-1}A`` and is ``A``-self-adjoint as well.
+in ``D^{-1}A`` and is ``A``-self-adjoint as well.  A smoother whose ``S`` is not
+symmetric (forward Gauss-Seidel) has ``smooth_adjoint``, the sweep with
+error propagation ``E^*`` (backward Gauss-Seidel), which the multigrid driver
+uses for post-smoothing.
 
 Smoothers are built from a *host* matrix (SciPy sparse; Jacobi and Chebyshev
 also accept any operator with ``.diagonal()`` and ``@``) and moved with
@@ -37,10 +55,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..device import kernels as K
-from ..backend import get_backend, to_host
+from ..backend import get_backend, is_device_sparse, is_sparse, to_host
 
-__all__ = ["Smoother", "Jacobi", "BlockJacobi", "Chebyshev", "make_smoother",
-           "estimate_lambda_max", "SMOOTHERS"]
+__all__ = ["Smoother", "Jacobi", "Richardson", "BlockJacobi", "Chebyshev", "PrePostSmoother",
+           "GaussSeidel", "BlockGaussSeidel", "L1GaussSeidel", "make_smoother",
+           "normalize_smoother_name", "smoother_setup_kwargs", "estimate_lambda_max", "SMOOTHERS"]
 
 
 def _check_square(A, who):
@@ -76,6 +95,12 @@ def _validate_vectors(x, b, n, dtype, who):
         raise ValueError(f"{who}: x and b must have shape ({n},), got x {x.shape}, b {b.shape}")
     if x.dtype != dtype or b.dtype != dtype:
         raise TypeError(f"{who}: x and b must be {dtype}, got x {x.dtype}, b {b.dtype}")
+
+
+def _note(sm):
+    """`` [note]`` when a smoother carries a ``note`` (e.g. what it replaces), else ''."""
+    note = getattr(sm, "note", None)
+    return f" [{note}]" if note else ""
 
 
 class Smoother:
@@ -136,7 +161,7 @@ class Smoother:
             raise TypeError(f"{type(self).__name__}: dtype must be a float type, got {dtype}")
         self.backend, self.dtype = be, dtype
         A = self.A_host
-        if sp.issparse(A) or type(A).__module__.startswith("cupyx.scipy.sparse"):
+        if is_sparse(A):
             self.A = be.asmatrix(A, dtype=dtype)
         else:  # matrix-free operator: used as is
             self.A = A
@@ -172,7 +197,7 @@ class Smoother:
         raise NotImplementedError
 
     def __repr__(self):
-        return f"{type(self).__name__}(omega={self.omega:.4g})"
+        return f"{type(self).__name__}(omega={self.omega:.4g}){_note(self)}"
 
 
 class Jacobi(Smoother):
@@ -192,7 +217,8 @@ class Jacobi(Smoother):
     name = "jacobi"
 
     def __repr__(self):
-        return f"Jacobi(omega={self.omega:.4g}{', fused' if self.fused else ''})"
+        return (f"{type(self).__name__}(omega={self.omega:.4g}{', fused' if self.fused else ''})"
+                f"{_note(self)}")
     _host_attrs = ("_dinv_host", "fused")
 
     def __init__(self, A, omega=2.0 / 3.0, backend=None, dtype=None, fused=False):
@@ -261,16 +287,34 @@ class Jacobi(Smoother):
         return x
 
 
-def _block_inverse_csr(A, c):
-    """Inverse of the ``c x c`` diagonal node blocks of CSR ``A`` as a CSR matrix.
+class Richardson(Jacobi):
+    r"""Damped Richardson iteration ``x <- x + omega (b - A x)`` (``S = I``).
 
-    Row ``i = node*c + k`` of the result holds ``inv(B_node)[k, :]`` in columns
-    ``node*c + (0..c-1)``.  Blocks are gathered from the COO triplets with one
-    vectorised scatter and inverted as an ``(n/c, c, c)`` stack.
+    pyamg's ``('richardson', {'omega': w})`` is this smoother with
+    ``omega = w / rho(A)``.  ``omega="auto"`` (default) takes
+    ``4 / (3 lambda_max(A))`` (power iteration at setup), as for Jacobi.  Runs
+    with the Jacobi kernels (``dinv`` = ones); works for matrix-free operators.
+    """
+
+    name = "richardson"
+
+    def __init__(self, A, omega="auto", backend=None, dtype=None, fused=False):
+        super().__init__(A, omega=omega, backend=backend, dtype=dtype, fused=fused)
+
+    def _setup_host(self):
+        self._dinv_host = np.ones(self.n)
+
+
+def _block_inverses(A, c, who="BlockJacobi"):
+    """Inverses of the ``c x c`` diagonal node blocks of host CSR ``A``, shape ``(n/c, c, c)``.
+
+    Blocks are gathered from the COO triplets with one vectorised scatter and
+    inverted as a stack; a singular block raises ``ValueError`` naming the node.
+    Symmetric blocks get exactly symmetric inverses (keeps ``S`` symmetric).
     """
     n = A.shape[0]
     if n % c:
-        raise ValueError(f"BlockJacobi: matrix size {n} is not a multiple of block_size {c}")
+        raise ValueError(f"{who}: matrix size {n} is not a multiple of block_size {c}")
     N = n // c
     C = sp.coo_matrix(A)
     i, j, v = C.row, C.col, C.data
@@ -285,17 +329,27 @@ def _block_inverse_csr(A, c):
     finite = np.isfinite(blocks).all(axis=(1, 2))
     bad = np.flatnonzero(~finite | (smax == 0) | (smin <= c * np.finfo(np.float64).eps * smax))
     if bad.size:
-        raise ValueError(f"BlockJacobi: diagonal block of node {int(bad[0])} (rows "
+        raise ValueError(f"{who}: diagonal block of node {int(bad[0])} (rows "
                          f"{int(bad[0]) * c}..{int(bad[0]) * c + c - 1}) is singular "
                          f"({bad.size} singular blocks in all)")
     inv = np.linalg.inv(blocks)
     sym = np.allclose(blocks, blocks.transpose(0, 2, 1), rtol=1e-13, atol=0)
     if sym:  # keep S exactly symmetric so the V-cycle stays symmetric
         inv = 0.5 * (inv + inv.transpose(0, 2, 1))
+    return inv
+
+
+def _block_inverse_csr(A, c):
+    """Inverse of the ``c x c`` diagonal node blocks of CSR ``A`` as a CSR matrix.
+
+    Row ``i = node*c + k`` of the result holds ``inv(B_node)[k, :]`` in columns
+    ``node*c + (0..c-1)``.
+    """
+    n = A.shape[0]
+    inv = _block_inverses(A, c)
     indptr = np.arange(0, n * c + 1, c, dtype=np.int64)
     cols = (np.arange(n)[:, None] // c) * c + np.arange(c)[None, :]
-    S = sp.csr_matrix((inv.reshape(n * c), cols.reshape(-1), indptr), shape=(n, n))
-    return S
+    return sp.csr_matrix((inv.reshape(n * c), cols.reshape(-1), indptr), shape=(n, n))
 
 
 class BlockJacobi(Smoother):
@@ -319,13 +373,10 @@ class BlockJacobi(Smoother):
 
     def _setup_host(self):
         A = self.A_host
-        if not sp.issparse(A):
-            if type(A).__module__.startswith("cupyx.scipy.sparse"):
-                A = A.get()
-            else:
-                raise TypeError("BlockJacobi needs an assembled sparse matrix, got "
-                                f"{type(A).__name__}")
-        self._S_host = _block_inverse_csr(A.tocsr(), self.block_size)
+        if not is_sparse(A):
+            raise TypeError("BlockJacobi needs an assembled sparse matrix, got "
+                            f"{type(A).__name__}")
+        self._S_host = _block_inverse_csr(to_host(A).tocsr(), self.block_size)
 
     def _move(self):
         self.S = self.backend.asmatrix(self._S_host, dtype=self.dtype)
@@ -353,7 +404,7 @@ class BlockJacobi(Smoother):
         return x
 
     def __repr__(self):
-        return f"BlockJacobi(block_size={self.block_size}, omega={self.omega:.4g})"
+        return f"BlockJacobi(block_size={self.block_size}, omega={self.omega:.4g}){_note(self)}"
 
 
 def estimate_lambda_max(A, dinv=None, steps=20, seed=0):
@@ -406,31 +457,47 @@ class Chebyshev(Smoother):
     The error is multiplied by ``T_k((theta - D^{-1}A)/delta) / T_k(sigma)``,
     bounded by ``1/T_k(sigma)`` on ``[a, b]``.  All coefficients are host
     constants fixed at setup; each step is one SpMV and one fused kernel.
+
+    ``scaling="none"`` replaces ``D`` by the identity: the unpreconditioned
+    Chebyshev smoother of pyamg (``lmax`` then bounds the spectrum of ``A``).
+    pyamg's ``('chebyshev', {'degree': k, 'lower_bound': lb, 'upper_bound': ub})``
+    with ``rho ~ rho(A)`` is ``Chebyshev(A, degree=k, lower=lb/ub, lmax=ub*rho,
+    scaling="none")``: the same residual polynomial, evaluated by the
+    three-term recurrence instead of Horner's rule.
     """
 
     name = "chebyshev"
-    _host_attrs = ("_dinv_host", "degree", "lower", "lmax", "_coef")
+    _host_attrs = ("_dinv_host", "degree", "lower", "lmax", "_coef", "scaling")
 
-    def __init__(self, A, degree=3, lower=1.0 / 30.0, lmax=None, backend=None, dtype=None):
+    def __init__(self, A, degree=3, lower=1.0 / 30.0, lmax=None, backend=None, dtype=None,
+                 scaling="jacobi"):
         if not isinstance(degree, (int, np.integer)) or degree < 1:
             raise ValueError(f"Chebyshev: degree must be a positive integer, got {degree!r}")
         if not (0 < lower < 1):
             raise ValueError(f"Chebyshev: lower must be in (0, 1), got {lower!r}")
+        if scaling not in ("jacobi", "none"):
+            raise ValueError(f"Chebyshev: scaling must be 'jacobi' or 'none', got {scaling!r}")
+        if lmax is not None and not (np.isfinite(lmax) and lmax > 0):
+            raise ValueError(f"Chebyshev: lmax must be a positive number or None, got {lmax!r}")
         self.degree = int(degree)
         self.lower = float(lower)
         self.lmax = lmax
+        self.scaling = scaling
         super().__init__(A, 1.0, backend, dtype)
 
     def _setup_host(self):
-        d = _host_diagonal(self.A_host, "Chebyshev")
-        if np.any(d <= 0) or not np.all(np.isfinite(d)):
-            i = int(np.flatnonzero(~(d > 0) | ~np.isfinite(d))[0])
-            raise ValueError(f"Chebyshev needs an SPD matrix: diagonal entry {i} is {d[i]!r}")
-        self._dinv_host = 1.0 / d
-        A = self.A_host
-        if type(A).__module__.startswith("cupyx.scipy.sparse"):
-            A = A.get()
-        if self.lmax is None:
+        if self.scaling == "none":
+            self._dinv_host = np.ones(self.n)
+        else:
+            d = _host_diagonal(self.A_host, "Chebyshev")
+            if np.any(d <= 0) or not np.all(np.isfinite(d)):
+                i = int(np.flatnonzero(~(d > 0) | ~np.isfinite(d))[0])
+                raise ValueError(f"Chebyshev needs an SPD matrix: diagonal entry {i} is {d[i]!r}")
+            self._dinv_host = 1.0 / d
+        if self.lmax is None:     # the host copy of a device matrix only when lmax must be estimated
+            A = self.A_host
+            if is_device_sparse(A):
+                A = to_host(A)
             self.lmax = 1.1 * estimate_lambda_max(A, self._dinv_host)
         b = float(self.lmax)
         a = self.lower * b
@@ -470,24 +537,183 @@ class Chebyshev(Smoother):
         return x
 
     def __repr__(self):
-        return f"Chebyshev(degree={self.degree}, lower={self.lower:.4g}, lmax={self.lmax:.4g})"
+        sc = "" if self.scaling == "jacobi" else f", scaling={self.scaling!r}"
+        return (f"Chebyshev(degree={self.degree}, lower={self.lower:.4g}, lmax={self.lmax:.4g}"
+                f"{sc}){_note(self)}")
 
 
-SMOOTHERS = {"jacobi": Jacobi, "block_jacobi": BlockJacobi, "chebyshev": Chebyshev}
+class PrePostSmoother:
+    """Different pre- and post-smoothers on one level (e.g. from a pyamg hierarchy).
+
+    ``smooth`` runs ``pre`` (``pre_sweeps`` sweeps per requested sweep) and
+    ``smooth_adjoint`` -- which :class:`~adaptmg.multilevel.MultilevelSolver`
+    calls for post-smoothing -- runs ``post`` (``post_sweeps`` per requested
+    sweep).  ``pre`` and ``post`` may be the same object (then the post-smoother
+    is *not* its adjoint: pyamg's forward/forward Gauss-Seidel, say).  Both must
+    be adaptmg smoothers on the same level matrix.
+    """
+
+    _adaptmg_smoother = True
+    name = "pre_post"
+
+    def __init__(self, pre, post, pre_sweeps=1, post_sweeps=1):
+        for what, sm in (("pre", pre), ("post", post)):
+            if not getattr(sm, "_adaptmg_smoother", False):
+                raise TypeError(f"PrePostSmoother: {what} must be an adaptmg smoother, "
+                                f"got {type(sm).__name__}")
+        if pre.n != post.n:
+            raise ValueError(f"PrePostSmoother: pre ({pre.n} rows) and post ({post.n} rows) "
+                             "smooth different levels")
+        for what, v in (("pre_sweeps", pre_sweeps), ("post_sweeps", post_sweeps)):
+            _validate_sweeps(v)
+        self.pre, self.post = pre, post
+        self.pre_sweeps, self.post_sweeps = int(pre_sweeps), int(post_sweeps)
+        self.n = pre.n
+        self.note = None
+
+    @property
+    def backend(self):
+        return self.pre.backend
+
+    @property
+    def dtype(self):
+        return self.pre.dtype
+
+    @property
+    def can_fuse(self):
+        return any(getattr(s, "can_fuse", False) for s in (self.pre, self.post))
+
+    @property
+    def fused(self):
+        return any(getattr(s, "fused", False) for s in (self.pre, self.post))
+
+    @fused.setter
+    def fused(self, value):
+        for s in (self.pre, self.post):
+            if hasattr(s, "can_fuse"):
+                s.fused = value
+
+    def to(self, backend="cpu", dtype=None):
+        pre = self.pre.to(backend, dtype)
+        post = pre if self.post is self.pre else self.post.to(backend, dtype)
+        if pre is self.pre and post is self.post:
+            return self
+        new = PrePostSmoother(pre, post, self.pre_sweeps, self.post_sweeps)
+        new.note = self.note
+        return new
+
+    def smooth(self, x, b, sweeps=1, work=None, zero_initial=False):
+        sweeps = _validate_sweeps(sweeps)
+        return self.pre.smooth(x, b, sweeps * self.pre_sweeps, work=work, zero_initial=zero_initial)
+
+    def smooth_adjoint(self, x, b, sweeps=1, work=None, zero_initial=False):
+        sweeps = _validate_sweeps(sweeps)
+        return self.post.smooth(x, b, sweeps * self.post_sweeps, work=work, zero_initial=zero_initial)
+
+    def __repr__(self):
+        pre = f"{self.pre!r}" + (f" x{self.pre_sweeps}" if self.pre_sweeps != 1 else "")
+        post = f"{self.post!r}" + (f" x{self.post_sweeps}" if self.post_sweeps != 1 else "")
+        return f"PrePostSmoother(pre={pre}, post={post}){_note(self)}"
+
+
+# The Gauss-Seidel family lives in its own module, which builds on Smoother above
+# (imported here, after the base class exists, so that the registry below is complete).
+from .gauss_seidel import BlockGaussSeidel, GaussSeidel, L1GaussSeidel  # noqa: E402
+
+
+def _gs(sweep, name):
+    def factory(A, **kw):
+        kw.setdefault("sweep", sweep)
+        return GaussSeidel(A, **kw)
+    factory.__name__ = factory.__qualname__ = name
+    factory.smoother_class = GaussSeidel
+    return factory
+
+
+def _sor(A, omega=1.0, **kw):
+    """Multicolour SOR/SSOR: :class:`GaussSeidel` with a weight ``omega`` in (0, 2)."""
+    return GaussSeidel(A, omega=omega, **kw)
+
+
+_sor.smoother_class = GaussSeidel
+
+#: the one smoother registry: canonical name -> class or factory ``f(A, backend=, dtype=, **kw)``
+SMOOTHERS = {
+    "jacobi": Jacobi,
+    "block_jacobi": BlockJacobi,
+    "richardson": Richardson,
+    "chebyshev": Chebyshev,
+    "gauss_seidel": GaussSeidel,                        # symmetric multicolour sweep
+    "gauss_seidel_forward": _gs("forward", "gauss_seidel_forward"),
+    "gauss_seidel_backward": _gs("backward", "gauss_seidel_backward"),
+    "block_gauss_seidel": BlockGaussSeidel,
+    "sor": _sor,
+    "l1_gauss_seidel": L1GaussSeidel,
+}
+
+#: other spellings accepted by :func:`normalize_smoother_name`
+SMOOTHER_ALIASES = {
+    "symmetric_gauss_seidel": "gauss_seidel",
+    "multicolor_gauss_seidel": "gauss_seidel",
+    "multicolour_gauss_seidel": "gauss_seidel",
+    "forward_gauss_seidel": "gauss_seidel_forward",
+    "backward_gauss_seidel": "gauss_seidel_backward",
+    "block_gs": "block_gauss_seidel",
+    "ssor": "sor",
+    "l1_gs": "l1_gauss_seidel",
+    "hybrid_gauss_seidel": "l1_gauss_seidel",
+}
+
+# smoothers that take a node block size (multigrid() passes space.components) and
+# those with the omega="auto" rule (multigrid() uses it by default)
+_BLOCK_SMOOTHERS = frozenset({"block_jacobi", "block_gauss_seidel"})
+_AUTO_OMEGA_SMOOTHERS = frozenset({"jacobi", "block_jacobi"})
+
+
+def normalize_smoother_name(spec):
+    """The registry key of a smoother name, or ``None`` when ``spec`` is not a string.
+
+    Case, ``-`` and blanks are ignored and aliases resolved ("Gauss-Seidel" ->
+    "gauss_seidel", "SSOR" -> "sor").  An unknown name raises ``ValueError``
+    listing the known ones.  This is the one place where smoother names are
+    normalised (:func:`make_smoother`, :func:`adaptmg.multigrid`,
+    :meth:`MultilevelSolver.from_matrices`, :func:`adaptmg.from_pyamg`).
+    """
+    if not isinstance(spec, str):
+        return None
+    key = "_".join(spec.strip().lower().replace("-", " ").replace("_", " ").split())
+    key = SMOOTHER_ALIASES.get(key, key)
+    if key not in SMOOTHERS:
+        raise ValueError(f"unknown smoother {spec!r}; choose one of {sorted(SMOOTHERS)} "
+                         "or pass an object with a .smooth(x, b, sweeps) method")
+    return key
+
+
+def smoother_setup_kwargs(spec, smoother_kwargs=None, *, block_size=None, auto_omega=False):
+    """Keyword arguments for ``make_smoother(spec, A, **kw)`` with the hierarchy defaults filled in.
+
+    ``block_size`` is set for the block smoothers ("block_jacobi",
+    "block_gauss_seidel") and ``omega="auto"`` for the Jacobi-type ones when
+    ``auto_omega`` -- unless ``smoother_kwargs`` already says otherwise.  A
+    factory or smoother object gets ``smoother_kwargs`` unchanged.
+    """
+    kw = dict(smoother_kwargs or {})
+    key = normalize_smoother_name(spec)
+    if key in _BLOCK_SMOOTHERS and block_size is not None:
+        kw.setdefault("block_size", block_size)
+    if auto_omega and key in _AUTO_OMEGA_SMOOTHERS:
+        kw.setdefault("omega", "auto")
+    return kw
 
 
 def make_smoother(spec, A, *, backend=None, dtype=None, **kwargs):
-    """Build a smoother from a name ("jacobi", "block_jacobi", "chebyshev"),
-    a class/callable ``f(A, **kwargs)``, or return ``spec`` if it already has
-    a ``.smooth`` method."""
+    """Build a smoother from a registry name (:data:`SMOOTHERS`, see
+    :func:`normalize_smoother_name`), a class/callable ``f(A, **kwargs)``, or
+    return ``spec`` if it already has a ``.smooth`` method."""
     if hasattr(spec, "smooth"):
         return spec
     if isinstance(spec, str):
-        key = spec.lower().replace("-", "_")
-        if key not in SMOOTHERS:
-            raise ValueError(f"unknown smoother {spec!r}; choose one of {sorted(SMOOTHERS)} "
-                             "or pass an object with a .smooth(x, b, sweeps) method")
-        return SMOOTHERS[key](A, backend=backend, dtype=dtype, **kwargs)
+        return SMOOTHERS[normalize_smoother_name(spec)](A, backend=backend, dtype=dtype, **kwargs)
     if callable(spec):
         sm = spec(A, **kwargs)
         if not hasattr(sm, "smooth"):
