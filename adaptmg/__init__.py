@@ -14,7 +14,8 @@ from .mesh import Mesh
 from .fe import Constraints, LagrangeQ, Space
 from . import assemble, linalg
 from .multilevel import Level, MultilevelSolver, dirichlet_dofs, from_pyamg, multigrid
+from .multilevel.amg import amg
 
 __version__ = "0.1.0"
 __all__ = ["get_backend", "gpu_available", "Mesh", "Space", "Constraints", "LagrangeQ", "assemble",
-           "linalg", "Level", "MultilevelSolver", "multigrid", "dirichlet_dofs", "from_pyamg", "__version__"]
+           "linalg", "Level", "MultilevelSolver", "multigrid", "dirichlet_dofs", "from_pyamg", "amg", "__version__"]

@@ -220,7 +220,7 @@ def run(case: str = "edge", level: int = 3, *, dt: float = 0.025, T: float = 2.5
         # hierarchy down to the 4x4x4 box (750 rows, direct coarse solve) by default
         nlev = None if levels == "all" else (len(mesh.hierarchy()) - 1 if levels is None else int(levels))
         ml = multigrid(space, S, dirichlet="all", smoother="block_jacobi", backend=be,
-                       max_levels=nlev, dtype=mg_dtype)
+                       max_levels=nlev, dtype=mg_dtype, near_nullspace="rigid_body")
         cons = ml.constraints[-1]
         nd = space.num_dofs
         Kd = getattr(ml, "_A_outer", None)

@@ -44,7 +44,7 @@ def coarse_mesh(n=2) -> Mesh:
 def solve(mesh, backend="cpu", rtol=1e-9):
     space = Space(mesh, 1, components=2)
     ml = multigrid(space, lambda s: assemble.elasticity(s, LAM, MU), dirichlet={"ids": [1]},
-                   smoother="block_jacobi", backend=backend)
+                   smoother="block_jacobi", backend=backend, near_nullspace="rigid_body")
     b = ml.constrain(assemble.load(space, LOAD))
     res = []
     t0 = time.perf_counter()

@@ -10,14 +10,21 @@ In the order data flows:
 * :mod:`.solver` -- :class:`Level` and :class:`MultilevelSolver`: V/W/F cycles,
   stationary and Krylov-accelerated solves, the preconditioner.
 * :mod:`.pyamg` -- :func:`from_pyamg`: run a pyamg hierarchy with adaptmg's cycles.
+* :mod:`.amg` -- :func:`~.amg.amg` (exported as :func:`adaptmg.amg`): smoothed aggregation
+  from any sparse SPD matrix, set up on the device when the backend is the GPU (:mod:`.aggregation`: strength, aggregation, tentative
+  prolongator; :mod:`.nullspace`: near-nullspace vectors); :func:`multigrid` appends such
+  levels below a geometric hierarchy that runs out.
 
 The package is named ``multilevel`` so that it never collides with the function
 :func:`adaptmg.multigrid`.
 """
 from .solver import CYCLES, Level, MultilevelSolver
-from .hierarchy import default_threads, dirichlet_dofs, multigrid
+from .hierarchy import GeometricMultigrid, default_threads, dirichlet_dofs, multigrid
 from .smoothers import SMOOTHERS, make_smoother
 from .pyamg import from_pyamg
+from . import amg  # the module; the function is adaptmg.amg (no shadowing of the module name)
+from .nullspace import constant_modes, near_nullspace, rigid_body_modes
 
 __all__ = ["CYCLES", "Level", "MultilevelSolver", "multigrid", "dirichlet_dofs", "default_threads",
-           "SMOOTHERS", "make_smoother", "from_pyamg"]
+           "SMOOTHERS", "make_smoother", "from_pyamg", "GeometricMultigrid", "constant_modes",
+           "rigid_body_modes", "near_nullspace"]

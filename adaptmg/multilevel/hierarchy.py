@@ -15,13 +15,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..backend import get_backend
 from ..fe.csr_ops import add_to_diagonal
 from ..fe import Constraints, Space
 from ..mesh import Mesh
+from .amg import sa_levels
+from .nullspace import NEAR_NULLSPACES, near_nullspace as _near_nullspace
+from .smoothers import smoother_setup_kwargs
 from .solver import Level, MultilevelSolver
 from .transfer import prolongation
 
-__all__ = ["multigrid", "dirichlet_dofs", "default_threads"]
+__all__ = ["multigrid", "GeometricMultigrid", "dirichlet_dofs", "default_threads"]
 
 
 def dirichlet_dofs(space: Space, dirichlet) -> np.ndarray:
@@ -104,11 +108,78 @@ def _setup_pool(threads):
     return _Inline() if threads == 1 else ThreadPoolExecutor(max_workers=int(threads))
 
 
+class GeometricMultigrid(MultilevelSolver):
+    """A :class:`MultilevelSolver` built on a finite element space (what :func:`multigrid` returns).
+
+    ``levels`` are coarse -> fine: first ``num_algebraic`` algebraic levels (none when the
+    geometric hierarchy is deep enough), then one level per space of ``spaces``.
+
+    Attributes
+    ----------
+    spaces : list of Space, coarse -> fine; ``spaces[i]`` is ``levels[num_algebraic + i]``.
+    constraints : list of Constraints, one per space.
+    assembled : the finest unconstrained matrix ``assemble(spaces[-1])`` (host).
+    A : the finest constrained matrix ``K = Z H^T A H Z + s (I - Z)`` (host SciPy CSR), the
+        matrix of ``solve``; the same object as ``levels[-1].A``.
+    num_algebraic : number of algebraic levels below the geometric ones.
+    """
+
+    def __init__(self, levels, *, spaces, constraints, assembled, **kwargs):
+        spaces, constraints = list(spaces), list(constraints)
+        if len(spaces) != len(constraints):
+            raise ValueError(f"GeometricMultigrid: {len(spaces)} spaces but {len(constraints)} constraints")
+        if not spaces:
+            raise ValueError("GeometricMultigrid needs at least one space")
+        super().__init__(levels, **kwargs)
+        n_alg = len(self.levels) - len(spaces)
+        if n_alg < 0:
+            raise ValueError(f"GeometricMultigrid: {len(spaces)} spaces but only {len(self.levels)} levels")
+        if self.levels[-1].n != spaces[-1].num_dofs:
+            raise ValueError(f"GeometricMultigrid: the finest level has {self.levels[-1].n} rows, "
+                             f"the finest space {spaces[-1].num_dofs} DoFs")
+        self.spaces = spaces
+        self.constraints = constraints
+        self.assembled = assembled
+        self.num_algebraic = n_alg
+
+    @property
+    def A(self):
+        """The finest constrained matrix (host), ``levels[-1].A``."""
+        return self.levels[-1].A
+
+    def constrain(self, b):
+        """Constrained right-hand side ``f = Z H^T (b - A H g) + s g`` on the finest space
+        (:meth:`adaptmg.Constraints.rhs`)."""
+        return self.constraints[-1].rhs(b, self.assembled)
+
+    def expand(self, x):
+        """Finite element nodal values ``u = H x`` on the finest space (numpy or cupy ``x``)."""
+        return self.constraints[-1].expand(x)
+
+
+def _algebraic_levels(K0, space, cons, near_nullspace, be, dtype, coarse, max_coarse, amg_kwargs):
+    """Smoothed-aggregation levels below the coarsest geometric matrix ``K0`` (coarse -> fine,
+    the last one being ``K0`` itself with its ``P``/``R``)."""
+    B = _near_nullspace(space, near_nullspace, free=cons.free)
+    kw = dict(amg_kwargs or {})
+    bad = set(kw) & {"backend", "block_size", "max_coarse", "dtype", "coarse", "B"}
+    if bad:
+        raise ValueError(f"amg_kwargs must not set {sorted(bad)} (multigrid sets them)")
+    kw.setdefault("smoother", "chebyshev")
+    kw.setdefault("presmooth", 1)
+    kw.setdefault("postsmooth", 1)
+    levels, _ = sa_levels(K0, B, backend=be, block_size=space.components, max_coarse=max_coarse,
+                          dtype=dtype, coarse=coarse, **kw)
+    return levels
+
+
 def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galerkin=False,
               smoother="jacobi", smoother_kwargs=None, presmooth=2, postsmooth=2,
               coarse="direct", coarse_sweeps=10, max_levels=None, backend="auto",
-              dtype=np.float64, max_direct=20000, threads=None):
-    """Geometric multigrid for ``assemble(space)`` with hanging-node and Dirichlet constraints.
+              dtype=np.float64, max_direct=20000, threads=None, max_coarse=2000,
+              near_nullspace="constant", amg_kwargs=None):
+    """Multigrid for ``assemble(space)`` with hanging-node and Dirichlet constraints: geometric
+    levels from the mesh's refinement history, algebraic ones below when those run out.
 
     Parameters
     ----------
@@ -129,13 +200,25 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
     threads : worker threads for the per-level set-up (constraints, prolongations,
         constrained matrices; default :func:`default_threads`, 1 = all in this thread).
         ``assemble`` is always called from the calling thread, finest level first.
+    max_levels : at most this many *geometric* levels.
+    max_coarse : int or None
+        When the coarsest geometric matrix has more rows than this (default 2000: the
+        problems of ``problems/`` coarsen to at most 1089 rows and are unaffected),
+        smoothed-aggregation levels are appended (set-up on the solver's backend: on the
+        device on the GPU, pyamg on the CPU) until a level has at most ``max_coarse`` rows.
+        None: purely geometric.
+    near_nullspace : "constant" (per component, default), "rigid_body" (elasticity;
+        ``components`` a multiple of the dimension) or an array (coarsest space's DoFs, k)
+        -- the near-nullspace of the algebraic levels.
+    amg_kwargs : dict of further :func:`adaptmg.amg` arguments for the algebraic levels
+        (``setup``, ``strength``, ``seed``, ``smoother`` -- default V(1,1) Chebyshev --, ...).
     Other arguments go to :class:`~adaptmg.multilevel.MultilevelSolver`.
 
     Returns
     -------
-    MultilevelSolver with extra attributes ``spaces`` (coarse -> fine), ``constraints``
-    (per level), ``A`` (the finest constrained host matrix) and ``constrain(b)`` /
-    ``expand(x)`` helpers for the finest level.
+    GeometricMultigrid: a MultilevelSolver with ``spaces`` (coarse -> fine), ``constraints``
+    (per geometric level), ``A`` (the finest constrained host matrix), ``assembled`` and
+    ``constrain(b)`` / ``expand(x)`` for the finest level.
     """
     if isinstance(space, Mesh):
         space = Space(space, degree, components)
@@ -143,6 +226,11 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         raise TypeError(f"multigrid expects a Space or a Mesh, got {type(space).__name__}")
     if not callable(assemble):
         raise TypeError(f"assemble must be a callable assemble(space) -> matrix, got {type(assemble).__name__}")
+    if max_coarse is not None and (isinstance(max_coarse, bool) or not isinstance(max_coarse, (int, np.integer))
+                                   or max_coarse < 1):
+        raise ValueError(f"max_coarse must be a positive integer or None, got {max_coarse!r}")
+    if isinstance(near_nullspace, str) and near_nullspace not in NEAR_NULLSPACES:
+        raise ValueError(f"near_nullspace must be one of {NEAR_NULLSPACES} or an array, got {near_nullspace!r}")
     meshes = space.mesh.hierarchy(max_levels=max_levels)
     spaces = [Space(m, space.degree, space.components) for m in meshes[:-1]] + [space]
     L = len(spaces)
@@ -182,23 +270,18 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
                 Ks[l] = Kc
             else:
                 Ks[l] = K_f[l].result()
-    levels = []
+    alg = []
+    if max_coarse is not None and Ks[0].shape[0] > max_coarse:
+        alg = _algebraic_levels(Ks[0], spaces[0], cons[0], near_nullspace, get_backend(backend),
+                                dtype, coarse, int(max_coarse), amg_kwargs)
+        PRs[0] = (alg[-1].P, alg[-1].R)
+        Ps[0] = alg[-1].P
+    levels = list(alg[:-1])
     for l, (s, K) in enumerate(zip(spaces, Ks)):
-        meta = {"cells": s.mesh.num_cells, "hanging": int(s.hanging_nodes.size)}
+        meta = {"kind": "geometric", "cells": s.mesh.num_cells, "hanging": int(s.hanging_nodes.size)}
         levels.append(Level(K, P=Ps[l], R=PRs[l][1], meta=meta))
-    skw = dict(smoother_kwargs or {})
-    key = smoother.lower().replace("-", "_") if isinstance(smoother, str) else None
-    if key == "block_jacobi":
-        skw.setdefault("block_size", space.components)
-    if key in ("jacobi", "block_jacobi"):
-        skw.setdefault("omega", "auto")
-    ml = MultilevelSolver(levels, coarse=coarse, coarse_sweeps=coarse_sweeps, presmooth=presmooth,
-                          postsmooth=postsmooth, backend=backend, dtype=dtype, smoother=smoother,
-                          smoother_kwargs=skw, max_direct=max_direct)
-    ml.spaces = spaces
-    ml.constraints = cons
-    ml.A = Ks[-1]
-    ml.assembled = Afine
-    ml.constrain = lambda b, _c=cons[-1], _A=Afine: _c.rhs(b, _A)
-    ml.expand = cons[-1].expand
-    return ml
+    skw = smoother_setup_kwargs(smoother, smoother_kwargs, block_size=space.components, auto_omega=True)
+    return GeometricMultigrid(levels, spaces=spaces, constraints=cons, assembled=Afine, coarse=coarse,
+                              coarse_sweeps=coarse_sweeps, presmooth=presmooth, postsmooth=postsmooth,
+                              backend=backend, dtype=dtype, smoother=smoother, smoother_kwargs=skw,
+                              max_direct=max_direct)
