@@ -197,8 +197,8 @@ def test_print_shows_levels_and_complexity():
     assert len(rows) == 4
     for l, ln in enumerate(reversed(rows)):
         f = ln.split()
-        assert int(f[0]) == l and int(f[1]) == metas[l]["cells"]
-        assert int(f[2]) == As[l].shape[0] and int(f[3]) == As[l].nnz and f[4] == "0"
+        assert int(f[0]) == l and f[1] == "-" and int(f[2]) == metas[l]["cells"]   # no "kind" given
+        assert int(f[3]) == As[l].shape[0] and int(f[4]) == As[l].nnz and f[5] == "0"
 
 
 def test_galerkin_equals_rediscretisation_and_level_order():
@@ -263,7 +263,7 @@ def test_bad_input(backend):
     with pytest.raises(ValueError, match="shape"):
         ml.solve(backend.asarray(np.ones(n + 1)))
     with pytest.raises(ValueError, match="unknown smoother"):
-        MultilevelSolver.from_matrices(As, Ps, backend=backend, smoother="sor")
+        MultilevelSolver.from_matrices(As, Ps, backend=backend, smoother="gauss_jordan")
     with pytest.raises(TypeError, match="dtype"):
         ml.cycle(backend.asarray(np.ones(n, np.float32)), backend.asarray(np.zeros(n, np.float32)))
     with pytest.raises(ValueError, match="max_direct"):

@@ -44,7 +44,7 @@ from ..device import kernels as K
 from ..linalg import ConvergenceWarning
 from . import coarse as _coarse
 from .preconditioner import make_preconditioner
-from .smoothers import make_smoother
+from .smoothers import make_smoother, smoother_setup_kwargs
 
 __all__ = ["Level", "MultilevelSolver", "ConvergenceWarning", "CYCLES"]
 
@@ -339,7 +339,8 @@ class MultilevelSolver:
     def _smooth(self, d, sweeps, zero, post):
         sm = d.smoother
         if d.own:
-            sm.smooth(d.x, d.b, sweeps, work=d.r, zero_initial=zero)
+            f = sm.smooth_adjoint if post and hasattr(sm, "smooth_adjoint") else sm.smooth
+            f(d.x, d.b, sweeps, work=d.r, zero_initial=zero)
             return
         if zero:
             d.x.fill(0)
@@ -575,8 +576,11 @@ class MultilevelSolver:
             if callback is not None:
                 callback(arg)
 
+        # gmres: per-inner-iteration callback with the preconditioned relative residual, and
+        # maxiter counting restart cycles (SciPy's 'pr_norm'), as before SciPy's default existed
+        kw = {"callback_type": "pr_norm"} if accel == "gmres" else {}
         x, info = f(A, b, x0=x, rtol=rtol, atol=atol, maxiter=maxiter, M=M,
-                    callback=cb if (callback is not None or residuals is not None) else None)
+                    callback=cb if (callback is not None or residuals is not None) else None, **kw)
         res = float(xp.linalg.norm(self._residual(b, x, r)))
         if residuals is not None and (not residuals or residuals[-1] != res):
             residuals.append(res)
@@ -610,7 +614,7 @@ class MultilevelSolver:
             f"Grid complexity:     {self.grid_complexity():.3f}",
             f"Cycle smoothing:     pre {self.presmooth} / post {self.postsmooth}, smoother {sm!r}",
             f"Coarse solver:       {coarse}",
-            "  level     cells        DoFs         nnz   hanging",
+            "  level  kind          cells        DoFs         nnz   hanging",
         ]
         tot = sum(v for v in (lev.nnz for lev in self.levels) if v is not None) or 1
         for l in range(L - 1, -1, -1):
@@ -619,7 +623,8 @@ class MultilevelSolver:
             hang = lev.meta.get("hanging", lev.meta.get("hanging_nodes", "-"))
             nnz = lev.nnz
             pct = f" [{100.0 * nnz / tot:5.2f}%]" if nnz is not None else ""
-            lines.append(f"  {l:5d} {str(cells):>9} {lev.n:>11d} {str(nnz if nnz is not None else '-'):>11}"
+            kind = str(lev.meta.get("kind", "-"))
+            lines.append(f"  {l:5d}  {kind:<10} {str(cells):>9} {lev.n:>11d} {str(nnz if nnz is not None else '-'):>11}"
                          f" {str(hang):>9}{pct}")
         return "\n".join(lines)
 
@@ -654,9 +659,7 @@ class MultilevelSolver:
             raise ValueError(f"need len(Ps) == len(As) - 1, got {len(Ps)} and {len(As)}")
         if metas is not None and len(metas) != len(As):
             raise ValueError(f"metas must have {len(As)} entries, got {len(metas)}")
-        skw = dict(smoother_kwargs or {})
-        if isinstance(smoother, str) and smoother.lower().replace("-", "_") == "block_jacobi":
-            skw.setdefault("block_size", block_size)
+        skw = smoother_setup_kwargs(smoother, smoother_kwargs, block_size=block_size)
         levels = []
         for l, A in enumerate(As):
             P = Ps[l - 1] if l > 0 else None
