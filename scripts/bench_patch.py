@@ -170,7 +170,7 @@ def bench_solve(args, be, rows, ks, max_dofs, large=False):
                 x, info = mg.solve(b, rtol=1e-9, method=method, precision=prec, maxiter=30)
             except cp.cuda.memory.OutOfMemoryError as exc:
                 print(f"solve 3D k={k} N={V.n_dofs:.3e} {method} {prec}: out of memory ({exc})")
-                mg._mixed = None
+                mg._cycles.clear()         # drop the preallocated cycle vectors
                 cp.get_default_memory_pool().free_all_blocks()
                 continue
             peak = cp.get_default_memory_pool().total_bytes()

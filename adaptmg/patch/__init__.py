@@ -1,7 +1,9 @@
 """Matrix-free tensor-product path: Cartesian Q_k (k = 1..8 in 3D, 1..10 in 2D),
 sum-factorised Laplace operator, colored multiplicative vertex-patch smoother
-with fast diagonalisation, Kronecker interpolation, V-cycle / full multigrid /
-GMRES in double or mixed precision, on NumPy or CuPy (seed 000).
+with fast diagonalisation, Kronecker interpolation; the levels run in
+:class:`adaptmg.multilevel.MultilevelSolver` (V-cycle), with full multigrid and
+:func:`adaptmg.linalg.fgmres` on top, in double or mixed precision, on NumPy or
+CuPy (seed 000).
 
 Quick start::
 

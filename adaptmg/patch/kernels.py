@@ -480,9 +480,9 @@ def smoother_smem_bytes(dim, k, dtype):
 
 
 # Minimum resident blocks per SM asked of the compiler (register cap) for the 3D
-# smoother, by (k, dtype); 1 = no cap.  Tuned on the H100 (bench_patch.py
-# --sections tune, NOTES.md): fp64 k=7 needs 166 registers uncapped, i.e. one
-# 225-thread block (8 warps) per SM; capped at 128 (40 B spill) it runs 26 % faster.
+# smoother, by (k, dtype); 1 = no cap.  Tuned with bench_patch.py --sections tune
+# (figures in NOTES.md): uncapped, fp64 k=7 needs 166 registers, i.e. one
+# 225-thread block (8 warps) per SM.
 SMOOTH3D_MIN_BLOCKS = {(7, "float64"): 2, (6, "float32"): 3, (7, "float32"): 3,
                        (8, "float32"): 2}
 

@@ -118,6 +118,14 @@ class LaplaceOperator:
     def __repr__(self):
         return f"LaplaceOperator({self.space}, backend={self.backend.name}, dtype={self.dtype})"
 
+    def to(self, backend=None, dtype=None):
+        """The same operator on ``backend`` in ``dtype`` (self when both are unchanged)."""
+        be = self.backend if backend is None else get_backend(backend)
+        dt = self.dtype if dtype is None else check_dtype(dtype)
+        if be == self.backend and dt == self.dtype:
+            return self
+        return LaplaceOperator(self.space, be, dt)
+
     def _check(self, u):
         self.space.check_vector(u)
         if u.dtype != self.dtype:

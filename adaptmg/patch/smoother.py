@@ -91,6 +91,14 @@ class PatchSmoother:
         return (f"PatchSmoother({self.space}, colors={len(self.colors)}, "
                 f"backend={self.backend.name}, dtype={self.dtype})")
 
+    def to(self, backend=None, dtype=None):
+        """The same smoother on ``backend`` in ``dtype`` (self when both are unchanged)."""
+        be = self.backend if backend is None else get_backend(backend)
+        dt = self.dtype if dtype is None else check_dtype(dtype)
+        if be == self.backend and dt == self.dtype:
+            return self
+        return PatchSmoother(self.space, be, dt)
+
     def _check(self, x, b):
         for name, v in (("x", x), ("b", b)):
             self.space.check_vector(v, name)

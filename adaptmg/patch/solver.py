@@ -3,20 +3,26 @@
 * :class:`FastDiagSolver` -- exact solve of a whole level by fast
   diagonalisation of the global 1D matrices (the Cartesian level matrix is
   itself a Kronecker sum); used on the coarsest level (Algorithm 2.1, line 3).
-* :class:`PatchMultigrid` -- the level hierarchy (matrix-free operators,
-  patch smoothers, Kronecker interpolation), the V-cycle (Algorithm 2.1, one
-  pre-smoothing and one post-smoothing sweep with the colors reversed), full
-  multigrid (Algorithm 2.2) and GMRES preconditioned by the V-cycle, in double
-  or in mixed precision (V-cycle in float32 inside float64 iterations, §4.2).
-* :func:`patch_levels` -- the same hierarchy as a list of Level-compatible
-  objects (finest first) for :mod:`adaptmg.multigrid`.
+* :func:`patch_levels` -- the hierarchy as :class:`adaptmg.multilevel.Level`
+  objects (finest first): matrix-free operators, patch smoothers (on the
+  coarsest level the fast-diagonalisation solve as an exact "smoother"), and
+  the Kronecker interpolation / restriction as ``P`` / ``R`` operators.
+* :class:`PatchMultigrid` -- runs these levels with
+  :class:`adaptmg.multilevel.MultilevelSolver` (Algorithm 2.1: one pre- and
+  one post-smoothing sweep, the post-sweep with the colours reversed, exact
+  coarse solve) and adds what that solver has not: full multigrid (Algorithm
+  2.2) and the stopping rules below.  GMRES is :func:`adaptmg.linalg.fgmres`
+  preconditioned by one V-cycle.
 
-Mixed precision comes in two forms: ``method="gmres"`` runs float64 GMRES
-(right preconditioned) with a float32 V-cycle; ``method="fmg"`` is the
-memory-lean one: the FMG start in float32, then iterative refinement
-``x <- x + V32(0, float32(b - A x))`` with the residual in float64.  It keeps
-three float64 vectors (x, b, r) on the finest level and float32 vectors for
-the cycle, which is what makes 10^9 unknowns fit on one 80 GB GPU.
+Precision (§4.2), as everywhere in adaptmg: the cycle runs in a
+``MultilevelSolver`` of ``dtype=float32`` while residuals and Krylov vectors
+stay float64.  ``method="gmres"`` runs float64 flexible GMRES with the float32
+V-cycle as its (right) preconditioner; ``method="fmg"`` is the memory-lean
+one: the FMG start in float32, then iterative refinement
+``x <- x + V32(0, float32(b - A x))`` with the residual in float64 (three
+float64 vectors on the finest level).  The float32 levels are float32 copies of
+the float64 ones (:func:`_cast_levels`; ``MultilevelSolver`` casts assembled
+matrices itself but uses matrix-free operators as they are).
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import time
 import numpy as np
 
 from ..backend import get_backend
+from ..multilevel import Level, MultilevelSolver
 from .operator import LaplaceOperator, _check_space, check_dtype, contract
 from .smoother import PatchSmoother
 from .tensor import fast_diag_factors, interval_matrices
@@ -78,6 +85,14 @@ class FastDiagSolver:
     def __matmul__(self, b):
         return self.solve(b)
 
+    def to(self, backend=None, dtype=None):
+        """The same solver on ``backend`` in ``dtype`` (self when both are unchanged)."""
+        be = self.backend if backend is None else get_backend(backend)
+        dt = self.dtype if dtype is None else check_dtype(dtype)
+        if be == self.backend and dt == self.dtype:
+            return self
+        return FastDiagSolver(self.space, be, dt)
+
     def smooth(self, x, b, sweeps=1, **kw):
         """Exact 'smoother': ``x <- A^{-1} b`` (for a driver's coarse level)."""
         x[...] = self.solve(b)
@@ -87,16 +102,13 @@ class FastDiagSolver:
         return self.smooth(x, b, sweeps)
 
 
-class PatchLevel:
-    """Level-compatible record: ``A``, ``P`` (from the next coarser level),
-    ``R``, ``smoother``, ``meta`` (a dict)."""
+# Kept for ``from adaptmg.patch import PatchLevel``: the levels are the shared Level now.
+PatchLevel = Level
 
-    def __init__(self, A, P=None, R=None, smoother=None, meta=None):
-        self.A, self.P, self.R, self.smoother = A, P, R, smoother
-        self.meta = dict(meta or {})
-
-    def __repr__(self):
-        return f"PatchLevel(n={self.A.shape[0]}, meta={self.meta})"
+# The cycle of Algorithm 2.1 in MultilevelSolver's terms: one sweep before and one
+# after the coarse correction (post-smoothing = smooth_adjoint, the colours
+# reversed), the coarsest level solved by one application of its exact "smoother".
+_CYCLE = dict(coarse="smoother", coarse_sweeps=1, presmooth=1, postsmooth=1)
 
 
 def _default_coarse_level(space):
@@ -104,6 +116,99 @@ def _default_coarse_level(space):
     while lvl < space.level and min(b << lvl for b in space.base) < 2:
         lvl += 1
     return lvl
+
+
+def _check_coarse_level(space, coarse_level):
+    lmin = _default_coarse_level(space) if coarse_level is None else coarse_level
+    if isinstance(lmin, bool) or not isinstance(lmin, (int, np.integer)):
+        raise TypeError(f"coarse_level must be an int, got {type(lmin).__name__}")
+    if not 0 <= lmin <= space.level:
+        raise ValueError(f"coarse_level must be in 0..{space.level}, got {lmin}")
+    return int(lmin)
+
+
+def _build_levels(spaces, backend, dtype):
+    """Levels of ``spaces`` (coarse -> fine) in ``dtype``, coarsest first."""
+    levels = []
+    for i, s in enumerate(spaces):
+        meta = {"space": s, "kind": "patch", "level": s.level, "cells": int(np.prod(s.cells))}
+        A = LaplaceOperator(s, backend, dtype)
+        if i == 0:
+            levels.append(Level(A, smoother=FastDiagSolver(s, backend, dtype), meta=meta))
+        else:
+            c = spaces[i - 1]
+            levels.append(Level(A, P=prolongation(c, backend, dtype), R=restriction(c, backend, dtype),
+                                smoother=PatchSmoother(s, backend, dtype), meta=meta))
+    return levels
+
+
+def _cast_levels(levels, backend, dtype):
+    """The same levels in ``dtype`` (every patch object's ``to``).
+
+    What ``MultilevelSolver(levels, dtype=...)`` does for assembled matrices; for
+    matrix-free operators it has no cast, so the patch path casts here."""
+    return [Level(lev.A.to(backend, dtype),
+                  P=None if lev.P is None else lev.P.to(backend, dtype),
+                  R=None if lev.R is None else lev.R.to(backend, dtype),
+                  smoother=lev.smoother.to(backend, dtype), meta=lev.meta)
+            for lev in levels]
+
+
+def patch_levels(space, backend="cpu", dtype=np.float64, coarse_level=None):
+    """The patch hierarchy as :class:`adaptmg.multilevel.Level` objects, finest first.
+
+    ``levels[i].A`` is the matrix-free operator, ``levels[i].P`` prolongates
+    from level i+1 (coarser) to i, ``levels[i].R`` restricts, and
+    ``levels[i].smoother.smooth(x, b, sweeps)`` is the vertex-patch smoother
+    (``smooth_adjoint``: the colours reversed); on the coarsest level the exact
+    fast-diagonalisation solve.  ``MultilevelSolver(patch_levels(V), coarse="smoother",
+    coarse_sweeps=1, presmooth=1, postsmooth=1)`` runs :class:`PatchMultigrid`'s cycle."""
+    space = _check_space(space)
+    lmin = _check_coarse_level(space, coarse_level)
+    spaces = [space.with_level(l) for l in range(lmin, space.level + 1)]
+    return _build_levels(spaces, get_backend(backend), check_dtype(dtype))[::-1]
+
+
+class _Cycles:
+    """The V-cycles of one precision: a MultilevelSolver on the whole hierarchy,
+    its preconditioner, and (for FMG) MultilevelSolvers on the coarser prefixes."""
+
+    def __init__(self, levels, backend, dtype):
+        self.levels = levels                      # coarse -> fine
+        self.backend = backend
+        self.dtype = np.dtype(dtype)
+        self.ml = MultilevelSolver(levels, backend=backend, dtype=dtype, **_CYCLE)
+        self._M = None
+        self._prefix = None
+
+    def preconditioner(self):
+        """``M r = V(0, r)`` (a LinearOperator; float64 in and out, the cycle in ``dtype``)."""
+        if self._M is None:
+            self._M = self.ml.aspreconditioner("V", dtype=np.float64, graph=False)
+        return self._M
+
+    def prefixes(self):
+        """``p[l]``: a MultilevelSolver whose finest level is level ``l`` (``p[0]`` None)."""
+        if self._prefix is None:
+            n = len(self.levels)
+            self._prefix = [None] + [MultilevelSolver(self.levels[:l + 1], backend=self.backend,
+                                                      dtype=self.dtype, **_CYCLE)
+                                     for l in range(1, n - 1)] + ([self.ml] if n > 1 else [])
+        return self._prefix
+
+    def fmg_start(self, b):
+        """Algorithm 2.2 lines 1-4: coarse solve, then prolongate + one V-cycle per level."""
+        lv = self.levels
+        bs = [b]
+        for l in range(len(lv) - 1, 0, -1):
+            bs.append(lv[l].R @ bs[-1])
+        bs.reverse()
+        prefix = self.prefixes()
+        x = lv[0].smoother.solve(bs[0])
+        for l in range(1, len(lv)):
+            x = lv[l].P @ x
+            prefix[l].cycle(bs[l], x, "V")
+        return x
 
 
 class PatchMultigrid:
@@ -117,26 +222,27 @@ class PatchMultigrid:
     coarse_level : level of the exact coarse solve (default: the first level
         with at least 2 cells per direction, where one vertex patch covers
         the whole domain)
+
+    ``levels`` (coarse -> fine) are the :func:`patch_levels`; ``A``, ``S``,
+    ``P``, ``R`` (index 0 = coarsest, ``None`` where a level has none) and
+    ``coarse`` are their parts.  The cycles run in
+    :class:`adaptmg.multilevel.MultilevelSolver` objects built on first use.
     """
 
     def __init__(self, space, backend="cpu", dtype=np.float64, coarse_level=None):
         self.space = _check_space(space)
         self.backend = get_backend(backend)
         self.dtype = check_dtype(dtype)
-        lmin = _default_coarse_level(space) if coarse_level is None else coarse_level
-        if isinstance(lmin, bool) or not isinstance(lmin, (int, np.integer)):
-            raise TypeError(f"coarse_level must be an int, got {type(lmin).__name__}")
-        if not 0 <= lmin <= space.level:
-            raise ValueError(f"coarse_level must be in 0..{space.level}, got {lmin}")
-        self.lmin = int(lmin)
-        be, dt = self.backend, self.dtype
+        self.lmin = _check_coarse_level(space, coarse_level)
         self.spaces = [space.with_level(l) for l in range(self.lmin, space.level + 1)]
-        self.A = [LaplaceOperator(s, be, dt) for s in self.spaces]
-        self.S = [None] + [PatchSmoother(s, be, dt) for s in self.spaces[1:]]
-        self.P = [None] + [prolongation(s, be, dt) for s in self.spaces[:-1]]
-        self.R = [None] + [restriction(s, be, dt) for s in self.spaces[:-1]]
-        self.coarse = FastDiagSolver(self.spaces[0], be, dt)
-        self._mixed = None
+        self.levels = _build_levels(self.spaces, self.backend, self.dtype)
+        self.A = [lev.A for lev in self.levels]
+        self.S = [None] + [lev.smoother for lev in self.levels[1:]]
+        self.P = [lev.P for lev in self.levels]
+        self.R = [lev.R for lev in self.levels]
+        self.coarse = self.levels[0].smoother
+        self._levels = {self.dtype: self.levels}  # dtype -> levels (light: no vectors)
+        self._cycles = {}                         # dtype -> _Cycles: at most one, see _cycles_for
         self.stats = {}
 
     def __repr__(self):
@@ -146,6 +252,26 @@ class PatchMultigrid:
             rows.append(f"  level {s.level:2d}: cells {s.cells}, {s.n_dofs} DoFs")
         return "\n".join(rows)
 
+    def _cycles_for(self, dtype):
+        """The cycles in ``dtype``.  A MultilevelSolver preallocates three vectors per
+        level, so only the precision in use keeps one: switching builds the other
+        (outside ``solve``'s timing) and drops the first, so the largest problems
+        fit (memory figures in patch/NOTES.md)."""
+        dtype = np.dtype(dtype)
+        c = self._cycles.get(dtype)
+        if c is None:
+            self._cycles.clear()
+            levels = self._levels.get(dtype)
+            if levels is None:
+                levels = self._levels[dtype] = _cast_levels(self.levels, self.backend, dtype)
+            c = self._cycles[dtype] = _Cycles(levels, self.backend, dtype)
+        return c
+
+    @property
+    def multilevel(self):
+        """The :class:`adaptmg.multilevel.MultilevelSolver` of this hierarchy (its dtype)."""
+        return self._cycles_for(self.dtype).ml
+
     # -- cycles ------------------------------------------------------------
     def _check_rhs(self, b, dtype=None):
         self.space.check_vector(b, "b")
@@ -154,105 +280,67 @@ class PatchMultigrid:
         if dtype is not None and b.dtype != dtype:
             raise TypeError(f"b has dtype {b.dtype}, expected {dtype}")
 
-    def _vcycle(self, i, x, b):
-        if i == 0:
-            x[...] = self.coarse.solve(b)
-            return x
-        A, S = self.A[i], self.S[i]
-        S.smooth(x, b, 1)
-        r = A.matvec(x)
-        self.backend.xp.subtract(b, r, out=r)
-        rc = self.R[i] @ r
-        xc = self.backend.xp.zeros_like(rc)
-        self._vcycle(i - 1, xc, rc)
-        x += self.P[i] @ xc
-        S.smooth(x, b, 1, reverse=True)
-        return x
-
     def vcycle(self, b, x=None):
         """One V-cycle on the finest level: returns ``V(x, b)`` (x updated in
         place when given, else started from zero)."""
         self._check_rhs(b, self.dtype)
         if x is None:
             x = self.backend.xp.zeros_like(b)
-        return self._vcycle(len(self.spaces) - 1, x, b)
+        return self.multilevel.cycle(b, x, "V")
 
     def aspreconditioner(self):
-        """``M(r) = V(0, r)`` as a callable; casts to the cycle's dtype and back."""
-        def M(r):
-            rr = r.astype(self.dtype, copy=False)
-            z = self._vcycle(len(self.spaces) - 1, self.backend.xp.zeros_like(rr), rr)
-            return z.astype(r.dtype, copy=False)
-        return M
-
-    def _fmg_start(self, b):
-        """Algorithm 2.2 lines 1-4: coarse solve, then prolongate + V-cycle per level."""
-        bs = [b]
-        for i in range(len(self.spaces) - 1, 0, -1):
-            bs.append(self.R[i] @ bs[-1])
-        bs.reverse()
-        x = self.coarse.solve(bs[0])
-        for i in range(1, len(self.spaces)):
-            x = self.P[i] @ x
-            self._vcycle(i, x, bs[i])
-        return x
-
-    def _mixed_mg(self):
-        if self.dtype == np.float32:
-            return self
-        if self._mixed is None:
-            self._mixed = PatchMultigrid(self.space, self.backend, np.float32, self.lmin)
-        return self._mixed
+        """``M(r) = V(0, r)`` as a LinearOperator (callable); casts to the cycle's
+        dtype and back."""
+        return self._cycles_for(self.dtype).preconditioner()
 
     def solve(self, b, *, rtol=1e-9, maxiter=50, method="fmg", precision="double",
               restart=10, x0=None, krylov="adaptmg"):
         """Solve ``A x = b`` on the finest level to ``||b - A x|| <= rtol ||b||``.
 
         method : "fmg" (Algorithm 2.2; iterations = V-cycles after the FMG start)
-                 or "gmres" (right-preconditioned by one V-cycle).
+                 or "gmres" (:func:`adaptmg.linalg.fgmres`, right-preconditioned by
+                 one V-cycle; flexible, since a float32 V-cycle is a slightly
+                 nonlinear preconditioner).
         precision : "double" (cycle in float64) or "mixed" (cycle in float32,
                  residuals and Krylov vectors in float64).
-        krylov : "adaptmg" (:func:`adaptmg.linalg.fgmres`) or "private"
-                 (:func:`adaptmg.patch.krylov.gmres`, flexible too); maxiter counts
-                 inner iterations for both.  adaptmg.linalg preallocates
-                 2 (restart + 1) vectors: keep ``restart`` small (default 10;
-                 the V-cycle needs <= 9 iterations).
+        maxiter : V-cycles after the FMG start, or GMRES iterations (rounded up to
+                 whole restart cycles).
+        restart : GMRES restart length; fgmres preallocates 2 (restart + 1)
+                 vectors, so keep it small (the V-cycle needs <= 9 iterations).
+        krylov : "adaptmg" only (kept for compatibility; the private GMRES of
+                 ``adaptmg.patch.krylov`` was folded into :mod:`adaptmg.linalg`).
         Returns ``(x, info)``; info has iterations, residual history, converged,
         time (seconds, device-synchronised)."""
         if method not in ("fmg", "gmres"):
             raise ValueError(f"method must be 'fmg' or 'gmres', got {method!r}")
-        if krylov not in ("adaptmg", "private"):
-            raise ValueError(f"krylov must be 'adaptmg' or 'private', got {krylov!r}")
+        if krylov != "adaptmg":
+            raise ValueError(f"krylov must be 'adaptmg' (adaptmg.linalg.fgmres; the private "
+                             f"GMRES of adaptmg.patch.krylov is gone), got {krylov!r}")
         if precision not in ("double", "mixed"):
             raise ValueError(f"precision must be 'double' or 'mixed', got {precision!r}")
         if self.dtype != np.float64:
             raise TypeError("solve() needs a float64 hierarchy (use precision='mixed' for float32 cycles)")
         self._check_rhs(b, np.float64)
         xp = self.backend.xp
-        mg = self._mixed_mg() if precision == "mixed" else self
+        cyc = self._cycles_for(np.float32 if precision == "mixed" else np.float64)
+        if method == "gmres":                        # set-up outside the timed region
+            M = cyc.preconditioner()
+        elif x0 is None:
+            cyc.prefixes()
         A = self.A[-1]
         self.backend.synchronize()
         t0 = time.perf_counter()
         bnorm = float(xp.linalg.norm(b))
         hist = []
         if method == "gmres":
-            if krylov == "adaptmg":
-                # the project's Krylov solvers; flexible GMRES, since a float32
-                # V-cycle is a (slightly) nonlinear preconditioner
-                from ..linalg import fgmres
-                x, info = fgmres(A, b, x0=x0, rtol=rtol, restart=restart,
-                                 maxiter=max(1, -(-maxiter // restart)), M=mg.aspreconditioner(),
-                                 callback=lambda rel: hist.append(rel))
-            else:
-                from .krylov import gmres
-                x, info = gmres(A, b, x0=x0, rtol=rtol, restart=restart, maxiter=maxiter,
-                                M=mg.aspreconditioner(),
-                                callback=lambda rn: hist.append(rn / bnorm))
+            from ..linalg import fgmres
+            x, info = fgmres(A, b, x0=x0, rtol=rtol, restart=restart,
+                             maxiter=max(1, -(-maxiter // restart)), M=M, callback=hist.append)
             it = len(hist)
             conv = info == 0
         else:
             if x0 is None:
-                x = mg._fmg_start(b.astype(mg.dtype, copy=False)).astype(np.float64, copy=False)
+                x = cyc.fmg_start(b.astype(cyc.dtype, copy=False)).astype(np.float64, copy=False)
             else:
                 x = x0.astype(np.float64, copy=True)
             r = b - A.matvec(x)
@@ -265,8 +353,9 @@ class PatchMultigrid:
                     break
                 if it >= maxiter:
                     break
-                rr = r.astype(mg.dtype, copy=False)
-                c = mg._vcycle(len(mg.spaces) - 1, xp.zeros_like(rr), rr)
+                rr = r.astype(cyc.dtype, copy=False)
+                c = xp.zeros_like(rr)
+                cyc.ml.cycle(rr, c, "V")
                 xp.add(x, c, out=x)                  # float32 correction, no float64 temporary
                 del c, rr
                 A.matvec(x, out=r)
@@ -277,25 +366,3 @@ class PatchMultigrid:
                 "time": time.perf_counter() - t0, "method": method, "precision": precision}
         self.stats = info
         return x, info
-
-
-def patch_levels(space, backend="cpu", dtype=np.float64, coarse_level=None):
-    """The patch hierarchy as Level-compatible objects, finest first.
-
-    ``levels[i].A`` is the matrix-free operator, ``levels[i].P`` prolongates
-    from level i+1 (coarser) to i, ``levels[i].R`` restricts, and
-    ``levels[i].smoother.smooth(x, b, sweeps)`` is the vertex-patch smoother
-    (on the coarsest level the exact fast-diagonalisation solve).  Uses
-    ``adaptmg.multilevel.Level`` when that module is importable."""
-    mg = PatchMultigrid(space, backend, dtype, coarse_level)
-    try:
-        from ..multilevel import Level as _Level      # the shared driver, when present
-    except Exception:                                # pragma: no cover - driver absent
-        _Level = PatchLevel
-    levels = []
-    for i in range(len(mg.spaces) - 1, -1, -1):       # finest first
-        sm = mg.S[i] if i > 0 else mg.coarse
-        meta = {"space": mg.spaces[i], "kind": "patch", "level": mg.spaces[i].level,
-                "cells": int(np.prod(mg.spaces[i].cells))}
-        levels.append(_Level(mg.A[i], P=mg.P[i], R=mg.R[i], smoother=sm, meta=meta))
-    return levels

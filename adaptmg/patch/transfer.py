@@ -29,6 +29,7 @@ class KronTransfer:
     def __init__(self, mats, in_shape, out_shape, backend, dtype):
         self.backend = backend
         self.dtype = dtype
+        self._host_mats = mats                  # scipy CSR, kept for to()
         if backend.is_gpu:                  # ELL kernel along an axis, no transposes
             from .kernels import GpuAxisMatrix
             self._mats = [GpuAxisMatrix(m, dtype) for m in mats]
@@ -40,6 +41,14 @@ class KronTransfer:
 
     def __repr__(self):
         return f"KronTransfer({self.shape[0]}x{self.shape[1]}, {self.backend.name}, {self.dtype})"
+
+    def to(self, backend=None, dtype=None):
+        """The same transfer on ``backend`` in ``dtype`` (self when both are unchanged)."""
+        be = self.backend if backend is None else get_backend(backend)
+        dt = self.dtype if dtype is None else check_dtype(dtype)
+        if be == self.backend and dt == self.dtype:
+            return self
+        return KronTransfer(self._host_mats, self.in_shape, self.out_shape, be, dt)
 
     def __matmul__(self, u):
         return self.matvec(u)

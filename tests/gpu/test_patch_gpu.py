@@ -81,6 +81,8 @@ def test_gpu_solve_matches_cpu(dim, k, level):
             x, info = mg.solve(gpu.asarray(b), rtol=1e-9, method=method, precision=prec)
             assert info["converged"], (method, prec, info)
             if method == "fmg" and prec == "double":
+                # same count although GPU and NumPy/BLAS reductions round differently: the residuals
+                # bracketing the stop are >= 1.6 and <= 0.55 rtol in these cases (H100), far from it
                 assert info["iterations"] == info_cpu["iterations"]
             e, e_cpu = V.l2_error_sine(x), V.l2_error_sine(x_cpu)
             assert abs(e - e_cpu) <= 1e-6 * e_cpu
