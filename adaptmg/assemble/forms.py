@@ -27,7 +27,7 @@ Performance choices (measured on a shared 2-core VM, see scripts/bench_assembly.
   full rule (it is exact for these integrands); the scalar forms merge runs of up
   to nq such chunks into one (:meth:`_SpaceInfo.affine_group`: the one-point
   geometry keeps the temporaries within budget), which saves per-chunk overhead
-  on uniform meshes and changes no number;
+  on uniform meshes and changes only round-off (a GEMM of another row count may round differently);
 * products run through :func:`~adaptmg.fe.geometry.matmul_serial` (single-threaded
   BLAS blocks).
 

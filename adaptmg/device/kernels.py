@@ -55,7 +55,8 @@ from ..backend import get_backend, is_device_sparse
 __all__ = [
     "get_kernel", "axpby", "jacobi_update", "jacobi_residual_update",
     "jacobi_zero", "chebyshev_start", "chebyshev_start_zero",
-    "chebyshev_update", "add_cast", "csr_jacobi_sweep", "csr_residual", "threads_per_row",
+    "chebyshev_update", "add_cast", "csr_jacobi_sweep", "csr_chebyshev_step", "csr_residual",
+    "threads_per_row",
     "make_spmv", "SpMVPlan", "dense_matvec",
     "KERNEL_NAMES",
 ]
@@ -327,6 +328,35 @@ extern "C" __global__ void adaptmg_csr_residual_{T}(
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i < n) r[i] = b[i] - adaptmg_row_dot_{T}(i, indptr, indices, data, x);
 }
+// one Chebyshev step: d <- c1 d + c2 dinv (b - A x); y <- x + d   (y must not alias x)
+extern "C" __global__ void adaptmg_csr_chebyshev_{T}(
+    const int n, const int* __restrict__ indptr, const int* __restrict__ indices,
+    const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
+    const {T}* __restrict__ dinv, {T}* __restrict__ d, const {T} c1, const {T} c2,
+    {T}* __restrict__ y)
+{
+    int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (i < n) {
+        {T} t = c1 * d[i] + c2 * dinv[i] * (b[i] - adaptmg_row_dot_{T}(i, indptr, indices, data, x));
+        d[i] = t;
+        y[i] = x[i] + t;
+    }
+}
+extern "C" __global__ void adaptmg_csr_chebyshev_vec_{T}(
+    const int n, const int tpr, const int* __restrict__ indptr, const int* __restrict__ indices,
+    const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
+    const {T}* __restrict__ dinv, {T}* __restrict__ d, const {T} c1, const {T} c2,
+    {T}* __restrict__ y)
+{
+    int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    int row = tid / tpr, lane = tid % tpr;
+    {T} s = adaptmg_row_dot_vec_{T}(row, lane, n, tpr, indptr, indices, data, x);
+    if (row < n && lane == 0) {
+        {T} t = c1 * d[row] + c2 * dinv[row] * (b[row] - s);
+        d[row] = t;
+        y[row] = x[row] + t;
+    }
+}
 // y <- alpha A x + beta y (y is not read when beta == 0)
 extern "C" __global__ void adaptmg_csr_spmv_vec_{T}(
     const int n, const int tpr, const int* __restrict__ indptr, const int* __restrict__ indices,
@@ -444,6 +474,31 @@ def csr_jacobi_sweep(A, x, b, dinv, omega, out):
         return out
     return _launch_csr("csr_jacobi", A, out, (A.indptr, A.indices, A.data, x, b, dinv,
                                               out.dtype.type(omega), out))
+
+
+def csr_chebyshev_step(A, x, b, dinv, d, c1, c2, out):
+    """One Chebyshev step in one pass over CSR ``A``:
+    ``d <- c1 d + c2 dinv (b - A x);  out <- x + d`` (``out`` must not alias ``x``).
+
+    GPU: the RawKernel ``adaptmg_csr_chebyshev[_vec]_<type>`` (threads per row as
+    :func:`csr_jacobi_sweep`); it replaces an SpMV and the element-wise
+    ``chebyshev_update`` (two launches, ``A x`` written and read back).
+    """
+    n = A.shape[0]
+    if _is_numpy(out):
+        out.fill(0)
+        from scipy.sparse import _sparsetools   # private: accumulates into out (module docstring)
+        _sparsetools.csr_matvec(n, A.shape[1], A.indptr, A.indices, A.data, x, out)
+        np.subtract(b, out, out=out)
+        out *= dinv
+        out *= c2
+        d *= c1
+        d += out
+        np.add(x, d, out=out)
+        return out
+    t = out.dtype.type
+    return _launch_csr("csr_chebyshev", A, out, (A.indptr, A.indices, A.data, x, b, dinv, d,
+                                                 t(c1), t(c2), out))
 
 
 def csr_residual(A, x, b, out):
