@@ -355,7 +355,7 @@ def test_forward_gs_vcycle_is_symmetric():
 
 
 def elasticity_factor(smoother, kw, L=2, cycles=10):
-    """V(2,2) residual contraction of the 3-D elasticity hierarchy of tests/test_gmg.py."""
+    """V(2,2) residual contraction of the 3-D elasticity hierarchy of tests/multilevel/test_gmg.py."""
     m = Mesh.box([0] * 3, [1] * 3, [2] * 3)
     for _ in range(L):
         m = m.refine()

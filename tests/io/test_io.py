@@ -8,7 +8,7 @@ import pytest
 import adaptmg
 from adaptmg import io
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "data")
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data")
 
 
 def _adaptive_mesh(dim):

@@ -16,7 +16,7 @@ import adaptmg.io
 from adaptmg import cli
 from adaptmg.progress import progress
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 
 def adaptmg_cmd(*args, env=None, timeout=120):

@@ -9,7 +9,7 @@ import pytest
 from adaptmg.estimate import fitted_slope
 from adaptmg_problems import elasticity_corner, fichera, interior_layer, lshape
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
