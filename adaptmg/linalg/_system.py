@@ -133,7 +133,7 @@ def _as_array(v, name):
             raise TypeError(f"{name} must be a dense vector, got a sparse {type(v).__name__}")
         try:
             v = np.asarray(v)
-        except Exception as exc:  # ragged lists etc.
+        except (TypeError, ValueError) as exc:  # ragged lists etc.
             raise TypeError(f"{name} must be an array of numbers, got {type(v).__name__}") from exc
     if v.dtype.kind not in NUMERIC_KINDS:
         raise TypeError(f"{name} must have a numeric dtype, got dtype {v.dtype}")
