@@ -452,6 +452,15 @@ def _launch_csr(name, A, out, args):
     return out
 
 
+def _np_residual(A, x, b, out):
+    """NumPy twin of the CSR row kernels' common part: ``out <- b - A x`` with no temporary."""
+    from scipy.sparse import _sparsetools   # private: accumulates into out (module docstring)
+    out.fill(0)
+    _sparsetools.csr_matvec(A.shape[0], A.shape[1], A.indptr, A.indices, A.data, x, out)
+    np.subtract(b, out, out=out)
+    return out
+
+
 def csr_jacobi_sweep(A, x, b, dinv, omega, out):
     """``out <- x + omega dinv (b - A x)`` in one pass over CSR ``A`` (``out`` must not alias ``x``).
 
@@ -462,12 +471,8 @@ def csr_jacobi_sweep(A, x, b, dinv, omega, out):
     dinv``, writes ``out`` -- versus SpMV + fused update, which also writes
     and re-reads ``Ax`` and costs two launches.
     """
-    n = A.shape[0]
     if _is_numpy(out):
-        out.fill(0)
-        from scipy.sparse import _sparsetools
-        _sparsetools.csr_matvec(n, A.shape[1], A.indptr, A.indices, A.data, x, out)
-        np.subtract(b, out, out=out)
+        _np_residual(A, x, b, out)
         out *= dinv
         out *= omega
         out += x
@@ -484,12 +489,8 @@ def csr_chebyshev_step(A, x, b, dinv, d, c1, c2, out):
     :func:`csr_jacobi_sweep`); it replaces an SpMV and the element-wise
     ``chebyshev_update`` (two launches, ``A x`` written and read back).
     """
-    n = A.shape[0]
     if _is_numpy(out):
-        out.fill(0)
-        from scipy.sparse import _sparsetools   # private: accumulates into out (module docstring)
-        _sparsetools.csr_matvec(n, A.shape[1], A.indptr, A.indices, A.data, x, out)
-        np.subtract(b, out, out=out)
+        _np_residual(A, x, b, out)
         out *= dinv
         out *= c2
         d *= c1
@@ -503,12 +504,8 @@ def csr_chebyshev_step(A, x, b, dinv, d, c1, c2, out):
 
 def csr_residual(A, x, b, out):
     """``out <- b - A x`` in one pass over CSR ``A`` (GPU RawKernel ``adaptmg_csr_residual_<type>``)."""
-    n = A.shape[0]
     if _is_numpy(out):
-        out.fill(0)
-        from scipy.sparse import _sparsetools
-        _sparsetools.csr_matvec(n, A.shape[1], A.indptr, A.indices, A.data, x, out)
-        np.subtract(b, out, out=out)
+        _np_residual(A, x, b, out)
         return out
     return _launch_csr("csr_residual", A, out, (A.indptr, A.indices, A.data, x, b, out))
 

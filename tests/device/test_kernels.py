@@ -140,3 +140,19 @@ def test_fused_csr_kernels(backend, dtype, tpr, monkeypatch):
     np.testing.assert_allclose(to_host(out), x + 0.6 * dinv * (b - A @ x), rtol=rtol, atol=rtol)
     K.csr_residual(Ad, backend.asarray(x), backend.asarray(b), out)
     np.testing.assert_allclose(to_host(out), b - A @ x, rtol=rtol, atol=rtol)
+
+
+def test_csr_chebyshev_step_twin_is_the_formula():
+    """d <- c1 d + c2 dinv (b - A x); out <- x + d (NumPy twin; each entry one rounding chain)."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(3)
+    A = (sp.random(60, 60, 0.2, format="csr", random_state=4) + 4 * sp.eye(60)).tocsr()
+    x, b, d = rng.standard_normal((3, 60))
+    dinv = 1.0 / A.diagonal()
+    t = 0.3 * d + 0.7 * dinv * (b - A @ x)
+    out = np.empty(60)
+    K.csr_chebyshev_step(A, x, b, dinv, d, 0.3, 0.7, out)
+    # the twin forms the same products in another grouping: a few eps of the terms' size
+    scale = np.abs(0.3 * d).max() + np.abs(0.7 * dinv * (np.abs(b) + abs(A) @ np.abs(x))).max()
+    assert np.abs(d - t).max() <= 8 * np.finfo(float).eps * scale
+    assert np.abs(out - (x + t)).max() <= 8 * np.finfo(float).eps * (scale + np.abs(x).max())
