@@ -39,7 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import backend_of, to_host
-from .kernels import threads_per_row
+from .kernels import _ctype as ctype_of, threads_per_row
 
 __all__ = ["make_colored_sweep", "ColoredSweep", "MAX_GPU_BLOCK", "SLICED", "kernel_name"]
 
@@ -111,12 +111,7 @@ extern "C" __global__ void adaptmg_gs_block{C}_{T}(
 
 
 def _ctype(dtype):
-    dtype = np.dtype(dtype)
-    if dtype == np.float64:
-        return "double"
-    if dtype == np.float32:
-        return "float"
-    raise TypeError(f"Gauss-Seidel kernels support float32/float64, got {dtype}")
+    return ctype_of(dtype, "Gauss-Seidel kernels")
 
 
 def kernel_name(block_size, dtype):

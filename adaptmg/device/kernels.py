@@ -401,13 +401,14 @@ def _csr_module(ctype: str):
     return cp.RawModule(code=_CSR_SRC.replace("{T}", ctype))
 
 
-def _ctype(dtype):
+def _ctype(dtype, what="fused CSR kernels"):
+    """The CUDA C type of a float dtype (``TypeError`` naming ``what`` for any other)."""
     dtype = np.dtype(dtype)
     if dtype == np.float64:
         return "double"
     if dtype == np.float32:
         return "float"
-    raise TypeError(f"fused CSR kernels support float32/float64, got {dtype}")
+    raise TypeError(f"{what} support float32/float64, got {dtype}")
 
 
 #: threads per row of the fused CSR kernels: 1 (one thread per row) or a power

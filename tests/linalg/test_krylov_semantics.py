@@ -136,6 +136,7 @@ def test_x0_Mb_starts_from_M_b(backend, name):
     # without M, 'Mb' is b (SciPy's identity preconditioner)
     x, info = quiet(OURS[name], backend.asmatrix(sp.eye(N).tocsr()), backend.asarray(B), "Mb",
                     maxiter=1)
+    # exact: x0 = M b = b is a copy (no arithmetic) and A = I leaves no residual to iterate on
     assert info == 0 and np.array_equal(to_host(x), B)
     with pytest.raises(ValueError, match="x0 must be an array, None or 'Mb'"):
         OURS[name](A, B, "bM")
@@ -170,6 +171,7 @@ def test_infinite_tolerances_succeed_at_once(backend, name):
         seen = []
         x, info = OURS[name](backend.asmatrix(SPD), backend.asarray(B), x0, callback=seen.append,
                              **kw, **cbt(name))
+        # exact: no iteration runs, so the solver returns its copy of x0 untouched
         assert info == 0 and seen == [] and np.array_equal(to_host(x), np.ones(N))
 
 
@@ -201,6 +203,7 @@ def test_fgmres_callback_types(backend):
     # the right-preconditioned monitor is the true residual: the last value is the final one
     assert abs(float(rk[-1]) - relres(NONSYM, x, B)) <= 1e-8
     x, info, xs = quiet(history, fgmres, A, b, restart=10, maxiter=3, M=M, callback_type="x")
+    # exact: the last callback receives the iterate that is returned (same values, no recomputation)
     assert info == 3 and len(xs) == 3 and np.array_equal(xs[-1], to_host(x))
     x, info, rk = quiet(history, fgmres, A, b, restart=10, maxiter=3, M=M,
                         callback_type="legacy")
