@@ -126,7 +126,7 @@ def _indptr_from_counts(be, counts):
 # ----------------------------------------------------------------------------- strength
 def node_graph(be, A, dof_node, num_nodes):
     """Node matrix ``N_ab = ||A[dofs of a, dofs of b]||_F`` (``E^T (A o A) E``, entry-wise sqrt)."""
-    xp, sparse = be.xp, be.sparse
+    xp = be.xp
     n = A.shape[0]
     E = _csr(be, xp.ones(n, dtype=A.dtype), dof_node.astype(xp.int32),
              xp.arange(n + 1, dtype=xp.int32), (n, num_nodes))
