@@ -103,7 +103,7 @@ def _its(ns, k):
 
 
 def _parse_mg(spec):
-    """'pre=1,deg=4,coarse=2000,smoother=chebyshev,tpr=4' -> multigrid options."""
+    """'pre=1,deg=4,coarse=2000,smoother=chebyshev' -> multigrid options."""
     mg, skw = {}, {}
     for item in filter(None, spec.split(",")):
         k, v = item.split("=")
@@ -115,8 +115,6 @@ def _parse_mg(spec):
             mg["coarse_rows"] = int(v)
         elif k == "smoother":
             mg["smoother"] = v
-        elif k == "tpr":
-            mg["tpr"] = int(v)
         elif k == "x0":
             if v not in ("extrapolate", "previous"):
                 raise ValueError(f"x0 must be 'extrapolate' or 'previous', got {v!r}")
@@ -184,9 +182,7 @@ def bench(args):
         notes.append(f"{name}: {per_step[name]:.3f} ms/step over {args.steps} steps "
                      f"(unsynchronised loop), GMRES iterations/step mean {mi:.2f} max {ma}, "
                      f"device setup + warm-up {setup:.1f} s, pressure V-cycle: "
-                     f"{getattr(ns.poisson.fused, 'mode', 'MultilevelSolver')}, threads/row "
-                     f"{getattr(ns.poisson.fused, 'tpr', '-')} {getattr(ns.poisson.fused, 'capture_error', '')}"
-                     f"{getattr(ns.poisson.fused, 'subwarp_error', '')}")
+                     f"{ns.poisson.mode} {ns.poisson.cycle.graph_error or ''}")
         timer = Timer(be)
         _restore(ns, snap)
         ns.advance(args.steps, timer)
@@ -207,7 +203,7 @@ def bench(args):
                 ns.extrapolate = mg.pop("x0", "extrapolate") == "extrapolate"
                 for rt in (args.rtol, args.rtol_fast or args.rtol):
                     ns.set_pressure_solver(rtol=rt, **mg)
-                    mg_note = f" (threads/row {ns.poisson.fused.tpr})" if ns.poisson.fused else ""
+                    mg_note = f" ({ns.poisson.mode})"
                     ns.advance(args.warmup)          # kernels of the new cycle compile here
                     _restore(ns, snap)
                     h = ns.advance(args.steps)
@@ -320,8 +316,8 @@ def main(argv=None):
     ap.add_argument("--rtol-fast", type=float, default=1e-4, help="second GPU run with this rtol (0: none)")
     ap.add_argument("--spmv", action=argparse.BooleanOptionalAction, default=True,
                     help="also run GPU* (plain cuSPARSE SpMV instead of the custom kernels)")
-    ap.add_argument("--mg", default="", help="pressure multigrid options of all runs, e.g. 'tpr=4' "
-                    "(keys pre, deg, coarse, smoother, omega, tpr; default: Chebyshev degree 4, 1+1 sweeps)")
+    ap.add_argument("--mg", default="", help="pressure multigrid options of all runs, e.g. 'deg=4' "
+                    "(keys pre, deg, coarse, smoother, omega, x0; default: Chebyshev degree 4, 1+1 sweeps)")
     ap.add_argument("--variants", default="",
                     help="';'-separated multigrid variants timed on the GPU, e.g. 'pre=1,deg=3;pre=1,deg=4'")
     ap.add_argument("--validate", action="store_true", help="only the 2-D Re=100 comparison with Ghia et al.")

@@ -10,7 +10,54 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["make_preconditioner"]
+__all__ = ["BufferedCycle", "make_preconditioner"]
+
+
+class BufferedCycle:
+    """One cycle of a MultilevelSolver on fixed buffers: ``x <- cycle(A, b)`` from ``x = 0``.
+
+    ``cyc.b`` is the right-hand side buffer (fill it in place), ``cyc()`` runs the
+    cycle and returns ``cyc.x``.  On the GPU the cycle is recorded once as a CUDA graph
+    and replayed with one launch (``mode == "cuda-graph"``); if the capture is refused,
+    ``mode == "eager"`` and ``graph_error`` says why.  Nothing is allocated per call, so
+    the caller may itself record ``cyc()`` in a larger graph.  This is the building
+    block of :func:`make_preconditioner` and of solvers that prepare the cycle's input
+    with their own kernels (e.g. the projection of a Neumann problem's residual).
+
+    ``graph``: "auto" (GPU and every level an assembled matrix with adaptmg's own
+    smoother), ``True`` (GPU, any levels) or ``False``.
+    """
+
+    def __init__(self, ml, kind="V", graph="auto"):
+        if graph not in (True, False, "auto"):
+            raise ValueError(f"graph must be True, False or 'auto', got {graph!r}")
+        be, xp = ml.backend, ml.backend.xp
+        if graph is True and not be.is_gpu:
+            raise ValueError("graph=True needs the GPU backend (CUDA graphs); use graph=False or 'auto'")
+        n = ml.levels[-1].n
+        self.ml, self.kind = ml, kind
+        self.b = xp.zeros(n, ml.dtype)
+        self.x = xp.zeros(n, ml.dtype)
+        self.graph = None
+        self.graph_error = None
+        self.mode = "eager" if be.is_gpu else "numpy"
+        if graph is True or (graph == "auto" and be.is_gpu and ml._capturable()):
+            from ..device.cudagraph import capture
+            g, why = capture(be, self._eager, [self.b], self.x,
+                             rtol=1e3 * float(np.finfo(ml.dtype).eps))
+            self.graph_error = ml.graph_error = why
+            if g is not None:
+                self.graph, self.mode = g, "cuda-graph"
+
+    def _eager(self):
+        self.ml._run(self.b, self.x, self.kind, True)
+
+    def __call__(self):
+        if self.graph is not None:
+            self.graph.launch()
+        else:
+            self._eager()
+        return self.x
 
 
 def make_preconditioner(ml, kind, dtype=None, graph="auto"):
@@ -18,23 +65,11 @@ def make_preconditioner(ml, kind, dtype=None, graph="auto"):
 
     See :meth:`adaptmg.multilevel.MultilevelSolver.aspreconditioner`.
     """
-    if graph not in (True, False, "auto"):
-        raise ValueError(f"graph must be True, False or 'auto', got {graph!r}")
     be, xp = ml.backend, ml.backend.xp
-    if graph is True and not be.is_gpu:
-        raise ValueError("graph=True needs the GPU backend (CUDA graphs); use graph=False or 'auto'")
+    cyc = BufferedCycle(ml, kind, graph)
+    graphed = cyc.graph is not None
     n = ml.levels[-1].n
     own_dtype = ml.dtype
-    bbuf = xp.zeros(n, own_dtype)
-    cyc = None
-    if graph is True or (graph == "auto" and be.is_gpu and ml._capturable()):
-        from ..device.cudagraph import capture
-        xbuf = xp.zeros(n, own_dtype)
-        g, why = capture(be, lambda: ml._run(bbuf, xbuf, kind, True), [bbuf], xbuf,
-                         rtol=1e3 * float(np.finfo(own_dtype).eps))
-        ml.graph_error = why
-        if g is not None:
-            cyc = (g, xbuf)
 
     def matvec(v):
         host_in = be.is_gpu and isinstance(v, np.ndarray)
@@ -43,15 +78,14 @@ def make_preconditioner(ml, kind, dtype=None, graph="auto"):
         vin = v.reshape(-1)
         if vin.shape != (n,):
             raise ValueError(f"preconditioner input must have {n} entries, got shape {v.shape}")
-        if cyc is not None:
-            xp.copyto(bbuf, vin, casting="unsafe")
-            cyc[0].launch()
-            out = cyc[1].astype(vin.dtype, copy=True)
+        if graphed:
+            xp.copyto(cyc.b, vin, casting="unsafe")
+            out = cyc().astype(vin.dtype, copy=True)
         else:
             if vin.dtype == own_dtype and vin.flags.c_contiguous:
                 bb = vin
             else:
-                bb = bbuf
+                bb = cyc.b
                 xp.copyto(bb, vin, casting="unsafe")
             out = xp.empty(n, own_dtype)
             ml._run(bb, out, kind, True)
@@ -62,5 +96,5 @@ def make_preconditioner(ml, kind, dtype=None, graph="auto"):
 
     op_dtype = np.dtype(dtype) if dtype is not None else ml.outer_dtype
     M = be.linalg.LinearOperator((n, n), matvec=matvec, rmatvec=matvec, dtype=op_dtype)
-    M.graph = cyc is not None
+    M.graph = graphed
     return M

@@ -12,7 +12,8 @@ fixed ``S``, so it runs unchanged with SciPy on the CPU and cuSPARSE on the GPU.
   where ``1 - t p(t)`` is the Chebyshev polynomial of degree ``k`` that is
   smallest on ``[lower * lmax, lmax]``, ``lmax`` an estimate of the largest
   eigenvalue of ``D^{-1} A`` (Lanczos at setup, times 1.1); ``scaling="none"``
-  for the polynomial in ``A`` itself (pyamg's ``chebyshev``).
+  for the polynomial in ``A`` itself (pyamg's ``chebyshev``)
+  (:mod:`adaptmg.multilevel.chebyshev`).
 * :class:`GaussSeidel`, :class:`BlockGaussSeidel`, :class:`L1GaussSeidel`
   (:mod:`adaptmg.multilevel.gauss_seidel`) -- multicolour (block) Gauss-Seidel /
   SOR and the l1 hybrid Gauss-Seidel: ``S`` is the inverse of a triangular
@@ -55,7 +56,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..device import kernels as K
-from ..backend import get_backend, is_device_sparse, is_sparse, to_host
+from ..backend import get_backend, is_sparse, to_host
 
 __all__ = ["Smoother", "Jacobi", "Richardson", "BlockJacobi", "Chebyshev", "PrePostSmoother",
            "GaussSeidel", "BlockGaussSeidel", "L1GaussSeidel", "make_smoother",
@@ -407,141 +408,6 @@ class BlockJacobi(Smoother):
         return f"BlockJacobi(block_size={self.block_size}, omega={self.omega:.4g}){_note(self)}"
 
 
-def estimate_lambda_max(A, dinv=None, steps=20, seed=0):
-    r"""Largest eigenvalue of ``D^{-1} A`` (``A`` SPD) by ``steps`` Lanczos steps.
-
-    Runs on the host on the symmetric ``D^{-1/2} A D^{-1/2}`` with full
-    re-orthogonalisation (``steps`` is small); returns the largest Ritz value,
-    a lower bound that converges quickly for the top of the spectrum.
-    """
-    n = _check_square(A, "estimate_lambda_max")
-    if dinv is None:
-        dinv = 1.0 / _host_diagonal(A, "estimate_lambda_max")
-    s = np.sqrt(np.asarray(dinv, dtype=np.float64))
-    m = int(min(steps, n))
-    rng = np.random.default_rng(seed)
-    V = np.zeros((m + 1, n))
-    alpha = np.zeros(m)
-    beta = np.zeros(m)
-    v = rng.standard_normal(n)
-    V[0] = v / np.linalg.norm(v)
-    k = m
-    for j in range(m):
-        w = s * np.asarray(A @ (s * V[j])).ravel()
-        alpha[j] = V[j] @ w
-        w -= V[: j + 1].T @ (V[: j + 1] @ w)
-        w -= V[: j + 1].T @ (V[: j + 1] @ w)
-        beta[j] = np.linalg.norm(w)
-        if beta[j] <= 1e-12 * abs(alpha[j]) or j == m - 1:
-            k = j + 1
-            break
-        V[j + 1] = w / beta[j]
-    T = np.diag(alpha[:k]) + np.diag(beta[: k - 1], 1) + np.diag(beta[: k - 1], -1)
-    return float(np.linalg.eigvalsh(T)[-1])
-
-
-class Chebyshev(Smoother):
-    r"""Chebyshev smoother for SPD ``A`` with Jacobi preconditioning.
-
-    With ``lmax`` = 1.1 x (Lanczos estimate of the largest eigenvalue of
-    ``D^{-1}A``) and the interval ``[a, b] = [lower * lmax, lmax]``,
-    ``theta = (a + b)/2``, ``delta = (b - a)/2``, ``sigma = theta/delta``, a
-    sweep of degree ``k`` is the Chebyshev iteration (Saad, Alg. 12.1)::
-
-        d = D^{-1}(b - A x) / theta;                 x += d
-        rho_0 = 1/sigma
-        for j = 1..k-1:
-            rho_j = 1 / (2 sigma - rho_{j-1})
-            d = rho_j rho_{j-1} d + (2 rho_j / delta) D^{-1}(b - A x);   x += d
-
-    The error is multiplied by ``T_k((theta - D^{-1}A)/delta) / T_k(sigma)``,
-    bounded by ``1/T_k(sigma)`` on ``[a, b]``.  All coefficients are host
-    constants fixed at setup; each step is one SpMV and one fused kernel.
-
-    ``scaling="none"`` replaces ``D`` by the identity: the unpreconditioned
-    Chebyshev smoother of pyamg (``lmax`` then bounds the spectrum of ``A``).
-    pyamg's ``('chebyshev', {'degree': k, 'lower_bound': lb, 'upper_bound': ub})``
-    with ``rho ~ rho(A)`` is ``Chebyshev(A, degree=k, lower=lb/ub, lmax=ub*rho,
-    scaling="none")``: the same residual polynomial, evaluated by the
-    three-term recurrence instead of Horner's rule.
-    """
-
-    name = "chebyshev"
-    _host_attrs = ("_dinv_host", "degree", "lower", "lmax", "_coef", "scaling")
-
-    def __init__(self, A, degree=3, lower=1.0 / 30.0, lmax=None, backend=None, dtype=None,
-                 scaling="jacobi"):
-        if not isinstance(degree, (int, np.integer)) or degree < 1:
-            raise ValueError(f"Chebyshev: degree must be a positive integer, got {degree!r}")
-        if not (0 < lower < 1):
-            raise ValueError(f"Chebyshev: lower must be in (0, 1), got {lower!r}")
-        if scaling not in ("jacobi", "none"):
-            raise ValueError(f"Chebyshev: scaling must be 'jacobi' or 'none', got {scaling!r}")
-        if lmax is not None and not (np.isfinite(lmax) and lmax > 0):
-            raise ValueError(f"Chebyshev: lmax must be a positive number or None, got {lmax!r}")
-        self.degree = int(degree)
-        self.lower = float(lower)
-        self.lmax = lmax
-        self.scaling = scaling
-        super().__init__(A, 1.0, backend, dtype)
-
-    def _setup_host(self):
-        if self.scaling == "none":
-            self._dinv_host = np.ones(self.n)
-        else:
-            d = _host_diagonal(self.A_host, "Chebyshev")
-            if np.any(d <= 0) or not np.all(np.isfinite(d)):
-                i = int(np.flatnonzero(~(d > 0) | ~np.isfinite(d))[0])
-                raise ValueError(f"Chebyshev needs an SPD matrix: diagonal entry {i} is {d[i]!r}")
-            self._dinv_host = 1.0 / d
-        if self.lmax is None:     # the host copy of a device matrix only when lmax must be estimated
-            A = self.A_host
-            if is_device_sparse(A):
-                A = to_host(A)
-            self.lmax = 1.1 * estimate_lambda_max(A, self._dinv_host)
-        b = float(self.lmax)
-        a = self.lower * b
-        theta, delta = 0.5 * (b + a), 0.5 * (b - a)
-        sigma = theta / delta
-        coef = [(0.0, 1.0 / theta)]
-        rho_old = 1.0 / sigma
-        for _ in range(1, self.degree):
-            rho = 1.0 / (2.0 * sigma - rho_old)
-            coef.append((rho * rho_old, 2.0 * rho / delta))
-            rho_old = rho
-        self._coef = tuple(coef)
-
-    def _move(self):
-        self.dinv = self.backend.asarray(self._dinv_host.astype(self.dtype))
-        self._d = self.backend.xp.zeros(self.n, self.dtype)
-
-    def smooth(self, x, b, sweeps=1, work=None, zero_initial=False):
-        """``sweeps`` Chebyshev sweeps of degree ``self.degree``, in place."""
-        sweeps = _validate_sweeps(sweeps)
-        _validate_vectors(x, b, self.n, self.dtype, "Chebyshev.smooth")
-        Ax = self._scratch(work)
-        d = self._d
-        if zero_initial and sweeps == 0:
-            x.fill(0)
-        for s in range(sweeps):
-            for j, (c1, c2) in enumerate(self._coef):
-                if j == 0:
-                    if zero_initial and s == 0:
-                        K.chebyshev_start_zero(x, d, self.dinv, b, c2)
-                        continue
-                    self._Aplan(x, Ax, 1.0, 0.0)
-                    K.chebyshev_start(x, d, self.dinv, b, Ax, c2)
-                else:
-                    self._Aplan(x, Ax, 1.0, 0.0)
-                    K.chebyshev_update(x, d, self.dinv, b, Ax, c1, c2)
-        return x
-
-    def __repr__(self):
-        sc = "" if self.scaling == "jacobi" else f", scaling={self.scaling!r}"
-        return (f"Chebyshev(degree={self.degree}, lower={self.lower:.4g}, lmax={self.lmax:.4g}"
-                f"{sc}){_note(self)}")
-
-
 class PrePostSmoother:
     """Different pre- and post-smoothers on one level (e.g. from a pyamg hierarchy).
 
@@ -616,8 +482,10 @@ class PrePostSmoother:
         return f"PrePostSmoother(pre={pre}, post={post}){_note(self)}"
 
 
-# The Gauss-Seidel family lives in its own module, which builds on Smoother above
-# (imported here, after the base class exists, so that the registry below is complete).
+# The Chebyshev and Gauss-Seidel families live in their own modules, which build on
+# Smoother above (imported here, after the base class exists, so that the registry
+# below is complete).
+from .chebyshev import Chebyshev, estimate_lambda_max  # noqa: E402
 from .gauss_seidel import BlockGaussSeidel, GaussSeidel, L1GaussSeidel  # noqa: E402
 
 

@@ -43,7 +43,7 @@ from ..backend import get_backend, is_device_sparse, is_sparse, to_host
 from ..device import kernels as K
 from ..linalg import ConvergenceWarning
 from . import coarse as _coarse
-from .preconditioner import make_preconditioner
+from .preconditioner import BufferedCycle, make_preconditioner
 from .smoothers import make_smoother, smoother_setup_kwargs
 
 __all__ = ["Level", "MultilevelSolver", "ConvergenceWarning", "CYCLES"]
@@ -440,6 +440,15 @@ class MultilevelSolver:
         after changing a smoother (e.g. its ``omega``) build a new preconditioner.
         """
         return make_preconditioner(self, _check_cycle(cycle), dtype, graph)
+
+    def buffered_cycle(self, cycle="V", graph="auto"):
+        """One cycle from ``x = 0`` on fixed buffers, as a CUDA graph on the GPU.
+
+        Returns a :class:`~adaptmg.multilevel.preconditioner.BufferedCycle`: fill
+        ``cyc.b`` in place, call ``cyc()``, read ``cyc.x``.  For solvers that prepare the
+        cycle's input with their own kernels (no copy in, no allocation out).
+        """
+        return BufferedCycle(self, _check_cycle(cycle), graph)
 
     def _cached_preconditioner(self, kind):
         M = self._preconditioners.get(kind)

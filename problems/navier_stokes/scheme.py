@@ -63,8 +63,9 @@ gradient = pressure -> velocity map, divergence = velocity -> pressure map) that
 read the shared sparsity pattern once for all components (velocity stored
 component-major as (d, n), matrices in ELL layout on the GPU;
 :class:`adaptmg.device.multicsr.MultiCSR`),
-and flexible GMRES (:func:`adaptmg.linalg.fgmres`) preconditioned by a V-cycle that is
-one CUDA-graph launch (:class:`.pressure._FusedVCycle`), started from the extrapolation
+and flexible GMRES (:func:`adaptmg.linalg.fgmres`) preconditioned by the
+:class:`~adaptmg.multilevel.MultilevelSolver` V-cycle replayed as one CUDA-graph launch
+(:class:`.pressure._NeumannPoisson`), started from the extrapolation
 :math:`2q^n - q^{n-1}` of the last two increments.  The only transfers in the loop are
 the Krylov scalars (and one scalar every ``check_every`` steps when ``steady_tol`` is set).
 """

@@ -279,12 +279,20 @@ def test_bad_input(backend):
         ml.solve(good, rtol=1e-14, maxiter=1)
 
 
-def test_fused_small_levels_give_the_same_cycle(backend):
+@pytest.mark.parametrize("smoother,kw,pre,post", [
+    ("jacobi", {}, 2, 2), ("chebyshev", {"degree": 3}, 2, 2), ("chebyshev", {"degree": 2}, 1, 2),
+    ("chebyshev", {"degree": 6}, 2, 1)])
+def test_fused_small_levels_give_the_same_cycle(backend, smoother, kw, pre, post):
+    """One-launch sweeps (Jacobi) / steps (Chebyshev, ping-pong buffers, both parities of the
+    step count, zero and non-zero initial guess) against SpMV + element-wise kernels."""
     As, Ps = hierarchy(2, 4, 5)
-    ref = MultilevelSolver.from_matrices(As, Ps, backend=backend)
-    fus = MultilevelSolver.from_matrices(As, Ps, backend=backend, fuse_below=10 ** 9)
+    opts = dict(backend=backend, smoother=smoother, smoother_kwargs=kw, presmooth=pre,
+                postsmooth=post)
+    ref = MultilevelSolver.from_matrices(As, Ps, **opts)
+    fus = MultilevelSolver.from_matrices(As, Ps, fuse_below=10 ** 9, **opts)
     ref.set_fuse_below(0)
     assert all(d.fused for d in fus._dev) and not any(d.fused for d in ref._dev)
+    assert all(d.smoother.fused for d in fus._dev[1:])
     r = backend.asarray(np.random.default_rng(4).standard_normal(As[-1].shape[0]))
     for cyc in ("V", "W"):
         np.testing.assert_allclose(to_host(fus.aspreconditioner(cyc).matvec(r)),
