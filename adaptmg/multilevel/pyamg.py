@@ -79,7 +79,7 @@ from .solver import Level, MultilevelSolver
 from .smoothers import (SMOOTHERS, Jacobi, PrePostSmoother, estimate_lambda_max, make_smoother,
                         normalize_smoother_name, smoother_setup_kwargs)
 
-__all__ = ["from_pyamg", "SmootherMappingWarning"]
+__all__ = ["from_pyamg", "pyamg_matrices", "SmootherMappingWarning"]
 
 
 class SmootherMappingWarning(UserWarning):
@@ -310,6 +310,148 @@ def _group_levels(levels):
 
 
 # ---------------------------------------------------------------------------
+def _smoother_key(smoother, omega):
+    """Registry key of an explicitly named smoother (None: pyamg's own); checks ``omega``."""
+    key = None
+    if smoother is not None:
+        try:
+            key = normalize_smoother_name(smoother) if isinstance(smoother, str) else None
+        except ValueError:
+            key = None
+        if key is None:
+            raise ValueError(f"from_pyamg: smoother must be one of None (pyamg's own smoothers) or "
+                             f"{sorted(SMOOTHERS)}, got {smoother!r}")
+    if omega is not None:
+        if isinstance(omega, bool) or not isinstance(omega, numbers.Real) or not np.isfinite(omega) \
+                or omega <= 0:
+            raise ValueError(f"from_pyamg: omega must be a positive number or None, got {omega!r}")
+        if key == "chebyshev":
+            raise ValueError("from_pyamg: omega does not apply to smoother='chebyshev' "
+                             "(use smoother_kwargs)")
+    return key
+
+
+def _check_smoother_kwargs(smoother_kwargs, key):
+    if smoother_kwargs is not None and not isinstance(smoother_kwargs, dict):
+        raise TypeError(f"from_pyamg: smoother_kwargs must be a dict, got {type(smoother_kwargs).__name__}")
+    if smoother_kwargs and key is None:
+        raise ValueError("from_pyamg: smoother_kwargs needs an explicit smoother name "
+                         "(with smoother=None pyamg's own settings are used)")
+
+
+def pyamg_matrices(levels_in):
+    """Host CSR ``(As, Ps, Rs)`` of a pyamg hierarchy's levels, in pyamg's order (fine -> coarse).
+
+    BSR levels become CSR; ``R`` is pyamg's explicit restriction (``P^T`` when absent);
+    ``A.rho_D_inv`` (pyamg's cached spectral radius) is kept.  Shapes are checked.
+    """
+    As, Ps, Rs = [], [], []
+    L = len(levels_in)
+    for i, lev in enumerate(levels_in):
+        A = getattr(lev, "A", None)
+        if A is None:
+            raise ValueError(f"from_pyamg: ml.levels[{i}] has no matrix A")
+        Ah = _csr(A, f"ml.levels[{i}].A")
+        if Ah.shape[0] != Ah.shape[1]:
+            raise ValueError(f"from_pyamg: ml.levels[{i}].A must be square, got shape {Ah.shape}")
+        if hasattr(A, "rho_D_inv"):
+            Ah.rho_D_inv = A.rho_D_inv
+        As.append(Ah)
+        if i < L - 1:
+            if getattr(lev, "P", None) is None:
+                raise ValueError(f"from_pyamg: ml.levels[{i}] (not the coarsest) has no P")
+            P = _csr(lev.P, f"ml.levels[{i}].P")
+            R = getattr(lev, "R", None)
+            R = P.T.tocsr() if R is None else _csr(R, f"ml.levels[{i}].R")
+            Ps.append(P)
+            Rs.append(R)
+    for i in range(L - 1):
+        n, nc = As[i].shape[0], As[i + 1].shape[0]
+        if Ps[i].shape != (n, nc):
+            raise ValueError(f"from_pyamg: ml.levels[{i}].P has shape {Ps[i].shape}, expected "
+                             f"{(n, nc)} (level {i} has {n} rows, level {i + 1} has {nc})")
+        if Rs[i].shape != (nc, n):
+            raise ValueError(f"from_pyamg: ml.levels[{i}].R has shape {Rs[i].shape}, expected {(nc, n)}")
+    return As, Ps, Rs
+
+
+def _smoother_specs(levels_in, As, key, omega, smoother_kwargs):
+    """Per pyamg level the (pre, post) :class:`_Spec` of the adaptmg smoother: pyamg's own
+    smoothers mapped (``key`` None) or the explicitly named one with its defaults."""
+    L = len(levels_in)
+    specs = []
+    for i, lev in enumerate(levels_in):
+        src = levels_in[min(i, L - 2)] if L > 1 else lev       # coarsest: next finer level's kind
+        pre_fn = getattr(src, "presmoother", _MISSING)
+        post_fn = getattr(src, "postsmoother", pre_fn)
+        bs_lev = _blocksize(getattr(lev, "A", None))
+        if key is None:
+            pre, post = _map_pyamg(pre_fn, lev.A), _map_pyamg(post_fn, lev.A)
+            if i == L - 1 and L > 1:
+                # coarsest level (coarse="smoother"; pyamg smooths no coarsest level): the finer
+                # level's kind, with this level's block size and weights / interval of its own
+                for s in (pre, post):
+                    if "block_size" in s.kwargs:
+                        s.kwargs["block_size"] = bs_lev
+                    if s.kind in ("jacobi", "block_jacobi", "richardson"):
+                        s.kwargs["omega"] = "auto"
+                    if s.kind == "chebyshev":
+                        s.kwargs["lmax"] = None
+            if omega is not None:
+                for s in (pre, post):
+                    if s.kind == "chebyshev":
+                        raise ValueError(f"from_pyamg: omega does not apply to pyamg's chebyshev "
+                                         f"smoother on level {i}")
+                    if s.kind != "none":
+                        s.kwargs["omega"] = float(omega)
+        else:
+            name, p = _pyamg_params(pre_fn)
+            it = int(p.get("iterations", 1)) if name == "jacobi" else 1
+            if key == "jacobi":
+                if omega is not None:
+                    w = float(omega)
+                elif name == "jacobi" and "omega" in p and i < L - 1:
+                    w = float(p["omega"])
+                else:
+                    w = 4.0 / (3.0 * _rho(As[i]))
+                kw = {"omega": w} | dict(smoother_kwargs or {})
+            else:
+                kw = smoother_setup_kwargs(key, smoother_kwargs, block_size=bs_lev)
+                if omega is not None:
+                    kw["omega"] = float(omega)
+            pre = post = _Spec(key, kw, it, True, "")
+        specs.append((pre, post))
+    return specs
+
+
+def _mapping_notes(specs, need):
+    """Group the levels whose mapping is not exact; warn once with one line per group.
+
+    Returns ``(groups, notes)``: ``(role, pyamg source, adaptmg instead) -> levels`` and
+    the note lines (empty when every mapping is exact).
+    """
+    groups = {}
+    for i in need:
+        p_, q_ = specs[i]
+        if p_.exact and q_.exact:
+            continue
+        if p_.key() == q_.key() and p_.source == q_.source:
+            item = ("pre/post", p_.source, p_.instead)
+            groups.setdefault(item, []).append(i)
+        else:
+            for role, s in (("pre", p_), ("post", q_)):
+                if not s.exact:
+                    groups.setdefault((role, s.source, s.instead), []).append(i)
+    notes = [f"{_group_levels(lv)} (pyamg numbering), {role}smoother pyamg {src} -> adaptmg {inst}"
+             for (role, src, inst), lv in groups.items()]
+    if notes:
+        warnings.warn(SmootherMappingWarning(
+            "from_pyamg: pyamg's smoothers have no exact adaptmg equivalent on some levels "
+            "(pass smoother=... to choose one explicitly):\n  " + "\n  ".join(notes)),
+            stacklevel=3)
+    return groups, notes
+
+
 def from_pyamg(ml, backend="auto", smoother=None, *, omega=None, presmooth=None,
                postsmooth=None, smoother_kwargs=None, dtype=np.float64, coarse="direct",
                max_direct=20000, coarse_sweeps=10):
@@ -364,106 +506,19 @@ def from_pyamg(ml, backend="auto", smoother=None, *, omega=None, presmooth=None,
     levels_in = list(levels_in)
     if not levels_in:
         raise ValueError("from_pyamg: ml has no levels")
-    key = None
-    if smoother is not None:
-        try:
-            key = normalize_smoother_name(smoother) if isinstance(smoother, str) else None
-        except ValueError:
-            key = None
-        if key is None:
-            raise ValueError(f"from_pyamg: smoother must be one of None (pyamg's own smoothers) or "
-                             f"{sorted(SMOOTHERS)}, got {smoother!r}")
-    if omega is not None:
-        if isinstance(omega, bool) or not isinstance(omega, numbers.Real) or not np.isfinite(omega) \
-                or omega <= 0:
-            raise ValueError(f"from_pyamg: omega must be a positive number or None, got {omega!r}")
-        if key == "chebyshev":
-            raise ValueError("from_pyamg: omega does not apply to smoother='chebyshev' "
-                             "(use smoother_kwargs)")
+    key = _smoother_key(smoother, omega)
     presmooth = _check_sweeps("presmooth", presmooth)
     postsmooth = _check_sweeps("postsmooth", postsmooth)
-    if smoother_kwargs is not None and not isinstance(smoother_kwargs, dict):
-        raise TypeError(f"from_pyamg: smoother_kwargs must be a dict, got {type(smoother_kwargs).__name__}")
-    if smoother_kwargs and key is None:
-        raise ValueError("from_pyamg: smoother_kwargs needs an explicit smoother name "
-                         "(with smoother=None pyamg's own settings are used)")
+    _check_smoother_kwargs(smoother_kwargs, key)
     dtype = np.dtype(dtype)
     if dtype.kind != "f":
         raise TypeError(f"from_pyamg: dtype must be float32 or float64, got {dtype}")
     be = get_backend(backend)
 
-    # ---- host matrices, pyamg order (fine -> coarse)
-    As, Ps, Rs = [], [], []
+    As, Ps, Rs = pyamg_matrices(levels_in)
     L = len(levels_in)
-    for i, lev in enumerate(levels_in):
-        A = getattr(lev, "A", None)
-        if A is None:
-            raise ValueError(f"from_pyamg: ml.levels[{i}] has no matrix A")
-        Ah = _csr(A, f"ml.levels[{i}].A")
-        if Ah.shape[0] != Ah.shape[1]:
-            raise ValueError(f"from_pyamg: ml.levels[{i}].A must be square, got shape {Ah.shape}")
-        if hasattr(A, "rho_D_inv"):
-            Ah.rho_D_inv = A.rho_D_inv
-        As.append(Ah)
-        if i < L - 1:
-            if getattr(lev, "P", None) is None:
-                raise ValueError(f"from_pyamg: ml.levels[{i}] (not the coarsest) has no P")
-            P = _csr(lev.P, f"ml.levels[{i}].P")
-            R = getattr(lev, "R", None)
-            R = P.T.tocsr() if R is None else _csr(R, f"ml.levels[{i}].R")
-            Ps.append(P)
-            Rs.append(R)
-    for i in range(L - 1):
-        n, nc = As[i].shape[0], As[i + 1].shape[0]
-        if Ps[i].shape != (n, nc):
-            raise ValueError(f"from_pyamg: ml.levels[{i}].P has shape {Ps[i].shape}, expected "
-                             f"{(n, nc)} (level {i} has {n} rows, level {i + 1} has {nc})")
-        if Rs[i].shape != (nc, n):
-            raise ValueError(f"from_pyamg: ml.levels[{i}].R has shape {Rs[i].shape}, expected {(nc, n)}")
 
-    # ---- smoother specifications per pyamg level (pre, post)
-    specs = []
-    for i, lev in enumerate(levels_in):
-        src = levels_in[min(i, L - 2)] if L > 1 else lev       # coarsest: next finer level's kind
-        pre_fn = getattr(src, "presmoother", _MISSING)
-        post_fn = getattr(src, "postsmoother", pre_fn)
-        bs_lev = _blocksize(getattr(lev, "A", None))
-        if key is None:
-            pre, post = _map_pyamg(pre_fn, lev.A), _map_pyamg(post_fn, lev.A)
-            if i == L - 1 and L > 1:
-                # coarsest level (coarse="smoother"; pyamg smooths no coarsest level): the finer
-                # level's kind, with this level's block size and weights / interval of its own
-                for s in (pre, post):
-                    if "block_size" in s.kwargs:
-                        s.kwargs["block_size"] = bs_lev
-                    if s.kind in ("jacobi", "block_jacobi", "richardson"):
-                        s.kwargs["omega"] = "auto"
-                    if s.kind == "chebyshev":
-                        s.kwargs["lmax"] = None
-            if omega is not None:
-                for s in (pre, post):
-                    if s.kind == "chebyshev":
-                        raise ValueError(f"from_pyamg: omega does not apply to pyamg's chebyshev "
-                                         f"smoother on level {i}")
-                    if s.kind != "none":
-                        s.kwargs["omega"] = float(omega)
-        else:
-            name, p = _pyamg_params(pre_fn)
-            it = int(p.get("iterations", 1)) if name == "jacobi" else 1
-            if key == "jacobi":
-                if omega is not None:
-                    w = float(omega)
-                elif name == "jacobi" and "omega" in p and i < L - 1:
-                    w = float(p["omega"])
-                else:
-                    w = 4.0 / (3.0 * _rho(As[i]))
-                kw = {"omega": w} | dict(smoother_kwargs or {})
-            else:
-                kw = smoother_setup_kwargs(key, smoother_kwargs, block_size=bs_lev)
-                if omega is not None:
-                    kw["omega"] = float(omega)
-            pre = post = _Spec(key, kw, it, True, "")
-        specs.append((pre, post))
+    specs = _smoother_specs(levels_in, As, key, omega, smoother_kwargs)
 
     # ---- sweep counts: global when all levels agree, else per level inside the smoother
     need = range(L - 1) if coarse != "smoother" else range(L)
@@ -476,27 +531,7 @@ def from_pyamg(ml, backend="auto", smoother=None, *, omega=None, presmooth=None,
     post = post_n if postsmooth is None else postsmooth
     per_level = not uniform and presmooth is None and postsmooth is None
 
-    # ---- warning and notes for inexact mappings
-    groups = {}
-    for i in need:
-        p_, q_ = specs[i]
-        if p_.exact and q_.exact:
-            continue
-        if p_.key() == q_.key() and p_.source == q_.source:
-            item = ("pre/post", p_.source, p_.instead)
-            groups.setdefault(item, []).append(i)
-        else:
-            for role, s in (("pre", p_), ("post", q_)):
-                if not s.exact:
-                    groups.setdefault((role, s.source, s.instead), []).append(i)
-    notes = [f"{_group_levels(lv)} (pyamg numbering), {role}smoother pyamg {src} -> adaptmg {inst}"
-             for (role, src, inst), lv in groups.items()]
-    if notes:
-        warnings.warn(SmootherMappingWarning(
-            "from_pyamg: pyamg's smoothers have no exact adaptmg equivalent on some levels "
-            "(pass smoother=... to choose one explicitly):\n  " + "\n  ".join(notes)),
-            stacklevel=2)
-
+    groups, notes = _mapping_notes(specs, need)
     nbytes = sum(M.data.nbytes + M.indices.nbytes + M.indptr.nbytes for M in As + Ps + Rs)
     what = (f"moving a {L}-level pyamg hierarchy ({As[0].shape[0]} rows on the finest level, "
             f"{sum(M.nnz for M in As)} nonzeros in all A_l) to the {be.name}")
