@@ -15,27 +15,15 @@ for all matrices and all right-hand sides.  Vectors are stored component-major
 ``div(x, y)``      :math:`y = \alpha\sum_k A_k x_k + \beta y`, ``x (K, nc)``, ``y (nr,)``      block row
 =================  ====================================================================  ==============
 
-and, for one square matrix (``K = 1``) used as a multigrid level,
-
-* ``residual(x, b, r)``: :math:`r = b - A_0 x`;
-* ``chebyshev(x, b, dinv, d, c1, c2, xout)``: one Chebyshev step
-  :math:`d \leftarrow c_1 d + c_2 D^{-1}(b - A_0 x)`, :math:`x_{out} = x + d`
-  (:mod:`adaptmg.multilevel.smoothers` gives the coefficients; ``c1 = 0`` does not read ``d``);
-* ``spmv(x, y)``: :math:`y = \alpha A_0 x + \beta y` on 1-D vectors (grid transfers),
-
-plus :func:`sym_gemv`, :math:`x = S b` for a dense symmetric ``S`` (a direct coarse
-solve with a precomputed inverse).  All of these are launch-only kernels on fixed
-buffers, so a whole multigrid cycle built from them can be captured in a CUDA graph
-(:mod:`adaptmg.device.cudagraph`).
+All of these are launch-only kernels on fixed buffers (capturable in a CUDA graph,
+:mod:`adaptmg.device.cudagraph`).  The multigrid cycle's own row kernels (residual,
+Jacobi and Chebyshev steps) are CSR kernels of :mod:`adaptmg.device.kernels`.
 
 Storage on the GPU: ELL (:func:`ell_from_csr`), slot-major over the rows,
 ``cols[k*nr + i]`` and ``vals[(k*K + kk)*nr + i]`` for slot ``k < width`` of row ``i``
 (padded with column 0 and value 0).  One thread per row; consecutive threads (rows)
 read consecutive addresses, where a thread-per-row loop over CSR makes the 32 threads
-of a warp touch 32 different cache lines per load.  ``tpr > 1`` (2..32 threads per
-row, shuffle reduction) serves small, latency-bound matrices: there one thread per
-row walks a chain of ``width`` dependent loads (column index, then the gathered
-``x``).  ``use_kernels=False`` replaces every custom kernel by one cuSPARSE SpMV with
+of a warp touch 32 different cache lines per load.  ``use_kernels=False`` replaces every custom kernel by one cuSPARSE SpMV with
 the equivalent block matrix (``I_NO (x) A_0``, ``I_NO (x) [A_0 .. A_{K-1}]``,
 ``[A_0; ..; A_{K-1}]``, ``[A_0 .. A_{K-1}]``, :meth:`MultiCSR.block`), kept for comparison.
 
@@ -51,15 +39,13 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, get_backend
+from ..backend import get_backend
 
-__all__ = ["MultiCSR", "ell_from_csr", "sym_gemv", "KERNEL_NAMES"]
+__all__ = ["MultiCSR", "ell_from_csr", "KERNEL_NAMES"]
 
-#: the one-thread-per-row kernels of this module; the sub-warp variants are
-#: ``adaptmg_multicsr_{residual,chebyshev,spmv,sym_gemv}_sub<tpr>``
+#: the kernels of this module
 KERNEL_NAMES = ("adaptmg_multicsr_ell_vec", "adaptmg_multicsr_ell_conv", "adaptmg_multicsr_ell_grad",
-                "adaptmg_multicsr_ell_div", "adaptmg_multicsr_residual", "adaptmg_multicsr_chebyshev",
-                "adaptmg_multicsr_sym_gemv")
+                "adaptmg_multicsr_ell_div")
 
 
 def _is_numpy(a) -> bool:
@@ -120,104 +106,6 @@ def _ell_kernel(cp, kind, K, NO):
     """``adaptmg_multicsr_ell_<kind>`` for ``K`` matrices and ``NO`` outputs (``cp``: the CuPy module)."""
     body = _ELL_HEAD.replace("BODY", _ELL_BODY[kind]).replace("NO", str(NO)).replace("KK", str(K))
     return cp.ElementwiseKernel(_ELL_PARAMS, "raw T y", body, f"adaptmg_multicsr_ell_{kind}")
-
-
-# r = b - A x  and one Chebyshev step  d = c1 d + c2 dinv (b - A xin),  xout = xin + d  (A: K = 1)
-_ELL_ROWSUM = r"""
-T s = 0;
-for (int k = 0; k < width; ++k) {
-    const ptrdiff_t e = (ptrdiff_t)k * nr + i;
-    s += vals[e] * x[cols[e]];
-}
-"""
-_SOLVER_SPECS = {
-    "residual": ("raw I cols, raw T vals, raw T x, raw T b, int32 nr, int32 width", "raw T r",
-                 _ELL_ROWSUM + "r[i] = b[i] - s;"),
-    "chebyshev": ("raw I cols, raw T vals, raw T x, raw T b, raw T dinv, int32 nr, int32 width, T c1, T c2",
-                  "raw T d, raw T xout",
-                  _ELL_ROWSUM + "const T t = c2 * dinv[i] * (b[i] - s) + (c1 == T(0) ? T(0) : c1 * d[i]);"
-                  " d[i] = t; xout[i] = x[i] + t;"),
-    # x = S b for a dense symmetric S (column access: coalesced over the rows i)
-    "sym_gemv": ("raw T S, raw T b, int32 n", "raw T x",
-                 "T s = 0; for (int j = 0; j < n; ++j) s += S[(ptrdiff_t)j * n + i] * b[j]; x[i] = s;"),
-}
-
-
-@functools.lru_cache(maxsize=None)
-def _solver_kernel(cp, name):
-    """``adaptmg_multicsr_<name>`` (one thread per row; ``cp``: the CuPy module)."""
-    inp, out, op = _SOLVER_SPECS[name]
-    return cp.ElementwiseKernel(inp, out, op, f"adaptmg_multicsr_{name}")
-
-
-# --------------------------------------------------------------------------
-# sub-warp variants (TPR = 2..32 threads per row, shuffle reduction)
-# --------------------------------------------------------------------------
-# Launched with size = roundup(nr * TPR, 32), so every warp is either fully inside or
-# fully outside the element-wise loop and the full-mask shuffles are well defined.
-_SUB_ROWSUM = r"""
-const ptrdiff_t row = i / TPR;
-const int lane = (int)(i % TPR);
-T s = 0;
-if (row < nr) {
-    for (int k = lane; k < width; k += TPR) {
-        const ptrdiff_t e = (ptrdiff_t)k * nr + row;
-        s += vals[e] * x[cols[e]];
-    }
-}
-#pragma unroll
-for (int off = TPR / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, TPR);
-if (row < nr && lane == 0) { EPILOGUE }
-"""
-_SUB_SPECS = {
-    "residual": ("raw I cols, raw T vals, raw T x, raw T b, int32 nr, int32 width", "raw T r",
-                 "r[row] = b[row] - s;"),
-    "chebyshev": ("raw I cols, raw T vals, raw T x, raw T b, raw T dinv, int32 nr, int32 width, T c1, T c2",
-                  "raw T d, raw T xout",
-                  "const T t = c2 * dinv[row] * (b[row] - s) + (c1 == T(0) ? T(0) : c1 * d[row]);"
-                  " d[row] = t; xout[row] = x[row] + t;"),
-    "spmv": ("raw I cols, raw T vals, raw T x, int32 nr, int32 width, T alpha, T beta", "raw T y",
-             "y[row] = (beta == T(0)) ? alpha * s : alpha * s + beta * y[row];"),
-}
-_SUB_GEMV = r"""
-const ptrdiff_t row = i / TPR;
-const int lane = (int)(i % TPR);
-T s = 0;
-if (row < n) for (int j = lane; j < n; j += TPR) s += S[row * n + j] * b[j];
-#pragma unroll
-for (int off = TPR / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, TPR);
-if (row < n && lane == 0) x[row] = s;
-"""
-
-
-@functools.lru_cache(maxsize=None)
-def _sub_kernel(cp, name, tpr):
-    """``adaptmg_multicsr_<name>_sub<tpr>`` (``tpr`` threads per row; ``cp``: the CuPy module)."""
-    if name == "sym_gemv":
-        return cp.ElementwiseKernel("raw T S, raw T b, int32 n", "raw T x",
-                                    _SUB_GEMV.replace("TPR", str(tpr)), f"adaptmg_multicsr_{name}_sub{tpr}")
-    inp, out, epi = _SUB_SPECS[name]
-    body = _SUB_ROWSUM.replace("EPILOGUE", epi).replace("TPR", str(tpr))
-    return cp.ElementwiseKernel(inp, out, body, f"adaptmg_multicsr_{name}_sub{tpr}")
-
-
-def _sub_size(n, tpr):
-    return ((n * tpr + 31) // 32) * 32
-
-
-def sym_gemv(S, b, x, tpr=1):
-    """``x = S b`` for a dense symmetric ``S`` (n x n), one launch (e.g. a direct coarse solve).
-
-    ``tpr > 1`` (GPU): ``tpr`` threads per row with a shuffle reduction.
-    """
-    n = b.shape[0]
-    if _is_numpy(x):
-        np.dot(S, b, out=x)
-        return x
-    cp = backend_of(x).xp
-    if tpr > 1:
-        return _sub_kernel(cp, "sym_gemv", tpr)(S, b, np.int32(n), x, size=_sub_size(n, tpr))
-    return _solver_kernel(cp, "sym_gemv")(S, b, np.int32(n), x, size=n)
 
 
 def ell_from_csr(indptr, indices, vals, nrows):
@@ -426,45 +314,3 @@ class MultiCSR:
         if _is_numpy(y):
             return self._finish(y, self._hstack() @ x.reshape(-1), alpha, beta)
         return self._gpu("div", 1, x, y, alpha, beta)
-
-    def residual(self, x, b, r, tpr=1):
-        """``r = b - A_0 x`` (square ``A_0``), one launch (``tpr`` threads per row on the GPU)."""
-        nr, nc = self.shape
-        if _is_numpy(r):
-            np.subtract(b, self.matrix(0) @ x, out=r)
-            return r
-        cp = self.backend.xp
-        if tpr > 1:
-            return _sub_kernel(cp, "residual", tpr)(self.ell_cols, self.ell_vals, x, b, np.int32(nr),
-                                                    np.int32(self.width), r, size=_sub_size(nr, tpr))
-        return _solver_kernel(cp, "residual")(self.ell_cols, self.ell_vals, x, b, np.int32(nr),
-                                              np.int32(self.width), r, size=nr)
-
-    def chebyshev(self, x, b, dinv, d, c1, c2, xout, tpr=1):
-        """One Chebyshev step on ``A_0``: ``d = c1 d + c2 dinv (b - A_0 x)``, ``xout = x + d`` (c1 = 0: d not read)."""
-        nr = self.shape[0]
-        if _is_numpy(xout):
-            t = c2 * dinv * (b - self.matrix(0) @ x)
-            if c1 != 0:
-                t += c1 * d
-            d[...] = t
-            np.add(x, t, out=xout)
-            return xout
-        T = xout.dtype.type
-        cp = self.backend.xp
-        if tpr > 1:
-            return _sub_kernel(cp, "chebyshev", tpr)(self.ell_cols, self.ell_vals, x, b, dinv, np.int32(nr),
-                                                     np.int32(self.width), T(c1), T(c2), d, xout,
-                                                     size=_sub_size(nr, tpr))
-        return _solver_kernel(cp, "chebyshev")(self.ell_cols, self.ell_vals, x, b, dinv, np.int32(nr),
-                                               np.int32(self.width), T(c1), T(c2), d, xout, size=nr)
-
-    def spmv(self, x, y, alpha=1.0, beta=0.0, tpr=1):
-        """``y = alpha A_0 x + beta y`` for 1-D ``x``, ``y`` (e.g. multigrid grid transfers)."""
-        nr, nc = self.shape
-        if _is_numpy(y) or tpr <= 1:
-            return self.vec(x.reshape(1, -1), y.reshape(1, -1), alpha, beta)
-        T = y.dtype.type
-        return _sub_kernel(self.backend.xp, "spmv", tpr)(self.ell_cols, self.ell_vals, x, np.int32(nr),
-                                                         np.int32(self.width), T(alpha), T(beta), y,
-                                                         size=_sub_size(nr, tpr))
