@@ -30,12 +30,14 @@ def _refuse(size):
     raise MemoryError(f"device allocation of {size} bytes during CUDA-graph capture")
 
 
-def capture(backend, run, inputs, output, rtol=1e-12, seed=0):
+def capture(backend, run, inputs, output, rtol=1e-12, seed=0, reset=None):
     """Record ``run()`` in a CUDA graph; return ``(graph, None)`` or ``(None, reason)``.
 
     ``inputs``: the device arrays ``run`` reads (filled with random values for the
     check and left so); ``output``: the array it writes.  ``run`` must launch the
-    same work on every call and may only touch preallocated buffers.
+    same work on every call and may only touch preallocated buffers.  ``reset``
+    (optional) restores any other state ``run`` reads (e.g. integer flags) before
+    each of the eager run and the checked replay; it is not recorded.
     """
     if not backend.is_gpu:
         return None, "not a GPU backend"
@@ -46,6 +48,8 @@ def capture(backend, run, inputs, output, rtol=1e-12, seed=0):
     def fill():
         for a, v in zip(inputs, vals):
             a.set(v)
+        if reset is not None:
+            reset()
     try:
         fill()
         run()                                   # compiles kernels, creates lazy buffers

@@ -43,20 +43,21 @@ class BufferedCycle:
         self.mode = "eager" if be.is_gpu else "numpy"
         if graph is True or (graph == "auto" and be.is_gpu and ml._capturable()):
             from ..device.cudagraph import capture
-            g, why = capture(be, self._eager, [self.b], self.x,
+            g, why = capture(be, self.run_eager, [self.b], self.x,
                              rtol=1e3 * float(np.finfo(ml.dtype).eps))
             self.graph_error = ml.graph_error = why
             if g is not None:
                 self.graph, self.mode = g, "cuda-graph"
 
-    def _eager(self):
+    def run_eager(self):
+        """The cycle kernel by kernel (what the graph replays; callable inside another capture)."""
         self.ml._run(self.b, self.x, self.kind, True)
 
     def __call__(self):
         if self.graph is not None:
             self.graph.launch()
         else:
-            self._eager()
+            self.run_eager()
         return self.x
 
 

@@ -485,7 +485,12 @@ class MultilevelSolver:
         float32 hierarchy).  ``accel="cg" | "gmres" | "fgmres"``: Krylov
         solver of :mod:`adaptmg.linalg` preconditioned by one cycle (the
         preconditioner, a CUDA graph on the GPU, is built on the first solve with
-        that cycle and reused: see :meth:`reset_preconditioners`).
+        that cycle and reused: see :meth:`reset_preconditioners`).  On the GPU,
+        ``accel="cg"`` without ``callback``/``residuals`` records the whole CG
+        iteration, cycle included, as one CUDA graph with the stopping test on the
+        device (:class:`adaptmg.linalg.graph_cg.GraphCG`; same iterates as
+        :func:`adaptmg.linalg.cg` up to round-off), so a small solve is not bound by
+        Python and launch overhead.
 
         ``residuals``: a list that receives the residual norms (initial one
         first), as in pyamg.  ``callback(xk)`` is called after each iteration.
@@ -509,7 +514,8 @@ class MultilevelSolver:
             raise ValueError(f"b must have shape ({n},) or ({n}, 1), got {bshape}")
         odt = self.outer_dtype
         b = be.asarray(b).reshape(n).astype(odt, copy=False)
-        if not bool(xp.isfinite(b).all()):
+        bnorm = float(xp.linalg.norm(b))          # one sync; NaN/Inf in b make it non-finite
+        if not np.isfinite(bnorm) and not bool(xp.isfinite(b).all()):
             raise ValueError("b contains NaN or Inf")
         if x0 is None:
             x = xp.zeros(n, odt)
@@ -520,10 +526,10 @@ class MultilevelSolver:
             if not bool(xp.isfinite(x).all()):
                 raise ValueError("x0 contains NaN or Inf")
         if accel is not None:
-            x = self._solve_krylov(b, x, x0 is not None, rtol, atol, maxiter, accel, kind,
+            x = self._solve_krylov(b, x, bnorm, rtol, atol, maxiter, accel, kind,
                                    callback, residuals)
         else:
-            x = self._solve_stationary(b, x, rtol, atol, maxiter, kind, callback, residuals)
+            x = self._solve_stationary(b, x, bnorm, rtol, atol, maxiter, kind, callback, residuals)
         return be.xp.asnumpy(x) if host_in else x
 
     def _residual(self, b, x, r):
@@ -531,14 +537,14 @@ class MultilevelSolver:
         self._A_outer_plan(x, r, -1.0, 1.0)
         return r
 
-    def _solve_stationary(self, b, x, rtol, atol, maxiter, kind, callback, residuals):
+    def _solve_stationary(self, b, x, bnorm, rtol, atol, maxiter, kind, callback, residuals):
         xp = self.backend.xp
         n = self._dev[-1].n
         r = xp.empty_like(b)
         same = self.outer_dtype == self.dtype
         e = xp.empty(n, self.dtype)
         bl = r if same else xp.empty(n, self.dtype)
-        tol = max(rtol * float(xp.linalg.norm(b)), atol)
+        tol = max(rtol * bnorm, atol)
         res = float(xp.linalg.norm(self._residual(b, x, r)))
         if residuals is not None:
             residuals.append(res)
@@ -563,15 +569,45 @@ class MultilevelSolver:
                 f"{it} iterations: residual {res:.3e}"), stacklevel=3)
         return x
 
-    def _solve_krylov(self, b, x, have_x0, rtol, atol, maxiter, accel, kind, callback,
+    def _graph_cg(self, kind):
+        """The cached :class:`~adaptmg.linalg.graph_cg.GraphCG` of this cycle kind, or None
+        where it does not apply (CPU, matrix-free or foreign-smoother levels, a float32
+        hierarchy in a float64 solve, a CSR matrix with int64 indices, capture refused)."""
+        key = ("graph_cg", kind)
+        if key in self._preconditioners:
+            return self._preconditioners[key]
+        g = None
+        A = self._A_outer
+        if (self.backend.is_gpu and self.outer_dtype == self.dtype and self._capturable()
+                and getattr(A, "format", None) == "csr" and A.indices.dtype == np.int32
+                and A.indptr.dtype == np.int32):
+            from ..linalg.graph_cg import GraphCG
+            # the cycle's own graph serves z_0 = M r_0; the CG graph records the cycle inline
+            cyc = self.buffered_cycle(kind)
+            g = GraphCG(self.backend, A, cyc)
+            if g.graph is None:
+                self.graph_error = g.graph_error
+                g = None
+        self._preconditioners[key] = g
+        return g
+
+    def _solve_krylov(self, b, x, bnorm, rtol, atol, maxiter, accel, kind, callback,
                       residuals):
         from .. import linalg
         xp = self.backend.xp
+        tol = max(rtol * bnorm, atol)
+        if accel == "cg" and callback is None and residuals is None:
+            g = self._graph_cg(kind)
+            if g is not None:
+                # every iteration one CUDA graph, the stopping test on the device
+                x, state, its = g.solve(b, x, tol, maxiter)
+                if state == 0:
+                    return x
+                maxiter -= its           # breakdown, drift or maxiter: linalg.cg goes on / reports
         f = getattr(linalg, accel)
         M = self._cached_preconditioner(kind)
         A = self._A_outer
         r = xp.empty_like(b)
-        tol = max(rtol * float(xp.linalg.norm(b)), atol)
         if residuals is not None:
             residuals.append(float(xp.linalg.norm(self._residual(b, x, r))))
         n = self._dev[-1].n
@@ -588,8 +624,12 @@ class MultilevelSolver:
         # gmres: per-inner-iteration callback with the preconditioned relative residual, and
         # maxiter counting restart cycles (SciPy's 'pr_norm'), as before SciPy's default existed
         kw = {"callback_type": "pr_norm"} if accel == "gmres" else {}
-        x, info = f(A, b, x0=x, rtol=rtol, atol=atol, maxiter=maxiter, M=M,
-                    callback=cb if (callback is not None or residuals is not None) else None, **kw)
+        if maxiter > 0:
+            x, info = f(A, b, x0=x, rtol=rtol, atol=atol, maxiter=maxiter, M=M,
+                        callback=cb if (callback is not None or residuals is not None) else None,
+                        **kw)
+        else:
+            info = 1
         res = float(xp.linalg.norm(self._residual(b, x, r)))
         if residuals is not None and (not residuals or residuals[-1] != res):
             residuals.append(res)

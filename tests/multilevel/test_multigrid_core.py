@@ -401,3 +401,35 @@ def test_singular_direct_coarse_matrix_is_refused(backend):
     A0[:, n0 - 1] = 0
     with pytest.raises(ValueError, match="coarse"):
         MultilevelSolver.from_matrices([A0.tocsr()] + As[1:], Ps, backend=backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim,n0,L", [(2, 4, 5), (3, 2, 4)])
+def test_graph_cg_solve_equals_host_driven_cg(dim, n0, L):
+    """ml.solve(accel="cg") on the GPU (one CUDA graph per CG iteration, stopping test on the
+    device) gives the iterates of the host-driven CG (callback path) to round-off: the same
+    iteration count (residuals at the stop measured far from rtol: >= 3x apart per iteration
+    here) and the same solution; maxiter is honoured with a ConvergenceWarning."""
+    from adaptmg.backend import get_backend
+    from adaptmg.linalg import ConvergenceWarning
+    gpu = get_backend("gpu")
+    As, Ps = hierarchy(dim, n0, L)
+    ml = MultilevelSolver.from_matrices(As, Ps, backend=gpu)
+    n = As[-1].shape[0]
+    b = gpu.asarray(np.random.default_rng(7).standard_normal(n))
+    its = []
+    x_ref = to_host(ml.solve(b, rtol=1e-8, accel="cg", callback=its.append))
+    x = to_host(ml.solve(b, rtol=1e-8, accel="cg"))
+    g = ml._graph_cg("V")
+    assert g is not None, ml.graph_error
+    assert g.iterations == len(its)
+    assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+    A = As[-1]
+    bh = to_host(b)
+    assert np.linalg.norm(bh - A @ x) <= 1e-8 * np.linalg.norm(bh)
+    with pytest.warns(ConvergenceWarning):
+        ml.solve(b, rtol=1e-8, accel="cg", maxiter=2)
+    assert g.iterations == 2
+    x0 = gpu.asarray(x)          # a converged start: zero iterations
+    ml.solve(b, x0, rtol=1e-6, accel="cg")
+    assert g.iterations == 0
