@@ -289,8 +289,10 @@ class MultilevelSolver:
             d.smoother = sm
             d.own = bool(getattr(sm, "_adaptmg_smoother", False))
             d.fused = False
-            d.x = xp.zeros(lev.n, dt)
-            d.b = xp.zeros(lev.n, dt)
+            # the finest level's x and b are always the caller's arrays (swapped in by _run)
+            fine = l == len(self.levels) - 1
+            d.x = None if fine else xp.zeros(lev.n, dt)
+            d.b = None if fine else xp.zeros(lev.n, dt)
             d.r = xp.zeros(lev.n, dt)
             self._dev.append(d)
         self.set_fuse_below(self.fuse_below)
@@ -383,19 +385,21 @@ class MultilevelSolver:
         d.Pplan(c.x, d.x, 1.0, 1.0)            # x += P x_c
         self._smooth(d, self.postsmooth, False, post=True)
 
-    def _run(self, b, x, kind, zero):
-        """One cycle on the fine level with user arrays b, x (already validated)."""
-        d = self._dev[-1]
+    def _run(self, b, x, kind, zero, level=-1):
+        """One cycle with ``level`` (default the finest) as the top, on the user arrays b, x
+        (already validated)."""
+        level = level % len(self._dev)
+        d = self._dev[level]
         keep_x, keep_b = d.x, d.b
         d.x, d.b = x, b
         try:
-            self._level_cycle(len(self._dev) - 1, kind, zero)
+            self._level_cycle(level, kind, zero)
         finally:
             d.x, d.b = keep_x, keep_b
         return x
 
-    def _check_vec(self, v, name, dtype=None):
-        n = self._dev[-1].n
+    def _check_vec(self, v, name, dtype=None, level=-1):
+        n = self._dev[level].n
         xp = self.backend.xp
         if not isinstance(v, xp.ndarray):
             raise TypeError(f"{name} must be a {xp.__name__} array on the {self.backend.name} "
@@ -408,16 +412,23 @@ class MultilevelSolver:
         if not v.flags.c_contiguous:
             raise ValueError(f"{name} must be contiguous")
 
-    def cycle(self, b, x, cycle="V"):
+    def cycle(self, b, x, cycle="V", level=None):
         """One multigrid cycle (``"V"``, ``"W"`` or ``"F"``) on ``A x = b``, updating ``x`` in place.
 
         ``b`` and ``x`` must be 1-D contiguous arrays of the solver's dtype on
-        its backend.  Returns ``x``.
+        its backend.  ``level`` (index into ``levels``, 0 = coarsest; default the
+        finest): run the cycle on ``A_level x = b`` with the levels below it, e.g. the
+        per-level cycles of full multigrid, without a second solver.  Returns ``x``.
         """
         kind = _check_cycle(cycle)
-        self._check_vec(b, "b")
-        self._check_vec(x, "x")
-        return self._run(b, x, kind, False)
+        L = len(self._dev)
+        if level is None:
+            level = L - 1
+        if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or not 0 <= level < L:
+            raise ValueError(f"level must be an integer in [0, {L - 1}], got {level!r}")
+        self._check_vec(b, "b", level=level)
+        self._check_vec(x, "x", level=level)
+        return self._run(b, x, kind, False, level)
 
     # --------------------------------------------------------- preconditioner
     def aspreconditioner(self, cycle="V", dtype=None, graph="auto"):
@@ -569,6 +580,12 @@ class MultilevelSolver:
                 f"{it} iterations: residual {res:.3e}"), stacklevel=3)
         return x
 
+    #: largest fine level solved by :class:`~adaptmg.linalg.graph_cg.GraphCG` in ``solve``:
+    #: above it the device time of an iteration hides the host's launches, and the host-driven
+    #: CG with cuSPARSE's SpMV is faster (H100: 2-D 16k rows 2.2 vs 2.3 ms, 3-D 275k rows 3.6
+    #: vs 2.8 ms; ``scripts/bench_solve_latency.py``)
+    graph_cg_max_rows = 100_000
+
     def _graph_cg(self, kind):
         """The cached :class:`~adaptmg.linalg.graph_cg.GraphCG` of this cycle kind, or None
         where it does not apply (CPU, matrix-free or foreign-smoother levels, a float32
@@ -579,6 +596,7 @@ class MultilevelSolver:
         g = None
         A = self._A_outer
         if (self.backend.is_gpu and self.outer_dtype == self.dtype and self._capturable()
+                and A.shape[0] <= self.graph_cg_max_rows
                 and getattr(A, "format", None) == "csr" and A.indices.dtype == np.int32
                 and A.indptr.dtype == np.int32):
             from ..linalg.graph_cg import GraphCG

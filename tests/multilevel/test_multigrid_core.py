@@ -433,3 +433,26 @@ def test_graph_cg_solve_equals_host_driven_cg(dim, n0, L):
     x0 = gpu.asarray(x)          # a converged start: zero iterations
     ml.solve(b, x0, rtol=1e-6, accel="cg")
     assert g.iterations == 0
+
+
+def test_cycle_on_a_coarser_level_equals_the_prefix_solver(backend):
+    """cycle(level=l) is the cycle of a solver built on levels[:l + 1] (full multigrid's
+    per-level cycles without a second solver); the finest x, b are never preallocated."""
+    As, Ps = hierarchy(2, 4, 5)
+    ml = MultilevelSolver.from_matrices(As, Ps, backend=backend)
+    assert ml._dev[-1].x is None and ml._dev[-1].b is None
+    for l in (0, 2, 3):
+        sub = MultilevelSolver(ml.levels[:l + 1], backend=backend)
+        n = As[l].shape[0]
+        rng = np.random.default_rng(l)
+        b = backend.asarray(rng.standard_normal(n))
+        x0 = rng.standard_normal(n)
+        x1, x2 = backend.asarray(x0.copy()), backend.asarray(x0.copy())
+        ml.cycle(b, x1, "W", level=l)
+        sub.cycle(b, x2, "W")
+        # the same kernels in the same order (cuSPARSE's SpMV may still sum in another order)
+        np.testing.assert_allclose(to_host(x1), to_host(x2), rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="level must be"):
+        ml.cycle(b, x1, level=5)
+    with pytest.raises(ValueError, match="must have shape"):
+        ml.cycle(b, x1, level=4)
