@@ -46,9 +46,9 @@ def problem(dim, k):
     return mesh
 
 
-def measure(mesh, backend, repeat):
+def measure(mesh, backend, repeat, coarse_max_rows=None):
     be = get_backend(backend)
-    ml = adaptmg.multigrid(mesh, assemble.stiffness, backend=be)
+    ml = adaptmg.multigrid(mesh, assemble.stiffness, backend=be, coarse_max_rows=coarse_max_rows)
     n = ml.levels[-1].n
     b = be.asarray(np.random.default_rng(0).standard_normal(n))
     its = []
@@ -74,6 +74,8 @@ def main():
     ap.add_argument("--sizes", default="2:5,2:7,2:10,3:6,3:7")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--cpu-max", type=float, default=1.1e6, help="largest size also run on the CPU")
+    ap.add_argument("--coarse-max-rows", type=int, default=None,
+                    help="multigrid(coarse_max_rows=...) of the GPU runs (direct solve on a ~1000-row level)")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     gpu = gpu_available()
@@ -84,7 +86,7 @@ def main():
         dim, k = (int(v) for v in item.split(":"))
         mesh = problem(dim, k)
         cpu = None
-        g = measure(mesh, "gpu", args.repeat) if gpu else None
+        g = measure(mesh, "gpu", args.repeat, args.coarse_max_rows) if gpu else None
         n = g["n"] if g else None
         if not gpu or (n or 0) <= args.cpu_max:
             cpu = measure(mesh, "cpu", max(3, args.repeat // 2))

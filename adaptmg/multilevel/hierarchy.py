@@ -177,7 +177,7 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
               smoother="jacobi", smoother_kwargs=None, presmooth=2, postsmooth=2,
               coarse="direct", coarse_sweeps=10, max_levels=None, backend="auto",
               dtype=np.float64, max_direct=20000, threads=None, max_coarse=2000,
-              near_nullspace="constant", amg_kwargs=None):
+              near_nullspace="constant", amg_kwargs=None, coarse_max_rows=None):
     """Multigrid for ``assemble(space)`` with hanging-node and Dirichlet constraints: geometric
     levels from the mesh's refinement history, algebraic ones below when those run out.
 
@@ -212,6 +212,11 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         -- the near-nullspace of the algebraic levels.
     amg_kwargs : dict of further :func:`adaptmg.amg` arguments for the algebraic levels
         (``setup``, ``strength``, ``seed``, ``smoother`` -- default V(1,1) Chebyshev --, ...).
+    coarse_max_rows : int, optional
+        Cycle only down to the finest level with at most this many rows and solve there
+        directly (the levels below are built but not cycled).  On the GPU, where the
+        small levels cost launches rather than bandwidth, ~1000-2000 rows shortens a
+        cycle of a small problem (``scripts/bench_solve_latency.py --coarse-max-rows``).
     Other arguments go to :class:`~adaptmg.multilevel.MultilevelSolver`.
 
     Returns
@@ -280,6 +285,16 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
     for l, (s, K) in enumerate(zip(spaces, Ks)):
         meta = {"kind": "geometric", "cells": s.mesh.num_cells, "hanging": int(s.hanging_nodes.size)}
         levels.append(Level(K, P=Ps[l], R=PRs[l][1], meta=meta))
+    if coarse_max_rows is not None:
+        if isinstance(coarse_max_rows, bool) or not isinstance(coarse_max_rows, (int, np.integer)) \
+                or coarse_max_rows < 1:
+            raise ValueError(f"coarse_max_rows must be a positive integer or None, got {coarse_max_rows!r}")
+        keep = [i for i, lev in enumerate(levels) if lev.n <= coarse_max_rows]
+        if keep and keep[-1] > 0:
+            k, n_alg = keep[-1], len(levels) - len(spaces)
+            levels = levels[k:]
+            levels[0] = Level(levels[0].A, meta=levels[0].meta)
+            spaces, cons = spaces[max(k - n_alg, 0):], cons[max(k - n_alg, 0):]
     skw = smoother_setup_kwargs(smoother, smoother_kwargs, block_size=space.components, auto_omega=True)
     return GeometricMultigrid(levels, spaces=spaces, constraints=cons, assembled=Afine, coarse=coarse,
                               coarse_sweeps=coarse_sweeps, presmooth=presmooth, postsmooth=postsmooth,

@@ -190,3 +190,24 @@ def test_threaded_setup_is_identical_and_calls_assemble_in_order(galerkin, monke
         adaptmg.multilevel.hierarchy.default_threads()
     monkeypatch.setenv("ADAPTMG_THREADS", "3")
     assert adaptmg.multilevel.hierarchy.default_threads() == 3
+
+
+def test_coarse_max_rows_trims_the_cycle():
+    """multigrid(coarse_max_rows=m): the cycle stops at the finest level with <= m rows and
+    solves it directly; spaces/constraints stay aligned with the geometric levels; the
+    iteration count stays that of the full hierarchy (+1)."""
+    mesh = adaptmg.Mesh.box([0, 0], [1, 1], [1, 1])
+    for _ in range(6):
+        mesh = mesh.refine()
+    counts = {}
+    for cmr in (None, 300, 1200):
+        ml = adaptmg.multigrid(mesh, assemble.stiffness, backend="cpu", coarse_max_rows=cmr)
+        assert len(ml.spaces) == len(ml.levels) and ml.levels[-1].n == 4225
+        assert ml.levels[0].P is None and ml.levels[0].n == {None: 4, 300: 289, 1200: 1089}[cmr]
+        its = []
+        x = ml.solve(np.ones(4225), rtol=1e-8, accel="cg", callback=its.append)
+        assert np.linalg.norm(1 - ml.A @ x) <= 1e-8 * np.sqrt(4225)
+        counts[cmr] = len(its)
+    assert max(counts.values()) <= counts[None] + 1, counts
+    with pytest.raises(ValueError, match="coarse_max_rows"):
+        adaptmg.multigrid(mesh, assemble.stiffness, backend="cpu", coarse_max_rows=0)
