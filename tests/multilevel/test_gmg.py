@@ -116,7 +116,7 @@ def test_print_shows_levels_and_complexity():
 
 @pytest.mark.gpu
 def test_cpu_and_gpu_iterates_agree():
-    from adaptmg.backend import get_backend, to_host
+    from adaptmg.backend import to_host
     m = poisson_mesh(2, 3, True)
     mls = [adaptmg.multigrid(m, assemble.stiffness, backend=b) for b in ("cpu", "gpu")]
     b = mls[0].constrain(assemble.load(mls[0].spaces[-1], lambda p: np.sin(p[..., 0]) + p[..., 1]))
