@@ -36,6 +36,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import Backend, backend_of
+from ._vectorops import global_norm
 from ._operators import (NUMERIC_KINDS, Operator, as_operator, classify, is_cupyx_sparse,
                          module_of, side_of)
 
@@ -169,7 +170,7 @@ class System:
 
     def norm(self, v) -> float:
         """||v||_2 as a host float (one synchronisation on the GPU)."""
-        return float(self.xp.linalg.norm(v))
+        return global_norm(self.xp, v)
 
     def residual(self, x, out=None):
         """``out <- b - A x`` (allocates ``out`` if not given)."""
@@ -279,7 +280,7 @@ def prepare_system(name, A, b, x0, *, rtol, atol, maxiter, M, callback,
         if x0 is not None:
             x[...] = _as_vector(x0, n, "x0", backend, dtype)   # a copy: x0 is never written
         # (a non-finite x0 is reported by System.start, which sees it in ||b - A x0||)
-    bnrm2 = float(xp.linalg.norm(bw))
+    bnrm2 = global_norm(xp, bw)
     # one synchronisation for ||b|| and the NaN/Inf test: only a non-finite norm
     # (NaN/Inf in b, or an overflow of a finite b) needs the element-wise look
     if not math.isfinite(bnrm2) and not bool(xp.isfinite(bw).all()):

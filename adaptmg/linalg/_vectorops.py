@@ -9,16 +9,53 @@ iteration) are passed as kernel arguments.  The block products of the Arnoldi
 process are ``h = conj(V_k) w`` (:meth:`VectorOps.mdot`, two launches for any
 ``k``, written into a slice of a preallocated device column) and
 ``w <- w - V_k^T h`` (:meth:`VectorOps.block_sub`, one launch).
+
+Distributed vectors (hook for :mod:`adaptmg.distributed`).  Every reduction of the
+solvers is an inner product of :class:`VectorOps` (:meth:`~VectorOps.dot`,
+:meth:`~VectorOps.mdot`) or a 2-norm (:func:`global_norm`); everything else is
+element-wise or works on reduced scalars.  Inside ``with global_reductions(allreduce):``
+each of them is completed by ``allreduce(partial)``, which sums an array of partial
+sums over all ranks (e.g. one MPI ``Allreduce``) and returns an array of the same kind
+and shape.  Vectors then hold each rank's owned entries and the solvers run unchanged
+on them (give ``maxiter`` explicitly: its default depends on the local length).  The
+hook is a context variable: scoped to the block and to the calling thread.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+import math
 
 import numpy as np
 
 from ..backend import Backend, to_host
 
-__all__ = ["VectorOps"]
+__all__ = ["VectorOps", "global_reductions", "global_norm"]
+
+_ALLREDUCE = contextvars.ContextVar("adaptmg_linalg_allreduce", default=None)
+
+
+@contextlib.contextmanager
+def global_reductions(allreduce):
+    """Within the block, complete every Krylov reduction with ``allreduce(partial) -> sum``
+    (see the module docstring); outside it reductions are local (the default)."""
+    if not callable(allreduce):
+        raise TypeError(f"allreduce must be a callable array -> array, got {type(allreduce).__name__}")
+    token = _ALLREDUCE.set(allreduce)
+    try:
+        yield
+    finally:
+        _ALLREDUCE.reset(token)
+
+
+def global_norm(xp, v) -> float:
+    """``||v||_2`` as a host float, over all ranks inside :func:`global_reductions`."""
+    f = _ALLREDUCE.get()
+    if f is None:
+        return float(xp.linalg.norm(v))
+    ss = f(xp.asarray(xp.vdot(v, v).real).reshape(1))
+    return math.sqrt(max(float(ss[0]), 0.0))
 
 
 # --------------------------------------------------------------------------
@@ -171,8 +208,10 @@ class VectorOps:
             self._tmp = np.empty(n, dtype=dtype)
 
     def dot(self, a, b):
-        """conj(a) . b, a device scalar on the GPU."""
-        return self.xp.vdot(a, b)
+        """conj(a) . b, a device scalar on the GPU (summed over ranks in :func:`global_reductions`)."""
+        d = self.xp.vdot(a, b)
+        f = _ALLREDUCE.get()
+        return d if f is None else f(self.xp.asarray(d).reshape(1))[0]
 
     def host(self, *scalars):
         """Bring device scalars to the host with one transfer; returns Python numbers."""
@@ -200,6 +239,15 @@ class VectorOps:
         summation order is fixed, so the result is deterministic), no allocation,
         no synchronisation.  ``mdot(w[None], w, out)`` gives ``||w||^2``.
         """
+        f = _ALLREDUCE.get()
+        if f is None:
+            return self._mdot_local(V, w, out, acc)
+        self._mdot_local(V, w, out, None)         # partial sums, reduced, then accumulated
+        out[...] = f(out)
+        if acc is not None:
+            acc += out
+
+    def _mdot_local(self, V, w, out, acc):
         k = V.shape[0]
         if self.gpu:
             part, fin = self._mdot

@@ -1,0 +1,213 @@
+r"""Distributed CSR matrices in the PETSc MPIAIJ layout, and distributed vector operations.
+
+Layout.  Each level's DoFs are owned by ranks (:mod:`.partition`).  A rank's part of a
+vector holds its owned entries, in increasing global index.  A rank's part of a matrix
+``M`` (rows owned by the row partition, columns numbered by the column partition) is
+two CSR blocks:
+
+.. math::  M_{\text{rank}} = [\, M_{oo} \;|\; M_{og} \,], \qquad
+           y_{o} = M_{oo}\, x_{o} + M_{og}\, x_{g},
+
+``M_oo`` over the columns this rank owns and ``M_og`` over the *ghost* columns (owned
+elsewhere, referenced by an owned row), numbered by (owner rank, global index).
+
+Halo exchange.  At set-up every rank tells each owner (one ``alltoall``) which of the
+owner's entries it needs; the product then posts ``Irecv`` of the ghost values and
+``Isend`` of the packed owned values (NumPy buffers, no pickling), multiplies the owned
+block while the messages travel, waits, and adds the ghost block.  The time spent
+posting, packing and waiting is accumulated in a :class:`~.comm.HaloTimer`.
+
+Vector reductions (:func:`dot`, :func:`norm`) are a local BLAS dot plus one
+``Allreduce``; :func:`dots` reduces several at once (one message per reduction group).
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..device import kernels as K
+from .comm import HaloTimer
+
+__all__ = ["Layout", "DistCSR", "dot", "dots", "norm"]
+
+_TAG = 7301
+
+
+class Layout:
+    """Ownership of the entries of one distributed vector space (one level's DoFs).
+
+    ``owner`` (length N, replicated) gives the rank of every global entry; ``rows`` are
+    this rank's entries (sorted global indices), ``local`` maps a global index to its
+    position among them (-1 elsewhere)."""
+
+    def __init__(self, owner: np.ndarray, comm):
+        owner = np.asarray(owner, dtype=np.int64)
+        size = comm.Get_size()
+        if owner.ndim != 1 or (owner.size and (owner.min() < 0 or owner.max() >= size)):
+            raise ValueError(f"owner must be a 1-D array of ranks in [0, {size}), got shape "
+                             f"{owner.shape}, range [{owner.min() if owner.size else '-'}, "
+                             f"{owner.max() if owner.size else '-'}]")
+        self.comm = comm
+        self.owner = owner
+        self.N = owner.size
+        self.rank = comm.Get_rank()
+        self.rows = np.flatnonzero(owner == self.rank)
+        self.n = self.rows.size
+        self.local = np.full(self.N, -1, dtype=np.int64)
+        self.local[self.rows] = np.arange(self.n)
+        self.counts = np.bincount(owner, minlength=size)
+
+    def scatter(self, x_global: np.ndarray) -> np.ndarray:
+        """This rank's part of a replicated global vector (a copy)."""
+        x_global = np.asarray(x_global)
+        if x_global.shape != (self.N,):
+            raise ValueError(f"global vector must have shape ({self.N},), got {x_global.shape}")
+        return np.ascontiguousarray(x_global[self.rows])
+
+    def allgather(self, x_local: np.ndarray) -> np.ndarray:
+        """The global vector on every rank (one ``Allgatherv``)."""
+        if x_local.shape != (self.n,):
+            raise ValueError(f"local vector must have shape ({self.n},), got {x_local.shape}")
+        buf = np.empty(self.N, dtype=x_local.dtype)
+        displ = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
+        self.comm.Allgatherv(np.ascontiguousarray(x_local), [buf, (self.counts, displ)])
+        out = np.empty_like(buf)
+        out[np.argsort(self.owner, kind="stable")] = buf     # rank-major -> global order
+        return out
+
+
+class DistCSR:
+    """This rank's rows of a global CSR matrix ``M``, split MPIAIJ-style (see the module doc).
+
+    Parameters
+    ----------
+    M : global (replicated) SciPy sparse matrix, shape (rows.N, cols.N).  Only the rows
+        this rank owns are read.
+    rows, cols : :class:`Layout` of the row and column spaces (the same object for a
+        square operator).
+    timer : :class:`~.comm.HaloTimer` that accumulates the exchange time (optional).
+
+    ``A(x, y, alpha=1, beta=0)`` computes ``y <- alpha M x + beta y`` on local vectors (the
+    signature of :func:`adaptmg.device.kernels.make_spmv` plans, so smoothers accept it);
+    ``A @ x`` returns a new vector.  Collective: every rank of the communicator must call it.
+    """
+
+    def __init__(self, M, rows: Layout, cols: Layout, timer: HaloTimer | None = None):
+        M = sp.csr_matrix(M)
+        if M.shape != (rows.N, cols.N):
+            raise ValueError(f"DistCSR: matrix shape {M.shape} does not match the layouts "
+                             f"({rows.N}, {cols.N})")
+        comm = rows.comm
+        self.comm, self.rows, self.cols = comm, rows, cols
+        self.timer = timer if timer is not None else HaloTimer()
+        self.shape = (rows.n, cols.n)
+        self.global_shape = M.shape
+        self.dtype = M.dtype
+        rank, size = comm.Get_rank(), comm.Get_size()
+        Ml = M[rows.rows]
+        Ml.sum_duplicates()
+        ind = Ml.indices.astype(np.int64)
+        own = cols.owner[ind] == rank
+        g = np.unique(ind[~own])
+        g = g[np.lexsort((g, cols.owner[g]))]                 # by owner, then global index
+        self.ghosts = g
+        gpos = np.full(cols.N, -1, dtype=np.int64)
+        gpos[g] = np.arange(g.size)
+        newcol = np.where(own, cols.local[ind], cols.n + gpos[ind])
+        B = sp.csr_matrix((Ml.data, newcol, Ml.indptr), shape=(rows.n, cols.n + g.size))
+        B.sort_indices()
+        self.Aoo = B[:, :cols.n].tocsr()
+        self.Aog = B[:, cols.n:].tocsr()
+        self.nnz_local = int(Ml.nnz)
+        self._poo = K.make_spmv(self.Aoo) if rows.n else None
+        self._pog = K.make_spmv(self.Aog) if (rows.n and g.size) else None
+        # communication pattern: ghosts by owner; owners learn what to send (one alltoall)
+        gown = cols.owner[g]
+        rcounts = np.bincount(gown, minlength=size)
+        rstart = np.concatenate([[0], np.cumsum(rcounts)])
+        need = [g[rstart[q]:rstart[q + 1]] for q in range(size)]
+        asked = comm.alltoall(need)
+        self._recv = [(q, slice(rstart[q], rstart[q + 1])) for q in range(size) if rcounts[q]]
+        self._send = [(q, cols.local[np.asarray(a, dtype=np.int64)]) for q, a in enumerate(asked)
+                      if len(a)]
+        if any((idx < 0).any() for _, idx in self._send):
+            raise RuntimeError("DistCSR: a rank asked for entries this rank does not own")
+        self._gbuf = np.zeros(g.size, dtype=self.dtype)
+        self._sbuf = [np.zeros(idx.size, dtype=self.dtype) for _, idx in self._send]
+
+    @property
+    def neighbours(self):
+        """Ranks this rank exchanges halo values with."""
+        return sorted({q for q, _ in self._recv} | {q for q, _ in self._send})
+
+    def exchange(self, x: np.ndarray) -> np.ndarray:
+        """Fetch the ghost values of ``x`` (local, owned entries of the column space)."""
+        reqs = self._post(x)
+        self._wait(reqs)
+        return self._gbuf
+
+    def _post(self, x):
+        t = self.timer
+        t0 = t.now()
+        comm = self.comm
+        reqs = [comm.Irecv(self._gbuf[s], source=q, tag=_TAG) for q, s in self._recv]
+        for (q, idx), buf in zip(self._send, self._sbuf):
+            np.take(x, idx, out=buf)
+            reqs.append(comm.Isend(buf, dest=q, tag=_TAG))
+            t.bytes += buf.nbytes
+        t.seconds += t.now() - t0
+        return reqs
+
+    def _wait(self, reqs):
+        from mpi4py import MPI
+        t = self.timer
+        t0 = t.now()
+        MPI.Request.Waitall(reqs)
+        t.seconds += t.now() - t0
+        t.exchanges += 1
+
+    def __call__(self, x, y, alpha=1.0, beta=0.0):
+        """``y <- alpha M x + beta y`` (posts the exchange, owned block, wait, ghost block)."""
+        if x.shape != (self.cols.n,) or y.shape != (self.rows.n,):
+            raise ValueError(f"DistCSR: x must have shape ({self.cols.n},) and y ({self.rows.n},), "
+                             f"got {x.shape} and {y.shape}")
+        if x.dtype != self.dtype:
+            raise TypeError(f"DistCSR: x has dtype {x.dtype}, the matrix {self.dtype}")
+        reqs = self._post(x)
+        if self._poo is not None:
+            self._poo(x, y, alpha, beta)
+        self._wait(reqs)
+        if self._pog is not None:
+            self._pog(self._gbuf, y, alpha, 1.0)
+        return y
+
+    def __matmul__(self, x):
+        y = np.zeros(self.rows.n, dtype=np.result_type(self.dtype, x.dtype))
+        return self(x, y)
+
+    def diagonal(self):
+        """Diagonal entries of the owned rows (square operators with one layout)."""
+        return self.Aoo.diagonal()
+
+    def __repr__(self):
+        return (f"DistCSR(rank {self.rows.rank}: {self.rows.n} of {self.global_shape[0]} rows, "
+                f"{self.cols.n} owned + {self.ghosts.size} ghost columns, nnz {self.nnz_local}, "
+                f"neighbours {self.neighbours})")
+
+
+def dots(comm, pairs):
+    """``[(a, b) for a, b in pairs]`` summed over all ranks with one ``Allreduce``."""
+    loc = np.array([np.dot(a, b) for a, b in pairs], dtype=np.float64)
+    out = np.empty_like(loc)
+    comm.Allreduce(loc, out)
+    return out
+
+
+def dot(comm, a, b) -> float:
+    """Global inner product of two distributed vectors (one ``Allreduce``)."""
+    return float(dots(comm, [(a, b)])[0])
+
+
+def norm(comm, a) -> float:
+    """Global 2-norm of a distributed vector (one ``Allreduce``)."""
+    return float(np.sqrt(max(dot(comm, a, a), 0.0)))

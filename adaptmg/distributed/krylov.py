@@ -1,0 +1,133 @@
+r"""Krylov solvers on distributed vectors.
+
+:func:`krylov` runs the *unchanged* solvers of :mod:`adaptmg.linalg` (``cg``, ``gmres``,
+``fgmres``, ...) on the owned entries inside
+:func:`adaptmg.linalg._vectorops.global_reductions`, which completes every inner product
+and norm with one ``Allreduce`` -- once ``adaptmg/linalg/_system.py`` computes its norms
+with :func:`~adaptmg.linalg._vectorops.global_norm` (two call sites: ``System.norm`` and
+``||b||`` in ``prepare_system``; :func:`linalg_is_distributed` tells).  Without that,
+the local ``xp.linalg.norm`` calls there would make ranks disagree on when to stop,
+and :func:`krylov` falls back to :func:`cg` below for ``"cg"`` (other methods raise).
+
+:func:`cg` is :mod:`adaptmg.linalg.cg`'s algorithm (same recurrence, stopping test and
+true-residual check) written directly on distributed vectors:
+
+.. math::  \alpha_k = \frac{(r_k, z_k)}{(p_k, A p_k)},\quad
+           x_{k+1} = x_k + \alpha_k p_k,\quad r_{k+1} = r_k - \alpha_k A p_k,\quad
+           z_{k+1} = M r_{k+1},\quad p_{k+1} = z_{k+1} + \frac{(r_{k+1}, z_{k+1})}{(r_k, z_k)} p_k,
+
+with two ``Allreduce`` per iteration: ``(p, A p)``, then ``(r, r)`` and ``(r, z)``
+together (one reduction group).  Every rank takes the same decisions because it
+compares the same reduced numbers.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..backend import CPU
+from ..linalg._vectorops import VectorOps
+from .csr import dots, norm
+
+__all__ = ["cg", "krylov", "linalg_is_distributed", "allreduce_sum"]
+
+_METHODS = ("cg", "gmres", "fgmres", "bicgstab", "minres")
+
+
+def linalg_is_distributed() -> bool:
+    """True when :mod:`adaptmg.linalg` computes all its norms through the reduction hook."""
+    from ..linalg import _system, _vectorops
+    return getattr(_system, "global_norm", None) is _vectorops.global_norm
+
+
+def allreduce_sum(comm):
+    """``partial -> sum over ranks`` (one ``Allreduce`` on a NumPy array), for the hook."""
+    def f(a):
+        a = np.ascontiguousarray(a)
+        out = np.empty_like(a)
+        comm.Allreduce(a, out)
+        return out
+    return f
+
+
+def krylov(comm, method, A, b, *, M=None, rtol=1e-8, maxiter=200, callback=None):
+    """Solve ``A x = b`` (distributed, from ``x0 = 0``) with ``adaptmg.linalg.<method>`` under
+    the reduction hook; returns ``(x, info, iterations, residual norms)`` like :func:`cg`
+    (iterations: callback calls -- per iteration for cg, per inner iteration for (f)gmres)."""
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    if not linalg_is_distributed():
+        if method == "cg":
+            return cg(comm, A, b, M=M, rtol=rtol, maxiter=maxiter, callback=callback)
+        raise NotImplementedError(
+            f"distributed {method} needs adaptmg/linalg/_system.py to compute its norms with "
+            "_vectorops.global_norm (see adaptmg.distributed.krylov); only 'cg' is available")
+    from .. import linalg
+    from ..linalg._vectorops import global_reductions
+    its = [0]
+    res = []
+
+    def cb(arg):
+        its[0] += 1
+        res.append(float(arg) if np.ndim(arg) == 0 else float("nan"))
+        if callback is not None:
+            callback(its[0], arg)
+
+    kw = {"callback_type": "pr_norm"} if method in ("gmres", "fgmres") else {}
+    with global_reductions(allreduce_sum(comm)):
+        x, info = getattr(linalg, method)(A, b, x0=np.zeros_like(b), rtol=rtol, atol=0.0,
+                                          maxiter=maxiter, M=M, callback=cb, **kw)
+    return x, info, its[0], res
+
+
+def cg(comm, A, b, *, M=None, rtol=1e-8, atol=0.0, maxiter=200, callback=None):
+    """Solve ``A x = b`` (distributed) from ``x0 = 0``.
+
+    ``A(x, y, alpha, beta)`` is a :class:`~.csr.DistCSR`; ``M(r)`` returns a new vector (the
+    multigrid cycle).  Stops when ``||b - A x|| <= max(rtol ||b||, atol)`` (checked with
+    the true residual).  ``callback(k, x)`` after each iteration.  Returns
+    ``(x, info, iterations, residual norms)``: ``info`` 0 when converged, else ``maxiter``.
+    """
+    if not (np.isscalar(rtol) and rtol >= 0 and np.isscalar(atol) and atol >= 0):
+        raise ValueError(f"rtol and atol must be non-negative numbers, got {rtol!r}, {atol!r}")
+    if isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer)) or maxiter < 1:
+        raise ValueError(f"maxiter must be a positive integer, got {maxiter!r}")
+    x = np.zeros_like(b)
+    ops = VectorOps(CPU, b.size, b.dtype)        # the fused updates of adaptmg.linalg.cg
+    bnrm = norm(comm, b)
+    tol = max(rtol * bnrm, atol)
+    res = [bnrm]
+    if bnrm == 0.0 or bnrm <= tol:
+        return x, 0, 0, res
+    r = b.copy()
+    q = np.empty_like(b)
+    z = r.copy() if M is None else M(r)
+    rz = dots(comm, [(r, z)])[0]
+    p = z.copy()
+    for k in range(1, maxiter + 1):
+        A(p, q, 1.0, 0.0)
+        pq = dots(comm, [(p, q)])[0]
+        ops.cg_update_xr(x, r, p, q, rz, pq)       # alpha = rz / pq (0 if pq == 0)
+        z = r.copy() if M is None else M(r)
+        rr, rz_new = dots(comm, [(r, r), (r, z)])
+        rnorm = math.sqrt(max(rr, 0.0))
+        res.append(rnorm)
+        if callback is not None:
+            callback(k, x)
+        if not math.isfinite(rnorm):
+            return x, -1, k, res
+        if rnorm <= tol:
+            r[...] = b
+            A(x, r, -1.0, 1.0)                       # the true residual
+            rnorm = norm(comm, r)
+            res[-1] = rnorm
+            if rnorm <= tol:
+                return x, 0, k, res
+            z = r.copy() if M is None else M(r)      # recurrence drifted: restart from it
+            rz = dots(comm, [(r, z)])[0]
+            p[...] = z
+            continue
+        ops.cg_update_p(p, z, rz_new, rz)         # p <- z + (rz_new / rz) p
+        rz = rz_new
+    return x, maxiter, maxiter, res

@@ -1,0 +1,115 @@
+r"""Partition of an adaptive mesh along a space-filling curve, and DoF ownership.
+
+Cell order (the p4est way).  Every active cell is a leaf of the refinement forest: a
+root cell of the coarse mesh plus a refinement path (child indices ``c_1 .. c_k``).
+Children are numbered lexicographically, child ``c`` having the bits
+``(x, y, z) = (c & 1, c >> 1 & 1, c >> 2 & 1)``, which is exactly the Morton digit of
+the child in its parent.  Root cells are ordered by the Morton (Z-order) code of their
+centroids (quantised to 2^21 per axis over the mesh's bounding box).  The curve
+order of the active cells is the lexicographic order of ``(root key, c_1, c_2, ...)``:
+a depth-first traversal of the forest along the Z-curve, computed with one
+``np.lexsort`` (no Python loop over cells; one pass per refinement level).
+
+Cut.  With weights ``w`` (default 1 per cell) the cell at curve position ``i`` goes to
+rank ``floor(P * W_i / W)``, ``W_i`` the weight before it: ``P`` contiguous ranges of
+equal weight, so with unit weights every rank holds ``floor(n/P)`` or ``ceil(n/P)``
+cells.
+
+Coarser levels of the global-coarsening hierarchy are not cut again: a coarse cell
+lives on the rank that holds most of its children (ties: the lowest rank), so
+prolongation and restriction are mostly rank-local.
+
+DoF ownership.  A DoF node belongs to the lowest rank among the cells that have it in
+their ``cell_dofs`` (for a hanging node: the fine cells it is a vertex of); all
+components of a node share its owner.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["curve_order", "partition_cells", "coarse_cell_ranks", "dof_owners", "imbalance"]
+
+_BITS = {2: 31, 3: 21}
+
+
+def _morton(q: np.ndarray) -> np.ndarray:
+    """Interleave the bits of quantised coordinates q (n, d) (x lowest) into uint64 keys."""
+    n, d = q.shape
+    key = np.zeros(n, dtype=np.uint64)
+    q = q.astype(np.uint64)
+    for b in range(_BITS[d]):
+        for a in range(d):
+            key |= ((q[:, a] >> np.uint64(b)) & np.uint64(1)) << np.uint64(d * b + a)
+    return key
+
+
+def curve_order(mesh) -> np.ndarray:
+    """Permutation of the active cells of ``mesh`` along the Morton curve over root cells and
+    refinement paths (``mesh.cells[order]`` is the curve order)."""
+    F = mesh._forest
+    d = mesh.dim
+    cur = np.asarray(mesh.cell_ids, dtype=np.int64).copy()
+    lev = F.cell_level[cur].astype(np.int64)
+    L = int(lev.max()) if lev.size else 0
+    digits = np.zeros((L, cur.size), dtype=np.int64)
+    for k in range(L):                       # one step up the tree per level
+        at = lev - k                         # current depth of each walker
+        up = at > 0
+        par = F.cell_parent[cur[up]]
+        digits[at[up] - 1, np.flatnonzero(up)] = cur[up] - F.cell_child0[par]
+        cur[up] = par
+    # Morton key of each root cell's centroid over the bounding box of all root centroids
+    roots = np.unique(cur)
+    cen = F.X[F.cell_nodes[roots]].mean(axis=1)
+    lo, hi = cen.min(axis=0), cen.max(axis=0)
+    span = np.where(hi > lo, hi - lo, 1.0)
+    q = np.floor((cen - lo) / span * (2 ** _BITS[d] - 1) + 0.5)
+    rkey = np.empty(F.num_cells, dtype=np.uint64)
+    rkey[roots] = _morton(q)
+    keys = [digits[k] for k in range(L - 1, -1, -1)] + [cur, rkey[cur]]   # tie break: root id
+    return np.lexsort(keys)
+
+
+def partition_cells(mesh, size: int, weights=None) -> np.ndarray:
+    """Rank (0..size-1) of every active cell: contiguous curve ranges of equal weight."""
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ValueError(f"size must be a positive integer, got {size!r}")
+    n = mesh.num_cells
+    order = curve_order(mesh)
+    if weights is None:
+        rank_sorted = (np.arange(n, dtype=np.int64) * size) // max(n, 1)
+    else:
+        w = np.asarray(weights, dtype=float)
+        if w.shape != (n,) or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+            raise ValueError(f"weights must be {n} finite non-negative numbers with a positive sum, "
+                             f"got shape {w.shape}")
+        ws = w[order]
+        before = np.cumsum(ws) - ws
+        rank_sorted = np.minimum((before * size / ws.sum()).astype(np.int64), size - 1)
+    ranks = np.empty(n, dtype=np.int64)
+    ranks[order] = rank_sorted
+    return ranks
+
+
+def coarse_cell_ranks(fine_mesh, coarse_mesh, fine_ranks: np.ndarray, size: int) -> np.ndarray:
+    """Ranks of the cells of ``coarse_mesh`` (one global-coarsening step below ``fine_mesh``):
+    the rank holding most of a coarse cell's fine cells (ties: the lowest rank)."""
+    cidx, _ = fine_mesh.parent_of(coarse_mesh)
+    votes = np.bincount(cidx * size + fine_ranks, minlength=coarse_mesh.num_cells * size)
+    return votes.reshape(coarse_mesh.num_cells, size).argmax(axis=1)
+
+
+def dof_owners(space, cell_ranks: np.ndarray) -> np.ndarray:
+    """Owner rank of every DoF of ``space``: the lowest rank among the cells touching its node."""
+    cd = space.cell_dofs
+    owner = np.full(space.num_nodes, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(owner, cd.ravel(), np.repeat(np.asarray(cell_ranks, dtype=np.int64), cd.shape[1]))
+    if (owner == np.iinfo(np.int64).max).any():
+        raise RuntimeError("dof_owners: some DoF nodes belong to no cell")
+    return np.repeat(owner, space.components)
+
+
+def imbalance(cell_ranks: np.ndarray, size: int) -> float:
+    """max over ranks of (cells on the rank) / (mean cells per rank) - 1."""
+    cnt = np.bincount(cell_ranks, minlength=size)
+    return float(cnt.max() / cnt.mean() - 1.0)

@@ -1,0 +1,153 @@
+"""Benchmark: distributed Q1 Poisson multigrid-CG (adaptmg.distributed, CPU/MPI) -- weak and strong scaling.
+
+Driver (launches ``mpiexec -n P`` for each P, one configuration per launch)::
+
+    python scripts/bench_distributed.py --ranks 1 2 4 --dofs-per-rank 2e5        # weak scaling
+    python scripts/bench_distributed.py --ranks 1 2 4 --strong-dofs 1e6          # strong scaling
+
+The mesh is the box [0, P_x] x [0,1]^(d-1) with 2 P_x x 2 x ... root cells (P_x = P for
+weak scaling, 1 for strong), refined uniformly until about the requested DoFs, plus one
+local refinement (hanging nodes on partition boundaries).  Reported per P: set-up time
+(serial hierarchy + partition + distributed matrices), solve time (CG to rtol 1e-8,
+median of ``--repeat`` solves), iterations, the halo-exchange share of the solve (max
+over ranks of the seconds in posting/packing/waiting, over the solve time; waiting
+includes the load imbalance, e.g. while rank 0 runs the agglomerated coarse levels), and the
+parallel efficiency (weak: (t_1 / N_1) / (t_P / (N_P / P)), N the DoFs, since the
+refinement steps make N_P / P differ from N_1 a little; strong: t_1 / (P t_P)).
+
+P = 1 is the serial code path (``multigrid().solve(accel="cg")``).  The first version
+replicates the mesh and the serial hierarchy on every rank (see adaptmg.distributed), so
+set-up time and memory do not scale yet; the solve does.  On a machine with fewer cores
+than ranks the ranks share cores and the numbers mean nothing.
+
+GPU path (NCCL halo exchange and reductions, one device per node-local rank): TODO, not
+implemented in this version.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def make_mesh(dim, px, target):
+    from adaptmg.mesh import Mesh
+    m = Mesh.box([0.0] * dim, [float(px)] + [1.0] * (dim - 1), [2 * px] + [2] * (dim - 1))
+    while True:
+        n_next = (m.num_nodes * 2 ** dim)
+        if n_next > target:
+            break
+        m = m.refine()
+    c = m.points[m.cells].mean(1)
+    return m.refine(np.linalg.norm(c - 0.3, axis=1) < 0.2)
+
+
+def worker(args):
+    from mpi4py import MPI
+    from adaptmg import assemble
+    from adaptmg.distributed import install_excepthook, solve
+    from adaptmg.fe import Space
+    install_excepthook()
+    comm = MPI.COMM_WORLD
+    P = comm.Get_size()
+    px = P if args.mode == "weak" else 1
+    target = args.dofs_per_rank * P if args.mode == "weak" else args.strong_dofs
+    mesh = make_mesh(args.dim, px, target)
+    space = Space(mesh, 1)
+    b = assemble.load(space, 1.0)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    r = solve(space, assemble.stiffness, b, comm=comm, rtol=1e-8, agglomerate_below=2000)
+    setup = r.timings["setup"]
+    solves, halos = [], []
+    for _ in range(args.repeat):
+        comm.Barrier()
+        t_solve, t_halo, its = solve_only(r, b, comm)
+        solves.append(t_solve)
+        halos.append(t_halo)
+    t = float(np.median(solves))
+    halo = float(np.median(halos))
+    halo_max = comm.allreduce(halo, op=MPI.MAX)
+    t_max = comm.allreduce(t, op=MPI.MAX)
+    if comm.Get_rank() == 0:
+        print(json.dumps(dict(P=P, dofs=space.num_dofs, cells=mesh.num_cells, setup=setup, solve=t_max,
+                              its=its, halo=halo_max, wall=time.perf_counter() - t0)), flush=True)
+
+
+def solve_only(res, b, comm):
+    """(seconds, halo seconds, iterations) of one more CG solve on the hierarchy of ``res``."""
+    from adaptmg.distributed import cg
+    ml, mg = res.ml, res.mg
+    f = ml.constrain(b)
+    if mg is None:                                     # one rank: the serial code path
+        its = [0]
+        t = time.perf_counter()
+        ml.solve(f, rtol=1e-8, accel="cg", callback=lambda xk: its.__setitem__(0, its[0] + 1))
+        return time.perf_counter() - t, 0.0, its[0]
+    f_loc = mg.layout.scatter(f)
+    mg.timer.reset()
+    t = time.perf_counter()
+    _, _, its, _ = cg(comm, mg.A, f_loc, M=mg.precondition, rtol=1e-8, maxiter=200)
+    return time.perf_counter() - t, mg.timer.seconds, its
+
+
+def driver(args):
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.access(mpiexec, os.X_OK):
+        mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        sys.exit("mpiexec not found: pip install 'adaptmg[mpi]'")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", ADAPTMG_THREADS="1")
+    rows = []
+    for P in args.ranks:
+        cmd = [mpiexec, "-n", str(P), sys.executable, os.path.abspath(__file__), "--worker",
+               "--mode", args.mode, "--dim", str(args.dim), "--repeat", str(args.repeat),
+               "--dofs-per-rank", str(args.dofs_per_rank), "--strong-dofs", str(args.strong_dofs)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        if out.returncode != 0:
+            sys.exit(f"P={P} failed:\n{out.stderr[-4000:]}")
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    t1 = rows[0]["solve"] if rows[0]["P"] == 1 else None
+    print(f"{args.mode} scaling, {args.dim}-D Q1 Poisson, multigrid-CG to rtol 1e-8 "
+          f"(CPU/MPI, {os.cpu_count()} cores)")
+    print(f"{'P':>3} {'DoFs':>10} {'setup s':>9} {'solve s':>9} {'its':>4} {'halo %':>7} {'eff %':>6}")
+    for r in rows:
+        eff = "-"
+        if t1 is not None:
+            if args.mode == "weak":          # per-rank size not exactly equal: scale by DoFs
+                e = t1 / r["solve"] * r["dofs"] / (r["P"] * rows[0]["dofs"])
+            else:
+                e = t1 / (r["P"] * r["solve"])
+            eff = f"{100 * e:.0f}"
+        print(f"{r['P']:>3} {r['dofs']:>10} {r['setup']:>9.3f} {r['solve']:>9.4f} {r['its']:>4} "
+              f"{100 * r['halo'] / r['solve']:>7.1f} {eff:>6}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--mode", choices=["weak", "strong"], default=None)
+    ap.add_argument("--dim", type=int, choices=[2, 3], default=3)
+    ap.add_argument("--dofs-per-rank", type=float, default=2e5)
+    ap.add_argument("--strong-dofs", type=float, default=None)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.mode is None:
+        args.mode = "strong" if args.strong_dofs else "weak"
+    if args.strong_dofs is None:
+        args.strong_dofs = 1e6
+    args.dofs_per_rank, args.strong_dofs = int(args.dofs_per_rank), int(args.strong_dofs)
+    if args.worker:
+        worker(args)
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()

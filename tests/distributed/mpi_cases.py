@@ -1,0 +1,159 @@
+"""Worker run under ``mpiexec -n P`` by tests/distributed/test_mpi.py (not a test module).
+
+``python mpi_cases.py solve OUT.json``: every case of CASES distributed over COMM_WORLD and
+on one rank (a size-1 communicator: the serial code path); rank 0 writes one JSON
+record per case.  ``python mpi_cases.py bad-input`` / ``callback``: a failure on rank 1
+only (the test checks that every rank exits, with the error, before its timeout).
+"""
+import json
+import sys
+import warnings
+
+import numpy as np
+from mpi4py import MPI
+
+from adaptmg import assemble
+from adaptmg.distributed import install_excepthook, solve
+from adaptmg.distributed.krylov import allreduce_sum, linalg_is_distributed
+from adaptmg.linalg._vectorops import VectorOps, global_norm, global_reductions
+from adaptmg.backend import CPU
+from adaptmg.fe import Space
+from adaptmg.mesh import Mesh
+
+COMM = MPI.COMM_WORLD
+
+
+def adaptive_mesh(dim, L):
+    m = Mesh.box([0] * dim, [1] * dim, [4 if dim == 2 else 2] * dim)
+    for _ in range(L):
+        m = m.refine()
+    for j in range(2):                     # two rounds of local refinement: hanging nodes
+        c = m.points[m.cells].mean(1)
+        m = m.refine(np.linalg.norm(c - 0.3, axis=1) < 0.25 / (j + 1))
+    return m
+
+
+def poisson(dim, L, degree):
+    space = Space(adaptive_mesh(dim, L), degree)
+    return space, assemble.stiffness, assemble.load(space, lambda x: 1.0 + x[..., 0]), {}
+
+
+def elasticity(dim, L, smoother):
+    space = Space(adaptive_mesh(dim, L), 1, components=dim)
+    load = np.zeros(dim)
+    load[-1] = -1.0
+
+    def A(s):
+        return assemble.elasticity(s, 4.0, 1.0)
+    kw = dict(dirichlet=[0], smoother=smoother)
+    return space, A, assemble.load(space, load), kw
+
+
+CASES = {
+    "q1-2d": lambda: poisson(2, 3, 1),
+    "q1-3d": lambda: poisson(3, 2, 1),
+    "q2-2d": lambda: poisson(2, 2, 2),
+    "q2-3d": lambda: poisson(3, 1, 2),
+    "elasticity-2d": lambda: elasticity(2, 2, "block_jacobi"),
+    "elasticity-3d": lambda: elasticity(3, 1, "chebyshev"),
+}
+
+
+def cross_rank_hanging(res, space):
+    """Hanging DoFs whose constraint couples DoFs of different owners (fine level)."""
+    owner = res.mg.owners[-1]
+    hang = np.flatnonzero(space.is_hanging)
+    Hh = space.H.tocsr()[hang]
+    rows, cols = np.repeat(hang, np.diff(Hh.indptr)), Hh.indices
+    return int(np.unique(rows[owner[cols] != owner[rows]]).size), int(hang.size)
+
+
+def record(name, space, A, b, kw, serial_comm):
+    dist = solve(space, A, b, comm=COMM, rtol=1e-10, agglomerate_below=50, **kw)
+    ser = solve(space, A, b, comm=serial_comm, rtol=1e-10, agglomerate_below=50, **kw)
+    cross, nh = cross_rank_hanging(dist, space)
+    counts = np.bincount(dist.cell_ranks, minlength=COMM.size)
+    return dict(case=name, dofs=space.num_dofs, hanging=nh, cross_rank_hanging=cross,
+                rel_err=float(np.linalg.norm(dist.u - ser.u) / np.linalg.norm(ser.u)),
+                its=dist.iterations, its_serial=ser.iterations, info=dist.info,
+                imbalance=dist.imbalance, cells_per_rank=counts.tolist(),
+                distributed_levels=len(dist.ml.levels) - dist.mg.c, levels=len(dist.ml.levels),
+                neighbours=len(dist.mg.A.neighbours)), dist
+
+
+def hook_record():
+    """VectorOps reductions under global_reductions(Allreduce) vs the allgathered vectors."""
+    rng = np.random.default_rng(COMM.rank)
+    n = 50 + 7 * COMM.rank
+    V, w = rng.standard_normal((3, n)), rng.standard_normal(n)
+    Vg = np.concatenate(COMM.allgather(V), axis=1)
+    wg = np.concatenate(COMM.allgather(w))
+    ops = VectorOps(CPU, n, np.float64, rows=3)
+    out, acc = np.zeros(3), np.ones(3)
+    with global_reductions(allreduce_sum(COMM)):
+        d = float(ops.dot(V[0], w))
+        ops.mdot(V, w, out, acc=acc)
+        nrm = global_norm(np, w)
+    local = float(ops.dot(V[0], w))                  # outside the block: local again
+    ref = Vg @ wg
+    return dict(case="hook", dot_err=abs(d - ref[0]) / abs(ref).max(),
+                mdot_err=float(np.abs(out - ref).max() / np.abs(ref).max()),
+                acc_err=float(np.abs(acc - 1 - ref).max() / np.abs(ref).max()),
+                norm_err=abs(nrm - np.linalg.norm(wg)) / np.linalg.norm(wg),
+                local_err=abs(local - V[0] @ w) / abs(V[0] @ w), linalg=linalg_is_distributed())
+
+
+def run_solve(out):
+    serial_comm = COMM.Split(COMM.rank, 0)           # size 1: the serial code path
+    hook = hook_record()
+    recs = [hook]
+    for name, make in CASES.items():
+        space, A, b, kw = make()
+        rec, dist = record(name, space, A, b, kw, serial_comm)
+        recs.append(rec)
+        if name == "q1-2d":                           # adaptive step: mark, refine, repartition
+            u = dist.u
+            cu = np.abs(u[space.mesh.cells]).mean(1)
+            mesh2 = space.mesh.refine(cu >= np.quantile(cu, 0.8))
+            s2 = Space(mesh2, 1)
+            rec2, _ = record("q1-2d-adapted", s2, assemble.stiffness,
+                             assemble.load(s2, lambda x: 1.0 + x[..., 0]), {}, serial_comm)
+            rec2["cells_before"] = space.mesh.num_cells
+            recs.append(rec2)
+            rec3, _ = record("q1-2d-wcycle", space, A, b, dict(cycle="W"), serial_comm)
+            recs.append(rec3)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                short = solve(space, A, b, comm=COMM, rtol=1e-10, maxiter=2, agglomerate_below=50)
+            hook["maxiter_info"] = short.info
+            hook["maxiter_warned"] = any("did not reach" in str(w.message) for w in caught)
+            for accel in ("gmres", "fgmres"):       # adaptmg.linalg unchanged, under the hook
+                if linalg_is_distributed():
+                    r, _ = record(f"q1-2d-{accel}", space, A, b, dict(accel=accel), serial_comm)
+                    recs.append(r)
+    if COMM.rank == 0:
+        with open(out, "w") as fh:
+            json.dump(recs, fh)
+
+
+def run_failure(kind):
+    space, A, b, kw = poisson(2, 2, 1)
+    if kind == "bad-input":
+        rtol = -1.0 if COMM.rank == 1 else 1e-8       # bad input on one rank only
+        solve(space, A, b, comm=COMM, rtol=rtol)
+    elif kind == "callback":
+        def cb(k, x):
+            if COMM.rank == 1 and k == 2:
+                raise RuntimeError("user callback failed on purpose")
+        solve(space, A, b, comm=COMM, rtol=1e-12, callback=cb)
+    else:
+        raise ValueError(f"unknown failure kind {kind!r}")
+    print("not reached", flush=True)
+
+
+if __name__ == "__main__":
+    install_excepthook()
+    if sys.argv[1] == "solve":
+        run_solve(sys.argv[2])
+    else:
+        run_failure(sys.argv[1])

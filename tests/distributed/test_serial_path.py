@@ -1,0 +1,62 @@
+"""A one-rank run of adaptmg.distributed.solve is the serial code path (no MPI needed)."""
+import numpy as np
+import pytest
+
+import adaptmg
+from adaptmg import assemble
+from adaptmg.distributed import agree, get_comm, solve, solve_poisson
+from adaptmg.fe import Space
+from adaptmg.mesh import Mesh
+
+
+class OneRank:
+    """Stands in for a size-1 mpi4py communicator (the serial path makes no MPI call)."""
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 1
+
+    def Allreduce(self, *a):                     # pragma: no cover - never called on one rank
+        raise AssertionError("no collective on one rank")
+
+
+def _mesh():
+    m = Mesh.box([0, 0], [1, 1], [4, 4]).refine().refine()
+    c = m.points[m.cells].mean(1)
+    return m.refine(np.linalg.norm(c - 0.3, axis=1) < 0.25)
+
+
+def test_one_rank_is_multigrid_cg():
+    """Same solution (to a few eps) and iteration count as multigrid().solve(accel='cg')."""
+    m = _mesh()
+    space = Space(m, 1)
+    b = assemble.load(space, 1.0)
+    res = solve(space, assemble.stiffness, b, comm=OneRank(), rtol=1e-10)
+    ml = adaptmg.multigrid(space, assemble.stiffness, backend="cpu")
+    its = []
+    x = ml.solve(ml.constrain(b), rtol=1e-10, accel="cg", callback=lambda xk: its.append(1))
+    u = ml.expand(x)
+    assert res.size == 1 and res.mg is None and res.info == 0
+    assert res.iterations == len(its) and 3 <= res.iterations <= 10
+    assert np.abs(res.u - u).max() <= 64 * np.finfo(float).eps * np.abs(u).max()
+    r2 = solve_poisson(m, 1.0, comm=OneRank(), rtol=1e-10)
+    assert np.abs(r2.u - u).max() <= 64 * np.finfo(float).eps * np.abs(u).max()
+
+
+def test_bad_arguments_raise_on_one_rank():
+    space = Space(_mesh(), 1)
+    b = assemble.load(space, 1.0)
+    with pytest.raises(ValueError, match="rtol must be a positive number"):
+        solve(space, assemble.stiffness, b, comm=OneRank(), rtol=-1)
+    with pytest.raises(ValueError, match=r"right-hand side must have shape"):
+        solve(space, assemble.stiffness, b[:-1], comm=OneRank())
+    with pytest.raises(ValueError, match="accel must be"):
+        solve(space, assemble.stiffness, b, comm=OneRank(), accel="bicg")
+    with pytest.raises(TypeError, match="mpi4py communicator"):
+        get_comm(object())
+    with pytest.raises(TypeError, match="adaptmg Mesh"):
+        solve_poisson(space, comm=OneRank())
+    with pytest.raises(ValueError, match="went wrong"):
+        agree(None, False, "went wrong")
