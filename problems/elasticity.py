@@ -48,11 +48,12 @@ import scipy.sparse as sp
 
 from adaptmg import Mesh, Space, assemble, multigrid
 from adaptmg.backend import get_backend, to_host
+from adaptmg.fe.csr_ops import NodeBlockMatrix
 
 from ._stepping import SpMVOperator, constrain_combine, gmres_step, time_steps
 from ._timing import Timer, format_table, progress
 
-__all__ = ["LAMBDA", "MU", "F", "CASES", "make_mesh", "mesh_stats", "system_matrix", "run",
+__all__ = ["LAMBDA", "MU", "F", "CASES", "make_mesh", "mesh_stats", "system_matrix", "block_system", "run",
            "COLUMNS"]
 
 LAMBDA = 8.0e4
@@ -126,7 +127,7 @@ def _system_from_blocks(Ms, A3, dt: float) -> sp.csr_matrix:
     Ms = sp.csr_matrix(Ms)
     Ms.sum_duplicates()
     nn = Ms.shape[0]
-    Bk = sp.csr_matrix(A3).tobsr(blocksize=(3, 3))
+    Bk = A3 if sp.isspmatrix_bsr(A3) and A3.blocksize == (3, 3) else sp.csr_matrix(A3).tobsr(blocksize=(3, 3))
     if not (np.array_equal(Bk.indptr, Ms.indptr) and np.array_equal(Bk.indices, Ms.indices)):
         M3 = sp.kron(Ms, sp.identity(3), format="csr")
         return sp.bmat([[M3, -dt * M3], [dt * sp.csr_matrix(A3), M3]], format="csr")[_perm6(nn)][:, _perm6(nn)].tocsr()
@@ -169,8 +170,46 @@ def _perm6(nn):
     return np.where(comp < 3, 3 * node + comp, 3 * nn + 3 * node + comp - 3).ravel()
 
 
-def system_matrix(dt: float, lam: float = LAMBDA, mu: float = MU):
-    """``assemble(space6) -> [[M, -dt M], [dt A, M]]`` in the interleaved 6-component layout."""
+def _coefficients(dt: float) -> np.ndarray:
+    r"""The 6 x 6 node-block coefficients of the fields (M, A_00, A_01, ..., A_22):
+    :math:`C_M = [[I_3, -dt I_3], [0, I_3]]`, :math:`C_{A_{rs}} = dt\, e_{3+r} e_s^T`."""
+    C = np.zeros((10, 6, 6))
+    C[0] = np.eye(6)
+    C[0, np.arange(3), 3 + np.arange(3)] = -dt
+    for r in range(3):
+        for s_ in range(3):
+            C[1 + 3 * r + s_, 3 + r, s_] = dt
+    return C
+
+
+def block_system(Ms, A3, dt: float, backend=None):
+    r"""``[[M, -dt M], [dt A, M]]`` (interleaved, DoF ``6 node + c``) as a
+    :class:`~adaptmg.fe.csr_ops.NodeBlockMatrix`: the fields M and the nine A_rs on the
+    scalar node pattern of ``Ms`` (10 values per node pair instead of 18), which
+    :meth:`adaptmg.Constraints.matrix` constrains on that pattern before expanding once.
+    ``A3``: BSR with 3 x 3 blocks on the same pattern (``assemble.elasticity(...,
+    format="bsr")``); another pattern falls back to :func:`_system_from_blocks` (CSR).
+    ``backend``: a GPU backend makes the constrained matrices device CSR, expanded there.
+    """
+    Ms = sp.csr_matrix(Ms)
+    Ms.sum_duplicates()
+    nn = Ms.shape[0]
+    Bk = A3 if sp.isspmatrix_bsr(A3) and A3.blocksize == (3, 3) else sp.csr_matrix(A3).tobsr(blocksize=(3, 3))
+    if not (np.array_equal(Bk.indptr, Ms.indptr) and np.array_equal(Bk.indices, Ms.indices)):
+        return _system_from_blocks(Ms, Bk, dt)
+    data = np.empty((Ms.nnz, 10))
+    data[:, 0] = Ms.data
+    data[:, 1:] = Bk.data.reshape(-1, 9)
+    return NodeBlockMatrix(Ms.indptr, Ms.indices, data, _coefficients(dt), nn,
+                           backend=backend if backend is not None and backend.is_gpu else None)
+
+
+def system_matrix(dt: float, lam: float = LAMBDA, mu: float = MU, backend=None):
+    """``assemble(space6) -> [[M, -dt M], [dt A, M]]`` in the interleaved 6-component layout,
+    as a :class:`~adaptmg.fe.csr_ops.NodeBlockMatrix` (``.tocsr()`` gives SciPy CSR).
+    ``backend`` ("gpu" or a GPU Backend): :meth:`adaptmg.Constraints.matrix` then builds the
+    constrained level matrices on the device (the hierarchy's levels are device CSR)."""
+    be = None if backend is None else get_backend(backend)
     def S(space6):
         if space6.components != 6:
             raise ValueError(f"the elasticity system needs a 6-component space, got {space6.components}")
@@ -179,7 +218,7 @@ def system_matrix(dt: float, lam: float = LAMBDA, mu: float = MU):
         Ms = assemble.mass(s1)
         if S.first_mass[0] is None:                  # the finest level comes first
             S.first_mass = (space6, s1, Ms)          # reused for the right-hand side
-        return _system_from_blocks(Ms, assemble.elasticity(s3, lam, mu), dt)
+        return block_system(Ms, assemble.elasticity(s3, lam, mu, format="bsr"), dt, be)
     S.first_mass = (None, None, None)
     return S
 
@@ -216,7 +255,7 @@ def run(case: str = "edge", level: int = 3, *, dt: float = 0.025, T: float = 2.5
     with timer("init"):
         mesh = make_mesh(case, level, coarse)
         space = Space(mesh, 1, components=6)
-        S = system_matrix(dt, lam, mu)
+        S = system_matrix(dt, lam, mu, backend=be if be.is_gpu else None)
         # hierarchy down to the 4x4x4 box (750 rows, direct coarse solve) by default
         nlev = None if levels == "all" else (len(mesh.hierarchy()) - 1 if levels is None else int(levels))
         ml = multigrid(space, S, dirichlet="all", smoother="block_jacobi", backend=be,

@@ -10,8 +10,12 @@ Examples::
     python scripts/adaptive.py --problem interior_layer --steps 10
     python scripts/adaptive.py --problem elasticity_corner --steps 10
 
+    python scripts/adaptive.py --problem lshape --backend cpu --max-dofs 100000   # to 1e5 DoFs
+
 Prints one line per step (cells, DoFs, hanging nodes, multigrid levels, estimate,
-true error where known, multigrid iterations, solve and estimate times), writes
+true error where known, multigrid iterations, solve and estimate times), then the
+total wall time and a per-step breakdown table (refine, set-up, solve, estimate,
+true error, other; see :func:`timed_run`), writes
 one VTU file per step to ``--out`` (solution, indicators, cell levels) and a PNG
 convergence plot (``convergence.png``; skipped with a message when matplotlib is not
 installed), and a ``history.csv``.
@@ -19,7 +23,9 @@ installed), and a ``history.csv``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import functools
 import importlib
 import os
 import sys
@@ -79,6 +85,113 @@ def plot(history, path, title="", printer=print):
     return path
 
 
+@contextlib.contextmanager
+def _timed_problem(mod, acc):
+    """Wrap, for one run, the callables of the :class:`AdaptiveProblem` that ``mod.run`` hands to
+    ``adaptive_loop`` (solve, estimate, error) and :meth:`adaptmg.Mesh.refine` with wall-clock
+    counters: ``acc[name]`` is the list of per-call seconds, ``acc["start"]`` the start time
+    of every solve (= of every step)."""
+    from adaptmg.mesh import mesh as meshmod
+    orig_loop = mod.adaptive_loop
+    orig_refine = meshmod.Mesh.refine
+    depth = [0]
+
+    def timed(name, fn):
+        if fn is None:
+            return None
+
+        @functools.wraps(fn)
+        def f(*a, **k):
+            t0 = time.perf_counter()
+            if name == "solve":
+                acc["start"].append(t0)
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[name].append(time.perf_counter() - t0)
+        return f
+
+    @functools.wraps(orig_refine)
+    def refine(self, *a, **k):
+        depth[0] += 1
+        t0 = time.perf_counter()
+        try:
+            return orig_refine(self, *a, **k)
+        finally:
+            depth[0] -= 1
+            if depth[0] == 0:                        # outermost call only
+                acc["refine"].append(time.perf_counter() - t0)
+
+    @functools.wraps(orig_loop)
+    def loop(problem, *a, **k):
+        import dataclasses
+        problem = dataclasses.replace(problem, solve=timed("solve", problem.solve),
+                                      estimate=timed("estimate", problem.estimate),
+                                      error=timed("error", problem.error))
+        return orig_loop(problem, *a, **k)
+
+    for key in ("start", "solve", "estimate", "error", "refine"):
+        acc[key] = []
+    mod.adaptive_loop = loop
+    meshmod.Mesh.refine = refine
+    try:
+        yield acc
+    finally:
+        mod.adaptive_loop = orig_loop
+        meshmod.Mesh.refine = orig_refine
+
+
+def timed_run(mod, **kw):
+    """``mod.run(**kw)`` with the per-step breakdown: returns (result, rows, total seconds).
+
+    Row of step k: ``refine`` (the refinement that made this step's mesh, 0 for step 0),
+    ``setup`` (space, hierarchy, assembly, constraints, device copies: the solve call less
+    the multigrid solve), ``solve`` (the multigrid solve, ``t_mg``), ``estimate``
+    (indicators), ``error`` (the true error, where known), ``other`` (marking, output,
+    printing: the rest of the step's wall time) and ``step`` (wall time of the step).
+    """
+    acc = {}
+    t0 = time.perf_counter()
+    with _timed_problem(mod, acc):
+        res = mod.run(**kw)
+    total = time.perf_counter() - t0
+    hist = res["history"]
+    starts = acc["start"] + [t0 + total]
+    rows = []
+    for k, h in enumerate(hist):
+        wall = (starts[k + 1] - starts[k]) if k + 1 < len(starts) else float("nan")
+        ref_next = acc["refine"][k] if k < len(acc["refine"]) else 0.0   # refine at the end of step k
+        ref_this = acc["refine"][k - 1] if 0 < k <= len(acc["refine"]) else 0.0
+        setup = h["t_solve"] - h["t_mg"]
+        err = acc["error"][k] if k < len(acc["error"]) else 0.0
+        parts = setup + h["t_mg"] + h["t_estimate"] + err + ref_next
+        rows.append(dict(step=h["step"], cells=h["cells"], dofs=h["dofs"], iterations=h["iterations"],
+                         refine=ref_this, setup=setup, solve=h["t_mg"], estimate=h["t_estimate"],
+                         error=err, other=max(0.0, wall - parts), step_wall=wall - ref_next + ref_this))
+    # the time before the first solve (imports, coarse mesh) counts as "other" of step 0
+    if rows:
+        rows[0]["other"] += acc["start"][0] - t0 if acc["start"] else 0.0
+        rows[0]["step_wall"] += acc["start"][0] - t0 if acc["start"] else 0.0
+    return res, rows, total
+
+
+BREAKDOWN = ("refine", "setup", "solve", "estimate", "error", "other")
+
+
+def breakdown_table(rows, total, backend):
+    """Markdown table: one row per step and a total row (seconds)."""
+    head = ["step", "cells", "DoFs", "MG its"] + list(BREAKDOWN) + ["step total"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join([str(r["step"]), str(r["cells"]), str(r["dofs"]), str(r["iterations"])]
+                                       + [f"{r[k]:.3f}" for k in BREAKDOWN] + [f"{r['step_wall']:.3f}"]) + " |")
+    sums = {k: sum(r[k] for r in rows) for k in BREAKDOWN}
+    lines.append("| **total** | | | | " + " | ".join(f"{sums[k]:.3f}" for k in BREAKDOWN)
+                 + f" | **{total:.3f}** |")
+    share = ", ".join(f"{k} {100 * sums[k] / total:.0f} %" for k in BREAKDOWN if total > 0)
+    return "\n".join(lines) + f"\n\ntotal wall time {total:.2f} s on backend {backend} ({share})"
+
+
 def write_csv(history, path):
     keys = list(dict.fromkeys(k for h in history for k in h))
     with open(path, "w", newline="") as fh:
@@ -91,7 +204,8 @@ def write_csv(history, path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--problem", choices=PROBLEMS, default="lshape")
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="refinement steps (default 10, or 200 with --max-dofs: stop at that size)")
     ap.add_argument("--backend", choices=("cpu", "gpu", "auto"), default="cpu")
     ap.add_argument("--strategy", choices=("doerfler", "fixed_fraction", "uniform"), default="doerfler")
     ap.add_argument("--theta", type=float, default=0.5,
@@ -102,8 +216,12 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="directory for VTU files, history.csv and convergence.png")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
+    if a.steps is None:
+        a.steps = 200 if a.max_dofs is not None else 10
     if a.steps < 0:
         ap.error("--steps must be >= 0")
+    if a.max_dofs is not None and a.max_dofs < 1:
+        ap.error("--max-dofs must be a positive integer")
     if a.backend == "gpu":
         from adaptmg import gpu_available
         if not gpu_available():
@@ -116,9 +234,7 @@ def main(argv=None):
         kw["estimator"] = a.estimator
     elif a.estimator != "residual":
         ap.error("--estimator dwr is available for --problem lshape only")
-    t0 = time.perf_counter()
-    res = mod.run(**kw)
-    total = time.perf_counter() - t0
+    res, rows, total = timed_run(mod, **kw)
     hist = res["history"]
     out(f"total {total:.2f} s for {len(hist)} solves; final DoFs {hist[-1]['dofs']}, "
         f"multigrid iterations {min(h['iterations'] for h in hist[1:] or hist)}.."
@@ -132,6 +248,11 @@ def main(argv=None):
         for k in (k for k in late[0] if k.startswith("err_")):
             msg += f", {k[4:]} {fitted_slope(N, [h[k] for h in late]):+.3f}"
         out(msg)
+    table = breakdown_table(rows, total, a.backend)
+    if not a.quiet:
+        print(f"\nper-step breakdown (seconds), {a.problem}, backend {a.backend}:\n" + table, flush=True)
+    res["breakdown"] = rows
+    res["total"] = total
     if a.out:
         write_csv(hist, os.path.join(a.out, "history.csv"))
         p = plot(hist, os.path.join(a.out, "convergence.png"), f"{a.problem} ({a.strategy})", out)

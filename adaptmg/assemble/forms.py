@@ -50,6 +50,7 @@ naming the argument and the shapes involved.
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 from ..backend import Backend, get_backend
 from ..fe.element import LagrangeQ
@@ -551,7 +552,7 @@ def derivative_matrices(space, *, quad_points=None):
     return [pat.csr(data[k]) for k in range(d)]
 
 
-def elasticity(space, lam, mu, *, quad_points=None):
+def elasticity(space, lam, mu, *, quad_points=None, format="csr"):
     r"""Linear elasticity matrix :math:`A_{(i,r),(j,s)} = (\sigma(\phi_j e_s), \varepsilon(\phi_i e_r))`.
 
     :math:`\sigma(u) = 2\mu\varepsilon(u) + \lambda\,\mathrm{div}\,u\,I`,
@@ -564,7 +565,12 @@ def elasticity(space, lam, mu, *, quad_points=None):
     Requires ``space.components == dim``; DoF (node i, component r) is i*dim + r.
     ``lam``, ``mu``: constants, per-cell arrays or callables (as ``coef``).
     The rigid-body motions (translations, infinitesimal rotations) are in its kernel.
+    ``format="bsr"`` returns the summed dim x dim node blocks as SciPy BSR on the scalar
+    node pattern (the same pattern as :func:`mass` of the scalar space), without the
+    conversion to CSR.
     """
+    if format not in ("csr", "bsr"):
+        raise ValueError(f"elasticity: format must be 'csr' or 'bsr', got {format!r}")
     info = _SpaceInfo(space)
     d = info.dim
     if info.components != d:
@@ -589,7 +595,8 @@ def elasticity(space, lam, mu, *, quad_points=None):
     lam_c = float(np.asarray(lam)) if both_const else None
     mu_c = float(np.asarray(mu)) if both_const else None
     pat = _square_pattern(info)
-    data = [pat.new_data() for _ in range(d * d)]
+    blocks = pat.new_data((d * d,))             # (nnz, d*d): the BSR data, no stacking afterwards
+    data = [blocks[:, k] for k in range(d * d)]  # column views: add.at takes strided output
     step = info.chunk_size(xi, L * d * d)
     nE = 1 if both_const else 2
     fbuf = np.empty(d * d * step * nq * d * d)
@@ -618,7 +625,12 @@ def elasticity(space, lam, mu, *, quad_points=None):
                     for a_ in range(d):
                         K += cm * Em[a_, a_]
                 pat.add(data[r * d + s_], sl, K)
-    return pat.block_csr(np.stack(data, axis=1), d, d)
+    if format == "bsr":
+        B = sp.bsr_matrix((blocks.reshape(-1, d, d), pat.indices, pat.indptr),
+                          shape=(pat.shape[0] * d, pat.shape[1] * d))
+        B.has_sorted_indices = True
+        return B
+    return pat.block_csr(blocks, d, d)
 
 
 def load(space, f, *, quad_points=None):

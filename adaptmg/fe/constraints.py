@@ -21,7 +21,9 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from .csr_ops import congruence_with_constraints, mask_rows_cols
+from ..backend import is_device_sparse
+from .csr_ops import (NodeBlockMatrix, congruence_map, congruence_with_constraints, expand_node_blocks,
+                      mask_rows_cols)
 from .space import Space
 
 __all__ = ["Constraints"]
@@ -81,22 +83,79 @@ class Constraints:
         if A.shape != (n, n):
             raise ValueError(f"matrix has shape {A.shape}, the space has {n} DoFs")
 
-    def project(self, A) -> sp.csr_matrix:
-        """H^T A H (all rows kept), the matrix acting on regular DoF values."""
+    def project(self, A):
+        """H^T A H (all rows kept), the matrix acting on regular DoF values (SciPy CSR; a
+        :class:`~adaptmg.fe.csr_ops.NodeBlockMatrix` stays one; a CuPy matrix stays on the device)."""
+        if isinstance(A, NodeBlockMatrix):
+            self._check_square(A)
+            return A if self.space.hanging_nodes.size == 0 else A.congruence(self.space.H_nodes)
+        if is_device_sparse(A):
+            self._check_square(A)
+            return _device_project(self, A)
         A = sp.csr_matrix(A)
         self._check_square(A)
         if self.space.hanging_nodes.size == 0:
             return A
         return congruence_with_constraints(A, self.H, np.flatnonzero(self.space.is_hanging))
 
-    def matrix(self, A) -> sp.csr_matrix:
-        """Constrained matrix K = Z H^T A H Z + s (I - Z)."""
+    def matrix(self, A):
+        """Constrained matrix K = Z H^T A H Z + s (I - Z).
+
+        ``A``: SciPy sparse (result SciPy CSR), a CuPy sparse matrix (the products run on the
+        device by cuSPARSE SpGEMM, the result is CuPy CSR; see :func:`_device_matrix`) or a
+        :class:`~adaptmg.fe.csr_ops.NodeBlockMatrix` (the congruence on its scalar node
+        pattern, expanded once; see :meth:`_matrix_blocks`).
+        """
+        if isinstance(A, NodeBlockMatrix):
+            return self._matrix_blocks(A)
+        if is_device_sparse(A):
+            self._check_square(A)
+            return _device_matrix(self, A)
         B = self.project(A)
         d = np.abs(B.diagonal()[self.free])
         self._scale = float(d.mean()) if d.size and d.mean() > 0 else 1.0
         K = mask_rows_cols(B, self.free, self.free, diagonal=self._scale)
         K.eliminate_zeros()
         K.sort_indices()
+        return K
+
+    def _matrix_blocks(self, A: NodeBlockMatrix) -> sp.csr_matrix:
+        r"""K for :math:`A = \sum_f S_f \otimes C_f` on the node pattern.
+
+        When the free mask is the same for all components of a node (Dirichlet on whole
+        nodes; hanging nodes always are), Z = Z_n (x) I_c and
+
+        .. math:: K = \sum_f (Z_n H_n^T S_f H_n Z_n) \otimes C_f + s\, (I - Z_n) \otimes I_c :
+
+        one congruence map on the scalar pattern for all fields (only free pairs formed,
+        plus the diagonal of the fixed nodes), an identity field for ``s (I - Z)`` and one
+        expansion to CSR; zeros are dropped as in the general path.  Otherwise the
+        expanded matrix takes the general path.  With a GPU ``A.backend`` the expansion runs on
+        the device and K is a CuPy CSR matrix (:func:`~adaptmg.fe.csr_ops.expand_node_blocks`).
+        """
+        self._check_square(A)
+        c, n = A.c, self.space.num_nodes
+        if c != self.space.components:
+            raise ValueError(f"the block matrix has {c} components, the space {self.space.components}")
+        fr = self.free.reshape(n, c)
+        if not np.array_equal(fr, np.repeat(fr[:, :1], c, axis=1)):
+            return self.matrix(A.tocsr())
+        fn = fr[:, 0]
+        fixed = np.flatnonzero(~fn)
+        ip, ind, T = congruence_map(A.indptr, A.indices, self.space.H_nodes, fn, extra_diagonal=fixed)
+        data = T @ A.data
+        B = NodeBlockMatrix(ip, ind, data, A.coef, n)
+        dp = B.diagonal_positions()
+        d = np.abs(data[dp[fn]] @ np.einsum("frr->fr", A.coef)) if fn.any() else np.zeros(0)
+        self._scale = float(d.mean()) if d.size and d.mean() > 0 else 1.0
+        ident = np.zeros((ind.size, 1))
+        ident[dp[fixed], 0] = 1.0
+        coef = np.concatenate([A.coef, self._scale * np.eye(c)[None]], axis=0)
+        be = getattr(A, "backend", None)
+        if be is not None and be.is_gpu:                 # only the fields travel; CSR built there
+            return expand_node_blocks(be, ip, ind, np.hstack([data, ident]), coef, n, drop_zeros=True)
+        K = NodeBlockMatrix(ip, ind, np.hstack([data, ident]), coef, n).tocsr()
+        K.eliminate_zeros()
         return K
 
     def rhs(self, b, A=None) -> np.ndarray:
@@ -135,3 +194,55 @@ class Constraints:
         if x.shape != (self.space.num_dofs,):
             raise ValueError(f"x has shape {x.shape}, expected ({self.space.num_dofs},)")
         return self.H @ x
+
+
+# ----------------------------------------------------------------------------- any backend
+def _backend_H(cons, be):
+    """H and H^T (explicit CSR) of ``cons`` on backend ``be``, moved once and kept."""
+    if be.is_gpu:
+        if getattr(cons, "_H_dev", None) is None:
+            cons._H_dev = be.asmatrix(cons.H)
+        if getattr(cons, "_HT_dev", None) is None:
+            cons._HT_dev = be.asmatrix(cons.H.T.tocsr())
+        return cons._H_dev, cons._HT_dev
+    return cons.H, cons.H.T.tocsr()
+
+
+def _device_project(cons, A, be=None):
+    r""":math:`H^T A H` by two sparse-sparse products on ``A``'s backend (cuSPARSE SpGEMM for a
+    CuPy matrix: H and H^T are moved to the device once per :class:`Constraints`)."""
+    from ..backend import backend_of
+    be = backend_of(A) if be is None else be
+    A = A.tocsr()
+    if cons.space.hanging_nodes.size == 0:
+        return A
+    H, HT = _backend_H(cons, be)
+    return (HT @ (A @ H)).tocsr()
+
+
+def _device_matrix(cons, A, be=None):
+    r""":math:`K = Z H^T A H Z + s (I - Z)` written once against the backend's array and sparse
+    modules (``numpy``/``scipy.sparse`` or ``cupy``/``cupyx.scipy.sparse``), so that a device
+    matrix never leaves the device: :math:`B = H^T (A H)` by two SpGEMMs, ``s`` the mean
+    of :math:`|B_{ii}|` over the free DoFs, then the entries of B in free rows and columns
+    (zeros dropped, as :meth:`Constraints.matrix` does) plus ``s`` on the diagonal of the
+    others, assembled as COO -> canonical CSR (rows sorted, no duplicates).
+    """
+    from ..backend import backend_of
+    be = backend_of(A) if be is None else be
+    xp, spm = be.xp, be.sparse
+    B = _device_project(cons, A, be)
+    B.sum_duplicates()
+    z = xp.asarray(cons.free)
+    d = xp.abs(B.diagonal())[z]
+    mean = float(d.mean()) if d.size else 0.0
+    cons._scale = mean if mean > 0 else 1.0
+    C = B.tocoo()
+    keep = z[C.row] & z[C.col] & (C.data != 0)
+    fixed = xp.flatnonzero(~z).astype(C.row.dtype)
+    rows = xp.concatenate([C.row[keep], fixed])
+    cols = xp.concatenate([C.col[keep], fixed])
+    vals = xp.concatenate([C.data[keep], xp.full(fixed.size, cons._scale, dtype=C.data.dtype)])
+    K = spm.coo_matrix((vals, (rows, cols)), shape=B.shape).tocsr()
+    K.sum_duplicates()
+    return K

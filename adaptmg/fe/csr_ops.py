@@ -102,3 +102,243 @@ def add_to_diagonal(A: sp.csr_matrix, d: np.ndarray) -> sp.csr_matrix:
     if nz.size == 0:
         return A
     return (A + sp.csr_matrix((d[nz], (nz, nz)), shape=A.shape)).tocsr()
+
+
+# ----------------------------------------------------------------------------- node-block matrices
+
+def congruence_map(indptr, indices, Hn, keep, extra_diagonal=None):
+    r"""The linear map from the values of *any* matrix S on one scalar pattern to those of
+    :math:`Z H_n^T S H_n Z`, with :math:`Z = \mathrm{diag}(keep)`:
+
+    .. math:: (H_n^T S H_n)_{pq} = \sum_{(i,j)} (H_n)_{ip}\, S_{ij}\, (H_n)_{jq} .
+
+    Every stored entry e = (i, j) of the pattern contributes to the pairs (p, q) of the kept
+    parents p of i and q of j (a regular node is its own parent, weight 1; a hanging node
+    has its 2 or 4 parents).  The pairs are merged into a canonical CSR pattern by
+    :class:`adaptmg.assemble.Pattern` (grouping by row, sorting within rows; no global
+    sort) and the weights form a sparse T (nnz' x nnz), so that the values of the
+    congruence of any S on this pattern are ``T @ S.data`` -- and of k matrices on it
+    at once ``T @ data`` with data (nnz, k).  Entries of nodes that are regular and
+    kept map one to one; only the hanging rows and columns expand.
+
+    ``extra_diagonal``: nodes whose diagonal entry (p, p) the pattern must hold even
+    without a contribution (T has an explicit zero there).
+
+    Returns ``(indptr', indices', T)``.
+    """
+    from ..assemble._sparse import Pattern     # assembly's pattern builder (no import cycle at load)
+    indptr = np.asarray(indptr)
+    indices = np.asarray(indices)
+    n = indptr.size - 1
+    keep = np.asarray(keep, dtype=bool)
+    if keep.shape != (n,):
+        raise ValueError(f"keep must be a boolean mask of shape ({n},), got {keep.shape}")
+    Hn = sp.csr_matrix(Hn)
+    if Hn.shape != (n, n):
+        raise ValueError(f"Hn has shape {Hn.shape}, the pattern has {n} rows")
+    Hk = mask_rows_cols(Hn, np.ones(n, dtype=bool), keep)          # parents restricted to kept nodes
+    hp = Hk.indptr.astype(np.int64)
+    hi, hw = Hk.indices, Hk.data
+    hlen = np.diff(hp)
+    one = np.flatnonzero(hlen == 1)
+    own = np.zeros(n, dtype=bool)                                    # kept node, its own only parent
+    own[one] = (hi[hp[one]] == one) & (hw[hp[one]] == 1.0)
+    nse = indices.size
+    row = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+    simple = own[row] & own[indices]
+    e_s = np.flatnonzero(simple)
+    e_c = np.flatnonzero(~simple & (hlen[row] > 0) & (hlen[indices] > 0))
+    ni, nj = hlen[row[e_c]], hlen[indices[e_c]]
+    cnt = ni * nj
+    t = np.repeat(np.arange(e_c.size), cnt)
+    within = np.arange(t.size, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    a = within // nj[t]
+    pa = hp[row[e_c][t]] + a
+    pb = hp[indices[e_c][t]] + (within - a * nj[t])
+    P = np.concatenate([row[e_s], hi[pa]])
+    Q = np.concatenate([indices[e_s], hi[pb]])
+    E = np.concatenate([e_s, e_c[t]])
+    W = np.concatenate([np.ones(e_s.size), hw[pa] * hw[pb]])
+    if extra_diagonal is not None and np.size(extra_diagonal):
+        xd = np.asarray(extra_diagonal, dtype=np.int64)
+        P, Q = np.concatenate([P, xd]), np.concatenate([Q, xd])
+        E = np.concatenate([E, np.zeros(xd.size, dtype=E.dtype)])
+        W = np.concatenate([W, np.zeros(xd.size)])
+    pat = Pattern(P[:, None], Q[:, None], n, n)
+    T = sp.csr_matrix((W, (pat.pos, E)), shape=(pat.nnz, nse))
+    return pat.indptr, pat.indices, T
+
+
+class NodeBlockMatrix:
+    r"""A c-component matrix :math:`A = \sum_f S_f \otimes C_f` stored on one scalar node pattern.
+
+    ``S_f`` are scalar (nodes x nodes) matrices sharing the CSR pattern ``(indptr, indices)``,
+    their values the columns of ``data`` (nnz, F); ``C_f = coef[f]`` are constant c x c
+    matrices.  In the DoF layout ``node * c + component``,
+
+    .. math:: A_{(n, r), (m, s)} = \sum_f (S_f)_{nm} (C_f)_{rs} .
+
+    A system of coupled scalar operators (e.g. the elasticity system
+    ``[[M, -dt M], [dt A, M]]`` with the 3 x 3 blocks of A: F = 10 fields, c = 6) is thus
+    held with F values per node pair instead of its nnz(A) / nnz(S) ~ 18.  With a GPU
+    ``backend`` the constrained matrix of :class:`adaptmg.Constraints` is expanded on the
+    device (:func:`expand_node_blocks`: only the fields are copied there, the CSR is
+    built there).  Since the
+    hanging-node matrix of a c-component space is :math:`H = H_n \otimes I_c`,
+    :math:`H^T A H = \sum_f (H_n^T S_f H_n) \otimes C_f`: the congruence acts on the
+    scalar pattern only (:meth:`congruence`), and :class:`adaptmg.Constraints` uses it
+    (:meth:`adaptmg.Constraints.matrix`).  :meth:`tocsr` expands to SciPy CSR.
+    """
+
+    def __init__(self, indptr, indices, data, coef, num_nodes, backend=None):
+        self.backend = backend          # a GPU Backend: constrained matrices are expanded there
+        self.num_nodes = n = int(num_nodes)
+        self.indptr = np.asarray(indptr)
+        self.indices = np.asarray(indices)
+        data = np.asarray(data, dtype=np.float64)
+        self.data = data[:, None] if data.ndim == 1 else data
+        self.coef = np.asarray(coef, dtype=np.float64)
+        if self.indptr.shape != (n + 1,) or self.indices.shape != (int(self.indptr[-1]),):
+            raise ValueError(f"pattern of {n} rows needs indptr ({n + 1},) and indices (indptr[-1],), "
+                             f"got {self.indptr.shape} and {self.indices.shape}")
+        if self.coef.ndim != 3 or self.coef.shape[1] != self.coef.shape[2]:
+            raise ValueError(f"coef must have shape (F, c, c), got {self.coef.shape}")
+        if self.data.shape != (self.indices.size, self.coef.shape[0]):
+            raise ValueError(f"data must have shape (nnz, F) = ({self.indices.size}, {self.coef.shape[0]}), "
+                             f"got {self.data.shape}")
+        self.c = self.coef.shape[1]
+        self.shape = (n * self.c, n * self.c)
+        self.dtype = np.dtype(np.float64)
+
+    @property
+    def nnz(self) -> int:
+        """Stored entries of the expanded CSR (:meth:`tocsr`, before dropping zeros)."""
+        return int(self.indices.size * np.count_nonzero(np.any(self.coef != 0, axis=0)))
+
+    def field(self, f) -> sp.csr_matrix:
+        """The scalar matrix S_f."""
+        A = sp.csr_matrix((self.data[:, f], self.indices, self.indptr), shape=(self.num_nodes,) * 2)
+        A.has_sorted_indices = True
+        return A
+
+    def congruence(self, Hn, keep=None) -> "NodeBlockMatrix":
+        r""":math:`\sum_f (Z H_n^T S_f H_n Z) \otimes C_f` (Z = diag(keep) on the nodes; all kept by
+        default): all F fields through one map :func:`congruence_map` on the scalar pattern."""
+        keep = np.ones(self.num_nodes, dtype=bool) if keep is None else keep
+        ip, ind, T = congruence_map(self.indptr, self.indices, Hn, keep)
+        return NodeBlockMatrix(ip, ind, T @ self.data, self.coef, self.num_nodes, self.backend)
+
+    def diagonal_positions(self) -> np.ndarray:
+        """Position of the entry (n, n) in the scalar pattern for every node, -1 where missing."""
+        n = self.num_nodes
+        row = np.repeat(np.arange(n), np.diff(self.indptr))
+        at = np.flatnonzero(self.indices == row)
+        out = np.full(n, -1, dtype=np.int64)
+        out[row[at]] = at
+        return out
+
+    def diagonal(self) -> np.ndarray:
+        """Diagonal of the expanded matrix, (n * c,)."""
+        dp = self.diagonal_positions()
+        cdiag = np.einsum("frr->fr", self.coef)                    # (F, c)
+        d = self.data[np.maximum(dp, 0)] @ cdiag                      # (n, c)
+        d[dp < 0] = 0.0
+        return d.ravel()
+
+    def tocsr(self) -> sp.csr_matrix:
+        r"""SciPy CSR of the expanded matrix (sorted columns; explicit zeros kept).
+
+        Row (n, r) holds, for every scalar entry (n, m) in column order, the components s
+        of the union pattern :math:`U_r = \{s : (C_f)_{rs} \ne 0 \text{ for some } f\}`.
+        Built component-major (rows (r, n): every block a contiguous (nnz, |U_r|) product
+        ``data @ coef[:, r, U_r]``) and brought to the interleaved order by one CSR row
+        gather (SciPy's C++ ``csr_row_index``).
+        """
+        n, c, nse = self.num_nodes, self.c, self.indices.size
+        U = np.any(self.coef != 0, axis=0)
+        widths = U.sum(axis=1)
+        total = int(nse * widths.sum())
+        it = np.int32 if max(total, n * c) < 2**31 - 1 else np.int64
+        data = np.empty(total)
+        indices = np.empty(total, dtype=it)
+        indptr = np.empty(c * n + 1, dtype=np.int64)
+        m = self.indices.astype(it) * it(c)
+        off = 0
+        for r in range(c):                                            # loop over components only
+            cols = np.flatnonzero(U[r])
+            w = cols.size
+            blk = slice(off, off + nse * w)
+            np.matmul(self.data, self.coef[:, r, cols], out=data[blk].reshape(nse, w))
+            np.add(m[:, None], cols.astype(it)[None, :], out=indices[blk].reshape(nse, w))
+            indptr[r * n:(r + 1) * n] = off + self.indptr[:-1].astype(np.int64) * w
+            off += nse * w
+        indptr[-1] = off
+        big = sp.csr_matrix((data, indices, indptr.astype(it)), shape=self.shape, copy=False)
+        big.has_sorted_indices = True
+        rows = (np.arange(c, dtype=np.int64)[None, :] * n + np.arange(n, dtype=np.int64)[:, None]).ravel()
+        out = big[rows]
+        out.has_sorted_indices = True
+        if out.indices.dtype != it:
+            out.indices, out.indptr = out.indices.astype(it), out.indptr.astype(it)
+        return out
+
+    def __matmul__(self, x):
+        """A @ x for a vector (n*c,): y = sum_f vec(S_f X C_f^T), X = x viewed as (n, c)."""
+        x = np.asarray(x)
+        if x.shape != (self.shape[1],):
+            return self.tocsr() @ x
+        X = x.reshape(self.num_nodes, self.c)
+        Y = np.zeros_like(X, dtype=np.result_type(x.dtype, np.float64))
+        for f in range(self.coef.shape[0]):                         # loop over fields only
+            Y += self.field(f) @ (X @ self.coef[f].T)
+        return Y.ravel()
+
+
+def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zeros=False):
+    r"""CSR of :math:`\sum_f S_f \otimes C_f` (see :class:`NodeBlockMatrix`) built on ``backend``
+    (written once against its ``xp``/``sparse``: on the GPU only the pattern and the fields
+    are copied up, the expanded matrix is made there).
+
+    Destination of slot k (component ``U_r[k]``) of scalar entry e = (n, m) in row (n, r):
+    ``indptr'[n c + r] + (e - indptr[n]) |U_r| + k``, with
+    ``indptr'`` the prefix sum of the row lengths :math:`(indptr[n+1]-indptr[n]) |U_r|`: one
+    scatter of a (nnz, |U_r|) block per component r.  ``drop_zeros``: entries equal to zero
+    are removed afterwards (one compaction).  Columns stay sorted in each row.
+    """
+    xp, spm = backend.xp, backend.sparse
+    coef = np.asarray(coef, dtype=np.float64)
+    n, c = int(num_nodes), coef.shape[1]
+    U = np.any(coef != 0, axis=0)
+    widths = U.sum(axis=1)
+    nse = int(np.size(indices))
+    total = nse * int(widths.sum())
+    if max(total, n * c) >= 2**31 - 1:
+        raise ValueError(f"expand_node_blocks: {total} entries need 64-bit indices, which the "
+                         "backend's CSR does not take")
+    it = np.int32
+    # backend.asarray: large host arrays go up page-locked (one DMA), see adaptmg.backend
+    ip = backend.asarray(indptr).astype(xp.int64)
+    ind = backend.asarray(indices).astype(it)
+    D = backend.asarray(np.ascontiguousarray(data, dtype=np.float64) if isinstance(data, np.ndarray) else data)
+    k = ip[1:] - ip[:-1]
+    optr = xp.zeros(n * c + 1, dtype=xp.int64)
+    optr[1:] = xp.cumsum((k[:, None] * xp.asarray(widths, dtype=xp.int64)[None, :]).ravel())
+    e = xp.arange(nse, dtype=xp.int64)
+    row = xp.searchsorted(ip, e, side="right") - 1              # scalar row of every entry
+    within = e - ip[row]
+    out_data = xp.empty(total, dtype=xp.float64)
+    out_ind = xp.empty(total, dtype=it)
+    starts = optr[:-1].reshape(n, c)
+    for r in range(c):                                            # loop over components only
+        cols = np.flatnonzero(U[r])
+        w = cols.size
+        dest = (starts[:, r][row] + within * w)[:, None] + xp.arange(w, dtype=xp.int64)[None, :]
+        out_data[dest] = D @ xp.asarray(coef[:, r, cols])
+        out_ind[dest] = ind[:, None] * it(c) + xp.asarray(cols.astype(it))[None, :]
+    if drop_zeros:
+        keep = out_data != 0
+        cs = xp.zeros(total + 1, dtype=xp.int64)
+        cs[1:] = xp.cumsum(keep)
+        optr = cs[optr]
+        out_data, out_ind = out_data[keep], out_ind[keep]
+    return spm.csr_matrix((out_data, out_ind, optr.astype(it)), shape=(n * c, n * c))

@@ -11,7 +11,7 @@ import scipy.sparse as sp
 
 from adaptmg import assemble as asm
 from adaptmg.assemble._sparse import Pattern, componentwise
-from adaptmg.assemble.testing import (StructuredMesh, StructuredSpace, lattice_cells,
+from adaptmg.assemble.testing import (StructuredMesh, StructuredSpace,
                                       refine_structured)
 from adaptmg.fe.element import LagrangeQ
 from adaptmg.fe.geometry import cell_geometry

@@ -91,7 +91,7 @@ def test_system_matrix_layout():
     assert abs(S - ref).max() == 0.0
     assert S.has_sorted_indices
     S6 = el.system_matrix(dt, 3.0, 2.0)(Space(m, 1, components=6))
-    assert abs(S6 - S).max() < 1e-12 * abs(S).max()
+    assert abs(S6.tocsr() - S).max() < 1e-12 * abs(S).max()
     with pytest.raises(ValueError, match="6-component"):
         el.system_matrix(dt)(s3)
     with pytest.raises(ValueError, match="case"):
@@ -150,3 +150,33 @@ def test_two_steps_match_host_reference_with_hanging_nodes():
     # v enters the residual only through the mass blocks (the u rows carry dt*A ~ 1e3 x larger
     # entries), so the GMRES residual norm controls it less tightly: looser bound
     np.testing.assert_allclose(r["v"], U[:, 3:], rtol=0, atol=1e-4 * np.abs(U[:, 3:]).max())
+
+
+def test_block_system_constraints_match_the_csr_path_on_the_adaptive_mesh():
+    """Constraints.matrix of the node-block system (congruence on the scalar pattern, one
+    expansion) equals the CSR path (6-component H^T A H, masks) to round-off."""
+    from adaptmg import Constraints
+    m = el.make_mesh("face", 3)
+    space = Space(m, 1, components=6)
+    S = el.system_matrix(0.025)(space)
+    cons = Constraints(space, space.boundary_dofs())
+    K0 = cons.matrix(S.tocsr())
+    K1 = cons.matrix(S)
+    assert K1.shape == K0.shape == (space.num_dofs,) * 2
+    assert abs(K1 - K0).max() <= 64 * np.finfo(float).eps * abs(K0).max()
+    assert K1.has_sorted_indices
+    # the node-block system applied to a vector equals its CSR
+    x = np.random.default_rng(1).standard_normal(space.num_dofs)
+    np.testing.assert_allclose(S @ x, S.tocsr() @ x, rtol=0, atol=1e-13 * abs(S.tocsr()).max() * np.abs(x).sum())
+
+
+@pytest.mark.gpu
+def test_gpu_setup_on_the_device_matches_cpu():
+    """Device-built level matrices (node-block expansion on the GPU): the same solution and
+    iterations as the CPU backend."""
+    c = el.run("edge", 2, steps=3, backend="cpu", quiet=True, rtol=1e-12)
+    g = el.run("edge", 2, steps=3, backend="gpu", quiet=True, rtol=1e-12)
+    assert type(g["solver"].levels[-1].A).__module__.startswith("cupyx")
+    assert abs(len(c["iterations"]) - len(g["iterations"])) == 0
+    assert max(abs(a - b) for a, b in zip(c["iterations"], g["iterations"])) <= 1
+    np.testing.assert_allclose(g["u"], c["u"], rtol=0, atol=1e-9 * np.abs(c["u"]).max())

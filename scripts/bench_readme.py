@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+"""Reproduce every figure of the README's "Measured performance" table in one run.
+
+Usage::
+
+    python scripts/bench_readme.py                  # the README's sizes (needs a GPU for most rows)
+    python scripts/bench_readme.py --quick          # tiny sizes: a smoke run of the whole pipeline
+    python scripts/bench_readme.py --rows poisson2d,td --quick
+    python scripts/bench_readme.py --cpu-fallback   # GPU figures measured on the CPU backend instead
+
+Prints the table in the README's layout (``| what | command | result |`` markdown rows,
+the README's first two columns verbatim) under a heading with the date, the device and
+the CuPy version.  Each row calls the functions of the script the README names for it
+(``bench_poisson.run_adaptmg`` / ``run_pyamg`` / ``run_cupyx_cg``, ``bench_pyamg_bridge.main``,
+``bench_patch.pick_level`` / ``timeit`` / ``bench_solve``, ``bench_problems.part_td`` /
+``part_el``, ``bench_navier_stokes.bench``), loaded from ``scripts/`` by path.
+
+A figure that needs the GPU is printed as ``n/a (needs GPU)`` when none is visible, unless
+``--cpu-fallback`` is given: it is then measured with the CPU backend and marked
+``[CPU backend]`` (for a smoke test of the plumbing, not a README figure).  Peers that run
+on the host (pyamg) are always measured.  ``--quick`` shrinks every size (also the
+paper comparisons then mean nothing); its figures are marked ``[quick]``.
+
+Rows (``--rows``, comma separated; default all): poisson2d, poisson3d, vcycle, bridge,
+patch, td, elasticity, ns.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.util
+import io
+import os
+import platform
+import re
+import sys
+import time
+import warnings
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+NA = "n/a (needs GPU)"
+ROWS = ("poisson2d", "poisson3d", "vcycle", "bridge", "patch", "td", "elasticity", "ns")
+
+#: the README's first two columns, per row (verbatim)
+README = {
+    "poisson2d": ("2-D Q1 Poisson, 1.05M DoFs, rtol 1e-8", "`python scripts/bench_poisson.py`"),
+    "poisson3d": ("3-D Q1 Poisson, 2.15M DoFs", "same"),
+    "vcycle": ("V(2,2)-Jacobi cycle cost", "same / `scripts/bench_vcycle.py`"),
+    "bridge": ("pyamg hierarchy on the GPU", "`python scripts/bench_pyamg_bridge.py --n 1024`"),
+    "patch": ("matrix-free Q7 stiffness apply (3-D, fp64)", "`python scripts/bench_patch.py`"),
+    "td": ("transport-diffusion, 1.05M DoFs, 100 steps", "`python scripts/bench_problems.py --parts td --td-n 10`"),
+    "elasticity": ("elasticity on adaptive hex meshes, 100 steps, every step iterating",
+                   "`python scripts/bench_problems.py --parts el-edge,el-face --el-edge 6 --el-face 5`"),
+    "ns": ("3-D cavity 32x32x64 (Navier-Stokes)", "`python scripts/bench_navier_stokes.py --backend gpu`"),
+}
+
+
+def load_script(name):
+    """Import ``scripts/<name>.py`` as a module (the scripts are not a package)."""
+    key = f"_adaptmg_script_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, os.path.join(HERE, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[key] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Ctx:
+    """What a row needs to know: sizes (quick or not), GPU present, fallback allowed."""
+
+    def __init__(self, quick, gpu, cpu_fallback, repeat):
+        self.quick, self.gpu, self.cpu_fallback, self.repeat = quick, gpu, cpu_fallback, repeat
+        self.cache = {}
+
+    @property
+    def backend(self):
+        """Backend of the "GPU" figures, or None when they cannot be measured here."""
+        if self.gpu:
+            return "gpu"
+        return "cpu" if self.cpu_fallback else None
+
+    def mark(self, text):
+        tags = []
+        if self.backend == "cpu":
+            tags.append("CPU backend")
+        if self.quick:
+            tags.append("quick")
+        return text + (f" [{', '.join(tags)}]" if tags else "")
+
+
+def fmt_t(s):
+    """Seconds as the README writes them: ms below 0.1 s, else s."""
+    return f"{1e3 * s:.1f} ms" if s < 0.1 else f"{s:.2f} s"
+
+
+# ----------------------------------------------------------------------------- Poisson
+def poisson_case(ctx, dim):
+    """bench_poisson's problem and its solvers' figures (memoised per dim)."""
+    if dim in ctx.cache:
+        return ctx.cache[dim]
+    import adaptmg
+    from adaptmg import assemble
+    bp = load_script("bench_poisson")
+    base, L = (4, 8) if dim == 2 else (2, 6)
+    if ctx.quick:
+        L -= 4 if dim == 2 else 3
+    mesh = adaptmg.Mesh.box([0] * dim, [1] * dim, [base] * dim)
+    for _ in range(L):
+        mesh = mesh.refine()
+    space = adaptmg.Space(mesh, 1)
+    con = adaptmg.Constraints(space, space.boundary_dofs())
+    K = con.matrix(assemble.stiffness(space))
+    f = con.rhs(assemble.load(space, lambda x: np.exp(x[..., 0]) * (1 + x[..., 1] ** 2) + x[..., -1]))
+    out = {"dofs": space.num_dofs, "pyamg": bp.run_pyamg(K, f, ctx.repeat)}
+    if ctx.backend is not None:
+        out["adaptmg"] = bp.run_adaptmg(mesh, ctx.backend, f, ctx.repeat)
+        out["adaptmg"].pop("ml", None)
+    if ctx.gpu:
+        out["cupyx"] = bp.run_cupyx_cg(K, f, ctx.repeat)
+    ctx.cache[dim] = out
+    return out
+
+
+def row_poisson2d(ctx):
+    r = poisson_case(ctx, 2)
+    py = r["pyamg"]
+    if "adaptmg" not in r:
+        return f"GPU solve {NA} vs pyamg SA+CG {fmt_t(py['solve'])} ({r['dofs']} DoFs, {py['its']} its)"
+    a = r["adaptmg"]
+    cupyx = f"; plain cupyx CG+Jacobi {fmt_t(r['cupyx']['solve'])}" if "cupyx" in r else \
+        f"; plain cupyx CG+Jacobi {NA}"
+    return ctx.mark(f"GPU solve {fmt_t(a['solve'])} ({a['its']} CG its) vs pyamg SA+CG {fmt_t(py['solve'])}: "
+                    f"{py['solve'] / a['solve']:.0f}x{cupyx}")
+
+
+def row_poisson3d(ctx):
+    r = poisson_case(ctx, 3)
+    py = r["pyamg"]
+    if "adaptmg" not in r:
+        return f"GPU {NA} vs pyamg {fmt_t(py['solve'])} ({r['dofs']} DoFs)"
+    a = r["adaptmg"]
+    return ctx.mark(f"GPU {fmt_t(a['solve'])} vs pyamg {fmt_t(py['solve'])}: {py['solve'] / a['solve']:.0f}x")
+
+
+def row_vcycle(ctx):
+    if ctx.backend is None:
+        return NA
+    a2, a3 = poisson_case(ctx, 2)["adaptmg"], poisson_case(ctx, 3)["adaptmg"]
+    return ctx.mark(f"{a2['cycle'] / a2['spmv']:.1f} fine SpMVs (2-D), {a3['cycle'] / a3['spmv']:.1f} (3-D)")
+
+
+# ----------------------------------------------------------------------------- pyamg bridge
+def row_bridge(ctx):
+    if ctx.backend is None:
+        return NA
+    bb = load_script("bench_pyamg_bridge")
+    n = 64 if ctx.quick else 1024
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        bb.main(["--n", str(n), "--backend", ctx.backend, "--repeat", str(ctx.repeat), "--skip-gs"])
+    text = buf.getvalue()
+    m = re.search(r"ratio pyamg CPU solve / adaptmg \w+ solve \(same hierarchy\): ([0-9.]+)x", text)
+    its = re.findall(r"^(pyamg SA-Jacobi, CPU|adaptmg from_pyamg, \w+)\s+\S+\s+\S+\s+(\d+)", text, re.M)
+    if m is None:
+        raise RuntimeError("bench_pyamg_bridge printed no ratio:\n" + text)
+    it = {k.split(",")[0]: int(v) for k, v in its}
+    same = "same CG iterations" if len(set(it.values())) == 1 else \
+        f"CG iterations {it.get('pyamg SA-Jacobi')} (pyamg) vs {it.get('adaptmg from_pyamg')}"
+    return ctx.mark(f"{float(m.group(1)):.1f}x pyamg's own CPU solve, {same}")
+
+
+# ----------------------------------------------------------------------------- matrix-free
+def row_patch(ctx):
+    if not ctx.gpu:                      # CUDA kernels only: no CPU fallback
+        return NA
+    bpatch = load_script("bench_patch")
+    from adaptmg.backend import get_backend
+    from adaptmg.patch import CartesianSpace, LaplaceOperator
+    be = get_backend("gpu")
+    cp = be.xp
+    V = CartesianSpace(3, 7, bpatch.pick_level(3, 7, 2e6 if ctx.quick else 3.0e8))
+
+    def apply_time():
+        u = cp.random.default_rng(7).standard_normal(V.n_dofs)
+        A = LaplaceOperator(V, be, np.float64)
+        out = cp.empty_like(u)
+        return bpatch.timeit(cp, lambda: A.matvec(u, out=out), ctx.repeat)[0]
+    t = apply_time()
+    cp.get_default_memory_pool().free_all_blocks()
+    rows = []
+    args = argparse.Namespace(l2_max=0)
+    bpatch.bench_solve(args, be, rows, [4], 2e6 if ctx.quick else 1.1e9, large=True)
+    fmg = [r for r in rows if r["method"] == "fmg" and r["precision"] == "mixed"]
+    solve = f"{fmg[0]['dofs']:.3g}-DoF Poisson solved by FMG in {fmg[0]['time']:.2f} s" if fmg \
+        else "FMG solve failed (see output)"
+    return ctx.mark(f"{V.n_dofs / t / 1e9:.0f} GDoF/s; {solve}")
+
+
+# ----------------------------------------------------------------------------- application problems
+def _problems_args(ctx, **kw):
+    a = argparse.Namespace(repeat=ctx.repeat, el_tol="residual", el_rtol=1e-6, el_rhs_extra=False,
+                           td_n=[10], el_edge=[6], el_face=[5])
+    for k, v in kw.items():
+        setattr(a, k, v)
+    return a
+
+
+def _quiet_call(fn, *a):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        return fn(*a)
+
+
+def _problems_warm(ctx):
+    """bench_problems.warmup() once per run (kernel compilation before the timed runs)."""
+    bpr = load_script("bench_problems")
+    if not ctx.cache.get("warm"):
+        _quiet_call(bpr.warmup)
+        ctx.cache["warm"] = True
+    return bpr
+
+
+def row_td(ctx):
+    n = 6 if ctx.quick else 10
+    paper = " (paper: 5.2 / 31.2 / 9.0 s)" if not ctx.quick else ""
+    if ctx.gpu:
+        bpr = _problems_warm(ctx)
+        _quiet_call(bpr.part_td, _problems_args(ctx, td_n=[n]))
+        t = bpr.RESULTS["td_gpu"][-1]
+    elif ctx.cpu_fallback:
+        from adaptmg_problems import transport_diffusion as td
+        t = td.run(n, backend="cpu", quiet=True, steps=10 if ctx.quick else 100)["timings"]
+    else:
+        return NA
+    return ctx.mark(f"init {t['init']:.2f} s, rhs {t['rhs']:.2f} s, solve {t['solve']:.2f} s{paper}")
+
+
+def row_elasticity(ctx):
+    edge, face = (2, 2) if ctx.quick else (6, 5)
+    if ctx.gpu:
+        bpr = _problems_warm(ctx)
+        args = _problems_args(ctx, el_edge=[edge], el_face=[face])
+        _quiet_call(bpr.part_el, "edge", [edge], args)
+        _quiet_call(bpr.part_el, "face", [face], args)
+        e, f = bpr.RESULTS["el_edge_gpu"][-1], bpr.RESULTS["el_face_gpu"][-1]
+    elif ctx.cpu_fallback:
+        from adaptmg_problems import elasticity as el
+        steps = 2 if ctx.quick else 100
+        runs = [el.run(c, l, backend="cpu", quiet=True, steps=steps, tol="residual", rtol=1e-6)
+                for c, l in (("edge", edge), ("face", face))]
+        e, f = (dict(r["timings"], dofs=r["dofs"]) for r in runs)
+    else:
+        return NA
+
+    def k(d):
+        return f"{d / 1e6:.2f}M" if d >= 1e6 else f"{d / 1e3:.0f}k"
+    paper = " (paper: 14.7 / 122.6 s)" if not ctx.quick else ""
+    return ctx.mark(f"solve {e['solve']:.2f} s at {k(e['dofs'])} DoFs, {f['solve']:.2f} s at {k(f['dofs'])} DoFs"
+                    f"{paper}; init {e['init']:.1f} / {f['init']:.1f} s")
+
+
+def row_ns(ctx):
+    if not ctx.gpu:                      # the README figure is the GPU time step
+        return NA
+    bns = load_script("bench_navier_stokes")
+    n = "8,8,16" if ctx.quick else "32,32,64"
+    steps = 20 if ctx.quick else 200
+    args = argparse.Namespace(n=n, dt=1e-4, Re=1000.0, uniform=False, backend="gpu", steps=steps, warmup=10,
+                              start=0, cpu_steps=0, rtol=1e-6, rtol_fast=0.0, spmv=False, mg="", variants="")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        bns.bench(args)
+    m = re.search(r"^GPU: ([0-9.]+) ms/step", buf.getvalue(), re.M)
+    if m is None:
+        raise RuntimeError("bench_navier_stokes printed no GPU ms/step:\n" + buf.getvalue())
+    ms = float(m.group(1))
+    paper = " (paper: 41.5 ms, 1660 s)" if not ctx.quick else ""
+    return ctx.mark(f"{ms:.1f} ms per time step; the paper's 40 000 steps in {40000 * ms / 1e3:.0f} s{paper}")
+
+
+ROW_FUNCS = {"poisson2d": row_poisson2d, "poisson3d": row_poisson3d, "vcycle": row_vcycle, "bridge": row_bridge,
+             "patch": row_patch, "td": row_td, "elasticity": row_elasticity, "ns": row_ns}
+
+
+# ----------------------------------------------------------------------------- output
+def device_line(gpu):
+    """'one H100 80GB, CuPy 14.2; host CPU of the same machine' style description."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as fh:
+            names = [ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")]
+        if names:
+            cpu = f"{names[0]} ({len(names)} threads)"
+    if not gpu:
+        return f"no GPU; host CPU {cpu}"
+    import cupy
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return f"one {name}, CuPy {cupy.__version__}; host CPU {cpu}"
+
+
+def render(results, gpu, argv):
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = [f"## Measured performance ({device_line(gpu)})", "",
+            f"Printed by `python scripts/bench_readme.py{''.join(' ' + x for x in argv)}` on {date}.", "",
+            "| what | command | result |", "|---|---|---|"]
+    return "\n".join(head + [f"| {README[k][0]} | {README[k][1]} | {v} |" for k, v in results.items()])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma separated subset of {','.join(ROWS)}")
+    ap.add_argument("--cpu-fallback", action="store_true",
+                    help="measure the GPU figures with the CPU backend when no GPU is visible")
+    ap.add_argument("--repeat", type=int, default=None, help="timing repetitions (default 5, quick 1)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = ap.parse_args(argv)
+    rows = [r.strip() for r in a.rows.split(",") if r.strip()]
+    bad = [r for r in rows if r not in ROWS]
+    if bad:
+        ap.error(f"unknown rows {bad}; choose from {list(ROWS)}")
+    repeat = a.repeat if a.repeat is not None else (1 if a.quick else 5)
+    if repeat < 1:
+        ap.error("--repeat must be >= 1")
+    from adaptmg import gpu_available
+    os.environ.setdefault("ADAPTMG_QUIET", "1")
+    warnings.simplefilter("ignore")
+    gpu = gpu_available()
+    ctx = Ctx(a.quick, gpu, a.cpu_fallback, repeat)
+    results = {}
+    t0 = time.perf_counter()
+    for r in rows:
+        t1 = time.perf_counter()
+        results[r] = ROW_FUNCS[r](ctx)
+        print(f"[{r}: {time.perf_counter() - t1:.1f} s] {results[r]}", file=sys.stderr, flush=True)
+    print(render(results, gpu, argv))
+    print(f"\n({time.perf_counter() - t0:.0f} s in all)")
+    return results
+
+
+if __name__ == "__main__":
+    main()
