@@ -20,11 +20,15 @@ their scalars from device memory), so the whole iteration is recorded once and
 replayed with one launch.  Once ``state != 0`` the updates are no-ops: ``x`` and the
 iteration count freeze at the iteration that stopped.
 
-The host never stalls the stream for the test: after each launch the status is copied
-asynchronously into pinned memory and an event is recorded; the host reads the status
-of iteration ``k`` while the device already runs iteration ``k + 1`` (which is then a
-no-op if ``k`` stopped).  What a small problem then pays per iteration is the device
-time of the graph, not the Python and launch overhead of its ~50 kernels.
+After each launch the status is copied asynchronously into pinned memory and an event
+is recorded.  With ``depth = 1`` (default) the host waits for that event before the
+next launch: the device idles for one round trip (~10-20 us) per iteration.  With
+``depth = 2`` the host reads the status of iteration ``k`` while the device already
+runs ``k + 1``, which is a no-op if ``k`` stopped -- but its cycle still costs device
+time, a whole iteration per solve (measured on an H100: slower whenever an iteration
+takes more than a few round trips, e.g. the Navier-Stokes pressure solve).  Either way a
+small problem pays per iteration the device time of the graph, not the Python and
+launch overhead of its ~50 kernels.
 
 The stopping contract of :mod:`adaptmg.linalg` holds: on ``state == 1`` the true residual
 ``b - A x`` is computed; if it fails the test (the recurrence residual drifted) or on a
@@ -80,6 +84,8 @@ class GraphCG:
     (then :meth:`solve` must not be used: ``self.graph is None``).  ``self.iterations``:
     the iterations of the last :meth:`solve`.
     """
+
+    depth = 1          #: launches in flight before the host reads a status (module docstring)
 
     def __init__(self, backend, A, cycle):
         if not backend.is_gpu:
@@ -162,11 +168,11 @@ class GraphCG:
                 launched += 1
                 slot = launched % 2
                 pending.append((self._status_async(slot, stream), slot))
-                if len(pending) < 2:
+                if len(pending) < self.depth:
                     continue
             if not pending:        # pragma: no cover - the device reports maxiter first
                 break
-            ev, slot = pending.popleft()   # the older launch in flight: its slot is not reused yet
+            ev, slot = pending.popleft()   # the oldest launch in flight: its slot is not reused yet
             ev.synchronize()
             if int(self._host[slot][0]) != 0:
                 break

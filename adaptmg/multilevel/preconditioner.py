@@ -49,9 +49,10 @@ class BufferedCycle:
             if g is not None:
                 self.graph, self.mode = g, "cuda-graph"
 
-    def run_eager(self):
-        """The cycle kernel by kernel (what the graph replays; callable inside another capture)."""
-        self.ml._run(self.b, self.x, self.kind, True)
+    def run_eager(self, out=None):
+        """The cycle kernel by kernel (what the graph replays; callable inside another
+        capture), into ``self.x`` or into ``out`` (an array like ``self.x``)."""
+        self.ml._run(self.b, self.x if out is None else out, self.kind, True)
 
     def __call__(self):
         if self.graph is not None:

@@ -537,8 +537,8 @@ class MultilevelSolver:
             if not bool(xp.isfinite(x).all()):
                 raise ValueError("x0 contains NaN or Inf")
         if accel is not None:
-            x = self._solve_krylov(b, x, bnorm, rtol, atol, maxiter, accel, kind,
-                                   callback, residuals)
+            x = self._solve_krylov(b, x, x0 is not None, bnorm, rtol, atol, maxiter, accel,
+                                   kind, callback, residuals)
         else:
             x = self._solve_stationary(b, x, bnorm, rtol, atol, maxiter, kind, callback, residuals)
         return be.xp.asnumpy(x) if host_in else x
@@ -609,7 +609,7 @@ class MultilevelSolver:
         self._preconditioners[key] = g
         return g
 
-    def _solve_krylov(self, b, x, bnorm, rtol, atol, maxiter, accel, kind, callback,
+    def _solve_krylov(self, b, x, have_x0, bnorm, rtol, atol, maxiter, accel, kind, callback,
                       residuals):
         from .. import linalg
         xp = self.backend.xp
@@ -622,6 +622,7 @@ class MultilevelSolver:
                 if state == 0:
                     return x
                 maxiter -= its           # breakdown, drift or maxiter: linalg.cg goes on / reports
+                have_x0 = True
         f = getattr(linalg, accel)
         M = self._cached_preconditioner(kind)
         A = self._A_outer
@@ -643,11 +644,14 @@ class MultilevelSolver:
         # maxiter counting restart cycles (SciPy's 'pr_norm'), as before SciPy's default existed
         kw = {"callback_type": "pr_norm"} if accel == "gmres" else {}
         if maxiter > 0:
-            x, info = f(A, b, x0=x, rtol=rtol, atol=atol, maxiter=maxiter, M=M,
-                        callback=cb if (callback is not None or residuals is not None) else None,
+            # no x0 when it is zero: the solver then takes r_0 = b without a product
+            x, info = f(A, b, x0=x if have_x0 else None, rtol=rtol, atol=atol, maxiter=maxiter,
+                        M=M, callback=cb if (callback is not None or residuals is not None) else None,
                         **kw)
         else:
             info = 1
+        if info == 0 and residuals is None:
+            return x           # adaptmg.linalg returns info == 0 only after the true residual passed
         res = float(xp.linalg.norm(self._residual(b, x, r)))
         if residuals is not None and (not residuals or residuals[-1] != res):
             residuals.append(res)

@@ -35,6 +35,8 @@ import scipy.sparse as sp
 from adaptmg import assemble
 from adaptmg.device.kernels import make_spmv
 from adaptmg.linalg import fgmres
+from adaptmg.linalg._vectorops import VectorOps
+from adaptmg.linalg.graph_fgmres import GraphFGMRES
 from adaptmg.multilevel import Level, MultilevelSolver
 from adaptmg.multilevel.hierarchy import multigrid
 
@@ -99,6 +101,19 @@ class _NeumannPoisson:
         self.be = be
         self.iterations = []
         self.failures = 0
+        # GPU: every FGMRES iteration (projection, cycle, SpMV, Gram-Schmidt, rotation) one graph
+        self.krylov = None
+        if be.is_gpu and graph and self.cycle.graph is not None:
+            self._ones = xp.ones((1, n))
+            self._tot = xp.zeros(1)
+            self._ops = VectorOps(be, n, np.float64, rows=1)
+            self.krylov = GraphFGMRES(be, self.A, self._precond_into, restart=restart)
+
+    def _precond_into(self, v, z):
+        """``z = V-cycle(v - mean(v))`` on fixed buffers (recorded into the FGMRES graphs)."""
+        self._ops.mdot(self._ones, v, self._tot)
+        NK.shift_copy(v, self._tot, 1.0 / self.n, self.cycle.b)
+        self.cycle.run_eager(out=z)
 
     @property
     def mode(self):
@@ -116,6 +131,15 @@ class _NeumannPoisson:
         return self.cycle()
 
     def solve(self, b, x0):
+        if self.krylov is not None:
+            out = self.krylov.solve(b, x0.copy(), rtol=self.rtol, maxiter=self.maxiter)
+            if out is not None:
+                x, state, its = out
+                self.iterations.append(its)
+                if state != 0:
+                    self.failures += 1
+                return x, state
+            self.krylov = None             # a graph was refused: the host-driven FGMRES
         its = [0]
 
         def cb(_):

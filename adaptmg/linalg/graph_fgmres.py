@@ -1,0 +1,255 @@
+r"""Flexible GMRES whose every inner iteration is one CUDA-graph launch (GPU, real dtypes).
+
+The method is :func:`adaptmg.linalg.fgmres` with classical Gram-Schmidt twice
+(``orthogonalization="cgs2"``; the module docstring of :mod:`adaptmg.linalg._arnoldi`
+has the math): right preconditioning, ``z_j = M v_j`` kept in ``Z``, ``x = x_0 + Z_k y``.
+What moves to the device is what the host did between two transfers: ``h_{j+1,j} =
+||w||``, the Givens rotations of the new Hessenberg column, the monitor ``|g_{j+1}|`` and
+the stopping test, in a one-thread kernel on device arrays (``R``, ``g``, ``cs``, ``sn``).
+Inner iteration ``j`` is then a fixed sequence of kernels::
+
+    z_j = M v_j                      (the caller's capturable preconditioner, into Z[j])
+    w = A z_j                        (adaptmg's CSR kernel)
+    h = V_j^T w; w -= V_j h; twice   (mdot / block_sub, into the column h_{.,j})
+    h_{j+1,j}^2 = (w, w)
+    rotate, monitor, test            (one thread; state != 0 stops the cycle)
+    v_{j+1} = w / h_{j+1,j}          (skipped once stopped)
+
+recorded once per ``j`` (the block sizes differ) and replayed with one launch.  The host
+reads the state of each iteration from pinned memory (``depth`` as in
+:mod:`adaptmg.linalg.graph_cg`; with ``depth = 2`` an iteration launched after the stop
+changes nothing that the update reads: ``V[j+1]``, ``R``, ``g`` are guarded; ``Z[j+1]``
+and the work column are not read for ``k = j``).
+
+At the end of a cycle the ``k x k`` triangle and ``g`` come to the host (one transfer),
+``y`` is solved there and ``x += Z_k y`` runs on the device; the true residual decides.
+The inner tolerance is SciPy's for right preconditioning: the monitor is the true
+residual norm up to rounding, and after a cycle whose monitor passed but whose true
+residual did not, the next cycle aims lower (the factor of :mod:`._arnoldi`).  States
+other than "converged" or "cycle full" (a zero pivot, non-finite values, an invariant
+Krylov space with a residual left) return to the caller, which hands the solve to
+:func:`adaptmg.linalg.fgmres` to report them its own way.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import math
+
+import numpy as np
+from scipy.linalg import solve_triangular
+
+from ..device import kernels as K
+from ..device.cudagraph import capture
+from ._vectorops import VectorOps
+
+__all__ = ["GraphFGMRES"]
+
+# state codes (st[0]); st[1] = k, the basis vectors the update may use
+RUNNING, CONVERGED, ZERO_PIVOT, NONFINITE, FULL, INVARIANT = 0, 1, 2, 3, 4, 5
+
+_GIVENS = r"""
+extern "C" __global__ void adaptmg_graphfgmres_givens_SFX(
+        T* h, double* R, double* g, double* cs, double* sn, int* st, T* scale,
+        const double* prm, const int j, const int m)
+{
+    // h[0..j]: the Gram-Schmidt column, h[j+1] = ||w||^2; prm = (ptol, eps)
+    if (threadIdx.x != 0 || blockIdx.x != 0 || st[0] != 0) return;
+    double hv[MAXM + 1];
+    double col2 = 0.0;
+    for (int i = 0; i <= j; ++i) { hv[i] = (double)h[i]; col2 += hv[i] * hv[i]; }
+    const double hnext = sqrt(fmax((double)h[j + 1], 0.0));
+    hv[j + 1] = hnext;
+    col2 += hnext * hnext;
+    const double colnorm = sqrt(col2);
+    if (!isfinite(colnorm)) { st[0] = 3; return; }
+    for (int i = 0; i < j; ++i) {
+        const double t = cs[i] * hv[i] + sn[i] * hv[i + 1];
+        hv[i + 1] = -sn[i] * hv[i] + cs[i] * hv[i + 1];
+        hv[i] = t;
+    }
+    double c, s, rho;
+    const double a = hv[j], b = hv[j + 1];
+    if (b == 0.0) { c = 1.0; s = 0.0; rho = a; }
+    else if (a == 0.0) { c = 0.0; s = (b > 0.0) ? 1.0 : -1.0; rho = fabs(b); }
+    else {
+        const double nu = hypot(fabs(a), fabs(b));
+        const double ph = (a > 0.0) ? 1.0 : -1.0;
+        c = fabs(a) / nu; s = ph * b / nu; rho = ph * nu;
+    }
+    cs[j] = c; sn[j] = s;
+    for (int i = 0; i < j; ++i) R[i * m + j] = hv[i];
+    R[j * m + j] = rho;
+    const double gj = g[j];
+    g[j + 1] = -s * gj;
+    g[j] = c * gj;
+    if (fabs(rho) <= prm[1] * colnorm) { st[0] = 2; return; }
+    st[1] = j + 1;
+    if (fabs(g[j + 1]) <= prm[0]) st[0] = 1;
+    else if (hnext <= prm[1] * colnorm) st[0] = 5;
+    else if (j + 1 == m) st[0] = 4;
+    else scale[0] = (T)(1.0 / hnext);
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _givens_kernel(xp, ctype, maxm):
+    src = _GIVENS.replace("SFX", ctype).replace("MAXM", str(int(maxm)))
+    mod = xp.RawModule(code="typedef " + ctype + " T;\n" + src)
+    return mod.get_function(f"adaptmg_graphfgmres_givens_{ctype}")
+
+
+@functools.lru_cache(maxsize=None)
+def _normalize_kernel(xp):
+    return xp.ElementwiseKernel("T w, raw T scale, raw int32 st", "T v",
+                                "if (st[0] == 0) v = w * scale[0];", "adaptmg_graphfgmres_normalize")
+
+
+class GraphFGMRES:
+    """FGMRES(``restart``) with CGS2 and one CUDA graph per inner iteration.
+
+    ``A``: a device CSR matrix (int32 indices, float32/float64); ``precond(v, z)``: writes
+    ``M v`` into ``z`` using only preallocated buffers and no host synchronisation (it is
+    recorded into the graphs).  ``self.graph_error`` says why a capture was refused (then
+    :meth:`solve` returns ``None`` and the caller uses :func:`adaptmg.linalg.fgmres`).
+    """
+
+    depth = 1          #: launches in flight before the host reads a state
+
+    def __init__(self, backend, A, precond, restart=30):
+        if not backend.is_gpu:
+            raise ValueError("GraphFGMRES needs the GPU backend")
+        dt = np.dtype(A.dtype)
+        if dt not in (np.float32, np.float64):
+            raise TypeError(f"GraphFGMRES supports float32/float64 matrices, got {dt}")
+        xp = backend.xp
+        n = A.shape[0]
+        m = int(min(restart, n))
+        if not 1 <= m <= 256:
+            raise ValueError(f"GraphFGMRES: restart must be in [1, 256], got {restart!r}")
+        self.be, self.xp, self.A, self.precond = backend, xp, A, precond
+        self.n, self.m, self.dtype = n, m, dt
+        self.plan = K.make_spmv(A)
+        self.ops = VectorOps(backend, n, dt, rows=m + 1)
+        self.V = xp.zeros((m + 1, n), dt)
+        self.Z = xp.zeros((m, n), dt)
+        self.w = xp.zeros(n, dt)
+        self.hcol = xp.zeros(m + 1, dt)
+        self.h2 = xp.zeros(m, dt)
+        self.R = xp.zeros(m * m, np.float64)
+        self.g = xp.zeros(m + 1, np.float64)
+        self.cs = xp.zeros(m, np.float64)
+        self.sn = xp.zeros(m, np.float64)
+        self.scale = xp.zeros(1, dt)
+        self.prm = xp.zeros(2, np.float64)
+        self.st = xp.zeros(2, np.int32)
+        self._givens = _givens_kernel(xp, "double" if dt == np.float64 else "float", m)
+        self._normalize = _normalize_kernel(xp)
+        self._pinned = [xp.cuda.alloc_pinned_memory(8) for _ in range(2)]
+        self._host = [np.ndarray((2,), np.int32, buffer=p) for p in self._pinned]
+        self.graphs = [None] * m
+        self.graph_error = None
+        self.iterations = 0
+
+    # ------------------------------------------------------------------ one step
+    def _step(self, j):
+        ops, V, w, hcol, h2 = self.ops, self.V, self.w, self.hcol, self.h2
+        self.precond(V[j], self.Z[j])
+        self.plan(self.Z[j], w, 1.0, 0.0)
+        ops.mdot(V[:j + 1], w, hcol[:j + 1])
+        ops.block_sub(w, V, hcol[:j + 1])
+        ops.mdot(V[:j + 1], w, h2[:j + 1], acc=hcol[:j + 1])
+        ops.block_sub(w, V, h2[:j + 1])
+        ops.mdot(w[None], w, hcol[j + 1:j + 2])
+        self._givens((1,), (1,), (hcol, self.R, self.g, self.cs, self.sn, self.st, self.scale,
+                                  self.prm, np.int32(j), np.int32(self.m)))
+        self._normalize(w, self.scale, self.st, V[j + 1])
+
+    def _graph(self, j):
+        if self.graphs[j] is None and self.graph_error is None:
+            st_keep = self.st.copy()
+            g, why = capture(self.be, lambda: self._step(j), [self.V[:j + 1]], self.w,
+                             rtol=1e3 * float(np.finfo(self.dtype).eps),
+                             reset=lambda: self.st.fill(0))
+            self.st[...] = st_keep
+            if g is None:
+                self.graph_error = why
+            self.graphs[j] = g
+        return self.graphs[j]
+
+    def _state_async(self, slot, stream):
+        rt = self.xp.cuda.runtime
+        rt.memcpyAsync(self._pinned[slot].ptr, self.st.data.ptr, 8, rt.memcpyDeviceToHost, stream.ptr)
+        ev = self.xp.cuda.Event(block=False, disable_timing=True)
+        ev.record(stream)
+        return ev
+
+    # ------------------------------------------------------------------ the solve
+    def solve(self, b, x, *, rtol, atol=0.0, maxiter):
+        """Restarted FGMRES on ``A x = b`` from ``x`` (updated in place), at most ``maxiter``
+        restart cycles, to ``||b - A x|| <= max(rtol ||b||, atol)`` (SciPy's meaning).
+
+        Returns ``(x, state, iterations)`` (state 0: converged, the true residual checked;
+        ``FULL``: ``maxiter`` cycles done; else why it stopped), or ``None`` when a graph
+        could not be recorded (``x`` then unchanged, ``graph_error`` says why).
+        """
+        for j in range(self.m):                      # record every step before touching x
+            if self._graph(j) is None:
+                return None
+        xp, eps = self.xp, float(np.finfo(self.dtype).eps)
+        r = self.w
+        r[...] = b
+        self.plan(x, r, -1.0, 1.0)
+        rnorm = float(xp.linalg.norm(r))
+        bnrm2 = float(xp.linalg.norm(b))
+        tol = max(rtol * bnrm2, atol)
+        self.iterations = its = 0
+        if rnorm <= tol:
+            return x, 0, 0
+        ptol_factor, ptol = 1.0, bnrm2 * min(1.0, tol / bnrm2) if bnrm2 > 0 else tol
+        stream = xp.cuda.get_current_stream()
+        u = xp.empty(self.n, self.dtype)
+        state = FULL
+        for _ in range(maxiter):
+            xp.multiply(r, 1.0 / rnorm, out=self.V[0])
+            self.g.fill(0)
+            self.g[0:1].fill(rnorm)
+            self.prm.set(np.array([ptol, eps]))
+            self.st.fill(0)
+            pending = collections.deque()
+            for j in range(self.m):
+                self.graphs[j].launch()
+                pending.append((self._state_async(j % 2, stream), j % 2))
+                if len(pending) < self.depth:
+                    continue
+                ev, slot = pending.popleft()
+                ev.synchronize()
+                if int(self._host[slot][0]) != RUNNING:
+                    break
+            state, k = (int(v) for v in self.st.get())       # waits for what is in flight
+            its += k if state != ZERO_PIVOT else k + 1
+            if k > 0:
+                Rk = self.R.reshape(self.m, self.m)[:k, :k].get()
+                gk = self.g[:k].get()
+                y = solve_triangular(Rk, gk, lower=False, check_finite=False)
+                yd = xp.asarray(y.astype(self.dtype, copy=False))
+                xp.dot(yd, self.Z[:k], out=u)
+                x += u
+            r[...] = b
+            self.plan(x, r, -1.0, 1.0)
+            rnorm = float(xp.linalg.norm(r))
+            if rnorm <= tol:
+                self.iterations = its
+                return x, 0, its
+            if not math.isfinite(rnorm) or state in (ZERO_PIVOT, NONFINITE, INVARIANT):
+                break
+            presid = abs(float(self.g[k].get())) if k > 0 else rnorm
+            if state == CONVERGED:            # the monitor passed, the true residual did not
+                ptol_factor = max(eps, 0.25 * ptol_factor)
+            else:
+                ptol_factor = min(1.0, 1.5 * ptol_factor)
+            ptol = presid * min(ptol_factor, tol / rnorm)
+            state = FULL
+        self.iterations = its
+        return x, state, its
