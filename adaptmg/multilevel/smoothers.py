@@ -56,7 +56,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..device import kernels as K
-from ..backend import get_backend, is_sparse, to_host
+from ..backend import backend_of, get_backend, is_sparse, to_host
 
 __all__ = ["Smoother", "Jacobi", "Richardson", "BlockJacobi", "Chebyshev", "PrePostSmoother",
            "GaussSeidel", "BlockGaussSeidel", "L1GaussSeidel", "make_smoother",
@@ -307,50 +307,66 @@ class Richardson(Jacobi):
 
 
 def _block_inverses(A, c, who="BlockJacobi"):
-    """Inverses of the ``c x c`` diagonal node blocks of host CSR ``A``, shape ``(n/c, c, c)``.
+    """Inverses of the ``c x c`` diagonal node blocks of CSR ``A``, shape ``(n/c, c, c)``,
+    on ``A``'s backend (NumPy for SciPy, CuPy for cupyx: no host round trip on the GPU).
 
-    Blocks are gathered from the COO triplets with one vectorised scatter and
-    inverted as a stack; a singular block raises ``ValueError`` naming the node.
-    Symmetric blocks get exactly symmetric inverses (keeps ``S`` symmetric).
+    The blocks are gathered from the CSR arrays with one weighted ``bincount`` (the
+    entries with ``row // c == col // c``) and inverted as a batch.  A block is rejected
+    (``ValueError`` naming the node) when it is not finite, zero, or
+    ``||B||_F ||B^{-1}||_F >= 1 / (c eps)`` -- this bound on ``cond_F >= cond_2`` flags
+    every block with ``sigma_min <= c eps sigma_max``.  Symmetric blocks get exactly
+    symmetric inverses (keeps ``S`` symmetric).
     """
     n = A.shape[0]
     if n % c:
         raise ValueError(f"{who}: matrix size {n} is not a multiple of block_size {c}")
     N = n // c
-    C = sp.coo_matrix(A)
-    i, j, v = C.row, C.col, C.data
-    node = i // c
-    keep = node == (j // c)
-    blocks = np.zeros((N, c, c), dtype=np.result_type(A.dtype, np.float64))
-    np.add.at(blocks, (node[keep], i[keep] % c, j[keep] % c), v[keep])
-    # singular / ill-posed blocks: smallest singular value vs largest
-    s = np.linalg.svd(blocks, compute_uv=False)
-    smax = s[:, 0]
-    smin = s[:, -1]
-    finite = np.isfinite(blocks).all(axis=(1, 2))
-    bad = np.flatnonzero(~finite | (smax == 0) | (smin <= c * np.finfo(np.float64).eps * smax))
+    xp = backend_of(A).xp
+    indptr, indices = A.indptr, A.indices.astype(np.int64)
+    rows = xp.searchsorted(indptr, xp.arange(indices.size, dtype=indptr.dtype), side="right") - 1
+    rows = rows.astype(np.int64)
+    keep = (rows // c) == (indices // c)
+    flat = (rows[keep] // c) * (c * c) + (rows[keep] % c) * c + indices[keep] % c
+    dt = np.result_type(A.dtype, np.float64)
+    blocks = xp.bincount(flat, weights=A.data[keep].astype(dt), minlength=N * c * c)
+    blocks = blocks.reshape(N, c, c)
+    finite = xp.isfinite(blocks).all(axis=(1, 2))
+    safe = xp.where(finite[:, None, None], blocks, xp.eye(c, dtype=dt)[None])
+    nb = xp.sqrt((safe * safe).sum(axis=(1, 2)))
+    try:
+        inv = xp.linalg.inv(xp.where((nb > 0)[:, None, None], safe, xp.eye(c, dtype=dt)[None]))
+        ni = xp.sqrt((inv * inv).sum(axis=(1, 2)))
+        bad = ~finite | (nb == 0) | ~xp.isfinite(ni) | (nb * ni * (c * np.finfo(np.float64).eps) >= 1)
+    except np.linalg.LinAlgError:          # NumPy: an exactly singular block
+        inv = None
+        s = np.linalg.svd(to_host(safe), compute_uv=False)
+        bad = ~to_host(finite) | (s[:, 0] == 0) | (s[:, -1] <= c * np.finfo(np.float64).eps * s[:, 0])
+    bad = np.flatnonzero(to_host(bad))
     if bad.size:
         raise ValueError(f"{who}: diagonal block of node {int(bad[0])} (rows "
                          f"{int(bad[0]) * c}..{int(bad[0]) * c + c - 1}) is singular "
                          f"({bad.size} singular blocks in all)")
-    inv = np.linalg.inv(blocks)
-    sym = np.allclose(blocks, blocks.transpose(0, 2, 1), rtol=1e-13, atol=0)
+    sym = bool(xp.all(xp.abs(blocks - blocks.transpose(0, 2, 1))
+                      <= 1e-13 * xp.abs(blocks.transpose(0, 2, 1))))
     if sym:  # keep S exactly symmetric so the V-cycle stays symmetric
         inv = 0.5 * (inv + inv.transpose(0, 2, 1))
     return inv
 
 
 def _block_inverse_csr(A, c):
-    """Inverse of the ``c x c`` diagonal node blocks of CSR ``A`` as a CSR matrix.
+    """Inverse of the ``c x c`` diagonal node blocks of CSR ``A`` as a CSR matrix on ``A``'s
+    backend.
 
     Row ``i = node*c + k`` of the result holds ``inv(B_node)[k, :]`` in columns
     ``node*c + (0..c-1)``.
     """
     n = A.shape[0]
+    be = backend_of(A)
+    xp = be.xp
     inv = _block_inverses(A, c)
-    indptr = np.arange(0, n * c + 1, c, dtype=np.int64)
-    cols = (np.arange(n)[:, None] // c) * c + np.arange(c)[None, :]
-    return sp.csr_matrix((inv.reshape(n * c), cols.reshape(-1), indptr), shape=(n, n))
+    indptr = xp.arange(0, n * c + 1, c, dtype=np.int64)
+    cols = (xp.arange(n)[:, None] // c) * c + xp.arange(c)[None, :]
+    return be.sparse.csr_matrix((inv.reshape(n * c), cols.reshape(-1), indptr), shape=(n, n))
 
 
 class BlockJacobi(Smoother):
@@ -377,7 +393,8 @@ class BlockJacobi(Smoother):
         if not is_sparse(A):
             raise TypeError("BlockJacobi needs an assembled sparse matrix, got "
                             f"{type(A).__name__}")
-        self._S_host = _block_inverse_csr(to_host(A).tocsr(), self.block_size)
+        # on A's backend: a device matrix (GPU set-up) never comes to the host
+        self._S_host = _block_inverse_csr(A.tocsr(), self.block_size)
 
     def _move(self):
         self.S = self.backend.asmatrix(self._S_host, dtype=self.dtype)
