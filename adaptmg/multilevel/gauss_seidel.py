@@ -40,8 +40,11 @@ slices prepared at setup.  Measured on an H100 (pyamg SA hierarchy, pyamg's
 default smoothers mapped by :func:`adaptmg.from_pyamg`, CUDA graph): V-cycle
 with one symmetric multicolour GS sweep pre and post 0.98 ms for 2-D Poisson
 1.05M DoFs (damped Jacobi: 0.26 ms), 2.37 ms for 3-D Poisson 2.1M DoFs (Jacobi
-0.50 ms); CG iterations 10 / 11 (2-D with Jacobi: 16).  Setup (colouring and row
-slices on the host) 2.4 s / 15.6 s.  ``symmetric`` with ``omega = 1`` skips the repeated
+0.50 ms); CG iterations 10 / 11 (2-D with Jacobi: 16).  Setup then (host colouring
+and row slices) 2.4 s / 15.6 s.  The colouring now runs where the matrix lives (on the
+device for a cupyx matrix, no host copy for it; same colours as on the host); the
+inverse diagonal blocks and the colours' row slices are still cut on the host.
+``symmetric`` with ``omega = 1`` skips the repeated
 update of the turning colour (the second one is a no-op: after the first, the
 residual on that colour is zero).
 
@@ -142,7 +145,8 @@ class GaussSeidel(Smoother):
         if A.shape[0] % c:
             raise ValueError(f"{who}: matrix size {A.shape[0]} is not a multiple of "
                              f"block_size {c}")
-        self._groups = color_groups(color_graph(A, c, seed=self.seed))
+        # the colouring runs where the matrix lives (on the device for a cupyx matrix)
+        self._groups = color_groups(color_graph(self.A_host, c, seed=self.seed))
         self._inv_host = self._inverse_diagonal(A)
 
     def _inverse_diagonal(self, A):

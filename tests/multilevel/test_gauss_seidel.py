@@ -57,6 +57,8 @@ def test_coloring_is_valid_and_reproducible(block):
     col = color_graph(A, block, seed=3)
     assert check_coloring(A, col, block)
     np.testing.assert_array_equal(col, color_graph(A, block, seed=3))
+    np.testing.assert_array_equal(col, color_graph(A.tocsc(), block, seed=3))   # any format
+    np.testing.assert_array_equal(col, color_graph(sp.csr_array(A), block, seed=3))
     N, rows, cols = node_graph(A, block)
     deg = np.bincount(rows, minlength=N).max()
     assert col.max() + 1 <= deg + 1
@@ -67,13 +69,105 @@ def test_coloring_is_valid_and_reproducible(block):
     assert not check_coloring(A, bad, block)
 
 
+def pattern27(m):
+    """Full 27-point pattern on an m^3 lattice (the Q1 Laplacian on a uniform mesh has exact
+    zeros at the face neighbours, which SciPy may drop)."""
+    T = sp.diags([np.ones(m - 1), 3 * np.ones(m), np.ones(m - 1)], [-1, 0, 1])
+    return sp.kron(sp.kron(T, T), T).tocsr()
+
+
+def lap3d7(m):
+    I = sp.identity(m)
+    K = sp.diags([-np.ones(m - 1), 2 * np.ones(m), -np.ones(m - 1)], [-1, 0, 1])
+    return (sp.kron(sp.kron(K, I), I) + sp.kron(sp.kron(I, K), I) + sp.kron(sp.kron(I, I), K)).tocsr()
+
+
 def test_coloring_counts_for_stencils():
-    """JP + iterated greedy: a handful of colours for FE stencils (optimum 2 / 4 / 8)."""
-    A5 = lap2d(40)
-    A9 = lap2d(40, nine=True)
-    A27 = tensor_q1_stiffness(12, 3)
-    counts = [int(color_graph(A).max()) + 1 for A in (A5, A9, A27)]
-    assert counts[0] <= 5 and counts[1] <= 8 and counts[2] <= 16, counts
+    """JP + iterated greedy: the counts of the module docstring (optimum 2 / 4 / 2 / 8), never
+    more than Jones-Plassmann alone, for every seed tried."""
+    mats = {"5-point": (lap2d(60), 4, 5), "9-point": (lap2d(60, nine=True), 7, 8),
+            "7-point": (lap3d7(14), 5, 6), "27-point": (pattern27(15), 15, 18)}
+    for name, (A, most, most_jp) in mats.items():
+        for seed in (0, 1):
+            col = color_graph(A, seed=seed)
+            jp = color_graph(A, seed=seed, passes=0)
+            assert check_coloring(A, col) and check_coloring(A, jp)
+            k, k_jp = int(col.max()) + 1, int(jp.max()) + 1
+            assert k <= min(most, k_jp) and k_jp <= most_jp, (name, seed, k, k_jp)
+
+
+def _greedy(N, rows, cols, order):
+    """Sequential first-fit colouring visiting the nodes in ``order`` (the reference)."""
+    adj = [[] for _ in range(N)]
+    for i, j in zip(rows.tolist(), cols.tolist()):
+        adj[i].append(j)
+    col = np.full(N, -1)
+    for v in order:
+        used = {col[u] for u in adj[v]}
+        col[v] = next(k for k in range(N + 1) if k not in used)
+    return col
+
+
+@pytest.mark.parametrize("block", [1, 2])
+def test_coloring_is_sequential_greedy_in_key_order(block):
+    """Jones-Plassmann with first fit colours a node after all its neighbours of larger key and
+    before all of smaller key, so it *is* the sequential greedy colouring in decreasing key
+    order; one iterated-greedy pass is the greedy colouring visiting the classes in reverse."""
+    from adaptmg.backend import CPU
+    from adaptmg.multilevel.aggregation import node_hash
+    A = vector_spd(7, 2) if block == 2 else lap2d(13, nine=True)
+    N, rows, cols = node_graph(A, block)
+    key = (node_hash(CPU, N, 4, bits=32) << 31) | np.arange(N)
+    jp = _greedy(N, rows, cols, np.argsort(-key))
+    np.testing.assert_array_equal(color_graph(A, block, seed=4, passes=0), jp)
+    ig = _greedy(N, rows, cols, np.argsort(-jp, kind="stable"))
+    np.testing.assert_array_equal(color_graph(A, block, seed=4, passes=1), ig)
+
+
+def test_coloring_many_colours_and_isolated_nodes():
+    """More than 64 colours (first fit over several 64-bit words): a complete graph on 70 nodes
+    needs 70; a clique of 130 beside isolated nodes and a path; a diagonal matrix 1 colour."""
+    A = sp.csr_matrix(np.ones((70, 70)))
+    col = color_graph(A, passes=2)
+    assert sorted(col.tolist()) == list(range(70))
+    n = 150
+    B = sp.lil_matrix((n, n))
+    B[:130, :130] = 1.0
+    for i in range(135, n - 1):
+        B[i, i + 1] = 1.0
+    B.setdiag(1.0)
+    col = color_graph(B.tocsr())
+    assert check_coloring(B.tocsr(), col)
+    assert int(col[:130].max()) == 129 and (col[130:135] == 0).all() and int(col[135:].max()) == 1
+    np.testing.assert_array_equal(color_graph(sp.identity(5, format="csr")), np.zeros(5))
+    assert color_graph(sp.csr_matrix((0, 0))).shape == (0,)
+
+
+def test_coloring_device_formulation_on_the_host(monkeypatch):
+    """The device branch of the index expansion (no ``repeat`` with array counts in CuPy) gives
+    the same arrays and the same colouring as NumPy's ``repeat``; every step is integer
+    arithmetic, so the device colouring equals the host one exactly."""
+    from adaptmg.multilevel import coloring
+    counts = np.array([2, 0, 3, 0, 0, 1, 4])
+    np.testing.assert_array_equal(coloring.segment_owner(np, counts, counts.sum()),
+                                  np.repeat(np.arange(counts.size), counts))
+    cases = [(lap2d(30, nine=True), 1), (vector_spd(8, 3), 3), (pattern27(8), 1)]
+    ref = [color_graph(A, c, seed=5) for A, c in cases]
+    monkeypatch.setattr(coloring, "_repeat", lambda be, v, cnt, tot: v[coloring.segment_owner(np, cnt, tot)])
+    for (A, c), r in zip(cases, ref):
+        np.testing.assert_array_equal(color_graph(A, c, seed=5), r)
+
+
+def test_coloring_bad_input():
+    A = lap2d(4)
+    with pytest.raises(TypeError, match="sparse"):
+        color_graph(A.toarray())
+    with pytest.raises(ValueError, match="square"):
+        color_graph(A[:5])
+    with pytest.raises(ValueError, match="multiple of block_size 3"):
+        color_graph(A, 3)
+    with pytest.raises(ValueError, match="passes"):
+        color_graph(A, passes=-1)
 
 
 def test_coloring_of_nonsymmetric_pattern():
@@ -466,3 +560,48 @@ def test_gpu_gs_cycle_never_synchronises():
                 for cyc in ("V", "W", "F"):
                     ml.cycle(b, x, cycle=cyc)
             gpu.synchronize()
+
+
+@pytest.mark.gpu
+def test_gpu_coloring_runs_on_the_device_and_equals_the_host_one():
+    """A cupyx matrix is coloured on the device (CuPy result, no host copy of the matrix) with
+    exactly the host's colours: point, block (c = 3, 6) and > 64 colours; the device check agrees."""
+    import cupy
+    from adaptmg.backend import get_backend
+    gpu = get_backend("gpu")
+    B = sp.lil_matrix((150, 150))
+    B[:130, :130] = 1.0
+    B.setdiag(1.0)
+    cases = [(lap2d(40), 1), (lap2d(40, nine=True), 1), (pattern27(12), 1), (vector_spd(10, 3), 3),
+             (vector_spd(6, 6), 6), (B.tocsr(), 1), (sp.identity(7, format="csr"), 1)]
+    for A, c in cases:
+        for seed in (0, 3):
+            host = color_graph(A, c, seed=seed)
+            dev = color_graph(gpu.asmatrix(A), c, seed=seed)
+            assert isinstance(dev, cupy.ndarray) and dev.dtype == np.int32
+            np.testing.assert_array_equal(cupy.asnumpy(dev), host)
+            assert check_coloring(gpu.asmatrix(A), dev, c) and check_coloring(A, cupy.asnumpy(dev), c)
+        bad = cupy.asnumpy(dev).copy()
+        N, rows, cols = node_graph(A, c)
+        if rows.size:
+            bad[cols[0]] = bad[rows[0]]
+            assert not check_coloring(gpu.asmatrix(A), gpu.asarray(bad), c)
+
+
+@pytest.mark.gpu
+def test_gpu_gauss_seidel_colours_a_device_matrix_on_the_device(monkeypatch):
+    """GaussSeidel built on a cupyx matrix colours it with the device code (same groups as the
+    host smoother); the colouring never copies the matrix to the host."""
+    from adaptmg.backend import get_backend
+    from adaptmg.multilevel import coloring
+    gpu = get_backend("gpu")
+    A = vector_spd(12, 3)
+    seen = []
+    orig = coloring._graph
+    monkeypatch.setattr(coloring, "_graph", lambda M, c: seen.append(type(M).__module__) or orig(M, c))
+    host = BlockGaussSeidel(A, block_size=3)
+    dev = BlockGaussSeidel(gpu.asmatrix(A), block_size=3, backend=gpu)
+    assert seen[0].startswith("scipy") and seen[1].startswith("cupyx"), seen
+    assert dev.ncolors == host.ncolors
+    for g, h in zip(dev._groups, host._groups):
+        np.testing.assert_array_equal(g, h)

@@ -1,0 +1,227 @@
+r"""Block multicolour Gauss-Seidel vs block Jacobi in the multigrid of issue 4's 3-D elasticity.
+
+Issue 4's problem (:mod:`adaptmg_problems.elasticity`): the unit cube, lambda = 8e4,
+mu = 2e4, homogeneous Dirichlet conditions, adaptive hexahedral meshes refined towards an
+edge (or a face / vertex), ``make_mesh(case, level)``.  The same geometric multigrid
+(rediscretised Q1 levels down to the 4x4x4 box, direct coarse solve, V(2,2)) is built with
+the node-block smoother swapped:
+
+* ``block_jacobi``: damped block Jacobi over the node blocks, omega = 4 / (3 lambda_max)
+  per level (the hierarchy default);
+* ``block_gauss_seidel``: symmetric multicolour block Gauss-Seidel over the node blocks
+  (:mod:`adaptmg.multilevel.gauss_seidel`, colouring of the node graph on the solver's
+  backend).
+
+Two parts (``--parts``):
+
+``static``  the SPD elasticity operator (3 components per node):
+            - the V(2,2) contraction factor ``(||r_k|| / ||r_0||)^(1/k)`` of the stationary
+              cycle on ``A x = 0`` from a random start, ``k = --cycles``;
+            - CG iterations (``accel="cg"``) to ``rtol = --rtol`` (issue 4's 1e-8);
+            - set-up time of ``adaptmg.multigrid`` (assembly + hierarchy + smoothers) and of the
+              finest level's smoother alone (and of its colouring), and the solve time
+              (median of ``--repeat`` after a warm-up; on the GPU the device is synchronised
+              around each timed region).
+``system``  issue 4's time-stepping system ([[M, -dt M], [dt A, M]], 6 components per node,
+            GMRES + V-cycle, ``adaptmg_problems.elasticity.run``) with the smoother swapped:
+            init / rhs / solve times and GMRES iterations of ``--steps`` backward-Euler steps
+            (median of ``--repeat`` runs after a 2-step warm-up), and the V(2,2) contraction
+            factor of the system's hierarchy.
+
+Run on the CPU at a small size (about ten seconds)::
+
+    python scripts/bench_elasticity_gs.py --backend cpu --size 2 --steps 3 --repeat 1
+
+and on the GPU (the issue's device figures)::
+
+    python scripts/bench_elasticity_gs.py --backend gpu --size 6 --out elasticity_gs.json
+    python scripts/bench_elasticity_gs.py --backend gpu --case face --size 5 --parts system
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import adaptmg  # noqa: E402
+from adaptmg import Space, assemble  # noqa: E402
+from adaptmg.backend import get_backend, to_host  # noqa: E402
+from adaptmg.multilevel.coloring import color_graph  # noqa: E402
+from adaptmg.multilevel.smoothers import make_smoother, smoother_setup_kwargs  # noqa: E402
+
+SMOOTHERS = ("block_jacobi", "block_gauss_seidel")
+
+
+def _el():
+    from adaptmg_problems import elasticity as el
+    return el
+
+
+def timed(be, fn):
+    """(result, seconds) of ``fn()``, the device synchronised before and after."""
+    be.synchronize()
+    t = time.perf_counter()
+    out = fn()
+    be.synchronize()
+    return out, time.perf_counter() - t
+
+
+def contraction(ml, cycles, seed=7):
+    """V-cycle residual contraction ``(||r_k|| / ||r_0||)^(1/k)`` on ``A x = 0`` from a random
+    start (zero on the constrained DoFs)."""
+    n = ml.A.shape[0]
+    x0 = np.random.default_rng(seed).standard_normal(n)
+    x0[~ml.constraints[-1].free] = 0.0
+    res = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ml.solve(np.zeros(n), x0=x0, rtol=1e-300, maxiter=cycles, residuals=res)
+    return float((res[-1] / res[0]) ** (1.0 / cycles))
+
+
+def levels_of(mesh, levels):
+    return None if levels == "all" else (len(mesh.hierarchy()) - 1 if levels is None else int(levels))
+
+
+# --------------------------------------------------------------------------- static (SPD, CG)
+def part_static(args, be, log):
+    el = _el()
+    mesh = el.make_mesh(args.case, args.size)
+    space = Space(mesh, 1, components=3)
+    form = lambda s: assemble.elasticity(s, el.LAMBDA, el.MU)          # noqa: E731
+    rows = []
+    for name in SMOOTHERS:
+        build = lambda: adaptmg.multigrid(space, form, dirichlet="all", smoother=name,  # noqa: E731
+                                          backend=be, max_levels=levels_of(mesh, args.levels),
+                                          near_nullspace="rigid_body")
+        ml, t_setup = timed(be, build)
+        fine = ml._dev[-1]
+        kw = smoother_setup_kwargs(name, None, block_size=3, auto_omega=True)
+        sm_setup = timed(be, lambda: make_smoother(name, fine.A, backend=be, **kw))[1]
+        # the node-graph colouring alone, on the solver's backend (kernels compiled above)
+        col_s = timed(be, lambda: color_graph(fine.A, 3))[1] if name.endswith("seidel") else None
+        rho = contraction(ml, args.cycles)
+        n = ml.A.shape[0]
+        b = np.random.default_rng(3).standard_normal(n)
+        b[~ml.constraints[-1].free] = 0.0
+        bd = be.asarray(b)
+        its = []
+        x = ml.solve(bd, rtol=args.rtol, accel="cg", callback=lambda xk: its.append(1))
+        r = float(np.linalg.norm(to_host(bd) - ml.A @ to_host(x)) / np.linalg.norm(b))
+        ml.solve(bd, rtol=args.rtol, accel="cg")                        # warm-up (graph capture)
+        ts = [timed(be, lambda: ml.solve(bd, rtol=args.rtol, accel="cg"))[1] for _ in range(args.repeat)]
+        sm = fine.smoother
+        row = dict(smoother=name, dofs=int(n), levels=len(ml.levels), colors=getattr(sm, "ncolors", None),
+                   setup_s=t_setup, smoother_setup_s=sm_setup, coloring_s=col_s, factor=rho, cg_iters=len(its),
+                   rel_residual=r, solve_s=float(np.median(ts)))
+        rows.append(row)
+        log(f"  static {name}: {row}")
+    return rows
+
+
+# --------------------------------------------------------------------------- system (GMRES)
+@contextlib.contextmanager
+def smoother_in_run(name):
+    """``adaptmg_problems.elasticity.run`` with its multigrid's smoother replaced by ``name``
+    (everything else -- levels, near-nullspace, dtype -- as the problem builds it)."""
+    el = _el()
+    orig = el.multigrid
+
+    def mg(*a, **kw):
+        kw["smoother"] = name
+        return orig(*a, **kw)
+    el.multigrid = mg
+    try:
+        yield el
+    finally:
+        el.multigrid = orig
+
+
+def part_system(args, be, log):
+    rows = []
+    for name in SMOOTHERS:
+        with smoother_in_run(name) as el:
+            kw = dict(backend=be, quiet=True, tol=args.tol, rtol=args.system_rtol, levels=args.levels)
+            el.run(args.case, args.size, steps=2, **kw)                 # warm-up
+            runs = [el.run(args.case, args.size, steps=args.steps, **kw) for _ in range(args.repeat)]
+        med = {k: float(np.median([r["timings"][k] for r in runs])) for k in ("init", "rhs", "solve")}
+        r0 = runs[0]
+        ml = r0["solver"]
+        its = r0["iterations"]
+        row = dict(smoother=name, dofs=int(r0["dofs"]), levels=r0["levels"],
+                   colors=getattr(ml._dev[-1].smoother, "ncolors", None), steps=r0["steps"],
+                   **{f"{k}_s": v for k, v in med.items()},
+                   gmres_iters_total=int(np.sum(its)), gmres_iters_max=int(np.max(its)),
+                   not_converged=int(r0["not_converged"]), factor=contraction(ml, args.cycles))
+        rows.append(row)
+        log(f"  system {name}: {row}")
+    return rows
+
+
+def table(rows, cols):
+    head = " | ".join(f"{c:>18}" for c in cols)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            cells.append(f"{v:>18.4g}" if isinstance(v, float) else f"{str(v):>18}")
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", default="auto", choices=("auto", "cpu", "gpu"))
+    ap.add_argument("--case", default="edge", choices=("edge", "face", "vertex"))
+    ap.add_argument("--size", type=int, default=5, help="mesh level of make_mesh (issue 4: edge <= 6, face <= 5)")
+    ap.add_argument("--levels", default=None, help="multigrid levels ('all' or a number; default as issue 4)")
+    ap.add_argument("--parts", default="static,system")
+    ap.add_argument("--cycles", type=int, default=10, help="V-cycles for the contraction factor")
+    ap.add_argument("--rtol", type=float, default=1e-8, help="CG tolerance of the static part")
+    ap.add_argument("--steps", type=int, default=100, help="time steps of the system part")
+    ap.add_argument("--tol", default="residual", choices=("residual", "rhs"),
+                    help="GMRES stopping test of the system part (see elasticity.run)")
+    ap.add_argument("--system-rtol", type=float, default=1e-6)
+    ap.add_argument("--repeat", type=int, default=3, help="timed repetitions (median)")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    if args.size < 1 or args.repeat < 1 or args.cycles < 1 or args.steps < 1:
+        ap.error("--size, --repeat, --cycles and --steps must be positive")
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    bad = set(parts) - {"static", "system"}
+    if bad:
+        ap.error(f"unknown parts {sorted(bad)}; choose from static, system")
+    be = get_backend(args.backend)
+    log = lambda s: print(s, flush=True)                                # noqa: E731
+    dev = be.name
+    if be.is_gpu:
+        dev += f" ({be.xp.cuda.runtime.getDeviceProperties(0)['name'].decode()})"
+    log(f"elasticity {args.case} level {args.size}, backend {dev}")
+    out = dict(case=args.case, size=args.size, backend=be.name, args=vars(args))
+    if "static" in parts:
+        out["static"] = part_static(args, be, log)
+        log(table(out["static"], ["smoother", "dofs", "colors", "factor", "cg_iters", "setup_s",
+                                  "smoother_setup_s", "coloring_s", "solve_s"]))
+    if "system" in parts:
+        out["system"] = part_system(args, be, log)
+        log(table(out["system"], ["smoother", "dofs", "colors", "factor", "gmres_iters_total",
+                                  "gmres_iters_max", "init_s", "solve_s"]))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+    return out
+
+
+if __name__ == "__main__":
+    main()
