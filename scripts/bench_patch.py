@@ -11,6 +11,13 @@ Sections (``--sections``, comma separated):
           and GMRES + V-cycle in double and mixed
   tune    3D smoother register cap (min blocks per SM 1/2/3), k = 4..8
   large   the largest problem: mixed-precision memory-lean FMG at ~1.07e9 DoFs
+  tables  seed 000's Tables 1-3: FMG steps (Algorithm 2.2, at least one V-cycle) to
+          1e-9 for the tables' right-hand side (vector of ones), per level and degree,
+          next to the paper's rows; --table-dims, --table-levels-2d/-3d, --table-ks-2d/-3d,
+          --table-variants (paper, seed-code), --table-smoothers (patch, point_gs),
+          --table-max-dofs; --backend cpu runs it without a GPU.  E.g.
+            python scripts/bench_patch.py --sections tables --backend cpu \
+                --table-levels-2d 4,5,6 --table-levels-3d 3,4
 
 Timing: CUDA events around the region, one warm-up, median of --reps runs.
 Peaks assumed (H100 SXM5, 132 SMs, 1.98 GHz boost): FP64 on CUDA cores 33.5 TFLOP/s
@@ -187,7 +194,73 @@ def bench_solve(args, be, rows, ks, max_dofs, large=False):
         cp.get_default_memory_pool().free_all_blocks()
 
 
+# seed 000: Table 1 (2D; L = 4, Q1 reaches 7 at L = 11), Table 2 (3D, L = 4..7), Table 3 (3D)
+PAPER_TABLES = {("patch", 2): [9, 5, 3, 3, 3, 2, 2, 2, 2, 2],
+                ("patch", 3): [6, 5, 3, 3, 3, 3, 2, 2],
+                ("point_gs", 3): [6, 8, 11, 13, 19, 20, 27, 30]}
+
+
+def _ints(text):
+    return [int(t) for t in str(text).split(",") if t.strip()]
+
+
+def bench_tables(args, be, rows):
+    """Seed 000 Tables 1-3: one row of FMG step counts per level (columns: k)."""
+    from adaptmg.patch import CartesianSpace
+    from adaptmg.patch.solver import seed_table_iterations
+    sync = be.synchronize
+    for dim in _ints(args.table_dims):
+        levels = _ints(args.table_levels_2d if dim == 2 else args.table_levels_3d)
+        ks = _ints(args.table_ks_2d if dim == 2 else args.table_ks_3d)
+        for smoother in args.table_smoothers.split(","):
+            for variant in args.table_variants.split(","):
+                head = f"{dim}D {smoother:8s} {variant:9s}"
+                print(f"{head} L\k " + " ".join(f"{k:3d}" for k in ks), flush=True)
+                paper = PAPER_TABLES.get((smoother, dim))
+                if paper:
+                    print(f"{head} pap " + " ".join(f"{paper[k - 1]:3d}" if k <= len(paper)
+                                                    else "  -" for k in ks), flush=True)
+                for level in levels:
+                    cells = []
+                    for k in ks:
+                        try:
+                            n = CartesianSpace(dim, k, level).n_dofs
+                        except ValueError:
+                            cells.append("  -")
+                            continue
+                        if n > args.table_max_dofs or (smoother == "point_gs"
+                                                       and n * (2 * k + 1) ** dim > 4e8):
+                            cells.append("  .")
+                            continue
+                        sync()
+                        t0 = time.perf_counter()
+                        try:
+                            it, info = seed_table_iterations(dim, k, level, backend=be,
+                                                             variant=variant, smoother=smoother)
+                        except MemoryError as exc:          # cupy's OutOfMemoryError too
+                            print(f"  {dim}D k={k} L={level}: out of memory ({exc})", flush=True)
+                            cells.append("  M")
+                            if be.is_gpu:
+                                be.xp.get_default_memory_pool().free_all_blocks()
+                            continue
+                        sync()
+                        if be.is_gpu:
+                            be.xp.get_default_memory_pool().free_all_blocks()
+                        rows.append(dict(kind="table", dim=dim, k=k, level=level, dofs=n,
+                                         smoother=smoother, variant=variant, iterations=it,
+                                         converged=info["converged"],
+                                         final_res=info["residuals"][-1],
+                                         time=time.perf_counter() - t0,
+                                         paper=paper[k - 1] if paper and k <= len(paper) else None))
+                        cells.append(f"{it:3d}" if info["converged"] else f"{it:2d}!")
+                    print(f"{head} {level:3d} " + " ".join(cells), flush=True)
+
+
 def fmt(r):
+    if r["kind"] == "table":
+        return (f"table  {r['dim']}D k={r['k']} L={r['level']} N={r['dofs']:.3e} {r['smoother']} "
+                f"{r['variant']}: {r['iterations']} steps (paper {r['paper']}) "
+                f"res={r['final_res']:.1e} {r['time']:.2f} s")
     if r["kind"] in ("op", "smooth"):
         return (f"{r['kind']:6s} {r['dim']}D k={r['k']} L={r['level']:2d} N={r['dofs']:.3e} "
                 f"{r['dtype']:12s} {r['time']*1e3:9.3f} ms  {r['gdofs']:7.3f} GDoF/s  "
@@ -214,6 +287,16 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--build-cubins", metavar="DIR", default=None,
                     help="compile all kernels with nvcc into DIR and exit")
+    ap.add_argument("--backend", default="gpu", choices=("gpu", "cpu"),
+                    help="cpu: only the tables section (no device needed)")
+    ap.add_argument("--table-dims", default="2,3")
+    ap.add_argument("--table-levels-2d", default="4,5,6,7,8")
+    ap.add_argument("--table-levels-3d", default="3,4,5,6")
+    ap.add_argument("--table-ks-2d", default="1,2,3,4,5,6,7,8")
+    ap.add_argument("--table-ks-3d", default="1,2,3,4,5,6,7,8")
+    ap.add_argument("--table-variants", default="paper,seed-code")
+    ap.add_argument("--table-smoothers", default="patch")
+    ap.add_argument("--table-max-dofs", type=float, default=3e8)
     args = ap.parse_args()
     if args.build_cubins:
         from adaptmg.patch.kernels import build_cubins
@@ -221,6 +304,15 @@ def main():
         print("built", len(rc), "cubins, failures:", sum(1 for r in rc if r))
         return
     from adaptmg.backend import get_backend
+    if args.backend == "cpu":
+        rows = []
+        try:
+            bench_tables(args, get_backend("cpu"), rows)
+        finally:
+            if args.out:
+                with open(os.path.join(args.out, "bench_patch.json"), "w") as f:
+                    json.dump(rows, f, indent=1)
+        return
     be = get_backend("gpu")
     cp = be.xp
     props = cp.cuda.runtime.getDeviceProperties(0)
@@ -238,6 +330,8 @@ def main():
             bench_solve(args, be, rows, ks, args.solve_max_dofs)
         if "large" in args.sections:
             bench_solve(args, be, rows, [args.large_k], args.large_dofs, large=True)
+        if "tables" in args.sections:
+            bench_tables(args, be, rows)
     finally:
         if args.out:
             with open(os.path.join(args.out, "bench_patch.json"), "w") as f:

@@ -22,8 +22,17 @@ at cost O(d k^{d+1}) per patch.
 Patches whose vertex indices have the same parities (2^d colors) overlap
 only in patch-boundary DoFs, which a correction never changes, so all patches
 of one color are corrected at once (Algorithm 2.3); the colors run one after
-the other (multiplicative).  ``reverse=True`` runs the colors backwards, which
-makes a V-cycle with one pre- and one reversed post-smoothing symmetric.
+the other (multiplicative).  ``reverse=True`` runs the colors backwards.
+
+Post-smoothing (``smooth_adjoint``, called by the V-cycle after the coarse
+correction).  ``post="forward"`` (default) runs the colours in the same order
+as the pre-smoothing: this is what seed 000's code does (the post-smoother is
+deal.II's ``MGSmootherPrecondition::smooth`` -> ``PatchSmoother::step``, the
+same colour loop; its ``Tstep`` is empty) and it is also the faster V-cycle on
+the seed's measure (FMG steps to 1e-9: 2D Q1 5 vs 10-11, see NOTES.md).  The
+V-cycle is then not symmetric (fine for FMG and GMRES, not for CG).
+``post="reverse"`` runs the colours backwards, the ``A``-adjoint sweep, which
+makes the V-cycle symmetric (the former default; a CG preconditioner).
 
 CPU: each color is one batched NumPy computation over all its patches (the
 patches are strided views of the padded vector).  GPU: one fused RawKernel
@@ -39,7 +48,7 @@ from ..backend import get_backend
 from .operator import _check_space, cell_windows, check_dtype, contract
 from .tensor import patch_fast_diag, patch_matrices
 
-__all__ = ["PatchSmoother", "patch_colors"]
+__all__ = ["PatchSmoother", "patch_colors", "POST_ORDERS", "check_post"]
 
 
 def patch_colors(space):
@@ -55,14 +64,28 @@ def patch_colors(space):
     return out
 
 
+POST_ORDERS = ("forward", "reverse")
+
+
+def check_post(post):
+    """Validate the post-smoothing colour order ("forward" or "reverse")."""
+    if post not in POST_ORDERS:
+        raise ValueError(f"post must be one of {POST_ORDERS}, got {post!r}")
+    return post
+
+
 class PatchSmoother:
     """``S.smooth(x, b, sweeps=1, reverse=False)`` updates ``x`` in place with
-    ``sweeps`` colored multiplicative vertex-patch sweeps (Algorithm 2.3)."""
+    ``sweeps`` colored multiplicative vertex-patch sweeps (Algorithm 2.3);
+    ``S.smooth_adjoint`` is the post-smoothing sweep: colours forward
+    (``post="forward"``, seed 000's code, default) or reversed (``"reverse"``,
+    the adjoint sweep: symmetric V-cycle)."""
 
-    def __init__(self, space, backend="cpu", dtype=np.float64):
+    def __init__(self, space, backend="cpu", dtype=np.float64, post="forward"):
         self.space = _check_space(space)
         self.backend = get_backend(backend)
         self.dtype = check_dtype(dtype)
+        self.post = check_post(post)
         if min(space.cells) < 2:
             raise ValueError(f"{space} has no interior vertex: no vertex patch")
         xp = self.backend.xp
@@ -88,7 +111,7 @@ class PatchSmoother:
             self._gpu = GpuPatchSmoother(space, self.dtype)
 
     def __repr__(self):
-        return (f"PatchSmoother({self.space}, colors={len(self.colors)}, "
+        return (f"PatchSmoother({self.space}, colors={len(self.colors)}, post={self.post!r}, "
                 f"backend={self.backend.name}, dtype={self.dtype})")
 
     def to(self, backend=None, dtype=None):
@@ -97,7 +120,7 @@ class PatchSmoother:
         dt = self.dtype if dtype is None else check_dtype(dtype)
         if be == self.backend and dt == self.dtype:
             return self
-        return PatchSmoother(self.space, be, dt)
+        return PatchSmoother(self.space, be, dt, self.post)
 
     def _check(self, x, b):
         for name, v in (("x", x), ("b", b)):
@@ -132,9 +155,10 @@ class PatchSmoother:
         return x
 
     def smooth_adjoint(self, x, b, sweeps=1):
-        """The adjoint sweep (colours in reverse order), used by
-        :class:`adaptmg.multilevel.MultilevelSolver` for post-smoothing."""
-        return self.smooth(x, b, sweeps, reverse=True)
+        """The post-smoothing sweep :class:`adaptmg.multilevel.MultilevelSolver`
+        calls after the coarse correction: the colours in the order ``post``
+        names (forward: as the pre-smoothing, seed 000; reverse: the adjoint)."""
+        return self.smooth(x, b, sweeps, reverse=self.post == "reverse")
 
     def _color_array(self, X, B, col, cnt):
         """All patches of one color at once (vectorised)."""

@@ -9,10 +9,32 @@
   the Kronecker interpolation / restriction as ``P`` / ``R`` operators.
 * :class:`PatchMultigrid` -- runs these levels with
   :class:`adaptmg.multilevel.MultilevelSolver` (Algorithm 2.1: one pre- and
-  one post-smoothing sweep, the post-sweep with the colours reversed, exact
-  coarse solve) and adds what that solver has not: full multigrid (Algorithm
-  2.2) and the stopping rules below.  GMRES is :func:`adaptmg.linalg.fgmres`
-  preconditioned by one V-cycle.
+  one post-smoothing sweep, by default both with the colours in the same order
+  as seed 000's code does, exact coarse solve) and adds what that solver has
+  not: full multigrid (Algorithm 2.2) and the stopping rules below.  GMRES is
+  :func:`adaptmg.linalg.fgmres` preconditioned by one V-cycle.
+* :func:`seed_table_iterations` -- one entry of seed 000's Tables 1-3: FMG on
+  the tables' right-hand side (the vector of ones, as the seed's code sets it),
+  steps of the while loop of Algorithm 2.2 to a relative residual of 1e-9.
+
+Options that reproduce the seed's setting (differences found against the
+seed's text and its published code; evidence in patch/NOTES.md):
+
+* ``post`` -- "forward" (default; seed code) or "reverse" (symmetric V-cycle).
+* ``min_cycles`` of :meth:`PatchMultigrid.solve` -- 1 (default): Algorithm 2.2
+  sets ``delta <- delta_0 = ||b||`` before its while loop, so at least one
+  V-cycle follows the FMG start; 0 checks the residual of the start first.
+* ``variant`` -- "paper" (default, Algorithm 2.1 as printed:
+  ``x <- x + P x_c``) or "seed-code": the V-cycle of the seed code version with
+  the FMG solver, whose coarse correction also adds the fine residual,
+  ``x <- x + (b - A x) + P x_c`` (``prolongate_and_add`` into the residual
+  vector, then ``x += t``).  In 3D the level matrices scale like h, so the
+  extra term is negligible; in 2D it is not, and it is what the published
+  Table 1 counts contain (2D Q1: 8-9 steps instead of 5).
+* ``smoother`` -- "patch" (default) or "point_gs": multicolour point
+  Gauss-Seidel (:class:`adaptmg.multilevel.GaussSeidel`, forward sweeps) on
+  the level matrices assembled as CSR (Kronecker sums of the 1D matrices), for
+  Table 3's comparison row; small levels only.
 
 Precision (§4.2), as everywhere in adaptmg: the cycle runs in a
 ``MultilevelSolver`` of ``dtype=float32`` while residuals and Krylov vectors
@@ -33,11 +55,13 @@ import numpy as np
 from ..backend import get_backend
 from ..multilevel import Level, MultilevelSolver
 from .operator import LaplaceOperator, _check_space, check_dtype, contract
-from .smoother import PatchSmoother
+from .smoother import PatchSmoother, check_post
+from .space import CartesianSpace
 from .tensor import fast_diag_factors, interval_matrices
 from .transfer import prolongation, restriction
 
-__all__ = ["FastDiagSolver", "PatchMultigrid", "PatchLevel", "patch_levels"]
+__all__ = ["FastDiagSolver", "PatchMultigrid", "PatchLevel", "patch_levels", "seed_table_iterations",
+           "SeedCodeSmoother", "VARIANTS", "SMOOTHERS"]
 
 
 class FastDiagSolver:
@@ -105,9 +129,83 @@ class FastDiagSolver:
 # Kept for ``from adaptmg.patch import PatchLevel``: the levels are the shared Level now.
 PatchLevel = Level
 
+VARIANTS = ("paper", "seed-code")
+SMOOTHERS = ("patch", "point_gs")
+
+
+class SeedCodeSmoother:
+    """The level smoother of seed 000's code version with the FMG solver, including
+    its coarse correction ``x <- x + t + P x_c`` with ``t = b - A S(x)``.
+
+    In that code (``MultigridSolver::v_cycle``) the residual ``t`` receives
+    ``prolongate_and_add(t, x_c)`` and then ``x += t``, so the fine residual is
+    added to the iterate together with the coarse correction.  Here: ``smooth``
+    (pre-smoothing) keeps ``t = b - A x`` after the sweep, ``smooth_adjoint``
+    (post-smoothing, called after ``x += P x_c``) first adds ``t``.  Costs one
+    extra operator application per level and cycle; for reproducing the seed's
+    2D counts only (``variant="seed-code"``)."""
+
+    def __init__(self, smoother, A):
+        self.smoother = smoother
+        self.A = A
+        self._t = None
+
+    def __repr__(self):
+        return f"SeedCodeSmoother({self.smoother!r})"
+
+    def smooth(self, x, b, sweeps=1):
+        self.smoother.smooth(x, b, sweeps)
+        self._t = b - self.A @ x
+        return x
+
+    def smooth_adjoint(self, x, b, sweeps=1):
+        if self._t is None:
+            raise RuntimeError("SeedCodeSmoother: post-smoothing without a pre-smoothing step")
+        x += self._t
+        self._t = None
+        return self.smoother.smooth_adjoint(x, b, sweeps)
+
+    def to(self, backend=None, dtype=None):
+        return SeedCodeSmoother(self.smoother.to(backend, dtype), self.A.to(backend, dtype))
+
+
+class _ForwardPost:
+    """A smoother whose post-smoothing repeats the pre-smoothing sweep (seed 000's
+    ``post="forward"``) for smoothers whose ``smooth_adjoint`` is the adjoint."""
+
+    def __init__(self, smoother):
+        self.smoother = smoother
+
+    def __repr__(self):
+        return f"_ForwardPost({self.smoother!r})"
+
+    def smooth(self, x, b, sweeps=1):
+        return self.smoother.smooth(x, b, sweeps)
+
+    smooth_adjoint = smooth
+
+    def to(self, backend=None, dtype=None):
+        return _ForwardPost(self.smoother.to(backend, dtype))
+
+
+def _point_gs(space, backend, dtype, post):
+    """Forward multicolour point Gauss-Seidel on the assembled level matrix."""
+    from ..multilevel.gauss_seidel import GaussSeidel
+    A = LaplaceOperator(space, "cpu", np.float64).tocsr(max_rows=400000)
+    gs = GaussSeidel(A, sweep="forward", backend=backend, dtype=dtype)
+    return _ForwardPost(gs) if post == "forward" else gs
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
 # The cycle of Algorithm 2.1 in MultilevelSolver's terms: one sweep before and one
-# after the coarse correction (post-smoothing = smooth_adjoint, the colours
-# reversed), the coarsest level solved by one application of its exact "smoother".
+# after the coarse correction (post-smoothing = the smoother's smooth_adjoint: the
+# colours forward again or reversed, see ``post``), the coarsest level solved by one
+# application of its exact "smoother".
 _CYCLE = dict(coarse="smoother", coarse_sweeps=1, presmooth=1, postsmooth=1)
 
 
@@ -127,7 +225,7 @@ def _check_coarse_level(space, coarse_level):
     return int(lmin)
 
 
-def _build_levels(spaces, backend, dtype):
+def _build_levels(spaces, backend, dtype, post="forward", variant="paper", smoother="patch"):
     """Levels of ``spaces`` (coarse -> fine) in ``dtype``, coarsest first."""
     levels = []
     for i, s in enumerate(spaces):
@@ -135,10 +233,16 @@ def _build_levels(spaces, backend, dtype):
         A = LaplaceOperator(s, backend, dtype)
         if i == 0:
             levels.append(Level(A, smoother=FastDiagSolver(s, backend, dtype), meta=meta))
+            continue
+        if smoother == "patch":
+            S = PatchSmoother(s, backend, dtype, post)
         else:
-            c = spaces[i - 1]
-            levels.append(Level(A, P=prolongation(c, backend, dtype), R=restriction(c, backend, dtype),
-                                smoother=PatchSmoother(s, backend, dtype), meta=meta))
+            S = _point_gs(s, backend, dtype, post)
+        if variant == "seed-code":
+            S = SeedCodeSmoother(S, A)
+        c = spaces[i - 1]
+        levels.append(Level(A, P=prolongation(c, backend, dtype), R=restriction(c, backend, dtype),
+                            smoother=S, meta=meta))
     return levels
 
 
@@ -154,19 +258,24 @@ def _cast_levels(levels, backend, dtype):
             for lev in levels]
 
 
-def patch_levels(space, backend="cpu", dtype=np.float64, coarse_level=None):
+def patch_levels(space, backend="cpu", dtype=np.float64, coarse_level=None, post="forward",
+                 variant="paper", smoother="patch"):
     """The patch hierarchy as :class:`adaptmg.multilevel.Level` objects, finest first.
 
     ``levels[i].A`` is the matrix-free operator, ``levels[i].P`` prolongates
     from level i+1 (coarser) to i, ``levels[i].R`` restricts, and
     ``levels[i].smoother.smooth(x, b, sweeps)`` is the vertex-patch smoother
-    (``smooth_adjoint``: the colours reversed); on the coarsest level the exact
-    fast-diagonalisation solve.  ``MultilevelSolver(patch_levels(V), coarse="smoother",
-    coarse_sweeps=1, presmooth=1, postsmooth=1)`` runs :class:`PatchMultigrid`'s cycle."""
+    (``smooth_adjoint``: the post-smoothing sweep, see ``post``); on the coarsest
+    level the exact fast-diagonalisation solve.  ``MultilevelSolver(patch_levels(V),
+    coarse="smoother", coarse_sweeps=1, presmooth=1, postsmooth=1)`` runs
+    :class:`PatchMultigrid`'s cycle.  ``post``, ``variant``, ``smoother``: as in
+    :class:`PatchMultigrid`."""
     space = _check_space(space)
     lmin = _check_coarse_level(space, coarse_level)
     spaces = [space.with_level(l) for l in range(lmin, space.level + 1)]
-    return _build_levels(spaces, get_backend(backend), check_dtype(dtype))[::-1]
+    return _build_levels(spaces, get_backend(backend), check_dtype(dtype), check_post(post),
+                         _check_choice("variant", variant, VARIANTS),
+                         _check_choice("smoother", smoother, SMOOTHERS))[::-1]
 
 
 class _Cycles:
@@ -221,7 +330,14 @@ class PatchMultigrid:
     dtype : float64 or float32 (precision of the cycle)
     coarse_level : level of the exact coarse solve (default: the first level
         with at least 2 cells per direction, where one vertex patch covers
-        the whole domain)
+        the whole domain; seed 000's code: minlevel = 1)
+    post : "forward" (default, seed 000's code: post-smoothing with the colours
+        in the pre-smoothing order) or "reverse" (adjoint sweep: symmetric
+        V-cycle, use it as a CG preconditioner)
+    variant : "paper" (default: Algorithm 2.1) or "seed-code" (the seed code's
+        coarse correction ``x <- x + (b - A x) + P x_c``; reproduces its 2D counts)
+    smoother : "patch" (default) or "point_gs" (forward multicolour point
+        Gauss-Seidel on assembled level matrices; Table 3; small levels only)
 
     ``levels`` (coarse -> fine) are the :func:`patch_levels`; ``A``, ``S``,
     ``P``, ``R`` (index 0 = coarsest, ``None`` where a level has none) and
@@ -229,13 +345,18 @@ class PatchMultigrid:
     :class:`adaptmg.multilevel.MultilevelSolver` objects built on first use.
     """
 
-    def __init__(self, space, backend="cpu", dtype=np.float64, coarse_level=None):
+    def __init__(self, space, backend="cpu", dtype=np.float64, coarse_level=None, post="forward",
+                 variant="paper", smoother="patch"):
         self.space = _check_space(space)
         self.backend = get_backend(backend)
         self.dtype = check_dtype(dtype)
+        self.post = check_post(post)
+        self.variant = _check_choice("variant", variant, VARIANTS)
+        self.smoother = _check_choice("smoother", smoother, SMOOTHERS)
         self.lmin = _check_coarse_level(space, coarse_level)
         self.spaces = [space.with_level(l) for l in range(self.lmin, space.level + 1)]
-        self.levels = _build_levels(self.spaces, self.backend, self.dtype)
+        self.levels = _build_levels(self.spaces, self.backend, self.dtype, self.post, self.variant,
+                                    self.smoother)
         self.A = [lev.A for lev in self.levels]
         self.S = [None] + [lev.smoother for lev in self.levels[1:]]
         self.P = [lev.P for lev in self.levels]
@@ -247,7 +368,8 @@ class PatchMultigrid:
 
     def __repr__(self):
         rows = [f"PatchMultigrid(dim={self.space.dim}, k={self.space.k}, backend={self.backend.name}, "
-                f"dtype={self.dtype})"]
+                f"dtype={self.dtype}, post={self.post!r}, variant={self.variant!r}, "
+                f"smoother={self.smoother!r})"]
         for s in reversed(self.spaces):
             rows.append(f"  level {s.level:2d}: cells {s.cells}, {s.n_dofs} DoFs")
         return "\n".join(rows)
@@ -294,10 +416,11 @@ class PatchMultigrid:
         return self._cycles_for(self.dtype).preconditioner()
 
     def solve(self, b, *, rtol=1e-9, maxiter=50, method="fmg", precision="double",
-              restart=10, x0=None, krylov="adaptmg"):
+              restart=10, x0=None, krylov="adaptmg", min_cycles=1):
         """Solve ``A x = b`` on the finest level to ``||b - A x|| <= rtol ||b||``.
 
-        method : "fmg" (Algorithm 2.2; iterations = V-cycles after the FMG start)
+        method : "fmg" (Algorithm 2.2; iterations = V-cycles after the FMG start,
+                 the repetitions of its while loop)
                  or "gmres" (:func:`adaptmg.linalg.fgmres`, right-preconditioned by
                  one V-cycle; flexible, since a float32 V-cycle is a slightly
                  nonlinear preconditioner).
@@ -309,6 +432,10 @@ class PatchMultigrid:
                  vectors, so keep it small (the V-cycle needs <= 9 iterations).
         krylov : "adaptmg" only (kept for compatibility; the private GMRES of
                  ``adaptmg.patch.krylov`` was folded into :mod:`adaptmg.linalg`).
+        min_cycles : "fmg" only: V-cycles done before the residual may stop the
+                 loop.  1 (default) is Algorithm 2.2, whose while loop starts from
+                 ``delta = delta_0 = ||b||`` and so always runs once; 0 stops right
+                 after the FMG start when it already meets ``rtol``.
         Returns ``(x, info)``; info has iterations, residual history, converged,
         time (seconds, device-synchronised)."""
         if method not in ("fmg", "gmres"):
@@ -318,6 +445,9 @@ class PatchMultigrid:
                              f"GMRES of adaptmg.patch.krylov is gone), got {krylov!r}")
         if precision not in ("double", "mixed"):
             raise ValueError(f"precision must be 'double' or 'mixed', got {precision!r}")
+        if isinstance(min_cycles, bool) or not isinstance(min_cycles, (int, np.integer)) \
+                or min_cycles < 0:
+            raise ValueError(f"min_cycles must be a non-negative int, got {min_cycles!r}")
         if self.dtype != np.float64:
             raise TypeError("solve() needs a float64 hierarchy (use precision='mixed' for float32 cycles)")
         self._check_rhs(b, np.float64)
@@ -348,7 +478,7 @@ class PatchMultigrid:
             while True:
                 delta = float(xp.linalg.norm(r)) / bnorm
                 hist.append(delta)
-                if delta <= rtol:
+                if delta <= rtol and it >= min_cycles:
                     conv = True
                     break
                 if it >= maxiter:
@@ -366,3 +496,22 @@ class PatchMultigrid:
                 "time": time.perf_counter() - t0, "method": method, "precision": precision}
         self.stats = info
         return x, info
+
+
+def seed_table_iterations(dim, k, level, backend="cpu", rtol=1e-9, maxiter=60, **options):
+    """One entry of seed 000's Tables 1-3: ``(iterations, info)`` of FMG
+    (Algorithm 2.2, at least one V-cycle) to ``||b - A x|| <= rtol ||b||`` for the
+    tables' right-hand side.
+
+    The tables say "f = 1"; the seed's code sets the right-hand side *vector* to
+    ones (``rhs[maxlevel] = 1.``), not the load vector ``int phi_i`` (equal up to
+    a factor for Q1, different for Q_k, k >= 2, whose Gauss-Lobatto weights
+    differ between vertex, edge and interior nodes), so ``b`` is the vector of
+    ones here.  ``options`` go to :class:`PatchMultigrid` (``post``, ``variant``,
+    ``smoother``, ``coarse_level``).  The level is the number of refinements of
+    the unit square/cube (2**level cells per direction)."""
+    V = CartesianSpace(dim, k, level)
+    mg = PatchMultigrid(V, backend, **options)
+    b = mg.backend.xp.ones(V.n_dofs)
+    x, info = mg.solve(b, rtol=rtol, maxiter=maxiter, method="fmg", min_cycles=1)
+    return info["iterations"], info

@@ -174,10 +174,10 @@ def _fmg_iterations(dim, k, level):
 
 
 def test_fmg_iterations_level_independent_and_fall_with_k():
-    # 2D: k = 1..6 on levels 5..7 (Q1 saturates from level 5, as seed 000 Table 1 notes)
+    # 2D: k = 1..6 on levels 5..7
     ks2 = [1, 2, 3, 4, 6]
     its2 = {k: [_fmg_iterations(2, k, l) for l in (5, 6, 7)] for k in ks2}
-    # 3D: k = 2..4 on levels 3..4 (level 2 has 64 cells and needs one step less)
+    # 3D: k = 2..4 on levels 3..4
     ks3 = [2, 3, 4]
     its3 = {k: [_fmg_iterations(3, k, l) for l in (3, 4)] for k in ks3}
     print("FMG iterations 2D", its2, "3D", its3)
@@ -188,8 +188,12 @@ def test_fmg_iterations_level_independent_and_fall_with_k():
         for k0, k1 in zip(ks, ks[1:]):
             assert max(its[k1]) <= max(its[k0]), its                    # falls with k
         assert max(its[ks[-1]]) < max(its[ks[0]])
-    assert max(its2[1]) <= 12 and max(its2[3]) <= 4 and max(its2[6]) <= 2
-    assert max(its3[2]) <= 6 and max(its3[3]) <= 4 and max(its3[4]) <= 3
+    # measured with the default (post-smoothing colours forward, at least one V-cycle after
+    # the FMG start; load vector of f = 1): 2D Q1 5, Q2 2, Q3 2->1, Q4+ 1; 3D Q2 4, Q3 3->2,
+    # Q4 2 (the former symmetric cycle needed 11 / 4 / 4 / 2 and 6 / 4 / 2, patch/NOTES.md)
+    assert max(its2[1]) <= 6 and max(its2[2]) <= 3 and max(its2[3]) <= 2 and max(its2[6]) == 1
+    assert max(its3[2]) <= 5 and max(its3[3]) <= 3 and max(its3[4]) <= 2
+    assert min(min(r) for r in its2.values()) >= 1      # Algorithm 2.2: at least one V-cycle
 
 
 @pytest.mark.parametrize("dim,k,level", [(2, 3, 4), (3, 2, 3)])
@@ -220,12 +224,17 @@ def test_l2_error_converges_at_order_k_plus_1():
     assert np.all(rates > 2.8), rates
 
 
-def test_vcycle_is_symmetric():
+def test_vcycle_is_symmetric_with_reverse_post_smoothing():
+    # post="reverse" (adjoint post-sweep) gives a symmetric V-cycle (CG preconditioner);
+    # the default post="forward" (seed 000's code) does not
     V = CartesianSpace(2, 2, 3)
-    mg = PatchMultigrid(V)
     rng = np.random.default_rng(5)
     u, v = rng.standard_normal(V.n_dofs), rng.standard_normal(V.n_dofs)
+    mg = PatchMultigrid(V, post="reverse")
     assert abs(u @ mg.vcycle(v) - v @ mg.vcycle(u)) <= 1e-12 * abs(u @ mg.vcycle(u))
+    mg = PatchMultigrid(V)
+    assert mg.post == "forward"
+    assert abs(u @ mg.vcycle(v) - v @ mg.vcycle(u)) > 1e-4 * abs(u @ mg.vcycle(u))
 
 
 def test_patch_levels_interface():
