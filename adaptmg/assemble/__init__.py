@@ -1,6 +1,7 @@
 """Vectorised assembly of finite element operators to SciPy CSR (see :mod:`.forms`)."""
-from .forms import (convection, derivative_matrices, divergence_iso, elasticity, gradient_iso,
-                    load, lumped_mass, mass, scalar_form, stiffness)
+from .forms import (convection, derivative_matrices, elasticity, load, lumped_mass, mass, scalar_form,
+                    stiffness)
+from .mixed import divergence_iso, gradient_iso
 from ._sparse import Pattern, clear_cache, componentwise, get_pattern
 
 __all__ = ["mass", "lumped_mass", "stiffness", "convection", "scalar_form", "elasticity", "derivative_matrices",
