@@ -19,7 +19,10 @@ defaults or annotations (``n: int = 7`` -> ``--n 7``; bools get
 ``--flag/--no-flag``).  ``backend``, ``quiet`` and ``out`` are the common
 options.  The CLI does not pass ``out`` to ``run`` (problems differ in what
 they make of it); instead it writes the returned fields as VTU and a PNG
-summary (convergence history + timing bars) into ``--out``.
+summary (convergence history + timing bars) into ``--out``.  Under an MPI launcher
+(``mpiexec -n 4 python -m adaptmg run poisson``) every rank runs the problem (a problem
+that supports it solves distributed, :mod:`adaptmg.distributed`) and only rank 0 prints
+and writes the outputs.
 
 Exit status: 0 on success, 2 for bad arguments (argparse's message), 1 when a
 run fails or a problem module does not import (message on stderr, no traceback
@@ -254,6 +257,9 @@ def _cmd_run(args, parser):
         return 1
     wall = time.perf_counter() - t0
     res = res if isinstance(res, dict) else {}
+    from .distributed.comm import launched_rank
+    if launched_rank() > 0:         # under mpiexec: rank 0 prints and writes the outputs
+        return 0
     files = _write_outputs(args.problem, res, ns.out, ns.quiet) if ns.out else []
     if not ns.quiet:
         err = _error_of(res)

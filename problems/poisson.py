@@ -15,7 +15,10 @@ coarsening hierarchy (Jacobi V(2,2), dense coarse solve) inside CG to
 ``rtol``.  The summary reports DoFs, levels, hanging nodes, CG iterations,
 setup/solve times and the L2/H1 errors against the exact solution.
 
-This is the problem-independent demo of ``adaptmg run poisson``.
+This is the problem-independent demo of ``adaptmg run poisson``.  Started by an MPI
+launcher (``mpiexec -n 4 python -m adaptmg run poisson``) it solves with
+:func:`adaptmg.distributed.solve` (Morton partition, distributed multigrid-CG; CPU), and
+only rank 0 prints.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import numpy as np
 import adaptmg
 from adaptmg import Mesh, Space, assemble
 from adaptmg.backend import get_backend, to_host
+from adaptmg.distributed.comm import launched_rank, launched_size
 from adaptmg.fe.norms import errors
 
 __all__ = ["run", "make_mesh", "exact", "grad", "source"]
@@ -89,6 +93,11 @@ def run(refine: int = 6, local: int = 3, degree: int = 1, rtol: float = 1e-10,
         raise ValueError(f"rtol must be a number in (0, 1), got {rtol!r}")
     if not (isinstance(radius, (int, float)) and radius > 0):
         raise ValueError(f"radius must be a positive number, got {radius!r}")
+    if launched_size() > 1:
+        if backend == "gpu":
+            raise ValueError("distributed runs (mpiexec -n N > 1) use the CPU backend in this "
+                             "version; pass --backend cpu or auto")
+        backend = "cpu"
     be = get_backend(backend)
     t = {}
     t0 = time.perf_counter()
@@ -96,33 +105,44 @@ def run(refine: int = 6, local: int = 3, degree: int = 1, rtol: float = 1e-10,
     space = Space(mesh, degree=degree)
     t["mesh"] = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    ml = adaptmg.multigrid(space, assemble.stiffness, dirichlet="all", backend=be)
-    b = ml.constrain(assemble.load(space, source))
-    be.synchronize()
-    t["setup"] = time.perf_counter() - t0
+    ranks = launched_size()
+    if ranks > 1:          # started by mpiexec: the distributed solve (CPU/MPI)
+        from adaptmg.distributed import solve as distributed_solve
+        dr = distributed_solve(space, assemble.stiffness, assemble.load(space, source),
+                               rtol=rtol, maxiter=200)
+        ml, res, u, its = dr.ml, dr.residuals, dr.u, dr.iterations
+        t["setup"], t["solve"] = dr.timings["setup"], dr.timings["solve"]
+        t0 = time.perf_counter()
+    else:
+        t0 = time.perf_counter()
+        ml = adaptmg.multigrid(space, assemble.stiffness, dirichlet="all", backend=be)
+        b = ml.constrain(assemble.load(space, source))
+        be.synchronize()
+        t["setup"] = time.perf_counter() - t0
 
-    res = []
-    t0 = time.perf_counter()
-    x = ml.solve(be.asarray(b), rtol=rtol, accel="cg", residuals=res, maxiter=200)
-    be.synchronize()
-    t["solve"] = time.perf_counter() - t0
+        res = []
+        t0 = time.perf_counter()
+        x = ml.solve(be.asarray(b), rtol=rtol, accel="cg", residuals=res, maxiter=200)
+        be.synchronize()
+        t["solve"] = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    u = np.asarray(to_host(ml.expand(x)))
+        t0 = time.perf_counter()
+        u = np.asarray(to_host(ml.expand(x)))
+        its = len(res) - 1
     err = errors(space, u, exact, grad)
     t["error"] = time.perf_counter() - t0
     t["sum"] = sum(t.values())
     out_dict = dict(fields={"u": u, "u_exact": space.interpolate(exact)}, mesh=mesh, space=space,
                     timings=t, error={k: float(v) for k, v in err.items()},
-                    iterations=len(res) - 1, residuals=[float(r) for r in res],
+                    iterations=its, residuals=[float(r) for r in res],
                     dofs=int(space.num_dofs), levels=len(ml.levels),
-                    hanging=int(mesh.num_hanging_nodes), backend=be.name)
-    if not quiet:
-        print(f"poisson (L-shape, Q{degree}, backend={be.name}): {space.num_dofs} DoFs, "
+                    hanging=int(mesh.num_hanging_nodes), backend=be.name, ranks=ranks)
+    if not quiet and launched_rank() == 0:
+        on = f", {ranks} MPI ranks" if ranks > 1 else ""
+        print(f"poisson (L-shape, Q{degree}, backend={be.name}{on}): {space.num_dofs} DoFs, "
               f"{mesh.num_cells} cells, {mesh.num_hanging_nodes} hanging nodes, "
               f"{len(ml.levels)} levels")
-        print(f"  CG + multigrid V(2,2): {len(res) - 1} iterations to rtol {rtol:g}")
+        print(f"  CG + multigrid V(2,2): {its} iterations to rtol {rtol:g}")
         print("  " + "  ".join(f"{k} {v:.3f} s" for k, v in t.items()))
         print(f"  error vs exact: L2 {err['L2']:.3e}, H1 {err['H1']:.3e}")
     return out_dict

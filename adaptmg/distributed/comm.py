@@ -23,7 +23,32 @@ import sys
 import time
 import traceback
 
-__all__ = ["get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer"]
+__all__ = ["get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
+           "launched_size", "launched_rank"]
+
+#: environment variables in which MPI launchers announce the job size / this process's rank
+#: (MPICH/Hydra and Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*)
+_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
+
+
+def _env_int(names):
+    for name in names:
+        v = os.environ.get(name, "")
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def launched_size() -> int:
+    """Number of processes ``mpiexec`` started (1 when not launched by an MPI launcher),
+    read from the launcher's environment: nothing is imported or initialised."""
+    return _env_int(_SIZE_VARS) or 1
+
+
+def launched_rank() -> int:
+    """This process's rank in the launched job (0 when not launched by an MPI launcher)."""
+    return _env_int(_RANK_VARS) or 0
 
 
 def have_mpi() -> bool:

@@ -211,3 +211,24 @@ def test_partition_rejects_bad_arguments():
         partition_cells(m, 0)
     with pytest.raises(ValueError, match="weights must be"):
         partition_cells(m, 2, weights=np.ones(3))
+
+
+@needs_mpi
+def test_cli_run_poisson_under_mpiexec_matches_the_serial_run():
+    """``mpiexec -n 2 python -m adaptmg run poisson``: the problem solves distributed, the
+    errors and CG iterations equal the serial run's, and only rank 0 prints."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", ADAPTMG_THREADS="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "adaptmg", "run", "poisson", "--refine", "3", "--local", "2",
+           "--backend", "cpu"]
+    serial = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    dist = subprocess.run([MPIEXEC, "-n", "2"] + cmd, env=env, capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert serial.returncode == 0 and dist.returncode == 0, dist.stderr[-2000:]
+    assert "2 MPI ranks" in dist.stdout and dist.stdout.count("done in") == 1
+
+    def numbers(out):
+        its = [line for line in out.splitlines() if "iterations to rtol" in line][0].split()[-5]
+        err = [line for line in out.splitlines() if "error vs exact" in line][0]
+        return int(its), err
+    assert numbers(dist.stdout) == numbers(serial.stdout), (dist.stdout, serial.stdout)
