@@ -30,7 +30,12 @@ from each other and every node is within distance 2 of a root.  Each root opens 
 aggregate with its neighbours (a node has at most one root within distance 1).  Two more
 such passes run on the nodes still free (candidates: at least half of their neighbours
 free), then every free node joins the neighbouring aggregate it is most strongly
-connected to.
+connected to.  On the finest level :func:`adaptmg.amg` grows the first independent set
+as advancing fronts from sparse seeds instead (:func:`_mis2_front`): random-order roots
+leave gaps that the later passes fill with aggregates 4-5 nodes wide, and on a
+structured grid those cost what the random order saves in rounds (2-D Q1 box 512^2
+below one geometric level: 11 CG iterations, 9 with the fronts, 8 with pyamg's
+sequential lattice; the geometric hierarchy of the refined box: 6).
 
 Tentative prolongator (:func:`tentative`).  For the ``k`` near-nullspace columns
 ``B`` restricted to aggregate ``a`` (``B_a = Q_a R_a``), ``T`` holds ``Q_a`` in the
@@ -217,6 +222,64 @@ def _mis2(be, G, wkey, cand):
     return state == 2
 
 
+def _mis2_front(be, G, wkey, cand, density=1.0, tail=0.1):
+    r"""Roots of a distance-2 maximal independent set of ``cand`` grown from sparse seeds.
+
+    The sequential greedy search of pyamg packs roots at distance exactly 3 from the earlier
+    ones (on a structured grid: the lattice of 3x3 aggregates, whose smoothed prolongator is
+    the linear interpolation); Luby rounds with random keys scatter the roots instead.  Here
+    round 0 takes as candidates only the *seeds*: the candidates whose hash weight lies in
+    the lowest fraction ``density / s^3`` of its range, ``s`` = 1 + the mean degree of the
+    candidates (an aggregate's size), i.e. one seed per ``s^2`` aggregates -- a patch some
+    9 aggregates across for the 9-point (2-D) and 27-point (3-D) graphs of Q1 (at least one
+    seed).  Every later round takes only the *front*: undecided
+    candidates with decided nodes within distance 2, ranked by
+    :math:`p = ((I+G)^2 d)_i` (``G``'s pattern, ``d`` the indicator of decided nodes), so a
+    node that packs tightly against the decided region wins.  Roots are found as in
+    :func:`_mis2` (maximum key over ``{i} U N(i)`` twice); the nodes within distance 2 of the
+    new roots are decided in the same round.  Once at most ``tail`` of the candidates are
+    undecided (the seams where fronts meet), or no front node is left, every undecided
+    candidate competes.  Per round: two SpMVs with ``G``'s pattern, four row maxima and two
+    scalars to the host; the number of rounds (measured: 12-25 for Q1 in 2-D and 3-D)
+    grows with the patch width, not with the size of the graph.  Fewer seeds leave fewer
+    seams between the patches' lattices but need more rounds.
+    """
+    xp = be.xp
+    n = G.shape[0]
+    ones = _csr(be, xp.ones(G.indices.shape[0], dtype=xp.float64), G.indices, G.indptr, G.shape)
+    cap = (1 << (_P_BITS + 2)) - 1                 # the priority takes the state bits' place too
+    n0 = int(cand.sum())
+    if n0 == 0:
+        return xp.zeros(n, dtype=bool)
+    size = 1.0 + int(xp.diff(G.indptr)[cand].sum()) / n0
+    h = xp.where(cand, wkey >> _IDX_BITS, 1 << _W_BITS)
+    seeds = cand & (h <= max(int(h.min()), int(density / size ** 3 * (1 << _W_BITS)) - 1))
+    und = cand.copy()
+    root = xp.zeros(n, dtype=bool)
+    first = True
+    while True:
+        nu = int(und.sum())
+        if nu == 0:
+            break
+        dec = (~und).astype(xp.float64)
+        c1 = dec + ones @ dec
+        prio = xp.minimum((c1 + ones @ c1).astype(xp.int64), cap)
+        if nu <= tail * n0:
+            c = und
+        else:
+            c = und & (seeds if first else prio > 0)
+            if not bool(c.any()):               # no seed / no front left in what remains
+                c = und
+        first = False
+        key = xp.where(c, (prio << _P_SHIFT) | wkey, -1)
+        m = neighbour_max(be, G, neighbour_max(be, G, key))
+        new = c & (m == key)
+        root |= new
+        near = neighbour_max(be, G, neighbour_max(be, G, new.astype(xp.int64)))
+        und &= near == 0
+    return root
+
+
 def _join_strongest(be, G, agg, left):
     """For each node in ``left``: the aggregate it is most strongly connected to (sum of
     ``G``'s weights to the aggregate's nodes, ties to the lower aggregate number), or -1."""
@@ -234,11 +297,12 @@ def _join_strongest(be, G, agg, left):
     return xp.where(best >= 0, (1 << 31) - 1 - (best & 0xFFFFFFFF), -1)
 
 
-def aggregate(be, G, seed=0, exclude=None, phases=3, fraction=0.5):
+def aggregate(be, G, seed=0, exclude=None, phases=3, fraction=0.5, front=None):
     """Aggregates of the nodes of the symmetric strength graph ``G`` (CSR, no diagonal).
 
     Phase 1: the roots of a distance-2 maximal independent set (random order from
-    ``seed``) and their neighbours.  Phases 2..``phases``: among the nodes still free,
+    ``seed``; with ``front`` a seed density, grown from sparse seeds as advancing fronts,
+    :func:`_mis2_front`) and their neighbours.  Phases 2..``phases``: among the nodes still free,
     those with at least ``fraction`` of their neighbours free are candidates for a
     distance-2 independent set in the graph of free nodes; its roots open aggregates with
     their free neighbours.  Then every free node joins the neighbouring aggregate it is
@@ -249,7 +313,13 @@ def aggregate(be, G, seed=0, exclude=None, phases=3, fraction=0.5):
     roots (a lexicographic one, as pyamg's sequential aggregation finds on a structured grid,
     packs them densely but needs O(sqrt n) Luby rounds): on pyamg's 2-D Poisson problem CG
     with a V(1,1) Chebyshev cycle needs 11 iterations with them and 14 without (pyamg's own
-    aggregation: 10).
+    aggregation: 10).  The advancing fronts (``front=1, phases=3, fraction=0``, what
+    :func:`adaptmg.amg` uses on its finest level) pack most roots on the distance-3
+    lattice that the sequential search finds on structured grids; the random order leaves
+    aggregates 4-5 nodes wide, and these cost iterations: with hand-made tilings of the
+    2-D Q1 box 512^2 below one geometric level, the 3x3 lattice needs 8 CG iterations, the
+    same lattice with one band of 4-wide (5-wide) aggregates through the middle 10 (12),
+    with one band 1 or 2 nodes wide still 8 (``tests/multilevel/test_amg.py``).
 
     Returns ``(agg, num_aggregates)``: ``agg[i]`` is the aggregate of node ``i`` (``-1`` for
     nodes without neighbours and ``exclude``-d ones).
@@ -274,7 +344,10 @@ def aggregate(be, G, seed=0, exclude=None, phases=3, fraction=0.5):
         else:
             H = _subgraph(be, G, free)
             cand = free & (xp.diff(H.indptr) >= fraction * deg) & (xp.diff(H.indptr) > 0)
-        roots = _mis2(be, H, wkey, cand)
+        if ph == 0 and front is not None:
+            roots = _mis2_front(be, H, wkey, cand, front)
+        else:
+            roots = _mis2(be, H, wkey, cand)
         nr = int(roots.sum())
         if nr == 0:
             break

@@ -211,7 +211,8 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         ``components`` a multiple of the dimension) or an array (coarsest space's DoFs, k)
         -- the near-nullspace of the algebraic levels.
     amg_kwargs : dict of further :func:`adaptmg.amg` arguments for the algebraic levels
-        (``setup``, ``strength``, ``seed``, ``smoother`` -- default V(1,1) Chebyshev --, ...).
+        (``setup``, ``strength``, ``seed``, ``front`` -- the device set-up's advancing-front
+        aggregation, None for random order --, ``smoother`` -- default V(1,1) Chebyshev --, ...).
     coarse_max_rows : int, optional
         Cycle only down to the finest level with at most this many rows and solve there
         directly (the levels below are built but not cycled).  On the GPU, where the
