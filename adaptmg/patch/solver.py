@@ -279,8 +279,9 @@ def patch_levels(space, backend="cpu", dtype=np.float64, coarse_level=None, post
 
 
 class _Cycles:
-    """The V-cycles of one precision: a MultilevelSolver on the whole hierarchy,
-    its preconditioner, and (for FMG) MultilevelSolvers on the coarser prefixes."""
+    """The V-cycles of one precision: a MultilevelSolver on the whole hierarchy and its
+    preconditioner; FMG runs the same solver's cycle with a coarser level on top
+    (:meth:`~adaptmg.multilevel.MultilevelSolver.cycle` with ``level=``)."""
 
     def __init__(self, levels, backend, dtype):
         self.levels = levels                      # coarse -> fine
@@ -288,22 +289,12 @@ class _Cycles:
         self.dtype = np.dtype(dtype)
         self.ml = MultilevelSolver(levels, backend=backend, dtype=dtype, **_CYCLE)
         self._M = None
-        self._prefix = None
 
     def preconditioner(self):
         """``M r = V(0, r)`` (a LinearOperator; float64 in and out, the cycle in ``dtype``)."""
         if self._M is None:
             self._M = self.ml.aspreconditioner("V", dtype=np.float64, graph=False)
         return self._M
-
-    def prefixes(self):
-        """``p[l]``: a MultilevelSolver whose finest level is level ``l`` (``p[0]`` None)."""
-        if self._prefix is None:
-            n = len(self.levels)
-            self._prefix = [None] + [MultilevelSolver(self.levels[:l + 1], backend=self.backend,
-                                                      dtype=self.dtype, **_CYCLE)
-                                     for l in range(1, n - 1)] + ([self.ml] if n > 1 else [])
-        return self._prefix
 
     def fmg_start(self, b):
         """Algorithm 2.2 lines 1-4: coarse solve, then prolongate + one V-cycle per level."""
@@ -312,11 +303,10 @@ class _Cycles:
         for l in range(len(lv) - 1, 0, -1):
             bs.append(lv[l].R @ bs[-1])
         bs.reverse()
-        prefix = self.prefixes()
         x = lv[0].smoother.solve(bs[0])
         for l in range(1, len(lv)):
             x = lv[l].P @ x
-            prefix[l].cycle(bs[l], x, "V")
+            self.ml.cycle(bs[l], x, "V", level=l)
         return x
 
 
@@ -455,8 +445,6 @@ class PatchMultigrid:
         cyc = self._cycles_for(np.float32 if precision == "mixed" else np.float64)
         if method == "gmres":                        # set-up outside the timed region
             M = cyc.preconditioner()
-        elif x0 is None:
-            cyc.prefixes()
         A = self.A[-1]
         self.backend.synchronize()
         t0 = time.perf_counter()
