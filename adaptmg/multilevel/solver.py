@@ -20,7 +20,8 @@ A list given fine -> coarse (``levels[0].P`` set, ``levels[-1].P`` None) is
 reversed automatically.
 
 Device discipline.  Everything a cycle touches is allocated at setup: per
-level ``x``, ``b``, ``r`` vectors, SpMV plans (:func:`adaptmg.device.kernels.make_spmv`,
+level ``x``, ``b`` (not on the finest level: there the caller's arrays are used), ``r``
+vectors, SpMV plans (:func:`adaptmg.device.kernels.make_spmv`,
 cuSPARSE with cached descriptors on the GPU), the smoother's scratch and the
 dense coarse inverse.  A cycle then launches only SpMVs into preallocated
 outputs (``r = b - A x`` is one copy + one SpMV with ``alpha=-1, beta=1``;
