@@ -107,13 +107,12 @@ def solve(mesh, backend="cpu", rtol=1e-9, accel="cg"):
     A = ml.assembled
     con.matrix(A)
     rhs = con.rhs(np.zeros(space.num_dofs), A)
-    res = []
     t0 = time.perf_counter()
-    x = ml.solve(rhs, rtol=rtol, accel=accel, residuals=res)
+    x = ml.solve(rhs, rtol=rtol, accel=accel)
     ml.backend.synchronize()
     t_mg = time.perf_counter() - t0
     u = con.expand(to_host(x))
-    return space, u, {"iterations": len(res) - 1, "levels": len(ml.spaces), "t_mg": t_mg, "ml": ml}
+    return space, u, {"iterations": ml.last_iterations, "levels": len(ml.spaces), "t_mg": t_mg, "ml": ml}
 
 
 def problem(estimator="residual", n=2, backend_dual=None) -> AdaptiveProblem:

@@ -170,6 +170,7 @@ class MultilevelSolver:
         self.max_direct = int(max_direct)
         self.fuse_below = fuse_below
         self.graph_error = None          # why the last aspreconditioner(graph=...) capture was refused
+        self.last_iterations = None      # iterations of the last solve()
         self._preconditioners = {}       # cycle kind -> preconditioner reused by solve()
         self._smoother_spec = smoother
         self._smoother_kwargs = dict(smoother_kwargs or {})
@@ -438,6 +439,8 @@ class MultilevelSolver:
 
         ``residuals``: a list that receives the residual norms (initial one
         first), as in pyamg.  ``callback(xk)`` is called after each iteration.
+        ``self.last_iterations`` holds the iterations of the last solve (Krylov: inner
+        iterations; no callback needed, so the GPU keeps its CUDA-graph CG).
         Returns ``x`` (same array kind as ``b``).  Warns with
         :class:`ConvergenceWarning` when the tolerance is not reached.
         """
@@ -469,6 +472,7 @@ class MultilevelSolver:
             x = be.asarray(x0).reshape(n).astype(odt, copy=True)
             if not bool(xp.isfinite(x).all()):
                 raise ValueError("x0 contains NaN or Inf")
+        self.last_iterations = 0
         if accel is not None:
             x = self._solve_krylov(b, x, x0 is not None, bnorm, rtol, atol, maxiter, accel,
                                    kind, callback, residuals)
@@ -503,6 +507,7 @@ class MultilevelSolver:
                 K.add_cast(x, e)
             res = float(xp.linalg.norm(self._residual(b, x, r)))
             it += 1
+            self.last_iterations = it
             if residuals is not None:
                 residuals.append(res)
             if callback is not None:
@@ -552,6 +557,7 @@ class MultilevelSolver:
             if g is not None:
                 # every iteration one CUDA graph, the stopping test on the device
                 x, state, its = g.solve(b, x, tol, maxiter)
+                self.last_iterations = its
                 if state == 0:
                     return x
                 maxiter -= its           # breakdown, drift or maxiter: linalg.cg goes on / reports
@@ -565,6 +571,7 @@ class MultilevelSolver:
         n = self._dev[-1].n
 
         def cb(arg):
+            self.last_iterations += 1
             if residuals is not None:
                 if np.ndim(arg) == 1 and getattr(arg, "shape", (0,))[0] == n:
                     residuals.append(float(xp.linalg.norm(self._residual(b, arg, r))))
@@ -579,8 +586,7 @@ class MultilevelSolver:
         if maxiter > 0:
             # no x0 when it is zero: the solver then takes r_0 = b without a product
             x, info = f(A, b, x0=x if have_x0 else None, rtol=rtol, atol=atol, maxiter=maxiter,
-                        M=M, callback=cb if (callback is not None or residuals is not None) else None,
-                        **kw)
+                        M=M, callback=cb, **kw)
         else:
             info = 1
         if info == 0 and residuals is None:

@@ -456,3 +456,18 @@ def test_cycle_on_a_coarser_level_equals_the_prefix_solver(backend):
         ml.cycle(b, x1, level=5)
     with pytest.raises(ValueError, match="must have shape"):
         ml.cycle(b, x1, level=4)
+
+
+@pytest.mark.parametrize("accel", [None, "cg", "gmres", "fgmres"])
+def test_last_iterations_counts_without_a_callback(backend, accel):
+    """ml.last_iterations after solve() equals the number of callback calls of the same solve
+    (Krylov: inner iterations), so iteration counts need no callback (which would keep the GPU
+    off its CUDA-graph CG)."""
+    As, Ps = hierarchy(2, 4, 5)
+    ml = MultilevelSolver.from_matrices(As, Ps, backend=backend)
+    b = backend.asarray(np.random.default_rng(2).standard_normal(As[-1].shape[0]))
+    its = []
+    ml.solve(b, rtol=1e-8, accel=accel, callback=its.append)
+    counted = ml.last_iterations
+    ml.solve(b, rtol=1e-8, accel=accel)
+    assert ml.last_iterations == counted == len(its) > 0
