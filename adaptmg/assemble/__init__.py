@@ -2,7 +2,7 @@
 from .forms import (convection, derivative_matrices, elasticity, load, lumped_mass, mass, scalar_form,
                     stiffness)
 from .mixed import divergence_iso, gradient_iso
-from ._sparse import Pattern, clear_cache, componentwise, get_pattern
+from ..fe.sparsity import Pattern, clear_cache, componentwise, get_pattern
 
 __all__ = ["mass", "lumped_mass", "stiffness", "convection", "scalar_form", "elasticity", "derivative_matrices",
            "gradient_iso", "divergence_iso", "load", "Pattern", "get_pattern", "componentwise",

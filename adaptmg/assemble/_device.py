@@ -28,7 +28,7 @@ import functools
 import numpy as np
 
 from ..backend import get_backend
-from ._sparse import Pattern, _index_dtype, cell_tables, memoised
+from ..fe.sparsity import Pattern, _index_dtype, cell_tables, memoised
 
 __all__ = ["DevicePattern", "get_device_pattern", "segment_sum", "MIN_DEVICE_ENTRIES"]
 

@@ -57,7 +57,7 @@ from ..fe.element import LagrangeQ
 from ..fe.geometry import CellGeometry, affine_mask, jacobian_error, matmul_serial, metric_factor, sym_pairs
 from ..fe.quadrature import default_num_points, tensor_gauss
 from ._device import MIN_DEVICE_ENTRIES, get_device_pattern
-from ._sparse import componentwise, get_pattern
+from ..fe.sparsity import componentwise, get_pattern
 
 __all__ = ["mass", "lumped_mass", "stiffness", "convection", "scalar_form", "elasticity",
            "derivative_matrices", "load"]

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..fe.element import LagrangeQ
 from ..fe.geometry import matmul_serial
-from ._sparse import get_pattern
+from ..fe.sparsity import get_pattern
 from .forms import _SpaceInfo
 
 __all__ = ["gradient_iso", "divergence_iso"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from .sparsity import Pattern
+
 
 def _count_before(indptr: np.ndarray, p: np.ndarray) -> np.ndarray:
     """For each ``indptr[r]``, how many of the sorted entry positions ``p`` lie before it
@@ -126,7 +128,6 @@ def congruence_map(indptr, indices, Hn, keep, extra_diagonal=None):
 
     Returns ``(indptr', indices', T)``.
     """
-    from ..assemble._sparse import Pattern     # assembly's pattern builder (no import cycle at load)
     indptr = np.asarray(indptr)
     indices = np.asarray(indices)
     n = indptr.size - 1

@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 
 from adaptmg import assemble as asm
-from adaptmg.assemble._sparse import Pattern, componentwise
+from adaptmg.fe.sparsity import Pattern, componentwise
 from adaptmg.assemble.testing import (StructuredMesh, StructuredSpace,
                                       refine_structured)
 from adaptmg.fe.element import LagrangeQ
@@ -405,7 +405,7 @@ def test_pattern_matches_scipy_and_is_memoised():
     s = space(2, 1)
     pa = asm.get_pattern(s.cell_dofs, s.cell_dofs, s.num_nodes, s.num_nodes)
     assert asm.get_pattern(s.cell_dofs, s.cell_dofs, s.num_nodes, s.num_nodes) is pa
-    from adaptmg.assemble import _sparse
+    from adaptmg.fe import sparsity as _sparse
     cd = np.array(s.cell_dofs)
     cd.flags.writeable = False
     asm.get_pattern(cd, cd, s.num_nodes, s.num_nodes)
@@ -457,7 +457,7 @@ def _pattern_tables():
 def test_pattern_slot_grouping_and_blocks_match_reference(block, monkeypatch):
     """Pattern by the (node, local index) slot table and by the argsort fallback, in row blocks
     of any size: the same indptr/indices as SciPy and pos pointing at (row_cells[c,i], col_cells[c,j])."""
-    from adaptmg.assemble import _sparse
+    from adaptmg.fe import sparsity as _sparse
     monkeypatch.setattr(_sparse, "_BLOCK_ENTRIES", block)
     argsort_only = lambda rc, n: (np.argsort(rc.reshape(-1), kind="stable").astype(  # noqa: E731
         _sparse._index_dtype(rc.size)), False)
