@@ -8,16 +8,22 @@ Driver (launches ``mpiexec -n P`` for each P, one configuration per launch)::
 The mesh is the box [0, P_x] x [0,1]^(d-1) with 2 P_x x 2 x ... root cells (P_x = P for
 weak scaling, 1 for strong), refined uniformly until about the requested DoFs, plus one
 local refinement (hanging nodes on partition boundaries).  Reported per P: set-up time
-(serial hierarchy + partition + distributed matrices), solve time (CG to rtol 1e-8,
+(max over ranks, and per rank: hierarchy + partition + distributed matrices; ``--setup
+local`` builds the finest level from each rank's own cells plus a ghost layer and the serial
+hierarchy only below it, ``replicated`` every rank the whole serial hierarchy, ``both``
+runs each for comparison; ``cpu``: each rank's process CPU seconds of the set-up, which
+include MPI's busy waiting; ``--phases``: the local set-up's phases per rank) with the
+finest cells each rank assembled, solve time (CG to rtol 1e-8,
 median of ``--repeat`` solves), iterations, the halo-exchange share of the solve (max
 over ranks of the seconds in posting/packing/waiting, over the solve time; waiting
 includes the load imbalance, e.g. while rank 0 runs the agglomerated coarse levels), and the
 parallel efficiency (weak: (t_1 / N_1) / (t_P / (N_P / P)), N the DoFs, since the
 refinement steps make N_P / P differ from N_1 a little; strong: t_1 / (P t_P)).
 
-P = 1 is the serial code path (``multigrid().solve(accel="cg")``).  The first version
-replicates the mesh and the serial hierarchy on every rank (see adaptmg.distributed), so
-set-up time and memory do not scale yet; the solve does.  On a machine with fewer cores
+P = 1 is the serial code path (``multigrid().solve(accel="cg")``).  The mesh is replicated
+on every rank; with ``--setup local`` the finest level's assembly, constrained matrix and
+transfer rows scale with the rank's cells, the levels below (serial hierarchy on every rank)
+and the mesh do not yet (see adaptmg.distributed).  On a machine with fewer cores
 than ranks the ranks share cores and the numbers mean nothing.
 
 GPU path (NCCL halo exchange and reductions, one device per node-local rank): TODO, not
@@ -61,8 +67,12 @@ def worker(args):
     b = assemble.load(space, 1.0)
     comm.Barrier()
     t0 = time.perf_counter()
-    r = solve(space, assemble.stiffness, b, comm=comm, rtol=1e-8, agglomerate_below=2000)
-    setup = r.timings["setup"]
+    r = solve(space, assemble.stiffness, b, comm=comm, rtol=1e-8, agglomerate_below=2000,
+              local_setup=args.setup == "local")
+    setup = comm.allgather(r.timings["setup"])            # per rank, before the first barrier
+    assembled = comm.allgather(r.timings.get("fine_cells_assembled", mesh.num_cells))
+    cpu = comm.allgather(r.timings.get("setup_cpu", setup[comm.Get_rank()]))
+    phases = comm.allgather({k: round(v, 3) for k, v in r.timings.items() if k.endswith("_s")})
     solves, halos = [], []
     for _ in range(args.repeat):
         comm.Barrier()
@@ -74,7 +84,8 @@ def worker(args):
     halo_max = comm.allreduce(halo, op=MPI.MAX)
     t_max = comm.allreduce(t, op=MPI.MAX)
     if comm.Get_rank() == 0:
-        print(json.dumps(dict(P=P, dofs=space.num_dofs, cells=mesh.num_cells, setup=setup, solve=t_max,
+        print(json.dumps(dict(P=P, dofs=space.num_dofs, cells=mesh.num_cells, setup=max(setup),
+                              setup_per_rank=setup, setup_cpu=cpu, phases=phases, assembled=assembled, mode_setup=args.setup, solve=t_max,
                               its=its, halo=halo_max, wall=time.perf_counter() - t0)), flush=True)
 
 
@@ -82,13 +93,12 @@ def solve_only(res, b, comm):
     """(seconds, halo seconds, iterations) of one more CG solve on the hierarchy of ``res``."""
     from adaptmg.distributed import cg
     ml, mg = res.ml, res.mg
-    f = ml.constrain(b)
     if mg is None:                                     # one rank: the serial code path
         its = [0]
         t = time.perf_counter()
-        ml.solve(f, rtol=1e-8, accel="cg", callback=lambda xk: its.__setitem__(0, its[0] + 1))
+        ml.solve(ml.constrain(b), rtol=1e-8, accel="cg", callback=lambda xk: its.__setitem__(0, its[0] + 1))
         return time.perf_counter() - t, 0.0, its[0]
-    f_loc = mg.layout.scatter(f)
+    f_loc = mg.constrain_local(b)
     mg.timer.reset()
     t = time.perf_counter()
     _, _, its, _ = cg(comm, mg.A, f_loc, M=mg.precondition, rtol=1e-8, maxiter=200)
@@ -103,18 +113,22 @@ def driver(args):
         sys.exit("mpiexec not found: pip install 'adaptmg[mpi]'")
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", ADAPTMG_THREADS="1")
     rows = []
+    setups = ["local", "replicated"] if args.setup == "both" else [args.setup]
     for P in args.ranks:
-        cmd = [mpiexec, "-n", str(P), sys.executable, os.path.abspath(__file__), "--worker",
-               "--mode", args.mode, "--dim", str(args.dim), "--repeat", str(args.repeat),
-               "--dofs-per-rank", str(args.dofs_per_rank), "--strong-dofs", str(args.strong_dofs)]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-        if out.returncode != 0:
-            sys.exit(f"P={P} failed:\n{out.stderr[-4000:]}")
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        for mode in (setups if P > 1 else setups[:1]):       # one rank: the serial path either way
+            cmd = [mpiexec, "-n", str(P), sys.executable, os.path.abspath(__file__), "--worker",
+                   "--mode", args.mode, "--dim", str(args.dim), "--repeat", str(args.repeat),
+                   "--dofs-per-rank", str(args.dofs_per_rank), "--strong-dofs", str(args.strong_dofs),
+                   "--setup", mode]
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            if out.returncode != 0:
+                sys.exit(f"P={P} failed:\n{out.stderr[-4000:]}")
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     t1 = rows[0]["solve"] if rows[0]["P"] == 1 else None
     print(f"{args.mode} scaling, {args.dim}-D Q1 Poisson, multigrid-CG to rtol 1e-8 "
           f"(CPU/MPI, {os.cpu_count()} cores)")
-    print(f"{'P':>3} {'DoFs':>10} {'setup s':>9} {'solve s':>9} {'its':>4} {'halo %':>7} {'eff %':>6}")
+    print(f"{'P':>3} {'set-up':>10} {'DoFs':>10} {'setup s':>9} {'solve s':>9} {'its':>4} {'halo %':>7} "
+          f"{'eff %':>6}  set-up s per rank / finest cells assembled per rank (of all)")
     for r in rows:
         eff = "-"
         if t1 is not None:
@@ -123,8 +137,15 @@ def driver(args):
             else:
                 e = t1 / (r["P"] * r["solve"])
             eff = f"{100 * e:.0f}"
-        print(f"{r['P']:>3} {r['dofs']:>10} {r['setup']:>9.3f} {r['solve']:>9.4f} {r['its']:>4} "
-              f"{100 * r['halo'] / r['solve']:>7.1f} {eff:>6}")
+        mode = r["mode_setup"] if r["P"] > 1 else "serial"
+        per = " ".join(f"{t:.3f}" for t in r["setup_per_rank"])
+        cells = " ".join(str(c) for c in r["assembled"])
+        cpu = " ".join(f"{t:.3f}" for t in r["setup_cpu"])
+        print(f"{r['P']:>3} {mode:>10} {r['dofs']:>10} {r['setup']:>9.3f} {r['solve']:>9.4f} {r['its']:>4} "
+              f"{100 * r['halo'] / r['solve']:>7.1f} {eff:>6}  [{per}] cpu [{cpu}] / [{cells}] ({r['cells']})")
+        if args.phases and any(r["phases"]):
+            for q, ph in enumerate(r["phases"]):
+                print(f"      rank {q}: " + ", ".join(f"{k} {v:.3f}" for k, v in ph.items()))
 
 
 def main():
@@ -135,6 +156,10 @@ def main():
     ap.add_argument("--dofs-per-rank", type=float, default=2e5)
     ap.add_argument("--strong-dofs", type=float, default=None)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--phases", action="store_true", help="print the local set-up's phases per rank")
+    ap.add_argument("--setup", choices=["local", "replicated", "both"], default="both",
+                    help="finest level from each rank's cells (local), every rank the whole serial "
+                         "hierarchy (replicated, the first version), or both for comparison")
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

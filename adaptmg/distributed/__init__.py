@@ -6,7 +6,8 @@
     res = solve_poisson(mesh, f, degree=1)        # comm defaults to MPI.COMM_WORLD
     res.u, res.iterations, res.imbalance
 
-Modules: :mod:`.partition` (Morton-curve cell partition, DoF owners), :mod:`.csr`
+Modules: :mod:`.partition` (Morton-curve cell partition, DoF owners), :mod:`.local`
+(per-rank set-up of a level from the rank's cells plus a ghost layer), :mod:`.csr`
 (MPIAIJ-style distributed CSR with halo exchange, distributed dots/norms),
 :mod:`.multigrid` (every level distributed, coarse levels agglomerated on rank 0),
 :mod:`.krylov` (adaptmg.linalg's cg/gmres/fgmres unchanged, their reductions through an
@@ -16,9 +17,16 @@ agreement, abort guard, the launcher's job size).
 ``mpiexec -n 4 python -m adaptmg run poisson`` runs the Poisson demo distributed (the
 problem asks :func:`launched_size`; rank 0 prints and writes the outputs).
 
-First version, stated plainly: the mesh and the serial hierarchy are replicated on
-every rank (deal.II's ``parallel::shared`` model) and level matrices are assembled
-serially with their owned rows extracted; matrices, vectors, smoothing, transfers and
+Stated plainly: the mesh is replicated on every rank (deal.II's ``parallel::shared``
+model; so are the O(cells) mesh-level arrays derived from it: the coarsening hierarchy, the
+partition, DoF owners, hanging-node matrices H).  Every geometric level with at least
+``agglomerate_below`` DoFs is set up per rank from the cells touching its owned DoFs (owned
+cells plus one ghost layer, widened to every cell of a hanging node with an owned parent;
+:mod:`.local`): assembly, the owned rows of the constrained matrix, of P and of R, and the
+smoother (its lambda_max estimate distributed).  The small levels below (agglomerated onto
+rank 0, and algebraic ones) come from a serial hierarchy that every rank builds on the
+coarse mesh.  ``solve(..., local_setup=False)`` is the first version: every rank builds the
+whole serial hierarchy and extracts its rows.  Matrices, vectors, smoothing, transfers and
 the Krylov solve are distributed.  One rank (or no mpi4py) is the serial code path.
 CPU/MPI only; the device path over NCCL is a TODO.
 """

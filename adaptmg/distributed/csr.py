@@ -82,7 +82,8 @@ class DistCSR:
     Parameters
     ----------
     M : global (replicated) SciPy sparse matrix, shape (rows.N, cols.N).  Only the rows
-        this rank owns are read.
+        this rank owns are read.  With ``local_rows=True``: only this rank's rows, shape
+        (rows.n, cols.N), in the order of ``rows.rows`` (global column numbers).
     rows, cols : :class:`Layout` of the row and column spaces (the same object for a
         square operator).
     timer : :class:`~.comm.HaloTimer` that accumulates the exchange time (optional).
@@ -92,19 +93,21 @@ class DistCSR:
     ``A @ x`` returns a new vector.  Collective: every rank of the communicator must call it.
     """
 
-    def __init__(self, M, rows: Layout, cols: Layout, timer: HaloTimer | None = None):
+    def __init__(self, M, rows: Layout, cols: Layout, timer: HaloTimer | None = None,
+                 local_rows: bool = False):
         M = sp.csr_matrix(M)
-        if M.shape != (rows.N, cols.N):
+        want = (rows.n if local_rows else rows.N, cols.N)
+        if M.shape != want:
             raise ValueError(f"DistCSR: matrix shape {M.shape} does not match the layouts "
-                             f"({rows.N}, {cols.N})")
+                             f"{want}{' (local rows)' if local_rows else ''}")
         comm = rows.comm
         self.comm, self.rows, self.cols = comm, rows, cols
         self.timer = timer if timer is not None else HaloTimer()
         self.shape = (rows.n, cols.n)
-        self.global_shape = M.shape
+        self.global_shape = (rows.N, cols.N)
         self.dtype = M.dtype
         rank, size = comm.Get_rank(), comm.Get_size()
-        Ml = M[rows.rows]
+        Ml = M if local_rows else M[rows.rows]
         Ml.sum_duplicates()
         ind = Ml.indices.astype(np.int64)
         own = cols.owner[ind] == rank
@@ -113,11 +116,8 @@ class DistCSR:
         self.ghosts = g
         gpos = np.full(cols.N, -1, dtype=np.int64)
         gpos[g] = np.arange(g.size)
-        newcol = np.where(own, cols.local[ind], cols.n + gpos[ind])
-        B = sp.csr_matrix((Ml.data, newcol, Ml.indptr), shape=(rows.n, cols.n + g.size))
-        B.sort_indices()
-        self.Aoo = B[:, :cols.n].tocsr()
-        self.Aog = B[:, cols.n:].tocsr()
+        self.Aoo = _select(Ml, own, cols.local[ind[own]], cols.n)
+        self.Aog = _select(Ml, ~own, gpos[ind[~own]], g.size)
         self.nnz_local = int(Ml.nnz)
         self._poo = K.make_spmv(self.Aoo) if rows.n else None
         self._pog = K.make_spmv(self.Aog) if (rows.n and g.size) else None
@@ -193,6 +193,18 @@ class DistCSR:
         return (f"DistCSR(rank {self.rows.rank}: {self.rows.n} of {self.global_shape[0]} rows, "
                 f"{self.cols.n} owned + {self.ghosts.size} ghost columns, nnz {self.nnz_local}, "
                 f"neighbours {self.neighbours})")
+
+
+def _select(M, keep, newcol, ncols):
+    """The entries ``keep`` (mask over M's stored entries, rows in order) of CSR ``M`` with
+    column numbers ``newcol`` (one per kept entry), as a sorted CSR matrix with ``ncols`` columns."""
+    csum = np.zeros(keep.size + 1, dtype=np.int64)
+    np.cumsum(keep, out=csum[1:])
+    it = np.int32 if max(ncols, int(csum[-1])) < np.iinfo(np.int32).max else np.int64
+    A = sp.csr_matrix((M.data[keep], newcol.astype(it), csum[M.indptr].astype(it)),
+                      shape=(M.shape[0], ncols))
+    A.sort_indices()
+    return A
 
 
 def dots(comm, pairs):

@@ -28,23 +28,34 @@ the same smoothers and dense coarse inverse), other ranks wait in the next halo 
 The cycle (V, W or F) is the serial one of :class:`~adaptmg.multilevel.MultilevelSolver`
 (seed 001, Algorithm 1), level by level on local vectors.
 
-First-version limits (stated plainly): the mesh and the serial hierarchy are
-**replicated** on every rank (like deal.II's ``parallel::shared::Triangulation``), and
-each level's matrices are **assembled serially and their owned rows extracted**
-(assembling only owned + one ghost layer of cells is the next step); memory is
-therefore not distributed yet, the solve is.  Smoothers: Jacobi, Chebyshev and block
+Local set-up (``local=``, what :func:`.solve.solve` uses by default).  ``ml`` is then the
+serial hierarchy of the *small* levels only (those agglomerated onto rank 0, plus the
+algebraic ones), and the geometric levels above it are built per rank from its cells
+(:mod:`.local`): the owned rows of ``K_l``, ``P_l`` and ``R_l`` straight from the cells
+touching the owned DoFs, and the smoother constructed on the owned diagonal block with the
+hierarchy's smoother name and keyword arguments, ``omega="auto"`` (power iteration, 12
+steps) and Chebyshev's ``lmax`` (Lanczos, 20 steps) estimated with the distributed product
+from the serial start vector (drawn globally, owned entries kept), so they equal the serial
+estimates up to the summation order.
+
+Limits (stated plainly): the mesh is **replicated** on every rank (like deal.II's
+``parallel::shared::Triangulation``) together with its O(cells) derived arrays; without
+``local`` (``solve(..., local_setup=False)``) the whole serial hierarchy is replicated and
+each level's owned rows are extracted from it.  Smoothers: Jacobi, Chebyshev and block
 Jacobi; others (Gauss-Seidel: sequential across rows) raise ValueError.
 """
 from __future__ import annotations
 
 import copy
+import time
+from types import SimpleNamespace
 
 import numpy as np
 
 from ..device import kernels as K
 from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi
 from .comm import HaloTimer
-from .csr import DistCSR, Layout
+from .csr import DistCSR, Layout, dot, norm
 from .partition import coarse_cell_ranks, dof_owners
 
 __all__ = ["DistributedMultigrid", "level_owners"]
@@ -111,6 +122,102 @@ def _local_smoother(sm, A: DistCSR, rows: np.ndarray):
     return loc
 
 
+class _FineView:
+    """``ml`` (the serial hierarchy below the locally built levels) seen with the local
+    levels' ``spaces`` (coarse -> fine) on top, for :func:`level_owners` (levels' sizes,
+    spaces, number of algebraic levels)."""
+
+    def __init__(self, ml, spaces):
+        self.levels = list(ml.levels) + [SimpleNamespace(n=s.num_dofs) for s in spaces]
+        self.spaces = list(ml.spaces) + list(spaces)
+        self.num_algebraic = ml.num_algebraic
+
+
+def _power_lambda(comm, A, apply_S, N, iterations=12, seed=0):
+    """:meth:`Smoother.lambda_max` distributed: power iteration on S A from the serial start
+    vector (drawn globally, owned entries kept), norms by Allreduce; returns 1.05 lambda."""
+    rows = A.rows.rows
+    v = np.random.default_rng(seed).standard_normal(N)[rows]
+    v /= norm(comm, v)
+    lam = 0.0
+    for _ in range(iterations):
+        w = apply_S(A @ v)
+        lam = norm(comm, w)
+        if lam == 0:
+            break
+        v = w / lam
+    if not np.isfinite(lam) or lam <= 0:
+        raise ValueError(f"distributed smoother: could not estimate lambda_max(S A) (got {lam})")
+    return 1.05 * lam
+
+
+def _lanczos_lambda(comm, A, dinv, N, steps=20, seed=0):
+    """:func:`adaptmg.multilevel.chebyshev.estimate_lambda_max` distributed: Lanczos on
+    D^{-1/2} A D^{-1/2} (full re-orthogonalisation, reductions by Allreduce)."""
+    rows = A.rows.rows
+    s = np.sqrt(dinv)
+    m = int(min(steps, N))
+    V = np.zeros((m + 1, rows.size))
+    alpha, beta = np.zeros(m), np.zeros(m)
+    v = np.random.default_rng(seed).standard_normal(N)[rows]
+    V[0] = v / norm(comm, v)
+    k = m
+    for j in range(m):
+        w = s * (A @ (s * V[j]))
+        alpha[j] = dot(comm, V[j], w)
+        for _ in range(2):
+            loc = V[: j + 1] @ w
+            glob = np.empty_like(loc)
+            comm.Allreduce(loc, glob)
+            w -= V[: j + 1].T @ glob
+        beta[j] = norm(comm, w)
+        if beta[j] <= 1e-12 * abs(alpha[j]) or j == m - 1:
+            k = j + 1
+            break
+        V[j + 1] = w / beta[j]
+    T = np.diag(alpha[:k]) + np.diag(beta[: k - 1], 1) + np.diag(beta[: k - 1], -1)
+    return float(np.linalg.eigvalsh(T)[-1])
+
+
+def _distributed_smoother(ml, A: DistCSR, Aoo, components):
+    """The finest level's smoother (the hierarchy's smoother spec and keyword arguments)
+    built on the owned block ``Aoo`` (its diagonal and node blocks are the owned ones),
+    ``omega="auto"`` / Chebyshev's ``lmax`` estimated with distributed products, its SpMV
+    the distributed ``A``."""
+    spec, kw = ml._smoother_spec, dict(ml._smoother_kwargs)
+    key = spec if isinstance(spec, str) else None
+    if key is not None:
+        from ..multilevel.smoothers import normalize_smoother_name
+        key = normalize_smoother_name(spec)
+    cls = {"jacobi": Jacobi, "chebyshev": Chebyshev, "block_jacobi": BlockJacobi}.get(key)
+    if cls is None:
+        raise ValueError(f"distributed multigrid supports the smoothers jacobi, chebyshev and "
+                         f"block_jacobi, got {spec!r}")
+    comm, N = A.comm, A.global_shape[0]
+    auto = kw.get("omega") == "auto"
+    if cls is Chebyshev:
+        est = kw.get("lmax") is None
+        if est:
+            kw["lmax"] = 1.0
+        sm = cls(Aoo, backend="cpu", dtype=np.float64, **kw)
+        if est:
+            sm.lmax = 1.1 * _lanczos_lambda(comm, A, sm._dinv_host, N)
+            sm._setup_host()
+    else:
+        if auto:
+            kw["omega"] = 1.0
+        sm = cls(Aoo, backend="cpu", dtype=np.float64, **kw)
+    loc = copy.copy(sm)
+    loc.A = A
+    loc.A_host = None
+    loc._Aplan = A
+    loc.fused = False
+    loc._work = None
+    if auto and cls is not Chebyshev:
+        loc.omega = 4.0 / (3.0 * _power_lambda(comm, A, sm._apply_S, N))
+    return loc
+
+
 class _DLevel:
     __slots__ = ("A", "P", "R", "smoother", "x", "b", "r", "layout")
 
@@ -120,20 +227,31 @@ class DistributedMultigrid:
 
     Parameters
     ----------
-    ml : GeometricMultigrid, built identically on every rank (CPU backend, float64).
+    ml : GeometricMultigrid, built identically on every rank (CPU backend, float64): the
+        whole hierarchy, or with ``local`` the levels below the locally built ones.
     fine_cell_ranks : rank of every finest cell (:func:`~.partition.partition_cells`).
     comm : mpi4py communicator.
     agglomerate_below : levels with fewer DoFs go to rank 0 (the coarsest always does).
+    local : dict(spaces=[...], frees=[...], assemble=f), optional: the spaces of the
+        geometric levels above ``ml`` (coarse -> fine, the finest last), their free-DoF masks
+        and the assembly callable, called on :class:`~.local.CellSubset` views.  Their
+        levels must all be distributed (at least ``agglomerate_below`` DoFs).
+
+    ``setup_stats`` (local set-up): per local level the cells assembled by this rank and the
+    level's cells, the cells used for P/R, and the seconds of each phase.
     """
 
-    def __init__(self, ml, fine_cell_ranks, comm, agglomerate_below=1000):
+    def __init__(self, ml, fine_cell_ranks, comm, agglomerate_below=1000, local=None):
         if ml.backend.name != "cpu" or np.dtype(ml.dtype) != np.float64:
             raise ValueError(f"DistributedMultigrid: CPU float64 hierarchies only, got backend "
                              f"{ml.backend.name} and dtype {ml.dtype}")
         self.ml, self.comm = ml, comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.timer = HaloTimer()
-        owners, c, cell_ranks = level_owners(ml, fine_cell_ranks, self.size, agglomerate_below)
+        self.setup_stats = {}
+        self.HT_o = self.free_o = None
+        view = ml if local is None else _FineView(ml, local["spaces"])
+        owners, c, cell_ranks = level_owners(view, fine_cell_ranks, self.size, agglomerate_below)
         self.owners, self.c, self.cell_ranks = owners, c, cell_ranks
         self.layouts = [Layout(o, comm) for o in owners]
         self.presmooth, self.postsmooth = ml.presmooth, ml.postsmooth
@@ -150,8 +268,60 @@ class DistributedMultigrid:
             d.x, d.b = np.zeros(lay.n), np.zeros(lay.n)
             d.r = np.zeros(lay.n)
             self.levels.append(d)
+        if local is not None:
+            if c > len(ml.levels):
+                raise RuntimeError("DistributedMultigrid: a locally built level would be agglomerated")
+            spaces = [ml.spaces[-1]] + list(local["spaces"])
+            frees = [ml.constraints[-1].free] + list(local["frees"])
+            self.setup_stats = {"cells_assembled": [], "cells": [], "cells_transfer": []}
+            for j in range(1, len(spaces)):
+                self.levels.append(self._local_level(spaces[j - 1], spaces[j], frees[j - 1], frees[j],
+                                                     local["assemble"], fine=j == len(spaces) - 1))
         self.A = self.levels[-1].A
         self.layout = self.layouts[-1]
+
+    def _local_level(self, cspace, space, cfree, free, assemble, fine):
+        """The next level from the rank's cells only (:mod:`.local`): owned rows of K, P, R and
+        the smoother (``fine``: also keep H^T's owned rows for the right-hand side)."""
+        from .local import local_constrained_rows, local_transfer_rows
+        l = len(self.levels)
+        lay, clay = self.layouts[l], self.layouts[l - 1]
+        t0 = time.perf_counter()
+        K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner, self.comm)
+        t1 = time.perf_counter()
+        P_o, R_o, ncells_t = local_transfer_rows(cspace, space, cfree, free, clay.owner,
+                                                 lay.owner, self.rank)
+        t2 = time.perf_counter()
+        d = _DLevel()
+        d.layout = lay
+        d.A = DistCSR(K_o, lay, lay, self.timer, local_rows=True)
+        d.P = DistCSR(P_o, lay, clay, self.timer, local_rows=True)
+        d.R = DistCSR(R_o, clay, lay, self.timer, local_rows=True)
+        t3 = time.perf_counter()
+        d.smoother = _distributed_smoother(self.ml, d.A, K_o[:, lay.rows].tocsr(), space.components)
+        d.x, d.b, d.r = np.zeros(lay.n), np.zeros(lay.n), np.zeros(lay.n)
+        st = self.setup_stats
+        st["cells_assembled"].append(int(cells.size))
+        st["cells"].append(space.mesh.num_cells)
+        st["cells_transfer"].append(ncells_t)
+        for key, v in (("matrix_s", t1 - t0), ("transfer_s", t2 - t1), ("distcsr_s", t3 - t2),
+                       ("smoother_s", time.perf_counter() - t3)):
+            st[key] = st.get(key, 0.0) + v
+        if fine:
+            self.HT_o = HT_o
+            self.free_o = free[lay.rows]
+            st.update(fine_cells=space.mesh.num_cells, fine_cells_assembled=int(cells.size),
+                      fine_cells_transfer=ncells_t)
+        return d
+
+    def constrain_local(self, b):
+        """Owned entries of the constrained right-hand side ``f = Z H^T b`` (homogeneous
+        Dirichlet values) on the finest level, from the global load vector ``b``."""
+        if self.HT_o is None:                        # replicated set-up: the serial hierarchy's
+            return self.layout.scatter(self.ml.constrain(np.asarray(b, dtype=float)))
+        f = self.HT_o @ np.asarray(b, dtype=float)
+        f[~self.free_o] = 0.0
+        return f
 
     # ------------------------------------------------------------------ the cycle
     def _smooth(self, d, sweeps, zero, post):

@@ -66,8 +66,14 @@ def curve_order(mesh) -> np.ndarray:
     q = np.floor((cen - lo) / span * (2 ** _BITS[d] - 1) + 0.5)
     rkey = np.empty(F.num_cells, dtype=np.uint64)
     rkey[roots] = _morton(q)
-    keys = [digits[k] for k in range(L - 1, -1, -1)] + [cur, rkey[cur]]   # tie break: root id
-    return np.lexsort(keys)
+    if d * L <= 62:        # pack the path into one key: digit k (d bits) above digit k + 1
+        path = np.zeros(cur.size, dtype=np.int64)
+        for k in range(L):
+            path |= digits[k] << (d * (L - 1 - k))
+        keys = [path, cur, rkey[cur]]
+    else:
+        keys = [digits[k] for k in range(L - 1, -1, -1)] + [cur, rkey[cur]]
+    return np.lexsort(keys)                                  # tie break after the root key: root id
 
 
 def partition_cells(mesh, size: int, weights=None) -> np.ndarray:

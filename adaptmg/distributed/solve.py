@@ -2,11 +2,14 @@
 
 :func:`solve` takes what :func:`adaptmg.multigrid` takes plus a right-hand side; on one
 rank (or ``comm=None`` without mpi4py) it *is* the serial code path
-(``multigrid(...).solve(..., accel="cg")``).  On several ranks every rank builds the
-same serial hierarchy (replicated mesh, see :mod:`.multigrid`), the finest cells are cut
-along the Morton curve (:mod:`.partition`), and CG with the distributed multigrid cycle
-runs on the owned entries (:mod:`.krylov`).  The result holds the global solution on
-every rank (one ``Allgatherv``) besides the local part.
+(``multigrid(...).solve(..., accel="cg")``).  On several ranks the finest cells are cut
+along the Morton curve (:mod:`.partition`); each rank builds the geometric levels with at
+least ``agglomerate_below`` DoFs from its own cells plus a ghost layer (:mod:`.local`) and
+the same small serial hierarchy below them (replicated mesh, see :mod:`.multigrid`);
+CG with the distributed multigrid cycle runs on the owned entries (:mod:`.krylov`).  The
+result holds the global solution on every rank (one ``Allgatherv``) besides the local part.
+``result.ml`` is then the serial hierarchy of the small levels only; ``result.mg.levels``
+are all levels.
 
 Failures: argument errors are agreed on by all ranks (:func:`.comm.agree`, the same
 ``ValueError`` everywhere); any other exception on one rank -- including one raised by
@@ -22,10 +25,10 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import assemble as _assemble
-from ..fe import Space
+from ..fe import Constraints, Space
 from ..linalg import ConvergenceWarning
 from ..mesh import Mesh
-from ..multilevel.hierarchy import multigrid
+from ..multilevel.hierarchy import dirichlet_dofs, multigrid
 from .comm import agree, get_comm, guard
 from .krylov import krylov
 from .multigrid import DistributedMultigrid
@@ -46,8 +49,10 @@ class DistributedResult:
     size: int                      # number of ranks
     cell_ranks: Optional[np.ndarray] = None
     imbalance: float = 0.0         # max cells per rank / mean - 1
-    timings: dict = field(default_factory=dict)   # setup, solve, halo seconds (this rank)
-    ml: Any = None                 # the serial hierarchy (replicated)
+    timings: dict = field(default_factory=dict)   # setup (wall), setup_cpu, solve, halo seconds
+    # (this rank); with the local set-up also the finest level's cells and phase seconds
+    ml: Any = None                 # the serial hierarchy (replicated; with the local set-up only
+    #                                the levels below the locally built ones)
     mg: Any = None                 # DistributedMultigrid (None on one rank)
 
 
@@ -70,7 +75,7 @@ def _check(space, b, rtol, maxiter, accel):
 
 def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter=200,
           accel="cg", cycle="V", agglomerate_below=1000, weights=None, callback=None,
-          **multigrid_kwargs) -> DistributedResult:
+          local_setup=True, **multigrid_kwargs) -> DistributedResult:
     """Solve the constrained system of ``assemble(space)`` with load vector ``b`` by CG
     preconditioned with geometric multigrid, distributed over ``comm``.
 
@@ -87,16 +92,26 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
     agglomerate_below : levels with fewer DoFs are gathered onto rank 0.
     weights : per-cell partition weights (default 1 per cell).
     callback : ``callback(k, x_local)`` after each CG iteration (serial: ``callback(k, x)``).
+    local_setup : on several ranks, build every geometric level with at least
+        ``agglomerate_below`` DoFs from the rank's cells only (owned + ghost layer,
+        :mod:`.local`; ``assemble`` is then called on cell-subset views of the level's
+        space, :class:`~.local.CellSubset`) and the serial hierarchy below them; False:
+        every rank builds the whole serial hierarchy (the first version).  Ignored with
+        ``galerkin=True`` (the coarse operators need the whole finest matrix).
     """
     comm = get_comm(comm)
     size = 1 if comm is None else comm.Get_size()
     with guard(comm):
         msg = _check(space, b, rtol, maxiter, accel)
         agree(comm, not msg, msg)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         multigrid_kwargs.setdefault("backend", "cpu")
         if size > 1:                   # ranks already share the node's cores: no set-up threads
             multigrid_kwargs.setdefault("threads", 1)
+        local = size > 1 and local_setup and not multigrid_kwargs.get("galerkin", False)
+        if local:
+            return _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycle,
+                                agglomerate_below, weights, callback, (t0, c0), multigrid_kwargs)
         ml = multigrid(space, assemble, dirichlet=dirichlet, **multigrid_kwargs)
         f = ml.constrain(np.asarray(b, dtype=float))
         if size == 1:                                     # the serial code path
@@ -119,6 +134,7 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
         ranks = partition_cells(space.mesh, size, weights)
         mg = DistributedMultigrid(ml, ranks, comm, agglomerate_below)
         f_loc = mg.layout.scatter(f)
+        t_setup, c_setup = time.perf_counter() - t0, time.process_time() - c0
         comm.Barrier()
         t1 = time.perf_counter()
         mg.timer.reset()
@@ -133,8 +149,69 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
         return DistributedResult(u=ml.expand(x), x=x, x_local=x_loc, iterations=its, info=info,
                                  residuals=res, size=size, cell_ranks=ranks,
                                  imbalance=imbalance(ranks, size),
-                                 timings={"setup": t1 - t0, "solve": t2 - t1, "halo": mg.timer.seconds},
+                                 timings={"setup": t_setup, "setup_cpu": c_setup, "solve": t2 - t1,
+                                          "halo": mg.timer.seconds},
                                  ml=ml, mg=mg)
+
+
+def _split_hierarchy(space, max_levels, agglomerate_below):
+    """The spaces of the global-coarsening hierarchy of ``space`` (coarse -> fine), split into
+    the top space of the serial part and the locally built spaces above it ('' or a message).
+
+    The serial part ends at the finest level with fewer than ``agglomerate_below`` DoFs (those
+    go to rank 0 anyway), at least the coarsest level; the finest level is always local."""
+    if max_levels is not None and max_levels < 2:
+        return None, None, f"distributed multigrid needs max_levels >= 2, got {max_levels!r}"
+    meshes = space.mesh.hierarchy(max_levels=max_levels)
+    if len(meshes) < 2:
+        return None, None, ("distributed multigrid needs at least two levels (the finest one is "
+                            "distributed, the coarsest one lives on rank 0); the mesh has no "
+                            "refinement history to coarsen")
+    spaces = [Space(m, space.degree, space.components) for m in meshes[:-1]] + [space]
+    small = [i for i, s in enumerate(spaces[:-1]) if s.num_dofs < agglomerate_below]
+    g = max(small) if small else 0
+    return spaces[g], spaces[g + 1:], ""
+
+
+def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycle, agglomerate_below,
+                 weights, callback, start, kw):
+    """:func:`solve` on several ranks with the large geometric levels set up from the rank's
+    cells only (``start``: wall and CPU clocks at the start of the set-up)."""
+    t0, c0 = start
+    max_levels = kw.get("max_levels")
+    ok = max_levels is None or (isinstance(max_levels, (int, np.integer)) and not isinstance(max_levels, bool))
+    agree(comm, ok, f"max_levels must be a positive integer or None, got {max_levels!r}")
+    top, spaces, msg = _split_hierarchy(space, max_levels, agglomerate_below)
+    agree(comm, not msg, msg)
+    ckw = dict(kw)
+    if max_levels is not None:
+        ckw["max_levels"] = max_levels - len(spaces)
+    ml = multigrid(top, assemble, dirichlet=dirichlet, **ckw)       # the serial levels below
+    t_coarse = time.perf_counter() - t0
+    frees = [Constraints(s, dirichlet_dofs(s, dirichlet)).free for s in spaces]
+    size = comm.Get_size()
+    ranks = partition_cells(space.mesh, size, weights)
+    mg = DistributedMultigrid(ml, ranks, comm, agglomerate_below,
+                              local=dict(spaces=spaces, assemble=assemble, frees=frees))
+    f_loc = mg.constrain_local(b)
+    t_setup, c_setup = time.perf_counter() - t0, time.process_time() - c0
+    comm.Barrier()
+    t1 = time.perf_counter()
+    mg.timer.reset()
+    x_loc, info, its, res = krylov(comm, accel, mg.A, f_loc, M=lambda r: mg.precondition(r, cycle),
+                                   rtol=rtol, maxiter=maxiter, callback=callback)
+    t2 = time.perf_counter()
+    if info != 0:
+        warnings.warn(ConvergenceWarning(
+            f"distributed multigrid-{accel} did not reach rtol={rtol:g} in {its} iterations "
+            f"(info={info})"), stacklevel=3)
+    x = mg.layout.allgather(x_loc)
+    return DistributedResult(u=space.H @ x, x=x, x_local=x_loc, iterations=its, info=info,
+                             residuals=res, size=size, cell_ranks=ranks, imbalance=imbalance(ranks, size),
+                             timings={"setup": t_setup, "setup_cpu": c_setup, "solve": t2 - t1,
+                                      "halo": mg.timer.seconds, "coarse_hierarchy_s": t_coarse,
+                                      **mg.setup_stats},
+                             ml=ml, mg=mg)
 
 
 def solve_poisson(mesh, f=1.0, *, degree=1, comm=None, **kwargs) -> DistributedResult:

@@ -10,6 +10,7 @@ import sys
 import warnings
 
 import numpy as np
+import scipy.sparse as sp
 from mpi4py import MPI
 
 from adaptmg import assemble
@@ -68,16 +69,53 @@ def cross_rank_hanging(res, space):
     return int(np.unique(rows[owner[cols] != owner[rows]]).size), int(hang.size)
 
 
+def global_rows(D):
+    """This rank's rows of a DistCSR with global column numbers (CSR, rows x global columns)."""
+    M = sp.hstack([D.Aoo, D.Aog]).tocoo()
+    cmap = np.concatenate([D.cols.rows, D.ghosts])
+    return sp.csr_matrix((M.data, (M.row, cmap[M.col])), shape=(D.rows.n, D.global_shape[1]))
+
+
+def rows_error(D, S):
+    """max |rows of D - the same rows of the serial S| / max |S|."""
+    diff = global_rows(D) - sp.csr_matrix(S)[D.rows.rows]
+    return float(abs(diff).max() / abs(S).max()) if diff.nnz else 0.0
+
+
+def cell_layers(mesh, cell_ranks, k):
+    """Cells within k vertex-neighbour layers of this rank's cells."""
+    mask = cell_ranks == COMM.rank
+    for _ in range(k):
+        nodes = np.zeros(mesh.num_nodes, dtype=bool)
+        nodes[mesh.cells[mask]] = True
+        mask = nodes[mesh.cells].any(axis=1)
+    return int(mask.sum())
+
+
 def record(name, space, A, b, kw, serial_comm):
     dist = solve(space, A, b, comm=COMM, rtol=1e-10, agglomerate_below=50, **kw)
     ser = solve(space, A, b, comm=serial_comm, rtol=1e-10, agglomerate_below=50, **kw)
     cross, nh = cross_rank_hanging(dist, space)
     counts = np.bincount(dist.cell_ranks, minlength=COMM.size)
+    st = dist.mg.setup_stats
+    assembled = COMM.allgather(st.get("fine_cells_assembled", -1))
+    transfer = COMM.allgather(st.get("fine_cells_transfer", -1))
+    per_level = COMM.allgather(st.get("cells_assembled", []))
+    errs = [0.0, 0.0, 0.0]
+    for l in range(dist.mg.c, len(dist.mg.levels)):              # every distributed level
+        dl, sl = dist.mg.levels[l], ser.ml.levels[l]
+        errs = np.maximum(errs, [rows_error(dl.A, sl.A), rows_error(dl.P, sl.P), rows_error(dl.R, sl.R)])
+    errs = errs.tolist()
+    errs = np.max(COMM.allgather(errs), axis=0).tolist()
+    layers = COMM.allgather([cell_layers(space.mesh, dist.cell_ranks, k) for k in (1, 2)])
     return dict(case=name, dofs=space.num_dofs, hanging=nh, cross_rank_hanging=cross,
                 rel_err=float(np.linalg.norm(dist.u - ser.u) / np.linalg.norm(ser.u)),
                 its=dist.iterations, its_serial=ser.iterations, info=dist.info,
                 imbalance=dist.imbalance, cells_per_rank=counts.tolist(),
-                distributed_levels=len(dist.ml.levels) - dist.mg.c, levels=len(dist.ml.levels),
+                distributed_levels=len(dist.mg.levels) - dist.mg.c, levels=len(dist.mg.levels),
+                serial_levels=len(ser.ml.levels), cells_assembled=assembled, cells_transfer=transfer,
+                fine_rows_err=errs, level_cells=st.get("cells", []), level_cells_assembled=per_level,
+                serial_top=len(dist.ml.levels) - 1, cell_layers=layers, cells=space.mesh.num_cells,
                 neighbours=len(dist.mg.A.neighbours)), dist
 
 
@@ -122,6 +160,8 @@ def run_solve(out):
             recs.append(rec2)
             rec3, _ = record("q1-2d-wcycle", space, A, b, dict(cycle="W"), serial_comm)
             recs.append(rec3)
+            rec4, _ = record("q1-2d-replicated", space, A, b, dict(local_setup=False), serial_comm)
+            recs.append(rec4)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 short = solve(space, A, b, comm=COMM, rtol=1e-10, maxiter=2, agglomerate_below=50)

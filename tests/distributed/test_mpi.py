@@ -26,7 +26,7 @@ from adaptmg.mesh import Mesh
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "mpi_cases.py")
-CASES = ["q1-2d", "q1-2d-adapted", "q1-2d-wcycle", "q1-3d", "q2-2d", "q2-3d", "elasticity-2d",
+CASES = ["q1-2d", "q1-2d-adapted", "q1-2d-wcycle", "q1-2d-replicated", "q1-3d", "q2-2d", "q2-3d", "elasticity-2d",
          "elasticity-3d"]
 LINALG = ["q1-2d-gmres", "q1-2d-fgmres"]      # only when adaptmg.linalg uses the norm hook
 
@@ -91,6 +91,45 @@ def test_partition_balanced_and_hanging_nodes_cross_ranks(results, case):
     assert rec["imbalance"] <= 0.05, rec
     assert rec["hanging"] > 0 and rec["cross_rank_hanging"] > 0, rec
     assert rec["neighbours"] >= 1
+
+
+@needs_mpi
+@pytest.mark.parametrize("case", [c for c in CASES if c != "q1-2d-replicated"])
+def test_levels_are_set_up_from_the_ranks_cells(results, case):
+    """Local set-up (the default): every geometric level with at least ``agglomerate_below``
+    DoFs is built by each rank from its own cells plus a ghost layer, and its rows of K, P and
+    R equal the serial rows (measured <= 5e-16).  Finest level: every rank assembles fewer
+    than all cells, at least its own, within two vertex layers of them; Q1 2-D (2230 and
+    3580 cells): at most 1.15 N/P per rank (measured 1.05-1.11 N/P).  Every local level of
+    >= 500 cells: all ranks together assemble at most 1.3 N (measured 1.05-1.28 N; the
+    replicated set-up assembled P N).  The levels below are the serial ones (same count)."""
+    n, recs, _ = results
+    rec = recs[case]
+    assert max(rec["fine_rows_err"]) <= 1e-13, rec
+    assert rec["levels"] == rec["serial_levels"], rec
+    nloc = len(rec["level_cells"])
+    assert nloc == rec["levels"] - 1 - rec["serial_top"] >= 2, rec     # not only the finest
+    assert nloc >= rec["distributed_levels"], rec
+    N = rec["cells"]
+    for r, (got, own, (_, two)) in enumerate(zip(rec["cells_assembled"], rec["cells_per_rank"],
+                                                 rec["cell_layers"])):
+        assert own <= got <= two and got < N, (r, rec)
+    if case.startswith("q1-2d"):
+        assert max(rec["cells_assembled"]) <= 1.15 * N / n, rec
+    for i, cells in enumerate(rec["level_cells"]):
+        per_rank = [lv[i] for lv in rec["level_cells_assembled"]]
+        assert max(per_rank) <= cells, (i, rec)
+        if cells >= 500:
+            assert sum(per_rank) <= 1.3 * cells, (i, rec)
+
+
+@needs_mpi
+def test_replicated_setup_still_available(results):
+    """local_setup=False: every rank builds the whole serial hierarchy (the first version)."""
+    _, recs, _ = results
+    rec = recs["q1-2d-replicated"]
+    assert rec["cells_assembled"] == [-1] * len(rec["cells_assembled"])
+    assert rec["rel_err"] <= 1e-10 and rec["its"] == recs["q1-2d"]["its"]
 
 
 @needs_mpi
