@@ -14,6 +14,14 @@ The Hessian formula is exact on parallelogram / parallelepiped cells; on a non-a
 multilinear map the curvature term of :math:`F_K` is dropped.  The reference points are
 either shared by all cells (``(m, d)``, cell quadrature) or given per cell
 (``(n, m, d)``, points on faces seen from a neighbour).
+
+The estimators use the *cells-last* variant :func:`point_fields`: the basis is tabulated
+once per reference point set (:func:`ref_tables`, memoised) and every quantity is one
+matrix product of a table with the gathered nodal data, e.g.
+:math:`J_{a b}(\hat x_q) = \sum_v \partial_b\hat N_v(\hat x_q)\, X_{v a}` for all cells at
+once; arrays are laid out as ``(components..., m, n)`` (points, then cells last), so that
+the cofactor inverse and the chain rule are element-wise operations on contiguous
+``(m, n)`` blocks (array operations only, no loop over cells, so that it can run on CuPy).
 """
 from __future__ import annotations
 
@@ -74,8 +82,9 @@ def basis_tables(space, xi):
     pts = xi.reshape(-1, d)
     q1, el = LagrangeQ(1, d), space.element
     lead = xi.shape[:-1]
-    return (q1.values(pts).reshape(lead + (-1,)), q1.gradients(pts).reshape(lead + (-1, d)),
-            el.values(pts).reshape(lead + (-1,)), el.gradients(pts).reshape(lead + (-1, d)))
+    nv, nl = q1.num_local, el.num_local
+    return (q1.values(pts).reshape(lead + (nv,)), q1.gradients(pts).reshape(lead + (nv, d)),
+            el.values(pts).reshape(lead + (nl,)), el.gradients(pts).reshape(lead + (nl, d)))
 
 
 def evaluate(space, U, cells, xi, hessian=False, tables=None) -> PointValues:
@@ -117,3 +126,174 @@ def evaluate(space, U, cells, xi, hessian=False, tables=None) -> PointValues:
             Hr = np.einsum("nmibe,nic->nmcbe", Hh, Uc)
         hess = np.einsum("nmba,nmcbe,nmef->nmcaf", invJ, Hr, invJ, optimize=True)
     return PointValues(x, J, detJ, invJ, u, grad, hess)
+
+
+# ---------------------------------------------------------------------------------------------
+# cells-last evaluation with tables shared by all cells (the estimators' fast path)
+
+@dataclass(frozen=True)
+class RefTables:
+    """Q1 (geometry) and element tables at m shared reference points, as left factors.
+
+    Row ``b*m + q`` of ``dN``/``dphi`` holds the derivative in direction b at point q, row
+    ``(b*d + e)*m + q`` of ``hess`` the second derivative in directions b, e."""
+    N: np.ndarray        # (m, nv)
+    dN: np.ndarray       # (d*m, nv)
+    phi: np.ndarray      # (m, nloc)
+    dphi: np.ndarray     # (d*m, nloc)
+    hess: np.ndarray     # (d*d*m, nloc)
+
+
+_TABLES: dict = {}
+
+
+def ref_tables(element, xi) -> RefTables:
+    """:class:`RefTables` of ``element`` (a LagrangeQ) at the points xi (m, d), memoised."""
+    xi = np.ascontiguousarray(xi, dtype=np.float64)
+    key = (type(element).__name__, element.degree, element.dim, xi.shape, xi.tobytes())
+    hit = _TABLES.get(key)
+    if hit is None:
+        q1 = LagrangeQ(1, element.dim)
+
+        def rows(g):                                   # (m, nloc, d...) -> (d...*m, nloc)
+            k = g.ndim - 2
+            return np.ascontiguousarray(np.moveaxis(g, 1, -1).transpose(
+                tuple(range(1, 1 + k)) + (0, k + 1)).reshape(-1, g.shape[1]))
+        hit = RefTables(q1.values(xi), rows(q1.gradients(xi)), element.values(xi),
+                        rows(element.gradients(xi)), rows(reference_hessians(element, xi)))
+        if len(_TABLES) > 256:
+            _TABLES.clear()
+        _TABLES[key] = hit
+    return hit
+
+
+_GEMM_SERIAL = 1 << 18     # OpenBLAS runs dgemm on the calling thread up to m*n*k = 2^18
+
+
+def serial_chunk(tab: RefTables, hessian=False, components=1, lo=512, hi=20000):
+    """Cells per call of :func:`point_fields` that keep its products below the size where
+    OpenBLAS starts threads (memory-bound products with a tiny inner dimension gain nothing
+    from threads and slow down on a loaded machine, cf. :func:`adaptmg.fe.geometry.matmul_serial`)."""
+    t = tab.hess if hessian else tab.dphi
+    work = max(tab.dN.size, t.size * components)
+    return int(min(hi, max(lo, _GEMM_SERIAL // max(work, 1))))
+
+
+@dataclass
+class CellData:
+    """Vertex coordinates ``X`` (d, nv, n) and nodal values ``U`` (c, nloc, n) of n cells."""
+    X: np.ndarray
+    U: np.ndarray
+
+
+def gather_cells(space, Ut, cells, points_t=None) -> CellData:
+    """Gather the cells' vertices and nodal values; ``Ut`` is the nodal vector as (c, num_nodes)
+    and ``points_t`` optionally ``mesh.points.T`` (d, num_nodes) computed once by the caller."""
+    mesh = space.mesh
+    Pt = np.ascontiguousarray(mesh.points.T) if points_t is None else points_t
+    return CellData(Pt[:, mesh.cells[cells].T], Ut[:, space.cell_dofs[cells].T])
+
+
+def inverse_cofactor(J):
+    """det J (m, n) and J^{-1} (d, d, m, n) of a cells-last stack J (d, d, m, n) (cofactors)."""
+    d = J.shape[0]
+    inv = np.empty_like(J)
+    if d == 1:
+        det = J[0, 0].copy()
+        inv[0, 0] = 1.0
+    elif d == 2:
+        det = J[0, 0] * J[1, 1] - J[0, 1] * J[1, 0]
+        inv[0, 0], inv[1, 1] = J[1, 1], J[0, 0]
+        np.negative(J[0, 1], out=inv[0, 1])
+        np.negative(J[1, 0], out=inv[1, 0])
+    elif d == 3:
+        tmp = np.empty_like(J[0, 0])
+        for r in range(3):                          # inv[s, r] = cofactor(r, s) / det
+            r1, r2 = (r + 1) % 3, (r + 2) % 3
+            for s in range(3):
+                s1, s2 = (s + 1) % 3, (s + 2) % 3
+                np.multiply(J[r1, s1], J[r2, s2], out=inv[s, r])
+                inv[s, r] -= np.multiply(J[r1, s2], J[r2, s1], out=tmp)
+        det = J[0, 0] * inv[0, 0]
+        det += np.multiply(J[0, 1], inv[1, 0], out=tmp)
+        det += np.multiply(J[0, 2], inv[2, 0], out=tmp)
+    else:
+        raise ValueError(f"dimension must be 1, 2 or 3, got {d}")
+    if not (det > 0).all():
+        raise ValueError("non-positive Jacobian determinant at an estimator quadrature point")
+    inv /= det
+    return det, inv
+
+
+@dataclass
+class Fields:
+    """Geometry and u_h at m points of n cells, cells last (see :func:`point_fields`)."""
+    detJ: np.ndarray                 # (m, n)
+    invJ: np.ndarray                 # (d, d, m, n), invJ[b, a] = (J^{-1})_{ba}
+    x: np.ndarray | None = None      # (d, m, n)
+    u: np.ndarray | None = None      # (c, m, n)
+    grad: np.ndarray | None = None   # (c, d, m, n) physical gradient
+    href: np.ndarray | None = None   # (c, d, d, m, n) reference Hessian
+
+
+def point_fields(tab: RefTables, cd: CellData, *, x=False, value=False, grad=False,
+                 hessian=False) -> Fields:
+    r"""Evaluate at the points of ``tab`` for the cells of ``cd`` (module docstring):
+    :math:`J = \hat\nabla N\,X`, its determinant and inverse always; on request the points
+    :math:`x = N X`, values :math:`\phi U`, physical gradients :math:`J^{-T}\hat\nabla\phi U`
+    and reference Hessians :math:`\hat\nabla^2\phi\, U` (combine with :func:`hessian`)."""
+    d, nv, n = cd.X.shape
+    c = cd.U.shape[0]
+    m = tab.N.shape[0]
+    J = np.matmul(tab.dN, cd.X).reshape(d, d, m, n)         # J[a, b] = dx_a / dxi_b
+    det, inv = inverse_cofactor(J)
+    out = Fields(det, inv)
+    if x:
+        out.x = np.matmul(tab.N, cd.X)                         # (d, m, n)
+    if value:
+        out.u = np.matmul(tab.phi, cd.U)                       # (c, m, n)
+    if grad:
+        gref = np.matmul(tab.dphi, cd.U).reshape(c, d, m, n)
+        g = np.empty_like(gref)
+        for a in range(d):                                     # (J^{-T} g)_a = sum_b inv[b, a] g_b
+            t = inv[0, a] * gref[:, 0]
+            for b in range(1, d):
+                t += inv[b, a] * gref[:, b]
+            g[:, a] = t
+        out.grad = g
+    if hessian:
+        out.href = np.matmul(tab.hess, cd.U).reshape(c, d, d, m, n)
+    return out
+
+
+def laplacian(f: Fields):
+    r""":math:`\Delta u_h = \mathrm{tr}(J^{-T} \hat H J^{-1}) = \sum_{b,e} G_{be} \hat H_{be}` with
+    :math:`G = J^{-1}J^{-T}` (affine Hessian, module docstring), shape (c, m, n)."""
+    inv, H = f.invJ, f.href
+    d = inv.shape[0]
+    lap = None
+    for b in range(d):
+        for e in range(b, d):
+            G = inv[b, 0] * inv[e, 0]
+            for a in range(1, d):
+                G += inv[b, a] * inv[e, a]
+            t = G * (H[:, b, e] + H[:, e, b]) if e != b else G * H[:, b, b]
+            lap = t if lap is None else lap + t
+    return lap
+
+
+def hessian(f: Fields):
+    r"""Physical (affine) Hessian :math:`J^{-T}\hat H J^{-1}`, shape (c, d, d, m, n)."""
+    inv, H = f.invJ, f.href
+    d = inv.shape[0]
+    T = np.zeros_like(H)                                       # T[c, b, f] = sum_e H[c, b, e] inv[e, f]
+    for b in range(d):
+        for g in range(d):
+            for e in range(d):
+                T[:, b, g] += H[:, b, e] * inv[e, g]
+    out = np.zeros_like(H)
+    for a in range(d):
+        for g in range(d):
+            for b in range(d):
+                out[:, a, g] += inv[b, a] * T[:, b, g]
+    return out
