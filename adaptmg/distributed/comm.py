@@ -91,6 +91,9 @@ def _abort(comm, exc_type, exc, tb):
     sys.stderr.write(f"[adaptmg.distributed] rank {rank} of {comm.Get_size()} failed; "
                      f"aborting all ranks:\n{text}")
     sys.stderr.flush()
+    # the launcher forwards stderr through a pipe and tears the job down on MPI_Abort: give
+    # it a moment to pass this message on (seen lost once under load in the test suite)
+    time.sleep(0.5)
     comm.Abort(1)
     os._exit(1)        # MPI_Abort may return on the calling rank (MPICH): never run on
 
