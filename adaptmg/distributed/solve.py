@@ -133,25 +133,34 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
                                                                      "halo": 0.0}, ml=ml)
         ranks = partition_cells(space.mesh, size, weights)
         mg = DistributedMultigrid(ml, ranks, comm, agglomerate_below)
-        f_loc = mg.layout.scatter(f)
-        t_setup, c_setup = time.perf_counter() - t0, time.process_time() - c0
-        comm.Barrier()
-        t1 = time.perf_counter()
-        mg.timer.reset()
-        x_loc, info, its, res = krylov(comm, accel, mg.A, f_loc, M=lambda r: mg.precondition(r, cycle),
-                                       rtol=rtol, maxiter=maxiter, callback=callback)
-        t2 = time.perf_counter()
-        if info != 0:                  # the same reduced numbers on every rank: all warn
-            warnings.warn(ConvergenceWarning(
-                f"distributed multigrid-{accel} did not reach rtol={rtol:g} in {its} iterations "
-                f"(info={info})"), stacklevel=2)
-        x = mg.layout.allgather(x_loc)
-        return DistributedResult(u=ml.expand(x), x=x, x_local=x_loc, iterations=its, info=info,
-                                 residuals=res, size=size, cell_ranks=ranks,
-                                 imbalance=imbalance(ranks, size),
-                                 timings={"setup": t_setup, "setup_cpu": c_setup, "solve": t2 - t1,
-                                          "halo": mg.timer.seconds},
-                                 ml=ml, mg=mg)
+        return _krylov_solve(comm, mg, mg.layout.scatter(f), ranks, (t0, c0), accel, cycle, rtol,
+                             maxiter, callback, ml.expand, ml, stacklevel=3)
+
+
+def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, callback, expand, ml,
+                  extra_timings=None, stacklevel=3):
+    """The distributed multigrid-Krylov solve once ``mg`` is set up (both set-up paths of
+    :func:`solve`): set-up and solve timings, one agreed warning when it does not converge,
+    the solution gathered on every rank (``expand``: nodal values of the constrained ``x``)."""
+    t0, c0 = start
+    t_setup, c_setup = time.perf_counter() - t0, time.process_time() - c0
+    comm.Barrier()
+    t1 = time.perf_counter()
+    mg.timer.reset()
+    x_loc, info, its, res = krylov(comm, accel, mg.A, f_loc, M=lambda r: mg.precondition(r, cycle),
+                                   rtol=rtol, maxiter=maxiter, callback=callback)
+    t2 = time.perf_counter()
+    if info != 0:                      # the same reduced numbers on every rank: all warn
+        warnings.warn(ConvergenceWarning(
+            f"distributed multigrid-{accel} did not reach rtol={rtol:g} in {its} iterations "
+            f"(info={info})"), stacklevel=stacklevel)
+    x = mg.layout.allgather(x_loc)
+    size = comm.Get_size()
+    return DistributedResult(u=expand(x), x=x, x_local=x_loc, iterations=its, info=info,
+                             residuals=res, size=size, cell_ranks=ranks, imbalance=imbalance(ranks, size),
+                             timings={"setup": t_setup, "setup_cpu": c_setup, "solve": t2 - t1,
+                                      "halo": mg.timer.seconds, **(extra_timings or {})},
+                             ml=ml, mg=mg)
 
 
 def _split_hierarchy(space, max_levels, agglomerate_below):
@@ -193,25 +202,10 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     ranks = partition_cells(space.mesh, size, weights)
     mg = DistributedMultigrid(ml, ranks, comm, agglomerate_below,
                               local=dict(spaces=spaces, assemble=assemble, frees=frees))
-    f_loc = mg.constrain_local(b)
-    t_setup, c_setup = time.perf_counter() - t0, time.process_time() - c0
-    comm.Barrier()
-    t1 = time.perf_counter()
-    mg.timer.reset()
-    x_loc, info, its, res = krylov(comm, accel, mg.A, f_loc, M=lambda r: mg.precondition(r, cycle),
-                                   rtol=rtol, maxiter=maxiter, callback=callback)
-    t2 = time.perf_counter()
-    if info != 0:
-        warnings.warn(ConvergenceWarning(
-            f"distributed multigrid-{accel} did not reach rtol={rtol:g} in {its} iterations "
-            f"(info={info})"), stacklevel=3)
-    x = mg.layout.allgather(x_loc)
-    return DistributedResult(u=space.H @ x, x=x, x_local=x_loc, iterations=its, info=info,
-                             residuals=res, size=size, cell_ranks=ranks, imbalance=imbalance(ranks, size),
-                             timings={"setup": t_setup, "setup_cpu": c_setup, "solve": t2 - t1,
-                                      "halo": mg.timer.seconds, "coarse_hierarchy_s": t_coarse,
-                                      **mg.setup_stats},
-                             ml=ml, mg=mg)
+    return _krylov_solve(comm, mg, mg.constrain_local(b), ranks, (t0, c0), accel, cycle, rtol,
+                         maxiter, callback, lambda x: space.H @ x, ml,
+                         extra_timings={"coarse_hierarchy_s": t_coarse, **mg.setup_stats},
+                         stacklevel=4)
 
 
 def solve_poisson(mesh, f=1.0, *, degree=1, comm=None, **kwargs) -> DistributedResult:
