@@ -53,9 +53,11 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..device import kernels as K
-from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi
+from ..multilevel.chebyshev import lanczos_lambda_max
+from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi, power_lambda_max
+from ..multilevel.solver import coarse_visits
 from .comm import HaloTimer
-from .csr import DistCSR, Layout, dot, norm
+from .csr import DistCSR, Layout, norm
 from .partition import coarse_cell_ranks, dof_owners
 
 __all__ = ["DistributedMultigrid", "level_owners"]
@@ -134,49 +136,26 @@ class _FineView:
 
 
 def _power_lambda(comm, A, apply_S, N, iterations=12, seed=0):
-    """:meth:`Smoother.lambda_max` distributed: power iteration on S A from the serial start
-    vector (drawn globally, owned entries kept), norms by Allreduce; returns 1.05 lambda."""
-    rows = A.rows.rows
-    v = np.random.default_rng(seed).standard_normal(N)[rows]
-    v /= norm(comm, v)
-    lam = 0.0
-    for _ in range(iterations):
-        w = apply_S(A @ v)
-        lam = norm(comm, w)
-        if lam == 0:
-            break
-        v = w / lam
-    if not np.isfinite(lam) or lam <= 0:
-        raise ValueError(f"distributed smoother: could not estimate lambda_max(S A) (got {lam})")
-    return 1.05 * lam
+    """:meth:`Smoother.lambda_max` distributed: the same power iteration
+    (:func:`~adaptmg.multilevel.smoothers.power_lambda_max`) from the serial start vector
+    (drawn globally, owned entries kept), norms by Allreduce; returns 1.05 lambda."""
+    v = np.random.default_rng(seed).standard_normal(N)[A.rows.rows]
+    return power_lambda_max(lambda u: apply_S(A @ u), v, lambda u: norm(comm, u), iterations,
+                            "distributed smoother")
 
 
 def _lanczos_lambda(comm, A, dinv, N, steps=20, seed=0):
-    """:func:`adaptmg.multilevel.chebyshev.estimate_lambda_max` distributed: Lanczos on
-    D^{-1/2} A D^{-1/2} (full re-orthogonalisation, reductions by Allreduce)."""
-    rows = A.rows.rows
+    """:func:`adaptmg.multilevel.chebyshev.estimate_lambda_max` distributed: the same Lanczos
+    iteration (:func:`~adaptmg.multilevel.chebyshev.lanczos_lambda_max`) on D^{-1/2} A D^{-1/2}
+    from the serial start vector (owned entries), inner products reduced by Allreduce."""
     s = np.sqrt(dinv)
-    m = int(min(steps, N))
-    V = np.zeros((m + 1, rows.size))
-    alpha, beta = np.zeros(m), np.zeros(m)
-    v = np.random.default_rng(seed).standard_normal(N)[rows]
-    V[0] = v / norm(comm, v)
-    k = m
-    for j in range(m):
-        w = s * (A @ (s * V[j]))
-        alpha[j] = dot(comm, V[j], w)
-        for _ in range(2):
-            loc = V[: j + 1] @ w
-            glob = np.empty_like(loc)
-            comm.Allreduce(loc, glob)
-            w -= V[: j + 1].T @ glob
-        beta[j] = norm(comm, w)
-        if beta[j] <= 1e-12 * abs(alpha[j]) or j == m - 1:
-            k = j + 1
-            break
-        V[j + 1] = w / beta[j]
-    T = np.diag(alpha[:k]) + np.diag(beta[: k - 1], 1) + np.diag(beta[: k - 1], -1)
-    return float(np.linalg.eigvalsh(T)[-1])
+    v0 = np.random.default_rng(seed).standard_normal(N)[A.rows.rows]
+
+    def allreduce(loc):
+        glob = np.empty_like(loc)
+        comm.Allreduce(loc, glob)
+        return glob
+    return lanczos_lambda_max(lambda v: s * (A @ (s * v)), v0, int(min(steps, N)), allreduce)
 
 
 def _distributed_smoother(ml, A: DistCSR, Aoo, components):
@@ -340,16 +319,8 @@ class DistributedMultigrid:
         d.r[...] = d.b
         d.A(d.x, d.r, -1.0, 1.0)
         d.R(d.r, cl.b, 1.0, 0.0)
-        if kind == "V":
-            self._level_cycle(l - 1, "V", True)
-        elif kind == "W":
-            self._level_cycle(l - 1, "W", True)
-            if l - 1 > 0:
-                self._level_cycle(l - 1, "W", False)
-        else:
-            self._level_cycle(l - 1, "F", True)
-            if l - 1 > 0:
-                self._level_cycle(l - 1, "V", False)
+        for k, z in coarse_visits(kind, l):          # the serial cycle's schedule
+            self._level_cycle(l - 1, k, z)
         d.P(cl.x, d.x, 1.0, 1.0)
         self._smooth(d, self.postsmooth, False, post=True)
 

@@ -11,7 +11,7 @@ from ..backend import is_device_sparse, to_host
 from ..device import kernels as K
 from .smoothers import Jacobi, Smoother, _check_square, _host_diagonal, _note, _validate_sweeps, _validate_vectors
 
-__all__ = ["Chebyshev", "estimate_lambda_max"]
+__all__ = ["Chebyshev", "estimate_lambda_max", "lanczos_lambda_max"]
 
 
 def estimate_lambda_max(A, dinv=None, steps=20, seed=0):
@@ -25,20 +25,33 @@ def estimate_lambda_max(A, dinv=None, steps=20, seed=0):
     if dinv is None:
         dinv = 1.0 / _host_diagonal(A, "estimate_lambda_max")
     s = np.sqrt(np.asarray(dinv, dtype=np.float64))
-    m = int(min(steps, n))
-    rng = np.random.default_rng(seed)
-    V = np.zeros((m + 1, n))
+    v0 = np.random.default_rng(seed).standard_normal(n)
+    return lanczos_lambda_max(lambda v: s * np.asarray(A @ (s * v)).ravel(), v0, int(min(steps, n)))
+
+
+def lanczos_lambda_max(matvec, v0, m, reduce=None):
+    """Largest Ritz value of the symmetric ``matvec`` after ``m`` Lanczos steps from ``v0``
+    (full re-orthogonalisation, twice).  ``reduce``: sums a local array of partial inner
+    products over all ranks (None: one process); :mod:`adaptmg.distributed` passes an
+    Allreduce, so the distributed estimate runs this same iteration on owned entries."""
+    red = (lambda a: a) if reduce is None else reduce
+
+    def norm(w):
+        if reduce is None:
+            return np.linalg.norm(w)
+        return float(np.sqrt(max(red(np.array([w @ w]))[0], 0.0)))
+
+    V = np.zeros((m + 1, v0.size))
     alpha = np.zeros(m)
     beta = np.zeros(m)
-    v = rng.standard_normal(n)
-    V[0] = v / np.linalg.norm(v)
+    V[0] = v0 / norm(v0)
     k = m
     for j in range(m):
-        w = s * np.asarray(A @ (s * V[j])).ravel()
-        alpha[j] = V[j] @ w
-        w -= V[: j + 1].T @ (V[: j + 1] @ w)
-        w -= V[: j + 1].T @ (V[: j + 1] @ w)
-        beta[j] = np.linalg.norm(w)
+        w = matvec(V[j])
+        alpha[j] = red(np.array([V[j] @ w]))[0]
+        w -= V[: j + 1].T @ red(V[: j + 1] @ w)
+        w -= V[: j + 1].T @ red(V[: j + 1] @ w)
+        beta[j] = norm(w)
         if beta[j] <= 1e-12 * abs(alpha[j]) or j == m - 1:
             k = j + 1
             break

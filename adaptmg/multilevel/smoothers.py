@@ -85,6 +85,23 @@ def _host_diagonal(A, who):
     return np.asarray(d)
 
 
+def power_lambda_max(apply, v, norm, iterations=12, who="smoother"):
+    """1.05 x the power-iteration estimate of the largest eigenvalue of ``apply`` (``S A``)
+    from ``v`` (overwritten), with the 2-norm ``norm`` (a distributed one on several ranks:
+    :mod:`adaptmg.distributed` uses this same iteration)."""
+    v /= norm(v)
+    lam = 0.0
+    for _ in range(iterations):        # ||v|| = 1 at the top of each iteration
+        w = apply(v)
+        lam = norm(w)
+        if lam == 0:
+            break
+        v = w / lam
+    if not np.isfinite(lam) or lam <= 0:
+        raise ValueError(f"{who}: could not estimate lambda_max(S A) (got {lam})")
+    return 1.05 * lam
+
+
 def _validate_sweeps(sweeps):
     if not isinstance(sweeps, (int, np.integer)) or sweeps < 0:
         raise ValueError(f"sweeps must be a non-negative integer, got {sweeps!r}")
@@ -138,17 +155,8 @@ class Smoother:
             raise TypeError(f"{type(self).__name__} has no omega='auto' rule")
         xp = self.backend.xp
         v = self.backend.asarray(np.random.default_rng(seed).standard_normal(self.n), dtype=self.dtype)
-        v /= xp.linalg.norm(v)
-        lam = 0.0
-        for _ in range(iterations):        # ||v|| = 1 at the top of each iteration
-            w = self._apply_S(self.A @ v)
-            lam = float(xp.linalg.norm(w))
-            if lam == 0:
-                break
-            v = w / lam
-        if not np.isfinite(lam) or lam <= 0:
-            raise ValueError(f"{type(self).__name__}: could not estimate lambda_max(S A) (got {lam})")
-        return 1.05 * lam
+        return power_lambda_max(lambda u: self._apply_S(self.A @ u), v,
+                                lambda u: float(xp.linalg.norm(u)), iterations, type(self).__name__)
 
     # subclasses: _setup_host() computes host data, _move() builds device data
     def _setup_host(self):  # pragma: no cover - abstract

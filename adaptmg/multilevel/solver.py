@@ -69,6 +69,18 @@ def _host_csr(A, copy=True):
     return A
 
 
+def coarse_visits(kind, l):
+    """The coarse-level cycles that one ``kind`` cycle on level ``l`` runs on level ``l - 1``,
+    as ``(kind, zero initial guess)``: V once; W twice (W, then W from the first's result);
+    F an F-cycle, then a V-cycle.  Level 0 is solved directly, so only once."""
+    again = l - 1 > 0
+    if kind == "V":
+        return (("V", True),)
+    if kind == "W":
+        return (("W", True), ("W", False)) if again else (("W", True),)
+    return (("F", True), ("V", False)) if again else (("F", True),)
+
+
 def _check_cycle(cycle):
     if not isinstance(cycle, str) or cycle.upper() not in CYCLES:
         raise ValueError(f"unknown cycle {cycle!r}; choose one of {CYCLES}")
@@ -306,16 +318,8 @@ class MultilevelSolver:
             d.r[...] = d.b
             d.Aplan(d.x, d.r, -1.0, 1.0)
         d.Rplan(d.r, c.b, 1.0, 0.0)            # b_c = R r
-        if kind == "V":
-            self._level_cycle(l - 1, "V", True)
-        elif kind == "W":
-            self._level_cycle(l - 1, "W", True)
-            if l - 1 > 0:
-                self._level_cycle(l - 1, "W", False)
-        else:  # F: an F-cycle then a V-cycle on the coarser level
-            self._level_cycle(l - 1, "F", True)
-            if l - 1 > 0:
-                self._level_cycle(l - 1, "V", False)
+        for k, z in coarse_visits(kind, l):
+            self._level_cycle(l - 1, k, z)
         d.Pplan(c.x, d.x, 1.0, 1.0)            # x += P x_c
         self._smooth(d, self.postsmooth, False, post=True)
 
