@@ -95,15 +95,23 @@ def csr_rowmax(be, indptr, vals, init):
     GPU: one pass over the rows (``adaptmg_csr_rowmax``); its NumPy twin is
     ``np.maximum.reduceat`` over the non-empty rows.
     """
+    return csr_row_reduce(be, indptr, vals, init, np.maximum, _rowmax_kernel, np.int64)
+
+
+def csr_row_reduce(be, indptr, vals, init, ufunc, kernel, dtype):
+    """``out_i = ufunc(init_i, ufunc-reduction of row i's vals)`` for an associative NumPy
+    ``ufunc`` whose device twin is ``kernel(xp)`` (a kernel over the rows with arguments
+    ``(indptr, vals, init, out)``, ``out`` of ``dtype``): the one row-reduction of
+    :func:`csr_rowmax` and of the colouring's :func:`~adaptmg.multilevel.coloring.csr_rowor`."""
     xp = be.xp
     if be.is_gpu:
-        out = xp.empty(init.shape[0], dtype=xp.int64)
-        _rowmax_kernel(xp)(indptr, vals, init, out)
+        out = xp.empty(init.shape[0], dtype=dtype)
+        kernel(xp)(indptr, vals, init, out)
         return out
     out = init.copy()
     if vals.size:
         rows = np.flatnonzero(np.diff(indptr))            # reduceat needs non-empty segments
-        out[rows] = np.maximum(out[rows], np.maximum.reduceat(vals, indptr[rows]))
+        out[rows] = ufunc(out[rows], ufunc.reduceat(vals, indptr[rows]))
     return out
 
 

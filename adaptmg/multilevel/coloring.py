@@ -63,7 +63,7 @@ import functools
 import numpy as np
 
 from ..backend import backend_of, is_sparse, to_host
-from .aggregation import csr_rowmax, node_hash
+from .aggregation import csr_row_reduce, csr_rowmax, node_hash
 
 __all__ = ["node_graph", "color_graph", "color_groups", "check_coloring", "csr_rowor"]
 
@@ -92,16 +92,7 @@ def csr_rowor(be, indptr, vals, init):
     GPU: one pass over the rows (``adaptmg_csr_rowor``); its NumPy twin is
     ``np.bitwise_or.reduceat`` over the non-empty rows.
     """
-    xp = be.xp
-    if be.is_gpu:
-        out = xp.empty(init.shape[0], dtype=xp.uint64)
-        _rowor_kernel(xp)(indptr, vals, init, out)
-        return out
-    out = init.copy()
-    if vals.size:
-        rows = np.flatnonzero(np.diff(indptr))            # reduceat needs non-empty segments
-        out[rows] |= np.bitwise_or.reduceat(vals, indptr[rows])
-    return out
+    return csr_row_reduce(be, indptr, vals, init, np.bitwise_or, _rowor_kernel, np.uint64)
 
 
 def segment_owner(xp, counts, total):
