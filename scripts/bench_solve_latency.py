@@ -18,7 +18,6 @@ Usage: python scripts/bench_solve_latency.py [--sizes 2:5,2:7,2:10,3:6,3:7] [--r
 (``d:k`` = the 2^d-cell unit box refined k times).
 """
 import argparse
-import time
 import warnings
 
 import numpy as np
@@ -26,17 +25,7 @@ import numpy as np
 import adaptmg
 from adaptmg import assemble
 from adaptmg.backend import get_backend, gpu_available
-
-
-def median_time(f, be, repeat):
-    ts = []
-    for _ in range(repeat):
-        be.synchronize()
-        t = time.perf_counter()
-        f()
-        be.synchronize()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
+from bench_poisson import median_time      # scripts/ is on sys.path when a script runs
 
 
 def problem(dim, k):
