@@ -9,13 +9,16 @@ the same matrix, hierarchy and right-hand side:
 * ``adaptmg.linalg.cg(A, b, M=ml.aspreconditioner())`` -- the Krylov solve with the same
   cycle as preconditioner (a CUDA-graph cycle, host-driven CG);
 * ``its x (V-cycle + SpMV)`` -- the preconditioner and matrix applications alone;
-* per-iteration time of ``ml.solve`` (solve time / iterations);
+* per-iteration time of ``ml.solve``: solve time / iterations, and the marginal cost of
+  one more iteration (``maxiter=12`` minus ``maxiter=2`` solves at ``rtol=0``, over 10);
+* on the GPU, the device time of one CUDA-graph CG iteration (50 graph launches back to back);
 * the CPU backend's ``ml.solve`` on the same problem (up to ``--cpu-max`` DoFs).
 
 Times: median of ``--repeat`` runs after a warm-up, each between two device
 synchronisations (``time.perf_counter``; CUDA events give the same within 1 %).
 Usage: python scripts/bench_solve_latency.py [--sizes 2:5,2:7,2:10,3:6,3:7] [--repeat 7]
-(``d:k`` = the 2^d-cell unit box refined k times).
+[--coarse-max-rows auto|none|N] (``d:k`` = the 2^d-cell unit box refined k times; the
+coarse level is :func:`adaptmg.multigrid`'s, by default "auto").
 """
 import argparse
 import warnings
@@ -35,7 +38,7 @@ def problem(dim, k):
     return mesh
 
 
-def measure(mesh, backend, repeat, coarse_max_rows=None):
+def measure(mesh, backend, repeat, coarse_max_rows="auto"):
     be = get_backend(backend)
     ml = adaptmg.multigrid(mesh, assemble.stiffness, backend=be, coarse_max_rows=coarse_max_rows)
     n = ml.levels[-1].n
@@ -44,7 +47,17 @@ def measure(mesh, backend, repeat, coarse_max_rows=None):
     ml.solve(b, rtol=1e-8, accel="cg", callback=its.append)
     ml.solve(b, rtol=1e-8, accel="cg")
     t_solve = median_time(lambda: ml.solve(b, rtol=1e-8, accel="cg"), be, repeat)
-    out = dict(n=n, its=len(its), solve=t_solve)
+    out = dict(n=n, its=len(its), solve=t_solve, levels=len(ml.levels))
+    # marginal cost of an iteration: rtol=0 runs exactly maxiter iterations (a warning each)
+    t_k = {}
+    for k in (2, 12):
+        ml.solve(b, rtol=0.0, accel="cg", maxiter=k)
+        t_k[k] = median_time(lambda: ml.solve(b, rtol=0.0, accel="cg", maxiter=k), be, repeat)
+    out["marginal"] = (t_k[12] - t_k[2]) / 10
+    g = ml._preconditioners.get(("graph_cg", "V")) if be.is_gpu else None
+    if g is not None:
+        g.graph.launch()
+        out["graph"] = median_time(lambda: [g.graph.launch() for _ in range(50)], be, 3) / 50
     if be.is_gpu:
         M = ml.aspreconditioner()
         A = be.asmatrix(ml.A)
@@ -63,32 +76,36 @@ def main():
     ap.add_argument("--sizes", default="2:5,2:7,2:10,3:6,3:7")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--cpu-max", type=float, default=1.1e6, help="largest size also run on the CPU")
-    ap.add_argument("--coarse-max-rows", type=int, default=None,
-                    help="multigrid(coarse_max_rows=...) of the GPU runs (direct solve on a ~1000-row level)")
+    ap.add_argument("--coarse-max-rows", default="auto",
+                    help="multigrid(coarse_max_rows=...) of the GPU runs: auto (default), none or a row count")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
+    cmr = args.coarse_max_rows
+    cmr = None if cmr == "none" else (cmr if cmr == "auto" else int(cmr))
     gpu = gpu_available()
-    print("| DoFs | CG its | `ml.solve` | `linalg.cg(A, b, M=ml.aspreconditioner())` | its x (V-cycle + SpMV) "
-          "| per iteration | `ml.solve` / (cg + SpMV) | CPU backend `ml.solve` |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| DoFs | levels | CG its | `ml.solve` | `linalg.cg(A, b, M=ml.aspreconditioner())` "
+          "| its x (V-cycle + SpMV) | per iteration | marginal iteration | graph iteration "
+          "| `ml.solve` / (cg + SpMV) | CPU backend `ml.solve` |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for item in args.sizes.split(","):
         dim, k = (int(v) for v in item.split(":"))
         mesh = problem(dim, k)
         cpu = None
-        g = measure(mesh, "gpu", args.repeat, args.coarse_max_rows) if gpu else None
+        g = measure(mesh, "gpu", args.repeat, cmr) if gpu else None
         n = g["n"] if g else None
         if not gpu or (n or 0) <= args.cpu_max:
             cpu = measure(mesh, "cpu", max(3, args.repeat // 2))
             n = cpu["n"]
         r = g or cpu
         ms = lambda t: f"{1e3 * t:.2f} ms"     # noqa: E731
-        cols = [f"{dim}-D {n:,}", str(r["its"])]
+        us = lambda t: f"{1e6 * t:.0f} us"     # noqa: E731
+        cols = [f"{dim}-D {n:,}", str(r["levels"]), str(r["its"])]
         if g:
-            cols += [ms(g["solve"]), ms(g["cg"]), ms(g["parts"]),
-                     f"{1e6 * g['solve'] / max(g['its'], 1):.0f} us",
+            cols += [ms(g["solve"]), ms(g["cg"]), ms(g["parts"]), us(g["solve"] / max(g["its"], 1)),
+                     us(g["marginal"]), us(g["graph"]) if "graph" in g else "-",
                      f"{g['solve'] / (g['cg'] + g['spmv']):.2f}"]
         else:
-            cols += ["n/a (no GPU)"] * 5
+            cols += ["n/a (no GPU)"] * 7
         cols.append(ms(cpu["solve"]) if cpu else "")
         print("| " + " | ".join(cols) + " |", flush=True)
 

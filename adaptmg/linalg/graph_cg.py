@@ -11,7 +11,7 @@ iteration is::
     rr = (r, r)
     if state == 0:  iterations += 1;  state = 1 if rr <= tol^2, 2 if pq <= 0 or rz <= 0,
                     3 if rr is not finite, 4 if iterations == maxiter
-    z = M r;  rz_new = (r, z)
+    z = M r;  rz_new = (r, z)          (r is the cycle's own right-hand side buffer)
     if state == 0:  p = z + (rz_new / rz) p;  rz = rz_new
 
 Every step is a kernel on preallocated buffers (the SpMV is adaptmg's CSR kernel, the
@@ -20,15 +20,13 @@ their scalars from device memory), so the whole iteration is recorded once and
 replayed with one launch.  Once ``state != 0`` the updates are no-ops: ``x`` and the
 iteration count freeze at the iteration that stopped.
 
-After each launch the status is copied asynchronously into pinned memory and an event
-is recorded.  With ``depth = 1`` (default) the host waits for that event before the
-next launch: the device idles for one round trip (~10-20 us) per iteration.  With
-``depth = 2`` the host reads the status of iteration ``k`` while the device already
-runs ``k + 1``, which is a no-op if ``k`` stopped -- but its cycle still costs device
-time, a whole iteration per solve (measured on an H100: slower whenever an iteration
-takes more than a few round trips, e.g. the Navier-Stokes pressure solve).  Either way a
-small problem pays per iteration the device time of the graph, not the Python and
-launch overhead of its ~50 kernels.
+The host does not wait after every launch: it launches ``k - 1`` iterations back to back,
+``k`` the iterations of the previous solve (solves of one operator take similar counts, e.g.
+in time stepping or an adaptive loop), then copies the status asynchronously into pinned
+memory and waits for that copy; from there on it waits after every launch.  Launches past
+the stop cost the device one iteration each (their updates are no-ops) but no round trip,
+so a solve like the previous one pays per iteration the device time of its graph and one
+launch, and one host wait in all instead of one round trip (~10-20 us) per iteration.
 
 The stopping contract of :mod:`adaptmg.linalg` holds: on ``state == 1`` the true residual
 ``b - A x`` is computed; if it fails the test (the recurrence residual drifted) or on a
@@ -38,7 +36,6 @@ breakdown its own way.
 """
 from __future__ import annotations
 
-import collections
 import functools
 
 import numpy as np
@@ -70,6 +67,8 @@ def _kernels(xp):
                      "  else if (!(s[1] > T(0)) || !(s[0] > T(0))) st[0] = 2;"
                      "  else if (st[1] >= st[2]) st[0] = 4;"
                      "}", "adaptmg_graphcg_status"),
+        "init": ek("int32 m", "raw int32 st", "st[0] = 0; st[1] = 0; st[2] = m;",
+                   "adaptmg_graphcg_init"),
         "shift": ek("raw int32 st", "raw T s", "if (st[0] == 0) s[0] = s[3];",
                     "adaptmg_graphcg_shift"),
     }
@@ -85,8 +84,6 @@ class GraphCG:
     the iterations of the last :meth:`solve`.
     """
 
-    depth = 1          #: launches in flight before the host reads a status (module docstring)
-
     def __init__(self, backend, A, cycle):
         if not backend.is_gpu:
             raise ValueError("GraphCG needs the GPU backend")
@@ -101,12 +98,15 @@ class GraphCG:
         self.plan = K.make_spmv(A)
         self.ops = VectorOps(backend, n, dt, rows=1)
         self.k = _kernels(xp)
-        self.x, self.r, self.p, self.q = (xp.zeros(n, dt) for _ in range(4))
+        self.x, self.p, self.q = (xp.zeros(n, dt) for _ in range(3))
+        self.r = cycle.b           # the cycle reads b and never writes it: z = M r needs no copy
         self.s = xp.zeros(4, dt)
         self.tol2 = xp.zeros(1, dt)
         self.st = xp.zeros(3, np.int32)
-        self._pinned = [xp.cuda.alloc_pinned_memory(12) for _ in range(2)]
-        self._host = [np.ndarray((3,), np.int32, buffer=m) for m in self._pinned]
+        self._pinned = xp.cuda.alloc_pinned_memory(12)
+        self._host = np.ndarray((3,), np.int32, buffer=self._pinned)
+        self.iterations = 0
+        self._hint = 1             # iterations of the last solve that iterated
         self.graph, self.graph_error = capture(
             backend, self._iteration, [self.x, self.r, self.p, self.s], self.x,
             rtol=1e3 * float(np.finfo(dt).eps), reset=self._reset_status)
@@ -121,63 +121,60 @@ class GraphCG:
         k["xr"](self.p, self.q, s, st, self.x, self.r)
         ops.mdot(self.r[None], self.r, s[2:3])
         k["status"](s, self.tol2, st, size=1)
-        cyc.b[...] = self.r
         cyc.run_eager()
         ops.mdot(self.r[None], cyc.x, s[3:4])
         k["p"](cyc.x, s, st, self.p)
         k["shift"](st, s, size=1)
 
-    def _status_async(self, slot, stream):
+    def _wait_status(self, stream):
+        """Copy the status into pinned memory behind the last launch and wait for it."""
         rt = self.xp.cuda.runtime
-        rt.memcpyAsync(self._pinned[slot].ptr, self.st.data.ptr, 12,
-                       rt.memcpyDeviceToHost, stream.ptr)
-        ev = self.xp.cuda.Event(block=False, disable_timing=True)
-        ev.record(stream)
-        return ev
+        rt.memcpyAsync(self._pinned.ptr, self.st.data.ptr, 12, rt.memcpyDeviceToHost, stream.ptr)
+        stream.synchronize()
+        return int(self._host[0])
 
-    def solve(self, b, x, tol, maxiter):
+    def solve(self, b, x, tol, maxiter, *, x_zero=False, bnorm=None):
         """CG on ``A x = b`` from ``x`` (updated in place) to ``||b - A x|| <= tol``.
 
-        Returns ``(x, state, iterations)``: state 0 converged (true residual checked),
-        else the iterations done and why it stopped (1: the true residual failed the
-        test after the recurrence passed it; 2: breakdown; 3: non-finite; 4: maxiter),
-        for the caller to continue with :func:`adaptmg.linalg.cg` or to report.
+        ``x_zero=True`` with ``bnorm = ||b||`` says that ``x`` is zero: the initial residual
+        is then ``b`` without a product or a norm.  Returns ``(x, state, iterations)``:
+        state 0 converged (true residual checked), else the iterations done and why it
+        stopped (1: the true residual failed the test after the recurrence passed it; 2:
+        breakdown; 3: non-finite; 4: maxiter), for the caller to continue with
+        :func:`adaptmg.linalg.cg` or to report.
         """
         xp, r = self.xp, self.r
         r[...] = b
-        self.plan(x, r, -1.0, 1.0)
-        rnorm = float(xp.linalg.norm(r))
+        if x_zero and bnorm is not None:
+            rnorm = float(bnorm)
+        else:
+            self.plan(x, r, -1.0, 1.0)
+            rnorm = float(xp.linalg.norm(r))
         self.iterations = 0
         if rnorm <= tol:
             return x, 0, 0
         if maxiter <= 0:
             return x, 4, 0
         xp.copyto(self.x, x)
-        self.cycle.b[...] = r
         self.cycle()
         xp.copyto(self.p, self.cycle.x)
         self.ops.mdot(r[None], self.cycle.x, self.s[0:1])
         self.tol2.fill(tol * tol)
-        self.st.set(np.array([0, 0, maxiter], np.int32))
+        self.k["init"](np.int32(maxiter), self.st, size=1)
         stream = xp.cuda.get_current_stream()
-        pending = collections.deque()
-        launched = 0
-        while True:
-            if launched < maxiter:
-                self.graph.launch()
-                launched += 1
-                slot = launched % 2
-                pending.append((self._status_async(slot, stream), slot))
-                if len(pending) < self.depth:
-                    continue
-            if not pending:        # pragma: no cover - the device reports maxiter first
-                break
-            ev, slot = pending.popleft()   # the oldest launch in flight: its slot is not reused yet
-            ev.synchronize()
-            if int(self._host[slot][0]) != 0:
-                break
-        state, its, _ = (int(v) for v in self.st.get())   # waits for the launch still in flight
+        ahead = max(1, min(int(maxiter), self._hint - 1))
+        for _ in range(ahead):
+            self.graph.launch()
+        launched = ahead
+        state = self._wait_status(stream)
+        while state == 0 and launched < maxiter:
+            self.graph.launch()
+            launched += 1
+            state = self._wait_status(stream)
+        its = int(self._host[1])
         self.iterations = its
+        if its > 0:
+            self._hint = its
         xp.copyto(x, self.x)
         if state == 1:
             r[...] = b

@@ -173,11 +173,29 @@ def _algebraic_levels(K0, space, cons, near_nullspace, be, dtype, coarse, max_co
     return levels
 
 
+#: ``multigrid(coarse_max_rows="auto")`` on the GPU: the direct coarse solve takes the finest
+#: level with at most this many rows (2-D Q1 boxes: 1089 rows, 3-D: 729)
+GPU_COARSE_MAX_ROWS = 2000
+
+
+def _coarse_max_rows(value, be, coarse):
+    """The ``coarse_max_rows`` of :func:`multigrid` for this backend ("auto" resolved)."""
+    if isinstance(value, str):
+        if value != "auto":
+            raise ValueError(f"coarse_max_rows must be a positive integer, None or 'auto', got {value!r}")
+        return GPU_COARSE_MAX_ROWS if (be.is_gpu and coarse == "direct") else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"coarse_max_rows must be a positive integer, None or 'auto', got {value!r}")
+    return int(value)
+
+
 def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galerkin=False,
               smoother="jacobi", smoother_kwargs=None, presmooth=2, postsmooth=2,
               coarse="direct", coarse_sweeps=10, max_levels=None, backend="auto",
               dtype=np.float64, max_direct=20000, threads=None, max_coarse=2000,
-              near_nullspace="constant", amg_kwargs=None, coarse_max_rows=None):
+              near_nullspace="constant", amg_kwargs=None, coarse_max_rows="auto"):
     """Multigrid for ``assemble(space)`` with hanging-node and Dirichlet constraints: geometric
     levels from the mesh's refinement history, algebraic ones below when those run out.
 
@@ -213,11 +231,14 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
     amg_kwargs : dict of further :func:`adaptmg.amg` arguments for the algebraic levels
         (``setup``, ``strength``, ``seed``, ``front`` -- the device set-up's advancing-front
         aggregation, None for random order --, ``smoother`` -- default V(1,1) Chebyshev --, ...).
-    coarse_max_rows : int, optional
+    coarse_max_rows : int, None or "auto"
         Cycle only down to the finest level with at most this many rows and solve there
-        directly (the levels below are built but not cycled).  On the GPU, where the
-        small levels cost launches rather than bandwidth, ~1000-2000 rows shortens a
-        cycle of a small problem (``scripts/bench_solve_latency.py --coarse-max-rows``).
+        directly; geometric levels below it are not built at all.  None: every level.
+        "auto" (default): :data:`GPU_COARSE_MAX_ROWS` on the GPU with ``coarse="direct"``,
+        else None.  On the GPU the small levels cost kernel launches rather than
+        bandwidth, while the dense coarse inverse of <= 2000 rows is one GEMV of <= 32 MB
+        (~10 us on an H100); on the CPU the GEMV costs more than the small levels it
+        replaces.  Measured with ``scripts/bench_solve_latency.py``.
     Other arguments go to :class:`~adaptmg.multilevel.MultilevelSolver`.
 
     Returns
@@ -237,8 +258,14 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         raise ValueError(f"max_coarse must be a positive integer or None, got {max_coarse!r}")
     if isinstance(near_nullspace, str) and near_nullspace not in NEAR_NULLSPACES:
         raise ValueError(f"near_nullspace must be one of {NEAR_NULLSPACES} or an array, got {near_nullspace!r}")
+    be = get_backend(backend)
+    coarse_max_rows = _coarse_max_rows(coarse_max_rows, be, coarse)
     meshes = space.mesh.hierarchy(max_levels=max_levels)
     spaces = [Space(m, space.degree, space.components) for m in meshes[:-1]] + [space]
+    if coarse_max_rows is not None:      # levels below the coarse one are not built
+        small = [l for l, s in enumerate(spaces) if s.num_dofs <= coarse_max_rows]
+        if small and small[-1] > 0:
+            spaces = spaces[small[-1]:]
     L = len(spaces)
     with _setup_pool(threads) as pool:
         # the library's own per-level work (constraints, prolongations, constrained matrices)
@@ -278,7 +305,7 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
                 Ks[l] = K_f[l].result()
     alg = []
     if max_coarse is not None and Ks[0].shape[0] > max_coarse:
-        alg = _algebraic_levels(Ks[0], spaces[0], cons[0], near_nullspace, get_backend(backend),
+        alg = _algebraic_levels(Ks[0], spaces[0], cons[0], near_nullspace, be,
                                 dtype, coarse, int(max_coarse), amg_kwargs)
         PRs[0] = (alg[-1].P, alg[-1].R)
         Ps[0] = alg[-1].P
@@ -287,9 +314,6 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         meta = {"kind": "geometric", "cells": s.mesh.num_cells, "hanging": int(s.hanging_nodes.size)}
         levels.append(Level(K, P=Ps[l], R=PRs[l][1], meta=meta))
     if coarse_max_rows is not None:
-        if isinstance(coarse_max_rows, bool) or not isinstance(coarse_max_rows, (int, np.integer)) \
-                or coarse_max_rows < 1:
-            raise ValueError(f"coarse_max_rows must be a positive integer or None, got {coarse_max_rows!r}")
         keep = [i for i, lev in enumerate(levels) if lev.n <= coarse_max_rows]
         if keep and keep[-1] > 0:
             k, n_alg = keep[-1], len(levels) - len(spaces)

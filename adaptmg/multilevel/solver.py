@@ -560,7 +560,7 @@ class MultilevelSolver:
             g = self._graph_cg(kind)
             if g is not None:
                 # every iteration one CUDA graph, the stopping test on the device
-                x, state, its = g.solve(b, x, tol, maxiter)
+                x, state, its = g.solve(b, x, tol, maxiter, x_zero=not have_x0, bnorm=bnorm)
                 self.last_iterations = its
                 if state == 0:
                     return x

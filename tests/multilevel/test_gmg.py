@@ -209,5 +209,31 @@ def test_coarse_max_rows_trims_the_cycle():
         assert np.linalg.norm(1 - ml.A @ x) <= 1e-8 * np.sqrt(4225)
         counts[cmr] = len(its)
     assert max(counts.values()) <= counts[None] + 1, counts
-    with pytest.raises(ValueError, match="coarse_max_rows"):
-        adaptmg.multigrid(mesh, assemble.stiffness, backend="cpu", coarse_max_rows=0)
+    # "auto" (the default) keeps every level on the CPU
+    assert adaptmg.multigrid(mesh, assemble.stiffness, backend="cpu").levels[0].n == 4
+    for bad in (0, "all", 2.5):
+        with pytest.raises(ValueError, match="coarse_max_rows"):
+            adaptmg.multigrid(mesh, assemble.stiffness, backend="cpu", coarse_max_rows=bad)
+
+
+@pytest.mark.gpu
+def test_gpu_default_solves_directly_on_the_finest_level_below_2000_rows():
+    """multigrid's default coarse_max_rows="auto" on the GPU: the cycle ends in a dense
+    direct solve on the finest level with <= GPU_COARSE_MAX_ROWS rows (the coarser levels are
+    not built); the solution equals the CPU's full hierarchy's to the tolerance and the CG
+    iterations are at most the CPU's."""
+    from adaptmg.multilevel.hierarchy import GPU_COARSE_MAX_ROWS
+    from adaptmg.backend import to_host
+    mesh = adaptmg.Mesh.box([0, 0, 0], [1, 1, 1], [1, 1, 1])
+    for _ in range(4):
+        mesh = mesh.refine()
+    cpu = adaptmg.multigrid(mesh, assemble.stiffness, backend="cpu")
+    gpu = adaptmg.multigrid(mesh, assemble.stiffness, backend="gpu")
+    assert [lev.n for lev in gpu.levels] == [729, 4913]
+    assert len(gpu.spaces) == 2 and gpu.levels[0].n <= GPU_COARSE_MAX_ROWS
+    assert [lev.n for lev in cpu.levels] == [8, 27, 125, 729, 4913]
+    b = np.random.default_rng(0).standard_normal(4913)
+    xc = cpu.solve(b, rtol=1e-10, accel="cg")
+    xg = to_host(gpu.solve(b, rtol=1e-10, accel="cg"))
+    assert gpu.last_iterations <= cpu.last_iterations
+    assert np.linalg.norm(xg - xc) <= 1e-8 * np.linalg.norm(xc)
