@@ -130,9 +130,11 @@ def problem(estimator="residual", n=2, backend_dual=None) -> AdaptiveProblem:
         Jh = float(assemble.load(space, goal_weight, quad_points=8) @ u)
         return eta, est, {"goal_error": Jex - Jh, "dual_iterations": di["dual_iterations"]}
 
-    return AdaptiveProblem("lshape", coarse_mesh(n), solve, estimate,
-                           lambda s, u, i: {"H1": errors(s, u, grad=grad)["H1"],
-                                            "L2": errors(s, u, exact)["L2"]},
+    def error(space, u, info):           # on the solver's backend (the device on the GPU)
+        e = errors(space, u, exact, grad, backend=info["ml"].backend)
+        return {"H1": e["H1"], "L2": e["L2"]}
+
+    return AdaptiveProblem("lshape", coarse_mesh(n), solve, estimate, error,
                            lambda s, u, i: {"exact": s.interpolate(exact), "error": s.interpolate(exact) - u})
 
 

@@ -6,13 +6,18 @@ and an exact solution u:
 .. math::  \|u - u_h\|_{L^2}^2 = \sum_K \sum_q w_q |\det J_K(\hat x_q)|\, |u(x_q) - u_h(x_q)|^2,
 .. math::  |u - u_h|_{H^1}^2 = \sum_K \sum_q w_q |\det J_K|\, |\nabla u(x_q) - J_K^{-T}\hat\nabla u_h(\hat x_q)|^2 .
 
-Cells are processed in chunks to bound memory.
+With the multilinear cell map, :math:`x_q = \sum_v X_v \hat N_v(\hat x_q)` and
+:math:`J_K = \sum_v X_v \hat\nabla \hat N_v^T`; the reference gradient of :math:`u_h` is
+formed first (:math:`\hat\nabla u_h = \sum_j u_j \hat\nabla\hat\phi_j`) and mapped once
+per point.  Cells are processed in chunks to bound memory; every step is array code on
+the backend's array module, so on the GPU backend the norms are computed on the device.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .geometry import CellGeometry
+from ..backend import get_backend, to_host
+from .geometry import jacobian_error, q1_tables
 from .quadrature import tensor_gauss
 
 __all__ = ["errors", "integrate"]
@@ -23,48 +28,109 @@ def _chunks(n, size):
         yield slice(s, min(n, s + size))
 
 
-def errors(space, u, exact=None, grad=None, *, points=None, chunk=65536):
+def _det_invT(J, xp):
+    """det J and J^{-T} of a stack (..., d, d) by cofactors (d = 1, 2, 3)."""
+    d = J.shape[-1]
+    if d == 1:
+        det = J[..., 0, 0]
+        return det, 1.0 / J
+    cof = xp.empty_like(J)              # cof[r, s] = cofactor of J[r, s]; J^{-T} = cof / det
+    if d == 2:
+        cof[..., 0, 0] = J[..., 1, 1]
+        cof[..., 0, 1] = -J[..., 1, 0]
+        cof[..., 1, 0] = -J[..., 0, 1]
+        cof[..., 1, 1] = J[..., 0, 0]
+    else:
+        for r in range(3):
+            r1, r2 = (r + 1) % 3, (r + 2) % 3
+            for s in range(3):
+                s1, s2 = (s + 1) % 3, (s + 2) % 3
+                cof[..., r, s] = J[..., r1, s1] * J[..., r2, s2] - J[..., r1, s2] * J[..., r2, s1]
+    det = (J[..., 0, :] * cof[..., 0, :]).sum(-1)
+    return det, cof / det[..., None, None]
+
+
+def _evaluate(fn, x, xp):
+    """``fn(x)`` as an array of the backend: called on the backend's points; a callable that
+    refuses device arrays (TypeError, e.g. a NumPy-only function) is called on host copies."""
+    if xp is np:
+        return np.asarray(fn(x), dtype=float)
+    try:
+        v = fn(x)
+    except TypeError:
+        v = fn(to_host(x))
+    return xp.asarray(v, dtype=float)
+
+
+def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=None):
     """Return {"L2": ||u - u_h||, "H1": |u - u_h|_1} (keys present for the callables given).
 
     ``exact(x)``: (..., d) -> (...) or (..., c); ``grad(x)``: (..., d) -> (..., d) or (..., c, d).
+    ``u``: the full nodal vector (host or device array).  ``backend``: where to compute
+    (default: where ``u`` lives); on the GPU the callables receive CuPy arrays (NumPy
+    ufuncs such as ``np.sin`` dispatch to CuPy); one that raises TypeError on them is
+    evaluated on host copies of the points.  ``points``: Gauss points per direction
+    (default degree + 3); ``chunk``: cells per batch (default 2^16 on the CPU; on the GPU
+    as many as keep the Jacobians within 128 MB).
     """
     for name, fn in (("exact", exact), ("grad", grad)):
         if fn is not None and not callable(fn):
             raise TypeError(f"errors: {name} must be a callable of the points x (..., d), got {type(fn).__name__}")
-    u = np.asarray(u, dtype=float)
+    be = get_backend(backend) if backend is not None else get_backend(
+        "gpu" if type(u).__module__.startswith("cupy") else "cpu")
+    xp = be.xp
+    if tuple(getattr(u, "shape", np.shape(u))) != (space.num_dofs,):
+        raise ValueError(f"u must have shape ({space.num_dofs},), got {np.shape(to_host(u))}")
     c = space.components
-    if u.shape != (space.num_dofs,):
-        raise ValueError(f"u must have shape ({space.num_dofs},), got {u.shape}")
-    U = u.reshape(space.num_nodes, c)
+    U = be.asarray(u, dtype=np.float64).reshape(space.num_nodes, c)
+    d = space.dim
     n = points or space.degree + 3
-    xi, w = tensor_gauss(space.dim, n)
-    phi = space.element.values(xi)                  # (nq, nloc)
-    dphi = space.element.gradients(xi)              # (nq, nloc, d)
-    X = space.mesh.points[space.mesh.cells]
+    xi, w = tensor_gauss(d, n)
+    N, dN = q1_tables(d, xi)                                  # (nq, nv), (nq, nv, d)
+    nq, nv = N.shape
+    phi = xp.asarray(space.element.values(xi))                # (nq, nloc)
+    dphiT = xp.asarray(np.ascontiguousarray(space.element.gradients(xi).transpose(0, 2, 1)))
+    # J[c, q, a, b] = sum_v X[c, v, a] dN[q, v, b]: (c, d, nv) @ (nv, nq*d)
+    dNm = xp.asarray(np.ascontiguousarray(dN.transpose(1, 0, 2).reshape(nv, nq * d)))
+    NT = xp.asarray(np.ascontiguousarray(N.T))
+    wq = xp.asarray(w)
+    P = be.asarray(np.asarray(space.mesh.points, dtype=np.float64))
+    cells = be.asarray(space.mesh.cells)
+    cdofs = be.asarray(space.cell_dofs)
+    # CPU: 2^16 cells; GPU: the largest batch whose Jacobians take <= 2^24 numbers (128 MB)
+    size = int(chunk) if chunk else (max(1, (1 << 24) // (nq * d * d)) if be.is_gpu else 1 << 16)
     e2 = h2 = 0.0
-    for sl in _chunks(space.mesh.num_cells, chunk):
-        g = CellGeometry(X[sl], xi)
-        wd = g.detJ * w                             # (nc, nq)
-        Uc = U[space.cell_dofs[sl]]                 # (nc, nloc, c)
+    for sl in _chunks(space.mesh.num_cells, size):
+        XT = P[cells[sl]].transpose(0, 2, 1)                  # (m, d, nv)
+        m = XT.shape[0]
+        J = (XT @ dNm).reshape(m, d, nq, d).transpose(0, 2, 1, 3)
+        det, invT = _det_invT(J, xp)
+        bad = ~(det > 0).all(axis=1)
+        if bool(bad.any()):
+            raise jacobian_error(to_host(bad))
+        wd = det * wq                                         # (m, nq)
+        x = (XT @ NT).transpose(0, 2, 1)                      # (m, nq, d)
+        Uc = U[cdofs[sl]]                                     # (m, nloc, c)
         if exact is not None:
-            uh = np.einsum("qj,cjk->cqk", phi, Uc)
-            ue = np.asarray(exact(g.x), dtype=float).reshape(uh.shape)
-            e2 += float(np.einsum("cq,cqk->", wd, (ue - uh) ** 2))
+            uh = phi @ Uc                                     # (m, nq, c)
+            ue = _evaluate(exact, x, xp).reshape(uh.shape)
+            e2 += (wd[..., None] * (ue - uh) ** 2).sum()
         if grad is not None:
-            G = g.physical_gradients(dphi)          # (nc, nq, nloc, d)
-            gh = np.einsum("cqjd,cjk->cqkd", G, Uc)
-            ge = np.asarray(grad(g.x), dtype=float).reshape(gh.shape)
-            h2 += float(np.einsum("cq,cqkd->", wd, (ge - gh) ** 2))
+            gref = dphiT @ Uc[:, None]                        # (m, nq, d, c): reference gradients
+            gh = (invT @ gref).transpose(0, 1, 3, 2)          # (m, nq, c, d)
+            ge = _evaluate(grad, x, xp).reshape(gh.shape)
+            h2 += (wd[..., None, None] * (ge - gh) ** 2).sum()
     out = {}
     if exact is not None:
-        out["L2"] = np.sqrt(e2)
+        out["L2"] = float(np.sqrt(float(e2)))
     if grad is not None:
-        out["H1"] = np.sqrt(h2)
+        out["H1"] = float(np.sqrt(float(h2)))
     return out
 
 
 def integrate(space, u, *, chunk=65536):
     """Integral of the FE function with nodal values ``u`` (one value per component)."""
+    from .geometry import CellGeometry
     u = np.asarray(u, dtype=float).reshape(space.num_nodes, space.components)
     xi, w = tensor_gauss(space.dim, space.degree + 1)
     phi = space.element.values(xi)
