@@ -13,7 +13,10 @@ the README's first two columns verbatim) under a heading with the date, the devi
 the CuPy version.  Each row calls the functions of the script the README names for it
 (``bench_poisson.run_adaptmg`` / ``run_pyamg`` / ``run_cupyx_cg``, ``bench_pyamg_bridge.main``,
 ``bench_patch.pick_level`` / ``timeit`` / ``bench_solve``, ``bench_problems.part_td`` /
-``part_el``, ``bench_navier_stokes.bench``), loaded from ``scripts/`` by path.
+``part_el``, ``bench_navier_stokes.bench``, ``bench_amg.problem`` / ``hex_block`` /
+``run_adaptmg_amg`` / ``run_adaptmg_hybrid`` / ``run_pyamg``, ``bench_solve_latency.problem`` /
+``measure``, ``bench_elasticity_gs.part_static``, ``adaptive.timed_run``), loaded from
+``scripts/`` by path.
 
 A figure that needs the GPU is printed as ``n/a (needs GPU)`` when none is visible, unless
 ``--cpu-fallback`` is given: it is then measured with the CPU backend and marked
@@ -21,8 +24,10 @@ A figure that needs the GPU is printed as ``n/a (needs GPU)`` when none is visib
 on the host (pyamg) are always measured.  ``--quick`` shrinks every size (also the
 paper comparisons then mean nothing); its figures are marked ``[quick]``.
 
-Rows (``--rows``, comma separated; default all): poisson2d, poisson3d, vcycle, bridge,
-patch, td, elasticity, ns.
+Rows (``--rows``, comma separated; default all, in the README's order): poisson2d, poisson3d,
+vcycle, bridge, patch, td, elasticity, ns, amg2d, amg3d, hex, latency, gs, adaptive.
+``--skip`` (comma separated) leaves rows out, so that a long run can be split in two.  A row
+that fails prints ``error: <message>`` as its result (traceback on stderr); the others go on.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ import platform
 import re
 import sys
 import time
+import traceback
 import warnings
 
 import numpy as np
@@ -44,9 +50,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+if HERE not in sys.path:        # bench_solve_latency imports bench_poisson by name (appended: shadows nothing)
+    sys.path.append(HERE)
 
 NA = "n/a (needs GPU)"
-ROWS = ("poisson2d", "poisson3d", "vcycle", "bridge", "patch", "td", "elasticity", "ns")
+ROWS = ("poisson2d", "poisson3d", "vcycle", "bridge", "patch", "td", "elasticity", "ns",
+        "amg2d", "amg3d", "hex", "latency", "gs", "adaptive")
 
 #: the README's first two columns, per row (verbatim)
 README = {
@@ -59,6 +68,17 @@ README = {
     "elasticity": ("elasticity on adaptive hex meshes, 100 steps, every step iterating",
                    "`python scripts/bench_problems.py --parts el-edge,el-face --el-edge 6 --el-face 5`"),
     "ns": ("3-D cavity 32x32x64 (Navier-Stokes)", "`python scripts/bench_navier_stokes.py --backend gpu`"),
+    "amg2d": ("algebraic multigrid built on the GPU (`adaptmg.amg`), 2-D Q1 1.05M",
+              "`python scripts/bench_amg.py --cases 2d --geometric --hybrid`"),
+    "amg3d": ("same, 3-D Q1 2.15M", "`python scripts/bench_amg.py --cases 3d --geometric --hybrid`"),
+    "hex": ("distorted hex block, 1.03M DoFs, one mesh level (as imported)",
+            "`python scripts/bench_amg.py --cases hex --hybrid`"),
+    "latency": ("`ml.solve` on small problems", "`python scripts/bench_solve_latency.py`"),
+    "gs": ("block multicolour Gauss-Seidel vs block Jacobi, 3-D elasticity (edge 6)",
+           "`python scripts/bench_elasticity_gs.py --backend gpu --size 6`"),
+    "adaptive": ("adaptive L-shape loop (solve, estimate, mark, refine) to >= 1M DoFs, GPU vs CPU backend",
+                 "`python scripts/adaptive.py --problem lshape --backend gpu --max-dofs 1000000` "
+                 "(and `--backend cpu`)"),
 }
 
 
@@ -100,6 +120,11 @@ class Ctx:
 def fmt_t(s):
     """Seconds as the README writes them: ms below 0.1 s, else s."""
     return f"{1e3 * s:.1f} ms" if s < 0.1 else f"{s:.2f} s"
+
+
+def fmt_x(r):
+    """A speed-up ratio: '209x', '1.3x'."""
+    return f"{r:.0f}x" if r >= 10 else f"{r:.1f}x"
 
 
 # ----------------------------------------------------------------------------- Poisson
@@ -287,8 +312,155 @@ def row_ns(ctx):
     return ctx.mark(f"{ms:.1f} ms per time step; the paper's 40 000 steps in {40000 * ms / 1e3:.0f} s{paper}")
 
 
+# ----------------------------------------------------------------------------- algebraic multigrid
+def _free_gpu(ctx):
+    """Return the CuPy memory pool's blocks between the large rows."""
+    if ctx.gpu:
+        import cupy
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+def amg_case(ctx, case):
+    """bench_amg's case ``2d`` / ``3d`` / ``hex``: the same matrix and right-hand side for
+    ``run_adaptmg_amg`` (boxes), ``run_adaptmg_hybrid`` (2-D box and hex block) and ``run_pyamg``."""
+    import adaptmg
+    from adaptmg.backend import get_backend
+    ba = load_script("bench_amg")
+    if case == "2d":
+        n = 64 if ctx.quick else 1024
+        mesh = adaptmg.Mesh.box([0, 0], [1, 1], [n, n])
+    elif case == "3d":
+        n = 16 if ctx.quick else 128
+        mesh = adaptmg.Mesh.box([0] * 3, [1] * 3, [n] * 3)
+    else:
+        n = 16 if ctx.quick else 100
+        mesh = ba.hex_block(n)
+    space, K, f = ba.problem(mesh)
+    out = {"n": n, "dofs": K.shape[0]}
+    if ctx.backend is not None:
+        be = get_backend(ctx.backend)
+        if case != "hex":
+            out["amg"] = ba.run_adaptmg_amg(K, f, be, ctx.repeat, 1.0)
+        if case in ("2d", "hex"):
+            out["hybrid"] = ba.run_adaptmg_hybrid(space, K, f, be, ctx.repeat, 1.0)
+        for k in ("amg", "hybrid"):
+            if k in out:
+                out[k].pop("ml", None)
+        _free_gpu(ctx)
+    out["pyamg"] = ba.run_pyamg(K, f, ctx.repeat)
+    return out
+
+
+def _amg_text(ctx, r):
+    p = r["pyamg"]
+    if "amg" not in r:
+        return ctx.mark(f"SA set-up and solve {NA}; pyamg set-up {fmt_t(p['sa'])}, solve {fmt_t(p['solve'])}, "
+                        f"{p['its']} its ({r['dofs']:,} DoFs)")
+    a = r["amg"]
+    text = (f"SA set-up {fmt_t(a['sa'])} (pyamg {fmt_t(p['sa'])}: {fmt_x(p['sa'] / a['sa'])}), "
+            f"solve {fmt_t(a['solve'])} ({a['its']} its; pyamg {fmt_t(p['solve'])}, {p['its']} its): "
+            f"{fmt_x(p['solve'] / a['solve'])}")
+    if "hybrid" in r:
+        h = r["hybrid"]
+        text += f"; hybrid from the unrefined {r['n']}^2 box {fmt_t(h['solve'])}, {h['its']} its"
+    return ctx.mark(text)
+
+
+def row_amg2d(ctx):
+    return _amg_text(ctx, amg_case(ctx, "2d"))
+
+
+def row_amg3d(ctx):
+    return _amg_text(ctx, amg_case(ctx, "3d"))
+
+
+def row_hex(ctx):
+    r = amg_case(ctx, "hex")
+    p = r["pyamg"]
+    if "hybrid" not in r:
+        return ctx.mark(f"hybrid {NA} vs pyamg {fmt_t(p['solve'])}, {p['its']} its ({r['dofs']:,} DoFs)")
+    h = r["hybrid"]
+    where = "GPU" if ctx.backend == "gpu" else "CPU"
+    return ctx.mark(f"hybrid (geometric + algebraic, set up on the {where}): {fmt_t(h['solve'])}, {h['its']} its "
+                    f"vs pyamg {fmt_t(p['solve'])}, {p['its']} its")
+
+
+# ----------------------------------------------------------------------------- solve latency
+def row_latency(ctx):
+    bl = load_script("bench_solve_latency")
+    k_small, k_mid = (3, 5) if ctx.quick else (5, 7)          # 2-D 1,089 and 16,641 DoFs
+    small, mid = bl.problem(2, k_small), bl.problem(2, k_mid)
+
+    def ms(t):
+        return f"{1e3 * t:.2f} ms"
+
+    def us(t):
+        return f"{1e6 * t:.0f} us"
+    cpu = bl.measure(small, "cpu", max(3, ctx.repeat // 2))        # the script's CPU repeat
+    if ctx.backend is None:
+        return ctx.mark(f"2-D {cpu['n']:,} DoFs: GPU {NA}, CPU backend {ms(cpu['solve'])}")
+    g1 = bl.measure(small, ctx.backend, ctx.repeat)
+    g2 = bl.measure(mid, ctx.backend, ctx.repeat)
+    _free_gpu(ctx)
+    graph = f", CUDA-graph iteration {us(g2['graph'])}" if "graph" in g2 else ""
+    return ctx.mark(f"2-D {g1['n']:,} DoFs {ms(g1['solve'])} (CPU backend {ms(cpu['solve'])}), "
+                    f"{g2['n']:,} DoFs {ms(g2['solve'])} ({g2['its']} CG its; marginal iteration "
+                    f"{us(g2['marginal'])}{graph})")
+
+
+# ----------------------------------------------------------------------------- block Gauss-Seidel
+def row_gs(ctx):
+    if ctx.backend is None:
+        return NA
+    from adaptmg.backend import get_backend
+    bg = load_script("bench_elasticity_gs")
+    be = get_backend(ctx.backend)
+    # the script's static part (contraction, CG iterations, solve time) with its defaults
+    args = argparse.Namespace(case="edge", size=2 if ctx.quick else 6, levels=None, cycles=10, rtol=1e-8,
+                              repeat=ctx.repeat)
+    rows = {r["smoother"]: r for r in _quiet_call(bg.part_static, args, be, lambda s: None)}
+    _free_gpu(ctx)
+    g, j = rows["block_gauss_seidel"], rows["block_jacobi"]
+    where = "GPU" if ctx.backend == "gpu" else "CPU"
+    return ctx.mark(f"V(2,2) contraction {g['factor']:.3f} vs {j['factor']:.3f}, CG {g['cg_iters']} vs "
+                    f"{j['cg_iters']} its, {fmt_x(g['solve_s'] / j['solve_s'])} the solve time on the {where} "
+                    f"({fmt_t(g['solve_s'])} vs {fmt_t(j['solve_s'])}; {g['colors']} colours; {g['dofs']:,} DoFs)")
+
+
+# ----------------------------------------------------------------------------- adaptive loop
+def row_adaptive(ctx):
+    import importlib
+    ad = load_script("adaptive")
+    mod = importlib.import_module("adaptmg_problems.lshape")
+    max_dofs = 20_000 if ctx.quick else 1_000_000
+
+    def run(backend):
+        # what `adaptive.py --problem lshape --backend B --max-dofs N` runs (steps 200: stop at N),
+        # after a short warm-up loop on the same backend: the two backends share this process, so
+        # neither pays the first calls' compilation and caches in its timed run
+        kw = dict(steps=200, backend=backend, quiet=True, out=None, strategy="doerfler", theta=0.5,
+                  max_dofs=max_dofs, estimator="residual")
+        _quiet_call(lambda: ad.timed_run(mod, **dict(kw, max_dofs=min(max_dofs, 5_000))))
+        res, rows, total = _quiet_call(lambda: ad.timed_run(mod, **kw))
+        sums = {k: sum(r[k] for r in rows) for k in ad.BREAKDOWN}
+        return dict(total=total, dofs=res["history"][-1]["dofs"], solves=len(res["history"]), sums=sums)
+
+    def parts(d):
+        return ", ".join(f"{k} {d['sums'][k]:.2f}" for k in ("refine", "setup", "solve", "estimate", "error")) + " s"
+    g = run(ctx.backend) if ctx.backend is not None else None
+    _free_gpu(ctx)
+    c = run("cpu")
+    if g is None:
+        return ctx.mark(f"GPU {NA}; CPU backend {c['total']:.2f} s to {c['dofs']:,} DoFs ({c['solves']} solves; "
+                        f"{parts(c)})")
+    return ctx.mark(f"GPU {g['total']:.2f} s vs CPU backend {c['total']:.2f} s to {g['dofs']:,} DoFs "
+                    f"({g['solves']} solves): {fmt_x(c['total'] / g['total'])}; GPU breakdown {parts(g)}")
+
+
 ROW_FUNCS = {"poisson2d": row_poisson2d, "poisson3d": row_poisson3d, "vcycle": row_vcycle, "bridge": row_bridge,
-             "patch": row_patch, "td": row_td, "elasticity": row_elasticity, "ns": row_ns}
+             "patch": row_patch, "td": row_td, "elasticity": row_elasticity, "ns": row_ns,
+             "amg2d": row_amg2d, "amg3d": row_amg3d, "hex": row_hex, "latency": row_latency, "gs": row_gs,
+             "adaptive": row_adaptive}
 
 
 # ----------------------------------------------------------------------------- output
@@ -316,19 +488,28 @@ def render(results, gpu, argv):
     return "\n".join(head + [f"| {README[k][0]} | {README[k][1]} | {v} |" for k, v in results.items()])
 
 
+def _error_text(exc):
+    """``error: <message>`` on one line (the message's first line; no '|' to break the table)."""
+    msg = (str(exc).strip().splitlines() or [""])[0].replace("|", "/")
+    return f"error: {type(exc).__name__}: {msg}" if msg else f"error: {type(exc).__name__}"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma separated subset of {','.join(ROWS)}")
+    ap.add_argument("--skip", default="", help="comma separated rows to leave out (to split a long run)")
     ap.add_argument("--cpu-fallback", action="store_true",
                     help="measure the GPU figures with the CPU backend when no GPU is visible")
     ap.add_argument("--repeat", type=int, default=None, help="timing repetitions (default 5, quick 1)")
     argv = sys.argv[1:] if argv is None else list(argv)
     a = ap.parse_args(argv)
     rows = [r.strip() for r in a.rows.split(",") if r.strip()]
-    bad = [r for r in rows if r not in ROWS]
+    skip = {r.strip() for r in a.skip.split(",") if r.strip()}
+    bad = [r for r in rows + sorted(skip) if r not in ROWS]
     if bad:
         ap.error(f"unknown rows {bad}; choose from {list(ROWS)}")
+    rows = [r for r in rows if r not in skip]
     repeat = a.repeat if a.repeat is not None else (1 if a.quick else 5)
     if repeat < 1:
         ap.error("--repeat must be >= 1")
@@ -341,7 +522,13 @@ def main(argv=None):
     t0 = time.perf_counter()
     for r in rows:
         t1 = time.perf_counter()
-        results[r] = ROW_FUNCS[r](ctx)
+        try:
+            results[r] = ROW_FUNCS[r](ctx)
+        except Exception as exc:                 # one row's failure must not cost the others
+            traceback.print_exc(file=sys.stderr)
+            results[r] = _error_text(exc)
+            with contextlib.suppress(Exception):
+                _free_gpu(ctx)
         print(f"[{r}: {time.perf_counter() - t1:.1f} s] {results[r]}", file=sys.stderr, flush=True)
     print(render(results, gpu, argv))
     print(f"\n({time.perf_counter() - t0:.0f} s in all)")
