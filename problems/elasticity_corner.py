@@ -52,12 +52,12 @@ def solve(mesh, backend="cpu", rtol=1e-9):
     t_mg = time.perf_counter() - t0
     u = to_host(ml.expand(x))
     return space, u, {"iterations": ml.last_iterations, "levels": len(ml.spaces), "t_mg": t_mg,
-                      "compliance": float(assemble.load(space, LOAD) @ u)}
+                      "compliance": float(assemble.load(space, LOAD) @ u), "backend": ml.backend}
 
 
 def problem(n=2) -> AdaptiveProblem:
     def estimate(space, u, info):
-        eta = elasticity_indicators(space, u, LAM, MU, f=LOAD, neumann_ids=[0])
+        eta = elasticity_indicators(space, u, LAM, MU, f=LOAD, neumann_ids=[0], backend=info.get("backend"))
         return eta, float(np.sqrt((eta ** 2).sum())), {"compliance": info["compliance"]}
 
     return AdaptiveProblem("elasticity_corner", coarse_mesh(n), solve, estimate)

@@ -61,12 +61,13 @@ def solve(mesh, backend="cpu", rtol=1e-9):
     ml.backend.synchronize()
     t_mg = time.perf_counter() - t0
     u = to_host(ml.expand(x))
-    return space, u, {"iterations": ml.last_iterations, "levels": len(ml.spaces), "t_mg": t_mg, "J": float(b @ u)}
+    return space, u, {"iterations": ml.last_iterations, "levels": len(ml.spaces), "t_mg": t_mg, "J": float(b @ u),
+                      "backend": ml.backend}
 
 
 def problem() -> AdaptiveProblem:
     def estimate(space, u, info):
-        eta = residual_indicators(space, u, f=1.0)
+        eta = residual_indicators(space, u, f=1.0, backend=info.get("backend"))
         return eta, float(np.sqrt((eta ** 2).sum())), {"J": info["J"]}
 
     def error(space, u, info):

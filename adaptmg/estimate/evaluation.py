@@ -22,6 +22,12 @@ matrix product of a table with the gathered nodal data, e.g.
 once; arrays are laid out as ``(components..., m, n)`` (points, then cells last), so that
 the cofactor inverse and the chain rule are element-wise operations on contiguous
 ``(m, n)`` blocks (array operations only, no loop over cells, so that it can run on CuPy).
+
+The cells-last functions (:func:`gather_cells`, :func:`point_fields`, :func:`inverse_cofactor`,
+:func:`laplacian`, :func:`hessian`) work on NumPy or CuPy arrays alike (the array module is
+taken from the data, :func:`array_module`); the tables are computed with NumPy and moved to
+the device with :func:`tables_on`.  :func:`serial_chunk` sizes chunks for the host's caches
+and BLAS, :func:`device_chunk` for the GPU (larger, bounded by memory).
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backend import is_device_array
 from ..fe.element import LagrangeQ, lagrange_1d, lagrange_1d_derivative
 from ..fe.geometry import _det_inv
 
@@ -179,6 +186,47 @@ def serial_chunk(tab: RefTables, hessian=False, components=1, lo=512, hi=20000):
     return int(min(hi, max(lo, _GEMM_SERIAL // max(work, 1))))
 
 
+def array_module(a):
+    """``numpy`` for a host array, ``cupy`` for a device array."""
+    if is_device_array(a):
+        import cupy
+        return cupy
+    return np
+
+
+_DEVICE_TABLES: dict = {}
+
+
+def tables_on(tab: RefTables, xp) -> RefTables:
+    """``tab`` with its arrays on the array module ``xp`` (``tab`` itself for NumPy); device
+    copies are memoised per table (and per current device)."""
+    if xp is np:
+        return tab
+    key = (id(tab), int(xp.cuda.runtime.getDevice()))
+    hit = _DEVICE_TABLES.get(key)
+    if hit is None or hit[0] is not tab:
+        if len(_DEVICE_TABLES) > 256:
+            _DEVICE_TABLES.clear()
+        hit = (tab, RefTables(*(xp.asarray(getattr(tab, f)) for f in ("N", "dN", "phi", "dphi", "hess"))))
+        _DEVICE_TABLES[key] = hit
+    return hit[1]
+
+
+DEVICE_CHUNK = 1 << 18       # at most this many cells per call of point_fields on the GPU
+DEVICE_FLOATS = 1 << 24      # and at most about this many floats (128 MiB) in its largest array
+
+
+def device_chunk(tab: RefTables, hessian=False, components=1, dim=None, hi=DEVICE_CHUNK,
+                 floats=DEVICE_FLOATS, lo=1024):
+    """Cells per call of :func:`point_fields` on the GPU: as many as keep the largest array
+    (the Jacobians, d*d*m per cell, or the reference gradients/Hessians times the components)
+    below ``floats`` entries, between ``lo`` and ``hi``."""
+    d = tab.dN.shape[0] // tab.N.shape[0] if dim is None else dim
+    t = tab.hess if hessian else tab.dphi
+    work = max(d * tab.dN.shape[0], t.shape[0] * components)
+    return int(min(hi, max(lo, floats // max(work, 1))))
+
+
 @dataclass
 class CellData:
     """Vertex coordinates ``X`` (d, nv, n) and nodal values ``U`` (c, nloc, n) of n cells."""
@@ -186,43 +234,65 @@ class CellData:
     U: np.ndarray
 
 
-def gather_cells(space, Ut, cells, points_t=None) -> CellData:
+def gather_cells(space, Ut, cells, points_t=None, cell_nodes=None, cell_dofs=None) -> CellData:
     """Gather the cells' vertices and nodal values; ``Ut`` is the nodal vector as (c, num_nodes)
-    and ``points_t`` optionally ``mesh.points.T`` (d, num_nodes) computed once by the caller."""
+    and ``points_t`` optionally ``mesh.points.T`` (d, num_nodes) computed once by the caller.
+    On the device pass ``points_t``, ``cells`` and the device copies ``cell_nodes`` of
+    ``mesh.cells`` and ``cell_dofs`` of ``space.cell_dofs`` too."""
     mesh = space.mesh
     Pt = np.ascontiguousarray(mesh.points.T) if points_t is None else points_t
-    return CellData(Pt[:, mesh.cells[cells].T], Ut[:, space.cell_dofs[cells].T])
+    cn = mesh.cells if cell_nodes is None else cell_nodes
+    cdofs = space.cell_dofs if cell_dofs is None else cell_dofs
+    return CellData(Pt[:, cn[cells].T], Ut[:, cdofs[cells].T])
 
 
-def inverse_cofactor(J):
-    """det J (m, n) and J^{-1} (d, d, m, n) of a cells-last stack J (d, d, m, n) (cofactors)."""
+def inverse_cofactor(J, check=True):
+    """det J (m, n) and J^{-1} (d, d, m, n) of a cells-last stack J (d, d, m, n) (cofactors).
+
+    ``check``: raise :class:`ValueError` where det J <= 0 (on the device the caller may
+    check later, :func:`check_determinants`, to save a synchronisation per call)."""
+    xp = array_module(J)
     d = J.shape[0]
-    inv = np.empty_like(J)
+    inv = xp.empty_like(J)
     if d == 1:
         det = J[0, 0].copy()
         inv[0, 0] = 1.0
     elif d == 2:
         det = J[0, 0] * J[1, 1] - J[0, 1] * J[1, 0]
         inv[0, 0], inv[1, 1] = J[1, 1], J[0, 0]
-        np.negative(J[0, 1], out=inv[0, 1])
-        np.negative(J[1, 0], out=inv[1, 0])
+        xp.negative(J[0, 1], out=inv[0, 1])
+        xp.negative(J[1, 0], out=inv[1, 0])
     elif d == 3:
-        tmp = np.empty_like(J[0, 0])
+        tmp = xp.empty_like(J[0, 0])
         for r in range(3):                          # inv[s, r] = cofactor(r, s) / det
             r1, r2 = (r + 1) % 3, (r + 2) % 3
             for s in range(3):
                 s1, s2 = (s + 1) % 3, (s + 2) % 3
-                np.multiply(J[r1, s1], J[r2, s2], out=inv[s, r])
-                inv[s, r] -= np.multiply(J[r1, s2], J[r2, s1], out=tmp)
+                xp.multiply(J[r1, s1], J[r2, s2], out=inv[s, r])
+                inv[s, r] -= xp.multiply(J[r1, s2], J[r2, s1], out=tmp)
         det = J[0, 0] * inv[0, 0]
-        det += np.multiply(J[0, 1], inv[1, 0], out=tmp)
-        det += np.multiply(J[0, 2], inv[2, 0], out=tmp)
+        det += xp.multiply(J[0, 1], inv[1, 0], out=tmp)
+        det += xp.multiply(J[0, 2], inv[2, 0], out=tmp)
     else:
         raise ValueError(f"dimension must be 1, 2 or 3, got {d}")
-    if not (det > 0).all():
-        raise ValueError("non-positive Jacobian determinant at an estimator quadrature point")
+    if check:
+        check_determinants([(det > 0).all()])
     inv /= det
     return det, inv
+
+
+def check_determinants(flags):
+    """Raise :class:`ValueError` unless all of ``flags`` (booleans or 0-d arrays of one
+    array module, e.g. ``(detJ > 0).all()`` of several chunks) are true (one sync on a GPU)."""
+    if not flags:
+        return
+    if len(flags) == 1:
+        ok = bool(flags[0])
+    else:
+        xp = array_module(flags[0])
+        ok = bool(xp.stack(flags).all()) if xp is not np else all(bool(f) for f in flags)
+    if not ok:
+        raise ValueError("non-positive Jacobian determinant at an estimator quadrature point")
 
 
 @dataclass
@@ -237,24 +307,27 @@ class Fields:
 
 
 def point_fields(tab: RefTables, cd: CellData, *, x=False, value=False, grad=False,
-                 hessian=False) -> Fields:
+                 hessian=False, check=True) -> Fields:
     r"""Evaluate at the points of ``tab`` for the cells of ``cd`` (module docstring):
     :math:`J = \hat\nabla N\,X`, its determinant and inverse always; on request the points
     :math:`x = N X`, values :math:`\phi U`, physical gradients :math:`J^{-T}\hat\nabla\phi U`
-    and reference Hessians :math:`\hat\nabla^2\phi\, U` (combine with :func:`hessian`)."""
+    and reference Hessians :math:`\hat\nabla^2\phi\, U` (combine with :func:`hessian`).
+    ``tab`` and ``cd`` on the same device (:func:`tables_on`); ``check`` as in
+    :func:`inverse_cofactor`."""
+    xp = array_module(cd.X)
     d, nv, n = cd.X.shape
     c = cd.U.shape[0]
     m = tab.N.shape[0]
-    J = np.matmul(tab.dN, cd.X).reshape(d, d, m, n)         # J[a, b] = dx_a / dxi_b
-    det, inv = inverse_cofactor(J)
+    J = xp.matmul(tab.dN, cd.X).reshape(d, d, m, n)         # J[a, b] = dx_a / dxi_b
+    det, inv = inverse_cofactor(J, check=check)
     out = Fields(det, inv)
     if x:
-        out.x = np.matmul(tab.N, cd.X)                         # (d, m, n)
+        out.x = xp.matmul(tab.N, cd.X)                         # (d, m, n)
     if value:
-        out.u = np.matmul(tab.phi, cd.U)                       # (c, m, n)
+        out.u = xp.matmul(tab.phi, cd.U)                       # (c, m, n)
     if grad:
-        gref = np.matmul(tab.dphi, cd.U).reshape(c, d, m, n)
-        g = np.empty_like(gref)
+        gref = xp.matmul(tab.dphi, cd.U).reshape(c, d, m, n)
+        g = xp.empty_like(gref)
         for a in range(d):                                     # (J^{-T} g)_a = sum_b inv[b, a] g_b
             t = inv[0, a] * gref[:, 0]
             for b in range(1, d):
@@ -262,7 +335,7 @@ def point_fields(tab: RefTables, cd: CellData, *, x=False, value=False, grad=Fal
             g[:, a] = t
         out.grad = g
     if hessian:
-        out.href = np.matmul(tab.hess, cd.U).reshape(c, d, d, m, n)
+        out.href = xp.matmul(tab.hess, cd.U).reshape(c, d, d, m, n)
     return out
 
 
@@ -286,12 +359,13 @@ def hessian(f: Fields):
     r"""Physical (affine) Hessian :math:`J^{-T}\hat H J^{-1}`, shape (c, d, d, m, n)."""
     inv, H = f.invJ, f.href
     d = inv.shape[0]
-    T = np.zeros_like(H)                                       # T[c, b, f] = sum_e H[c, b, e] inv[e, f]
+    xp = array_module(H)
+    T = xp.zeros_like(H)                                       # T[c, b, f] = sum_e H[c, b, e] inv[e, f]
     for b in range(d):
         for g in range(d):
             for e in range(d):
                 T[:, b, g] += H[:, b, e] * inv[e, g]
-    out = np.zeros_like(H)
+    out = xp.zeros_like(H)
     for a in range(d):
         for g in range(d):
             for b in range(d):

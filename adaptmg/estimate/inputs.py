@@ -8,8 +8,15 @@ points of ``n`` cells, and :func:`coefficient_gradient` approximates the gradien
 callable coefficient by central differences,
 :math:`\partial_a k(x) \approx (k(x + h e_a) - k(x - h e_a)) / 2h`.
 Cells are processed in chunks of :data:`CHUNK` to bound the memory of the point arrays.
+
+The evaluation helpers take the array module ``xp`` (``numpy``, the default, or ``cupy``).
+On the device a callable gets CuPy point arrays; one that raises :class:`TypeError` on
+them (a NumPy-only function, e.g. one that calls ``np.asarray`` or writes into a NumPy
+array) is evaluated on the host instead and its result copied back (:func:`call_points`).
 """
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 
@@ -29,15 +36,23 @@ def check_space(space, name="space"):
         raise TypeError(f"{name} must be an adaptmg Space, got {type(space).__name__}")
 
 
-def nodal_values(space, u, name="u"):
-    """Full nodal vector (num_dofs,) -> (num_nodes, c) array."""
-    u = to_host(u)
+def nodal_values(space, u, name="u", backend=None):
+    """Full nodal vector (num_dofs,) -> (num_nodes, c) array: a NumPy array, or with a GPU
+    ``backend`` (an :class:`adaptmg.backend.Backend`) an array on that device (no copy
+    when ``u`` is already there)."""
+    if backend is not None and backend.is_gpu:
+        if u is not None:
+            u = backend.asarray(u)
+        xp = backend.xp
+    else:
+        u = to_host(u)
+        xp = np
     if u is None or u.ndim != 1 or u.shape[0] != space.num_dofs:
         raise ValueError(f"{name} must be a full nodal vector of shape ({space.num_dofs},) "
                          f"(e.g. Constraints.expand(x)), got {None if u is None else u.shape}")
-    if not np.isfinite(u).all():
+    if not bool(xp.isfinite(u).all()):
         raise ValueError(f"{name} contains NaN or Inf")
-    return np.asarray(u, dtype=float).reshape(space.num_nodes, space.components)
+    return xp.asarray(u, dtype=float).reshape(space.num_nodes, space.components)
 
 
 def check_coefficient(name, v, num_cells, tail=()):
@@ -45,7 +60,7 @@ def check_coefficient(name, v, num_cells, tail=()):
     ``tail`` or ``(num_cells,) + tail``."""
     if v is None or callable(v):
         return
-    a = np.asarray(v)
+    a = to_host(v)
     if a.dtype.kind not in "fiu":
         raise TypeError(f"{name} must be a number, array or callable, got {type(v).__name__}")
     if a.shape != tuple(tail) and a.shape != (num_cells,) + tuple(tail):
@@ -55,40 +70,76 @@ def check_coefficient(name, v, num_cells, tail=()):
         raise ValueError(f"{name} contains NaN or Inf")
 
 
-def coefficient_at(name, v, cells, x, tail=()):
-    """Evaluate a coefficient (constant, per-cell array, callable v(x)) at points x (n, m, d)."""
+# callables that raised TypeError on device arrays: evaluated on the host from then on
+_HOST_ONLY: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def call_points(fn, *args, xp=np):
+    """``fn(*args)`` as a float array of the array module ``xp``.
+
+    With ``xp = numpy`` this is ``np.asarray(fn(*args), dtype=float)``.  On the device the
+    arguments (point arrays) are CuPy arrays; if ``fn`` raises :class:`TypeError` on them,
+    e.g. because it converts them with ``np.asarray`` or writes them into a NumPy array,
+    it is called again with host copies (:func:`to_host`) and the result is copied to the
+    device with ``xp.asarray``.  Such a callable is remembered and then called on the host
+    directly (a copy both ways per call: write ``xp``-generic callables for speed)."""
+    if xp is np:
+        return np.asarray(fn(*args), dtype=float)
+    host = _host_only(fn)
+    if not host:
+        try:
+            return xp.asarray(fn(*args), dtype=float)
+        except TypeError:
+            try:
+                _HOST_ONLY.add(fn)
+            except TypeError:                  # not weak-referenceable: retried next time
+                pass
+    return xp.asarray(np.asarray(fn(*(to_host(a) for a in args)), dtype=float))
+
+
+def _host_only(fn):
+    try:
+        return fn in _HOST_ONLY
+    except TypeError:
+        return False
+
+
+def coefficient_at(name, v, cells, x, tail=(), xp=np):
+    """Evaluate a coefficient (constant, per-cell array, callable v(x)) at points x (n, m, d);
+    ``xp`` the array module of ``x`` and ``cells`` (a per-cell array ``v`` must be on the
+    same device, a callable: :func:`call_points`)."""
     n, m = x.shape[:2]
     want = (n, m) + tuple(tail)
     if v is None:
-        return np.zeros(want)
+        return xp.zeros(want)
     if callable(v):
-        val = np.asarray(v(x), dtype=float)
+        val = call_points(v, x, xp=xp)
         if val.shape != want:
             try:
-                val = np.broadcast_to(val, want)
+                val = xp.broadcast_to(val, want)
             except ValueError:
                 raise ValueError(f"{name}(x) must return shape {want} for x of shape {x.shape}, "
                                  f"got {val.shape}") from None
         return val
-    a = np.asarray(v, dtype=float)
+    a = xp.asarray(v, dtype=float)
     if a.shape == tuple(tail):
-        return np.broadcast_to(a, want)
+        return xp.broadcast_to(a, want)
     if a.ndim >= 1 and a.shape[1:] == tuple(tail):
-        return np.broadcast_to(a[cells][:, None], want)
+        return xp.broadcast_to(a[cells][:, None], want)
     raise ValueError(f"{name} must be a constant of shape {tuple(tail) or '()'}, a per-cell array "
                      f"(num_cells,){' + ' + str(tuple(tail)) if tail else ''} or a callable; got shape {a.shape}")
 
 
-def coefficient_gradient(k, x, h):
+def coefficient_gradient(k, x, h, xp=np):
     """Gradient of a callable coefficient k at points x (n, m, d) by central differences
-    with step ``h`` (n,) per cell."""
+    with step ``h`` (n,) per cell (``xp`` the array module of x and h, see :func:`call_points`)."""
     d = x.shape[-1]
-    g = np.empty(x.shape)
+    g = xp.empty(x.shape)
     for a in range(d):                    # loop over the d directions only
         e = np.zeros(d)
         e[a] = 1.0
-        step = h[:, None, None] * e
-        g[..., a] = (np.asarray(k(x + step), float) - np.asarray(k(x - step), float)) / (2 * h[:, None])
+        step = h[:, None, None] * (e if xp is np else xp.asarray(e))
+        g[..., a] = (call_points(k, x + step, xp=xp) - call_points(k, x - step, xp=xp)) / (2 * h[:, None])
     return g
 
 

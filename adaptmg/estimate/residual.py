@@ -28,31 +28,47 @@ neighbour point set), each evaluated with basis tables shared by all its faces
 (:func:`.evaluation.point_fields`, arrays laid out cells last).  Every interior face is
 integrated once, on its fine (or either conforming) side, and its contribution
 :math:`\tfrac12 h_F\|[\![k\partial_n u_h]\!]\|_F^2` is added to both cells.
+
+Both estimators take ``backend`` (``"cpu"``, ``"gpu"``, a :class:`adaptmg.backend.Backend`;
+None = NumPy).  On the GPU the numeric work runs on CuPy arrays (:class:`_Data`): gathering
+the cells' vertices and nodal values, the geometry, gradients and Hessians at the points,
+the coefficients, fluxes, jumps, the integrals and the accumulations per cell; the mesh
+topology (:func:`.faces.face_runs`, the boundary faces and face diameters) and the reference
+tables are computed on the host and copied once per call.  The result is a NumPy array
+either way.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ..backend import CPU, get_backend, is_device_array, to_host
 from ..fe.quadrature import tensor_gauss
-from .evaluation import gather_cells, hessian, laplacian, point_fields, ref_tables, serial_chunk
+from .evaluation import (array_module, check_determinants, device_chunk, gather_cells, hessian,
+                         laplacian, point_fields, ref_tables, serial_chunk, tables_on)
 from .faces import face_diameters, face_quadrature, face_runs, own_face_refs
-from .inputs import (check_coefficient, check_space, chunks, coefficient_at, coefficient_gradient,
-                     nodal_values)
+from .inputs import (call_points, check_coefficient, check_space, chunks, coefficient_at,
+                     coefficient_gradient, nodal_values)
+
+
+def _max_vertex_distance(X):
+    """Largest distance between two of the nv vertices of each of n cells, X (d, nv, n)
+    (NumPy or CuPy)."""
+    xp = array_module(X)
+    nv = X.shape[1]
+    best = None
+    for i in range(nv):                  # loop over the vertex pairs of the reference cell only
+        for j in range(i + 1, nv):
+            diff = X[:, i] - X[:, j]
+            s2 = diff[0] * diff[0]
+            for a in range(1, diff.shape[0]):
+                s2 += diff[a] * diff[a]
+            best = s2 if best is None else xp.maximum(best, s2, out=best)
+    return xp.sqrt(best)
 
 
 def cell_diameters(mesh) -> np.ndarray:
     """Diameter h_K of every active cell (largest distance between two of its vertices)."""
-    Xt = np.ascontiguousarray(mesh.points.T)[:, mesh.cells.T]      # (d, nv, nc)
-    nv = Xt.shape[1]
-    best = None
-    for i in range(nv):                  # loop over the vertex pairs of the reference cell only
-        for j in range(i + 1, nv):
-            diff = Xt[:, i] - Xt[:, j]
-            s2 = diff[0] * diff[0]
-            for a in range(1, diff.shape[0]):
-                s2 += diff[a] * diff[a]
-            best = s2 if best is None else np.maximum(best, s2, out=best)
-    return np.sqrt(best)
+    return _max_vertex_distance(np.ascontiguousarray(mesh.points.T)[:, mesh.cells.T])   # (d, nv, nc)
 
 
 def _dot(a, b):
@@ -68,30 +84,46 @@ def _nm(a):
     return a.transpose(2, 1, 0)
 
 
-def _at(name, v, cells, x, tail=()):
+def _prep(v, be):
+    """A coefficient as :func:`_at` reads it on backend ``be``: unchanged on the host (a device
+    array copied to the host); on the GPU a scalar constant as a float and an array (constant of
+    shape tail, or per cell) on the device, copied once."""
+    if v is None or callable(v):
+        return v
+    if not be.is_gpu:
+        return to_host(v) if is_device_array(v) else v
+    a = v if is_device_array(v) else np.asarray(v, dtype=float)
+    if a.ndim == 0:
+        return float(a)
+    return be.asarray(a, dtype=float)
+
+
+def _at(name, v, cells, x, tail=(), xp=np):
     """Coefficient at the points, cells last: a float for a scalar constant, else an array
-    broadcastable to tail + (m, n)."""
+    broadcastable to tail + (m, n) (``v`` as prepared by :func:`_prep`, on the module ``xp``)."""
     if v is None:
         return 0.0
+    if isinstance(v, float):
+        return v
     if not callable(v):
-        a = np.asarray(v, dtype=float)
+        a = xp.asarray(v, dtype=float)
         if a.shape == tuple(tail):
             return float(a) if not tail else a.reshape(a.shape + (1, 1))
-        return np.moveaxis(a[cells], 0, -1)[..., None, :]         # (*tail, 1, n)
-    val = coefficient_at(name, v, cells, _nm(x), tail)              # (n, m, *tail)
-    return np.moveaxis(val, (0, 1), (-1, -2))
+        return xp.moveaxis(a[cells], 0, -1)[..., None, :]         # (*tail, 1, n)
+    val = coefficient_at(name, v, cells, _nm(x), tail, xp=xp)       # (n, m, *tail)
+    return xp.moveaxis(val, (0, 1), (-1, -2))
 
 
-def _neumann_values(neumann, x, nrm, c):
+def _neumann_values(neumann, x, nrm, c, xp=np):
     """Prescribed normal flux g(x, n) (or a constant of shape () or (c,)), shape (c, m, n)."""
     if not callable(neumann):
-        return np.asarray(neumann, dtype=float).reshape(-1, 1, 1)
+        return xp.asarray(neumann, dtype=float).reshape(-1, 1, 1)
     m, n = nrm.shape[1:]
-    g = np.asarray(neumann(_nm(x), _nm(nrm)), dtype=float)
+    g = call_points(neumann, _nm(x), _nm(nrm), xp=xp)
     if g.shape == (n, m):
         g = g[..., None]
     try:
-        g = np.broadcast_to(g, (n, m, c))
+        g = xp.broadcast_to(g, (n, m, c))
     except ValueError:
         raise ValueError(f"neumann(x, n) must return shape {(n, m)} or {(n, m, c)} for x of shape "
                          f"{(n, m, x.shape[0])}, got {g.shape}") from None
@@ -105,7 +137,7 @@ def _check_neumann(neumann, neumann_ids, c):
         return
     if neumann_ids is None:
         raise ValueError("neumann data given without neumann_ids (the boundary ids it applies to)")
-    a = np.asarray(neumann)
+    a = np.asarray(to_host(neumann))
     if a.dtype.kind not in "fiu" or a.shape not in ((), (c,)):
         raise ValueError(f"a constant neumann datum must be a number{' or of shape (%d,)' % c if c > 1 else ''}, "
                          f"got {a.dtype} array of shape {a.shape}")
@@ -113,70 +145,136 @@ def _check_neumann(neumann, neumann_ids, c):
         raise ValueError("neumann contains NaN or Inf")
 
 
-def _own_side(space, Ut, Pt, tab, cells, face, need_x):
+class _Data:
+    """The nodal values ``Ut`` (c, num_nodes) and the mesh arrays of an indicator call on its
+    backend: on the GPU the points, cell-node and cell-dof tables are copied to the device
+    once, reference tables once per point set (:func:`.evaluation.tables_on`), and the
+    Jacobian determinants are checked once at the end (:meth:`check`) instead of per chunk."""
+
+    def __init__(self, space, U, be=CPU):
+        self.space, self.be = space, be
+        self.xp = xp = be.xp
+        self.gpu = be.is_gpu
+        mesh = space.mesh
+        self.Ut = xp.ascontiguousarray(U.T)
+        Pt = np.ascontiguousarray(mesh.points.T)
+        if self.gpu:
+            self.Pt = be.asarray(Pt)
+            self.cell_nodes = be.asarray(mesh.cells)
+            self.cell_dofs = (self.cell_nodes if space.cell_dofs is mesh.cells
+                              else be.asarray(space.cell_dofs))
+        else:
+            self.Pt, self.cell_nodes, self.cell_dofs = Pt, None, None
+        self.flags = []
+
+    def array(self, a):
+        """A host array on the backend (unchanged on the CPU)."""
+        return self.be.asarray(a) if self.gpu else a
+
+    def tables(self, element, xi):
+        return tables_on(ref_tables(element, xi), self.xp)
+
+    def chunk(self, tab, hessian=False, components=1):
+        """Cells per chunk: :func:`.evaluation.serial_chunk` on the CPU, larger on the GPU."""
+        if self.gpu:
+            return device_chunk(tab, hessian=hessian, components=components)
+        return serial_chunk(tab, hessian=hessian, components=components)
+
+    def fields(self, tab, cells, **kw):
+        """:func:`.evaluation.point_fields` of ``cells`` (on the backend) and the gathered data."""
+        cd = gather_cells(self.space, self.Ut, cells, self.Pt, self.cell_nodes, self.cell_dofs)
+        ev = point_fields(tab, cd, check=not self.gpu, **kw)
+        if self.gpu:
+            self.flags.append((ev.detJ > 0).all())
+        return ev, cd
+
+    def check(self):
+        """Raise if a deferred determinant check failed (one synchronisation)."""
+        flags, self.flags = self.flags, []
+        check_determinants(flags)
+
+
+def _own_side(dat, tab, cells, face, need_x):
     """Own side of faces ``face`` of ``cells``: fields, unit outward normal (d, m, n) and
     surface element (m, n) by Nanson's formula, n = J^{-T} e / |J^{-T} e|, e = +-e_axis."""
-    ev = point_fields(tab, gather_cells(space, Ut, cells, Pt), x=need_x, grad=True)
+    ev, _ = dat.fields(tab, cells, x=need_x, grad=True)
     axis, sign = face // 2, 2.0 * (face % 2) - 1.0
     nvec = ev.invJ[axis]                                            # (J^{-T} e_axis)_a = inv[axis, a]
-    norm = np.sqrt(_dot(nvec, nvec))
+    norm = dat.xp.sqrt(_dot(nvec, nvec))
     return ev, nvec * (sign / norm), ev.detJ * norm
 
 
-def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=False):
+def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=False, data=None):
     """Face part of eta_K^2: (1/2) sum h_F ||[flux . n]||^2 (+ Neumann faces).
 
     ``flux_n(grad, nrm, x, cells)`` maps gradients (c, d, m, n) and unit normals (d, m, n)
     (cells last, x (d, m, n) the points or None) to the normal fluxes (c, m, n); ``neumann``
     is the prescribed normal flux g(x, n) (or a constant) on the faces with ``neumann_ids``.
     Each interior face is integrated once (:func:`.faces.face_runs`) on its own side, with the
-    neighbour evaluated at the same points, and the value is added to both cells."""
+    neighbour evaluated at the same points, and the value is added to both cells.
+    ``data``: the :class:`_Data` of the call (default: ``U`` on the host); the result is an
+    array of its backend."""
     mesh, d = space.mesh, space.dim
     c = space.components
     _check_neumann(neumann, neumann_ids, c)
+    dat = _Data(space, U) if data is None else data
+    xp = dat.xp
+    nc = mesh.num_cells
     el = space.element
-    Ut = np.ascontiguousarray(U.T)
-    Pt = np.ascontiguousarray(mesh.points.T)
     fr = face_runs(mesh)
     Nf, wf = face_quadrature(d, nq)
-    val = np.empty(fr.cell.size)
+    wf = dat.array(wf)
+    fcell, fnb, fh = dat.array(fr.cell), dat.array(fr.nb), dat.array(fr.h)
+    val = xp.empty(fr.cell.size)
     for s, e, f, g in fr.runs:
-        ta = ref_tables(el, Nf @ own_face_refs(d, np.array([f]))[0])
-        tb = ref_tables(el, Nf @ fr.R_sets[g])
-        for sl in chunks(e - s, serial_chunk(ta, components=c)):
+        ta = dat.tables(el, Nf @ own_face_refs(d, np.array([f]))[0])
+        tb = dat.tables(el, Nf @ fr.R_sets[g])
+        for sl in chunks(e - s, dat.chunk(ta, components=c)):
             sl = slice(s + sl.start, s + sl.stop)
-            a, b = fr.cell[sl], fr.nb[sl]
-            ea, nrm, da = _own_side(space, Ut, Pt, ta, a, f, need_x)
-            eb = point_fields(tb, gather_cells(space, Ut, b, Pt), grad=True)
+            a, b = fcell[sl], fnb[sl]
+            ea, nrm, da = _own_side(dat, ta, a, f, need_x)
+            eb, _ = dat.fields(tb, b, grad=True)
             jump = flux_n(ea.grad, nrm, ea.x, a) - flux_n(eb.grad, nrm, ea.x, b)    # (c, m, n)
-            val[sl] = 0.5 * fr.h[sl] * (wf @ (da * _dot(jump, jump)))
-    out = np.zeros(mesh.num_cells)
-    out += np.bincount(fr.cell, weights=val, minlength=mesh.num_cells)
-    out += np.bincount(fr.nb, weights=val, minlength=mesh.num_cells)
+            val[sl] = 0.5 * fh[sl] * (wf @ (da * _dot(jump, jump)))
+    out = xp.zeros(nc)
+    out += xp.bincount(fcell, weights=val, minlength=nc)
+    out += xp.bincount(fnb, weights=val, minlength=nc)
     if neumann_ids is not None:
         cN, fN, _ = mesh.boundary_faces(neumann_ids)
         cN, fN = np.asarray(cN), np.asarray(fN)
         need_xn = need_x or callable(neumann)
-        valN = np.zeros(cN.size)
+        gconst = None
+        if neumann is not None and not callable(neumann):
+            gconst = dat.array(np.asarray(to_host(neumann), dtype=float).reshape(-1, 1, 1))
+        valN = xp.zeros(cN.size)
         for f in range(2 * d):            # loop over the 2d local faces only
             sel = np.flatnonzero(fN == f)
             if sel.size == 0:
                 continue
-            ta = ref_tables(el, Nf @ own_face_refs(d, np.array([f]))[0])
-            for sl in chunks(sel.size, serial_chunk(ta, components=c)):
-                cells = cN[sel[sl]]
-                ea, nrm, da = _own_side(space, Ut, Pt, ta, cells, f, need_xn)
+            ta = dat.tables(el, Nf @ own_face_refs(d, np.array([f]))[0])
+            cf = cN[sel]
+            hF = dat.array(face_diameters(mesh, cf, np.full(cf.size, f)))     # mesh only: on the host
+            cf, selb = dat.array(cf), dat.array(sel)
+            for sl in chunks(sel.size, dat.chunk(ta, components=c)):
+                cells = cf[sl]
+                ea, nrm, da = _own_side(dat, ta, cells, f, need_xn)
                 r = -flux_n(ea.grad, nrm, ea.x, cells)
-                if neumann is not None:
-                    r = r + _neumann_values(neumann, ea.x, nrm, c)
-                hF = face_diameters(mesh, cells, np.full(cells.size, f))
-                valN[sel[sl]] = hF * (wf @ (da * _dot(r, r)))
-        out += np.bincount(cN, weights=valN, minlength=mesh.num_cells)
+                if gconst is not None:
+                    r = r + gconst
+                elif neumann is not None:
+                    r = r + _neumann_values(neumann, ea.x, nrm, c, xp=xp)
+                valN[selb[sl]] = hF[sl] * (wf @ (da * _dot(r, r)))
+        out += xp.bincount(dat.array(cN), weights=valN, minlength=nc)
     return out
 
 
+def _resolve(backend):
+    return CPU if backend is None else get_backend(backend)
+
+
 def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
-                        neumann=None, neumann_ids=None, quad_points=None, parts=False):
+                        neumann=None, neumann_ids=None, quad_points=None, parts=False,
+                        backend=None):
     r"""Residual indicators :math:`\eta_K` (module docstring) for a scalar elliptic or
     transport-diffusion problem :math:`-\nabla\cdot(k\nabla u) + b\cdot\nabla u + c u = f`.
 
@@ -191,89 +289,112 @@ def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
         with these ids
     quad_points : Gauss points per direction in the cells (default degree + 2)
     parts : also return (cell residual part, face part) of eta_K^2
+    backend : "cpu", "gpu" or a :class:`~adaptmg.backend.Backend`; None = the CPU (NumPy).
+        On the GPU the evaluation runs on CuPy arrays (module docstring) and the callables
+        get CuPy point arrays; a callable that raises TypeError on them (NumPy-only code) is
+        evaluated on the host instead, with a copy of the points and of its values per chunk
+        (:func:`.inputs.call_points`).
 
-    Returns eta (num_cells,) with :math:`\eta = (\sum_K\eta_K^2)^{1/2}` the global estimate.
+    Returns eta (num_cells,) with :math:`\eta = (\sum_K\eta_K^2)^{1/2}` the global estimate
+    (NumPy arrays, also on the GPU).
     """
     check_space(space)
     if space.components != 1:
         raise ValueError(f"residual_indicators is for scalar spaces, got {space.components} components "
                          "(use elasticity_indicators for vector problems)")
-    U = nodal_values(space, u)
+    be = _resolve(backend)
+    U = nodal_values(space, u, backend=be)
     mesh, d = space.mesh, space.dim
     nc = mesh.num_cells
     for name, v in (("f", f), ("k", k), ("c", c)):
         check_coefficient(name, v, nc)
     check_coefficient("b", b, nc, (d,))
     _check_neumann(neumann, neumann_ids, 1)
+    dat = _Data(space, U, be)
+    xp = dat.xp
+    f, k, b, c = (_prep(v, be) for v in (f, k, b, c))
     nq = space.degree + 2 if quad_points is None else int(quad_points)
     xi, w = tensor_gauss(d, nq)
-    tab = ref_tables(space.element, xi)
-    h = cell_diameters(mesh)
-    Ut = np.ascontiguousarray(U.T)
-    Pt = np.ascontiguousarray(mesh.points.T)
+    tab = dat.tables(space.element, xi)
+    w = dat.array(w)
     need_x = any(callable(v) for v in (f, k, b, c))
     need_grad = callable(k) or b is not None
-    cell_part = np.empty(nc)
-    for sl in chunks(nc, serial_chunk(tab, hessian=True)):
-        cells = np.arange(sl.start, sl.stop)
-        ev = point_fields(tab, gather_cells(space, Ut, cells, Pt), x=need_x, value=c is not None,
-                          grad=need_grad, hessian=True)
-        R = _at("k", k, cells, ev.x) * laplacian(ev)[0]
-        R = R + _at("f", f, cells, ev.x)
+    cell_part = xp.empty(nc)
+    for sl in chunks(nc, dat.chunk(tab, hessian=True)):
+        cells = xp.arange(sl.start, sl.stop)
+        ev, cd = dat.fields(tab, cells, x=need_x, value=c is not None, grad=need_grad, hessian=True)
+        h = _max_vertex_distance(cd.X)                              # h_K of the chunk's cells
+        R = _at("k", k, cells, ev.x, xp=xp) * laplacian(ev)[0]
+        R = R + _at("f", f, cells, ev.x, xp=xp)
         G = ev.grad[0] if need_grad else None                       # (d, m, n)
         if callable(k):
-            gk = np.moveaxis(np.asarray(k_grad(_nm(ev.x)), float), (0, 1), (-1, -2)) if k_grad is not None \
-                else _nm(coefficient_gradient(k, _nm(ev.x), 1e-6 * h[sl]))
+            gk = xp.moveaxis(call_points(k_grad, _nm(ev.x), xp=xp), (0, 1), (-1, -2)) if k_grad is not None \
+                else _nm(coefficient_gradient(k, _nm(ev.x), 1e-6 * h, xp=xp))
             R = R + _dot(gk, G)
         if b is not None:
-            R = R - _dot(_at("b", b, cells, ev.x, (d,)), G)
+            R = R - _dot(_at("b", b, cells, ev.x, (d,), xp=xp), G)
         if c is not None:
-            R = R - _at("c", c, cells, ev.x) * ev.u[0]
-        cell_part[sl] = h[sl] ** 2 * (w @ (ev.detJ * R * R))
+            R = R - _at("c", c, cells, ev.x, xp=xp) * ev.u[0]
+        cell_part[sl] = h ** 2 * (w @ (ev.detJ * R * R))
 
     def flux_n(grad, nrm, x, cells):
-        return _at("k", k, cells, x) * _dot(grad[0], nrm)[None]
+        return _at("k", k, cells, x, xp=xp) * _dot(grad[0], nrm)[None]
 
-    face_part = jump_terms(space, U, flux_n, space.degree + 1, neumann, neumann_ids, need_x=callable(k))
-    eta = np.sqrt(cell_part + face_part)
-    return (eta, cell_part, face_part) if parts else eta
+    face_part = jump_terms(space, U, flux_n, space.degree + 1, neumann, neumann_ids,
+                           need_x=callable(k), data=dat)
+    eta = xp.sqrt(cell_part + face_part)
+    dat.check()
+    if parts:
+        return to_host(eta), to_host(cell_part), to_host(face_part)
+    return to_host(eta)
+
+
+def _diagonal_sum(H):
+    """sum_s H[s, s] over the two leading axes (H (d, d, ...)), as element-wise adds."""
+    t = H[0, 0].copy()
+    for s in range(1, H.shape[0]):
+        t += H[s, s]
+    return t
 
 
 def elasticity_indicators(space, u, lam, mu, *, f=None, traction=None, neumann_ids=None,
-                          quad_points=None):
+                          quad_points=None, backend=None):
     r"""Residual indicators for linear elasticity :math:`-\nabla\cdot\sigma(u) = f`,
     :math:`\sigma = 2\mu\varepsilon + \lambda\,\mathrm{tr}\,\varepsilon\, I` (constant lam, mu):
     :math:`\eta_K^2 = h_K^2\|f + \nabla\cdot\sigma(u_h)\|_K^2 + \frac12\sum h_F\|[\![\sigma n]\!]\|_F^2
     + \sum_{F\subset\Gamma_N} h_F\|t - \sigma n\|_F^2` (``traction`` t(x, n) -> (..., d) or a
-    constant (d,), default 0)."""
+    constant (d,), default 0).  ``backend`` as in :func:`residual_indicators`; the result is a
+    NumPy array."""
     check_space(space)
     d = space.dim
     if space.components != d:
         raise ValueError(f"elasticity_indicators needs space.components == dim == {d}, got {space.components}")
     if not (np.isscalar(lam) and np.isscalar(mu)):
         raise TypeError(f"lam and mu must be constants, got {type(lam).__name__}, {type(mu).__name__}")
-    U = nodal_values(space, u)
+    be = _resolve(backend)
+    U = nodal_values(space, u, backend=be)
     mesh = space.mesh
     nc = mesh.num_cells
     check_coefficient("f", f, nc, (d,))
     _check_neumann(traction, neumann_ids, d)
+    dat = _Data(space, U, be)
+    xp = dat.xp
+    f = _prep(f, be)
     nq = space.degree + 2 if quad_points is None else int(quad_points)
     xi, w = tensor_gauss(d, nq)
-    tab = ref_tables(space.element, xi)
-    h = cell_diameters(mesh)
-    Ut = np.ascontiguousarray(U.T)
-    Pt = np.ascontiguousarray(mesh.points.T)
-    cell_part = np.empty(nc)
-    for sl in chunks(nc, serial_chunk(tab, hessian=True, components=d)):
-        cells = np.arange(sl.start, sl.stop)
-        ev = point_fields(tab, gather_cells(space, Ut, cells, Pt), x=callable(f), hessian=True)
+    tab = dat.tables(space.element, xi)
+    w = dat.array(w)
+    cell_part = xp.empty(nc)
+    for sl in chunks(nc, dat.chunk(tab, hessian=True, components=d)):
+        cells = xp.arange(sl.start, sl.stop)
+        ev, cd = dat.fields(tab, cells, x=callable(f), hessian=True)
         H = hessian(ev)                                            # (c, d, d, m, n)
-        lap = np.trace(H, axis1=1, axis2=2)                        # (c, m, n)
-        graddiv = np.einsum("ssr...->r...", H)
+        lap = _diagonal_sum(H.transpose(1, 2, 0, 3, 4))           # sum_s H[:, s, s]: (c, m, n)
+        graddiv = _diagonal_sum(H)                                 # sum_s H[s, s, :]: (c, m, n)
         R = mu * lap + (lam + mu) * graddiv
         if f is not None:
-            R = R + _at("f", f, cells, ev.x, (d,))
-        cell_part[sl] = h[sl] ** 2 * (w @ (ev.detJ * _dot(R, R)))
+            R = R + _at("f", f, cells, ev.x, (d,), xp=xp)
+        cell_part[sl] = _max_vertex_distance(cd.X) ** 2 * (w @ (ev.detJ * _dot(R, R)))
 
     def flux_n(grad, nrm, x, cells):
         # sigma n = mu (grad u + grad u^T) n + lam (div u) n
@@ -282,5 +403,7 @@ def elasticity_indicators(space, u, lam, mu, *, f=None, traction=None, neumann_i
         gtn = _dot(grad, nrm[:, None])                              # (grad u)^T n
         return mu * (gn + gtn) + lam * div * nrm
 
-    face_part = jump_terms(space, U, flux_n, space.degree + 1, traction, neumann_ids)
-    return np.sqrt(cell_part + face_part)
+    face_part = jump_terms(space, U, flux_n, space.degree + 1, traction, neumann_ids, data=dat)
+    eta = xp.sqrt(cell_part + face_part)
+    dat.check()
+    return to_host(eta)
