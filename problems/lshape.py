@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from adaptmg import Constraints, Mesh, Space, assemble, multigrid
+from adaptmg import Mesh, Space, assemble, multigrid
 from adaptmg.backend import to_host
 from adaptmg.estimate import AdaptiveProblem, adaptive_loop, dwr_indicators, residual_indicators
 from adaptmg.fe.norms import errors
@@ -103,9 +103,8 @@ def solve(mesh, backend="cpu", rtol=1e-9, accel="cg"):
     """Q1 solution with exact Dirichlet data by geometric multigrid (V(2,2) Jacobi) + CG."""
     space = Space(mesh, 1)
     ml = multigrid(space, assemble.stiffness, dirichlet="all", backend=backend)
-    con = Constraints(space, space.boundary_dofs(), exact)
+    con = ml.constraints[-1].with_values(exact)    # the hierarchy's constraints (and row scale)
     A = ml.assembled
-    con.matrix(A)
     rhs = con.rhs(np.zeros(space.num_dofs), A)
     t0 = time.perf_counter()
     x = ml.solve(rhs, rtol=rtol, accel=accel)
@@ -123,7 +122,7 @@ def problem(estimator="residual", n=2, backend_dual=None) -> AdaptiveProblem:
 
     def estimate(space, u, info):
         if estimator == "residual":
-            eta = residual_indicators(space, u, f=0.0)
+            eta = residual_indicators(space, u, f=0.0, backend=info["ml"].backend)
             return eta, float(np.sqrt((eta ** 2).sum())), {}
         eta, est, di = dwr_indicators(space, u, goal_weight, f=0.0, g=exact,
                                       backend=backend_dual or info["ml"].backend.name)

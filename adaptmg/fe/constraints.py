@@ -18,6 +18,8 @@ solution is ``u = H x`` (:meth:`Constraints.expand`).
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -58,7 +60,14 @@ class Constraints:
         fixed &= ~hang
         self.dirichlet = np.flatnonzero(fixed)
         self.free = ~(fixed | hang)
-        self.g = np.zeros(n)
+        self.g = self._values(values)
+        self.H = space.H
+        self._scale = None
+
+    def _values(self, values):
+        """The Dirichlet value vector g (zero off the Dirichlet DoFs) of ``values``."""
+        space, n = self.space, self.space.num_dofs
+        g = np.zeros(n)
         if values is not None and self.dirichlet.size:
             if callable(values):
                 full = space.interpolate(values)
@@ -70,9 +79,18 @@ class Constraints:
                                      f"got shape {full.shape}")
             if not np.isfinite(full[self.dirichlet]).all():
                 raise ValueError("Dirichlet values contain NaN or Inf")
-            self.g[self.dirichlet] = full[self.dirichlet]
-        self.H = space.H
-        self._scale = None
+            g[self.dirichlet] = full[self.dirichlet]
+        return g
+
+    def with_values(self, values):
+        """These constraints with other Dirichlet values g: the same space, Dirichlet DoFs and
+        (once :meth:`matrix` has run, e.g. inside :func:`adaptmg.multigrid`) the same Dirichlet
+        row scale s, so :meth:`rhs` fits the matrix already built and needs no second
+        :meth:`matrix` (a full congruence product) to learn s.  ``values`` as in the
+        constructor."""
+        out = copy.copy(self)
+        out.g = self._values(values)
+        return out
 
     @property
     def num_free(self) -> int:
