@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backend import CPU, get_backend, to_host
 from ..fe.element import LagrangeQ
 from ..fe.quadrature import tensor_gauss
 from ..mesh import reference as ref
@@ -61,147 +62,189 @@ class FacePairs:
     once: np.ndarray | None = None
 
 
-_FACE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # mesh -> FacePairs (meshes are immutable)
+_FACE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # mesh -> {backend: FacePairs}
 
 
-def face_pairs(mesh) -> FacePairs:
-    """Match the interior faces of an adaptive mesh (conforming faces and hanging sub-faces)."""
-    cache = _FACE_CACHE.get(mesh)
+def _resolve(backend):
+    return CPU if backend is None else get_backend(backend)
+
+
+def _cache_key(be):
+    """Per-backend cache key: "cpu", or ("gpu", current device id)."""
+    if not be.is_gpu:
+        return "cpu"
+    return ("gpu", int(be.xp.cuda.runtime.getDevice()))
+
+
+def _cache_get(cache, mesh, be):
+    try:
+        return cache.get(mesh, {}).get(_cache_key(be))
+    except TypeError:          # not weak-referenceable: no caching
+        return None
+
+
+def _cache_put(cache, mesh, be, value):
+    try:
+        cache.setdefault(mesh, {})[_cache_key(be)] = value
+    except TypeError:          # not weak-referenceable: no caching
+        pass
+
+
+def _bincount(xp, x, minlength):
+    """``xp.bincount(x, minlength=minlength)``, also for an empty ``x`` (CuPy takes its max)."""
+    if x.size == 0:
+        return xp.zeros(minlength, dtype=np.intp)
+    return xp.bincount(x, minlength=minlength)
+
+
+def face_pairs(mesh, backend=None) -> FacePairs:
+    """Match the interior faces of an adaptive mesh (conforming faces and hanging sub-faces).
+
+    ``backend``: None or "cpu" (NumPy), "gpu" or a :class:`~adaptmg.backend.Backend`; on the
+    GPU the matching runs on CuPy arrays (the mesh tables are copied once per call) and the
+    :class:`FacePairs` holds CuPy arrays, the same as the host's (same faces, same order).
+    Memoised per mesh and backend."""
+    be = _resolve(backend)
+    cache = _cache_get(_FACE_CACHE, mesh, be)
     if cache is not None:
         return cache
+    xp = be.xp
     d = mesh.dim
     nfv = 2 ** (d - 1)
-    fv = ref.face_vertices(d)
-    cor = ref.corners(d).astype(float)
-    bid = mesh.boundary_ids
-    c_all, f_all = np.nonzero(bid < 0)
-    V = mesh.cells[c_all[:, None], fv[f_all]]                      # (nF, nfv), face-lexicographic
-    key = _sort_rows(V)
-    par = np.full((mesh.num_nodes, 4), -1, dtype=np.int64)
+    fv = be.asarray(ref.face_vertices(d))                          # no-ops on the host
+    cor = be.asarray(ref.corners(d).astype(float))
+    cor_i = be.asarray(ref.corners(d))
+    cells = be.asarray(mesh.cells)
+    bid = be.asarray(mesh.boundary_ids)
+    c_all, f_all = xp.nonzero(bid < 0)
+    V = cells[c_all[:, None], fv[f_all]]                           # (nF, nfv), face-lexicographic
+    key = _sort_rows(V, xp)
+    par = xp.full((mesh.num_nodes, 4), -1, dtype=np.int64)
     if mesh.num_hanging_nodes:
-        par[mesh.hanging_nodes] = mesh.hanging_parents
+        par[be.asarray(mesh.hanging_nodes)] = be.asarray(mesh.hanging_parents)
     npar = (par >= 0).sum(1)
     cand = npar[V] == nfv                                          # vertex = centre of the coarse face
-    hidx = np.flatnonzero(cand.any(1))
-    hv = V[hidx, np.argmax(cand[hidx], axis=1)]
-    ckey = _sort_rows(par[hv][:, :nfv])
+    hidx = xp.flatnonzero(cand.any(1))
+    hv = V[hidx, xp.argmax(cand[hidx], axis=1)]
+    ckey = _sort_rows(par[hv][:, :nfv], xp)
     nF = key.shape[0]
-    inv, order = _row_labels(np.concatenate([key, ckey]), mesh.num_nodes)
+    inv, order = _row_labels(xp.concatenate([key, ckey]), mesh.num_nodes, xp)
     lab, clab = inv[:nF], inv[nF:]
-    cnt = np.bincount(lab, minlength=int(inv.max()) + 1 if inv.size else 0)
+    cnt = _bincount(xp, lab, int(inv.max()) + 1 if inv.size else 0)
     conf = cnt[lab] == 2
     # the two listings of a conforming face are adjacent in the sorted order of the face keys
+    # (whatever the order of equal keys, so the result does not depend on the sort)
     of = order[order < nF]
     pairs = of[conf[of]].reshape(-1, 2)
-    partner = np.full(nF, -1, dtype=np.int64)
+    partner = xp.full(nF, -1, dtype=np.int64)
     partner[pairs[:, 0]] = pairs[:, 1]
     partner[pairs[:, 1]] = pairs[:, 0]
-    single = np.flatnonzero(cnt[lab] == 1)
-    pos = np.full(cnt.size, -1, dtype=np.int64)
+    single = xp.flatnonzero(cnt[lab] == 1)
+    pos = xp.full(cnt.size, -1, dtype=np.int64)
     pos[lab[single]] = single
     # fine sub-faces: not conforming, with a centre vertex whose parents' key is a (single) face key
     fine_rows = hidx[~conf[hidx]]
     target = pos[clab[~conf[hidx]]]
     ok = target >= 0
     fine_rows, target = fine_rows[ok], target[ok]
-    is_coarse = np.zeros(nF, dtype=bool)
+    is_coarse = xp.zeros(nF, dtype=bool)
     is_coarse[target] = True
-    is_fine = np.zeros(nF, dtype=bool)
+    is_fine = xp.zeros(nF, dtype=bool)
     is_fine[fine_rows] = True
     bad = ~(conf | is_coarse | is_fine)
-    if bad.any():
-        i = np.flatnonzero(bad)[0]
-        raise RuntimeError(f"face matching failed for {bad.sum()} interior face(s) (first: cell {c_all[i]}, "
-                           f"face {f_all[i]}, vertices {V[i].tolist()}); is the mesh 2:1 balanced?")
+    if bad.any():                                                  # details copied to the host only here
+        i = int(xp.flatnonzero(bad)[0])
+        raise RuntimeError(f"face matching failed for {int(bad.sum())} interior face(s) (first: cell "
+                           f"{int(c_all[i])}, face {int(f_all[i])}, vertices {to_host(V[i]).tolist()}); "
+                           "is the mesh 2:1 balanced?")
     if (is_fine & is_coarse).any():
         raise RuntimeError("a face is both a fine sub-face and a coarse face; the mesh is not 2:1 balanced")
-    rows = np.concatenate([np.flatnonzero(conf), fine_rows])
-    nbrow = np.concatenate([partner[conf], target])
-    hanging = np.concatenate([np.zeros(conf.sum(), bool), np.ones(fine_rows.size, bool)])
+    conf_rows = xp.flatnonzero(conf)
+    nconf = conf_rows.size
+    rows = xp.concatenate([conf_rows, fine_rows])
+    nbrow = xp.concatenate([partner[conf], target])
+    hanging = xp.concatenate([xp.zeros(nconf, dtype=bool), xp.ones(fine_rows.size, dtype=bool)])
     cell, face, nb = c_all[rows], f_all[rows], c_all[nbrow]
     Vs = V[rows]                                                   # (np, nfv)
-    W = mesh.cells[nb]                                             # (np, nv)
-    cor_i = ref.corners(d)
+    W = cells[nb]                                                  # (np, nv)
     # vertices shared with the neighbour: their corner in the neighbour
-    corner = np.zeros(Vs.shape, dtype=np.intp)
-    isd = np.zeros(Vs.shape, dtype=bool)
-    eq = np.empty(Vs.shape, dtype=bool)
+    corner = xp.zeros(Vs.shape, dtype=np.intp)
+    isd = xp.zeros(Vs.shape, dtype=bool)
+    eq = xp.empty(Vs.shape, dtype=bool)
+    vals = xp.arange(W.shape[1], dtype=np.intp)                   # corner numbers as array scalars
     for v in range(W.shape[1]):                                    # loop over the 2^d corners only
-        np.equal(Vs, W[:, v, None], out=eq)
-        np.copyto(corner, v, where=eq)
+        xp.equal(Vs, W[:, v, None], out=eq)
+        xp.copyto(corner, vals[v], where=eq)
         isd |= eq
     R = cor[corner]                                                # (np, nfv, d)
     # hanging vertices of fine sub-faces: mean of their parents' corners in the neighbour
-    h_rows = np.flatnonzero(~isd.all(1))
+    h_rows = xp.flatnonzero(~isd.all(1))
     if h_rows.size:
         P = par[Vs[h_rows]]                                        # (nh, nfv, 4)
         Wh = W[h_rows][:, None, :]
-        acc = np.zeros((h_rows.size, nfv, d))
+        acc = xp.zeros((h_rows.size, nfv, d))
         cnt_p = (P >= 0).sum(-1)
-        found = np.zeros(P.shape[:2], dtype=np.int64)
+        found = xp.zeros(P.shape[:2], dtype=np.int64)
         for k in range(P.shape[2]):                                # 4 parent slots
             hit = (P[:, :, k, None] == Wh) & (P[:, :, k, None] >= 0)
             ok = hit.any(-1)
-            acc += ok[..., None] * cor_i[np.argmax(hit, axis=-1)]
+            acc += ok[..., None] * cor_i[xp.argmax(hit, axis=-1)]
             found += ok
-        Rp = acc / np.maximum(cnt_p, 1)[..., None]
+        Rp = acc / xp.maximum(cnt_p, 1)[..., None]
         ok = isd[h_rows] | ((found == cnt_p) & (cnt_p > 0))
         if not ok.all():
             raise RuntimeError("face matching: a sub-face vertex is neither a vertex of the neighbour "
                                "nor a hanging node on its face")
-        R[h_rows] = np.where(isd[h_rows][..., None], R[h_rows], Rp)
+        R[h_rows] = xp.where(isd[h_rows][..., None], R[h_rows], Rp)
     elif not isd.all():
         raise RuntimeError("face matching: a face vertex is not a vertex of the neighbour")
-    once = np.concatenate([rows[:conf.sum()] < nbrow[:conf.sum()], np.ones(fine_rows.size, bool)])
+    once = xp.concatenate([rows[:nconf] < nbrow[:nconf], xp.ones(fine_rows.size, dtype=bool)])
     out = FacePairs(cell, face, nb, R, hanging, once)
-    try:
-        _FACE_CACHE[mesh] = out
-    except TypeError:          # not weak-referenceable: no caching
-        pass
+    _cache_put(_FACE_CACHE, mesh, be, out)
     return out
 
 
-def _sort_rows(V):
+def _sort_rows(V, xp=np):
     """Rows of an int array (n, 1, 2 or 4) sorted ascending (min/max sorting network)."""
     if V.shape[1] == 1:
         return V
-    a, b = np.minimum(V[:, 0], V[:, 1]), np.maximum(V[:, 0], V[:, 1])
+    a, b = xp.minimum(V[:, 0], V[:, 1]), xp.maximum(V[:, 0], V[:, 1])
     if V.shape[1] == 2:
-        return np.stack([a, b], axis=1)
-    c, d = np.minimum(V[:, 2], V[:, 3]), np.maximum(V[:, 2], V[:, 3])
-    lo, t1 = np.minimum(a, c), np.maximum(a, c)
-    t2, hi = np.minimum(b, d), np.maximum(b, d)
-    return np.stack([lo, np.minimum(t1, t2), np.maximum(t1, t2), hi], axis=1)
+        return xp.stack([a, b], axis=1)
+    c, d = xp.minimum(V[:, 2], V[:, 3]), xp.maximum(V[:, 2], V[:, 3])
+    lo, t1 = xp.minimum(a, c), xp.maximum(a, c)
+    t2, hi = xp.minimum(b, d), xp.maximum(b, d)
+    return xp.stack([lo, xp.minimum(t1, t2), xp.maximum(t1, t2), hi], axis=1)
 
 
-def _int_labels(k):
+def _int_labels(k, xp=np):
     """Dense labels of the int64 values k (equal values <-> equal labels) and the sort order."""
-    order = np.argsort(k)
+    order = xp.argsort(k)
     ks = k[order]
-    new = np.ones(k.size, dtype=bool)
+    new = xp.ones(k.size, dtype=bool)
     new[1:] = ks[1:] != ks[:-1]
-    lab = np.empty(k.size, dtype=np.int64)
-    lab[order] = np.cumsum(new) - 1
+    lab = xp.empty(k.size, dtype=np.int64)
+    lab[order] = xp.cumsum(new, dtype=np.int64) - 1
     return lab, order
 
 
-def _row_labels(keys, num_nodes):
+def _row_labels(keys, num_nodes, xp=np):
     """Integer label of every row of the int array ``keys`` (n, 2 or 4) of node ids below
     ``num_nodes`` (< 2^31), equal rows <-> equal labels, and an order that sorts the labels.
 
     A row is packed into one int64 (two ids, or four ids below 2^15) and labelled through
     one argsort, which is much faster than ``np.unique(axis=0)`` or a lexsort; four larger
-    ids are packed as two labelled pairs."""
+    ids are packed as two labelled pairs.  ``xp``: the array module of ``keys``."""
     k = keys.astype(np.int64)
     if k.shape[1] == 1:
-        return _int_labels(k[:, 0])
+        return _int_labels(k[:, 0], xp)
     if k.shape[1] == 2:
-        return _int_labels((k[:, 0] << 32) | k[:, 1])
+        return _int_labels((k[:, 0] << 32) | k[:, 1], xp)
     if num_nodes <= 2 ** 15:
-        return _int_labels((k[:, 0] << 45) | (k[:, 1] << 30) | (k[:, 2] << 15) | k[:, 3])
-    ab = _int_labels((k[:, 0] << 32) | k[:, 1])[0]
-    cd = _int_labels((k[:, 2] << 32) | k[:, 3])[0]
-    return _int_labels((ab << 32) | cd)
+        return _int_labels((k[:, 0] << 45) | (k[:, 1] << 30) | (k[:, 2] << 15) | k[:, 3], xp)
+    ab = _int_labels((k[:, 0] << 32) | k[:, 1], xp)[0]
+    cd = _int_labels((k[:, 2] << 32) | k[:, 3], xp)[0]
+    return _int_labels((ab << 32) | cd, xp)
 
 
 def face_quadrature(d, nq):
@@ -236,41 +279,66 @@ class FaceRuns:
     runs: list
 
 
-_RUNS_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_RUNS_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # mesh -> {backend: FaceRuns}
 
 
-def face_runs(mesh) -> FaceRuns:
-    """The :class:`FaceRuns` of a mesh (memoised per mesh; meshes are immutable)."""
-    hit = _RUNS_CACHE.get(mesh)
+def face_runs(mesh, backend=None) -> FaceRuns:
+    """The :class:`FaceRuns` of a mesh (memoised per mesh and backend; meshes are immutable).
+
+    ``backend`` as in :func:`face_pairs`: on the GPU the face matching, the run grouping and
+    the face diameters run on CuPy and ``cell``/``face``/``nb``/``hanging``/``h`` are CuPy
+    arrays, equal to the host's in the same order (CuPy's argsort is stable, like the host's
+    ``kind="stable"``); ``R_sets`` is a (small) NumPy array and ``runs`` a list either way."""
+    be = _resolve(backend)
+    hit = _cache_get(_RUNS_CACHE, mesh, be)
     if hit is not None:
         return hit
-    fp = face_pairs(mesh)
+    xp, gpu = be.xp, be.is_gpu
+    fp = face_pairs(mesh, be)
     d = mesh.dim
-    sel = np.flatnonzero(fp.once)
+    sel = xp.flatnonzero(fp.once)
     R = fp.R_nb[sel]
     n, nfv = R.shape[:2]
     # vertex coordinates are in {0, 1/2, 1}: a base-3 code per face, labelled through a table
     ncode = 3 ** (nfv * d)
-    code = np.rint(2 * R).astype(np.int64).reshape(n, nfv * d) @ (3 ** np.arange(nfv * d, dtype=np.int64))
-    present = np.zeros(ncode, dtype=bool)
+    digit = xp.rint(2 * R).astype(np.int64).reshape(n, nfv * d)
+    if gpu:                    # no integer matmul on the device: the nfv * d digits one by one
+        code = digit[:, 0].copy()
+        for j in range(1, nfv * d):
+            code += digit[:, j] * 3 ** j
+    else:
+        code = digit @ (3 ** np.arange(nfv * d, dtype=np.int64))
+    present = xp.zeros(ncode, dtype=bool)
     present[code] = True
-    codes = np.flatnonzero(present)
-    lab = np.cumsum(present) - 1
+    codes = xp.flatnonzero(present)
+    lab = xp.cumsum(present, dtype=np.int64) - 1
     G = codes.size
     key = fp.face[sel] * G + lab[code]
-    order = np.argsort(key.astype(np.int16) if 2 * d * G < 2 ** 15 else key, kind="stable")
+    if gpu:
+        order = xp.argsort(key)                                    # stable (CuPy's only sort)
+    else:
+        order = np.argsort(key.astype(np.int16) if 2 * d * G < 2 ** 15 else key, kind="stable")
     key, sel = key[order], sel[order]
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    stops = np.r_[starts[1:], key.size]
+    if gpu:                    # run starts on the device; only they and their keys are copied
+        new = xp.ones(n, dtype=bool)
+        new[1:] = key[1:] != key[:-1]
+        first = xp.flatnonzero(new)
+        starts, kstart = to_host(first), to_host(key[first])
+        stops = np.r_[starts[1:], n].astype(starts.dtype)
+    else:
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        stops = np.r_[starts[1:], key.size]
+        kstart = key
+    codes = to_host(codes)
     digits = (codes[:, None] // 3 ** np.arange(nfv * d)) % 3
     R_sets = (digits / 2.0).reshape(G, nfv, d)
-    runs = [(int(a), int(b), int(key[a] // G), int(key[a] % G)) for a, b in zip(starts, stops) if b > a]
+    if gpu:
+        runs = [(int(a), int(b), int(k // G), int(k % G)) for a, b, k in zip(starts, stops, kstart) if b > a]
+    else:
+        runs = [(int(a), int(b), int(key[a] // G), int(key[a] % G)) for a, b in zip(starts, stops) if b > a]
     cell, face = fp.cell[sel], fp.face[sel]
-    out = FaceRuns(cell, face, fp.nb[sel], fp.hanging[sel], face_diameters(mesh, cell, face), R_sets, runs)
-    try:
-        _RUNS_CACHE[mesh] = out
-    except TypeError:
-        pass
+    out = FaceRuns(cell, face, fp.nb[sel], fp.hanging[sel], face_diameters(mesh, cell, face, be), R_sets, runs)
+    _cache_put(_RUNS_CACHE, mesh, be, out)
     return out
 
 
@@ -284,11 +352,17 @@ def outward_normals(ev: PointValues, faces, d):
     return nvec / norm[..., None], ev.detJ * norm
 
 
-def face_diameters(mesh, cells, faces):
-    """h_F of the local faces ``faces`` of ``cells``: the largest distance between two vertices."""
-    fv = ref.face_vertices(mesh.dim)
-    vid = mesh.cells[cells[:, None], fv[faces]]                     # (n, nfv)
-    V = np.ascontiguousarray(mesh.points.T)[:, vid.T]               # (d, nfv, n)
+def face_diameters(mesh, cells, faces, backend=None):
+    """h_F of the local faces ``faces`` of ``cells``: the largest distance between two vertices.
+
+    ``backend`` as in :func:`face_pairs`: on the GPU ``cells``/``faces`` (host or device) and the
+    mesh tables are copied to the device and the result is a CuPy array."""
+    be = _resolve(backend)
+    xp = be.xp
+    fv = be.asarray(ref.face_vertices(mesh.dim))                    # no-ops on the host
+    cells, faces = be.asarray(cells), be.asarray(faces)
+    vid = be.asarray(mesh.cells)[cells[:, None], fv[faces]]         # (n, nfv)
+    V = be.asarray(np.ascontiguousarray(mesh.points.T))[:, vid.T]   # (d, nfv, n)
     best = None
     for i in range(fv.shape[1]):              # loop over the vertex pairs of a reference face only
         for j in range(i + 1, fv.shape[1]):
@@ -296,5 +370,5 @@ def face_diameters(mesh, cells, faces):
             s2 = diff[0] * diff[0]
             for a in range(1, diff.shape[0]):
                 s2 += diff[a] * diff[a]
-            best = s2 if best is None else np.maximum(best, s2, out=best)
-    return np.sqrt(best) if best is not None else np.zeros(len(cells))
+            best = s2 if best is None else xp.maximum(best, s2, out=best)
+    return xp.sqrt(best) if best is not None else xp.zeros(len(cells))

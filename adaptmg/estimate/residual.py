@@ -32,8 +32,9 @@ integrated once, on its fine (or either conforming) side, and its contribution
 Both estimators take ``backend`` (``"cpu"``, ``"gpu"``, a :class:`adaptmg.backend.Backend`;
 None = NumPy).  On the GPU the numeric work runs on CuPy arrays (:class:`_Data`): gathering
 the cells' vertices and nodal values, the geometry, gradients and Hessians at the points,
-the coefficients, fluxes, jumps, the integrals and the accumulations per cell; the mesh
-topology (:func:`.faces.face_runs`, the boundary faces and face diameters) and the reference
+the coefficients, fluxes, jumps, the integrals and the accumulations per cell, and the
+interior face topology (:func:`.faces.face_runs`: matching, run grouping, face diameters;
+cached per mesh and backend); the boundary faces with their diameters and the reference
 tables are computed on the host and copied once per call.  The result is a NumPy array
 either way.
 """
@@ -221,7 +222,7 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
     xp = dat.xp
     nc = mesh.num_cells
     el = space.element
-    fr = face_runs(mesh)
+    fr = face_runs(mesh, backend=dat.be)                           # on the backend (cached per mesh)
     Nf, wf = face_quadrature(d, nq)
     wf = dat.array(wf)
     fcell, fnb, fh = dat.array(fr.cell), dat.array(fr.nb), dat.array(fr.h)
