@@ -215,10 +215,11 @@ def system_matrix(dt: float, lam: float = LAMBDA, mu: float = MU, backend=None):
             raise ValueError(f"the elasticity system needs a 6-component space, got {space6.components}")
         s1 = Space(space6.mesh, 1, components=1)
         s3 = Space(space6.mesh, 1, components=3)
-        Ms = assemble.mass(s1)
+        # the scalar mass from the elasticity assembly's pass (one geometry evaluation)
+        A3, Ms = assemble.elasticity(s3, lam, mu, format="bsr", return_mass=True)
         if S.first_mass[0] is None:                  # the finest level comes first
             S.first_mass = (space6, s1, Ms)          # reused for the right-hand side
-        return block_system(Ms, assemble.elasticity(s3, lam, mu, format="bsr"), dt, be)
+        return block_system(Ms, A3, dt, be)
     S.first_mass = (None, None, None)
     return S
 

@@ -552,7 +552,7 @@ def derivative_matrices(space, *, quad_points=None):
     return [pat.csr(data[k]) for k in range(d)]
 
 
-def elasticity(space, lam, mu, *, quad_points=None, format="csr"):
+def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=False):
     r"""Linear elasticity matrix :math:`A_{(i,r),(j,s)} = (\sigma(\phi_j e_s), \varepsilon(\phi_i e_r))`.
 
     :math:`\sigma(u) = 2\mu\varepsilon(u) + \lambda\,\mathrm{div}\,u\,I`,
@@ -567,7 +567,10 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr"):
     The rigid-body motions (translations, infinitesimal rotations) are in its kernel.
     ``format="bsr"`` returns the summed dim x dim node blocks as SciPy BSR on the scalar
     node pattern (the same pattern as :func:`mass` of the scalar space), without the
-    conversion to CSR.
+    conversion to CSR.  ``return_mass=True`` returns ``(A, Ms)`` with ``Ms`` the *scalar*
+    mass matrix :math:`(\phi_j, \phi_i)` (num_nodes x num_nodes CSR on the same node pattern,
+    equal to :func:`mass` of the scalar space up to rounding) from the same pass: one more
+    product per chunk instead of a second geometry evaluation and scatter.
     """
     if format not in ("csr", "bsr"):
         raise ValueError(f"elasticity: format must be 'csr' or 'bsr', got {format!r}")
@@ -595,6 +598,12 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr"):
     lam_c = float(np.asarray(lam)) if both_const else None
     mu_c = float(np.asarray(mu)) if both_const else None
     pat = _square_pattern(info)
+    if return_mass:
+        phi, _ = _ref_tables(info, xi)
+        Tm_full = np.ascontiguousarray((phi[:, :, None] * phi[:, None, :]).reshape(nq, L))
+        Tm_aff = (w @ Tm_full)[None, :]
+        mdata = pat.new_data()
+        mbuf = np.empty((info.chunk_size(xi, L * d * d), L))
     blocks = pat.new_data((d * d,))             # (nnz, d*d): the BSR data, no stacking afterwards
     data = [blocks[:, k] for k in range(d * d)]  # column views: add.at takes strided output
     step = info.chunk_size(xi, L * d * d)
@@ -625,12 +634,18 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr"):
                     for a_ in range(d):
                         K += cm * Em[a_, a_]
                 pat.add(data[r * d + s_], sl, K)
+        if return_mass:
+            Me = mbuf[:n] if n <= mbuf.shape[0] else np.empty((n, L))
+            matmul_serial(np.ascontiguousarray(wdet), Tm_aff if g.affine else Tm_full, out=Me)
+            pat.add(mdata, sl, Me)
+    Ms = pat.csr(mdata) if return_mass else None
     if format == "bsr":
         B = sp.bsr_matrix((blocks.reshape(-1, d, d), pat.indices, pat.indptr),
                           shape=(pat.shape[0] * d, pat.shape[1] * d))
         B.has_sorted_indices = True
-        return B
-    return pat.block_csr(blocks, d, d)
+        return (B, Ms) if return_mass else B
+    A = pat.block_csr(blocks, d, d)
+    return (A, Ms) if return_mass else A
 
 
 def load(space, f, *, quad_points=None):

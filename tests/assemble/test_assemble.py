@@ -713,3 +713,20 @@ def test_device_pattern_and_scalar_form_bit_identical(d, monkeypatch):
     monkeypatch.setattr(forms, "get_device_pattern", lambda *a: calls.append(a))
     asm.scalar_form(spaces[0], device="gpu", **kw)
     assert calls == []
+
+
+@pytest.mark.parametrize("d,k,mesh", [(2, 1, "distorted"), (3, 1, "uniform"), (3, 1, "distorted"),
+                                      (3, 2, "sheared")])
+@pytest.mark.parametrize("fmt", ["csr", "bsr"])
+def test_elasticity_return_mass_is_the_scalar_mass(d, k, mesh, fmt):
+    """elasticity(return_mass=True): the same A, and the scalar mass matrix of the node space on
+    A's node pattern (affine and general cells) equal to mass() of the scalar space to round-off."""
+    s = space(d, k, mesh, c=d)
+    s1 = space(d, k, mesh, c=1)
+    A = asm.elasticity(s, 8.0, 2.0, format=fmt)
+    A2, M = asm.elasticity(s, 8.0, 2.0, format=fmt, return_mass=True)
+    assert abs(A - A2).max() == 0
+    M1 = asm.mass(s1)
+    assert M.shape == M1.shape == (s1.num_dofs, s1.num_dofs)
+    assert abs(M - M1).max() <= 1e-14 * abs(M1).max()
+    assert abs(M.sum() - M1.sum()) <= 1e-13 * M1.sum()
