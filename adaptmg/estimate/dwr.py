@@ -72,7 +72,9 @@ def dwr_indicators(space, u, weight, *, f=0.0, k=1.0, b=None, c=None, dirichlet=
 
     Returns ``(eta_K, estimate, info)``: non-negative cell indicators, the signed global
     estimate :math:`\eta \approx J(u) - J(u_h)`, and a dict with the dual multigrid
-    iteration count ``dual_iterations`` and the dual DoFs (and ``z`` with ``return_dual``).
+    iteration count ``dual_iterations``, ``dual_converged`` (False after a
+    :class:`~adaptmg.linalg.ConvergenceWarning` naming the dual solve) and the dual DoFs (and
+    ``z`` with ``return_dual``).
     """
     from .. import multigrid      # the package's public name: stable while the solver modules move
     check_space(space)
@@ -99,10 +101,23 @@ def dwr_indicators(space, u, weight, *, f=0.0, k=1.0, b=None, c=None, dirichlet=
 
     ml = multigrid(s2, operator, dirichlet=dirichlet, backend=backend, smoother=smoother)
     rhs = ml.constrain(asm.load(s2, weight, quad_points=weight_quad_points))
-    res = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        z = ml.solve(rhs, rtol=rtol, maxiter=maxiter, accel="cg" if b is None else "gmres", residuals=res)
+    # a dual solve that misses its tolerance is reported, naming the dual problem (the
+    # solver's own warning would not say which solve failed)
+    from ..linalg import ConvergenceWarning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        z = ml.solve(rhs, rtol=rtol, maxiter=maxiter, accel="cg" if b is None else "gmres")
+    converged = True
+    for w in caught:
+        if issubclass(w.category, ConvergenceWarning):
+            converged = False
+            warnings.warn(ConvergenceWarning(
+                f"dwr_indicators: the dual problem (Q2, {s2.num_dofs} DoFs) was not solved to "
+                f"rtol={rtol:g} in maxiter={maxiter}: {w.message}; the indicators use this z"),
+                stacklevel=2)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    dual_iterations = ml.last_iterations
     z = to_host(ml.expand(z))
     # conforming Q1 interpolant of z
     zi = z[_q1_of_q2(space, s2)]
@@ -148,7 +163,8 @@ def dwr_indicators(space, u, weight, *, f=0.0, k=1.0, b=None, c=None, dirichlet=
         bterm = _dirichlet_data_term(space, U, s2, z, g, dirichlet)
         est += float(bterm.sum())
         eta = eta + np.abs(bterm)
-    info = {"dual_iterations": len(res) - 1, "dual_dofs": s2.num_dofs, "nodal": nodal}
+    info = {"dual_iterations": dual_iterations, "dual_converged": converged, "dual_dofs": s2.num_dofs,
+            "nodal": nodal}
     if return_dual:
         info["z"], info["dual_space"] = z, s2
     return eta, est, info
