@@ -17,19 +17,11 @@ from adaptmg.estimate import residual_indicators
 from adaptmg.estimate import faces
 from adaptmg.estimate.faces import face_diameters, face_pairs, face_runs
 
+from estimate_meshes import adaptive_box
+
 EPS = np.finfo(float).eps
 PAIR_FIELDS = ("cell", "face", "nb", "R_nb", "hanging", "once")
 RUN_FIELDS = ("cell", "face", "nb", "hanging", "h")
-
-
-def adaptive_box(dim, seed, steps, n=2, distort=True):
-    rng = np.random.default_rng(seed)
-    m = Mesh.box([0] * dim, [1] * dim, [n] * dim)
-    for _ in range(steps):
-        m = m.refine(rng.random(m.num_cells) < 0.3)
-    if distort:          # smooth non-affine distortion that keeps the boundary
-        m = m.map(lambda x: x + 0.2 * np.sin(3 * x[:, ::-1]) * np.prod(x * (1 - x), axis=1, keepdims=True))
-    return m
 
 
 MESHES = {

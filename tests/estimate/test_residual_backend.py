@@ -3,26 +3,14 @@
 import numpy as np
 import pytest
 
-from adaptmg import Mesh, Space
+from adaptmg import Space
 from adaptmg.backend import get_backend
 from adaptmg.estimate import elasticity_indicators, residual_indicators
 
+from estimate_meshes import adaptive_box, k_coefficient
+
 EPS = np.finfo(float).eps
 RTOL = 1e4 * EPS          # ~2e-12: rounding (other summation orders, atomic adds) only
-
-
-def adaptive_box(dim, seed, steps, n=2, distort=True):
-    rng = np.random.default_rng(seed)
-    m = Mesh.box([0] * dim, [1] * dim, [n] * dim)
-    for _ in range(steps):
-        m = m.refine(rng.random(m.num_cells) < 0.3)
-    if distort:          # smooth non-affine distortion that keeps the boundary
-        m = m.map(lambda x: x + 0.2 * np.sin(3 * x[:, ::-1]) * np.prod(x * (1 - x), axis=1, keepdims=True))
-    return m
-
-
-def _k(x):
-    return 1 + x[..., 0] ** 2 + 0.5 * x[..., 1]
 
 
 def _k_grad_numpy_only(x):
@@ -40,10 +28,10 @@ CASES = {
     "q1-poisson": (lambda: Space(adaptive_box(2, 0, 4), 1), dict(f=1.0)),
     "q2-poisson": (lambda: Space(adaptive_box(2, 1, 3), 2), dict(f=lambda x: np.sin(3 * x[..., 0]))),
     "q1-callables": (lambda: Space(adaptive_box(2, 2, 4), 1),
-                     dict(f=lambda x: np.sin(3 * x[..., 0]) * x[..., 1], k=_k, c=0.3, b=_b,
+                     dict(f=lambda x: np.sin(3 * x[..., 0]) * x[..., 1], k=k_coefficient, c=0.3, b=_b,
                           neumann=lambda x, n: x[..., 0] * n[..., 0], neumann_ids=[0, 1])),
     "q1-k-grad-host": (lambda: Space(adaptive_box(2, 3, 3), 1),
-                       dict(f=0.5, k=_k, k_grad=_k_grad_numpy_only, neumann=-0.5, neumann_ids=[2])),
+                       dict(f=0.5, k=k_coefficient, k_grad=_k_grad_numpy_only, neumann=-0.5, neumann_ids=[2])),
     "q1-per-cell": (lambda: Space(adaptive_box(2, 4, 3), 1), "per-cell"),
     "3d-q1": (lambda: Space(adaptive_box(3, 0, 2), 1), dict(f=lambda x: x[..., 2], k=2.0)),
 }

@@ -11,6 +11,8 @@ from adaptmg.estimate.faces import _row_labels, face_quadrature, face_runs, outw
 from adaptmg.estimate.residual import cell_diameters
 from adaptmg.fe.quadrature import tensor_gauss
 
+from estimate_meshes import adaptive_box, k_coefficient
+
 EPS = np.finfo(float).eps
 
 
@@ -93,16 +95,6 @@ def reference_elasticity(space, u, lam, mu, f=None, traction=None, neumann_ids=N
 
 
 # ---------------------------------------------------------------------------------- meshes
-def adaptive_box(dim, seed, steps, n=2, distort=True):
-    rng = np.random.default_rng(seed)
-    m = Mesh.box([0] * dim, [1] * dim, [n] * dim)
-    for _ in range(steps):
-        m = m.refine(rng.random(m.num_cells) < 0.3)
-    if distort:          # smooth non-affine distortion that keeps the boundary
-        m = m.map(lambda x: x + 0.2 * np.sin(3 * x[:, ::-1]) * np.prod(x * (1 - x), axis=1, keepdims=True))
-    return m
-
-
 def rotated_lshape():
     """L-shape whose cells have rotated lexicographic vertex orders (mixed face orientations)."""
     from adaptmg_problems.lshape import coarse_mesh
@@ -123,10 +115,6 @@ MESHES = {
 }
 
 
-def _k(x):
-    return 1 + x[..., 0] ** 2 + 0.5 * x[..., 1]
-
-
 def _k_grad(x):
     g = np.zeros(x.shape)
     g[..., 0], g[..., 1] = 2 * x[..., 0], 0.5
@@ -137,10 +125,10 @@ def _data(name, space, rng):
     d, nc = space.dim, space.mesh.num_cells
     return {
         "f=0": dict(f=0.0),
-        "callables": dict(f=lambda x: np.sin(3 * x[..., 0]) * x[..., 1], k=_k, k_grad=_k_grad, c=0.3,
+        "callables": dict(f=lambda x: np.sin(3 * x[..., 0]) * x[..., 1], k=k_coefficient, k_grad=_k_grad, c=0.3,
                           b=lambda x: np.stack([x[..., 1], -x[..., 0]] + [0 * x[..., 0]] * (d - 2), -1)),
         "per-cell": dict(f=rng.random(nc), k=1 + rng.random(nc), b=rng.random((nc, d)), c=rng.random(nc)),
-        "neumann": dict(f=1.0, k=_k, k_grad=_k_grad, neumann=lambda x, n: x[..., 0] * n[..., 0],
+        "neumann": dict(f=1.0, k=k_coefficient, k_grad=_k_grad, neumann=lambda x, n: x[..., 0] * n[..., 0],
                         neumann_ids=[0, 1]),
         "neumann-const": dict(k=2.0, neumann=-0.5, neumann_ids=[0, 2]),
     }
