@@ -12,6 +12,7 @@ with the reason when that is not the case.
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = ["Backend", "get_backend", "gpu_available", "backend_of", "is_device_array",
-           "is_device_sparse", "is_sparse", "to_device", "to_host", "CPU"]
+           "is_device_sparse", "is_sparse", "to_device", "to_host", "call_points", "CPU"]
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,40 @@ def to_host(a):
     if _is_cupy_array(a):
         return a.get()
     return a
+
+
+# user callables that raised TypeError on device arrays: evaluated on the host from then on
+_HOST_ONLY: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def call_points(fn, *args, xp=np):
+    """``fn(*args)`` (a user callable of point arrays) as a float array of the array module ``xp``.
+
+    With ``xp = numpy`` this is ``np.asarray(fn(*args), dtype=float)``.  On the device the
+    arguments are CuPy arrays (NumPy ufuncs and most NumPy functions dispatch to CuPy); if
+    ``fn`` raises :class:`TypeError` on them, e.g. because it converts them with
+    ``np.asarray`` or writes them into a NumPy array, it is called again with host copies
+    (:func:`to_host`) and the result is copied to the device.  Such a callable is remembered
+    and then called on the host directly (a copy both ways per call: write ``xp``-generic
+    callables for speed)."""
+    if xp is np:
+        return np.asarray(fn(*args), dtype=float)
+    if not _host_only(fn):
+        try:
+            return xp.asarray(fn(*args), dtype=float)
+        except TypeError:
+            try:
+                _HOST_ONLY.add(fn)
+            except TypeError:                  # not weak-referenceable: retried next time
+                pass
+    return xp.asarray(np.asarray(fn(*(to_host(a) for a in args)), dtype=float))
+
+
+def _host_only(fn):
+    try:
+        return fn in _HOST_ONLY
+    except TypeError:
+        return False
 
 
 # host arrays at least this large are page-locked for the copy (see _upload)

@@ -12,15 +12,15 @@ Cells are processed in chunks of :data:`CHUNK` to bound the memory of the point 
 The evaluation helpers take the array module ``xp`` (``numpy``, the default, or ``cupy``).
 On the device a callable gets CuPy point arrays; one that raises :class:`TypeError` on
 them (a NumPy-only function, e.g. one that calls ``np.asarray`` or writes into a NumPy
-array) is evaluated on the host instead and its result copied back (:func:`call_points`).
+array) is evaluated on the host instead and its result copied back
+(:func:`adaptmg.backend.call_points`).
 """
 from __future__ import annotations
-
-import weakref
 
 import numpy as np
 
 from .. import backend
+from ..backend import call_points
 from ..fe.space import Space
 
 CHUNK = 20000
@@ -70,44 +70,10 @@ def check_coefficient(name, v, num_cells, tail=()):
         raise ValueError(f"{name} contains NaN or Inf")
 
 
-# callables that raised TypeError on device arrays: evaluated on the host from then on
-_HOST_ONLY: "weakref.WeakSet" = weakref.WeakSet()
-
-
-def call_points(fn, *args, xp=np):
-    """``fn(*args)`` as a float array of the array module ``xp``.
-
-    With ``xp = numpy`` this is ``np.asarray(fn(*args), dtype=float)``.  On the device the
-    arguments (point arrays) are CuPy arrays; if ``fn`` raises :class:`TypeError` on them,
-    e.g. because it converts them with ``np.asarray`` or writes them into a NumPy array,
-    it is called again with host copies (:func:`to_host`) and the result is copied to the
-    device with ``xp.asarray``.  Such a callable is remembered and then called on the host
-    directly (a copy both ways per call: write ``xp``-generic callables for speed)."""
-    if xp is np:
-        return np.asarray(fn(*args), dtype=float)
-    host = _host_only(fn)
-    if not host:
-        try:
-            return xp.asarray(fn(*args), dtype=float)
-        except TypeError:
-            try:
-                _HOST_ONLY.add(fn)
-            except TypeError:                  # not weak-referenceable: retried next time
-                pass
-    return xp.asarray(np.asarray(fn(*(to_host(a) for a in args)), dtype=float))
-
-
-def _host_only(fn):
-    try:
-        return fn in _HOST_ONLY
-    except TypeError:
-        return False
-
-
 def coefficient_at(name, v, cells, x, tail=(), xp=np):
     """Evaluate a coefficient (constant, per-cell array, callable v(x)) at points x (n, m, d);
     ``xp`` the array module of ``x`` and ``cells`` (a per-cell array ``v`` must be on the
-    same device, a callable: :func:`call_points`)."""
+    same device, a callable: :func:`adaptmg.backend.call_points`)."""
     n, m = x.shape[:2]
     want = (n, m) + tuple(tail)
     if v is None:
@@ -132,7 +98,7 @@ def coefficient_at(name, v, cells, x, tail=(), xp=np):
 
 def coefficient_gradient(k, x, h, xp=np):
     """Gradient of a callable coefficient k at points x (n, m, d) by central differences
-    with step ``h`` (n,) per cell (``xp`` the array module of x and h, see :func:`call_points`)."""
+    with step ``h`` (n,) per cell (``xp`` the array module of x and h, see :func:`adaptmg.backend.call_points`)."""
     d = x.shape[-1]
     g = xp.empty(x.shape)
     for a in range(d):                    # loop over the d directions only

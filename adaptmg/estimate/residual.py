@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import CPU, get_backend, is_device_array, to_host
+from ..backend import CPU, call_points, get_backend, is_device_array, to_host
 from ..fe.quadrature import tensor_gauss
 from .evaluation import (array_module, check_determinants, device_chunk, gather_cells, hessian,
                          laplacian, point_fields, ref_tables, serial_chunk, tables_on)
 from .faces import face_diameters, face_quadrature, face_runs, own_face_refs
-from .inputs import (call_points, check_coefficient, check_space, chunks, coefficient_at,
+from .inputs import (check_coefficient, check_space, chunks, coefficient_at,
                      coefficient_gradient, nodal_values)
 
 
@@ -294,7 +294,7 @@ def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
         On the GPU the evaluation runs on CuPy arrays (module docstring) and the callables
         get CuPy point arrays; a callable that raises TypeError on them (NumPy-only code) is
         evaluated on the host instead, with a copy of the points and of its values per chunk
-        (:func:`.inputs.call_points`).
+        (:func:`adaptmg.backend.call_points`).
 
     Returns eta (num_cells,) with :math:`\eta = (\sum_K\eta_K^2)^{1/2}` the global estimate
     (NumPy arrays, also on the GPU).

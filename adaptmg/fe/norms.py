@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import get_backend, to_host
+from ..backend import call_points, get_backend, to_host
 from .geometry import jacobian_error, q1_tables
 from .quadrature import tensor_gauss
 
@@ -50,18 +50,6 @@ def _det_invT(J, xp):
     return det, cof / det[..., None, None]
 
 
-def _evaluate(fn, x, xp):
-    """``fn(x)`` as an array of the backend: called on the backend's points; a callable that
-    refuses device arrays (TypeError, e.g. a NumPy-only function) is called on host copies."""
-    if xp is np:
-        return np.asarray(fn(x), dtype=float)
-    try:
-        v = fn(x)
-    except TypeError:
-        v = fn(to_host(x))
-    return xp.asarray(v, dtype=float)
-
-
 def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=None):
     """Return {"L2": ||u - u_h||, "H1": |u - u_h|_1} (keys present for the callables given).
 
@@ -69,7 +57,7 @@ def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=
     ``u``: the full nodal vector (host or device array).  ``backend``: where to compute
     (default: where ``u`` lives); on the GPU the callables receive CuPy arrays (NumPy
     ufuncs such as ``np.sin`` dispatch to CuPy); one that raises TypeError on them is
-    evaluated on host copies of the points.  ``points``: Gauss points per direction
+    evaluated on host copies of the points (:func:`adaptmg.backend.call_points`).  ``points``: Gauss points per direction
     (default degree + 3); ``chunk``: cells per batch (default 2^16 on the CPU; on the GPU
     as many as keep the Jacobians within 128 MB).
     """
@@ -113,12 +101,12 @@ def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=
         Uc = U[cdofs[sl]]                                     # (m, nloc, c)
         if exact is not None:
             uh = phi @ Uc                                     # (m, nq, c)
-            ue = _evaluate(exact, x, xp).reshape(uh.shape)
+            ue = call_points(exact, x, xp=xp).reshape(uh.shape)
             e2 += (wd[..., None] * (ue - uh) ** 2).sum()
         if grad is not None:
             gref = dphiT @ Uc[:, None]                        # (m, nq, d, c): reference gradients
             gh = (invT @ gref).transpose(0, 1, 3, 2)          # (m, nq, c, d)
-            ge = _evaluate(grad, x, xp).reshape(gh.shape)
+            ge = call_points(grad, x, xp=xp).reshape(gh.shape)
             h2 += (wd[..., None, None] * (ge - gh) ** 2).sum()
     out = {}
     if exact is not None:
