@@ -22,6 +22,7 @@ import functools
 
 import numpy as np
 
+from ..backend import backend_of
 from .element import LagrangeQ
 
 __all__ = ["CellGeometry", "cell_geometry", "jacobian_error", "metric_factor", "q1_tables", "affine_mask", "sym_pairs", "matmul_serial"]
@@ -156,7 +157,8 @@ def affine_mask(X, rtol=1e-12):
 
 
 def _det_inv(J):
-    """Determinant and inverse of a stack of 2x2 / 3x3 matrices (..., d, d)."""
+    """Determinant and inverse of a stack of 2x2 / 3x3 matrices (..., d, d) (NumPy or CuPy)."""
+    xp = backend_of(J).xp
     d = J.shape[-1]
     if d == 1:
         det = J[..., 0, 0].copy()
@@ -166,13 +168,13 @@ def _det_inv(J):
     if d == 2:
         a, b, c, e = J[..., 0, 0], J[..., 0, 1], J[..., 1, 0], J[..., 1, 1]
         det = a * e - b * c
-        adj = np.empty_like(J)
+        adj = xp.empty_like(J)
         adj[..., 0, 0] = e
         adj[..., 0, 1] = -b
         adj[..., 1, 0] = -c
         adj[..., 1, 1] = a
     elif d == 3:
-        adj = np.empty_like(J)
+        adj = xp.empty_like(J)
         j = [[J[..., r, s] for s in range(3)] for r in range(3)]
         # adj[s, r] = cofactor(r, s)
         for r in range(3):

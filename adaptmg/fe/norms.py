@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import call_points, get_backend, to_host
-from .geometry import jacobian_error, q1_tables
+from .geometry import _det_inv, jacobian_error, q1_tables
 from .quadrature import tensor_gauss
 
 __all__ = ["errors", "integrate"]
@@ -26,28 +26,6 @@ __all__ = ["errors", "integrate"]
 def _chunks(n, size):
     for s in range(0, n, size):
         yield slice(s, min(n, s + size))
-
-
-def _det_invT(J, xp):
-    """det J and J^{-T} of a stack (..., d, d) by cofactors (d = 1, 2, 3)."""
-    d = J.shape[-1]
-    if d == 1:
-        det = J[..., 0, 0]
-        return det, 1.0 / J
-    cof = xp.empty_like(J)              # cof[r, s] = cofactor of J[r, s]; J^{-T} = cof / det
-    if d == 2:
-        cof[..., 0, 0] = J[..., 1, 1]
-        cof[..., 0, 1] = -J[..., 1, 0]
-        cof[..., 1, 0] = -J[..., 0, 1]
-        cof[..., 1, 1] = J[..., 0, 0]
-    else:
-        for r in range(3):
-            r1, r2 = (r + 1) % 3, (r + 2) % 3
-            for s in range(3):
-                s1, s2 = (s + 1) % 3, (s + 2) % 3
-                cof[..., r, s] = J[..., r1, s1] * J[..., r2, s2] - J[..., r1, s2] * J[..., r2, s1]
-    det = (J[..., 0, :] * cof[..., 0, :]).sum(-1)
-    return det, cof / det[..., None, None]
 
 
 def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=None):
@@ -92,7 +70,8 @@ def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=
         XT = P[cells[sl]].transpose(0, 2, 1)                  # (m, d, nv)
         m = XT.shape[0]
         J = (XT @ dNm).reshape(m, d, nq, d).transpose(0, 2, 1, 3)
-        det, invT = _det_invT(J, xp)
+        det, inv = _det_inv(J)
+        invT = inv.swapaxes(-1, -2)
         bad = ~(det > 0).all(axis=1)
         if bool(bad.any()):
             raise jacobian_error(to_host(bad))
