@@ -1,19 +1,9 @@
 """scripts/adaptive.py: total wall time and the per-step breakdown table."""
-import importlib.util
-import os
-
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "adaptive.py")
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("adaptive_script_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from script_loader import load_script
 
 
 def test_breakdown_accounts_for_the_wall_time(capsys):
-    ad = _load()
+    ad = load_script("adaptive")
     res = ad.main(["--problem", "lshape", "--backend", "cpu", "--max-dofs", "300"])
     out = capsys.readouterr().out
     rows, total = res["breakdown"], res["total"]

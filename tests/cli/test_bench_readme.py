@@ -1,20 +1,11 @@
 """Smoke test of scripts/bench_readme.py: every README row is produced, in the README's layout."""
-import importlib.util
-import os
 import re
 
 import pytest
 
 from adaptmg import gpu_available
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "bench_readme.py")
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_readme_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from script_loader import load_script
 
 
 def _table_rows(text):
@@ -22,7 +13,7 @@ def _table_rows(text):
 
 
 def test_quick_run_prints_every_readme_row(capsys):
-    br = _load()
+    br = load_script("bench_readme")
     res = br.main(["--quick", "--cpu-fallback"])
     out = capsys.readouterr().out
     assert list(res) == list(br.ROWS)
@@ -46,6 +37,6 @@ def test_quick_run_prints_every_readme_row(capsys):
 
 
 def test_bad_rows_are_refused():
-    br = _load()
+    br = load_script("bench_readme")
     with pytest.raises(SystemExit):
         br.main(["--rows", "poisson2d,nonsense"])
