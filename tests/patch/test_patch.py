@@ -224,6 +224,20 @@ def test_l2_error_converges_at_order_k_plus_1():
     assert np.all(rates > 2.8), rates
 
 
+@pytest.mark.parametrize("dim, k, level, base", [(2, 3, 2, (2, 3)), (3, 2, 2, None), (3, 4, 1, (1, 2, 3))])
+def test_l2_error_slabs_and_exact_value(dim, k, level, base):
+    """The slab-wise error equals the one-slab error (summation order aside), and for
+    u_h = 0 it is the exact norm of prod sin(pi x_d / L_d): prod_d sqrt(L_d / 2)."""
+    V = CartesianSpace(dim, k, level, lengths=(1.0, 2.0, 0.5)[:dim], base=base)
+    u = np.random.default_rng(3).standard_normal(V.n_dofs)
+    one = V.l2_error_sine(u, slab_points=1 << 40)
+    assert abs(V.l2_error_sine(u, slab_points=1) - one) <= 1e-14 * one
+    zero = V.l2_error_sine(np.zeros(V.n_dofs))
+    assert abs(zero - np.prod(np.sqrt(np.array(V.lengths) / 2))) <= 1e-13
+    with pytest.raises(TypeError, match="floating"):
+        V.l2_error_sine(np.zeros(V.n_dofs, dtype=np.int64))
+
+
 def test_vcycle_is_symmetric_with_reverse_post_smoothing():
     # post="reverse" (adjoint post-sweep) gives a symmetric V-cycle (CG preconditioner);
     # the default post="forward" (seed 000's code) does not
