@@ -11,6 +11,11 @@ Sections (``--sections``, comma separated):
           and GMRES + V-cycle in double and mixed
   tune    3D smoother register cap (min blocks per SM 1/2/3), k = 4..8
   large   the largest problem: mixed-precision memory-lean FMG at ~1.07e9 DoFs
+  table7  seed 000's Table 7: GMRES (float64, restart --table7-restart) preconditioned
+          by one V(1,1) in double vs in single precision, 3D, u = prod sin(pi x_i),
+          rtol 1e-9, at the paper's sizes (--table7 k:level,..., default 1:9,3:8,7:7 =
+          134M / 452M / 718M DoFs; the last two need an H200's memory): L2 error,
+          iterations, time, speedup, next to the paper's row
   tables  seed 000's Tables 1-3: FMG steps (Algorithm 2.2, at least one V-cycle) to
           1e-9 for the tables' right-hand side (vector of ones), per level and degree,
           next to the paper's rows; --table-dims, --table-levels-2d/-3d, --table-ks-2d/-3d,
@@ -82,9 +87,8 @@ def timeit(cp, fn, reps):
 def bench_kernels(args, be, rows):
     cp = be.xp
     from adaptmg.patch import CartesianSpace, LaplaceOperator, PatchSmoother
-    for dim in (2, 3):
-        kmax = 8
-        for k in range(1, kmax + 1):
+    for dim in _ints(args.kernel_dims):
+        for k in _ints(args.kernel_ks):
             maxd = args.max_dofs_2d if dim == 2 else args.max_dofs_3d
             lvl = pick_level(dim, k, maxd)
             V = CartesianSpace(dim, k, lvl)
@@ -216,7 +220,7 @@ def bench_tables(args, be, rows):
         for smoother in args.table_smoothers.split(","):
             for variant in args.table_variants.split(","):
                 head = f"{dim}D {smoother:8s} {variant:9s}"
-                print(f"{head} L\k " + " ".join(f"{k:3d}" for k in ks), flush=True)
+                print(f"{head} L\\k " + " ".join(f"{k:3d}" for k in ks), flush=True)
                 paper = PAPER_TABLES.get((smoother, dim))
                 if paper:
                     print(f"{head} pap " + " ".join(f"{paper[k - 1]:3d}" if k <= len(paper)
@@ -257,6 +261,58 @@ def bench_tables(args, be, rows):
                     print(f"{head} {level:3d} " + " ".join(cells), flush=True)
 
 
+# seed 000 Table 7 (A100): k -> (DoFs, L2 error, iterations, double s, mixed s, speedup)
+PAPER_TABLE7 = {1: ("135M", 1.12e-06, 5, 3.391, 2.385, 1.42), 3: ("454M", 2.30e-13, 3, 3.941, 2.418, 1.59),
+                7: ("721M", 2.89e-16, 2, 5.891, 3.326, 1.77)}
+
+
+def bench_table7(args, be, rows):
+    """Seed 000 Table 7: GMRES + one V(1,1) cycle in double vs single precision (3D)."""
+    cp = be.xp
+    from adaptmg.patch import CartesianSpace, PatchMultigrid
+    for spec in args.table7.split(","):
+        k, level = (int(t) for t in spec.split(":"))
+        V = CartesianSpace(3, k, level)
+        Vs = CartesianSpace(3, k, max(2, min(level - 2, 3)))   # warm-up: kernels compile on first use
+        ms = PatchMultigrid(Vs, be)
+        bs, _ = Vs.sine_problem(backend=be)
+        for p in ("double", "mixed"):
+            ms.solve(bs, rtol=1e-9, method="gmres", precision=p, restart=args.table7_restart)
+        del ms, bs
+        mg = PatchMultigrid(V, be)
+        b, _ = V.sine_problem(backend=be)
+        res = {}
+        for prec in ("double", "mixed"):
+            cp.get_default_memory_pool().free_all_blocks()
+            try:
+                x, info = mg.solve(b, rtol=1e-9, method="gmres", precision=prec, maxiter=30,
+                                   restart=args.table7_restart)
+            except cp.cuda.memory.OutOfMemoryError as exc:
+                print(f"table7 k={k} N={V.n_dofs:.3e} {prec}: out of memory ({exc})", flush=True)
+                mg._cycles.clear()
+                continue
+            peak = cp.get_default_memory_pool().total_bytes()
+            row = dict(kind="solve", dim=3, k=k, level=level, dofs=V.n_dofs, method="gmres",
+                       precision=prec, iterations=info["iterations"], converged=info["converged"],
+                       time=info["time"], gdofs=V.n_dofs / info["time"] / 1e9,
+                       final_res=info["residuals"][-1], pool_gb=peak / 1e9, table7=True)
+            row["l2_error"] = V.l2_error_sine(x)     # on the device, in slabs (after the timing)
+            del x
+            res[prec] = row
+            rows.append(row)
+            print(fmt(row), flush=True)
+        pap = PAPER_TABLE7.get(k)
+        if len(res) == 2:
+            d, m = res["double"], res["mixed"]
+            print(f"table7 k={k} N={V.n_dofs/1e6:.0f}M | double L2 {d['l2_error']:.2e} it {d['iterations']} "
+                  f"{d['time']:.3f} s | mixed L2 {m['l2_error']:.2e} it {m['iterations']} {m['time']:.3f} s "
+                  f"| speedup {d['time'] / m['time']:.2f}"
+                  + (f" || paper {pap[0]}: L2 {pap[1]:.2e} it {pap[2]} {pap[3]} / {pap[4]} s, {pap[5]}"
+                     if pap else ""), flush=True)
+        del mg, b
+        cp.get_default_memory_pool().free_all_blocks()
+
+
 def fmt(r):
     if r["kind"] == "table":
         return (f"table  {r['dim']}D k={r['k']} L={r['level']} N={r['dofs']:.3e} {r['smoother']} "
@@ -283,7 +339,12 @@ def main():
     ap.add_argument("--solve-ks", default="1,2,3,4,5,6,7,8")
     ap.add_argument("--large-k", type=int, default=4)
     ap.add_argument("--large-dofs", type=float, default=1.1e9)
-    ap.add_argument("--l2-max", type=float, default=2e7)
+    ap.add_argument("--l2-max", type=float, default=3e9,
+                    help="L2 error (on the device, in slabs) up to this many DoFs")
+    ap.add_argument("--kernel-dims", default="2,3", help="op/smooth sections: dimensions")
+    ap.add_argument("--kernel-ks", default="1,2,3,4,5,6,7,8", help="op/smooth sections: degrees")
+    ap.add_argument("--table7", default="1:9,3:8,7:7", help="table7 section: k:level,...")
+    ap.add_argument("--table7-restart", type=int, default=4)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=None)
     ap.add_argument("--build-cubins", metavar="DIR", default=None,
@@ -333,6 +394,8 @@ def main():
             bench_solve(args, be, rows, [args.large_k], args.large_dofs, large=True)
         if "tables" in args.sections:
             bench_tables(args, be, rows)
+        if "table7" in args.sections:
+            bench_table7(args, be, rows)
     finally:
         if args.out:
             with open(os.path.join(args.out, "bench_patch.json"), "w") as f:
