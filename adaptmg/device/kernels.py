@@ -56,6 +56,7 @@ __all__ = [
     "get_kernel", "axpby", "jacobi_update", "jacobi_residual_update",
     "jacobi_zero", "chebyshev_start", "chebyshev_start_zero",
     "chebyshev_update", "add_cast", "csr_jacobi_sweep", "csr_chebyshev_step", "csr_residual",
+    "csr_jacobi_zero_sweeps", "is_int32_csr",
     "threads_per_row",
     "make_spmv", "SpMVPlan", "dense_matvec",
     "KERNEL_NAMES",
@@ -379,6 +380,24 @@ extern "C" __global__ void adaptmg_csr_spmv_{T}(
         y[i] = beta == ({T})0 ? alpha * s : alpha * s + beta * y[i];
     }
 }
+// the first two Jacobi sweeps from x = 0 in one pass: x0_j = omega dinv_j b_j (not stored),
+// y_i = x0_i + omega dinv_i (b_i - sum_j A_ij x0_j); tpr threads per row (1 allowed)
+extern "C" __global__ void adaptmg_csr_jacobi0_vec_{T}(
+    const int n, const int tpr, const int* __restrict__ indptr, const int* __restrict__ indices,
+    const {T}* __restrict__ data, const {T}* __restrict__ b, const {T}* __restrict__ dinv,
+    const {T} omega, {T}* __restrict__ y)
+{
+    int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    int row = tid / tpr, lane = tid % tpr;
+    {T} s = 0;
+    if (row < n)
+        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) {
+            const int j = indices[k];
+            s += data[k] * (omega * dinv[j] * b[j]);
+        }
+    for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
+    if (row < n && lane == 0) y[row] = omega * dinv[row] * b[row] + omega * dinv[row] * (b[row] - s);
+}
 extern "C" __global__ void adaptmg_dense_gemv_{T}(
     const int n, const int m, const {T}* __restrict__ M, const {T}* __restrict__ b,
     {T}* __restrict__ out)
@@ -509,6 +528,43 @@ def csr_residual(A, x, b, out):
         _np_residual(A, x, b, out)
         return out
     return _launch_csr("csr_residual", A, out, (A.indptr, A.indices, A.data, x, b, out))
+
+
+def is_int32_csr(M) -> bool:
+    """True for a CSR matrix (SciPy or cupyx) with int32 ``indptr`` and ``indices``
+    (what the fused CSR kernels take)."""
+    return (getattr(M, "format", None) == "csr" and M.indices.dtype == np.int32
+            and M.indptr.dtype == np.int32)
+
+
+def _launch_rows(name, n, t, out, args):
+    """Launch ``adaptmg_<name>_<type>`` with ``t`` threads per row over ``n`` rows."""
+    ct = _ctype(out.dtype)
+    _csr_module(ct).get_function(f"adaptmg_{name}_{ct}")(
+        ((n * t + 127) // 128,), (128,), (np.int32(n), np.int32(t)) + args)
+    return out
+
+
+def csr_jacobi_zero_sweeps(A, b, dinv, omega, out):
+    r"""The first two damped Jacobi sweeps from ``x = 0`` in one pass over CSR ``A``:
+
+    .. math:: x^{(1)} = \omega D^{-1} b,\qquad
+              \text{out} = x^{(1)} + \omega D^{-1} (b - A x^{(1)}),
+
+    with :math:`x^{(1)}` formed on the fly (never stored): one launch instead of
+    ``jacobi_zero`` + :func:`csr_jacobi_sweep`.  Same operations as those two;
+    on the GPU the row sums may take another order (``tpr`` lanes).
+    """
+    if _is_numpy(out):
+        x1 = omega * dinv * b
+        _np_residual(A, x1, b, out)
+        out *= dinv
+        out *= omega
+        out += x1
+        return out
+    t = out.dtype.type
+    return _launch_rows("csr_jacobi0_vec", A.shape[0], _tpr(A), out,
+                        (A.indptr, A.indices, A.data, b, dinv, t(omega), out))
 
 
 # --------------------------------------------------------------------------

@@ -276,17 +276,22 @@ class Jacobi(Smoother):
 
     def _smooth_fused(self, x, b, sweeps, tmp, zero_initial):
         """One launch per sweep (:func:`adaptmg.device.kernels.csr_jacobi_sweep`), ping-pong
-        between ``x`` and ``tmp`` arranged so that the result lands in ``x``."""
+        between ``x`` and ``tmp`` arranged so that the result lands in ``x``.  From a zero
+        initial guess the first two sweeps are one launch
+        (:func:`~adaptmg.device.kernels.csr_jacobi_zero_sweeps`)."""
         w, dinv, A = self.omega, self.dinv, self.A
-        m = sweeps - 1 if (zero_initial and sweeps > 0) else sweeps
         if zero_initial:
             if sweeps == 0:
                 x.fill(0)
                 return x
+            m = sweeps - 2 if sweeps >= 2 else 0        # sweeps left after the first launch
             src = x if m % 2 == 0 else tmp
-            K.jacobi_zero(src, dinv, b, w)
+            if sweeps >= 2:
+                K.csr_jacobi_zero_sweeps(A, b, dinv, w, src)
+            else:
+                K.jacobi_zero(src, dinv, b, w)
         else:
-            src = x
+            m, src = sweeps, x
         dst = tmp if src is x else x
         for _ in range(m):
             K.csr_jacobi_sweep(A, src, b, dinv, w, dst)

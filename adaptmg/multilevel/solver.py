@@ -277,8 +277,7 @@ class MultilevelSolver:
                 small = self.backend.is_gpu
             else:
                 small = lev.n < rows
-            d.fused = (small and getattr(A, "format", None) == "csr"
-                       and A.indices.dtype == np.int32 and A.indptr.dtype == np.int32)
+            d.fused = small and K.is_int32_csr(A)
             sm = d.smoother
             if d.own and hasattr(sm, "fused") and hasattr(sm, "can_fuse"):
                 sm.fused = d.fused

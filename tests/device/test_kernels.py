@@ -142,6 +142,26 @@ def test_fused_csr_kernels(backend, dtype, tpr, monkeypatch):
     np.testing.assert_allclose(to_host(out), b - A @ x, rtol=rtol, atol=rtol)
 
 
+@pytest.mark.parametrize("tpr", [None, 1, 4])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_jacobi_zero_sweeps_kernel(backend, dtype, tpr, monkeypatch):
+    """The first two Jacobi sweeps from zero in one launch against their formula
+    (GPU kernel with 1 or several threads per row, and the NumPy twin)."""
+    monkeypatch.setattr(K, "CSR_THREADS_PER_ROW", tpr)
+    rng = np.random.default_rng(11)
+    n = 300
+    A = (sp.random(n, n, density=0.03, random_state=3, format="csr") + sp.identity(n)).tocsr().astype(dtype)
+    A.indices, A.indptr = A.indices.astype(np.int32), A.indptr.astype(np.int32)
+    b, dinv = (rng.standard_normal(n).astype(dtype) for _ in range(2))
+    Ad = backend.asmatrix(A)
+    assert K.is_int32_csr(Ad) and not K.is_int32_csr(A.tocoo())
+    rtol = 1e-12 if dtype == np.float64 else 2e-5
+    out = backend.xp.zeros(n, dtype)
+    K.csr_jacobi_zero_sweeps(Ad, backend.asarray(b), backend.asarray(dinv), 0.6, out)
+    x1 = 0.6 * dinv * b
+    np.testing.assert_allclose(to_host(out), x1 + 0.6 * dinv * (b - A @ x1), rtol=rtol, atol=rtol)
+
+
 def test_csr_chebyshev_step_twin_is_the_formula():
     """d <- c1 d + c2 dinv (b - A x); out <- x + d (NumPy twin; each entry one rounding chain)."""
     import scipy.sparse as sp

@@ -280,11 +280,13 @@ def test_bad_input(backend):
 
 
 @pytest.mark.parametrize("smoother,kw,pre,post", [
-    ("jacobi", {}, 2, 2), ("chebyshev", {"degree": 3}, 2, 2), ("chebyshev", {"degree": 2}, 1, 2),
+    ("jacobi", {}, 2, 2), ("jacobi", {}, 3, 3), ("jacobi", {}, 1, 4), ("jacobi", {}, 4, 1),
+    ("chebyshev", {"degree": 3}, 2, 2), ("chebyshev", {"degree": 2}, 1, 2),
     ("chebyshev", {"degree": 6}, 2, 1)])
 def test_fused_small_levels_give_the_same_cycle(backend, smoother, kw, pre, post):
-    """One-launch sweeps (Jacobi) / steps (Chebyshev, ping-pong buffers, both parities of the
-    step count, zero and non-zero initial guess) against SpMV + element-wise kernels."""
+    """One-launch sweeps (Jacobi, the first two from zero in one launch) / steps (Chebyshev,
+    ping-pong buffers, both parities of the step count, zero and non-zero initial guess)
+    against SpMV + element-wise kernels."""
     As, Ps = hierarchy(2, 4, 5)
     opts = dict(backend=backend, smoother=smoother, smoother_kwargs=kw, presmooth=pre,
                 postsmooth=post)
