@@ -20,7 +20,8 @@ Sections (``--sections``, comma separated):
           1e-9 for the tables' right-hand side (vector of ones), per level and degree,
           next to the paper's rows; --table-dims, --table-levels-2d/-3d, --table-ks-2d/-3d,
           --table-variants (paper, seed-code), --table-smoothers (patch, point_gs),
-          --table-max-dofs; --backend cpu runs it without a GPU.  E.g.
+          --table-max-dofs; "n!" = not converged in 60 cycles, "n~" = stagnated at
+          the rounding floor above 1e-9; --backend cpu runs it without a GPU.  E.g.
             python scripts/bench_patch.py --sections tables --backend cpu \
                 --table-levels-2d 4,5,6 --table-levels-3d 3,4
 
@@ -257,7 +258,8 @@ def bench_tables(args, be, rows):
                                          final_res=info["residuals"][-1],
                                          time=time.perf_counter() - t0,
                                          paper=paper[k - 1] if paper and k <= len(paper) else None))
-                        cells.append(f"{it:3d}" if info["converged"] else f"{it:2d}!")
+                        cells.append(f"{it:3d}" if info["converged"] else
+                                     f"{it:2d}~" if info.get("stagnated") else f"{it:2d}!")
                     print(f"{head} {level:3d} " + " ".join(cells), flush=True)
 
 

@@ -381,3 +381,22 @@ def test_to_changes_dtype_and_keeps_self():
     P32 = objs[3].to(dtype=np.float32)
     uc = np.random.default_rng(1).standard_normal(P32.shape[1])
     assert np.linalg.norm(P32 @ uc.astype(np.float32) - objs[3] @ uc) <= 1e-6 * np.linalg.norm(objs[3] @ uc)
+
+
+def test_fmg_stops_at_the_rounding_floor_and_warns():
+    """rtol below what double precision reaches: FMG stops as stagnated after a few cycles
+    (not after maxiter) and says so; a cycle cap that is too small says that instead."""
+    from adaptmg.linalg import ConvergenceWarning
+    V = CartesianSpace(2, 2, 3)
+    b, _ = V.sine_problem()
+    mg = PatchMultigrid(V)
+    with pytest.warns(ConvergenceWarning, match="stagnated"):
+        x, info = mg.solve(b, rtol=1e-19, maxiter=50)
+    assert info["stagnated"] and not info["converged"]
+    assert info["iterations"] < 20
+    assert info["residuals"][-1] < 1e-13                # it did reach the floor
+    with pytest.warns(ConvergenceWarning, match="V-cycles reached"):
+        _, info = mg.solve(b, rtol=1e-19, maxiter=1)
+    assert info["iterations"] == 1 and not info["stagnated"]
+    _, info = mg.solve(b, rtol=1e-9)
+    assert info["converged"] and not info["stagnated"]
