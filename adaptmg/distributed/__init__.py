@@ -9,7 +9,8 @@
 Modules: :mod:`.partition` (Morton-curve cell partition, DoF owners), :mod:`.local`
 (per-rank set-up of a level from the rank's cells plus a ghost layer), :mod:`.csr`
 (MPIAIJ-style distributed CSR with halo exchange, distributed dots/norms),
-:mod:`.multigrid` (every level distributed, coarse levels agglomerated on rank 0),
+:mod:`.multigrid` (every level distributed, coarser ones on fewer ranks, the smallest
+agglomerated on rank 0),
 :mod:`.krylov` (adaptmg.linalg's cg/gmres/fgmres unchanged, their reductions through an
 allreduce hook), :mod:`.solve` (one-call helpers), :mod:`.comm` (communicator, error
 agreement, abort guard, the launcher's job size).
@@ -23,7 +24,11 @@ partition, DoF owners, hanging-node matrices H).  Every geometric level with at 
 ``agglomerate_below`` DoFs is set up per rank from the cells touching its owned DoFs (owned
 cells plus one ghost layer, widened to every cell of a hanging node with an owned parent;
 :mod:`.local`): assembly, the owned rows of the constrained matrix, of P and of R, and the
-smoother (its lambda_max estimate distributed).  The small levels below (agglomerated onto
+smoother (its lambda_max estimate distributed).  The finest level is on all ``P`` ranks;
+a coarser one with ``N_l`` DoFs on ``P_l = min(P_{l+1}, max(1, N_l // min_dofs_per_rank))``
+ranks ``0 .. P_l - 1`` (its cell partition folded onto them, the other ranks own none of
+its DoFs; ``min_dofs_per_rank`` default 2000, None or 0: all ranks; ``result.active_ranks``
+lists ``P_l`` per level).  The small levels below ``agglomerate_below`` (agglomerated onto
 rank 0, and algebraic ones) come from a serial hierarchy that every rank builds on the
 coarse mesh.  ``solve(..., local_setup=False)`` is the first version: every rank builds the
 whole serial hierarchy and extracts its rows.  Matrices, vectors, smoothing, transfers and
@@ -34,11 +39,12 @@ from .comm import agree, get_comm, guard, have_mpi, install_excepthook, launched
 from .csr import DistCSR, Layout, dot, dots, norm
 from .krylov import cg, krylov, linalg_is_distributed
 from .multigrid import DistributedMultigrid
-from .partition import coarse_cell_ranks, curve_order, dof_owners, imbalance, partition_cells
+from .partition import (coarse_cell_ranks, curve_order, dof_owners, fold_cell_ranks, imbalance,
+                        level_ranks, partition_cells)
 from .solve import DistributedResult, solve, solve_poisson
 
 __all__ = ["agree", "get_comm", "guard", "have_mpi", "install_excepthook", "launched_rank",
            "launched_size", "DistCSR", "Layout",
            "dot", "dots", "norm", "cg", "krylov", "linalg_is_distributed", "DistributedMultigrid", "coarse_cell_ranks", "curve_order",
-           "dof_owners", "imbalance", "partition_cells", "DistributedResult", "solve",
+           "dof_owners", "fold_cell_ranks", "imbalance", "level_ranks", "partition_cells", "DistributedResult", "solve",
            "solve_poisson"]

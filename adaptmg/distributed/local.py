@@ -29,6 +29,10 @@ for an owned coarse DoF ``c``; these fine nodes lie in the coarse cells touching
 coarse nodes ``{c owned} U {coarse hanging j with parent c}``, so the rank builds the
 rows of P of the fine cells inside those coarse cells and transposes.
 
+A rank that owns no DoF of the level (a coarse level folded onto fewer ranks,
+:func:`~.partition.level_ranks`) assembles nothing and gets empty row blocks; it still
+joins the one ``Allreduce``.
+
 The mesh (and the hanging-node matrices H, built from it) stay replicated on every
 rank; what scales is the assembly, the Galerkin-free congruence and the transfer rows.
 The contract for ``assemble``: it must accept the cell-subset view (a duck-typed space
@@ -104,8 +108,10 @@ def local_constrained_rows(space, assemble, free, owner, comm):
     node_own = np.zeros(space.num_nodes, dtype=bool)
     node_own[rows // c] = True
     cells = needed_cells(space, node_own)
-    A = assemble(CellSubset(space, cells))
     N = space.num_dofs
+    # a rank owning no DoF of the level (a coarse level folded onto fewer ranks) needs no
+    # cell; it still takes part in the Allreduce of s below
+    A = assemble(CellSubset(space, cells)) if rows.size else sp.csr_matrix((N, N))
     if getattr(A, "shape", None) != (N, N):
         raise ValueError(f"assemble(view) must return a {N} x {N} matrix, got shape {getattr(A, 'shape', None)}")
     A = sp.csr_matrix(A)

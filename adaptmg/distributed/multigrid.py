@@ -18,7 +18,24 @@ Given the serial :class:`~adaptmg.multilevel.hierarchy.GeometricMultigrid` ``ml`
   values only through ``A x``, so the distributed iterates equal the serial ones up to
   the summation order inside the row products (block Jacobi alike).
 
-Agglomeration.  Levels with fewer than ``agglomerate_below`` DoFs (always the coarsest
+Agglomeration, in two stages.  (1) Fewer ranks: the finest level lives on all ``P`` ranks
+(the user's partition); a coarser level with ``N_l >= agglomerate_below`` DoFs on
+
+.. math::  P_l = \min\bigl(P_{l+1},\; \max(1, \lfloor N_l / m \rfloor)\bigr),
+           \qquad m = \texttt{min\_dofs\_per\_rank}
+
+ranks ``0 .. P_l - 1`` (:func:`~.partition.level_ranks`: each active rank gets about ``m``
+DoFs or more, ``P_l`` never grows towards the coarse levels; ``m`` None or 0: ``P_l = P``).
+Its voted cell partition is folded onto them (:func:`~.partition.fold_cell_ranks`: sorted
+by (rank, curve position), cut into ``P_l`` equal contiguous pieces; for ``P_l | P`` and a
+balanced voted partition the fold ``r -> floor(r P_l / P)``) and the DoF owners follow
+(:func:`~.partition.dof_owners`).
+Such a level is an ordinary distributed level in which ranks ``>= P_l`` own no row: their
+parts are empty arrays, they send and receive nothing in its halo exchanges and join its
+set-up's reductions with zeros; in the cycle a rank that owns no DoF of a level nor of any
+coarser one returns at once (``_idle``: none of those levels' products asks it for
+anything).  ``active_ranks`` (and :meth:`DistributedMultigrid.describe`) report ``P_l``.
+(2) Rank 0: levels with fewer than ``agglomerate_below`` DoFs (always the coarsest
 one, and all algebraic levels; never the finest) live entirely on rank 0: their DoF "partition" gives
 rank 0 every DoF, so the restriction into the finest of them is an ordinary
 ``DistCSR`` product that gathers onto rank 0, and the prolongation out of it scatters.
@@ -58,14 +75,16 @@ from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi, power_lambda_
 from ..multilevel.solver import coarse_visits
 from .comm import HaloTimer
 from .csr import DistCSR, Layout, norm
-from .partition import coarse_cell_ranks, dof_owners
+from .partition import coarse_cell_ranks, dof_owners, fold_cell_ranks, level_ranks
 
 __all__ = ["DistributedMultigrid", "level_owners"]
 
 
-def level_owners(ml, fine_cell_ranks, size, agglomerate_below=1000):
-    """DoF owners of every level of ``ml`` (coarse -> fine) and the index ``c`` of the coarsest
-    distributed level (levels below ``c`` are on rank 0); also the cell ranks per geometric level."""
+def level_owners(ml, fine_cell_ranks, size, agglomerate_below=1000, min_dofs_per_rank=2000):
+    """DoF owners of every level of ``ml`` (coarse -> fine), the index ``c`` of the coarsest
+    distributed level (levels below ``c`` are on rank 0), the cell ranks per geometric level
+    (folded onto the level's ranks) and the number of ranks ``P_l`` of every level
+    (:func:`~.partition.level_ranks`; 1 for the agglomerated levels)."""
     L = len(ml.levels)
     nalg = ml.num_algebraic
     spaces = ml.spaces
@@ -85,13 +104,17 @@ def level_owners(ml, fine_cell_ranks, size, agglomerate_below=1000):
                          "distributed, the coarsest one lives on rank 0); the mesh has no refinement "
                          "history to coarsen")
     c = min(c, L - 1)                        # the finest level is always distributed
+    nranks = level_ranks([lev.n for lev in ml.levels], size, c, min_dofs_per_rank)
     owners = []
     for l in range(L):
         if l < c:
             owners.append(np.zeros(ml.levels[l].n, dtype=np.int64))
         else:
-            owners.append(dof_owners(spaces[l - nalg], cell_ranks[l - nalg]))
-    return owners, c, cell_ranks
+            g = l - nalg
+            if nranks[l] < size:             # fewer ranks than the job: fold the partition
+                cell_ranks[g] = fold_cell_ranks(spaces[g].mesh, cell_ranks[g], nranks[l])
+            owners.append(dof_owners(spaces[g], cell_ranks[g]))
+    return owners, c, cell_ranks, nranks
 
 
 def _local_smoother(sm, A: DistCSR, rows: np.ndarray):
@@ -211,16 +234,23 @@ class DistributedMultigrid:
     fine_cell_ranks : rank of every finest cell (:func:`~.partition.partition_cells`).
     comm : mpi4py communicator.
     agglomerate_below : levels with fewer DoFs go to rank 0 (the coarsest always does).
+    min_dofs_per_rank : a coarser distributed level with ``N_l`` DoFs works on
+        ``P_l = min(P_{l+1}, max(1, N_l // min_dofs_per_rank))`` ranks, ``0 .. P_l - 1``
+        (:func:`~.partition.level_ranks`; the finest level on all of them); None or 0: every
+        distributed level on all ranks.
     local : dict(spaces=[...], frees=[...], assemble=f), optional: the spaces of the
         geometric levels above ``ml`` (coarse -> fine, the finest last), their free-DoF masks
         and the assembly callable, called on :class:`~.local.CellSubset` views.  Their
         levels must all be distributed (at least ``agglomerate_below`` DoFs).
 
     ``setup_stats`` (local set-up): per local level the cells assembled by this rank and the
-    level's cells, the cells used for P/R, and the seconds of each phase.
+    level's cells, the cells used for P/R, and the seconds of each phase.  ``active_ranks``:
+    per level (coarse -> fine) the number of ranks it works on (1 for the agglomerated ones);
+    ``owning_ranks``: how many of them own at least one DoF of it.
     """
 
-    def __init__(self, ml, fine_cell_ranks, comm, agglomerate_below=1000, local=None):
+    def __init__(self, ml, fine_cell_ranks, comm, agglomerate_below=1000, local=None,
+                 min_dofs_per_rank=2000):
         if ml.backend.name != "cpu" or np.dtype(ml.dtype) != np.float64:
             raise ValueError(f"DistributedMultigrid: CPU float64 hierarchies only, got backend "
                              f"{ml.backend.name} and dtype {ml.dtype}")
@@ -230,9 +260,16 @@ class DistributedMultigrid:
         self.setup_stats = {}
         self.HT_o = self.free_o = None
         view = ml if local is None else _FineView(ml, local["spaces"])
-        owners, c, cell_ranks = level_owners(view, fine_cell_ranks, self.size, agglomerate_below)
+        owners, c, cell_ranks, nranks = level_owners(view, fine_cell_ranks, self.size,
+                                                     agglomerate_below, min_dofs_per_rank)
         self.owners, self.c, self.cell_ranks = owners, c, cell_ranks
+        self.active_ranks = nranks
         self.layouts = [Layout(o, comm) for o in owners]
+        self.owning_ranks = [int((lay.counts > 0).sum()) for lay in self.layouts]
+        # idle[l]: this rank owns no DoF of level l nor of any coarser level, so the cycle below
+        # level l needs nothing from it (no rows, no ghosts, asked for no entries): it skips it
+        held = np.cumsum([lay.n > 0 for lay in self.layouts]) > 0
+        self._idle = (~held).tolist()
         self.presmooth, self.postsmooth = ml.presmooth, ml.postsmooth
         self.levels = []
         for l, lev in enumerate(ml.levels):
@@ -309,6 +346,8 @@ class DistributedMultigrid:
         f(d.x, d.b, sweeps, work=d.r, zero_initial=zero)
 
     def _level_cycle(self, l, kind, zero):
+        if self._idle[l]:              # folded away: nothing of levels <= l on this rank
+            return
         if l < self.c:                 # agglomerated: rank 0 runs the serial cycle
             if self.rank == 0:         # on this level's vectors, swapped into the serial solver
                 d = self.levels[l]
@@ -332,11 +371,13 @@ class DistributedMultigrid:
         return d.x.copy()
 
     def describe(self):
-        """Per level: global DoFs, DoFs per rank, ghost entries per rank (collective)."""
+        """Per level: global DoFs, DoFs per rank, ghost entries per rank, the number of ranks
+        it works on (``ranks``: P_l) and of those owning DoFs (collective)."""
         rows = []
         for l, d in enumerate(self.levels):
             ghosts = d.A.ghosts.size if d.A is not None else 0
             g = self.comm.allgather(ghosts)
             rows.append({"level": l, "dofs": d.layout.N, "owned": d.layout.counts.tolist(),
-                         "ghosts": g, "agglomerated": l < self.c})
+                         "ghosts": g, "agglomerated": l < self.c, "ranks": self.active_ranks[l],
+                         "owning": self.owning_ranks[l]})
         return rows

@@ -19,6 +19,15 @@ Coarser levels of the global-coarsening hierarchy are not cut again: a coarse ce
 lives on the rank that holds most of its children (ties: the lowest rank), so
 prolongation and restriction are mostly rank-local.
 
+Folding (:func:`fold_cell_ranks`).  A coarse level that is to live on ``P_l < P`` ranks
+(see :func:`level_ranks`) keeps this voted partition but folds it onto ranks
+``0 .. P_l - 1``: its ``n_l`` cells are sorted by (voted rank, curve position) and the
+cell at position ``i`` goes to rank ``floor(P_l i / n_l)``.  The ranks' cell ranges stay
+contiguous along the curve, each new rank gets ``floor(n_l / P_l)`` or ``ceil(n_l / P_l)``
+cells, and where ``P_l`` divides ``P`` and the voted partition is balanced this is the
+plain fold ``r -> floor(r P_l / P)`` (old ranks ``k P / P_l .. (k + 1) P / P_l - 1`` merge
+into rank ``k``).
+
 DoF ownership.  A DoF node belongs to the lowest rank among the cells that have it in
 their ``cell_dofs`` (for a hanging node: the fine cells it is a vertex of); all
 components of a node share its owner.
@@ -27,7 +36,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["curve_order", "partition_cells", "coarse_cell_ranks", "dof_owners", "imbalance"]
+__all__ = ["curve_order", "partition_cells", "coarse_cell_ranks", "dof_owners", "imbalance",
+           "level_ranks", "fold_cell_ranks"]
 
 _BITS = {2: 31, 3: 21}
 
@@ -103,6 +113,52 @@ def coarse_cell_ranks(fine_mesh, coarse_mesh, fine_ranks: np.ndarray, size: int)
     cidx, _ = fine_mesh.parent_of(coarse_mesh)
     votes = np.bincount(cidx * size + fine_ranks, minlength=coarse_mesh.num_cells * size)
     return votes.reshape(coarse_mesh.num_cells, size).argmax(axis=1)
+
+
+def level_ranks(dofs, size, c=0, min_dofs_per_rank=None):
+    r"""Number of ranks ``P_l`` each level works on (``dofs``: DoFs per level, coarse -> fine).
+
+    .. math::  P_{L} = P, \qquad
+               P_l = \min\Bigl(P_{l+1},\; \max\bigl(1, \lfloor N_l / m \rfloor\bigr)\Bigr)
+               \quad (c \le l < L), \qquad P_l = 1 \quad (l < c),
+
+    ``P = size``, ``N_l = dofs[l]``, ``m = min_dofs_per_rank``: the finest level is on all
+    ranks (the user's partition), a coarser distributed level on as many ranks as give each
+    at least ``m`` DoFs (at most ``P``, at least one, never more than the next finer level),
+    and the levels below ``c`` (agglomerated, see :func:`~.multigrid.level_owners`) on rank 0.
+    ``min_dofs_per_rank`` None or 0: every distributed level on all ``P`` ranks."""
+    if min_dofs_per_rank is not None and (isinstance(min_dofs_per_rank, bool) or not isinstance(
+            min_dofs_per_rank, (int, np.integer)) or min_dofs_per_rank < 0):
+        raise ValueError(f"min_dofs_per_rank must be None or a non-negative integer, "
+                         f"got {min_dofs_per_rank!r}")
+    L = len(dofs)
+    out = [1] * L
+    p = int(size)
+    for l in range(L - 1, min(c, L - 1) - 1, -1):
+        if l < L - 1 and min_dofs_per_rank:
+            p = min(p, max(1, int(dofs[l]) // int(min_dofs_per_rank)))
+        out[l] = p
+    return out
+
+
+def fold_cell_ranks(mesh, cell_ranks: np.ndarray, size_l: int) -> np.ndarray:
+    """``cell_ranks`` (a partition of ``mesh`` over any number of ranks) folded onto ranks
+    ``0 .. size_l - 1``: cells sorted by (rank, curve position), equal contiguous pieces
+    (module doc).  Unchanged when every rank is already below ``size_l``."""
+    cell_ranks = np.asarray(cell_ranks, dtype=np.int64)
+    n = cell_ranks.size
+    if size_l < 1:
+        raise ValueError(f"size_l must be a positive integer, got {size_l!r}")
+    if n == 0 or cell_ranks.max() < size_l:
+        return cell_ranks.copy()
+    if size_l == 1:
+        return np.zeros(n, dtype=np.int64)
+    pos = np.empty(n, dtype=np.int64)
+    pos[curve_order(mesh)] = np.arange(n)
+    order = np.lexsort((pos, cell_ranks))
+    out = np.empty(n, dtype=np.int64)
+    out[order] = (np.arange(n, dtype=np.int64) * size_l) // n
+    return out
 
 
 def dof_owners(space, cell_ranks: np.ndarray) -> np.ndarray:

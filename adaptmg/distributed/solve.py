@@ -5,7 +5,9 @@ rank (or ``comm=None`` without mpi4py) it *is* the serial code path
 (``multigrid(...).solve(..., accel="cg")``).  On several ranks the finest cells are cut
 along the Morton curve (:mod:`.partition`); each rank builds the geometric levels with at
 least ``agglomerate_below`` DoFs from its own cells plus a ghost layer (:mod:`.local`) and
-the same small serial hierarchy below them (replicated mesh, see :mod:`.multigrid`);
+the same small serial hierarchy below them (replicated mesh, see :mod:`.multigrid`); a
+coarser one of those levels with ``N_l`` DoFs works on ``P_l = min(P_{l+1}, max(1,
+N_l // min_dofs_per_rank))`` ranks (the others own none of its DoFs; ``result.active_ranks``);
 CG with the distributed multigrid cycle runs on the owned entries (:mod:`.krylov`).  The
 result holds the global solution on every rank (one ``Allgatherv``) besides the local part.
 ``result.ml`` is then the serial hierarchy of the small levels only; ``result.mg.levels``
@@ -54,9 +56,14 @@ class DistributedResult:
     ml: Any = None                 # the serial hierarchy (replicated; with the local set-up only
     #                                the levels below the locally built ones)
     mg: Any = None                 # DistributedMultigrid (None on one rank)
+    active_ranks: list = field(default_factory=list)   # ranks per level (coarse -> fine): P_l
+    #                                (partition.level_ranks), 1 on the levels agglomerated on rank 0
 
 
-def _check(space, b, rtol, maxiter, accel):
+def _check(space, b, rtol, maxiter, accel, min_dofs_per_rank=None):
+    m = min_dofs_per_rank
+    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0):
+        return f"min_dofs_per_rank must be None or a non-negative integer, got {m!r}"
     if accel not in ("cg", "gmres", "fgmres"):
         return f"accel must be 'cg', 'gmres' or 'fgmres', got {accel!r}"
     if not isinstance(space, Space):
@@ -74,8 +81,8 @@ def _check(space, b, rtol, maxiter, accel):
 
 
 def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter=200,
-          accel="cg", cycle="V", agglomerate_below=1000, weights=None, callback=None,
-          local_setup=True, **multigrid_kwargs) -> DistributedResult:
+          accel="cg", cycle="V", agglomerate_below=1000, min_dofs_per_rank=2000, weights=None,
+          callback=None, local_setup=True, **multigrid_kwargs) -> DistributedResult:
     """Solve the constrained system of ``assemble(space)`` with load vector ``b`` by CG
     preconditioned with geometric multigrid, distributed over ``comm``.
 
@@ -90,6 +97,11 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
     accel : Krylov method (:func:`.krylov.krylov`): "cg" always; "gmres", "fgmres" once
         adaptmg.linalg routes its norms through the reduction hook.
     agglomerate_below : levels with fewer DoFs are gathered onto rank 0.
+    min_dofs_per_rank : the finest level is on all ``P`` ranks; a coarser level with ``N_l >=
+        agglomerate_below`` DoFs on ``P_l = min(P_{l+1}, max(1, N_l // min_dofs_per_rank))``
+        ranks ``0 .. P_l - 1``, its cell partition folded onto them
+        (:func:`~.partition.level_ranks`, :func:`~.partition.fold_cell_ranks`).  None or 0:
+        every such level on all ranks.
     weights : per-cell partition weights (default 1 per cell).
     callback : ``callback(k, x_local)`` after each CG iteration (serial: ``callback(k, x)``).
     local_setup : on several ranks, build every geometric level with at least
@@ -102,7 +114,7 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
     comm = get_comm(comm)
     size = 1 if comm is None else comm.Get_size()
     with guard(comm):
-        msg = _check(space, b, rtol, maxiter, accel)
+        msg = _check(space, b, rtol, maxiter, accel, min_dofs_per_rank)
         agree(comm, not msg, msg)
         t0, c0 = time.perf_counter(), time.process_time()
         multigrid_kwargs.setdefault("backend", "cpu")
@@ -111,7 +123,8 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
         local = size > 1 and local_setup and not multigrid_kwargs.get("galerkin", False)
         if local:
             return _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycle,
-                                agglomerate_below, weights, callback, (t0, c0), multigrid_kwargs)
+                                agglomerate_below, weights, callback, (t0, c0), multigrid_kwargs,
+                                min_dofs_per_rank)
         ml = multigrid(space, assemble, dirichlet=dirichlet, **multigrid_kwargs)
         f = ml.constrain(np.asarray(b, dtype=float))
         if size == 1:                                     # the serial code path
@@ -130,9 +143,11 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
             info = 0 if res[-1] <= rtol * float(np.linalg.norm(f)) * (1 + 1e-8) else maxiter
             return DistributedResult(u=ml.expand(x), x=x, x_local=x, iterations=its[0], info=info,
                                      residuals=res, size=1, timings={"setup": t1 - t0, "solve": t2 - t1,
-                                                                     "halo": 0.0}, ml=ml)
+                                                                     "halo": 0.0}, ml=ml,
+                                     active_ranks=[1] * len(ml.levels))
         ranks = partition_cells(space.mesh, size, weights)
-        mg = DistributedMultigrid(ml, ranks, comm, agglomerate_below)
+        mg = DistributedMultigrid(ml, ranks, comm, agglomerate_below,
+                                  min_dofs_per_rank=min_dofs_per_rank)
         return _krylov_solve(comm, mg, mg.layout.scatter(f), ranks, (t0, c0), accel, cycle, rtol,
                              maxiter, callback, ml.expand, ml, stacklevel=3)
 
@@ -160,7 +175,7 @@ def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, ca
                              residuals=res, size=size, cell_ranks=ranks, imbalance=imbalance(ranks, size),
                              timings={"setup": t_setup, "setup_cpu": c_setup, "solve": t2 - t1,
                                       "halo": mg.timer.seconds, **(extra_timings or {})},
-                             ml=ml, mg=mg)
+                             ml=ml, mg=mg, active_ranks=list(mg.active_ranks))
 
 
 def _split_hierarchy(space, max_levels, agglomerate_below):
@@ -183,7 +198,7 @@ def _split_hierarchy(space, max_levels, agglomerate_below):
 
 
 def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycle, agglomerate_below,
-                 weights, callback, start, kw):
+                 weights, callback, start, kw, min_dofs_per_rank=None):
     """:func:`solve` on several ranks with the large geometric levels set up from the rank's
     cells only (``start``: wall and CPU clocks at the start of the set-up)."""
     t0, c0 = start
@@ -201,7 +216,8 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     size = comm.Get_size()
     ranks = partition_cells(space.mesh, size, weights)
     mg = DistributedMultigrid(ml, ranks, comm, agglomerate_below,
-                              local=dict(spaces=spaces, assemble=assemble, frees=frees))
+                              local=dict(spaces=spaces, assemble=assemble, frees=frees),
+                              min_dofs_per_rank=min_dofs_per_rank)
     return _krylov_solve(comm, mg, mg.constrain_local(b), ranks, (t0, c0), accel, cycle, rtol,
                          maxiter, callback, lambda x: space.H @ x, ml,
                          extra_timings={"coarse_hierarchy_s": t_coarse, **mg.setup_stats},

@@ -2,7 +2,8 @@
 
 ``python mpi_cases.py solve OUT.json``: every case of CASES distributed over COMM_WORLD and
 on one rank (a size-1 communicator: the serial code path); rank 0 writes one JSON
-record per case.  ``python mpi_cases.py bad-input`` / ``callback``: a failure on rank 1
+record per case.  CASES keep every distributed level on all ranks (``min_dofs_per_rank=0``);
+FOLDED put the coarser distributed levels on fewer ranks (``min_dofs_per_rank`` given).  ``python mpi_cases.py bad-input`` / ``callback``: a failure on rank 1
 only (the test checks that every rank exits, with the error, before its timeout).
 """
 import json
@@ -60,6 +61,18 @@ CASES = {
 }
 
 
+# name -> (problem, min_dofs_per_rank, extra solve arguments); level DoFs (coarse -> fine):
+# q1-2d [25, 41, 91, 224, 671, 2359] (agglomerate_below=50: levels 0-1 on rank 0), so with
+# m = 300 the ranks per level are [1, 1, 1, 1, 2, P]; elasticity-2d [50, 82, 170, 402, 1224]
+# (m = 150: [1, 1, 1, 2, P]); elasticity-3d [81, 138, 558, 852] (m = 250: [1, 1, 2, P])
+FOLDED = {
+    "q1-2d-folded": (lambda: poisson(2, 3, 1), 300, {}),
+    "elasticity-2d-folded-replicated-w": (lambda: elasticity(2, 2, "block_jacobi"), 150,
+                                          dict(local_setup=False, cycle="W")),
+    "elasticity-3d-folded": (lambda: elasticity(3, 1, "chebyshev"), 250, {}),
+}
+
+
 def cross_rank_hanging(res, space):
     """Hanging DoFs whose constraint couples DoFs of different owners (fine level)."""
     owner = res.mg.owners[-1]
@@ -93,6 +106,7 @@ def cell_layers(mesh, cell_ranks, k):
 
 
 def record(name, space, A, b, kw, serial_comm):
+    kw = {"min_dofs_per_rank": 0, **kw}
     dist = solve(space, A, b, comm=COMM, rtol=1e-10, agglomerate_below=50, **kw)
     ser = solve(space, A, b, comm=serial_comm, rtol=1e-10, agglomerate_below=50, **kw)
     cross, nh = cross_rank_hanging(dist, space)
@@ -116,7 +130,13 @@ def record(name, space, A, b, kw, serial_comm):
                 serial_levels=len(ser.ml.levels), cells_assembled=assembled, cells_transfer=transfer,
                 fine_rows_err=errs, level_cells=st.get("cells", []), level_cells_assembled=per_level,
                 serial_top=len(dist.ml.levels) - 1, cell_layers=layers, cells=space.mesh.num_cells,
-                neighbours=len(dist.mg.A.neighbours)), dist
+                neighbours=len(dist.mg.A.neighbours), active_ranks=dist.active_ranks,
+                owning_ranks=dist.mg.owning_ranks, agglomerated=dist.mg.c,
+                level_dofs=[lay.N for lay in dist.mg.layouts],
+                level_owned=[lay.counts.tolist() for lay in dist.mg.layouts],
+                level_cell_ranks=[np.bincount(cr, minlength=COMM.size).tolist()
+                                  for cr in dist.mg.cell_ranks],
+                describe_ranks=[r["ranks"] for r in dist.mg.describe()]), dist
 
 
 def hook_record():
@@ -171,6 +191,11 @@ def run_solve(out):
                 if linalg_is_distributed():
                     r, _ = record(f"q1-2d-{accel}", space, A, b, dict(accel=accel), serial_comm)
                     recs.append(r)
+    for name, (make, m, extra) in FOLDED.items():     # coarser levels on fewer ranks
+        space, A, b, kw = make()
+        rec, _ = record(name, space, A, b, dict(kw, min_dofs_per_rank=m, **extra), serial_comm)
+        rec["min_dofs_per_rank"] = m
+        recs.append(rec)
     if COMM.rank == 0:
         with open(out, "w") as fh:
             json.dump(recs, fh)

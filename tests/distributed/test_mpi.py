@@ -5,8 +5,10 @@ Q1 elasticity on adaptive 2-D and 3-D meshes with Jacobi, block-Jacobi and Cheby
 smoothers, a W-cycle, one adaptive step, the linalg reduction hook), distributed and on
 a one-rank communicator (the serial code path), and writes the numbers; the tests below
 assert them.  Two more launches check that a failure on one rank ends every rank.
+The FOLDED cases put the coarser distributed levels on fewer ranks than the job
+(``min_dofs_per_rank``, :func:`adaptmg.distributed.partition.level_ranks`).
 Skipped when mpi4py or mpiexec is missing.  CI has 2 cores: ``-n 3`` oversubscribes
-(MPICH's hydra allows it by default); the whole module takes ~15 s.
+(MPICH's hydra allows it by default); the whole module takes ~20 s.
 """
 import importlib.util
 import json
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 
 from adaptmg.distributed import coarse_cell_ranks, curve_order, dof_owners, imbalance, partition_cells
+from adaptmg.distributed.partition import fold_cell_ranks, level_ranks
 from adaptmg.fe import Space
 from adaptmg.mesh import Mesh
 
@@ -29,6 +32,7 @@ WORKER = os.path.join(HERE, "mpi_cases.py")
 CASES = ["q1-2d", "q1-2d-adapted", "q1-2d-wcycle", "q1-2d-replicated", "q1-3d", "q2-2d", "q2-3d", "elasticity-2d",
          "elasticity-3d"]
 LINALG = ["q1-2d-gmres", "q1-2d-fgmres"]      # only when adaptmg.linalg uses the norm hook
+FOLDED = ["q1-2d-folded", "elasticity-2d-folded-replicated-w", "elasticity-3d-folded"]
 
 
 def _mpiexec():
@@ -61,7 +65,7 @@ def results(request, tmp_path_factory):
     assert r.returncode == 0, r.stdout + r.stderr
     recs = {rec["case"]: rec for rec in json.loads(out.read_text())}
     hook = recs.pop("hook")
-    assert sorted(recs) == sorted(CASES + (LINALG if hook["linalg"] else [])), sorted(recs)
+    assert sorted(recs) == sorted(CASES + FOLDED + (LINALG if hook["linalg"] else [])), sorted(recs)
     return request.param, recs, hook
 
 
@@ -121,6 +125,56 @@ def test_levels_are_set_up_from_the_ranks_cells(results, case):
         assert max(per_rank) <= cells, (i, rec)
         if cells >= 500:
             assert sum(per_rank) <= 1.3 * cells, (i, rec)
+
+
+@needs_mpi
+@pytest.mark.parametrize("case", CASES)
+def test_unfolded_cases_use_every_rank_on_every_distributed_level(results, case):
+    """min_dofs_per_rank=0: every distributed level on all P ranks, the others on rank 0."""
+    n, recs, _ = results
+    rec = recs[case]
+    c = rec["agglomerated"]
+    assert rec["active_ranks"] == [1] * c + [n] * (rec["levels"] - c), rec
+
+
+@needs_mpi
+@pytest.mark.parametrize("case", FOLDED)
+def test_folded_levels_on_fewer_ranks_match_serial(results, case):
+    """Coarser distributed levels on P_l = min(P_{l+1}, max(1, N_l // m)) ranks 0..P_l-1 (the
+    finest on all P, the levels below agglomerate_below on rank 0): ranks 1.. own no row of
+    the small levels (set-up, smoothers, halo exchanges and the cycle with empty parts).
+    The solution equals the serial one to 1e-10 (measured <= 3e-14), the same CG iteration
+    count (allowed: +1); ranks per level as the rule says, exactly those ranks own DoFs, the
+    folded cell partition is balanced to one cell."""
+    n, recs, _ = results
+    rec = recs[case]
+    assert rec["info"] == 0 and rec["rel_err"] <= 1e-10, rec
+    assert rec["its_serial"] <= rec["its"] <= rec["its_serial"] + 1, rec
+    dofs, c, m = rec["level_dofs"], rec["agglomerated"], rec["min_dofs_per_rank"]
+    want = [1] * len(dofs)                   # the rule written out again
+    p = n
+    for l in range(len(dofs) - 1, c - 1, -1):
+        if l < len(dofs) - 1:
+            p = min(p, max(1, dofs[l] // m))
+        want[l] = p
+    assert rec["active_ranks"] == want == rec["describe_ranks"], rec
+    assert rec["owning_ranks"] == want, rec
+    for l, owned in enumerate(rec["level_owned"]):
+        assert all(k > 0 for k in owned[:want[l]]) and not any(owned[want[l]:]), (l, rec)
+    assert want[-1] == n and want[c] < n                      # something folded
+    expected = {"q1-2d-folded": [1, 1, 1, 1, 2, n], "elasticity-2d-folded-replicated-w": [1, 1, 1, 2, n],
+                "elasticity-3d-folded": [1, 1, 2, n]}[case]
+    assert want == expected, rec
+    if n == 3:                                                # a middle level on 2 of 3 ranks
+        assert 1 < min(w for w in want if w > 1) < n
+    geo = rec["level_cell_ranks"]                             # geometric levels, coarse -> fine
+    for g, counts in enumerate(geo):
+        l = g + len(dofs) - len(geo)
+        if l >= c:
+            k = want[l]
+            assert not any(counts[k:]), (l, rec)
+            if k < n:                                         # folded: balanced to one cell
+                assert max(counts[:k]) - min(counts[:k]) <= 1, (l, rec)
 
 
 @needs_mpi
@@ -242,6 +296,43 @@ def test_partition_contiguous_balanced_and_owners(dim, size):
     for c in (0, coarse.num_cells - 1):
         votes = np.bincount(ranks[cidx == c], minlength=size)
         assert cr[c] == np.argmax(votes)
+
+
+def test_level_ranks_rule():
+    """P_L = P; P_l = min(P_{l+1}, max(1, N_l // m)) for c <= l < L; 1 below c; off for m = 0/None."""
+    dofs = [25, 41, 91, 224, 671, 2359]
+    assert level_ranks(dofs, 3, 2, 300) == [1, 1, 1, 1, 2, 3]
+    assert level_ranks(dofs, 2, 2, 300) == [1, 1, 1, 1, 2, 2]
+    assert level_ranks(dofs, 8, 2, 100) == [1, 1, 1, 2, 6, 8]
+    assert level_ranks(dofs, 8, 2, 0) == level_ranks(dofs, 8, 2, None) == [1, 1, 8, 8, 8, 8]
+    assert level_ranks(dofs, 4, 1, 10 ** 6) == [1, 1, 1, 1, 1, 4]     # the finest keeps all ranks
+    assert level_ranks(dofs, 1, 0, 1) == [1] * 6
+    # non-increasing towards the coarse levels even when a coarser level is larger
+    assert level_ranks([100, 5000, 800, 10000], 4, 0, 1000) == [1, 1, 1, 4]
+    assert level_ranks([4000, 3000, 9000], 16, 0, 1000) == [3, 3, 16]
+    with pytest.raises(ValueError, match="min_dofs_per_rank must be"):
+        level_ranks(dofs, 3, 2, -1)
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_fold_cell_ranks_contiguous_and_balanced(dim):
+    """Folding a voted coarse partition onto fewer ranks: ranks 0..P_l-1 only, balanced to one
+    cell, contiguous along the curve; folding the finest partition = cutting it afresh."""
+    m = _adaptive(dim)
+    fine = partition_cells(m, 6)
+    for k in (1, 2, 4, 5):
+        assert np.array_equal(fold_cell_ranks(m, fine, k), partition_cells(m, k))
+    assert np.array_equal(fold_cell_ranks(m, fine, 6), fine)          # nothing to fold
+    coarse = m.hierarchy()[-2]
+    voted = coarse_cell_ranks(m, coarse, fine, 6)
+    for k in (1, 2, 3, 4):
+        f = fold_cell_ranks(coarse, voted, k)
+        cnt = np.bincount(f, minlength=k)
+        assert f.max() < k and cnt.size == k and cnt.max() - cnt.min() <= 1, (k, cnt)
+        assert np.all(np.diff(f[curve_order(coarse)]) >= 0)
+        # a fold: cells of one voted rank never land on a lower rank than those of a lower one
+        order = np.lexsort((f, voted))
+        assert np.all(np.diff(f[order]) >= 0)
 
 
 def test_partition_rejects_bad_arguments():

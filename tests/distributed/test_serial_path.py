@@ -54,6 +54,10 @@ def test_bad_arguments_raise_on_one_rank():
         solve(space, assemble.stiffness, b[:-1], comm=OneRank())
     with pytest.raises(ValueError, match="accel must be"):
         solve(space, assemble.stiffness, b, comm=OneRank(), accel="bicg")
+    with pytest.raises(ValueError, match="min_dofs_per_rank must be None or a non-negative"):
+        solve(space, assemble.stiffness, b, comm=OneRank(), min_dofs_per_rank=-1)
+    res = solve(space, assemble.stiffness, b, comm=OneRank(), min_dofs_per_rank=None)
+    assert res.active_ranks == [1] * len(res.ml.levels)         # one rank: every level on it
     with pytest.raises(TypeError, match="mpi4py communicator"):
         get_comm(object())
     with pytest.raises(TypeError, match="adaptmg Mesh"):
