@@ -45,10 +45,45 @@ def lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarra
     return np.where(found, values[idx], -1)
 
 
-def _mean_of(X: np.ndarray, parents: np.ndarray) -> np.ndarray:
+def unique_pairs(lo: np.ndarray, hi: np.ndarray):
+    """``np.unique(pack(lo, hi), return_index=True, return_inverse=True)`` for int64 node ids
+    ``lo <= hi``: the sorted keys, the index of each key's first occurrence and the inverse.
+
+    When ``(lo * base + hi, index)`` fits into 63 bits (``base = hi.max() + 1``) the pairs and
+    their indices are packed into one int64 and sorted by a plain (SIMD) sort instead of the
+    stable argsort of np.unique (measured 1.6x faster for 1M edges); equal pairs then lie in
+    index order, so the result is the same, element for element.
+    """
+    n = lo.size
+    base = int(hi.max()) + 1 if n else 1
+    ib = max(n - 1, 1).bit_length()
+    if n == 0 or (base * base - 1).bit_length() + ib > 63:
+        return np.unique(pack(lo, hi), return_index=True, return_inverse=True)
+    s = lo.astype(np.int64) * base
+    s += hi
+    s <<= ib
+    s |= np.arange(n, dtype=np.int64)
+    s.sort()
+    perm = s & ((1 << ib) - 1)
+    s >>= ib
+    mask = np.empty(n, dtype=bool)
+    mask[0] = True
+    np.not_equal(s[1:], s[:-1], out=mask[1:])
+    ulo, uhi = np.divmod(s[mask], base)
+    ulo <<= 32
+    ulo |= uhi
+    inv = np.empty(n, dtype=np.intp)
+    inv[perm] = np.cumsum(mask) - 1
+    return ulo, perm[mask], inv
+
+
+def _mean_of(X: np.ndarray, parents: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``X[parents].mean(axis=1)`` (same rounding: sequential sum, then division) without
-    the (n, p, d) gather."""
-    out = np.take(X, parents[:, 0], axis=0)
+    the (n, p, d) gather; into ``out`` (contiguous (n, d)) if given."""
+    if out is None:
+        out = np.take(X, parents[:, 0], axis=0)
+    else:
+        np.take(X, parents[:, 0], axis=0, out=out, mode="clip")
     for j in range(1, parents.shape[1]):
         out += np.take(X, parents[:, j], axis=0)
     out /= parents.shape[1]
@@ -127,7 +162,7 @@ class Forest:
         L = np.full((m, 3 ** d), -1, dtype=np.int64)
         L[:, (2 * cor * w3).sum(1)] = CN
 
-        X, kind, par = [self.X], [self.node_kind], [self.node_par]
+        new_par = []                                 # (k, parents) of the new nodes, in order
         n_next = self.num_nodes
         edge_keys, edge_nodes = self.edge_keys, self.edge_nodes
         face_keys, face_nodes = self.face_keys, self.face_nodes
@@ -152,60 +187,94 @@ class Forest:
             if k == d:                               # cell centres: always new
                 nodes = n_next + np.arange(m * pos.size, dtype=np.int64)
                 parents = G.reshape(-1, 2 ** k)
-                coords = _mean_of(self.X, parents)
                 n_next += nodes.size
             else:
                 if k == 1:
-                    keys = pack(G[..., 0], G[..., 1]).ravel()
+                    a, b = G[..., 0].ravel(), G[..., 1].ravel()
                     old_k, old_v = edge_keys, edge_nodes
                 else:                                # quadrilateral face, k == 2
                     g = G.reshape(-1, 4)
                     amin = np.argmin(g, axis=1)
                     r = np.arange(g.shape[0])
-                    keys = pack(g[r, amin], g[r, 3 - amin])
+                    a, b = g[r, amin], g[r, 3 - amin]
                     old_k, old_v = face_keys, face_nodes
-                nodes = lookup(old_k, old_v, keys) if may_exist else np.full(keys.shape, -1, dtype=np.int64)
-                new = nodes < 0
-                ukeys, first, inv = np.unique(keys[new], return_index=True, return_inverse=True)
-                created = n_next + np.arange(ukeys.size, dtype=np.int64)
-                nodes[new] = created[inv]
-                parents = np.take(G.reshape(-1, 2 ** k), np.flatnonzero(new)[first], axis=0)
-                coords = _mean_of(self.X, parents)
+                lo, hi = np.minimum(a, b), np.maximum(a, b)
+                if may_exist:
+                    nodes = lookup(old_k, old_v, pack(lo, hi))
+                    new = nodes < 0
+                    ukeys, first, inv = unique_pairs(lo[new], hi[new])
+                    created = n_next + np.arange(ukeys.size, dtype=np.int64)
+                    nodes[new] = created[inv]
+                    first = np.flatnonzero(new)[first]
+                else:                                # nothing registered: all new
+                    ukeys, first, inv = unique_pairs(lo, hi)
+                    created = n_next + np.arange(ukeys.size, dtype=np.int64)
+                    nodes = created[inv]
+                parents = np.take(G.reshape(-1, 2 ** k), first, axis=0)
                 n_next += ukeys.size
                 if k == 1:
                     edge_keys, edge_nodes = merge_registry(edge_keys, edge_nodes, ukeys, created)
                 else:
                     face_keys, face_nodes = merge_registry(face_keys, face_nodes, ukeys, created)
             L[:, pos] = nodes.reshape(m, pos.size)
-            X.append(coords)
-            kind.append(np.full(coords.shape[0], k, dtype=np.int8))
-            pp = np.full((coords.shape[0], nv), -1, dtype=np.int64)
-            pp[:, :2 ** k] = parents
-            par.append(pp)
+            new_par.append((k, parents))
         if n_next > MAX_NODES:
             raise ValueError(f"refinement would create {n_next} nodes; at most {MAX_NODES} are supported")
 
-        # children: child c takes lattice points c + e for its vertices e
-        child_nodes = np.take(L, ref.child_lattice_index(d).reshape(-1), axis=1).reshape(m * nv, nv)
+        # node arrays of the new forest, written in place (old part copied, new nodes after it:
+        # edge midpoints, face centres, cell centres): coordinates = mean of the parents
+        nn0 = self.num_nodes
+        X = np.empty((n_next, self.X.shape[1]), dtype=self.X.dtype)
+        X[:nn0] = self.X
+        kind = np.empty(n_next, dtype=np.result_type(self.node_kind, np.int8))
+        kind[:nn0] = self.node_kind
+        par = np.empty((n_next, nv), dtype=np.result_type(self.node_par, np.int64))
+        par[:nn0] = self.node_par
+        at = nn0
+        for k, parents in new_par:
+            end = at + parents.shape[0]
+            _mean_of(self.X, parents, out=X[at:end])
+            kind[at:end] = k
+            par[at:end, :2 ** k] = parents
+            par[at:end, 2 ** k:] = -1
+            at = end
+
+        # the cell arrays are written in place into the new forest's arrays (old part copied,
+        # children gathered straight into the tail): no child-sized temporaries to concatenate
         nc = self.num_cells
-        child0 = self.cell_child0.copy()
-        child0[cells] = nc + nv * np.arange(m, dtype=np.int64)
+        ncn = nc + m * nv
+        # children: child c takes lattice points c + e for its vertices e
+        cell_nodes = np.empty((ncn, nv), dtype=np.result_type(self.cell_nodes, L))
+        cell_nodes[:nc] = self.cell_nodes
+        np.take(L, ref.child_lattice_index(d).reshape(-1), axis=1, mode="clip",
+                out=cell_nodes[nc:].reshape(m, nv * nv))
+        cell_parent = np.empty(ncn, dtype=np.result_type(self.cell_parent, cells))
+        cell_parent[:nc] = self.cell_parent
+        cell_parent[nc:].reshape(m, nv)[...] = cells[:, None]
+        cell_child0 = np.empty(ncn, dtype=np.result_type(self.cell_child0, np.int64))
+        cell_child0[:nc] = self.cell_child0
+        cell_child0[cells] = nc + nv * np.arange(m, dtype=np.int64)
+        cell_child0[nc:] = -1
+        cell_level = np.empty(ncn, dtype=np.result_type(self.cell_level, np.int16))
+        cell_level[:nc] = self.cell_level
+        cell_level[nc:].reshape(m, nv)[...] = (self.cell_level[cells] + 1).astype(np.int16)[:, None]
         # boundary ids: child face (axis, side) lies on the parent face iff child bit == side
         faces = np.arange(2 * d)
         axis, side = faces // 2, faces % 2
         on_parent = cor[:, axis] == side[None, :]                         # (nv, 2d)
         pb = np.take(self.cell_bface, cells, axis=0)                      # (m, 2d)
-        cb = np.empty((m, nv, 2 * d), dtype=np.int32)
-        cb[...] = pb[:, None, :]
-        cb[:, ~on_parent] = -1
-        cb = cb.reshape(m * nv, 2 * d)
+        # one gather of the columns of [pb | -1] (faster than a broadcast where/masked write)
+        pbx = np.empty((m, 2 * d + 1), dtype=np.int32)
+        pbx[:, :2 * d] = pb
+        pbx[:, 2 * d] = -1
+        cell_bface = np.empty((ncn, 2 * d), dtype=np.result_type(self.cell_bface, np.int32))
+        cell_bface[:nc] = self.cell_bface
+        np.take(pbx, np.where(on_parent, faces, 2 * d).reshape(-1), axis=1, mode="clip",
+                out=cell_bface[nc:].reshape(m, nv * 2 * d))
         return replace(
             self,
-            X=np.concatenate(X), node_kind=np.concatenate(kind), node_par=np.concatenate(par),
-            cell_nodes=np.concatenate([self.cell_nodes, child_nodes]),
-            cell_parent=np.concatenate([self.cell_parent, np.repeat(cells, nv)]),
-            cell_child0=np.concatenate([child0, np.full(m * nv, -1, dtype=np.int64)]),
-            cell_level=np.concatenate([self.cell_level, np.repeat(self.cell_level[cells] + 1, nv).astype(np.int16)]),
-            cell_bface=np.concatenate([self.cell_bface, cb]),
+            X=X, node_kind=kind, node_par=par,
+            cell_nodes=cell_nodes, cell_parent=cell_parent, cell_child0=cell_child0,
+            cell_level=cell_level, cell_bface=cell_bface,
             edge_keys=edge_keys, edge_nodes=edge_nodes, face_keys=face_keys, face_nodes=face_nodes,
         )

@@ -243,7 +243,7 @@ class Mesh:
     @functools.cached_property
     def points(self) -> np.ndarray:
         """(num_nodes, dim) node coordinates."""
-        p = self._forest.X[self.node_ids]
+        p = np.take(self._forest.X, self.node_ids, axis=0)     # take: rows gathered ~8x faster than [ ]
         p.flags.writeable = False
         return p
 
@@ -272,7 +272,7 @@ class Mesh:
     @functools.cached_property
     def boundary_ids(self) -> np.ndarray:
         """(num_cells, 2 dim) boundary id of each cell face (face 2i+s: x_i side s), -1 inside."""
-        return self._forest.cell_bface[self._active]
+        return np.take(self._forest.cell_bface, self._active, axis=0)
 
     def __repr__(self) -> str:
         kind = "quad" if self.dim == 2 else "hex"

@@ -163,3 +163,64 @@ def test_touch_max_matches_touch_graph(dim, seed):
     T = m.touch_graph.tocsr()
     ref = np.array([vals[T.indices[T.indptr[i]:T.indptr[i + 1]]].max() for i in range(m.num_cells)])
     assert np.array_equal(m.touch_max(vals), ref)
+
+
+# ----------------------------------------------------------------------------- split fast paths
+
+def _np_unique_pairs(lo, hi):
+    """Reference for adaptmg.mesh._tree.unique_pairs: np.unique of the packed keys."""
+    from adaptmg.mesh._tree import pack
+    return np.unique(pack(lo, hi), return_index=True, return_inverse=True)
+
+
+@pytest.mark.parametrize("n,top", [(0, 10), (1, 10), (1000, 50), (5000, 3000), (300, 2 ** 31 - 2)])
+def test_unique_pairs_matches_np_unique(n, top):
+    """The packed-sort unique of node pairs equals np.unique of the packed keys (keys, first
+    occurrence, inverse), also where the packing does not fit (np.unique fallback)."""
+    from adaptmg.mesh._tree import unique_pairs
+    rng = np.random.default_rng(n)
+    a, b = rng.integers(0, top, n), rng.integers(0, top, n)
+    a[n // 2:] = a[:n - n // 2]                  # plenty of repeated pairs
+    b[n // 2:] = b[:n - n // 2]
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    got, ref = unique_pairs(lo, hi), _np_unique_pairs(lo, hi)
+    for x, y in zip(got, ref):
+        assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
+
+
+def _refined_meshes():
+    box2 = lambda: Mesh.box([0, 0], [1, 2], [3, 5])
+    box3 = lambda: Mesh.box([0, 0, 0], [1, 1, 2], [2, 3, 2])
+    # cells turned by 180 degrees about the z axis: orientations vary between neighbours
+    p, c = np.array(box3().points), np.array(box3().cells)
+    c[::2] = c[::2][:, [3, 2, 1, 0, 7, 6, 5, 4]]
+    turned = lambda: Mesh.from_cells(p, c)
+    left = lambda m: m.refine(m.cell_vertices().mean(1)[:, 0] < 0.4)
+    return {
+        "2d uniform": lambda: box2().refine().refine().refine(),
+        "3d uniform": lambda: box3().refine().refine(),
+        "2d adaptive then uniform": lambda: left(left(box2())).refine().refine(),
+        "3d adaptive then uniform": lambda: left(left(box3())).refine(),
+        "3d turned cells, adaptive": lambda: left(turned().refine()).refine(),
+        "2d random": lambda: random_mesh(2, 4, 7),
+        "3d random": lambda: random_mesh(3, 3, 8, frac=0.4),
+    }
+
+
+@pytest.mark.parametrize("name", list(_refined_meshes()))
+def test_split_fast_unique_equals_np_unique(name, monkeypatch):
+    """Forest.split with the packed-sort unique_pairs builds the same forest, array for array
+    (node numbering, order, registries, boundary ids), as with np.unique."""
+    import dataclasses
+    from adaptmg.mesh import _tree
+    build = _refined_meshes()[name]
+    fast = build()
+    monkeypatch.setattr(_tree, "unique_pairs", _np_unique_pairs)
+    ref = build()
+    for f in dataclasses.fields(fast._forest):
+        x, y = getattr(fast._forest, f.name), getattr(ref._forest, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
+    assert np.array_equal(fast.cell_ids, ref.cell_ids)
+    assert np.array_equal(fast.points, ref.points) and np.array_equal(fast.cells, ref.cells)
+    assert np.array_equal(fast.boundary_ids, ref.boundary_ids)
