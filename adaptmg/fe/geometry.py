@@ -249,6 +249,26 @@ class CellGeometry:
         self._x = None
         self._invJ = None
 
+    def head(self, n=1):
+        """Geometry of the first ``n`` cells: views of this one's arrays (``J``, ``detJ``, ``bad``,
+        and ``invJ`` / ``x`` once computed); what it computes later (``invJ``: element-wise from
+        ``J``) has the same values as the corresponding rows here. Other attributes (e.g. the
+        ``affine`` flag of assembly chunks) are copied."""
+        g = object.__new__(CellGeometry)
+        g.__dict__.update(self.__dict__)
+        g.num_cells = min(int(n), self.num_cells)
+        g._X, g.J, g.detJ, g.bad = self._X[:n], self.J[:n], self.detJ[:n], self.bad[:n]
+        g._invJ = None if self._invJ is None else self._invJ[:n]
+        g._x = None if self._x is None else self._x[:n]
+        return g
+
+    def congruent(self):
+        """True if every cell has the same Jacobian, bit for bit, at every point (e.g. the
+        translated cells of a uniform box mesh): per-cell quantities computed element-wise
+        from ``J`` are then the same for all cells (see :meth:`head`)."""
+        J = self.J
+        return J.shape[0] > 0 and bool((J == J[:1]).all())
+
     @property
     def invJ(self):
         """:math:`J^{-1}`, (ncells, nq, d, d)."""

@@ -730,3 +730,62 @@ def test_elasticity_return_mass_is_the_scalar_mass(d, k, mesh, fmt):
     assert M.shape == M1.shape == (s1.num_dofs, s1.num_dofs)
     assert abs(M - M1).max() <= 1e-14 * abs(M1).max()
     assert abs(M.sum() - M1.sum()) <= 1e-13 * M1.sum()
+
+
+# ----------------------------------------------------------------------------- congruent cells
+
+
+def _general_path(monkeypatch):
+    """Switch the congruent-cell path of _assemble_scalar off (every chunk takes the general path)."""
+    from adaptmg.fe.geometry import CellGeometry
+    monkeypatch.setattr(CellGeometry, "congruent", lambda self: False)
+
+
+@pytest.mark.parametrize("d,k,c", [(2, 1, 1), (2, 2, 1), (3, 1, 1), (3, 2, 1), (2, 1, 2)])
+def test_scalar_form_congruent_cells_equal_general_path(d, k, c, monkeypatch):
+    """On a uniformly refined box (all cells translates, dyadic coordinates) the congruent-cell
+    path (one factor and element matrix per chunk, broadcast) is taken and gives the general
+    path's matrices to a few ulps (only the GEMM's rounding may differ), pattern identical;
+    per-cell coefficients and distorted cells keep the general path, bit for bit."""
+    from adaptmg import Mesh
+    from adaptmg.fe import Space
+    from adaptmg.fe.geometry import CellGeometry
+    m = Mesh.box([0.0] * d, [1.0] * d, [4] * d).refine().refine()
+    s = Space(m, k, c)
+    kw = dict(mass=1.0, diffusion=2e-4, convection=0.02 * np.arange(1.0, d + 1))
+    heads = []
+    head = CellGeometry.head
+    monkeypatch.setattr(CellGeometry, "head", lambda self, n=1: heads.append(n) or head(self, n))
+    A1, M1 = asm.scalar_form(s, return_mass=True, **kw)
+    K1 = asm.scalar_form(s, diffusion=3.0)
+    assert heads                                         # the congruent path was taken
+    per_cell = asm.scalar_form(s, mass=np.ones(m.num_cells), diffusion=2e-4)
+    dist = Space(m.map(distorted(seed=3, amp=0.2)), k, c)
+    D1 = asm.scalar_form(dist, **kw)
+    _general_path(monkeypatch)
+    A0, M0 = asm.scalar_form(s, return_mass=True, **kw)
+    K0 = asm.scalar_form(s, diffusion=3.0)
+    for X, Y in ((A1, A0), (M1, M0), (K1, K0)):
+        assert np.array_equal(X.indptr, Y.indptr) and np.array_equal(X.indices, Y.indices)
+        assert np.abs(X.data - Y.data).max() <= 8 * np.finfo(float).eps * np.abs(Y.data).max()
+    X, Y = per_cell, asm.scalar_form(s, mass=np.ones(m.num_cells), diffusion=2e-4)
+    assert np.array_equal(X.indices, Y.indices) and np.array_equal(X.data, Y.data)
+    Y = asm.scalar_form(dist, **kw)
+    assert np.array_equal(D1.indices, Y.indices) and np.array_equal(D1.data, Y.data)
+
+
+def test_cell_geometry_head_and_congruent():
+    """CellGeometry.head(n) holds the first n cells' values (invJ computed later as in the
+    whole); congruent() is True exactly when all Jacobians are equal."""
+    from adaptmg.fe.geometry import CellGeometry
+    X = np.array([[[0, 0], [1, 0], [0, 1], [1, 1]]], float) * 0.25
+    X = np.concatenate([X + [0.25 * i, 0.5] for i in range(4)])
+    xi = np.array([[0.5, 0.5]])
+    g = CellGeometry(X, xi)
+    assert g.congruent()
+    h = g.head(1)
+    assert h.num_cells == 1 and np.array_equal(h.J, g.J[:1]) and np.array_equal(h.detJ, g.detJ[:1])
+    assert np.array_equal(h.invJ, g.invJ[:1])
+    X2 = X.copy()
+    X2[2, 3] += 0.01
+    assert not CellGeometry(X2, xi).congruent()
