@@ -596,9 +596,14 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
     mass matrix :math:`(\phi_j, \phi_i)` (num_nodes x num_nodes CSR on the same node pattern,
     equal to :func:`mass` of the scalar space up to rounding) from the same pass: one more
     product per chunk instead of a second geometry evaluation and scatter.
+    ``format="fields"`` returns ``(indptr, indices, data)``: the scalar node pattern (shared
+    with the memoised pattern: do not modify) and data (nnz, d*d) with the block entry (r, s)
+    in column r*d + s, or with ``return_mass=True`` data (nnz, 1 + d*d) with the scalar mass
+    in column 0 and the block entries in the columns 1 + r*d + s (one array, e.g. the fields of
+    a :class:`~adaptmg.fe.csr_ops.NodeBlockMatrix`, without stacking afterwards).
     """
-    if format not in ("csr", "bsr"):
-        raise ValueError(f"elasticity: format must be 'csr' or 'bsr', got {format!r}")
+    if format not in ("csr", "bsr", "fields"):
+        raise ValueError(f"elasticity: format must be 'csr', 'bsr' or 'fields', got {format!r}")
     info = _SpaceInfo(space)
     d = info.dim
     if info.components != d:
@@ -615,7 +620,11 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
     nq, nloc, _ = dphi.shape
     L = nloc * nloc
     # E_{a a2}[c, i, j] = sum_q w det J g_i[a] g_j[a2] = F_{a a2}[c, (q, b, e)] T[(q, b, e), (i, j)]
-    # with F_{a a2}[c, q, b, e] = w det J invJ[b, a] invJ[e, a2],  T = dphi_i[b] dphi_j[e]
+    # with F_{a a2}[c, q, b, e] = w det J invJ[b, a] invJ[e, a2],  T = dphi_i[b] dphi_j[e].
+    # The block field A_rs = lam E_rs + mu E_sr + mu delta_rs sum_a E_aa is linear in F, so it is
+    # one product of the combined factor G_rs = lam F_rs + mu F_sr + ... (formed on the small
+    # (cells, points, d, d) factors, no (cells, L) temporaries); the d*d fields and the scalar
+    # mass are summed in entry order by FieldSums (two adjacent block columns per complex add.at).
     Tq = np.einsum("qib,qje->qbeij", dphi, dphi).reshape(nq, d * d, L)
     T_full = np.ascontiguousarray(Tq.reshape(nq * d * d, L))
     T_aff = np.tensordot(w, Tq, axes=1)
@@ -623,46 +632,66 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
     lam_c = float(np.asarray(lam)) if both_const else None
     mu_c = float(np.asarray(mu)) if both_const else None
     pat = _square_pattern(info)
+    fields = [(r, s_) for r in range(d) for s_ in range(d)]    # in the column order of the block data
+    nk = len(fields)
+    moff = 1 if return_mass else 0               # element fields: [mass,] then the blocks
+    nfld = nk + moff
+    if format == "fields":                       # one (nnz, [1 +] d*d) array; adjacent columns pair up
+        fdata = pat.new_data((nfld,))
+        targets = [(fdata, k) for k in range(nfld)]
+    else:
+        blocks = pat.new_data((d * d,))          # (nnz, d*d): the BSR data, no stacking afterwards
+        targets = [(blocks, r * d + s_) for r, s_ in fields]
+        if return_mass:
+            mdata = pat.new_data()
+            targets.insert(0, mdata)
     if return_mass:
         phi, _ = _ref_tables(info, xi)
         Tm_full = np.ascontiguousarray((phi[:, :, None] * phi[:, None, :]).reshape(nq, L))
         Tm_aff = (w @ Tm_full)[None, :]
-        mdata = pat.new_data()
-        mbuf = np.empty((info.chunk_size(xi, L * d * d), L))
-    blocks = pat.new_data((d * d,))             # (nnz, d*d): the BSR data, no stacking afterwards
-    data = [blocks[:, k] for k in range(d * d)]  # column views: add.at takes strided output
     step = info.chunk_size(xi, L * d * d)
-    nE = 1 if both_const else 2
-    fbuf = np.empty(d * d * step * nq * d * d)
-    ebuf = np.empty((nE, d * d * step, L))
-    kbuf = np.empty((step, L))
+    from ..fe.sparsity import FieldSums
+    sums = FieldSums(pat, targets, step)
+    gsz = d * d * step * nq * d * d
+    gbuf = np.empty(3 * gsz + d * step * nq * d)
+    kbuf = np.empty(nfld * step * L)
     affine_ok = not (callable(lam) or callable(mu))
     for sl, g in info.chunks(xi, L * d * d, affine=affine_ok):
         n, nqg = g.num_cells, g.num_points
         wdet = g.detJ if g.affine else g.detJ * w
         T = T_aff if g.affine else T_full
-        F = fbuf[:d * d * n * nqg * d * d].reshape(d, d, n, nqg, d, d)
-        weights = [wdet] if both_const else [wdet * ev_l(sl, g), wdet * ev_m(sl, g)]
-        for t, wt in enumerate(weights):
-            np.einsum("cqba,cqef,cq->afcqbe", g.invJ, g.invJ, np.broadcast_to(wt, (n, nqg)), out=F)
-            matmul_serial(F.reshape(d * d * n, -1), T, out=ebuf[t, :d * d * n])
-        El = ebuf[0, :d * d * n].reshape(d, d, n, L)
-        Em = El if both_const else ebuf[1, :d * d * n].reshape(d, d, n, L)
-        cl, cm = (lam_c, mu_c) if both_const else (1.0, 1.0)
-        K = kbuf[:n]
+        # X[a, f, c, q, b, e] = invJ[c, q, b, a] invJ[c, q, e, f];  G_rs = wl X_rs + wm (X_sr + delta_rs sum_a X_aa)
+        fsz = d * d * n * nqg * d * d
+        V = gbuf[3 * gsz:3 * gsz + d * n * nqg * d].reshape(d, n, nqg, d)
+        np.copyto(V, g.invJ.transpose(3, 0, 1, 2))
+        X = gbuf[:fsz].reshape(d, d, n, nqg, d, d)
+        np.multiply(V[:, None, :, :, :, None], V[None, :, :, :, None, :], out=X)
+        if both_const:
+            wl = (wdet * lam_c)[:, :, None, None]
+            wm = (wdet * mu_c)[:, :, None, None]
+        else:
+            wl = (wdet * ev_l(sl, g))[:, :, None, None]
+            wm = (wdet * ev_m(sl, g))[:, :, None, None]
+        G = gbuf[gsz:gsz + fsz].reshape(d, d, n, nqg, d, d)
+        tmp = gbuf[2 * gsz:2 * gsz + fsz].reshape(d, d, n, nqg, d, d)
+        # A_(i,r),(j,s) = lam g_i[r] g_j[s] + mu g_i[s] g_j[r] + mu delta_rs g_i . g_j
+        np.multiply(X, wl, out=G)
+        np.multiply(X.swapaxes(0, 1), wm, out=tmp)
+        G += tmp
+        tr = X[0, 0].copy()
+        for a_ in range(1, d):
+            tr += X[a_, a_]
+        tr *= wm
         for r in range(d):
-            for s_ in range(d):
-                # A_(i,r),(j,s) = lam g_i[r] g_j[s] + mu g_i[s] g_j[r] + mu delta_rs g_i . g_j
-                np.multiply(El[r, s_], cl, out=K)
-                K += cm * Em[s_, r]
-                if r == s_:
-                    for a_ in range(d):
-                        K += cm * Em[a_, a_]
-                pat.add(data[r * d + s_], sl, K)
+            G[r, r] += tr
+        K = kbuf[:nfld * n * L].reshape(nfld, n, L)
+        matmul_serial(G.reshape(nk * n, -1), T, out=K[moff:].reshape(nk * n, L))   # fields (r, s) row-major
         if return_mass:
-            Me = mbuf[:n] if n <= mbuf.shape[0] else np.empty((n, L))
-            matmul_serial(np.ascontiguousarray(wdet), Tm_aff if g.affine else Tm_full, out=Me)
-            pat.add(mdata, sl, Me)
+            matmul_serial(np.ascontiguousarray(wdet), Tm_aff if g.affine else Tm_full, out=K[0])
+        sums.add(sl, K)
+    del sums
+    if format == "fields":
+        return pat.indptr, pat.indices, fdata
     Ms = pat.csr(mdata) if return_mass else None
     if format == "bsr":
         B = sp.bsr_matrix((blocks.reshape(-1, d, d), pat.indices, pat.indptr),

@@ -149,7 +149,9 @@ class Constraints:
         plus the diagonal of the fixed nodes), an identity field for ``s (I - Z)`` and one
         expansion to CSR; zeros are dropped as in the general path.  Otherwise the
         expanded matrix takes the general path.  With a GPU ``A.backend`` the expansion runs on
-        the device and K is a CuPy CSR matrix (:func:`~adaptmg.fe.csr_ops.expand_node_blocks`).
+        the device and K is a CuPy CSR matrix (:func:`~adaptmg.fe.csr_ops.expand_node_blocks`);
+        there ``s (I - Z)`` is added to the fixed nodes' diagonal blocks during the expansion
+        instead of as an identity field (no (nnz, F + 1) copy of the fields on the host).
         """
         self._check_square(A)
         c, n = A.c, self.space.num_nodes
@@ -166,12 +168,14 @@ class Constraints:
         dp = B.diagonal_positions()
         d = np.abs(data[dp[fn]] @ np.einsum("frr->fr", A.coef)) if fn.any() else np.zeros(0)
         self._scale = float(d.mean()) if d.size and d.mean() > 0 else 1.0
+        be = getattr(A, "backend", None)
+        if be is not None and be.is_gpu:                 # only the fields travel; CSR built there
+            # s (I - Z) added to the fixed nodes' diagonal blocks there (no identity field column)
+            return expand_node_blocks(be, ip, ind, data, A.coef, n, drop_zeros=True,
+                                      diagonal=(dp[fixed], self._scale * np.eye(c)))
         ident = np.zeros((ind.size, 1))
         ident[dp[fixed], 0] = 1.0
         coef = np.concatenate([A.coef, self._scale * np.eye(c)[None]], axis=0)
-        be = getattr(A, "backend", None)
-        if be is not None and be.is_gpu:                 # only the fields travel; CSR built there
-            return expand_node_blocks(be, ip, ind, np.hstack([data, ident]), coef, n, drop_zeros=True)
         K = NodeBlockMatrix(ip, ind, np.hstack([data, ident]), coef, n).tocsr()
         K.eliminate_zeros()
         return K

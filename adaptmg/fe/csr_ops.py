@@ -4,12 +4,15 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from .sparsity import Pattern
+from .sparsity import Pattern, _index_dtype
 
 
 def _count_before(indptr: np.ndarray, p: np.ndarray) -> np.ndarray:
     """For each ``indptr[r]``, how many of the sorted entry positions ``p`` lie before it
-    (= ``np.searchsorted(p, indptr)``), through the rows of the (few) positions."""
+    (= ``np.searchsorted(p, indptr)``): through the rows of the positions when they are fewer
+    than the rows, else by that search itself (a binary search per row instead of per position)."""
+    if p.size > indptr.size:
+        return np.searchsorted(p, indptr).astype(np.int64, copy=False)
     rows = np.searchsorted(indptr, p, side="right") - 1          # row holding each position
     return np.cumsum(np.bincount(rows + 1, minlength=indptr.size))
 
@@ -156,18 +159,64 @@ def congruence_map(indptr, indices, Hn, keep, extra_diagonal=None):
     a = within // nj[t]
     pa = hp[row[e_c][t]] + a
     pb = hp[indices[e_c][t]] + (within - a * nj[t])
-    P = np.concatenate([row[e_s], hi[pa]])
-    Q = np.concatenate([indices[e_s], hi[pb]])
-    E = np.concatenate([e_s, e_c[t]])
-    W = np.concatenate([np.ones(e_s.size), hw[pa] * hw[pb]])
+    xd = None
     if extra_diagonal is not None and np.size(extra_diagonal):
         xd = np.asarray(extra_diagonal, dtype=np.int64)
-        P, Q = np.concatenate([P, xd]), np.concatenate([Q, xd])
-        E = np.concatenate([E, np.zeros(xd.size, dtype=E.dtype)])
-        W = np.concatenate([W, np.zeros(xd.size)])
+    E = np.concatenate([e_s, e_c[t]] + ([] if xd is None else [np.zeros(xd.size, dtype=e_s.dtype)]))
+    W = np.concatenate([np.ones(e_s.size), hw[pa] * hw[pb]] + ([] if xd is None else [np.zeros(xd.size)]))
+    Pc = np.concatenate([hi[pa]] + ([] if xd is None else [xd]))
+    Qc = np.concatenate([hi[pb]] + ([] if xd is None else [xd]))
+    merged = _merge_simple(indptr, indices, row, e_s, Pc, Qc, n)
+    if merged is not None:
+        ip, ind, pos = merged
+        T = sp.csr_matrix((W, (pos, E)), shape=(ind.size, nse))
+        return ip, ind, T
+    P = np.concatenate([row[e_s], Pc])
+    Q = np.concatenate([indices[e_s], Qc])
     pat = Pattern(P[:, None], Q[:, None], n, n)
     T = sp.csr_matrix((W, (pat.pos, E)), shape=(pat.nnz, nse))
     return pat.indptr, pat.indices, T
+
+
+def _merge_simple(indptr, indices, row, e_s, Pc, Qc, n):
+    """Merged pattern of the entries ``e_s`` of a canonical CSR pattern and the pairs (Pc, Qc).
+
+    The entries ``e_s`` keep their (row, column) and are already canonical (sorted, unique),
+    so only the pairs go through :class:`Pattern`; the two canonical patterns are merged by
+    SciPy's C++ ``csr_plus_csr`` (values 1 for the entries, 0.5 for the pairs: a merged
+    value >= 1 holds an entry, one != 1 a pair; both keep their order in the merge).
+    Returns ``(indptr', indices', pos)``, pos the merged position of the entries and then of
+    the pairs -- the pattern and positions :class:`Pattern` gives for all of them -- or None
+    when the input pattern is not canonical (the caller then builds the full Pattern).
+    """
+    ns, npair = e_s.size, Pc.size
+    if ns == 0 or npair == 0:
+        return None
+    if indices.size > 1:                       # canonical input: columns increasing within every row
+        inc = indices[1:] > indices[:-1]
+        inc |= row[1:] != row[:-1]
+        if not inc.all():
+            return None
+    it = np.int64 if max(n, ns + npair) > np.iinfo(np.int32).max else np.int32
+    ip_s = np.zeros(n + 1, dtype=it)
+    np.cumsum(np.bincount(row[e_s], minlength=n), out=ip_s[1:])
+    S = sp.csr_matrix((np.ones(ns), indices[e_s].astype(it, copy=False), ip_s), shape=(n, n), copy=False)
+    S.has_sorted_indices = True
+    S.has_canonical_format = True
+    pc = Pattern(Pc[:, None], Qc[:, None], n, n)
+    C = sp.csr_matrix((np.full(pc.nnz, 0.5), pc.indices.astype(it, copy=False), pc.indptr.astype(it, copy=False)),
+                      shape=(n, n), copy=False)
+    C.has_sorted_indices = True
+    C.has_canonical_format = True
+    U = S + C
+    v = U.data
+    pos_s = np.flatnonzero(v >= 1.0)
+    pos_c = np.flatnonzero(v != 1.0)
+    if pos_s.size != ns or pos_c.size != pc.nnz:
+        return None
+    pos = np.concatenate([pos_s, pos_c[pc.pos]]).astype(_index_dtype(ns + npair), copy=False)
+    idx_t = _index_dtype(max(U.nnz, n))
+    return U.indptr.astype(idx_t, copy=False), U.indices.astype(idx_t, copy=False), pos
 
 
 class NodeBlockMatrix:
@@ -295,7 +344,7 @@ class NodeBlockMatrix:
         return Y.ravel()
 
 
-def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zeros=False):
+def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zeros=False, diagonal=None):
     r"""CSR of :math:`\sum_f S_f \otimes C_f` (see :class:`NodeBlockMatrix`) built on ``backend``
     (written once against its ``xp``/``sparse``: on the GPU only the pattern and the fields
     are copied up, the expanded matrix is made there).
@@ -305,11 +354,21 @@ def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zer
     ``indptr'`` the prefix sum of the row lengths :math:`(indptr[n+1]-indptr[n]) |U_r|`: one
     scatter of a (nnz, |U_r|) block per component r.  ``drop_zeros``: entries equal to zero
     are removed afterwards (one compaction).  Columns stay sorted in each row.
+
+    ``diagonal = (pos, D)``: also add the constant c x c block D to the scalar entries ``pos``
+    (host indices), as a field that is 1 at ``pos`` and 0 elsewhere with coefficient D
+    would, without that field (e.g. ``s (I - Z)`` of :meth:`adaptmg.Constraints.matrix`).
     """
     xp, spm = backend.xp, backend.sparse
     coef = np.asarray(coef, dtype=np.float64)
     n, c = int(num_nodes), coef.shape[1]
     U = np.any(coef != 0, axis=0)
+    if diagonal is not None:
+        dpos, dblk = np.asarray(diagonal[0], dtype=np.int64), np.asarray(diagonal[1], dtype=np.float64)
+        if dblk.shape != (c, c):
+            raise ValueError(f"expand_node_blocks: the diagonal block must be {c} x {c}, got {dblk.shape}")
+        U = U | (dblk != 0)
+        dpos_x = backend.asarray(dpos) if dpos.size else None
     widths = U.sum(axis=1)
     nse = int(np.size(indices))
     total = nse * int(widths.sum())
@@ -335,6 +394,8 @@ def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zer
         w = cols.size
         dest = (starts[:, r][row] + within * w)[:, None] + xp.arange(w, dtype=xp.int64)[None, :]
         out_data[dest] = D @ xp.asarray(coef[:, r, cols])
+        if diagonal is not None and dpos_x is not None:
+            out_data[dest[dpos_x]] += xp.asarray(dblk[r, cols])[None, :]
         out_ind[dest] = ind[:, None] * it(c) + xp.asarray(cols.astype(it))[None, :]
     if drop_zeros:
         keep = out_data != 0

@@ -37,7 +37,7 @@ import weakref
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["Pattern", "get_pattern", "componentwise", "clear_cache"]
+__all__ = ["Pattern", "FieldSums", "get_pattern", "componentwise", "clear_cache"]
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -188,6 +188,63 @@ class Pattern:
         data = self.new_data()
         self.add(data, slice(0, self.cell_shape[0]), np.asarray(K, dtype=np.float64))
         return self.csr(data)
+
+
+class FieldSums:
+    """Sums of several element-entry fields into (nnz,) targets, in entry order like
+    :meth:`Pattern.add` (``np.add.at``), hence with the same values bit for bit.
+
+    ``targets``: one per field, either a float64 array (nnz,) or ``(A, c)``: column c of a
+    float64 array A (nnz, k) with contiguous rows. Two consecutive targets that are the
+    adjacent columns c, c + 1 of one A share one ``np.add.at`` on their complex128 view (real
+    and imaginary parts are added independently, each part is the real sum); the chunk's
+    positions are converted to ``intp`` once for all fields. ``step``: the largest number of
+    cells per :meth:`add` (buffers; larger chunks reallocate).
+    """
+
+    def __init__(self, pattern, targets, step):
+        self.pattern = pattern
+        nc, nr, ncl = pattern.cell_shape
+        self._groups = []                     # (first field, number of fields, 1-D target view)
+        f, nt = 0, len(targets)
+        while f < nt:
+            t = targets[f]
+            if isinstance(t, tuple):
+                A, c = t
+                nxt = targets[f + 1] if f + 1 < nt else None
+                if (isinstance(nxt, tuple) and nxt[0] is A and nxt[1] == c + 1
+                        and A.dtype == np.float64 and A.strides[1] == A.itemsize):
+                    self._groups.append((f, 2, A[:, c:c + 2].view(np.complex128)[:, 0]))
+                    f += 2
+                    continue
+                t = A[:, c]
+            self._groups.append((f, 1, t))
+            f += 1
+        for _, _, v in self._groups:
+            if v.shape != (pattern.nnz,):
+                raise ValueError(f"FieldSums: targets must have nnz = {pattern.nnz} entries, got {v.shape}")
+        self.nfields = nt
+        self._pbuf = np.empty(max(1, int(step)) * nr * ncl, dtype=np.intp)
+        self._cbuf = np.empty((self._pbuf.size, 2))
+
+    def add(self, sl, K):
+        """Add the entries ``K`` (nfields, n, nr*ncl) (or (nfields, n, nr, ncl)) of the cells ``sl``."""
+        p = self.pattern.cell_slice(sl)
+        m = p.shape[0]
+        if m > self._pbuf.shape[0]:
+            self._pbuf = np.empty(m, dtype=np.intp)
+            self._cbuf = np.empty((m, 2))
+        pi = self._pbuf[:m]
+        np.copyto(pi, p, casting="safe")
+        K = K.reshape(self.nfields, m)
+        for f, k, v in self._groups:
+            if k == 2:
+                cb = self._cbuf[:m]
+                np.copyto(cb[:, 0], K[f])
+                np.copyto(cb[:, 1], K[f + 1])
+                np.add.at(v, pi, cb.view(np.complex128).reshape(m))
+            else:
+                np.add.at(v, pi, K[f])
 
 
 def _shrink_indices(A):
