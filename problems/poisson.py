@@ -93,23 +93,22 @@ def run(refine: int = 6, local: int = 3, degree: int = 1, rtol: float = 1e-10,
         raise ValueError(f"rtol must be a number in (0, 1), got {rtol!r}")
     if not (isinstance(radius, (int, float)) and radius > 0):
         raise ValueError(f"radius must be a positive number, got {radius!r}")
-    if launched_size() > 1:
-        if backend == "gpu":
-            raise ValueError("distributed runs (mpiexec -n N > 1) use the CPU backend in this "
-                             "version; pass --backend cpu or auto")
-        backend = "cpu"
-    be = get_backend(backend)
+    ranks = launched_size()
+    if ranks > 1 and backend != "gpu":
+        backend = "cpu"       # distributed runs use the CPU/MPI path unless the GPU is asked for
+    # on several ranks the distributed solve picks each rank's device first (node-local rank)
+    be = get_backend(backend) if ranks == 1 or backend != "gpu" else None
     t = {}
     t0 = time.perf_counter()
     mesh = make_mesh(refine, local, radius)
     space = Space(mesh, degree=degree)
     t["mesh"] = time.perf_counter() - t0
 
-    ranks = launched_size()
-    if ranks > 1:          # started by mpiexec: the distributed solve (CPU/MPI)
+    if ranks > 1:          # started by mpiexec: the distributed solve (CPU/MPI, or GPU per rank)
         from adaptmg.distributed import solve as distributed_solve
         dr = distributed_solve(space, assemble.stiffness, assemble.load(space, source),
-                               rtol=rtol, maxiter=200)
+                               rtol=rtol, maxiter=200, backend=backend)
+        be = get_backend(backend)
         ml, res, u, its = dr.ml, dr.residuals, dr.u, dr.iterations
         nlevels = len(dr.mg.levels)           # dr.ml holds only the small serial levels
         t["setup"], t["solve"] = dr.timings["setup"], dr.timings["solve"]

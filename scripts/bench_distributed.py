@@ -1,9 +1,10 @@
-"""Benchmark: distributed Q1 Poisson multigrid-CG (adaptmg.distributed, CPU/MPI) -- weak and strong scaling.
+"""Benchmark: distributed Q1 Poisson multigrid-CG (adaptmg.distributed, CPU/MPI or GPUs) -- weak and strong scaling.
 
 Driver (launches ``mpiexec -n P`` for each P, one configuration per launch)::
 
     python scripts/bench_distributed.py --ranks 1 2 4 --dofs-per-rank 2e5        # weak scaling
     python scripts/bench_distributed.py --ranks 1 2 4 --strong-dofs 1e6          # strong scaling
+    python scripts/bench_distributed.py --backend gpu --ranks 1 2 4 --dofs-per-rank 3e7   # one GPU per rank
 
 The mesh is the box [0, P_x] x [0,1]^(d-1) with 2 P_x x 2 x ... root cells (P_x = P for
 weak scaling, 1 for strong), refined uniformly until about the requested DoFs, plus one
@@ -26,13 +27,13 @@ transfer rows scale with the rank's cells, the levels below (serial hierarchy on
 and the mesh do not yet (see adaptmg.distributed).  On a machine with fewer cores
 than ranks the ranks share cores and the numbers mean nothing.
 
-GPU path (NCCL halo exchange and reductions, one device per node-local rank): TODO, not
-implemented in this version.
+``--backend gpu``: every rank takes the device of its node-local rank; the halo exchange is
+NCCL when every rank has its own GPU, host-staged MPI otherwise (ranks sharing a GPU: then
+the numbers mean nothing either); times are taken after a device synchronisation.
 """
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -68,7 +69,7 @@ def worker(args):
     comm.Barrier()
     t0 = time.perf_counter()
     r = solve(space, assemble.stiffness, b, comm=comm, rtol=1e-8, agglomerate_below=2000,
-              local_setup=args.setup == "local")
+              local_setup=args.setup == "local", backend=args.backend)
     setup = comm.allgather(r.timings["setup"])            # per rank, before the first barrier
     assembled = comm.allgather(r.timings.get("fine_cells_assembled", mesh.num_cells))
     cpu = comm.allgather(r.timings.get("setup_cpu", setup[comm.Get_rank()]))
@@ -84,7 +85,8 @@ def worker(args):
     halo_max = comm.allreduce(halo, op=MPI.MAX)
     t_max = comm.allreduce(t, op=MPI.MAX)
     if comm.Get_rank() == 0:
-        print(json.dumps(dict(P=P, dofs=space.num_dofs, cells=mesh.num_cells, setup=max(setup),
+        print(json.dumps(dict(P=P, backend=args.backend, transport=getattr(r.mg, "transport", "-"),
+                              dofs=space.num_dofs, cells=mesh.num_cells, setup=max(setup),
                               setup_per_rank=setup, setup_cpu=cpu, phases=phases, assembled=assembled, mode_setup=args.setup, solve=t_max,
                               its=its, halo=halo_max, wall=time.perf_counter() - t0)), flush=True)
 
@@ -93,31 +95,38 @@ def solve_only(res, b, comm):
     """(seconds, halo seconds, iterations) of one more CG solve on the hierarchy of ``res``."""
     from adaptmg.distributed import cg
     ml, mg = res.ml, res.mg
+    be = ml.backend
     if mg is None:                                     # one rank: the serial code path
         its = [0]
+        bd = be.asarray(ml.constrain(b))
+        be.synchronize()
         t = time.perf_counter()
-        ml.solve(ml.constrain(b), rtol=1e-8, accel="cg", callback=lambda xk: its.__setitem__(0, its[0] + 1))
+        ml.solve(bd, rtol=1e-8, accel="cg", callback=lambda xk: its.__setitem__(0, its[0] + 1))
+        be.synchronize()
         return time.perf_counter() - t, 0.0, its[0]
     f_loc = mg.constrain_local(b)
+    if be.is_gpu:
+        f_loc = be.asarray(f_loc)
     mg.timer.reset()
+    be.synchronize()
     t = time.perf_counter()
     _, _, its, _ = cg(comm, mg.A, f_loc, M=mg.precondition, rtol=1e-8, maxiter=200)
+    be.synchronize()
     return time.perf_counter() - t, mg.timer.seconds, its
 
 
 def driver(args):
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if not os.access(mpiexec, os.X_OK):
-        mpiexec = shutil.which("mpiexec")
-    if mpiexec is None:
+    from adaptmg.distributed.comm import mpiexec_command
+    if mpiexec_command(1) is None:
         sys.exit("mpiexec not found: pip install 'adaptmg[mpi]'")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", ADAPTMG_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", ADAPTMG_THREADS="1",
+               NCCL_NVLS_ENABLE="0")
     rows = []
     setups = ["local", "replicated"] if args.setup == "both" else [args.setup]
     for P in args.ranks:
         for mode in (setups if P > 1 else setups[:1]):       # one rank: the serial path either way
-            cmd = [mpiexec, "-n", str(P), sys.executable, os.path.abspath(__file__), "--worker",
-                   "--mode", args.mode, "--dim", str(args.dim), "--repeat", str(args.repeat),
+            cmd = mpiexec_command(P) + [sys.executable, os.path.abspath(__file__), "--worker",
+                   "--backend", args.backend, "--mode", args.mode, "--dim", str(args.dim), "--repeat", str(args.repeat),
                    "--dofs-per-rank", str(args.dofs_per_rank), "--strong-dofs", str(args.strong_dofs),
                    "--setup", mode]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -126,7 +135,8 @@ def driver(args):
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     t1 = rows[0]["solve"] if rows[0]["P"] == 1 else None
     print(f"{args.mode} scaling, {args.dim}-D Q1 Poisson, multigrid-CG to rtol 1e-8 "
-          f"(CPU/MPI, {os.cpu_count()} cores)")
+          f"({'CPU/MPI' if args.backend == 'cpu' else 'GPU, transport ' + str(rows[-1].get('transport'))}, "
+          f"{os.cpu_count()} cores)")
     print(f"{'P':>3} {'set-up':>10} {'DoFs':>10} {'setup s':>9} {'solve s':>9} {'its':>4} {'halo %':>7} "
           f"{'eff %':>6}  set-up s per rank / finest cells assembled per rank (of all)")
     for r in rows:
@@ -161,6 +171,7 @@ def main():
                     help="finest level from each rank's cells (local), every rank the whole serial "
                          "hierarchy (replicated, the first version), or both for comparison")
     ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.mode is None:

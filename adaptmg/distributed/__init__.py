@@ -33,9 +33,32 @@ rank 0, and algebraic ones) come from a serial hierarchy that every rank builds 
 coarse mesh.  ``solve(..., local_setup=False)`` is the first version: every rank builds the
 whole serial hierarchy and extracts its rows.  Matrices, vectors, smoothing, transfers and
 the Krylov solve are distributed.  One rank (or no mpi4py) is the serial code path.
-CPU/MPI only; the device path over NCCL is a TODO.
+
+GPU backend (``solve(..., backend="gpu")``; float64; Jacobi, Chebyshev, block Jacobi).
+What exists: each rank selects device ``local_rank % device_count`` first
+(:func:`select_device`; the local rank from ``OMPI_COMM_WORLD_LOCAL_RANK`` /
+``MPI_LOCALRANKID`` / ``PMI_LOCAL_RANK`` or a shared-memory split of the communicator;
+call it yourself before any CuPy allocation when building :class:`DistributedMultigrid`
+directly); the set-up runs on the host exactly as for the CPU and its results move to the
+device: every distributed level's :class:`DistCSR` (owned and ghost blocks as cupyx CSR,
+send indices, ghost/send buffers), the smoothers' owned-row data (``dinv``, Chebyshev's
+direction, block Jacobi's ``S``), the cycle's vectors; the small levels agglomerated on
+rank 0 run in the serial GPU hierarchy; the Krylov vectors are CuPy arrays, their
+reductions one host ``Allreduce`` of the device partial sums.  Halo exchange: host staging
+(device gather, D2H into pinned host buffers, MPI ``Isend``/``Irecv``, H2D into the ghost
+buffer) or NCCL ``send``/``recv`` (``transport="nccl"``, chosen by ``"auto"`` only when
+every rank has its own GPU; :func:`.comm.resolve_transport`).  ``result.u`` / ``result.x``
+are host NumPy arrays, ``result.x_local`` a CuPy array.  What is tested: on a CPU-only
+machine, the whole device code path under ``mpiexec -n 2`` with a NumPy stand-in for CuPy
+(``tests/distributed/fake_cupy.py``; host staging, and NCCL's bookkeeping with a stand-in
+NCCL carried by MPI); with ``-m gpu`` on one GPU shared by two ranks, the real CuPy path
+with host staging.  Untested: the real NCCL transport (it needs one GPU per rank; NCCL
+refuses two ranks on one device), CUDA-aware MPI (not used: MPI sees host buffers only),
+more than one node, and performance (no overlap tuning: the exchange runs on CuPy's
+current stream).
 """
-from .comm import agree, get_comm, guard, have_mpi, install_excepthook, launched_rank, launched_size
+from .comm import (agree, get_comm, guard, have_mpi, install_excepthook, launched_rank, launched_size,
+                   local_rank, resolve_transport, select_device)
 from .csr import DistCSR, Layout, dot, dots, norm
 from .krylov import cg, krylov, linalg_is_distributed
 from .multigrid import DistributedMultigrid
@@ -44,7 +67,7 @@ from .partition import (coarse_cell_ranks, curve_order, dof_owners, fold_cell_ra
 from .solve import DistributedResult, solve, solve_poisson
 
 __all__ = ["agree", "get_comm", "guard", "have_mpi", "install_excepthook", "launched_rank",
-           "launched_size", "DistCSR", "Layout",
+           "launched_size", "local_rank", "resolve_transport", "select_device", "DistCSR", "Layout",
            "dot", "dots", "norm", "cg", "krylov", "linalg_is_distributed", "DistributedMultigrid", "coarse_cell_ranks", "curve_order",
            "dof_owners", "fold_cell_ranks", "imbalance", "level_ranks", "partition_cells", "DistributedResult", "solve",
            "solve_poisson"]

@@ -1,8 +1,26 @@
-"""MPI plumbing of :mod:`adaptmg.distributed`: the communicator, error agreement, abort guard.
+"""MPI plumbing of :mod:`adaptmg.distributed`: the communicator, error agreement, abort guard,
+and for the GPU backend the device of each rank and the halo transport.
 
 Everything here is host-side mpi4py.  ``mpi4py`` is imported lazily, so that
 ``import adaptmg.distributed`` works (and a one-rank run takes the serial code path)
-where it is not installed.
+where it is not installed.  CuPy is reached only through ``adaptmg.backend.get_backend("gpu")``
+and NCCL through ``cupy.cuda.nccl`` inside :func:`nccl_communicator` /
+:func:`nccl_available`, so nothing here needs a GPU unless the GPU backend is asked for.
+
+GPU backend (see :mod:`.csr` for the exchange itself):
+
+* :func:`select_device` -- every rank uses device ``local_rank % device_count``, the local
+  rank read from the launcher's environment (:func:`local_rank_from_env`:
+  ``OMPI_COMM_WORLD_LOCAL_RANK``, ``MPI_LOCALRANKID``, ``PMI_LOCAL_RANK``) or else from a
+  split of the communicator by shared-memory node (``Split_type(COMM_TYPE_SHARED)``); done
+  once per process, before the first CuPy allocation (:func:`adaptmg.distributed.solve`
+  calls it first thing).
+* :func:`resolve_transport` -- the halo transport: ``"host"`` (device gather, D2H copy
+  into a pinned host buffer, MPI ``Isend``/``Irecv``, H2D copy into the ghost buffer) or
+  ``"nccl"`` (``ncclSend``/``ncclRecv`` of device buffers in one group on the current
+  stream), the latter only when every rank sits on a different GPU (NCCL refuses two ranks
+  on one device) and ``cupy.cuda.nccl`` is available; :func:`choose_transport` is the
+  rule.  ``"mpi"`` names the CPU backend's exchange (NumPy buffers).
 
 Failure policy.  A distributed solve must never hang because one rank failed:
 
@@ -19,17 +37,54 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import sys
 import time
 import traceback
 
-__all__ = ["get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
-           "launched_size", "launched_rank"]
+__all__ = ["mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
+           "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
+           "select_device", "choose_transport", "resolve_transport", "nccl_available",
+           "nccl_communicator", "TRANSPORTS"]
 
 #: environment variables in which MPI launchers announce the job size / this process's rank
 #: (MPICH/Hydra and Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*)
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 _RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
+#: ... and this process's rank among those on its node (Open MPI, Intel MPI / MPICH hydra, PMI)
+_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
+
+
+def mpiexec_flags(version_text: str, euid: int) -> list:
+    """Extra ``mpiexec`` arguments for the launcher that printed ``version_text``
+    (``mpiexec --version``): Open MPI refuses more ranks than cores without
+    ``--oversubscribe`` and to run as root without ``--allow-run-as-root``; MPICH's hydra
+    needs neither."""
+    if "Open MPI" not in version_text and "OpenRTE" not in version_text:
+        return []
+    return ["--oversubscribe"] + (["--allow-run-as-root"] if euid == 0 else [])
+
+
+def mpiexec_command(n: int, mpiexec: str | None = None) -> list | None:
+    """``[mpiexec, <flags>, "-n", n]`` to start ``n`` ranks, or None when no launcher is found.
+
+    The launcher is ``mpiexec`` if given, else the one next to the running Python (the
+    ``mpi`` extra installs MPICH's there), else the first on the PATH; its flags come from
+    :func:`mpiexec_flags`."""
+    import shutil
+    import subprocess
+    if mpiexec is None:
+        here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+        mpiexec = here if os.access(here, os.X_OK) else shutil.which("mpiexec")
+    if mpiexec is None:
+        return None
+    try:
+        r = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+        text = r.stdout + r.stderr
+    except (OSError, subprocess.SubprocessError):
+        text = ""
+    euid = os.geteuid() if hasattr(os, "geteuid") else -1
+    return [mpiexec] + mpiexec_flags(text, euid) + ["-n", str(int(n))]
 
 
 def _env_int(names):
@@ -148,3 +203,158 @@ class HaloTimer:
     @staticmethod
     def now():
         return time.perf_counter()
+
+
+# ------------------------------------------------------------------ GPU backend: devices
+def local_rank_from_env(environ=None):
+    """This process's rank on its node as announced by the launcher (the first of
+    ``OMPI_COMM_WORLD_LOCAL_RANK``, ``MPI_LOCALRANKID``, ``PMI_LOCAL_RANK`` holding a
+    non-negative integer), or None."""
+    env = os.environ if environ is None else environ
+    for name in _LOCAL_RANK_VARS:
+        v = str(env.get(name, "")).strip()
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def local_rank(comm=None) -> int:
+    """Rank of this process on its node: from the launcher's environment, else (collective
+    on ``comm``) the rank in ``comm.Split_type(MPI.COMM_TYPE_SHARED)``; 0 without a
+    communicator."""
+    r = local_rank_from_env()
+    if r is not None:
+        return r
+    comm = get_comm(comm)
+    if comm is None or comm.Get_size() == 1:
+        return 0
+    from mpi4py import MPI
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
+def device_for_rank(local: int, count: int) -> int:
+    """The GPU of a rank with node-local rank ``local`` among ``count`` visible devices."""
+    if count < 1:
+        raise ValueError(f"no CUDA device to choose from (device count {count})")
+    if local < 0:
+        raise ValueError(f"local rank must be non-negative, got {local}")
+    return local % count
+
+
+_SELECTED = {"device": None}
+
+
+def select_device(comm=None) -> int:
+    """Make device ``local_rank % device_count`` CuPy's current device (once per process:
+    later calls return the device chosen first) and return its number.  Call it before
+    any CuPy allocation (arrays live on the device that was current when they were made)."""
+    if _SELECTED["device"] is not None:
+        return _SELECTED["device"]
+    from ..backend import get_backend
+    cupy = get_backend("gpu").xp
+    dev = device_for_rank(local_rank(comm), cupy.cuda.runtime.getDeviceCount())
+    cupy.cuda.Device(dev).use()
+    _SELECTED["device"] = dev
+    return dev
+
+
+def _placement():
+    """(host name, PCI bus id or device number) of this rank's current GPU."""
+    from ..backend import get_backend
+    cupy = get_backend("gpu").xp
+    d = cupy.cuda.Device()
+    try:
+        key = str(d.pci_bus_id)
+    except Exception:                        # pragma: no cover - very old CuPy
+        key = f"device{d.id}"
+    return socket.gethostname(), key
+
+
+# ------------------------------------------------------------------ GPU backend: transport
+#: halo transports: "mpi" (CPU backend), "host" (GPU, host-staged MPI), "nccl" (GPU, NCCL p2p)
+TRANSPORTS = ("mpi", "host", "nccl")
+_REQUESTS = ("auto", "host", "nccl")
+
+
+def choose_transport(requested, placements, nccl_ok):
+    """The halo transport of a GPU run: ``(transport, reason)``.
+
+    ``placements``: per rank (host name, device key) of its GPU; ``nccl_ok``: per rank
+    whether ``cupy.cuda.nccl`` is usable.  ``"nccl"`` needs more than one rank, every rank
+    on a different GPU and NCCL on all of them; ``"auto"`` takes it then, else ``"host"``;
+    ``"host"`` is always host staging.  A request for ``"nccl"`` that cannot be met gives
+    ``("", reason)`` (the caller raises)."""
+    if requested not in _REQUESTS:
+        raise ValueError(f"halo transport must be one of {_REQUESTS}, got {requested!r}")
+    if requested == "host":
+        return "host", "requested"
+    placements = [tuple(p) for p in placements]
+    why = ""
+    if len(placements) < 2:
+        why = "one rank"
+    elif len(set(placements)) < len(placements):
+        why = "ranks share a GPU (NCCL needs one GPU per rank)"
+    elif not all(nccl_ok):
+        why = "cupy.cuda.nccl is not available on every rank"
+    if not why:
+        return "nccl", "every rank on its own GPU"
+    return ("host" if requested == "auto" else ""), why
+
+
+def nccl_available() -> bool:
+    """True when ``cupy.cuda.nccl`` imports and reports itself available."""
+    try:
+        from cupy.cuda import nccl
+    except Exception:
+        return False
+    return bool(getattr(nccl, "available", True)) and hasattr(nccl, "NcclCommunicator")
+
+
+def resolve_transport(comm, requested=None, backend=None) -> str:
+    """The halo transport for ``backend`` on ``comm`` (collective for a GPU backend unless
+    ``requested`` is ``"host"``): ``"mpi"`` on the CPU; on the GPU :func:`choose_transport`
+    over the allgathered placements of all ranks.  ``requested`` None: the environment
+    variable ``ADAPTMG_HALO_TRANSPORT`` or ``"auto"``.  An already resolved transport
+    (``"host"``, ``"nccl"``, ``"mpi"``) is returned as is (no collective).  ``"nccl"``
+    requested where it cannot be used raises the same ValueError on every rank."""
+    if backend is None or not getattr(backend, "is_gpu", False):
+        return "mpi"
+    if requested is None:
+        requested = os.environ.get("ADAPTMG_HALO_TRANSPORT", "auto").strip().lower() or "auto"
+    if requested == "mpi":
+        raise ValueError("halo transport 'mpi' is the CPU backend's; on the GPU use "
+                         "'auto', 'host' or 'nccl'")
+    if requested == "host":
+        return "host"
+    if requested not in _REQUESTS:
+        raise ValueError(f"halo transport must be one of {_REQUESTS}, got {requested!r}")
+    if comm.Get_size() == 1:
+        return "host"
+    info = comm.allgather((_placement(), nccl_available()))
+    choice, why = choose_transport(requested, [p for p, _ in info], [ok for _, ok in info])
+    if not choice:
+        raise ValueError(f"halo transport 'nccl' requested but {why}")
+    return choice
+
+
+_NCCL = {}        # id(comm) -> (comm, NcclCommunicator): built once per communicator
+
+
+def nccl_communicator(comm):
+    """The NCCL communicator over the ranks of ``comm`` (same rank numbers), built once per
+    communicator (collective the first time: rank 0's unique id is broadcast over MPI) on
+    the current device."""
+    hit = _NCCL.get(id(comm))
+    if hit is not None and hit[0] is comm:
+        return hit[1]
+    from cupy.cuda import nccl
+    rank, size = comm.Get_rank(), comm.Get_size()
+    uid = nccl.get_unique_id() if rank == 0 else None
+    uid = comm.bcast(uid, root=0)
+    nc = nccl.NcclCommunicator(size, uid, rank)
+    _NCCL[id(comm)] = (comm, nc)          # the reference keeps id(comm) unique
+    return nc

@@ -19,14 +19,39 @@ posting, packing and waiting is accumulated in a :class:`~.comm.HaloTimer`.
 
 Vector reductions (:func:`dot`, :func:`norm`) are a local BLAS dot plus one
 ``Allreduce``; :func:`dots` reduces several at once (one message per reduction group).
+
+GPU backend (``DistCSR(..., backend="gpu")`` or :meth:`DistCSR.to`).  The set-up above
+runs on the host as for the CPU (so ``Aoo``, ``Aog``, ``ghosts`` and the communication
+pattern stay host SciPy/NumPy objects, for inspection); then the two blocks are copied to
+the device (``Aoo_dev``, ``Aog_dev``: cupyx CSR with :func:`adaptmg.device.kernels.make_spmv`
+plans; ``None`` for an empty block, whose plan just scales ``y``), together with the send
+indices (all destinations in one index array) and the send/ghost buffers.  Vectors are
+CuPy arrays.  One exchange, by ``transport`` (:func:`.comm.resolve_transport`):
+
+* ``"host"`` (host staging): ``take`` of the send entries on the device, one blocking D2H
+  copy into a pinned host buffer, MPI ``Irecv``/``Isend`` on host buffers; the owned block's
+  SpMV is launched meanwhile; after ``Waitall`` one H2D copy (current stream) of the
+  received values into the device ghost buffer, then the ghost block's SpMV.  The next
+  exchange waits for that copy (a CUDA event) before it reuses the host ghost buffer.
+* ``"nccl"``: the same ``take``, then ``ncclSend``/``ncclRecv`` of device buffers inside
+  one ``groupStart``/``groupEnd`` on the current stream (stream-ordered: nothing to wait
+  for on the host).  Only when every rank has its own GPU.  **Not run in the test suite**
+  (it needs two or more GPUs).
+
+The halo timer then measures the host side only (posting, copies, waiting).
+Reductions of device vectors: the local dots with the array module of the vectors, one
+D2H copy of the partial sums, one host ``Allreduce`` in float64 (:func:`dots`).
 """
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import CPU, get_backend, is_device_array, to_host
 from ..device import kernels as K
-from .comm import HaloTimer
+from .comm import HaloTimer, nccl_communicator, resolve_transport
 
 __all__ = ["Layout", "DistCSR", "dot", "dots", "norm"]
 
@@ -87,6 +112,11 @@ class DistCSR:
     rows, cols : :class:`Layout` of the row and column spaces (the same object for a
         square operator).
     timer : :class:`~.comm.HaloTimer` that accumulates the exchange time (optional).
+    backend : None or "cpu" (NumPy vectors, the MPI exchange on NumPy buffers) or "gpu"
+        (CuPy vectors; blocks and buffers on the device, see the module doc).
+    transport : GPU only: "auto" (default: ``ADAPTMG_HALO_TRANSPORT`` or "auto", collective),
+        "host" or "nccl" (:func:`.comm.resolve_transport`); ``self.transport`` is the one
+        used ("mpi" on the CPU).
 
     ``A(x, y, alpha=1, beta=0)`` computes ``y <- alpha M x + beta y`` on local vectors (the
     signature of :func:`adaptmg.device.kernels.make_spmv` plans, so smoothers accept it);
@@ -94,8 +124,8 @@ class DistCSR:
     """
 
     def __init__(self, M, rows: Layout, cols: Layout, timer: HaloTimer | None = None,
-                 local_rows: bool = False):
-        M = sp.csr_matrix(M)
+                 local_rows: bool = False, backend=None, transport=None):
+        M = sp.csr_matrix(to_host(M))
         want = (rows.n if local_rows else rows.N, cols.N)
         if M.shape != want:
             raise ValueError(f"DistCSR: matrix shape {M.shape} does not match the layouts "
@@ -134,6 +164,50 @@ class DistCSR:
             raise RuntimeError("DistCSR: a rank asked for entries this rank does not own")
         self._gbuf = np.zeros(g.size, dtype=self.dtype)
         self._sbuf = [np.zeros(idx.size, dtype=self.dtype) for _, idx in self._send]
+        self.backend = CPU
+        self.transport = "mpi"
+        self._xp = np
+        be = get_backend(backend if backend is not None else "cpu")
+        if be.is_gpu:
+            self._to_device(be, transport)
+
+    # ------------------------------------------------------------ device copies
+    def to(self, backend="gpu", transport=None) -> "DistCSR":
+        """A copy of this (host) matrix on ``backend``: the same layouts, ghosts and
+        communication pattern (no new ``alltoall``), the blocks and buffers moved to the device
+        (collective when ``transport`` must be resolved).  Self when already there."""
+        be = get_backend(backend)
+        if be.name == self.backend.name:
+            return self
+        if self.backend.is_gpu:
+            raise ValueError("DistCSR.to: only a host matrix can be moved to the device")
+        new = copy.copy(self)
+        new._to_device(be, transport)
+        return new
+
+    def _to_device(self, be, transport):
+        """Device blocks, send indices and buffers; the halo transport (module doc)."""
+        xp = be.xp
+        self.transport = resolve_transport(self.comm, transport, be)
+        self.backend, self._xp = be, xp
+        n = self.rows.n
+        self.Aoo_dev = _device_block(be, self.Aoo) if n else None
+        self.Aog_dev = _device_block(be, self.Aog) if (n and self.ghosts.size) else None
+        self._poo = _device_plan(self.Aoo_dev) if n else None
+        self._pog = _device_plan(self.Aog_dev) if (n and self.ghosts.size) else None
+        sizes = [idx.size for _, idx in self._send]
+        off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._sslices = [(q, slice(int(off[i]), int(off[i + 1]))) for i, (q, _) in enumerate(self._send)]
+        sidx = np.concatenate([idx for _, idx in self._send]) if self._send else np.zeros(0, np.int64)
+        self._sidx = xp.asarray(sidx.astype(np.int32 if self.cols.n < 2 ** 31 else np.int64))
+        self._sdev = xp.zeros(int(off[-1]), dtype=self.dtype)
+        self._gbuf = xp.zeros(self.ghosts.size, dtype=self.dtype)          # device ghost values
+        staged = self.transport == "host"                                  # host staging buffers
+        self._shost = _pinned(xp, int(off[-1]) if staged else 0, self.dtype)
+        self._ghost = _pinned(xp, self.ghosts.size if staged else 0, self.dtype)
+        self._sbuf = None
+        self._h2d = None                 # CUDA event after the last H2D copy of ghost values
+        self._nccl = nccl_communicator(self.comm) if self.transport == "nccl" else None
 
     @property
     def neighbours(self):
@@ -147,6 +221,8 @@ class DistCSR:
         return self._gbuf
 
     def _post(self, x):
+        if self.backend.is_gpu:
+            return self._post_device(x)
         t = self.timer
         t0 = t.now()
         comm = self.comm
@@ -163,8 +239,50 @@ class DistCSR:
         t = self.timer
         t0 = t.now()
         MPI.Request.Waitall(reqs)
+        if self.transport == "host" and self.ghosts.size:
+            # received values -> device ghost buffer, on the current stream (ordered before
+            # the ghost block's SpMV); the next exchange waits for it before reusing _ghost
+            xp = self._xp
+            stream = xp.cuda.get_current_stream()
+            self._gbuf.set(self._ghost, stream=stream)
+            if self._h2d is None:
+                self._h2d = xp.cuda.Event(disable_timing=True)
+            self._h2d.record(stream)
         t.seconds += t.now() - t0
         t.exchanges += 1
+
+    def _post_device(self, x):
+        """Gather the send entries on the device and start the exchange (module doc)."""
+        t = self.timer
+        t0 = t.now()
+        xp, comm = self._xp, self.comm
+        if self._sidx.size:
+            xp.take(x, self._sidx, out=self._sdev)
+        reqs = []
+        if self.transport == "nccl":
+            from cupy.cuda import nccl
+            dt = _nccl_type(nccl, self.dtype)
+            stream = xp.cuda.get_current_stream().ptr
+            nc = self._nccl
+            nccl.groupStart()
+            try:
+                for q, s in self._recv:
+                    nc.recv(self._gbuf[s].data.ptr, int(s.stop - s.start), dt, int(q), stream)
+                for q, s in self._sslices:
+                    nc.send(self._sdev[s].data.ptr, int(s.stop - s.start), dt, int(q), stream)
+            finally:
+                nccl.groupEnd()
+        else:                                    # host staging
+            if self._h2d is not None and self._recv:
+                self._h2d.synchronize()          # the last H2D copy out of _ghost is done
+            reqs = [comm.Irecv(self._ghost[s], source=q, tag=_TAG) for q, s in self._recv]
+            if self._sidx.size:
+                self._sdev.get(out=self._shost)  # D2H, blocking (waits for the gather)
+                for q, s in self._sslices:
+                    reqs.append(comm.Isend(self._shost[s], dest=q, tag=_TAG))
+        t.bytes += self._sdev.nbytes
+        t.seconds += t.now() - t0
+        return reqs
 
     def __call__(self, x, y, alpha=1.0, beta=0.0):
         """``y <- alpha M x + beta y`` (posts the exchange, owned block, wait, ghost block)."""
@@ -182,17 +300,64 @@ class DistCSR:
         return y
 
     def __matmul__(self, x):
-        y = np.zeros(self.rows.n, dtype=np.result_type(self.dtype, x.dtype))
+        y = self._xp.zeros(self.rows.n, dtype=np.result_type(self.dtype, x.dtype))
         return self(x, y)
 
     def diagonal(self):
-        """Diagonal entries of the owned rows (square operators with one layout)."""
+        """Diagonal entries of the owned rows (square operators with one layout; host array)."""
         return self.Aoo.diagonal()
 
     def __repr__(self):
+        dev = "" if self.transport == "mpi" else f", {self.backend.name}, transport {self.transport}"
         return (f"DistCSR(rank {self.rows.rank}: {self.rows.n} of {self.global_shape[0]} rows, "
                 f"{self.cols.n} owned + {self.ghosts.size} ghost columns, nnz {self.nnz_local}, "
-                f"neighbours {self.neighbours})")
+                f"neighbours {self.neighbours}{dev})")
+
+
+class _ScalePlan:
+    """The SpMV plan of an empty device block: ``y <- beta y`` (no cuSPARSE descriptor for a
+    matrix without entries)."""
+
+    def __call__(self, x, y, alpha=1.0, beta=0.0):
+        if beta == 0:
+            y.fill(0)
+        elif beta != 1:
+            y *= beta
+        return y
+
+
+def _device_block(be, A):
+    """``A`` (host CSR) as a device CSR matrix, None when it has no entries."""
+    return be.asmatrix(A) if A.nnz else None
+
+
+def _device_plan(A_dev):
+    return _ScalePlan() if A_dev is None else K.make_spmv(A_dev)
+
+
+def _pinned(xp, n, dtype):
+    """A host NumPy array of ``n`` entries in page-locked memory (plain memory where that
+    fails or ``n == 0``): the staging buffers of the host-staged exchange."""
+    dtype = np.dtype(dtype)
+    if n == 0:
+        return np.zeros(0, dtype)
+    try:
+        mem = xp.cuda.alloc_pinned_memory(n * dtype.itemsize)
+        a = np.frombuffer(mem, dtype, n)
+    except Exception:                      # e.g. out of page-locked memory: pageable is correct too
+        a = np.empty(n, dtype)
+    a[...] = 0
+    return a
+
+
+def _nccl_type(nccl, dtype):
+    """NCCL's data type constant for ``dtype``."""
+    names = {"float64": "NCCL_FLOAT64", "float32": "NCCL_FLOAT32", "int64": "NCCL_INT64",
+             "int32": "NCCL_INT32"}
+    name = names.get(np.dtype(dtype).name)
+    if name is None:
+        raise TypeError(f"no NCCL type for dtype {dtype}")
+    return getattr(nccl, name)
 
 
 def _select(M, keep, newcol, ncols):
@@ -208,8 +373,15 @@ def _select(M, keep, newcol, ncols):
 
 
 def dots(comm, pairs):
-    """``[(a, b) for a, b in pairs]`` summed over all ranks with one ``Allreduce``."""
-    loc = np.array([np.dot(a, b) for a, b in pairs], dtype=np.float64)
+    """``[(a, b) for a, b in pairs]`` summed over all ranks with one ``Allreduce`` (a float64
+    NumPy array; for CuPy vectors the local dots on the device, one D2H copy of them)."""
+    pairs = list(pairs)
+    if pairs and is_device_array(pairs[0][0]):
+        xp = get_backend("gpu").xp
+        loc = to_host(xp.stack([xp.dot(a, b) for a, b in pairs]).astype(np.float64))
+        loc = np.ascontiguousarray(loc, dtype=np.float64)
+    else:
+        loc = np.array([np.dot(a, b) for a, b in pairs], dtype=np.float64)
     out = np.empty_like(loc)
     comm.Allreduce(loc, out)
     return out

@@ -19,6 +19,11 @@ true-residual check) written directly on distributed vectors:
 with two ``Allreduce`` per iteration: ``(p, A p)``, then ``(r, r)`` and ``(r, z)``
 together (one reduction group).  Every rank takes the same decisions because it
 compares the same reduced numbers.
+
+Both work on NumPy or CuPy vectors (the array module of ``b``): on the device the local
+dots run with CuPy and their partial sums go through one host ``Allreduce``
+(:func:`.csr.dots`); the vector updates are the fused kernels of
+:mod:`adaptmg.device.kernels` with the reduced scalars as host arguments.
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ import math
 
 import numpy as np
 
-from ..backend import CPU
+from ..backend import CPU, backend_of, is_device_array, to_host
+from ..device import kernels as K
 from ..linalg._vectorops import VectorOps
 from .csr import dots, norm
 
@@ -42,12 +48,14 @@ def linalg_is_distributed() -> bool:
 
 
 def allreduce_sum(comm):
-    """``partial -> sum over ranks`` (one ``Allreduce`` on a NumPy array), for the hook."""
+    """``partial -> sum over ranks`` (one ``Allreduce`` on a NumPy array), for the hook; a
+    CuPy partial is copied to the host, reduced there and returned as a CuPy array."""
     def f(a):
-        a = np.ascontiguousarray(a)
-        out = np.empty_like(a)
-        comm.Allreduce(a, out)
-        return out
+        dev = is_device_array(a)
+        h = np.ascontiguousarray(to_host(a) if dev else a)
+        out = np.empty_like(h)
+        comm.Allreduce(h, out)
+        return backend_of(a).xp.asarray(out) if dev else out
     return f
 
 
@@ -76,7 +84,7 @@ def krylov(comm, method, A, b, *, M=None, rtol=1e-8, maxiter=200, callback=None)
 
     kw = {"callback_type": "pr_norm"} if method in ("gmres", "fgmres") else {}
     with global_reductions(allreduce_sum(comm)):
-        x, info = getattr(linalg, method)(A, b, x0=np.zeros_like(b), rtol=rtol, atol=0.0,
+        x, info = getattr(linalg, method)(A, b, x0=backend_of(b).xp.zeros_like(b), rtol=rtol, atol=0.0,
                                           maxiter=maxiter, M=M, callback=cb, **kw)
     return x, info, its[0], res
 
@@ -93,15 +101,17 @@ def cg(comm, A, b, *, M=None, rtol=1e-8, atol=0.0, maxiter=200, callback=None):
         raise ValueError(f"rtol and atol must be non-negative numbers, got {rtol!r}, {atol!r}")
     if isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer)) or maxiter < 1:
         raise ValueError(f"maxiter must be a positive integer, got {maxiter!r}")
-    x = np.zeros_like(b)
-    ops = VectorOps(CPU, b.size, b.dtype)        # the fused updates of adaptmg.linalg.cg
+    be = backend_of(b)
+    x = be.xp.zeros_like(b)
+    # the fused updates of adaptmg.linalg.cg (host scalars; on the device K.axpby)
+    ops = VectorOps(CPU, b.size, b.dtype) if not be.is_gpu else _DeviceUpdates()
     bnrm = norm(comm, b)
     tol = max(rtol * bnrm, atol)
     res = [bnrm]
     if bnrm == 0.0 or bnrm <= tol:
         return x, 0, 0, res
     r = b.copy()
-    q = np.empty_like(b)
+    q = be.xp.empty_like(b)
     z = r.copy() if M is None else M(r)
     rz = dots(comm, [(r, z)])[0]
     p = z.copy()
@@ -131,3 +141,21 @@ def cg(comm, A, b, *, M=None, rtol=1e-8, atol=0.0, maxiter=200, callback=None):
         ops.cg_update_p(p, z, rz_new, rz)         # p <- z + (rz_new / rz) p
         rz = rz_new
     return x, maxiter, maxiter, res
+
+
+class _DeviceUpdates:
+    """The two CG updates of :class:`~adaptmg.linalg._vectorops.VectorOps` on CuPy vectors with
+    host scalars (the reduced ones), one fused kernel each (:func:`adaptmg.device.kernels.axpby`)."""
+
+    @staticmethod
+    def cg_update_xr(x, r, p, q, rz, pq):
+        """alpha = rz/pq (0 if pq == 0); ``x += alpha p``; ``r -= alpha q``."""
+        alpha = rz / pq if pq != 0 else 0.0
+        K.axpby(alpha, p, 1.0, x)
+        K.axpby(-alpha, q, 1.0, r)
+
+    @staticmethod
+    def cg_update_p(p, z, rz_new, rz_old):
+        """beta = rz_new/rz_old (0 if rz_old == 0); ``p <- z + beta p``."""
+        beta = rz_new / rz_old if rz_old != 0 else 0.0
+        K.axpby(1.0, z, beta, p)

@@ -55,6 +55,17 @@ steps) and Chebyshev's ``lmax`` (Lanczos, 20 steps) estimated with the distribut
 from the serial start vector (drawn globally, owned entries kept), so they equal the serial
 estimates up to the summation order.
 
+GPU backend (``ml`` on the GPU).  Everything above is set up on the host as for the CPU
+(the local set-up's assembly, the owned rows, the ``lambda_max`` estimates with host
+products), then moved to the device: each distributed level's ``A``, ``P``, ``R`` as device
+:class:`~.csr.DistCSR` (``transport``: host staging or NCCL, :func:`.comm.resolve_transport`,
+decided once for the hierarchy), the smoother's owned-row data (``dinv`` and Chebyshev's
+``_d`` as CuPy arrays, block Jacobi's ``S`` as cupyx CSR; :func:`_smoother_on`), the cycle's
+vectors ``x``, ``b``, ``r`` of every level.  The agglomerated levels run in the serial
+GPU hierarchy on rank 0, as on the CPU.  The smoothers' kernels are the same
+(:mod:`adaptmg.device.kernels` dispatch on the array type); the fused one-launch CSR sweeps
+are off on distributed levels (their matrix is a DistCSR).
+
 Limits (stated plainly): the mesh is **replicated** on every rank (like deal.II's
 ``parallel::shared::Triangulation``) together with its O(cells) derived arrays; without
 ``local`` (``solve(..., local_setup=False)``) the whole serial hierarchy is replicated and
@@ -68,13 +79,15 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+import scipy.sparse as sp
 
+from ..backend import CPU, to_host
 from ..device import kernels as K
 from ..multilevel.chebyshev import lanczos_lambda_max
 from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi, power_lambda_max
 from ..multilevel.solver import coarse_visits
-from .comm import HaloTimer
-from .csr import DistCSR, Layout, norm
+from .comm import HaloTimer, resolve_transport
+from .csr import DistCSR, Layout, _device_block, _device_plan, norm
 from .partition import coarse_cell_ranks, dof_owners, fold_cell_ranks, level_ranks
 
 __all__ = ["DistributedMultigrid", "level_owners"]
@@ -117,14 +130,15 @@ def level_owners(ml, fine_cell_ranks, size, agglomerate_below=1000, min_dofs_per
     return owners, c, cell_ranks, nranks
 
 
-def _local_smoother(sm, A: DistCSR, rows: np.ndarray):
-    """A copy of the serial smoother ``sm`` acting on the owned rows, its SpMV the distributed one."""
+def _local_smoother(sm, A: DistCSR, rows: np.ndarray, be=CPU):
+    """A copy of the serial smoother ``sm`` acting on the owned rows, its SpMV the distributed one
+    (its data on ``be``: the serial hierarchy's backend, the same as ``A``'s)."""
     if type(sm) not in (Jacobi, Chebyshev, BlockJacobi):
         raise ValueError(f"distributed multigrid supports the smoothers Jacobi, Chebyshev and "
                          f"BlockJacobi, got {type(sm).__name__}")
-    if sm.backend.name != "cpu":
-        raise ValueError("distributed multigrid: the CPU backend only in this version "
-                         "(the NCCL device path is a TODO)")
+    if sm.backend.name != be.name:
+        raise ValueError(f"distributed multigrid: a {sm.backend.name} smoother in a "
+                         f"{be.name} hierarchy")
     loc = copy.copy(sm)
     loc.n = rows.size
     loc.A = A
@@ -135,15 +149,38 @@ def _local_smoother(sm, A: DistCSR, rows: np.ndarray):
     if isinstance(sm, BlockJacobi):
         # S = blockdiag(B_k)^{-1} couples the components of one node, and all components
         # of a node have one owner: the owned rows of S only reach owned columns
-        S = sm.S[rows]
+        S = to_host(sm.S)[rows]
         loc.S = S[:, rows].tocsr()
         if loc.S.nnz != S.nnz:
             raise RuntimeError("BlockJacobi: a block couples DoFs of different ranks")
         loc._Splan = K.make_spmv(loc.S)
-        return loc
-    loc.dinv = np.ascontiguousarray(sm.dinv[rows])
+        return _smoother_on(loc, be, A)
+    loc.dinv = np.ascontiguousarray(to_host(sm.dinv)[rows])
     if isinstance(sm, Chebyshev):
         loc._d = np.zeros(rows.size, sm.dtype)
+    return _smoother_on(loc, be, A)
+
+
+def _smoother_on(loc, be, A):
+    """The owned-rows smoother ``loc`` (host data) with its data on ``be`` and its SpMV the
+    distributed ``A`` (on ``be`` too): on the CPU ``loc`` unchanged; on the GPU ``dinv``
+    (Jacobi, Chebyshev), Chebyshev's direction ``_d`` and BlockJacobi's ``S`` (cupyx CSR, its
+    SpMV plan) become device data."""
+    if not be.is_gpu:
+        return loc
+    loc.backend = be
+    loc.A = A
+    loc._Aplan = A
+    loc.fused = False
+    loc._work = None
+    if isinstance(loc, BlockJacobi):
+        S = sp.csr_matrix(loc.S)
+        loc.S = _device_block(be, S)              # None for a rank without rows (never smooths)
+        loc._Splan = _device_plan(loc.S)
+        return loc
+    loc.dinv = be.asarray(np.ascontiguousarray(loc.dinv, dtype=loc.dtype))
+    if isinstance(loc, Chebyshev):
+        loc._d = be.xp.zeros(loc.n, loc.dtype)
     return loc
 
 
@@ -229,8 +266,10 @@ class DistributedMultigrid:
 
     Parameters
     ----------
-    ml : GeometricMultigrid, built identically on every rank (CPU backend, float64): the
-        whole hierarchy, or with ``local`` the levels below the locally built ones.
+    ml : GeometricMultigrid, built identically on every rank (CPU or GPU backend, float64):
+        the whole hierarchy, or with ``local`` the levels below the locally built ones.  Its
+        backend is the distributed levels' (GPU: select each rank's device first,
+        :func:`.comm.select_device`).
     fine_cell_ranks : rank of every finest cell (:func:`~.partition.partition_cells`).
     comm : mpi4py communicator.
     agglomerate_below : levels with fewer DoFs go to rank 0 (the coarsest always does).
@@ -243,6 +282,10 @@ class DistributedMultigrid:
         and the assembly callable, called on :class:`~.local.CellSubset` views.  Their
         levels must all be distributed (at least ``agglomerate_below`` DoFs).
 
+    transport : GPU only: the halo transport, "auto" / "host" / "nccl" (None: the
+        environment variable ``ADAPTMG_HALO_TRANSPORT`` or "auto"); ``self.transport`` the one
+        used ("mpi" on the CPU).
+
     ``setup_stats`` (local set-up): per local level the cells assembled by this rank and the
     level's cells, the cells used for P/R, and the seconds of each phase.  ``active_ranks``:
     per level (coarse -> fine) the number of ranks it works on (1 for the agglomerated ones);
@@ -250,11 +293,14 @@ class DistributedMultigrid:
     """
 
     def __init__(self, ml, fine_cell_ranks, comm, agglomerate_below=1000, local=None,
-                 min_dofs_per_rank=2000):
-        if ml.backend.name != "cpu" or np.dtype(ml.dtype) != np.float64:
-            raise ValueError(f"DistributedMultigrid: CPU float64 hierarchies only, got backend "
-                             f"{ml.backend.name} and dtype {ml.dtype}")
+                 min_dofs_per_rank=2000, transport=None):
+        if ml.backend.name not in ("cpu", "gpu") or np.dtype(ml.dtype) != np.float64:
+            raise ValueError(f"DistributedMultigrid: CPU or GPU float64 hierarchies only, got "
+                             f"backend {ml.backend.name} and dtype {ml.dtype}")
         self.ml, self.comm = ml, comm
+        self.backend = be = ml.backend
+        xp = be.xp
+        self.transport = resolve_transport(comm, transport, be)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.timer = HaloTimer()
         self.setup_stats = {}
@@ -277,12 +323,13 @@ class DistributedMultigrid:
             d.layout = lay = self.layouts[l]
             d.A = d.P = d.R = d.smoother = None
             if l >= c:
-                d.A = DistCSR(lev.A, lay, lay, self.timer)
-                d.P = DistCSR(lev.P, lay, self.layouts[l - 1], self.timer)
-                d.R = DistCSR(lev.R, self.layouts[l - 1], lay, self.timer)
-                d.smoother = _local_smoother(ml._dev[l].smoother, d.A, lay.rows)
-            d.x, d.b = np.zeros(lay.n), np.zeros(lay.n)
-            d.r = np.zeros(lay.n)
+                kw = dict(backend=be, transport=self.transport)
+                d.A = DistCSR(lev.A, lay, lay, self.timer, **kw)
+                d.P = DistCSR(lev.P, lay, self.layouts[l - 1], self.timer, **kw)
+                d.R = DistCSR(lev.R, self.layouts[l - 1], lay, self.timer, **kw)
+                d.smoother = _local_smoother(ml._dev[l].smoother, d.A, lay.rows, be)
+            d.x, d.b = xp.zeros(lay.n), xp.zeros(lay.n)
+            d.r = xp.zeros(lay.n)
             self.levels.append(d)
         if local is not None:
             if c > len(ml.levels):
@@ -310,12 +357,17 @@ class DistributedMultigrid:
         t2 = time.perf_counter()
         d = _DLevel()
         d.layout = lay
-        d.A = DistCSR(K_o, lay, lay, self.timer, local_rows=True)
-        d.P = DistCSR(P_o, lay, clay, self.timer, local_rows=True)
-        d.R = DistCSR(R_o, clay, lay, self.timer, local_rows=True)
+        be, kw = self.backend, dict(backend=self.backend, transport=self.transport)
+        d.A = DistCSR(K_o, lay, lay, self.timer, local_rows=True)       # host: smoother set-up
+        d.P = DistCSR(P_o, lay, clay, self.timer, local_rows=True, **kw)
+        d.R = DistCSR(R_o, clay, lay, self.timer, local_rows=True, **kw)
         t3 = time.perf_counter()
         d.smoother = _distributed_smoother(self.ml, d.A, K_o[:, lay.rows].tocsr(), space.components)
-        d.x, d.b, d.r = np.zeros(lay.n), np.zeros(lay.n), np.zeros(lay.n)
+        if be.is_gpu:        # set up on the host (as on the CPU), then moved to the device
+            d.A = d.A.to(be, self.transport)
+            d.smoother = _smoother_on(d.smoother, be, d.A)
+        xp = be.xp
+        d.x, d.b, d.r = xp.zeros(lay.n), xp.zeros(lay.n), xp.zeros(lay.n)
         st = self.setup_stats
         st["cells_assembled"].append(int(cells.size))
         st["cells"].append(space.mesh.num_cells)

@@ -13,6 +13,18 @@ result holds the global solution on every rank (one ``Allgatherv``) besides the 
 ``result.ml`` is then the serial hierarchy of the small levels only; ``result.mg.levels``
 are all levels.
 
+GPU backend (``backend="gpu"``, or "auto" where a device is visible): every rank first
+selects its device (:func:`.comm.select_device`: ``local_rank % device_count``); the small
+serial hierarchy is built on it by every rank (rank 0 runs its cycle), the distributed
+levels are set up on the host from the rank's cells as on the CPU and then moved to the
+device (:class:`~.csr.DistCSR` on the device, smoothers with device data on the owned rows);
+the Krylov vectors and the cycle are CuPy arrays, reductions go through one host
+``Allreduce``, halo exchanges through host-staged MPI (or NCCL when every rank has its own
+GPU; ``transport=``).  ``result.u`` and ``result.x`` are host NumPy arrays (gathered) as on
+the CPU; ``result.x_local`` (and the ``x`` given to ``callback``) is then a CuPy array.  Note
+that :func:`adaptmg.multigrid`'s ``coarse_max_rows="auto"`` drops the levels below 2000 rows
+on the GPU: pass ``coarse_max_rows=None`` for the CPU hierarchy.
+
 Failures: argument errors are agreed on by all ranks (:func:`.comm.agree`, the same
 ``ValueError`` everywhere); any other exception on one rank -- including one raised by
 ``callback`` or ``assemble`` -- aborts all ranks through :class:`.comm.guard`.
@@ -30,8 +42,9 @@ from .. import assemble as _assemble
 from ..fe import Constraints, Space
 from ..linalg import ConvergenceWarning
 from ..mesh import Mesh
+from ..backend import get_backend, to_host
 from ..multilevel.hierarchy import dirichlet_dofs, multigrid
-from .comm import agree, get_comm, guard
+from .comm import agree, get_comm, guard, select_device
 from .krylov import krylov
 from .multigrid import DistributedMultigrid
 from .partition import imbalance, partition_cells
@@ -44,7 +57,7 @@ class DistributedResult:
     """What :func:`solve` returns (the same on every rank except ``x_local``)."""
     u: np.ndarray                  # finite element nodal values H x (global, every rank)
     x: np.ndarray                  # constrained solution (global)
-    x_local: np.ndarray            # this rank's owned entries of x
+    x_local: Any                   # this rank's owned entries of x (a CuPy array on the GPU)
     iterations: int
     info: int                      # 0 converged, > 0 not converged (a ConvergenceWarning too)
     residuals: list
@@ -82,14 +95,15 @@ def _check(space, b, rtol, maxiter, accel, min_dofs_per_rank=None):
 
 def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter=200,
           accel="cg", cycle="V", agglomerate_below=1000, min_dofs_per_rank=2000, weights=None,
-          callback=None, local_setup=True, **multigrid_kwargs) -> DistributedResult:
+          callback=None, local_setup=True, transport=None, **multigrid_kwargs) -> DistributedResult:
     """Solve the constrained system of ``assemble(space)`` with load vector ``b`` by CG
     preconditioned with geometric multigrid, distributed over ``comm``.
 
     Parameters
     ----------
     space, assemble, dirichlet, multigrid_kwargs : as for :func:`adaptmg.multigrid` (homogeneous
-        Dirichlet values; CPU backend; smoother "jacobi" or "chebyshev"; on several ranks
+        Dirichlet values; ``backend`` "cpu" (the default here) or "gpu" (module doc); dtype
+        float64; smoother "jacobi", "chebyshev" or "block_jacobi"; on several ranks
         ``threads`` defaults to 1, the ranks already share the cores).
     b : unconstrained load vector (num_dofs,), the same on every rank.
     comm : mpi4py communicator (default ``MPI.COMM_WORLD`` if mpi4py is installed).
@@ -110,21 +124,29 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
         space, :class:`~.local.CellSubset`) and the serial hierarchy below them; False:
         every rank builds the whole serial hierarchy (the first version).  Ignored with
         ``galerkin=True`` (the coarse operators need the whole finest matrix).
+    transport : GPU backend only: the halo transport, "auto" (None: the environment variable
+        ``ADAPTMG_HALO_TRANSPORT`` or "auto": NCCL when every rank has its own GPU, else host
+        staging), "host" or "nccl" (:func:`.comm.resolve_transport`); ``result.mg.transport``
+        tells which was used.
     """
     comm = get_comm(comm)
     size = 1 if comm is None else comm.Get_size()
     with guard(comm):
         msg = _check(space, b, rtol, maxiter, accel, min_dofs_per_rank)
+        if not msg and transport not in (None, "auto", "host", "nccl"):
+            msg = f"transport must be None, 'auto', 'host' or 'nccl', got {transport!r}"
         agree(comm, not msg, msg)
         t0, c0 = time.perf_counter(), time.process_time()
         multigrid_kwargs.setdefault("backend", "cpu")
+        if get_backend(multigrid_kwargs["backend"]).is_gpu:
+            select_device(comm)        # local_rank % device_count, before any CuPy allocation
         if size > 1:                   # ranks already share the node's cores: no set-up threads
             multigrid_kwargs.setdefault("threads", 1)
         local = size > 1 and local_setup and not multigrid_kwargs.get("galerkin", False)
         if local:
             return _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycle,
                                 agglomerate_below, weights, callback, (t0, c0), multigrid_kwargs,
-                                min_dofs_per_rank)
+                                min_dofs_per_rank, transport)
         ml = multigrid(space, assemble, dirichlet=dirichlet, **multigrid_kwargs)
         f = ml.constrain(np.asarray(b, dtype=float))
         if size == 1:                                     # the serial code path
@@ -147,7 +169,7 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
                                      active_ranks=[1] * len(ml.levels))
         ranks = partition_cells(space.mesh, size, weights)
         mg = DistributedMultigrid(ml, ranks, comm, agglomerate_below,
-                                  min_dofs_per_rank=min_dofs_per_rank)
+                                  min_dofs_per_rank=min_dofs_per_rank, transport=transport)
         return _krylov_solve(comm, mg, mg.layout.scatter(f), ranks, (t0, c0), accel, cycle, rtol,
                              maxiter, callback, ml.expand, ml, stacklevel=3)
 
@@ -156,8 +178,10 @@ def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, ca
                   extra_timings=None, stacklevel=3):
     """The distributed multigrid-Krylov solve once ``mg`` is set up (both set-up paths of
     :func:`solve`): set-up and solve timings, one agreed warning when it does not converge,
-    the solution gathered on every rank (``expand``: nodal values of the constrained ``x``)."""
+    the solution gathered on every rank (``expand``: nodal values of the constrained ``x``);
+    ``f_loc`` (host) is moved to the hierarchy's backend, the gathered ``x`` is on the host."""
     t0, c0 = start
+    f_loc = mg.backend.asarray(f_loc)
     t_setup, c_setup = time.perf_counter() - t0, time.process_time() - c0
     comm.Barrier()
     t1 = time.perf_counter()
@@ -169,7 +193,7 @@ def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, ca
         warnings.warn(ConvergenceWarning(
             f"distributed multigrid-{accel} did not reach rtol={rtol:g} in {its} iterations "
             f"(info={info})"), stacklevel=stacklevel)
-    x = mg.layout.allgather(x_loc)
+    x = mg.layout.allgather(to_host(x_loc))
     size = comm.Get_size()
     return DistributedResult(u=expand(x), x=x, x_local=x_loc, iterations=its, info=info,
                              residuals=res, size=size, cell_ranks=ranks, imbalance=imbalance(ranks, size),
@@ -198,7 +222,7 @@ def _split_hierarchy(space, max_levels, agglomerate_below):
 
 
 def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycle, agglomerate_below,
-                 weights, callback, start, kw, min_dofs_per_rank=None):
+                 weights, callback, start, kw, min_dofs_per_rank=None, transport=None):
     """:func:`solve` on several ranks with the large geometric levels set up from the rank's
     cells only (``start``: wall and CPU clocks at the start of the set-up)."""
     t0, c0 = start
@@ -217,7 +241,7 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     ranks = partition_cells(space.mesh, size, weights)
     mg = DistributedMultigrid(ml, ranks, comm, agglomerate_below,
                               local=dict(spaces=spaces, assemble=assemble, frees=frees),
-                              min_dofs_per_rank=min_dofs_per_rank)
+                              min_dofs_per_rank=min_dofs_per_rank, transport=transport)
     return _krylov_solve(comm, mg, mg.constrain_local(b), ranks, (t0, c0), accel, cycle, rtol,
                          maxiter, callback, lambda x: space.H @ x, ml,
                          extra_timings={"coarse_hierarchy_s": t_coarse, **mg.setup_stats},

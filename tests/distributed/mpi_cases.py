@@ -5,6 +5,10 @@ on one rank (a size-1 communicator: the serial code path); rank 0 writes one JSO
 record per case.  CASES keep every distributed level on all ranks (``min_dofs_per_rank=0``);
 FOLDED put the coarser distributed levels on fewer ranks (``min_dofs_per_rank`` given).  ``python mpi_cases.py bad-input`` / ``callback``: a failure on rank 1
 only (the test checks that every rank exits, with the error, before its timeout).
+``python mpi_cases.py solve-gpu OUT.json``: the GPU_CASES with ``backend="gpu"`` distributed
+over COMM_WORLD, compared with the serial GPU and the serial CPU solves (one rank each);
+``solve-gpu OUT.json --fake``: the same with :mod:`fake_cupy` standing in for CuPy (no GPU
+needed; the serial GPU solve is then skipped).
 """
 import json
 import sys
@@ -216,9 +220,111 @@ def run_failure(kind):
     print("not reached", flush=True)
 
 
+# name -> (problem, solve arguments); every level as on the CPU (coarse_max_rows=None: the GPU
+# default "auto" would cut the serial hierarchy below 2000 rows), smoothers Jacobi, block
+# Jacobi and Chebyshev, the local and the replicated set-up, a folded level
+GPU_CASES = {
+    "q1-2d": (lambda: poisson(2, 3, 1), {}),
+    "q1-2d-replicated-w": (lambda: poisson(2, 3, 1), dict(local_setup=False, cycle="W")),
+    "q1-2d-folded": (lambda: poisson(2, 3, 1), dict(min_dofs_per_rank=300)),
+    "q2-3d": (lambda: poisson(3, 1, 2), {}),
+    "elasticity-2d": (lambda: elasticity(2, 2, "block_jacobi"), {}),
+    "elasticity-3d": (lambda: elasticity(3, 1, "chebyshev"), {}),
+}
+
+
+def _rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _off_device(mg):
+    """What of the distributed levels is not on the device (names; empty: everything is)."""
+    from adaptmg.backend import is_device_array, is_device_sparse
+    bad = []
+    for l in range(mg.c, len(mg.levels)):
+        d = mg.levels[l]
+        for key in ("A", "P", "R"):
+            D = getattr(d, key)
+            if D.rows.n and D.Aoo.nnz and not is_device_sparse(D.Aoo_dev):
+                bad.append(f"{l}.{key}.Aoo")
+            if D.rows.n and D.Aog.nnz and not is_device_sparse(D.Aog_dev):
+                bad.append(f"{l}.{key}.Aog")
+            for buf in ("_gbuf", "_sdev", "_sidx"):
+                if not is_device_array(getattr(D, buf)):
+                    bad.append(f"{l}.{key}.{buf}")
+        sm = d.smoother
+        for name in ("dinv", "_d"):
+            if hasattr(sm, name) and not is_device_array(getattr(sm, name)):
+                bad.append(f"{l}.smoother.{name}")
+        if hasattr(sm, "S") and sm.S is not None and not is_device_sparse(sm.S):
+            bad.append(f"{l}.smoother.S")
+    return sorted(set(bad))
+
+
+def run_solve_gpu(out, fake):
+    """Every GPU_CASES problem with backend="gpu" on all ranks vs one rank (GPU and CPU)."""
+    from adaptmg.backend import is_device_array
+    from adaptmg.distributed.comm import local_rank
+    serial_comm = COMM.Split(COMM.rank, 0)
+    recs = []
+    for name, (make, extra) in GPU_CASES.items():
+        space, A, b, kw = make()
+        kw = {"min_dofs_per_rank": 0, "rtol": 1e-10, "agglomerate_below": 50, **kw, **extra}
+        dist = solve(space, A, b, comm=COMM, backend="gpu", coarse_max_rows=None, **kw)
+        cpu = solve(space, A, b, comm=serial_comm, backend="cpu", **kw)
+        gpu = None if fake else solve(space, A, b, comm=serial_comm, backend="gpu",
+                                      coarse_max_rows=None, **kw)
+        mg = dist.mg
+        # adaptmg.distributed.krylov.cg itself on the device vectors (solve() takes
+        # adaptmg.linalg.cg under the reduction hook where adaptmg.linalg supports it)
+        from adaptmg.distributed.krylov import cg
+        f = mg.backend.asarray(mg.constrain_local(b))
+        xc, infoc, itsc, _ = cg(COMM, mg.A, f, M=lambda r: mg.precondition(r, kw.get("cycle", "V")),
+                                rtol=1e-10)
+        xc = mg.layout.allgather(mg.backend.xp.asnumpy(xc) if is_device_array(xc) else xc)
+        dl = [mg.levels[l] for l in range(mg.c, len(mg.levels))]
+        transports = sorted({D.transport for d in dl for D in (d.A, d.P, d.R)} | {mg.transport})
+        device = (is_device_array(dist.x_local) and all(is_device_array(v) for d in mg.levels
+                                                        for v in (d.x, d.b, d.r))
+                  and all(getattr(d.smoother, "backend").is_gpu for d in dl))
+        host_out = all(type(v) is np.ndarray for v in (dist.u, dist.x))
+        rec = dict(case=name, its=dist.iterations, info=dist.info, its_cpu=cpu.iterations,
+                   cg_its=itsc, cg_info=infoc, cg_err=_rel(xc, dist.x),
+                   rel_err_cpu=_rel(dist.u, cpu.u), transports=transports, device=device,
+                   host_out=host_out, backend=dist.ml.backend.name, size=COMM.size,
+                   local_rank=COMM.allgather(local_rank(COMM)), off_device=_off_device(mg),
+                   halo_bytes=COMM.allgather(mg.timer.bytes),
+                   exchanges=COMM.allgather(mg.timer.exchanges),
+                   active_ranks=dist.active_ranks, agglomerated=mg.c, levels=len(mg.levels))
+        if gpu is not None:
+            from adaptmg.distributed.comm import _placement, choose_transport, nccl_available
+            places = COMM.allgather(_placement())
+            ok = COMM.allgather(nccl_available())
+            rec.update(its_gpu=gpu.iterations, rel_err_gpu=_rel(dist.u, gpu.u),
+                       serial_gpu_vs_cpu=_rel(gpu.u, cpu.u), placements=places, nccl_ok=ok,
+                       shared_gpu=len(set(map(tuple, places))) < len(places),
+                       expected_transport=choose_transport("auto", places, ok)[0])
+        recs.append(rec)
+    if fake:
+        import fake_cupy
+        recs.append(dict(case="fake", mode=fake, pinned=COMM.allgather(fake_cupy.pinned_allocations()),
+                         device=COMM.allgather(fake_cupy.selected_device()),
+                         nccl_calls=COMM.allgather(fake_cupy.nccl_calls())))
+    if COMM.rank == 0:
+        with open(out, "w") as fh:
+            json.dump(recs, fh)
+
+
 if __name__ == "__main__":
     install_excepthook()
     if sys.argv[1] == "solve":
         run_solve(sys.argv[2])
+    elif sys.argv[1] == "solve-gpu":
+        fake = next((a for a in sys.argv[3:] if a.startswith("--fake")), "")
+        if fake:
+            import fake_cupy
+            nccl = fake == "--fake-nccl"
+            fake_cupy.install(devices=COMM.size if nccl else 1, with_nccl=nccl)
+        run_solve_gpu(sys.argv[2], fake)
     else:
         run_failure(sys.argv[1])

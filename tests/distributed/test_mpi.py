@@ -8,7 +8,13 @@ assert them.  Two more launches check that a failure on one rank ends every rank
 The FOLDED cases put the coarser distributed levels on fewer ranks than the job
 (``min_dofs_per_rank``, :func:`adaptmg.distributed.partition.level_ranks`).
 Skipped when mpi4py or mpiexec is missing.  CI has 2 cores: ``-n 3`` oversubscribes
-(MPICH's hydra allows it by default); the whole module takes ~20 s.
+(MPICH's hydra allows it by default; Open MPI gets ``--oversubscribe``, and
+``--allow-run-as-root`` as root: :func:`adaptmg.distributed.comm.mpiexec_flags`); the whole module takes ~20 s.
+
+GPU backend: ``mpi_cases.py solve-gpu`` under ``mpiexec -n 2`` -- with a NumPy stand-in for
+CuPy (``--fake``, ``--fake-nccl``: always run, no GPU needed) and with the real CuPy
+(``test_gpu_solve_matches_serial``, marked ``gpu``: skipped where CuPy sees no device; both
+ranks may share one GPU, the exchange is then host-staged).
 """
 import importlib.util
 import json
@@ -22,6 +28,7 @@ import numpy as np
 import pytest
 
 from adaptmg.distributed import coarse_cell_ranks, curve_order, dof_owners, imbalance, partition_cells
+from adaptmg.distributed.comm import mpiexec_command, mpiexec_flags
 from adaptmg.distributed.partition import fold_cell_ranks, level_ranks
 from adaptmg.fe import Space
 from adaptmg.mesh import Mesh
@@ -47,11 +54,18 @@ needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="mpi4py or mpiexec not av
                                "(pip install 'adaptmg[mpi]')")
 
 
+def mpiexec_cmd(n):
+    """``[mpiexec, (flags), -n, n]`` (:func:`adaptmg.distributed.comm.mpiexec_command` with the
+    launcher found above)."""
+    return mpiexec_command(n, MPIEXEC)
+
+
 def _launch(n, args, timeout):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                ADAPTMG_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("ADAPTMG_HALO_TRANSPORT", None)          # the transport rule decides ("auto")
     t0 = time.perf_counter()
-    r = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, WORKER] + args, env=env,
+    r = subprocess.run(mpiexec_cmd(n) + [sys.executable, WORKER] + args, env=env,
                        capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     return r, time.perf_counter() - t0
 
@@ -352,7 +366,7 @@ def test_cli_run_poisson_under_mpiexec_matches_the_serial_run():
     cmd = [sys.executable, "-m", "adaptmg", "run", "poisson", "--refine", "3", "--local", "2",
            "--backend", "cpu"]
     serial = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    dist = subprocess.run([MPIEXEC, "-n", "2"] + cmd, env=env, capture_output=True, text=True,
+    dist = subprocess.run(mpiexec_cmd(2) + cmd, env=env, capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert serial.returncode == 0 and dist.returncode == 0, dist.stderr[-2000:]
     assert "2 MPI ranks" in dist.stdout and dist.stdout.count("done in") == 1
@@ -362,3 +376,94 @@ def test_cli_run_poisson_under_mpiexec_matches_the_serial_run():
         err = [line for line in out.splitlines() if "error vs exact" in line][0]
         return int(its), err
     assert numbers(dist.stdout) == numbers(serial.stdout), (dist.stdout, serial.stdout)
+
+
+# ------------------------------------------------ the GPU backend (issue 16: device path)
+GPU_CASES = ["q1-2d", "q1-2d-replicated-w", "q1-2d-folded", "q2-3d", "elasticity-2d", "elasticity-3d"]
+
+
+def _gpu_run(n, mode, tmp_path_factory, timeout):
+    out = tmp_path_factory.mktemp("mpigpu") / "out.json"
+    r, _ = _launch(n, ["solve-gpu", str(out)] + ([mode] if mode else []), timeout=timeout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = {rec["case"]: rec for rec in json.loads(out.read_text())}
+    return recs, r
+
+
+def _check_gpu_record(rec, transport):
+    """What every GPU case must show (with a real or a stand-in device)."""
+    assert rec["backend"] == "gpu" and rec["info"] == 0, rec
+    assert rec["rel_err_cpu"] <= 1e-10, rec                       # the serial CPU solve
+    assert rec["its_cpu"] <= rec["its"] <= rec["its_cpu"] + 1, rec
+    assert rec["cg_info"] == 0 and rec["cg_err"] <= 1e-10, rec     # distributed.krylov.cg
+    assert rec["its_cpu"] <= rec["cg_its"] <= rec["its_cpu"] + 1, rec
+    assert rec["transports"] == [transport], rec                   # every level, mg itself
+    assert rec["device"] and rec["off_device"] == [], rec          # vectors, blocks, smoothers
+    assert rec["host_out"], rec                                    # u, x: NumPy, gathered
+    assert rec["local_rank"] == list(range(rec["size"])), rec
+    assert rec["levels"] - rec["agglomerated"] >= 2, rec
+    assert all(e > 0 for e in rec["exchanges"]), rec
+
+
+@pytest.fixture(scope="module", params=["--fake", "--fake-nccl"])
+def fake_gpu(request, tmp_path_factory):
+    if MPIEXEC is None:
+        pytest.skip("mpi4py or mpiexec not available")
+    recs, _ = _gpu_run(2, request.param, tmp_path_factory, timeout=180)
+    return request.param, recs
+
+
+@needs_mpi
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_device_path_with_a_stand_in_device(fake_gpu, case):
+    """The GPU code path of the distributed layer under ``mpiexec -n 2`` with tests/distributed/
+    fake_cupy.py standing in for CuPy (NumPy arrays that claim to be CuPy's; no GPU needed):
+    the solution equals the serial CPU solve to 1e-10, the CG iterations too (+1); every
+    vector, block, buffer and smoother array of the distributed levels is a "device" one;
+    u and x come back as host NumPy arrays.  One device shared by both ranks: host-staged
+    halo exchange with pinned buffers; one device per rank with a stand-in NCCL (its grouped
+    send/recv carried out by MPI): the NCCL transport's bookkeeping.  CUDA itself is tested
+    by test_gpu_solve_matches_serial below (needs a GPU)."""
+    mode, recs = fake_gpu
+    _check_gpu_record(recs[case], "host" if mode == "--fake" else "nccl")
+    fake = recs["fake"]
+    if mode == "--fake":
+        assert fake["device"] == [0, 0] and min(fake["pinned"]) > 0 and fake["nccl_calls"] == [0, 0]
+    else:
+        assert fake["device"] == [0, 1] and min(fake["nccl_calls"]) > 0
+
+
+@pytest.fixture(scope="module")
+def real_gpu(tmp_path_factory):
+    if MPIEXEC is None:
+        pytest.skip("mpi4py or mpiexec not available")
+    recs, _ = _gpu_run(2, "", tmp_path_factory, timeout=900)
+    return recs
+
+
+@pytest.mark.gpu
+@needs_mpi
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_gpu_solve_matches_serial(real_gpu, case):
+    """``solve(..., backend="gpu")`` under ``mpiexec -n 2`` (both ranks may share one GPU):
+    the solution equals the serial GPU solve and the serial CPU solve to 1e-10 relative, the
+    CG iterations the serial ones (+1 allowed); the halo exchange went through host staging
+    (two ranks on one GPU: NCCL is refused); device data as in the stand-in test."""
+    rec = real_gpu[case]
+    # one GPU for both ranks (the H100 box): host staging; one GPU per rank: the auto rule
+    transport = "host" if rec["shared_gpu"] else rec["expected_transport"]
+    _check_gpu_record(rec, transport)
+    assert rec["rel_err_gpu"] <= 1e-10, rec
+    assert rec["its_gpu"] <= rec["its"] <= rec["its_gpu"] + 1, rec
+    assert rec["serial_gpu_vs_cpu"] <= 1e-10, rec
+
+
+def test_mpiexec_flags_for_open_mpi():
+    """Open MPI (``mpiexec --version``: "mpiexec (OpenRTE) 4.1.6" / "Open MPI"): --oversubscribe,
+    and --allow-run-as-root for root; MPICH's hydra: nothing."""
+    ompi = "mpiexec (OpenRTE) 4.1.6\n\nReport bugs to http://www.open-mpi.org/community/help/"
+    assert mpiexec_flags(ompi, 1000) == ["--oversubscribe"]
+    assert mpiexec_flags(ompi, 0) == ["--oversubscribe", "--allow-run-as-root"]
+    assert mpiexec_flags("mpirun (Open MPI) 5.0.3", 0) == ["--oversubscribe", "--allow-run-as-root"]
+    hydra = "HYDRA build details:\n    Version:                                 4.2.0"
+    assert mpiexec_flags(hydra, 0) == [] and mpiexec_flags("", 0) == []

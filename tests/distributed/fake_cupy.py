@@ -1,0 +1,251 @@
+"""A NumPy stand-in for CuPy, to run the GPU code paths of adaptmg.distributed without a GPU.
+
+Not a test module.  :func:`install` makes ``adaptmg.backend.get_backend("gpu")`` return a
+backend whose array module is :data:`xp` below: arrays are a NumPy subclass whose type
+claims to live in ``cupy`` (so ``adaptmg.backend.is_device_array`` and ``backend_of`` see
+"device" arrays) with CuPy's ``get(out=)`` / ``set(arr, stream=)``; sparse matrices a SciPy
+CSR subclass claiming ``cupyx.scipy.sparse`` with ``get()``; ``xp.cuda`` has streams, events,
+pinned memory (a ``bytearray``) and one device.  The element-wise kernels and SpMV plans of
+:mod:`adaptmg.device.kernels` dispatch on ``isinstance(x, numpy.ndarray)`` and so run their
+NumPy twins.  What this exercises: the device-side bookkeeping of the distributed layer
+(which arrays are moved, host staging of the halo exchange with its buffers, the device
+smoothers restricted to owned rows, reductions of device vectors, device selection and the
+transport choice), under a real ``mpiexec``.  What it cannot: anything CUDA itself does
+(streams, asynchrony, cuSPARSE, NCCL) -- that needs the real GPU tests (``-m gpu``).
+Used by ``mpi_cases.py solve-gpu OUT --fake`` (one device shared by the ranks: host staging)
+and ``--fake-nccl`` (one device per rank and a stand-in for ``cupy.cuda.nccl`` whose
+grouped ``send``/``recv`` of device addresses are carried out by MPI at ``groupEnd``: the
+bookkeeping of the NCCL transport, not NCCL).  The serial *GPU* solve (CUDA graphs) is not
+run under it.
+"""
+import types
+
+import numpy as np
+import scipy.sparse as sp
+
+
+class ndarray(np.ndarray):
+    """A NumPy array that reports itself as a CuPy array (``.data.ptr``: its address)."""
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        host = self.view(np.ndarray)
+        if out is None:
+            return np.array(host, copy=True)
+        if type(out) is not np.ndarray or out.shape != self.shape or out.dtype != self.dtype:
+            raise TypeError("fake cupy: get(out=) needs a host numpy array of the same shape/dtype")
+        np.copyto(out, host)
+        return out
+
+    def set(self, arr, stream=None):
+        if type(arr) is not np.ndarray:
+            raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+        if arr.shape != self.shape or arr.dtype != self.dtype:
+            raise ValueError("fake cupy: set() needs the same shape and dtype")
+        self.view(np.ndarray)[...] = arr
+
+
+ndarray.__module__ = "cupy._core.core"
+
+
+def _dev(a):
+    return a.view(ndarray) if isinstance(a, np.ndarray) else a
+
+
+class csr_matrix(sp.csr_matrix):
+    """A SciPy CSR matrix that reports itself as a cupyx one."""
+
+    def get(self, stream=None):
+        return sp.csr_matrix((np.asarray(self.data).view(np.ndarray).copy(),
+                              np.asarray(self.indices).view(np.ndarray).copy(),
+                              np.asarray(self.indptr).view(np.ndarray).copy()), shape=self.shape)
+
+
+csr_matrix.__module__ = "cupyx.scipy.sparse._csr"
+
+
+class _Stream:
+    ptr = 0
+
+    def synchronize(self):
+        pass
+
+    def is_capturing(self):
+        return False
+
+
+class _Event:
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.recorded = 0
+
+    def record(self, stream=None):
+        self.recorded += 1
+
+    def synchronize(self):
+        pass
+
+
+class _Device:
+    def __init__(self, i=None):
+        self.id = (_STATE["device"] or 0) if i is None else int(i)
+        self.pci_bus_id = f"0000:fake:{self.id:02d}"
+
+    def use(self):
+        _STATE["device"] = self.id
+
+    def synchronize(self):
+        pass
+
+
+_STATE = {"device": None, "pinned": 0, "count": 1, "nccl_calls": 0}
+
+
+def _pinned(nbytes):
+    _STATE["pinned"] += 1
+    return bytearray(int(nbytes))
+
+
+cuda = types.SimpleNamespace(
+    get_current_stream=lambda: _Stream(), Event=_Event, Device=_Device,
+    alloc_pinned_memory=_pinned, Stream=_Stream,
+    runtime=types.SimpleNamespace(getDeviceCount=lambda: _STATE["count"]))
+
+
+class _XP(types.ModuleType):
+    """``numpy`` with the array constructors returning :class:`ndarray` and a ``cuda`` namespace."""
+
+    ndarray = ndarray
+    cuda = cuda
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def asarray(a, dtype=None):
+        if isinstance(a, ndarray) and (dtype is None or a.dtype == np.dtype(dtype)):
+            return a
+        src = a.view(np.ndarray) if isinstance(a, np.ndarray) else a
+        return np.array(src, dtype=dtype, copy=True).view(ndarray)
+
+    @staticmethod
+    def asnumpy(a):
+        return a.get() if isinstance(a, ndarray) else np.asarray(a)
+
+    zeros = staticmethod(lambda *a, **k: _dev(np.zeros(*a, **k)))
+    empty = staticmethod(lambda *a, **k: _dev(np.empty(*a, **k)))
+    ones = staticmethod(lambda *a, **k: _dev(np.ones(*a, **k)))
+    zeros_like = staticmethod(lambda a, *r, **k: _dev(np.zeros_like(a, *r, **k)))
+    empty_like = staticmethod(lambda a, *r, **k: _dev(np.empty_like(a, *r, **k)))
+    arange = staticmethod(lambda *a, **k: _dev(np.arange(*a, **k)))
+
+    @staticmethod
+    def take(a, indices, axis=None, out=None):
+        if out is None:
+            return _dev(np.take(a, indices, axis=axis))
+        np.take(a.view(np.ndarray), np.asarray(indices).view(np.ndarray), axis=axis,
+                out=out.view(np.ndarray))
+        return out
+
+
+xp = _XP("cupy")
+csp = types.ModuleType("cupyx.scipy.sparse")
+csp.csr_matrix = csr_matrix
+csp.issparse = sp.issparse
+
+
+# ---------------------------------------------------------------- a stand-in for cupy.cuda.nccl
+_NCCL_TYPES = {7: np.float64, 6: np.float32, 4: np.int64, 2: np.int32}
+
+
+def _at(ptr, count, dtype):
+    """The ``count`` entries of ``dtype`` at address ``ptr`` as a NumPy array (no copy)."""
+    import ctypes
+    dt = np.dtype(dtype)
+    buf = (ctypes.c_char * (count * dt.itemsize)).from_address(ptr)
+    return np.frombuffer(buf, dtype=dt, count=count)
+
+
+class _NcclCommunicator:
+    """ncclSend/ncclRecv inside a group, carried out by MPI on COMM_WORLD (a Dup) at groupEnd."""
+
+    def __init__(self, ndev, commId, rank):
+        from mpi4py import MPI
+        assert len(commId) == 128 and MPI.COMM_WORLD.Get_size() == ndev
+        assert MPI.COMM_WORLD.Get_rank() == rank
+        self.mpi = MPI.COMM_WORLD.Dup()
+        self.rank, self.ndev = rank, ndev
+
+    def send(self, sendbuf, count, datatype, peer, stream):
+        _GROUP.append(("send", self, int(sendbuf), int(count), _NCCL_TYPES[datatype], int(peer)))
+
+    def recv(self, recvbuf, count, datatype, peer, stream):
+        _GROUP.append(("recv", self, int(recvbuf), int(count), _NCCL_TYPES[datatype], int(peer)))
+
+
+_GROUP = []
+
+
+def _group_start():
+    if _GROUP:
+        raise RuntimeError("fake nccl: nested or unfinished group")
+
+
+def _group_end():
+    from mpi4py import MPI
+    reqs, land = [], []
+    for kind, c, ptr, n, dt, peer in _GROUP:
+        if kind == "recv":
+            tmp = np.empty(n, dt)
+            reqs.append(c.mpi.Irecv(tmp, source=peer, tag=11))
+            land.append((ptr, n, dt, tmp))
+        else:
+            reqs.append(c.mpi.Isend(np.array(_at(ptr, n, dt)), dest=peer, tag=11))
+    MPI.Request.Waitall(reqs)
+    for ptr, n, dt, tmp in land:
+        _at(ptr, n, dt)[...] = tmp
+    _STATE["nccl_calls"] += len(_GROUP)
+    _GROUP.clear()
+
+
+nccl = types.ModuleType("cupy.cuda.nccl")
+nccl.available = True
+nccl.NCCL_FLOAT64, nccl.NCCL_FLOAT32, nccl.NCCL_INT64, nccl.NCCL_INT32 = 7, 6, 4, 2
+nccl.NcclCommunicator = _NcclCommunicator
+nccl.get_unique_id = lambda: tuple(range(128))
+nccl.groupStart = _group_start
+nccl.groupEnd = _group_end
+
+
+def install(devices=1, with_nccl=False):
+    """Route ``adaptmg.backend``'s CuPy look-up to this module (this process only).  The
+    Krylov solve then takes :func:`adaptmg.distributed.krylov.cg` (adaptmg.linalg's solvers use
+    CuPy ``ElementwiseKernel``s on device vectors, which this stand-in does not have)."""
+    import importlib
+    import sys
+
+    import adaptmg.backend as B
+    # (the package re-exports a function called krylov: take the module itself)
+    KR = importlib.import_module("adaptmg.distributed.krylov")
+    B._cupy_status = lambda: (xp, csp, "")
+    KR.linalg_is_distributed = lambda: False
+    _STATE["count"] = int(devices)
+    if with_nccl:       # ``from cupy.cuda import nccl`` finds the stand-in (this process only)
+        top, sub = types.ModuleType("cupy"), types.ModuleType("cupy.cuda")
+        top.cuda, sub.nccl = sub, nccl
+        sys.modules.update({"cupy": top, "cupy.cuda": sub, "cupy.cuda.nccl": nccl})
+    return xp
+
+
+def pinned_allocations():
+    return _STATE["pinned"]
+
+
+def nccl_calls():
+    return _STATE["nccl_calls"]
+
+
+def selected_device():
+    return _STATE["device"]
