@@ -3,11 +3,11 @@ r"""Krylov solvers on distributed vectors.
 :func:`krylov` runs the *unchanged* solvers of :mod:`adaptmg.linalg` (``cg``, ``gmres``,
 ``fgmres``, ...) on the owned entries inside
 :func:`adaptmg.linalg._vectorops.global_reductions`, which completes every inner product
-and norm with one ``Allreduce`` -- once ``adaptmg/linalg/_system.py`` computes its norms
-with :func:`~adaptmg.linalg._vectorops.global_norm` (two call sites: ``System.norm`` and
-``||b||`` in ``prepare_system``; :func:`linalg_is_distributed` tells).  Without that,
-the local ``xp.linalg.norm`` calls there would make ranks disagree on when to stop,
-and :func:`krylov` falls back to :func:`cg` below for ``"cg"`` (other methods raise).
+and norm with one ``Allreduce``: ``adaptmg/linalg/_system.py`` computes its norms with
+:func:`~adaptmg.linalg._vectorops.global_norm` (``System.norm`` and ``||b||`` in
+``prepare_system``), which :func:`linalg_is_distributed` checks.  Should that ever not
+hold, local ``xp.linalg.norm`` calls would make ranks disagree on when to stop, so
+:func:`krylov` then falls back to :func:`cg` below for ``"cg"`` (other methods raise).
 
 :func:`cg` is :mod:`adaptmg.linalg.cg`'s algorithm (same recurrence, stopping test and
 true-residual check) written directly on distributed vectors:

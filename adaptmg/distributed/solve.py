@@ -108,8 +108,8 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
     b : unconstrained load vector (num_dofs,), the same on every rank.
     comm : mpi4py communicator (default ``MPI.COMM_WORLD`` if mpi4py is installed).
     rtol, maxiter : stopping test ``||f - K x|| <= rtol ||f||``.
-    accel : Krylov method (:func:`.krylov.krylov`): "cg" always; "gmres", "fgmres" once
-        adaptmg.linalg routes its norms through the reduction hook.
+    accel : Krylov method (:func:`.krylov.krylov`): "cg", "gmres" or "fgmres" of
+        :mod:`adaptmg.linalg`, their reductions through the hook (one Allreduce each).
     agglomerate_below : levels with fewer DoFs are gathered onto rank 0.
     min_dofs_per_rank : the finest level is on all ``P`` ranks; a coarser level with ``N_l >=
         agglomerate_below`` DoFs on ``P_l = min(P_{l+1}, max(1, N_l // min_dofs_per_rank))``
