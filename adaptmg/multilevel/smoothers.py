@@ -237,9 +237,7 @@ class Jacobi(Smoother):
     @property
     def can_fuse(self):
         """True when ``A`` is a CSR matrix with int32 indices (fused sweep kernel usable)."""
-        A = self.A
-        return (getattr(A, "format", None) == "csr" and A.indices.dtype == np.int32
-                and A.indptr.dtype == np.int32)
+        return K.is_int32_csr(self.A)
 
     def _setup_host(self):
         d = _host_diagonal(self.A_host, "Jacobi")
