@@ -217,7 +217,8 @@ def system_matrix(dt: float, lam: float = LAMBDA, mu: float = MU, backend=None):
         s3 = Space(space6.mesh, 1, components=3)
         # the scalar mass and the 3 x 3 blocks from one assembly pass (one geometry evaluation),
         # summed straight into the (nnz, 10) fields [M, A_00, ..., A_22] of block_system
-        ip, ind, data = assemble.elasticity(s3, lam, mu, format="fields", return_mass=True)
+        ip, ind, data = assemble.elasticity(s3, lam, mu, format="fields", return_mass=True,
+                                            device=be if be is not None and be.is_gpu else None)
         nn = s3.num_nodes
         Ms = sp.csr_matrix((np.ascontiguousarray(data[:, 0]), ind, ip), shape=(nn, nn), copy=False)
         Ms.has_sorted_indices = True

@@ -30,7 +30,7 @@ import numpy as np
 from ..backend import get_backend
 from ..fe.sparsity import Pattern, _index_dtype, cell_tables, memoised
 
-__all__ = ["DevicePattern", "get_device_pattern", "segment_sum", "MIN_DEVICE_ENTRIES"]
+__all__ = ["DevicePattern", "DeviceFieldSums", "get_device_pattern", "segment_sum", "MIN_DEVICE_ENTRIES"]
 
 # below this many element entries the copies and launches cost more than the host pattern
 MIN_DEVICE_ENTRIES = 1 << 18
@@ -125,6 +125,52 @@ class DevicePattern:
 
     # scalar host CSR from summed data: the same host index arrays as Pattern's
     csr = Pattern.csr
+
+
+class DeviceFieldSums:
+    """Sums of several element-entry fields on the GPU, into host targets: the device
+    counterpart of :class:`adaptmg.fe.sparsity.FieldSums` (same ``targets`` convention: a
+    float64 array (nnz,) or ``(A, c)``, column c of a float64 array A (nnz, k)).
+
+    :meth:`add` copies a chunk's entries (nfields, n, nr*ncl) up in one transfer into a
+    device buffer (nfields, E); :meth:`finish` sums every field by the pattern's runs
+    (:func:`segment_sum`: entry order, so bit-identical to ``np.add.at`` on the host pattern)
+    and copies the (nnz,) sums down into the targets.  Device memory: nfields * E * 8 bytes.
+    """
+
+    def __init__(self, pattern, targets, step):
+        xp = pattern.backend.xp
+        self.pattern = pattern
+        nc, nr, ncl = pattern.cell_shape
+        self.per = nr * ncl
+        self.targets = list(targets)
+        self.nfields = len(self.targets)
+        for t in self.targets:
+            v = t[0][:, t[1]] if isinstance(t, tuple) else t
+            if v.shape != (pattern.nnz,):
+                raise ValueError(f"DeviceFieldSums: targets must have nnz = {pattern.nnz} entries, got {v.shape}")
+        self._K = xp.empty((self.nfields, nc * self.per), dtype=xp.float64)
+        self._stage = xp.empty(self.nfields * max(1, int(step)) * self.per, dtype=xp.float64)
+
+    def add(self, sl, K):
+        """Copy up the entries ``K`` (nfields, n, nr*ncl) (host, C-contiguous) of the cells ``sl``."""
+        m = (sl.stop - sl.start) * self.per
+        K = np.ascontiguousarray(K, dtype=np.float64).reshape(self.nfields, m)
+        if K.size > self._stage.size:
+            self._stage = self.pattern.backend.xp.empty(K.size, dtype=np.float64)
+        st = self._stage[:K.size]
+        st.set(K.reshape(-1))
+        self._K[:, sl.start * self.per:sl.stop * self.per] = st.reshape(self.nfields, m)
+
+    def finish(self):
+        """Sum every field and write the sums into the host targets; frees the device buffer."""
+        for f, t in enumerate(self.targets):
+            s = self.pattern.sum(self._K[f])
+            if isinstance(t, tuple):
+                t[0][:, t[1]] = s
+            else:
+                t[...] = s
+        self._K = self._stage = None
 
 
 def get_device_pattern(backend, row_cells, col_cells, nrows, ncols):

@@ -56,8 +56,8 @@ from ..backend import Backend, get_backend
 from ..fe.element import LagrangeQ
 from ..fe.geometry import CellGeometry, affine_mask, jacobian_error, matmul_serial, metric_factor, sym_pairs
 from ..fe.quadrature import default_num_points, tensor_gauss
-from ._device import MIN_DEVICE_ENTRIES, get_device_pattern
-from ..fe.sparsity import componentwise, get_pattern
+from ._device import MIN_DEVICE_ENTRIES, DeviceFieldSums, get_device_pattern
+from ..fe.sparsity import Pattern, componentwise, get_pattern
 
 __all__ = ["mass", "lumped_mass", "stiffness", "convection", "scalar_form", "elasticity",
            "derivative_matrices", "load"]
@@ -577,7 +577,7 @@ def derivative_matrices(space, *, quad_points=None):
     return [pat.csr(data[k]) for k in range(d)]
 
 
-def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=False):
+def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=False, device=None):
     r"""Linear elasticity matrix :math:`A_{(i,r),(j,s)} = (\sigma(\phi_j e_s), \varepsilon(\phi_i e_r))`.
 
     :math:`\sigma(u) = 2\mu\varepsilon(u) + \lambda\,\mathrm{div}\,u\,I`,
@@ -601,6 +601,10 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
     in column r*d + s, or with ``return_mass=True`` data (nnz, 1 + d*d) with the scalar mass
     in column 0 and the block entries in the columns 1 + r*d + s (one array, e.g. the fields of
     a :class:`~adaptmg.fe.csr_ops.NodeBlockMatrix`, without stacking afterwards).
+    ``device`` (``"gpu"`` or a GPU Backend; as for :func:`scalar_form`): the pattern is built
+    and the fields are summed on the GPU (:class:`~adaptmg.assemble._device.DeviceFieldSums`:
+    the element entries are copied up chunk by chunk, the sums down once); the element
+    matrices are computed on the host as before and the result is the same, bit for bit.
     """
     if format not in ("csr", "bsr", "fields"):
         raise ValueError(f"elasticity: format must be 'csr', 'bsr' or 'fields', got {format!r}")
@@ -631,19 +635,23 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
     both_const = const_l and const_m
     lam_c = float(np.asarray(lam)) if both_const else None
     mu_c = float(np.asarray(mu)) if both_const else None
-    pat = _square_pattern(info)
+    dev = _assembly_device(device, info, L)
+    if dev is not None:
+        pat = get_device_pattern(dev, info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
+    else:
+        pat = _square_pattern(info)
     fields = [(r, s_) for r in range(d) for s_ in range(d)]    # in the column order of the block data
     nk = len(fields)
     moff = 1 if return_mass else 0               # element fields: [mass,] then the blocks
     nfld = nk + moff
     if format == "fields":                       # one (nnz, [1 +] d*d) array; adjacent columns pair up
-        fdata = pat.new_data((nfld,))
+        fdata = np.zeros((pat.nnz, nfld))
         targets = [(fdata, k) for k in range(nfld)]
     else:
-        blocks = pat.new_data((d * d,))          # (nnz, d*d): the BSR data, no stacking afterwards
+        blocks = np.zeros((pat.nnz, d * d))      # (nnz, d*d): the BSR data, no stacking afterwards
         targets = [(blocks, r * d + s_) for r, s_ in fields]
         if return_mass:
-            mdata = pat.new_data()
+            mdata = np.zeros(pat.nnz)
             targets.insert(0, mdata)
     if return_mass:
         phi, _ = _ref_tables(info, xi)
@@ -651,7 +659,7 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
         Tm_aff = (w @ Tm_full)[None, :]
     step = info.chunk_size(xi, L * d * d)
     from ..fe.sparsity import FieldSums
-    sums = FieldSums(pat, targets, step)
+    sums = (DeviceFieldSums if dev is not None else FieldSums)(pat, targets, step)
     gsz = d * d * step * nq * d * d
     gbuf = np.empty(3 * gsz + d * step * nq * d)
     kbuf = np.empty(nfld * step * L)
@@ -689,6 +697,8 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
         if return_mass:
             matmul_serial(np.ascontiguousarray(wdet), Tm_aff if g.affine else Tm_full, out=K[0])
         sums.add(sl, K)
+    if dev is not None:
+        sums.finish()
     del sums
     if format == "fields":
         return pat.indptr, pat.indices, fdata
@@ -698,7 +708,7 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
                           shape=(pat.shape[0] * d, pat.shape[1] * d))
         B.has_sorted_indices = True
         return (B, Ms) if return_mass else B
-    A = pat.block_csr(blocks, d, d)
+    A = Pattern.block_csr(pat, blocks, d, d)    # DevicePattern: the same host index arrays
     return (A, Ms) if return_mass else A
 
 
