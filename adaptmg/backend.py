@@ -20,7 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = ["Backend", "get_backend", "gpu_available", "backend_of", "is_device_array",
-           "is_device_sparse", "is_sparse", "to_device", "to_host", "call_points", "CPU"]
+           "is_device_sparse", "is_sparse", "to_device", "to_host", "call_points", "CPU", "nccl_module"]
 
 
 @dataclass(frozen=True)
@@ -228,6 +228,19 @@ def _upload(cupy, a, dtype=None):
     finally:
         rt.hostUnregister(ptr)
     return out
+
+
+def nccl_module():
+    """CuPy's NCCL bindings (``cupy.cuda.nccl``), or None where they cannot be imported or
+    report themselves unavailable (CuPy without NCCL).  The distributed layer's device halo
+    transport goes through this, so that CuPy stays imported here only."""
+    try:
+        from cupy.cuda import nccl
+    except Exception:                 # ImportError, or a CUDA/NCCL library that fails to load
+        return None
+    if not getattr(nccl, "available", True) or not hasattr(nccl, "NcclCommunicator"):
+        return None
+    return nccl
 
 
 def to_device_sparse(A, dtype=None):

@@ -4,8 +4,8 @@ and for the GPU backend the device of each rank and the halo transport.
 Everything here is host-side mpi4py.  ``mpi4py`` is imported lazily, so that
 ``import adaptmg.distributed`` works (and a one-rank run takes the serial code path)
 where it is not installed.  CuPy is reached only through ``adaptmg.backend.get_backend("gpu")``
-and NCCL through ``cupy.cuda.nccl`` inside :func:`nccl_communicator` /
-:func:`nccl_available`, so nothing here needs a GPU unless the GPU backend is asked for.
+and NCCL through :func:`adaptmg.backend.nccl_module` (in :func:`nccl_communicator` /
+:func:`nccl_available`), so nothing here needs a GPU unless the GPU backend is asked for.
 
 GPU backend (see :mod:`.csr` for the exchange itself):
 
@@ -306,12 +306,10 @@ def choose_transport(requested, placements, nccl_ok):
 
 
 def nccl_available() -> bool:
-    """True when ``cupy.cuda.nccl`` imports and reports itself available."""
-    try:
-        from cupy.cuda import nccl
-    except Exception:
-        return False
-    return bool(getattr(nccl, "available", True)) and hasattr(nccl, "NcclCommunicator")
+    """True when ``cupy.cuda.nccl`` imports and reports itself available
+    (:func:`adaptmg.backend.nccl_module`)."""
+    from ..backend import nccl_module
+    return nccl_module() is not None
 
 
 def resolve_transport(comm, requested=None, backend=None) -> str:
@@ -351,7 +349,10 @@ def nccl_communicator(comm):
     hit = _NCCL.get(id(comm))
     if hit is not None and hit[0] is comm:
         return hit[1]
-    from cupy.cuda import nccl
+    from ..backend import nccl_module
+    nccl = nccl_module()
+    if nccl is None:
+        raise RuntimeError("NCCL transport: cupy.cuda.nccl is not available on this rank")
     rank, size = comm.Get_rank(), comm.Get_size()
     uid = nccl.get_unique_id() if rank == 0 else None
     uid = comm.bcast(uid, root=0)

@@ -49,7 +49,7 @@ import copy
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, get_backend, is_device_array, to_host
+from ..backend import CPU, get_backend, is_device_array, nccl_module, to_host
 from ..device import kernels as K
 from .comm import HaloTimer, nccl_communicator, resolve_transport
 
@@ -260,7 +260,7 @@ class DistCSR:
             xp.take(x, self._sidx, out=self._sdev)
         reqs = []
         if self.transport == "nccl":
-            from cupy.cuda import nccl
+            nccl = nccl_module()
             dt = _nccl_type(nccl, self.dtype)
             stream = xp.cuda.get_current_stream().ptr
             nc = self._nccl
