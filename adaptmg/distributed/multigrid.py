@@ -141,11 +141,7 @@ def _local_smoother(sm, A: DistCSR, rows: np.ndarray, be=CPU):
                          f"{be.name} hierarchy")
     loc = copy.copy(sm)
     loc.n = rows.size
-    loc.A = A
     loc.A_host = None
-    loc._Aplan = A
-    loc.fused = False
-    loc._work = None
     if isinstance(sm, BlockJacobi):
         # S = blockdiag(B_k)^{-1} couples the components of one node, and all components
         # of a node have one owner: the owned rows of S only reach owned columns
@@ -162,17 +158,17 @@ def _local_smoother(sm, A: DistCSR, rows: np.ndarray, be=CPU):
 
 
 def _smoother_on(loc, be, A):
-    """The owned-rows smoother ``loc`` (host data) with its data on ``be`` and its SpMV the
-    distributed ``A`` (on ``be`` too): on the CPU ``loc`` unchanged; on the GPU ``dinv``
-    (Jacobi, Chebyshev), Chebyshev's direction ``_d`` and BlockJacobi's ``S`` (cupyx CSR, its
-    SpMV plan) become device data."""
-    if not be.is_gpu:
-        return loc
-    loc.backend = be
+    """The owned-rows smoother ``loc`` (host data) with its SpMV the distributed ``A`` (not
+    fused, fresh scratch) and its data on ``be`` (``A``'s backend): on the CPU nothing more; on
+    the GPU ``dinv`` (Jacobi, Chebyshev), Chebyshev's direction ``_d`` and BlockJacobi's ``S``
+    (cupyx CSR, its SpMV plan) become device data."""
     loc.A = A
     loc._Aplan = A
     loc.fused = False
     loc._work = None
+    if not be.is_gpu:
+        return loc
+    loc.backend = be
     if isinstance(loc, BlockJacobi):
         S = sp.csr_matrix(loc.S)
         loc.S = _device_block(be, S)              # None for a rank without rows (never smooths)
