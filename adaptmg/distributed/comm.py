@@ -42,7 +42,7 @@ import sys
 import time
 import traceback
 
-__all__ = ["mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
+__all__ = ["find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
            "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
            "select_device", "choose_transport", "resolve_transport", "nccl_available",
            "nccl_communicator", "TRANSPORTS"]
@@ -65,17 +65,22 @@ def mpiexec_flags(version_text: str, euid: int) -> list:
     return ["--oversubscribe"] + (["--allow-run-as-root"] if euid == 0 else [])
 
 
+def find_mpiexec() -> str | None:
+    """The ``mpiexec`` next to the running Python (the ``mpi`` extra installs MPICH's there),
+    else the first on the PATH, else None."""
+    import shutil
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.access(here, os.X_OK) else shutil.which("mpiexec")
+
+
 def mpiexec_command(n: int, mpiexec: str | None = None) -> list | None:
     """``[mpiexec, <flags>, "-n", n]`` to start ``n`` ranks, or None when no launcher is found.
 
-    The launcher is ``mpiexec`` if given, else the one next to the running Python (the
-    ``mpi`` extra installs MPICH's there), else the first on the PATH; its flags come from
+    The launcher is ``mpiexec`` if given, else :func:`find_mpiexec`; its flags come from
     :func:`mpiexec_flags`."""
-    import shutil
     import subprocess
     if mpiexec is None:
-        here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-        mpiexec = here if os.access(here, os.X_OK) else shutil.which("mpiexec")
+        mpiexec = find_mpiexec()
     if mpiexec is None:
         return None
     try:

@@ -19,7 +19,6 @@ ranks may share one GPU, the exchange is then host-staged).
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ import numpy as np
 import pytest
 
 from adaptmg.distributed import coarse_cell_ranks, curve_order, dof_owners, imbalance, partition_cells
-from adaptmg.distributed.comm import mpiexec_command, mpiexec_flags
+from adaptmg.distributed.comm import find_mpiexec, mpiexec_command, mpiexec_flags
 from adaptmg.distributed.partition import fold_cell_ranks, level_ranks
 from adaptmg.fe import Space
 from adaptmg.mesh import Mesh
@@ -45,8 +44,7 @@ FOLDED = ["q1-2d-folded", "elasticity-2d-folded-replicated-w", "elasticity-3d-fo
 def _mpiexec():
     if importlib.util.find_spec("mpi4py") is None:
         return None
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.access(here, os.X_OK) else shutil.which("mpiexec")
+    return find_mpiexec()
 
 
 MPIEXEC = _mpiexec()
