@@ -123,8 +123,9 @@ class DevicePattern:
         segment_sum(self.seg, self.order, K, out)
         return out.get()
 
-    # scalar host CSR from summed data: the same host index arrays as Pattern's
+    # scalar / node-block host CSR from summed data: the same host index arrays as Pattern's
     csr = Pattern.csr
+    block_csr = Pattern.block_csr
 
 
 class DeviceFieldSums:

@@ -57,7 +57,7 @@ from ..fe.element import LagrangeQ
 from ..fe.geometry import CellGeometry, affine_mask, jacobian_error, matmul_serial, metric_factor, sym_pairs
 from ..fe.quadrature import default_num_points, tensor_gauss
 from ._device import MIN_DEVICE_ENTRIES, DeviceFieldSums, get_device_pattern
-from ..fe.sparsity import Pattern, componentwise, get_pattern
+from ..fe.sparsity import componentwise, get_pattern
 
 __all__ = ["mass", "lumped_mass", "stiffness", "convection", "scalar_form", "elasticity",
            "derivative_matrices", "load"]
@@ -708,7 +708,7 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
                           shape=(pat.shape[0] * d, pat.shape[1] * d))
         B.has_sorted_indices = True
         return (B, Ms) if return_mass else B
-    A = Pattern.block_csr(pat, blocks, d, d)    # DevicePattern: the same host index arrays
+    A = pat.block_csr(blocks, d, d)
     return (A, Ms) if return_mass else A
 
 
