@@ -116,8 +116,8 @@ def solve_only(res, b, comm):
 
 
 def driver(args):
-    from adaptmg.distributed.comm import mpiexec_command
-    if mpiexec_command(1) is None:
+    from adaptmg.distributed.comm import find_mpiexec, mpiexec_command
+    if find_mpiexec() is None:
         sys.exit("mpiexec not found: pip install 'adaptmg[mpi]'")
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", ADAPTMG_THREADS="1",
                NCCL_NVLS_ENABLE="0")
