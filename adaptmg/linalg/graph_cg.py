@@ -1,24 +1,29 @@
-r"""Preconditioned CG whose every iteration is one CUDA-graph launch, with the stopping test on the device.
+r"""Preconditioned CG whose every iteration is one CUDA graph of four kernels and the cycle,
+with the stopping test on the device.
 
 The iteration is that of :func:`adaptmg.linalg.cg` (same recurrences, same order of
 operations), with the preconditioner a fixed-buffer multigrid cycle
 (:class:`~adaptmg.multilevel.preconditioner.BufferedCycle`).  With ``s = (rz, pq, rr,
-rz_new)`` and the status ``st = (state, iterations, maxiter)`` in device memory, one
+rz_new, beta)`` and the status ``st = (state, iterations, maxiter)`` in device memory, one
 iteration is::
 
-    q = A p;  pq = (p, q)
-    if state == 0:  alpha = rz / pq;  x += alpha p;  r -= alpha q
-    rr = (r, r)
-    if state == 0:  iterations += 1;  state = 1 if rr <= tol^2, 2 if pq <= 0 or rz <= 0,
-                    3 if rr is not finite, 4 if iterations == maxiter
-    z = M r;  rz_new = (r, z)          (r is the cycle's own right-hand side buffer)
-    if state == 0:  p = z + (rz_new / rz) p;  rz = rz_new
+    K1  q = A p;  pq = (p, q)
+    K2  if state == 0:  alpha = rz / pq;  x += alpha p;  r -= alpha q
+        rr = (r, r)
+        if state == 0:  iterations += 1;  state = 1 if rr <= tol^2, 2 if pq <= 0 or rz <= 0,
+                        3 if rr is not finite, 4 if iterations == maxiter
+        z = M r                         (the cycle; r is its own right-hand side buffer)
+    K3  rz_new = (r, z);  if state == 0:  beta = rz_new / rz;  rz = rz_new
+    K4  if state == 0:  p = z + beta p
 
-Every step is a kernel on preallocated buffers (the SpMV is adaptmg's CSR kernel, the
-inner products :meth:`~adaptmg.linalg._vectorops.VectorOps.mdot`, the updates read
-their scalars from device memory), so the whole iteration is recorded once and
-replayed with one launch.  Once ``state != 0`` the updates are no-ops: ``x`` and the
-iteration count freeze at the iteration that stopped.
+Each K is one kernel: its element-wise part, the per-block partial sums of its inner
+product and, in the block that finishes last (a device-wide counter, reset by that block
+for the next replay), the sum of the partials in a fixed order and the scalar work after
+it -- so the reductions are deterministic and no kernel launches just to finish a sum or
+to update a scalar (before: eleven kernels per iteration besides the cycle).  The SpMV
+of K1 is adaptmg's CSR row kernel (threads per row by
+:func:`~adaptmg.device.kernels.threads_per_row`).  Once ``state != 0`` the updates are
+no-ops: ``x`` and the iteration count freeze at the iteration that stopped.
 
 The host does not wait after every launch: it launches ``k - 1`` iterations back to back,
 ``k`` the iterations of the previous solve (solves of one operator take similar counts, e.g.
@@ -47,31 +52,117 @@ from ._vectorops import VectorOps
 __all__ = ["GraphCG"]
 
 
-@functools.lru_cache(maxsize=None)
-def _kernels(xp):
-    ek = xp.ElementwiseKernel
-    return {
-        "xr": ek("T p, T q, raw T s, raw int32 st", "T x, T r",
-                 "const T a = (st[0] == 0 && s[1] != T(0)) ? s[0] / s[1] : T(0);"
-                 "x += a * p; r -= a * q;", "adaptmg_graphcg_xr"),
-        "p": ek("T z, raw T s, raw int32 st", "T p",
-                "if (st[0] == 0) { const T c = (s[0] != T(0)) ? s[3] / s[0] : T(0); p = z + c * p; }",
-                "adaptmg_graphcg_p"),
-        # one thread: the stopping test, the iteration count, rz <- rz_new
-        "status": ek("raw T s, raw T tol2", "raw int32 st",
-                     "if (st[0] == 0) {"
-                     "  st[1] += 1;"
-                     "  const T rr = s[2];"
-                     "  if (!isfinite((double)rr)) st[0] = 3;"
-                     "  else if (rr <= tol2[0]) st[0] = 1;"
-                     "  else if (!(s[1] > T(0)) || !(s[0] > T(0))) st[0] = 2;"
-                     "  else if (st[1] >= st[2]) st[0] = 4;"
-                     "}", "adaptmg_graphcg_status"),
-        "init": ek("int32 m", "raw int32 st", "st[0] = 0; st[1] = 0; st[2] = m;",
-                   "adaptmg_graphcg_init"),
-        "shift": ek("raw int32 st", "raw T s", "if (st[0] == 0) s[0] = s[3];",
-                    "adaptmg_graphcg_shift"),
+_BLOCK = 256
+
+_SRC = r"""
+// sum over the block (256 threads); the result is valid in thread 0
+__device__ __forceinline__ {T} gcg_block_sum({T} v, {T}* sh)
+{
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();                       // sh may still be read by an earlier call
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    v = (threadIdx.x < (blockDim.x >> 5)) ? sh[threadIdx.x] : ({T})0;
+    if (w == 0)
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    return v;
+}
+// thread 0 stores the block's partial sum; returns true in the block that finishes last,
+// after which every partial is visible; that block then sums them in a fixed order
+__device__ __forceinline__ bool gcg_finish({T} v, {T}* partial, unsigned int* counter, {T}* sh,
+                                           {T}* total)
+{
+    __shared__ bool last;
+    v = gcg_block_sum(v, sh);
+    if (threadIdx.x == 0) {
+        partial[blockIdx.x] = v;
+        __threadfence();
+        last = atomicAdd(counter, 1u) == gridDim.x - 1;
     }
+    __syncthreads();
+    if (!last) return false;
+    {T} t = 0;
+    for (int i = threadIdx.x; i < gridDim.x; i += blockDim.x) t += __ldcg(partial + i);
+    t = gcg_block_sum(t, sh);
+    if (threadIdx.x == 0) { *total = t; *counter = 0u; }
+    return threadIdx.x == 0;
+}
+// K1: q = A p (tpr threads per row), s[1] = (p, q)
+extern "C" __global__ void gcg_spmv_pq_{T}(
+    const int n, const int tpr, const int* __restrict__ indptr, const int* __restrict__ indices,
+    const {T}* __restrict__ data, const {T}* __restrict__ p, {T}* __restrict__ q,
+    {T}* __restrict__ partial, unsigned int* counter, {T}* s)
+{
+    __shared__ {T} sh[32];
+    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    const int row = tid / tpr, lane = tid % tpr;
+    {T} acc = 0;
+    if (row < n)
+        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) acc += data[k] * p[indices[k]];
+    for (int off = tpr / 2; off > 0; off >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, off, tpr);
+    {T} v = 0;
+    if (row < n && lane == 0) { q[row] = acc; v = p[row] * acc; }
+    gcg_finish(v, partial, counter, sh, s + 1);
+}
+// K2: x += alpha p; r -= alpha q; s[2] = (r, r); the status
+extern "C" __global__ void gcg_xr_rr_{T}(
+    const int n, const {T}* __restrict__ p, const {T}* __restrict__ q, {T}* __restrict__ x,
+    {T}* __restrict__ r, {T}* __restrict__ partial, unsigned int* counter, {T}* s,
+    const {T}* __restrict__ tol2, int* st)
+{
+    __shared__ {T} sh[32];
+    const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    const bool go = st[0] == 0;           // read by every block before the last one writes it
+    const {T} a = (go && s[1] != ({T})0) ? s[0] / s[1] : ({T})0;
+    {T} v = 0;
+    if (i < n) {
+        x[i] += a * p[i];
+        const {T} ri = r[i] - a * q[i];
+        r[i] = ri;
+        v = ri * ri;
+    }
+    if (gcg_finish(v, partial, counter, sh, s + 2) && st[0] == 0) {
+        st[1] += 1;
+        const {T} rr = s[2];
+        if (!isfinite((double)rr)) st[0] = 3;
+        else if (rr <= tol2[0]) st[0] = 1;
+        else if (!(s[1] > ({T})0) || !(s[0] > ({T})0)) st[0] = 2;
+        else if (st[1] >= st[2]) st[0] = 4;
+    }
+}
+// K3: s[3] = (r, z); if running: s[4] = beta = rz_new / rz, s[0] = rz_new
+extern "C" __global__ void gcg_rz_{T}(
+    const int n, const {T}* __restrict__ r, const {T}* __restrict__ z, {T}* __restrict__ partial,
+    unsigned int* counter, {T}* s, const int* st)
+{
+    __shared__ {T} sh[32];
+    const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    {T} v = (i < n) ? r[i] * z[i] : ({T})0;
+    if (gcg_finish(v, partial, counter, sh, s + 3) && st[0] == 0) {
+        s[4] = (s[0] != ({T})0) ? s[3] / s[0] : ({T})0;
+        s[0] = s[3];
+    }
+}
+// K4: p = z + beta p
+extern "C" __global__ void gcg_p_{T}(
+    const int n, const {T}* __restrict__ z, {T}* __restrict__ p, const {T}* s, const int* st)
+{
+    const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (i < n && st[0] == 0) p[i] = z[i] + s[4] * p[i];
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _module(xp, ctype):
+    return xp.RawModule(code=_SRC.replace("{T}", ctype))
+
+
+@functools.lru_cache(maxsize=None)
+def _init_kernel(xp):
+    return xp.ElementwiseKernel("int32 m", "raw int32 st", "st[0] = 0; st[1] = 0; st[2] = m;",
+                                "adaptmg_graphcg_init")
 
 
 class GraphCG:
@@ -97,10 +188,20 @@ class GraphCG:
         self.n, self.dtype = n, dt
         self.plan = K.make_spmv(A)
         self.ops = VectorOps(backend, n, dt, rows=1)
-        self.k = _kernels(xp)
+        ctype = "double" if dt == np.float64 else "float"
+        if dt not in (np.float64, np.float32):
+            raise TypeError(f"GraphCG supports float32/float64, got {dt}")
+        mod = _module(xp, ctype)
+        self._k1, self._k2, self._k3, self._k4 = (mod.get_function(f"gcg_{name}_{ctype}")
+                                                  for name in ("spmv_pq", "xr_rr", "rz", "p"))
+        self._tpr = K.csr_threads_per_row(A)
+        self._grid1 = (n * self._tpr + _BLOCK - 1) // _BLOCK
+        self._grid = (n + _BLOCK - 1) // _BLOCK
+        self._partial = xp.zeros(max(self._grid1, self._grid), dt)
+        self._counters = xp.zeros(3, np.uint32)
         self.x, self.p, self.q = (xp.zeros(n, dt) for _ in range(3))
         self.r = cycle.b           # the cycle reads b and never writes it: z = M r needs no copy
-        self.s = xp.zeros(4, dt)
+        self.s = xp.zeros(5, dt)
         self.tol2 = xp.zeros(1, dt)
         self.st = xp.zeros(3, np.int32)
         self._pinned = xp.cuda.alloc_pinned_memory(12)
@@ -115,16 +216,16 @@ class GraphCG:
         self.st.set(np.array([0, 0, 2 ** 30], np.int32))
 
     def _iteration(self):
-        k, ops, s, st, cyc = self.k, self.ops, self.s, self.st, self.cycle
-        self.plan(self.p, self.q, 1.0, 0.0)
-        ops.mdot(self.p[None], self.q, s[1:2])
-        k["xr"](self.p, self.q, s, st, self.x, self.r)
-        ops.mdot(self.r[None], self.r, s[2:3])
-        k["status"](s, self.tol2, st, size=1)
+        s, st, cyc, A = self.s, self.st, self.cycle, self.A
+        n = np.int32(self.n)
+        part, cnt = self._partial, self._counters
+        self._k1((self._grid1,), (_BLOCK,), (n, np.int32(self._tpr), A.indptr, A.indices, A.data,
+                                            self.p, self.q, part, cnt[0:1], s))
+        self._k2((self._grid,), (_BLOCK,), (n, self.p, self.q, self.x, self.r, part, cnt[1:2], s,
+                                           self.tol2, st))
         cyc.run_eager()
-        ops.mdot(self.r[None], cyc.x, s[3:4])
-        k["p"](cyc.x, s, st, self.p)
-        k["shift"](st, s, size=1)
+        self._k3((self._grid,), (_BLOCK,), (n, self.r, cyc.x, part, cnt[2:3], s, st))
+        self._k4((self._grid,), (_BLOCK,), (n, cyc.x, self.p, s, st))
 
     def _wait_status(self, stream):
         """Copy the status into pinned memory behind the last launch and wait for it."""
@@ -160,7 +261,7 @@ class GraphCG:
         xp.copyto(self.p, self.cycle.x)
         self.ops.mdot(r[None], self.cycle.x, self.s[0:1])
         self.tol2.fill(tol * tol)
-        self.k["init"](np.int32(maxiter), self.st, size=1)
+        _init_kernel(xp)(np.int32(maxiter), self.st, size=1)
         stream = xp.cuda.get_current_stream()
         ahead = max(1, min(int(maxiter), self._hint - 1))
         for _ in range(ahead):
