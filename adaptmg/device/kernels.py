@@ -56,8 +56,8 @@ __all__ = [
     "get_kernel", "axpby", "jacobi_update", "jacobi_residual_update",
     "jacobi_zero", "chebyshev_start", "chebyshev_start_zero",
     "chebyshev_update", "add_cast", "csr_jacobi_sweep", "csr_chebyshev_step", "csr_residual",
-    "csr_jacobi_zero_sweeps", "is_int32_csr",
-    "threads_per_row",
+    "csr_jacobi_zero_sweeps", "csr_restricted_residual", "csr_correct_jacobi", "is_int32_csr",
+    "threads_per_row", "csr_threads_per_row",
     "make_spmv", "SpMVPlan", "dense_matvec",
     "KERNEL_NAMES",
 ]
@@ -398,6 +398,47 @@ extern "C" __global__ void adaptmg_csr_jacobi0_vec_{T}(
     for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
     if (row < n && lane == 0) y[row] = omega * dinv[row] * b[row] + omega * dinv[row] * (b[row] - s);
 }
+// the restriction of a residual without forming it: y = R b - (R A) x over the coarse rows
+extern "C" __global__ void adaptmg_csr_rres_vec_{T}(
+    const int n, const int tpr, const int* __restrict__ rp, const int* __restrict__ ri,
+    const {T}* __restrict__ rd, const int* __restrict__ qp, const int* __restrict__ qi,
+    const {T}* __restrict__ qd, const {T}* __restrict__ b, const {T}* __restrict__ x,
+    {T}* __restrict__ y)
+{
+    int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    int row = tid / tpr, lane = tid % tpr;
+    {T} s = 0;
+    if (row < n) {
+        for (int k = rp[row] + lane; k < rp[row + 1]; k += tpr) s += rd[k] * b[ri[k]];
+        for (int k = qp[row] + lane; k < qp[row + 1]; k += tpr) s -= qd[k] * x[qi[k]];
+    }
+    for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
+    if (row < n && lane == 0) y[row] = s;
+}
+// the coarse correction and one Jacobi sweep in one pass (y must not alias x):
+// y = x + P e + omega dinv (b - A x - (A P) e)
+extern "C" __global__ void adaptmg_csr_cjac_vec_{T}(
+    const int n, const int tpr, const int* __restrict__ ap, const int* __restrict__ ai,
+    const {T}* __restrict__ ad, const int* __restrict__ qp, const int* __restrict__ qi,
+    const {T}* __restrict__ qd, const int* __restrict__ pp, const int* __restrict__ pi,
+    const {T}* __restrict__ pd, const {T}* __restrict__ x, const {T}* __restrict__ e,
+    const {T}* __restrict__ b, const {T}* __restrict__ dinv, const {T} omega,
+    {T}* __restrict__ y)
+{
+    int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    int row = tid / tpr, lane = tid % tpr;
+    {T} s = 0, c = 0;
+    if (row < n) {
+        for (int k = ap[row] + lane; k < ap[row + 1]; k += tpr) s += ad[k] * x[ai[k]];
+        for (int k = qp[row] + lane; k < qp[row + 1]; k += tpr) s += qd[k] * e[qi[k]];
+        for (int k = pp[row] + lane; k < pp[row + 1]; k += tpr) c += pd[k] * e[pi[k]];
+    }
+    for (int off = tpr / 2; off > 0; off >>= 1) {
+        s += __shfl_down_sync(0xffffffffu, s, off, tpr);
+        c += __shfl_down_sync(0xffffffffu, c, off, tpr);
+    }
+    if (row < n && lane == 0) y[row] = x[row] + c + omega * dinv[row] * (b[row] - s);
+}
 extern "C" __global__ void adaptmg_dense_gemv_{T}(
     const int n, const int m, const {T}* __restrict__ M, const {T}* __restrict__ b,
     {T}* __restrict__ out)
@@ -449,13 +490,24 @@ def threads_per_row(nnz_per_row: float) -> int:
     return t
 
 
-def _tpr(A):
+def _rows_tpr(n, nnz):
+    """Threads per row for a row kernel over ``n`` rows touching ``nnz`` entries in all
+    (:data:`CSR_THREADS_PER_ROW` when set, else :func:`threads_per_row`)."""
     t = CSR_THREADS_PER_ROW
     if t is None:
-        return threads_per_row(A.nnz / max(A.shape[0], 1))
+        return threads_per_row(nnz / max(n, 1))
     if t not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"CSR_THREADS_PER_ROW must be 1, 2, 4, 8, 16 or 32, got {t!r}")
     return t
+
+
+def csr_threads_per_row(A) -> int:
+    """Threads per row that the fused CSR kernels use for ``A`` (:data:`CSR_THREADS_PER_ROW`
+    when set, else :func:`threads_per_row` of its mean nnz per row)."""
+    return _rows_tpr(A.shape[0], A.nnz)
+
+
+_tpr = csr_threads_per_row
 
 
 def _launch_csr(name, A, out, args):
@@ -565,6 +617,48 @@ def csr_jacobi_zero_sweeps(A, b, dinv, omega, out):
     t = out.dtype.type
     return _launch_rows("csr_jacobi0_vec", A.shape[0], _tpr(A), out,
                         (A.indptr, A.indices, A.data, b, dinv, t(omega), out))
+
+
+def csr_restricted_residual(R, RA, b, x, out):
+    r"""``out <- R b - (R A) x``: the restriction of the residual ``R (b - A x)`` without
+    forming ``b - A x`` (one launch over the coarse rows instead of a residual pass over
+    the fine rows and a restriction).
+
+    ``RA`` is the CSR product ``R A`` (Galerkin-style, built once at set-up); both
+    matrices CSR with int32 indices on the GPU.  Equal to ``R (b - A x)`` up to
+    round-off (another grouping of the same sums).
+    """
+    if _is_numpy(out):
+        np.subtract(R @ b, RA @ x, out=out)
+        return out
+    n = out.shape[0]
+    t = _rows_tpr(n, R.nnz + RA.nnz)
+    return _launch_rows("csr_rres_vec", n, t, out, (R.indptr, R.indices, R.data, RA.indptr,
+                                                    RA.indices, RA.data, b, x, out))
+
+
+def csr_correct_jacobi(A, AP, P, x, e, b, dinv, omega, out):
+    r"""The coarse-grid correction and one damped Jacobi sweep in one pass:
+
+    .. math:: \text{out} = x + P e + \omega D^{-1} (b - A x - (A P) e)
+              = x' + \omega D^{-1} (b - A x'),\qquad x' = x + P e,
+
+    with ``AP`` the CSR product ``A P`` built once at set-up (``out`` must not alias
+    ``x``).  One launch instead of the prolongation SpMV and a Jacobi sweep; equal to
+    them up to round-off.
+    """
+    if _is_numpy(out):
+        xc = x + P @ e
+        np.subtract(b, A @ x + AP @ e, out=out)
+        out *= dinv
+        out *= omega
+        out += xc
+        return out
+    n = out.shape[0]
+    t = _rows_tpr(n, A.nnz + AP.nnz + P.nnz)
+    return _launch_rows("csr_cjac_vec", n, t, out,
+                        (A.indptr, A.indices, A.data, AP.indptr, AP.indices, AP.data,
+                         P.indptr, P.indices, P.data, x, e, b, dinv, out.dtype.type(omega), out))
 
 
 # --------------------------------------------------------------------------

@@ -290,6 +290,11 @@ class Jacobi(Smoother):
                 K.jacobi_zero(src, dinv, b, w)
         else:
             m, src = sweeps, x
+        return self._sweeps_into_x(x, src, b, m, tmp)
+
+    def _sweeps_into_x(self, x, src, b, m, tmp):
+        """``m`` fused sweeps from ``src`` (``x`` or ``tmp``), ping-pong, result in ``x``."""
+        w, dinv, A = self.omega, self.dinv, self.A
         dst = tmp if src is x else x
         for _ in range(m):
             K.csr_jacobi_sweep(A, src, b, dinv, w, dst)
@@ -297,6 +302,20 @@ class Jacobi(Smoother):
         if src is not x:
             x[...] = src
         return x
+
+    def smooth_corrected(self, x, b, sweeps, AP, P, e, work):
+        r"""The coarse-grid correction ``x <- x + P e`` followed by ``sweeps >= 1`` sweeps,
+        the correction and the first sweep in one launch
+        (:func:`~adaptmg.device.kernels.csr_correct_jacobi`, ``AP = A P`` given), the
+        others as :meth:`smooth` (fused).  Needs the fused kernels (``self.fused`` and
+        :attr:`can_fuse`); ``work`` is the ping-pong buffer."""
+        if not (self.fused and self.can_fuse) or sweeps < 1:
+            raise ValueError("smooth_corrected needs the fused kernels and sweeps >= 1")
+        m = sweeps - 1
+        # the first launch cannot write x (it reads x in the neighbours' rows): it writes
+        # work; an odd number of sweeps left ends in x, an even one is copied there
+        K.csr_correct_jacobi(self.A, AP, P, x, e, b, self.dinv, self.omega, work)
+        return self._sweeps_into_x(x, work, b, m, work)
 
 
 class Richardson(Jacobi):

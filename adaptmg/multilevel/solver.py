@@ -90,7 +90,7 @@ def _check_cycle(cycle):
 class _Dev:
     """Device-side data of one level (built by MultilevelSolver)."""
     __slots__ = ("A", "Aplan", "P", "Pplan", "R", "Rplan", "smoother", "own",
-                 "x", "b", "r", "n", "fused")
+                 "x", "b", "r", "n", "fused", "RA", "AP", "tfused")
 
 
 class MultilevelSolver:
@@ -132,12 +132,28 @@ class MultilevelSolver:
         fine-SpMV units: 2-D Q1 1.05M DoFs 15.2 (cuSPARSE + fused update
         everywhere) -> 10.2 (all levels fused); 3-D Q1 2.05M DoFs 7.6 -> 6.0
         (with 4 threads per row, :func:`adaptmg.device.kernels.threads_per_row`).
+    fuse_transfers_below : int or "auto"
+        Fused levels (see ``fuse_below``) with fewer rows than this also fuse the
+        transfers into their neighbours, with the products ``R A`` and ``A P`` built
+        once at set-up (CSR, float64 on the host, then cast): the restricted residual
+        ``R (b - A x) = R b - (R A) x`` is one launch over the coarse rows
+        (:func:`~adaptmg.device.kernels.csr_restricted_residual`; no fine residual
+        pass), and with a Jacobi smoother the correction ``x + P e`` and the first
+        post-smoothing sweep are one launch
+        (:func:`~adaptmg.device.kernels.csr_correct_jacobi`).  Two launches fewer per
+        level; the fused kernels read ``R A`` / ``A P`` instead and walk three rows per
+        output row, so the choice pays on small, launch-bound levels only.  "auto"
+        (default): 40000 on the GPU, 0 on the CPU.  Measured on an H100 (device time
+        of one CUDA-graph CG iteration, Q1 Poisson, the "graph" column of
+        ``scripts/bench_solve_latency.py``): 2-D 16,641 DoFs 53 -> 47 us, 3-D 35,937
+        68.5 -> 66 us; fusing the 2-D 66,049-row level too made that size slower (81 -> 85
+        us); at 1M-2M DoFs a cycle changes by under 3 %.
     """
 
     def __init__(self, levels, *, coarse="direct", coarse_sweeps=10, presmooth=2,
                  postsmooth=2, backend="auto", dtype=np.float64, smoother="jacobi",
                  smoother_kwargs=None, max_direct=20000, coarse_max_rows=None,
-                 fuse_below="auto"):
+                 fuse_below="auto", fuse_transfers_below="auto"):
         levels = list(levels)
         if not levels:
             raise ValueError("MultilevelSolver needs at least one level")
@@ -181,6 +197,7 @@ class MultilevelSolver:
         self.dtype = dtype
         self.max_direct = int(max_direct)
         self.fuse_below = fuse_below
+        self.fuse_transfers_below = fuse_transfers_below
         self.graph_error = None          # why the last aspreconditioner(graph=...) capture was refused
         self.last_iterations = None      # iterations of the last solve()
         self._preconditioners = {}       # cycle kind -> preconditioner reused by solve()
@@ -234,7 +251,8 @@ class MultilevelSolver:
                                 f"method, got {type(sm).__name__}")
             d.smoother = sm
             d.own = bool(getattr(sm, "_adaptmg_smoother", False))
-            d.fused = False
+            d.fused = d.tfused = False
+            d.RA = d.AP = None
             # the finest level's x and b are always the caller's arrays (swapped in by _run)
             fine = l == len(self.levels) - 1
             d.x = None if fine else xp.zeros(lev.n, dt)
@@ -281,6 +299,45 @@ class MultilevelSolver:
             sm = d.smoother
             if d.own and hasattr(sm, "fused") and hasattr(sm, "can_fuse"):
                 sm.fused = d.fused
+        self.set_fuse_transfers_below(self.fuse_transfers_below)
+
+    #: rows below which ``fuse_transfers_below="auto"`` fuses the transfers on the GPU
+    FUSE_TRANSFERS_AUTO = 40000
+
+    def set_fuse_transfers_below(self, rows):
+        """Fuse the transfers into their neighbouring kernels on fused levels with fewer than
+        ``rows`` rows (``"auto"``: :attr:`FUSE_TRANSFERS_AUTO` on the GPU, none on the CPU;
+        see the class docstring).  Builds ``R A`` (and ``A P`` for a Jacobi smoother) of
+        the levels that start fusing."""
+        if isinstance(rows, str):
+            if rows != "auto":
+                raise ValueError(f"fuse_transfers_below must be an integer or 'auto', got {rows!r}")
+            limit = self.FUSE_TRANSFERS_AUTO if self.backend.is_gpu else 0
+        elif not isinstance(rows, (int, np.integer)) or rows < 0:
+            raise ValueError(f"fuse_transfers_below must be a non-negative integer or 'auto', "
+                             f"got {rows!r}")
+        else:
+            limit = int(rows)
+        self.fuse_transfers_below = rows
+        self._preconditioners = {}
+        for l, (lev, d) in enumerate(zip(self.levels, self._dev)):
+            d.tfused = bool(l > 0 and d.fused and lev.n < limit and K.is_int32_csr(d.R)
+                            and K.is_int32_csr(d.P))
+            if not d.tfused:
+                continue
+            if d.RA is None:
+                d.RA = self._product(lev.R, lev.A)
+            sm = d.smoother
+            if (d.AP is None and d.own and hasattr(sm, "smooth_corrected")
+                    and not hasattr(sm, "smooth_adjoint")):
+                d.AP = self._product(lev.A, lev.P)
+            if not K.is_int32_csr(d.RA) or (d.AP is not None and not K.is_int32_csr(d.AP)):
+                d.tfused = False
+
+    def _product(self, X, Y):
+        """The backend CSR matrix ``X Y`` (formed in float64 on the host, then moved)."""
+        Z = _host_csr(X, copy=False) @ _host_csr(Y, copy=False)
+        return self._move_matrix(sp.csr_matrix(Z))
 
     # --------------------------------------------------------------- cycles
     def _smooth(self, d, sweeps, zero, post):
@@ -310,15 +367,22 @@ class MultilevelSolver:
             return
         d, c = self._dev[l], self._dev[l - 1]
         self._smooth(d, self.presmooth, zero, post=False)
-        # r = b - A x  (copy + SpMV with alpha=-1, beta=1, or one fused kernel)
-        if d.fused:
-            K.csr_residual(d.A, d.x, d.b, d.r)
+        if d.tfused:                           # b_c = R b - (R A) x in one launch
+            K.csr_restricted_residual(d.R, d.RA, d.b, d.x, c.b)
         else:
-            d.r[...] = d.b
-            d.Aplan(d.x, d.r, -1.0, 1.0)
-        d.Rplan(d.r, c.b, 1.0, 0.0)            # b_c = R r
+            # r = b - A x  (copy + SpMV with alpha=-1, beta=1, or one fused kernel)
+            if d.fused:
+                K.csr_residual(d.A, d.x, d.b, d.r)
+            else:
+                d.r[...] = d.b
+                d.Aplan(d.x, d.r, -1.0, 1.0)
+            d.Rplan(d.r, c.b, 1.0, 0.0)        # b_c = R r
         for k, z in coarse_visits(kind, l):
             self._level_cycle(l - 1, k, z)
+        if d.tfused and d.AP is not None and self.postsmooth > 0:
+            # x += P x_c and the first post-sweep in one launch
+            d.smoother.smooth_corrected(d.x, d.b, self.postsmooth, d.AP, d.P, c.x, d.r)
+            return
         d.Pplan(c.x, d.x, 1.0, 1.0)            # x += P x_c
         self._smooth(d, self.postsmooth, False, post=True)
 

@@ -162,6 +162,38 @@ def test_jacobi_zero_sweeps_kernel(backend, dtype, tpr, monkeypatch):
     np.testing.assert_allclose(to_host(out), x1 + 0.6 * dinv * (b - A @ x1), rtol=rtol, atol=rtol)
 
 
+@pytest.mark.parametrize("tpr", [None, 1, 8])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fused_transfer_kernels(backend, dtype, tpr, monkeypatch):
+    """R b - (R A) x over the coarse rows and x + P e + omega dinv (b - A x - (A P) e) over
+    the fine rows, against the unfused formulas R (b - A x) and x' + omega dinv (b - A x'),
+    x' = x + P e (GPU kernel with 1 or several threads per row, and the NumPy twin)."""
+    monkeypatch.setattr(K, "CSR_THREADS_PER_ROW", tpr)
+    rng = np.random.default_rng(12)
+    n, nc = 300, 80
+    A = (sp.random(n, n, density=0.03, random_state=5, format="csr") + 4 * sp.identity(n)).tocsr()
+    P = sp.random(n, nc, density=0.05, random_state=6, format="csr")
+    R = sp.random(nc, n, density=0.05, random_state=7, format="csr")
+    mats = [M.astype(dtype).tocsr() for M in (A, P, R, R @ A, A @ P)]
+    for M in mats:
+        M.indices, M.indptr = M.indices.astype(np.int32), M.indptr.astype(np.int32)
+    A, P, R, RA, AP = mats
+    Ad, Pd, Rd, RAd, APd = (backend.asmatrix(M) for M in mats)
+    x, b, dinv = (rng.standard_normal(n).astype(dtype) for _ in range(3))
+    e = rng.standard_normal(nc).astype(dtype)
+    xd, bd, dd, ed = (backend.asarray(v) for v in (x, b, dinv, e))
+    tol = 1e-12 if dtype == np.float64 else 2e-5
+    out_c = backend.xp.zeros(nc, dtype)
+    K.csr_restricted_residual(Rd, RAd, bd, xd, out_c)
+    ref = R @ (b - A @ x)
+    np.testing.assert_allclose(to_host(out_c), ref, rtol=tol, atol=tol * np.abs(ref).max())
+    out = backend.xp.zeros(n, dtype)
+    K.csr_correct_jacobi(Ad, APd, Pd, xd, ed, bd, dd, 0.6, out)
+    x1 = x + P @ e
+    ref = x1 + 0.6 * dinv * (b - A @ x1)
+    np.testing.assert_allclose(to_host(out), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
 def test_csr_chebyshev_step_twin_is_the_formula():
     """d <- c1 d + c2 dinv (b - A x); out <- x + d (NumPy twin; each entry one rounding chain)."""
     import scipy.sparse as sp

@@ -275,6 +275,8 @@ def test_bad_input(backend):
                          backend=backend)
     with pytest.raises(ValueError, match="fuse_below"):
         MultilevelSolver.from_matrices(As, Ps, backend=backend, fuse_below="sometimes")
+    with pytest.raises(ValueError, match="fuse_transfers_below"):
+        MultilevelSolver.from_matrices(As, Ps, backend=backend, fuse_transfers_below=-1)
     with pytest.warns(UserWarning, match="did not reach"):
         ml.solve(good, rtol=1e-14, maxiter=1)
 
@@ -283,18 +285,24 @@ def test_bad_input(backend):
     ("jacobi", {}, 2, 2), ("jacobi", {}, 3, 3), ("jacobi", {}, 1, 4), ("jacobi", {}, 4, 1),
     ("chebyshev", {"degree": 3}, 2, 2), ("chebyshev", {"degree": 2}, 1, 2),
     ("chebyshev", {"degree": 6}, 2, 1)])
-def test_fused_small_levels_give_the_same_cycle(backend, smoother, kw, pre, post):
+@pytest.mark.parametrize("transfers", [False, True])
+def test_fused_small_levels_give_the_same_cycle(backend, smoother, kw, pre, post, transfers):
     """One-launch sweeps (Jacobi, the first two from zero in one launch) / steps (Chebyshev,
     ping-pong buffers, both parities of the step count, zero and non-zero initial guess)
-    against SpMV + element-wise kernels."""
+    against SpMV + element-wise kernels; with ``transfers`` also the restricted residual
+    R b - (R A) x and (Jacobi) the correction fused into the first post-sweep."""
     As, Ps = hierarchy(2, 4, 5)
     opts = dict(backend=backend, smoother=smoother, smoother_kwargs=kw, presmooth=pre,
                 postsmooth=post)
     ref = MultilevelSolver.from_matrices(As, Ps, **opts)
-    fus = MultilevelSolver.from_matrices(As, Ps, fuse_below=10 ** 9, **opts)
+    fus = MultilevelSolver.from_matrices(As, Ps, fuse_below=10 ** 9,
+                                         fuse_transfers_below=10 ** 9 if transfers else 0, **opts)
     ref.set_fuse_below(0)
     assert all(d.fused for d in fus._dev) and not any(d.fused for d in ref._dev)
     assert all(d.smoother.fused for d in fus._dev[1:])
+    assert not any(d.tfused for d in ref._dev)
+    assert [d.tfused for d in fus._dev] == [False] + [transfers] * (len(As) - 1)
+    assert all((d.AP is not None) == (transfers and smoother == "jacobi") for d in fus._dev[1:])
     r = backend.asarray(np.random.default_rng(4).standard_normal(As[-1].shape[0]))
     for cyc in ("V", "W"):
         np.testing.assert_allclose(to_host(fus.aspreconditioner(cyc).matvec(r)),
