@@ -37,11 +37,19 @@ def interpolation_matrix(coarse: Space, fine: Space) -> sp.csr_matrix:
     that cell, local index of the node), so the rows are built straight in CSR from the
     compressed nonzero pattern of the (2^d + 1) * nloc table rows -- no dense
     (nodes, nloc) weight and column arrays, no COO conversion.
+
+    Q1 between meshes without hanging nodes (e.g. the hierarchy of a uniform mesh) takes
+    :func:`_interpolation_q1_conforming` instead: the same CSR arrays from the forest's node
+    parents, without the per-cell tables.
     """
     if not (isinstance(coarse, Space) and isinstance(fine, Space)):
         raise TypeError("interpolation_matrix expects two Space objects")
     if coarse.degree != fine.degree or coarse.dim != fine.dim:
         raise ValueError(f"spaces differ: Q{coarse.degree} in {coarse.dim}D vs Q{fine.degree} in {fine.dim}D")
+    if fine.degree == 1:
+        chi = _interpolation_q1_conforming(coarse, fine)
+        if chi is not None:
+            return chi
     cidx, child = fine.mesh.parent_of(coarse.mesh)
     el = fine.element
     d, nloc = fine.dim, el.num_local
@@ -78,6 +86,100 @@ def interpolation_matrix(coarse: Space, fine: Space) -> sp.csr_matrix:
     return A
 
 
+def _sort_rows(a: np.ndarray) -> np.ndarray:
+    """``np.sort(a, axis=1)`` for a few columns (2 or 4) by a min/max sorting network (a row-wise
+    ``np.sort`` pays a call per row); other widths by ``np.sort``."""
+    w = a.shape[1]
+    if w == 2:
+        return np.stack([np.minimum(a[:, 0], a[:, 1]), np.maximum(a[:, 0], a[:, 1])], axis=1)
+    if w == 4:
+        c = [a[:, j] for j in range(4)]
+        for i, j in ((0, 1), (2, 3), (0, 2), (1, 3), (1, 2)):
+            c[i], c[j] = np.minimum(c[i], c[j]), np.maximum(c[i], c[j])
+        return np.stack(c, axis=1)
+    return np.sort(a, axis=1)
+
+
+def _interpolation_q1_conforming(coarse: Space, fine: Space):
+    """chi of :func:`interpolation_matrix` for Q1 between meshes of one forest without hanging
+    nodes (e.g. every step of a uniform mesh's hierarchy), from the forest's node parents
+    instead of the per-cell tables; None when that does not apply (the caller takes the
+    general path, which also reports meshes that are not one refinement apart).
+
+    Every fine node is a coarse node (row: weight 1 on itself) or was created by splitting
+    a coarse cell K: then it is the midpoint of an edge, face or of K, and its forest
+    parents are that entity's 2^k corners, all coarse nodes (hence not hanging in a
+    conforming coarse mesh), with the Q1 weights 2^-k -- exactly (dyadic) the nonzeros of
+    the general path's table row, whichever cell that path takes.  The rows hold the
+    parents' coarse indices sorted: the same CSR arrays as the general path.
+
+    The checks below (one forest, no hanging nodes, every coarse node a fine node, every
+    other fine node a midpoint whose parents are all coarse nodes) imply what
+    ``fine.mesh.parent_of(coarse.mesh)`` checks: a fine cell refined twice has a vertex with
+    a parent that is no coarse node (a midpoint of its parent, or a hanging node of the
+    coarse mesh), and a coarse cell refined away in the fine mesh would leave coarse nodes
+    (its parent's midpoints) that are no vertex of any fine cell.
+    """
+    fm, cm = fine.mesh, coarse.mesh
+    F = fm._forest
+    if cm._forest is not F:
+        return None
+    if fm.num_hanging_nodes or cm.num_hanging_nodes:
+        return None
+    fid = fm.node_ids
+    cmap = cm._node_numbering[1]                       # forest id -> coarse node, -1 if absent
+    pos = cmap[fid]
+    new = np.flatnonzero(pos < 0)
+    nf, ncn = fine.num_nodes, coarse.num_nodes
+    if nf - new.size != ncn:
+        return None
+    fnew = fid[new]
+    kind = F.node_kind[fnew].astype(np.int64)
+    d = fine.dim
+    if new.size and (kind.min() < 1 or kind.max() > d):
+        return None
+    cnt = np.ones(nf, dtype=np.int64)
+    cnt[new] = np.left_shift(1, kind)
+    nnz = int(cnt.sum())
+    it = np.int32 if max(nf, ncn, nnz) <= np.iinfo(np.int32).max else np.int64
+    indptr = np.zeros(nf + 1, dtype=np.int64)
+    np.cumsum(cnt, out=indptr[1:])
+    indices = np.empty(nnz, dtype=it)
+    data = np.empty(nnz)
+
+    def put(r, cols, weight):
+        # rows r (sorted) get the columns cols (r.size, w): one slice when the rows are
+        # consecutive (a uniform refinement numbers coarse nodes, then edge midpoints, ...)
+        w = cols.shape[1]
+        if r[-1] - r[0] == r.size - 1:
+            sl = slice(int(indptr[r[0]]), int(indptr[r[0]]) + r.size * w)
+            indices[sl] = cols.reshape(-1)
+            data[sl] = weight
+        else:
+            dest = indptr[r][:, None] + np.arange(w)
+            indices[dest] = cols
+            data[dest] = weight
+
+    old = np.flatnonzero(pos >= 0)
+    if old.size:
+        put(old, pos[old][:, None], 1.0)
+    for k in range(1, d + 1):
+        sel = np.flatnonzero(kind == k)
+        if sel.size == 0:
+            continue
+        npar = 1 << k
+        par = np.take(F.node_par, fnew[sel], axis=0)[:, :npar]
+        if (par < 0).any():
+            return None
+        cp = np.take(cmap, par)
+        if (cp < 0).any():
+            return None
+        put(new[sel], _sort_rows(cp), 0.5 ** k)
+    A = sp.csr_matrix((data, indices, indptr.astype(it)), shape=(nf, ncn), copy=False)
+    A.has_canonical_format = True                   # distinct parents, sorted
+    return A
+
+
 def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None) -> sp.csr_matrix:
     """P = Z_f (chi kron I_c) H_c Z_c on DoFs; ``*_free`` are boolean masks of free DoFs
     (default: all non-hanging DoFs)."""
@@ -90,7 +192,6 @@ def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None) -
     P = chi @ coarse.H if coarse.hanging_nodes.size else chi
     zf = ~fine.is_hanging if fine_free is None else np.asarray(fine_free, dtype=bool)
     zc = ~coarse.is_hanging if coarse_free is None else np.asarray(coarse_free, dtype=bool)
-    P = mask_rows_cols(P, zf, zc)
-    P.eliminate_zeros()
-    P.sort_indices()
+    P = mask_rows_cols(P, zf, zc, drop_zeros=True)     # = mask, then eliminate_zeros()
+    P.sort_indices()                                 # no-op for sorted input (flag carried over)
     return P

@@ -58,3 +58,70 @@ def test_parent_of_rejects_foreign_and_twice_refined_meshes():
         m.refine().parent_of(other)
     cidx, child = m.refine(np.array([1])).parent_of(m)
     assert cidx.tolist() == [0, 2, 3, 1, 1, 1, 1] and child.tolist() == [-1, -1, -1, 0, 1, 2, 3]
+
+
+# ----------------------------------------------------------------- Q1 conforming fast path
+
+def _general_chi(monkeypatch, coarse, fine):
+    """interpolation_matrix through the per-cell tables (fast path switched off)."""
+    from adaptmg.multilevel import transfer as tr
+    with monkeypatch.context() as mp:
+        mp.setattr(tr, "_interpolation_q1_conforming", lambda *a: None)
+        return tr.interpolation_matrix(coarse, fine)
+
+
+def _conforming_meshes():
+    pts = np.array([[0, 0], [1, 0], [2, 0.2], [0, 1], [1.1, 1.2], [2, 1], [0, 2], [1, 2.1], [2.2, 2]], float)
+    cells = np.array([[0, 1, 3, 4], [1, 2, 4, 5], [3, 4, 6, 7], [4, 5, 7, 8]])
+    m0 = Mesh.box([0.0, 0.0], [1.0, 1.0], [4, 3])
+    # conforming, but its nodes were created by two splits: the rows of one kind are not consecutive
+    m1 = m0.refine(np.arange(6))
+    split_twice = m1.refine(np.flatnonzero(m1.levels == 0)).refine()
+    return {"box2": Mesh.box([0.0, 0.0], [1.0, 1.0], [3, 2]).refine().refine(),
+            "box3": Mesh.box([0.0] * 3, [1.0] * 3, [2, 1, 2]).refine().refine(),
+            "unstructured": Mesh.from_cells(pts, cells).refine().refine(),
+            "split_twice": split_twice}
+
+
+@pytest.mark.parametrize("name", ["box2", "box3", "unstructured", "split_twice"])
+def test_q1_conforming_interpolation_equals_general_path(monkeypatch, name):
+    """The forest-parent construction of chi (Q1, no hanging nodes) gives the same CSR arrays,
+    bit for bit, as the per-cell tables; ``prolongation`` on top of it too."""
+    from adaptmg.multilevel import transfer as tr
+    m = _conforming_meshes()[name]
+    assert m.num_hanging_nodes == 0
+    H = m.hierarchy()
+    assert len(H) >= 2
+    for mc, mf in zip(H[:-1], H[1:]):
+        sc, sf = Space(mc, 1), Space(mf, 1)
+        assert tr._interpolation_q1_conforming(sc, sf) is not None        # fast path taken
+        A, B = tr.interpolation_matrix(sc, sf), _general_chi(monkeypatch, sc, sf)
+        assert A.shape == B.shape and A.indices.dtype == B.indices.dtype and A.indptr.dtype == B.indptr.dtype
+        assert np.array_equal(A.indptr, B.indptr) and np.array_equal(A.indices, B.indices)
+        assert np.array_equal(A.data, B.data)
+        assert A.has_canonical_format
+        zc = np.ones(sc.num_nodes, bool)
+        zc[sc.boundary_dofs()] = False
+        zf = np.ones(sf.num_nodes, bool)
+        zf[sf.boundary_dofs()] = False
+        P = tr.prolongation(sc, sf, zc, zf)
+        ref = (sp.diags(zf * 1.0) @ B @ sp.diags(zc * 1.0)).tocsr()
+        ref.eliminate_zeros()
+        ref.sort_indices()
+        assert np.array_equal(P.indptr, ref.indptr) and np.array_equal(P.indices, ref.indices)
+        assert np.array_equal(P.data, ref.data)
+
+
+def test_q1_conforming_fast_path_declines():
+    """Hanging nodes, Q2 spaces and meshes that are not one refinement apart take the general
+    path (which reports the latter)."""
+    from adaptmg.multilevel import transfer as tr
+    H = _adaptive(2).hierarchy()
+    sc, sf = Space(H[-2], 1), Space(H[-1], 1)
+    assert tr._interpolation_q1_conforming(sc, sf) is None
+    h = Mesh.box([0.0, 0.0], [1.0, 1.0], [2, 2]).refine().refine().hierarchy()
+    for c, f in ((h[0], h[2]), (h[2], h[1])):          # two refinements apart; swapped
+        sc, sf = Space(c, 1), Space(f, 1)
+        assert tr._interpolation_q1_conforming(sc, sf) is None
+        with pytest.raises(ValueError, match="more than once"):
+            interpolation_matrix(sc, sf)
