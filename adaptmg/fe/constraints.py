@@ -24,8 +24,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import is_device_sparse
-from .csr_ops import (NodeBlockMatrix, congruence_map, congruence_with_constraints, expand_node_blocks,
-                      mask_rows_cols)
+from .csr_ops import (NodeBlockMatrix, as_csr, congruence_map, congruence_with_constraints,
+                      expand_node_blocks, mask_rows_cols)
 from .space import Space
 
 __all__ = ["Constraints"]
@@ -61,8 +61,15 @@ class Constraints:
         self.dirichlet = np.flatnonzero(fixed)
         self.free = ~(fixed | hang)
         self.g = self._values(values)
-        self.H = space.H
         self._scale = None
+        if hang.any():
+            space.H             # built now (as before); without hanging nodes only when used
+
+    @property
+    def H(self):
+        """The space's hanging-node matrix (without hanging nodes the identity, built on first
+        use: :meth:`matrix` does not need it)."""
+        return self.space.H
 
     def _values(self, values):
         """The Dirichlet value vector g (zero off the Dirichlet DoFs) of ``values``."""
@@ -110,7 +117,7 @@ class Constraints:
         if is_device_sparse(A):
             self._check_square(A)
             return _device_project(self, A)
-        A = sp.csr_matrix(A)
+        A = as_csr(A)                              # a csr_matrix stays itself (flags kept)
         self._check_square(A)
         if self.space.hanging_nodes.size == 0:
             return A
@@ -129,12 +136,13 @@ class Constraints:
         if is_device_sparse(A):
             self._check_square(A)
             return _device_matrix(self, A)
+        # without hanging nodes H = I: project() returns A itself (no product, no copy), and
+        # K = Z A Z + s (I - Z) is one masking pass over A (zeros dropped in the same pass)
         B = self.project(A)
         d = np.abs(B.diagonal()[self.free])
         self._scale = float(d.mean()) if d.size and d.mean() > 0 else 1.0
-        K = mask_rows_cols(B, self.free, self.free, diagonal=self._scale)
-        K.eliminate_zeros()
-        K.sort_indices()
+        K = mask_rows_cols(B, self.free, self.free, diagonal=self._scale, drop_zeros=True)
+        K.sort_indices()                           # no-op for sorted input (flag carried over)
         return K
 
     def _matrix_blocks(self, A: NodeBlockMatrix) -> sp.csr_matrix:

@@ -17,26 +17,98 @@ def _count_before(indptr: np.ndarray, p: np.ndarray) -> np.ndarray:
     return np.cumsum(np.bincount(rows + 1, minlength=indptr.size))
 
 
-def mask_rows_cols(A, rows: np.ndarray, cols: np.ndarray, diagonal=None) -> sp.csr_matrix:
+_MASK_BLOCK = 1 << 16       # entries per block of :func:`_entry_mask` (its temporaries stay in cache)
+
+
+def _entry_mask(A, rows, cols, all_rows: bool, drop_zeros: bool) -> np.ndarray:
+    """One boolean per stored entry of CSR ``A``: row in ``rows``, column in ``cols`` and, with
+    ``drop_zeros``, value != 0.
+
+    Block by block: the column gather ``cols[indices]`` with int32 indices would first convert
+    the whole index array to ``intp`` (8 bytes per entry of fresh memory, costlier than the
+    gather), and each further condition would be one more entry-sized temporary; per block of
+    ``_MASK_BLOCK`` entries these all stay in cache and the result is written once."""
+    indices, nnz = A.indices, A.indices.size
+    rr = None
+    gone = None                                   # entries of the removed rows, when they are few
+    if not all_rows:
+        indptr = A.indptr
+        removed = np.flatnonzero(~rows)
+        lens = indptr[removed + 1] - indptr[removed]
+        if 8 * int(lens.sum()) < nnz:             # e.g. Dirichlet rows: clear their ranges afterwards
+            gone = np.repeat(indptr[removed] - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+        else:
+            rr = np.repeat(rows, np.diff(indptr))  # no index gather
+    if nnz <= 2 * _MASK_BLOCK:
+        keep = cols[indices]
+        if rr is not None:
+            keep &= rr
+        if drop_zeros:
+            keep &= A.data != 0
+        if gone is not None:
+            keep[gone] = False
+        return keep
+    keep = np.empty(nnz, dtype=bool)
+    data = A.data
+    buf = np.empty(_MASK_BLOCK, dtype=np.intp)
+    zb = np.empty(_MASK_BLOCK, dtype=bool)
+    for s in range(0, nnz, _MASK_BLOCK):
+        e = min(s + _MASK_BLOCK, nnz)
+        m = e - s
+        b = buf[:m]
+        np.copyto(b, indices[s:e], casting="safe")
+        k = keep[s:e]
+        np.take(cols, b, out=k)
+        if rr is not None:
+            np.logical_and(k, rr[s:e], out=k)
+        if drop_zeros:
+            z = zb[:m]
+            np.not_equal(data[s:e], 0, out=z)
+            np.logical_and(k, z, out=k)
+    if gone is not None:
+        keep[gone] = False
+    return keep
+
+
+def as_csr(A) -> sp.csr_matrix:
+    """``A`` itself when it is a SciPy ``csr_matrix`` (keeping SciPy's cached sorted/canonical
+    flags, which ``sp.csr_matrix(A)`` -- a new object on the same arrays -- forgets, so that
+    the next check re-scans the indices), else ``sp.csr_matrix(A)``."""
+    return A if type(A) is sp.csr_matrix else sp.csr_matrix(A)
+
+
+def canonical_known(A) -> bool:
+    """True when SciPy already knows ``A`` to be canonical (its cached flag is set); never
+    computes it (a False only means "not known": callers then take the checking path)."""
+    return bool(A.__dict__.get("_has_canonical_format", False))
+
+
+def mask_rows_cols(A, rows: np.ndarray, cols: np.ndarray, diagonal=None, drop_zeros=False) -> sp.csr_matrix:
     """A copy of CSR ``A`` with the entries outside ``rows`` x ``cols`` (boolean masks) removed.
 
     Equals ``diag(rows) @ A @ diag(cols)`` without two sparse products.  With
     ``diagonal`` (a number, square A), each removed row becomes the single entry
     ``diagonal`` on the diagonal: ``diag(rows) A diag(cols) + diagonal (I - diag(rows))``.
-    Each row keeps its order, so sorted input gives sorted output.
+    Each row keeps its order, so sorted input gives sorted output (and canonical input,
+    when SciPy knows it, gives output flagged canonical).  ``drop_zeros=True`` also removes
+    the explicit zeros, as a following ``eliminate_zeros()`` would (same arrays), in the same
+    pass.
 
-    Cost: one boolean per entry (row mask repeated, column mask gathered), one compression
-    of data and indices; the new row pointers come from the fewer of the dropped or kept
+    Cost: one boolean per entry (row mask repeated -- skipped when all rows are kept --,
+    column mask gathered, zeros tested, block-wise: :func:`_entry_mask`), one compression of
+    data and indices; the new row pointers come from the fewer of the dropped or kept
     entries: ``indptr_new[r] = indptr[r] - #{dropped before indptr[r]} = #{kept before
     indptr[r]}``.  A removed row that stores exactly one diagonal entry keeps that entry
     (set to ``diagonal``); only removed rows without one (e.g. the hanging rows of
     H^T A H) get an inserted entry.
     """
-    A = sp.csr_matrix(A)
+    A = as_csr(A)
+    rows = np.asarray(rows, dtype=bool)
+    cols = np.asarray(cols, dtype=bool)
+    canonical = canonical_known(A)
     indptr, indices = A.indptr, A.indices
     rowlen = np.diff(indptr)
-    keep = np.repeat(rows, rowlen)                 # one bool per entry, no index gather
-    keep &= cols[indices]
+    keep = _entry_mask(A, rows, cols, bool(rows.all()), drop_zeros)    # one bool per entry
     dtype = A.dtype if diagonal is None else np.result_type(A.dtype, type(diagonal))
     diag_pos = missing = None
     if diagonal is not None:
@@ -70,8 +142,13 @@ def mask_rows_cols(A, rows: np.ndarray, cols: np.ndarray, diagonal=None) -> sp.c
             shift = np.zeros(indptr.size, dtype=indptr.dtype)
             shift[missing + 1] = 1
             indptr = indptr + np.cumsum(shift)
-    out = sp.csr_matrix((data, indices, indptr.astype(A.indptr.dtype, copy=False)), shape=A.shape)
-    out.has_sorted_indices = A.has_sorted_indices
+    out = sp.csr_matrix((data, indices, indptr.astype(A.indptr.dtype, copy=False)), shape=A.shape, copy=False)
+    if canonical:
+        out.has_canonical_format = True
+    else:
+        out.has_sorted_indices = A.has_sorted_indices
+    if drop_zeros and diagonal is not None and diagonal == 0:
+        out.eliminate_zeros()                      # the diagonal entries of the removed rows
     return out
 
 

@@ -109,6 +109,12 @@ class Space:
         """Node-level hanging-node matrix (num_nodes x num_nodes), chains resolved."""
         n = self.num_nodes
         hn, cols, W = self._hanging_rows
+        if hn.size == 0:                       # H = I, built directly (no COO -> CSR conversion)
+            it = np.int32 if n < np.iinfo(np.int32).max else np.int64
+            H = sp.csr_matrix((np.ones(n), np.arange(n, dtype=it), np.arange(n + 1, dtype=it)),
+                              shape=(n, n), copy=False)
+            H.has_canonical_format = True
+            return H
         regular = np.ones(n, dtype=bool)
         regular[hn] = False
         r = np.flatnonzero(regular)

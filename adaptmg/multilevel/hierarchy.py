@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..backend import get_backend
-from ..fe.csr_ops import add_to_diagonal
+from ..fe.csr_ops import add_to_diagonal, canonical_known
 from ..fe import Constraints, Space
 from ..mesh import Mesh
 from .amg import sa_levels
@@ -57,7 +57,10 @@ def _level_constraints(space, dirichlet):
 def _level_prolongation(coarse, fine, cons_coarse, cons_fine):
     """(P, R = P^T as CSR) between two levels, once both levels' constraints are built."""
     P = prolongation(coarse, fine, cons_coarse.result().free, cons_fine.result().free)
-    return P, P.T.tocsr()
+    R = P.T.tocsr()
+    if canonical_known(P):
+        R.has_canonical_format = True     # the transpose of a canonical CSR is canonical (no re-scan)
+    return P, R
 
 
 class _Inline:

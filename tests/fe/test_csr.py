@@ -87,3 +87,72 @@ def test_congruence_equals_full_product_for_nonsymmetric_matrix(components):
     K1 = (s.H.T @ A @ s.H).tocsr()
     K2 = congruence_with_constraints(A, s.H, np.flatnonzero(s.is_hanging))
     assert abs(K1 - K2).max() <= 1e-14 * abs(K1).max()
+
+
+@pytest.mark.parametrize("dens", [0.97, 0.5])
+def test_mask_rows_cols_blocks_and_drop_zeros(dens):
+    """Matrices above the block size of the entry mask (block-wise column gather), with explicit
+    zeros: ``drop_zeros=True`` equals masking and then ``eliminate_zeros()``, array for array;
+    a canonical input gives an output flagged canonical (and really canonical)."""
+    from adaptmg.fe import csr_ops
+    rng = np.random.default_rng(7)
+    n = 3000
+    A = sp.random(n, n, density=0.05, format="csr", random_state=3) + sp.identity(n)
+    A = sp.csr_matrix(A)
+    A.data[rng.random(A.nnz) < 0.05] = 0.0                 # explicit zeros
+    assert A.nnz > 2 * csr_ops._MASK_BLOCK
+    A.has_canonical_format = True
+    for rows_all in (False, True):
+        r = np.ones(n, bool) if rows_all else rng.random(n) < dens
+        c = rng.random(n) < dens
+        for diagonal in (None, 3.0):
+            if rows_all and diagonal is not None:
+                continue
+            ref = mask_rows_cols(A, r, c, diagonal=diagonal)
+            d, ind, ptr = _mask_rows_cols_reference(A, r, c, diagonal)
+            assert np.array_equal(ref.indptr, ptr) and np.array_equal(ref.indices, ind)
+            assert np.array_equal(ref.data, d)
+            ref.eliminate_zeros()
+            out = mask_rows_cols(A, r, c, diagonal=diagonal, drop_zeros=True)
+            assert np.array_equal(out.indptr, ref.indptr) and np.array_equal(out.indices, ref.indices)
+            assert np.array_equal(out.data, ref.data)
+            assert out.__dict__.get("_has_canonical_format") is True
+            chk = sp.csr_matrix((out.data, out.indices, out.indptr), shape=out.shape)
+            assert chk.has_canonical_format
+
+
+def test_constraints_matrix_without_hanging_nodes_equals_products():
+    """No hanging nodes: H = I, and K = Z A Z + s (I - Z) (no product formed) equals the
+    product formula with an explicit identity H, array for array; with hanging nodes the
+    general congruence still runs and agrees with the products."""
+    from adaptmg.fe import Constraints
+    for m in (Mesh.box([0, 0], [1, 1], [5, 4]).refine(), Mesh.box([0] * 3, [1] * 3, [2, 3, 2])):
+        s = Space(m, 1)
+        assert s.hanging_nodes.size == 0
+        A = assemble.scalar_form(s, mass=1.0, diffusion=0.1, convection=np.full(m.dim, 0.3))
+        cons = Constraints(s, s.boundary_dofs())
+        K = cons.matrix(A)
+        H = s.H
+        assert (H != sp.identity(s.num_dofs)).nnz == 0 and H.has_canonical_format
+        assert cons.project(A) is A                         # no product, no copy
+        z = cons.free * 1.0
+        B = (H.T @ A @ H).tocsr()
+        sc = float(np.abs(B.diagonal()[cons.free]).mean())
+        ref = (sp.diags(z) @ B @ sp.diags(z) + sp.diags(sc * (1 - z))).tocsr()
+        ref.eliminate_zeros()
+        ref.sort_indices()
+        assert cons._scale == sc
+        assert np.array_equal(K.indptr, ref.indptr) and np.array_equal(K.indices, ref.indices)
+        assert np.array_equal(K.data, ref.data)
+        assert K.has_canonical_format
+    m = Mesh.box([0, 0], [1, 1], [4, 4]).refine()
+    m = m.refine(np.flatnonzero(m.cell_vertices().mean(1)[:, 0] < 0.3))
+    s = Space(m, 1)
+    assert s.hanging_nodes.size > 0
+    A = assemble.scalar_form(s, mass=1.0, diffusion=0.1, convection=np.array([0.3, -0.2]))
+    cons = Constraints(s, s.boundary_dofs())
+    K = cons.matrix(A)
+    z = cons.free * 1.0
+    B = (s.H.T @ A @ s.H).tocsr()
+    ref = sp.diags(z) @ B @ sp.diags(z) + sp.diags(cons._scale * (1 - z))
+    assert abs(K - ref).max() <= 1e-14 * abs(ref).max()
