@@ -252,7 +252,7 @@ def to_device_sparse(A, dtype=None):
         return A.astype(dtype) if dtype is not None and A.dtype != dtype else A
     A = sp.csr_matrix(A) if not sp.issparse(A) else A.tocsr()
     if dtype is not None:
-        A = A.astype(dtype)
+        A = A.astype(dtype, copy=False)    # the upload copies anyway: no host copy of same-dtype data
     if not A.has_sorted_indices:
         A = A.sorted_indices()
     idx = A.indices.dtype

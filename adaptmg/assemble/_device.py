@@ -73,7 +73,8 @@ class DevicePattern:
 
     Attributes: ``shape``, ``cell_shape`` (ncells, nr, ncl), ``nnz``, host ``indptr`` and
     ``indices`` (identical to :class:`._sparse.Pattern`'s), and on the device ``order``
-    (entries sorted by matrix position, stable) and ``seg`` (nnz + 1 run starts).
+    (entries sorted by matrix position, stable), ``seg`` (nnz + 1 run starts) and the same
+    ``d_indptr`` / ``d_indices`` (for :meth:`device_csr`).
     """
 
     def __init__(self, backend, row_cells, col_cells, nrows, ncols):
@@ -106,8 +107,10 @@ class DevicePattern:
         rows = uk // ncols
         idx_t = _index_dtype(max(nnz, nrows, ncols))
         indptr = xp.searchsorted(rows, xp.arange(nrows + 1, dtype=rows.dtype))
-        self.indices = (uk - rows * ncols).astype(idx_t).get()
-        self.indptr = indptr.astype(idx_t).get()
+        self.d_indices = (uk - rows * ncols).astype(idx_t)
+        self.d_indptr = indptr.astype(idx_t)
+        self.indices = self.d_indices.get()
+        self.indptr = self.d_indptr.get()
         del uk, rows, indptr
         self.order = order.astype(xp.int32)
         del order
@@ -116,12 +119,22 @@ class DevicePattern:
         self.seg[nnz] = nent
         self.nnz = nnz
 
-    def sum(self, K):
-        """Summed entries (nnz,) on the host from all element entries ``K`` (device, (E,) float64)."""
+    def sum(self, K, on_device=False):
+        """Summed entries (nnz,) from all element entries ``K`` (device, (E,) float64): a host
+        array, or with ``on_device`` the device array."""
         xp = self.backend.xp
         out = xp.empty(self.nnz, dtype=xp.float64)
         segment_sum(self.seg, self.order, K, out)
-        return out.get()
+        return out if on_device else out.get()
+
+    def device_csr(self, data):
+        """cupyx CSR matrix of the summed device ``data`` (nnz,) on this pattern (canonical: rows
+        sorted, no duplicates); its index arrays are copies, so the memoised pattern never
+        changes through the matrix."""
+        csp = self.backend.sparse
+        A = csp.csr_matrix((data, self.d_indices.copy(), self.d_indptr.copy()), shape=self.shape)
+        A.has_canonical_format = True
+        return A
 
     # scalar / node-block host CSR from summed data: the same host index arrays as Pattern's
     csr = Pattern.csr

@@ -209,7 +209,8 @@ def _square_pattern(info):
     return get_pattern(info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
 
 
-def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None, uniform=False):
+def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None, uniform=False,
+                     keep=None):
     r"""CSR of the element matrices :math:`K_c = \sum_q F_{c,q,:} T_{q,:,:}` summed over all cells.
 
     ``factor(sl, g, wdet)`` returns the geometric factor (n, nq, m) of a chunk of n
@@ -235,6 +236,10 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
     instead of a copy of the chunk's entries. Only the GEMM's rounding may differ (a product
     of a few copies of one row instead of all rows), by at most a few ulps; measured: equal,
     bit for bit, for 2-D Q1/Q2 boxes, 3-D within 1e-16 relative to the largest entry.
+
+    ``keep`` (a GPU backend): return cupyx CSR matrices on it -- summed and built on the
+    device without the host round trip when ``device`` is set and the space is scalar, else
+    the host result moved there.
     """
     nq, m, per = Tq.shape
     if device is not None:
@@ -251,6 +256,8 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
                 seg.set(np.ascontiguousarray(K).reshape(-1))
 
         def finish(dst):
+            if keep is not None and info.components == 1:
+                return pat.device_csr(pat.sum(dst, on_device=True))
             return componentwise(pat.csr(pat.sum(dst)), info.components)
     else:
         pat = _square_pattern(info)
@@ -288,10 +295,11 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
             Fe = np.ascontiguousarray(F[:, :, cols]).reshape(nf, -1)
             K = matmul_serial(Fe, Te_aff if g.affine else Te_full, out=buf_e[:nf])
             add(data_e, sl, np.broadcast_to(K[:1], (n, per)) if one else K)
-    A = finish(data)
-    if extra is None:
-        return A
-    return A, finish(data_e)
+    out = (finish(data),) if extra is None else (finish(data), finish(data_e))
+    if keep is not None:
+        from ..backend import is_device_sparse
+        out = tuple(M if is_device_sparse(M) else keep.asmatrix(M) for M in out)
+    return out[0] if extra is None else out
 
 
 def _assembly_device(device, info, per_cell):
@@ -437,7 +445,7 @@ def _is_zero(coef):
 
 
 def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=None, return_mass=False,
-                device=None):
+                device=None, keep_on_device=False):
     r"""Matrix of the combined scalar form :math:`\rho M + K_\kappa + C_b` in one assembly pass.
 
     Weak form: for trial :math:`u` and test :math:`v`,
@@ -472,6 +480,10 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
     instead of the host row grouping and ``np.add.at``); the element matrices are still
     computed on the host and the result is the same host CSR, bit for bit. Meshes with
     fewer than ``MIN_DEVICE_ENTRIES`` element entries stay on the host.
+    ``keep_on_device=True`` (with a GPU ``device``) returns cupyx CSR matrices instead, with
+    the same arrays: for a scalar space the sums and the index arrays never leave the
+    device (no download of the matrix, no upload by the solver later); otherwise, and for
+    small meshes, the host result is moved there.
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
@@ -535,8 +547,13 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
     const = {"mass": const_m, "diffusion": const_k, "convection": convection is not None and const_b}
     uniform = all(const[nm] for nm in active)
     extra = (parts[0][0], blocks[0]) if return_mass else None
+    keep = None
+    if keep_on_device:
+        keep = get_backend(device) if isinstance(device, (str, Backend)) else None
+        if keep is None or not keep.is_gpu:
+            raise ValueError(f"scalar_form: keep_on_device=True needs a GPU device, got device={device!r}")
     return _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=extra,
-                            device=_assembly_device(device, info, L), uniform=uniform)
+                            device=_assembly_device(device, info, L), uniform=uniform, keep=keep)
 
 
 def derivative_matrices(space, *, quad_points=None):

@@ -188,8 +188,15 @@ class Constraints:
         K.eliminate_zeros()
         return K
 
+    @property
+    def scale(self):
+        """The Dirichlet row scale ``s`` of the last :meth:`matrix` (rows ``s * I`` on the fixed
+        DoFs: the mean of ``|B_ii|`` over the free DoFs); None before the first."""
+        return self._scale
+
     def rhs(self, b, A=None) -> np.ndarray:
-        """Constrained right-hand side f = Z H^T (b - A H g) + s g (A needed when g != 0)."""
+        """Constrained right-hand side f = Z H^T (b - A H g) + s g (A needed when g != 0;
+        host or device matrix, host ``b`` and result)."""
         b = np.asarray(b, dtype=float)
         if b.shape != (self.space.num_dofs,):
             raise ValueError(f"right-hand side has shape {b.shape}, expected ({self.space.num_dofs},)")
@@ -197,7 +204,13 @@ class Constraints:
         if self.dirichlet.size and np.any(self.g):
             if A is None:
                 raise ValueError("rhs needs the assembled matrix A to lift non-zero Dirichlet values")
-            r = b - A @ (self.H @ self.g)
+            Hg = self.H @ self.g
+            if is_device_sparse(A):
+                from ..backend import backend_of, to_host
+                Hg = backend_of(A).asarray(Hg)
+                r = b - to_host(A @ Hg)
+            else:
+                r = b - A @ Hg
         f = self.H.T @ r
         f[~self.free] = 0.0
         if self._scale is None:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..backend import get_backend
+from ..backend import get_backend, is_device_sparse, to_host
 from ..fe.csr_ops import add_to_diagonal, canonical_known
 from ..fe import Constraints, Space
 from ..mesh import Mesh
@@ -121,9 +121,11 @@ class GeometricMultigrid(MultilevelSolver):
     ----------
     spaces : list of Space, coarse -> fine; ``spaces[i]`` is ``levels[num_algebraic + i]``.
     constraints : list of Constraints, one per space.
-    assembled : the finest unconstrained matrix ``assemble(spaces[-1])`` (host).
-    A : the finest constrained matrix ``K = Z H^T A H Z + s (I - Z)`` (host SciPy CSR), the
-        matrix of ``solve``; the same object as ``levels[-1].A``.
+    assembled : the finest unconstrained matrix ``assemble(spaces[-1])``, as ``assemble``
+        returned it: a host matrix, or a cupyx matrix when ``assemble`` built it on the GPU.
+    A : the finest constrained matrix ``K = Z H^T A H Z + s (I - Z)``, the matrix of
+        ``solve`` (the same object as ``levels[-1].A``): SciPy CSR, or cupyx CSR (built on
+        the device, :meth:`adaptmg.Constraints.matrix`) when ``assembled`` is one.
     num_algebraic : number of algebraic levels below the geometric ones.
     """
 
@@ -147,7 +149,7 @@ class GeometricMultigrid(MultilevelSolver):
 
     @property
     def A(self):
-        """The finest constrained matrix (host), ``levels[-1].A``."""
+        """The finest constrained matrix, ``levels[-1].A`` (host, or device: see the class docstring)."""
         return self.levels[-1].A
 
     def constrain(self, b):
@@ -207,7 +209,11 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
     space : Space or Mesh
         The finest space (a Mesh gives Q``degree`` with ``components`` components).
     assemble : callable(space) -> sparse matrix
-        Unconstrained system matrix on a space (rediscretisation on every level).
+        Unconstrained system matrix on a space (rediscretisation on every level).  It may
+        return a cupyx matrix on the GPU backend (e.g. ``scalar_form(..., device=be,
+        keep_on_device=True)``): that level's constraints are then applied on the device
+        and its matrix never goes through the host (the finest level: no download, host
+        masking and upload of its largest matrix).
     dirichlet : see :func:`dirichlet_dofs` (default: homogeneous on the whole boundary).
     galerkin : bool
         Coarse operators R A P instead of rediscretisation (``assemble`` is then
@@ -286,7 +292,11 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
                              f"got shape {getattr(Afine, 'shape', None)}")
         cons = [f.result() for f in cons_f]
         K_f = [None] * L
-        K_f[-1] = pool.submit(cons[-1].matrix, Afine)
+        if is_device_sparse(Afine):
+            # on the device, in this thread (CuPy's current device is per thread): a few kernels
+            K_f[-1] = _Inline._Done(cons[-1].matrix, (Afine,))
+        else:
+            K_f[-1] = pool.submit(cons[-1].matrix, Afine)
         if not galerkin:
             for l in range(L - 2, -1, -1):
                 K_f[l] = pool.submit(cons[l].matrix, assemble(spaces[l]))
@@ -297,7 +307,7 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         for l in range(L - 2, -1, -1):
             if galerkin:
                 P, R = PRs[l + 1]
-                Kc = (R @ Ks[l + 1] @ P).tocsr()
+                Kc = (R @ to_host(Ks[l + 1]) @ P).tocsr()
                 free = cons[l].free
                 dvals = np.abs(Kc.diagonal()[free])
                 s = float(dvals.mean()) if dvals.size else 1.0

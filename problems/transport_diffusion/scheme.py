@@ -50,7 +50,7 @@ from __future__ import annotations
 import numpy as np
 
 from adaptmg import Mesh, Space, assemble, multigrid
-from adaptmg.backend import get_backend, to_host
+from adaptmg.backend import get_backend, is_device_sparse, to_host
 from adaptmg.device import kernels as _K
 from adaptmg.fe.csr_ops import mask_rows_cols
 from adaptmg.fe.norms import errors
@@ -97,14 +97,18 @@ def system_matrix(dt: float, lam: float = LAMBDA, b=B, device=None):
     (``return_mass=True``: one more small product and scatter, cheaper than a
     separate assembly, whose cost is mostly the geometry) and kept in
     ``A.first_mass = (space, M)`` so that it is not assembled twice. ``device`` goes to
-    :func:`~adaptmg.assemble.scalar_form` (GPU: pattern and sums there; same host CSR).
+    :func:`~adaptmg.assemble.scalar_form` (GPU: pattern and sums there; same host CSR); on
+    a GPU the first (finest) pair stays there as cupyx matrices (``keep_on_device``): the
+    multigrid builder then constrains that level on the device, and neither matrix makes
+    the round trip through the host.
     """
     bt = dt * np.asarray(b, dtype=np.float64)
 
     def A(space):
         kw = dict(mass=1.0, diffusion=dt * lam, convection=bt, device=device)
         if A.first_mass[0] is None:
-            Ah, M = assemble.scalar_form(space, return_mass=True, **kw)
+            keep = device is not None and get_backend(device).is_gpu
+            Ah, M = assemble.scalar_form(space, return_mass=True, keep_on_device=keep, **kw)
             A.first_mass = (space, M)
             return Ah
         return assemble.scalar_form(space, **kw)
@@ -112,10 +116,18 @@ def system_matrix(dt: float, lam: float = LAMBDA, b=B, device=None):
     return A
 
 
-def _diagonal_entry(A, i: int) -> float:
-    """``A[i, i]`` of a host CSR matrix from row i alone (summed over duplicates, 0 if absent)."""
-    lo, hi = int(A.indptr[i]), int(A.indptr[i + 1])
-    return float(A.data[lo:hi][A.indices[lo:hi] == i].sum())
+def _device_columns(A, mask):
+    """``A diag(mask)`` of a cupyx CSR matrix for a 0/1 ``mask``, zeros dropped (what
+    :func:`~adaptmg.fe.csr_ops.mask_rows_cols` with all rows and ``drop_zeros`` gives on the
+    host): the entries of the masked columns, on the device."""
+    be = get_backend("gpu")
+    xp = be.xp
+    keep = (mask[A.indices] != 0) & (A.data != 0)
+    before = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(keep, dtype=xp.int64)])
+    indptr = before[A.indptr].astype(A.indptr.dtype)        # kept entries before each row start
+    out = be.sparse.csr_matrix((A.data[keep], A.indices[keep], indptr), shape=A.shape)
+    out.has_canonical_format = True
+    return out
 
 
 def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = None,
@@ -172,9 +184,8 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         # the builder assembles the finest level first: reuse its mass matrix if still there
         Mh = Asys.first_mass[1] if Asys.first_mass[0] is space else assemble.mass(space)
         nd = space.num_dofs
-        # Dirichlet row scale s of the constrained matrix (rows s * I on fixed DoFs): read from
-        # the first Dirichlet row (not the whole diagonal)
-        s = _diagonal_entry(ml.A, int(cons.dirichlet[0])) if cons.dirichlet.size else 1.0
+        # Dirichlet row scale s of the constrained matrix (rows s * I on fixed DoFs)
+        s = cons.scale if cons.dirichlet.size else 1.0
         mask_h = np.zeros(nd)
         mask_h[cons.dirichlet] = 1.0
         # device data (moved once)
@@ -185,8 +196,12 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         Md = be.asmatrix(Mh)
         # only the Dirichlet columns of A act on the lifting g: A_D = A diag(mask), built from
         # the few entries in those columns (no copy of the whole matrix)
-        Ab = mask_rows_cols(ml.assembled, np.ones(nd, dtype=bool), mask_h != 0, drop_zeros=True)
-        Ad = be.asmatrix(Ab)
+        maskd = be.asarray(mask_h)
+        if is_device_sparse(ml.assembled):      # assembled on the device (GPU): mask it there
+            Ad = _device_columns(ml.assembled, maskd)
+        else:
+            Ad = be.asmatrix(mask_rows_cols(ml.assembled, np.ones(nd, dtype=bool), mask_h != 0,
+                                            drop_zeros=True))
         M_plan, A_plan = _K.make_spmv(Md), _K.make_spmv(Ad)
         has_hanging = space.hanging_nodes.size > 0
         if has_hanging:
@@ -196,7 +211,6 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
             H_plan = _K.make_spmv(Hd)
         P = np.ascontiguousarray(space.points)
         xd, yd = be.asarray(P[:, 0].copy()), be.asarray(P[:, 1].copy())
-        maskd = be.asarray(mask_h)
         zd = be.asarray(cons.free.astype(np.float64))
         u = be.asarray(space.interpolate(exact(0.0)))
         x = u.copy()                        # regular DoF values (= u without hanging nodes)

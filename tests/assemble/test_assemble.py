@@ -715,6 +715,36 @@ def test_device_pattern_and_scalar_form_bit_identical(d, monkeypatch):
     assert calls == []
 
 
+def test_scalar_form_keep_on_device_needs_a_gpu_device():
+    s = space(2, 1)
+    for dev in (None, "cpu"):
+        with pytest.raises(ValueError, match="keep_on_device=True needs a GPU device"):
+            asm.scalar_form(s, mass=1.0, device=dev, keep_on_device=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [2, 3])
+def test_scalar_form_keep_on_device_same_arrays(d, monkeypatch):
+    """keep_on_device=True: cupyx CSR matrices with the host path's arrays bit for bit (sums and
+    index arrays built on the device for scalar spaces; the host result moved for c = 2 and for
+    meshes below MIN_DEVICE_ENTRIES), canonical, and not sharing index arrays with each other."""
+    from adaptmg.backend import is_device_sparse, to_host
+    from adaptmg.assemble import forms
+    from adaptmg.fe import Space
+    kw = dict(mass=1.0, diffusion=0.3, convection=np.arange(1.0, d + 1))
+    for limit in (0, 1 << 30):
+        monkeypatch.setattr(forms, "MIN_DEVICE_ENTRIES", limit)
+        for s in (space(d, 1, "distorted"), Space(_adaptive_mesh(d), 2, 1), space(d, 1, "sheared", c=2)):
+            A0, M0 = asm.scalar_form(s, return_mass=True, **kw)
+            A1, M1 = asm.scalar_form(s, return_mass=True, device="gpu", keep_on_device=True, **kw)
+            for X, Y in ((A0, A1), (M0, M1)):
+                assert is_device_sparse(Y) and Y.has_canonical_format
+                Yh = to_host(Y)
+                assert np.array_equal(X.indptr, Yh.indptr) and np.array_equal(X.indices, Yh.indices)
+                assert np.array_equal(X.data, Yh.data)
+            assert A1.indices.data.ptr != M1.indices.data.ptr
+
+
 @pytest.mark.parametrize("d,k,mesh", [(2, 1, "distorted"), (3, 1, "uniform"), (3, 1, "distorted"),
                                       (3, 2, "sheared")])
 @pytest.mark.parametrize("fmt", ["csr", "bsr"])

@@ -260,3 +260,44 @@ def test_constraints_with_values_reuse_the_hierarchy_row_scale():
     assert not np.any(ml.constraints[-1].g)           # the hierarchy's own constraints are unchanged
     u = con.expand(ml.solve(con.rhs(b, A), rtol=1e-12, accel="cg"))
     assert np.abs(u - g(space.points)).max() < 1e-9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim", [2, 3])
+def test_device_assembled_finest_level_is_constrained_on_the_device(dim):
+    """An ``assemble`` that returns a cupyx matrix for the finest space (scalar_form with
+    keep_on_device): the finest constrained matrix is built on the device and equals the host
+    hierarchy's to round-off (hanging nodes: H^T A H by SpGEMM), the other levels and the row
+    scale are the same, and the solve takes the same CG iterations to the same solution;
+    Constraints.rhs lifts non-zero Dirichlet values with the device matrix as on the host."""
+    from adaptmg.backend import get_backend, is_device_sparse, to_host
+    gpu = get_backend("gpu")
+    mesh = poisson_mesh(dim, 3 if dim == 2 else 2, True)
+    space = adaptmg.Space(mesh, 1)
+    kw = dict(mass=1.0, diffusion=0.5)
+
+    def on_device(s):
+        return assemble.scalar_form(s, device=gpu, keep_on_device=s is space, **kw)
+
+    ml_h = adaptmg.multigrid(space, lambda s: assemble.scalar_form(s, **kw), backend=gpu)
+    ml_d = adaptmg.multigrid(space, on_device, backend=gpu)
+    assert is_device_sparse(ml_d.assembled) and is_device_sparse(ml_d.A)
+    Kh, Kd = ml_h.A, to_host(ml_d.A)
+    assert Kd.has_canonical_format and Kd.shape == Kh.shape
+    assert abs(Kh - Kd).max() <= 1e-13 * abs(Kh).max()
+    assert ml_d.constraints[-1].scale == pytest.approx(ml_h.constraints[-1].scale, rel=1e-14)
+    for lh, ld in zip(ml_h.levels[:-1], ml_d.levels[:-1]):
+        assert abs(lh.A - ld.A).max() == 0
+    b = gpu.asarray(RNG.standard_normal(space.num_dofs))
+    b[gpu.asarray(~ml_h.constraints[-1].free)] = 0.0
+    xh = to_host(ml_h.solve(b, rtol=1e-10, accel="cg"))
+    its = ml_h.last_iterations
+    xd = to_host(ml_d.solve(b, rtol=1e-10, accel="cg"))
+    assert abs(ml_d.last_iterations - its) <= 1
+    assert np.linalg.norm(xd - xh) <= 1e-8 * np.linalg.norm(xh)
+    cons = adaptmg.Constraints(space, space.boundary_dofs(), values=lambda X: 1.0 + X[..., 0])
+    Ah = assemble.scalar_form(space, **kw)
+    f_h = cons.rhs(np.ones(space.num_dofs), Ah)
+    cons.matrix(Ah)
+    f_d = cons.rhs(np.ones(space.num_dofs), gpu.asmatrix(Ah))
+    assert isinstance(f_d, np.ndarray) and np.allclose(f_d, f_h, rtol=1e-13, atol=1e-13)
