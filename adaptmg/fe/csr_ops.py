@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import backend_of, is_device_sparse
 from .sparsity import Pattern, _index_dtype
 
 
@@ -70,6 +71,29 @@ def _entry_mask(A, rows, cols, all_rows: bool, drop_zeros: bool) -> np.ndarray:
     return keep
 
 
+def _mask_device(A, rows, cols, drop_zeros):
+    """:func:`mask_rows_cols` without ``diagonal`` for a cupyx CSR matrix, on the device: one
+    boolean per entry, then the compression (row pointers from the running count of kept
+    entries).  Built explicitly: cupyx's ``eliminate_zeros()`` returned wrong values on such
+    a masked matrix (CuPy 14.2, H100: same nnz, entries off by 1e-4)."""
+    be = backend_of(A)
+    xp = be.xp
+    A = A.tocsr()
+    indptr, indices, data = A.indptr, A.indices, A.data
+    rows, cols = np.asarray(rows, dtype=bool), np.asarray(cols, dtype=bool)
+    keep = xp.asarray(cols)[indices]
+    if not rows.all():
+        row_of = xp.searchsorted(indptr, xp.arange(indices.size), side="right") - 1
+        keep &= xp.asarray(rows)[row_of]
+    if drop_zeros:
+        keep &= data != 0
+    before = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(keep, dtype=xp.int64)])
+    out = be.sparse.csr_matrix((data[keep], indices[keep], before[indptr].astype(indptr.dtype)),
+                               shape=A.shape)
+    out.has_canonical_format = bool(A.has_canonical_format)
+    return out
+
+
 def as_csr(A) -> sp.csr_matrix:
     """``A`` itself when it is a SciPy ``csr_matrix`` (keeping SciPy's cached sorted/canonical
     flags, which ``sp.csr_matrix(A)`` -- a new object on the same arrays -- forgets, so that
@@ -101,7 +125,15 @@ def mask_rows_cols(A, rows: np.ndarray, cols: np.ndarray, diagonal=None, drop_ze
     indptr[r]}``.  A removed row that stores exactly one diagonal entry keeps that entry
     (set to ``diagonal``); only removed rows without one (e.g. the hanging rows of
     H^T A H) get an inserted entry.
+
+    A cupyx CSR ``A`` (canonical, as the device assembly gives it) is masked on the device
+    (:func:`_mask_device`, ``diagonal`` not supported there) and stays there.
     """
+    if is_device_sparse(A):
+        if diagonal is not None:
+            raise TypeError("mask_rows_cols: diagonal= is not supported for a device matrix "
+                            "(use Constraints.matrix, which builds s (I - Z) on the device)")
+        return _mask_device(A, rows, cols, drop_zeros)
     A = as_csr(A)
     rows = np.asarray(rows, dtype=bool)
     cols = np.asarray(cols, dtype=bool)

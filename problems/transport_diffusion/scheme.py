@@ -50,7 +50,7 @@ from __future__ import annotations
 import numpy as np
 
 from adaptmg import Mesh, Space, assemble, multigrid
-from adaptmg.backend import get_backend, is_device_sparse, to_host
+from adaptmg.backend import get_backend, to_host
 from adaptmg.device import kernels as _K
 from adaptmg.fe.csr_ops import mask_rows_cols
 from adaptmg.fe.norms import errors
@@ -114,20 +114,6 @@ def system_matrix(dt: float, lam: float = LAMBDA, b=B, device=None):
         return assemble.scalar_form(space, **kw)
     A.first_mass = (None, None)
     return A
-
-
-def _device_columns(A, mask):
-    """``A diag(mask)`` of a cupyx CSR matrix for a 0/1 ``mask``, zeros dropped (what
-    :func:`~adaptmg.fe.csr_ops.mask_rows_cols` with all rows and ``drop_zeros`` gives on the
-    host): the entries of the masked columns, on the device."""
-    be = get_backend("gpu")
-    xp = be.xp
-    keep = (mask[A.indices] != 0) & (A.data != 0)
-    before = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(keep, dtype=xp.int64)])
-    indptr = before[A.indptr].astype(A.indptr.dtype)        # kept entries before each row start
-    out = be.sparse.csr_matrix((A.data[keep], A.indices[keep], indptr), shape=A.shape)
-    out.has_canonical_format = True
-    return out
 
 
 def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = None,
@@ -195,13 +181,10 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         Kop = SpMVOperator(Kd)
         Md = be.asmatrix(Mh)
         # only the Dirichlet columns of A act on the lifting g: A_D = A diag(mask), built from
-        # the few entries in those columns (no copy of the whole matrix)
-        maskd = be.asarray(mask_h)
-        if is_device_sparse(ml.assembled):      # assembled on the device (GPU): mask it there
-            Ad = _device_columns(ml.assembled, maskd)
-        else:
-            Ad = be.asmatrix(mask_rows_cols(ml.assembled, np.ones(nd, dtype=bool), mask_h != 0,
-                                            drop_zeros=True))
+        # the few entries in those columns (no copy of the whole matrix; on the device when the
+        # finest level was assembled there)
+        Ad = be.asmatrix(mask_rows_cols(ml.assembled, np.ones(nd, dtype=bool), mask_h != 0,
+                                        drop_zeros=True))
         M_plan, A_plan = _K.make_spmv(Md), _K.make_spmv(Ad)
         has_hanging = space.hanging_nodes.size > 0
         if has_hanging:
@@ -211,6 +194,7 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
             H_plan = _K.make_spmv(Hd)
         P = np.ascontiguousarray(space.points)
         xd, yd = be.asarray(P[:, 0].copy()), be.asarray(P[:, 1].copy())
+        maskd = be.asarray(mask_h)
         zd = be.asarray(cons.free.astype(np.float64))
         u = be.asarray(space.interpolate(exact(0.0)))
         x = u.copy()                        # regular DoF values (= u without hanging nodes)

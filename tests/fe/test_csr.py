@@ -121,6 +121,31 @@ def test_mask_rows_cols_blocks_and_drop_zeros(dens):
             assert chk.has_canonical_format
 
 
+@pytest.mark.gpu
+def test_mask_rows_cols_on_the_device_equals_the_host():
+    """A cupyx matrix is masked on the device: the host result's arrays (selection only, no
+    arithmetic), with and without a row mask and drop_zeros; diagonal= is refused there."""
+    from adaptmg.backend import get_backend, is_device_sparse, to_host
+    gpu = get_backend("gpu")
+    rng = np.random.default_rng(8)
+    n = 3000
+    A = sp.csr_matrix(sp.random(n, n, density=0.01, format="csr", random_state=4) + sp.identity(n))
+    A.data[rng.random(A.nnz) < 0.05] = 0.0                 # explicit zeros
+    A.has_canonical_format = True
+    Ad = gpu.asmatrix(A)
+    for r in (np.ones(n, bool), rng.random(n) < 0.7):
+        c = rng.random(n) < 0.3
+        for drop in (False, True):
+            ref = mask_rows_cols(A, r, c, drop_zeros=drop)
+            out = mask_rows_cols(Ad, r, c, drop_zeros=drop)
+            assert is_device_sparse(out)
+            out = to_host(out)
+            for attr in ("indptr", "indices", "data"):
+                assert np.array_equal(getattr(out, attr), getattr(ref, attr)), (attr, drop)
+    with pytest.raises(TypeError, match="diagonal"):
+        mask_rows_cols(Ad, r, c, diagonal=1.0)
+
+
 def test_constraints_matrix_without_hanging_nodes_equals_products():
     """No hanging nodes: H = I, and K = Z A Z + s (I - Z) (no product formed) equals the
     product formula with an explicit identity H, array for array; with hanging nodes the
