@@ -52,7 +52,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import Backend, get_backend
+from ..backend import Backend, get_backend, is_device_sparse
 from ..fe.element import LagrangeQ
 from ..fe.geometry import CellGeometry, affine_mask, jacobian_error, matmul_serial, metric_factor, sym_pairs
 from ..fe.quadrature import default_num_points, tensor_gauss
@@ -297,7 +297,6 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
             add(data_e, sl, np.broadcast_to(K[:1], (n, per)) if one else K)
     out = (finish(data),) if extra is None else (finish(data), finish(data_e))
     if keep is not None:
-        from ..backend import is_device_sparse
         out = tuple(M if is_device_sparse(M) else keep.asmatrix(M) for M in out)
     return out[0] if extra is None else out
 

@@ -89,15 +89,21 @@ def test_congruence_map_merge_equals_the_full_pattern(dim, monkeypatch):
         np.testing.assert_array_equal(getattr(a[2], attr), getattr(b[2], attr))
 
 
-@pytest.mark.parametrize("drop", [False, True])
-def test_expand_node_blocks_diagonal_equals_an_identity_field(drop):
-    m = _hanging_mesh()
+def _random_node_fields(m, c, F, seed):
+    """The scalar space of mesh ``m``, its mass pattern, F random fields on it and F sparse
+    random c x c coefficient blocks (the inputs of a NodeBlockMatrix), and the generator."""
     s1 = Space(m, 1)
     Ms = assemble.mass(s1)
-    rng = np.random.default_rng(5)
-    c, F = 3, 4
+    rng = np.random.default_rng(seed)
     data = rng.standard_normal((Ms.nnz, F))
     coef = rng.standard_normal((F, c, c)) * (rng.random((F, c, c)) < 0.5)
+    return s1, Ms, data, coef, rng
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_expand_node_blocks_diagonal_equals_an_identity_field(drop):
+    c, F = 3, 4
+    s1, Ms, data, coef, rng = _random_node_fields(_hanging_mesh(), c, F, 5)
     row = np.repeat(np.arange(s1.num_nodes), np.diff(Ms.indptr))
     diag = np.flatnonzero(Ms.indices == row)[::3]
     data[diag] = 0.0                                   # as for the fixed nodes of Constraints
@@ -126,12 +132,8 @@ class _HostAsDevice:
 
 def test_block_constraints_device_branch_equals_the_host_branch():
     m = _hanging_mesh(3)
-    s1 = Space(m, 1)
-    Ms = assemble.mass(s1)
-    rng = np.random.default_rng(11)
     c, F = 2, 3
-    data = rng.standard_normal((Ms.nnz, F))
-    coef = rng.standard_normal((F, c, c)) * (rng.random((F, c, c)) < 0.5)
+    s1, Ms, data, coef, rng = _random_node_fields(m, c, F, 11)
     coef[0] += np.eye(c)
     space = Space(m, 1, components=c)
     cons = Constraints(space, space.boundary_dofs())
