@@ -125,6 +125,30 @@ def test_dense_matvec(backend):
     np.testing.assert_allclose(to_host(out), M @ b, rtol=1e-12)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,m", [(1089, 1089), (3, 2000), (40, 7)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_dense_matvec_under_capture(n, m, dtype):
+    """The captured GEMV (one block per row, four partial sums per thread, block reduction):
+    every row, short and long rows, both dtypes, against float64 NumPy within the sum's
+    rounding bound m eps sum_j |M_ij b_j|."""
+    from adaptmg.backend import get_backend
+    cp = get_backend("gpu").xp
+    rng = np.random.default_rng(n + m)
+    M, b = rng.standard_normal((n, m)).astype(dtype), rng.standard_normal(m).astype(dtype)
+    Md, bd, out = cp.asarray(M), cp.asarray(b), cp.full(n, np.nan, dtype)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        K.dense_matvec(Md, bd, out)
+        graph = stream.end_capture()
+    graph.launch()
+    stream.synchronize()
+    M64, b64 = M.astype(np.float64), b.astype(np.float64)
+    bound = m * np.finfo(dtype).eps * (np.abs(M64) @ np.abs(b64))
+    assert np.all(np.abs(cp.asnumpy(out) - M64 @ b64) <= bound)
+
+
 @pytest.mark.parametrize("tpr", [None, 4, 32])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_fused_csr_kernels(backend, dtype, tpr, monkeypatch):
@@ -160,6 +184,36 @@ def test_jacobi_zero_sweeps_kernel(backend, dtype, tpr, monkeypatch):
     K.csr_jacobi_zero_sweeps(Ad, backend.asarray(b), backend.asarray(dinv), 0.6, out)
     x1 = 0.6 * dinv * b
     np.testing.assert_allclose(to_host(out), x1 + 0.6 * dinv * (b - A @ x1), rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("tpr", [None, 1, 8])
+@pytest.mark.parametrize("sweeps", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_smooth_restrict_kernel(backend, dtype, sweeps, tpr, monkeypatch):
+    """Pre-smoothing from zero and S b in one launch, S = R (I - A G): y against the sweeps'
+    formulas and S b against R (b - A y) (GPU kernel with 1 or several threads per row and
+    fine/coarse blocks of one grid, and the NumPy twin); sweeps other than 1, 2 refused."""
+    monkeypatch.setattr(K, "CSR_THREADS_PER_ROW", tpr)
+    rng = np.random.default_rng(13)
+    n, m = 300, 70
+    A = (sp.random(n, n, density=0.03, random_state=4, format="csr") + sp.identity(n)).tocsr()
+    R = sp.random(m, n, density=0.05, random_state=5, format="csr")
+    b = rng.standard_normal(n)
+    dinv = 1.0 / (1.0 + rng.random(n))
+    S = K.smooth_restrict_matrix(A, R, dinv, 0.6, sweeps)
+    y_ref = 0.6 * dinv * b
+    if sweeps == 2:
+        y_ref = y_ref + 0.6 * dinv * (b - A @ y_ref)
+    np.testing.assert_allclose(S @ b, R @ (b - A @ y_ref), rtol=1e-12, atol=1e-12)
+    Ad, Sd = backend.asmatrix(A.astype(dtype)), backend.asmatrix(S.astype(dtype))
+    y, c = backend.xp.zeros(n, dtype), backend.xp.zeros(m, dtype)
+    K.csr_smooth_restrict(Ad, backend.asarray(dinv.astype(dtype)), 0.6, sweeps, Sd,
+                          backend.asarray(b.astype(dtype)), y, c)
+    rtol = 1e-12 if dtype == np.float64 else 2e-5
+    np.testing.assert_allclose(to_host(y), y_ref, rtol=rtol, atol=rtol)
+    np.testing.assert_allclose(to_host(c), S @ b, rtol=rtol, atol=10 * rtol)
+    with pytest.raises(ValueError, match="sweeps"):
+        K.smooth_restrict_matrix(A, R, dinv, 0.6, 3)
 
 
 @pytest.mark.parametrize("tpr", [None, 1, 8])
