@@ -1,5 +1,5 @@
-r"""Preconditioned CG whose every iteration is one CUDA graph of four kernels and the cycle,
-with the stopping test on the device.
+r"""Preconditioned CG whose every iteration is one CUDA graph of the cycle and two or three
+kernels of its own, with the stopping test on the device.
 
 The iteration is that of :func:`adaptmg.linalg.cg` (same recurrences, same order of
 operations), with the preconditioner a fixed-buffer multigrid cycle
@@ -7,14 +7,13 @@ operations), with the preconditioner a fixed-buffer multigrid cycle
 rz_new, beta)`` and the status ``st = (state, iterations, maxiter)`` in device memory, one
 iteration is::
 
-    K1  q = A p;  pq = (p, q)
-    K2  if state == 0:  alpha = rz / pq;  x += alpha p;  r -= alpha q
+    K1  if state == 0:  p' = z + beta p  (else p' = p);   q = A p';  pq = (p', q)
+    K2  p = p';  if state == 0:  alpha = rz / pq;  x += alpha p;  r -= alpha q
         rr = (r, r)
         if state == 0:  iterations += 1;  state = 1 if rr <= tol^2, 2 if pq <= 0 or rz <= 0,
                         3 if rr is not finite, 4 if iterations == maxiter
         z = M r                         (the cycle; r is its own right-hand side buffer)
     K3  rz_new = (r, z);  if state == 0:  beta = rz_new / rz;  rz = rz_new
-    K4  if state == 0:  p = z + beta p
 
 Each K is one kernel: its element-wise part, the per-block partial sums of its inner
 product and, in the block that finishes last (a device-wide counter, reset by that block
@@ -22,8 +21,16 @@ for the next replay), the sum of the partials in a fixed order and the scalar wo
 it -- so the reductions are deterministic and no kernel launches just to finish a sum or
 to update a scalar (before: eleven kernels per iteration besides the cycle).  The SpMV
 of K1 is adaptmg's CSR row kernel (threads per row by
-:func:`~adaptmg.device.kernels.threads_per_row`).  Once ``state != 0`` the updates are
-no-ops: ``x`` and the iteration count freeze at the iteration that stopped.
+:func:`~adaptmg.device.kernels.threads_per_row`); it forms the search direction ``p' =
+z + beta p`` of each column it reads on the fly (the same expression in every row, so
+``q = A p'`` exactly as if ``p'`` had been stored first), which saves a direction-update
+kernel: 1-1.5 us per iteration on an H100 in 2-D and 3-D alike, although K1 then reads
+two vectors per entry (``scripts/bench_solve_latency.py`` sizes, A/B in one process).  When the
+cycle ends in a fused Jacobi sweep of the finest level (``z <- y + omega D^{-1} (r - A
+y)``), K3 *is* that sweep: the cycle leaves it out (``BufferedCycle.run_eager(
+defer_last=True)``) and K3 computes ``z`` row by row with the partial sums of ``(r,
+z)``.  Once ``state != 0`` the updates are no-ops: ``x`` and the iteration count freeze
+at the iteration that stopped.
 
 The host does not wait after every launch: it launches ``k - 1`` iterations back to back,
 ``k`` the iterations of the previous solve (solves of one operator take similar counts, e.g.
@@ -88,28 +95,54 @@ __device__ __forceinline__ bool gcg_finish({T} v, {T}* partial, unsigned int* co
     if (threadIdx.x == 0) { *total = t; *counter = 0u; }
     return threadIdx.x == 0;
 }
-// K1: q = A p (tpr threads per row), s[1] = (p, q)
+// the search direction p' = z + beta p of column j (p itself once stopped)
+__device__ __forceinline__ {T} gcg_direction(const bool go, const {T} beta,
+                                              const {T}* __restrict__ z,
+                                              const {T}* __restrict__ p, const int j)
+{
+    return go ? z[j] + beta * p[j] : p[j];
+}
+// K1: p' = z + beta p; q = A p' (tpr threads per row), s[1] = (p', q)
 extern "C" __global__ void gcg_spmv_pq_{T}(
     const int n, const int tpr, const int* __restrict__ indptr, const int* __restrict__ indices,
-    const {T}* __restrict__ data, const {T}* __restrict__ p, {T}* __restrict__ q,
-    {T}* __restrict__ partial, unsigned int* counter, {T}* s)
+    const {T}* __restrict__ data, const {T}* __restrict__ z, const {T}* __restrict__ p,
+    {T}* __restrict__ pn, {T}* __restrict__ q, {T}* __restrict__ partial, unsigned int* counter,
+    {T}* s, const int* st)
 {
     __shared__ {T} sh[32];
     const int tid = blockDim.x * blockIdx.x + threadIdx.x;
     const int row = tid / tpr, lane = tid % tpr;
+    const bool go = st[0] == 0;
+    const {T} beta = s[4];
     {T} acc = 0;
     if (row < n)
-        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) acc += data[k] * p[indices[k]];
+        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr)
+            acc += data[k] * gcg_direction(go, beta, z, p, indices[k]);
     for (int off = tpr / 2; off > 0; off >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, off, tpr);
     {T} v = 0;
-    if (row < n && lane == 0) { q[row] = acc; v = p[row] * acc; }
+    if (row < n && lane == 0) {
+        const {T} pi = gcg_direction(go, beta, z, p, row);
+        pn[row] = pi;
+        q[row] = acc;
+        v = pi * acc;
+    }
     gcg_finish(v, partial, counter, sh, s + 1);
 }
-// K2: x += alpha p; r -= alpha q; s[2] = (r, r); the status
+// the status after rr = s[2] (the last block of K2, while running)
+__device__ __forceinline__ void gcg_status(const {T}* s, const {T}* __restrict__ tol2, int* st)
+{
+    st[1] += 1;
+    const {T} rr = s[2];
+    if (!isfinite((double)rr)) st[0] = 3;
+    else if (rr <= tol2[0]) st[0] = 1;
+    else if (!(s[1] > ({T})0) || !(s[0] > ({T})0)) st[0] = 2;
+    else if (st[1] >= st[2]) st[0] = 4;
+}
+// K2: p = p'; x += alpha p; r -= alpha q; s[2] = (r, r); the status
 extern "C" __global__ void gcg_xr_rr_{T}(
-    const int n, const {T}* __restrict__ p, const {T}* __restrict__ q, {T}* __restrict__ x,
-    {T}* __restrict__ r, {T}* __restrict__ partial, unsigned int* counter, {T}* s,
-    const {T}* __restrict__ tol2, int* st)
+    const int n, const {T}* __restrict__ pn, {T}* __restrict__ p, const {T}* __restrict__ q,
+    {T}* __restrict__ x, {T}* __restrict__ r, {T}* __restrict__ partial, unsigned int* counter,
+    {T}* s, const {T}* __restrict__ tol2, int* st)
 {
     __shared__ {T} sh[32];
     const int i = blockDim.x * blockIdx.x + threadIdx.x;
@@ -117,19 +150,14 @@ extern "C" __global__ void gcg_xr_rr_{T}(
     const {T} a = (go && s[1] != ({T})0) ? s[0] / s[1] : ({T})0;
     {T} v = 0;
     if (i < n) {
-        x[i] += a * p[i];
+        const {T} pi = pn[i];
+        p[i] = pi;
+        x[i] += a * pi;
         const {T} ri = r[i] - a * q[i];
         r[i] = ri;
         v = ri * ri;
     }
-    if (gcg_finish(v, partial, counter, sh, s + 2) && st[0] == 0) {
-        st[1] += 1;
-        const {T} rr = s[2];
-        if (!isfinite((double)rr)) st[0] = 3;
-        else if (rr <= tol2[0]) st[0] = 1;
-        else if (!(s[1] > ({T})0) || !(s[0] > ({T})0)) st[0] = 2;
-        else if (st[1] >= st[2]) st[0] = 4;
-    }
+    if (gcg_finish(v, partial, counter, sh, s + 2) && st[0] == 0) gcg_status(s, tol2, st);
 }
 // K3: s[3] = (r, z); if running: s[4] = beta = rz_new / rz, s[0] = rz_new
 extern "C" __global__ void gcg_rz_{T}(
@@ -144,12 +172,31 @@ extern "C" __global__ void gcg_rz_{T}(
         s[0] = s[3];
     }
 }
-// K4: p = z + beta p
-extern "C" __global__ void gcg_p_{T}(
-    const int n, const {T}* __restrict__ z, {T}* __restrict__ p, const {T}* s, const int* st)
+// K3 fused with the cycle's last sweep: z = y + omega D^{-1} (r - A y) (tpr threads per
+// row, as adaptmg_csr_jacobi_vec), s[3] = (r, z); if running: s[4] = beta, s[0] = rz_new
+extern "C" __global__ void gcg_jacobi_rz_{T}(
+    const int n, const int tpr, const int* __restrict__ indptr, const int* __restrict__ indices,
+    const {T}* __restrict__ data, const {T}* __restrict__ y, const {T}* __restrict__ r,
+    const {T}* __restrict__ dinv, const {T} omega, {T}* __restrict__ z,
+    {T}* __restrict__ partial, unsigned int* counter, {T}* s, const int* st)
 {
-    const int i = blockDim.x * blockIdx.x + threadIdx.x;
-    if (i < n && st[0] == 0) p[i] = z[i] + s[4] * p[i];
+    __shared__ {T} sh[32];
+    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    const int row = tid / tpr, lane = tid % tpr;
+    {T} acc = 0;
+    if (row < n)
+        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) acc += data[k] * y[indices[k]];
+    for (int off = tpr / 2; off > 0; off >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, off, tpr);
+    {T} v = 0;
+    if (row < n && lane == 0) {
+        const {T} zi = y[row] + omega * dinv[row] * (r[row] - acc);
+        z[row] = zi;
+        v = r[row] * zi;
+    }
+    if (gcg_finish(v, partial, counter, sh, s + 3) && st[0] == 0) {
+        s[4] = (s[0] != ({T})0) ? s[3] / s[0] : ({T})0;
+        s[0] = s[3];
+    }
 }
 """
 
@@ -172,7 +219,8 @@ class GraphCG:
     a :class:`~adaptmg.multilevel.preconditioner.BufferedCycle` of the same dtype.  The
     graph is recorded at construction; ``self.graph_error`` says why when it was refused
     (then :meth:`solve` must not be used: ``self.graph is None``).  ``self.iterations``:
-    the iterations of the last :meth:`solve`.
+    the iterations of the last :meth:`solve`; ``self.fused_last_sweep``: whether the
+    graph runs the cycle's last sweep fused with ``(r, z)``.
     """
 
     def __init__(self, backend, A, cycle):
@@ -192,14 +240,15 @@ class GraphCG:
         if dt not in (np.float64, np.float32):
             raise TypeError(f"GraphCG supports float32/float64, got {dt}")
         mod = _module(xp, ctype)
-        self._k1, self._k2, self._k3, self._k4 = (mod.get_function(f"gcg_{name}_{ctype}")
-                                                  for name in ("spmv_pq", "xr_rr", "rz", "p"))
+        self._k1, self._k2, self._k3, self._k3j = (mod.get_function(f"gcg_{name}_{ctype}")
+                                                   for name in ("spmv_pq", "xr_rr", "rz", "jacobi_rz"))
         self._tpr = K.csr_threads_per_row(A)
         self._grid1 = (n * self._tpr + _BLOCK - 1) // _BLOCK
         self._grid = (n + _BLOCK - 1) // _BLOCK
-        self._partial = xp.zeros(max(self._grid1, self._grid), dt)
+        # room for the partial sums of any grid (up to 32 threads per row)
+        self._partial = xp.zeros((n * 32 + _BLOCK - 1) // _BLOCK, dt)
         self._counters = xp.zeros(3, np.uint32)
-        self.x, self.p, self.q = (xp.zeros(n, dt) for _ in range(3))
+        self.x, self.p, self.pn, self.q = (xp.zeros(n, dt) for _ in range(4))
         self.r = cycle.b           # the cycle reads b and never writes it: z = M r needs no copy
         self.s = xp.zeros(5, dt)
         self.tol2 = xp.zeros(1, dt)
@@ -209,7 +258,7 @@ class GraphCG:
         self.iterations = 0
         self._hint = 1             # iterations of the last solve that iterated
         self.graph, self.graph_error = capture(
-            backend, self._iteration, [self.x, self.r, self.p, self.s], self.x,
+            backend, self._iteration, [self.x, self.r, self.p, self.s, cycle.x], self.x,
             rtol=1e3 * float(np.finfo(dt).eps), reset=self._reset_status)
 
     def _reset_status(self):
@@ -220,12 +269,20 @@ class GraphCG:
         n = np.int32(self.n)
         part, cnt = self._partial, self._counters
         self._k1((self._grid1,), (_BLOCK,), (n, np.int32(self._tpr), A.indptr, A.indices, A.data,
-                                            self.p, self.q, part, cnt[0:1], s))
-        self._k2((self._grid,), (_BLOCK,), (n, self.p, self.q, self.x, self.r, part, cnt[1:2], s,
-                                           self.tol2, st))
-        cyc.run_eager()
-        self._k3((self._grid,), (_BLOCK,), (n, self.r, cyc.x, part, cnt[2:3], s, st))
-        self._k4((self._grid,), (_BLOCK,), (n, cyc.x, self.p, s, st))
+                                            cyc.x, self.p, self.pn, self.q, part, cnt[0:1], s, st))
+        self._k2((self._grid,), (_BLOCK,), (n, self.pn, self.p, self.q, self.x, self.r, part,
+                                           cnt[1:2], s, self.tol2, st))
+        deferred = cyc.run_eager(defer_last=True)
+        self.fused_last_sweep = deferred is not None
+        if deferred is None:
+            self._k3((self._grid,), (_BLOCK,), (n, self.r, cyc.x, part, cnt[2:3], s, st))
+            return
+        sm, y = deferred                # z = y + omega D^{-1} (r - A y), fused with (r, z)
+        S = sm.A
+        tpr = K.csr_threads_per_row(S)
+        self._k3j(((self.n * tpr + _BLOCK - 1) // _BLOCK,), (_BLOCK,),
+                  (n, np.int32(tpr), S.indptr, S.indices, S.data, y, self.r, sm.dinv,
+                   self.dtype.type(sm.omega), cyc.x, part, cnt[2:3], s, st))
 
     def _wait_status(self, stream):
         """Copy the status into pinned memory behind the last launch and wait for it."""
@@ -258,7 +315,8 @@ class GraphCG:
             return x, 4, 0
         xp.copyto(self.x, x)
         self.cycle()
-        xp.copyto(self.p, self.cycle.x)
+        self.p.fill(0)              # with beta = 0 the first K1 forms p = z
+        self.s.fill(0)
         self.ops.mdot(r[None], self.cycle.x, self.s[0:1])
         self.tol2.fill(tol * tol)
         _init_kernel(xp)(np.int32(maxiter), self.st, size=1)

@@ -49,10 +49,16 @@ class BufferedCycle:
             if g is not None:
                 self.graph, self.mode = g, "cuda-graph"
 
-    def run_eager(self, out=None):
+    def run_eager(self, out=None, defer_last=False):
         """The cycle kernel by kernel (what the graph replays; callable inside another
-        capture), into ``self.x`` or into ``out`` (an array like ``self.x``)."""
-        self.ml._run(self.b, self.x if out is None else out, self.kind, True)
+        capture), into ``self.x`` or into ``out`` (an array like ``self.x``).
+
+        ``defer_last=True``: the finest level's last Jacobi sweep may be left to the
+        caller; returns ``(smoother, src)`` when it was (the caller then runs ``x <- src
+        + omega D^{-1} (b - A src)``), else None (see ``MultilevelSolver._run``)."""
+        ml = self.ml
+        ml._run(self.b, self.x if out is None else out, self.kind, True, defer_last=defer_last)
+        return ml._deferred if defer_last else None
 
     def __call__(self):
         if self.graph is not None:

@@ -224,6 +224,8 @@ class Jacobi(Smoother):
     """
 
     name = "jacobi"
+    #: :meth:`smooth` and :meth:`smooth_corrected` take ``defer_last``
+    defers_last_sweep = True
 
     def __repr__(self):
         return (f"{type(self).__name__}(omega={self.omega:.4g}{', fused' if self.fused else ''})"
@@ -253,14 +255,19 @@ class Jacobi(Smoother):
     def _move(self):
         self.dinv = self.backend.asarray(self._dinv_host.astype(self.dtype))
 
-    def smooth(self, x, b, sweeps=1, work=None, zero_initial=False):
-        """``sweeps`` damped Jacobi sweeps on ``A x = b``, in place."""
+    def smooth(self, x, b, sweeps=1, work=None, zero_initial=False, defer_last=False):
+        """``sweeps`` damped Jacobi sweeps on ``A x = b``, in place.
+
+        ``defer_last=True`` (fused kernels only, else ignored): when the last sweep would
+        read another buffer and write ``x``, it is not launched and that buffer ``src``
+        is returned instead, for the caller to run ``x <- src + omega D^{-1} (b - A
+        src)`` fused with its own work.  Returns ``x`` or ``src``."""
         sweeps = _validate_sweeps(sweeps)
         _validate_vectors(x, b, self.n, self.dtype, "Jacobi.smooth")
         Ax = self._scratch(work)
         w = self.omega
         if self.fused and self.can_fuse:
-            return self._smooth_fused(x, b, sweeps, Ax, zero_initial)
+            return self._smooth_fused(x, b, sweeps, Ax, zero_initial, defer_last)
         start = 0
         if zero_initial and sweeps > 0:
             K.jacobi_zero(x, self.dinv, b, w)
@@ -272,7 +279,7 @@ class Jacobi(Smoother):
             K.jacobi_residual_update(x, self.dinv, b, Ax, w)
         return x
 
-    def _smooth_fused(self, x, b, sweeps, tmp, zero_initial):
+    def _smooth_fused(self, x, b, sweeps, tmp, zero_initial, defer_last=False):
         """One launch per sweep (:func:`adaptmg.device.kernels.csr_jacobi_sweep`), ping-pong
         between ``x`` and ``tmp`` arranged so that the result lands in ``x``.  From a zero
         initial guess the first two sweeps are one launch
@@ -290,32 +297,37 @@ class Jacobi(Smoother):
                 K.jacobi_zero(src, dinv, b, w)
         else:
             m, src = sweeps, x
-        return self._sweeps_into_x(x, src, b, m, tmp)
+        return self._sweeps_into_x(x, src, b, m, tmp, defer_last)
 
-    def _sweeps_into_x(self, x, src, b, m, tmp):
-        """``m`` fused sweeps from ``src`` (``x`` or ``tmp``), ping-pong, result in ``x``."""
+    def _sweeps_into_x(self, x, src, b, m, tmp, defer_last=False):
+        """``m`` fused sweeps from ``src`` (``x`` or ``tmp``), ping-pong, result in ``x``;
+        with ``defer_last`` a last sweep that writes ``x`` is left to the caller (its
+        input buffer is returned)."""
         w, dinv, A = self.omega, self.dinv, self.A
         dst = tmp if src is x else x
-        for _ in range(m):
+        for i in range(m):
+            if defer_last and i == m - 1 and dst is x:
+                return src
             K.csr_jacobi_sweep(A, src, b, dinv, w, dst)
             src, dst = dst, src
         if src is not x:
             x[...] = src
         return x
 
-    def smooth_corrected(self, x, b, sweeps, AP, P, e, work):
+    def smooth_corrected(self, x, b, sweeps, AP, P, e, work, defer_last=False):
         r"""The coarse-grid correction ``x <- x + P e`` followed by ``sweeps >= 1`` sweeps,
         the correction and the first sweep in one launch
         (:func:`~adaptmg.device.kernels.csr_correct_jacobi`, ``AP = A P`` given), the
         others as :meth:`smooth` (fused).  Needs the fused kernels (``self.fused`` and
-        :attr:`can_fuse`); ``work`` is the ping-pong buffer."""
+        :attr:`can_fuse`); ``work`` is the ping-pong buffer.  ``defer_last``: as in
+        :meth:`smooth`."""
         if not (self.fused and self.can_fuse) or sweeps < 1:
             raise ValueError("smooth_corrected needs the fused kernels and sweeps >= 1")
         m = sweeps - 1
         # the first launch cannot write x (it reads x in the neighbours' rows): it writes
         # work; an odd number of sweeps left ends in x, an even one is copied there
         K.csr_correct_jacobi(self.A, AP, P, x, e, b, self.dinv, self.omega, work)
-        return self._sweeps_into_x(x, work, b, m, work)
+        return self._sweeps_into_x(x, work, b, m, work, defer_last)
 
 
 class Richardson(Jacobi):

@@ -90,7 +90,7 @@ def _check_cycle(cycle):
 class _Dev:
     """Device-side data of one level (built by MultilevelSolver)."""
     __slots__ = ("A", "Aplan", "P", "Pplan", "R", "Rplan", "smoother", "own",
-                 "x", "b", "r", "n", "fused", "RA", "AP", "tfused")
+                 "x", "b", "r", "n", "fused", "RA", "AP", "tfused", "S", "sfused")
 
 
 class MultilevelSolver:
@@ -148,12 +148,26 @@ class MultilevelSolver:
         ``scripts/bench_solve_latency.py``): 2-D 16,641 DoFs 53 -> 47 us, 3-D 35,937
         68.5 -> 66 us; fusing the 2-D 66,049-row level too made that size slower (81 -> 85
         us); at 1M-2M DoFs a cycle changes by under 3 %.
+    fuse_presmooth_below : int or "auto"
+        Fused levels (Jacobi smoother, ``presmooth`` 1 or 2) with fewer rows than this run
+        the pre-smoothing from zero and the restriction of its residual as one launch:
+        ``x = G b`` (``G b`` the sweeps from zero) and ``b_c = S b`` with ``S = R (I - A
+        G)`` built once at set-up (float64 on the host, then cast;
+        :func:`~adaptmg.device.kernels.csr_smooth_restrict`): one launch instead of two
+        (three without fused transfers).  Later visits of a level in W/F-cycles start
+        from a non-zero guess and take the usual path.  ``S`` has 49 entries per coarse
+        row in 2-D Q1 and up to 343 in 3-D, so the launch saved pays on small levels
+        only.  "auto" (default): on the GPU the levels below 40000 rows whose ``S`` has
+        at most 2^19 entries; none on the CPU.  Measured on an H100 (device time of one
+        CUDA-graph CG iteration, Q1 Poisson, A/B in one process): 2-D 16,641 DoFs 43.3
+        -> 36.8 us, 66,049 72.3 -> 66.2 us, 3-D 35,937 66.8 -> 63.0 us (fusing its
+        35,937-row level too, whose ``S`` has 1.1M entries: 65.6 us).
     """
 
     def __init__(self, levels, *, coarse="direct", coarse_sweeps=10, presmooth=2,
                  postsmooth=2, backend="auto", dtype=np.float64, smoother="jacobi",
                  smoother_kwargs=None, max_direct=20000, coarse_max_rows=None,
-                 fuse_below="auto", fuse_transfers_below="auto"):
+                 fuse_below="auto", fuse_transfers_below="auto", fuse_presmooth_below="auto"):
         levels = list(levels)
         if not levels:
             raise ValueError("MultilevelSolver needs at least one level")
@@ -198,7 +212,10 @@ class MultilevelSolver:
         self.max_direct = int(max_direct)
         self.fuse_below = fuse_below
         self.fuse_transfers_below = fuse_transfers_below
+        self.fuse_presmooth_below = fuse_presmooth_below
         self.graph_error = None          # why the last aspreconditioner(graph=...) capture was refused
+        self._deferred = None            # the last _run(defer_last=True)'s deferred sweep
+        self._defer_level = None
         self.last_iterations = None      # iterations of the last solve()
         self._preconditioners = {}       # cycle kind -> preconditioner reused by solve()
         self._smoother_spec = smoother
@@ -251,8 +268,8 @@ class MultilevelSolver:
                                 f"method, got {type(sm).__name__}")
             d.smoother = sm
             d.own = bool(getattr(sm, "_adaptmg_smoother", False))
-            d.fused = d.tfused = False
-            d.RA = d.AP = None
+            d.fused = d.tfused = d.sfused = False
+            d.RA = d.AP = d.S = None
             # the finest level's x and b are always the caller's arrays (swapped in by _run)
             fine = l == len(self.levels) - 1
             d.x = None if fine else xp.zeros(lev.n, dt)
@@ -300,6 +317,7 @@ class MultilevelSolver:
             if d.own and hasattr(sm, "fused") and hasattr(sm, "can_fuse"):
                 sm.fused = d.fused
         self.set_fuse_transfers_below(self.fuse_transfers_below)
+        self.set_fuse_presmooth_below(self.fuse_presmooth_below)
 
     #: rows below which ``fuse_transfers_below="auto"`` fuses the transfers on the GPU
     FUSE_TRANSFERS_AUTO = 40000
@@ -334,15 +352,64 @@ class MultilevelSolver:
             if not K.is_int32_csr(d.RA) or (d.AP is not None and not K.is_int32_csr(d.AP)):
                 d.tfused = False
 
+    #: ``fuse_presmooth_below="auto"`` on the GPU: levels with fewer rows than this whose
+    #: ``S`` has at most :attr:`FUSE_PRESMOOTH_MAX_NNZ` entries
+    FUSE_PRESMOOTH_AUTO = 40000
+    FUSE_PRESMOOTH_MAX_NNZ = 2 ** 19
+
+    def set_fuse_presmooth_below(self, rows):
+        """Run the pre-smoothing from zero and the restriction of its residual as one launch
+        on fused levels with fewer than ``rows`` rows (``"auto"``: on the GPU the levels
+        below :attr:`FUSE_PRESMOOTH_AUTO` rows whose ``S`` has at most
+        :attr:`FUSE_PRESMOOTH_MAX_NNZ` entries, none on the CPU; see the class
+        docstring).  Needs a Jacobi smoother and ``presmooth`` 1 or 2; builds ``S = R (I -
+        A G)`` (:func:`~adaptmg.device.kernels.smooth_restrict_matrix`) of the levels
+        that start fusing."""
+        if isinstance(rows, str):
+            if rows != "auto":
+                raise ValueError(f"fuse_presmooth_below must be an integer or 'auto', got {rows!r}")
+            limit = self.FUSE_PRESMOOTH_AUTO if self.backend.is_gpu else 0
+            max_nnz = self.FUSE_PRESMOOTH_MAX_NNZ
+        elif not isinstance(rows, (int, np.integer)) or rows < 0:
+            raise ValueError(f"fuse_presmooth_below must be a non-negative integer or 'auto', "
+                             f"got {rows!r}")
+        else:
+            limit, max_nnz = int(rows), None
+        self.fuse_presmooth_below = rows
+        self._preconditioners = {}
+        for l, (lev, d) in enumerate(zip(self.levels, self._dev)):
+            sm = d.smoother
+            d.sfused = bool(l > 0 and d.fused and lev.n < limit and self.presmooth in (1, 2)
+                            and d.own and getattr(sm, "fused", False)
+                            and getattr(sm, "defers_last_sweep", False)
+                            and K.is_int32_csr(d.R))
+            if not d.sfused:
+                continue
+            if d.S is None:
+                dinv = getattr(sm, "_dinv_host", None)
+                if dinv is None:
+                    dinv = to_host(sm.dinv)
+                S = K.smooth_restrict_matrix(_host_csr(lev.A, copy=False),
+                                             _host_csr(lev.R, copy=False), dinv, sm.omega,
+                                             self.presmooth)
+                d.S = (self._move_matrix(S), sm.omega, self.presmooth)
+            if (not K.is_int32_csr(d.S[0]) or d.S[1] != sm.omega or d.S[2] != self.presmooth
+                    or (max_nnz is not None and d.S[0].nnz > max_nnz)):
+                d.sfused = False
+
     def _product(self, X, Y):
         """The backend CSR matrix ``X Y`` (formed in float64 on the host, then moved)."""
         Z = _host_csr(X, copy=False) @ _host_csr(Y, copy=False)
         return self._move_matrix(sp.csr_matrix(Z))
 
     # --------------------------------------------------------------- cycles
-    def _smooth(self, d, sweeps, zero, post):
+    def _smooth(self, d, sweeps, zero, post, defer=False):
         sm = d.smoother
         if d.own:
+            if defer and getattr(sm, "defers_last_sweep", False):
+                self._keep_deferred(d, sm.smooth(d.x, d.b, sweeps, work=d.r, zero_initial=zero,
+                                                 defer_last=True))
+                return
             f = sm.smooth_adjoint if post and hasattr(sm, "smooth_adjoint") else sm.smooth
             f(d.x, d.b, sweeps, work=d.r, zero_initial=zero)
             return
@@ -366,6 +433,26 @@ class MultilevelSolver:
             self._coarse_solve(zero)
             return
         d, c = self._dev[l], self._dev[l - 1]
+        if zero and d.sfused:                  # x = G b and b_c = R (b - A x) in one launch
+            sm = d.smoother
+            K.csr_smooth_restrict(sm.A, sm.dinv, sm.omega, self.presmooth, d.S[0], d.b, d.x, c.b)
+        else:
+            self._pre_and_restrict(d, c, zero)
+        for k, z in coarse_visits(kind, l):
+            self._level_cycle(l - 1, k, z)
+        defer = l == self._defer_level
+        if d.tfused and d.AP is not None and self.postsmooth > 0:
+            # x += P x_c and the first post-sweep in one launch
+            src = d.smoother.smooth_corrected(d.x, d.b, self.postsmooth, d.AP, d.P, c.x, d.r,
+                                              defer_last=defer)
+            if defer:
+                self._keep_deferred(d, src)
+            return
+        d.Pplan(c.x, d.x, 1.0, 1.0)            # x += P x_c
+        self._smooth(d, self.postsmooth, False, post=True, defer=defer)
+
+    def _pre_and_restrict(self, d, c, zero):
+        """Pre-smoothing on level ``d`` and ``c.b = R (b - A x)``."""
         self._smooth(d, self.presmooth, zero, post=False)
         if d.tfused:                           # b_c = R b - (R A) x in one launch
             K.csr_restricted_residual(d.R, d.RA, d.b, d.x, c.b)
@@ -377,26 +464,33 @@ class MultilevelSolver:
                 d.r[...] = d.b
                 d.Aplan(d.x, d.r, -1.0, 1.0)
             d.Rplan(d.r, c.b, 1.0, 0.0)        # b_c = R r
-        for k, z in coarse_visits(kind, l):
-            self._level_cycle(l - 1, k, z)
-        if d.tfused and d.AP is not None and self.postsmooth > 0:
-            # x += P x_c and the first post-sweep in one launch
-            d.smoother.smooth_corrected(d.x, d.b, self.postsmooth, d.AP, d.P, c.x, d.r)
-            return
-        d.Pplan(c.x, d.x, 1.0, 1.0)            # x += P x_c
-        self._smooth(d, self.postsmooth, False, post=True)
 
-    def _run(self, b, x, kind, zero, level=-1):
+    def _keep_deferred(self, d, src):
+        """Note the top level's last post-sweep ``x <- src + omega D^{-1} (b - A src)`` that
+        the smoother left to the caller (``src`` is not ``x``), see :meth:`_run`."""
+        if src is not d.x:
+            self._deferred = (d.smoother, src)
+
+    def _run(self, b, x, kind, zero, level=-1, defer_last=False):
         """One cycle with ``level`` (default the finest) as the top, on the user arrays b, x
-        (already validated)."""
+        (already validated).
+
+        ``defer_last=True``: if the top level's last post-smoothing step is a fused Jacobi
+        sweep that writes ``x`` (:meth:`Jacobi.smooth` with ``defer_last``), it is not
+        launched; ``self._deferred`` is then ``(smoother, src)`` and the caller must run
+        ``x <- src + omega D^{-1} (b - A src)`` itself (GraphCG fuses it with its inner
+        product); otherwise ``self._deferred`` is None and the cycle is complete."""
         level = level % len(self._dev)
         d = self._dev[level]
         keep_x, keep_b = d.x, d.b
         d.x, d.b = x, b
+        self._deferred = None
+        self._defer_level = level if defer_last else None
         try:
             self._level_cycle(level, kind, zero)
         finally:
             d.x, d.b = keep_x, keep_b
+            self._defer_level = None
         return x
 
     def _check_vec(self, v, name, dtype=None, level=-1):

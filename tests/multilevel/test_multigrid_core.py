@@ -283,31 +283,72 @@ def test_bad_input(backend):
 
 @pytest.mark.parametrize("smoother,kw,pre,post", [
     ("jacobi", {}, 2, 2), ("jacobi", {}, 3, 3), ("jacobi", {}, 1, 4), ("jacobi", {}, 4, 1),
+    ("jacobi", {}, 1, 1),
     ("chebyshev", {"degree": 3}, 2, 2), ("chebyshev", {"degree": 2}, 1, 2),
     ("chebyshev", {"degree": 6}, 2, 1)])
-@pytest.mark.parametrize("transfers", [False, True])
-def test_fused_small_levels_give_the_same_cycle(backend, smoother, kw, pre, post, transfers):
+@pytest.mark.parametrize("transfers,presmooth_fused", [(False, False), (True, False),
+                                                      (False, True), (True, True)])
+def test_fused_small_levels_give_the_same_cycle(backend, smoother, kw, pre, post, transfers,
+                                                presmooth_fused):
     """One-launch sweeps (Jacobi, the first two from zero in one launch) / steps (Chebyshev,
     ping-pong buffers, both parities of the step count, zero and non-zero initial guess)
     against SpMV + element-wise kernels; with ``transfers`` also the restricted residual
-    R b - (R A) x and (Jacobi) the correction fused into the first post-sweep."""
+    R b - (R A) x and (Jacobi) the correction fused into the first post-sweep; with
+    ``presmooth_fused`` (Jacobi, 1 or 2 pre-sweeps) the pre-smoothing from zero and
+    ``R (I - A G) b`` in one launch (W-cycles: the later visits of a level start from a
+    non-zero guess and take the other path)."""
     As, Ps = hierarchy(2, 4, 5)
     opts = dict(backend=backend, smoother=smoother, smoother_kwargs=kw, presmooth=pre,
                 postsmooth=post)
-    ref = MultilevelSolver.from_matrices(As, Ps, **opts)
+    ref = MultilevelSolver.from_matrices(As, Ps, fuse_presmooth_below=0, **opts)
     fus = MultilevelSolver.from_matrices(As, Ps, fuse_below=10 ** 9,
-                                         fuse_transfers_below=10 ** 9 if transfers else 0, **opts)
+                                         fuse_transfers_below=10 ** 9 if transfers else 0,
+                                         fuse_presmooth_below=10 ** 9 if presmooth_fused else 0,
+                                         **opts)
     ref.set_fuse_below(0)
     assert all(d.fused for d in fus._dev) and not any(d.fused for d in ref._dev)
     assert all(d.smoother.fused for d in fus._dev[1:])
-    assert not any(d.tfused for d in ref._dev)
+    assert not any(d.tfused or d.sfused for d in ref._dev)
     assert [d.tfused for d in fus._dev] == [False] + [transfers] * (len(As) - 1)
     assert all((d.AP is not None) == (transfers and smoother == "jacobi") for d in fus._dev[1:])
+    sfused = presmooth_fused and smoother == "jacobi" and pre in (1, 2)
+    assert [d.sfused for d in fus._dev] == [False] + [sfused] * (len(As) - 1)
     r = backend.asarray(np.random.default_rng(4).standard_normal(As[-1].shape[0]))
     for cyc in ("V", "W"):
         np.testing.assert_allclose(to_host(fus.aspreconditioner(cyc).matvec(r)),
                                    to_host(ref.aspreconditioner(cyc).matvec(r)),
                                    rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("post,transfers,deferred", [
+    (2, False, True), (3, False, False), (1, False, False), (2, True, True), (1, True, False),
+    (0, False, False)])
+@pytest.mark.parametrize("cyc", ["V", "W"])
+def test_deferred_last_sweep_completes_the_cycle(backend, post, transfers, deferred, cyc):
+    """``_run(defer_last=True)`` leaves out the finest level's last Jacobi sweep exactly when
+    that sweep writes ``x`` from another buffer (even counts of plain sweeps, even counts
+    after the fused correction, whose first sweep is in the correction launch); running
+    the deferred sweep completes the
+    cycle: the same ``x`` as the whole cycle (the same kernels, in the same order)."""
+    from adaptmg.device import kernels as K
+    As, Ps = hierarchy(2, 4, 4)
+    ml = MultilevelSolver.from_matrices(As, Ps, backend=backend, fuse_below=10 ** 9,
+                                        fuse_transfers_below=10 ** 9 if transfers else 0,
+                                        postsmooth=post)
+    n = As[-1].shape[0]
+    b = backend.asarray(np.random.default_rng(5).standard_normal(n))
+    whole, part = backend.xp.zeros(n), backend.xp.zeros(n)
+    ml._run(b, whole, cyc, True)
+    ml._run(b, part, cyc, True, defer_last=True)
+    assert (ml._deferred is not None) == deferred
+    if deferred:
+        sm, src = ml._deferred
+        assert src is not part
+        K.csr_jacobi_sweep(sm.A, src, b, sm.dinv, sm.omega, part)
+    # the same kernels in the same order (cuSPARSE's SpMV may still sum in another order)
+    np.testing.assert_allclose(to_host(part), to_host(whole), rtol=1e-13, atol=1e-15)
+    ml._run(b, part, cyc, True)
+    assert ml._deferred is None
 
 
 @pytest.mark.gpu
@@ -414,24 +455,34 @@ def test_singular_direct_coarse_matrix_is_refused(backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dim,n0,L", [(2, 4, 5), (3, 2, 4)])
-def test_graph_cg_solve_equals_host_driven_cg(dim, n0, L):
+@pytest.mark.parametrize("dim,n0,L,pre,post,transfers,presmooth", [
+    (2, 4, 5, 2, 2, True, True), (3, 2, 4, 2, 2, True, False), (2, 4, 5, 2, 1, True, False),
+    (2, 4, 5, 2, 2, False, True), (2, 4, 5, 1, 3, False, True), (3, 2, 4, 3, 2, True, True)])
+def test_graph_cg_solve_equals_host_driven_cg(dim, n0, L, pre, post, transfers, presmooth):
     """ml.solve(accel="cg") on the GPU (one CUDA graph per CG iteration, stopping test on the
     device) gives the iterates of the host-driven CG (callback path) to round-off: the same
     iteration count (residuals at the stop measured far from rtol: >= 3x apart per iteration
-    here) and the same solution; maxiter is honoured with a ConvergenceWarning."""
+    here) and the same solution; maxiter is honoured with a ConvergenceWarning.  Both ways
+    of ending an iteration: the cycle's last Jacobi sweep fused with (r, z) (even
+    post-sweep counts; odd ones after the fused correction) or a separate (r, z) kernel;
+    with and without the pre-smoothing fused with the restriction."""
     from adaptmg.backend import get_backend
     from adaptmg.linalg import ConvergenceWarning
     gpu = get_backend("gpu")
     As, Ps = hierarchy(dim, n0, L)
-    ml = MultilevelSolver.from_matrices(As, Ps, backend=gpu)
+    ml = MultilevelSolver.from_matrices(As, Ps, backend=gpu, presmooth=pre, postsmooth=post,
+                                        fuse_transfers_below="auto" if transfers else 0,
+                                        fuse_presmooth_below=10 ** 9 if presmooth else 0)
     n = As[-1].shape[0]
+    assert ml._dev[-1].tfused == transfers
     b = gpu.asarray(np.random.default_rng(7).standard_normal(n))
     its = []
     x_ref = to_host(ml.solve(b, rtol=1e-8, accel="cg", callback=its.append))
     x = to_host(ml.solve(b, rtol=1e-8, accel="cg"))
     g = ml._graph_cg("V")
     assert g is not None, ml.graph_error
+    assert g.fused_last_sweep == (post % 2 == 0)
+    assert ml._dev[-1].sfused == (presmooth and pre in (1, 2))
     assert g.iterations == len(its)
     assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
     A = As[-1]
