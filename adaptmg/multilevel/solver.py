@@ -406,7 +406,8 @@ class MultilevelSolver:
     def _smooth(self, d, sweeps, zero, post, defer=False):
         sm = d.smoother
         if d.own:
-            if defer and getattr(sm, "defers_last_sweep", False):
+            if (defer and getattr(sm, "defers_last_sweep", False)
+                    and not hasattr(sm, "smooth_adjoint")):
                 self._keep_deferred(d, sm.smooth(d.x, d.b, sweeps, work=d.r, zero_initial=zero,
                                                  defer_last=True))
                 return
