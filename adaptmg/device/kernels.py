@@ -388,6 +388,22 @@ extern "C" __global__ void adaptmg_csr_spmv_{T}(
         y[i] = beta == ({T})0 ? alpha * s : alpha * s + beta * y[i];
     }
 }
+// sum_j A_ij x0_j of row i with x0_j = omega dinv_j b_j formed on the fly (tpr threads per
+// row as adaptmg_row_dot_vec; every thread of the grid must call it; lane 0 gets the sum)
+__device__ __forceinline__ {T} adaptmg_row_dot_jacobi0_{T}(
+    const int row, const int lane, const int n, const int tpr, const int* __restrict__ indptr,
+    const int* __restrict__ indices, const {T}* __restrict__ data, const {T}* __restrict__ b,
+    const {T}* __restrict__ dinv, const {T} omega)
+{
+    {T} s = 0;
+    if (row < n)
+        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) {
+            const int j = indices[k];
+            s += data[k] * (omega * dinv[j] * b[j]);
+        }
+    for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
+    return s;
+}
 // the first two Jacobi sweeps from x = 0 in one pass: x0_j = omega dinv_j b_j (not stored),
 // y_i = x0_i + omega dinv_i (b_i - sum_j A_ij x0_j); tpr threads per row (1 allowed)
 extern "C" __global__ void adaptmg_csr_jacobi0_vec_{T}(
@@ -397,13 +413,7 @@ extern "C" __global__ void adaptmg_csr_jacobi0_vec_{T}(
 {
     int tid = blockDim.x * blockIdx.x + threadIdx.x;
     int row = tid / tpr, lane = tid % tpr;
-    {T} s = 0;
-    if (row < n)
-        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) {
-            const int j = indices[k];
-            s += data[k] * (omega * dinv[j] * b[j]);
-        }
-    for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
+    {T} s = adaptmg_row_dot_jacobi0_{T}(row, lane, n, tpr, indptr, indices, data, b, dinv, omega);
     if (row < n && lane == 0) y[row] = omega * dinv[row] * b[row] + omega * dinv[row] * (b[row] - s);
 }
 // pre-smoothing from x = 0 and the restriction of its residual in one launch.  Blocks
@@ -418,26 +428,20 @@ extern "C" __global__ void adaptmg_csr_smooth_restrict_{T}(
     const int tc, const int* __restrict__ sp, const int* __restrict__ si,
     const {T}* __restrict__ sd, {T}* __restrict__ c)
 {
-    if ((int)blockIdx.x < nbf) {           // block-uniform branch: shuffles see whole rows
+    if ((int)blockIdx.x < nbf) {           // block-uniform branches: shuffles see whole rows
         const int tid = blockDim.x * blockIdx.x + threadIdx.x;
         const int row = tid / tpr, lane = tid % tpr;
-        {T} s = 0;
-        if (sweeps == 2 && row < n)
-            for (int k = ap[row] + lane; k < ap[row + 1]; k += tpr) {
-                const int j = ai[k];
-                s += ad[k] * (omega * dinv[j] * b[j]);
-            }
-        for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
-        if (row < n && lane == 0)
-            y[row] = sweeps == 2 ? omega * dinv[row] * b[row] + omega * dinv[row] * (b[row] - s)
-                                 : omega * dinv[row] * b[row];
+        if (sweeps == 2) {
+            const {T} s = adaptmg_row_dot_jacobi0_{T}(row, lane, n, tpr, ap, ai, ad, b, dinv, omega);
+            if (row < n && lane == 0)
+                y[row] = omega * dinv[row] * b[row] + omega * dinv[row] * (b[row] - s);
+        } else if (row < n && lane == 0) {
+            y[row] = omega * dinv[row] * b[row];
+        }
     } else {
         const int tid = blockDim.x * (blockIdx.x - nbf) + threadIdx.x;
         const int row = tid / tc, lane = tid % tc;
-        {T} s = 0;
-        if (row < m)
-            for (int k = sp[row] + lane; k < sp[row + 1]; k += tc) s += sd[k] * b[si[k]];
-        for (int off = tc / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tc);
+        const {T} s = adaptmg_row_dot_vec_{T}(row, lane, m, tc, sp, si, sd, b);
         if (row < m && lane == 0) c[row] = s;
     }
 }

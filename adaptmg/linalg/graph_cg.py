@@ -128,16 +128,6 @@ extern "C" __global__ void gcg_spmv_pq_{T}(
     }
     gcg_finish(v, partial, counter, sh, s + 1);
 }
-// the status after rr = s[2] (the last block of K2, while running)
-__device__ __forceinline__ void gcg_status(const {T}* s, const {T}* __restrict__ tol2, int* st)
-{
-    st[1] += 1;
-    const {T} rr = s[2];
-    if (!isfinite((double)rr)) st[0] = 3;
-    else if (rr <= tol2[0]) st[0] = 1;
-    else if (!(s[1] > ({T})0) || !(s[0] > ({T})0)) st[0] = 2;
-    else if (st[1] >= st[2]) st[0] = 4;
-}
 // K2: p = p'; x += alpha p; r -= alpha q; s[2] = (r, r); the status
 extern "C" __global__ void gcg_xr_rr_{T}(
     const int n, const {T}* __restrict__ pn, {T}* __restrict__ p, const {T}* __restrict__ q,
@@ -157,7 +147,14 @@ extern "C" __global__ void gcg_xr_rr_{T}(
         r[i] = ri;
         v = ri * ri;
     }
-    if (gcg_finish(v, partial, counter, sh, s + 2) && st[0] == 0) gcg_status(s, tol2, st);
+    if (gcg_finish(v, partial, counter, sh, s + 2) && st[0] == 0) {
+        st[1] += 1;
+        const {T} rr = s[2];
+        if (!isfinite((double)rr)) st[0] = 3;
+        else if (rr <= tol2[0]) st[0] = 1;
+        else if (!(s[1] > ({T})0) || !(s[0] > ({T})0)) st[0] = 2;
+        else if (st[1] >= st[2]) st[0] = 4;
+    }
 }
 // K3: s[3] = (r, z); if running: s[4] = beta = rz_new / rz, s[0] = rz_new
 extern "C" __global__ void gcg_rz_{T}(

@@ -385,16 +385,18 @@ class MultilevelSolver:
                             and K.is_int32_csr(d.R))
             if not d.sfused:
                 continue
-            if d.S is None:
+            if d.S is None:         # smoother and presmooth are fixed: S once per level
                 dinv = getattr(sm, "_dinv_host", None)
                 if dinv is None:
                     dinv = to_host(sm.dinv)
                 S = K.smooth_restrict_matrix(_host_csr(lev.A, copy=False),
                                              _host_csr(lev.R, copy=False), dinv, sm.omega,
                                              self.presmooth)
-                d.S = (self._move_matrix(S), sm.omega, self.presmooth)
-            if (not K.is_int32_csr(d.S[0]) or d.S[1] != sm.omega or d.S[2] != self.presmooth
-                    or (max_nnz is not None and d.S[0].nnz > max_nnz)):
+                if max_nnz is not None and S.nnz > max_nnz:
+                    d.sfused = False            # not moved to the backend: never used
+                    continue
+                d.S = self._move_matrix(S)
+            if not K.is_int32_csr(d.S) or (max_nnz is not None and d.S.nnz > max_nnz):
                 d.sfused = False
 
     def _product(self, X, Y):
@@ -406,13 +408,13 @@ class MultilevelSolver:
     def _smooth(self, d, sweeps, zero, post, defer=False):
         sm = d.smoother
         if d.own:
-            if (defer and getattr(sm, "defers_last_sweep", False)
-                    and not hasattr(sm, "smooth_adjoint")):
+            adjoint = post and hasattr(sm, "smooth_adjoint")
+            if defer and not adjoint and getattr(sm, "defers_last_sweep", False):
                 self._keep_deferred(d, sm.smooth(d.x, d.b, sweeps, work=d.r, zero_initial=zero,
                                                  defer_last=True))
-                return
-            f = sm.smooth_adjoint if post and hasattr(sm, "smooth_adjoint") else sm.smooth
-            f(d.x, d.b, sweeps, work=d.r, zero_initial=zero)
+            else:
+                f = sm.smooth_adjoint if adjoint else sm.smooth
+                f(d.x, d.b, sweeps, work=d.r, zero_initial=zero)
             return
         if zero:
             d.x.fill(0)
@@ -436,7 +438,7 @@ class MultilevelSolver:
         d, c = self._dev[l], self._dev[l - 1]
         if zero and d.sfused:                  # x = G b and b_c = R (b - A x) in one launch
             sm = d.smoother
-            K.csr_smooth_restrict(sm.A, sm.dinv, sm.omega, self.presmooth, d.S[0], d.b, d.x, c.b)
+            K.csr_smooth_restrict(sm.A, sm.dinv, sm.omega, self.presmooth, d.S, d.b, d.x, c.b)
         else:
             self._pre_and_restrict(d, c, zero)
         for k, z in coarse_visits(kind, l):
