@@ -127,11 +127,13 @@ def bench_kernels(args, be, rows):
 
 
 def bench_tune(args, be, rows):
-    """3D smoother: register cap (minimum blocks per SM) 1, 2, 3 for k = 4..8."""
+    """3D smoother forms and register caps (minimum blocks per SM): the column
+    form with its tuned cap against the pencil form with caps 1, 2, 3, for the
+    degrees of --kernel-ks; each result is compared with the column form's."""
     cp = be.xp
     from adaptmg.patch import CartesianSpace, PatchSmoother
     from adaptmg.patch.kernels import GpuPatchSmoother
-    for k in range(4, 9):
+    for k in _ints(args.kernel_ks):
         V = CartesianSpace(3, k, pick_level(3, k, args.max_dofs_3d))
         N = V.n_dofs
         npatch = int(np.prod([n - 1 for n in V.cells]))
@@ -141,8 +143,8 @@ def bench_tune(args, be, rows):
             x0 = rng.standard_normal(N, dtype=np.float64).astype(dt)
             S = PatchSmoother(V, be, dt)
             ref = None
-            for minb in (1, 2, 3):
-                S._gpu = GpuPatchSmoother(V, dt, minb)
+            for variant, minb in [("column", None)] + [("pencil", m) for m in (1, 2, 3)]:
+                S._gpu = GpuPatchSmoother(V, dt, minb, variant=variant)
                 x = x0.copy()
                 S.smooth(x, b, 1)
                 err = 0.0 if ref is None else float(cp.linalg.norm(x - ref) / cp.linalg.norm(ref))
@@ -151,10 +153,11 @@ def bench_tune(args, be, rows):
                 t, tmin, tmax = timeit(cp, lambda: S.smooth(x, b, 1), args.reps)
                 fl = smoother_flops(3, k, npatch)
                 rows.append(dict(kind="smooth", dim=3, k=k, level=V.level, dofs=N,
-                                 dtype=np.dtype(dt).name + f"/mb{minb}", time=t, tmin=tmin,
-                                 tmax=tmax, gdofs=N / t / 1e9, tflops=fl / t / 1e12,
-                                 peak_frac=fl / t / PEAK[np.dtype(dt).name], diff=err))
-                print(fmt(rows[-1]), f"diff vs mb1 {err:.1e}", flush=True)
+                                 dtype=np.dtype(dt).name + f"/{variant}/mb{minb or 'default'}",
+                                 time=t, tmin=tmin, tmax=tmax, gdofs=N / t / 1e9,
+                                 tflops=fl / t / 1e12, peak_frac=fl / t / PEAK[np.dtype(dt).name],
+                                 diff=err))
+                print(fmt(rows[-1]), f"diff vs column {err:.1e}", flush=True)
             del S, b, x, x0, ref
             cp.get_default_memory_pool().free_all_blocks()
 
@@ -348,6 +351,8 @@ def main():
     ap.add_argument("--table7", default="1:9,3:8,7:7", help="table7 section: k:level,...")
     ap.add_argument("--table7-restart", type=int, default=4)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--smooth-form", choices=("column", "pencil"), default=None,
+                    help="form of the 3D smoothing kernel (default: adaptmg's)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--build-cubins", metavar="DIR", default=None,
                     help="compile all kernels with nvcc into DIR and exit")
@@ -368,6 +373,9 @@ def main():
         print("built", len(rc), "cubins, failures:", sum(1 for r in rc if r))
         return
     from adaptmg.backend import get_backend
+    if args.smooth_form:
+        import adaptmg.patch.kernels as patch_kernels
+        patch_kernels.SMOOTH3D_VARIANT = args.smooth_form
     if args.backend == "cpu":
         rows = []
         try:

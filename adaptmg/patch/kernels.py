@@ -22,7 +22,13 @@ precision) and memoised:
     the (2k-1)^2 interior columns of the later stages), so idle threads sit in
     the last warp only (§4.1.1 "Linear Indexing").
 
-Shared-memory layout (§4.1.2): every buffer is stored with its fastest index
+``adaptmg_patch_smooth3dp`` -- the same colour step in *pencil* form (the 3D
+    default): every stage is a batch of 1D contractions along one axis, one
+    thread per pencil with the pencil in registers and the 1D matrices compiled
+    in as ``__constant__`` arrays (uniform FMA operands), shared memory only
+    between stages.  Same sums in the same order; NOTES.md has the figures.
+
+Shared-memory layout of the column form (§4.1.2): every buffer is stored with its fastest index
 equal to the thread's fastest index, rows of odd length (2k+1 or 2k-1, the
 operator pads k+1 to odd), and the 1D matrices are read as ``M[a * ld + j]``
 with odd ``ld`` or, for the symmetric operator matrices, as ``M[j * ld + a]``
@@ -363,6 +369,200 @@ adaptmg_patch_smooth3d_$NAME(T* __restrict__ x, const T* __restrict__ b,
 }
 """
 
+# Pencil form of the 3D smoother: every stage is a set of 1D contractions along
+# one axis, one thread per pencil, the pencil in registers, the 1D matrices
+# compile-time __constant__ arrays (uniform operands of the FMAs: no shared-
+# memory load per FMA), and shared memory only to turn the data between stages.
+_SMOOTH3D_PENCIL = r"""
+typedef $T T;
+#define K $K
+#define NP (2 * K + 1)
+#define NI (2 * K - 1)
+#define PPB $PPB
+#define PT $PT
+#define OFF_T $OFFT
+#define PATCH_SMEM $PSMEM
+__constant__ T cMb[NI * NP] = {$MB};
+__constant__ T cAb[NI * NP] = {$AB};
+__constant__ T cS[NI * NI] = {$SS};
+__constant__ T cL[NI] = {$LAM};
+extern "C" __global__ void __launch_bounds__(NP * NP * PPB, $MINB)
+adaptmg_patch_smooth3dp_$NAME(T* __restrict__ x, const T* __restrict__ b,
+                              int n0, int n1, int n2, int col0, int col1, int col2,
+                              int P0, int P1, int P2, T c0, T c1, T c2)
+{
+    extern __shared__ unsigned char smem_raw[];
+    T* const sX = reinterpret_cast<T*>(smem_raw) + threadIdx.y * PATCH_SMEM;
+    T* const sV = sX + NP * NP * NP;     // [i2][i1][a0], then W
+    T* const sW = sV + NP * NP * NI;
+    T* const sP = sX;                    // [a1][a0][i2], then Q
+    T* const sQ = sX + NI * NI * NP;
+    T* const sT = sX + OFF_T;            // [a2][a1 (row PT)][a0]: after z and x stages
+    T* const sU = sX;                    // [a2][a1][a0] / [a1][a0][a2]: after the y stages
+    const int tid = threadIdx.x;
+    const long long npatch = (long long)P0 * P1 * P2;
+    const long long pid = (long long)blockIdx.x * PPB + threadIdx.y;
+    const bool active = pid < npatch;
+    const int m0 = (int)(pid % P0), m1 = (int)((pid / P0) % P1), m2 = (int)(pid / ((long long)P0 * P1));
+    const int s0 = (col0 + 2 * m0) * K, s1 = (col1 + 2 * m1) * K, s2 = (col2 + 2 * m2) * K;
+    const int N0 = n0 * K - 1, N1 = n1 * K - 1, N2 = n2 * K - 1;
+    const long long plane = (long long)N0 * N1;
+    const bool inner = tid < NI * NI;
+    // 1. load Rbar_j x, one thread per z-column (coalesced along x)
+    {
+        const int i0 = tid % NP, i1 = tid / NP;
+        const int g0 = s0 + i0 - 1, g1 = s1 + i1 - 1;
+        const bool ok = active && g0 >= 0 && g0 < N0 && g1 >= 0 && g1 < N1;
+        const long long base = (long long)g1 * N0 + g0;
+        #pragma unroll
+        for (int i2 = 0; i2 < NP; ++i2) {
+            const int g2 = s2 + i2 - 1;
+            sX[(i2 * NP + i1) * NP + i0] = (ok && g2 >= 0 && g2 < N2) ? x[g2 * plane + base] : (T)0;
+        }
+    }
+    // the local right-hand side R_j b, prefetched for the z-stage
+    T br[NI];
+    {
+        const int a0 = tid % NI, a1 = tid / NI;
+        const long long gb = (long long)(s1 + a1) * N0 + (s0 + a0);
+        #pragma unroll
+        for (int a2 = 0; a2 < NI; ++a2) br[a2] = (inner && active) ? b[(s2 + a2) * plane + gb] : (T)0;
+    }
+    __syncthreads();
+    // 2. x-stage, pencil (i1, i2): v = Mb_x x, w = Ab_x x
+    {
+        const int i1 = tid % NP, i2 = tid / NP;
+        T xr[NP];
+        #pragma unroll
+        for (int j = 0; j < NP; ++j) xr[j] = sX[tid * NP + j];
+        T* const v = sV + (i2 * NP + i1) * NI;
+        T* const w = sW + (i2 * NP + i1) * NI;
+        #pragma unroll
+        for (int a0 = 0; a0 < NI; ++a0) {
+            T s = 0, t = 0;
+            #pragma unroll
+            for (int j = 0; j < NP; ++j) { s += cMb[a0 * NP + j] * xr[j]; t += cAb[a0 * NP + j] * xr[j]; }
+            v[a0] = s; w[a0] = t;
+        }
+    }
+    __syncthreads();
+    // 3. y-stage, pencil (a0, i2): p = Mb_y v, q = c1 Ab_y v + c0 Mb_y w
+    {
+        const bool on = tid < NI * NP;
+        const int a0 = tid % NI, i2 = tid / NI;
+        T vr[NP], wr[NP];
+        if (on) {
+            #pragma unroll
+            for (int j = 0; j < NP; ++j) { vr[j] = sV[(i2 * NP + j) * NI + a0]; wr[j] = sW[(i2 * NP + j) * NI + a0]; }
+        }
+        __syncthreads();               // p, q overwrite x and v
+        if (on) {
+            #pragma unroll
+            for (int a1 = 0; a1 < NI; ++a1) {
+                T sp = 0, sa = 0, smm = 0;
+                #pragma unroll
+                for (int j = 0; j < NP; ++j) {
+                    sp += cMb[a1 * NP + j] * vr[j]; sa += cAb[a1 * NP + j] * vr[j]; smm += cMb[a1 * NP + j] * wr[j];
+                }
+                sP[(a1 * NI + a0) * NP + i2] = sp;
+                sQ[(a1 * NI + a0) * NP + i2] = c1 * sa + c0 * smm;
+            }
+        }
+    }
+    __syncthreads();
+    // 4. z-stage, pencil (a0, a1): r = R_j b - (c2 Ab_z p + Mb_z q)   (eq. 2.8),
+    //    then the first factor of the local solve, S^T along z (eq. 2.14)
+    if (inner) {
+        const int a0 = tid % NI, a1 = tid / NI;
+        T pr[NP], qr[NP], r[NI];
+        #pragma unroll
+        for (int j = 0; j < NP; ++j) { pr[j] = sP[tid * NP + j]; qr[j] = sQ[tid * NP + j]; }
+        #pragma unroll
+        for (int a2 = 0; a2 < NI; ++a2) {
+            T s = 0, t = 0;
+            #pragma unroll
+            for (int j = 0; j < NP; ++j) { s += cAb[a2 * NP + j] * pr[j]; t += cMb[a2 * NP + j] * qr[j]; }
+            r[a2] = br[a2] - (c2 * s + t);
+        }
+        #pragma unroll
+        for (int c = 0; c < NI; ++c) {
+            T s = 0;
+            #pragma unroll
+            for (int a2 = 0; a2 < NI; ++a2) s += cS[a2 * NI + c] * r[a2];
+            sT[c * PT + a1 * NI + a0] = s;
+        }
+    }
+    __syncthreads();
+    // 5. S^T along y, pencil (a0, a2)
+    if (inner) {
+        const int a0 = tid % NI, a2 = tid / NI;
+        T tr[NI];
+        #pragma unroll
+        for (int j = 0; j < NI; ++j) tr[j] = sT[a2 * PT + j * NI + a0];
+        #pragma unroll
+        for (int a1 = 0; a1 < NI; ++a1) {
+            T s = 0;
+            #pragma unroll
+            for (int j = 0; j < NI; ++j) s += cS[j * NI + a1] * tr[j];
+            sU[(a2 * NI + a1) * NI + a0] = s;
+        }
+    }
+    __syncthreads();
+    // 6. pencil (a1, a2): S^T along x, divide by the eigenvalue sums (eq. 2.13), S along x
+    if (inner) {
+        const int a1 = tid % NI, a2 = tid / NI;
+        T yr[NI], zr[NI];
+        #pragma unroll
+        for (int j = 0; j < NI; ++j) yr[j] = sU[tid * NI + j];
+        #pragma unroll
+        for (int a0 = 0; a0 < NI; ++a0) {
+            T s = 0;
+            #pragma unroll
+            for (int j = 0; j < NI; ++j) s += cS[j * NI + a0] * yr[j];
+            zr[a0] = s / ((c0 * cL[a0] + c1 * cL[a1]) + c2 * cL[a2]);
+        }
+        #pragma unroll
+        for (int a0 = 0; a0 < NI; ++a0) {
+            T s = 0;
+            #pragma unroll
+            for (int j = 0; j < NI; ++j) s += cS[a0 * NI + j] * zr[j];
+            sT[a2 * PT + a1 * NI + a0] = s;
+        }
+    }
+    __syncthreads();
+    // 7. S along y, pencil (a0, a2)
+    if (inner) {
+        const int a0 = tid % NI, a2 = tid / NI;
+        T tr[NI];
+        #pragma unroll
+        for (int j = 0; j < NI; ++j) tr[j] = sT[a2 * PT + j * NI + a0];
+        #pragma unroll
+        for (int a1 = 0; a1 < NI; ++a1) {
+            T s = 0;
+            #pragma unroll
+            for (int j = 0; j < NI; ++j) s += cS[a1 * NI + j] * tr[j];
+            sU[(a1 * NI + a0) * NI + a2] = s;
+        }
+    }
+    __syncthreads();
+    // 8. S along z, pencil (a0, a1); x_j += A_j^{-1} r_j
+    if (inner && active) {
+        const int a0 = tid % NI, a1 = tid / NI;
+        T tr[NI];
+        #pragma unroll
+        for (int j = 0; j < NI; ++j) tr[j] = sU[tid * NI + j];
+        const long long gb = (long long)(s1 + a1) * N0 + (s0 + a0);
+        #pragma unroll
+        for (int a2 = 0; a2 < NI; ++a2) {
+            T s = 0;
+            #pragma unroll
+            for (int j = 0; j < NI; ++j) s += cS[a2 * NI + j] * tr[j];
+            x[(s2 + a2) * plane + gb] += s;
+        }
+    }
+}
+"""
+
 _SMOOTH2D = r"""
 typedef $T T;
 #define K $K
@@ -470,8 +670,10 @@ def laplace_source(dim, k, dtype):
         f"adaptmg_patch_lap{dim}d_{name}"
 
 
-def smoother_smem_bytes(dim, k, dtype):
+def smoother_smem_bytes(dim, k, dtype, variant="column"):
     isz = np.dtype(dtype).itemsize
+    if variant == "pencil":
+        return patches_per_block(dim, k) * pencil_layout(k)[2] * isz
     NP, NI = 2 * k + 1, 2 * k - 1
     nmat = 2 * NI * NP + NI * NI + NI
     nmat = ((nmat + 1) // 2) * 2
@@ -485,6 +687,48 @@ def smoother_smem_bytes(dim, k, dtype):
 # 225-thread block (8 warps) per SM.
 SMOOTH3D_MIN_BLOCKS = {(7, "float64"): 2, (6, "float32"): 3, (7, "float32"): 3,
                        (8, "float32"): 2}
+
+# The 3D smoother's form by default ("column" or "pencil", see GpuPatchSmoother)
+# and the pencil form's register caps, by (k, dtype).
+# Tuned with bench_patch.py --sections tune (H100, NOTES.md): the pencil form is
+# 1.1-1.8x faster than the column form for k = 3..8 in both precisions.
+SMOOTH3D_VARIANT = "pencil"
+SMOOTH3D_PENCIL_MIN_BLOCKS = {(5, "float64"): 3, (6, "float64"): 3, (7, "float64"): 2,
+                              (8, "float64"): 2, (4, "float32"): 2, (5, "float32"): 2,
+                              (6, "float32"): 2, (7, "float32"): 3, (8, "float32"): 3}
+
+
+def _literals(values, dtype):
+    """Exact C literals (hexadecimal floats) of ``values`` rounded to ``dtype``."""
+    dt = np.dtype(dtype)
+    suffix = "f" if dt == np.float32 else ""
+    return ", ".join(float(v).hex() + suffix for v in np.asarray(values, dtype=dt).ravel())
+
+
+def pencil_layout(k):
+    """Shared-memory layout of the pencil smoother (in elements): the row
+    stride ``PT`` of the z/x-stage outputs (>= NI^2 and = NI mod 32, so that
+    the y-stage threads read distinct banks), their offset ``OFF_T`` (after
+    the y-stage outputs p, q) and the size of one patch's region."""
+    NP, NI = 2 * k + 1, 2 * k - 1
+    PT = NI * NI + (NI - NI * NI) % 32
+    off_t = 2 * NI * NI * NP
+    return PT, off_t, max(NP ** 3 + 2 * NP * NP * NI, off_t + NI * PT)
+
+
+def pencil_smoother_source(k, dtype, minb=1):
+    """CUDA source of the pencil form of the 3D smoother (``_SMOOTH3D_PENCIL``)
+    with this degree's 1D matrices compiled in as ``__constant__`` arrays."""
+    dt = np.dtype(dtype)
+    T = _TYPES[dt]
+    Mb, Ab, _, _ = patch_matrices(k)
+    S, lam = patch_fast_diag(k)
+    PT, off_t, psmem = pencil_layout(k)
+    name = f"k{k}_{'f64' if T == 'double' else 'f32'}" + (f"_mb{minb}" if minb != 1 else "")
+    src = _fill(_SMOOTH3D_PENCIL, T=T, K=k, PPB=patches_per_block(3, k), NAME=name, MINB=minb,
+                PT=PT, OFFT=off_t, PSMEM=psmem, MB=_literals(Mb, dt), AB=_literals(Ab, dt),
+                SS=_literals(S, dt), LAM=_literals(lam, dt))
+    return src, f"adaptmg_patch_smooth3dp_{name}"
 
 
 def smoother_source(dim, k, dtype, minb=None):
@@ -520,6 +764,9 @@ def build_cubins(outdir, arch="sm_90", nvcc="nvcc"):
     for k in range(4, 9):                       # register-capped variants (tuning)
         for dt in (np.float64, np.float32):
             jobs += [smoother_source(3, k, dt, minb) for minb in (2, 3)]
+    for k in range(1, 9):
+        for dt in (np.float64, np.float32):
+            jobs += [pencil_smoother_source(k, dt, minb) for minb in (1, 2, 3)]
     jobs += [axis_source(np.float64), axis_source(np.float32)]
     procs = []
     tmp = tempfile.mkdtemp()
@@ -553,11 +800,14 @@ def _load(src, name):
 def _raw_kernel(kind, dim, k, dtype_str, minb=None):
     if kind == "lap":
         src, name = laplace_source(dim, k, np.dtype(dtype_str))
+    elif kind == "pencil":
+        src, name = pencil_smoother_source(k, np.dtype(dtype_str), minb)
     else:
         src, name = smoother_source(dim, k, np.dtype(dtype_str), minb)
     ker = _load(src, name)
-    if kind == "smooth":
-        nbytes = smoother_smem_bytes(dim, k, np.dtype(dtype_str))
+    if kind != "lap":
+        nbytes = smoother_smem_bytes(dim, k, np.dtype(dtype_str),
+                                     "pencil" if kind == "pencil" else "column")
         if nbytes > 48 * 1024:
             ker.max_dynamic_shared_size_bytes = nbytes
     return ker
@@ -591,23 +841,41 @@ class GpuLaplace:
 
 
 class GpuPatchSmoother:
-    """Launcher of the fused smoothing kernel, one launch per colour."""
+    """Launcher of the fused smoothing kernel, one launch per colour.
 
-    def __init__(self, space, dtype, minb=None):
+    ``variant`` (3D only): "column" (``_SMOOTH3D``: a thread per output column,
+    matrices in shared memory) or "pencil" (``_SMOOTH3D_PENCIL``: a thread per
+    1D pencil, matrices compiled in); default ``SMOOTH3D_VARIANT``.  ``minb``:
+    the register cap as minimum resident blocks per SM (default from the
+    tuning tables)."""
+
+    def __init__(self, space, dtype, minb=None, variant=None):
         self.space = space
         self.dtype = np.dtype(dtype)
         cp = get_backend("gpu").xp
         self.cp = cp
         k = space.k
-        Mb, Ab, _, _ = patch_matrices(k)
-        S, lam = patch_fast_diag(k)
-        self.mats = cp.asarray(np.concatenate([Mb.ravel(), Ab.ravel(), S.ravel(), lam]), dtype=self.dtype)
-        if minb is None and space.dim == 3:
-            minb = SMOOTH3D_MIN_BLOCKS.get((k, self.dtype.name), 1)
-        self.kernel = _raw_kernel("smooth", space.dim, k, self.dtype.str, minb)
+        if variant is None:
+            variant = SMOOTH3D_VARIANT if space.dim == 3 else "column"
+        if variant not in ("column", "pencil") or (variant == "pencil" and space.dim != 3):
+            raise ValueError(f"variant must be 'column' or (3D) 'pencil', got {variant!r}")
+        self.variant = variant
+        if variant == "pencil":
+            self.mats = None                      # compiled into the kernel
+            if minb is None:
+                minb = SMOOTH3D_PENCIL_MIN_BLOCKS.get((k, self.dtype.name), 1)
+            self.kernel = _raw_kernel("pencil", 3, k, self.dtype.str, minb)
+        else:
+            Mb, Ab, _, _ = patch_matrices(k)
+            S, lam = patch_fast_diag(k)
+            self.mats = cp.asarray(np.concatenate([Mb.ravel(), Ab.ravel(), S.ravel(), lam]),
+                                   dtype=self.dtype)
+            if minb is None and space.dim == 3:
+                minb = SMOOTH3D_MIN_BLOCKS.get((k, self.dtype.name), 1)
+            self.kernel = _raw_kernel("smooth", space.dim, k, self.dtype.str, minb)
         self.ppb = patches_per_block(space.dim, k)
         self.block = ((2 * k + 1) ** 2, self.ppb)
-        self.smem = smoother_smem_bytes(space.dim, k, self.dtype)
+        self.smem = smoother_smem_bytes(space.dim, k, self.dtype, variant)
         T = self.dtype.type
         self.cells = tuple(np.int32(n) for n in space.cells)
         self.coeffs = tuple(T(c) for c in space.coeffs)
@@ -615,7 +883,8 @@ class GpuPatchSmoother:
     def color(self, x, b, col, cnt):
         npatch = int(np.prod(cnt))
         grid = ((npatch + self.ppb - 1) // self.ppb,)
-        args = (x, b, self.mats) + self.cells + tuple(np.int32(c) for c in col) \
+        mats = () if self.mats is None else (self.mats,)
+        args = (x, b) + mats + self.cells + tuple(np.int32(c) for c in col) \
             + tuple(np.int32(c) for c in cnt) + self.coeffs
         self.kernel(grid, self.block, args, shared_mem=self.smem)
 

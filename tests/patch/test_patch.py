@@ -400,3 +400,30 @@ def test_fmg_stops_at_the_rounding_floor_and_warns():
     assert info["iterations"] == 1 and not info["stagnated"]
     _, info = mg.solve(b, rtol=1e-9)
     assert info["converged"] and not info["stagnated"]
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_pencil_kernel_source(k, dtype):
+    """The pencil smoother's source (built without a GPU): the compiled-in 1D
+    matrices are exactly the patch matrices rounded to the dtype, no template
+    field is left, and the shared-memory regions that live at the same time do
+    not overlap (see the stage comments of _SMOOTH3D_PENCIL)."""
+    import re
+    from adaptmg.patch.kernels import pencil_layout, pencil_smoother_source
+    from adaptmg.patch.tensor import patch_fast_diag, patch_matrices
+    src, name = pencil_smoother_source(k, dtype, 2)
+    assert "$" not in src and name.endswith("_mb2") and f"_k{k}_" in name
+    Mb, Ab, _, _ = patch_matrices(k)
+    S, lam = patch_fast_diag(k)
+    for sym, ref in (("cMb", Mb), ("cAb", Ab), ("cS", S), ("cL", lam)):
+        body = re.search(sym + r"\[[^\]]*\] = \{([^}]*)\}", src).group(1)
+        got = [float.fromhex(t.strip().rstrip("f")) for t in body.split(",")]
+        np.testing.assert_array_equal(np.asarray(got, dtype=dtype), np.asarray(ref, dtype=dtype).ravel())
+    NP, NI = 2 * k + 1, 2 * k - 1
+    PT, off_t, psmem = pencil_layout(k)
+    assert PT >= NI * NI and (PT - NI) % 32 == 0            # y-stage reads: distinct banks
+    assert off_t >= 2 * NI * NI * NP                         # z/x outputs after p, q
+    assert NI ** 3 <= off_t and off_t + NI * PT <= psmem      # y outputs before them
+    assert NP ** 3 + NP * NP * NI >= 2 * NI * NI * NP         # w survives the p, q writes
+    assert psmem >= NP ** 3 + 2 * NP * NP * NI
