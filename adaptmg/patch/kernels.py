@@ -386,6 +386,24 @@ __constant__ T cMb[NI * NP] = {$MB};
 __constant__ T cAb[NI * NP] = {$AB};
 __constant__ T cS[NI * NI] = {$SS};
 __constant__ T cL[NI] = {$LAM};
+// S^T (TRANS) or S along y on the pencil (a0, a2) of src [a2][a1 (row PT)][a0];
+// the result goes to dst as [a2][a1][a0] (for the x-stage, TRANS) or as
+// [a1][a0][a2] (for the z-stage)
+template <bool TRANS>
+__device__ __forceinline__ void pencil_y(const T* __restrict__ src, T* __restrict__ dst, int tid)
+{
+    const int a0 = tid % NI, a2 = tid / NI;
+    T tr[NI];
+    #pragma unroll
+    for (int j = 0; j < NI; ++j) tr[j] = src[a2 * PT + j * NI + a0];
+    #pragma unroll
+    for (int a1 = 0; a1 < NI; ++a1) {
+        T s = 0;
+        #pragma unroll
+        for (int j = 0; j < NI; ++j) s += cS[TRANS ? j * NI + a1 : a1 * NI + j] * tr[j];
+        dst[TRANS ? (a2 * NI + a1) * NI + a0 : (a1 * NI + a0) * NI + a2] = s;
+    }
+}
 extern "C" __global__ void __launch_bounds__(NP * NP * PPB, $MINB)
 adaptmg_patch_smooth3dp_$NAME(T* __restrict__ x, const T* __restrict__ b,
                               int n0, int n1, int n2, int col0, int col1, int col2,
@@ -494,19 +512,7 @@ adaptmg_patch_smooth3dp_$NAME(T* __restrict__ x, const T* __restrict__ b,
     }
     __syncthreads();
     // 5. S^T along y, pencil (a0, a2)
-    if (inner) {
-        const int a0 = tid % NI, a2 = tid / NI;
-        T tr[NI];
-        #pragma unroll
-        for (int j = 0; j < NI; ++j) tr[j] = sT[a2 * PT + j * NI + a0];
-        #pragma unroll
-        for (int a1 = 0; a1 < NI; ++a1) {
-            T s = 0;
-            #pragma unroll
-            for (int j = 0; j < NI; ++j) s += cS[j * NI + a1] * tr[j];
-            sU[(a2 * NI + a1) * NI + a0] = s;
-        }
-    }
+    if (inner) pencil_y<true>(sT, sU, tid);
     __syncthreads();
     // 6. pencil (a1, a2): S^T along x, divide by the eigenvalue sums (eq. 2.13), S along x
     if (inner) {
@@ -531,19 +537,7 @@ adaptmg_patch_smooth3dp_$NAME(T* __restrict__ x, const T* __restrict__ b,
     }
     __syncthreads();
     // 7. S along y, pencil (a0, a2)
-    if (inner) {
-        const int a0 = tid % NI, a2 = tid / NI;
-        T tr[NI];
-        #pragma unroll
-        for (int j = 0; j < NI; ++j) tr[j] = sT[a2 * PT + j * NI + a0];
-        #pragma unroll
-        for (int a1 = 0; a1 < NI; ++a1) {
-            T s = 0;
-            #pragma unroll
-            for (int j = 0; j < NI; ++j) s += cS[a1 * NI + j] * tr[j];
-            sU[(a1 * NI + a0) * NI + a2] = s;
-        }
-    }
+    if (inner) pencil_y<false>(sT, sU, tid);
     __syncthreads();
     // 8. S along z, pencil (a0, a1); x_j += A_j^{-1} r_j
     if (inner && active) {
