@@ -188,6 +188,27 @@ adaptmg_patch_lap2d_$NAME(const T* __restrict__ u, T* __restrict__ v,
 """
 
 # --- smoother -------------------------------------------------------------
+# Both 3D smoother forms start alike: Rbar_j x into the shared buffer DST
+# [i2][i1][i0], zero outside the domain (Dirichlet), one thread per z-column.
+_LOAD_PATCH3D = r"""{
+        const int i0 = tid % NP, i1 = tid / NP;
+        const int g0 = s0 + i0 - 1, g1 = s1 + i1 - 1;
+        const bool ok = active && g0 >= 0 && g0 < N0 && g1 >= 0 && g1 < N1;
+        const long long base = (long long)g1 * N0 + g0;
+        #pragma unroll
+        for (int i2 = 0; i2 < NP; ++i2) {
+            const int g2 = s2 + i2 - 1;
+            DST[(i2 * NP + i1) * NP + i0] = (ok && g2 >= 0 && g2 < N2) ? x[g2 * plane + base] : (T)0;
+        }
+    }"""
+
+
+def _with_patch_load(tpl):
+    """Expand ``$LOADX(buf)`` in a 3D smoother template into _LOAD_PATCH3D on ``buf``."""
+    import re
+    return re.sub(r"\$LOADX\((\w+)\)", lambda m: _LOAD_PATCH3D.replace("DST", m.group(1)), tpl)
+
+
 # mats layout: Mb (NI x NP), Ab (NI x NP), S (NI x NI), lam (NI)
 _SMOOTH3D = r"""
 typedef $T T;
@@ -223,18 +244,8 @@ adaptmg_patch_smooth3d_$NAME(T* __restrict__ x, const T* __restrict__ b,
     const int s0 = (col0 + 2 * m0) * K, s1 = (col1 + 2 * m1) * K, s2 = (col2 + 2 * m2) * K;
     const int N0 = n0 * K - 1, N1 = n1 * K - 1, N2 = n2 * K - 1;
     const long long plane = (long long)N0 * N1;
-    // 1. load Rbar_j x, one thread per column
-    if (tid < NP * NP) {
-        const int i0 = tid % NP, i1 = tid / NP;
-        const int g0 = s0 + i0 - 1, g1 = s1 + i1 - 1;
-        const bool ok = active && g0 >= 0 && g0 < N0 && g1 >= 0 && g1 < N1;
-        const long long base = (long long)g1 * N0 + g0;
-        #pragma unroll
-        for (int i2 = 0; i2 < NP; ++i2) {
-            const int g2 = s2 + i2 - 1;
-            sx[(i2 * NP + i1) * NP + i0] = (ok && g2 >= 0 && g2 < N2) ? x[g2 * plane + base] : (T)0;
-        }
-    }
+    // 1. load Rbar_j x, one thread per z-column (coalesced along x)
+    if (tid < NP * NP) $LOADX(sx)
     __syncthreads();
     // 2. x-stage of Abar: v = Mb_x x, w = Ab_x x on (a0, i1), linear thread index
     if (tid < NI * NP) {
@@ -427,17 +438,7 @@ adaptmg_patch_smooth3dp_$NAME(T* __restrict__ x, const T* __restrict__ b,
     const long long plane = (long long)N0 * N1;
     const bool inner = tid < NI * NI;
     // 1. load Rbar_j x, one thread per z-column (coalesced along x)
-    {
-        const int i0 = tid % NP, i1 = tid / NP;
-        const int g0 = s0 + i0 - 1, g1 = s1 + i1 - 1;
-        const bool ok = active && g0 >= 0 && g0 < N0 && g1 >= 0 && g1 < N1;
-        const long long base = (long long)g1 * N0 + g0;
-        #pragma unroll
-        for (int i2 = 0; i2 < NP; ++i2) {
-            const int g2 = s2 + i2 - 1;
-            sX[(i2 * NP + i1) * NP + i0] = (ok && g2 >= 0 && g2 < N2) ? x[g2 * plane + base] : (T)0;
-        }
-    }
+    $LOADX(sX)
     // the local right-hand side R_j b, prefetched for the z-stage
     T br[NI];
     {
@@ -719,7 +720,7 @@ def pencil_smoother_source(k, dtype, minb=1):
     S, lam = patch_fast_diag(k)
     PT, off_t, psmem = pencil_layout(k)
     name = f"k{k}_{'f64' if T == 'double' else 'f32'}" + (f"_mb{minb}" if minb != 1 else "")
-    src = _fill(_SMOOTH3D_PENCIL, T=T, K=k, PPB=patches_per_block(3, k), NAME=name, MINB=minb,
+    src = _fill(_with_patch_load(_SMOOTH3D_PENCIL), T=T, K=k, PPB=patches_per_block(3, k), NAME=name, MINB=minb,
                 PT=PT, OFFT=off_t, PSMEM=psmem, MB=_literals(Mb, dt), AB=_literals(Ab, dt),
                 SS=_literals(S, dt), LAM=_literals(lam, dt))
     return src, f"adaptmg_patch_smooth3dp_{name}"
@@ -731,7 +732,7 @@ def smoother_source(dim, k, dtype, minb=None):
     if minb is None:
         minb = SMOOTH3D_MIN_BLOCKS.get((k, dt.name), 1) if dim == 3 else 1
     name = f"k{k}_{'f64' if T == 'double' else 'f32'}" + (f"_mb{minb}" if minb != 1 else "")
-    tpl = _SMOOTH3D if dim == 3 else _SMOOTH2D
+    tpl = _with_patch_load(_SMOOTH3D) if dim == 3 else _SMOOTH2D
     return _fill(tpl, T=T, K=k, PPB=patches_per_block(dim, k), NAME=name, MINB=minb), \
         f"adaptmg_patch_smooth{dim}d_{name}"
 
