@@ -40,6 +40,7 @@ Only ``adaptmg.backend`` imports CuPy; we get it as ``get_backend("gpu").xp``.
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 
@@ -205,7 +206,6 @@ _LOAD_PATCH3D = r"""{
 
 def _with_patch_load(tpl):
     """Expand ``$LOADX(buf)`` in a 3D smoother template into _LOAD_PATCH3D on ``buf``."""
-    import re
     return re.sub(r"\$LOADX\((\w+)\)", lambda m: _LOAD_PATCH3D.replace("DST", m.group(1)), tpl)
 
 
