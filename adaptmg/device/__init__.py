@@ -7,6 +7,8 @@
   ELL/sub-warp products, residual, Chebyshev step, dense symmetric GEMV).
 * :mod:`.cudagraph` -- record one call into a CUDA graph and replay it (with a check
   that the replay reproduces the eager call).
+* :mod:`.pdl` -- programmatic dependent launch of the recorded CSR/CG kernels (Hopper+):
+  a kernel's launch and its reads of set-up data overlap the previous kernel's tail.
 
 Kernels come from memoised factories with names in the ``adaptmg_`` namespace; on
 the host the same algorithm runs in NumPy, so one test body checks both.

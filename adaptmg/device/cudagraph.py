@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import pdl
+
 __all__ = ["capture"]
 
 
@@ -38,9 +40,20 @@ def capture(backend, run, inputs, output, rtol=1e-12, seed=0, reset=None):
     same work on every call and may only touch preallocated buffers.  ``reset``
     (optional) restores any other state ``run`` reads (e.g. integer flags) before
     each of the eager run and the checked replay; it is not recorded.
+
+    The kernels of :func:`adaptmg.device.pdl.module` are recorded with programmatic
+    dependent launches (Hopper and later); if the driver refuses those, PDL is switched
+    off and the graph is recorded once more without it.
     """
     if not backend.is_gpu:
         return None, "not a GPU backend"
+    try:
+        return _capture(backend, run, inputs, output, rtol, seed, reset)
+    except pdl.PDLUnavailable:
+        return _capture(backend, run, inputs, output, rtol, seed, reset)
+
+
+def _capture(backend, run, inputs, output, rtol, seed, reset):
     xp = backend.xp
     rng = np.random.default_rng(seed)
     vals = [rng.standard_normal(a.shape).astype(a.dtype) for a in inputs]
@@ -59,9 +72,15 @@ def capture(backend, run, inputs, output, rtol=1e-12, seed=0, reset=None):
         with xp.cuda.using_allocator(_refuse), stream:
             stream.begin_capture()
             try:
-                run()
-            finally:
-                graph = stream.end_capture()
+                with pdl.capturing():           # kernels of pdl.module: programmatic launches
+                    run()
+            except BaseException:
+                try:                            # end the (possibly invalidated) capture; the
+                    stream.end_capture()        # error that stopped run() is the one to report
+                except Exception:               # pragma: no cover - depends on the driver
+                    pass
+                raise
+            graph = stream.end_capture()
         stream.synchronize()
         output.fill(0)
         fill()
@@ -72,6 +91,8 @@ def capture(backend, run, inputs, output, rtol=1e-12, seed=0, reset=None):
         if not err <= rtol:
             return None, f"graph replay differs from the eager run (relative {err:.2e})"
         return graph, None
+    except pdl.PDLUnavailable:
+        raise
     except (RuntimeError, NotImplementedError, MemoryError, TypeError, ValueError) as exc:
         # pragma: no cover - CuPy refuses cuSPARSE/cuBLAS under capture (NotImplementedError),
         # the refusing allocator (MemoryError), CUDA errors (RuntimeError): launch eagerly

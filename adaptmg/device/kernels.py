@@ -51,6 +51,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import get_backend, is_device_sparse
+from . import pdl
 
 __all__ = [
     "get_kernel", "axpby", "jacobi_update", "jacobi_residual_update",
@@ -280,53 +281,84 @@ def dense_matvec(M, b, out):
 # Fused CSR kernels (one launch per Jacobi sweep / residual; small levels)
 # --------------------------------------------------------------------------
 _CSR_SRC = r"""
-// row i of A x: one thread per row ...
-__device__ __forceinline__ {T} adaptmg_row_dot_{T}(
-    const int i, const int* __restrict__ indptr, const int* __restrict__ indices,
+// Every kernel reads what no kernel of a graph writes (CSR structure and values, dinv)
+// before ADAPTMG_GRID_WAIT() and the vectors after it (adaptmg.device.pdl): launched
+// programmatically, those loads overlap the previous kernel's tail.
+//
+// The part of a row product that does not depend on the vector: this lane's entries
+// [k, e) of the row (stride tpr) and its first entry (column j, value d).
+struct adaptmg_row_{T} { int k, e, j; {T} d; };
+__device__ __forceinline__ adaptmg_row_{T} adaptmg_row_begin_{T}(
+    const int row, const int lane, const int n, const int* __restrict__ indptr,
+    const int* __restrict__ indices, const {T}* __restrict__ data)
+{
+    adaptmg_row_{T} r = {0, 0, 0, ({T})0};
+    if (row < n) {
+        r.k = indptr[row] + lane;
+        r.e = indptr[row + 1];
+        if (r.k < r.e) { r.j = indices[r.k]; r.d = data[r.k]; }
+    }
+    return r;
+}
+// sum over the lane's entries of data[k] x[indices[k]], in index order from 0
+__device__ __forceinline__ {T} adaptmg_row_sum_{T}(
+    const adaptmg_row_{T} r, const int tpr, const int* __restrict__ indices,
     const {T}* __restrict__ data, const {T}* __restrict__ x)
 {
     {T} s = 0;
-    for (int k = indptr[i]; k < indptr[i + 1]; ++k) s += data[k] * x[indices[k]];
+    if (r.k < r.e) {
+        s += r.d * x[r.j];
+        for (int k = r.k + tpr; k < r.e; k += tpr) s += data[k] * x[indices[k]];
+    }
     return s;
 }
-// ... or tpr (2, 4, 8, 16 or 32) threads per row with a shuffle reduction; every thread
-// of the grid must call it (the shuffle needs the whole sub-warp); lane 0 gets the sum
-__device__ __forceinline__ {T} adaptmg_row_dot_vec_{T}(
-    const int row, const int lane, const int n, const int tpr, const int* __restrict__ indptr,
-    const int* __restrict__ indices, const {T}* __restrict__ data, const {T}* __restrict__ x)
+// tpr (1, 2, 4, ..., 32) threads per row: the shuffle reduction of the lanes' sums; every
+// thread of the grid must call it (the shuffle needs the whole sub-warp); lane 0 gets the sum
+__device__ __forceinline__ {T} adaptmg_lanes_sum_{T}({T} s, const int tpr)
 {
-    {T} s = 0;
-    if (row < n)
-        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) s += data[k] * x[indices[k]];
     for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
     return s;
+}
+__device__ __forceinline__ {T} adaptmg_row_dot_vec_{T}(
+    const adaptmg_row_{T} r, const int tpr, const int* __restrict__ indices,
+    const {T}* __restrict__ data, const {T}* __restrict__ x)
+{
+    return adaptmg_lanes_sum_{T}(adaptmg_row_sum_{T}(r, tpr, indices, data, x), tpr);
 }
 extern "C" __global__ void adaptmg_csr_jacobi_{T}(
     const int n, const int* __restrict__ indptr, const int* __restrict__ indices,
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
     const {T}* __restrict__ dinv, const {T} omega, {T}* __restrict__ y)
 {
-    int i = blockDim.x * blockIdx.x + threadIdx.x;
-    if (i < n) y[i] = x[i] + omega * dinv[i] * (b[i] - adaptmg_row_dot_{T}(i, indptr, indices, data, x));
+    const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(i, 0, n, indptr, indices, data);
+    const {T} di = (i < n) ? dinv[i] : ({T})0;
+    ADAPTMG_GRID_WAIT();
+    if (i < n) y[i] = x[i] + omega * di * (b[i] - adaptmg_row_sum_{T}(ri, 1, indices, data, x));
 }
 extern "C" __global__ void adaptmg_csr_jacobi_vec_{T}(
     const int n, const int tpr, const int* __restrict__ indptr, const int* __restrict__ indices,
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
     const {T}* __restrict__ dinv, const {T} omega, {T}* __restrict__ y)
 {
-    int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    int row = tid / tpr, lane = tid % tpr;
-    {T} s = adaptmg_row_dot_vec_{T}(row, lane, n, tpr, indptr, indices, data, x);
-    if (row < n && lane == 0) y[row] = x[row] + omega * dinv[row] * (b[row] - s);
+    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    const int row = tid / tpr, lane = tid % tpr;
+    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, n, indptr, indices, data);
+    const {T} di = (row < n && lane == 0) ? dinv[row] : ({T})0;
+    ADAPTMG_GRID_WAIT();
+    const {T} s = adaptmg_row_dot_vec_{T}(ri, tpr, indices, data, x);
+    if (row < n && lane == 0) y[row] = x[row] + omega * di * (b[row] - s);
 }
 extern "C" __global__ void adaptmg_csr_residual_vec_{T}(
     const int n, const int tpr, const int* __restrict__ indptr, const int* __restrict__ indices,
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
     {T}* __restrict__ r)
 {
-    int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    int row = tid / tpr, lane = tid % tpr;
-    {T} s = adaptmg_row_dot_vec_{T}(row, lane, n, tpr, indptr, indices, data, x);
+    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    const int row = tid / tpr, lane = tid % tpr;
+    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, n, indptr, indices, data);
+    ADAPTMG_GRID_WAIT();
+    const {T} s = adaptmg_row_dot_vec_{T}(ri, tpr, indices, data, x);
     if (row < n && lane == 0) r[row] = b[row] - s;
 }
 extern "C" __global__ void adaptmg_csr_residual_{T}(
@@ -334,8 +366,10 @@ extern "C" __global__ void adaptmg_csr_residual_{T}(
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
     {T}* __restrict__ r)
 {
-    int i = blockDim.x * blockIdx.x + threadIdx.x;
-    if (i < n) r[i] = b[i] - adaptmg_row_dot_{T}(i, indptr, indices, data, x);
+    const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(i, 0, n, indptr, indices, data);
+    ADAPTMG_GRID_WAIT();
+    if (i < n) r[i] = b[i] - adaptmg_row_sum_{T}(ri, 1, indices, data, x);
 }
 // one Chebyshev step: d <- c1 d + c2 dinv (b - A x); y <- x + d   (y must not alias x)
 extern "C" __global__ void adaptmg_csr_chebyshev_{T}(
@@ -344,9 +378,12 @@ extern "C" __global__ void adaptmg_csr_chebyshev_{T}(
     const {T}* __restrict__ dinv, {T}* __restrict__ d, const {T} c1, const {T} c2,
     {T}* __restrict__ y)
 {
-    int i = blockDim.x * blockIdx.x + threadIdx.x;
+    const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(i, 0, n, indptr, indices, data);
+    const {T} di = (i < n) ? dinv[i] : ({T})0;
+    ADAPTMG_GRID_WAIT();
     if (i < n) {
-        {T} t = c1 * d[i] + c2 * dinv[i] * (b[i] - adaptmg_row_dot_{T}(i, indptr, indices, data, x));
+        {T} t = c1 * d[i] + c2 * di * (b[i] - adaptmg_row_sum_{T}(ri, 1, indices, data, x));
         d[i] = t;
         y[i] = x[i] + t;
     }
@@ -357,11 +394,14 @@ extern "C" __global__ void adaptmg_csr_chebyshev_vec_{T}(
     const {T}* __restrict__ dinv, {T}* __restrict__ d, const {T} c1, const {T} c2,
     {T}* __restrict__ y)
 {
-    int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    int row = tid / tpr, lane = tid % tpr;
-    {T} s = adaptmg_row_dot_vec_{T}(row, lane, n, tpr, indptr, indices, data, x);
+    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    const int row = tid / tpr, lane = tid % tpr;
+    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, n, indptr, indices, data);
+    const {T} di = (row < n && lane == 0) ? dinv[row] : ({T})0;
+    ADAPTMG_GRID_WAIT();
+    const {T} s = adaptmg_row_dot_vec_{T}(ri, tpr, indices, data, x);
     if (row < n && lane == 0) {
-        {T} t = c1 * d[row] + c2 * dinv[row] * (b[row] - s);
+        {T} t = c1 * d[row] + c2 * di * (b[row] - s);
         d[row] = t;
         y[row] = x[row] + t;
     }
@@ -372,9 +412,11 @@ extern "C" __global__ void adaptmg_csr_spmv_vec_{T}(
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T} alpha, const {T} beta,
     {T}* __restrict__ y)
 {
-    int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    int row = tid / tpr, lane = tid % tpr;
-    {T} s = adaptmg_row_dot_vec_{T}(row, lane, n, tpr, indptr, indices, data, x);
+    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    const int row = tid / tpr, lane = tid % tpr;
+    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, n, indptr, indices, data);
+    ADAPTMG_GRID_WAIT();
+    const {T} s = adaptmg_row_dot_vec_{T}(ri, tpr, indices, data, x);
     if (row < n && lane == 0) y[row] = beta == ({T})0 ? alpha * s : alpha * s + beta * y[row];
 }
 extern "C" __global__ void adaptmg_csr_spmv_{T}(
@@ -382,27 +424,30 @@ extern "C" __global__ void adaptmg_csr_spmv_{T}(
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T} alpha, const {T} beta,
     {T}* __restrict__ y)
 {
-    int i = blockDim.x * blockIdx.x + threadIdx.x;
+    const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(i, 0, n, indptr, indices, data);
+    ADAPTMG_GRID_WAIT();
     if (i < n) {
-        {T} s = adaptmg_row_dot_{T}(i, indptr, indices, data, x);
+        {T} s = adaptmg_row_sum_{T}(ri, 1, indices, data, x);
         y[i] = beta == ({T})0 ? alpha * s : alpha * s + beta * y[i];
     }
 }
 // sum_j A_ij x0_j of row i with x0_j = omega dinv_j b_j formed on the fly (tpr threads per
 // row as adaptmg_row_dot_vec; every thread of the grid must call it; lane 0 gets the sum)
 __device__ __forceinline__ {T} adaptmg_row_dot_jacobi0_{T}(
-    const int row, const int lane, const int n, const int tpr, const int* __restrict__ indptr,
-    const int* __restrict__ indices, const {T}* __restrict__ data, const {T}* __restrict__ b,
-    const {T}* __restrict__ dinv, const {T} omega)
+    const adaptmg_row_{T} r, const int tpr, const int* __restrict__ indices,
+    const {T}* __restrict__ data, const {T}* __restrict__ b, const {T}* __restrict__ dinv,
+    const {T} omega)
 {
     {T} s = 0;
-    if (row < n)
-        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) {
+    if (r.k < r.e) {
+        s += r.d * (omega * dinv[r.j] * b[r.j]);
+        for (int k = r.k + tpr; k < r.e; k += tpr) {
             const int j = indices[k];
             s += data[k] * (omega * dinv[j] * b[j]);
         }
-    for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
-    return s;
+    }
+    return adaptmg_lanes_sum_{T}(s, tpr);
 }
 // the first two Jacobi sweeps from x = 0 in one pass: x0_j = omega dinv_j b_j (not stored),
 // y_i = x0_i + omega dinv_i (b_i - sum_j A_ij x0_j); tpr threads per row (1 allowed)
@@ -411,10 +456,13 @@ extern "C" __global__ void adaptmg_csr_jacobi0_vec_{T}(
     const {T}* __restrict__ data, const {T}* __restrict__ b, const {T}* __restrict__ dinv,
     const {T} omega, {T}* __restrict__ y)
 {
-    int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    int row = tid / tpr, lane = tid % tpr;
-    {T} s = adaptmg_row_dot_jacobi0_{T}(row, lane, n, tpr, indptr, indices, data, b, dinv, omega);
-    if (row < n && lane == 0) y[row] = omega * dinv[row] * b[row] + omega * dinv[row] * (b[row] - s);
+    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    const int row = tid / tpr, lane = tid % tpr;
+    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, n, indptr, indices, data);
+    const {T} di = (row < n && lane == 0) ? dinv[row] : ({T})0;
+    ADAPTMG_GRID_WAIT();
+    {T} s = adaptmg_row_dot_jacobi0_{T}(ri, tpr, indices, data, b, dinv, omega);
+    if (row < n && lane == 0) y[row] = omega * di * b[row] + omega * di * (b[row] - s);
 }
 // pre-smoothing from x = 0 and the restriction of its residual in one launch.  Blocks
 // [0, nbf): the first `sweeps` (1 or 2) damped Jacobi sweeps from zero over the n fine rows
@@ -431,17 +479,22 @@ extern "C" __global__ void adaptmg_csr_smooth_restrict_{T}(
     if ((int)blockIdx.x < nbf) {           // block-uniform branches: shuffles see whole rows
         const int tid = blockDim.x * blockIdx.x + threadIdx.x;
         const int row = tid / tpr, lane = tid % tpr;
+        const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, sweeps == 2 ? n : 0, ap, ai, ad);
+        const {T} di = (row < n && lane == 0) ? dinv[row] : ({T})0;
+        ADAPTMG_GRID_WAIT();
         if (sweeps == 2) {
-            const {T} s = adaptmg_row_dot_jacobi0_{T}(row, lane, n, tpr, ap, ai, ad, b, dinv, omega);
+            const {T} s = adaptmg_row_dot_jacobi0_{T}(ri, tpr, ai, ad, b, dinv, omega);
             if (row < n && lane == 0)
-                y[row] = omega * dinv[row] * b[row] + omega * dinv[row] * (b[row] - s);
+                y[row] = omega * di * b[row] + omega * di * (b[row] - s);
         } else if (row < n && lane == 0) {
-            y[row] = omega * dinv[row] * b[row];
+            y[row] = omega * di * b[row];
         }
     } else {
         const int tid = blockDim.x * (blockIdx.x - nbf) + threadIdx.x;
         const int row = tid / tc, lane = tid % tc;
-        const {T} s = adaptmg_row_dot_vec_{T}(row, lane, m, tc, sp, si, sd, b);
+        const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, m, sp, si, sd);
+        ADAPTMG_GRID_WAIT();
+        const {T} s = adaptmg_row_dot_vec_{T}(ri, tc, si, sd, b);
         if (row < m && lane == 0) c[row] = s;
     }
 }
@@ -452,14 +505,21 @@ extern "C" __global__ void adaptmg_csr_rres_vec_{T}(
     const {T}* __restrict__ qd, const {T}* __restrict__ b, const {T}* __restrict__ x,
     {T}* __restrict__ y)
 {
-    int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    int row = tid / tpr, lane = tid % tpr;
+    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    const int row = tid / tpr, lane = tid % tpr;
+    const adaptmg_row_{T} r0 = adaptmg_row_begin_{T}(row, lane, n, rp, ri, rd);
+    const adaptmg_row_{T} q0 = adaptmg_row_begin_{T}(row, lane, n, qp, qi, qd);
+    ADAPTMG_GRID_WAIT();
     {T} s = 0;
-    if (row < n) {
-        for (int k = rp[row] + lane; k < rp[row + 1]; k += tpr) s += rd[k] * b[ri[k]];
-        for (int k = qp[row] + lane; k < qp[row + 1]; k += tpr) s -= qd[k] * x[qi[k]];
+    if (r0.k < r0.e) {
+        s += r0.d * b[r0.j];
+        for (int k = r0.k + tpr; k < r0.e; k += tpr) s += rd[k] * b[ri[k]];
     }
-    for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
+    if (q0.k < q0.e) {
+        s -= q0.d * x[q0.j];
+        for (int k = q0.k + tpr; k < q0.e; k += tpr) s -= qd[k] * x[qi[k]];
+    }
+    s = adaptmg_lanes_sum_{T}(s, tpr);
     if (row < n && lane == 0) y[row] = s;
 }
 // the coarse correction and one Jacobi sweep in one pass (y must not alias x):
@@ -472,31 +532,48 @@ extern "C" __global__ void adaptmg_csr_cjac_vec_{T}(
     const {T}* __restrict__ b, const {T}* __restrict__ dinv, const {T} omega,
     {T}* __restrict__ y)
 {
-    int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    int row = tid / tpr, lane = tid % tpr;
-    {T} s = 0, c = 0;
-    if (row < n) {
-        for (int k = ap[row] + lane; k < ap[row + 1]; k += tpr) s += ad[k] * x[ai[k]];
-        for (int k = qp[row] + lane; k < qp[row + 1]; k += tpr) s += qd[k] * e[qi[k]];
-        for (int k = pp[row] + lane; k < pp[row + 1]; k += tpr) c += pd[k] * e[pi[k]];
+    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    const int row = tid / tpr, lane = tid % tpr;
+    const adaptmg_row_{T} a0 = adaptmg_row_begin_{T}(row, lane, n, ap, ai, ad);
+    const adaptmg_row_{T} q0 = adaptmg_row_begin_{T}(row, lane, n, qp, qi, qd);
+    const adaptmg_row_{T} p0 = adaptmg_row_begin_{T}(row, lane, n, pp, pi, pd);
+    const {T} di = (row < n && lane == 0) ? dinv[row] : ({T})0;
+    ADAPTMG_GRID_WAIT();
+    {T} s = adaptmg_row_sum_{T}(a0, tpr, ai, ad, x), c = 0;
+    if (q0.k < q0.e) {
+        s += q0.d * e[q0.j];
+        for (int k = q0.k + tpr; k < q0.e; k += tpr) s += qd[k] * e[qi[k]];
     }
+    c = adaptmg_row_sum_{T}(p0, tpr, pi, pd, e);
     for (int off = tpr / 2; off > 0; off >>= 1) {
         s += __shfl_down_sync(0xffffffffu, s, off, tpr);
         c += __shfl_down_sync(0xffffffffu, c, off, tpr);
     }
-    if (row < n && lane == 0) y[row] = x[row] + c + omega * dinv[row] * (b[row] - s);
+    if (row < n && lane == 0) y[row] = x[row] + c + omega * di * (b[row] - s);
 }
 extern "C" __global__ void adaptmg_dense_gemv_{T}(
     const int n, const int m, const {T}* __restrict__ M, const {T}* __restrict__ b,
     {T}* __restrict__ out)
 {
     // one block per row of the row-major n x m matrix M; each thread keeps four
-    // independent partial sums (four loads in flight), then a block reduction
+    // independent partial sums (four loads in flight), then a block reduction; the
+    // first four entries of M are read before the grid wait
     __shared__ {T} sh[32];
     const int row = blockIdx.x, st = blockDim.x;
     const {T}* __restrict__ Mr = M + (size_t)row * m;
-    {T} s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     int j = threadIdx.x;
+    const bool first = j + 3 * st < m;
+    {T} m0 = 0, m1 = 0, m2 = 0, m3 = 0;
+    if (first) { m0 = Mr[j]; m1 = Mr[j + st]; m2 = Mr[j + 2 * st]; m3 = Mr[j + 3 * st]; }
+    ADAPTMG_GRID_WAIT();
+    {T} s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    if (first) {
+        s0 += m0 * b[j];
+        s1 += m1 * b[j + st];
+        s2 += m2 * b[j + 2 * st];
+        s3 += m3 * b[j + 3 * st];
+        j += 4 * st;
+    }
     for (; j + 3 * st < m; j += 4 * st) {
         s0 += Mr[j] * b[j];
         s1 += Mr[j + st] * b[j + st];
@@ -521,7 +598,7 @@ extern "C" __global__ void adaptmg_dense_gemv_{T}(
 @functools.lru_cache(maxsize=None)
 def _csr_module(ctype: str):
     cp = get_backend("gpu").xp
-    return cp.RawModule(code=_CSR_SRC.replace("{T}", ctype))
+    return pdl.module(cp, _CSR_SRC.replace("{T}", ctype))
 
 
 def _ctype(dtype, what="fused CSR kernels"):

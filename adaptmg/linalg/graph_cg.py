@@ -53,6 +53,7 @@ import functools
 import numpy as np
 
 from ..device import kernels as K
+from ..device import pdl
 from ..device.cudagraph import capture
 from ._vectorops import VectorOps
 
@@ -112,12 +113,12 @@ extern "C" __global__ void gcg_spmv_pq_{T}(
     __shared__ {T} sh[32];
     const int tid = blockDim.x * blockIdx.x + threadIdx.x;
     const int row = tid / tpr, lane = tid % tpr;
+    const int kb = (row < n) ? indptr[row] + lane : 0, ke = (row < n) ? indptr[row + 1] : 0;
+    ADAPTMG_GRID_WAIT();                  // the row bounds above are set-up data
     const bool go = st[0] == 0;
     const {T} beta = s[4];
     {T} acc = 0;
-    if (row < n)
-        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr)
-            acc += data[k] * gcg_direction(go, beta, z, p, indices[k]);
+    for (int k = kb; k < ke; k += tpr) acc += data[k] * gcg_direction(go, beta, z, p, indices[k]);
     for (int off = tpr / 2; off > 0; off >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, off, tpr);
     {T} v = 0;
     if (row < n && lane == 0) {
@@ -180,13 +181,15 @@ extern "C" __global__ void gcg_jacobi_rz_{T}(
     __shared__ {T} sh[32];
     const int tid = blockDim.x * blockIdx.x + threadIdx.x;
     const int row = tid / tpr, lane = tid % tpr;
+    const int kb = (row < n) ? indptr[row] + lane : 0, ke = (row < n) ? indptr[row + 1] : 0;
+    const {T} di = (row < n && lane == 0) ? dinv[row] : ({T})0;
+    ADAPTMG_GRID_WAIT();                  // the row bounds and dinv above are set-up data
     {T} acc = 0;
-    if (row < n)
-        for (int k = indptr[row] + lane; k < indptr[row + 1]; k += tpr) acc += data[k] * y[indices[k]];
+    for (int k = kb; k < ke; k += tpr) acc += data[k] * y[indices[k]];
     for (int off = tpr / 2; off > 0; off >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, off, tpr);
     {T} v = 0;
     if (row < n && lane == 0) {
-        const {T} zi = y[row] + omega * dinv[row] * (r[row] - acc);
+        const {T} zi = y[row] + omega * di * (r[row] - acc);
         z[row] = zi;
         v = r[row] * zi;
     }
@@ -200,7 +203,7 @@ extern "C" __global__ void gcg_jacobi_rz_{T}(
 
 @functools.lru_cache(maxsize=None)
 def _module(xp, ctype):
-    return xp.RawModule(code=_SRC.replace("{T}", ctype))
+    return pdl.module(xp, _SRC.replace("{T}", ctype))
 
 
 @functools.lru_cache(maxsize=None)
