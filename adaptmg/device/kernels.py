@@ -286,17 +286,16 @@ _CSR_SRC = r"""
 // programmatically, those loads overlap the previous kernel's tail.
 //
 // The part of a row product that does not depend on the vector: this lane's entries
-// [k, e) of the row (stride tpr) and its first entry (column j, value d).
-struct adaptmg_row_{T} { int k, e, j; {T} d; };
+// [k, e) of the row (stride tpr).
+struct adaptmg_row_{T} { int k, e; };
 __device__ __forceinline__ adaptmg_row_{T} adaptmg_row_begin_{T}(
     const int row, const int lane, const int n, const int* __restrict__ indptr,
     const int* __restrict__ indices, const {T}* __restrict__ data)
 {
-    adaptmg_row_{T} r = {0, 0, 0, ({T})0};
+    adaptmg_row_{T} r = {0, 0};
     if (row < n) {
         r.k = indptr[row] + lane;
         r.e = indptr[row + 1];
-        if (r.k < r.e) { r.j = indices[r.k]; r.d = data[r.k]; }
     }
     return r;
 }
@@ -306,10 +305,7 @@ __device__ __forceinline__ {T} adaptmg_row_sum_{T}(
     const {T}* __restrict__ data, const {T}* __restrict__ x)
 {
     {T} s = 0;
-    if (r.k < r.e) {
-        s += r.d * x[r.j];
-        for (int k = r.k + tpr; k < r.e; k += tpr) s += data[k] * x[indices[k]];
-    }
+    for (int k = r.k; k < r.e; k += tpr) s += data[k] * x[indices[k]];
     return s;
 }
 // tpr (1, 2, 4, ..., 32) threads per row: the shuffle reduction of the lanes' sums; every
@@ -440,12 +436,9 @@ __device__ __forceinline__ {T} adaptmg_row_dot_jacobi0_{T}(
     const {T} omega)
 {
     {T} s = 0;
-    if (r.k < r.e) {
-        s += r.d * (omega * dinv[r.j] * b[r.j]);
-        for (int k = r.k + tpr; k < r.e; k += tpr) {
-            const int j = indices[k];
-            s += data[k] * (omega * dinv[j] * b[j]);
-        }
+    for (int k = r.k; k < r.e; k += tpr) {
+        const int j = indices[k];
+        s += data[k] * (omega * dinv[j] * b[j]);
     }
     return adaptmg_lanes_sum_{T}(s, tpr);
 }
@@ -511,14 +504,8 @@ extern "C" __global__ void adaptmg_csr_rres_vec_{T}(
     const adaptmg_row_{T} q0 = adaptmg_row_begin_{T}(row, lane, n, qp, qi, qd);
     ADAPTMG_GRID_WAIT();
     {T} s = 0;
-    if (r0.k < r0.e) {
-        s += r0.d * b[r0.j];
-        for (int k = r0.k + tpr; k < r0.e; k += tpr) s += rd[k] * b[ri[k]];
-    }
-    if (q0.k < q0.e) {
-        s -= q0.d * x[q0.j];
-        for (int k = q0.k + tpr; k < q0.e; k += tpr) s -= qd[k] * x[qi[k]];
-    }
+    for (int k = r0.k; k < r0.e; k += tpr) s += rd[k] * b[ri[k]];
+    for (int k = q0.k; k < q0.e; k += tpr) s -= qd[k] * x[qi[k]];
     s = adaptmg_lanes_sum_{T}(s, tpr);
     if (row < n && lane == 0) y[row] = s;
 }
@@ -539,12 +526,9 @@ extern "C" __global__ void adaptmg_csr_cjac_vec_{T}(
     const adaptmg_row_{T} p0 = adaptmg_row_begin_{T}(row, lane, n, pp, pi, pd);
     const {T} di = (row < n && lane == 0) ? dinv[row] : ({T})0;
     ADAPTMG_GRID_WAIT();
-    {T} s = adaptmg_row_sum_{T}(a0, tpr, ai, ad, x), c = 0;
-    if (q0.k < q0.e) {
-        s += q0.d * e[q0.j];
-        for (int k = q0.k + tpr; k < q0.e; k += tpr) s += qd[k] * e[qi[k]];
-    }
-    c = adaptmg_row_sum_{T}(p0, tpr, pi, pd, e);
+    {T} s = adaptmg_row_sum_{T}(a0, tpr, ai, ad, x);
+    for (int k = q0.k; k < q0.e; k += tpr) s += qd[k] * e[qi[k]];
+    {T} c = adaptmg_row_sum_{T}(p0, tpr, pi, pd, e);
     for (int off = tpr / 2; off > 0; off >>= 1) {
         s += __shfl_down_sync(0xffffffffu, s, off, tpr);
         c += __shfl_down_sync(0xffffffffu, c, off, tpr);

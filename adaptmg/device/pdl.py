@@ -26,9 +26,12 @@ unless ``ADAPTMG_PDL=0``.  Arguments other than device arrays and NumPy scalars,
 driver without ``cuLaunchKernelEx``, fall back to the normal launch, which is always
 correct.
 
-Measured on an H100 (device time of one CUDA-graph CG iteration, Q1 Poisson, same
-process, ``ADAPTMG_PDL=0`` vs on): 2-D 16,641 DoFs 37.5 -> 35.3 us, 66,049 DoFs 66.0 ->
-62.4 us; 3-D 35,937 DoFs unchanged within the spread of recordings (57-61 us).
+Measured on an H100 (device time of one CUDA-graph CG iteration, Q1 Poisson, the
+"graph" column of ``scripts/bench_solve_latency.py``; two interleaved runs each of the
+code before and after, one machine): 2-D 16,641 DoFs 38 -> 34 us, 66,049 DoFs 68 -> 61
+us, 3-D 35,937 DoFs 59-61 -> 57 us; at 1.05M (2-D) and 2.15M (3-D) DoFs the cycle
+is unchanged within 3 %.  (Reading the first entry of each row before the wait too
+gained nothing more at these sizes and cost 3-5 % at 1.05M DoFs in 2-D.)
 """
 from __future__ import annotations
 
