@@ -170,20 +170,22 @@ def bench_solve(args, be, rows, ks, max_dofs, large=False):
         V = CartesianSpace(3, k, lvl)
         mg = PatchMultigrid(V, be)
         b, _ = V.sine_problem(backend=be)
-        combos = [("fmg", "mixed"), ("fmg", "double")] if large else \
-            [("fmg", "double"), ("fmg", "mixed"), ("gmres", "double"), ("gmres", "mixed")]
+        fmg = [("fmg", p, c) for p in (("mixed", "double") if large else ("double", "mixed"))
+               for c in args.fmg_min_cycles]
+        combos = fmg if large else fmg + [("gmres", "double", 1), ("gmres", "mixed", 1)]
         # warm-up on a small level: the kernels compile (NVRTC) on their first launch, which
         # must not count in the timed solve -- also at the large size
         Vs = CartesianSpace(3, k, max(2, min(lvl - 2, 3)))
         ms = PatchMultigrid(Vs, be)
         bs, _ = Vs.sine_problem(backend=be)
-        for m, p in combos:
+        for m, p, _ in combos:
             ms.solve(bs, rtol=1e-9, method=m, precision=p)
         del ms, bs
-        for method, prec in combos:
+        for method, prec, mc in combos:
             cp.get_default_memory_pool().free_all_blocks()
+            kw = dict(min_cycles=mc) if method == "fmg" else {}
             try:
-                x, info = mg.solve(b, rtol=1e-9, method=method, precision=prec, maxiter=30)
+                x, info = mg.solve(b, rtol=1e-9, method=method, precision=prec, maxiter=30, **kw)
             except cp.cuda.memory.OutOfMemoryError as exc:
                 print(f"solve 3D k={k} N={V.n_dofs:.3e} {method} {prec}: out of memory ({exc})")
                 mg._cycles.clear()         # drop the preallocated cycle vectors
@@ -194,6 +196,8 @@ def bench_solve(args, be, rows, ks, max_dofs, large=False):
                        precision=prec, iterations=info["iterations"], converged=info["converged"],
                        time=info["time"], gdofs=V.n_dofs / info["time"] / 1e9,
                        final_res=info["residuals"][-1], pool_gb=peak / 1e9)
+            if method == "fmg":
+                row["min_cycles"] = mc
             if V.n_dofs <= args.l2_max:
                 row["l2_error"] = V.l2_error_sine(x)
             rows.append(row)
@@ -330,6 +334,8 @@ def fmt(r):
     s = (f"solve  3D k={r['k']} L={r['level']} N={r['dofs']:.3e} {r['method']:5s} {r['precision']:6s} "
          f"it={r['iterations']:2d} conv={r['converged']} {r['time']:8.3f} s {r['gdofs']:6.3f} GDoF/s "
          f"res={r['final_res']:.1e} pool={r['pool_gb']:.1f}GB")
+    if r.get("min_cycles", 1) != 1:
+        s += f" min_cycles={r['min_cycles']}"
     if "l2_error" in r:
         s += f" L2={r['l2_error']:.3e}"
     return s
@@ -342,6 +348,10 @@ def main():
     ap.add_argument("--max-dofs-3d", type=float, default=3.0e8)
     ap.add_argument("--solve-max-dofs", type=float, default=2.0e8)
     ap.add_argument("--solve-ks", default="1,2,3,4,5,6,7,8")
+    ap.add_argument("--fmg-min-cycles", type=_ints, default=[1],
+                    help="solve/large sections: FMG's min_cycles values to run (1: Algorithm "
+                         "2.2, at least one V-cycle after the FMG start; 0: stop right after "
+                         "the start when it already meets rtol), e.g. 1,0")
     ap.add_argument("--large-k", type=int, default=4)
     ap.add_argument("--large-dofs", type=float, default=1.1e9)
     ap.add_argument("--l2-max", type=float, default=3e9,
