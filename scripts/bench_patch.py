@@ -16,6 +16,9 @@ Sections (``--sections``, comma separated):
           rtol 1e-9, at the paper's sizes (--table7 k:level,..., default 1:9,3:8,7:7 =
           134M / 452M / 718M DoFs; the last two need an H200's memory): L2 error,
           iterations, time, speedup, next to the paper's row
+  breakdown  where a Table 7 GMRES iteration goes (--breakdown k:level,...): A x, one
+          V(1,1) and one finest smoothing step in double and in mixed, the GMRES time
+          per iteration
   tables  seed 000's Tables 1-3: FMG steps (Algorithm 2.2, at least one V-cycle) to
           1e-9 for the tables' right-hand side (vector of ones), per level and degree,
           next to the paper's rows; --table-dims, --table-levels-2d/-3d, --table-ks-2d/-3d,
@@ -207,6 +210,49 @@ def bench_solve(args, be, rows, ks, max_dofs, large=False):
         cp.get_default_memory_pool().free_all_blocks()
 
 
+def bench_breakdown(args, be, rows):
+    """Where a GMRES iteration of Table 7 goes: A x, one V(1,1) preconditioner application
+    and one finest-level smoothing step in double and in mixed precision, and the GMRES
+    solve (restart --table7-restart) per iteration; CUDA events, median of --reps."""
+    cp = be.xp
+    from adaptmg.patch import CartesianSpace, PatchMultigrid
+
+    def t_ms(f):
+        f()
+        t, _, _ = timeit(cp, f, args.reps)
+        return t * 1e3
+    for spec in args.breakdown.split(","):
+        k, level = (int(t) for t in spec.split(":"))
+        V = CartesianSpace(3, k, level)
+        mg = PatchMultigrid(V, be)
+        b, _ = V.sine_problem(backend=be)
+        A = mg.A[-1]
+        x = cp.random.default_rng(k).standard_normal(V.n_dofs)
+        y = cp.empty_like(x)
+        row = dict(kind="breakdown", k=k, level=level, dofs=V.n_dofs, Ax_ms=t_ms(lambda: A.matvec(x, out=y)))
+        for prec, dt in (("double", np.float64), ("mixed", np.float32)):
+            cyc = mg._cycles_for(dt)
+            M = cyc.preconditioner()
+            xs, bs = x.astype(dt), b.astype(dt)
+            row[f"V_{prec}_ms"] = t_ms(lambda: M.matvec(x))
+            row[f"S_{prec}_ms"] = t_ms(lambda: cyc.levels[-1].smoother.smooth(xs, bs, 1))
+            del xs, bs
+            cp.get_default_memory_pool().free_all_blocks()
+            for _ in range(2):          # the second solve is timed (first: allocations)
+                xx, info = mg.solve(b, rtol=1e-9, method="gmres", precision=prec, maxiter=30,
+                                    restart=args.table7_restart)
+                del xx
+            row[f"its_{prec}"] = info["iterations"]
+            row[f"it_{prec}_ms"] = info["time"] * 1e3 / max(info["iterations"], 1)
+        rows.append(row)
+        print(f"breakdown k={k} L={level} N={V.n_dofs:.3e} | A x {row['Ax_ms']:.2f} ms | V double / mixed "
+              f"{row['V_double_ms']:.2f} / {row['V_mixed_ms']:.2f} ms | S {row['S_double_ms']:.2f} / "
+              f"{row['S_mixed_ms']:.2f} ms | GMRES iteration {row['it_double_ms']:.1f} / "
+              f"{row['it_mixed_ms']:.1f} ms ({row['its_double']} / {row['its_mixed']} its)", flush=True)
+        del mg, b, x, y
+        cp.get_default_memory_pool().free_all_blocks()
+
+
 # seed 000: Table 1 (2D; L = 4, Q1 reaches 7 at L = 11), Table 2 (3D, L = 4..7), Table 3 (3D)
 PAPER_TABLES = {("patch", 2): [9, 5, 3, 3, 3, 2, 2, 2, 2, 2],
                 ("patch", 3): [6, 5, 3, 3, 3, 3, 2, 2],
@@ -327,6 +373,10 @@ def fmt(r):
         return (f"table  {r['dim']}D k={r['k']} L={r['level']} N={r['dofs']:.3e} {r['smoother']} "
                 f"{r['variant']}: {r['iterations']} steps (paper {r['paper']}) "
                 f"res={r['final_res']:.1e} {r['time']:.2f} s")
+    if r["kind"] == "breakdown":
+        return (f"breakdown k={r['k']} L={r['level']}: A x {r['Ax_ms']:.2f} ms, V {r['V_double_ms']:.2f} / "
+                f"{r['V_mixed_ms']:.2f} ms, S {r['S_double_ms']:.2f} / {r['S_mixed_ms']:.2f} ms, GMRES "
+                f"iteration {r['it_double_ms']:.1f} / {r['it_mixed_ms']:.1f} ms (double / mixed)")
     if r["kind"] in ("op", "smooth"):
         return (f"{r['kind']:6s} {r['dim']}D k={r['k']} L={r['level']:2d} N={r['dofs']:.3e} "
                 f"{r['dtype']:12s} {r['time']*1e3:9.3f} ms  {r['gdofs']:7.3f} GDoF/s  "
@@ -360,6 +410,8 @@ def main():
     ap.add_argument("--kernel-ks", default="1,2,3,4,5,6,7,8", help="op/smooth sections: degrees")
     ap.add_argument("--table7", default="1:9,3:8,7:7", help="table7 section: k:level,...")
     ap.add_argument("--table7-restart", type=int, default=4)
+    ap.add_argument("--breakdown", default="1:9,4:7,7:6",
+                    help="breakdown section: k:level,... (the H100 fits these)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--smooth-form", choices=("column", "pencil"), default=None,
                     help="form of the 3D smoothing kernel (default: adaptmg's)")
@@ -416,6 +468,8 @@ def main():
             bench_tables(args, be, rows)
         if "table7" in args.sections:
             bench_table7(args, be, rows)
+        if "breakdown" in args.sections:
+            bench_breakdown(args, be, rows)
     finally:
         if args.out:
             with open(os.path.join(args.out, "bench_patch.json"), "w") as f:
