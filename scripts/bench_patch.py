@@ -229,7 +229,8 @@ def bench_breakdown(args, be, rows):
         A = mg.A[-1]
         x = cp.random.default_rng(k).standard_normal(V.n_dofs)
         y = cp.empty_like(x)
-        row = dict(kind="breakdown", k=k, level=level, dofs=V.n_dofs, Ax_ms=t_ms(lambda: A.matvec(x, out=y)))
+        row = dict(kind="breakdown", k=k, level=level, dofs=V.n_dofs,
+                   Ax_ms=t_ms(lambda: A.matvec(x, out=y)))
         for prec, dt in (("double", np.float64), ("mixed", np.float32)):
             cyc = mg._cycles_for(dt)
             M = cyc.preconditioner()

@@ -289,8 +289,7 @@ _CSR_SRC = r"""
 // [k, e) of the row (stride tpr).
 struct adaptmg_row_{T} { int k, e; };
 __device__ __forceinline__ adaptmg_row_{T} adaptmg_row_begin_{T}(
-    const int row, const int lane, const int n, const int* __restrict__ indptr,
-    const int* __restrict__ indices, const {T}* __restrict__ data)
+    const int row, const int lane, const int n, const int* __restrict__ indptr)
 {
     adaptmg_row_{T} r = {0, 0};
     if (row < n) {
@@ -298,6 +297,20 @@ __device__ __forceinline__ adaptmg_row_{T} adaptmg_row_begin_{T}(
         r.e = indptr[row + 1];
     }
     return r;
+}
+// a thread of a kernel with tpr (1, 2, 4, ..., 32) threads per row: its row and lane, its
+// row bounds and, in lane 0 and when dinv is given, the row's dinv (set-up data all)
+struct adaptmg_lane_{T} { int row, lane; adaptmg_row_{T} r; {T} di; };
+__device__ __forceinline__ adaptmg_lane_{T} adaptmg_lane_begin_{T}(
+    const int n, const int tpr, const int* __restrict__ indptr, const {T}* __restrict__ dinv)
+{
+    adaptmg_lane_{T} t;
+    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    t.row = tid / tpr;
+    t.lane = tid % tpr;
+    t.r = adaptmg_row_begin_{T}(t.row, t.lane, n, indptr);
+    t.di = (dinv != nullptr && t.row < n && t.lane == 0) ? dinv[t.row] : ({T})0;
+    return t;
 }
 // sum over the lane's entries of data[k] x[indices[k]], in index order from 0
 __device__ __forceinline__ {T} adaptmg_row_sum_{T}(
@@ -308,8 +321,8 @@ __device__ __forceinline__ {T} adaptmg_row_sum_{T}(
     for (int k = r.k; k < r.e; k += tpr) s += data[k] * x[indices[k]];
     return s;
 }
-// tpr (1, 2, 4, ..., 32) threads per row: the shuffle reduction of the lanes' sums; every
-// thread of the grid must call it (the shuffle needs the whole sub-warp); lane 0 gets the sum
+// the shuffle reduction of the lanes' sums; every thread of the grid must call it (the
+// shuffle needs the whole sub-warp); lane 0 gets the sum
 __device__ __forceinline__ {T} adaptmg_lanes_sum_{T}({T} s, const int tpr)
 {
     for (int off = tpr / 2; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off, tpr);
@@ -321,51 +334,47 @@ __device__ __forceinline__ {T} adaptmg_row_dot_vec_{T}(
 {
     return adaptmg_lanes_sum_{T}(adaptmg_row_sum_{T}(r, tpr, indices, data, x), tpr);
 }
+// y <- x + omega dinv (b - A x)   (y must not alias x)
 extern "C" __global__ void adaptmg_csr_jacobi_{T}(
     const int n, const int* __restrict__ indptr, const int* __restrict__ indices,
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
     const {T}* __restrict__ dinv, const {T} omega, {T}* __restrict__ y)
 {
-    const int i = blockDim.x * blockIdx.x + threadIdx.x;
-    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(i, 0, n, indptr, indices, data);
-    const {T} di = (i < n) ? dinv[i] : ({T})0;
+    const adaptmg_lane_{T} t = adaptmg_lane_begin_{T}(n, 1, indptr, dinv);
     ADAPTMG_GRID_WAIT();
-    if (i < n) y[i] = x[i] + omega * di * (b[i] - adaptmg_row_sum_{T}(ri, 1, indices, data, x));
+    const int i = t.row;
+    if (i < n) y[i] = x[i] + omega * t.di * (b[i] - adaptmg_row_sum_{T}(t.r, 1, indices, data, x));
 }
 extern "C" __global__ void adaptmg_csr_jacobi_vec_{T}(
     const int n, const int tpr, const int* __restrict__ indptr, const int* __restrict__ indices,
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
     const {T}* __restrict__ dinv, const {T} omega, {T}* __restrict__ y)
 {
-    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    const int row = tid / tpr, lane = tid % tpr;
-    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, n, indptr, indices, data);
-    const {T} di = (row < n && lane == 0) ? dinv[row] : ({T})0;
+    const adaptmg_lane_{T} t = adaptmg_lane_begin_{T}(n, tpr, indptr, dinv);
     ADAPTMG_GRID_WAIT();
-    const {T} s = adaptmg_row_dot_vec_{T}(ri, tpr, indices, data, x);
-    if (row < n && lane == 0) y[row] = x[row] + omega * di * (b[row] - s);
+    const {T} s = adaptmg_row_dot_vec_{T}(t.r, tpr, indices, data, x);
+    if (t.row < n && t.lane == 0) y[t.row] = x[t.row] + omega * t.di * (b[t.row] - s);
 }
+// r <- b - A x
 extern "C" __global__ void adaptmg_csr_residual_vec_{T}(
     const int n, const int tpr, const int* __restrict__ indptr, const int* __restrict__ indices,
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
     {T}* __restrict__ r)
 {
-    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    const int row = tid / tpr, lane = tid % tpr;
-    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, n, indptr, indices, data);
+    const adaptmg_lane_{T} t = adaptmg_lane_begin_{T}(n, tpr, indptr, nullptr);
     ADAPTMG_GRID_WAIT();
-    const {T} s = adaptmg_row_dot_vec_{T}(ri, tpr, indices, data, x);
-    if (row < n && lane == 0) r[row] = b[row] - s;
+    const {T} s = adaptmg_row_dot_vec_{T}(t.r, tpr, indices, data, x);
+    if (t.row < n && t.lane == 0) r[t.row] = b[t.row] - s;
 }
 extern "C" __global__ void adaptmg_csr_residual_{T}(
     const int n, const int* __restrict__ indptr, const int* __restrict__ indices,
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T}* __restrict__ b,
     {T}* __restrict__ r)
 {
-    const int i = blockDim.x * blockIdx.x + threadIdx.x;
-    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(i, 0, n, indptr, indices, data);
+    const adaptmg_lane_{T} t = adaptmg_lane_begin_{T}(n, 1, indptr, nullptr);
     ADAPTMG_GRID_WAIT();
-    if (i < n) r[i] = b[i] - adaptmg_row_sum_{T}(ri, 1, indices, data, x);
+    const int i = t.row;
+    if (i < n) r[i] = b[i] - adaptmg_row_sum_{T}(t.r, 1, indices, data, x);
 }
 // one Chebyshev step: d <- c1 d + c2 dinv (b - A x); y <- x + d   (y must not alias x)
 extern "C" __global__ void adaptmg_csr_chebyshev_{T}(
@@ -374,14 +383,13 @@ extern "C" __global__ void adaptmg_csr_chebyshev_{T}(
     const {T}* __restrict__ dinv, {T}* __restrict__ d, const {T} c1, const {T} c2,
     {T}* __restrict__ y)
 {
-    const int i = blockDim.x * blockIdx.x + threadIdx.x;
-    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(i, 0, n, indptr, indices, data);
-    const {T} di = (i < n) ? dinv[i] : ({T})0;
+    const adaptmg_lane_{T} t = adaptmg_lane_begin_{T}(n, 1, indptr, dinv);
     ADAPTMG_GRID_WAIT();
+    const int i = t.row;
     if (i < n) {
-        {T} t = c1 * d[i] + c2 * di * (b[i] - adaptmg_row_sum_{T}(ri, 1, indices, data, x));
-        d[i] = t;
-        y[i] = x[i] + t;
+        {T} u = c1 * d[i] + c2 * t.di * (b[i] - adaptmg_row_sum_{T}(t.r, 1, indices, data, x));
+        d[i] = u;
+        y[i] = x[i] + u;
     }
 }
 extern "C" __global__ void adaptmg_csr_chebyshev_vec_{T}(
@@ -390,16 +398,13 @@ extern "C" __global__ void adaptmg_csr_chebyshev_vec_{T}(
     const {T}* __restrict__ dinv, {T}* __restrict__ d, const {T} c1, const {T} c2,
     {T}* __restrict__ y)
 {
-    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    const int row = tid / tpr, lane = tid % tpr;
-    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, n, indptr, indices, data);
-    const {T} di = (row < n && lane == 0) ? dinv[row] : ({T})0;
+    const adaptmg_lane_{T} t = adaptmg_lane_begin_{T}(n, tpr, indptr, dinv);
     ADAPTMG_GRID_WAIT();
-    const {T} s = adaptmg_row_dot_vec_{T}(ri, tpr, indices, data, x);
-    if (row < n && lane == 0) {
-        {T} t = c1 * d[row] + c2 * di * (b[row] - s);
-        d[row] = t;
-        y[row] = x[row] + t;
+    const {T} s = adaptmg_row_dot_vec_{T}(t.r, tpr, indices, data, x);
+    if (t.row < n && t.lane == 0) {
+        {T} u = c1 * d[t.row] + c2 * t.di * (b[t.row] - s);
+        d[t.row] = u;
+        y[t.row] = x[t.row] + u;
     }
 }
 // y <- alpha A x + beta y (y is not read when beta == 0)
@@ -408,23 +413,22 @@ extern "C" __global__ void adaptmg_csr_spmv_vec_{T}(
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T} alpha, const {T} beta,
     {T}* __restrict__ y)
 {
-    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    const int row = tid / tpr, lane = tid % tpr;
-    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, n, indptr, indices, data);
+    const adaptmg_lane_{T} t = adaptmg_lane_begin_{T}(n, tpr, indptr, nullptr);
     ADAPTMG_GRID_WAIT();
-    const {T} s = adaptmg_row_dot_vec_{T}(ri, tpr, indices, data, x);
-    if (row < n && lane == 0) y[row] = beta == ({T})0 ? alpha * s : alpha * s + beta * y[row];
+    const {T} s = adaptmg_row_dot_vec_{T}(t.r, tpr, indices, data, x);
+    if (t.row < n && t.lane == 0)
+        y[t.row] = beta == ({T})0 ? alpha * s : alpha * s + beta * y[t.row];
 }
 extern "C" __global__ void adaptmg_csr_spmv_{T}(
     const int n, const int* __restrict__ indptr, const int* __restrict__ indices,
     const {T}* __restrict__ data, const {T}* __restrict__ x, const {T} alpha, const {T} beta,
     {T}* __restrict__ y)
 {
-    const int i = blockDim.x * blockIdx.x + threadIdx.x;
-    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(i, 0, n, indptr, indices, data);
+    const adaptmg_lane_{T} t = adaptmg_lane_begin_{T}(n, 1, indptr, nullptr);
     ADAPTMG_GRID_WAIT();
+    const int i = t.row;
     if (i < n) {
-        {T} s = adaptmg_row_sum_{T}(ri, 1, indices, data, x);
+        {T} s = adaptmg_row_sum_{T}(t.r, 1, indices, data, x);
         y[i] = beta == ({T})0 ? alpha * s : alpha * s + beta * y[i];
     }
 }
@@ -449,13 +453,11 @@ extern "C" __global__ void adaptmg_csr_jacobi0_vec_{T}(
     const {T}* __restrict__ data, const {T}* __restrict__ b, const {T}* __restrict__ dinv,
     const {T} omega, {T}* __restrict__ y)
 {
-    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    const int row = tid / tpr, lane = tid % tpr;
-    const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, n, indptr, indices, data);
-    const {T} di = (row < n && lane == 0) ? dinv[row] : ({T})0;
+    const adaptmg_lane_{T} t = adaptmg_lane_begin_{T}(n, tpr, indptr, dinv);
     ADAPTMG_GRID_WAIT();
-    {T} s = adaptmg_row_dot_jacobi0_{T}(ri, tpr, indices, data, b, dinv, omega);
-    if (row < n && lane == 0) y[row] = omega * di * b[row] + omega * di * (b[row] - s);
+    const {T} s = adaptmg_row_dot_jacobi0_{T}(t.r, tpr, indices, data, b, dinv, omega);
+    if (t.row < n && t.lane == 0)
+        y[t.row] = omega * t.di * b[t.row] + omega * t.di * (b[t.row] - s);
 }
 // pre-smoothing from x = 0 and the restriction of its residual in one launch.  Blocks
 // [0, nbf): the first `sweeps` (1 or 2) damped Jacobi sweeps from zero over the n fine rows
@@ -470,22 +472,20 @@ extern "C" __global__ void adaptmg_csr_smooth_restrict_{T}(
     const {T}* __restrict__ sd, {T}* __restrict__ c)
 {
     if ((int)blockIdx.x < nbf) {           // block-uniform branches: shuffles see whole rows
-        const int tid = blockDim.x * blockIdx.x + threadIdx.x;
-        const int row = tid / tpr, lane = tid % tpr;
-        const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, sweeps == 2 ? n : 0, ap, ai, ad);
-        const {T} di = (row < n && lane == 0) ? dinv[row] : ({T})0;
+        const adaptmg_lane_{T} t = adaptmg_lane_begin_{T}(sweeps == 2 ? n : 0, tpr, ap, nullptr);
+        const {T} di = (t.row < n && t.lane == 0) ? dinv[t.row] : ({T})0;
         ADAPTMG_GRID_WAIT();
         if (sweeps == 2) {
-            const {T} s = adaptmg_row_dot_jacobi0_{T}(ri, tpr, ai, ad, b, dinv, omega);
-            if (row < n && lane == 0)
-                y[row] = omega * di * b[row] + omega * di * (b[row] - s);
-        } else if (row < n && lane == 0) {
-            y[row] = omega * di * b[row];
+            const {T} s = adaptmg_row_dot_jacobi0_{T}(t.r, tpr, ai, ad, b, dinv, omega);
+            if (t.row < n && t.lane == 0)
+                y[t.row] = omega * di * b[t.row] + omega * di * (b[t.row] - s);
+        } else if (t.row < n && t.lane == 0) {
+            y[t.row] = omega * di * b[t.row];
         }
     } else {
         const int tid = blockDim.x * (blockIdx.x - nbf) + threadIdx.x;
         const int row = tid / tc, lane = tid % tc;
-        const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, m, sp, si, sd);
+        const adaptmg_row_{T} ri = adaptmg_row_begin_{T}(row, lane, m, sp);
         ADAPTMG_GRID_WAIT();
         const {T} s = adaptmg_row_dot_vec_{T}(ri, tc, si, sd, b);
         if (row < m && lane == 0) c[row] = s;
@@ -498,16 +498,13 @@ extern "C" __global__ void adaptmg_csr_rres_vec_{T}(
     const {T}* __restrict__ qd, const {T}* __restrict__ b, const {T}* __restrict__ x,
     {T}* __restrict__ y)
 {
-    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    const int row = tid / tpr, lane = tid % tpr;
-    const adaptmg_row_{T} r0 = adaptmg_row_begin_{T}(row, lane, n, rp, ri, rd);
-    const adaptmg_row_{T} q0 = adaptmg_row_begin_{T}(row, lane, n, qp, qi, qd);
+    const adaptmg_lane_{T} t = adaptmg_lane_begin_{T}(n, tpr, rp, nullptr);
+    const adaptmg_row_{T} q = adaptmg_row_begin_{T}(t.row, t.lane, n, qp);
     ADAPTMG_GRID_WAIT();
-    {T} s = 0;
-    for (int k = r0.k; k < r0.e; k += tpr) s += rd[k] * b[ri[k]];
-    for (int k = q0.k; k < q0.e; k += tpr) s -= qd[k] * x[qi[k]];
+    {T} s = adaptmg_row_sum_{T}(t.r, tpr, ri, rd, b);
+    for (int k = q.k; k < q.e; k += tpr) s -= qd[k] * x[qi[k]];
     s = adaptmg_lanes_sum_{T}(s, tpr);
-    if (row < n && lane == 0) y[row] = s;
+    if (t.row < n && t.lane == 0) y[t.row] = s;
 }
 // the coarse correction and one Jacobi sweep in one pass (y must not alias x):
 // y = x + P e + omega dinv (b - A x - (A P) e)
@@ -519,21 +516,18 @@ extern "C" __global__ void adaptmg_csr_cjac_vec_{T}(
     const {T}* __restrict__ b, const {T}* __restrict__ dinv, const {T} omega,
     {T}* __restrict__ y)
 {
-    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
-    const int row = tid / tpr, lane = tid % tpr;
-    const adaptmg_row_{T} a0 = adaptmg_row_begin_{T}(row, lane, n, ap, ai, ad);
-    const adaptmg_row_{T} q0 = adaptmg_row_begin_{T}(row, lane, n, qp, qi, qd);
-    const adaptmg_row_{T} p0 = adaptmg_row_begin_{T}(row, lane, n, pp, pi, pd);
-    const {T} di = (row < n && lane == 0) ? dinv[row] : ({T})0;
+    const adaptmg_lane_{T} t = adaptmg_lane_begin_{T}(n, tpr, ap, dinv);
+    const adaptmg_row_{T} q = adaptmg_row_begin_{T}(t.row, t.lane, n, qp);
+    const adaptmg_row_{T} p = adaptmg_row_begin_{T}(t.row, t.lane, n, pp);
     ADAPTMG_GRID_WAIT();
-    {T} s = adaptmg_row_sum_{T}(a0, tpr, ai, ad, x);
-    for (int k = q0.k; k < q0.e; k += tpr) s += qd[k] * e[qi[k]];
-    {T} c = adaptmg_row_sum_{T}(p0, tpr, pi, pd, e);
+    {T} s = adaptmg_row_sum_{T}(t.r, tpr, ai, ad, x);
+    for (int k = q.k; k < q.e; k += tpr) s += qd[k] * e[qi[k]];
+    {T} c = adaptmg_row_sum_{T}(p, tpr, pi, pd, e);
     for (int off = tpr / 2; off > 0; off >>= 1) {
         s += __shfl_down_sync(0xffffffffu, s, off, tpr);
         c += __shfl_down_sync(0xffffffffu, c, off, tpr);
     }
-    if (row < n && lane == 0) y[row] = x[row] + c + omega * di * (b[row] - s);
+    if (t.row < n && t.lane == 0) y[t.row] = x[t.row] + c + omega * t.di * (b[t.row] - s);
 }
 extern "C" __global__ void adaptmg_dense_gemv_{T}(
     const int n, const int m, const {T}* __restrict__ M, const {T}* __restrict__ b,

@@ -12,9 +12,10 @@ writes, such as the CSR structure and diagonals -- overlap the predecessor's tai
 
 Contract of a kernel launched this way: every thread executes ``ADAPTMG_GRID_WAIT()``
 before it reads memory that an earlier kernel writes and before it writes anything
-(``tests/device/test_pdl.py`` reads it off the sources of adaptmg's kernels).  Then the ordering is transitive (a grid
-completes only after its own wait returned), and a kernel launched normally after it
-waits as usual.  Without the attribute (eager launches, older GPUs) the wait is a no-op.
+(``tests/device/test_pdl.py`` reads it off the sources of adaptmg's kernels).  Then the
+ordering is transitive (a grid completes only after its own wait returned), and a
+kernel launched normally after it waits as usual.  Without the attribute (eager
+launches, older GPUs) the wait is a no-op.
 
 :func:`module` compiles CUDA source into a module whose kernels all obey the contract:
 it inserts ``ADAPTMG_GRID_WAIT();`` at the top of every ``__global__`` function that
