@@ -257,29 +257,52 @@ def congruence_map(indptr, indices, Hn, keep, extra_diagonal=None):
     own = np.zeros(n, dtype=bool)                                    # kept node, its own only parent
     own[one] = (hi[hp[one]] == one) & (hw[hp[one]] == 1.0)
     nse = indices.size
-    row = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
-    simple = own[row] & own[indices]
-    e_s = np.flatnonzero(simple)
-    e_c = np.flatnonzero(~simple & (hlen[row] > 0) & (hlen[indices] > 0))
-    ni, nj = hlen[row[e_c]], hlen[indices[e_c]]
+    rowlen = np.diff(indptr)
+    # per node: 0 = no kept parent, 1 = kept and its own only parent, 2 = other (expands);
+    # the entry's class is the product of its row's (a repeat, no gather) and column's
+    # (a uint8 gather) -- 1: maps one to one, 2 or 4: expands, 0: dropped -- instead of
+    # several entry-sized int64/boolean temporaries
+    kind = np.where(own, 1, np.where(hlen > 0, 2, 0)).astype(np.uint8)
+    code = np.repeat(kind, rowlen)
+    code *= _gather_blocks(kind, indices)
+    e_s = np.flatnonzero(code == 1)
+    e_c = np.flatnonzero(code > 1)
+    del code
+    row_c = np.searchsorted(indptr, e_c, side="right") - 1          # row of each expanding entry
+    col_c = indices[e_c]
+    ni, nj = hlen[row_c], hlen[col_c]
     cnt = ni * nj
     t = np.repeat(np.arange(e_c.size), cnt)
     within = np.arange(t.size, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
     a = within // nj[t]
-    pa = hp[row[e_c][t]] + a
-    pb = hp[indices[e_c][t]] + (within - a * nj[t])
+    pa = hp[row_c[t]] + a
+    pb = hp[col_c[t]] + (within - a * nj[t])
     xd = None
     if extra_diagonal is not None and np.size(extra_diagonal):
         xd = np.asarray(extra_diagonal, dtype=np.int64)
-    E = np.concatenate([e_s, e_c[t]] + ([] if xd is None else [np.zeros(xd.size, dtype=e_s.dtype)]))
-    W = np.concatenate([np.ones(e_s.size), hw[pa] * hw[pb]] + ([] if xd is None else [np.zeros(xd.size)]))
-    Pc = np.concatenate([hi[pa]] + ([] if xd is None else [xd]))
-    Qc = np.concatenate([hi[pb]] + ([] if xd is None else [xd]))
-    merged = _merge_simple(indptr, indices, row, e_s, Pc, Qc, n)
+    et = _index_dtype(max(nse, n))           # T's column and the pairs' index type (SciPy's own choice)
+    nx = 0 if xd is None else xd.size
+    ns, nc = e_s.size, t.size
+    E = np.zeros(ns + nc + nx, dtype=et)
+    E[:ns] = e_s
+    E[ns:ns + nc] = e_c[t]
+    W = np.empty(ns + nc + nx)
+    W[:ns] = 1.0
+    np.multiply(hw[pa], hw[pb], out=W[ns:ns + nc])
+    W[ns + nc:] = 0.0
+    Pc = np.empty(nc + nx, dtype=et)
+    Qc = np.empty(nc + nx, dtype=et)
+    Pc[:nc] = hi[pa]
+    Qc[:nc] = hi[pb]
+    if nx:
+        Pc[nc:] = xd
+        Qc[nc:] = xd
+    merged = _merge_simple(indptr, indices, e_s, Pc, Qc, n)
     if merged is not None:
         ip, ind, pos = merged
         T = sp.csr_matrix((W, (pos, E)), shape=(ind.size, nse))
         return ip, ind, T
+    row = np.repeat(np.arange(n, dtype=np.int64), rowlen)
     P = np.concatenate([row[e_s], Pc])
     Q = np.concatenate([indices[e_s], Qc])
     pat = Pattern(P[:, None], Q[:, None], n, n)
@@ -287,7 +310,23 @@ def congruence_map(indptr, indices, Hn, keep, extra_diagonal=None):
     return pat.indptr, pat.indices, T
 
 
-def _merge_simple(indptr, indices, row, e_s, Pc, Qc, n):
+def _gather_blocks(table, idx):
+    """``table[idx]`` block by block (an int32 ``idx`` is converted to ``intp`` per cache-sized
+    block instead of as a whole; see :func:`_entry_mask`)."""
+    m = idx.size
+    if m <= 2 * _MASK_BLOCK or idx.dtype == np.intp:
+        return table[idx]
+    out = np.empty(m, dtype=table.dtype)
+    buf = np.empty(_MASK_BLOCK, dtype=np.intp)
+    for s in range(0, m, _MASK_BLOCK):            # loop over blocks of entries, not entries
+        e = min(s + _MASK_BLOCK, m)
+        b = buf[:e - s]
+        np.copyto(b, idx[s:e], casting="safe")
+        np.take(table, b, out=out[s:e])
+    return out
+
+
+def _merge_simple(indptr, indices, e_s, Pc, Qc, n):
     """Merged pattern of the entries ``e_s`` of a canonical CSR pattern and the pairs (Pc, Qc).
 
     The entries ``e_s`` keep their (row, column) and are already canonical (sorted, unique),
@@ -303,12 +342,12 @@ def _merge_simple(indptr, indices, row, e_s, Pc, Qc, n):
         return None
     if indices.size > 1:                       # canonical input: columns increasing within every row
         inc = indices[1:] > indices[:-1]
-        inc |= row[1:] != row[:-1]
+        starts = indptr[:-1][np.diff(indptr) > 0]       # a new row may start lower
+        inc[starts[starts > 0] - 1] = True
         if not inc.all():
             return None
     it = np.int64 if max(n, ns + npair) > np.iinfo(np.int32).max else np.int32
-    ip_s = np.zeros(n + 1, dtype=it)
-    np.cumsum(np.bincount(row[e_s], minlength=n), out=ip_s[1:])
+    ip_s = _count_before(indptr, e_s).astype(it)
     S = sp.csr_matrix((np.ones(ns), indices[e_s].astype(it, copy=False), ip_s), shape=(n, n), copy=False)
     S.has_sorted_indices = True
     S.has_canonical_format = True
@@ -318,12 +357,16 @@ def _merge_simple(indptr, indices, row, e_s, Pc, Qc, n):
     C.has_sorted_indices = True
     C.has_canonical_format = True
     U = S + C
+    del S, C
     v = U.data
     pos_s = np.flatnonzero(v >= 1.0)
     pos_c = np.flatnonzero(v != 1.0)
     if pos_s.size != ns or pos_c.size != pc.nnz:
         return None
-    pos = np.concatenate([pos_s, pos_c[pc.pos]]).astype(_index_dtype(ns + npair), copy=False)
+    pos = np.empty(ns + npair, dtype=_index_dtype(ns + npair))
+    pos[:ns] = pos_s
+    del pos_s
+    pos[ns:] = pos_c[pc.pos]
     idx_t = _index_dtype(max(U.nnz, n))
     return U.indptr.astype(idx_t, copy=False), U.indices.astype(idx_t, copy=False), pos
 

@@ -54,7 +54,7 @@ def _row_grouped(row_cells, nrows):
     meshes, Q1 and Q2), the slot (node, i) is unique and the grouping is one scatter of
     e into a (nrows, nr) table, read back row by row (``by_slot=True``); the scatter is
     checked by reading it back. Otherwise (or when the table would be much larger than the
-    incidences) one stable argsort of the row nodes.
+    incidences) the stable argsort's permutation of the row nodes, by a counting sort.
     """
     nc, nr = row_cells.shape
     ninc = nc * nr
@@ -66,7 +66,16 @@ def _row_grouped(row_cells, nrows):
         table[slot] = ids
         if np.array_equal(table[slot], ids):             # no slot written twice
             return table[table >= 0], True
-    return np.argsort(row_cells.reshape(-1), kind="stable").astype(inc_t, copy=False), False
+    flat = row_cells.reshape(-1)
+    if ninc and nrows and flat.min() >= 0 and flat.max() < nrows:
+        # the stable argsort of the row nodes as a counting sort: SciPy's C++ CSC -> CSR
+        # transposition of the (nrows x ninc) incidence matrix (one entry per column) lists
+        # every row's incidences in increasing order -- the same permutation
+        it = _index_dtype(max(ninc, nrows))
+        K = sp.csc_matrix((np.ones(ninc, dtype=np.int8), flat.astype(it, copy=False),
+                           np.arange(ninc + 1, dtype=it)), shape=(nrows, ninc), copy=False)
+        return K.tocsr().indices.astype(inc_t, copy=False), False
+    return np.argsort(flat, kind="stable").astype(inc_t, copy=False), False
 
 
 def cell_tables(row_cells, col_cells, nrows, ncols):

@@ -66,7 +66,7 @@ def test_congruence_map_merge_equals_the_full_pattern(dim, monkeypatch):
     e_s = np.flatnonzero(rng.random(M.nnz) < 0.7)
     Pc = rng.integers(0, n, 300)
     Qc = rng.integers(0, n, 300)
-    ip, ind, pos = _merge_simple(M.indptr, M.indices, row, e_s, Pc, Qc, n)
+    ip, ind, pos = _merge_simple(M.indptr, M.indices, e_s, Pc, Qc, n)
     full = Pattern(np.concatenate([row[e_s], Pc])[:, None], np.concatenate([M.indices[e_s], Qc])[:, None], n, n)
     np.testing.assert_array_equal(ip, full.indptr)
     np.testing.assert_array_equal(ind, full.indices)
@@ -74,7 +74,7 @@ def test_congruence_map_merge_equals_the_full_pattern(dim, monkeypatch):
     # a non-canonical input pattern is refused (the caller builds the full Pattern)
     bad = M.indices.copy()
     bad[M.indptr[1] - 2:M.indptr[1]] = bad[M.indptr[1] - 2:M.indptr[1]][::-1]
-    assert _merge_simple(M.indptr, bad, row, e_s, Pc, Qc, n) is None
+    assert _merge_simple(M.indptr, bad, e_s, Pc, Qc, n) is None
     # and congruence_map's result does not depend on the path
     keep = rng.random(n) < 0.9
     fixed = np.flatnonzero(~keep)
@@ -143,3 +143,15 @@ def test_block_constraints_device_branch_equals_the_host_branch():
     np.testing.assert_array_equal(K1.indptr, K0.indptr)
     np.testing.assert_array_equal(K1.indices, K0.indices)
     np.testing.assert_allclose(K1.data, K0.data, rtol=4 * np.finfo(float).eps, atol=0)
+
+
+def test_row_grouping_by_counting_sort_is_the_stable_argsort():
+    """When the slot table cannot be used (a node at one local index of two cells), the
+    rows are grouped by a counting sort: the permutation of the stable argsort."""
+    from adaptmg.fe.sparsity import _row_grouped
+    rng = np.random.default_rng(5)
+    for nrows, shape in ((50, (400, 4)), (7, (30, 9)), (1000, (64, 8))):
+        rc = rng.integers(0, nrows, shape)
+        ids, by_slot = _row_grouped(rc, nrows)
+        assert not by_slot
+        np.testing.assert_array_equal(ids, np.argsort(rc.reshape(-1), kind="stable"))
