@@ -44,7 +44,8 @@ import threading
 
 import numpy as np
 
-__all__ = ["module", "capturing", "enabled", "with_grid_wait", "PDLUnavailable", "GRID_WAIT_SOURCE"]
+__all__ = ["module", "capturing", "enabled", "kernels", "with_grid_wait", "PDLUnavailable",
+           "GRID_WAIT_SOURCE"]
 
 GRID_WAIT_SOURCE = r"""
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
@@ -70,21 +71,27 @@ class PDLUnavailable(RuntimeError):
     (:func:`adaptmg.device.cudagraph.capture` then records the graph again without it)."""
 
 
-def with_grid_wait(src: str) -> str:
-    """``src`` with the wait macro defined and called first in every kernel that does not
-    call it itself (the brace matching is over the kernel body only)."""
-    out, pos = [], 0
+def kernels(src: str):
+    """``(head, start, end)`` of every ``extern "C" __global__`` function of ``src``: its
+    head up to the opening brace and the span ``src[start:end]`` of its body (from after
+    that brace to before the matching closing one)."""
     for m in _KERNEL_HEAD.finditer(src):
-        # the kernel body: from its opening brace to the matching closing one
         depth, j = 1, m.end()
         while depth and j < len(src):
             depth += {"{": 1, "}": -1}.get(src[j], 0)
             j += 1
-        body = src[m.end():j]
-        out.append(src[pos:m.end()])
-        if "ADAPTMG_GRID_WAIT()" not in body:
+        yield m.group(0), m.end(), j - 1
+
+
+def with_grid_wait(src: str) -> str:
+    """``src`` with the wait macro defined and called first in every kernel that does not
+    call it itself."""
+    out, pos = [], 0
+    for _, start, end in kernels(src):
+        out.append(src[pos:start])
+        if "ADAPTMG_GRID_WAIT()" not in src[start:end]:
             out.append("\n    ADAPTMG_GRID_WAIT();")
-        pos = m.end()
+        pos = start
     out.append(src[pos:])
     return GRID_WAIT_SOURCE + "".join(out)
 

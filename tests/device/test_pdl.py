@@ -17,16 +17,9 @@ SETUP = {"indptr", "indices", "data", "ap", "ai", "ad", "sp", "si", "sd", "rp", 
 
 def _kernels(src):
     """(name, pointer parameters, body) of every kernel of a with_grid_wait'ed source."""
-    out = []
-    for m in pdl._KERNEL_HEAD.finditer(src):
-        depth, j = 1, m.end()
-        while depth:
-            depth += {"{": 1, "}": -1}.get(src[j], 0)
-            j += 1
-        head = m.group(0)
-        params = re.findall(r"\*\s*(?:__restrict__\s*)?(\w+)\s*[,)]", head)
-        out.append((re.search(r"void\s+(\w+)", head).group(1), set(params), src[m.end():j - 1]))
-    return out
+    return [(re.search(r"void\s+(\w+)", head).group(1),
+             set(re.findall(r"\*\s*(?:__restrict__\s*)?(\w+)\s*[,)]", head)), src[start:end])
+            for head, start, end in pdl.kernels(src)]
 
 
 def test_grid_wait_inserted_where_missing():
