@@ -59,34 +59,39 @@ def unique_pairs(lo: np.ndarray, hi: np.ndarray):
     ib = max(n - 1, 1).bit_length()
     if n == 0 or (base * base - 1).bit_length() + ib > 63:
         return np.unique(pack(lo, hi), return_index=True, return_inverse=True)
-    s = lo.astype(np.int64) * base
+    inv = np.arange(n, dtype=np.intp)        # the index bits; its memory is reused for inv
+    s = lo.astype(np.int64)
+    s *= base
     s += hi
     s <<= ib
-    s |= np.arange(n, dtype=np.int64)
+    s |= inv
     s.sort()
     perm = s & ((1 << ib) - 1)
     s >>= ib
     mask = np.empty(n, dtype=bool)
     mask[0] = True
     np.not_equal(s[1:], s[:-1], out=mask[1:])
-    ulo, uhi = np.divmod(s[mask], base)
+    idx = np.flatnonzero(mask)               # + take: much faster than boolean indexing twice
+    ulo, uhi = np.divmod(s.take(idx), base)
     ulo <<= 32
     ulo |= uhi
-    inv = np.empty(n, dtype=np.intp)
-    inv[perm] = np.cumsum(mask) - 1
-    return ulo, perm[mask], inv
+    rank = np.cumsum(mask, out=s)            # s is no longer needed
+    rank -= 1
+    inv[perm] = rank
+    return ulo, perm.take(idx), inv
 
 
-def _mean_of(X: np.ndarray, parents: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``X[parents].mean(axis=1)`` (same rounding: sequential sum, then division) without
-    the (n, p, d) gather; into ``out`` (contiguous (n, d)) if given."""
+def _mean_of(X: np.ndarray, cols, out: np.ndarray | None = None) -> np.ndarray:
+    """``X[np.stack(cols, 1)].mean(axis=1)`` for the parent columns ``cols`` (same rounding:
+    sequential sum, then division) without the (n, p, d) gather; into ``out`` (contiguous
+    (n, d)) if given."""
     if out is None:
-        out = np.take(X, parents[:, 0], axis=0)
+        out = np.take(X, cols[0], axis=0)
     else:
-        np.take(X, parents[:, 0], axis=0, out=out, mode="clip")
-    for j in range(1, parents.shape[1]):
-        out += np.take(X, parents[:, j], axis=0)
-    out /= parents.shape[1]
+        np.take(X, cols[0], axis=0, out=out, mode="clip")
+    for c in cols[1:]:
+        out += np.take(X, c, axis=0)
+    out /= len(cols)
     return out
 
 
@@ -157,12 +162,15 @@ class Forest:
         nv = 2 ** d
         lat = ref.lattice(d, 3)                      # (3^d, d)
         cor = ref.corners(d)
-        w3 = 3 ** np.arange(d)
         CN = np.take(self.cell_nodes, cells, axis=0)  # (m, nv)
-        L = np.full((m, 3 ** d), -1, dtype=np.int64)
-        L[:, (2 * cor * w3).sum(1)] = CN
+        # node ids of the 3^d lattice points of each split cell; every column is written below
+        # (corners here, then one column per new node), so no fill is needed.  As (m, 3, .., 3)
+        # with axes p_{d-1}, .., p_0 the corners are the even points: one strided copy.
+        L = np.empty((m, 3 ** d), dtype=np.int64)
+        L.reshape((m,) + (3,) * d)[(slice(None),) + (slice(None, None, 2),) * d] = \
+            CN.reshape((m,) + (2,) * d)
 
-        new_par = []                                 # (k, parents) of the new nodes, in order
+        new_par = []                                 # (k, parent columns) of the new nodes, in order
         n_next = self.num_nodes
         edge_keys, edge_nodes = self.edge_keys, self.edge_nodes
         face_keys, face_nodes = self.face_keys, self.face_nodes
@@ -170,54 +178,65 @@ class Forest:
         # an edge/face of a fresh cell of level l is registered only if a cell of level l that
         # shares it was split before (on a conforming coarse mesh, a cell of level k has the
         # dyadic level-k sub-edges/faces of its root, so cells of other levels never share
-        # one exactly); without such a cell (e.g. a uniform refinement) every lookup would miss
-        split_levels = np.unique(self.cell_level[self.cell_child0 >= 0])
-        may_exist = bool(np.isin(np.unique(self.cell_level[cells]), split_levels).any())
+        # one exactly); without such a cell (e.g. a uniform refinement) every lookup would miss.
+        # Levels are small: a table over them instead of np.unique/np.isin (two sorts)
+        was_split = np.zeros(int(self.cell_level.max()) + 1, dtype=bool)
+        was_split[self.cell_level[self.cell_child0 >= 0]] = True
+        may_exist = bool(was_split[self.cell_level[cells]].any())
         nodd = (lat == 1).sum(1)
         for k in range(1, d + 1):
             pos = np.flatnonzero(nodd == k)          # lattice points with k odd coordinates
+            if k == d:                               # cell centre: always new, parents = all corners
+                nodes = np.arange(n_next, n_next + m, dtype=np.int64)
+                n_next += m
+                L[:, pos[0]] = nodes
+                new_par.append((k, [CN[:, j] for j in range(nv)]))
+                continue
             # parents: the corners of the entity, in lexicographic order over its odd axes
             pv = []
             for p in lat[pos]:
                 mask = [cor[:, i] == p[i] // 2 for i in range(d) if p[i] != 1]
-                sel = np.all(mask, axis=0) if mask else np.ones(nv, bool)
-                pv.append(np.flatnonzero(sel))
+                pv.append(np.flatnonzero(np.all(mask, axis=0)))
             pv = np.array(pv)                        # (npos, 2^k)
-            G = np.take(CN, pv, axis=1)              # (m, npos, 2^k)
-            if k == d:                               # cell centres: always new
-                nodes = n_next + np.arange(m * pos.size, dtype=np.int64)
-                parents = G.reshape(-1, 2 ** k)
-                n_next += nodes.size
+            # parent j of every entity: one contiguous (m, npos) array each (cell-major order)
+            C = [np.take(CN, pv[:, j], axis=1) for j in range(2 ** k)]
+            if k == 1:
+                swap = C[0] > C[1]                   # orientation: the parents are rebuilt from the keys
+                lo, hi = np.minimum(C[0], C[1]), np.maximum(C[0], C[1], out=C[1])
+                old_k, old_v = edge_keys, edge_nodes
+            else:                                    # quadrilateral face, k == 2: smallest vertex
+                lo = np.minimum(np.minimum(C[0], C[1]), np.minimum(C[2], C[3]))
+                # and the one diagonally opposite to it (vertex 3 - j of vertex j)
+                hi = np.where(C[0] == lo, C[3], np.where(C[1] == lo, C[2], np.where(C[2] == lo, C[1], C[0])))
+                old_k, old_v = face_keys, face_nodes
+            lo, hi = lo.ravel(), hi.ravel()
+            if may_exist:
+                nodes = lookup(old_k, old_v, pack(lo, hi))
+                new = nodes < 0
+                ukeys, first, inv = unique_pairs(lo[new], hi[new])
+                inv += n_next                        # = created[inv]
+                nodes[new] = inv
+                first = np.flatnonzero(new)[first]
+            else:                                    # nothing registered: all new
+                ukeys, first, nodes = unique_pairs(lo, hi)
+                nodes += n_next                      # = created[inv]
+            created = np.arange(n_next, n_next + ukeys.size, dtype=np.int64)
+            n_next += ukeys.size
+            if k == 1:
+                edge_keys, edge_nodes = merge_registry(edge_keys, edge_nodes, ukeys, created)
             else:
-                if k == 1:
-                    a, b = G[..., 0].ravel(), G[..., 1].ravel()
-                    old_k, old_v = edge_keys, edge_nodes
-                else:                                # quadrilateral face, k == 2
-                    g = G.reshape(-1, 4)
-                    amin = np.argmin(g, axis=1)
-                    r = np.arange(g.shape[0])
-                    a, b = g[r, amin], g[r, 3 - amin]
-                    old_k, old_v = face_keys, face_nodes
-                lo, hi = np.minimum(a, b), np.maximum(a, b)
-                if may_exist:
-                    nodes = lookup(old_k, old_v, pack(lo, hi))
-                    new = nodes < 0
-                    ukeys, first, inv = unique_pairs(lo[new], hi[new])
-                    created = n_next + np.arange(ukeys.size, dtype=np.int64)
-                    nodes[new] = created[inv]
-                    first = np.flatnonzero(new)[first]
-                else:                                # nothing registered: all new
-                    ukeys, first, inv = unique_pairs(lo, hi)
-                    created = n_next + np.arange(ukeys.size, dtype=np.int64)
-                    nodes = created[inv]
-                parents = np.take(G.reshape(-1, 2 ** k), first, axis=0)
-                n_next += ukeys.size
-                if k == 1:
-                    edge_keys, edge_nodes = merge_registry(edge_keys, edge_nodes, ukeys, created)
-                else:
-                    face_keys, face_nodes = merge_registry(face_keys, face_nodes, ukeys, created)
-            L[:, pos] = nodes.reshape(m, pos.size)
-            new_par.append((k, parents))
+                face_keys, face_nodes = merge_registry(face_keys, face_nodes, ukeys, created)
+            nodes = nodes.reshape(m, pos.size)
+            for j, p in enumerate(pos):              # column copies: cheaper than L[:, pos] = nodes
+                L[:, p] = nodes[:, j]
+            if k == 1:
+                # parents (a, b) of each new midpoint where it first occurs: its key (lo, hi),
+                # swapped where a > b there (one bool gather instead of two int64 gathers)
+                plo, phi = ukeys >> 32, ukeys & 0xFFFFFFFF
+                sw = swap.ravel()[first]
+                new_par.append((k, [np.where(sw, phi, plo), np.where(sw, plo, phi)]))
+            else:
+                new_par.append((k, [np.take(c.ravel(), first) for c in C]))
         if n_next > MAX_NODES:
             raise ValueError(f"refinement would create {n_next} nodes; at most {MAX_NODES} are supported")
 
@@ -231,12 +250,16 @@ class Forest:
         par = np.empty((n_next, nv), dtype=np.result_type(self.node_par, np.int64))
         par[:nn0] = self.node_par
         at = nn0
-        for k, parents in new_par:
-            end = at + parents.shape[0]
-            _mean_of(self.X, parents, out=X[at:end])
+        for k, cols in new_par:
+            end = at + cols[0].shape[0]
+            _mean_of(self.X, cols, out=X[at:end])
             kind[at:end] = k
-            par[at:end, :2 ** k] = parents
-            par[at:end, 2 ** k:] = -1
+            if k == d:
+                par[at:end] = CN                     # all 2^d columns: one block copy
+            else:
+                par[at:end] = -1                     # one contiguous fill, cheaper than a strided one
+                for j, c in enumerate(cols):
+                    par[at:end, j] = c
             at = end
 
         # the cell arrays are written in place into the new forest's arrays (old part copied,
@@ -250,14 +273,17 @@ class Forest:
                 out=cell_nodes[nc:].reshape(m, nv * nv))
         cell_parent = np.empty(ncn, dtype=np.result_type(self.cell_parent, cells))
         cell_parent[:nc] = self.cell_parent
-        cell_parent[nc:].reshape(m, nv)[...] = cells[:, None]
+        for j in range(nv):                          # column copies: faster than one (m, nv) broadcast
+            cell_parent[nc + j::nv] = cells
         cell_child0 = np.empty(ncn, dtype=np.result_type(self.cell_child0, np.int64))
         cell_child0[:nc] = self.cell_child0
         cell_child0[cells] = nc + nv * np.arange(m, dtype=np.int64)
         cell_child0[nc:] = -1
         cell_level = np.empty(ncn, dtype=np.result_type(self.cell_level, np.int16))
         cell_level[:nc] = self.cell_level
-        cell_level[nc:].reshape(m, nv)[...] = (self.cell_level[cells] + 1).astype(np.int16)[:, None]
+        child_level = (self.cell_level[cells] + 1).astype(np.int16)
+        for j in range(nv):                          # column copies, as for cell_parent
+            cell_level[nc + j::nv] = child_level
         # boundary ids: child face (axis, side) lies on the parent face iff child bit == side
         faces = np.arange(2 * d)
         axis, side = faces // 2, faces % 2
@@ -265,7 +291,8 @@ class Forest:
         pb = np.take(self.cell_bface, cells, axis=0)                      # (m, 2d)
         # one gather of the columns of [pb | -1] (faster than a broadcast where/masked write)
         pbx = np.empty((m, 2 * d + 1), dtype=np.int32)
-        pbx[:, :2 * d] = pb
+        for f in range(2 * d):                       # column copies: faster than pbx[:, :2d] = pb
+            pbx[:, f] = pb[:, f]
         pbx[:, 2 * d] = -1
         cell_bface = np.empty((ncn, 2 * d), dtype=np.result_type(self.cell_bface, np.int32))
         cell_bface[:nc] = self.cell_bface

@@ -500,7 +500,14 @@ class Mesh:
         fresh = tree_ids[F.cell_child0[tree_ids] < 0]
         F2 = F.split(fresh)
         nv = 2 ** self.dim
-        kids = (F2.cell_child0[tree_ids][:, None] + np.arange(nv)).ravel()
+        if fresh.size == tree_ids.size:
+            # all split just now: split numbers their children consecutively after the old
+            # cells, in order, so the children are this range (sorted, above every old cell)
+            kids = np.arange(F.num_cells, F2.num_cells, dtype=np.int64)
+            if idx.size == self.num_cells:       # nothing kept (uniform refinement)
+                return Mesh(F2, kids)
+        else:
+            kids = (F2.cell_child0[tree_ids][:, None] + np.arange(nv)).ravel()
         keep = np.ones(self.num_cells, dtype=bool)
         keep[idx] = False
         active = _sorted(np.concatenate([self._active[keep], kids]))

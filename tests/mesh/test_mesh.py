@@ -224,3 +224,14 @@ def test_split_fast_unique_equals_np_unique(name, monkeypatch):
     assert np.array_equal(fast.cell_ids, ref.cell_ids)
     assert np.array_equal(fast.points, ref.points) and np.array_equal(fast.cells, ref.cells)
     assert np.array_equal(fast.boundary_ids, ref.boundary_ids)
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_uniform_refine_of_coarsened_mesh_reuses_children(dim):
+    """Refining cells that still have children in the forest adds no cells: the mesh is the
+    finer one again (the path of _refine_exact for cells that were not split just now)."""
+    fine = random_mesh(dim, 2, 5).refine()
+    coarse = fine.coarsen_once()
+    again = coarse.refine()
+    assert again._forest is fine._forest
+    assert np.array_equal(again.cell_ids, fine.cell_ids)
