@@ -523,6 +523,7 @@ extern "C" __global__ void adaptmg_csr_cjac_vec_{T}(
     {T} s = adaptmg_row_sum_{T}(t.r, tpr, ai, ad, x);
     for (int k = q.k; k < q.e; k += tpr) s += qd[k] * e[qi[k]];
     {T} c = adaptmg_row_sum_{T}(p, tpr, pi, pd, e);
+    // both lane sums in one loop (not adaptmg_lanes_sum twice): their shuffles overlap
     for (int off = tpr / 2; off > 0; off >>= 1) {
         s += __shfl_down_sync(0xffffffffu, s, off, tpr);
         c += __shfl_down_sync(0xffffffffu, c, off, tpr);
@@ -743,13 +744,12 @@ def smooth_restrict_matrix(A, R, dinv, omega, sweeps):
     so that ``G b`` is ``sweeps`` damped Jacobi sweeps on ``A x = b`` from ``x = 0`` and
     ``S b`` the restriction of their residual.  ``A``, ``R``: host CSR; ``dinv``: the
     inverse diagonal (host)."""
-    import scipy.sparse as sp
     if sweeps not in (1, 2):
         raise ValueError(f"smooth_restrict_matrix: sweeps must be 1 or 2, got {sweeps!r}")
     A, R = sp.csr_matrix(A, dtype=np.float64), sp.csr_matrix(R, dtype=np.float64)
     Dw = sp.diags(omega * np.asarray(dinv, dtype=np.float64))
-    RA = R @ A
-    RAG = RA @ Dw if sweeps == 1 else 2.0 * (RA @ Dw) - (RA @ Dw) @ (A @ Dw)
+    RAD = R @ A @ Dw
+    RAG = RAD if sweeps == 1 else 2.0 * RAD - RAD @ (A @ Dw)
     S = (R - RAG).tocsr()
     S.sum_duplicates()
     S.sort_indices()
