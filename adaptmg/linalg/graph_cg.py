@@ -96,6 +96,19 @@ __device__ __forceinline__ bool gcg_finish({T} v, {T}* partial, unsigned int* co
     if (threadIdx.x == 0) { *total = t; *counter = 0u; }
     return threadIdx.x == 0;
 }
+// the sum of a row's tpr lanes (shuffles within the sub-warp); lane 0 gets it
+__device__ __forceinline__ {T} gcg_lanes_sum({T} acc, const int tpr)
+{
+    for (int off = tpr / 2; off > 0; off >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, off, tpr);
+    return acc;
+}
+// after s[3] = rz_new is summed, in the last block, while running: beta = rz_new / rz and
+// rz = rz_new (K3 and K3j)
+__device__ __forceinline__ void gcg_next_beta({T}* s)
+{
+    s[4] = (s[0] != ({T})0) ? s[3] / s[0] : ({T})0;
+    s[0] = s[3];
+}
 // the search direction p' = z + beta p of column j (p itself once stopped)
 __device__ __forceinline__ {T} gcg_direction(const bool go, const {T} beta,
                                               const {T}* __restrict__ z,
@@ -119,7 +132,7 @@ extern "C" __global__ void gcg_spmv_pq_{T}(
     const {T} beta = s[4];
     {T} acc = 0;
     for (int k = kb; k < ke; k += tpr) acc += data[k] * gcg_direction(go, beta, z, p, indices[k]);
-    for (int off = tpr / 2; off > 0; off >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, off, tpr);
+    acc = gcg_lanes_sum(acc, tpr);
     {T} v = 0;
     if (row < n && lane == 0) {
         const {T} pi = gcg_direction(go, beta, z, p, row);
@@ -165,10 +178,8 @@ extern "C" __global__ void gcg_rz_{T}(
     __shared__ {T} sh[32];
     const int i = blockDim.x * blockIdx.x + threadIdx.x;
     {T} v = (i < n) ? r[i] * z[i] : ({T})0;
-    if (gcg_finish(v, partial, counter, sh, s + 3) && st[0] == 0) {
-        s[4] = (s[0] != ({T})0) ? s[3] / s[0] : ({T})0;
-        s[0] = s[3];
-    }
+    if (gcg_finish(v, partial, counter, sh, s + 3) && st[0] == 0)
+        gcg_next_beta(s);
 }
 // K3 fused with the cycle's last sweep: z = y + omega D^{-1} (r - A y) (tpr threads per
 // row, as adaptmg_csr_jacobi_vec), s[3] = (r, z); if running: s[4] = beta, s[0] = rz_new
@@ -186,17 +197,15 @@ extern "C" __global__ void gcg_jacobi_rz_{T}(
     ADAPTMG_GRID_WAIT();                  // the row bounds and dinv above are set-up data
     {T} acc = 0;
     for (int k = kb; k < ke; k += tpr) acc += data[k] * y[indices[k]];
-    for (int off = tpr / 2; off > 0; off >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, off, tpr);
+    acc = gcg_lanes_sum(acc, tpr);
     {T} v = 0;
     if (row < n && lane == 0) {
         const {T} zi = y[row] + omega * di * (r[row] - acc);
         z[row] = zi;
         v = r[row] * zi;
     }
-    if (gcg_finish(v, partial, counter, sh, s + 3) && st[0] == 0) {
-        s[4] = (s[0] != ({T})0) ? s[3] / s[0] : ({T})0;
-        s[0] = s[3];
-    }
+    if (gcg_finish(v, partial, counter, sh, s + 3) && st[0] == 0)
+        gcg_next_beta(s);
 }
 """
 
