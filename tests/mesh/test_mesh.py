@@ -235,3 +235,33 @@ def test_uniform_refine_of_coarsened_mesh_reuses_children(dim):
     again = coarse.refine()
     assert again._forest is fine._forest
     assert np.array_equal(again.cell_ids, fine.cell_ids)
+
+
+# ----------------------------------------------------------------- node numbering
+@pytest.mark.parametrize("dim,times", [(2, 6), (3, 4)])
+def test_refined_node_numbering_is_local(dim, times):
+    """Nodes created by refinement are numbered along the cells' space-filling curve, so an
+    assembled row's columns stay close to the row (by forest id, i.e. creation order, the
+    90th percentile of |i - j| was ~n / 1.3)."""
+    from adaptmg import Space, assemble
+    mesh = Mesh.box([0.0] * dim, [1.0] * dim, [2] * dim)
+    for _ in range(times):
+        mesh = mesh.refine()
+    A = assemble.stiffness(Space(mesh, 1)).tocsr()
+    n = A.shape[0]
+    dist = np.abs(A.indices - np.repeat(np.arange(n), np.diff(A.indptr)))
+    assert np.median(dist) <= 32
+    assert np.percentile(dist, 90) <= 2 * n ** ((dim - 1) / dim)
+
+
+def test_node_numbering_keeps_the_coarse_points_first():
+    """An unrefined mesh keeps its input points' numbering; refinement appends new nodes."""
+    rng = np.random.default_rng(3)
+    base = Mesh.box([0.0, 0.0], [1.0, 1.0], [3, 2])
+    perm = rng.permutation(base.num_nodes)
+    inv = np.argsort(perm)
+    mesh = Mesh.from_cells(base.points[perm], inv[base.cells])
+    np.testing.assert_array_equal(mesh.points, base.points[perm])
+    fine = mesh.refine().refine()
+    np.testing.assert_array_equal(fine.points[:mesh.num_nodes], mesh.points)
+    assert sorted(fine.node_ids.tolist()) == list(range(fine.num_nodes))
