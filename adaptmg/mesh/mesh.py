@@ -243,7 +243,7 @@ class Mesh:
         stay in cache.  (Numbered by forest id -- creation order, one refinement after
         the other -- a row of a uniformly refined mesh's matrix reached a quarter of the
         mesh away, and the fine-level Jacobi kernels of a 1M-DoF V-cycle read 1.2-1.7x
-        the bytes of their operands; ``scripts/bench_vcycle.py``.)
+        the bytes of their operands from DRAM (ncu, H100).)
         """
         F = self._forest
         cn = np.take(F.cell_nodes, self._active, axis=0)
