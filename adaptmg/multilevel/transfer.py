@@ -149,7 +149,9 @@ def _interpolation_q1_conforming(coarse: Space, fine: Space):
 
     def put(r, cols, weight):
         # rows r (sorted) get the columns cols (r.size, w): one slice when the rows are
-        # consecutive (a uniform refinement numbers coarse nodes, then edge midpoints, ...)
+        # consecutive (the coarse mesh's own vertices, which the mesh numbers first), else
+        # a scatter (nodes created by refinement are numbered along the cells' curve, so
+        # the midpoints of one kind are interleaved with the other nodes)
         w = cols.shape[1]
         if r[-1] - r[0] == r.size - 1:
             sl = slice(int(indptr[r[0]]), int(indptr[r[0]]) + r.size * w)
