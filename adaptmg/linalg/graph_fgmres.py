@@ -15,11 +15,11 @@ Inner iteration ``j`` is then a fixed sequence of kernels::
     rotate, monitor, test            (one thread; state != 0 stops the cycle)
     v_{j+1} = w / h_{j+1,j}          (skipped once stopped)
 
-recorded once per ``j`` (the block sizes differ) and replayed with one launch.  The host
-reads the state of each iteration from pinned memory (``depth`` as in
-:mod:`adaptmg.linalg.graph_cg`; with ``depth = 2`` an iteration launched after the stop
-changes nothing that the update reads: ``V[j+1]``, ``R``, ``g`` are guarded; ``Z[j+1]``
-and the work column are not read for ``k = j``).
+recorded once per ``j`` (the block sizes differ), when iteration ``j`` is first reached,
+and replayed with one launch.  The host reads the state of each iteration from pinned
+memory (``depth`` as in :mod:`adaptmg.linalg.graph_cg`; with ``depth = 2`` an iteration
+launched after the stop changes nothing that the update reads: ``V[j+1]``, ``R``, ``g``
+are guarded; ``Z[j+1]`` and the work column are not read for ``k = j``).
 
 At the end of a cycle the ``k x k`` triangle and ``g`` come to the host (one transfer),
 ``y`` is solved there and ``x += Z_k y`` runs on the device; the true residual decides.
@@ -167,12 +167,18 @@ class GraphFGMRES:
         self._normalize(w, self.scale, self.st, V[j + 1])
 
     def _graph(self, j):
+        """The graph of step ``j``, recorded on its first use (a solve that converges in
+        k iterations records k graphs).  It may be recorded in the middle of a cycle:
+        the capture's check runs the step twice on a random ``v_j`` (the basis before it
+        as it is), so ``v_j``, ``g`` and the state are restored afterwards; everything
+        else the step writes (``z_j``, ``w``, column ``j`` of ``R``, ``cs``, ``sn``,
+        ``v_{j+1}``) the real launch writes again before anything reads it."""
         if self.graphs[j] is None and self.graph_error is None:
-            st_keep = self.st.copy()
-            g, why = capture(self.be, lambda: self._step(j), [self.V[:j + 1]], self.w,
+            keep = (self.V[j].copy(), self.g.copy(), self.st.copy())
+            g, why = capture(self.be, lambda: self._step(j), [self.V[j:j + 1]], self.w,
                              rtol=1e3 * float(np.finfo(self.dtype).eps),
                              reset=lambda: self.st.fill(0))
-            self.st[...] = st_keep
+            self.V[j][...], self.g[...], self.st[...] = keep
             if g is None:
                 self.graph_error = why
             self.graphs[j] = g
@@ -192,12 +198,15 @@ class GraphFGMRES:
 
         Returns ``(x, state, iterations)`` (state 0: converged, the true residual checked;
         ``FULL``: ``maxiter`` cycles done; else why it stopped), or ``None`` when a graph
-        could not be recorded (``x`` then unchanged, ``graph_error`` says why).
+        could not be recorded (``x`` then holds its initial values again, ``graph_error``
+        says why).
         """
-        for j in range(self.m):                      # record every step before touching x
-            if self._graph(j) is None:
-                return None
+        if self.graph_error is not None:
+            return None
         xp, eps = self.xp, float(np.finfo(self.dtype).eps)
+        # graphs are recorded on first use: keep x0 while some are missing (a refused
+        # capture in a later restart cycle must not leave x half updated)
+        x_start = x.copy() if any(g is None for g in self.graphs) else None
         r = self.w
         r[...] = b
         self.plan(x, r, -1.0, 1.0)
@@ -219,7 +228,12 @@ class GraphFGMRES:
             self.st.fill(0)
             pending = collections.deque()
             for j in range(self.m):
-                self.graphs[j].launch()
+                graph = self._graph(j)
+                if graph is None:
+                    x[...] = x_start
+                    self.iterations = 0
+                    return None
+                graph.launch()
                 pending.append((self._state_async(j % 2, stream), j % 2))
                 if len(pending) < self.depth:
                     continue
