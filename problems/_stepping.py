@@ -9,7 +9,9 @@ r"""One implicit time step, shared by the time-dependent problems (transport-dif
   ``adaptmg_constrain_combine`` (memoised factory keyed by the CuPy module of the arrays)
   with its NumPy twin;
 * :func:`gmres_step` -- the (right-preconditioned) GMRES solve of one step from the previous
-  step's solution.
+  step's solution;
+* :class:`StepGMRES` -- the same solve with the matrix and the V-cycle fixed for all steps:
+  on the GPU every FGMRES iteration is one CUDA-graph launch.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from adaptmg.backend import backend_of
 from adaptmg.device.kernels import make_spmv
 from adaptmg.linalg import ConvergenceWarning, fgmres
 
-__all__ = ["time_steps", "SpMVOperator", "constrain_combine", "gmres_step", "KERNEL_NAMES"]
+__all__ = ["time_steps", "SpMVOperator", "constrain_combine", "gmres_step", "StepGMRES", "KERNEL_NAMES"]
 
 KERNEL_NAMES = ("adaptmg_constrain_combine",)
 
@@ -121,3 +123,70 @@ def gmres_step(K, rhs, x, M, *, rtol, maxiter, tol="rhs", xp, orthogonalization=
     else:
         raise ValueError(f"tol must be 'rhs' or 'residual', got {tol!r}")
     return x, info, count[0]
+
+
+class StepGMRES:
+    """:func:`gmres_step` for a whole time loop: ``K`` (a :class:`SpMVOperator`) and the
+    preconditioner, one V-cycle of the multigrid solver ``ml``, fixed; ``step(rhs, x0)``
+    returns ``(x, info, iterations)`` and leaves ``x0`` as it is.
+
+    On the GPU (``graph=True``, ``ml`` and ``K`` of one dtype, ``maxiter <= 256``) the
+    solve is :class:`adaptmg.linalg.graph_fgmres.GraphFGMRES`: the same method as
+    :func:`gmres_step` (FGMRES(``maxiter``), one restart cycle, CGS2, the same stopping test
+    on the true residual) with each inner iteration -- the V-cycle, the SpMV, both
+    Gram-Schmidt passes, the Givens rotation and the test -- replayed as one CUDA graph
+    (recorded when the iteration count first reaches it), so that a step costs a few host
+    round trips instead of ~1 ms of Python per step and per iteration.  A step that does
+    not end converged is solved again by :func:`gmres_step` from the same ``x0``, which
+    reports it (``info != 0`` and a :class:`~adaptmg.linalg.ConvergenceWarning`); if a
+    graph is refused (``self.graph_error`` says why) every step takes that path.
+    Elsewhere every step is :func:`gmres_step` with ``ml.aspreconditioner("V")``.
+    """
+
+    def __init__(self, K, ml, *, rtol, maxiter, tol="rhs", xp, graph=True):
+        if tol not in ("rhs", "residual"):
+            raise ValueError(f"tol must be 'rhs' or 'residual', got {tol!r}")
+        self.K, self.ml, self.xp = K, ml, xp
+        self.rtol, self.maxiter, self.tol = rtol, int(maxiter), tol
+        self._M = None
+        self.krylov = None
+        self.graph_error = None
+        be = ml.backend
+        A = K.A
+        if (graph and be.is_gpu and np.dtype(ml.dtype) == K.dtype and 1 <= self.maxiter <= 256
+                and getattr(A, "format", None) == "csr" and A.indices.dtype == np.int32):
+            from adaptmg.linalg.graph_fgmres import GraphFGMRES
+            cyc = ml.buffered_cycle("V", graph=False)        # recorded inside the FGMRES graphs
+
+            def precond(v, z):
+                xp.copyto(cyc.b, v)
+                cyc.run_eager(out=z)
+            self.krylov = GraphFGMRES(be, A, precond, restart=self.maxiter)
+
+    @property
+    def M(self):
+        """``ml.aspreconditioner("V")`` (built on first use: the graph path does not need it)."""
+        if self._M is None:
+            self._M = self.ml.aspreconditioner("V")
+        return self._M
+
+    @property
+    def mode(self):
+        """"cuda-graph" (GraphFGMRES) or "host" (:func:`gmres_step`)."""
+        return "cuda-graph" if self.krylov is not None else "host"
+
+    def step(self, rhs, x0):
+        if self.krylov is not None:
+            if self.tol == "residual":
+                r0 = float(self.xp.linalg.norm(rhs - self.K.matvec(x0)))
+                kw = dict(rtol=0.0, atol=self.rtol * r0)
+            else:
+                kw = dict(rtol=self.rtol)
+            out = self.krylov.solve(rhs, x0.copy(), maxiter=1, **kw)
+            if out is None:                       # a graph was refused: the host path from now on
+                self.graph_error = self.krylov.graph_error
+                self.krylov = None
+            elif out[1] == 0:
+                return out[0], 0, out[2]
+        return gmres_step(self.K, rhs, x0, self.M, rtol=self.rtol, maxiter=self.maxiter,
+                          tol=self.tol, xp=self.xp)

@@ -34,7 +34,9 @@ the boundary values :math:`g^k` (the interpolant of :math:`\theta_{ex}(t_k)` on
     \qquad \theta^k = H x,
 
 with GMRES right-preconditioned by one V-cycle of geometric multigrid
-(rediscretised :math:`A` on every level, Jacobi smoothing, direct coarse solve).
+(rediscretised :math:`A` on every level, Jacobi smoothing, direct coarse solve);
+on the GPU each GMRES iteration, V-cycle included, is one CUDA-graph launch
+(:class:`adaptmg_problems._stepping.StepGMRES`).
 Each step starts GMRES from the linear extrapolation :math:`2\theta^{k-1} - \theta^{k-2}`
 (``predictor="linear"``; ``"previous"``: from :math:`\theta^{k-1}`).
 The right-hand side is one fused kernel (:func:`.kernels.td_step_data`),
@@ -55,7 +57,7 @@ from adaptmg.device import kernels as _K
 from adaptmg.fe.csr_ops import mask_rows_cols
 from adaptmg.fe.norms import errors
 
-from .._stepping import SpMVOperator, constrain_combine, gmres_step, time_steps
+from .._stepping import SpMVOperator, StepGMRES, constrain_combine, time_steps
 from .._timing import Timer, format_table, progress
 from .kernels import td_exact, td_source, td_step_data
 
@@ -146,7 +148,8 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
     dict with ``u`` (host nodal values at T), ``mesh``, ``space``, ``timings``
     ({"init", "rhs", "solve", "sum"}), ``iterations`` (GMRES iterations per
     step), ``l2`` (L2 error at T against theta_ex, host quadrature), ``dofs``,
-    ``n``, ``steps``, ``T``, ``backend``.
+    ``n``, ``steps``, ``T``, ``backend``, ``gmres_mode`` ("cuda-graph" or "host", see
+    :class:`~adaptmg_problems._stepping.StepGMRES`).
     """
     steps = time_steps(dt, T, steps, tol)
     if predictor not in ("linear", "previous"):
@@ -203,7 +206,8 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         r = xp.empty(nd)
         r2 = xp.empty(nd) if has_hanging else r
         rhs = xp.empty(nd)
-        Mprec = ml.aspreconditioner("V")
+        # GMRES of every step; on the GPU one CUDA graph per iteration (V-cycle included)
+        stepper = StepGMRES(Kop, ml, rtol=rtol, maxiter=maxiter, tol=tol, xp=xp)
 
     iters = []
     not_converged = 0
@@ -223,8 +227,8 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
             if x_prev is not None:
                 _K.axpby(2.0, x, -1.0, x_prev)     # x_prev <- 2 x - x_prev: the linear predictor
                 x0 = x_prev
-            # fgmres works on a copy of x0: x stays the previous step's solution
-            x_new, info, its = gmres_step(Kop, rhs, x0, Mprec, rtol=rtol, maxiter=maxiter, tol=tol, xp=xp)
+            # the step works on a copy of x0: x stays the previous step's solution
+            x_new, info, its = stepper.step(rhs, x0)
             x_prev = x if predictor == "linear" else None
             x = x_new
             if info != 0:
@@ -237,7 +241,8 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
 
     timings = timer.as_dict(["init", "rhs", "solve"])
     u_h = to_host(u)
-    res.update(u=u_h, mesh=mesh, space=space, solver=ml, timings=timings, iterations=iters, not_converged=not_converged,
+    res.update(u=u_h, mesh=mesh, space=space, solver=ml, gmres_mode=stepper.mode, timings=timings,
+               iterations=iters, not_converged=not_converged,
                dofs=space.num_dofs, n=int(n), steps=int(steps), T=steps * dt, dt=dt,
                backend=be.name, fields={"theta": u_h})
     if compute_error:

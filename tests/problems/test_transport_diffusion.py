@@ -156,6 +156,80 @@ def test_gpu_run_matches_cpu_run(n):
     iterations: the device Dirichlet-column mask, mass matrix and row scale are the host's."""
     rc = td.run(n, steps=5, backend="cpu", quiet=True)
     rg = td.run(n, steps=5, backend="gpu", quiet=True)
+    assert rc["gmres_mode"] == "host" and rg["gmres_mode"] == "cuda-graph"
     assert all(abs(a - b) <= 1 for a, b in zip(rg["iterations"], rc["iterations"]))
     assert np.abs(rg["u"] - rc["u"]).max() <= 1e-6 * np.abs(rc["u"]).max()
     assert rg["l2"] == pytest.approx(rc["l2"], rel=1e-4)
+
+
+def _step_system(n=6, dt=0.02):
+    """The constrained transport-diffusion step matrix of mesh n on the GPU, its multigrid
+    solver and a right-hand side with a smooth and a rough part."""
+    from adaptmg import multigrid
+    from adaptmg.backend import get_backend
+    from adaptmg_problems._stepping import SpMVOperator
+    gpu = get_backend("gpu")
+    space = Space(td.make_mesh(n), 1)
+    ml = multigrid(space, td.system_matrix(dt), dirichlet="all", backend=gpu)
+    K = SpMVOperator(gpu.asmatrix(ml.A))
+    rng = np.random.default_rng(5)
+    P = space.points
+    b = np.sin(3 * P[:, 0]) * np.cos(2 * P[:, 1]) + 0.1 * rng.standard_normal(space.num_dofs)
+    return gpu, ml, K, gpu.asarray(ml.constrain(b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tol", ["rhs", "residual"])
+def test_step_gmres_graph_equals_host(tol):
+    """StepGMRES on the GPU (one CUDA graph per FGMRES iteration, recorded when first
+    reached) against the host-driven gmres_step with the same V-cycle: the same iteration
+    count (+-1) for a cold and a warm start, both at the tolerance, the same solution;
+    x0 is left unchanged."""
+    from adaptmg_problems._stepping import StepGMRES
+    gpu, ml, K, b = _step_system()
+    xp = gpu.xp
+    g = StepGMRES(K, ml, rtol=1e-9, maxiter=50, tol=tol, xp=xp)
+    h = StepGMRES(K, ml, rtol=1e-9, maxiter=50, tol=tol, xp=xp, graph=False)
+    assert g.mode == "cuda-graph" and h.mode == "host"
+    x0 = xp.zeros_like(b)
+    for start in ("cold", "warm"):
+        keep = x0.copy()
+        xg, ig, kg = g.step(b, x0)
+        xh, ih, kh = h.step(b, x0)
+        assert g.mode == "cuda-graph", g.graph_error
+        assert bool((x0 == keep).all())
+        assert ig == 0 and ih == 0 and abs(kg - kh) <= 1 and kg >= 2, (start, kg, kh)
+        r0 = float(xp.linalg.norm(b - K.matvec(x0)))
+        ref = float(xp.linalg.norm(b)) if tol == "rhs" else r0
+        for x in (xg, xh):
+            assert float(xp.linalg.norm(b - K.matvec(x))) <= 1e-9 * ref
+        assert float(xp.abs(xg - xh).max()) <= 1e-6 * float(xp.abs(xh).max())
+        # warm start: the cold solution perturbed
+        x0 = xh + 1e-3 * xp.sin(xp.arange(b.size, dtype=b.dtype))
+
+
+@pytest.mark.gpu
+def test_step_gmres_refused_graph_mid_cycle_falls_back(monkeypatch):
+    """A capture refused at the third iteration (in the middle of the first solve): the
+    graph solve hands x back as it was and the step is solved by gmres_step, which
+    converges; later steps stay on the host path and the reason is kept."""
+    import adaptmg.linalg.graph_fgmres as GF
+    from adaptmg_problems._stepping import StepGMRES
+    gpu, ml, K, b = _step_system()
+    xp = gpu.xp
+    real = GF.capture
+    calls = []
+
+    def capture(be, run, inputs, output, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            return None, "refused for the test"
+        return real(be, run, inputs, output, **kw)
+    monkeypatch.setattr(GF, "capture", capture)
+    s = StepGMRES(K, ml, rtol=1e-9, maxiter=50, xp=xp)
+    x0 = xp.zeros_like(b)
+    x, info, its = s.step(b, x0)
+    assert len(calls) == 3 and s.mode == "host" and s.graph_error == "refused for the test"
+    assert info == 0 and its >= 3
+    assert float(xp.linalg.norm(b - K.matvec(x))) <= 1e-9 * float(xp.linalg.norm(b))
+    assert bool((x0 == 0).all())
