@@ -106,6 +106,8 @@ class Mesh:
     """
 
     def __init__(self, forest: Forest, active: np.ndarray):
+        # active: the forest ids of the active cells, sorted and distinct (every constructor
+        # and refinement keeps them so; the node numbering and _active_cell_nodes rely on it)
         self._forest = forest
         self._active = np.asarray(active, dtype=np.int64)
 
@@ -246,20 +248,34 @@ class Mesh:
         the bytes of their operands from DRAM (ncu, H100).)
         """
         F = self._forest
-        cn = np.take(F.cell_nodes, self._active, axis=0)
-        nc, nv = cn.shape
-        flat = cn.ravel()
-        cell = np.repeat(np.arange(nc, dtype=np.int64), nv)
-        first = np.full(F.num_nodes, nc, dtype=np.int64)
-        np.minimum.at(first, flat, cell)                    # the first cell touching each node
-        hit = np.take(first, flat) == cell                  # a node once per cell: one hit each
+        flat = self._active_cell_nodes().ravel()            # (cell, vertex) occurrences, in order
+        nn = F.num_nodes
+        it = np.int32 if max(flat.size, nn) <= np.iinfo(np.int32).max else np.int64
+        occ = np.arange(flat.size, dtype=it)
+        # the first occurrence of each node: written in reverse, so that the earliest write
+        # lands last (NumPy does not promise an order for repeated indices; another order
+        # would give another permutation, still a valid numbering -- measured 1.5x faster
+        # than np.minimum.at, which also holds the GIL)
+        first = np.empty(nn, dtype=it)
+        first[flat[::-1]] = occ[::-1]
+        keep = np.take(first, flat) == occ                  # one occurrence of each node
         root = np.take(F.node_kind, flat) == 0
-        used_root = np.zeros(F.num_nodes, dtype=bool)
+        used_root = np.zeros(nn, dtype=bool)
         used_root[flat[root]] = True
-        ids = np.concatenate([np.flatnonzero(used_root), flat[hit & ~root]])
-        pos = np.full(F.num_nodes, -1, dtype=np.int64)
+        keep &= ~root
+        ids = np.concatenate([np.flatnonzero(used_root), flat[keep]])
+        pos = np.full(nn, -1, dtype=np.int64)
         pos[ids] = np.arange(ids.size)
         return ids, pos
+
+    def _active_cell_nodes(self) -> np.ndarray:
+        """(num_cells, 2^dim) forest node ids of the active cells: a view when the active
+        cells are one range of forest ids (a uniform refinement), else a gathered copy."""
+        a = self._active
+        cn = self._forest.cell_nodes
+        if a.size and a[-1] - a[0] == a.size - 1:        # sorted and distinct: one range
+            return cn[int(a[0]):int(a[-1]) + 1]
+        return np.take(cn, a, axis=0)
 
     @property
     def node_ids(self) -> np.ndarray:
@@ -282,7 +298,7 @@ class Mesh:
     @functools.cached_property
     def cells(self) -> np.ndarray:
         """(num_cells, 2^dim) node indices of the active cells, lexicographic vertex order."""
-        c = np.take(self._node_numbering[1], np.take(self._forest.cell_nodes, self._active, axis=0))
+        c = np.take(self._node_numbering[1], self._active_cell_nodes())
         c.flags.writeable = False
         return c
 
