@@ -270,7 +270,9 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
     be = get_backend(backend)
     coarse_max_rows = _coarse_max_rows(coarse_max_rows, be, coarse)
     meshes = space.mesh.hierarchy(max_levels=max_levels)
-    spaces = [Space(m, space.degree, space.components) for m in meshes[:-1]] + [space]
+    with _setup_pool(threads) as pool:      # the coarse spaces (each numbers its mesh) side by side
+        sp_f = [pool.submit(Space, m, space.degree, space.components) for m in meshes[:-1]]
+        spaces = [f.result() for f in sp_f] + [space]
     if coarse_max_rows is not None:      # levels below the coarse one are not built
         small = [l for l, s in enumerate(spaces) if s.num_dofs <= coarse_max_rows]
         if small and small[-1] > 0:
