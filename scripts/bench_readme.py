@@ -270,7 +270,9 @@ def row_td(ctx):
         t = td.run(n, backend="cpu", quiet=True, steps=10 if ctx.quick else 100)["timings"]
     else:
         return NA
-    return ctx.mark(f"init {t['init']:.2f} s, rhs {t['rhs']:.2f} s, solve {t['solve']:.2f} s{paper}")
+    total = t['init'] + t['rhs'] + t['solve']
+    return ctx.mark(f"init {t['init']:.2f} s, rhs {t['rhs']:.2f} s, solve {t['solve']:.2f} s, "
+                    f"total {total:.2f} s{paper}")
 
 
 def row_elasticity(ctx):
