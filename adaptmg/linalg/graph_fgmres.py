@@ -21,8 +21,15 @@ memory (``depth`` as in :mod:`adaptmg.linalg.graph_cg`; with ``depth = 2`` an it
 launched after the stop changes nothing that the update reads: ``V[j+1]``, ``R``, ``g``
 are guarded; ``Z[j+1]`` and the work column are not read for ``k = j``).
 
-At the end of a cycle the ``k x k`` triangle and ``g`` come to the host (one transfer),
-``y`` is solved there and ``x += Z_k y`` runs on the device; the true residual decides.
+The ends of a cycle run on the device as well, each followed by one read of a few numbers
+into pinned memory: the start of the first cycle (``r = b - A x``, ``||r||`` and ``||b||``,
+``g_1``, the inner tolerance and ``v_1`` = a one-thread kernel between element-wise ones)
+and the end of every cycle (the back substitution ``R_k y = g_k`` in one thread, ``x +=
+Z_k y`` reading ``k`` on the device, the true residual and its norm).  A solve of ``k``
+iterations in one cycle synchronises ``k + 2`` times (H100, transport-diffusion n=10, 1.05M
+DoFs, 3 iterations: 2.23 ms per solve, 2.94 ms with the cycle's ends on the host, of which
+the three graphs are 1.63 ms).  The true residual decides; later restart cycles start from
+the host's figures.
 The inner tolerance is SciPy's for right preconditioning: the monitor is the true
 residual norm up to rounding, and after a cycle whose monitor passed but whose true
 residual did not, the next cycle aims lower (the factor of :mod:`._arnoldi`).  States
@@ -37,7 +44,6 @@ import functools
 import math
 
 import numpy as np
-from scipy.linalg import solve_triangular
 
 from ..device import kernels as K
 from ..device.cudagraph import capture
@@ -93,11 +99,79 @@ extern "C" __global__ void adaptmg_graphfgmres_givens_SFX(
 """
 
 
+_CYCLE_ENDS = r"""
+extern "C" __global__ void adaptmg_graphfgmres_start_SFX(
+        const T* nrm, double* g, double* prm, int* st, T* scale, double* info,
+        const double rtol, const double atol, const double eps)
+{
+    // nrm = (||r||^2, ||b||^2): the first cycle's g, ptol and state, without the host
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const double r2 = (double)nrm[0], b2 = (double)nrm[1];
+    const double rnorm = sqrt(r2 < 0.0 ? 0.0 : r2), bnrm = sqrt(b2 < 0.0 ? 0.0 : b2);  // NaN stays
+    const double tol = fmax(rtol * bnrm, atol);
+    info[0] = rnorm; info[1] = bnrm; info[2] = tol;
+    g[0] = rnorm;
+    prm[0] = bnrm > 0.0 ? fmin(bnrm, tol) : tol;      // SciPy's first inner tolerance
+    prm[1] = eps;
+    st[1] = 0;
+    st[0] = (rnorm > tol) ? 0 : 1;                      // 1: nothing to do (or NaN: the host sees it)
+    if (st[0] == 0) scale[0] = (T)(1.0 / rnorm);
+}
+
+extern "C" __global__ void adaptmg_graphfgmres_backsolve_SFX(
+        const double* R, const double* g, const int* st, T* y, const int m)
+{
+    // y = R_k^{-1} g_k, k = st[1] (upper triangular, row-major m x m)
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const int k = st[1];
+    double yv[MAXM];
+    for (int i = k - 1; i >= 0; --i) {
+        double s = g[i];
+        for (int j = i + 1; j < k; ++j) s -= R[i * m + j] * yv[j];
+        yv[i] = s / R[i * m + i];
+    }
+    for (int i = 0; i < k; ++i) y[i] = (T)yv[i];
+}
+
+extern "C" __global__ void adaptmg_graphfgmres_report_SFX(
+        const T* nrm, const double* g, const int* st, double* info)
+{
+    // after the update: state, k, the true residual norm and the monitor |g_k|
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const int k = st[1];
+    info[3] = (double)st[0];
+    info[4] = (double)k;
+    const double r2 = (double)nrm[0];
+    info[5] = sqrt(r2 < 0.0 ? 0.0 : r2);                // NaN stays NaN
+    info[6] = k > 0 ? fabs(g[k]) : -1.0;
+}
+"""
+
+
 @functools.lru_cache(maxsize=None)
 def _givens_kernel(xp, ctype, maxm):
     src = _GIVENS.replace("SFX", ctype).replace("MAXM", str(int(maxm)))
     mod = xp.RawModule(code="typedef " + ctype + " T;\n" + src)
     return mod.get_function(f"adaptmg_graphfgmres_givens_{ctype}")
+
+
+@functools.lru_cache(maxsize=None)
+def _cycle_end_kernels(xp, ctype, maxm):
+    """(start, backsolve, report): the one-thread kernels around a restart cycle."""
+    src = _CYCLE_ENDS.replace("SFX", ctype).replace("MAXM", str(int(maxm)))
+    mod = xp.RawModule(code="typedef " + ctype + " T;\n" + src)
+    return tuple(mod.get_function(f"adaptmg_graphfgmres_{nm}_{ctype}")
+                 for nm in ("start", "backsolve", "report"))
+
+
+@functools.lru_cache(maxsize=None)
+def _update_kernel(xp):
+    # x += Z_k^T y with k = st[1] read on the device (no host round trip for k or y)
+    return xp.ElementwiseKernel(
+        "raw T Z, raw T y, raw int32 st, int64 n", "T x",
+        "T s = 0; const int k = st[1];"
+        " for (int j = 0; j < k; ++j) s += y[j] * Z[(long long)j * n + i];"
+        " x += s;", "adaptmg_graphfgmres_update")
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,10 +218,18 @@ class GraphFGMRES:
         self.scale = xp.zeros(1, dt)
         self.prm = xp.zeros(2, np.float64)
         self.st = xp.zeros(2, np.int32)
-        self._givens = _givens_kernel(xp, "double" if dt == np.float64 else "float", m)
+        ctype = "double" if dt == np.float64 else "float"
+        self._givens = _givens_kernel(xp, ctype, m)
+        self._start, self._backsolve, self._report = _cycle_end_kernels(xp, ctype, m)
+        self._update = _update_kernel(xp)
         self._normalize = _normalize_kernel(xp)
+        self.nrm = xp.zeros(2, dt)                       # ||r||^2, ||b||^2
+        self.y = xp.zeros(m, dt)
+        self.info = xp.zeros(8, np.float64)              # see the start / report kernels
         self._pinned = [xp.cuda.alloc_pinned_memory(8) for _ in range(2)]
         self._host = [np.ndarray((2,), np.int32, buffer=p) for p in self._pinned]
+        self._info_pinned = xp.cuda.alloc_pinned_memory(64)
+        self._info_host = np.ndarray((8,), np.float64, buffer=self._info_pinned)
         self.graphs = [None] * m
         self.graph_error = None
         self.iterations = 0
@@ -184,6 +266,14 @@ class GraphFGMRES:
             self.graphs[j] = g
         return self.graphs[j]
 
+    def _read_info(self, stream):
+        """``self.info`` to the host: one copy to pinned memory, then wait for it."""
+        rt = self.xp.cuda.runtime
+        rt.memcpyAsync(self._info_pinned.ptr, self.info.data.ptr, 64, rt.memcpyDeviceToHost,
+                       stream.ptr)
+        stream.synchronize()
+        return self._info_host.copy()
+
     def _state_async(self, slot, stream):
         rt = self.xp.cuda.runtime
         rt.memcpyAsync(self._pinned[slot].ptr, self.st.data.ptr, 8, rt.memcpyDeviceToHost, stream.ptr)
@@ -203,29 +293,35 @@ class GraphFGMRES:
         """
         if self.graph_error is not None:
             return None
-        xp, eps = self.xp, float(np.finfo(self.dtype).eps)
+        xp, eps, ops = self.xp, float(np.finfo(self.dtype).eps), self.ops
         # graphs are recorded on first use: keep x0 while some are missing (a refused
         # capture in a later restart cycle must not leave x half updated)
         x_start = x.copy() if any(g is None for g in self.graphs) else None
+        stream = xp.cuda.get_current_stream()
         r = self.w
+        # the first cycle's start on the device, one host read: r = b - A x, both norms,
+        # g, ptol and the state (start kernel), v_1 = r / ||r||
         r[...] = b
         self.plan(x, r, -1.0, 1.0)
-        rnorm = float(xp.linalg.norm(r))
-        bnrm2 = float(xp.linalg.norm(b))
-        tol = max(rtol * bnrm2, atol)
+        ops.mdot(r[None], r, self.nrm[0:1])
+        ops.mdot(b[None], b, self.nrm[1:2])
+        self._start((1,), (1,), (self.nrm, self.g, self.prm, self.st, self.scale, self.info,
+                                 np.float64(rtol), np.float64(atol), np.float64(eps)))
+        self._normalize(r, self.scale, self.st, self.V[0])
+        rnorm, bnrm2, tol = (float(v) for v in self._read_info(stream)[:3])
         self.iterations = its = 0
         if rnorm <= tol:
             return x, 0, 0
-        ptol_factor, ptol = 1.0, bnrm2 * min(1.0, tol / bnrm2) if bnrm2 > 0 else tol
-        stream = xp.cuda.get_current_stream()
-        u = xp.empty(self.n, self.dtype)
+        if not math.isfinite(rnorm):
+            return x, NONFINITE, 0
+        ptol_factor = 1.0
         state = FULL
-        for _ in range(maxiter):
-            xp.multiply(r, 1.0 / rnorm, out=self.V[0])
-            self.g.fill(0)
-            self.g[0:1].fill(rnorm)
-            self.prm.set(np.array([ptol, eps]))
-            self.st.fill(0)
+        for cycle in range(maxiter):
+            if cycle > 0:                  # a restart: its start from the host's figures
+                xp.multiply(r, 1.0 / rnorm, out=self.V[0])
+                self.g[0:1].fill(rnorm)
+                self.prm.set(np.array([ptol, eps]))
+                self.st.fill(0)
             pending = collections.deque()
             for j in range(self.m):
                 graph = self._graph(j)
@@ -241,24 +337,24 @@ class GraphFGMRES:
                 ev.synchronize()
                 if int(self._host[slot][0]) != RUNNING:
                     break
-            state, k = (int(v) for v in self.st.get())       # waits for what is in flight
-            its += k if state != ZERO_PIVOT else k + 1
-            if k > 0:
-                Rk = self.R.reshape(self.m, self.m)[:k, :k].get()
-                gk = self.g[:k].get()
-                y = solve_triangular(Rk, gk, lower=False, check_finite=False)
-                yd = xp.asarray(y.astype(self.dtype, copy=False))
-                xp.dot(yd, self.Z[:k], out=u)
-                x += u
+            # the cycle's end on the device, one host read: y = R_k^{-1} g_k, x += Z_k y,
+            # r = b - A x, ||r|| (k = st[1] is read by the kernels, not by the host)
+            self._backsolve((1,), (1,), (self.R, self.g, self.st, self.y, np.int32(self.m)))
+            self._update(self.Z, self.y, self.st, np.int64(self.n), x)
             r[...] = b
             self.plan(x, r, -1.0, 1.0)
-            rnorm = float(xp.linalg.norm(r))
+            ops.mdot(r[None], r, self.nrm[0:1])
+            self._report((1,), (1,), (self.nrm, self.g, self.st, self.info))
+            info = self._read_info(stream)
+            state, k, rnorm, presid = int(info[3]), int(info[4]), float(info[5]), float(info[6])
+            its += k if state != ZERO_PIVOT else k + 1
             if rnorm <= tol:
                 self.iterations = its
                 return x, 0, its
             if not math.isfinite(rnorm) or state in (ZERO_PIVOT, NONFINITE, INVARIANT):
                 break
-            presid = abs(float(self.g[k].get())) if k > 0 else rnorm
+            if k == 0:
+                presid = rnorm
             if state == CONVERGED:            # the monitor passed, the true residual did not
                 ptol_factor = max(eps, 0.25 * ptol_factor)
             else:
