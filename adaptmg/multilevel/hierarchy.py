@@ -10,7 +10,6 @@ Galerkin products R_l A_l P_l -- and returns a
 """
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -18,6 +17,7 @@ import numpy as np
 from ..backend import get_backend, is_device_sparse, to_host
 from ..fe.csr_ops import add_to_diagonal, canonical_known
 from ..fe import Constraints, Space
+from ..threads import default_threads
 from ..mesh import Mesh
 from .amg import sa_levels
 from .nullspace import NEAR_NULLSPACES, near_nullspace as _near_nullspace
@@ -81,26 +81,6 @@ class _Inline:
 
     def __exit__(self, *exc):
         return False
-
-
-def default_threads() -> int:
-    """Worker threads for the hierarchy set-up: ``ADAPTMG_THREADS`` if set, else
-    min(4, usable CPUs). NumPy and SciPy release the GIL in the large array operations
-    that the per-level tasks consist of, so a few threads overlap them."""
-    env = os.environ.get("ADAPTMG_THREADS")
-    if env:
-        try:
-            n = int(env)
-        except ValueError:
-            raise ValueError(f"ADAPTMG_THREADS must be a positive integer, got {env!r}") from None
-        if n < 1:
-            raise ValueError(f"ADAPTMG_THREADS must be a positive integer, got {env!r}")
-        return n
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:                      # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(4, cpus))
 
 
 def _setup_pool(threads):

@@ -1,0 +1,67 @@
+"""Host threads of the set-up: how many, and an order-keeping parallel map.
+
+NumPy and SciPy release the GIL inside their large array operations, so a few Python
+threads overlap the host set-up's independent pieces of work (the per-level tasks of
+:func:`adaptmg.multilevel.multigrid`, the cell geometry of the next assembly chunks while
+the current one is reduced and scattered).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+__all__ = ["default_threads", "ordered_map"]
+
+
+def default_threads() -> int:
+    """Worker threads for the host set-up: ``ADAPTMG_THREADS`` if set, else
+    min(4, usable CPUs)."""
+    env = os.environ.get("ADAPTMG_THREADS")
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(f"ADAPTMG_THREADS must be a positive integer, got {env!r}") from None
+        if n < 1:
+            raise ValueError(f"ADAPTMG_THREADS must be a positive integer, got {env!r}")
+        return n
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:                      # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus))
+
+
+def ordered_map(fn, items, *, workers, ahead=None):
+    """``fn(item)`` for each of ``items``, in order, computed by ``workers`` threads up to
+    ``ahead`` items (default ``2 * workers``) ahead of the caller.
+
+    A generator: the results come in the order of ``items``; an exception raised by
+    ``fn`` is raised here at that item's place, after the results before it.  Closing the
+    generator early (``break``, an exception in the loop body) cancels what has not started
+    and waits for what has.  Use it where ``fn`` is NumPy work that releases the GIL.
+    """
+    workers = int(workers)
+    if workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    ahead = 2 * workers if ahead is None else max(1, int(ahead))
+    it = iter(items)
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="adaptmg-map")
+
+    def results():
+        pending = collections.deque()
+        try:
+            for item in itertools.islice(it, ahead):
+                pending.append(pool.submit(fn, item))
+            while pending:
+                res = pending.popleft().result()
+                for item in itertools.islice(it, 1):       # keep `ahead` items in flight
+                    pending.append(pool.submit(fn, item))
+                yield res
+        finally:
+            for f in pending:
+                f.cancel()
+            pool.shutdown(wait=True)
+    return results()
