@@ -172,10 +172,11 @@ class StepGMRES:
 
     @property
     def mode(self):
-        """"cuda-graph" (GraphFGMRES) or "host" (:func:`gmres_step`)."""
+        """``"cuda-graph"`` (GraphFGMRES) or ``"host"`` (:func:`gmres_step`)."""
         return "cuda-graph" if self.krylov is not None else "host"
 
     def step(self, rhs, x0):
+        """Solve ``K x = rhs`` from ``x0`` (not modified); returns ``(x, info, iterations)``."""
         if self.krylov is not None:
             if self.tol == "residual":
                 r0 = float(self.xp.linalg.norm(rhs - self.K.matvec(x0)))

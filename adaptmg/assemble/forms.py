@@ -67,9 +67,9 @@ _CHUNK_BYTES = 1 << 20   # cells are processed in chunks whose temporaries the a
 #: elements with at most this many local nodes (Q1) get the chunks' geometry from a worker
 #: thread (``_SpaceInfo.chunks``): there the geometry costs about as much as the element
 #: products, where for Q2 the products dominate and the threads only contend for the GIL.
-#: Measured on 2 cores (host assembly): Q1 2-D scalar form 1M cells 169 -> 122 ms, Q1 3-D
-#: stiffness 64^3 153 -> 125 ms, mass 116 -> 83 ms; Q2 3-D stiffness 32^3 110 -> 127 ms,
-#: Q2 2-D 256^2 33 -> 35 ms
+#: Measured on 2 cores (host assembly): Q1 2-D scalar form 1M cells 175 -> 125-132 ms, Q1
+#: 3-D stiffness 64^3 154 -> 134 ms, mass 117 -> 89 ms; with a worker for Q2 too, Q2 3-D
+#: stiffness 32^3 was 110 -> 127 ms and Q2 2-D 256^2 33 -> 35 ms
 PREFETCH_MAX_NLOC = 8
 _CONGRUENT_ROWS = 4      # rows of the element-matrix product of a congruent chunk (see _assemble_scalar)
 

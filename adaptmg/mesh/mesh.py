@@ -254,8 +254,8 @@ class Mesh:
         occ = np.arange(flat.size, dtype=it)
         # the first occurrence of each node: written in reverse, so that the earliest write
         # lands last (NumPy does not promise an order for repeated indices; another order
-        # would give another permutation, still a valid numbering -- measured 1.5x faster
-        # than np.minimum.at, which also holds the GIL)
+        # would give another permutation, still a valid numbering).  np.minimum.at did the
+        # same more slowly and holding the GIL (1M cells: 54 -> 39 ms with the view below)
         first = np.empty(nn, dtype=it)
         first[flat[::-1]] = occ[::-1]
         keep = np.take(first, flat) == occ                  # one occurrence of each node
