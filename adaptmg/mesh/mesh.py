@@ -259,7 +259,11 @@ class Mesh:
         first = np.empty(nn, dtype=it)
         first[flat[::-1]] = occ[::-1]
         keep = np.take(first, flat) == occ                  # one occurrence of each node
-        root = np.take(F.node_kind, flat) == 0
+        # the coarse mesh's vertices (kind 0) are the forest's first nodes: refinement
+        # only appends nodes, so a comparison replaces a gather of node_kind
+        nk = F.node_kind
+        n_root = nn if nn == 0 or nk[-1] == 0 else int(np.argmax(nk != 0))
+        root = flat < n_root
         used_root = np.zeros(nn, dtype=bool)
         used_root[flat[root]] = True
         keep &= ~root
