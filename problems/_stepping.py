@@ -9,7 +9,7 @@ r"""One implicit time step, shared by the time-dependent problems (transport-dif
   ``adaptmg_constrain_combine`` (memoised factory keyed by the CuPy module of the arrays)
   with its NumPy twin;
 * :func:`gmres_step` -- the (right-preconditioned) GMRES solve of one step from the previous
-  step's solution;
+  step's solution, to the tolerance of :func:`step_tolerances`;
 * :class:`StepGMRES` -- the same solve with the matrix and the V-cycle fixed for all steps:
   on the GPU every FGMRES iteration is one CUDA-graph launch.
 """
@@ -24,7 +24,8 @@ from adaptmg.backend import backend_of
 from adaptmg.device.kernels import make_spmv
 from adaptmg.linalg import ConvergenceWarning, fgmres
 
-__all__ = ["time_steps", "SpMVOperator", "constrain_combine", "gmres_step", "StepGMRES", "KERNEL_NAMES"]
+__all__ = ["time_steps", "SpMVOperator", "constrain_combine", "gmres_step", "step_tolerances",
+           "StepGMRES", "KERNEL_NAMES"]
 
 KERNEL_NAMES = ("adaptmg_constrain_combine",)
 
@@ -111,18 +112,28 @@ def gmres_step(K, rhs, x, M, *, rtol, maxiter, tol="rhs", xp, orthogonalization=
     def cb(_rk):
         count[0] += 1
 
-    if tol == "residual":
-        r0 = float(xp.linalg.norm(rhs - K.matvec(x)))
+    kw = step_tolerances(K, rhs, x, rtol, tol, xp)
+
+    def solve():
+        return fgmres(K, rhs, x0=x, restart=maxiter, maxiter=1, M=M, callback=cb,
+                      orthogonalization=orthogonalization, **kw)
+    if tol == "residual":       # reported through info only (see above)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            x, info = fgmres(K, rhs, x0=x, rtol=0.0, atol=rtol * r0, restart=maxiter, maxiter=1,
-                             M=M, callback=cb, orthogonalization=orthogonalization)
-    elif tol == "rhs":
-        x, info = fgmres(K, rhs, x0=x, rtol=rtol, restart=maxiter, maxiter=1, M=M, callback=cb,
-                         orthogonalization=orthogonalization)
+            x, info = solve()
     else:
-        raise ValueError(f"tol must be 'rhs' or 'residual', got {tol!r}")
+        x, info = solve()
     return x, info, count[0]
+
+
+def step_tolerances(K, rhs, x, rtol, tol, xp):
+    """The ``rtol``/``atol`` keywords of one step's solve from ``x``: ``tol="rhs"`` -- ``rtol``
+    (||rhs - K x|| <= rtol ||rhs||); ``tol="residual"`` -- ``atol = rtol ||rhs - K x||``."""
+    if tol == "rhs":
+        return dict(rtol=rtol)
+    if tol == "residual":
+        return dict(rtol=0.0, atol=rtol * float(xp.linalg.norm(rhs - K.matvec(x))))
+    raise ValueError(f"tol must be 'rhs' or 'residual', got {tol!r}")
 
 
 class StepGMRES:
@@ -178,11 +189,7 @@ class StepGMRES:
     def step(self, rhs, x0):
         """Solve ``K x = rhs`` from ``x0`` (not modified); returns ``(x, info, iterations)``."""
         if self.krylov is not None:
-            if self.tol == "residual":
-                r0 = float(self.xp.linalg.norm(rhs - self.K.matvec(x0)))
-                kw = dict(rtol=0.0, atol=self.rtol * r0)
-            else:
-                kw = dict(rtol=self.rtol)
+            kw = step_tolerances(self.K, rhs, x0, self.rtol, self.tol, self.xp)
             out = self.krylov.solve(rhs, x0.copy(), maxiter=1, **kw)
             if out is None:                       # a graph was refused: the host path from now on
                 self.graph_error = self.krylov.graph_error
