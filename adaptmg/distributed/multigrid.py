@@ -52,7 +52,7 @@ algebraic ones), and the geometric levels above it are built per rank from its c
 touching the owned DoFs, and the smoother constructed on the owned diagonal block with the
 hierarchy's smoother name and keyword arguments, ``omega="auto"`` (power iteration, 12
 steps) and Chebyshev's ``lmax`` (Lanczos, 20 steps) estimated with the distributed product
-from the serial start vector (drawn globally, owned entries kept), so they equal the serial
+from the serial start vector (its owned entries only), so they equal the serial
 estimates up to the summation order.
 
 GPU backend (``ml`` on the GPU).  Everything above is set up on the host as for the CPU
@@ -86,6 +86,7 @@ from ..device import kernels as K
 from ..multilevel.chebyshev import lanczos_lambda_max
 from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi, power_lambda_max
 from ..multilevel.solver import coarse_visits
+from ..multilevel.start_vector import start_vector
 from .comm import HaloTimer, resolve_transport
 from .csr import DistCSR, Layout, _device_block, _device_plan, norm
 from .partition import coarse_cell_ranks, dof_owners, fold_cell_ranks, level_ranks
@@ -194,8 +195,8 @@ class _FineView:
 def _power_lambda(comm, A, apply_S, N, iterations=12, seed=0):
     """:meth:`Smoother.lambda_max` distributed: the same power iteration
     (:func:`~adaptmg.multilevel.smoothers.power_lambda_max`) from the serial start vector
-    (drawn globally, owned entries kept), norms by Allreduce; returns 1.05 lambda."""
-    v = np.random.default_rng(seed).standard_normal(N)[A.rows.rows]
+    (its owned entries only), norms by Allreduce; returns 1.05 lambda."""
+    v = start_vector(N, seed, rows=A.rows.rows)
     return power_lambda_max(lambda u: apply_S(A @ u), v, lambda u: norm(comm, u), iterations,
                             "distributed smoother")
 
@@ -205,7 +206,7 @@ def _lanczos_lambda(comm, A, dinv, N, steps=20, seed=0):
     iteration (:func:`~adaptmg.multilevel.chebyshev.lanczos_lambda_max`) on D^{-1/2} A D^{-1/2}
     from the serial start vector (owned entries), inner products reduced by Allreduce."""
     s = np.sqrt(dinv)
-    v0 = np.random.default_rng(seed).standard_normal(N)[A.rows.rows]
+    v0 = start_vector(N, seed, rows=A.rows.rows)
 
     def allreduce(loc):
         glob = np.empty_like(loc)

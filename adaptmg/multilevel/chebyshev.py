@@ -10,6 +10,7 @@ import numpy as np
 from ..backend import is_device_sparse, to_host
 from ..device import kernels as K
 from .smoothers import Jacobi, Smoother, _check_square, _host_diagonal, _note, _validate_sweeps, _validate_vectors
+from .start_vector import start_vector
 
 __all__ = ["Chebyshev", "estimate_lambda_max", "lanczos_lambda_max"]
 
@@ -25,7 +26,7 @@ def estimate_lambda_max(A, dinv=None, steps=20, seed=0):
     if dinv is None:
         dinv = 1.0 / _host_diagonal(A, "estimate_lambda_max")
     s = np.sqrt(np.asarray(dinv, dtype=np.float64))
-    v0 = np.random.default_rng(seed).standard_normal(n)
+    v0 = start_vector(n, seed)
     return lanczos_lambda_max(lambda v: s * np.asarray(A @ (s * v)).ravel(), v0, int(min(steps, n)))
 
 

@@ -57,6 +57,7 @@ import scipy.sparse as sp
 
 from ..device import kernels as K
 from ..backend import backend_of, get_backend, is_sparse, to_host
+from .start_vector import start_vector
 
 __all__ = ["Smoother", "Jacobi", "Richardson", "BlockJacobi", "Chebyshev", "PrePostSmoother",
            "GaussSeidel", "BlockGaussSeidel", "L1GaussSeidel", "make_smoother",
@@ -143,18 +144,20 @@ class Smoother:
             self.omega = 4.0 / (3.0 * self.lambda_max())
 
     def lambda_max(self, iterations=12, seed=0):
-        r"""Estimate of the largest eigenvalue of S A (power iteration on the host, +5 %).
+        r"""Estimate of the largest eigenvalue of S A (power iteration, +5 %).
 
         S A is similar to the symmetric S^{1/2} A S^{1/2} for SPD A, so its
         spectrum is real.  ``omega="auto"`` uses omega = 4 / (3 lambda_max), the
         damping that minimises max |1 - omega lambda| over the upper half
         [lambda_max / 2, lambda_max] of the spectrum (the smoothing range).
-        Runs on the smoother's backend (setup time only).
+        Runs on the smoother's backend (setup time only), from
+        :func:`~adaptmg.multilevel.start_vector.start_vector` (the same vector on every
+        backend, made there).
         """
         if not hasattr(self, "_apply_S"):
             raise TypeError(f"{type(self).__name__} has no omega='auto' rule")
         xp = self.backend.xp
-        v = self.backend.asarray(np.random.default_rng(seed).standard_normal(self.n), dtype=self.dtype)
+        v = start_vector(self.n, seed, xp=xp).astype(self.dtype, copy=False)
         return power_lambda_max(lambda u: self._apply_S(self.A @ u), v,
                                 lambda u: float(xp.linalg.norm(u)), iterations, type(self).__name__)
 

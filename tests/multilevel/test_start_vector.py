@@ -1,0 +1,72 @@
+"""The start vector of the set-up's spectral estimates: deterministic, per entry, same on
+every backend; and the estimates it starts still bound the spectrum."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from adaptmg.backend import get_backend, to_host
+from adaptmg.multilevel.smoothers import Jacobi
+from adaptmg.multilevel.start_vector import start_vector
+
+
+def _lap2d(m):
+    T = sp.diags([-np.ones(m - 1), 2 * np.ones(m), -np.ones(m - 1)], [-1, 0, 1])
+    I = sp.identity(m)
+    return (sp.kron(T, I) + sp.kron(I, T)).tocsr()
+
+
+def test_values_are_uniform_and_seeded():
+    v = start_vector(200_000)
+    assert v.dtype == np.float64 and v.shape == (200_000,)
+    assert v.min() >= -1.0 and v.max() < 1.0
+    # uniform on [-1, 1): mean 0 +- 4 sigma (sigma = 1/sqrt(3 n)), variance 1/3
+    assert abs(v.mean()) < 4 / np.sqrt(3 * v.size)
+    assert abs(v.var() - 1 / 3) < 0.01
+    # neighbouring entries uncorrelated (a plain counter would not be)
+    assert abs(np.corrcoef(v[:-1], v[1:])[0, 1]) < 0.02
+    assert np.array_equal(start_vector(100), start_vector(100, 0))
+    assert not np.any(start_vector(100, 1) == start_vector(100, 0))
+
+
+def test_rows_are_the_entries_of_the_whole_vector():
+    """A rank's owned rows give the serial vector's entries (what adaptmg.distributed uses)."""
+    v = start_vector(1000, 3)
+    rows = np.array([999, 0, 17, 17, 512])
+    assert np.array_equal(start_vector(1000, 3, rows=rows), v[rows])
+    assert np.array_equal(start_vector(1000, 3, rows=rows.astype(np.int32)), v[rows])
+    assert start_vector(0).shape == (0,)
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(n=-1), ValueError, "non-negative integer"),
+    (dict(n=2.5), ValueError, "non-negative integer"),
+    (dict(n=4, seed=-1), ValueError, "seed"),
+    (dict(n=4, rows=np.array([0, 4])), ValueError, r"\[0, 4\)"),
+    (dict(n=4, rows=np.array([0.0])), TypeError, "integers"),
+])
+def test_bad_input(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        start_vector(**kw)
+
+
+def test_power_estimate_bounds_the_spectrum():
+    """omega="auto": 1.05 x the 12-step power estimate of lambda_max(D^-1 A) lies within
+    [0.95, 1.1] of the true value for the 2-D Laplacian (lambda_max -> 2)."""
+    A = _lap2d(40)
+    lam_true = float(np.linalg.eigvalsh((A / 4.0).toarray())[-1])
+    lam = Jacobi(A).lambda_max()
+    assert 0.95 * lam_true <= lam <= 1.1 * lam_true, (lam, lam_true)
+
+
+@pytest.mark.gpu
+def test_same_vector_and_omega_on_the_gpu():
+    be = get_backend("gpu")
+    v = start_vector(300_001, 5, xp=be.xp)
+    assert np.array_equal(to_host(v), start_vector(300_001, 5))
+    rows = np.array([7, 300_000, 3])
+    assert np.array_equal(to_host(start_vector(300_001, 5, rows=be.asarray(rows), xp=be.xp)),
+                          start_vector(300_001, 5, rows=rows))
+    A = _lap2d(64)
+    w_cpu = Jacobi(A, omega="auto").omega
+    w_gpu = Jacobi(A, omega="auto", backend=be).omega
+    assert abs(w_gpu - w_cpu) <= 64 * np.finfo(float).eps * w_cpu
