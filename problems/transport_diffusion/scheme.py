@@ -39,9 +39,10 @@ on the GPU each GMRES iteration, V-cycle included, is one CUDA-graph launch
 (:class:`adaptmg_problems._stepping.StepGMRES`).
 Each step starts GMRES from the linear extrapolation :math:`2\theta^{k-1} - \theta^{k-2}`
 (``predictor="linear"``; ``"previous"``: from :math:`\theta^{k-1}`).
-The right-hand side is one fused kernel (:func:`.kernels.td_step_data`),
+The right-hand side is one fused kernel (:func:`.kernels.td_step_data_at`),
 two SpMVs (M and A; plus H^T on meshes with hanging nodes) and one fused
-combine (:func:`adaptmg_problems._stepping.constrain_combine`), all on the backend's arrays.
+combine (:func:`adaptmg_problems._stepping.constrain_combine`), all on the backend's arrays;
+on the GPU one CUDA-graph launch per step (:class:`.rhs.StepRHS`).
 
 Timings follow Table 1: ``init`` (mesh, hierarchy, spaces, assembly of all
 levels, multigrid setup, transfer to the device, initial value), ``rhs`` and
@@ -57,9 +58,10 @@ from adaptmg.device import kernels as _K
 from adaptmg.fe.csr_ops import mask_rows_cols
 from adaptmg.fe.norms import errors
 
-from .._stepping import SpMVOperator, StepGMRES, constrain_combine, time_steps
+from .._stepping import SpMVOperator, StepGMRES, time_steps
 from .._timing import Timer, format_table, progress
-from .kernels import td_exact, td_source, td_step_data
+from .kernels import td_exact, td_source
+from .rhs import StepRHS
 
 __all__ = ["LAMBDA", "B", "exact", "source", "make_mesh", "system_matrix", "run", "COLUMNS"]
 
@@ -149,7 +151,8 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
     ({"init", "rhs", "solve", "sum"}), ``iterations`` (GMRES iterations per
     step), ``l2`` (L2 error at T against theta_ex, host quadrature), ``dofs``,
     ``n``, ``steps``, ``T``, ``backend``, ``gmres_mode`` ("cuda-graph" or "host", see
-    :class:`~adaptmg_problems._stepping.StepGMRES`).
+    :class:`~adaptmg_problems._stepping.StepGMRES`), ``rhs_mode`` ("cuda-graph" or
+    "launches", see :class:`~adaptmg_problems.transport_diffusion.rhs.StepRHS`).
     """
     steps = time_steps(dt, T, steps, tol)
     if predictor not in ("linear", "previous"):
@@ -188,24 +191,19 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         # finest level was assembled there)
         Ad = be.asmatrix(mask_rows_cols(ml.assembled, np.ones(nd, dtype=bool), mask_h != 0,
                                         drop_zeros=True))
-        M_plan, A_plan = _K.make_spmv(Md), _K.make_spmv(Ad)
         has_hanging = space.hanging_nodes.size > 0
+        HT_plan = H_plan = None
         if has_hanging:
-            HTd = be.asmatrix(cons.H.T.tocsr())
-            HT_plan = _K.make_spmv(HTd)
-            Hd = be.asmatrix(cons.H)
-            H_plan = _K.make_spmv(Hd)
+            HT_plan = _K.make_spmv(be.asmatrix(cons.H.T.tocsr()))
+            H_plan = _K.make_spmv(be.asmatrix(cons.H))
         Pd = be.asarray(space.points)       # one upload; the coordinates and theta^0 there
         xd, yd = xp.ascontiguousarray(Pd[:, 0]), xp.ascontiguousarray(Pd[:, 1])
-        maskd = be.asarray(mask_h)
-        zd = be.asarray(cons.free.astype(np.float64))
-        u = td_exact(0.0, Pd)               # = space.interpolate(exact(0.0)), on the backend
+        # the step's right-hand side from rhs_of.u (on the GPU one CUDA graph per step)
+        rhs_of = StepRHS(be, xd, yd, be.asarray(mask_h), be.asarray(cons.free.astype(np.float64)), s,
+                         _K.make_spmv(Md), _K.make_spmv(Ad), HT_plan, lam, b, dt)
+        u = rhs_of.u
+        u[...] = td_exact(0.0, Pd)          # = space.interpolate(exact(0.0)), on the backend
         x = u.copy()                        # regular DoF values (= u without hanging nodes)
-        w = xp.empty(nd)
-        g = xp.empty(nd)
-        r = xp.empty(nd)
-        r2 = xp.empty(nd) if has_hanging else r
-        rhs = xp.empty(nd)
         # GMRES of every step; on the GPU one CUDA graph per iteration (V-cycle included)
         stepper = StepGMRES(Kop, ml, rtol=rtol, maxiter=maxiter, tol=tol, xp=xp)
 
@@ -216,12 +214,7 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
     for k in progress(range(1, steps + 1), total=steps, desc=f"transport-diffusion n={n}", quiet=quiet):
         t = k * dt
         with timer("rhs"):
-            td_step_data(xd, yd, u, maskd, t, lam, b, dt, w, g)
-            M_plan(w, r, 1.0, 0.0)            # r = M (u_old + dt f)
-            A_plan(g, r, -1.0, 1.0)           # r -= A g   (Dirichlet lifting)
-            if has_hanging:
-                HT_plan(r, r2, 1.0, 0.0)
-            constrain_combine(zd, r2, s, g, rhs)
+            rhs = rhs_of(t)                   # Z H^T (M (u + dt f) - A_D g) + s g
         with timer("solve"):
             x0 = x
             if x_prev is not None:
@@ -236,13 +229,13 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
             if has_hanging:
                 H_plan(x, u, 1.0, 0.0)
             else:
-                u = x
+                xp.copyto(u, x)               # u is the right-hand side's (fixed) input
         iters.append(its)
 
     timings = timer.as_dict(["init", "rhs", "solve"])
     u_h = to_host(u)
-    res.update(u=u_h, mesh=mesh, space=space, solver=ml, gmres_mode=stepper.mode, timings=timings,
-               iterations=iters, not_converged=not_converged,
+    res.update(u=u_h, mesh=mesh, space=space, solver=ml, gmres_mode=stepper.mode,
+               rhs_mode=rhs_of.mode, timings=timings, iterations=iters, not_converged=not_converged,
                dofs=space.num_dofs, n=int(n), steps=int(steps), T=steps * dt, dt=dt,
                backend=be.name, fields={"theta": u_h})
     if compute_error:

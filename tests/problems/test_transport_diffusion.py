@@ -51,6 +51,20 @@ def test_step_data_kernel_twin():
         KP.td_step_data(x, y[:-1], u, mask, 0.7, 0.01, (0.0, -1.0), 0.05, w, g)
 
 
+def test_step_data_at_time_buffer_is_step_data():
+    """td_step_data_at reads (t, c'(t)) from an array: the same values as td_step_data at t."""
+    rng = np.random.default_rng(2)
+    n = 40
+    x, y, u, mask = rng.random(n), rng.random(n), rng.random(n), (rng.random(n) < 0.3).astype(float)
+    w, g, w2, g2 = (np.empty(n) for _ in range(4))
+    for t in (0.02, 0.7, 1.98):
+        KP.td_step_data(x, y, u, mask, t, 0.01, (0.0, -1.0), 0.02, w, g)
+        KP.td_step_data_at(x, y, u, mask, KP.td_time(t), 0.01, (0.0, -1.0), 0.02, w2, g2)
+        assert np.array_equal(w, w2) and np.array_equal(g, g2)
+    with pytest.raises(ValueError, match="tc must have shape"):
+        KP.td_step_data_at(x, y, u, mask, np.zeros(3), 0.01, (0.0, -1.0), 0.02, w2, g2)
+
+
 def test_mesh_sizes_and_bad_input():
     m = td.make_mesh(5)
     assert m.num_cells == 32 * 32 and m.num_nodes == 33 * 33
@@ -157,6 +171,7 @@ def test_gpu_run_matches_cpu_run(n):
     rc = td.run(n, steps=5, backend="cpu", quiet=True)
     rg = td.run(n, steps=5, backend="gpu", quiet=True)
     assert rc["gmres_mode"] == "host" and rg["gmres_mode"] == "cuda-graph"
+    assert rc["rhs_mode"] == "launches" and rg["rhs_mode"] == "cuda-graph"
     assert all(abs(a - b) <= 1 for a, b in zip(rg["iterations"], rc["iterations"]))
     assert np.abs(rg["u"] - rc["u"]).max() <= 1e-6 * np.abs(rc["u"]).max()
     assert rg["l2"] == pytest.approx(rc["l2"], rel=1e-4)
@@ -233,3 +248,44 @@ def test_step_gmres_refused_graph_mid_cycle_falls_back(monkeypatch):
     assert info == 0 and its >= 3
     assert float(xp.linalg.norm(b - K.matvec(x))) <= 1e-9 * float(xp.linalg.norm(b))
     assert bool((x0 == 0).all())
+
+
+@pytest.mark.gpu
+def test_step_rhs_graph_reads_each_steps_time():
+    """The recorded right-hand side (one CUDA graph, the time copied in from page-locked
+    memory) gives the launched sequence's vector at every step's time -- not the time of
+    the recording -- and the host's (CPU backend) to rounding."""
+    from adaptmg.backend import get_backend, to_host
+    from adaptmg.device import kernels as K
+    from adaptmg_problems.transport_diffusion.rhs import StepRHS
+    gpu, cpu = get_backend("gpu"), get_backend("cpu")
+    space = Space(td.make_mesh(5), 1)
+    n = space.num_dofs
+    rng = np.random.default_rng(3)
+    M = assemble.mass(space)
+    A = assemble.scalar_form(space, mass=1.0, diffusion=0.02, convection=(0.0, -0.02))
+    mask = np.zeros(n)
+    mask[space.boundary_dofs()] = 1.0
+    P = space.points
+    u0 = rng.random(n)
+
+    def build(be, graph):
+        xp = be.xp
+        return StepRHS(be, be.asarray(np.ascontiguousarray(P[:, 0])),
+                       be.asarray(np.ascontiguousarray(P[:, 1])), be.asarray(mask),
+                       be.asarray(1.0 - mask), 2.5, K.make_spmv(be.asmatrix(M)),
+                       K.make_spmv(be.asmatrix(A)), None, 0.01, (0.0, -1.0), 0.02, graph=graph)
+    g, e, c = build(gpu, True), build(gpu, False), build(cpu, False)
+    assert g.mode == "cuda-graph", g.graph_error
+    assert e.mode == "launches" and c.mode == "launches"
+    prev = None
+    for t in (0.02, 0.04, 1.3):
+        outs = []
+        for r in (g, e, c):
+            r.u[...] = r.be.asarray(u0)
+            outs.append(to_host(r(t)).copy())
+        assert np.abs(outs[0] - outs[1]).max() <= 4 * np.finfo(float).eps * np.abs(outs[1]).max()
+        assert np.abs(outs[0] - outs[2]).max() <= 1e-13 * np.abs(outs[2]).max()
+        if prev is not None:
+            assert np.abs(outs[0] - prev).max() > 1e-6      # the time moved the vector
+        prev = outs[0]
