@@ -53,7 +53,7 @@ class Space:
         self.element = LagrangeQ(self.degree, self.dim)
         if self.degree == 1:
             self._carrier = mesh
-            self.cell_dofs = mesh.cells
+            self._cell_dofs = None               # the mesh's cells, numbered on first use
         else:
             fine = mesh.refine()
             cidx, child = fine.parent_of(mesh)
@@ -63,7 +63,15 @@ class Space:
             cd.flags.writeable = False
             self._carrier = fine
             self._fine_parent = (cidx, child)
-            self.cell_dofs = cd
+            self._cell_dofs = cd
+
+    @property
+    def cell_dofs(self) -> np.ndarray:
+        """(num_cells, nloc) DoF node indices of each cell, read-only (Q1: ``mesh.cells``,
+        whose node numbering is computed on first use -- :func:`adaptmg.multigrid` does that
+        on a worker thread while it coarsens the mesh)."""
+        cd = self._cell_dofs
+        return self.mesh.cells if cd is None else cd
 
     def __repr__(self) -> str:
         return (f"Space(Q{self.degree}, components={self.components}, dofs={self.num_dofs}, "

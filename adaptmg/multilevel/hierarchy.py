@@ -249,10 +249,14 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         raise ValueError(f"near_nullspace must be one of {NEAR_NULLSPACES} or an array, got {near_nullspace!r}")
     be = get_backend(backend)
     coarse_max_rows = _coarse_max_rows(coarse_max_rows, be, coarse)
-    meshes = space.mesh.hierarchy(max_levels=max_levels)
-    with _setup_pool(threads) as pool:      # the coarse spaces (each numbers its mesh) side by side
+    with _setup_pool(threads) as pool:
+        # the finest space's node numbering (a Q1 space numbers its mesh on first use) on a
+        # worker while this thread coarsens the mesh; then the coarse spaces side by side
+        numbered = pool.submit(getattr, space, "cell_dofs")
+        meshes = space.mesh.hierarchy(max_levels=max_levels)
         sp_f = [pool.submit(Space, m, space.degree, space.components) for m in meshes[:-1]]
         spaces = [f.result() for f in sp_f] + [space]
+        numbered.result()
     if coarse_max_rows is not None:      # levels below the coarse one are not built
         small = [l for l, s in enumerate(spaces) if s.num_dofs <= coarse_max_rows]
         if small and small[-1] > 0:
