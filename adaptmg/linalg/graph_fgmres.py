@@ -295,8 +295,9 @@ class GraphFGMRES:
             return None
         xp, eps, ops = self.xp, float(np.finfo(self.dtype).eps), self.ops
         # graphs are recorded on first use: keep x0 while some are missing (a refused
-        # capture in a later restart cycle must not leave x half updated)
-        x_start = x.copy() if any(g is None for g in self.graphs) else None
+        # capture in a later restart cycle must not leave x half updated; x changes only at
+        # the end of a cycle, so one cycle needs no copy)
+        x_start = x.copy() if maxiter > 1 and any(g is None for g in self.graphs) else None
         stream = xp.cuda.get_current_stream()
         r = self.w
         # the first cycle's start on the device, one host read: r = b - A x, both norms,
@@ -326,7 +327,8 @@ class GraphFGMRES:
             for j in range(self.m):
                 graph = self._graph(j)
                 if graph is None:
-                    x[...] = x_start
+                    if x_start is not None:         # None: still the caller's x (first cycle)
+                        x[...] = x_start
                     self.iterations = 0
                     return None
                 graph.launch()

@@ -267,7 +267,7 @@ class Mesh:
         used_root = np.zeros(nn, dtype=bool)
         used_root[flat[root]] = True
         keep &= ~root
-        ids = np.concatenate([np.flatnonzero(used_root), flat[keep]])
+        ids = np.concatenate([np.flatnonzero(used_root), flat.take(np.flatnonzero(keep))])
         pos = np.full(nn, -1, dtype=np.int64)
         pos[ids] = np.arange(ids.size)
         return ids, pos

@@ -89,15 +89,20 @@ def _host_diagonal(A, who):
 def power_lambda_max(apply, v, norm, iterations=12, who="smoother"):
     """1.05 x the power-iteration estimate of the largest eigenvalue of ``apply`` (``S A``)
     from ``v`` (overwritten), with the 2-norm ``norm`` (a distributed one on several ranks:
-    :mod:`adaptmg.distributed` uses this same iteration)."""
+    :mod:`adaptmg.distributed` uses this same iteration).
+
+    ``norm`` may return a 0-d device array: the iteration then never waits for the device
+    (one read at the end instead of one per step); a zero ``S A v`` then shows as a NaN
+    estimate, which is refused like a zero one."""
     v /= norm(v)
     lam = 0.0
     for _ in range(iterations):        # ||v|| = 1 at the top of each iteration
         w = apply(v)
         lam = norm(w)
-        if lam == 0:
+        if isinstance(lam, (float, np.floating)) and lam == 0:     # a host norm: stop there
             break
         v = w / lam
+    lam = float(lam)
     if not np.isfinite(lam) or lam <= 0:
         raise ValueError(f"{who}: could not estimate lambda_max(S A) (got {lam})")
     return 1.05 * lam
@@ -158,8 +163,8 @@ class Smoother:
             raise TypeError(f"{type(self).__name__} has no omega='auto' rule")
         xp = self.backend.xp
         v = start_vector(self.n, seed, xp=xp).astype(self.dtype, copy=False)
-        return power_lambda_max(lambda u: self._apply_S(self.A @ u), v,
-                                lambda u: float(xp.linalg.norm(u)), iterations, type(self).__name__)
+        return power_lambda_max(lambda u: self._apply_S(self.A @ u), v, xp.linalg.norm,
+                                iterations, type(self).__name__)
 
     # subclasses: _setup_host() computes host data, _move() builds device data
     def _setup_host(self):  # pragma: no cover - abstract

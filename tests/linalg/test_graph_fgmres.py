@@ -83,3 +83,28 @@ def test_graph_fgmres_nonfinite_rhs():
     G = _solver(gpu, Ad, dinv, 5)
     x, state, its = G.solve(gpu.asarray(b), gpu.xp.zeros(b.size), rtol=1e-8, maxiter=3)
     assert state == NONFINITE and its == 0
+
+
+@pytest.mark.parametrize("refuse_at, restart, maxiter", [(3, 50, 1), (3, 7, 50)])
+def test_graph_fgmres_refused_capture_leaves_x(monkeypatch, refuse_at, restart, maxiter):
+    """A capture refused at the third iteration, with one cycle allowed (x is not copied:
+    it changes only at a cycle's end) and with restarts (x is copied and restored): solve
+    returns None, x holds its initial values, graph_error says why."""
+    import adaptmg.linalg.graph_fgmres as GF
+    gpu, A, Ad, dinv, b = _problem()
+    xp = gpu.xp
+    real, calls = GF.capture, []
+
+    def capture(be, run, inputs, output, **kw):
+        calls.append(1)
+        if len(calls) == refuse_at:
+            return None, "refused for the test"
+        return real(be, run, inputs, output, **kw)
+    monkeypatch.setattr(GF, "capture", capture)
+    G = _solver(gpu, Ad, dinv, restart)
+    bd = gpu.asarray(b)
+    x0 = xp.asarray(np.cos(np.arange(b.size) * 0.11))
+    x = x0.copy()
+    assert G.solve(bd, x, rtol=1e-12, maxiter=maxiter) is None
+    assert len(calls) == refuse_at and G.graph_error == "refused for the test"
+    assert bool((x == x0).all())

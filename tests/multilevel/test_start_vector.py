@@ -70,3 +70,17 @@ def test_same_vector_and_omega_on_the_gpu():
     w_cpu = Jacobi(A, omega="auto").omega
     w_gpu = Jacobi(A, omega="auto", backend=be).omega
     assert abs(w_gpu - w_cpu) <= 64 * np.finfo(float).eps * w_cpu
+
+
+@pytest.mark.parametrize("as_array", [False, True])
+def test_power_iteration_with_device_style_norm(as_array):
+    """A norm returning a 0-d array (the device's: no read per step) gives the estimate of
+    a float norm, and a zero operator is refused either way (0 or NaN, not an omega)."""
+    from adaptmg.multilevel.smoothers import power_lambda_max
+    norm = (lambda u: np.asarray(np.linalg.norm(u))) if as_array else (lambda u: float(np.linalg.norm(u)))
+    A = _lap2d(20)
+    lam = power_lambda_max(lambda u: A @ u, start_vector(400), norm)
+    ref = power_lambda_max(lambda u: A @ u, start_vector(400), lambda u: float(np.linalg.norm(u)))
+    assert lam == ref
+    with np.errstate(invalid="ignore"), pytest.raises(ValueError, match="could not estimate"):
+        power_lambda_max(lambda u: 0.0 * u, start_vector(400), norm)
