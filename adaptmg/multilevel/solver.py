@@ -598,8 +598,9 @@ class MultilevelSolver:
         ``accel="cg"`` without ``callback``/``residuals`` records the whole CG
         iteration, cycle included, as one CUDA graph with the stopping test on the
         device (:class:`adaptmg.linalg.graph_cg.GraphCG`; same iterates as
-        :func:`adaptmg.linalg.cg` up to round-off), so a small solve is not bound by
-        Python and launch overhead.
+        :func:`adaptmg.linalg.cg` up to round-off) when the fine matrix has at most
+        :attr:`graph_cg_max_nnz` entries, so a solve is not bound by Python and launch
+        overhead.
 
         ``residuals``: a list that receives the residual norms (initial one
         first), as in pyamg.  ``callback(xk)`` is called after each iteration.
@@ -682,11 +683,14 @@ class MultilevelSolver:
                 f"{it} iterations: residual {res:.3e}"), stacklevel=3)
         return x
 
-    #: largest fine level solved by :class:`~adaptmg.linalg.graph_cg.GraphCG` in ``solve``:
-    #: above it the device time of an iteration hides the host's launches, and the host-driven
-    #: CG with cuSPARSE's SpMV is faster (H100: 2-D 16k rows 2.2 vs 2.3 ms, 3-D 275k rows 3.6
-    #: vs 2.8 ms; ``scripts/bench_solve_latency.py``)
-    graph_cg_max_rows = 100_000
+    #: largest fine matrix (stored entries) solved by :class:`~adaptmg.linalg.graph_cg.GraphCG`
+    #: in ``solve``: above it the device time of an iteration hides the host's launches, and
+    #: the host-driven CG with cuSPARSE's SpMV is faster.  H100, Q1 Poisson, ``ml.solve`` to
+    #: 1e-8, medians of 15 taken in turn: 3-D 274,625 rows (7.1M entries) 4.23 -> 2.40 ms
+    #: with the graph, 2-D 263,169 (2.4M) 5.29 -> 1.68 ms, 2-D 1,050,625 (9.4M) 5.05 -> 4.09
+    #: ms, but 3-D 2,146,689 (57M) 11.87 -> 12.96 ms; a first solve, which records the
+    #: graph, costs 0-5 ms more.  (Until these measurements the limit was 100,000 rows.)
+    graph_cg_max_nnz = 16_000_000
 
     def _graph_cg(self, kind):
         """The cached :class:`~adaptmg.linalg.graph_cg.GraphCG` of this cycle kind, or None
@@ -698,7 +702,7 @@ class MultilevelSolver:
         g = None
         A = self._A_outer
         if (self.backend.is_gpu and self.outer_dtype == self.dtype and self._capturable()
-                and A.shape[0] <= self.graph_cg_max_rows
+                and A.nnz <= self.graph_cg_max_nnz
                 and getattr(A, "format", None) == "csr" and A.indices.dtype == np.int32
                 and A.indptr.dtype == np.int32):
             from ..linalg.graph_cg import GraphCG

@@ -496,6 +496,36 @@ def test_graph_cg_solve_equals_host_driven_cg(dim, n0, L, pre, post, transfers, 
     assert g.iterations == 0
 
 
+@pytest.mark.gpu
+def test_graph_cg_limit_is_by_stored_entries():
+    """ml.solve records its CUDA-graph CG for fine matrices up to graph_cg_max_nnz entries
+    (a 2-D Q1 problem of 263,169 rows, above the former 100,000-row limit, takes it) and
+    solves host-driven above it, both to the tolerance with the same iterations."""
+    import adaptmg
+    from adaptmg import assemble
+    from adaptmg.backend import get_backend
+    gpu = get_backend("gpu")
+    mesh = adaptmg.Mesh.box([0.0, 0.0], [1.0, 1.0], [1, 1])
+    for _ in range(9):
+        mesh = mesh.refine()
+    ml = adaptmg.multigrid(mesh, assemble.stiffness, backend=gpu)
+    n = ml.levels[-1].n
+    assert n == 513 ** 2 and ml.A.nnz <= ml.graph_cg_max_nnz
+    b = gpu.asarray(np.random.default_rng(3).standard_normal(n))
+    x = ml.solve(b, rtol=1e-8, accel="cg")
+    g = ml._preconditioners.get(("graph_cg", "V"))
+    assert g is not None, ml.graph_error
+    its_graph = ml.last_iterations
+    host = adaptmg.multigrid(mesh, assemble.stiffness, backend=gpu)
+    host.graph_cg_max_nnz = host.A.nnz - 1
+    xh = host.solve(b, rtol=1e-8, accel="cg")
+    assert host._preconditioners.get(("graph_cg", "V")) is None
+    assert abs(host.last_iterations - its_graph) <= 1
+    A = gpu.asmatrix(ml.A)
+    for v in (x, xh):
+        assert float(gpu.xp.linalg.norm(b - A @ v)) <= 1e-8 * float(gpu.xp.linalg.norm(b))
+
+
 def test_cycle_on_a_coarser_level_equals_the_prefix_solver(backend):
     """cycle(level=l) is the cycle of a solver built on levels[:l + 1] (full multigrid's
     per-level cycles without a second solver); the finest x, b are never preallocated."""
