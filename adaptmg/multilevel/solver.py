@@ -599,7 +599,8 @@ class MultilevelSolver:
         iteration, cycle included, as one CUDA graph with the stopping test on the
         device (:class:`adaptmg.linalg.graph_cg.GraphCG`; same iterates as
         :func:`adaptmg.linalg.cg` up to round-off) when the fine matrix has at most
-        :attr:`graph_cg_max_nnz` entries, so a solve is not bound by Python and launch
+        :attr:`graph_cg_max_nnz` entries (from the second solve above
+        :attr:`graph_cg_record_rows` rows), so a solve is not bound by Python and launch
         overhead.
 
         ``residuals``: a list that receives the residual norms (initial one
@@ -691,16 +692,27 @@ class MultilevelSolver:
     #: ms, but 3-D 2,146,689 (57M) 11.87 -> 12.96 ms; a first solve, which records the
     #: graph, costs 0-5 ms more.  (Until these measurements the limit was 100,000 rows.)
     graph_cg_max_nnz = 16_000_000
+    #: fine matrices with more rows than this record the CUDA-graph CG on their second
+    #: solve, not their first: the recording costs 0-5 ms at 0.26-1M rows, which repeated
+    #: solves win back in one or two, while a one-shot solve (the adaptive loop builds a
+    #: hierarchy per solve: its GPU solve phase went 0.19 -> 0.26 s recording on the first)
+    #: stays host-driven
+    graph_cg_record_rows = 100_000
 
     def _graph_cg(self, kind):
         """The cached :class:`~adaptmg.linalg.graph_cg.GraphCG` of this cycle kind, or None
         where it does not apply (CPU, matrix-free or foreign-smoother levels, a float32
-        hierarchy in a float64 solve, a CSR matrix with int64 indices, capture refused)."""
+        hierarchy in a float64 solve, a CSR matrix with int64 indices, capture refused) or
+        not yet (the first solve of a large one, see :attr:`graph_cg_record_rows`)."""
         key = ("graph_cg", kind)
         if key in self._preconditioners:
             return self._preconditioners[key]
-        g = None
         A = self._A_outer
+        seen = ("graph_cg_solves", kind)
+        if A.shape[0] > self.graph_cg_record_rows and not self._preconditioners.get(seen):
+            self._preconditioners[seen] = True
+            return None
+        g = None
         if (self.backend.is_gpu and self.outer_dtype == self.dtype and self._capturable()
                 and A.nnz <= self.graph_cg_max_nnz
                 and getattr(A, "format", None) == "csr" and A.indices.dtype == np.int32

@@ -499,8 +499,9 @@ def test_graph_cg_solve_equals_host_driven_cg(dim, n0, L, pre, post, transfers, 
 @pytest.mark.gpu
 def test_graph_cg_limit_is_by_stored_entries():
     """ml.solve records its CUDA-graph CG for fine matrices up to graph_cg_max_nnz entries
-    (a 2-D Q1 problem of 263,169 rows, above the former 100,000-row limit, takes it) and
-    solves host-driven above it, both to the tolerance with the same iterations."""
+    (a 2-D Q1 problem of 263,169 rows, above the former 100,000-row limit, takes it on its
+    second solve: above graph_cg_record_rows the first one is host-driven) and solves
+    host-driven above the limit, all to the tolerance with the same iterations."""
     import adaptmg
     from adaptmg import assemble
     from adaptmg.backend import get_backend
@@ -512,17 +513,21 @@ def test_graph_cg_limit_is_by_stored_entries():
     n = ml.levels[-1].n
     assert n == 513 ** 2 and ml.A.nnz <= ml.graph_cg_max_nnz
     b = gpu.asarray(np.random.default_rng(3).standard_normal(n))
+    x1 = ml.solve(b, rtol=1e-8, accel="cg")
+    assert ml._preconditioners.get(("graph_cg", "V")) is None     # the first: host-driven
+    its_first = ml.last_iterations
     x = ml.solve(b, rtol=1e-8, accel="cg")
     g = ml._preconditioners.get(("graph_cg", "V"))
     assert g is not None, ml.graph_error
     its_graph = ml.last_iterations
+    assert abs(its_graph - its_first) <= 1
     host = adaptmg.multigrid(mesh, assemble.stiffness, backend=gpu)
     host.graph_cg_max_nnz = host.A.nnz - 1
     xh = host.solve(b, rtol=1e-8, accel="cg")
     assert host._preconditioners.get(("graph_cg", "V")) is None
     assert abs(host.last_iterations - its_graph) <= 1
     A = gpu.asmatrix(ml.A)
-    for v in (x, xh):
+    for v in (x1, x, xh):
         assert float(gpu.xp.linalg.norm(b - A @ v)) <= 1e-8 * float(gpu.xp.linalg.norm(b))
 
 
