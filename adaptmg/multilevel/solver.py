@@ -708,15 +708,15 @@ class MultilevelSolver:
         if key in self._preconditioners:
             return self._preconditioners[key]
         A = self._A_outer
-        seen = ("graph_cg_solves", kind)
-        if A.shape[0] > self.graph_cg_record_rows and not self._preconditioners.get(seen):
-            self._preconditioners[seen] = True
-            return None
         g = None
         if (self.backend.is_gpu and self.outer_dtype == self.dtype and self._capturable()
                 and A.nnz <= self.graph_cg_max_nnz
                 and getattr(A, "format", None) == "csr" and A.indices.dtype == np.int32
                 and A.indptr.dtype == np.int32):
+            seen = ("graph_cg_solves", kind)
+            if A.shape[0] > self.graph_cg_record_rows and not self._preconditioners.get(seen):
+                self._preconditioners[seen] = True      # the first solve: host-driven
+                return None
             from ..linalg.graph_cg import GraphCG
             # the cycle's own graph serves z_0 = M r_0; the CG graph records the cycle inline
             cyc = self.buffered_cycle(kind)
