@@ -15,9 +15,11 @@ Exact solution (seed 001 §5.1) :math:`\theta(t,x,y) = \exp(-(m_x^2 + m_y^2)/4)`
 :func:`td_step_data` evaluates, for all nodes at once and in one launch,
 ``w = u_old + dt * f(t, x)`` (the vector the mass matrix multiplies in the
 backward-Euler right-hand side) and ``g = mask * theta(t, x)`` (the Dirichlet
-lifting, zero off the boundary).  The GPU kernel ``adaptmg_td_step_data`` comes from a
-memoised factory (keyed by the CuPy module of the arrays); its NumPy twin runs on the
-CPU and is the reference in the tests.
+lifting, zero off the boundary); :func:`td_step_data_at` does the same with the time
+``[t, c'(t)]`` (:func:`td_time`) in an array, which the GPU kernel
+``adaptmg_td_step_data_at`` reads from device memory.  The kernel comes from a memoised
+factory (keyed by the CuPy module of the arrays); its NumPy twin runs on the CPU and is
+the reference in the tests.
 """
 from __future__ import annotations
 
@@ -36,22 +38,17 @@ _TD_PREAMBLE = """
     T th = exp((T)-0.25 * q);
 """
 
-_STEP_DATA = _TD_PREAMBLE + """
-    T f = th * ((T)-0.5 * cdot * (mx + my) - lam * ((T)0.25 * q - (T)1)
-                + (T)0.5 * (bx * mx + by * my));
-    w = uold + dt * f;
-    g = mask * th;
-"""
-
 _SPECS = {
-    "td_step_data": (
-        "T x, T y, T uold, T mask, T t, T cdot, T lam, T bx, T by, T dt", "T w, T g",
-        "const T h = (T)1.5707963267948966;" + _STEP_DATA),
-    # the same with (t, c'(t)) read from device memory: a CUDA graph replays it for every step
+    # (t, c'(t)) read from device memory: a CUDA graph replays one launch for every step
     "td_step_data_at": (
         "T x, T y, T uold, T mask, raw T tc, T lam, T bx, T by, T dt", "T w, T g",
         "const T h = (T)1.5707963267948966; const T t = tc[0]; const T cdot = tc[1];"
-        + _STEP_DATA),
+        + _TD_PREAMBLE + """
+        T f = th * ((T)-0.5 * cdot * (mx + my) - lam * ((T)0.25 * q - (T)1)
+                    + (T)0.5 * (bx * mx + by * my));
+        w = uold + dt * f;
+        g = mask * th;
+        """),
 }
 
 KERNEL_NAMES = tuple(f"adaptmg_{k}" for k in _SPECS)
@@ -105,35 +102,28 @@ def _np_td_step_data(x, y, uold, mask, t, cdot, lam, bx, by, dt, w, g):
 
 
 # ---------------------------------------------------------------- public
-def _check_shapes(who, arrs):
-    n = arrs[0].shape
-    if any(a.shape != n for a in arrs[1:]):
-        raise ValueError(f"{who}: all arrays must have shape {n}, got {[a.shape for a in arrs]}")
-
-
 def td_time(t: float) -> np.ndarray:
     """``[t, c'(t)]``: what :func:`td_step_data_at` reads (float64)."""
     return np.array([float(t), _td_c(float(t))[1]])
 
 
 def td_step_data(x, y, uold, mask, t, lam, b, dt, w, g):
-    """``w <- uold + dt f(t, .)`` and ``g <- mask * theta(t, .)`` at the nodes (x, y), in place."""
-    _check_shapes("td_step_data", (x, y, uold, mask, w, g))
-    _, cd = _td_c(float(t))
-    args = (float(t), float(cd), float(lam), float(b[0]), float(b[1]), float(dt))
-    if _is_numpy(x):
-        _np_td_step_data(x, y, uold, mask, *args, w, g)
-    else:
-        dt_ = x.dtype.type
-        _kernel(backend_of(x).xp, "td_step_data")(x, y, uold, mask, *map(dt_, args), w, g)
-    return w, g
+    """``w <- uold + dt f(t, .)`` and ``g <- mask * theta(t, .)`` at the nodes (x, y), in place
+    (:func:`td_step_data_at` with ``td_time(t)`` moved to the arrays' backend)."""
+    tc = td_time(t)
+    if not _is_numpy(x):
+        tc = backend_of(x).xp.asarray(tc, dtype=x.dtype)
+    return td_step_data_at(x, y, uold, mask, tc, lam, b, dt, w, g)
 
 
 def td_step_data_at(x, y, uold, mask, tc, lam, b, dt, w, g):
     """:func:`td_step_data` at the time held by ``tc = td_time(t)`` (a (2,) array on the
     backend of ``x``): the GPU kernel reads it from device memory, so that one recorded
-    launch serves every time step. Same values as ``td_step_data(..., t, ...)``."""
-    _check_shapes("td_step_data_at", (x, y, uold, mask, w, g))
+    launch serves every time step."""
+    arrs = (x, y, uold, mask, w, g)
+    if any(a.shape != x.shape for a in arrs[1:]):
+        raise ValueError(f"td_step_data: all arrays must have shape {x.shape}, "
+                         f"got {[a.shape for a in arrs]}")
     if tc.shape != (2,):
         raise ValueError(f"td_step_data_at: tc must have shape (2,) ([t, c'(t)]), got {tc.shape}")
     args = (float(lam), float(b[0]), float(b[1]), float(dt))
