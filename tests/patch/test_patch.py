@@ -427,3 +427,74 @@ def test_pencil_kernel_source(k, dtype):
     assert NI ** 3 <= off_t and off_t + NI * PT <= psmem      # y outputs before them
     assert NP ** 3 + NP * NP * NI >= 2 * NI * NI * NP         # w survives the p, q writes
     assert psmem >= NP ** 3 + 2 * NP * NP * NI
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_boundary_kernel_source(k, dtype):
+    """The Boundary smoother's source (built without a GPU): compiled-in 1D
+    matrices exact in the dtype, no template field left, regions that live at
+    the same time disjoint, and the three face groups of each residual stage
+    on disjoint thread ranges (see _SMOOTH3D_BOUNDARY)."""
+    import re
+    from adaptmg.patch.kernels import boundary_layout, boundary_smoother_source, patches_per_block
+    from adaptmg.patch.tensor import patch_fast_diag, patch_matrices
+    src, name = boundary_smoother_source(k, dtype, 3, "2")
+    assert "$" not in src and name.endswith("_mb3_u2") and f"_k{k}_" in name
+    assert "#pragma unroll 2\n    for (int a = 0;" in src
+    Mb, Ab, _, _ = patch_matrices(k)
+    S, lam = patch_fast_diag(k)
+    for sym, ref in (("cMb", Mb), ("cAb", Ab), ("cS", S), ("cL", lam)):
+        body = re.search(sym + r"\[[^\]]*\] = \{([^}]*)\}", src).group(1)
+        got = [float.fromhex(t.strip().rstrip("f")) for t in body.split(",")]
+        np.testing.assert_array_equal(np.asarray(got, dtype=dtype), np.asarray(ref, dtype=dtype).ravel())
+    NP, NI = 2 * k + 1, 2 * k - 1
+    L = boundary_layout(k)
+    shell_and_stage1 = 2 * NP * NP + 6 * NI * NP + 10 * NI * NI
+    assert L["OB"] >= shell_and_stage1 and L["OB"] >= NI * L["PT"]     # sT over dead stage-1 data
+    assert L["PSMEM"] == L["OB"] + 12 * NI * NI + NI ** 3               # stage 2 (then sU), R_j b
+    for first, n in (("G1", 2 * NP), ("G2", 2 * NI)):
+        y, x, end = L[first + "Y"], L[first + "X"], L[first + "END"]
+        assert n <= y and y + 2 * NI <= x and end == x + 2 * NI
+        if patches_per_block(3, k) == 1 and end <= NP * NP:
+            assert y % 32 == 0 and x % 32 == 0                           # one group per warp
+
+
+@pytest.mark.parametrize("k", (1, 2, 4, 7))
+def test_boundary_form_identity(k):
+    """The identity behind the Boundary smoother (seed 000 §4.1.3, eq. 4.2), in
+    the kernel's stage order: with the exact local solve, x + A_j^{-1}(b - Abar x)
+    restricted to the interior is A_j^{-1}(b^I - A^{IB} x^B), and A^{IB} x^B is
+    the sum of the z-, y- and x-face groups, each contracting its long
+    directions first and expanding its two boundary columns last."""
+    from adaptmg.patch.tensor import patch_fast_diag, patch_matrices
+    Mb, Ab, Mi, Ai = patch_matrices(k)
+    S, lam = patch_fast_diag(k)
+    NP, NI = 2 * k + 1, 2 * k - 1
+    c0, c1, c2 = 0.7, 1.3, 0.4
+    rng = np.random.default_rng(k)
+    X, b = rng.standard_normal((NP,) * 3), rng.standard_normal((NI,) * 3)     # [z][y][x]
+
+    def kron3(A2, A1, A0, U):
+        return np.einsum("ai,bj,ck,ijk->abc", A2, A1, A0, U)
+
+    Abar = (lambda U: c0 * kron3(Mb, Mb, Ab, U) + c1 * kron3(Mb, Ab, Mb, U) + c2 * kron3(Ab, Mb, Mb, U))
+    Ainv = (lambda r: kron3(S, S, S, kron3(S.T, S.T, S.T, r) / (
+        c0 * lam[None, None, :] + c1 * lam[None, :, None] + c2 * lam[:, None, None])))
+    xi_new = X[1:-1, 1:-1, 1:-1] + Ainv(b - Abar(X))
+    mB, aB = Mb[:, [0, -1]], Ab[:, [0, -1]]
+    dZ, dY, dX = X[[0, -1]], X[1:-1][:, [0, -1]], X[1:-1, 1:-1][:, :, [0, -1]]
+    vZ, wZ = np.einsum("aj,fij->fia", Mb, dZ), np.einsum("aj,fij->fia", Ab, dZ)       # stage 1
+    vY, wY = np.einsum("aj,ifj->ifa", Mb, dY), np.einsum("aj,ifj->ifa", Ab, dY)
+    yM, yA = np.einsum("bj,ijf->ibf", Mi, dX), np.einsum("bj,ijf->ibf", Ai, dX)
+    PZ = np.einsum("bi,fia->fba", Mb, vZ)                                             # stage 2
+    QZ = c1 * np.einsum("bi,fia->fba", Ab, vZ) + c0 * np.einsum("bi,fia->fba", Mb, wZ)
+    H1 = c2 * np.einsum("ci,ifa->fca", Ai, vY) + c0 * np.einsum("ci,ifa->fca", Mi, wY)
+    H2 = c1 * np.einsum("ci,ifa->fca", Mi, vY)
+    K1 = c2 * np.einsum("ci,ibf->cbf", Ai, yM) + c1 * np.einsum("ci,ibf->cbf", Mi, yA)
+    K2 = c0 * np.einsum("ci,ibf->cbf", Mi, yM)
+    AIB_xB = (np.einsum("cf,fba->cba", c2 * aB, PZ) + np.einsum("cf,fba->cba", mB, QZ)   # stage 4
+              + np.einsum("bf,fca->cba", mB, H1) + np.einsum("bf,fca->cba", aB, H2)
+              + np.einsum("af,cbf->cba", mB, K1) + np.einsum("af,cbf->cba", aB, K2))
+    scale = np.abs(xi_new).max()
+    assert np.abs(Ainv(b - AIB_xB) - xi_new).max() <= 1e3 * np.finfo(float).eps * scale
