@@ -26,8 +26,9 @@ precision) and memoised:
     default for k <= 4, 5 in fp32): every stage is a batch of 1D contractions
     along one axis, one thread per pencil with the pencil in registers and the
     1D matrices compiled in as ``__constant__`` arrays (uniform FMA operands),
-    shared memory only between stages.  Same sums in the same order; NOTES.md
-    has the figures.
+    shared memory only between stages.  Same sums in the same order, except
+    that the local solve multiplies by a per-level table of the reciprocal
+    eigenvalue sums instead of dividing; NOTES.md has the figures.
 
 ``adaptmg_patch_smooth3db`` -- the *Boundary* form (seed 000 §4.1.3, the 3D
     default for larger k): an exact local solve lets the step set
@@ -425,7 +426,8 @@ __device__ __forceinline__ void pencil_y(const T* __restrict__ src, T* __restric
 extern "C" __global__ void __launch_bounds__(NP * NP * PPB, $MINB)
 adaptmg_patch_smooth3dp_$NAME(T* __restrict__ x, const T* __restrict__ b,
                               int n0, int n1, int n2, int col0, int col1, int col2,
-                              int P0, int P1, int P2, T c0, T c1, T c2)
+                              int P0, int P1, int P2, T c0, T c1, T c2,
+                              const T* __restrict__ dinv)
 {
     extern __shared__ unsigned char smem_raw[];
     T* const sX = reinterpret_cast<T*>(smem_raw) + threadIdx.y * PATCH_SMEM;
@@ -522,7 +524,9 @@ adaptmg_patch_smooth3dp_$NAME(T* __restrict__ x, const T* __restrict__ b,
     // 5. S^T along y, pencil (a0, a2)
     if (inner) pencil_y<true>(sT, sU, tid);
     __syncthreads();
-    // 6. pencil (a1, a2): S^T along x, divide by the eigenvalue sums (eq. 2.13), S along x
+    // 6. pencil (a1, a2): S^T along x, divide by the eigenvalue sums (eq. 2.13) -- a product
+    //    with their reciprocals dinv[a2][a1][a0], a per-level table (no FP64 division:
+    //    +8 % at k = 3, 4 in fp64) -- and S along x
     if (inner) {
         const int a1 = tid % NI, a2 = tid / NI;
         T yr[NI], zr[NI];
@@ -533,7 +537,7 @@ adaptmg_patch_smooth3dp_$NAME(T* __restrict__ x, const T* __restrict__ b,
             T s = 0;
             #pragma unroll
             for (int j = 0; j < NI; ++j) s += cS[j * NI + a0] * yr[j];
-            zr[a0] = s / ((c0 * cL[a0] + c1 * cL[a1]) + c2 * cL[a2]);
+            zr[a0] = s * dinv[tid * NI + a0];
         }
         #pragma unroll
         for (int a0 = 0; a0 < NI; ++a0) {
@@ -1271,13 +1275,19 @@ class GpuPatchSmoother:
         T = self.dtype.type
         self.cells = tuple(np.int32(n) for n in space.cells)
         self.coeffs = tuple(T(c) for c in space.coeffs)
+        self.tail = ()
+        if variant == "pencil":        # 1 / (c0 lam_a0 + c1 lam_a1 + c2 lam_a2), [a2][a1][a0]
+            _, lam = patch_fast_diag(k)
+            c0, c1, c2 = space.coeffs
+            D = (c0 * lam[None, None, :] + c1 * lam[None, :, None]) + c2 * lam[:, None, None]
+            self.tail = (cp.asarray(1.0 / D, dtype=self.dtype).ravel(),)
 
     def color(self, x, b, col, cnt):
         npatch = int(np.prod(cnt))
         grid = ((npatch + self.ppb - 1) // self.ppb,)
         mats = () if self.mats is None else (self.mats,)
         args = (x, b) + mats + self.cells + tuple(np.int32(c) for c in col) \
-            + tuple(np.int32(c) for c in cnt) + self.coeffs
+            + tuple(np.int32(c) for c in cnt) + self.coeffs + self.tail
         self.kernel(grid, self.block, args, shared_mem=self.smem)
 
 
