@@ -388,20 +388,22 @@ adaptmg_patch_smooth3d_$NAME(T* __restrict__ x, const T* __restrict__ b,
 }
 """
 
-# Pencil form of the 3D smoother: every stage is a set of 1D contractions along
-# one axis, one thread per pencil, the pencil in registers, the 1D matrices
-# compile-time __constant__ arrays (uniform operands of the FMAs: no shared-
-# memory load per FMA), and shared memory only to turn the data between stages.
-_SMOOTH3D_PENCIL = r"""
-typedef $T T;
-#define K $K
-#define NP (2 * K + 1)
-#define NI (2 * K - 1)
-#define PPB $PPB
-#define PT $PT
-#define OFF_T $OFFT
-#define PATCH_SMEM $PSMEM
-__constant__ T cMb[NI * NP] = {$MB};
+# The pieces the pencil and Boundary forms share: the patch index, the compiled-in 1D matrices
+# with the y-pencil helper, and the local solve's stages 5-8 (S^T_y; S^T_x, the
+# division DIVIDE, S_x; S_y; S_z and the update $XUPDATE of x).
+# the patch of this thread block (y index) and its place in the level, and
+# whether the thread owns an interior (a0, a1) pencil
+_PATCH_INDEX = r"""    const int tid = threadIdx.x;
+    const long long npatch = (long long)P0 * P1 * P2;
+    const long long pid = (long long)blockIdx.x * PPB + threadIdx.y;
+    const bool active = pid < npatch;
+    const int m0 = (int)(pid % P0), m1 = (int)((pid / P0) % P1), m2 = (int)(pid / ((long long)P0 * P1));
+    const int s0 = (col0 + 2 * m0) * K, s1 = (col1 + 2 * m1) * K, s2 = (col2 + 2 * m2) * K;
+    const int N0 = n0 * K - 1, N1 = n1 * K - 1, N2 = n2 * K - 1;
+    const long long plane = (long long)N0 * N1;
+    const bool inner = tid < NI * NI;
+"""
+_FD_HELPERS = r"""__constant__ T cMb[NI * NP] = {$MB};
 __constant__ T cAb[NI * NP] = {$AB};
 __constant__ T cS[NI * NI] = {$SS};
 __constant__ T cL[NI] = {$LAM};
@@ -423,7 +425,71 @@ __device__ __forceinline__ void pencil_y(const T* __restrict__ src, T* __restric
         dst[TRANS ? (a2 * NI + a1) * NI + a0 : (a1 * NI + a0) * NI + a2] = s;
     }
 }
-extern "C" __global__ void __launch_bounds__(NP * NP * PPB, $MINB)
+"""
+_FD_SOLVE = r"""    // 5. S^T along y, pencil (a0, a2)
+    if (inner) pencil_y<true>(sT, sU, tid);
+    __syncthreads();
+    // 6. pencil (a1, a2): S^T along x, divide by the eigenvalue sums (eq. 2.13: DIVIDE), S along x
+    if (inner) {
+        const int a1 = tid % NI, a2 = tid / NI;
+        T yr[NI], zr[NI];
+        #pragma unroll
+        for (int j = 0; j < NI; ++j) yr[j] = sU[tid * NI + j];
+        #pragma unroll
+        for (int a0 = 0; a0 < NI; ++a0) {
+            T s = 0;
+            #pragma unroll
+            for (int j = 0; j < NI; ++j) s += cS[j * NI + a0] * yr[j];
+            zr[a0] = DIVIDE(s, a0, a1, a2);
+        }
+        #pragma unroll
+        for (int a0 = 0; a0 < NI; ++a0) {
+            T s = 0;
+            #pragma unroll
+            for (int j = 0; j < NI; ++j) s += cS[a0 * NI + j] * zr[j];
+            sT[a2 * PT + a1 * NI + a0] = s;
+        }
+    }
+    __syncthreads();
+    // 7. S along y, pencil (a0, a2)
+    if (inner) pencil_y<false>(sT, sU, tid);
+    __syncthreads();
+    // 8. S along z, pencil (a0, a1); $XNOTE
+    if (inner && active) {
+        const int a0 = tid % NI, a1 = tid / NI;
+        T tr[NI];
+        #pragma unroll
+        for (int j = 0; j < NI; ++j) tr[j] = sU[tid * NI + j];
+        const long long gb = (long long)(s1 + a1) * N0 + (s0 + a0);
+        #pragma unroll
+        for (int a2 = 0; a2 < NI; ++a2) {
+            T s = 0;
+            #pragma unroll
+            for (int j = 0; j < NI; ++j) s += cS[a2 * NI + j] * tr[j];
+            x[(s2 + a2) * plane + gb] $XUPDATE s;
+        }
+    }
+}
+"""
+
+
+# Pencil form of the 3D smoother: every stage is a set of 1D contractions along
+# one axis, one thread per pencil, the pencil in registers, the 1D matrices
+# compile-time __constant__ arrays (uniform operands of the FMAs: no shared-
+# memory load per FMA), and shared memory only to turn the data between stages.
+_SMOOTH3D_PENCIL = r"""
+typedef $T T;
+#define K $K
+#define NP (2 * K + 1)
+#define NI (2 * K - 1)
+#define PPB $PPB
+#define PT $PT
+#define OFF_T $OFFT
+#define PATCH_SMEM $PSMEM
+// the eigenvalue sums' reciprocals dinv[a2][a1][a0], a per-level table: a product
+// instead of an FP64 division (+8 % at k = 3, 4 in fp64); tid = the (a1, a2) pencil
+#define DIVIDE(s, a0, a1, a2) ((s) * dinv[tid * NI + (a0)])
+$FD_HELPERSextern "C" __global__ void __launch_bounds__(NP * NP * PPB, $MINB)
 adaptmg_patch_smooth3dp_$NAME(T* __restrict__ x, const T* __restrict__ b,
                               int n0, int n1, int n2, int col0, int col1, int col2,
                               int P0, int P1, int P2, T c0, T c1, T c2,
@@ -437,15 +503,7 @@ adaptmg_patch_smooth3dp_$NAME(T* __restrict__ x, const T* __restrict__ b,
     T* const sQ = sX + NI * NI * NP;
     T* const sT = sX + OFF_T;            // [a2][a1 (row PT)][a0]: after z and x stages
     T* const sU = sX;                    // [a2][a1][a0] / [a1][a0][a2]: after the y stages
-    const int tid = threadIdx.x;
-    const long long npatch = (long long)P0 * P1 * P2;
-    const long long pid = (long long)blockIdx.x * PPB + threadIdx.y;
-    const bool active = pid < npatch;
-    const int m0 = (int)(pid % P0), m1 = (int)((pid / P0) % P1), m2 = (int)(pid / ((long long)P0 * P1));
-    const int s0 = (col0 + 2 * m0) * K, s1 = (col1 + 2 * m1) * K, s2 = (col2 + 2 * m2) * K;
-    const int N0 = n0 * K - 1, N1 = n1 * K - 1, N2 = n2 * K - 1;
-    const long long plane = (long long)N0 * N1;
-    const bool inner = tid < NI * NI;
+$PATCH_INDEX
     // 1. load Rbar_j x, one thread per z-column (coalesced along x)
     $LOADX(sX)
     // the local right-hand side R_j b, prefetched for the z-stage
@@ -521,53 +579,9 @@ adaptmg_patch_smooth3dp_$NAME(T* __restrict__ x, const T* __restrict__ b,
         }
     }
     __syncthreads();
-    // 5. S^T along y, pencil (a0, a2)
-    if (inner) pencil_y<true>(sT, sU, tid);
-    __syncthreads();
-    // 6. pencil (a1, a2): S^T along x, divide by the eigenvalue sums (eq. 2.13) -- a product
-    //    with their reciprocals dinv[a2][a1][a0], a per-level table (no FP64 division:
-    //    +8 % at k = 3, 4 in fp64) -- and S along x
-    if (inner) {
-        const int a1 = tid % NI, a2 = tid / NI;
-        T yr[NI], zr[NI];
-        #pragma unroll
-        for (int j = 0; j < NI; ++j) yr[j] = sU[tid * NI + j];
-        #pragma unroll
-        for (int a0 = 0; a0 < NI; ++a0) {
-            T s = 0;
-            #pragma unroll
-            for (int j = 0; j < NI; ++j) s += cS[j * NI + a0] * yr[j];
-            zr[a0] = s * dinv[tid * NI + a0];
-        }
-        #pragma unroll
-        for (int a0 = 0; a0 < NI; ++a0) {
-            T s = 0;
-            #pragma unroll
-            for (int j = 0; j < NI; ++j) s += cS[a0 * NI + j] * zr[j];
-            sT[a2 * PT + a1 * NI + a0] = s;
-        }
-    }
-    __syncthreads();
-    // 7. S along y, pencil (a0, a2)
-    if (inner) pencil_y<false>(sT, sU, tid);
-    __syncthreads();
-    // 8. S along z, pencil (a0, a1); x_j += A_j^{-1} r_j
-    if (inner && active) {
-        const int a0 = tid % NI, a1 = tid / NI;
-        T tr[NI];
-        #pragma unroll
-        for (int j = 0; j < NI; ++j) tr[j] = sU[tid * NI + j];
-        const long long gb = (long long)(s1 + a1) * N0 + (s0 + a0);
-        #pragma unroll
-        for (int a2 = 0; a2 < NI; ++a2) {
-            T s = 0;
-            #pragma unroll
-            for (int j = 0; j < NI; ++j) s += cS[a2 * NI + j] * tr[j];
-            x[(s2 + a2) * plane + gb] += s;
-        }
-    }
-}
-"""
+$FD_SOLVE"""
+_SMOOTH3D_PENCIL = _SMOOTH3D_PENCIL.replace("$PATCH_INDEX\n", _PATCH_INDEX).replace("$FD_HELPERS", _FD_HELPERS).replace(
+    "$FD_SOLVE", _FD_SOLVE.replace("$XNOTE", "x_j += A_j^{-1} r_j").replace("$XUPDATE", "+="))
 
 # The "Boundary" form of the 3D colour step (seed 000 §4.1.3, eq. 4.2): with an
 # exact local solver, x_j + R_j^T A_j^{-1} R_j (b - A x) keeps the patch
@@ -617,26 +631,9 @@ typedef $T T;
 #define O_K1 (O_H2 + 2 * NI * NI)       // [a2][a1][f]
 #define O_K2 (O_K1 + 2 * NI * NI)
 #define O_BB (O_B + 12 * NI * NI)       // R_j b [a2][a1][a0]
-__constant__ T cMb[NI * NP] = {$MB};
-__constant__ T cAb[NI * NP] = {$AB};
-__constant__ T cS[NI * NI] = {$SS};
-__constant__ T cL[NI] = {$LAM};
-template <bool TRANS>
-__device__ __forceinline__ void pencil_y(const T* __restrict__ src, T* __restrict__ dst, int tid)
-{
-    const int a0 = tid % NI, a2 = tid / NI;
-    T tr[NI];
-    #pragma unroll
-    for (int j = 0; j < NI; ++j) tr[j] = src[a2 * PT + j * NI + a0];
-    #pragma unroll
-    for (int a1 = 0; a1 < NI; ++a1) {
-        T s = 0;
-        #pragma unroll
-        for (int j = 0; j < NI; ++j) s += cS[TRANS ? j * NI + a1 : a1 * NI + j] * tr[j];
-        dst[TRANS ? (a2 * NI + a1) * NI + a0 : (a1 * NI + a0) * NI + a2] = s;
-    }
-}
-// one row-pencil of length N (stride 1 at src) through the NI x NP rows of
+// a table of reciprocals (the pencil form's DIVIDE) was slower here at k = 6..8
+#define DIVIDE(s, a0, a1, a2) ((s) / ((c0 * cL[a0] + c1 * cL[a1]) + c2 * cL[a2]))
+$FD_HELPERS// one row-pencil of length N (stride 1 at src) through the NI x NP rows of
 // Mb and Ab, columns OFF .. OFF + N - 1: v = Mb src, w = Ab src (stride SO out)
 template <int N, int OFF, int SO>
 __device__ __forceinline__ void pencil_mb_ab(const T* __restrict__ src, int si,
@@ -662,15 +659,7 @@ adaptmg_patch_smooth3db_$NAME(T* __restrict__ x, const T* __restrict__ b,
     T* const sm = reinterpret_cast<T*>(smem_raw) + threadIdx.y * PATCH_SMEM;
     T* const sT = sm;                    // [a2][a1 (row PT)][a0]
     T* const sU = sm + O_B;              // [a2][a1][a0] / [a1][a0][a2]
-    const int tid = threadIdx.x;
-    const long long npatch = (long long)P0 * P1 * P2;
-    const long long pid = (long long)blockIdx.x * PPB + threadIdx.y;
-    const bool active = pid < npatch;
-    const int m0 = (int)(pid % P0), m1 = (int)((pid / P0) % P1), m2 = (int)(pid / ((long long)P0 * P1));
-    const int s0 = (col0 + 2 * m0) * K, s1 = (col1 + 2 * m1) * K, s2 = (col2 + 2 * m2) * K;
-    const int N0 = n0 * K - 1, N1 = n1 * K - 1, N2 = n2 * K - 1;
-    const long long plane = (long long)N0 * N1;
-    const bool inner = tid < NI * NI;
+$PATCH_INDEX
     // 1. the patch shell x^B (zero outside the domain: Dirichlet) and R_j b
     {
         const int i0 = tid % NP, i1 = tid / NP;          // z faces: one thread per (i0, i1)
@@ -822,51 +811,9 @@ adaptmg_patch_smooth3db_$NAME(T* __restrict__ x, const T* __restrict__ b,
         }
     }
     __syncthreads();
-    // 5. S^T along y, pencil (a0, a2)
-    if (inner) pencil_y<true>(sT, sU, tid);
-    __syncthreads();
-    // 6. pencil (a1, a2): S^T along x, divide by the eigenvalue sums (eq. 2.13), S along x
-    if (inner) {
-        const int a1 = tid % NI, a2 = tid / NI;
-        T yr[NI], zr[NI];
-        #pragma unroll
-        for (int j = 0; j < NI; ++j) yr[j] = sU[tid * NI + j];
-        #pragma unroll
-        for (int a0 = 0; a0 < NI; ++a0) {
-            T s = 0;
-            #pragma unroll
-            for (int j = 0; j < NI; ++j) s += cS[j * NI + a0] * yr[j];
-            zr[a0] = s / ((c0 * cL[a0] + c1 * cL[a1]) + c2 * cL[a2]);
-        }
-        #pragma unroll
-        for (int a0 = 0; a0 < NI; ++a0) {
-            T s = 0;
-            #pragma unroll
-            for (int j = 0; j < NI; ++j) s += cS[a0 * NI + j] * zr[j];
-            sT[a2 * PT + a1 * NI + a0] = s;
-        }
-    }
-    __syncthreads();
-    // 7. S along y, pencil (a0, a2)
-    if (inner) pencil_y<false>(sT, sU, tid);
-    __syncthreads();
-    // 8. S along z, pencil (a0, a1); x^I <- A_j^{-1} r
-    if (inner && active) {
-        const int a0 = tid % NI, a1 = tid / NI;
-        T tr[NI];
-        #pragma unroll
-        for (int j = 0; j < NI; ++j) tr[j] = sU[tid * NI + j];
-        const long long gb = (long long)(s1 + a1) * N0 + (s0 + a0);
-        #pragma unroll
-        for (int a2 = 0; a2 < NI; ++a2) {
-            T s = 0;
-            #pragma unroll
-            for (int j = 0; j < NI; ++j) s += cS[a2 * NI + j] * tr[j];
-            x[(s2 + a2) * plane + gb] = s;
-        }
-    }
-}
-"""
+$FD_SOLVE"""
+_SMOOTH3D_BOUNDARY = _SMOOTH3D_BOUNDARY.replace("$PATCH_INDEX\n", _PATCH_INDEX).replace("$FD_HELPERS", _FD_HELPERS).replace(
+    "$FD_SOLVE", _FD_SOLVE.replace("$XNOTE", "x^I <- A_j^{-1} r").replace("$XUPDATE", "="))
 
 
 _SMOOTH2D = r"""

@@ -402,6 +402,19 @@ def test_fmg_stops_at_the_rounding_floor_and_warns():
     assert info["converged"] and not info["stagnated"]
 
 
+def _assert_compiled_matrices(src, k, dtype):
+    """The 1D matrices compiled into a smoother's source as ``__constant__``
+    arrays are exactly the patch matrices rounded to ``dtype``."""
+    import re
+    from adaptmg.patch.tensor import patch_fast_diag, patch_matrices
+    Mb, Ab, _, _ = patch_matrices(k)
+    S, lam = patch_fast_diag(k)
+    for sym, ref in (("cMb", Mb), ("cAb", Ab), ("cS", S), ("cL", lam)):
+        body = re.search(sym + r"\[[^\]]*\] = \{([^}]*)\}", src).group(1)
+        got = [float.fromhex(t.strip().rstrip("f")) for t in body.split(",")]
+        np.testing.assert_array_equal(np.asarray(got, dtype=dtype), np.asarray(ref, dtype=dtype).ravel())
+
+
 @pytest.mark.parametrize("k", range(1, 9))
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_pencil_kernel_source(k, dtype):
@@ -409,17 +422,10 @@ def test_pencil_kernel_source(k, dtype):
     matrices are exactly the patch matrices rounded to the dtype, no template
     field is left, and the shared-memory regions that live at the same time do
     not overlap (see the stage comments of _SMOOTH3D_PENCIL)."""
-    import re
     from adaptmg.patch.kernels import pencil_layout, pencil_smoother_source
-    from adaptmg.patch.tensor import patch_fast_diag, patch_matrices
     src, name = pencil_smoother_source(k, dtype, 2)
     assert "$" not in src and name.endswith("_mb2") and f"_k{k}_" in name
-    Mb, Ab, _, _ = patch_matrices(k)
-    S, lam = patch_fast_diag(k)
-    for sym, ref in (("cMb", Mb), ("cAb", Ab), ("cS", S), ("cL", lam)):
-        body = re.search(sym + r"\[[^\]]*\] = \{([^}]*)\}", src).group(1)
-        got = [float.fromhex(t.strip().rstrip("f")) for t in body.split(",")]
-        np.testing.assert_array_equal(np.asarray(got, dtype=dtype), np.asarray(ref, dtype=dtype).ravel())
+    _assert_compiled_matrices(src, k, dtype)
     NP, NI = 2 * k + 1, 2 * k - 1
     PT, off_t, psmem = pencil_layout(k)
     assert PT >= NI * NI and (PT - NI) % 32 == 0            # y-stage reads: distinct banks
@@ -436,18 +442,11 @@ def test_boundary_kernel_source(k, dtype):
     matrices exact in the dtype, no template field left, regions that live at
     the same time disjoint, and the three face groups of each residual stage
     on disjoint thread ranges (see _SMOOTH3D_BOUNDARY)."""
-    import re
     from adaptmg.patch.kernels import boundary_layout, boundary_smoother_source, patches_per_block
-    from adaptmg.patch.tensor import patch_fast_diag, patch_matrices
     src, name = boundary_smoother_source(k, dtype, 3, "2")
     assert "$" not in src and name.endswith("_mb3_u2") and f"_k{k}_" in name
     assert "#pragma unroll 2\n    for (int a = 0;" in src
-    Mb, Ab, _, _ = patch_matrices(k)
-    S, lam = patch_fast_diag(k)
-    for sym, ref in (("cMb", Mb), ("cAb", Ab), ("cS", S), ("cL", lam)):
-        body = re.search(sym + r"\[[^\]]*\] = \{([^}]*)\}", src).group(1)
-        got = [float.fromhex(t.strip().rstrip("f")) for t in body.split(",")]
-        np.testing.assert_array_equal(np.asarray(got, dtype=dtype), np.asarray(ref, dtype=dtype).ravel())
+    _assert_compiled_matrices(src, k, dtype)
     NP, NI = 2 * k + 1, 2 * k - 1
     L = boundary_layout(k)
     shell_and_stage1 = 2 * NP * NP + 6 * NI * NP + 10 * NI * NI
