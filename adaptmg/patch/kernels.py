@@ -388,11 +388,12 @@ adaptmg_patch_smooth3d_$NAME(T* __restrict__ x, const T* __restrict__ b,
 }
 """
 
-# The pieces the pencil and Boundary forms share: the patch index, the compiled-in 1D matrices
-# with the y-pencil helper, and the local solve's stages 5-8 (S^T_y; S^T_x, the
-# division DIVIDE, S_x; S_y; S_z and the update $XUPDATE of x).
-# the patch of this thread block (y index) and its place in the level, and
-# whether the thread owns an interior (a0, a1) pencil
+# The pieces the pencil and Boundary forms share (inserted into both templates
+# below): _PATCH_INDEX, the patch of this thread block (y index), its place in
+# the level and whether the thread owns an interior (a0, a1) pencil;
+# _FD_HELPERS, the compiled-in 1D matrices and the y-pencil helper; _FD_SOLVE,
+# the local solve's stages 5-8 (S^T_y; S^T_x, the division DIVIDE, S_x; S_y;
+# S_z and the update $XUPDATE of x).
 _PATCH_INDEX = r"""    const int tid = threadIdx.x;
     const long long npatch = (long long)P0 * P1 * P2;
     const long long pid = (long long)blockIdx.x * PPB + threadIdx.y;
