@@ -222,7 +222,7 @@ def row_patch(ctx):
     t = apply_time()
     cp.get_default_memory_pool().free_all_blocks()
     rows = []
-    args = argparse.Namespace(l2_max=0)
+    args = argparse.Namespace(l2_max=0, fmg_min_cycles=[1])     # Algorithm 2.2: at least one V-cycle
     bpatch.bench_solve(args, be, rows, [4], 2e6 if ctx.quick else 1.1e9, large=True)
     fmg = {r["precision"]: r for r in rows if r["method"] == "fmg"}
     if "double" in fmg:
