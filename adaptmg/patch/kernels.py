@@ -53,7 +53,7 @@ import re
 import numpy as np
 
 from ..backend import get_backend
-from .tensor import patch_fast_diag, patch_matrices, reference_matrices
+from .tensor import eigenvalue_sums, patch_fast_diag, patch_matrices, reference_matrices
 
 __all__ = ["GpuLaplace", "GpuPatchSmoother", "laplace_source", "smoother_source",
            "cells_per_block", "patches_per_block"]
@@ -391,7 +391,7 @@ adaptmg_patch_smooth3d_$NAME(T* __restrict__ x, const T* __restrict__ b,
 # The pieces the pencil and Boundary forms share (inserted into both templates
 # below): _PATCH_INDEX, the patch of this thread block (y index), its place in
 # the level and whether the thread owns an interior (a0, a1) pencil;
-# _FD_HELPERS, the compiled-in 1D matrices and the y-pencil helper; _FD_SOLVE,
+# _FD_HELPERS, the compiled-in 1D matrices and the y-pencil and S^T_z helpers; _FD_SOLVE,
 # the local solve's stages 5-8 (S^T_y; S^T_x, the division DIVIDE, S_x; S_y;
 # S_z and the update $XUPDATE of x).
 _PATCH_INDEX = r"""    const int tid = threadIdx.x;
@@ -424,6 +424,18 @@ __device__ __forceinline__ void pencil_y(const T* __restrict__ src, T* __restric
         #pragma unroll
         for (int j = 0; j < NI; ++j) s += cS[TRANS ? j * NI + a1 : a1 * NI + j] * tr[j];
         dst[TRANS ? (a2 * NI + a1) * NI + a0 : (a1 * NI + a0) * NI + a2] = s;
+    }
+}
+// S^T along z of the local residual r of the pencil (a0, a1): the first factor
+// of the local solve (eq. 2.14), into sT [c][a1 (row PT)][a0]
+__device__ __forceinline__ void st_along_z(const T (&r)[NI], T* __restrict__ sT, int a0, int a1)
+{
+    #pragma unroll
+    for (int c = 0; c < NI; ++c) {
+        T s = 0;
+        #pragma unroll
+        for (int a2 = 0; a2 < NI; ++a2) s += cS[a2 * NI + c] * r[a2];
+        sT[c * PT + a1 * NI + a0] = s;
     }
 }
 """
@@ -472,6 +484,14 @@ _FD_SOLVE = r"""    // 5. S^T along y, pencil (a0, a2)
     }
 }
 """
+
+
+def _with_shared_pieces(tpl, xnote, xupdate):
+    """Insert _PATCH_INDEX, _FD_HELPERS and _FD_SOLVE into a 3D smoother
+    template; ``xupdate`` ("+=" or "=") is how stage 8 writes x, ``xnote`` says so."""
+    solve = _FD_SOLVE.replace("$XNOTE", xnote).replace("$XUPDATE", xupdate)
+    return tpl.replace("$PATCH_INDEX\n", _PATCH_INDEX).replace("$FD_HELPERS", _FD_HELPERS) \
+        .replace("$FD_SOLVE", solve)
 
 
 # Pencil form of the 3D smoother: every stage is a set of 1D contractions along
@@ -571,18 +591,11 @@ $PATCH_INDEX
             for (int j = 0; j < NP; ++j) { s += cAb[a2 * NP + j] * pr[j]; t += cMb[a2 * NP + j] * qr[j]; }
             r[a2] = br[a2] - (c2 * s + t);
         }
-        #pragma unroll
-        for (int c = 0; c < NI; ++c) {
-            T s = 0;
-            #pragma unroll
-            for (int a2 = 0; a2 < NI; ++a2) s += cS[a2 * NI + c] * r[a2];
-            sT[c * PT + a1 * NI + a0] = s;
-        }
+        st_along_z(r, sT, a0, a1);
     }
     __syncthreads();
 $FD_SOLVE"""
-_SMOOTH3D_PENCIL = _SMOOTH3D_PENCIL.replace("$PATCH_INDEX\n", _PATCH_INDEX).replace("$FD_HELPERS", _FD_HELPERS).replace(
-    "$FD_SOLVE", _FD_SOLVE.replace("$XNOTE", "x_j += A_j^{-1} r_j").replace("$XUPDATE", "+="))
+_SMOOTH3D_PENCIL = _with_shared_pieces(_SMOOTH3D_PENCIL, "x_j += A_j^{-1} r_j", "+=")
 
 # The "Boundary" form of the 3D colour step (seed 000 §4.1.3, eq. 4.2): with an
 # exact local solver, x_j + R_j^T A_j^{-1} R_j (b - A x) keeps the patch
@@ -803,18 +816,11 @@ $PATCH_INDEX
                + ax0 * sm[kq + 2 * NI * NI] + ax1 * sm[kq + 2 * NI * NI + 1];
             r[a2] = sm[O_BB + a2 * NI * NI + tid] - s;
         }
-        #pragma unroll
-        for (int c = 0; c < NI; ++c) {
-            T s = 0;
-            #pragma unroll
-            for (int a2 = 0; a2 < NI; ++a2) s += cS[a2 * NI + c] * r[a2];
-            sT[c * PT + a1 * NI + a0] = s;
-        }
+        st_along_z(r, sT, a0, a1);
     }
     __syncthreads();
 $FD_SOLVE"""
-_SMOOTH3D_BOUNDARY = _SMOOTH3D_BOUNDARY.replace("$PATCH_INDEX\n", _PATCH_INDEX).replace("$FD_HELPERS", _FD_HELPERS).replace(
-    "$FD_SOLVE", _FD_SOLVE.replace("$XNOTE", "x^I <- A_j^{-1} r").replace("$XUPDATE", "="))
+_SMOOTH3D_BOUNDARY = _with_shared_pieces(_SMOOTH3D_BOUNDARY, "x^I <- A_j^{-1} r", "=")
 
 
 _SMOOTH2D = r"""
@@ -1225,10 +1231,8 @@ class GpuPatchSmoother:
         self.coeffs = tuple(T(c) for c in space.coeffs)
         self.tail = ()
         if variant == "pencil":        # 1 / (c0 lam_a0 + c1 lam_a1 + c2 lam_a2), [a2][a1][a0]
-            _, lam = patch_fast_diag(k)
-            c0, c1, c2 = space.coeffs
-            D = (c0 * lam[None, None, :] + c1 * lam[None, :, None]) + c2 * lam[:, None, None]
-            self.tail = (cp.asarray(1.0 / D, dtype=self.dtype).ravel(),)
+            lam = patch_fast_diag(k)[1]
+            self.tail = (cp.asarray(1.0 / eigenvalue_sums([lam] * 3, space.coeffs), dtype=self.dtype).ravel(),)
 
     def color(self, x, b, col, cnt):
         npatch = int(np.prod(cnt))

@@ -46,7 +46,7 @@ import numpy as np
 
 from ..backend import get_backend
 from .operator import _check_space, cell_windows, check_dtype, contract
-from .tensor import patch_fast_diag, patch_matrices
+from .tensor import eigenvalue_sums, patch_fast_diag, patch_matrices
 
 __all__ = ["PatchSmoother", "patch_colors", "POST_ORDERS", "check_post"]
 
@@ -97,13 +97,7 @@ class PatchSmoother:
         self._Mb = xp.asarray(Mb, dtype=self.dtype)
         self._Ab = xp.asarray(Ab, dtype=self.dtype)
         self._S = xp.asarray(S, dtype=self.dtype)
-        # D[a_z, a_y, a_x] = sum_d c_d lambda_{a_d}
-        D = np.zeros((2 * k - 1,) * d)
-        for ax in range(d):
-            sh = [1] * d
-            sh[ax] = 2 * k - 1
-            D = D + c[d - 1 - ax] * lam.reshape(sh)
-        self._Dinv = xp.asarray(1.0 / D, dtype=self.dtype)
+        self._Dinv = xp.asarray(1.0 / eigenvalue_sums([lam] * d, c), dtype=self.dtype)
         self._c = c
         self._gpu = None
         if self.backend.is_gpu:

@@ -59,7 +59,7 @@ from ..multilevel import Level, MultilevelSolver
 from .operator import LaplaceOperator, _check_space, check_dtype, contract
 from .smoother import PatchSmoother, check_post
 from .space import CartesianSpace
-from .tensor import fast_diag_factors, interval_matrices
+from .tensor import eigenvalue_sums, fast_diag_factors, interval_matrices
 from .transfer import prolongation, restriction
 
 __all__ = ["FastDiagSolver", "PatchMultigrid", "PatchLevel", "patch_levels", "seed_table_iterations",
@@ -80,20 +80,14 @@ class FastDiagSolver:
         if max(space.n1d) > 2000:
             raise ValueError(f"{space} is too large for the dense fast-diagonalisation solver")
         xp = self.backend.xp
-        d = space.dim
         S, lam = [], []
         for n in space.cells:                                  # x first
             Mg, Ag = interval_matrices(space.k, n)
             s, l_ = fast_diag_factors(Ag.toarray(), Mg.toarray())
             S.append(s)
             lam.append(l_)
-        D = np.zeros(space.shape)
-        for ax in range(d):
-            sh = [1] * d
-            sh[ax] = space.shape[ax]
-            D = D + space.coeffs[d - 1 - ax] * lam[d - 1 - ax].reshape(sh)
         self._S = [xp.asarray(s, dtype=self.dtype) for s in S]
-        self._Dinv = xp.asarray(1.0 / D, dtype=self.dtype)
+        self._Dinv = xp.asarray(1.0 / eigenvalue_sums(lam, space.coeffs), dtype=self.dtype)
         self.shape = (space.n_dofs, space.n_dofs)
 
     def solve(self, b):

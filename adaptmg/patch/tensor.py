@@ -33,7 +33,7 @@ import scipy.sparse as sp
 from numpy.polynomial import legendre as L
 
 __all__ = ["KMAX_2D", "KMAX_3D", "check_degree", "gauss_lobatto", "lagrange_eval",
-           "reference_matrices", "patch_matrices", "fast_diag_factors",
+           "reference_matrices", "patch_matrices", "fast_diag_factors", "eigenvalue_sums",
            "interval_matrices", "prolongation_1d"]
 
 KMAX_2D = 10
@@ -143,6 +143,19 @@ def fast_diag_factors(A, M):
     M = np.asarray(M, dtype=float)
     lam, S = sla.eigh(A, M)
     return S, lam
+
+
+def eigenvalue_sums(lams, coeffs):
+    """The diagonal of eq. (2.13): ``D[a_{d-1}, ..., a_0] = sum_d c_d lam_d[a_d]``
+    (numpy axis -1 = x), summed from z to x.  ``lams``: the 1D generalised
+    eigenvalues per direction, x first; ``coeffs``: c_0..c_{d-1}."""
+    d = len(coeffs)
+    D = np.zeros(tuple(len(lams[d - 1 - ax]) for ax in range(d)))
+    for ax in range(d):
+        sh = [1] * d
+        sh[ax] = len(lams[d - 1 - ax])
+        D = D + coeffs[d - 1 - ax] * np.asarray(lams[d - 1 - ax]).reshape(sh)
+    return D
 
 
 @functools.lru_cache(maxsize=None)
