@@ -870,6 +870,15 @@ class _GenericPlan(SpMVPlan):
         return y
 
 
+class _OperatorPlan(SpMVPlan):
+    """A matrix-free operator with its own ``A.spmv(x, y, alpha, beta)`` (``y <- alpha A x
+    + beta y`` in place, e.g. :class:`adaptmg.patch.LaplaceOperator`): no temporary."""
+
+    def __call__(self, x, y, alpha=1.0, beta=0.0):
+        self.A.spmv(x, y, alpha, beta)
+        return y
+
+
 class _CpuCsrPlan(SpMVPlan):
     """SciPy CSR: ``y <- alpha A x + beta y`` via ``csr_matvec`` (which does ``y += A x``).
 
@@ -1003,7 +1012,8 @@ def make_spmv(A) -> SpMVPlan:
 
     SciPy CSR -> compiled ``csr_matvec``; cupyx CSR -> cuSPARSE SpMV with
     cached descriptors (falls back to ``cupyx.cusparse.spmv`` if the low-level
-    API is unavailable); anything else -> ``A @ x`` plus a fused axpby.
+    API is unavailable); an operator with ``spmv(x, y, alpha, beta)`` -> that
+    method; anything else -> ``A @ x`` plus a fused axpby.
     """
     if sp.issparse(A) and A.format == "csr":
         return _CpuCsrPlan(A)
@@ -1012,4 +1022,6 @@ def make_spmv(A) -> SpMVPlan:
             return _GpuCsrPlan(A)
         except (ImportError, AttributeError, RuntimeError):  # pragma: no cover - CuPy build without them
             return _GpuCupyxPlan(A)
+    if not sp.issparse(A) and not is_device_sparse(A) and callable(getattr(A, "spmv", None)):
+        return _OperatorPlan(A)
     return _GenericPlan(A)

@@ -124,6 +124,12 @@ def classify(A, name: str):
 # --------------------------------------------------------------------------
 # operators
 # --------------------------------------------------------------------------
+#: Attribute by which an operator object (``matvec``/``@``/LinearOperator/callable)
+#: declares that each of its results is a newly allocated array the caller may
+#: overwrite; the Krylov solvers then skip their defensive copy of ``A v`` or ``M v``.
+FRESH_RESULT = "adaptmg_fresh_result"
+
+
 class Operator:
     """A square linear (or, for a preconditioner, possibly nonlinear) map on the backend.
 
@@ -204,7 +210,8 @@ def as_operator(A, n: int, dtype, backend: Backend, name: str = "A",
         side, f = side or backend, A.__matmul__
     else:
         side, f = side or backend, A
-    return Operator(name, n, dtype, backend, kind, False,
+    # an object may declare that every result is a new array (FRESH_RESULT)
+    return Operator(name, n, dtype, backend, kind, bool(getattr(A, FRESH_RESULT, False)),
                     _foreign(f, name, n, dtype, backend, side))
 
 

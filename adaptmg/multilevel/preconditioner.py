@@ -105,4 +105,5 @@ def make_preconditioner(ml, kind, dtype=None, graph="auto"):
     op_dtype = np.dtype(dtype) if dtype is not None else ml.outer_dtype
     M = be.linalg.LinearOperator((n, n), matvec=matvec, rmatvec=matvec, dtype=op_dtype)
     M.graph = graphed
+    M.adaptmg_fresh_result = True          # every M v above is a new array
     return M

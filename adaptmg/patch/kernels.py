@@ -79,7 +79,7 @@ typedef $T T;
 extern "C" __global__ void __launch_bounds__(K1 * K1 * CPB)
 adaptmg_patch_lap3d_$NAME(const T* __restrict__ u, T* __restrict__ v,
                           const T* __restrict__ mats, int n0, int n1, int n2,
-                          T c0, T c1, T c2)
+                          T c0, T c1, T c2, T alpha)
 {
     __shared__ T sM[K1 * K1], sA[K1 * K1];
     __shared__ T s1[CPB][K1][K1][KP];
@@ -145,7 +145,7 @@ adaptmg_patch_lap3d_$NAME(const T* __restrict__ u, T* __restrict__ v,
             T s = 0, t = 0;
             #pragma unroll
             for (int j = 0; j < K1; ++j) { s += sA[a2 * K1 + j] * p[j]; t += sM[a2 * K1 + j] * q[j]; }
-            atomicAdd(v + i2 * plane + base, c2 * s + t);
+            atomicAdd(v + i2 * plane + base, alpha * (c2 * s + t));
         }
     }
 }
@@ -159,7 +159,7 @@ typedef $T T;
 #define CPB $CPB
 extern "C" __global__ void __launch_bounds__(K1 * K1 * CPB)
 adaptmg_patch_lap2d_$NAME(const T* __restrict__ u, T* __restrict__ v,
-                          const T* __restrict__ mats, int n0, int n1, T c0, T c1)
+                          const T* __restrict__ mats, int n0, int n1, T c0, T c1, T alpha)
 {
     __shared__ T sM[K1 * K1], sA[K1 * K1];
     __shared__ T s1[CPB][K1][KP];
@@ -192,7 +192,7 @@ adaptmg_patch_lap2d_$NAME(const T* __restrict__ u, T* __restrict__ v,
         sa += sA[j * K1 + a1] * s1[lc][j][a0];
         sm += sM[j * K1 + a1] * s2[lc][j][a0];
     }
-    if (ok) atomicAdd(v + g, c1 * sa + c0 * sm);
+    if (ok) atomicAdd(v + g, alpha * (c1 * sa + c0 * sm));
 }
 """
 
@@ -1161,13 +1161,18 @@ def _raw_kernel(kind, dim, k, dtype_str, minb=None, unroll=""):
 
 
 class GpuLaplace:
-    """Launcher of the operator kernel for one space and dtype."""
+    """Launcher of the operator kernel for one space and dtype (at k = 1 the
+    stencil kernel of :mod:`.stencil`)."""
 
     def __init__(self, space, dtype):
         self.space = space
         self.dtype = np.dtype(dtype)
         cp = get_backend("gpu").xp
         self.cp = cp
+        self.stencil = None
+        if space.k == 1:
+            from .stencil import GpuQ1Stencil
+            self.stencil = GpuQ1Stencil(space, self.dtype)
         Mh, Ah = reference_matrices(space.k)
         self.mats = cp.asarray(np.concatenate([Mh.ravel(), Ah.ravel()]), dtype=self.dtype)
         self.kernel = _raw_kernel("lap", space.dim, space.k, self.dtype.str)
@@ -1178,12 +1183,20 @@ class GpuLaplace:
         T = self.dtype.type
         self.args_tail = tuple(np.int32(n) for n in space.cells) + tuple(T(c) for c in space.coeffs)
 
-    def apply(self, u, out=None):
+    def apply(self, u, out=None, alpha=1.0, beta=0.0):
+        """``out <- alpha A u + beta out`` (a new array when ``out`` is None).  The
+        kernel adds each cell's contribution with atomicAdd, so ``out`` is first
+        zeroed or scaled by ``beta``; at k = 1 the stencil kernel writes it directly."""
+        if self.stencil is not None:
+            return self.stencil.apply(u, out, alpha, beta)
         if out is None:
             out = self.cp.zeros_like(u)
-        else:
+        elif beta == 0:
             out.fill(0)
-        self.kernel(self.grid, self.block, (u, out, self.mats) + self.args_tail)
+        elif beta != 1:
+            out *= self.dtype.type(beta)
+        self.kernel(self.grid, self.block, (u, out, self.mats) + self.args_tail
+                    + (self.dtype.type(alpha),))
         return out
 
 
@@ -1196,9 +1209,12 @@ class GpuPatchSmoother:
     pencil form's local solve after a residual from the patch shell only,
     x^I <- A_j^{-1} (b^I - A^{IB} x^B), seed 000 §4.1.3) or "tuned" (the
     fastest of these per degree and precision, ``SMOOTH3D_TUNED``); default
-    ``SMOOTH3D_VARIANT``.  ``minb``: the register cap as minimum resident
-    blocks per SM (default from the tuning tables); ``unroll``: the Boundary
-    form's unroll factor (``boundary_smoother_source``)."""
+    ``SMOOTH3D_VARIANT``.  At k = 1 (2D and 3D) the default is "stencil":
+    the patch step is point Gauss-Seidel there, run by the one-thread-per-DoF
+    kernel of :mod:`.stencil` (the patch forms stay available by name).
+    ``minb``: the register cap as minimum resident blocks per SM (default from
+    the tuning tables); ``unroll``: the Boundary form's unroll factor
+    (``boundary_smoother_source``)."""
 
     def __init__(self, space, dtype, minb=None, variant=None, unroll=None):
         self.space = space
@@ -1206,6 +1222,15 @@ class GpuPatchSmoother:
         cp = get_backend("gpu").xp
         self.cp = cp
         k = space.k
+        self.stencil = None
+        if variant == "stencil" and k != 1:
+            raise ValueError(f"variant 'stencil' (point Gauss-Seidel) is the k = 1 patch step; "
+                             f"got k = {k}")
+        if k == 1 and variant in (None, "tuned", "stencil"):
+            from .stencil import GpuQ1Stencil
+            self.stencil = GpuQ1Stencil(space, self.dtype)
+            self.variant, self.minb, self.unroll = "stencil", None, ""
+            return
         if space.dim == 3:
             variant, minb, unroll = smoother_form(k, self.dtype, variant, minb, unroll)
         elif variant not in (None, "column"):
@@ -1235,6 +1260,10 @@ class GpuPatchSmoother:
             self.tail = (cp.asarray(1.0 / eigenvalue_sums([lam] * 3, space.coeffs), dtype=self.dtype).ravel(),)
 
     def color(self, x, b, col, cnt):
+        """One colour (parities ``col``, ``cnt`` patches per direction, x first) in place."""
+        if self.stencil is not None:
+            self.stencil.color(x, b, col, cnt)
+            return
         npatch = int(np.prod(cnt))
         grid = ((npatch + self.ppb - 1) // self.ppb,)
         mats = () if self.mats is None else (self.mats,)
@@ -1246,27 +1275,49 @@ class GpuPatchSmoother:
 # --- 1D matrix along one axis (grid transfer) -------------------------------
 _AXIS = r"""
 typedef $T T;
-extern "C" __global__ void adaptmg_patch_axis_$NAME(
-    const T* __restrict__ u, T* __restrict__ v, const int* __restrict__ cols,
-    const T* __restrict__ vals, int width, long long outer, int n_in, int n_out, long long inner)
+// v[o, i, r] <- alpha sum_w vals[i, w] u[o, cols[i, w], r] + beta v[o, i, r]
+// (beta == 0: v is not read).  32-bit index arithmetic while the output and the
+// grid stride stay below limit32 (AXIS_INDEX32_LIMIT = 2^31 - 1): the two divisions
+// per entry are then cheap (64-bit integer division is a long software sequence
+// and made this kernel slow).
+template <typename I>
+__device__ __forceinline__ void axis_apply(const T* __restrict__ u, T* __restrict__ v,
+                                           const int* __restrict__ cols, const T* __restrict__ vals,
+                                           int width, I total, I n_in, I n_out, I inner, T alpha, T beta)
 {
-    const long long total = outer * n_out * inner;
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
-        const long long in_ = idx % inner;
-        const long long t = idx / inner;
-        const int i = (int)(t % n_out);
-        const long long o = t / n_out;
-        const T* src = u + o * n_in * inner + in_;
+    for (I idx = (I)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (I)gridDim.x * blockDim.x) {
+        const I t = idx / inner, in_ = idx - t * inner;
+        const I o = t / n_out, i = t - o * n_out;
+        const T* src = u + (long long)o * n_in * inner + in_;
         T s = 0;
         for (int w = 0; w < width; ++w) {
             const int c = cols[i * width + w];
             s += vals[i * width + w] * src[(long long)c * inner];
         }
-        v[idx] = s;
+        v[idx] = beta == (T)0 ? alpha * s : alpha * s + beta * v[idx];
     }
 }
+
+extern "C" __global__ void adaptmg_patch_axis_$NAME(
+    const T* __restrict__ u, T* __restrict__ v, const int* __restrict__ cols,
+    const T* __restrict__ vals, int width, long long outer, int n_in, int n_out, long long inner,
+    T alpha, T beta, long long limit32)
+{
+    const long long total = outer * n_out * inner;
+    if (total + (long long)gridDim.x * blockDim.x <= limit32)
+        axis_apply<unsigned int>(u, v, cols, vals, width, (unsigned int)total, (unsigned int)n_in,
+                                 (unsigned int)n_out, (unsigned int)inner, alpha, beta);
+    else
+        axis_apply<long long>(u, v, cols, vals, width, total, (long long)n_in, (long long)n_out,
+                              inner, alpha, beta);
+}
 """
+
+
+#: The axis kernel uses 32-bit index arithmetic up to this many output entries
+#: plus grid stride (a test lowers it to run the 64-bit path on small vectors).
+AXIS_INDEX32_LIMIT = 2 ** 31 - 1
 
 
 def axis_source(dtype):
@@ -1304,16 +1355,23 @@ class GpuAxisMatrix:
         self.kernel = _axis_kernel(self.dtype.str)
         self.cp = cp
 
-    def apply(self, U, ax):
+    def apply(self, U, ax, out=None, alpha=1.0, beta=0.0):
+        """``M`` along axis ``ax`` of ``U``: a new array, or ``out <- alpha M U + beta
+        out`` into ``out`` (an array of the result's size)."""
         sh = U.shape
         outer = int(np.prod(sh[:ax]))
         inner = int(np.prod(sh[ax + 1:]))
         out_shape = sh[:ax] + (self.shape[0],) + sh[ax + 1:]
-        V = self.cp.empty(out_shape, dtype=self.dtype)
+        if out is None:
+            V, beta = self.cp.empty(out_shape, dtype=self.dtype), 0.0
+        else:
+            V = out.reshape(out_shape)
         total = outer * self.shape[0] * inner
         threads = 256
         blocks = int(min((total + threads - 1) // threads, 132 * 64))
+        T = self.dtype.type
         self.kernel((blocks,), (threads,), (U, V, self.cols, self.vals, np.int32(self.width),
                                              np.int64(outer), np.int32(self.shape[1]),
-                                             np.int32(self.shape[0]), np.int64(inner)))
+                                             np.int32(self.shape[0]), np.int64(inner),
+                                             T(alpha), T(beta), np.int64(AXIS_INDEX32_LIMIT)))
         return V

@@ -96,8 +96,12 @@ class LaplaceOperator:
     dtype : float32 or float64 (the arithmetic and the vectors' type)
 
     Behaves like a square linear operator: ``.shape``, ``.dtype``, ``A @ u``,
-    ``A.matvec(u, out=None)``; inputs must live on the operator's backend.
+    ``A.matvec(u, out=None)``, ``A.spmv(u, y, alpha, beta)``; inputs must live on
+    the operator's backend.  Every result of ``A @ u`` / ``A.matvec(u)`` is a new
+    array (``adaptmg_fresh_result``: Krylov solvers use it without a copy).
     """
+
+    adaptmg_fresh_result = True
 
     def __init__(self, space, backend="cpu", dtype=np.float64):
         self.space = _check_space(space)
@@ -144,6 +148,24 @@ class LaplaceOperator:
             return v
         out[...] = v
         return out
+
+    def spmv(self, u, y, alpha=1.0, beta=0.0):
+        """``y <- alpha A u + beta y`` in place (``beta == 0``: ``y`` is not read); returns
+        ``y``.  What a multigrid residual ``r <- b - A x`` (alpha = -1, beta = 1 on a copy
+        of ``b``) needs without a temporary vector; on the GPU one kernel launch (the
+        cell kernel adds into ``y`` after one scaling pass; at k = 1 the stencil kernel
+        reads and writes ``y`` once)."""
+        self._check(u)
+        self._check(y)
+        if self._gpu is not None:
+            return self._gpu.apply(u, y, alpha, beta)
+        v = self._apply_array(u)
+        if beta == 0:
+            y[...] = v if alpha == 1 else alpha * v
+        else:
+            y *= beta
+            y += v if alpha == 1 else alpha * v
+        return y
 
     def __matmul__(self, u):
         if getattr(u, "ndim", 1) == 2:

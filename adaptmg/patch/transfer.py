@@ -24,7 +24,8 @@ __all__ = ["KronTransfer", "prolongation", "restriction"]
 
 
 class KronTransfer:
-    """``T @ u`` for a Kronecker product of 1D sparse matrices (x first)."""
+    """``T @ u`` for a Kronecker product of 1D sparse matrices (x first); also
+    ``T.spmv(u, y, alpha, beta)``."""
 
     def __init__(self, mats, in_shape, out_shape, backend, dtype):
         self.backend = backend
@@ -57,6 +58,28 @@ class KronTransfer:
         return self.matvec(u)
 
     def matvec(self, u):
+        return self._apply(u)
+
+    def spmv(self, u, y, alpha=1.0, beta=0.0):
+        """``y <- alpha T u + beta y`` in place (``beta == 0``: ``y`` is not read); returns
+        ``y``.  On the GPU the last axis pass writes into ``y`` itself: no temporary of
+        the output's size and no separate update pass."""
+        if getattr(y, "shape", None) != (self.shape[0],) or getattr(y, "dtype", None) != self.dtype:
+            raise ValueError(f"spmv output must be a vector of shape ({self.shape[0]},) and dtype "
+                             f"{self.dtype}, got {getattr(y, 'shape', None)} {getattr(y, 'dtype', None)}")
+        if self.backend.is_gpu:
+            return self._apply(u, (y, alpha, beta))
+        v = self._apply(u)
+        if beta == 0:
+            y[...] = v if alpha == 1 else alpha * v
+        else:
+            y *= beta
+            y += v if alpha == 1 else alpha * v
+        return y
+
+    def _apply(self, u, into=None):
+        """``T u`` as a new vector, or with ``into = (y, alpha, beta)`` (GPU only)
+        ``y <- alpha T u + beta y``."""
         if getattr(u, "shape", None) != (self.shape[1],):
             raise ValueError(f"transfer of shape {self.shape} applied to a vector of shape "
                              f"{getattr(u, 'shape', None)}")
@@ -67,6 +90,10 @@ class KronTransfer:
         U = u.reshape(self.in_shape)
         if self.backend.is_gpu:
             for ax in range(d):
+                if into is not None and ax == d - 1:
+                    y, alpha, beta = into
+                    self._mats[d - 1 - ax].apply(U, ax, out=y, alpha=alpha, beta=beta)
+                    return y
                 U = self._mats[d - 1 - ax].apply(U, ax)
             return U.reshape(-1)
         for ax in range(d):                         # numpy axis ax <-> direction d-1-ax

@@ -100,6 +100,92 @@ def test_operator_float32():
     assert np.linalg.norm(v - ref) <= 1e-5 * np.linalg.norm(ref)
 
 
+# ---------------------------------------------------------------- Q1 stencil, spmv
+def _stencil_apply(w, u, shape):
+    """``sum_o w_o u_{i+o}`` with zero outside the domain (NumPy, independent of the kernels)."""
+    d = len(shape)
+    U = np.pad(u.reshape(shape), 1)
+    out = np.zeros(shape)
+    for o in itertools.product(range(3), repeat=d):
+        out += (w[(1,) + o] if d == 2 else w[o]) * U[tuple(slice(a, a + n) for a, n in zip(o, shape))]
+    return out.ravel()
+
+
+@pytest.mark.parametrize("dim,lengths,base", [(2, (1.0, 2.0), (1, 2)),
+                                              (3, (1.0, 2.0, 0.5), (2, 1, 3))])
+def test_q1_stencil_is_the_assembled_operator(dim, lengths, base):
+    """The stencil the k = 1 GPU kernels use reproduces the independently assembled
+    Q1 stiffness on every row (boundary rows included), on anisotropic cells, where
+    the order of the coefficients c_d matters; in 2D the off-centre planes are zero."""
+    from adaptmg.patch.stencil import q1_stencil
+    V = CartesianSpace(dim, 1, 2, lengths, base)
+    w = q1_stencil(V)
+    assert w.shape == (3, 3, 3)
+    if dim == 2:
+        assert not w[0].any() and not w[2].any()
+    u = np.random.default_rng(dim).standard_normal(V.n_dofs)
+    ref = assembled_stiffness(V) @ u
+    assert np.linalg.norm(_stencil_apply(w, u, V.shape) - ref) <= 1e-13 * np.linalg.norm(ref)
+    with pytest.raises(ValueError, match="k = 1"):
+        q1_stencil(CartesianSpace(dim, 2, 1))
+
+
+def test_stencil_kernel_source():
+    from adaptmg.patch.stencil import stencil_source
+    for dt, T in ((np.float64, "double"), (np.float32, "float")):
+        src, names = stencil_source(dt)
+        assert f"typedef {T} T;" in src and "$" not in src
+        assert all(f"void __launch_bounds__(128)\n{n}(" in src for n in names)
+
+
+@pytest.mark.parametrize("dim,k", [(2, 1), (3, 1), (3, 2)])
+def test_spmv_operator_and_transfer(dim, k):
+    """``spmv`` (y <- alpha A x + beta y in place) of the operator and the transfers:
+    the same values as ``alpha * (A @ x) + beta * y`` (up to rounding of the fused
+    update), ``beta = 0`` ignores what ``y`` held (NaN), and the multilevel SpMV plan
+    of a matrix-free level uses it."""
+    from adaptmg.device.kernels import make_spmv
+    V = CartesianSpace(dim, k, 2)
+    rng = np.random.default_rng(k)
+    eps = np.finfo(np.float64).eps
+    for T, n_in in ((LaplaceOperator(V), V.n_dofs), (prolongation(V), V.n_dofs),
+                    (restriction(V), V.refine().n_dofs)):
+        u = rng.standard_normal(n_in)
+        y0 = rng.standard_normal(T.shape[0])
+        Tu = T @ u
+        for alpha, beta in ((1.0, 0.0), (-1.0, 1.0), (2.5, -0.5)):
+            y = y0.copy() if beta else np.full(T.shape[0], np.nan)
+            assert T.spmv(u, y, alpha, beta) is y
+            ref = alpha * Tu + beta * y0
+            np.testing.assert_allclose(y, ref, rtol=0, atol=8 * eps * np.abs(ref).max())
+    plan = make_spmv(LaplaceOperator(V))
+    assert type(plan).__name__ == "_OperatorPlan"
+    u, y = rng.standard_normal(V.n_dofs), np.zeros(V.n_dofs)
+    plan(u, y, -1.0, 1.0)
+    np.testing.assert_allclose(y, -(LaplaceOperator(V) @ u), rtol=1e-14)
+    with pytest.raises(ValueError, match="spmv output"):
+        prolongation(V).spmv(rng.standard_normal(V.n_dofs), np.zeros(3))
+
+
+def test_operators_declare_fresh_results():
+    """The patch operator and multigrid preconditioners return new arrays and say so,
+    so the Krylov solvers use ``A v`` / ``M v`` without a defensive copy."""
+    from adaptmg.backend import get_backend
+    from adaptmg.linalg._operators import as_operator
+    V = CartesianSpace(2, 2, 2)
+    cpu = get_backend("cpu")
+    assert as_operator(LaplaceOperator(V), V.n_dofs, np.float64, cpu).fresh
+    M = PatchMultigrid(V).aspreconditioner()
+    assert as_operator(M, V.n_dofs, np.float64, cpu).fresh
+
+    class Aliasing:                         # returns its own buffer: must be copied
+        shape = (V.n_dofs, V.n_dofs)
+
+        def matvec(self, u):
+            return u
+    assert not as_operator(Aliasing(), V.n_dofs, np.float64, cpu).fresh
+
+
 # ---------------------------------------------------------------- transfer
 @pytest.mark.parametrize("dim,k", [(2, 1), (2, 3), (3, 2)])
 def test_galerkin_and_transpose(dim, k):

@@ -75,6 +75,8 @@ def test_smoother_forms_agree_3d(k, dtype, tol):
     PatchSmoother(V).smooth(ref, b, sweeps=2)
     forms = [("column", None, None), ("pencil", 1, None), ("pencil", 2, None), ("pencil", 3, None),
              ("boundary", 1, ""), ("boundary", 2, "1"), ("boundary", 1, "2"), ("boundary", None, None)]
+    if k == 1:
+        forms.append(("stencil", None, None))
     for variant, minb, unroll in forms:
         S = PatchSmoother(V, gpu, dtype)
         S._gpu = GpuPatchSmoother(V, dtype, minb, variant=variant, unroll=unroll)
@@ -111,6 +113,64 @@ def test_smoother_variant_checked():
         GpuPatchSmoother(CartesianSpace(2, 2, 2), np.float64, variant="pencil")
     with pytest.raises(ValueError, match="variant"):
         GpuPatchSmoother(CartesianSpace(3, 2, 2), np.float64, variant="rows")
+    with pytest.raises(ValueError, match="k = 1"):
+        GpuPatchSmoother(CartesianSpace(3, 2, 2), np.float64, variant="stencil")
+    for dim in (2, 3):
+        assert GpuPatchSmoother(CartesianSpace(dim, 1, 2), np.float32).variant == "stencil"
+
+
+@pytest.mark.parametrize("dim,k", [(2, 1), (3, 1), (2, 4), (3, 3)])
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+def test_spmv_kernels_match_numpy(dim, k, dtype, tol):
+    """``y <- alpha A x + beta y`` of the operator kernels (stencil at k = 1, cell
+    kernel with atomics above) and of the transfers' last axis pass, against NumPy;
+    ``beta = 0`` never reads ``y`` (NaN there)."""
+    gpu = get_backend("gpu")
+    V = CartesianSpace(dim, k, 3 if dim == 2 else 2, lengths=(1.0, 2.0, 0.5)[:dim],
+                       base=(2,) + (1,) * (dim - 1))
+    rng = np.random.default_rng(3 * k + dim)
+    ops = ((LaplaceOperator(V), LaplaceOperator(V, gpu, dtype), V.n_dofs),
+           (prolongation(V), prolongation(V, gpu, dtype), V.n_dofs),
+           (restriction(V), restriction(V, gpu, dtype), V.refine().n_dofs))
+    for T, Tg, n_in in ops:
+        u, y0 = rng.standard_normal(n_in), rng.standard_normal(T.shape[0])
+        for alpha, beta in ((1.0, 0.0), (-1.0, 1.0), (2.5, -0.5)):
+            ref = alpha * (T @ u) + beta * y0
+            y = gpu.asarray(y0, dtype) if beta else gpu.xp.full(T.shape[0], np.nan, dtype)
+            assert Tg.spmv(gpu.asarray(u, dtype), y, alpha, beta) is y
+            assert _rel(y, ref) <= tol, (type(T).__name__, alpha, beta)
+
+
+def test_axis_kernel_64bit_index_path(monkeypatch):
+    """The transfer kernel's 64-bit index arithmetic (taken above 2^31 entries) gives
+    the same result as the 32-bit path, forced here on a small level."""
+    from adaptmg.patch import kernels
+    gpu = get_backend("gpu")
+    Vc = CartesianSpace(3, 2, 2)
+    u = gpu.asarray(np.random.default_rng(0).standard_normal(Vc.n_dofs))
+    P = prolongation(Vc, gpu)
+    ref = to_host(P @ u)
+    monkeypatch.setattr(kernels, "AXIS_INDEX32_LIMIT", 0)
+    np.testing.assert_array_equal(to_host(P @ u), ref)     # same sums, same order
+
+
+@pytest.mark.parametrize("dim", (2, 3))
+def test_q1_stencil_grid_stride_loops(dim, monkeypatch):
+    """Levels with more rows or planes than a grid dimension holds (65535): the
+    stencil kernels' grid-stride loops, exercised with the grid capped at 2."""
+    from adaptmg.patch import stencil
+    gpu = get_backend("gpu")
+    V = CartesianSpace(dim, 1, 4 if dim == 2 else 3, base=(1,) * (dim - 1) + (2,))
+    rng = np.random.default_rng(dim)
+    u, b = rng.standard_normal(V.n_dofs), rng.standard_normal(V.n_dofs)
+    ref_Au = LaplaceOperator(V) @ u
+    ref_x = u.copy()
+    PatchSmoother(V).smooth(ref_x, b)
+    monkeypatch.setattr(stencil, "_GRID_MAX", 2)
+    assert _rel(LaplaceOperator(V, gpu) @ gpu.asarray(u), ref_Au) <= 1e-12
+    xg = gpu.asarray(u)
+    PatchSmoother(V, gpu).smooth(xg, gpu.asarray(b))
+    assert _rel(xg, ref_x) <= 1e-12
 
 
 @pytest.mark.parametrize("dim,k", [(2, 3), (3, 2), (3, 5)])
@@ -125,7 +185,7 @@ def test_transfer_kernel_matches_numpy(dim, k):
         assert _rel(T(Vc, gpu, np.float32) @ gpu.asarray(u, np.float32), ref) <= 1e-5
 
 
-@pytest.mark.parametrize("dim,k,level", [(2, 3, 5), (3, 2, 3), (3, 4, 3)])
+@pytest.mark.parametrize("dim,k,level", [(2, 3, 5), (3, 2, 3), (3, 4, 3), (3, 1, 5)])
 def test_gpu_solve_matches_cpu(dim, k, level):
     gpu = get_backend("gpu")
     V = CartesianSpace(dim, k, level)

@@ -1,0 +1,176 @@
+"""Q1 (k = 1) on the GPU as a 27-point (2D: 9-point) stencil.
+
+At k = 1 a vertex patch has one interior DoF, the vertex itself, so the
+patch-smoother step of seed 000 (eq. 2.8 with the exact local solve) is point
+Gauss-Seidel: with the assembled 1D rows ``m = Mb = (1/6, 4/6, 1/6)`` and
+``a = Ab = (-1, 2, -1)`` (two reference cells, :func:`~.tensor.patch_matrices`)
+every interior row of the operator is the same stencil
+
+    w[o2, o1, o0] = c0 a[o0] m[o1] m[o2] + c1 m[o0] a[o1] m[o2] + c2 m[o0] m[o1] a[o2]
+
+(2D: ``w[o1, o0] = c0 a[o0] m[o1] + c1 m[o0] a[o1]``), offsets o in {-1, 0, 1}
+(x first in ``c``), zero outside the Dirichlet domain, and one colour of the
+smoother is
+
+    x_j <- x_j + (b_j - sum_o w_o x_{j+o}) / w_0      for all vertices j of the colour.
+
+The patch kernels of :mod:`.kernels` run this with one thread block per few
+patches and 9 threads per patch, which leaves them latency-bound; here one
+thread per DoF reads its neighbours through the caches, so both kernels are
+memory-bound (one read of ``x`` per colour, one read and write for the
+operator).  The arithmetic is the same up to the order of the sums.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..backend import get_backend
+from .tensor import patch_matrices
+
+__all__ = ["q1_stencil", "stencil_source", "GpuQ1Stencil"]
+
+_TYPES = {np.dtype(np.float64): "double", np.dtype(np.float32): "float"}
+
+
+def q1_stencil(space) -> np.ndarray:
+    """The Q1 operator's stencil on ``space`` (k = 1), shape (3, 3, 3), float64,
+    indexed ``[o2, o1, o0]`` (numpy order, offset + 1); in 2D the planes
+    ``o2 = +-1`` are zero and ``[1]`` holds the 9-point stencil."""
+    if space.k != 1:
+        raise ValueError(f"the Q1 stencil needs k = 1, got k = {space.k}")
+    Mb, Ab, _, _ = patch_matrices(1)
+    m, a = Mb[0], Ab[0]
+    c = space.coeffs
+    if space.dim == 2:
+        w2 = c[0] * np.multiply.outer(m, a) + c[1] * np.multiply.outer(a, m)   # [o1, o0]
+        w = np.zeros((3, 3, 3))
+        w[1] = w2
+        return w
+    return (c[0] * np.einsum("k,j,i->kji", m, m, a) + c[1] * np.einsum("k,j,i->kji", m, a, m)
+            + c[2] * np.einsum("k,j,i->kji", a, m, m))
+
+
+# One thread per output along x, grid (x tiles, y, z); grid-stride loops in y and z
+# keep levels with more than 65535 rows or planes launchable.  STENCIL(i0, i1, i2)
+# sums w_o x_{i+o} over the 27 offsets inside the domain.
+_STENCIL = r"""
+typedef $T T;
+__device__ __forceinline__ T stencil27(const T* __restrict__ x, const T* __restrict__ w,
+                                       int i0, int i1, int i2, int N0, int N1, int N2)
+{
+    const long long plane = (long long)N0 * N1;
+    T s = 0;
+    #pragma unroll
+    for (int o2 = -1; o2 <= 1; ++o2) {
+        const int j2 = i2 + o2;
+        if (j2 < 0 || j2 >= N2) continue;
+        #pragma unroll
+        for (int o1 = -1; o1 <= 1; ++o1) {
+            const int j1 = i1 + o1;
+            if (j1 < 0 || j1 >= N1) continue;
+            const T* row = x + j2 * plane + (long long)j1 * N0;
+            const T* wr = w + ((o2 + 1) * 3 + (o1 + 1)) * 3;
+            T t = wr[1] * row[i0];
+            if (i0 > 0) t += wr[0] * row[i0 - 1];
+            if (i0 + 1 < N0) t += wr[2] * row[i0 + 1];
+            s += t;
+        }
+    }
+    return s;
+}
+
+// y <- alpha A x + beta y  (beta == 0: y is not read)
+extern "C" __global__ void __launch_bounds__(128)
+adaptmg_q1_apply_$NAME(const T* __restrict__ x, T* __restrict__ y, const T* __restrict__ w,
+                       int N0, int N1, int N2, T alpha, T beta)
+{
+    const int i0 = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i0 >= N0) return;
+    const long long plane = (long long)N0 * N1;
+    for (int i2 = blockIdx.z; i2 < N2; i2 += gridDim.z)
+        for (int i1 = blockIdx.y; i1 < N1; i1 += gridDim.y) {
+            const T s = stencil27(x, w, i0, i1, i2, N0, N1, N2);
+            const long long g = i2 * plane + (long long)i1 * N0 + i0;
+            y[g] = beta == (T)0 ? alpha * s : alpha * s + beta * y[g];
+        }
+}
+
+// one colour of point Gauss-Seidel: the DoFs i = c + 2 m, m < P (x first)
+extern "C" __global__ void __launch_bounds__(128)
+adaptmg_q1_color_$NAME(T* __restrict__ x, const T* __restrict__ b, const T* __restrict__ w,
+                       int N0, int N1, int N2, int c0, int c1, int c2, int P0, int P1, int P2,
+                       T dinv)
+{
+    const int m0 = blockIdx.x * blockDim.x + threadIdx.x;
+    if (m0 >= P0) return;
+    const int i0 = c0 + 2 * m0;
+    const long long plane = (long long)N0 * N1;
+    for (int m2 = blockIdx.z; m2 < P2; m2 += gridDim.z)
+        for (int m1 = blockIdx.y; m1 < P1; m1 += gridDim.y) {
+            const int i1 = c1 + 2 * m1, i2 = c2 + 2 * m2;
+            const T s = stencil27(x, w, i0, i1, i2, N0, N1, N2);
+            const long long g = i2 * plane + (long long)i1 * N0 + i0;
+            x[g] += (b[g] - s) * dinv;
+        }
+}
+"""
+
+
+def stencil_source(dtype):
+    """CUDA source and kernel names (apply, colour) of the Q1 stencil kernels."""
+    T = _TYPES[np.dtype(dtype)]
+    name = "f64" if T == "double" else "f32"
+    return _STENCIL.replace("$T", T).replace("$NAME", name), \
+        (f"adaptmg_q1_apply_{name}", f"adaptmg_q1_color_{name}")
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(dtype_str):
+    cp = get_backend("gpu").xp
+    src, names = stencil_source(np.dtype(dtype_str))
+    mod = cp.RawModule(code=src, options=("-std=c++17",))
+    return tuple(mod.get_function(n) for n in names)
+
+
+_THREADS = 128
+_GRID_MAX = 65535
+
+
+class GpuQ1Stencil:
+    """Launcher of the Q1 stencil kernels for one space (k = 1, 2D or 3D) and dtype."""
+
+    def __init__(self, space, dtype):
+        w = q1_stencil(space)
+        self.dtype = np.dtype(dtype)
+        cp = get_backend("gpu").xp
+        self.cp = cp
+        T = self.dtype.type
+        self.w = cp.asarray(w.ravel(), dtype=self.dtype)
+        self.dinv = T(1.0 / w[1, 1, 1])
+        n = tuple(space.n1d) + (1,) * (3 - space.dim)          # x first
+        self.n = tuple(np.int32(v) for v in n)
+        self.apply_kernel, self.color_kernel = _kernels(self.dtype.str)
+
+    def _grid(self, n0, n1, n2):
+        return (-(-n0 // _THREADS), min(n1, _GRID_MAX), min(n2, _GRID_MAX))
+
+    def apply(self, u, out=None, alpha=1.0, beta=0.0):
+        """``out <- alpha A u + beta out`` (a new array when ``out`` is None)."""
+        if out is None:
+            out = self.cp.empty_like(u)
+            beta = 0.0
+        T = self.dtype.type
+        self.apply_kernel(self._grid(*map(int, self.n)), (_THREADS,),
+                          (u, out, self.w) + self.n + (T(alpha), T(beta)))
+        return out
+
+    def color(self, x, b, col, cnt):
+        """One colour (parities ``col``, ``cnt`` vertices per direction, x first) of
+        point Gauss-Seidel, in place."""
+        col = tuple(col) + (0,) * (3 - len(col))
+        cnt = tuple(cnt) + (1,) * (3 - len(cnt))
+        self.color_kernel(self._grid(*cnt), (_THREADS,),
+                          (x, b, self.w) + self.n + tuple(np.int32(c) for c in col)
+                          + tuple(np.int32(c) for c in cnt) + (self.dinv,))
