@@ -61,6 +61,13 @@ def smoother_flops(dim, k, npatch):
     return f * npatch
 
 
+def q1_nominal_bytes(kind, dim, N, itemsize):
+    """k = 1 runs the memory-bound stencil kernels (adaptmg.patch.stencil); their nominal
+    DRAM traffic: the operator reads x and writes y once; a smoothing step reads x once
+    per colour (2^d colours) and reads b / writes x on that colour's DoFs."""
+    return (2 if kind == "op" else 2 ** dim + 2) * N * itemsize
+
+
 def operator_flops(dim, k, ncell):
     K1 = k + 1
     return (14 * K1 ** 4 if dim == 3 else 8 * K1 ** 3) * ncell
@@ -110,6 +117,8 @@ def bench_kernels(args, be, rows):
                     rows.append(dict(kind="op", dim=dim, k=k, level=lvl, dofs=N, dtype=np.dtype(dt).name,
                                      time=t, tmin=tmin, tmax=tmax, gdofs=N / t / 1e9,
                                      tflops=fl / t / 1e12, peak_frac=fl / t / PEAK[np.dtype(dt).name]))
+                    if k == 1:
+                        rows[-1]["gbs"] = q1_nominal_bytes("op", dim, N, np.dtype(dt).itemsize) / t / 1e9
                     print(fmt(rows[-1]), flush=True)
                     del A, out
                 if "smooth" in args.sections:
@@ -123,6 +132,8 @@ def bench_kernels(args, be, rows):
                                      dtype=np.dtype(dt).name, time=t, tmin=tmin, tmax=tmax,
                                      gdofs=N / t / 1e9, tflops=fl / t / 1e12,
                                      peak_frac=fl / t / PEAK[np.dtype(dt).name]))
+                    if k == 1:
+                        rows[-1]["gbs"] = q1_nominal_bytes("smooth", dim, N, np.dtype(dt).itemsize) / t / 1e9
                     print(fmt(rows[-1]), flush=True)
                     del S, b, x
                 del u
@@ -402,9 +413,12 @@ def fmt(r):
                 f"{r['V_mixed_ms']:.2f} ms, S {r['S_double_ms']:.2f} / {r['S_mixed_ms']:.2f} ms, GMRES "
                 f"iteration {r['it_double_ms']:.1f} / {r['it_mixed_ms']:.1f} ms (double / mixed)")
     if r["kind"] in ("op", "smooth"):
+        if "gbs" in r:        # k = 1: the stencil kernels are memory-bound
+            tail = f"{r['gbs']:7.0f} GB/s nominal (stencil kernel)"
+        else:
+            tail = f"{r['tflops']:6.2f} TFLOP/s ({100*r['peak_frac']:5.1f}% of peak)"
         return (f"{r['kind']:6s} {r['dim']}D k={r['k']} L={r['level']:2d} N={r['dofs']:.3e} "
-                f"{r['dtype']:12s} {r['time']*1e3:9.3f} ms  {r['gdofs']:7.3f} GDoF/s  "
-                f"{r['tflops']:6.2f} TFLOP/s ({100*r['peak_frac']:5.1f}% of peak)")
+                f"{r['dtype']:12s} {r['time']*1e3:9.3f} ms  {r['gdofs']:7.3f} GDoF/s  " + tail)
     s = (f"solve  3D k={r['k']} L={r['level']} N={r['dofs']:.3e} {r['method']:5s} {r['precision']:6s} "
          f"it={r['iterations']:2d} conv={r['converged']} {r['time']:8.3f} s {r['gdofs']:6.3f} GDoF/s "
          f"res={r['final_res']:.1e} pool={r['pool_gb']:.1f}GB")

@@ -15,10 +15,12 @@ smoother is
     x_j <- x_j + (b_j - sum_o w_o x_{j+o}) / w_0      for all vertices j of the colour.
 
 The patch kernels of :mod:`.kernels` run this with one thread block per few
-patches and 9 threads per patch, which leaves them latency-bound; here one
-thread per DoF reads its neighbours through the caches, so both kernels are
-memory-bound (one read of ``x`` per colour, one read and write for the
-operator).  The arithmetic is the same up to the order of the sums.
+patches and 9 threads per patch, which leaves them latency-bound.  Here the
+colour kernel has one thread per DoF of the colour, reading its neighbours
+through the caches, and the operator kernel one thread per segment of a
+z-column (each plane's 3 x 3 neighbourhood loaded once for three outputs), so
+both are close to memory-bound (one read of ``x`` per colour; one read and
+write for the operator).  The arithmetic is the same up to the order of the sums.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import numpy as np
 from ..backend import get_backend
 from .tensor import patch_matrices
 
-__all__ = ["q1_stencil", "stencil_source", "GpuQ1Stencil"]
+__all__ = ["q1_stencil", "distinct_weights", "stencil_source", "GpuQ1Stencil"]
 
 _TYPES = {np.dtype(np.float64): "double", np.dtype(np.float32): "float"}
 
@@ -52,48 +54,77 @@ def q1_stencil(space) -> np.ndarray:
             + c[2] * np.einsum("k,j,i->kji", a, m, m))
 
 
-# One thread per output along x, grid (x tiles, y, z); grid-stride loops in y and z
-# keep levels with more than 65535 rows or planes launchable.  STENCIL(i0, i1, i2)
-# sums w_o x_{i+o} over the 27 offsets inside the domain.
+def distinct_weights(w) -> np.ndarray:
+    """The 8 distinct entries ``wd[4|o2| + 2|o1| + |o0|]`` of a stencil that is even in
+    every direction (the Q1 stencil is: ``m`` and ``a`` are); ValueError otherwise."""
+    w = np.asarray(w, dtype=np.float64)
+    if not all(np.array_equal(w, np.flip(w, ax)) for ax in range(3)):
+        raise ValueError("the stencil kernels need a stencil even in every direction")
+    return w[1:, 1:, 1:].ravel().copy()
+
+
+# The stencil is even in every direction (m and a are), so it has 8 distinct
+# weights wd[4|o2| + 2|o1| + |o0|] (kept in registers).  plane_sums(j2) sums
+# plane j2's 3 x 3 neighbourhood of (i0, i1) with the weights of |o2| = 0 (s0)
+# and |o2| = 1 (s1): output i2 = s1(i2 - 1) + s0(i2) + s1(i2 + 1), zero outside the
+# domain.  Grids are (x tiles, y, z); grid-stride loops in y and z keep levels with
+# more than 65535 rows or planes launchable.
 _STENCIL = r"""
 typedef $T T;
-__device__ __forceinline__ T stencil27(const T* __restrict__ x, const T* __restrict__ w,
-                                       int i0, int i1, int i2, int N0, int N1, int N2)
+__device__ __forceinline__ void plane_sums(const T* __restrict__ x, const T (&wd)[8], int i0,
+                                           int i1, int j2, int N0, int N1, T& s0, T& s1)
 {
     const long long plane = (long long)N0 * N1;
-    T s = 0;
+    T c0 = 0, c1 = 0, e0 = 0, e1 = 0;        // x grouped by (|o1|, |o0|): c = row i1, e = rows i1 +- 1
     #pragma unroll
-    for (int o2 = -1; o2 <= 1; ++o2) {
-        const int j2 = i2 + o2;
-        if (j2 < 0 || j2 >= N2) continue;
-        #pragma unroll
-        for (int o1 = -1; o1 <= 1; ++o1) {
-            const int j1 = i1 + o1;
-            if (j1 < 0 || j1 >= N1) continue;
-            const T* row = x + j2 * plane + (long long)j1 * N0;
-            const T* wr = w + ((o2 + 1) * 3 + (o1 + 1)) * 3;
-            T t = wr[1] * row[i0];
-            if (i0 > 0) t += wr[0] * row[i0 - 1];
-            if (i0 + 1 < N0) t += wr[2] * row[i0 + 1];
-            s += t;
-        }
+    for (int o1 = -1; o1 <= 1; ++o1) {
+        const int j1 = i1 + o1;
+        if (j1 < 0 || j1 >= N1) continue;
+        const T* row = x + j2 * plane + (long long)j1 * N0;
+        const T v0 = row[i0];
+        T v1 = 0;
+        if (i0 > 0) v1 += row[i0 - 1];
+        if (i0 + 1 < N0) v1 += row[i0 + 1];
+        if (o1 == 0) { c0 = v0; c1 = v1; } else { e0 += v0; e1 += v1; }
     }
-    return s;
+    s0 = wd[0] * c0 + wd[1] * c1 + wd[2] * e0 + wd[3] * e1;
+    s1 = wd[4] * c0 + wd[5] * c1 + wd[6] * e0 + wd[7] * e1;
 }
 
-// y <- alpha A x + beta y  (beta == 0: y is not read)
+__device__ __forceinline__ void load_weights(const T* __restrict__ w, T (&wd)[8])
+{
+    #pragma unroll
+    for (int c = 0; c < 8; ++c) wd[c] = w[c];
+}
+
+// y <- alpha A x + beta y  (beta == 0: y is not read).  A thread walks ZB outputs
+// along z and reads each plane's 3 x 3 neighbourhood once for the three outputs it
+// enters (~9 loads an output instead of 27: the 27-load form was L1-bound).
+#define ZB $ZB
 extern "C" __global__ void __launch_bounds__(128)
 adaptmg_q1_apply_$NAME(const T* __restrict__ x, T* __restrict__ y, const T* __restrict__ w,
                        int N0, int N1, int N2, T alpha, T beta)
 {
     const int i0 = blockIdx.x * blockDim.x + threadIdx.x;
     if (i0 >= N0) return;
+    T wd[8];
+    load_weights(w, wd);
     const long long plane = (long long)N0 * N1;
-    for (int i2 = blockIdx.z; i2 < N2; i2 += gridDim.z)
+    for (int zs = blockIdx.z * ZB; zs < N2; zs += gridDim.z * ZB)
         for (int i1 = blockIdx.y; i1 < N1; i1 += gridDim.y) {
-            const T s = stencil27(x, w, i0, i1, i2, N0, N1, N2);
-            const long long g = i2 * plane + (long long)i1 * N0 + i0;
-            y[g] = beta == (T)0 ? alpha * s : alpha * s + beta * y[g];
+            const int ze = min(zs + ZB, N2);
+            T prev = 0, cur = 0;              // partial outputs j2 - 1 and j2
+            for (int j2 = zs - 1; j2 <= ze; ++j2) {
+                T s0 = 0, s1 = 0;
+                if (j2 >= 0 && j2 < N2) plane_sums(x, wd, i0, i1, j2, N0, N1, s0, s1);
+                if (j2 - 1 >= zs) {           // output j2 - 1 is complete
+                    const long long g = (j2 - 1) * plane + (long long)i1 * N0 + i0;
+                    const T a = prev + s1;
+                    y[g] = beta == (T)0 ? alpha * a : alpha * a + beta * y[g];
+                }
+                prev = cur + s0;              // output j2: s1(j2 - 1) + s0(j2)
+                cur = s1;                     // output j2 + 1: s1(j2)
+            }
         }
 }
 
@@ -105,12 +136,18 @@ adaptmg_q1_color_$NAME(T* __restrict__ x, const T* __restrict__ b, const T* __re
 {
     const int m0 = blockIdx.x * blockDim.x + threadIdx.x;
     if (m0 >= P0) return;
+    T wd[8];
+    load_weights(w, wd);
     const int i0 = c0 + 2 * m0;
     const long long plane = (long long)N0 * N1;
     for (int m2 = blockIdx.z; m2 < P2; m2 += gridDim.z)
         for (int m1 = blockIdx.y; m1 < P1; m1 += gridDim.y) {
             const int i1 = c1 + 2 * m1, i2 = c2 + 2 * m2;
-            const T s = stencil27(x, w, i0, i1, i2, N0, N1, N2);
+            T s = 0, s0, s1;
+            if (i2 > 0) { plane_sums(x, wd, i0, i1, i2 - 1, N0, N1, s0, s1); s += s1; }
+            plane_sums(x, wd, i0, i1, i2, N0, N1, s0, s1);
+            s += s0;
+            if (i2 + 1 < N2) { plane_sums(x, wd, i0, i1, i2 + 1, N0, N1, s0, s1); s += s1; }
             const long long g = i2 * plane + (long long)i1 * N0 + i0;
             x[g] += (b[g] - s) * dinv;
         }
@@ -122,7 +159,7 @@ def stencil_source(dtype):
     """CUDA source and kernel names (apply, colour) of the Q1 stencil kernels."""
     T = _TYPES[np.dtype(dtype)]
     name = "f64" if T == "double" else "f32"
-    return _STENCIL.replace("$T", T).replace("$NAME", name), \
+    return _STENCIL.replace("$T", T).replace("$NAME", name).replace("$ZB", str(_ZB)), \
         (f"adaptmg_q1_apply_{name}", f"adaptmg_q1_color_{name}")
 
 
@@ -136,6 +173,7 @@ def _kernels(dtype_str):
 
 _THREADS = 128
 _GRID_MAX = 65535
+_ZB = 8                 # outputs along z per thread of the apply kernel (ZB in the source)
 
 
 class GpuQ1Stencil:
@@ -147,7 +185,7 @@ class GpuQ1Stencil:
         cp = get_backend("gpu").xp
         self.cp = cp
         T = self.dtype.type
-        self.w = cp.asarray(w.ravel(), dtype=self.dtype)
+        self.w = cp.asarray(distinct_weights(w), dtype=self.dtype)
         self.dinv = T(1.0 / w[1, 1, 1])
         n = tuple(space.n1d) + (1,) * (3 - space.dim)          # x first
         self.n = tuple(np.int32(v) for v in n)
@@ -162,7 +200,8 @@ class GpuQ1Stencil:
             out = self.cp.empty_like(u)
             beta = 0.0
         T = self.dtype.type
-        self.apply_kernel(self._grid(*map(int, self.n)), (_THREADS,),
+        n0, n1, n2 = map(int, self.n)
+        self.apply_kernel(self._grid(n0, n1, -(-n2 // _ZB)), (_THREADS,),
                           (u, out, self.w) + self.n + (T(alpha), T(beta)))
         return out
 

@@ -117,7 +117,7 @@ def test_q1_stencil_is_the_assembled_operator(dim, lengths, base):
     """The stencil the k = 1 GPU kernels use reproduces the independently assembled
     Q1 stiffness on every row (boundary rows included), on anisotropic cells, where
     the order of the coefficients c_d matters; in 2D the off-centre planes are zero."""
-    from adaptmg.patch.stencil import q1_stencil
+    from adaptmg.patch.stencil import distinct_weights, q1_stencil
     V = CartesianSpace(dim, 1, 2, lengths, base)
     w = q1_stencil(V)
     assert w.shape == (3, 3, 3)
@@ -128,6 +128,12 @@ def test_q1_stencil_is_the_assembled_operator(dim, lengths, base):
     assert np.linalg.norm(_stencil_apply(w, u, V.shape) - ref) <= 1e-13 * np.linalg.norm(ref)
     with pytest.raises(ValueError, match="k = 1"):
         q1_stencil(CartesianSpace(dim, 2, 1))
+    wd = distinct_weights(w)              # what the kernels keep: 8 values, w even in each axis
+    for o in itertools.product((-1, 0, 1), repeat=3):
+        assert w[tuple(a + 1 for a in o)] == wd[4 * abs(o[0]) + 2 * abs(o[1]) + abs(o[2])]
+    w[0, 1, 2] += 1.0
+    with pytest.raises(ValueError, match="even"):
+        distinct_weights(w)
 
 
 def test_stencil_kernel_source():
