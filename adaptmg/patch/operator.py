@@ -42,6 +42,17 @@ def check_dtype(dtype):
     return dt
 
 
+def scaled_update(y, v, alpha, beta):
+    """``y <- alpha v + beta y`` in place, ``y`` not read when ``beta == 0`` (so NaN or
+    garbage there does not propagate); the host side of the ``spmv`` methods."""
+    if beta == 0:
+        y[...] = v if alpha == 1 else alpha * v
+    else:
+        y *= beta
+        y += v if alpha == 1 else alpha * v
+    return y
+
+
 def _check_space(space):
     if not isinstance(space, CartesianSpace):
         raise TypeError(f"space must be a CartesianSpace, got {type(space).__name__}")
@@ -159,13 +170,7 @@ class LaplaceOperator:
         self._check(y)
         if self._gpu is not None:
             return self._gpu.apply(u, y, alpha, beta)
-        v = self._apply_array(u)
-        if beta == 0:
-            y[...] = v if alpha == 1 else alpha * v
-        else:
-            y *= beta
-            y += v if alpha == 1 else alpha * v
-        return y
+        return scaled_update(y, self._apply_array(u), alpha, beta)
 
     def __matmul__(self, u):
         if getattr(u, "ndim", 1) == 2:

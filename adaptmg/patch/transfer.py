@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import get_backend
-from .operator import _check_space, check_dtype
+from .operator import _check_space, check_dtype, scaled_update
 from .tensor import prolongation_1d
 
 __all__ = ["KronTransfer", "prolongation", "restriction"]
@@ -69,13 +69,7 @@ class KronTransfer:
                              f"{self.dtype}, got {getattr(y, 'shape', None)} {getattr(y, 'dtype', None)}")
         if self.backend.is_gpu:
             return self._apply(u, (y, alpha, beta))
-        v = self._apply(u)
-        if beta == 0:
-            y[...] = v if alpha == 1 else alpha * v
-        else:
-            y *= beta
-            y += v if alpha == 1 else alpha * v
-        return y
+        return scaled_update(y, self._apply(u), alpha, beta)
 
     def _apply(self, u, into=None):
         """``T u`` as a new vector, or with ``into = (y, alpha, beta)`` (GPU only)
