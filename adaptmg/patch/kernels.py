@@ -1173,6 +1173,7 @@ class GpuLaplace:
         if space.k == 1:
             from .stencil import GpuQ1Stencil
             self.stencil = GpuQ1Stencil(space, self.dtype)
+            return
         Mh, Ah = reference_matrices(space.k)
         self.mats = cp.asarray(np.concatenate([Mh.ravel(), Ah.ravel()]), dtype=self.dtype)
         self.kernel = _raw_kernel("lap", space.dim, space.k, self.dtype.str)

@@ -149,6 +149,9 @@ class LaplaceOperator:
         if self.backend.is_gpu != mod.startswith("cupy"):
             raise TypeError(f"vector of type {type(u).__name__} is not on the operator's "
                             f"backend {self.backend.name!r}")
+        if self.backend.is_gpu and not u.flags.c_contiguous:
+            raise ValueError("the GPU kernels need contiguous vectors (got a strided view; "
+                             "pass a copy)")
 
     def matvec(self, u, out=None):
         self._check(u)

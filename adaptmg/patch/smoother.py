@@ -124,6 +124,9 @@ class PatchSmoother:
             if self.backend.is_gpu != type(v).__module__.startswith("cupy"):
                 raise TypeError(f"{name} of type {type(v).__name__} is not on the smoother's "
                                 f"backend {self.backend.name!r}")
+            if self.backend.is_gpu and not v.flags.c_contiguous:
+                raise ValueError(f"{name}: the GPU kernels need contiguous vectors (got a "
+                                 f"strided view; pass a copy)")
 
     def smooth(self, x, b, sweeps=1, reverse=False):
         """In-place ``x <- S(x, b)``, ``sweeps`` times. Returns ``x``."""

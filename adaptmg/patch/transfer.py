@@ -68,6 +68,9 @@ class KronTransfer:
             raise ValueError(f"spmv output must be a vector of shape ({self.shape[0]},) and dtype "
                              f"{self.dtype}, got {getattr(y, 'shape', None)} {getattr(y, 'dtype', None)}")
         if self.backend.is_gpu:
+            if not y.flags.c_contiguous:
+                raise ValueError("spmv output must be contiguous on the GPU (the kernel writes "
+                                 "through its pointer)")
             return self._apply(u, (y, alpha, beta))
         return scaled_update(y, self._apply(u), alpha, beta)
 

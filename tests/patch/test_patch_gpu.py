@@ -141,6 +141,20 @@ def test_spmv_kernels_match_numpy(dim, k, dtype, tol):
             assert _rel(y, ref) <= tol, (type(T).__name__, alpha, beta)
 
 
+def test_gpu_kernels_refuse_strided_vectors():
+    """The kernels write through the data pointer: a strided view is refused, not
+    silently misread."""
+    gpu = get_backend("gpu")
+    V = CartesianSpace(3, 1, 2)
+    u = gpu.xp.zeros(2 * V.n_dofs)[::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        LaplaceOperator(V, gpu) @ u
+    with pytest.raises(ValueError, match="contiguous"):
+        PatchSmoother(V, gpu).smooth(u, gpu.xp.zeros(V.n_dofs))
+    with pytest.raises(ValueError, match="contiguous"):
+        prolongation(V, gpu).spmv(gpu.xp.zeros(V.n_dofs), gpu.xp.zeros(2 * V.refine().n_dofs)[::2])
+
+
 def test_axis_kernel_64bit_index_path(monkeypatch):
     """The transfer kernel's 64-bit index arithmetic (taken above 2^31 entries) gives
     the same result as the 32-bit path, forced here on a small level."""
