@@ -199,6 +199,15 @@ def axpby(a, x, b, y):
     return _cupy_kernel("axpby")(_scalar(a, y), x, _scalar(b, y), y)
 
 
+def scaled_into(a, x, b, y):
+    """``y <- a x + b y`` in place, ``y`` not read when ``b == 0`` (NaN or garbage there
+    does not propagate): the update of an SpMV plan from a computed ``A x``."""
+    if b == 0:
+        y[...] = x if a == 1 else a * x
+        return y
+    return axpby(a, x, b, y)
+
+
 def jacobi_update(x, dinv, r, omega):
     """``x <- x + omega * dinv * r`` (damped point-Jacobi correction), in place."""
     if _is_numpy(x):
@@ -859,15 +868,7 @@ class _GenericPlan(SpMVPlan):
     """Any operator with ``A @ x`` (matrix-free levels); allocates one temporary."""
 
     def __call__(self, x, y, alpha=1.0, beta=0.0):
-        Ax = self.A @ x
-        if beta == 0:
-            if alpha == 1:
-                y[...] = Ax
-            else:
-                y[...] = alpha * Ax
-        else:
-            axpby(alpha, Ax, beta, y)
-        return y
+        return scaled_into(alpha, self.A @ x, beta, y)
 
 
 class _OperatorPlan(SpMVPlan):

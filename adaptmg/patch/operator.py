@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import get_backend
+from ..device.kernels import scaled_into
 from .space import CartesianSpace
 from .tensor import reference_matrices
 
@@ -40,17 +41,6 @@ def check_dtype(dtype):
     if dt not in (np.float32, np.float64):
         raise TypeError(f"dtype must be float32 or float64, got {dt}")
     return dt
-
-
-def scaled_update(y, v, alpha, beta):
-    """``y <- alpha v + beta y`` in place, ``y`` not read when ``beta == 0`` (so NaN or
-    garbage there does not propagate); the host side of the ``spmv`` methods."""
-    if beta == 0:
-        y[...] = v if alpha == 1 else alpha * v
-    else:
-        y *= beta
-        y += v if alpha == 1 else alpha * v
-    return y
 
 
 def _check_space(space):
@@ -173,7 +163,7 @@ class LaplaceOperator:
         self._check(y)
         if self._gpu is not None:
             return self._gpu.apply(u, y, alpha, beta)
-        return scaled_update(y, self._apply_array(u), alpha, beta)
+        return scaled_into(alpha, self._apply_array(u), beta, y)
 
     def __matmul__(self, u):
         if getattr(u, "ndim", 1) == 2:

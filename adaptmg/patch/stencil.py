@@ -29,11 +29,10 @@ import functools
 import numpy as np
 
 from ..backend import get_backend
+from .kernels import _TYPES
 from .tensor import patch_matrices
 
 __all__ = ["q1_stencil", "distinct_weights", "stencil_source", "GpuQ1Stencil"]
-
-_TYPES = {np.dtype(np.float64): "double", np.dtype(np.float32): "float"}
 
 
 def q1_stencil(space) -> np.ndarray:

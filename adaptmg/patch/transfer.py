@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import get_backend
-from .operator import _check_space, check_dtype, scaled_update
+from ..device.kernels import scaled_into
+from .operator import _check_space, check_dtype
 from .tensor import prolongation_1d
 
 __all__ = ["KronTransfer", "prolongation", "restriction"]
@@ -72,7 +73,7 @@ class KronTransfer:
                 raise ValueError("spmv output must be contiguous on the GPU (the kernel writes "
                                  "through its pointer)")
             return self._apply(u, (y, alpha, beta))
-        return scaled_update(y, self._apply(u), alpha, beta)
+        return scaled_into(alpha, self._apply(u), beta, y)
 
     def _apply(self, u, into=None):
         """``T u`` as a new vector, or with ``into = (y, alpha, beta)`` (GPU only)
@@ -86,13 +87,13 @@ class KronTransfer:
         d = len(self.in_shape)
         U = u.reshape(self.in_shape)
         if self.backend.is_gpu:
-            for ax in range(d):
-                if into is not None and ax == d - 1:
-                    y, alpha, beta = into
-                    self._mats[d - 1 - ax].apply(U, ax, out=y, alpha=alpha, beta=beta)
-                    return y
+            for ax in range(d - 1):
                 U = self._mats[d - 1 - ax].apply(U, ax)
-            return U.reshape(-1)
+            if into is None:                        # the last pass (x) into a new vector
+                return self._mats[0].apply(U, d - 1).reshape(-1)
+            y, alpha, beta = into                   # ... or into y
+            self._mats[0].apply(U, d - 1, out=y, alpha=alpha, beta=beta)
+            return y
         for ax in range(d):                         # numpy axis ax <-> direction d-1-ax
             M = self._mats[d - 1 - ax]
             U = xp.moveaxis(U, ax, 0)
