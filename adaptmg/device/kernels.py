@@ -863,6 +863,12 @@ class SpMVPlan:
     def __call__(self, x, y, alpha=1.0, beta=0.0):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def residual(self, x, b, r):
+        """``r <- b - A x`` (``r`` distinct from ``x`` and ``b``): a copy and the SpMV
+        ``r <- -A x + r``; plans whose operator can do it in one pass override it."""
+        r[...] = b
+        return self(x, r, -1.0, 1.0)
+
 
 class _GenericPlan(SpMVPlan):
     """Any operator with ``A @ x`` (matrix-free levels); allocates one temporary."""
@@ -873,11 +879,19 @@ class _GenericPlan(SpMVPlan):
 
 class _OperatorPlan(SpMVPlan):
     """A matrix-free operator with its own ``A.spmv(x, y, alpha, beta)`` (``y <- alpha A x
-    + beta y`` in place, e.g. :class:`adaptmg.patch.LaplaceOperator`): no temporary."""
+    + beta y`` in place, e.g. :class:`adaptmg.patch.LaplaceOperator`): no temporary; its
+    ``A.residual(x, b, r)`` (``r <- b - A x``), where it has one, for :meth:`residual`."""
 
     def __call__(self, x, y, alpha=1.0, beta=0.0):
         self.A.spmv(x, y, alpha, beta)
         return y
+
+    def residual(self, x, b, r):
+        res = getattr(self.A, "residual", None)
+        if res is None:
+            return super().residual(x, b, r)
+        res(x, b, r)
+        return r
 
 
 class _CpuCsrPlan(SpMVPlan):

@@ -168,7 +168,7 @@ def arnoldi_solve(s, *, flexible, restart, cgs2, callback_type):
             if left:
                 w = s.M(s.A(V[j]))
             elif Z is not None:
-                xp.copyto(Z[j], s.M(V[j]))
+                s.M.into(V[j], Z[j])      # straight into Z where M offers it (APPLY_INTO)
                 w = s.A(Z[j])
             else:
                 w = s.A(V[j])

@@ -128,6 +128,11 @@ def classify(A, name: str):
 #: declares that each of its results is a newly allocated array the caller may
 #: overwrite; the Krylov solvers then skip their defensive copy of ``A v`` or ``M v``.
 FRESH_RESULT = "adaptmg_fresh_result"
+#: Attribute by which an operator object offers ``obj.adaptmg_apply_into(x, out)``: its
+#: result written into ``out``, a contiguous vector of the working backend (the dtype may
+#: differ from the object's own: the method casts).  Flexible GMRES then applies the
+#: preconditioner straight into its ``Z`` basis (no temporary, no copy).
+APPLY_INTO = "adaptmg_apply_into"
 
 
 class Operator:
@@ -137,15 +142,25 @@ class Operator:
     ``fresh`` is True when every result is a newly allocated array that the
     caller may overwrite (matrix products); results of foreign callables may
     alias their input or an internal buffer and must be copied before being
-    written to.
+    written to.  ``op.into(x, out)`` writes ``op(x)`` into ``out`` (a contiguous
+    vector of the backend and dtype): without a temporary where the object offers
+    :data:`APPLY_INTO`, else a copy of ``op(x)``.
     """
 
-    __slots__ = ("name", "n", "dtype", "backend", "kind", "fresh", "_apply")
+    __slots__ = ("name", "n", "dtype", "backend", "kind", "fresh", "_apply", "_into")
 
-    def __init__(self, name, n, dtype, backend, kind, fresh, apply):
+    def __init__(self, name, n, dtype, backend, kind, fresh, apply, into=None):
         self.name, self.n, self.dtype = name, n, dtype
         self.backend, self.kind, self.fresh = backend, kind, fresh
         self._apply = apply
+        self._into = into
+
+    def into(self, x, out):
+        if self._into is not None:
+            self._into(x, out)
+        else:
+            out[...] = self._apply(x)
+        return out
 
     @property
     def shape(self):
@@ -210,9 +225,13 @@ def as_operator(A, n: int, dtype, backend: Backend, name: str = "A",
         side, f = side or backend, A.__matmul__
     else:
         side, f = side or backend, A
-    # an object may declare that every result is a new array (FRESH_RESULT)
+    # an object may declare that every result is a new array (FRESH_RESULT) and offer
+    # to write its result into a given vector (APPLY_INTO; only where it computes on
+    # the working backend: no transfer in between)
+    into = getattr(A, APPLY_INTO, None) if side.name == backend.name else None
     return Operator(name, n, dtype, backend, kind, bool(getattr(A, FRESH_RESULT, False)),
-                    _foreign(f, name, n, dtype, backend, side))
+                    _foreign(f, name, n, dtype, backend, side),
+                    into if callable(into) else None)
 
 
 def side_of(A) -> Optional[Backend]:

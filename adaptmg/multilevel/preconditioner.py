@@ -102,8 +102,37 @@ def make_preconditioner(ml, kind, dtype=None, graph="auto"):
         out = out.reshape(v.shape)
         return xp.asnumpy(out) if host_in else out
 
+    def apply_into(v, out):
+        """``out <- M v`` for backend vectors ``v`` and ``out`` (``out`` contiguous, any
+        float dtype): the cycle writes ``out`` itself where it has the cycle's dtype,
+        else its fixed buffer is cast into ``out`` (no temporary either way)."""
+        if isinstance(v, np.ndarray) != isinstance(out, np.ndarray) or \
+                (be.is_gpu and isinstance(v, np.ndarray)):
+            out[...] = matvec(v)               # another array kind: the matvec path
+            return out
+        vin = v.reshape(-1)
+        if vin.shape != (n,) or out.shape != (n,) or not out.flags.c_contiguous:
+            raise ValueError(f"apply_into needs vectors of {n} entries and a contiguous out, "
+                             f"got {v.shape} and {out.shape}")
+        if graphed:
+            xp.copyto(cyc.b, vin, casting="unsafe")
+            xp.copyto(out, cyc(), casting="unsafe")
+            return out
+        if vin.dtype == own_dtype and vin.flags.c_contiguous:
+            bb = vin
+        else:
+            bb = cyc.b
+            xp.copyto(bb, vin, casting="unsafe")
+        if out.dtype == own_dtype and out is not vin and bb is not out:
+            ml._run(bb, out, kind, True)
+        else:
+            ml._run(bb, cyc.x, kind, True)
+            xp.copyto(out, cyc.x, casting="unsafe")
+        return out
+
     op_dtype = np.dtype(dtype) if dtype is not None else ml.outer_dtype
     M = be.linalg.LinearOperator((n, n), matvec=matvec, rmatvec=matvec, dtype=op_dtype)
     M.graph = graphed
     M.adaptmg_fresh_result = True          # every M v above is a new array
+    M.adaptmg_apply_into = apply_into      # M v straight into a given vector (fgmres' Z)
     return M

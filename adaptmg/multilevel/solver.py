@@ -460,12 +460,12 @@ class MultilevelSolver:
         if d.tfused:                           # b_c = R b - (R A) x in one launch
             K.csr_restricted_residual(d.R, d.RA, d.b, d.x, c.b)
         else:
-            # r = b - A x  (copy + SpMV with alpha=-1, beta=1, or one fused kernel)
+            # r = b - A x  (the plan's residual: copy + SpMV with alpha=-1, beta=1, or
+            # the operator's one pass; or one fused CSR kernel)
             if d.fused:
                 K.csr_residual(d.A, d.x, d.b, d.r)
             else:
-                d.r[...] = d.b
-                d.Aplan(d.x, d.r, -1.0, 1.0)
+                d.Aplan.residual(d.x, d.b, d.r)
             d.Rplan(d.r, c.b, 1.0, 0.0)        # b_c = R r
 
     def _keep_deferred(self, d, src):
@@ -647,9 +647,7 @@ class MultilevelSolver:
         return be.xp.asnumpy(x) if host_in else x
 
     def _residual(self, b, x, r):
-        r[...] = b
-        self._A_outer_plan(x, r, -1.0, 1.0)
-        return r
+        return self._A_outer_plan.residual(x, b, r)
 
     def _solve_stationary(self, b, x, bnorm, rtol, atol, maxiter, kind, callback, residuals):
         xp = self.backend.xp

@@ -1200,6 +1200,14 @@ class GpuLaplace:
                     + (self.dtype.type(alpha),))
         return out
 
+    def residual(self, u, b, r):
+        """``r <- b - A u``: at k = 1 one stencil pass reading ``b``; else a copy of ``b``
+        and the cell kernel adding ``-A u`` into it."""
+        if self.stencil is not None:
+            return self.stencil.apply(u, r, -1.0, 1.0, z=b)
+        r[...] = b
+        return self.apply(u, r, -1.0, 1.0)
+
 
 class GpuPatchSmoother:
     """Launcher of the fused smoothing kernel, one launch per colour.

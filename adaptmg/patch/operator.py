@@ -165,6 +165,19 @@ class LaplaceOperator:
             return self._gpu.apply(u, y, alpha, beta)
         return scaled_into(alpha, self._apply_array(u), beta, y)
 
+    def residual(self, u, b, r):
+        """``r <- b - A u`` in place (``r`` distinct from ``u`` and ``b``); returns ``r``.
+        At k = 1 on the GPU one stencil pass (no copy of ``b`` first)."""
+        self._check(u)
+        self._check(b)
+        self._check(r)
+        if r is u or r is b:
+            raise ValueError("residual: r must be a vector other than u and b")
+        if self._gpu is not None:
+            return self._gpu.residual(u, b, r)
+        xp = self.backend.xp
+        return xp.subtract(b, self._apply_array(u), out=r)
+
     def __matmul__(self, u):
         if getattr(u, "ndim", 1) == 2:
             return self.backend.xp.stack([self.matvec(u[:, j]) for j in range(u.shape[1])], axis=1)

@@ -96,37 +96,12 @@ __device__ __forceinline__ void load_weights(const T* __restrict__ w, T (&wd)[8]
     for (int c = 0; c < 8; ++c) wd[c] = w[c];
 }
 
-// y <- alpha A x + beta y  (beta == 0: y is not read).  A thread walks ZB outputs
-// along z and reads each plane's 3 x 3 neighbourhood once for the three outputs it
-// enters (~9 loads an output instead of 27: the 27-load form was L1-bound).
+// y <- alpha A x + beta Y  (beta == 0: Y is not read), Y = y ("apply") or another
+// vector z ("apply_z": the residual b - A x in one pass, no copy of b first).  A thread
+// walks ZB outputs along z and reads each plane's 3 x 3 neighbourhood once for the three
+// outputs it enters (~9 loads an output instead of 27: the 27-load form was L1-bound).
 #define ZB $ZB
-extern "C" __global__ void __launch_bounds__(128)
-adaptmg_q1_apply_$NAME(const T* __restrict__ x, T* __restrict__ y, const T* __restrict__ w,
-                       int N0, int N1, int N2, T alpha, T beta)
-{
-    const int i0 = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i0 >= N0) return;
-    T wd[8];
-    load_weights(w, wd);
-    const long long plane = (long long)N0 * N1;
-    for (int zs = blockIdx.z * ZB; zs < N2; zs += gridDim.z * ZB)
-        for (int i1 = blockIdx.y; i1 < N1; i1 += gridDim.y) {
-            const int ze = min(zs + ZB, N2);
-            T prev = 0, cur = 0;              // partial outputs j2 - 1 and j2
-            for (int j2 = zs - 1; j2 <= ze; ++j2) {
-                T s0 = 0, s1 = 0;
-                if (j2 >= 0 && j2 < N2) plane_sums(x, wd, i0, i1, j2, N0, N1, s0, s1);
-                if (j2 - 1 >= zs) {           // output j2 - 1 is complete
-                    const long long g = (j2 - 1) * plane + (long long)i1 * N0 + i0;
-                    const T a = prev + s1;
-                    y[g] = beta == (T)0 ? alpha * a : alpha * a + beta * y[g];
-                }
-                prev = cur + s0;              // output j2: s1(j2 - 1) + s0(j2)
-                cur = s1;                     // output j2 + 1: s1(j2)
-            }
-        }
-}
-
+$APPLY_KERNELS
 // one colour of point Gauss-Seidel: the DoFs i = c + 2 m, m < P (x first)
 extern "C" __global__ void __launch_bounds__(128)
 adaptmg_q1_color_$NAME(T* __restrict__ x, const T* __restrict__ b, const T* __restrict__ w,
@@ -154,12 +129,45 @@ adaptmg_q1_color_$NAME(T* __restrict__ x, const T* __restrict__ b, const T* __re
 """
 
 
+_APPLY = r"""extern "C" __global__ void __launch_bounds__(128)
+adaptmg_q1_$KIND_$NAME(const T* __restrict__ x, T* __restrict__ y,$ZARG const T* __restrict__ w,
+                       int N0, int N1, int N2, T alpha, T beta)
+{
+    const int i0 = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i0 >= N0) return;
+    T wd[8];
+    load_weights(w, wd);
+    const long long plane = (long long)N0 * N1;
+    for (int zs = blockIdx.z * ZB; zs < N2; zs += gridDim.z * ZB)
+        for (int i1 = blockIdx.y; i1 < N1; i1 += gridDim.y) {
+            const int ze = min(zs + ZB, N2);
+            T prev = 0, cur = 0;              // partial outputs j2 - 1 and j2
+            for (int j2 = zs - 1; j2 <= ze; ++j2) {
+                T s0 = 0, s1 = 0;
+                if (j2 >= 0 && j2 < N2) plane_sums(x, wd, i0, i1, j2, N0, N1, s0, s1);
+                if (j2 - 1 >= zs) {           // output j2 - 1 is complete
+                    const long long g = (j2 - 1) * plane + (long long)i1 * N0 + i0;
+                    const T a = prev + s1;
+                    y[g] = beta == (T)0 ? alpha * a : alpha * a + beta * $Y[g];
+                }
+                prev = cur + s0;              // output j2: s1(j2 - 1) + s0(j2)
+                cur = s1;                     // output j2 + 1: s1(j2)
+            }
+        }
+}
+"""
+
+
 def stencil_source(dtype):
-    """CUDA source and kernel names (apply, colour) of the Q1 stencil kernels."""
+    """CUDA source and kernel names (apply, apply_z, colour) of the Q1 stencil kernels."""
     T = _TYPES[np.dtype(dtype)]
     name = "f64" if T == "double" else "f32"
-    return _STENCIL.replace("$T", T).replace("$NAME", name).replace("$ZB", str(_ZB)), \
-        (f"adaptmg_q1_apply_{name}", f"adaptmg_q1_color_{name}")
+    kernels = "\n".join(_APPLY.replace("$KIND", kind).replace("$ZARG", zarg).replace("$Y", y)
+                         for kind, zarg, y in (("apply", "", "y"),
+                                               ("apply_z", " const T* __restrict__ z,", "z")))
+    src = _STENCIL.replace("$APPLY_KERNELS\n", kernels + "\n").replace("$T", T).replace("$NAME", name)
+    return src.replace("$ZB", str(_ZB)), \
+        tuple(f"adaptmg_q1_{kind}_{name}" for kind in ("apply", "apply_z", "color"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -188,20 +196,27 @@ class GpuQ1Stencil:
         self.dinv = T(1.0 / w[1, 1, 1])
         n = tuple(space.n1d) + (1,) * (3 - space.dim)          # x first
         self.n = tuple(np.int32(v) for v in n)
-        self.apply_kernel, self.color_kernel = _kernels(self.dtype.str)
+        self.apply_kernel, self.apply_z_kernel, self.color_kernel = _kernels(self.dtype.str)
 
     def _grid(self, n0, n1, n2):
         return (-(-n0 // _THREADS), min(n1, _GRID_MAX), min(n2, _GRID_MAX))
 
-    def apply(self, u, out=None, alpha=1.0, beta=0.0):
-        """``out <- alpha A u + beta out`` (a new array when ``out`` is None)."""
+    def apply(self, u, out=None, alpha=1.0, beta=0.0, z=None):
+        """``out <- alpha A u + beta z`` with ``z = out`` by default (a new array when
+        ``out`` is None); ``z = b, alpha = -1, beta = 1`` is the residual in one pass.
+        ``out`` must not overlap ``u``, nor ``z`` unless it is ``out``."""
         if out is None:
             out = self.cp.empty_like(u)
-            beta = 0.0
+            if z is None:
+                beta = 0.0
         T = self.dtype.type
         n0, n1, n2 = map(int, self.n)
-        self.apply_kernel(self._grid(n0, n1, -(-n2 // _ZB)), (_THREADS,),
-                          (u, out, self.w) + self.n + (T(alpha), T(beta)))
+        grid = self._grid(n0, n1, -(-n2 // _ZB))
+        if z is None or z is out:
+            self.apply_kernel(grid, (_THREADS,), (u, out, self.w) + self.n + (T(alpha), T(beta)))
+        else:
+            self.apply_z_kernel(grid, (_THREADS,),
+                                (u, out, z, self.w) + self.n + (T(alpha), T(beta)))
         return out
 
     def color(self, x, b, col, cnt):

@@ -432,6 +432,49 @@ def _graph_vs_eager(gpu, As, Ps):
                     assert err <= tol, (sm, dtype, cyc, err)
 
 
+def test_preconditioner_applies_into_a_given_vector(backend):
+    """``M.adaptmg_apply_into(v, out)`` writes ``M v`` into ``out`` (the cycle's own
+    dtype or a cast from float32 levels; graphed and eager), and fgmres uses it for its
+    Z basis: the same iterates as with ``M.matvec`` (the same operations in the same
+    order, so equal to a few ulps), and ``matvec`` is not called at all."""
+    from adaptmg.linalg import fgmres
+    xp = backend.xp
+    As, Ps = hierarchy(2, 4, 4)
+    n = As[-1].shape[0]
+    v = backend.asarray(np.random.default_rng(1).standard_normal(n))
+    b = backend.asarray(np.random.default_rng(2).standard_normal(n))
+    graphs = (False, True) if backend.is_gpu else (False,)
+    for dtype, tol in ((np.float64, 4e-16), (np.float32, 4e-16)):
+        ml = MultilevelSolver.from_matrices(As, Ps, backend=backend, dtype=dtype)
+        for graph in graphs:
+            M = ml.aspreconditioner(graph=graph)
+            ref = to_host(M.matvec(v))
+            for out_dtype in (np.float64, np.float32):
+                out = xp.full(n, np.nan, out_dtype)
+                assert M.adaptmg_apply_into(v, out) is out
+                err = np.abs(to_host(out) - ref.astype(out_dtype)).max() / np.abs(ref).max()
+                assert err <= 4 * np.finfo(out_dtype).eps, (dtype, graph, out_dtype, err)
+
+            class Counted:                   # M with into; counts what fgmres calls
+                shape, dtype = M.shape, M.dtype
+                calls = {"matvec": 0, "into": 0}
+
+                def matvec(self, x):
+                    self.calls["matvec"] += 1
+                    return M.matvec(x)
+
+                def adaptmg_apply_into(self, x, out):
+                    self.calls["into"] += 1
+                    return M.adaptmg_apply_into(x, out)
+            Mc = Counted()
+            x1, i1 = fgmres(As[-1], b, M=Mc, restart=5, rtol=1e-10)
+            x2, i2 = fgmres(As[-1], b, M=M.matvec, restart=5, rtol=1e-10)
+            assert i1 == i2 == 0
+            assert Mc.calls["matvec"] == 0 and Mc.calls["into"] > 0
+            err = np.abs(to_host(x1) - to_host(x2)).max() / np.abs(to_host(x2)).max()
+            assert err <= 1e3 * tol, (dtype, graph, err)
+
+
 def test_graph_option_is_validated(backend):
     As, Ps = hierarchy(2, 4, 3)
     ml = MultilevelSolver.from_matrices(As, Ps, backend=backend)

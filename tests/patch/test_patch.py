@@ -171,6 +171,17 @@ def test_spmv_operator_and_transfer(dim, k):
     np.testing.assert_allclose(y, -(LaplaceOperator(V) @ u), rtol=1e-14)
     with pytest.raises(ValueError, match="spmv output"):
         prolongation(V).spmv(rng.standard_normal(V.n_dofs), np.zeros(3))
+    # the residual r <- b - A u of the operator and of its plan (the V-cycle's)
+    A = LaplaceOperator(V)
+    u, b, r = rng.standard_normal(V.n_dofs), rng.standard_normal(V.n_dofs), np.full(V.n_dofs, np.nan)
+    ref = b - A @ u
+    assert A.residual(u, b, r) is r
+    np.testing.assert_allclose(r, ref, rtol=0, atol=8 * eps * np.abs(ref).max())
+    r[...] = np.nan
+    assert plan.residual(u, b, r) is r
+    np.testing.assert_allclose(r, ref, rtol=0, atol=8 * eps * np.abs(ref).max())
+    with pytest.raises(ValueError, match="r must be a vector other"):
+        A.residual(u, b, b)
 
 
 def test_operators_declare_fresh_results():

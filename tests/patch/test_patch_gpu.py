@@ -139,6 +139,14 @@ def test_spmv_kernels_match_numpy(dim, k, dtype, tol):
             y = gpu.asarray(y0, dtype) if beta else gpu.xp.full(T.shape[0], np.nan, dtype)
             assert Tg.spmv(gpu.asarray(u, dtype), y, alpha, beta) is y
             assert _rel(y, ref) <= tol, (type(T).__name__, alpha, beta)
+    # the residual r <- b - A u: one stencil pass reading b at k = 1, copy + cell kernel above
+    A, Ag, _ = ops[0]
+    u, b = rng.standard_normal(V.n_dofs), rng.standard_normal(V.n_dofs)
+    r = gpu.xp.full(V.n_dofs, np.nan, dtype)
+    bg = gpu.asarray(b, dtype)
+    assert Ag.residual(gpu.asarray(u, dtype), bg, r) is r
+    assert _rel(r, b - A @ u) <= tol
+    assert _rel(bg, b.astype(dtype)) == 0          # b is only read
 
 
 def test_gpu_kernels_refuse_strided_vectors():
