@@ -53,7 +53,7 @@ import re
 import numpy as np
 
 from ..backend import get_backend
-from .tensor import eigenvalue_sums, patch_fast_diag, patch_matrices, reference_matrices
+from .tensor import ell_form, eigenvalue_sums, patch_fast_diag, patch_matrices, reference_matrices
 
 __all__ = ["GpuLaplace", "GpuPatchSmoother", "laplace_source", "smoother_source",
            "cells_per_block", "patches_per_block"]
@@ -1345,17 +1345,8 @@ class GpuAxisMatrix:
     C-ordered array without transposes: ``v[o, i, r] = sum_j M[i, j] u[o, j, r]``."""
 
     def __init__(self, M, dtype):
-        import scipy.sparse as sp
         cp = get_backend("gpu").xp
-        M = sp.csr_matrix(M)
-        nnz = np.diff(M.indptr)
-        width = max(1, int(nnz.max()) if nnz.size else 1)
-        cols = np.zeros((M.shape[0], width), dtype=np.int32)
-        vals = np.zeros((M.shape[0], width))
-        rows = np.repeat(np.arange(M.shape[0]), nnz)
-        pos = np.arange(M.nnz) - np.repeat(M.indptr[:-1], nnz)
-        cols[rows, pos] = M.indices
-        vals[rows, pos] = M.data
+        cols, vals, width = ell_form(M)
         self.shape = M.shape
         self.width = width
         self.dtype = np.dtype(dtype)

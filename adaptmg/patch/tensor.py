@@ -32,7 +32,7 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 from numpy.polynomial import legendre as L
 
-__all__ = ["KMAX_2D", "KMAX_3D", "check_degree", "gauss_lobatto", "lagrange_eval",
+__all__ = ["ell_form", "KMAX_2D", "KMAX_3D", "check_degree", "gauss_lobatto", "lagrange_eval",
            "reference_matrices", "patch_matrices", "fast_diag_factors", "eigenvalue_sums",
            "interval_matrices", "prolongation_1d"]
 
@@ -209,3 +209,19 @@ def prolongation_1d(k: int, n: int, interior: bool = True, tol: float = 1e-14):
     P = P.tocsr()
     P.eliminate_zeros()
     return P
+
+
+def ell_form(M):
+    """ELL form of the scipy sparse matrix ``M``: ``(cols, vals, width)`` with ``cols``
+    (int32) and ``vals`` (float64) of shape ``(rows, width)``, ``width`` the longest row
+    (at least 1), shorter rows padded with column 0 and weight 0."""
+    M = sp.csr_matrix(M)
+    nnz = np.diff(M.indptr)
+    width = max(1, int(nnz.max()) if nnz.size else 1)
+    cols = np.zeros((M.shape[0], width), dtype=np.int32)
+    vals = np.zeros((M.shape[0], width))
+    rows = np.repeat(np.arange(M.shape[0]), nnz)
+    pos = np.arange(M.nnz) - np.repeat(M.indptr[:-1], nnz)
+    cols[rows, pos] = M.indices
+    vals[rows, pos] = M.data
+    return cols, vals, width

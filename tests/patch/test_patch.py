@@ -136,6 +136,27 @@ def test_q1_stencil_is_the_assembled_operator(dim, lengths, base):
         distinct_weights(w)
 
 
+def test_kron_gather_layout():
+    """The ELL form behind the transfer kernels (rows padded with weight 0) and the
+    gather widths that pick the one-pass kernel: Q1 prolongation 2^3, restriction 3^3."""
+    import scipy.sparse as sp
+    from adaptmg.patch.kron_gather import MAX_GATHER, gather_width, kron_gather_source
+    from adaptmg.patch.tensor import ell_form, prolongation_1d
+    M = sp.csr_matrix(np.array([[1.0, 0, 2], [0, 0, 0], [0, 3, 0]]))
+    cols, vals, width = ell_form(M)
+    assert width == 2 and cols.dtype == np.int32
+    dense = np.zeros((3, 3))
+    np.add.at(dense, (np.repeat(np.arange(3), width), cols.ravel()), vals.ravel())
+    np.testing.assert_array_equal(dense, M.toarray())      # a copy of the entries
+    P = [prolongation_1d(1, 8)] * 3
+    assert gather_width(P) == 8 and gather_width([p.T.tocsr() for p in P]) == 27 == MAX_GATHER
+    assert gather_width([prolongation_1d(2, 8).T.tocsr()] * 3) > MAX_GATHER
+    for dt, T in ((np.float64, "double"), (np.float32, "float")):
+        src, name = kron_gather_source(dt, (2, 3, 1))
+        assert f"typedef {T} T;" in src and "$" not in src and f"\n{name}(" in src
+        assert "#define W0 2\n#define W1 3\n#define W2 1\n" in src
+
+
 def test_stencil_kernel_source():
     from adaptmg.patch.stencil import stencil_source
     for dt, T in ((np.float64, "double"), (np.float32, "float")):

@@ -139,6 +139,10 @@ def test_spmv_kernels_match_numpy(dim, k, dtype, tol):
             y = gpu.asarray(y0, dtype) if beta else gpu.xp.full(T.shape[0], np.nan, dtype)
             assert Tg.spmv(gpu.asarray(u, dtype), y, alpha, beta) is y
             assert _rel(y, ref) <= tol, (type(T).__name__, alpha, beta)
+        assert _rel(Tg @ gpu.asarray(u, dtype), T @ u) <= tol
+    # one gather pass for the Q1 transfers, the axis passes above
+    assert (ops[1][1]._gather is not None) == (ops[2][1]._gather is not None) == (k == 1)
+    assert (ops[1][1].to(dtype=np.float32)._gather is not None) == (k == 1)
     # the residual r <- b - A u: one stencil pass reading b at k = 1, copy + cell kernel above
     A, Ag, _ = ops[0]
     u, b = rng.standard_normal(V.n_dofs), rng.standard_normal(V.n_dofs)
@@ -169,8 +173,9 @@ def test_axis_kernel_64bit_index_path(monkeypatch):
     from adaptmg.patch import kernels
     gpu = get_backend("gpu")
     Vc = CartesianSpace(3, 2, 2)
-    u = gpu.asarray(np.random.default_rng(0).standard_normal(Vc.n_dofs))
-    P = prolongation(Vc, gpu)
+    u = gpu.asarray(np.random.default_rng(0).standard_normal(Vc.refine().n_dofs))
+    P = restriction(Vc, gpu)                 # rows of 5 x 5 x 5: the axis passes
+    assert P._gather is None
     ref = to_host(P @ u)
     monkeypatch.setattr(kernels, "AXIS_INDEX32_LIMIT", 0)
     np.testing.assert_array_equal(to_host(P @ u), ref)     # same sums, same order
