@@ -106,10 +106,9 @@ def make_preconditioner(ml, kind, dtype=None, graph="auto"):
         """``out <- M v`` for backend vectors ``v`` and ``out`` (``out`` contiguous, any
         float dtype): the cycle writes ``out`` itself where it has the cycle's dtype,
         else its fixed buffer is cast into ``out`` (no temporary either way)."""
-        if isinstance(v, np.ndarray) != isinstance(out, np.ndarray) or \
-                (be.is_gpu and isinstance(v, np.ndarray)):
-            out[...] = matvec(v)               # another array kind: the matvec path
-            return out
+        if not (isinstance(v, xp.ndarray) and isinstance(out, xp.ndarray)):
+            raise TypeError(f"apply_into needs two {xp.__name__} arrays (the solver's backend), "
+                            f"got {type(v).__name__} and {type(out).__name__}")
         vin = v.reshape(-1)
         if vin.shape != (n,) or out.shape != (n,) or not out.flags.c_contiguous:
             raise ValueError(f"apply_into needs vectors of {n} entries and a contiguous out, "

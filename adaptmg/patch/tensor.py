@@ -32,9 +32,9 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 from numpy.polynomial import legendre as L
 
-__all__ = ["ell_form", "KMAX_2D", "KMAX_3D", "check_degree", "gauss_lobatto", "lagrange_eval",
+__all__ = ["KMAX_2D", "KMAX_3D", "check_degree", "gauss_lobatto", "lagrange_eval",
            "reference_matrices", "patch_matrices", "fast_diag_factors", "eigenvalue_sums",
-           "interval_matrices", "prolongation_1d"]
+           "interval_matrices", "prolongation_1d", "ell_form"]
 
 KMAX_2D = 10
 KMAX_3D = 8

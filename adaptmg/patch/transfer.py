@@ -96,7 +96,8 @@ class KronTransfer:
         xp = self.backend.xp
         d = len(self.in_shape)
         U = u.reshape(self.in_shape)
-        if self._gather is not None:
+        if self._gather is not None:          # reads u through its pointer: contiguous
+            u = xp.ascontiguousarray(u)
             if into is None:
                 return self._gather.apply(u, xp.empty(self.shape[0], self.dtype))
             y, alpha, beta = into

@@ -454,6 +454,8 @@ def test_preconditioner_applies_into_a_given_vector(backend):
                 assert M.adaptmg_apply_into(v, out) is out
                 err = np.abs(to_host(out) - ref.astype(out_dtype)).max() / np.abs(ref).max()
                 assert err <= 4 * np.finfo(out_dtype).eps, (dtype, graph, out_dtype, err)
+            with pytest.raises(TypeError, match="apply_into needs two"):
+                M.adaptmg_apply_into(v, [0.0] * n)
 
             class Counted:                   # M with into; counts what fgmres calls
                 shape, dtype = M.shape, M.dtype
