@@ -193,19 +193,13 @@ def _scalar(v, like):
 # Per-operation functions (dispatch on the array type)
 # --------------------------------------------------------------------------
 def axpby(a, x, b, y):
-    """``y <- a x + b y`` in place (a, b host scalars)."""
+    """``y <- a x + b y`` in place (a, b host scalars); ``y`` is not read when ``b == 0``
+    (NaN or garbage there does not propagate), on both backends."""
     if _is_numpy(y):
         return _np_axpby(a, x, b, y)
-    return _cupy_kernel("axpby")(_scalar(a, y), x, _scalar(b, y), y)
-
-
-def scaled_into(a, x, b, y):
-    """``y <- a x + b y`` in place, ``y`` not read when ``b == 0`` (NaN or garbage there
-    does not propagate): the update of an SpMV plan from a computed ``A x``."""
     if b == 0:
-        y[...] = x if a == 1 else a * x
-        return y
-    return axpby(a, x, b, y)
+        return get_backend("gpu").xp.multiply(x, _scalar(a, y), out=y)
+    return _cupy_kernel("axpby")(_scalar(a, y), x, _scalar(b, y), y)
 
 
 def jacobi_update(x, dinv, r, omega):
@@ -874,7 +868,7 @@ class _GenericPlan(SpMVPlan):
     """Any operator with ``A @ x`` (matrix-free levels); allocates one temporary."""
 
     def __call__(self, x, y, alpha=1.0, beta=0.0):
-        return scaled_into(alpha, self.A @ x, beta, y)
+        return axpby(alpha, self.A @ x, beta, y)
 
 
 class _OperatorPlan(SpMVPlan):

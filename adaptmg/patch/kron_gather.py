@@ -20,7 +20,7 @@ import functools
 import numpy as np
 
 from ..backend import get_backend
-from .kernels import _TYPES
+from .kernels import _TYPES, _load
 from .tensor import ell_form
 
 __all__ = ["MAX_GATHER", "gather_width", "kron_gather_source", "GpuKronGather"]
@@ -90,9 +90,7 @@ def kron_gather_source(dtype, widths):
 
 @functools.lru_cache(maxsize=None)
 def _kernel(dtype_str, widths):
-    cp = get_backend("gpu").xp
-    src, name = kron_gather_source(np.dtype(dtype_str), widths)
-    return cp.RawModule(code=src, options=("-std=c++17",)).get_function(name)
+    return _load(*kron_gather_source(np.dtype(dtype_str), widths))
 
 
 def gather_width(mats) -> int:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import get_backend
-from ..device.kernels import scaled_into
+from ..device.kernels import axpby
 from .space import CartesianSpace
 from .tensor import reference_matrices
 
@@ -155,15 +155,15 @@ class LaplaceOperator:
 
     def spmv(self, u, y, alpha=1.0, beta=0.0):
         """``y <- alpha A u + beta y`` in place (``beta == 0``: ``y`` is not read); returns
-        ``y``.  What a multigrid residual ``r <- b - A x`` (alpha = -1, beta = 1 on a copy
-        of ``b``) needs without a temporary vector; on the GPU one kernel launch (the
-        cell kernel adds into ``y`` after one scaling pass; at k = 1 the stencil kernel
-        reads and writes ``y`` once)."""
+        ``y``, without a temporary vector (the V-cycle's coarse correction; its residual
+        is :meth:`residual`); on the GPU one kernel launch (the cell kernel adds into
+        ``y`` after one scaling pass; at k = 1 the stencil kernel reads and writes ``y``
+        once)."""
         self._check(u)
         self._check(y)
         if self._gpu is not None:
             return self._gpu.apply(u, y, alpha, beta)
-        return scaled_into(alpha, self._apply_array(u), beta, y)
+        return axpby(alpha, self._apply_array(u), beta, y)
 
     def residual(self, u, b, r):
         """``r <- b - A u`` in place (``r`` distinct from ``u`` and ``b``); returns ``r``.

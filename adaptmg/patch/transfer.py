@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import get_backend
-from ..device.kernels import scaled_into
+from ..device.kernels import axpby
 from .operator import _check_space, check_dtype
 from .tensor import prolongation_1d
 
@@ -38,13 +38,14 @@ class KronTransfer:
         self.gather = bool(gather)
         self.dtype = dtype
         self._host_mats = mats                  # scipy CSR, kept for to()
-        self._gather = None
-        if backend.is_gpu:                  # ELL kernel along an axis, no transposes
-            from .kernels import GpuAxisMatrix
+        self._gather = self._mats = None
+        if backend.is_gpu:
             from .kron_gather import MAX_GATHER, GpuKronGather, gather_width
-            self._mats = [GpuAxisMatrix(m, dtype) for m in mats]
             if self.gather and len(mats) in (2, 3) and gather_width(mats) <= MAX_GATHER:
                 self._gather = GpuKronGather(mats, dtype)     # narrow rows: one pass
+            else:                                             # ELL kernel along an axis
+                from .kernels import GpuAxisMatrix
+                self._mats = [GpuAxisMatrix(m, dtype) for m in mats]
         else:
             self._mats = [backend.asmatrix(m, dtype=dtype) for m in mats]   # x first
         self.in_shape = in_shape        # numpy order
@@ -83,7 +84,7 @@ class KronTransfer:
                 raise ValueError("spmv output must be contiguous on the GPU (the kernel writes "
                                  "through its pointer)")
             return self._apply(u, (y, alpha, beta))
-        return scaled_into(alpha, self._apply(u), beta, y)
+        return axpby(alpha, self._apply(u), beta, y)
 
     def _apply(self, u, into=None):
         """``T u`` as a new vector, or with ``into = (y, alpha, beta)`` (GPU only)

@@ -147,7 +147,7 @@ def test_kron_gather_layout():
     assert width == 2 and cols.dtype == np.int32
     dense = np.zeros((3, 3))
     np.add.at(dense, (np.repeat(np.arange(3), width), cols.ravel()), vals.ravel())
-    np.testing.assert_array_equal(dense, M.toarray())      # a copy of the entries
+    np.testing.assert_array_equal(dense, M.toarray())      # a copy (padding adds exact 0s)
     P = [prolongation_1d(1, 8)] * 3
     assert gather_width(P) == 8 and gather_width([p.T.tocsr() for p in P]) == 27 == MAX_GATHER
     assert gather_width([prolongation_1d(2, 8).T.tocsr()] * 3) > MAX_GATHER

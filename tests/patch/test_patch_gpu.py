@@ -123,7 +123,8 @@ def test_smoother_variant_checked():
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 1e-5)])
 def test_spmv_kernels_match_numpy(dim, k, dtype, tol):
     """``y <- alpha A x + beta y`` of the operator kernels (stencil at k = 1, cell
-    kernel with atomics above) and of the transfers' last axis pass, against NumPy;
+    kernel with atomics above) and of the transfers (one gather pass at k = 1, the last
+    axis pass above), against NumPy;
     ``beta = 0`` never reads ``y`` (NaN there)."""
     gpu = get_backend("gpu")
     V = CartesianSpace(dim, k, 3 if dim == 2 else 2, lengths=(1.0, 2.0, 0.5)[:dim],
