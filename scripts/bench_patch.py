@@ -64,8 +64,8 @@ def smoother_flops(dim, k, npatch):
 def q1_nominal_bytes(kind, dim, N, itemsize):
     """k = 1 runs the memory-bound stencil kernels (adaptmg.patch.stencil); their nominal
     DRAM traffic: the operator reads x and writes y once; a smoothing step reads x once
-    per colour (2^d colours) and reads b / writes x on that colour's DoFs."""
-    return (2 if kind == "op" else 2 ** dim + 2) * N * itemsize
+    per launch (two colours a launch: 2^(d-1) launches) and reads b / writes x once."""
+    return (2 if kind == "op" else 2 ** (dim - 1) + 2) * N * itemsize
 
 
 def operator_flops(dim, k, ncell):

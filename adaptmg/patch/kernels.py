@@ -1268,6 +1268,16 @@ class GpuPatchSmoother:
             lam = patch_fast_diag(k)[1]
             self.tail = (cp.asarray(1.0 / eigenvalue_sums([lam] * 3, space.coeffs), dtype=self.dtype).ravel(),)
 
+    def sweep(self, x, b, colors, reverse=False):
+        """One sweep over ``colors`` (:func:`~.smoother.patch_colors`; ``reverse``:
+        backwards) in place: at k = 1 the stencil's sweep (two colours a launch,
+        :meth:`~.stencil.GpuQ1Stencil.sweep`), else one launch per colour."""
+        if self.stencil is not None:
+            self.stencil.sweep(x, b, reverse)
+            return
+        for col, cnt in (colors[::-1] if reverse else colors):
+            self.color(x, b, col, cnt)
+
     def color(self, x, b, col, cnt):
         """One colour (parities ``col``, ``cnt`` patches per direction, x first) in place."""
         if self.stencil is not None:

@@ -133,12 +133,11 @@ class PatchSmoother:
         self._check(x, b)
         if isinstance(sweeps, bool) or not isinstance(sweeps, (int, np.integer)) or sweeps < 0:
             raise ValueError(f"sweeps must be a non-negative int, got {sweeps!r}")
-        colors = self.colors[::-1] if reverse else self.colors
         if self._gpu is not None:
             for _ in range(sweeps):
-                for col, cnt in colors:
-                    self._gpu.color(x, b, col, cnt)
+                self._gpu.sweep(x, b, self.colors, reverse)
             return x
+        colors = self.colors[::-1] if reverse else self.colors
         xp = self.backend.xp
         sp_ = self.space
         d = sp_.dim

@@ -20,7 +20,11 @@ colour kernel has one thread per DoF of the colour, reading its neighbours
 through the caches, and the operator kernel one thread per segment of a
 z-column (each plane's 3 x 3 neighbourhood loaded once for three outputs), so
 both are close to memory-bound (one read of ``x`` per colour; one read and
-write for the operator).  The arithmetic is the same up to the order of the sums.
+write for the operator).  A sweep (:meth:`GpuQ1Stencil.sweep`) runs the two
+colours that differ in the x parity only in one launch, one block a row of
+their (y, z) parities: every colour reads all of ``x``, so this halves the
+traffic of a sweep (2^(d-1) reads of ``x`` instead of 2^d).  The arithmetic is
+the same up to the order of the sums.
 """
 from __future__ import annotations
 
@@ -126,6 +130,75 @@ adaptmg_q1_color_$NAME(T* __restrict__ x, const T* __restrict__ b, const T* __re
             x[g] += (b[g] - s) * dinv;
         }
 }
+
+// Two colours in one launch: (0, py, pz) then (1, py, pz) (rev: the other way round), a
+// block a row (i1, i2) of parities (py, pz), thread j the pair of points 2j, 2j + 1.  The
+// row holds every point of both colours in it, and no other block writes it, so the
+// first colour reads its x-neighbours (the second colour's points) before the barrier
+// and the second colour reads the first one's new values from shared memory after it;
+// the other rows and planes hold other colours, which this launch does not change.
+__device__ __forceinline__ T off_row_sums(const T* __restrict__ x, const T (&wd)[8], int i0, int i1,
+                                          int i2, int N0, int N1, int N2, T& c0)
+{
+    // the 27-point sum at i0 without the row's own x-neighbours (wd[1] (l + r)); c0 = x[i0]
+    T s = 0, s0, s1;
+    if (i2 > 0) { plane_sums(x, wd, i0, i1, i2 - 1, N0, N1, s0, s1); s += s1; }
+    const long long plane = (long long)N0 * N1;
+    T e0 = 0, e1 = 0;
+    #pragma unroll
+    for (int o1 = -1; o1 <= 1; o1 += 2) {
+        const int j1 = i1 + o1;
+        if (j1 < 0 || j1 >= N1) continue;
+        const T* row = x + i2 * plane + (long long)j1 * N0;
+        e0 += row[i0];
+        T v1 = 0;
+        if (i0 > 0) v1 += row[i0 - 1];
+        if (i0 + 1 < N0) v1 += row[i0 + 1];
+        e1 += v1;
+    }
+    c0 = x[i2 * plane + (long long)i1 * N0 + i0];
+    s += wd[0] * c0 + wd[2] * e0 + wd[3] * e1;
+    if (i2 + 1 < N2) { plane_sums(x, wd, i0, i1, i2 + 1, N0, N1, s0, s1); s += s1; }
+    return s;
+}
+
+extern "C" __global__ void __launch_bounds__(1024, $PMINB)
+adaptmg_q1_rowpair_$NAME(T* __restrict__ x, const T* __restrict__ b, const T* __restrict__ w,
+                         int N0, int N1, int N2, int py, int pz, int P1, int P2, int rev, T dinv)
+{
+    __shared__ T first[1026];                 // first[1 + j]: the first colour's new value in pair j
+    T wd[8];
+    load_weights(w, wd);
+    const int j = threadIdx.x, npair = (N0 + 1) / 2;
+    const long long plane = (long long)N0 * N1;
+    if (j == 0) { first[0] = 0; first[npair + 1] = 0; }
+    for (int m2 = blockIdx.y; m2 < P2; m2 += gridDim.y)
+        for (int m1 = blockIdx.x; m1 < P1; m1 += gridDim.x) {
+            const int i1 = py + 2 * m1, i2 = pz + 2 * m2;
+            const long long r = i2 * plane + (long long)i1 * N0;
+            const int ia = 2 * j + rev, ib = 2 * j + 1 - rev;     // first / second colour's point
+            const bool has_a = j < npair && ia < N0, has_b = j < npair && ib < N0;
+            T ca = 0, cb = 0, sa = 0, sb = 0;
+            if (has_a) sa = off_row_sums(x, wd, ia, i1, i2, N0, N1, N2, ca);
+            if (has_b) sb = off_row_sums(x, wd, ib, i1, i2, N0, N1, N2, cb);
+            // the first colour: its row neighbours ia -+ 1 are second-colour points, old
+            T na = 0;
+            if (has_a) {
+                const T l = ia > 0 ? x[r + ia - 1] : (T)0, rr = ia + 1 < N0 ? x[r + ia + 1] : (T)0;
+                na = ca + (b[r + ia] - (sa + wd[1] * (l + rr))) * dinv;
+            }
+            if (j < npair) first[1 + j] = na;
+            __syncthreads();
+            // the second colour: its row neighbours are the first colour's new values
+            if (has_b) {
+                // rev = 0: ib = 2j + 1 lies between pairs j and j + 1; rev = 1: ib = 2j, between j - 1, j
+                const T nbr = rev ? first[j] + first[1 + j] : first[1 + j] + first[2 + j];
+                x[r + ib] = cb + (b[r + ib] - (sb + wd[1] * nbr)) * dinv;
+            }
+            if (has_a) x[r + ia] = na;
+            __syncthreads();                  // first[] is rewritten by the next row
+        }
+}
 """
 
 
@@ -159,15 +232,16 @@ adaptmg_q1_$KIND_$NAME(const T* __restrict__ x, T* __restrict__ y,$ZARG const T*
 
 
 def stencil_source(dtype):
-    """CUDA source and kernel names (apply, apply_z, colour) of the Q1 stencil kernels."""
+    """CUDA source and kernel names (apply, apply_z, colour, row pair) of the Q1
+    stencil kernels."""
     T = _TYPES[np.dtype(dtype)]
     name = "f64" if T == "double" else "f32"
     kernels = "\n".join(_APPLY.replace("$KIND", kind).replace("$ZARG", zarg).replace("$Y", y)
                          for kind, zarg, y in (("apply", "", "y"),
                                                ("apply_z", " const T* __restrict__ z,", "z")))
-    src = _STENCIL.replace("$APPLY_KERNELS\n", kernels + "\n").replace("$T", T).replace("$NAME", name)
-    return src.replace("$ZB", str(_ZB)), \
-        tuple(f"adaptmg_q1_{kind}_{name}" for kind in ("apply", "apply_z", "color"))
+    src = _STENCIL.replace("$APPLY_KERNELS\n", kernels + "\n").replace("$T", T) \
+        .replace("$NAME", name).replace("$ZB", str(_ZB)).replace("$PMINB", str(_PAIR_MINB))
+    return src, tuple(f"adaptmg_q1_{kind}_{name}" for kind in ("apply", "apply_z", "color", "rowpair"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -181,6 +255,8 @@ def _kernels(dtype_str):
 _THREADS = 128
 _GRID_MAX = 65535
 _ZB = 8                 # outputs along z per thread of the apply kernel (ZB in the source)
+_PAIR_MAX = 1024        # x-pairs a row the row-pair kernel takes (one thread each)
+_PAIR_MINB = 2          # its register cap: 2 blocks of 1024 threads an SM (32 registers)
 
 
 class GpuQ1Stencil:
@@ -196,7 +272,8 @@ class GpuQ1Stencil:
         self.dinv = T(1.0 / w[1, 1, 1])
         n = tuple(space.n1d) + (1,) * (3 - space.dim)          # x first
         self.n = tuple(np.int32(v) for v in n)
-        self.apply_kernel, self.apply_z_kernel, self.color_kernel = _kernels(self.dtype.str)
+        self.apply_kernel, self.apply_z_kernel, self.color_kernel, self.pair_kernel = \
+            _kernels(self.dtype.str)
 
     def _grid(self, n0, n1, n2):
         return (-(-n0 // _THREADS), min(n1, _GRID_MAX), min(n2, _GRID_MAX))
@@ -227,3 +304,28 @@ class GpuQ1Stencil:
         self.color_kernel(self._grid(*cnt), (_THREADS,),
                           (x, b, self.w) + self.n + tuple(np.int32(c) for c in col)
                           + tuple(np.int32(c) for c in cnt) + (self.dinv,))
+
+    def sweep(self, x, b, reverse=False):
+        """One sweep of point Gauss-Seidel over all colours, in place, in the order of
+        :func:`~.smoother.patch_colors` (x parity fastest; ``reverse``: backwards).  The
+        two colours that differ in the x parity only run in one launch (a block a row:
+        four launches in 3D instead of eight, each reading ``x`` once); rows of more
+        than 2 * 1024 DoFs take the colours one by one."""
+        n0, n1, n2 = map(int, self.n)
+        npair = (n0 + 1) // 2
+        order = [(py, pz) for pz in (0, 1) for py in (0, 1)]
+        if reverse:
+            order.reverse()
+        for py, pz in order:
+            p1, p2 = len(range(py, n1, 2)), len(range(pz, n2, 2))
+            if p1 == 0 or p2 == 0:
+                continue
+            if npair > _PAIR_MAX:
+                for px in ((1, 0) if reverse else (0, 1)):
+                    p0 = len(range(px, n0, 2))
+                    if p0:
+                        self.color(x, b, (px, py, pz), (p0, p1, p2))
+                continue
+            self.pair_kernel((min(p1, _GRID_MAX), min(p2, _GRID_MAX)), (-(-npair // 32) * 32,),
+                             (x, b, self.w) + self.n + (np.int32(py), np.int32(pz), np.int32(p1),
+                                                        np.int32(p2), np.int32(reverse), self.dinv))

@@ -158,11 +158,12 @@ def test_kron_gather_layout():
 
 
 def test_stencil_kernel_source():
-    from adaptmg.patch.stencil import stencil_source
+    from adaptmg.patch.stencil import _PAIR_MINB, stencil_source
     for dt, T in ((np.float64, "double"), (np.float32, "float")):
         src, names = stencil_source(dt)
         assert f"typedef {T} T;" in src and "$" not in src
-        assert all(f"void __launch_bounds__(128)\n{n}(" in src for n in names)
+        assert all(f"void __launch_bounds__(128)\n{n}(" in src for n in names[:3])
+        assert f"void __launch_bounds__(1024, {_PAIR_MINB})\n{names[3]}(" in src
 
 
 @pytest.mark.parametrize("dim,k", [(2, 1), (3, 1), (3, 2)])
