@@ -19,6 +19,11 @@ Sections (``--sections``, comma separated):
   breakdown  where a Table 7 GMRES iteration goes (--breakdown k:level,...): A x, one
           V(1,1) and one finest smoothing step in double and in mixed, the GMRES time
           per iteration
+  rounding  what float32 does to one V(1,1) (--rounding k:level,..., --rounding-forms):
+          ||v - A z|| for v = b / ||b|| (the sine problem) and z the double cycle's output,
+          that output rounded to float32, and the float32 cycle's output; the extra
+          residual sqrt(||r||^2 - ||r_double||^2) that rounding adds (it grows with the
+          condition number of A, ~4.5x a level at k = 7).  --backend cpu runs it too
   tables  seed 000's Tables 1-3: FMG steps (Algorithm 2.2, at least one V-cycle) to
           1e-9 for the tables' right-hand side (vector of ones), per level and degree,
           next to the paper's rows; --table-dims, --table-levels-2d/-3d, --table-ks-2d/-3d,
@@ -403,7 +408,49 @@ def bench_table7(args, be, rows):
         cp.get_default_memory_pool().free_all_blocks()
 
 
+def bench_rounding(args, be, rows):
+    """Residual of one V(1,1) applied to v = b / ||b|| in double, the double output
+    rounded to float32, and in float32 (see the module docstring)."""
+    from adaptmg.patch import CartesianSpace, PatchMultigrid
+    import adaptmg.patch.kernels as patch_kernels
+    xp = be.xp
+    default = patch_kernels.SMOOTH3D_VARIANT
+    for spec in args.rounding.split(","):
+        k, level = (int(t) for t in spec.split(":"))
+        V = CartesianSpace(3, k, level)
+        for form in (args.rounding_forms.split(",") if be.is_gpu else ["numpy"]):
+            if be.is_gpu:
+                patch_kernels.SMOOTH3D_VARIANT = form
+            mg = PatchMultigrid(V, be)
+            b, _ = V.sine_problem(backend=be)
+            A = mg.A[-1]
+            v = b / xp.linalg.norm(b)
+            del b
+
+            def res(z):
+                return float(xp.linalg.norm(v - A.matvec(z)))
+            z = mg._cycles_for(np.float64).preconditioner().matvec(v).copy()
+            r64 = res(z)
+            r64_32 = res(z.astype(np.float32).astype(np.float64))
+            del z
+            r32 = res(mg._cycles_for(np.float32).preconditioner().matvec(v))
+            extra = lambda r: float(np.sqrt(max(r * r - r64 * r64, 0.0)))
+            rows.append(dict(kind="rounding", k=k, level=level, dofs=V.n_dofs, form=form,
+                             r_double=r64, r_rounded=r64_32, r_float32=r32,
+                             extra_rounded=extra(r64_32), extra_float32=extra(r32)))
+            print(fmt(rows[-1]), flush=True)
+            del mg, v, A
+            if be.is_gpu:
+                xp.get_default_memory_pool().free_all_blocks()
+    patch_kernels.SMOOTH3D_VARIANT = default
+
+
 def fmt(r):
+    if r["kind"] == "rounding":
+        return (f"rounding 3D k={r['k']} L={r['level']} N={r['dofs']:.3e} {r['form']}: ||v - A z|| "
+                f"double {r['r_double']:.4e}, double rounded to float32 {r['r_rounded']:.4e} (extra "
+                f"{r['extra_rounded']:.2e}), float32 cycle {r['r_float32']:.4e} (extra "
+                f"{r['extra_float32']:.2e})")
     if r["kind"] == "table":
         return (f"table  {r['dim']}D k={r['k']} L={r['level']} N={r['dofs']:.3e} {r['smoother']} "
                 f"{r['variant']}: {r['iterations']} steps (paper {r['paper']}) "
@@ -452,6 +499,10 @@ def main():
     ap.add_argument("--table7-restart", type=int, default=4)
     ap.add_argument("--breakdown", default="1:9,4:7,7:6",
                     help="breakdown section: k:level,... (the H100 fits these)")
+    ap.add_argument("--rounding", default="7:5,7:6",
+                    help="rounding section: k:level,... (7:7 needs an H200's memory)")
+    ap.add_argument("--rounding-forms", default="tuned,pencil",
+                    help="rounding section: 3D smoother forms of the float32 cycle (GPU)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--smooth-form", choices=("column", "pencil", "boundary", "tuned"), default=None,
                     help="form of the 3D smoothing kernel (default: adaptmg's, tuned)")
@@ -461,7 +512,7 @@ def main():
     ap.add_argument("--build-cubins", metavar="DIR", default=None,
                     help="compile all kernels with nvcc into DIR and exit")
     ap.add_argument("--backend", default="gpu", choices=("gpu", "cpu"),
-                    help="cpu: only the tables section (no device needed)")
+                    help="cpu: only the tables and rounding sections (no device needed)")
     ap.add_argument("--table-dims", default="2,3")
     ap.add_argument("--table-levels-2d", default="4,5,6,7,8")
     ap.add_argument("--table-levels-3d", default="3,4,5,6")
@@ -483,7 +534,10 @@ def main():
     if args.backend == "cpu":
         rows = []
         try:
-            bench_tables(args, get_backend("cpu"), rows)
+            if "tables" in args.sections:
+                bench_tables(args, get_backend("cpu"), rows)
+            if "rounding" in args.sections:
+                bench_rounding(args, get_backend("cpu"), rows)
         finally:
             if args.out:
                 with open(os.path.join(args.out, "bench_patch.json"), "w") as f:
@@ -512,6 +566,8 @@ def main():
             bench_table7(args, be, rows)
         if "breakdown" in args.sections:
             bench_breakdown(args, be, rows)
+        if "rounding" in args.sections:
+            bench_rounding(args, be, rows)
     finally:
         if args.out:
             with open(os.path.join(args.out, "bench_patch.json"), "w") as f:
