@@ -532,6 +532,8 @@ def main():
         import adaptmg.patch.kernels as patch_kernels
         patch_kernels.SMOOTH3D_VARIANT = args.smooth_form
     if args.backend == "cpu":
+        if "tables" not in args.sections and "rounding" not in args.sections:
+            ap.error("--backend cpu runs the tables and rounding sections only: name them in --sections")
         rows = []
         try:
             if "tables" in args.sections:

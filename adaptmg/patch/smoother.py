@@ -36,7 +36,9 @@ makes the V-cycle symmetric (the former default; a CG preconditioner).
 
 CPU: each color is one batched NumPy computation over all its patches (the
 patches are strided views of the padded vector).  GPU: one fused RawKernel
-launch per color (local residual and local solve in shared memory).
+launch per color (local residual and local solve in shared memory); at k = 1,
+where the patch step is point Gauss-Seidel, one launch per two colours
+(:meth:`adaptmg.patch.stencil.GpuQ1Stencil.sweep`).
 """
 from __future__ import annotations
 
