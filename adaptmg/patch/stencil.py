@@ -74,11 +74,13 @@ def distinct_weights(w) -> np.ndarray:
 # more than 65535 rows or planes launchable.
 _STENCIL = r"""
 typedef $T T;
-__device__ __forceinline__ void plane_sums(const T* __restrict__ x, const T (&wd)[8], int i0,
-                                           int i1, int j2, int N0, int N1, T& s0, T& s1)
+// plane j2's 3 x 3 neighbourhood of (i0, i1) grouped by (|o1|, |o0|): c = row i1, e = rows
+// i1 +- 1; 0 = the column i0, 1 = the columns i0 +- 1 (zero outside the domain)
+__device__ __forceinline__ void plane_groups(const T* __restrict__ x, int i0, int i1, int j2,
+                                             int N0, int N1, T& c0, T& c1, T& e0, T& e1)
 {
     const long long plane = (long long)N0 * N1;
-    T c0 = 0, c1 = 0, e0 = 0, e1 = 0;        // x grouped by (|o1|, |o0|): c = row i1, e = rows i1 +- 1
+    c0 = 0; c1 = 0; e0 = 0; e1 = 0;
     #pragma unroll
     for (int o1 = -1; o1 <= 1; ++o1) {
         const int j1 = i1 + o1;
@@ -90,6 +92,13 @@ __device__ __forceinline__ void plane_sums(const T* __restrict__ x, const T (&wd
         if (i0 + 1 < N0) v1 += row[i0 + 1];
         if (o1 == 0) { c0 = v0; c1 = v1; } else { e0 += v0; e1 += v1; }
     }
+}
+
+__device__ __forceinline__ void plane_sums(const T* __restrict__ x, const T (&wd)[8], int i0,
+                                           int i1, int j2, int N0, int N1, T& s0, T& s1)
+{
+    T c0, c1, e0, e1;
+    plane_groups(x, i0, i1, j2, N0, N1, c0, c1, e0, e1);
     s0 = wd[0] * c0 + wd[1] * c1 + wd[2] * e0 + wd[3] * e1;
     s1 = wd[4] * c0 + wd[5] * c1 + wd[6] * e0 + wd[7] * e1;
 }
@@ -138,25 +147,13 @@ adaptmg_q1_color_$NAME(T* __restrict__ x, const T* __restrict__ b, const T* __re
 // and the second colour reads the first one's new values from shared memory after it;
 // the other rows and planes hold other colours, which this launch does not change.
 __device__ __forceinline__ T off_row_sums(const T* __restrict__ x, const T (&wd)[8], int i0, int i1,
-                                          int i2, int N0, int N1, int N2, T& c0)
+                                          int i2, int N0, int N1, int N2, T& c0, T& c1)
 {
-    // the 27-point sum at i0 without the row's own x-neighbours (wd[1] (l + r)); c0 = x[i0]
-    T s = 0, s0, s1;
+    // the 27-point sum at i0 without the row's own x-neighbours, wd[1] c1; c0 = x[i0],
+    // c1 = x[i0 - 1] + x[i0 + 1]
+    T s = 0, s0, s1, e0, e1;
     if (i2 > 0) { plane_sums(x, wd, i0, i1, i2 - 1, N0, N1, s0, s1); s += s1; }
-    const long long plane = (long long)N0 * N1;
-    T e0 = 0, e1 = 0;
-    #pragma unroll
-    for (int o1 = -1; o1 <= 1; o1 += 2) {
-        const int j1 = i1 + o1;
-        if (j1 < 0 || j1 >= N1) continue;
-        const T* row = x + i2 * plane + (long long)j1 * N0;
-        e0 += row[i0];
-        T v1 = 0;
-        if (i0 > 0) v1 += row[i0 - 1];
-        if (i0 + 1 < N0) v1 += row[i0 + 1];
-        e1 += v1;
-    }
-    c0 = x[i2 * plane + (long long)i1 * N0 + i0];
+    plane_groups(x, i0, i1, i2, N0, N1, c0, c1, e0, e1);
     s += wd[0] * c0 + wd[2] * e0 + wd[3] * e1;
     if (i2 + 1 < N2) { plane_sums(x, wd, i0, i1, i2 + 1, N0, N1, s0, s1); s += s1; }
     return s;
@@ -178,15 +175,12 @@ adaptmg_q1_rowpair_$NAME(T* __restrict__ x, const T* __restrict__ b, const T* __
             const long long r = i2 * plane + (long long)i1 * N0;
             const int ia = 2 * j + rev, ib = 2 * j + 1 - rev;     // first / second colour's point
             const bool has_a = j < npair && ia < N0, has_b = j < npair && ib < N0;
-            T ca = 0, cb = 0, sa = 0, sb = 0;
-            if (has_a) sa = off_row_sums(x, wd, ia, i1, i2, N0, N1, N2, ca);
-            if (has_b) sb = off_row_sums(x, wd, ib, i1, i2, N0, N1, N2, cb);
-            // the first colour: its row neighbours ia -+ 1 are second-colour points, old
+            T ca = 0, cb = 0, ua = 0, ub = 0, sa = 0, sb = 0;
+            if (has_a) sa = off_row_sums(x, wd, ia, i1, i2, N0, N1, N2, ca, ua);
+            if (has_b) sb = off_row_sums(x, wd, ib, i1, i2, N0, N1, N2, cb, ub);
+            // the first colour: its row neighbours ia -+ 1 (ua) are second-colour points, old
             T na = 0;
-            if (has_a) {
-                const T l = ia > 0 ? x[r + ia - 1] : (T)0, rr = ia + 1 < N0 ? x[r + ia + 1] : (T)0;
-                na = ca + (b[r + ia] - (sa + wd[1] * (l + rr))) * dinv;
-            }
+            if (has_a) na = ca + (b[r + ia] - (sa + wd[1] * ua)) * dinv;
             if (j < npair) first[1 + j] = na;
             __syncthreads();
             // the second colour: its row neighbours are the first colour's new values

@@ -95,14 +95,11 @@ class KronTransfer:
         if u.dtype != self.dtype:
             raise TypeError(f"vector dtype {u.dtype} != transfer dtype {self.dtype}")
         xp = self.backend.xp
+        if self._gather is not None:          # reads u through its pointer: contiguous
+            y, alpha, beta = into if into is not None else (xp.empty(self.shape[0], self.dtype), 1.0, 0.0)
+            return self._gather.apply(xp.ascontiguousarray(u), y, alpha, beta)
         d = len(self.in_shape)
         U = u.reshape(self.in_shape)
-        if self._gather is not None:          # reads u through its pointer: contiguous
-            u = xp.ascontiguousarray(u)
-            if into is None:
-                return self._gather.apply(u, xp.empty(self.shape[0], self.dtype))
-            y, alpha, beta = into
-            return self._gather.apply(u, y, alpha, beta)
         if self.backend.is_gpu:
             for ax in range(d - 1):
                 U = self._mats[d - 1 - ax].apply(U, ax)
