@@ -83,6 +83,11 @@ def _cupy_status() -> tuple[Any, Any, str]:
         return None, None, f"CuPy sees no CUDA device ({type(exc).__name__}: {exc})"
     if n < 1:
         return None, None, "CuPy sees no CUDA device (device count 0)"
+    # adaptmg's own kernel cache under CuPy's (compiled kernels found again in a process
+    # whose CuPy cache is empty; see adaptmg.device.kernel_cache)
+    import cupy.cuda.compiler as compiler
+    from .device.kernel_cache import install
+    install(compiler)
     return cupy, csp, ""
 
 

@@ -348,6 +348,9 @@ def _cmd_info(args, parser):
             print(f"device     present, properties unavailable ({exc})")
     else:
         print(f"device     none ({reason})")
+    from .device.kernel_cache import cache_dir, installed
+    print(f"kernels    {cache_dir() or 'adaptmg cache off'}"
+          f"{' (layered under CuPy cache)' if installed() else ''}")
     for label, dists, mod in (("numpy", ["numpy"], "numpy"), ("scipy", ["scipy"], "scipy"),
                               ("cupy", ["cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cupy"], None),
                               ("pyamg", ["pyamg"], "pyamg"), ("meshio", ["meshio"], "meshio"),
@@ -357,6 +360,21 @@ def _cmd_info(args, parser):
             v = cupy.__version__
         print(f"{label:11s}{v}")
     return 0
+
+
+def _cmd_warmup(args, parser):
+    from .backend import gpu_available
+    from .device.warmup import TASKS, warmup
+    if not gpu_available():
+        print("adaptmg warmup: no GPU visible (nothing to compile)", file=sys.stderr)
+        return 1
+    tasks = None if not args.tasks else args.tasks.split(",")
+    if tasks:
+        bad = [t for t in tasks if t not in TASKS]
+        if bad:
+            parser.error(f"unknown warm-up tasks {bad}; known: {', '.join(TASKS)}")
+    res = warmup(tasks, jobs=args.jobs, quiet=args.quiet)
+    return 0 if all(ok for ok, _, _ in res.values()) else 1
 
 
 def _scripts_dir():
@@ -392,7 +410,7 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="adaptmg",
         description="Adaptive finite elements with geometric multigrid on CPU and GPU.")
-    sub = parser.add_subparsers(dest="command", metavar="{run,list,info,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,list,info,bench,warmup}")
     sub.required = True
     pr = sub.add_parser("run", help="run an application problem",
                         description="Run a problem: adaptmg run <problem> [options]; "
@@ -409,6 +427,14 @@ def build_parser():
     pb.add_argument("name")
     pb.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     pb.set_defaults(func=_cmd_bench)
+    pw = sub.add_parser("warmup", help="compile the GPU kernels ahead of time (parallel)",
+                        description="Compile adaptmg's GPU kernels into its kernel cache by running "
+                                    "small problems in parallel processes (adaptmg.device.warmup); "
+                                    "later processes load them even with an empty CuPy cache.")
+    pw.add_argument("--jobs", type=int, default=None, help="processes at a time (default: CPU count)")
+    pw.add_argument("--tasks", default=None, help="comma-separated subset of the tasks")
+    pw.add_argument("--quiet", action="store_true")
+    pw.set_defaults(func=_cmd_warmup)
     return parser
 
 

@@ -1,0 +1,159 @@
+"""Compile adaptmg's GPU kernels ahead of time, in parallel (``adaptmg warmup``).
+
+A kernel is compiled (NVRTC) the first time a process needs it and then read from the
+kernel caches (:mod:`adaptmg.device.kernel_cache`).  Which kernels a run needs depends on
+dtypes, element degrees, smoothers and code paths, and -- through the block shapes of
+CuPy's reductions -- on the size class of the arrays, so small and medium problems of
+every kind compile nearly all of them.  :func:`warmup` runs such small problems -- the
+*tasks* of :data:`TASKS` -- each in its own process, ``jobs`` at a time: NVRTC runs on all
+cores instead of one, and every cubin lands in adaptmg's cache, where a later process
+finds it even when CuPy's own cache is empty.  A task that fails is reported, not raised:
+its kernels are then compiled on first use, as without the warm-up.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+__all__ = ["TASKS", "warmup", "run_task"]
+
+
+def _ones(x):
+    return 1.0 + 0.0 * x[..., 0]
+
+
+def _mesh(dim, n, local):
+    from ..mesh import Mesh
+    m = Mesh.box([0.0] * dim, [1.0] * dim, [2] * dim)
+    for _ in range(n):
+        m = m.refine()
+    for _ in range(local):
+        c = m.points[m.cells].mean(axis=1)
+        m = m.refine(np.linalg.norm(c - 0.3, axis=1) < 0.25)
+    return m
+
+
+def _solve_all(ml, b, accels=("cg", "gmres", "fgmres")):
+    for accel in accels:
+        ml.solve(b, rtol=1e-8, accel=accel)
+        ml.solve(b, rtol=1e-8, accel=accel)        # second solves record CUDA graphs
+    ml.solve(b, rtol=1e-8)
+
+
+def _geometric(backend, dim, degree, n, local, dtypes=("float64", "float32"), smoothers=("jacobi",),
+               components=1):
+    from .. import assemble, multigrid
+    from ..fe import Space
+    mesh = _mesh(dim, n, local)
+    space = Space(mesh, degree=degree, components=components)
+    if components == 1:
+        form, f = assemble.stiffness, _ones
+    else:
+        def form(s):
+            return assemble.elasticity(s, 1.0, 1.0)
+
+        def f(x):
+            return np.ones(x.shape[:-1] + (components,))
+    for dtype in dtypes:
+        for sm in smoothers:
+            ml = multigrid(space, form, dirichlet="all", backend=backend, dtype=np.dtype(dtype),
+                           smoother=sm)
+            b = ml.constrain(assemble.load(space, f))
+            _solve_all(ml, b)
+            ml.expand(ml.solve(b, rtol=1e-8, accel="cg"))
+
+
+def _amg(backend, dim, n, local=0):
+    from .. import amg, assemble, multigrid
+    from ..fe import Space
+    space = Space(_mesh(dim, n, local), degree=1)
+    ml = multigrid(space, assemble.stiffness, dirichlet="all", backend="cpu", max_coarse=None)
+    A = ml.A
+    b = ml.constrain(assemble.load(space, _ones))
+    for smoother in ("chebyshev", "jacobi"):
+        mg = amg(A, backend=backend, smoother=smoother)
+        _solve_all(mg, b)
+
+
+def _adaptive(backend, name):
+    try:
+        mod = __import__(f"adaptmg_problems.{name}", fromlist=["run"])
+    except ImportError:                  # problems/ not installed: nothing to warm
+        return
+    mod.run(backend=backend, quiet=True, max_dofs=30000)
+
+
+#: name -> (function, args): the small problems :func:`warmup` runs, one process each
+TASKS = {
+    "q1-2d": (_geometric, (2, 1, 4, 2)),
+    "q1-3d": (_geometric, (3, 1, 3, 1)),
+    "q1-3d-large": (_geometric, (3, 1, 5, 0, ("float64",))),
+    "q1-2d-large": (_geometric, (2, 1, 9, 1, ("float64",))),
+    "q2-2d": (_geometric, (2, 2, 3, 2, ("float64",))),
+    "q2-3d": (_geometric, (3, 2, 2, 1, ("float64",))),
+    "smoothers-2d": (_geometric, (2, 1, 4, 1, ("float64",),
+                                  ("chebyshev", "gauss_seidel", "l1_gauss_seidel", "block_jacobi"))),
+    "elasticity-3d": (_geometric, (3, 1, 2, 1, ("float64",), ("block_jacobi", "block_gauss_seidel"), 3)),
+    "amg-2d": (_amg, (2, 6)),
+    "amg-3d": (_amg, (3, 4)),
+    # CuPy's reduction kernels are compiled per block shape, which follows the array sizes:
+    # larger problems too (measured: a 340k-DoF adaptive matrix needed 5 more than amg-3d's)
+    "amg-2d-large": (_amg, (2, 9)),
+    "amg-3d-large": (_amg, (3, 5, 1)),
+    "lshape": (_adaptive, ("lshape",)),
+    "fichera": (_adaptive, ("fichera",)),
+}
+
+
+def run_task(name, backend="gpu"):
+    """Run one task of :data:`TASKS` in this process (``backend="cpu"`` runs the same
+    problems on the host: a check that the tasks themselves work)."""
+    if name not in TASKS:
+        raise ValueError(f"unknown warm-up task {name!r}; known: {', '.join(TASKS)}")
+    fn, args = TASKS[name]
+    fn(backend, *args)
+
+
+def warmup(tasks=None, jobs=None, quiet=False, timeout=900):
+    """Compile the kernels of ``tasks`` (default all of :data:`TASKS`) in ``jobs`` parallel
+    processes (default: one per task, at most the CPU count).  Returns ``{task: (ok,
+    seconds, message)}``.  Needs a GPU (RuntimeError otherwise)."""
+    from ..backend import get_backend
+    from .kernel_cache import cache_dir
+    get_backend("gpu")                           # the clear error where there is no GPU
+    names = list(TASKS) if tasks is None else list(tasks)
+    bad = [t for t in names if t not in TASKS]
+    if bad:
+        raise ValueError(f"unknown warm-up tasks {bad}; known: {', '.join(TASKS)}")
+    if jobs is None:
+        jobs = min(len(names), os.cpu_count() or 1)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    say(f"adaptmg warmup: {len(names)} tasks, {jobs} at a time, kernel cache {cache_dir()}")
+    pending, running, results = list(names), {}, {}
+    t0 = time.perf_counter()
+    while pending or running:
+        while pending and len(running) < jobs:
+            name = pending.pop(0)
+            cmd = [sys.executable, "-c", f"from adaptmg.device.warmup import run_task; run_task({name!r})"]
+            running[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                              text=True), time.perf_counter())
+        time.sleep(0.05)
+        for name, (proc, ts) in list(running.items()):
+            if proc.poll() is None and time.perf_counter() - ts < timeout:
+                continue
+            if proc.poll() is None:
+                proc.kill()
+            err = proc.communicate()[1] or ""
+            ok = proc.returncode == 0
+            msg = "" if ok else (err.strip().splitlines() or ["killed (timeout)"])[-1]
+            results[name] = (ok, time.perf_counter() - ts, msg)
+            del running[name]
+            say(f"  {name:<14} {'ok' if ok else 'FAILED'} {results[name][1]:6.1f} s {msg}")
+    say(f"adaptmg warmup: done in {time.perf_counter() - t0:.1f} s")
+    return results

@@ -1,0 +1,204 @@
+"""Benchmark: time to solution, mesh -> x, phase by phase, warm and cold.
+
+For each case and backend it times what a user waits for: ``import adaptmg`` (cold runs),
+building the mesh, the ``Space``, the ``multigrid()`` set-up, the load vector with its
+constraints (``ml.constrain(assemble.load(...))``), the first solve and a second solve
+(CG to rtol 1e-8), and -- as the peer in the same run -- ``adaptmg.amg``'s set-up on the
+*same* constrained matrix (device set-up on the GPU, pyamg's on the CPU) and its solve.
+Every phase ends with a device synchronisation.
+
+Cases (3-D Q1 Poisson, homogeneous Dirichlet, f = 1):
+
+* ``uniform``: the box [0,1]^3 with 2^3 cells refined uniformly ``--refine`` times
+  (6: 2,146,689 DoFs).
+* ``adaptive``: the mesh family of ``scripts/bench_distributed.py`` (uniform refinement to
+  about ``--dofs`` DoFs plus one local refinement; 2.6e6: 2,657,684 DoFs, 3e5: 340,709).
+
+``--cold`` runs every case first in a fresh process whose kernel caches (CuPy's
+``CUPY_CACHE_DIR`` and adaptmg's ``ADAPTMG_KERNEL_CACHE``) are empty folders -- what the
+first run on a new machine meets -- and reports how many kernels it loaded and how many it
+compiled; on the GPU then ``adaptmg warmup`` into an adaptmg cache and each case again in
+a fresh process with an empty CuPy cache (what every run after the warm-up meets); then
+the same case warm in this process (after one untimed run).  ``--profile N`` prints the N functions with the most
+own time of the ``multigrid()`` set-up (cProfile).
+
+    python scripts/bench_setup.py --backend gpu --cases uniform,adaptive --cold
+    python scripts/bench_setup.py --backend cpu --cases uniform --refine 5
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+T_START = time.perf_counter()
+
+
+def make_mesh(case, args):
+    from adaptmg import Mesh
+    if case == "uniform":
+        m = Mesh.box([0.0] * 3, [1.0] * 3, [2] * 3)
+        for _ in range(args.refine):
+            m = m.refine()
+        return m
+    if case == "adaptive":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from bench_distributed import make_mesh as family
+        return family(3, 1, args.dofs)
+    raise ValueError(f"unknown case {case!r}")
+
+
+def run_case(case, args, profile=0):
+    """Phase times (seconds) of one mesh -> x run of ``case`` in this process."""
+    import numpy as np
+    import adaptmg
+    from adaptmg import assemble
+    from adaptmg.backend import get_backend
+    be = get_backend(args.backend)
+    sync = be.synchronize
+    out = {}
+
+    def phase(name, fn):
+        t = time.perf_counter()
+        r = fn()
+        sync()
+        out[name] = time.perf_counter() - t
+        return r
+
+    mesh = phase("mesh", lambda: make_mesh(case, args))
+    space = phase("space", lambda: adaptmg.Space(mesh, degree=1))
+    if profile:
+        import cProfile
+        import pstats
+        pr = cProfile.Profile()
+        pr.enable()
+    if args.assemble == "device" and be.is_gpu:
+        def form(s):
+            return assemble.scalar_form(s, diffusion=1.0, device=be, keep_on_device=True)
+    else:
+        form = assemble.stiffness
+    ml = phase("multigrid", lambda: adaptmg.multigrid(space, form, dirichlet="all", backend=be))
+    if profile:
+        pr.disable()
+        pstats.Stats(pr, stream=sys.stderr).sort_stats("tottime").print_stats(profile)
+        pstats.Stats(pr, stream=sys.stderr).sort_stats("cumulative").print_stats(profile)
+    b = phase("load", lambda: ml.constrain(assemble.load(space, lambda x: np.ones(x.shape[:-1]))))
+    b = be.asarray(b)
+    x = phase("solve1", lambda: ml.solve(b, rtol=1e-8, accel="cg"))
+    phase("solve2", lambda: ml.solve(b, rtol=1e-8, accel="cg"))
+    from adaptmg.backend import to_host
+    bh, xh = to_host(b), to_host(x)
+    res = float(np.linalg.norm(bh - to_host(ml.A) @ xh) / np.linalg.norm(bh))
+    out["total"] = sum(out[k] for k in ("mesh", "space", "multigrid", "load", "solve1"))
+    if args.amg:
+        amg = phase("amg_setup", lambda: adaptmg.amg(ml.A, backend=be))
+        phase("amg_solve", lambda: amg.solve(b, rtol=1e-8, accel="cg"))
+        if not be.is_gpu:
+            import pyamg
+            A = ml.A
+            phase("pyamg_setup", lambda: pyamg.smoothed_aggregation_solver(A, max_coarse=500))
+    out.update(dofs=int(space.num_dofs), levels=len(ml.levels), residual=res)
+    return out
+
+
+def child(args):
+    t = time.perf_counter()
+    import adaptmg  # noqa: F401
+    imp = time.perf_counter() - t
+    r = run_case(args.cases, args)
+    r.update(import_s=imp, process_s=time.perf_counter() - T_START)
+    print("RESULT " + json.dumps(r))
+
+
+def _files(folder):
+    return sum(1 for _, _, fs in os.walk(folder) for f in fs if f.endswith(".cubin"))
+
+
+def cold(case, args, adaptmg_cache):
+    """``case`` in a fresh process whose CuPy kernel cache is an empty folder and whose
+    adaptmg kernel cache is ``adaptmg_cache`` (an empty one: the first run on a machine)."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, CUPY_CACHE_DIR=cache, ADAPTMG_KERNEL_CACHE=adaptmg_cache)
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cases", case,
+               "--backend", args.backend, "--assemble", args.assemble, "--refine", str(args.refine), "--dofs", str(args.dofs)]
+        if args.amg:
+            cmd.append("--amg")
+        before = _files(adaptmg_cache)
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        if p.returncode or not lines:
+            raise RuntimeError(f"cold run of {case} failed:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+        r = json.loads(lines[-1][7:])
+        r["kernels"] = _files(cache)
+        r["compiled"] = _files(adaptmg_cache) - before
+        return r
+
+
+def warm_cache(folder):
+    """``adaptmg warmup`` into ``folder`` (a fresh process); returns its wall seconds."""
+    t = time.perf_counter()
+    env = dict(os.environ, ADAPTMG_KERNEL_CACHE=folder)
+    with tempfile.TemporaryDirectory() as cupy_cache:
+        env["CUPY_CACHE_DIR"] = cupy_cache
+        subprocess.run([sys.executable, "-m", "adaptmg", "warmup", "--quiet"], env=env, check=True)
+    return time.perf_counter() - t
+
+
+COLS = ("mesh", "space", "multigrid", "load", "solve1", "solve2", "total", "amg_setup", "amg_solve",
+        "pyamg_setup")
+
+
+def show(label, r):
+    cells = " ".join(f"{k} {r[k]:.3f}" for k in COLS if k in r)
+    extra = ""
+    if "compiled" in r:
+        extra = (f" | import {r['import_s']:.2f} process {r['process_s']:.2f}; {r['kernels']} kernels"
+                 f" loaded, {r['compiled']} of them compiled")
+    print(f"{label:<22} dofs {r['dofs']:>10,} levels {r['levels']:>2} | {cells}{extra}"
+          f" | res {r['residual']:.1e}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--cases", default="uniform,adaptive")
+    ap.add_argument("--refine", type=int, default=6, help="uniform: refinements of the 2^3 box")
+    ap.add_argument("--dofs", type=float, default=2.6e6, help="adaptive: about this many DoFs")
+    ap.add_argument("--cold", action="store_true",
+                    help="also fresh processes with empty kernel caches: the first run on a machine, "
+                         "and (GPU) a first run after `adaptmg warmup`")
+    ap.add_argument("--no-amg", dest="amg", action="store_false", help="skip the amg() peer")
+    ap.add_argument("--amg", dest="amg", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--assemble", choices=("host", "device"), default="host",
+                    help="multigrid's assemble: assemble.stiffness (host), or scalar_form on the "
+                         "device (keep_on_device=True)")
+    ap.add_argument("--profile", type=int, default=0, help="cProfile the set-up (top N)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    from adaptmg.backend import get_backend
+    be = get_backend(args.backend)
+    args.backend = be.name
+    print(f"backend {be.name}; seconds per phase (after a synchronize)")
+    cases = args.cases.split(",")
+    if args.cold:
+        with tempfile.TemporaryDirectory() as empty, tempfile.TemporaryDirectory() as warmed:
+            for case in cases:
+                show(f"{case} cold", cold(case, args, empty))
+                shutil.rmtree(empty)
+                os.makedirs(empty)
+            if be.is_gpu:
+                print(f"adaptmg warmup (all tasks, parallel): {warm_cache(warmed):.1f} s", flush=True)
+                for case in cases:
+                    show(f"{case} cold+warmup", cold(case, args, warmed))
+    for case in cases:
+        run_case(case, args)                                   # warm-up (kernels, caches)
+        show(f"{case} warm", run_case(case, args, profile=args.profile))
+
+
+if __name__ == "__main__":
+    main()
