@@ -75,17 +75,15 @@ def run_case(case, args, profile=0):
         import pstats
         pr = cProfile.Profile()
         pr.enable()
-    if args.assemble == "device" and be.is_gpu:
-        def form(s):
-            return assemble.scalar_form(s, diffusion=1.0, device=be, keep_on_device=True)
-    else:
-        form = assemble.stiffness
-    ml = phase("multigrid", lambda: adaptmg.multigrid(space, form, dirichlet="all", backend=be))
+    ml = phase("multigrid", lambda: adaptmg.multigrid(space, assemble.stiffness, dirichlet="all",
+                                                      backend=be))
     if profile:
         pr.disable()
         pstats.Stats(pr, stream=sys.stderr).sort_stats("tottime").print_stats(profile)
         pstats.Stats(pr, stream=sys.stderr).sort_stats("cumulative").print_stats(profile)
-    b = phase("load", lambda: ml.constrain(assemble.load(space, lambda x: np.ones(x.shape[:-1]))))
+    dev = be if args.load == "device" else None
+    b = phase("load", lambda: ml.constrain(assemble.load(space, lambda x: 1.0 + 0.0 * x[..., 0],
+                                                         device=dev)))
     b = be.asarray(b)
     x = phase("solve1", lambda: ml.solve(b, rtol=1e-8, accel="cg"))
     phase("solve2", lambda: ml.solve(b, rtol=1e-8, accel="cg"))
@@ -123,7 +121,7 @@ def cold(case, args, adaptmg_cache):
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, CUPY_CACHE_DIR=cache, ADAPTMG_KERNEL_CACHE=adaptmg_cache)
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cases", case,
-               "--backend", args.backend, "--assemble", args.assemble, "--refine", str(args.refine), "--dofs", str(args.dofs)]
+               "--backend", args.backend, "--load", args.load, "--refine", str(args.refine), "--dofs", str(args.dofs)]
         if args.amg:
             cmd.append("--amg")
         before = _files(adaptmg_cache)
@@ -172,9 +170,8 @@ def main():
                          "and (GPU) a first run after `adaptmg warmup`")
     ap.add_argument("--no-amg", dest="amg", action="store_false", help="skip the amg() peer")
     ap.add_argument("--amg", dest="amg", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--assemble", choices=("host", "device"), default="host",
-                    help="multigrid's assemble: assemble.stiffness (host), or scalar_form on the "
-                         "device (keep_on_device=True)")
+    ap.add_argument("--load", choices=("host", "device"), default="device",
+                    help="the load vector: assemble.load on the host, or with device=<backend>")
     ap.add_argument("--profile", type=int, default=0, help="cProfile the set-up (top N)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -18,7 +18,8 @@ which a GPU does in a few milliseconds for millions of entries:
 The run order equals the order in which ``np.add.at`` visits the entries, so the
 summed values are bit-identical to the host pattern's; the matrix comes back to
 the host as SciPy CSR (the assembly contract), only ``data`` being copied per
-call: the index arrays are copied down once per pattern.  Patterns are memoised
+call: the index arrays are copied down once per pattern, and only when a host result is
+asked for (``keep_on_device`` results never leave the device).  Patterns are memoised
 like the host ones (:func:`._sparse.memoised`).
 """
 from __future__ import annotations
@@ -72,7 +73,8 @@ class DevicePattern:
     """Merged sparsity pattern of the pairs (row_cells[c, i], col_cells[c, j]), built on the GPU.
 
     Attributes: ``shape``, ``cell_shape`` (ncells, nr, ncl), ``nnz``, host ``indptr`` and
-    ``indices`` (identical to :class:`._sparse.Pattern`'s), and on the device ``order``
+    ``indices`` (identical to :class:`._sparse.Pattern`'s; downloaded on first use), and on
+    the device ``order``
     (entries sorted by matrix position, stable), ``seg`` (nnz + 1 run starts) and the same
     ``d_indptr`` / ``d_indices`` (for :meth:`device_csr`).
     """
@@ -109,8 +111,7 @@ class DevicePattern:
         indptr = xp.searchsorted(rows, xp.arange(nrows + 1, dtype=rows.dtype))
         self.d_indices = (uk - rows * ncols).astype(idx_t)
         self.d_indptr = indptr.astype(idx_t)
-        self.indices = self.d_indices.get()
-        self.indptr = self.d_indptr.get()
+        self._host = None
         del uk, rows, indptr
         self.order = order.astype(xp.int32)
         del order
@@ -118,6 +119,21 @@ class DevicePattern:
         self.seg[:nnz] = starts
         self.seg[nnz] = nent
         self.nnz = nnz
+
+    def _host_index(self):
+        if self._host is None:           # downloaded once, only for host results
+            self._host = (self.d_indptr.get(), self.d_indices.get())
+        return self._host
+
+    @property
+    def indptr(self):
+        """Host copy of ``d_indptr`` (made on first use: device results never need it)."""
+        return self._host_index()[0]
+
+    @property
+    def indices(self):
+        """Host copy of ``d_indices`` (made on first use)."""
+        return self._host_index()[1]
 
     def sum(self, K, on_device=False):
         """Summed entries (nnz,) from all element entries ``K`` (device, (E,) float64): a host

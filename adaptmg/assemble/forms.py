@@ -347,6 +347,16 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
     return out[0] if extra is None else out
 
 
+def _keep_backend(name, device, keep_on_device):
+    """The GPU backend of ``keep_on_device=True`` (None when False); ValueError without one."""
+    if not keep_on_device:
+        return None
+    keep = get_backend(device) if isinstance(device, (str, Backend)) else None
+    if keep is None or not keep.is_gpu:
+        raise ValueError(f"{name}: keep_on_device=True needs a GPU device, got device={device!r}")
+    return keep
+
+
 def _assembly_device(device, info, per_cell):
     """The GPU backend to build the pattern and sums on, or None for the host path.
 
@@ -389,11 +399,12 @@ def _convection_factor(g, bv, wdet):
 
 # ----------------------------------------------------------------------------- operators
 
-def mass(space, coef=1.0, *, quad_points=None, device=None):
+def mass(space, coef=1.0, *, quad_points=None, device=None, keep_on_device=False):
     r"""Mass matrix :math:`M_{ij} = (\rho\,\phi_j, \phi_i) = \int_\Omega \rho\,\phi_j\phi_i\,dx`.
 
     ``coef`` (:math:`\rho`) as described in the module docstring. Acts component-wise
-    for c > 1. Returns CSR (num_dofs x num_dofs). ``device``: see :func:`scalar_form`.
+    for c > 1. Returns CSR (num_dofs x num_dofs). ``device``, ``keep_on_device``: see
+    :func:`scalar_form` (a kept matrix takes the congruent-cell path for constant ``coef``).
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
@@ -403,8 +414,11 @@ def mass(space, coef=1.0, *, quad_points=None, device=None):
 
     def factor(sl, g, wdet):
         return wdet * ev(sl, g)
+    keep = _keep_backend("mass", device, keep_on_device)
     return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(coef),
-                            device=_assembly_device(device, info, T.shape[-1]))
+                            device=_assembly_device(device, info, T.shape[-1]),
+                            uniform=keep is not None and np.ndim(coef) == 0 and not callable(coef),
+                            keep=keep)
 
 
 def lumped_mass(space, method="auto", *, quad_points=None):
@@ -440,7 +454,7 @@ def lumped_mass(space, method="auto", *, quad_points=None):
     return np.repeat(m, info.components) if info.components > 1 else m
 
 
-def stiffness(space, coef=1.0, *, quad_points=None, device=None):
+def stiffness(space, coef=1.0, *, quad_points=None, device=None, keep_on_device=False):
     r"""Stiffness (Laplace) matrix :math:`K_{ij} = (\kappa\nabla\phi_j, \nabla\phi_i)`.
 
     With :math:`G = J^{-1}J^{-T}` the element matrix is
@@ -448,7 +462,9 @@ def stiffness(space, coef=1.0, *, quad_points=None, device=None):
     computed as one product (cells, nq*d*d) @ (nq*d*d, nloc*nloc).
     ``coef`` (:math:`\kappa`): constant, per-cell (num_cells,) or callable kappa(x).
     Acts component-wise for c > 1. Returns CSR (num_dofs x num_dofs).
-    ``device``: see :func:`scalar_form`.
+    ``device``, ``keep_on_device``: see :func:`scalar_form` (a kept matrix takes the
+    congruent-cell path for constant ``coef``); :func:`adaptmg.multigrid` on the GPU passes
+    both, so every level is assembled and constrained on the device.
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
@@ -460,8 +476,11 @@ def stiffness(space, coef=1.0, *, quad_points=None, device=None):
         wc = wdet / g.detJ
         wc = wc * ev(sl, g)
         return metric_factor(g.J, g.detJ, wc, packed=True)   # w kappa det J J^{-1} J^{-T}
+    keep = _keep_backend("stiffness", device, keep_on_device)
     return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(coef),
-                            device=_assembly_device(device, info, T.shape[-1]))
+                            device=_assembly_device(device, info, T.shape[-1]),
+                            uniform=keep is not None and np.ndim(coef) == 0 and not callable(coef),
+                            keep=keep)
 
 
 def convection(space, b, *, quad_points=None, device=None):
@@ -592,13 +611,9 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
     const = {"mass": const_m, "diffusion": const_k, "convection": convection is not None and const_b}
     uniform = all(const[nm] for nm in active)
     extra = (parts[0][0], blocks[0]) if return_mass else None
-    keep = None
-    if keep_on_device:
-        keep = get_backend(device) if isinstance(device, (str, Backend)) else None
-        if keep is None or not keep.is_gpu:
-            raise ValueError(f"scalar_form: keep_on_device=True needs a GPU device, got device={device!r}")
     return _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=extra,
-                            device=_assembly_device(device, info, L), uniform=uniform, keep=keep)
+                            device=_assembly_device(device, info, L), uniform=uniform,
+                            keep=_keep_backend("scalar_form", device, keep_on_device))
 
 
 def derivative_matrices(space, *, quad_points=None):
@@ -774,13 +789,17 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
     return (A, Ms) if return_mass else A
 
 
-def load(space, f, *, quad_points=None):
+def load(space, f, *, quad_points=None, device=None):
     r"""Load vector :math:`b_{(i,r)} = (f_r, \phi_i) = \int_\Omega f_r\,\phi_i\,dx`.
 
     ``f``: a constant (scalar for c = 1, shape (c,) for c components), a per-cell
     array ((num_cells,) or (num_cells, c)), or a callable f(x) with x of shape
     (..., dim) returning (...) for c = 1 or (..., c). Returns a 1-D array of
     length num_dofs (DoF node*c + r).
+
+    ``device`` ("gpu" or a GPU :class:`~adaptmg.backend.Backend`; None/"cpu" = host):
+    computed on the device and returned as a CuPy array (:mod:`.device_load`; a callable
+    ``f`` gets CuPy point arrays), ready for ``ml.constrain`` and ``ml.solve``.
     """
     info = _SpaceInfo(space)
     c = info.components
@@ -788,6 +807,13 @@ def load(space, f, *, quad_points=None):
     xi, w = info.quadrature(quad_points)
     ev, _ = _coefficient("f", f, info.num_cells, info.dim, tail=tail)
     phi, _ = _ref_tables(info, xi)
+    if device is not None:
+        if not isinstance(device, (str, Backend)):
+            raise TypeError(f"device must be None, 'cpu', 'gpu', 'auto' or a Backend, got {type(device).__name__}")
+        be = get_backend(device)
+        if be.is_gpu:
+            from .device_load import load_on_device
+            return load_on_device(be, info, f, xi, w, phi)
     nq = len(w)
     loc = np.empty((info.num_cells, info.nloc, c))
     for sl, g in info.chunks(xi, info.nloc * c):

@@ -23,7 +23,7 @@ import copy
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import is_device_sparse
+from ..backend import is_device_array, is_device_sparse
 from .csr_ops import (NodeBlockMatrix, as_csr, congruence_map, congruence_with_constraints,
                       expand_node_blocks, mask_rows_cols)
 from .space import Space
@@ -196,7 +196,10 @@ class Constraints:
 
     def rhs(self, b, A=None) -> np.ndarray:
         """Constrained right-hand side f = Z H^T (b - A H g) + s g (A needed when g != 0;
-        host or device matrix, host ``b`` and result)."""
+        host or device matrix).  A host ``b`` gives a host result; a CuPy ``b`` (e.g.
+        ``assemble.load(..., device="gpu")``) a CuPy result computed on the device."""
+        if is_device_array(b):
+            return self._rhs_device(b, A)
         b = np.asarray(b, dtype=float)
         if b.shape != (self.space.num_dofs,):
             raise ValueError(f"right-hand side has shape {b.shape}, expected ({self.space.num_dofs},)")
@@ -218,6 +221,36 @@ class Constraints:
                 raise ValueError("call matrix(A) first or pass A: the Dirichlet row scale comes from A")
             self.matrix(A)
         f[self.dirichlet] = self._scale * self.g[self.dirichlet]
+        return f
+
+    def _device_parts(self, be):
+        """H^T, H, the free mask and the Dirichlet DoFs and values on the device (made once)."""
+        parts = getattr(self, "_dev_parts", None)
+        if parts is None:
+            parts = (be.asmatrix(self.H.T.tocsr()), be.asmatrix(self.H), be.asarray(self.free),
+                     be.asarray(self.dirichlet), be.asarray(self.g))
+            self._dev_parts = parts
+        return parts
+
+    def _rhs_device(self, b, A):
+        from ..backend import backend_of
+        be = backend_of(b)
+        if b.shape != (self.space.num_dofs,):
+            raise ValueError(f"right-hand side has shape {b.shape}, expected ({self.space.num_dofs},)")
+        HT, H, free, dirichlet, g = self._device_parts(be)
+        r = b.astype(float, copy=False)
+        if self.dirichlet.size and np.any(self.g):
+            if A is None:
+                raise ValueError("rhs needs the assembled matrix A to lift non-zero Dirichlet values")
+            Ad = A if is_device_sparse(A) else be.asmatrix(A)
+            r = r - Ad @ (H @ g)
+        if self._scale is None:
+            if A is None:
+                raise ValueError("call matrix(A) first or pass A: the Dirichlet row scale comes from A")
+            self.matrix(A)
+        f = HT @ r
+        f[~free] = 0.0
+        f[dirichlet] = self._scale * g[dirichlet]
         return f
 
     def apply(self, A, b):

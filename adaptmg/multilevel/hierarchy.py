@@ -10,6 +10,8 @@ Galerkin products R_l A_l P_l -- and returns a
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -48,6 +50,22 @@ def dirichlet_dofs(space: Space, dirichlet) -> np.ndarray:
     if not np.issubdtype(ids.dtype, np.integer):
         raise TypeError(f"dirichlet boundary ids must be integers, got {dirichlet!r}")
     return space.boundary_dofs(ids=ids)
+
+
+def _on_backend(assemble, be):
+    """``assemble`` as :func:`multigrid` calls it: on the GPU, a callable that accepts the
+    keywords ``device`` and ``keep_on_device`` (the library's forms do) is called with
+    ``device=be, keep_on_device=True`` -- pattern, sums and matrix stay on the device and
+    the level is constrained there; any other callable is called as ``assemble(space)``."""
+    if not be.is_gpu:
+        return assemble
+    try:
+        params = inspect.signature(assemble).parameters
+    except (TypeError, ValueError):           # builtins, some C callables: no signature
+        return assemble
+    if "device" in params and "keep_on_device" in params:
+        return functools.partial(assemble, device=be, keep_on_device=True)
+    return assemble
 
 
 def _level_constraints(space, dirichlet):
@@ -192,8 +210,10 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         Unconstrained system matrix on a space (rediscretisation on every level).  It may
         return a cupyx matrix on the GPU backend (e.g. ``scalar_form(..., device=be,
         keep_on_device=True)``): that level's constraints are then applied on the device
-        and its matrix never goes through the host (the finest level: no download, host
-        masking and upload of its largest matrix).
+        and its matrix never goes through the host (no download, host masking and upload).
+        On the GPU a callable that accepts the keywords ``device`` and ``keep_on_device``
+        -- ``assemble.stiffness``, ``assemble.mass``, ``assemble.scalar_form`` -- is called
+        with ``device=<the GPU backend>, keep_on_device=True``, so every level is built so.
     dirichlet : see :func:`dirichlet_dofs` (default: homogeneous on the whole boundary).
     galerkin : bool
         Coarse operators R A P instead of rediscretisation (``assemble`` is then
@@ -271,6 +291,7 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         cons_f = [pool.submit(_level_constraints, s, dirichlet) for s in spaces]
         P_f = [None] + [pool.submit(_level_prolongation, spaces[l - 1], spaces[l], cons_f[l - 1], cons_f[l])
                         for l in range(1, L)]
+        assemble = _on_backend(assemble, be)
         Afine = assemble(space)
         n = space.num_dofs
         if getattr(Afine, "shape", None) != (n, n):
@@ -285,7 +306,11 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
             K_f[-1] = pool.submit(cons[-1].matrix, Afine)
         if not galerkin:
             for l in range(L - 2, -1, -1):
-                K_f[l] = pool.submit(cons[l].matrix, assemble(spaces[l]))
+                A_l = assemble(spaces[l])
+                if is_device_sparse(A_l):        # device work stays in this thread (see above)
+                    K_f[l] = _Inline._Done(cons[l].matrix, (A_l,))
+                else:
+                    K_f[l] = pool.submit(cons[l].matrix, A_l)
         PRs = [(None, None)] + [f.result() for f in P_f[1:]]
         Ps = [P for P, _ in PRs]
         Ks = [None] * L

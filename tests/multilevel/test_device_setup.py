@@ -1,0 +1,120 @@
+"""multigrid() on the GPU builds its levels on the device: the same levels as on the CPU.
+
+The library's forms accept ``device``/``keep_on_device``; ``multigrid`` passes them on the
+GPU, so every level's matrix is assembled (pattern and sums) and constrained on the device.
+The levels must be the CPU's: matrices, transfers and smoother parameters agree to a few
+ulps (the device sums the element entries in the same order as ``np.add.at``; the congruent
+-cell path and the SpGEMM of the constraints may round differently).
+"""
+import numpy as np
+import pytest
+
+import adaptmg
+from adaptmg import assemble
+from adaptmg.backend import is_device_sparse, to_host
+from adaptmg.multilevel.hierarchy import _on_backend
+
+
+def _mesh(dim, n, local):
+    m = adaptmg.Mesh.box([0.0] * dim, [1.0] * dim, [2] * dim)
+    for _ in range(n):
+        m = m.refine()
+    for _ in range(local):
+        c = m.points[m.cells].mean(axis=1)
+        m = m.refine(np.linalg.norm(c - 0.3, axis=1) < 0.3)
+    return m
+
+
+def _rel_diff(A, B):
+    A, B = to_host(A).tocsr(), to_host(B).tocsr()
+    scale = abs(A).max()
+    return abs(A - B).max() / scale
+
+
+def test_forms_are_called_with_the_device_only_on_the_gpu():
+    calls = []
+
+    def form(space, *, device=None, keep_on_device=False):
+        calls.append((device, keep_on_device))
+        return assemble.stiffness(space)
+
+    space = adaptmg.Space(_mesh(2, 3, 1), degree=1)
+    adaptmg.multigrid(space, form, backend="cpu")
+    assert calls and all(c == (None, False) for c in calls)
+    assert _on_backend(assemble.stiffness, adaptmg.get_backend("cpu")) is assemble.stiffness
+    assert _on_backend(len, adaptmg.get_backend("cpu")) is len           # no signature: as is
+
+
+def test_keep_on_device_needs_a_gpu_device():
+    space = adaptmg.Space(_mesh(2, 2, 0), degree=1)
+    for form in (assemble.stiffness, assemble.mass):
+        with pytest.raises(ValueError, match="keep_on_device=True needs a GPU device"):
+            form(space, keep_on_device=True)
+        with pytest.raises(ValueError, match="keep_on_device=True needs a GPU device"):
+            form(space, device="cpu", keep_on_device=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim,n,local,degree", [(3, 4, 1, 1), (2, 7, 2, 1), (2, 5, 1, 2)])
+def test_gpu_setup_builds_the_cpu_levels(dim, n, local, degree):
+    space = adaptmg.Space(_mesh(dim, n, local), degree=degree)
+    cpu = adaptmg.multigrid(space, assemble.stiffness, backend="cpu", coarse_max_rows=None)
+    gpu = adaptmg.multigrid(space, assemble.stiffness, backend="gpu", coarse_max_rows=None)
+    assert is_device_sparse(gpu.assembled)           # the finest level never went through the host
+    assert len(cpu.levels) == len(gpu.levels)
+    eps = np.finfo(np.float64).eps
+    for lc, lg in zip(cpu.levels, gpu.levels):
+        assert lc.n == lg.n
+        assert _rel_diff(lc.A, lg.A) <= 64 * eps
+        if lc.P is not None:
+            assert _rel_diff(lc.P, lg.P) <= 4 * eps
+            assert _rel_diff(lc.R, lg.R) <= 4 * eps
+        if hasattr(lc.smoother, "omega"):
+            assert abs(lc.smoother.omega - lg.smoother.omega) <= 1e-6 * lc.smoother.omega
+    b = cpu.constrain(assemble.load(space, lambda x: 1.0 + 0 * x[..., 0]))
+    bg = gpu.constrain(assemble.load(space, lambda x: 1.0 + 0 * x[..., 0]))
+    assert np.max(np.abs(to_host(bg) - b)) <= 64 * eps * np.max(np.abs(b))
+    xc = cpu.solve(b, rtol=1e-10, accel="cg")
+    xg = to_host(gpu.solve(bg, rtol=1e-10, accel="cg"))
+    assert np.max(np.abs(xc - xg)) <= 1e-8 * np.max(np.abs(xc))
+
+
+def test_load_device_argument_is_checked():
+    space = adaptmg.Space(_mesh(2, 2, 0), degree=1)
+    with pytest.raises(TypeError, match="device must be"):
+        assemble.load(space, 1.0, device=3)
+    b = assemble.load(space, 1.0, device="cpu")                # the host path
+    assert isinstance(b, np.ndarray) and abs(b.sum() - 1.0) < 1e-13
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim,degree,components", [(2, 1, 1), (3, 1, 1), (2, 2, 2), (3, 2, 1)])
+def test_device_load_equals_host_load(dim, degree, components):
+    space = adaptmg.Space(_mesh(dim, 3, 1), degree=degree, components=components)
+    nc = space.mesh.num_cells
+    rng = np.random.default_rng(0)
+    per_cell = rng.random((nc, components)) if components > 1 else rng.random(nc)
+    const = np.arange(1.0, components + 1) if components > 1 else 2.5
+
+    def fun(x):
+        v = x[..., 0] ** 2 + 3 * x[..., -1]
+        return v if components == 1 else v[..., None] * np.arange(1.0, components + 1)
+    eps = np.finfo(np.float64).eps
+    for f in (const, per_cell, fun):
+        bh = assemble.load(space, f)
+        bd = assemble.load(space, f, device="gpu")
+        assert not isinstance(bd, np.ndarray)
+        assert np.max(np.abs(to_host(bd) - bh)) <= 64 * eps * np.max(np.abs(bh))
+
+
+@pytest.mark.gpu
+def test_device_rhs_with_dirichlet_lift_equals_host():
+    space = adaptmg.Space(_mesh(2, 4, 2), degree=1)
+    ml = adaptmg.multigrid(space, assemble.stiffness, dirichlet="all", backend="gpu")
+    cons = ml.constraints[-1]
+    cons.g[cons.dirichlet] = 1.0 + np.arange(cons.dirichlet.size) % 3     # non-zero lift
+    b = assemble.load(space, lambda x: 1.0 + x[..., 0])
+    fh = cons.rhs(b, ml.assembled)
+    fd = cons.rhs(assemble.load(space, lambda x: 1.0 + x[..., 0], device="gpu"), ml.assembled)
+    eps = np.finfo(np.float64).eps
+    assert np.max(np.abs(to_host(fd) - fh)) <= 256 * eps * np.max(np.abs(fh))
