@@ -92,8 +92,9 @@ def worker(args):
 
 
 def solve_only(res, b, comm):
-    """(seconds, halo seconds, iterations) of one more CG solve on the hierarchy of ``res``."""
-    from adaptmg.distributed import cg
+    """(seconds, halo seconds, iterations) of one more CG solve on the hierarchy of ``res``
+    (several ranks: adaptmg.linalg.cg preconditioned by the cycle of ``res.mg.solver``)."""
+    from adaptmg.distributed import resolve
     ml, mg = res.ml, res.mg
     be = ml.backend
     if mg is None:                                     # one rank: the serial code path
@@ -110,7 +111,7 @@ def solve_only(res, b, comm):
     mg.timer.reset()
     be.synchronize()
     t = time.perf_counter()
-    _, _, its, _ = cg(comm, mg.A, f_loc, M=mg.precondition, rtol=1e-8, maxiter=200)
+    _, _, its, _ = resolve(mg, f_loc, rtol=1e-8, maxiter=200)
     be.synchronize()
     return time.perf_counter() - t, mg.timer.seconds, its
 

@@ -42,7 +42,9 @@ import sys
 import time
 import traceback
 
-__all__ = ["find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
+import numpy as np
+
+__all__ = ["allreduce_sum", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
            "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
            "select_device", "choose_transport", "resolve_transport", "nccl_available",
            "nccl_communicator", "TRANSPORTS"]
@@ -190,6 +192,22 @@ def install_excepthook(comm=None) -> None:
         _abort(comm, exc_type, exc, tb)
 
     sys.excepthook = hook
+
+
+def allreduce_sum(comm):
+    """``partial -> sum over the ranks of comm`` (one ``Allreduce`` of a NumPy array): the
+    reduction that :func:`adaptmg.linalg._vectorops.global_reductions` takes to make the
+    Krylov solvers' inner products and norms global.  A CuPy partial is copied to the host,
+    reduced there and returned as a CuPy array."""
+    from ..backend import backend_of, is_device_array, to_host
+
+    def f(a):
+        dev = is_device_array(a)
+        h = np.ascontiguousarray(to_host(a) if dev else a)
+        out = np.empty_like(h)
+        comm.Allreduce(h, out)
+        return backend_of(a).xp.asarray(out) if dev else out
+    return f
 
 
 class HaloTimer:

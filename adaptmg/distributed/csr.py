@@ -299,6 +299,11 @@ class DistCSR:
             self._pog(self._gbuf, y, alpha, 1.0)
         return y
 
+    #: ``spmv(x, y, alpha, beta)``: the product as :func:`adaptmg.device.kernels.make_spmv` takes
+    #: it from an operator, so a :class:`~adaptmg.multilevel.level.Level` whose ``A``, ``P``,
+    #: ``R`` are DistCSR runs in :class:`~adaptmg.multilevel.MultilevelSolver`'s cycle as is
+    spmv = __call__
+
     def __matmul__(self, x):
         y = self._xp.zeros(self.rows.n, dtype=np.result_type(self.dtype, x.dtype))
         return self(x, y)
