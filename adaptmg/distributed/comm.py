@@ -44,7 +44,7 @@ import traceback
 
 import numpy as np
 
-__all__ = ["allreduce_sum", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
+__all__ = ["allreduce_sum", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
            "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
            "select_device", "choose_transport", "resolve_transport", "nccl_available",
            "nccl_communicator", "TRANSPORTS"]
@@ -67,12 +67,71 @@ def mpiexec_flags(version_text: str, euid: int) -> list:
     return ["--oversubscribe"] + (["--allow-run-as-root"] if euid == 0 else [])
 
 
+def mpi_family(version_text: str) -> str:
+    """``"openmpi"``, ``"mpich"`` (MPICH, its Hydra launcher, Intel MPI) or ``""`` (unknown) for
+    the output of ``mpiexec --version`` or of ``MPI.Get_library_version()``."""
+    t = version_text.lower()
+    if "open mpi" in t or "openrte" in t or "open-mpi" in t:
+        return "openmpi"
+    if "mpich" in t or "hydra" in t or "intel(r) mpi" in t:
+        return "mpich"
+    return ""
+
+
+_FAMILY = {}
+
+
+def mpi4py_family() -> str:
+    """:func:`mpi_family` of the MPI library mpi4py is linked with (asked once, in a child
+    Python, so this process does not initialise MPI); ``""`` without mpi4py or when unknown."""
+    if "mpi4py" not in _FAMILY:
+        import subprocess
+        fam = ""
+        if have_mpi():
+            try:
+                r = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; "
+                                    "print(MPI.Get_library_version())"],
+                                   capture_output=True, text=True, timeout=60)
+                fam = mpi_family(r.stdout)
+            except (OSError, subprocess.SubprocessError):
+                pass
+        _FAMILY["mpi4py"] = fam
+    return _FAMILY["mpi4py"]
+
+
+def _version_text(mpiexec: str) -> str:
+    import subprocess
+    try:
+        r = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+        return r.stdout + r.stderr
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def find_mpiexec() -> str | None:
-    """The ``mpiexec`` next to the running Python (the ``mpi`` extra installs MPICH's there),
-    else the first on the PATH, else None."""
+    """The launcher of the MPI library mpi4py is linked with: among the ``mpiexec`` next to the
+    running Python (the ``mpi`` extra installs MPICH's there), then ``mpiexec`` and ``mpirun``
+    on the PATH, the first whose ``--version`` names the same family (:func:`mpi_family`:
+    Open MPI or MPICH); where that is unknown, the first of them; None when there is none.
+
+    A launcher of the other family starts every rank as a singleton (each sees
+    ``COMM_WORLD.Get_size() == 1``), as the MPICH wheel's ``mpiexec`` does beside an mpi4py
+    built on a machine's Open MPI; :func:`get_comm` refuses such a launch."""
     import shutil
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.access(here, os.X_OK) else shutil.which("mpiexec")
+    found = [os.path.join(os.path.dirname(sys.executable), "mpiexec")]
+    found += [shutil.which(name) for name in ("mpiexec", "mpirun")]
+    cands = []
+    for c in found:
+        if c and os.access(c, os.X_OK) and os.path.realpath(c) not in map(os.path.realpath, cands):
+            cands.append(c)
+    if not cands:
+        return None
+    want = mpi4py_family()
+    if want:
+        for c in cands:
+            if mpi_family(_version_text(c)) == want:
+                return c
+    return cands[0]
 
 
 def mpiexec_command(n: int, mpiexec: str | None = None) -> list | None:
@@ -80,16 +139,11 @@ def mpiexec_command(n: int, mpiexec: str | None = None) -> list | None:
 
     The launcher is ``mpiexec`` if given, else :func:`find_mpiexec`; its flags come from
     :func:`mpiexec_flags`."""
-    import subprocess
     if mpiexec is None:
         mpiexec = find_mpiexec()
     if mpiexec is None:
         return None
-    try:
-        r = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
-        text = r.stdout + r.stderr
-    except (OSError, subprocess.SubprocessError):
-        text = ""
+    text = _version_text(mpiexec)
     euid = os.geteuid() if hasattr(os, "geteuid") else -1
     return [mpiexec] + mpiexec_flags(text, euid) + ["-n", str(int(n))]
 
@@ -118,13 +172,30 @@ def have_mpi() -> bool:
     return importlib.util.find_spec("mpi4py") is not None
 
 
+def check_launch(world_size: int, launched: int | None = None) -> None:
+    """Raise RuntimeError when a launcher announced ``launched`` > 1 processes
+    (:func:`launched_size`) but ``COMM_WORLD`` has ``world_size == 1``: the launcher belongs to
+    another MPI library than mpi4py's, every rank would run alone (and the job would repeat the
+    serial solve ``launched`` times)."""
+    launched = launched_size() if launched is None else int(launched)
+    if launched > 1 and world_size == 1:
+        raise RuntimeError(
+            f"mpiexec started {launched} processes but each sees MPI.COMM_WORLD of size 1: the "
+            f"launcher does not belong to the MPI library mpi4py is linked with "
+            f"({mpi4py_family() or 'unknown'}); start the job with that library's mpiexec "
+            f"(adaptmg.distributed.comm.mpiexec_command finds it; Open MPI as root: mpiexec "
+            f"--allow-run-as-root -n {launched} ...)")
+
+
 def get_comm(comm=None):
     """``comm`` itself, or ``MPI.COMM_WORLD`` when it is None and mpi4py is installed, else None
-    (serial).  Anything that is not an mpi4py communicator raises TypeError."""
+    (serial).  Anything that is not an mpi4py communicator raises TypeError; ``COMM_WORLD`` of
+    size 1 in a job a launcher announced as larger raises RuntimeError (:func:`check_launch`)."""
     if comm is None:
         if not have_mpi():
             return None
         from mpi4py import MPI
+        check_launch(MPI.COMM_WORLD.Get_size())
         return MPI.COMM_WORLD
     if not (hasattr(comm, "Get_rank") and hasattr(comm, "Allreduce")):
         raise TypeError(f"comm must be an mpi4py communicator or None, got {type(comm).__name__}")

@@ -460,3 +460,41 @@ def test_mpiexec_flags_for_open_mpi():
     assert mpiexec_flags("mpirun (Open MPI) 5.0.3", 0) == ["--oversubscribe", "--allow-run-as-root"]
     hydra = "HYDRA build details:\n    Version:                                 4.2.0"
     assert mpiexec_flags(hydra, 0) == [] and mpiexec_flags("", 0) == []
+
+
+def test_launcher_of_mpi4pys_library_is_chosen(tmp_path, monkeypatch):
+    """Two launchers, Open MPI's next to Python and MPICH's on the PATH: find_mpiexec takes the
+    one of mpi4py's library (the other one would start singletons), whichever that is; with
+    the library unknown, the one next to Python as before."""
+    from adaptmg.distributed import comm as C
+    here, there = tmp_path / "venv", tmp_path / "usr"
+    for d, text in ((here, "mpiexec (Open MPI) 5.0.3"), (there, "HYDRA build details:\n  Version: 4.2.0")):
+        d.mkdir()
+        exe = d / "mpiexec"
+        exe.write_text(f"#!/bin/sh\nprintf '{text}\\n'\n")
+        exe.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(here / "python"))
+    monkeypatch.setenv("PATH", str(there))
+    for family, want in (("mpich", there), ("openmpi", here), ("", here)):
+        monkeypatch.setitem(C._FAMILY, "mpi4py", family)
+        assert C.find_mpiexec() == str(want / "mpiexec"), family
+    monkeypatch.setitem(C._FAMILY, "mpi4py", "openmpi")
+    assert C.mpiexec_command(3)[1:] == ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0
+                                                               else []) + ["-n", "3"]
+
+
+def test_singleton_launch_is_refused(monkeypatch):
+    """A launcher that announced 2 processes while COMM_WORLD has 1 (another MPI library's
+    mpiexec): a RuntimeError naming the cause, not two serial solves."""
+    from adaptmg.distributed.comm import check_launch, mpi_family
+    assert mpi_family("Open MPI v4.1.6, package: Open MPI root@host") == "openmpi"
+    assert mpi_family("MPICH Version:      5.0.2\nMPICH Release date:") == "mpich"
+    assert mpi_family("Intel(R) MPI Library 2021.10 for Linux* OS") == "mpich"
+    assert mpi_family("something else") == ""
+    check_launch(2, 2)
+    check_launch(1, 1)
+    with pytest.raises(RuntimeError, match="started 2 processes but each sees MPI.COMM_WORLD of size 1"):
+        check_launch(1, 2)
+    monkeypatch.setenv("PMI_SIZE", "4")
+    with pytest.raises(RuntimeError, match="does not belong to the MPI library"):
+        check_launch(1)
