@@ -17,7 +17,11 @@ an allreduce hook; no Krylov method of its own), :mod:`.comm` (communicator, err
 agreement, abort guard, the launcher's job size, the allreduce of the hook).
 
 ``mpiexec -n 4 python -m adaptmg run poisson`` runs the Poisson demo distributed (the
-problem asks :func:`launched_size`; rank 0 prints and writes the outputs).
+problem asks :func:`launched_size`; rank 0 prints and writes the outputs).  The ``mpiexec``
+must be that of the MPI library mpi4py is linked with (:func:`.comm.find_mpiexec` picks it
+among the one next to Python -- the ``mpi`` extra's MPICH -- and those on the PATH, e.g. a
+machine's Open MPI, then ``--allow-run-as-root`` as root); another library's launcher starts
+singletons, which :func:`get_comm` refuses with a RuntimeError.
 
 Stated plainly: the mesh is replicated on every rank (deal.II's ``parallel::shared``
 model; so are the O(cells) mesh-level arrays derived from it: the coarsening hierarchy, the
