@@ -47,7 +47,7 @@ import numpy as np
 __all__ = ["allreduce_sum", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
            "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
            "select_device", "choose_transport", "resolve_transport", "nccl_available",
-           "nccl_communicator", "TRANSPORTS"]
+           "nccl_communicator", "nccl_stream", "TRANSPORTS"]
 
 #: environment variables in which MPI launchers announce the job size / this process's rank
 #: (MPICH/Hydra and Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*)
@@ -434,6 +434,20 @@ def resolve_transport(comm, requested=None, backend=None) -> str:
 
 
 _NCCL = {}        # id(comm) -> (comm, NcclCommunicator): built once per communicator
+_NCCL_STREAMS = {}   # id(comm) -> (comm, cupy Stream): the halo exchanges' stream
+
+
+def nccl_stream(comm):
+    """The CUDA stream (non-blocking, on the current device) on which the NCCL halo exchanges
+    over ``comm`` run, one per communicator, so that they overlap the owned block's SpMV on
+    the current stream (:mod:`.csr`)."""
+    hit = _NCCL_STREAMS.get(id(comm))
+    if hit is not None and hit[0] is comm:
+        return hit[1]
+    from ..backend import get_backend
+    stream = get_backend("gpu").xp.cuda.Stream(non_blocking=True)
+    _NCCL_STREAMS[id(comm)] = (comm, stream)
+    return stream
 
 
 def nccl_communicator(comm):

@@ -70,8 +70,16 @@ csr_matrix.__module__ = "cupyx.scipy.sparse._csr"
 class _Stream:
     ptr = 0
 
+    def __init__(self, null=False, non_blocking=False, ptds=False):
+        pass
+
     def synchronize(self):
         pass
+
+    def wait_event(self, event):
+        if not event.recorded:
+            raise RuntimeError("fake cupy: wait_event on an event never recorded")
+        _STATE["stream_waits"] += 1
 
     def is_capturing(self):
         return False
@@ -100,7 +108,7 @@ class _Device:
         pass
 
 
-_STATE = {"device": None, "pinned": 0, "count": 1, "nccl_calls": 0}
+_STATE = {"device": None, "pinned": 0, "count": 1, "nccl_calls": 0, "stream_waits": 0}
 
 
 def _pinned(nbytes):
@@ -273,6 +281,10 @@ def pinned_allocations():
 
 def nccl_calls():
     return _STATE["nccl_calls"]
+
+
+def stream_waits():
+    return _STATE["stream_waits"]
 
 
 def selected_device():

@@ -301,7 +301,8 @@ def run_solve_gpu(out, fake):
         import fake_cupy
         recs.append(dict(case="fake", mode=fake, pinned=COMM.allgather(fake_cupy.pinned_allocations()),
                          device=COMM.allgather(fake_cupy.selected_device()),
-                         nccl_calls=COMM.allgather(fake_cupy.nccl_calls())))
+                         nccl_calls=COMM.allgather(fake_cupy.nccl_calls()),
+                         stream_waits=COMM.allgather(fake_cupy.stream_waits())))
     if COMM.rank == 0:
         with open(out, "w") as fh:
             json.dump(recs, fh)

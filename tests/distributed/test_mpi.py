@@ -422,8 +422,13 @@ def test_device_path_with_a_stand_in_device(fake_gpu, case):
     fake = recs["fake"]
     if mode == "--fake":
         assert fake["device"] == [0, 0] and min(fake["pinned"]) > 0 and fake["nccl_calls"] == [0, 0]
+        assert fake["stream_waits"] == [0, 0]
     else:
         assert fake["device"] == [0, 1] and min(fake["nccl_calls"]) > 0
+        # NCCL on its own stream: it waits for the gather, the current stream for the group;
+        # two waits for every exchange of every solve (exchanges without messages too)
+        for r in range(2):
+            assert fake["stream_waits"][r] == 2 * sum(recs[c]["exchanges"][r] for c in GPU_CASES), fake
 
 
 @pytest.fixture(scope="module")
