@@ -190,9 +190,11 @@ def resolve(mg, f_loc, *, accel="cg", cycle="V", rtol=1e-8, maxiter=200, callbac
     comm, xp = mg.comm, mg.backend.xp
     cyc = mg.solver.buffered_cycle(cycle)
 
-    def M(r):
+    def M(r):                          # z = M r: a new array (the Krylov solver keeps it)
         xp.copyto(cyc.b, r)
-        return cyc().copy()
+        z = xp.empty_like(r)
+        cyc.run_eager(z)
+        return z
 
     its = [0]
 
