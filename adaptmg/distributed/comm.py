@@ -83,13 +83,15 @@ _FAMILY = {}
 
 def mpi4py_family() -> str:
     """:func:`mpi_family` of the MPI library mpi4py is linked with (asked once, in a child
-    Python, so this process does not initialise MPI); ``""`` without mpi4py or when unknown."""
+    Python that does not initialise MPI either: ``MPI_Get_library_version`` may be called
+    before ``MPI_Init``); ``""`` without mpi4py or when unknown."""
     if "mpi4py" not in _FAMILY:
         import subprocess
         fam = ""
         if have_mpi():
             try:
-                r = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; "
+                r = subprocess.run([sys.executable, "-c", "import mpi4py; mpi4py.rc.initialize = "
+                                    "mpi4py.rc.finalize = False; from mpi4py import MPI; "
                                     "print(MPI.Get_library_version())"],
                                    capture_output=True, text=True, timeout=60)
                 fam = mpi_family(r.stdout)

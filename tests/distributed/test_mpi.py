@@ -503,3 +503,13 @@ def test_singleton_launch_is_refused(monkeypatch):
     monkeypatch.setenv("PMI_SIZE", "4")
     with pytest.raises(RuntimeError, match="does not belong to the MPI library"):
         check_launch(1)
+
+
+@needs_mpi
+def test_found_launcher_belongs_to_mpi4pys_library():
+    """On this machine: mpi4py's MPI library is known (MPICH or Open MPI) and the launcher the
+    tests use is of the same family (else every rank would be a singleton)."""
+    from adaptmg.distributed.comm import _version_text, mpi4py_family, mpi_family
+    fam = mpi4py_family()
+    assert fam in ("mpich", "openmpi")
+    assert mpi_family(_version_text(MPIEXEC)) == fam
