@@ -285,15 +285,27 @@ class RankZeroCycle:
     level (their vectors are empty) and do nothing.  ``depth = level``: the number of levels
     below the top, for the cycle schedule
     (:func:`~adaptmg.multilevel.solver.coarse_visits`), so that a W- or F-cycle visits it as
-    the serial cycle visits ``ml.levels[level]``."""
+    the serial cycle visits ``ml.levels[level]``.
+
+    ``seconds`` / ``calls``: wall time spent in it on this rank and its visits (reset them
+    to measure; the GPU runs asynchronously, so set ``sync = True`` for device time: the
+    device is then synchronised before and after each visit, which costs time itself)."""
 
     def __init__(self, ml, level, rank):
         self.ml, self.level, self.active = ml, int(level), rank == 0
         self.depth = self.level
+        self.seconds, self.calls, self.sync = 0.0, 0, False
 
     def cycle(self, b, x, kind, zero):
         if self.active:
+            if self.sync:
+                self.ml.backend.synchronize()
+            t0 = time.perf_counter()
             self.ml._run(b, x, kind, zero, level=self.level)
+            if self.sync:
+                self.ml.backend.synchronize()
+            self.seconds += time.perf_counter() - t0
+            self.calls += 1
         return x
 
     def __repr__(self):

@@ -64,6 +64,8 @@ def test_coarse_cycle_object_reproduces_the_serial_cycle(kind):
     b = np.random.default_rng(1).standard_normal(ml.levels[-1].n)
     x_ser = ml.cycle(b, np.zeros_like(b), kind)
     x_top = top.cycle(b, np.zeros_like(b), kind)
+    m = len(top.levels) - 1              # levels above the coarse object's
+    assert top.coarse.calls == {"V": 1, "W": 2 ** m, "F": m + 1}[kind] and top.coarse.seconds > 0
     scale = np.abs(x_ser).max()
     assert np.abs(x_top - x_ser).max() <= 64 * EPS * scale
     if kind != "V":           # the schedule matters: without depth level k is visited once
