@@ -5,7 +5,7 @@ rank (or ``comm=None`` without mpi4py) it *is* the serial code path
 (``multigrid(...).solve(..., accel="cg")``).  On several ranks the finest cells are cut
 along the Morton curve (:mod:`.partition`); each rank builds the geometric levels with at
 least ``agglomerate_below`` DoFs from its own cells plus a ghost layer (:mod:`.local`) and
-the same small serial hierarchy below them (replicated mesh, see :mod:`.multigrid`); a
+the same small serial hierarchy below them (replicated mesh, see :mod:`.hierarchy`); a
 coarser one of those levels with ``N_l`` DoFs works on ``P_l = min(P_{l+1}, max(1,
 N_l // min_dofs_per_rank))`` ranks (the others own none of its DoFs; ``result.active_ranks``);
 the Krylov solve is :func:`adaptmg.linalg.cg` (``accel``: or gmres / fgmres) on the owned
@@ -66,7 +66,7 @@ class DistributedResult:
     x_local: Any                   # this rank's owned entries of x (a CuPy array on the GPU)
     iterations: int
     info: int                      # 0 converged, > 0 not converged (a ConvergenceWarning too)
-    residuals: list
+    residuals: list                # one rank: the history; several: [||f||, ||f - K x||]
     size: int                      # number of ranks
     cell_ranks: Optional[np.ndarray] = None
     imbalance: float = 0.0         # max cells per rank / mean - 1
