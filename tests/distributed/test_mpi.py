@@ -62,6 +62,7 @@ def _launch(n, args, timeout):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                ADAPTMG_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("ADAPTMG_HALO_TRANSPORT", None)          # the transport rule decides ("auto")
+    env.setdefault("NCCL_NVLS_ENABLE", "0")          # no NVLink multicast (as bench_distributed)
     t0 = time.perf_counter()
     r = subprocess.run(mpiexec_cmd(n) + [sys.executable, WORKER] + args, env=env,
                        capture_output=True, text=True, timeout=timeout, cwd=ROOT)
