@@ -17,7 +17,9 @@ include MPI's busy waiting; ``--phases``: the local set-up's phases per rank) wi
 finest cells each rank assembled, solve time (CG to rtol 1e-8,
 median of ``--repeat`` solves), iterations, the halo-exchange share of the solve (max
 over ranks of the seconds in posting/packing/waiting, over the solve time; waiting
-includes the load imbalance, e.g. while rank 0 runs the agglomerated coarse levels), and the
+includes the load imbalance, e.g. while rank 0 runs the agglomerated coarse levels), the
+coarse solver's share (rank 0's seconds in the serial cycle of those levels over the solve,
+measured in one more solve with the device synchronised around each visit), and the
 parallel efficiency (weak: (t_1 / N_1) / (t_P / (N_P / P)), N the DoFs, since the
 refinement steps make N_P / P differ from N_1 a little; strong: t_1 / (P t_P)).
 
@@ -84,16 +86,34 @@ def worker(args):
     halo = float(np.median(halos))
     halo_max = comm.allreduce(halo, op=MPI.MAX)
     t_max = comm.allreduce(t, op=MPI.MAX)
+    coarse = coarse_share(r, b, comm)
     if comm.Get_rank() == 0:
         print(json.dumps(dict(P=P, backend=args.backend, transport=getattr(r.mg, "transport", "-"),
                               dofs=space.num_dofs, cells=mesh.num_cells, setup=max(setup),
                               setup_per_rank=setup, setup_cpu=cpu, phases=phases, assembled=assembled, mode_setup=args.setup, solve=t_max,
-                              its=its, halo=halo_max, wall=time.perf_counter() - t0)), flush=True)
+                              its=its, halo=halo_max, coarse=coarse, wall=time.perf_counter() - t0)),
+              flush=True)
+
+
+def coarse_share(res, b, comm):
+    """Share of one more solve that rank 0 spends in the coarse solver (the serial cycle of
+    the levels agglomerated there, :class:`adaptmg.distributed.RankZeroCycle`), the device
+    synchronised around each visit (that solve is not one of the timed ones); None on one
+    rank."""
+    if res.mg is None:
+        return None
+    co = res.mg.solver.coarse
+    co.seconds, co.calls, co.sync = 0.0, 0, True
+    comm.Barrier()
+    t_solve, _, _ = solve_only(res, b, comm)
+    co.sync = False
+    return comm.bcast(co.seconds / t_solve if comm.Get_rank() == 0 else None, root=0)
 
 
 def solve_only(res, b, comm):
-    """(seconds, halo seconds, iterations) of one more CG solve on the hierarchy of ``res``."""
-    from adaptmg.distributed import cg
+    """(seconds, halo seconds, iterations) of one more CG solve on the hierarchy of ``res``
+    (several ranks: adaptmg.linalg.cg preconditioned by the cycle of ``res.mg.solver``)."""
+    from adaptmg.distributed import resolve
     ml, mg = res.ml, res.mg
     be = ml.backend
     if mg is None:                                     # one rank: the serial code path
@@ -110,7 +130,7 @@ def solve_only(res, b, comm):
     mg.timer.reset()
     be.synchronize()
     t = time.perf_counter()
-    _, _, its, _ = cg(comm, mg.A, f_loc, M=mg.precondition, rtol=1e-8, maxiter=200)
+    _, _, its, _ = resolve(mg, f_loc, rtol=1e-8, maxiter=200)
     be.synchronize()
     return time.perf_counter() - t, mg.timer.seconds, its
 
@@ -138,7 +158,7 @@ def driver(args):
           f"({'CPU/MPI' if args.backend == 'cpu' else 'GPU, transport ' + str(rows[-1].get('transport'))}, "
           f"{os.cpu_count()} cores)")
     print(f"{'P':>3} {'set-up':>10} {'DoFs':>10} {'setup s':>9} {'solve s':>9} {'its':>4} {'halo %':>7} "
-          f"{'eff %':>6}  set-up s per rank / finest cells assembled per rank (of all)")
+          f"{'coarse %':>8} {'eff %':>6}  set-up s per rank / finest cells assembled per rank (of all)")
     for r in rows:
         eff = "-"
         if t1 is not None:
@@ -151,8 +171,9 @@ def driver(args):
         per = " ".join(f"{t:.3f}" for t in r["setup_per_rank"])
         cells = " ".join(str(c) for c in r["assembled"])
         cpu = " ".join(f"{t:.3f}" for t in r["setup_cpu"])
+        coarse = "-" if r.get("coarse") is None else f"{100 * r['coarse']:.1f}"
         print(f"{r['P']:>3} {mode:>10} {r['dofs']:>10} {r['setup']:>9.3f} {r['solve']:>9.4f} {r['its']:>4} "
-              f"{100 * r['halo'] / r['solve']:>7.1f} {eff:>6}  [{per}] cpu [{cpu}] / [{cells}] ({r['cells']})")
+              f"{100 * r['halo'] / r['solve']:>7.1f} {coarse:>8} {eff:>6}  [{per}] cpu [{cpu}] / [{cells}] ({r['cells']})")
         if args.phases and any(r["phases"]):
             for q, ph in enumerate(r["phases"]):
                 print(f"      rank {q}: " + ", ".join(f"{k} {v:.3f}" for k, v in ph.items()))

@@ -9,14 +9,19 @@
 Modules: :mod:`.partition` (Morton-curve cell partition, DoF owners), :mod:`.local`
 (per-rank set-up of a level from the rank's cells plus a ghost layer), :mod:`.csr`
 (MPIAIJ-style distributed CSR with halo exchange, distributed dots/norms),
-:mod:`.multigrid` (every level distributed, coarser ones on fewer ranks, the smallest
-agglomerated on rank 0),
-:mod:`.krylov` (adaptmg.linalg's cg/gmres/fgmres unchanged, their reductions through an
-allreduce hook), :mod:`.solve` (one-call helpers), :mod:`.comm` (communicator, error
-agreement, abort guard, the launcher's job size).
+:mod:`.hierarchy` (the distributed levels -- every level distributed, coarser ones on
+fewer ranks, the smallest agglomerated on rank 0 -- as the levels of one
+:class:`adaptmg.multilevel.MultilevelSolver`: no cycle of its own), :mod:`.solve`
+(one-call helpers: adaptmg.linalg's cg/gmres/fgmres unchanged, their reductions through
+an allreduce hook; no Krylov method of its own), :mod:`.comm` (communicator, error
+agreement, abort guard, the launcher's job size, the allreduce of the hook).
 
 ``mpiexec -n 4 python -m adaptmg run poisson`` runs the Poisson demo distributed (the
-problem asks :func:`launched_size`; rank 0 prints and writes the outputs).
+problem asks :func:`launched_size`; rank 0 prints and writes the outputs).  The ``mpiexec``
+must be that of the MPI library mpi4py is linked with (:func:`.comm.find_mpiexec` picks it
+among the one next to Python -- the ``mpi`` extra's MPICH -- and those on the PATH, e.g. a
+machine's Open MPI, then ``--allow-run-as-root`` as root); another library's launcher starts
+singletons, which :func:`get_comm` refuses with a RuntimeError.
 
 Stated plainly: the mesh is replicated on every rank (deal.II's ``parallel::shared``
 model; so are the O(cells) mesh-level arrays derived from it: the coarsening hierarchy, the
@@ -38,7 +43,7 @@ GPU backend (``solve(..., backend="gpu")``; float64; Jacobi, Chebyshev, block Ja
 What exists: each rank selects device ``local_rank % device_count`` first
 (:func:`select_device`; the local rank from ``OMPI_COMM_WORLD_LOCAL_RANK`` /
 ``MPI_LOCALRANKID`` / ``PMI_LOCAL_RANK`` or a shared-memory split of the communicator;
-call it yourself before any CuPy allocation when building :class:`DistributedMultigrid`
+call it yourself before any CuPy allocation when building :class:`DistributedHierarchy`
 directly); the set-up runs on the host exactly as for the CPU and its results move to the
 device: every distributed level's :class:`DistCSR` (owned and ghost blocks as cupyx CSR,
 send indices, ghost/send buffers), the smoothers' owned-row data (``dinv``, Chebyshev's
@@ -57,17 +62,16 @@ refuses two ranks on one device), CUDA-aware MPI (not used: MPI sees host buffer
 more than one node, and performance (no overlap tuning: the exchange runs on CuPy's
 current stream).
 """
-from .comm import (agree, get_comm, guard, have_mpi, install_excepthook, launched_rank, launched_size,
+from .comm import (agree, allreduce_sum, get_comm, guard, have_mpi, install_excepthook, launched_rank, launched_size,
                    local_rank, resolve_transport, select_device)
 from .csr import DistCSR, Layout, dot, dots, norm
-from .krylov import cg, krylov, linalg_is_distributed
-from .multigrid import DistributedMultigrid
+from .hierarchy import DistributedHierarchy, RankZeroCycle
 from .partition import (coarse_cell_ranks, curve_order, dof_owners, fold_cell_ranks, imbalance,
                         level_ranks, partition_cells)
-from .solve import DistributedResult, solve, solve_poisson
+from .solve import DistributedResult, resolve, solve, solve_poisson
 
-__all__ = ["agree", "get_comm", "guard", "have_mpi", "install_excepthook", "launched_rank",
+__all__ = ["agree", "allreduce_sum", "get_comm", "guard", "have_mpi", "install_excepthook", "launched_rank",
            "launched_size", "local_rank", "resolve_transport", "select_device", "DistCSR", "Layout",
-           "dot", "dots", "norm", "cg", "krylov", "linalg_is_distributed", "DistributedMultigrid", "coarse_cell_ranks", "curve_order",
-           "dof_owners", "fold_cell_ranks", "imbalance", "level_ranks", "partition_cells", "DistributedResult", "solve",
+           "dot", "dots", "norm", "DistributedHierarchy", "RankZeroCycle", "coarse_cell_ranks", "curve_order",
+           "dof_owners", "fold_cell_ranks", "imbalance", "level_ranks", "partition_cells", "DistributedResult", "resolve", "solve",
            "solve_poisson"]

@@ -42,10 +42,12 @@ import sys
 import time
 import traceback
 
-__all__ = ["find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
+import numpy as np
+
+__all__ = ["allreduce_sum", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
            "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
            "select_device", "choose_transport", "resolve_transport", "nccl_available",
-           "nccl_communicator", "TRANSPORTS"]
+           "nccl_communicator", "nccl_stream", "TRANSPORTS"]
 
 #: environment variables in which MPI launchers announce the job size / this process's rank
 #: (MPICH/Hydra and Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*)
@@ -65,12 +67,73 @@ def mpiexec_flags(version_text: str, euid: int) -> list:
     return ["--oversubscribe"] + (["--allow-run-as-root"] if euid == 0 else [])
 
 
+def mpi_family(version_text: str) -> str:
+    """``"openmpi"``, ``"mpich"`` (MPICH, its Hydra launcher, Intel MPI) or ``""`` (unknown) for
+    the output of ``mpiexec --version`` or of ``MPI.Get_library_version()``."""
+    t = version_text.lower()
+    if "open mpi" in t or "openrte" in t or "open-mpi" in t:
+        return "openmpi"
+    if "mpich" in t or "hydra" in t or "intel(r) mpi" in t:
+        return "mpich"
+    return ""
+
+
+_FAMILY = {}
+
+
+def mpi4py_family() -> str:
+    """:func:`mpi_family` of the MPI library mpi4py is linked with (asked once, in a child
+    Python that does not initialise MPI either: ``MPI_Get_library_version`` may be called
+    before ``MPI_Init``); ``""`` without mpi4py or when unknown."""
+    if "mpi4py" not in _FAMILY:
+        import subprocess
+        fam = ""
+        if have_mpi():
+            try:
+                r = subprocess.run([sys.executable, "-c", "import mpi4py; mpi4py.rc.initialize = "
+                                    "mpi4py.rc.finalize = False; from mpi4py import MPI; "
+                                    "print(MPI.Get_library_version())"],
+                                   capture_output=True, text=True, timeout=60)
+                fam = mpi_family(r.stdout)
+            except (OSError, subprocess.SubprocessError):
+                pass
+        _FAMILY["mpi4py"] = fam
+    return _FAMILY["mpi4py"]
+
+
+def _version_text(mpiexec: str) -> str:
+    import subprocess
+    try:
+        r = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+        return r.stdout + r.stderr
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def find_mpiexec() -> str | None:
-    """The ``mpiexec`` next to the running Python (the ``mpi`` extra installs MPICH's there),
-    else the first on the PATH, else None."""
+    """The launcher of the MPI library mpi4py is linked with: among the ``mpiexec`` next to the
+    running Python (the ``mpi`` extra installs MPICH's there), then ``mpiexec`` and ``mpirun``
+    on the PATH, the first whose ``--version`` names the same family (:func:`mpi_family`:
+    Open MPI or MPICH); where that is unknown, the first of them; None when there is none.
+
+    A launcher of the other family starts every rank as a singleton (each sees
+    ``COMM_WORLD.Get_size() == 1``), as the MPICH wheel's ``mpiexec`` does beside an mpi4py
+    built on a machine's Open MPI; :func:`get_comm` refuses such a launch."""
     import shutil
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.access(here, os.X_OK) else shutil.which("mpiexec")
+    found = [os.path.join(os.path.dirname(sys.executable), "mpiexec")]
+    found += [shutil.which(name) for name in ("mpiexec", "mpirun")]
+    cands = []
+    for c in found:
+        if c and os.access(c, os.X_OK) and os.path.realpath(c) not in map(os.path.realpath, cands):
+            cands.append(c)
+    if not cands:
+        return None
+    want = mpi4py_family()
+    if want:
+        for c in cands:
+            if mpi_family(_version_text(c)) == want:
+                return c
+    return cands[0]
 
 
 def mpiexec_command(n: int, mpiexec: str | None = None) -> list | None:
@@ -78,16 +141,11 @@ def mpiexec_command(n: int, mpiexec: str | None = None) -> list | None:
 
     The launcher is ``mpiexec`` if given, else :func:`find_mpiexec`; its flags come from
     :func:`mpiexec_flags`."""
-    import subprocess
     if mpiexec is None:
         mpiexec = find_mpiexec()
     if mpiexec is None:
         return None
-    try:
-        r = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
-        text = r.stdout + r.stderr
-    except (OSError, subprocess.SubprocessError):
-        text = ""
+    text = _version_text(mpiexec)
     euid = os.geteuid() if hasattr(os, "geteuid") else -1
     return [mpiexec] + mpiexec_flags(text, euid) + ["-n", str(int(n))]
 
@@ -116,13 +174,30 @@ def have_mpi() -> bool:
     return importlib.util.find_spec("mpi4py") is not None
 
 
+def check_launch(world_size: int, launched: int | None = None) -> None:
+    """Raise RuntimeError when a launcher announced ``launched`` > 1 processes
+    (:func:`launched_size`) but ``COMM_WORLD`` has ``world_size == 1``: the launcher belongs to
+    another MPI library than mpi4py's, every rank would run alone (and the job would repeat the
+    serial solve ``launched`` times)."""
+    launched = launched_size() if launched is None else int(launched)
+    if launched > 1 and world_size == 1:
+        raise RuntimeError(
+            f"mpiexec started {launched} processes but each sees MPI.COMM_WORLD of size 1: the "
+            f"launcher does not belong to the MPI library mpi4py is linked with "
+            f"({mpi4py_family() or 'unknown'}); start the job with that library's mpiexec "
+            f"(adaptmg.distributed.comm.mpiexec_command finds it; Open MPI as root: mpiexec "
+            f"--allow-run-as-root -n {launched} ...)")
+
+
 def get_comm(comm=None):
     """``comm`` itself, or ``MPI.COMM_WORLD`` when it is None and mpi4py is installed, else None
-    (serial).  Anything that is not an mpi4py communicator raises TypeError."""
+    (serial).  Anything that is not an mpi4py communicator raises TypeError; ``COMM_WORLD`` of
+    size 1 in a job a launcher announced as larger raises RuntimeError (:func:`check_launch`)."""
     if comm is None:
         if not have_mpi():
             return None
         from mpi4py import MPI
+        check_launch(MPI.COMM_WORLD.Get_size())
         return MPI.COMM_WORLD
     if not (hasattr(comm, "Get_rank") and hasattr(comm, "Allreduce")):
         raise TypeError(f"comm must be an mpi4py communicator or None, got {type(comm).__name__}")
@@ -190,6 +265,22 @@ def install_excepthook(comm=None) -> None:
         _abort(comm, exc_type, exc, tb)
 
     sys.excepthook = hook
+
+
+def allreduce_sum(comm):
+    """``partial -> sum over the ranks of comm`` (one ``Allreduce`` of a NumPy array): the
+    reduction that :func:`adaptmg.linalg._vectorops.global_reductions` takes to make the
+    Krylov solvers' inner products and norms global.  A CuPy partial is copied to the host,
+    reduced there and returned as a CuPy array."""
+    from ..backend import backend_of, is_device_array, to_host
+
+    def f(a):
+        dev = is_device_array(a)
+        h = np.ascontiguousarray(to_host(a) if dev else a)
+        out = np.empty_like(h)
+        comm.Allreduce(h, out)
+        return backend_of(a).xp.asarray(out) if dev else out
+    return f
 
 
 class HaloTimer:
@@ -345,6 +436,20 @@ def resolve_transport(comm, requested=None, backend=None) -> str:
 
 
 _NCCL = {}        # id(comm) -> (comm, NcclCommunicator): built once per communicator
+_NCCL_STREAMS = {}   # id(comm) -> (comm, cupy Stream): the halo exchanges' stream
+
+
+def nccl_stream(comm):
+    """The CUDA stream (non-blocking, on the current device) on which the NCCL halo exchanges
+    over ``comm`` run, one per communicator, so that they overlap the owned block's SpMV on
+    the current stream (:mod:`.csr`)."""
+    hit = _NCCL_STREAMS.get(id(comm))
+    if hit is not None and hit[0] is comm:
+        return hit[1]
+    from ..backend import get_backend
+    stream = get_backend("gpu").xp.cuda.Stream(non_blocking=True)
+    _NCCL_STREAMS[id(comm)] = (comm, stream)
+    return stream
 
 
 def nccl_communicator(comm):

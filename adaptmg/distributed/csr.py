@@ -33,10 +33,15 @@ CuPy arrays.  One exchange, by ``transport`` (:func:`.comm.resolve_transport`):
   SpMV is launched meanwhile; after ``Waitall`` one H2D copy (current stream) of the
   received values into the device ghost buffer, then the ghost block's SpMV.  The next
   exchange waits for that copy (a CUDA event) before it reuses the host ghost buffer.
-* ``"nccl"``: the same ``take``, then ``ncclSend``/``ncclRecv`` of device buffers inside
-  one ``groupStart``/``groupEnd`` on the current stream (stream-ordered: nothing to wait
-  for on the host).  Only when every rank has its own GPU.  **Not run in the test suite**
-  (it needs two or more GPUs).
+* ``"nccl"``: the same ``take`` on the current stream, then ``ncclSend``/``ncclRecv`` of
+  device buffers inside one ``groupStart``/``groupEnd`` on the communicator's own stream
+  (:func:`.comm.nccl_stream`), which first waits for an event recorded after the ``take``;
+  the owned block's SpMV runs on the current stream meanwhile (overlapping the exchange on
+  the device), and the current stream waits for an event recorded after the group before
+  the ghost block's SpMV.  Nothing waits on the host.  Successive exchanges are ordered by
+  the same two events (the next ``take`` follows the ghost SpMV on the current stream).
+  Only when every rank has its own GPU.  **Not run in the test suite** (it needs two or
+  more GPUs; the stand-in of ``tests/distributed/fake_cupy.py`` checks the bookkeeping).
 
 The halo timer then measures the host side only (posting, copies, waiting).
 Reductions of device vectors: the local dots with the array module of the vectors, one
@@ -51,7 +56,7 @@ import scipy.sparse as sp
 
 from ..backend import CPU, get_backend, is_device_array, nccl_module, to_host
 from ..device import kernels as K
-from .comm import HaloTimer, nccl_communicator, resolve_transport
+from .comm import HaloTimer, nccl_communicator, nccl_stream, resolve_transport
 
 __all__ = ["Layout", "DistCSR", "dot", "dots", "norm"]
 
@@ -207,7 +212,11 @@ class DistCSR:
         self._ghost = _pinned(xp, self.ghosts.size if staged else 0, self.dtype)
         self._sbuf = None
         self._h2d = None                 # CUDA event after the last H2D copy of ghost values
-        self._nccl = nccl_communicator(self.comm) if self.transport == "nccl" else None
+        self._nccl = self._nstream = None
+        if self.transport == "nccl":
+            self._nccl, self._nstream = nccl_communicator(self.comm), nccl_stream(self.comm)
+            self._sent = xp.cuda.Event(disable_timing=True)      # after the gather (current)
+            self._landed = xp.cuda.Event(disable_timing=True)    # after the group (NCCL stream)
 
     @property
     def neighbours(self):
@@ -248,6 +257,8 @@ class DistCSR:
             if self._h2d is None:
                 self._h2d = xp.cuda.Event(disable_timing=True)
             self._h2d.record(stream)
+        elif self.transport == "nccl":        # the ghost SpMV after the group (device-side wait)
+            self._xp.cuda.get_current_stream().wait_event(self._landed)
         t.seconds += t.now() - t0
         t.exchanges += 1
 
@@ -262,7 +273,9 @@ class DistCSR:
         if self.transport == "nccl":
             nccl = nccl_module()
             dt = _nccl_type(nccl, self.dtype)
-            stream = xp.cuda.get_current_stream().ptr
+            self._sent.record(xp.cuda.get_current_stream())
+            self._nstream.wait_event(self._sent)
+            stream = self._nstream.ptr
             nc = self._nccl
             nccl.groupStart()
             try:
@@ -272,6 +285,7 @@ class DistCSR:
                     nc.send(self._sdev[s].data.ptr, int(s.stop - s.start), dt, int(q), stream)
             finally:
                 nccl.groupEnd()
+            self._landed.record(self._nstream)
         else:                                    # host staging
             if self._h2d is not None and self._recv:
                 self._h2d.synchronize()          # the last H2D copy out of _ghost is done
@@ -298,6 +312,11 @@ class DistCSR:
         if self._pog is not None:
             self._pog(self._gbuf, y, alpha, 1.0)
         return y
+
+    #: ``spmv(x, y, alpha, beta)``: the product as :func:`adaptmg.device.kernels.make_spmv` takes
+    #: it from an operator, so a :class:`~adaptmg.multilevel.level.Level` whose ``A``, ``P``,
+    #: ``R`` are DistCSR runs in :class:`~adaptmg.multilevel.MultilevelSolver`'s cycle as is
+    spmv = __call__
 
     def __matmul__(self, x):
         y = self._xp.zeros(self.rows.n, dtype=np.result_type(self.dtype, x.dtype))

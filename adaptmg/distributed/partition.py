@@ -125,7 +125,7 @@ def level_ranks(dofs, size, c=0, min_dofs_per_rank=None):
     ``P = size``, ``N_l = dofs[l]``, ``m = min_dofs_per_rank``: the finest level is on all
     ranks (the user's partition), a coarser distributed level on as many ranks as give each
     at least ``m`` DoFs (at most ``P``, at least one, never more than the next finer level),
-    and the levels below ``c`` (agglomerated, see :func:`~.multigrid.level_owners`) on rank 0.
+    and the levels below ``c`` (agglomerated, see :func:`~.hierarchy.level_owners`) on rank 0.
     ``min_dofs_per_rank`` None or 0: every distributed level on all ``P`` ranks."""
     if min_dofs_per_rank is not None and (isinstance(min_dofs_per_rank, bool) or not isinstance(
             min_dofs_per_rank, (int, np.integer)) or min_dofs_per_rank < 0):

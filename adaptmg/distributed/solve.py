@@ -5,13 +5,18 @@ rank (or ``comm=None`` without mpi4py) it *is* the serial code path
 (``multigrid(...).solve(..., accel="cg")``).  On several ranks the finest cells are cut
 along the Morton curve (:mod:`.partition`); each rank builds the geometric levels with at
 least ``agglomerate_below`` DoFs from its own cells plus a ghost layer (:mod:`.local`) and
-the same small serial hierarchy below them (replicated mesh, see :mod:`.multigrid`); a
+the same small serial hierarchy below them (replicated mesh, see :mod:`.hierarchy`); a
 coarser one of those levels with ``N_l`` DoFs works on ``P_l = min(P_{l+1}, max(1,
 N_l // min_dofs_per_rank))`` ranks (the others own none of its DoFs; ``result.active_ranks``);
-CG with the distributed multigrid cycle runs on the owned entries (:mod:`.krylov`).  The
-result holds the global solution on every rank (one ``Allgatherv``) besides the local part.
-``result.ml`` is then the serial hierarchy of the small levels only; ``result.mg.levels``
-are all levels.
+the Krylov solve is :func:`adaptmg.linalg.cg` (``accel``: or gmres / fgmres) on the owned
+entries, preconditioned by one cycle of the one
+:class:`~adaptmg.multilevel.MultilevelSolver` whose levels are the distributed ones
+(``result.mg.solver``, :mod:`.hierarchy`), every inner product and norm completed by one
+``Allreduce`` (:func:`adaptmg.linalg._vectorops.global_reductions` with
+:func:`.comm.allreduce_sum`).  The result holds the global solution on every rank (one
+``Allgatherv``) besides the local part.  ``result.ml`` is then the serial hierarchy of the
+small levels only; ``result.mg.levels`` are all levels.  ``result.residuals``: the initial
+and the final true residual norm (``||f||``, ``||f - K x||``).
 
 GPU backend (``backend="gpu"``, or "auto" where a device is visible): every rank first
 selects its device (:func:`.comm.select_device`: ``local_rank % device_count``); the small
@@ -39,17 +44,18 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import assemble as _assemble
+from .. import linalg
 from ..fe import Constraints, Space
 from ..linalg import ConvergenceWarning
 from ..mesh import Mesh
 from ..backend import get_backend, to_host
 from ..multilevel.hierarchy import dirichlet_dofs, multigrid
-from .comm import agree, get_comm, guard, select_device
-from .krylov import krylov
-from .multigrid import DistributedMultigrid
+from ..linalg._vectorops import global_norm, global_reductions
+from .comm import agree, allreduce_sum, get_comm, guard, select_device
+from .hierarchy import DistributedHierarchy
 from .partition import imbalance, partition_cells
 
-__all__ = ["solve", "solve_poisson", "DistributedResult"]
+__all__ = ["solve", "solve_poisson", "resolve", "DistributedResult"]
 
 
 @dataclass
@@ -60,7 +66,7 @@ class DistributedResult:
     x_local: Any                   # this rank's owned entries of x (a CuPy array on the GPU)
     iterations: int
     info: int                      # 0 converged, > 0 not converged (a ConvergenceWarning too)
-    residuals: list
+    residuals: list                # one rank: the history; several: [||f||, ||f - K x||]
     size: int                      # number of ranks
     cell_ranks: Optional[np.ndarray] = None
     imbalance: float = 0.0         # max cells per rank / mean - 1
@@ -68,7 +74,7 @@ class DistributedResult:
     # (this rank); with the local set-up also the finest level's cells and phase seconds
     ml: Any = None                 # the serial hierarchy (replicated; with the local set-up only
     #                                the levels below the locally built ones)
-    mg: Any = None                 # DistributedMultigrid (None on one rank)
+    mg: Any = None                 # DistributedHierarchy (None on one rank); mg.solver the cycle
     active_ranks: list = field(default_factory=list)   # ranks per level (coarse -> fine): P_l
     #                                (partition.level_ranks), 1 on the levels agglomerated on rank 0
 
@@ -108,8 +114,8 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
     b : unconstrained load vector (num_dofs,), the same on every rank.
     comm : mpi4py communicator (default ``MPI.COMM_WORLD`` if mpi4py is installed).
     rtol, maxiter : stopping test ``||f - K x|| <= rtol ||f||``.
-    accel : Krylov method (:func:`.krylov.krylov`): "cg", "gmres" or "fgmres" of
-        :mod:`adaptmg.linalg`, their reductions through the hook (one Allreduce each).
+    accel : Krylov method: "cg", "gmres" or "fgmres" of :mod:`adaptmg.linalg`, their
+        reductions through the hook (one Allreduce each).
     agglomerate_below : levels with fewer DoFs are gathered onto rank 0.
     min_dofs_per_rank : the finest level is on all ``P`` ranks; a coarser level with ``N_l >=
         agglomerate_below`` DoFs on ``P_l = min(P_{l+1}, max(1, N_l // min_dofs_per_rank))``
@@ -168,10 +174,43 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
                                                                      "halo": 0.0}, ml=ml,
                                      active_ranks=[1] * len(ml.levels))
         ranks = partition_cells(space.mesh, size, weights)
-        mg = DistributedMultigrid(ml, ranks, comm, agglomerate_below,
+        mg = DistributedHierarchy(ml, ranks, comm, agglomerate_below,
                                   min_dofs_per_rank=min_dofs_per_rank, transport=transport)
         return _krylov_solve(comm, mg, mg.layout.scatter(f), ranks, (t0, c0), accel, cycle, rtol,
                              maxiter, callback, ml.expand, ml, stacklevel=3)
+
+
+def resolve(mg, f_loc, *, accel="cg", cycle="V", rtol=1e-8, maxiter=200, callback=None):
+    """Solve again on a set-up hierarchy ``mg`` (``result.mg``; collective): ``adaptmg.linalg.<accel>``
+    on the owned entries ``f_loc`` (on ``mg``'s backend, e.g. ``mg.constrain_local(b)``) from
+    zero, preconditioned by one ``cycle`` of ``mg.solver`` (its fixed buffers,
+    :meth:`~adaptmg.multilevel.MultilevelSolver.buffered_cycle`), every reduction global.
+    Returns ``(x_local, info, iterations, [||f||, ||f - A x||])`` (iterations: callback calls
+    -- per iteration for cg, per inner iteration for (f)gmres; ``callback(k, arg)``)."""
+    comm, xp = mg.comm, mg.backend.xp
+    cyc = mg.solver.buffered_cycle(cycle)
+
+    def M(r):                          # z = M r: a new array (the Krylov solver keeps it)
+        xp.copyto(cyc.b, r)
+        z = xp.empty_like(r)
+        cyc.run_eager(z)
+        return z
+
+    its = [0]
+
+    def cb(arg):
+        its[0] += 1
+        if callback is not None:
+            callback(its[0], arg)
+
+    kw = {"callback_type": "pr_norm"} if accel in ("gmres", "fgmres") else {}
+    with global_reductions(allreduce_sum(comm)):
+        x, info = getattr(linalg, accel)(mg.A, f_loc, rtol=rtol, atol=0.0, maxiter=maxiter, M=M,
+                                         callback=cb, **kw)
+        r = f_loc.copy()
+        mg.A(x, r, -1.0, 1.0)
+        res = [global_norm(xp, f_loc), global_norm(xp, r)]
+    return x, info, its[0], res
 
 
 def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, callback, expand, ml,
@@ -186,8 +225,8 @@ def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, ca
     comm.Barrier()
     t1 = time.perf_counter()
     mg.timer.reset()
-    x_loc, info, its, res = krylov(comm, accel, mg.A, f_loc, M=lambda r: mg.precondition(r, cycle),
-                                   rtol=rtol, maxiter=maxiter, callback=callback)
+    x_loc, info, its, res = resolve(mg, f_loc, accel=accel, cycle=cycle, rtol=rtol, maxiter=maxiter,
+                                    callback=callback)
     t2 = time.perf_counter()
     if info != 0:                      # the same reduced numbers on every rank: all warn
         warnings.warn(ConvergenceWarning(
@@ -239,7 +278,7 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     frees = [Constraints(s, dirichlet_dofs(s, dirichlet)).free for s in spaces]
     size = comm.Get_size()
     ranks = partition_cells(space.mesh, size, weights)
-    mg = DistributedMultigrid(ml, ranks, comm, agglomerate_below,
+    mg = DistributedHierarchy(ml, ranks, comm, agglomerate_below,
                               local=dict(spaces=spaces, assemble=assemble, frees=frees),
                               min_dofs_per_rank=min_dofs_per_rank, transport=transport)
     return _krylov_solve(comm, mg, mg.constrain_local(b), ranks, (t0, c0), accel, cycle, rtol,

@@ -106,7 +106,10 @@ class MultilevelSolver:
         (LAPACK on the CPU, cuSOLVER on the GPU; symmetrised when ``A_0`` is
         symmetric) and applied as one GEMV; refused above ``max_direct`` rows.  "smoother":
         ``coarse_sweeps`` sweeps of the coarsest level's smoother (seed 001,
-        §4.1.4).
+        §4.1.4).  Or an object with ``cycle(b, x, kind, zero)`` and ``depth``: it
+        solves on ``levels[0]`` itself (e.g. rank 0 running a serial hierarchy's cycle under
+        the distributed levels, :mod:`adaptmg.distributed.hierarchy`), ``depth`` levels
+        below it counted by the cycle schedule (:func:`coarse_visits`).
     presmooth, postsmooth : int
         Sweeps before / after the coarse correction.  Post-smoothing calls
         ``smoother.smooth_adjoint`` when the smoother has one, else ``smooth``
@@ -193,8 +196,10 @@ class MultilevelSolver:
                 levels = levels[keep[-1]:]
                 lev0 = levels[0]
                 levels[0] = Level(lev0.A, None, None, lev0.smoother, lev0.meta)
-        if coarse not in ("direct", "smoother"):
-            raise ValueError(f"coarse must be 'direct' or 'smoother', got {coarse!r}")
+        coarse_cycle = callable(getattr(coarse, "cycle", None))
+        if not coarse_cycle and coarse not in ("direct", "smoother"):
+            raise ValueError(f"coarse must be 'direct', 'smoother' or an object with "
+                             f"cycle(b, x, kind, zero), got {coarse!r}")
         for name, v in (("presmooth", presmooth), ("postsmooth", postsmooth),
                         ("coarse_sweeps", coarse_sweeps)):
             if not isinstance(v, (int, np.integer)) or v < 0:
@@ -204,6 +209,9 @@ class MultilevelSolver:
             raise TypeError(f"dtype must be a float type (float32/float64), got {dtype}")
         self.levels = levels
         self.coarse = coarse
+        # levels below levels[0] that a coarse-cycle object runs (0: levels[0] is the bottom)
+        self._coarse_depth = int(getattr(coarse, "depth", 0)) if coarse_cycle else 0
+        self._coarse_cycle = coarse if coarse_cycle else None
         self.coarse_sweeps = int(coarse_sweeps)
         self.presmooth = int(presmooth)
         self.postsmooth = int(postsmooth)
@@ -424,16 +432,18 @@ class MultilevelSolver:
             else:
                 sm.smooth(d.x, d.b, sweeps)
 
-    def _coarse_solve(self, zero):
+    def _coarse_solve(self, zero, kind="V"):
         d = self._dev[0]
-        if self._coarse_inv is not None:
+        if self._coarse_cycle is not None:
+            self._coarse_cycle.cycle(d.b, d.x, kind, zero)
+        elif self._coarse_inv is not None:
             K.dense_matvec(self._coarse_inv, d.b, d.x)
         else:
             self._smooth(d, self.coarse_sweeps, zero, post=False)
 
     def _level_cycle(self, l, kind, zero):
         if l == 0:
-            self._coarse_solve(zero)
+            self._coarse_solve(zero, kind)
             return
         d, c = self._dev[l], self._dev[l - 1]
         if zero and d.sfused:                  # x = G b and b_c = R (b - A x) in one launch
@@ -441,7 +451,7 @@ class MultilevelSolver:
             K.csr_smooth_restrict(sm.A, sm.dinv, sm.omega, self.presmooth, d.S, d.b, d.x, c.b)
         else:
             self._pre_and_restrict(d, c, zero)
-        for k, z in coarse_visits(kind, l):
+        for k, z in coarse_visits(kind, l + self._coarse_depth):
             self._level_cycle(l - 1, k, z)
         defer = l == self._defer_level
         if d.tfused and d.AP is not None and self.postsmooth > 0:
@@ -794,7 +804,8 @@ class MultilevelSolver:
         L = len(self.levels)
         sm = self._dev[-1].smoother if L > 1 else self._dev[0].smoother
         coarse = (f"direct (dense inverse, {self.levels[0].n} rows)"
-                  if self.coarse == "direct" else f"smoother x {self.coarse_sweeps}")
+                  if self.coarse == "direct" else repr(self.coarse) if self._coarse_cycle is not None
+                  else f"smoother x {self.coarse_sweeps}")
         lines = [
             f"MultilevelSolver (adaptmg, backend={self.backend.name}, dtype={self.dtype.name})",
             f"Number of levels:    {L}",

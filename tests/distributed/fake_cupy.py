@@ -70,8 +70,16 @@ csr_matrix.__module__ = "cupyx.scipy.sparse._csr"
 class _Stream:
     ptr = 0
 
+    def __init__(self, null=False, non_blocking=False, ptds=False):
+        pass
+
     def synchronize(self):
         pass
+
+    def wait_event(self, event):
+        if not event.recorded:
+            raise RuntimeError("fake cupy: wait_event on an event never recorded")
+        _STATE["stream_waits"] += 1
 
     def is_capturing(self):
         return False
@@ -100,7 +108,7 @@ class _Device:
         pass
 
 
-_STATE = {"device": None, "pinned": 0, "count": 1, "nccl_calls": 0}
+_STATE = {"device": None, "pinned": 0, "count": 1, "nccl_calls": 0, "stream_waits": 0}
 
 
 def _pinned(nbytes):
@@ -150,6 +158,38 @@ class _XP(types.ModuleType):
         return out
 
 
+def _cg_xr(p, q, rz, pq, x, r):
+    a = rz[0] / pq[0] if pq[0] != 0 else 0.0
+    x += a * p
+    r -= a * q
+
+
+def _cg_p(z, rznew, rzold, p):
+    c = rznew[0] / rzold[0] if rzold[0] != 0 else 0.0
+    p *= c
+    p += z
+
+
+#: NumPy twins of the CuPy element-wise kernels of adaptmg.linalg._vectorops that CG launches
+_TWINS = {"adaptmg_krylov_cg_xr": _cg_xr, "adaptmg_krylov_cg_p": _cg_p}
+
+
+class ElementwiseKernel:
+    """``cupy.ElementwiseKernel(in, out, operation, name)`` by its name: the kernels of
+    :data:`_TWINS` run their NumPy twins (arguments as CuPy passes them: inputs, then the
+    outputs written in place); any other raises when launched."""
+
+    def __init__(self, in_params, out_params, operation, name="", **kw):
+        self.name = name
+
+    def __call__(self, *args):
+        f = _TWINS.get(self.name)
+        if f is None:
+            raise NotImplementedError(f"fake cupy: no NumPy twin of the kernel {self.name!r}")
+        f(*args)
+
+
+_XP.ElementwiseKernel = ElementwiseKernel
 xp = _XP("cupy")
 csp = types.ModuleType("cupyx.scipy.sparse")
 csp.csr_matrix = csr_matrix
@@ -221,16 +261,12 @@ nccl.groupEnd = _group_end
 
 def install(devices=1, with_nccl=False):
     """Route ``adaptmg.backend``'s CuPy look-up to this module (this process only).  The
-    Krylov solve then takes :func:`adaptmg.distributed.krylov.cg` (adaptmg.linalg's solvers use
-    CuPy ``ElementwiseKernel``s on device vectors, which this stand-in does not have)."""
-    import importlib
+    Krylov solve, :func:`adaptmg.linalg.cg` on "device" vectors, launches its fused updates
+    through :class:`ElementwiseKernel` (NumPy twins)."""
     import sys
 
     import adaptmg.backend as B
-    # (the package re-exports a function called krylov: take the module itself)
-    KR = importlib.import_module("adaptmg.distributed.krylov")
     B._cupy_status = lambda: (xp, csp, "")
-    KR.linalg_is_distributed = lambda: False
     _STATE["count"] = int(devices)
     if with_nccl:       # ``from cupy.cuda import nccl`` finds the stand-in (this process only)
         top, sub = types.ModuleType("cupy"), types.ModuleType("cupy.cuda")
@@ -245,6 +281,10 @@ def pinned_allocations():
 
 def nccl_calls():
     return _STATE["nccl_calls"]
+
+
+def stream_waits():
+    return _STATE["stream_waits"]
 
 
 def selected_device():

@@ -31,6 +31,12 @@ class RankOf:
         out[...] = a
 
 
+#: the serial reference hierarchy on the host with every level kept, on any machine (on a GPU
+#: machine the default backend is the GPU, whose coarse_max_rows="auto" ends the hierarchy in a
+#: direct solve of ~2000 rows and keeps fewer levels: ml.constraints[-2] would not exist)
+_ALL_LEVELS = dict(backend="cpu", coarse_max_rows=None)
+
+
 def _mesh(dim, L):
     m = Mesh.box([0] * dim, [1] * dim, [4 if dim == 2 else 2] * dim)
     for _ in range(L):
@@ -61,7 +67,7 @@ def test_rank_rows_equal_serial_rows(dim, L, degree, size):
     of R = P^T equal the serial hierarchy's to 1e-13 (measured: <= 5e-16), while it assembled
     only owned + ghost cells (within two vertex layers of its cells, fewer than all cells)."""
     space = Space(_mesh(dim, L), degree)
-    ml = multigrid(space, assemble.stiffness, threads=1, max_coarse=None)
+    ml = multigrid(space, assemble.stiffness, threads=1, max_coarse=None, **_ALL_LEVELS)
     K, P, R = ml.levels[-1].A, ml.levels[-1].P, ml.levels[-1].R
     cons, ccons = ml.constraints[-1], ml.constraints[-2]
     ranks = partition_cells(space.mesh, size)
@@ -113,7 +119,7 @@ def test_ghost_layer_must_reach_hanging_nodes_with_owned_parents():
     parent is owned brings its own cells' contributions into the owned row of H^T A H.  On
     this mesh some rank needs such cells, and without them its rows come out wrong."""
     space = Space(_mesh(3, 1), 1)
-    ml = multigrid(space, assemble.stiffness, threads=1, max_coarse=None)
+    ml = multigrid(space, assemble.stiffness, threads=1, max_coarse=None, **_ALL_LEVELS)
     K, H = ml.levels[-1].A, space.H
     free = ml.constraints[-1].free
     ranks = partition_cells(space.mesh, 3)

@@ -1,8 +1,8 @@
-r"""Multigrid with every level distributed: the serial hierarchy's operators on owned rows.
+r"""The distributed levels of one :class:`~adaptmg.multilevel.MultilevelSolver`: set-up only.
 
 Given the serial :class:`~adaptmg.multilevel.hierarchy.GeometricMultigrid` ``ml`` (levels
 ``0..L``, coarse -> fine) and the cell partition of the finest mesh,
-:class:`DistributedMultigrid` builds
+:class:`DistributedHierarchy` builds
 
 * the cell partition of every coarser geometric level (a coarse cell lives where most
   of its children live, :func:`~.partition.coarse_cell_ranks`) and from it the DoF
@@ -16,7 +16,13 @@ Given the serial :class:`~adaptmg.multilevel.hierarchy.GeometricMultigrid` ``ml`
   the very same object type and kernels (:mod:`adaptmg.device.kernels`), whose SpMV plan is
   the distributed product.  Point smoothers (Jacobi, Chebyshev) need the neighbours'
   values only through ``A x``, so the distributed iterates equal the serial ones up to
-  the summation order inside the row products (block Jacobi alike).
+  the summation order inside the row products (block Jacobi alike);
+* and from them **one** :class:`~adaptmg.multilevel.MultilevelSolver` (``self.solver``):
+  every distributed level ``l >= c`` is an ordinary :class:`~adaptmg.multilevel.Level`
+  whose ``A``, ``P``, ``R`` are DistCSR (the halo exchange inside their SpMV, see
+  :mod:`.csr`) and whose vectors are the owned parts; its ``levels[0]`` is level ``c - 1``
+  (on rank 0, below) and its coarse solver is :class:`RankZeroCycle`.  The cycle (V, W or
+  F; seed 001, Algorithm 1) is the serial solver's own, nothing here runs one.
 
 Agglomeration, in two stages.  (1) Fewer ranks: the finest level lives on all ``P`` ranks
 (the user's partition); a coarser level with ``N_l >= agglomerate_below`` DoFs on
@@ -31,19 +37,19 @@ by (rank, curve position), cut into ``P_l`` equal contiguous pieces; for ``P_l |
 balanced voted partition the fold ``r -> floor(r P_l / P)``) and the DoF owners follow
 (:func:`~.partition.dof_owners`).
 Such a level is an ordinary distributed level in which ranks ``>= P_l`` own no row: their
-parts are empty arrays, they send and receive nothing in its halo exchanges and join its
-set-up's reductions with zeros; in the cycle a rank that owns no DoF of a level nor of any
-coarser one returns at once (``_idle``: none of those levels' products asks it for
-anything).  ``active_ranks`` (and :meth:`DistributedMultigrid.describe`) report ``P_l``.
+parts are empty arrays, they send and receive nothing in its halo exchanges, join its
+set-up's reductions with zeros, and their smoother there does nothing (:class:`_NoRows`).
+``active_ranks`` (and :meth:`DistributedHierarchy.describe`) report ``P_l``.
 (2) Rank 0: levels with fewer than ``agglomerate_below`` DoFs (always the coarsest
-one, and all algebraic levels; never the finest) live entirely on rank 0: their DoF "partition" gives
-rank 0 every DoF, so the restriction into the finest of them is an ordinary
-``DistCSR`` product that gathers onto rank 0, and the prolongation out of it scatters.
-Rank 0 then runs the *serial* solver's cycle on those levels (``ml._run(..., level=)``:
-the same smoothers and dense coarse inverse), other ranks wait in the next halo exchange.
-
-The cycle (V, W or F) is the serial one of :class:`~adaptmg.multilevel.MultilevelSolver`
-(seed 001, Algorithm 1), level by level on local vectors.
+one, and all algebraic levels; never the finest) live entirely on rank 0: their DoF
+"partition" gives rank 0 every DoF, so the restriction into the finest of them (level
+``c - 1``) is an ordinary ``DistCSR`` product that gathers onto rank 0, and the
+prolongation out of it scatters.  The coarse solver of the one cycle,
+:class:`RankZeroCycle`, runs the *serial* solver's cycle from level ``c - 1`` down on
+rank 0 (``ml._run(..., level=c - 1)``: the same smoothers, fused kernels and dense coarse
+inverse); it tells the cycle schedule that ``c - 1`` levels lie below it, so W- and
+F-cycles visit it as the serial cycle visits level ``c - 1``.  Other ranks own no entry of
+level ``c - 1`` and wait in the next halo exchange.
 
 Local set-up (``local=``, what :func:`.solve.solve` uses by default).  ``ml`` is then the
 serial hierarchy of the *small* levels only (those agglomerated onto rank 0, plus the
@@ -60,11 +66,13 @@ GPU backend (``ml`` on the GPU).  Everything above is set up on the host as for 
 products), then moved to the device: each distributed level's ``A``, ``P``, ``R`` as device
 :class:`~.csr.DistCSR` (``transport``: host staging or NCCL, :func:`.comm.resolve_transport`,
 decided once for the hierarchy), the smoother's owned-row data (``dinv`` and Chebyshev's
-``_d`` as CuPy arrays, block Jacobi's ``S`` as cupyx CSR; :func:`_smoother_on`), the cycle's
-vectors ``x``, ``b``, ``r`` of every level.  The agglomerated levels run in the serial
-GPU hierarchy on rank 0, as on the CPU.  The smoothers' kernels are the same
-(:mod:`adaptmg.device.kernels` dispatch on the array type); the fused one-launch CSR sweeps
-are off on distributed levels (their matrix is a DistCSR).
+``_d`` as CuPy arrays, block Jacobi's ``S`` as cupyx CSR; :func:`_smoother_on`); the
+solver's level vectors are allocated on the device by the solver.  The agglomerated levels
+run in the serial GPU hierarchy on rank 0, as on the CPU.  The smoothers' kernels are the
+same (:mod:`adaptmg.device.kernels` dispatch on the array type); the fused one-launch CSR
+kernels, transfer fusion and CUDA graphs are off on distributed levels (their matrices are
+DistCSR, not CSR: :meth:`~adaptmg.multilevel.MultilevelSolver.set_fuse_below` and
+``_capturable`` see that).
 
 Limits (stated plainly): the mesh is **replicated** on every rank (like deal.II's
 ``parallel::shared::Triangulation``) together with its O(cells) derived arrays; without
@@ -85,13 +93,14 @@ from ..backend import CPU, to_host
 from ..device import kernels as K
 from ..multilevel.chebyshev import lanczos_lambda_max
 from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi, power_lambda_max
-from ..multilevel.solver import coarse_visits
+from ..multilevel.level import Level
+from ..multilevel.solver import MultilevelSolver
 from ..multilevel.start_vector import start_vector
 from .comm import HaloTimer, resolve_transport
 from .csr import DistCSR, Layout, _device_block, _device_plan, norm
 from .partition import coarse_cell_ranks, dof_owners, fold_cell_ranks, level_ranks
 
-__all__ = ["DistributedMultigrid", "level_owners"]
+__all__ = ["DistributedHierarchy", "RankZeroCycle", "level_owners"]
 
 
 def level_owners(ml, fine_cell_ranks, size, agglomerate_below=1000, min_dofs_per_rank=2000):
@@ -255,11 +264,58 @@ def _distributed_smoother(ml, A: DistCSR, Aoo, components):
 
 
 class _DLevel:
-    __slots__ = ("A", "P", "R", "smoother", "x", "b", "r", "layout")
+    __slots__ = ("A", "P", "R", "smoother", "layout")
 
 
-class DistributedMultigrid:
-    """Distributed counterpart of a serial ``GeometricMultigrid`` (see the module doc).
+class _NoRows:
+    """The smoother of a level on a rank that owns none of its rows (a folded level): there
+    is nothing to smooth (its vectors are empty), so no kernel is launched."""
+
+    def smooth(self, x, b, sweeps=1, work=None, zero_initial=False):
+        return x
+
+    def __repr__(self):
+        return "_NoRows()"
+
+
+class RankZeroCycle:
+    r"""The coarse solver of the distributed :class:`~adaptmg.multilevel.MultilevelSolver`:
+    on rank 0 one ``kind`` cycle of the serial hierarchy ``ml`` with its level ``level`` as
+    the top (``ml._run``), on the levels agglomerated there; other ranks own no entry of that
+    level (their vectors are empty) and do nothing.  ``depth = level``: the number of levels
+    below the top, for the cycle schedule
+    (:func:`~adaptmg.multilevel.solver.coarse_visits`), so that a W- or F-cycle visits it as
+    the serial cycle visits ``ml.levels[level]``.
+
+    ``seconds`` / ``calls``: wall time spent in it on this rank and its visits (reset them
+    to measure; the GPU runs asynchronously, so set ``sync = True`` for device time: the
+    device is then synchronised before and after each visit, which costs time itself)."""
+
+    def __init__(self, ml, level, rank):
+        self.ml, self.level, self.active = ml, int(level), rank == 0
+        self.depth = self.level
+        self.seconds, self.calls, self.sync = 0.0, 0, False
+
+    def cycle(self, b, x, kind, zero):
+        if self.active:
+            if self.sync:
+                self.ml.backend.synchronize()
+            t0 = time.perf_counter()
+            self.ml._run(b, x, kind, zero, level=self.level)
+            if self.sync:
+                self.ml.backend.synchronize()
+            self.seconds += time.perf_counter() - t0
+            self.calls += 1
+        return x
+
+    def __repr__(self):
+        return (f"RankZeroCycle(serial levels 0..{self.level} on rank 0, "
+                f"{self.ml.levels[self.level].n} DoFs at the top)")
+
+
+class DistributedHierarchy:
+    """The distributed levels of a serial ``GeometricMultigrid`` and the one
+    :class:`~adaptmg.multilevel.MultilevelSolver` over them (``self.solver``; module doc).
 
     Parameters
     ----------
@@ -283,6 +339,12 @@ class DistributedMultigrid:
         environment variable ``ADAPTMG_HALO_TRANSPORT`` or "auto"); ``self.transport`` the one
         used ("mpi" on the CPU).
 
+    ``solver``: the MultilevelSolver whose levels are the distributed ones (coarse -> fine,
+    its ``levels[0]`` level ``c - 1`` on rank 0, coarse solver :class:`RankZeroCycle`);
+    precondition a Krylov method of :mod:`adaptmg.linalg` with its cycle, the reductions made
+    global by :func:`adaptmg.linalg._vectorops.global_reductions` (:func:`.solve.solve`
+    does).  ``A``: the finest level's DistCSR.
+
     ``setup_stats`` (local set-up): per local level the cells assembled by this rank and the
     level's cells, the cells used for P/R, and the seconds of each phase.  ``active_ranks``:
     per level (coarse -> fine) the number of ranks it works on (1 for the agglomerated ones);
@@ -292,11 +354,10 @@ class DistributedMultigrid:
     def __init__(self, ml, fine_cell_ranks, comm, agglomerate_below=1000, local=None,
                  min_dofs_per_rank=2000, transport=None):
         if ml.backend.name not in ("cpu", "gpu") or np.dtype(ml.dtype) != np.float64:
-            raise ValueError(f"DistributedMultigrid: CPU or GPU float64 hierarchies only, got "
+            raise ValueError(f"DistributedHierarchy: CPU or GPU float64 hierarchies only, got "
                              f"backend {ml.backend.name} and dtype {ml.dtype}")
         self.ml, self.comm = ml, comm
         self.backend = be = ml.backend
-        xp = be.xp
         self.transport = resolve_transport(comm, transport, be)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.timer = HaloTimer()
@@ -309,28 +370,23 @@ class DistributedMultigrid:
         self.active_ranks = nranks
         self.layouts = [Layout(o, comm) for o in owners]
         self.owning_ranks = [int((lay.counts > 0).sum()) for lay in self.layouts]
-        # idle[l]: this rank owns no DoF of level l nor of any coarser level, so the cycle below
-        # level l needs nothing from it (no rows, no ghosts, asked for no entries): it skips it
-        held = np.cumsum([lay.n > 0 for lay in self.layouts]) > 0
-        self._idle = (~held).tolist()
-        self.presmooth, self.postsmooth = ml.presmooth, ml.postsmooth
         self.levels = []
+        kw = dict(backend=be, transport=self.transport)
         for l, lev in enumerate(ml.levels):
             d = _DLevel()
             d.layout = lay = self.layouts[l]
             d.A = d.P = d.R = d.smoother = None
+            if l == c - 1:                   # the top of the levels on rank 0: the coarse level
+                d.A = DistCSR(lev.A, lay, lay, self.timer, **kw)
             if l >= c:
-                kw = dict(backend=be, transport=self.transport)
                 d.A = DistCSR(lev.A, lay, lay, self.timer, **kw)
                 d.P = DistCSR(lev.P, lay, self.layouts[l - 1], self.timer, **kw)
                 d.R = DistCSR(lev.R, self.layouts[l - 1], lay, self.timer, **kw)
                 d.smoother = _local_smoother(ml._dev[l].smoother, d.A, lay.rows, be)
-            d.x, d.b = xp.zeros(lay.n), xp.zeros(lay.n)
-            d.r = xp.zeros(lay.n)
             self.levels.append(d)
         if local is not None:
             if c > len(ml.levels):
-                raise RuntimeError("DistributedMultigrid: a locally built level would be agglomerated")
+                raise RuntimeError("DistributedHierarchy: a locally built level would be agglomerated")
             spaces = [ml.spaces[-1]] + list(local["spaces"])
             frees = [ml.constraints[-1].free] + list(local["frees"])
             self.setup_stats = {"cells_assembled": [], "cells": [], "cells_transfer": []}
@@ -339,6 +395,21 @@ class DistributedMultigrid:
                                                      local["assemble"], fine=j == len(spaces) - 1))
         self.A = self.levels[-1].A
         self.layout = self.layouts[-1]
+        self.solver = self._solver()
+
+    def _solver(self):
+        """The one MultilevelSolver: levels ``c - 1 .. L`` (DistCSR operators, the owned-rows
+        smoothers; :class:`_NoRows` where this rank owns no row), :class:`RankZeroCycle` below."""
+        c, ml = self.c, self.ml
+        levels = [Level(self.levels[c - 1].A, meta={"dofs": self.layouts[c - 1].N, "ranks": 1})]
+        for l in range(c, len(self.levels)):
+            d = self.levels[l]
+            sm = d.smoother if d.layout.n else _NoRows()
+            levels.append(Level(d.A, d.P, d.R, smoother=sm,
+                                meta={"dofs": d.layout.N, "ranks": self.active_ranks[l]}))
+        return MultilevelSolver(levels, coarse=RankZeroCycle(ml, c - 1, self.rank),
+                                presmooth=ml.presmooth, postsmooth=ml.postsmooth,
+                                backend=self.backend, dtype=np.float64)
 
     def _local_level(self, cspace, space, cfree, free, assemble, fine):
         """The next level from the rank's cells only (:mod:`.local`): owned rows of K, P, R and
@@ -363,8 +434,6 @@ class DistributedMultigrid:
         if be.is_gpu:        # set up on the host (as on the CPU), then moved to the device
             d.A = d.A.to(be, self.transport)
             d.smoother = _smoother_on(d.smoother, be, d.A)
-        xp = be.xp
-        d.x, d.b, d.r = xp.zeros(lay.n), xp.zeros(lay.n), xp.zeros(lay.n)
         st = self.setup_stats
         st["cells_assembled"].append(int(cells.size))
         st["cells"].append(space.mesh.num_cells)
@@ -387,37 +456,6 @@ class DistributedMultigrid:
         f = self.HT_o @ np.asarray(b, dtype=float)
         f[~self.free_o] = 0.0
         return f
-
-    # ------------------------------------------------------------------ the cycle
-    def _smooth(self, d, sweeps, zero, post):
-        sm = d.smoother
-        f = sm.smooth_adjoint if post and hasattr(sm, "smooth_adjoint") else sm.smooth
-        f(d.x, d.b, sweeps, work=d.r, zero_initial=zero)
-
-    def _level_cycle(self, l, kind, zero):
-        if self._idle[l]:              # folded away: nothing of levels <= l on this rank
-            return
-        if l < self.c:                 # agglomerated: rank 0 runs the serial cycle
-            if self.rank == 0:         # on this level's vectors, swapped into the serial solver
-                d = self.levels[l]
-                self.ml._run(d.b, d.x, kind, zero, level=l)
-            return
-        d, cl = self.levels[l], self.levels[l - 1]
-        self._smooth(d, self.presmooth, zero, post=False)
-        d.r[...] = d.b
-        d.A(d.x, d.r, -1.0, 1.0)
-        d.R(d.r, cl.b, 1.0, 0.0)
-        for k, z in coarse_visits(kind, l):          # the serial cycle's schedule
-            self._level_cycle(l - 1, k, z)
-        d.P(cl.x, d.x, 1.0, 1.0)
-        self._smooth(d, self.postsmooth, False, post=True)
-
-    def precondition(self, r, cycle="V"):
-        """One cycle from zero on ``A z = r`` (local vectors); returns a new ``z``."""
-        d = self.levels[-1]
-        d.b[...] = r
-        self._level_cycle(len(self.levels) - 1, cycle, True)
-        return d.x.copy()
 
     def describe(self):
         """Per level: global DoFs, DoFs per rank, ghost entries per rank, the number of ranks
