@@ -222,6 +222,9 @@ def _coefficient(name, coef, num_cells, dim, tail=()):
     tail = tuple(tail)
     if arr.shape == tail:
         _finite(name, arr)
+        if not tail:                   # a Python float: also multiplies device factors
+            val = float(arr)
+            return (lambda sl, g: val), True
         return (lambda sl, g: arr.reshape((1, 1) + tail)), True
     if arr.shape == (num_cells,) + tail:
         _finite(name, arr)
@@ -244,7 +247,7 @@ def _square_pattern(info):
 
 
 def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None, uniform=False,
-                     keep=None):
+                     keep=None, device_elements=False):
     r"""CSR of the element matrices :math:`K_c = \sum_q F_{c,q,:} T_{q,:,:}` summed over all cells.
 
     ``factor(sl, g, wdet)`` returns the geometric factor (n, nq, m) of a chunk of n
@@ -274,6 +277,11 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
     ``keep`` (a GPU backend): return cupyx CSR matrices on it -- summed and built on the
     device without the host round trip when ``device`` is set and the space is scalar, else
     the host result moved there.
+
+    ``device_elements`` (with ``device``; a factor that reads only ``g.J``/``g.detJ``, i.e.
+    constant coefficients): the element matrices too are computed on the device, with the
+    full quadrature rule on every cell (:func:`.on_device.element_entries_on_device`):
+    nothing of O(cells) is computed on the host or copied up but the mesh itself.
     """
     nq, m, per = Tq.shape
     if device is not None:
@@ -324,6 +332,10 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
         Te_full = np.ascontiguousarray(Te.reshape(nq * me, per))
         Te_aff = np.tensordot(w, Te, axes=1)
         buf_e = np.empty((step, per))
+    if device is not None and device_elements and extra is None:
+        from .on_device import element_entries_on_device
+        element_entries_on_device(device, info, xi, w, factor, T_full, data)
+        return _kept(finish(data), keep)
     for sl, g in info.chunks(xi, per, affine=affine_ok, group=group):
         n = g.num_cells
         one = uniform and g.affine and n > 1 and g.congruent()
@@ -342,9 +354,13 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
             K = matmul_serial(Fe, Te_aff if g.affine else Te_full, out=buf_e[:nf])
             add(data_e, sl, np.broadcast_to(K[:1], (n, per)) if one else K)
     out = (finish(data),) if extra is None else (finish(data), finish(data_e))
-    if keep is not None:
-        out = tuple(M if is_device_sparse(M) else keep.asmatrix(M) for M in out)
+    out = tuple(_kept(M, keep) for M in out)
     return out[0] if extra is None else out
+
+
+def _kept(M, keep):
+    """``M`` on the ``keep`` backend (unchanged when None or already there)."""
+    return M if keep is None or is_device_sparse(M) else keep.asmatrix(M)
 
 
 def _keep_backend(name, device, keep_on_device):
@@ -415,10 +431,10 @@ def mass(space, coef=1.0, *, quad_points=None, device=None, keep_on_device=False
     def factor(sl, g, wdet):
         return wdet * ev(sl, g)
     keep = _keep_backend("mass", device, keep_on_device)
+    const = keep is not None and np.ndim(coef) == 0 and not callable(coef)
     return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(coef),
                             device=_assembly_device(device, info, T.shape[-1]),
-                            uniform=keep is not None and np.ndim(coef) == 0 and not callable(coef),
-                            keep=keep)
+                            uniform=const, keep=keep, device_elements=const)
 
 
 def lumped_mass(space, method="auto", *, quad_points=None):
@@ -477,10 +493,10 @@ def stiffness(space, coef=1.0, *, quad_points=None, device=None, keep_on_device=
         wc = wc * ev(sl, g)
         return metric_factor(g.J, g.detJ, wc, packed=True)   # w kappa det J J^{-1} J^{-T}
     keep = _keep_backend("stiffness", device, keep_on_device)
+    const = keep is not None and np.ndim(coef) == 0 and not callable(coef)
     return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(coef),
                             device=_assembly_device(device, info, T.shape[-1]),
-                            uniform=keep is not None and np.ndim(coef) == 0 and not callable(coef),
-                            keep=keep)
+                            uniform=const, keep=keep, device_elements=const)
 
 
 def convection(space, b, *, quad_points=None, device=None):
@@ -798,7 +814,7 @@ def load(space, f, *, quad_points=None, device=None):
     length num_dofs (DoF node*c + r).
 
     ``device`` ("gpu" or a GPU :class:`~adaptmg.backend.Backend`; None/"cpu" = host):
-    computed on the device and returned as a CuPy array (:mod:`.device_load`; a callable
+    computed on the device and returned as a CuPy array (:mod:`.on_device`; a callable
     ``f`` gets CuPy point arrays), ready for ``ml.constrain`` and ``ml.solve``.
     """
     info = _SpaceInfo(space)
@@ -812,7 +828,7 @@ def load(space, f, *, quad_points=None, device=None):
             raise TypeError(f"device must be None, 'cpu', 'gpu', 'auto' or a Backend, got {type(device).__name__}")
         be = get_backend(device)
         if be.is_gpu:
-            from .device_load import load_on_device
+            from .on_device import load_on_device
             return load_on_device(be, info, f, xi, w, phi)
     nq = len(w)
     loc = np.empty((info.num_cells, info.nloc, c))

@@ -92,7 +92,7 @@ def metric_factor(J, detJ, w, packed=False):
             g[a][b] = g[b][a] = (J[..., :, a] * J[..., :, b]).sum(-1)
     s = w / detJ
     pairs = sym_pairs(d)
-    out = np.empty(J.shape[:-2] + (len(pairs),))
+    out = backend_of(J).xp.empty(J.shape[:-2] + (len(pairs),))     # NumPy or CuPy J
     for p, (a, b) in enumerate(pairs):
         if d == 1:
             out[..., p] = s
@@ -103,7 +103,7 @@ def metric_factor(J, detJ, w, packed=False):
             out[..., p] = (g[a1][b1] * g[a2][b2] - g[a1][b2] * g[a2][b1]) * s
     if packed:
         return out
-    F = np.empty(J.shape)
+    F = backend_of(J).xp.empty(J.shape)
     for p, (a, b) in enumerate(pairs):
         F[..., a, b] = F[..., b, a] = out[..., p]
     return F

@@ -1,4 +1,6 @@
-r"""Load vectors on the device: :math:`b_{(i,r)} = \sum_T \sum_q w_q \det J_T(\hat x_q)\,
+r"""Element matrices and load vectors on the device.
+
+Load vectors: :math:`b_{(i,r)} = \sum_T \sum_q w_q \det J_T(\hat x_q)\,
 f_r(x_T(\hat x_q))\,\hat\phi_i(\hat x_q)`.
 
 The same quadrature as the host :func:`adaptmg.assemble.load`, written against the GPU
@@ -18,7 +20,7 @@ import numpy as np
 from ..backend import call_points, is_device_array
 from ..fe.geometry import _det, jacobian_error, q1_tables
 
-__all__ = ["load_on_device", "DEVICE_CHUNK_CELLS"]
+__all__ = ["load_on_device", "element_entries_on_device", "DEVICE_CHUNK_CELLS"]
 
 #: cells per chunk: the Jacobians of a chunk (cells, nq, d, d) stay below ~0.6 GB in 3-D
 DEVICE_CHUNK_CELLS = 1 << 20
@@ -45,35 +47,69 @@ def _values(be, f, sl, x, num_cells, n, nq, c):
                          f"{(n, nq) + tail} (cells, points{', components' if tail else ''})") from None
 
 
+class _DeviceGeometry:
+    """``J`` (n, nq, d, d) and ``detJ`` (n, nq) of a chunk on the device: what the constant-
+    coefficient factors of the forms read (see :func:`element_entries_on_device`)."""
+
+    def __init__(self, J, detJ):
+        self.J, self.detJ = J, detJ
+        self.num_cells = J.shape[0]
+
+
+def _chunks(be, info, xi):
+    """(slice, X (n, 2^d, d), geometry) over chunks of cells, all on the device."""
+    xp = be.xp
+    N, dN = q1_tables(info.dim, xi)
+    dN = xp.asarray(dN)
+    pts, cells = xp.asarray(info.points), xp.asarray(info.cells)
+    nc = info.num_cells
+    bad = xp.zeros(nc, dtype=bool)
+    for s in range(0, nc, DEVICE_CHUNK_CELLS):
+        sl = slice(s, min(s + DEVICE_CHUNK_CELLS, nc))
+        X = pts[cells[sl]]                                     # (n, 2^d, d)
+        J = xp.einsum("cva,qvb->cqab", X, dN)
+        detJ = _det(J)
+        bad[sl] = ~(detJ > 0).all(axis=1)
+        yield sl, X, _DeviceGeometry(J, detJ)
+    if bool(bad.any()):
+        raise jacobian_error(bad.get())
+
+
+def element_entries_on_device(be, info, xi, w, factor, T_full, out):
+    r"""Element matrices :math:`K_c = F_c T` of every cell into the device array ``out``
+    (cells * nloc^2, cell-major), the geometric factor ``F = factor(sl, g, w det J)``
+    (n, nq, m) computed from the device geometry ``g`` (``J``, ``detJ``) and contracted with
+    the reference tensor ``T_full`` (nq * m, nloc^2) in one GEMM per chunk.  Only for
+    factors that read nothing but ``g.J``/``g.detJ`` (constant coefficients)."""
+    xp = be.xp
+    w_d, T_d = xp.asarray(w), xp.asarray(T_full)
+    per = T_full.shape[1]
+    for sl, _, g in _chunks(be, info, xi):
+        F = factor(sl, g, g.detJ * w_d)
+        n = g.num_cells
+        out[sl.start * per:sl.stop * per] = (F.reshape(n, -1) @ T_d).reshape(-1)
+    return out
+
+
 def load_on_device(be, info, f, xi, w, phi):
     """The load vector of :func:`adaptmg.assemble.load` on the GPU backend ``be`` (a CuPy
     array of length ``num_dofs``); ``info`` is the validated space, ``xi, w`` the quadrature,
     ``phi`` (nq, nloc) the reference values."""
     xp = be.xp
-    d, c, nc = info.dim, info.components, info.num_cells
+    c, nc = info.components, info.num_cells
     nq = len(w)
-    N, dN = q1_tables(d, xi)
-    N, dN, w_d, phi_d = (xp.asarray(a) for a in (N, dN, w, phi))
-    pts = xp.asarray(info.points)
-    cells = xp.asarray(info.cells)
+    N = xp.asarray(q1_tables(info.dim, xi)[0])
+    w_d, phi_d = xp.asarray(w), xp.asarray(phi)
     dofs = xp.asarray(info.cell_dofs).astype(xp.int64)
     b = xp.zeros(info.num_dofs, dtype=xp.float64)
     comp = xp.arange(c, dtype=xp.int64)
-    bad = xp.zeros(nc, dtype=bool)
-    for s in range(0, nc, DEVICE_CHUNK_CELLS):
-        sl = slice(s, min(s + DEVICE_CHUNK_CELLS, nc))
-        X = pts[cells[sl]]                                     # (n, 2^d, d)
-        n = X.shape[0]
-        J = xp.einsum("cva,qvb->cqab", X, dN)
-        detJ = _det(J)
-        bad[sl] = ~(detJ > 0).all(axis=1)
+    for sl, X, g in _chunks(be, info, xi):
+        n = g.num_cells
         x = xp.einsum("qv,cva->cqa", N, X) if callable(f) else None
         fv = _values(be, f, sl, x, nc, n, nq, c)
-        loc = xp.einsum("cqr,qi->cir", fv * (detJ * w_d)[:, :, None], phi_d)   # (n, nloc, c)
+        loc = xp.einsum("cqr,qi->cir", fv * (g.detJ * w_d)[:, :, None], phi_d)   # (n, nloc, c)
         idx = (dofs[sl][:, :, None] * c + comp).reshape(-1)
         b += xp.bincount(idx, weights=loc.reshape(-1), minlength=info.num_dofs)
-    if bool(bad.any()):
-        raise jacobian_error(bad.get())
     if not bool(xp.isfinite(b).all()):
         raise ValueError("load: f produced non-finite values (NaN or inf) on the device")
     return b
