@@ -25,7 +25,8 @@ on the host (pyamg) are always measured.  ``--quick`` shrinks every size (also t
 paper comparisons then mean nothing); its figures are marked ``[quick]``.
 
 Rows (``--rows``, comma separated; default all, in the README's order): poisson2d, poisson3d,
-vcycle, bridge, patch, td, elasticity, ns, amg2d, amg3d, hex, latency, gs, adaptive.
+vcycle, bridge, patch, td, elasticity, ns, amg2d, amg3d, hex, latency, gs, adaptive, setup,
+coldstart.
 ``--skip`` (comma separated) leaves rows out, so that a long run can be split in two.  A row
 that fails prints ``error: <message>`` as its result (traceback on stderr); the others go on.
 """
@@ -55,7 +56,7 @@ if HERE not in sys.path:        # bench_solve_latency imports bench_poisson by n
 
 NA = "n/a (needs GPU)"
 ROWS = ("poisson2d", "poisson3d", "vcycle", "bridge", "patch", "td", "elasticity", "ns",
-        "amg2d", "amg3d", "hex", "latency", "gs", "adaptive")
+        "amg2d", "amg3d", "hex", "latency", "gs", "adaptive", "setup", "coldstart")
 
 #: the README's first two columns, per row (verbatim)
 README = {
@@ -79,6 +80,11 @@ README = {
     "adaptive": ("adaptive L-shape loop (solve, estimate, mark, refine) to >= 1M DoFs, GPU vs CPU backend",
                  "`python scripts/adaptive.py --problem lshape --backend gpu --max-dofs 1000000` "
                  "(and `--backend cpu`)"),
+    "setup": ("time to solution, mesh -> x (mesh, `multigrid()`, load + constrain, solve), 3-D Q1 "
+              "uniform 2.15M / adaptive 2.66M DoFs, warm",
+              "`python scripts/bench_setup.py --cases uniform,adaptive`"),
+    "coldstart": ("first run in a fresh process, empty kernel caches, 3-D adaptive 340k DoFs",
+                  "`python scripts/bench_setup.py --cases adaptive --dofs 3e5 --cold`"),
 }
 
 
@@ -463,10 +469,55 @@ def row_adaptive(ctx):
                     f"({g['solves']} solves): {fmt_x(c['total'] / g['total'])}; GPU breakdown {parts(g)}")
 
 
+def _setup_args(ctx, **kw):
+    import argparse
+    a = dict(backend=ctx.backend, refine=3 if ctx.quick else 6, dofs=3e4 if ctx.quick else 2.6e6,
+             amg=True, load="device", profile=0)
+    a.update(kw)
+    return argparse.Namespace(**a)
+
+
+def _phases(r):
+    return (f"{r['total']:.2f} s (mesh {r['mesh']:.2f}, multigrid {r['multigrid']:.2f}, load "
+            f"{r['load']:.2f}, solve {r['solve1']:.3f})")
+
+
+def row_setup(ctx):
+    if ctx.backend is None:
+        return NA
+    bs = load_script("bench_setup")
+    out = []
+    for case in ("uniform", "adaptive"):
+        args = _setup_args(ctx)
+        bs.run_case(case, args)                                  # warm-up
+        r = bs.run_case(case, args)
+        out.append(f"{case} {r['dofs']:,} DoFs: {_phases(r)}; `adaptmg.amg` set-up on the same matrix "
+                   f"{r['amg_setup']:.2f} s")
+    return ctx.mark("; ".join(out))
+
+
+def row_coldstart(ctx):
+    if not ctx.gpu:
+        return NA
+    import tempfile
+    bs = load_script("bench_setup")
+    args = _setup_args(ctx, dofs=3e4 if ctx.quick else 3e5)
+    with tempfile.TemporaryDirectory() as empty, tempfile.TemporaryDirectory() as warmed:
+        first = bs.cold("adaptive", args, empty)
+        t_warmup = bs.warm_cache(warmed)
+        after = bs.cold("adaptive", args, warmed)
+    bs.run_case("adaptive", args)
+    warm = bs.run_case("adaptive", args)
+    return ctx.mark(f"first run on a machine {first['total']:.2f} s to x ({first['kernels']} kernels compiled; "
+                    f"`adaptmg.amg` set-up {first['amg_setup']:.1f} s); after `adaptmg warmup` "
+                    f"({t_warmup:.0f} s once) {after['total']:.2f} s (`adaptmg.amg` set-up "
+                    f"{after['amg_setup']:.2f} s); warm process {warm['total']:.2f} s (amg {warm['amg_setup']:.2f} s)")
+
+
 ROW_FUNCS = {"poisson2d": row_poisson2d, "poisson3d": row_poisson3d, "vcycle": row_vcycle, "bridge": row_bridge,
              "patch": row_patch, "td": row_td, "elasticity": row_elasticity, "ns": row_ns,
              "amg2d": row_amg2d, "amg3d": row_amg3d, "hex": row_hex, "latency": row_latency, "gs": row_gs,
-             "adaptive": row_adaptive}
+             "adaptive": row_adaptive, "setup": row_setup, "coldstart": row_coldstart}
 
 
 # ----------------------------------------------------------------------------- output
