@@ -1,6 +1,6 @@
 """Vectorised assembly of finite element operators to SciPy CSR (see :mod:`.forms`)."""
-from .forms import (convection, derivative_matrices, elasticity, load, lumped_mass, mass, scalar_form,
-                    stiffness)
+from .forms import convection, load, lumped_mass, mass, scalar_form, stiffness
+from .vector_forms import derivative_matrices, elasticity
 from .mixed import divergence_iso, gradient_iso
 from ..fe.sparsity import Pattern, clear_cache, componentwise, get_pattern
 
