@@ -58,12 +58,41 @@ def write_vtu(path, space, point_data=None, cell_data=None):
     return io.write(path, space.mesh, point_data or {}, cd, space=space, mesh_data=True)
 
 
+class _Writer:
+    """VTU output off the critical path: the host copies of a step's fields are made in the
+    loop's thread, the files are written by one background thread while the next steps run
+    (meshio's encoding and compression of a 1M-DoF step took seconds); :meth:`close` waits
+    for every file and re-raises the first error."""
+
+    def __init__(self, out, every):
+        from concurrent.futures import ThreadPoolExecutor
+        self.out, self.every = out, every
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adaptmg-vtu")
+        self._jobs = []
+
+    def wants(self, step, last):
+        return self.out is not None and (last or step % self.every == 0)
+
+    def submit(self, path, space, point_data, cell_data):
+        from ..backend import to_host
+        pd = {k: to_host(v) for k, v in point_data.items()}
+        cd = {k: to_host(v) for k, v in cell_data.items()}
+        self._jobs.append(self._pool.submit(write_vtu, path, space, pd, cd))
+
+    def close(self):
+        self._pool.shutdown(wait=True)
+        for j in self._jobs:
+            j.result()
+
+
 def adaptive_loop(problem: AdaptiveProblem, *, steps=10, strategy="doerfler", theta=0.5,
-                  backend="cpu", quiet=False, out=None, max_dofs=None, printer=print):
+                  backend="cpu", quiet=False, out=None, max_dofs=None, printer=print, write_every=1):
     """Run solve -> estimate -> mark -> refine ``steps`` times (``steps + 1`` solves).
 
     ``strategy``: "doerfler" (parameter ``theta``), "fixed_fraction" (fraction ``theta``)
-    or "uniform".  ``out``: directory for one VTU file per step (``<name>_<step>.vtu``).
+    or "uniform".  ``out``: directory for a VTU file per step (``<name>_<step>.vtu``),
+    written by a background thread while the next steps run; ``write_every=k`` writes only
+    the steps 0, k, 2k, ... and the last one.
     Returns a dict with ``history`` (one dict per step: step, cells, dofs, hanging,
     levels, estimate, errors, iterations, times: ``t_solve`` = ``t_setup`` (space, hierarchy,
     assembly, transfer to the device) + ``t_mg`` (the multigrid solve), ``t_estimate``),
@@ -73,17 +102,24 @@ def adaptive_loop(problem: AdaptiveProblem, *, steps=10, strategy="doerfler", th
     from ..progress import progress
     if not isinstance(steps, (int, np.integer)) or steps < 0:
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+    if isinstance(write_every, bool) or not isinstance(write_every, (int, np.integer)) or write_every < 1:
+        raise ValueError(f"write_every must be a positive integer, got {write_every!r}")
     if out is not None:
         os.makedirs(out, exist_ok=True)
     if not quiet:
         printer(f"{problem.name}: {strategy} marking (theta={theta}), backend={backend}")
         printer(f"{'step':>4} {'cells':>8} {'dofs':>9} {'hang':>7} {'lev':>4} {'estimate':>11} "
                 f"{'error':>11} {'mg it':>6} {'t_setup':>8} {'t_mg':>7} {'t_est':>7}")
-    with progress(total=steps + 1, description=f"{problem.name} adaptive", quiet=quiet) as bar:
-        return _loop(problem, steps, strategy, theta, backend, quiet, out, max_dofs, printer, bar)
+    writer = _Writer(out, int(write_every))
+    try:
+        with progress(total=steps + 1, description=f"{problem.name} adaptive", quiet=quiet) as bar:
+            res = _loop(problem, steps, strategy, theta, backend, quiet, writer, max_dofs, printer, bar)
+    finally:
+        writer.close()
+    return res
 
 
-def _loop(problem, steps, strategy, theta, backend, quiet, out, max_dofs, printer, bar):
+def _loop(problem, steps, strategy, theta, backend, quiet, writer, max_dofs, printer, bar):
     mesh = problem.mesh
     hist = []
     for step in range(steps + 1):
@@ -107,12 +143,13 @@ def _loop(problem, steps, strategy, theta, backend, quiet, out, max_dofs, printe
                     f"{row['estimate']:11.4e} {e:11.4e} {row['iterations']:6d} {row['t_setup']:8.3f} "
                     f"{row['t_mg']:7.3f} {row['t_estimate']:7.3f}")
         bar.advance()
-        if out is not None:
+        last = step == steps or (max_dofs is not None and space.num_dofs >= max_dofs)
+        if writer.wants(step, last):
             pd = {"u": u}
             if problem.fields is not None:
                 pd.update(problem.fields(space, u, info))
-            write_vtu(os.path.join(out, f"{problem.name}_{step:03d}.vtu"), space, pd, {"eta": eta})
-        if step == steps or (max_dofs is not None and space.num_dofs >= max_dofs):
+            writer.submit(os.path.join(writer.out, f"{problem.name}_{step:03d}.vtu"), space, pd, {"eta": eta})
+        if last:
             break
         mesh = mesh.refine(mark(eta, strategy, theta) if strategy != "uniform" else None)
     return {"history": hist, "mesh": mesh, "space": space, "u": u, "eta": eta, "name": problem.name}

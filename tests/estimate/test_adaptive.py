@@ -145,3 +145,25 @@ def test_script_writes_vtu_csv_and_plot(tmp_path, capsys):
     m = meshio.read(out / "lshape_003.vtu")
     assert m.cells[0].data.shape[0] == res["history"][-1]["cells"]
     assert set(m.point_data) >= {"u", "exact", "error"} and set(m.cell_data) >= {"eta", "level"}
+
+
+def test_output_is_written_in_the_background_for_the_steps_asked(tmp_path):
+    """write_every=2: steps 0, 2, 4 and the last one; each file holds that step's solution."""
+    from adaptmg.estimate import adaptive_loop
+    res = adaptive_loop(lshape.problem(), steps=5, quiet=True, out=str(tmp_path), write_every=2)
+    names = sorted(os.listdir(tmp_path))
+    assert names == [f"lshape_{k:03d}.vtu" for k in (0, 2, 4, 5)]
+    import meshio
+    u = np.asarray(meshio.read(str(tmp_path / "lshape_005.vtu")).point_data["u"]).ravel()
+    assert u.size == res["u"].size and np.allclose(np.sort(u), np.sort(res["u"]))
+    with pytest.raises(ValueError, match="write_every"):
+        adaptive_loop(lshape.problem(), steps=1, quiet=True, out=str(tmp_path), write_every=0)
+
+
+def test_a_failing_write_is_reported(tmp_path, monkeypatch):
+    from adaptmg.estimate import adaptive as ad
+    def boom(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(ad, "write_vtu", boom)
+    with pytest.raises(OSError, match="disk full"):
+        ad.adaptive_loop(lshape.problem(), steps=1, quiet=True, out=str(tmp_path))
