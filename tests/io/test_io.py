@@ -80,7 +80,7 @@ def test_time_series_xdmf(tmp_path):
         assert np.array_equal(cd["level"], mesh.levels)
 
 
-@pytest.mark.parametrize("name,dim,cells", [("lshape_quad.msh", 2, 192), ("annulus_quad.xdmf", 2, 48),
+@pytest.mark.parametrize("name,dim,cells", [("channel_quad.msh", 2, 60), ("lshape_quad.msh", 2, 192), ("annulus_quad.xdmf", 2, 48),
                                             ("rod_hex.inp", 3, 256), ("bracket_hex.vtu", 3, 56)])
 def test_data_meshes(name, dim, cells):
     mesh = io.read(os.path.join(DATA, name))
