@@ -42,6 +42,13 @@ def dirichlet_dofs(space: Space, dirichlet) -> np.ndarray:
     dict(ids=..., where=..., components=...), or a dict boundary -> value such as
     ``{"inlet": g, "wall": 0.0}`` (its keys; the values: :func:`dirichlet_values`).
     An unknown name is a ``ValueError`` listing the mesh's names."""
+    try:
+        return _dirichlet_dofs(space, dirichlet)
+    except ValueError as exc:
+        raise ValueError(f"dirichlet={dirichlet!r}: {exc}") from None
+
+
+def _dirichlet_dofs(space, dirichlet):
     if dirichlet is None:
         return np.zeros(0, dtype=np.int64)
     if isinstance(dirichlet, str) and dirichlet == "all":
