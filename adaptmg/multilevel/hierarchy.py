@@ -93,6 +93,12 @@ def dirichlet_values(space: Space, dirichlet):
     return g
 
 
+def homogeneous(dirichlet):
+    """The spec without its Dirichlet values (the boundaries of a ``{boundary: value}`` dict),
+    e.g. for a dual or correction problem on the same boundary."""
+    return list(dirichlet) if _value_dict(dirichlet) else dirichlet
+
+
 def _level_constraints(space, dirichlet, values=False):
     """The constraints of one level; with ``values`` the spec's Dirichlet values (finest level)."""
     return Constraints(space, dirichlet_dofs(space, dirichlet),

@@ -237,6 +237,20 @@ def test_neumann_ids_by_name_in_the_estimator(tmp_path):
     assert np.array_equal(a, b)
 
 
+def test_dwr_dual_problem_is_homogeneous_on_named_boundaries(tmp_path):
+    """dwr_indicators with a {name: value} spec: the dual problem takes only its boundaries."""
+    from adaptmg.estimate import dwr_indicators
+    mesh = io.read(_write_user_file(tmp_path, 2, "gmsh", False), isolate=False)
+    space = adaptmg.Space(mesh)
+    u = space.points[:, 0] * (1 - space.points[:, 0])
+    kw = dict(f=2.0, backend="cpu", rtol=1e-10, return_dual=True)
+    a = dwr_indicators(space, u, 1.0, dirichlet={"inlet": 0.0, "outlet": 5.0}, **kw)
+    b = dwr_indicators(space, u, 1.0, dirichlet=[INLET, OUTLET], **kw)
+    z = b[2]["z"]
+    assert np.abs(a[2]["z"] - z).max() <= 1e-8 * np.abs(z).max()
+    assert np.allclose(a[0], b[0], rtol=1e-8, atol=1e-14)
+
+
 def test_boundary_load_measures_the_boundary(tmp_path):
     """int_Gamma 1 ds: the perimeter 4 (2-D) / surface 6 (3-D) of the unit box, and the flux
     of grad(x + 2y) through "inlet" + "outlet" (-1 + 1 = 0 on the curved-interior mesh)."""
