@@ -126,9 +126,10 @@ class Forest:
     edge_nodes: np.ndarray
     face_keys: np.ndarray
     face_nodes: np.ndarray
-    # region (cell physical group) of each cell, inherited by the children; the names of the
-    # boundary ids and of the regions as sorted (name, id) pairs (kept by every copy)
-    cell_region: np.ndarray = None    # (nc,) int32
+    # region (cell physical group) of each cell, inherited by the children (None: all 0, no
+    # cost in refinement); the names of the boundary ids and of the regions as sorted
+    # (name, id) pairs (kept by every copy)
+    cell_region: np.ndarray | None = None    # (nc,) int32
     boundary_names: tuple = ()
     region_names: tuple = ()
 
@@ -156,7 +157,7 @@ class Forest:
                       cell_level=np.zeros(nc, dtype=np.int16),
                       cell_bface=np.ascontiguousarray(bface, dtype=np.int32),
                       edge_keys=e, edge_nodes=e, face_keys=e, face_nodes=e,
-                      cell_region=(np.zeros(nc, dtype=np.int32) if region is None
+                      cell_region=(None if region is None or not np.any(region)
                                    else np.ascontiguousarray(region, dtype=np.int32)),
                       boundary_names=tuple(boundary_names), region_names=tuple(region_names))
 
@@ -298,11 +299,13 @@ class Forest:
         child_level = (self.cell_level[cells] + 1).astype(np.int16)
         for j in range(nv):                          # column copies, as for cell_parent
             cell_level[nc + j::nv] = child_level
-        cell_region = np.empty(ncn, dtype=np.int32)  # children inherit their parent's region
-        cell_region[:nc] = self.cell_region
-        child_region = self.cell_region[cells]
-        for j in range(nv):
-            cell_region[nc + j::nv] = child_region
+        cell_region = None
+        if self.cell_region is not None:             # children inherit their parent's region
+            cell_region = np.empty(ncn, dtype=np.int32)
+            cell_region[:nc] = self.cell_region
+            child_region = self.cell_region[cells]
+            for j in range(nv):
+                cell_region[nc + j::nv] = child_region
         # boundary ids: child face (axis, side) lies on the parent face iff child bit == side
         faces = np.arange(2 * d)
         axis, side = faces // 2, faces % 2

@@ -349,7 +349,8 @@ class Mesh:
     def regions(self) -> np.ndarray:
         """(num_cells,) region id of each cell (a cell physical group on import; default 0),
         inherited from the coarse cell it was refined from."""
-        return np.take(self._forest.cell_region, self._active).astype(np.int64)
+        reg = self._forest.cell_region
+        return np.zeros(self.num_cells, dtype=np.int64) if reg is None else np.take(reg, self._active).astype(np.int64)
 
     @property
     def boundary_names(self) -> dict:
