@@ -65,11 +65,12 @@ def resolve(ids, names: dict, what: str = "boundary"):
         return None
     if isinstance(ids, str):
         ids = [ids]
-    arr = np.atleast_1d(np.asarray(ids, dtype=object if not isinstance(ids, np.ndarray) else None))
-    if arr.dtype != object:
-        if arr.size and not np.issubdtype(arr.dtype, np.integer):
-            raise TypeError(f"{what} ids must be integers or names, got {arr.dtype} ({arr[:4].tolist()})")
-        return arr.astype(np.int64).ravel()
+    a = np.atleast_1d(np.asarray(ids))
+    if a.size == 0 or a.dtype.kind in "iu":                 # plain ids: no per-item work
+        return a.astype(np.int64).ravel()
+    if a.dtype.kind not in "USO":
+        raise TypeError(f"{what} ids must be integers or names, got {a.dtype} ({a.ravel()[:4].tolist()})")
+    arr = np.atleast_1d(np.asarray(ids, dtype=object))      # names, maybe mixed with ids
     out = np.empty(arr.size, dtype=np.int64)
     for i, v in enumerate(arr.ravel().tolist()):      # the few ids the user listed
         if isinstance(v, str):
