@@ -3,7 +3,8 @@ r"""Linear elasticity on the L-shaped domain: stress singularity at the re-entra
 .. math::  -\nabla\cdot\sigma(u) = f \ \text{in}\ \Omega = (-1,1)^2\setminus[0,1)\times(-1,0],\qquad
            \sigma(u) = 2\mu\varepsilon(u) + \lambda\,\mathrm{tr}\,\varepsilon(u)\, I,
 
-clamped (u = 0) on the top edge y = 1 (boundary id 1), traction free elsewhere (id 0),
+clamped (u = 0) on the top edge y = 1 (boundary "clamped", id 1), traction free elsewhere
+("free", id 0),
 gravity-like load f = (0, -1), E = 1, nu = 0.3 (plane strain Lame constants).  The
 re-entrant corner at the origin makes the stresses singular (Williams exponent
 ~0.54 for mode I), so uniform refinement converges sub-optimally and the
@@ -38,12 +39,12 @@ def coarse_mesh(n=2) -> Mesh:
     cells, pts = m.cells, m.points
     fc = pts[cells[:, ref.face_vertices(2)]].mean(axis=2)          # (nc, 4, 2) face centres
     bid = np.where(np.isclose(fc[..., 1], 1.0), 1, 0)
-    return Mesh.from_cells(pts, cells, bid)
+    return Mesh.from_cells(pts, cells, bid, boundary_names={"free": 0, "clamped": 1})
 
 
 def solve(mesh, backend="cpu", rtol=1e-9):
     space = Space(mesh, 1, components=2)
-    ml = multigrid(space, lambda s: assemble.elasticity(s, LAM, MU), dirichlet={"ids": [1]},
+    ml = multigrid(space, lambda s: assemble.elasticity(s, LAM, MU), dirichlet=["clamped"],
                    smoother="block_jacobi", backend=backend, near_nullspace="rigid_body")
     b = ml.constrain(assemble.load(space, LOAD))
     t0 = time.perf_counter()
@@ -57,7 +58,7 @@ def solve(mesh, backend="cpu", rtol=1e-9):
 
 def problem(n=2) -> AdaptiveProblem:
     def estimate(space, u, info):
-        eta = elasticity_indicators(space, u, LAM, MU, f=LOAD, neumann_ids=[0], backend=info.get("backend"))
+        eta = elasticity_indicators(space, u, LAM, MU, f=LOAD, neumann_ids=["free"], backend=info.get("backend"))
         return eta, float(np.sqrt((eta ** 2).sum())), {"compliance": info["compliance"]}
 
     return AdaptiveProblem("elasticity_corner", coarse_mesh(n), solve, estimate)

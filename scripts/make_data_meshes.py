@@ -1,6 +1,7 @@
 """Make the small example meshes in data/ (run from the repository root).
 
     python scripts/make_data_meshes.py          # rewrites data/*.{msh,inp,vtu,xdmf}
+    python scripts/make_data_meshes.py NAME     # only data/NAME
 
 Each mesh is built with adaptmg itself (Mesh.box, a coordinate map, cell
 removal with Mesh.from_cells) and written through adaptmg.io in a different
@@ -16,6 +17,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import adaptmg  # noqa: E402
+import adaptmg.mesh.reference  # noqa: E402
 from adaptmg import io  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")
@@ -59,7 +61,28 @@ def bracket_hex():
     return keep_cells(m, ~((c[:, 0] > 0.5) & (c[:, 1] > 0.5)))
 
 
+def channel_quad():
+    """Channel (0,4)x(0,1) around a square obstacle [1.5,2]x[0.25,0.75], h = 1/4, with named
+    boundaries (Gmsh physical groups): inlet (x = 0), outlet (x = 4), wall (y = 0, 1),
+    obstacle; regions upstream (x < 2) and downstream."""
+    m = adaptmg.Mesh.box([0, 0], [4, 1], [16, 4])
+    c = m.points[m.cells].mean(axis=1)
+    keep = ~((c[:, 0] > 1.5) & (c[:, 0] < 2) & (c[:, 1] > 0.25) & (c[:, 1] < 0.75))
+    cells = np.asarray(m.cells)[keep]
+    fc = m.points[cells[:, adaptmg.mesh.reference.face_vertices(2)]].mean(axis=2)     # (nc, 4, 2)
+    x, y = fc[..., 0], fc[..., 1]
+    ids = np.where(x < 1e-9, 1, np.where(x > 4 - 1e-9, 2, np.where((y < 1e-9) | (y > 1 - 1e-9), 3, 4)))
+    region = np.where(c[keep, 0] < 2, 1, 2)
+    return adaptmg.Mesh.from_cells(m.points, cells, ids, regions=region,
+                                   boundary_names={"inlet": 1, "outlet": 2, "wall": 3, "obstacle": 4},
+                                   region_names={"upstream": 1, "downstream": 2})
+
+
+#: io.write options per file (default: the plain mesh, no groups)
+OPTIONS = {"channel_quad.msh": dict(file_format="gmsh22", mesh_data=True)}
+
 MESHES = {
+    "channel_quad.msh": channel_quad,
     "lshape_quad.msh": lshape_quad,
     "annulus_quad.xdmf": annulus_quad,
     "rod_hex.inp": rod_hex,
@@ -69,12 +92,17 @@ MESHES = {
 
 def main():
     os.makedirs(DATA, exist_ok=True)
+    only = sys.argv[1:]
     for name, make in MESHES.items():
+        if only and name not in only:
+            continue
         mesh = make()
         path = os.path.join(DATA, name)
-        io.write(path, mesh, mesh_data=False)
+        io.write(path, mesh, **OPTIONS.get(name, dict(mesh_data=False)))
         back = io.read(path)
         assert np.array_equal(back.cells, mesh.cells)
+        assert back.boundary_names == mesh.boundary_names
+        assert np.array_equal(back.boundary_ids, mesh.boundary_ids)
         print(f"{name:20s} {mesh!r}  {os.path.getsize(path)} bytes")
 
 

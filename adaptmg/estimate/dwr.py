@@ -99,7 +99,8 @@ def dwr_indicators(space, u, weight, *, f=0.0, k=1.0, b=None, c=None, dirichlet=
             A = A + asm.mass(s, c)
         return A.T.tocsr() if b is not None else A
 
-    ml = multigrid(s2, operator, dirichlet=dirichlet, backend=backend, smoother=smoother)
+    from ..multilevel.hierarchy import homogeneous
+    ml = multigrid(s2, operator, dirichlet=homogeneous(dirichlet), backend=backend, smoother=smoother)
     rhs = ml.constrain(asm.load(s2, weight, quad_points=weight_quad_points))
     # a dual solve that misses its tolerance is reported, naming the dual problem (the
     # solver's own warning would not say which solve failed)

@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import to_host
-from ..mesh import Mesh
+from ..mesh import Mesh, tags
+from .groups import GMSH_FORMATS, field_data, gmsh_blocks
 from .sandbox import file_error
 
 PERM = {2: np.array([0, 1, 3, 2]), 3: np.array([0, 1, 3, 2, 4, 5, 7, 6])}
 CELL_TYPE = {2: "quad", 3: "hexahedron"}
-RESERVED = ("hanging", "level", "boundary_ids")
+RESERVED = ("hanging", "level", "boundary_ids", "region")
 
 
 def vtk_permutation(dim: int) -> np.ndarray:
@@ -99,7 +100,7 @@ def collect_fields(mesh, point_data, cell_data, space, mesh_data):
     """Checked point and cell fields to write, as host arrays: ``(pd, cd)``.
 
     Also checks ``mesh`` and ``space``; with ``mesh_data`` adds the
-    :data:`RESERVED` arrays ``hanging``, ``level`` and ``boundary_ids``.
+    :data:`RESERVED` arrays ``hanging``, ``level``, ``boundary_ids`` and ``region``.
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be an adaptmg Mesh, got {type(mesh).__name__}")
@@ -132,19 +133,32 @@ def collect_fields(mesh, point_data, cell_data, space, mesh_data):
         pd["hanging"] = hang
         cd["level"] = np.asarray(mesh.levels, dtype=np.int32)
         cd["boundary_ids"] = np.asarray(mesh.boundary_ids, dtype=np.int32)
+        cd["region"] = np.asarray(mesh.regions, dtype=np.int32)
     return pd, cd
 
 
 # ---------------------------------------------------------------------------- conversion
-def to_meshio(mesh, pd, cd, pad3):
-    """``meshio.Mesh`` of the active cells (VTK order); ``pad3`` gives 2-D points a zero z."""
+def to_meshio(mesh, pd, cd, pad3, fmt=None, groups=True):
+    """``meshio.Mesh`` of the active cells (VTK order); ``pad3`` gives 2-D points a zero z.
+
+    With ``groups`` a Gmsh ``fmt`` also gets the boundary faces as physical groups and the
+    regions (:mod:`adaptmg.io.groups`), and every format the names as ``field_data``."""
     meshio = import_meshio()
     pts = np.asarray(mesh.points, dtype=np.float64)
     if pad3 and mesh.dim == 2:
         pts = np.hstack([pts, np.zeros((pts.shape[0], 1))])
     cells = np.ascontiguousarray(np.asarray(mesh.cells, dtype=np.int64)[:, PERM[mesh.dim]])
+    fd = field_data(mesh) if groups else {}
+    if groups and fmt in GMSH_FORMATS:
+        cd = {k: v for k, v in cd.items() if k != "region"}         # the physical tags hold it
+        blocks, cdb, nodes = gmsh_blocks(mesh, cells, cd, version41=fmt == "gmsh")
+        if nodes is not None:
+            perm, dim_tags = nodes
+            pts = pts[perm]
+            pd = {**{k: np.asarray(v)[perm] for k, v in pd.items()}, "gmsh:dim_tags": dim_tags}
+        return meshio.Mesh(pts, blocks, point_data=pd, cell_data=cdb, field_data=fd)
     return meshio.Mesh(pts, [(CELL_TYPE[mesh.dim], cells)], point_data=pd,
-                       cell_data={k: [v] for k, v in cd.items()})
+                       cell_data={k: [v] for k, v in cd.items()}, field_data=fd)
 
 
 def to_adaptmg(p: Path, m, lim):
@@ -217,11 +231,29 @@ def to_adaptmg(p: Path, m, lim):
                 raise file_error(p, f"cell data {k!r} has shape {part.shape} for a block of "
                                     f"{len(m.cells[i].data)} cells")
         cdata[k] = np.concatenate(parts)
+    try:
+        facets, fids, region, bnames, rnames = tags.physical_groups(m, dim, keep)
+    except (ValueError, TypeError) as exc:
+        raise file_error(p, f"invalid physical groups / cell sets: {exc}") from None
+    if facets.size and (facets.min() < 0 or facets.max() >= pts.shape[0]):
+        raise file_error(p, f"boundary elements refer to points outside [0, {pts.shape[0]})")
+    # adaptmg's own arrays (written by adaptmg.io.write) before the physical groups
     bids = cdata.get("boundary_ids")
     if bids is not None and (bids.ndim != 2 or bids.shape != (ncells, 2 * dim) or bids.dtype.kind not in "iu"):
         bids = None
+    if bids is None and facets.size:
+        # a file adaptmg wrote (it has ``hanging``) lists every boundary face: the faces it
+        # leaves out are interior faces beside hanging nodes
+        bids, unmatched = tags.facet_face_ids(cells, facets, fids, default=-1 if "hanging" in pdata else 0)
+        tags.warn_unmatched(unmatched, str(p))
+    reg = cdata.get("region")
+    if reg is not None and reg.shape == (ncells,) and reg.dtype.kind in "iu" and (reg >= 0).all():
+        region = reg
+    if region is not None and region.size and region.min() < 0:
+        region = None                          # not a region table
     try:
-        mesh = Mesh.from_cells(pts, cells, boundary_ids=bids)
+        mesh = Mesh.from_cells(pts, cells, boundary_ids=bids, regions=region, boundary_names=bnames,
+                               region_names=rnames)
     except (ValueError, TypeError) as exc:
         raise file_error(p, f"invalid mesh: {exc}") from None
     return mesh, pdata, cdata

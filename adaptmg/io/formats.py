@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 from .convert import collect_fields, import_meshio, to_adaptmg, to_meshio
+from .groups import add_vtu_field_data
 from .sandbox import (UNSAFE_READERS, check_path, file_error, limits, parse_errors, precheck,
                       read_isolated)
 from .xdmf import NotInline, parse_xdmf, write_xdmf
@@ -59,7 +60,11 @@ def write(path, mesh, point_data=None, cell_data=None, *, space=None, file_forma
     cell_data : dict name -> array, optional
         One value (or vector) per active cell, e.g. error indicators.
     mesh_data : bool
-        Also write ``hanging`` (point), ``level`` and ``boundary_ids`` (cell).
+        Also write ``hanging`` (point), ``level``, ``boundary_ids`` and ``region`` (cell), and
+        the boundary and region names.  Gmsh files (``.msh``: 4.1, ``file_format="gmsh22"``:
+        2.2) hold the boundary ids as physical groups of boundary elements (lines in 2-D,
+        quads in 3-D), the regions as those of the cells, the names as ``$PhysicalNames``
+        (:mod:`adaptmg.io.groups`); VTU and XDMF hold the arrays and the names.
     file_format : str, optional
         meshio format name, overriding the suffix.
 
@@ -71,11 +76,17 @@ def write(path, mesh, point_data=None, cell_data=None, *, space=None, file_forma
     pd, cd = collect_fields(mesh, point_data, cell_data, space, mesh_data)
     p.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "xdmf":
-        write_xdmf(p, mesh, pd, cd)
+        write_xdmf(p, mesh, pd, cd, names=mesh_data)
         return p
     if fmt not in ("vtu", "vtk") and mesh_data:
         cd.pop("boundary_ids", None)                    # (nc, 2d) arrays: VTK/XDMF only
-    m = to_meshio(mesh, pd, cd, pad3=fmt in ("vtu", "vtk"))
+    if fmt == "gmsh22":
+        # meshio 5.3's Gmsh 2.2 reader cannot read back the ElementData its writer writes
+        if cell_data:
+            raise ValueError(f"{p}: cell_data cannot be written to Gmsh 2.2 (meshio reads it back "
+                             "wrongly); write .msh (Gmsh 4.1), .vtu or .xdmf")
+        cd.pop("level", None)
+    m = to_meshio(mesh, pd, cd, pad3=fmt in ("vtu", "vtk"), fmt=fmt, groups=mesh_data)
     meshio = import_meshio()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -86,6 +97,8 @@ def write(path, mesh, point_data=None, cell_data=None, *, space=None, file_forma
         except (meshio.WriteError, *_WRITE_ERRORS) as exc:
             raise ValueError(f"{p}: meshio could not write format {fmt!r}: "
                              f"{type(exc).__name__}: {exc}") from exc
+    if fmt == "vtu":
+        add_vtu_field_data(p, m.field_data)
     return p
 
 
@@ -97,8 +110,13 @@ def read(path, *, file_format=None, with_data=False, max_bytes=None, max_points=
     Medit, Nastran, ...).  Lower-dimensional cells (vertices, lines, and in 3D
     boundary quads/triangles, as Gmsh writes them) are skipped; other cell
     types raise ``ValueError``.  Planar 2-D meshes stored with 3-D points (VTU)
-    lose their constant z.  A ``boundary_ids`` cell array written by
-    :func:`write` restores the boundary ids.
+    lose their constant z.  Boundary elements with physical groups (Gmsh's
+    ``gmsh:physical``, with the names of ``$PhysicalNames``; else element sets
+    such as Abaqus' ``*Elset``) set the ``boundary_ids`` of the cell faces they
+    cover (faces not covered: 0) and ``mesh.boundary_names``; the cells' groups
+    become ``mesh.regions`` / ``mesh.region_names`` (:mod:`adaptmg.mesh.tags`).
+    ``boundary_ids`` / ``region`` cell arrays written by :func:`write` take
+    precedence.
 
     Returns the mesh, or ``(mesh, point_data, cell_data)`` (dicts of NumPy
     arrays, one row per mesh node / cell) with ``with_data=True``.

@@ -150,7 +150,7 @@ try:
     from meshio._helpers import reader_map
     m = reader_map[fmt](path)
     arrs = {"points": np.asarray(m.points)}
-    meta = {"types": [], "point_data": [], "cell_data": []}
+    meta = {"types": [], "point_data": [], "cell_data": [], "field_data": [], "cell_sets": []}
     for i, b in enumerate(m.cells):
         meta["types"].append(str(b.type))
         arrs[f"cells{i}"] = np.asarray(b.data)
@@ -160,6 +160,12 @@ try:
         j = len(meta["cell_data"]); meta["cell_data"].append([str(k), len(vs)])
         for i, v in enumerate(vs):
             arrs[f"cd{j}_{i}"] = np.asarray(v)
+    for k, v in (getattr(m, "field_data", None) or {}).items():
+        meta["field_data"].append(str(k)); arrs[f"fd{len(meta['field_data']) - 1}"] = np.asarray(v)
+    for k, vs in (getattr(m, "cell_sets", None) or {}).items():
+        j = len(meta["cell_sets"]); meta["cell_sets"].append([str(k), len(vs)])
+        for i, v in enumerate(vs):
+            arrs[f"cs{j}_{i}"] = np.asarray(v if v is not None else [], dtype=np.int64)
     for k, a in arrs.items():
         if a.dtype == object:
             raise ValueError(f"array {k} is not numeric")
@@ -206,5 +212,7 @@ def read_isolated(p: Path, fmt: str, timeout: float):
             cells = [(t, z[f"cells{i}"]) for i, t in enumerate(meta["types"])]
             pd = {k: z[f"pd{i}"] for i, k in enumerate(meta["point_data"])}
             cd = {k: [z[f"cd{j}_{i}"] for i in range(nb)] for j, (k, nb) in enumerate(meta["cell_data"])}
+            fd = {k: z[f"fd{i}"] for i, k in enumerate(meta["field_data"])}
+            cs = {k: [z[f"cs{j}_{i}"] for i in range(nb)] for j, (k, nb) in enumerate(meta["cell_sets"])}
             points = z["points"]
-    return meshio.Mesh(points, cells, point_data=pd, cell_data=cd)
+    return meshio.Mesh(points, cells, point_data=pd, cell_data=cd, field_data=fd, cell_sets=cs)

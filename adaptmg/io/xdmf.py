@@ -14,8 +14,10 @@ import xml.etree.ElementTree as ET
 import numpy as np
 
 from .convert import PERM, collect_fields, import_meshio, to_adaptmg
+from .groups import field_data, names_from_json, names_json
 from .sandbox import check_path, file_error, limits, parse_errors, precheck
 
+NAMES_INFO = "adaptmg:names"       # Information element: {name: [id, dim]} as JSON
 _XDMF_TOPO = {2: "Quadrilateral", 3: "Hexahedron"}
 _XDMF_DTYPES = {("Float", "4"): np.float32, ("Float", "8"): np.float64, ("Int", "1"): np.int8,
                 ("Int", "2"): np.int16, ("Int", "4"): np.int32, ("Int", "8"): np.int64,
@@ -81,11 +83,15 @@ def _xdmf_geometry(grid, mesh):
     _xdmf_item(geo, np.asarray(mesh.points, dtype=np.float64))
 
 
-def write_xdmf(p, mesh, pd, cd):
-    """Write ``mesh`` and the collected fields ``pd``/``cd`` to the XDMF file ``p``."""
+def write_xdmf(p, mesh, pd, cd, names=True):
+    """Write ``mesh`` and the collected fields ``pd``/``cd`` to the XDMF file ``p`` (with
+    ``names`` the boundary and region names, as an ``Information`` element)."""
     root = ET.Element("Xdmf", Version="3.0")
     dom = ET.SubElement(root, "Domain")
     grid = ET.SubElement(dom, "Grid", Name="mesh", GridType="Uniform")
+    fd = field_data(mesh) if names else {}
+    if fd:
+        ET.SubElement(grid, "Information", Name=NAMES_INFO, Value=names_json(fd))
     _xdmf_geometry(grid, mesh)
     _xdmf_attributes(grid, pd, cd)
     ET.ElementTree(root).write(str(p), xml_declaration=True, encoding="utf-8")
@@ -150,7 +156,9 @@ def parse_xdmf(p):
     if cells.ndim != 2 or pts.ndim != 2:
         raise file_error(p, f"XDMF topology/geometry must be 2-D arrays, got {cells.shape}, {pts.shape}")
     pd, cd = _xdmf_grid_fields(p, base)
-    m = meshio.Mesh(pts, [(inv[ttype], cells)], point_data=pd, cell_data={k: [v] for k, v in cd.items()})
+    info = next((i for i in base.findall("Information") if i.get("Name") == NAMES_INFO), None)
+    m = meshio.Mesh(pts, [(inv[ttype], cells)], point_data=pd, cell_data={k: [v] for k, v in cd.items()},
+                    field_data=names_from_json(info.get("Value")) if info is not None else None)
     steps = []
     for coll in grids:
         if coll.get("GridType") != "Collection":

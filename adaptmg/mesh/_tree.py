@@ -126,6 +126,12 @@ class Forest:
     edge_nodes: np.ndarray
     face_keys: np.ndarray
     face_nodes: np.ndarray
+    # region (cell physical group) of each cell, inherited by the children (None: all 0, no
+    # cost in refinement); the names of the boundary ids and of the regions as sorted
+    # (name, id) pairs (kept by every copy)
+    cell_region: np.ndarray | None = None    # (nc,) int32
+    boundary_names: tuple = ()
+    region_names: tuple = ()
 
     @property
     def num_nodes(self) -> int:
@@ -136,7 +142,8 @@ class Forest:
         return self.cell_nodes.shape[0]
 
     @staticmethod
-    def from_coarse(points: np.ndarray, cells: np.ndarray, bface: np.ndarray) -> "Forest":
+    def from_coarse(points: np.ndarray, cells: np.ndarray, bface: np.ndarray, region=None,
+                    boundary_names=(), region_names=()) -> "Forest":
         dim = points.shape[1]
         nn, nc = points.shape[0], cells.shape[0]
         nv = 2 ** dim
@@ -149,7 +156,13 @@ class Forest:
                       cell_child0=np.full(nc, -1, dtype=np.int64),
                       cell_level=np.zeros(nc, dtype=np.int16),
                       cell_bface=np.ascontiguousarray(bface, dtype=np.int32),
-                      edge_keys=e, edge_nodes=e, face_keys=e, face_nodes=e)
+                      edge_keys=e, edge_nodes=e, face_keys=e, face_nodes=e,
+                      cell_region=(None if region is None or not np.any(region)
+                                   else np.ascontiguousarray(region, dtype=np.int32)),
+                      boundary_names=tuple(boundary_names), region_names=tuple(region_names))
+
+    def with_names(self, boundary_names, region_names) -> "Forest":
+        return replace(self, boundary_names=tuple(boundary_names), region_names=tuple(region_names))
 
     def with_points(self, X: np.ndarray) -> "Forest":
         return replace(self, X=X)
@@ -286,6 +299,13 @@ class Forest:
         child_level = (self.cell_level[cells] + 1).astype(np.int16)
         for j in range(nv):                          # column copies, as for cell_parent
             cell_level[nc + j::nv] = child_level
+        cell_region = None
+        if self.cell_region is not None:             # children inherit their parent's region
+            cell_region = np.empty(ncn, dtype=np.int32)
+            cell_region[:nc] = self.cell_region
+            child_region = self.cell_region[cells]
+            for j in range(nv):
+                cell_region[nc + j::nv] = child_region
         # boundary ids: child face (axis, side) lies on the parent face iff child bit == side
         faces = np.arange(2 * d)
         axis, side = faces // 2, faces % 2
@@ -304,6 +324,6 @@ class Forest:
             self,
             X=X, node_kind=kind, node_par=par,
             cell_nodes=cell_nodes, cell_parent=cell_parent, cell_child0=cell_child0,
-            cell_level=cell_level, cell_bface=cell_bface,
+            cell_level=cell_level, cell_bface=cell_bface, cell_region=cell_region,
             edge_keys=edge_keys, edge_nodes=edge_nodes, face_keys=face_keys, face_nodes=face_nodes,
         )

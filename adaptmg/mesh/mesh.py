@@ -27,6 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import reference as ref
+from . import tags
 from ._tree import Forest
 
 __all__ = ["Mesh"]
@@ -153,11 +154,14 @@ class Mesh:
         return mesh.map(map) if map is not None else mesh
 
     @classmethod
-    def from_cells(cls, points: np.ndarray, cells: np.ndarray, boundary_ids: np.ndarray | None = None) -> "Mesh":
+    def from_cells(cls, points: np.ndarray, cells: np.ndarray, boundary_ids: np.ndarray | None = None, *,
+                   regions=None, boundary_names=None, region_names=None) -> "Mesh":
         """Mesh from points (n, d) and cells (nc, 2^d) in lexicographic vertex order.
 
         Boundary faces (faces that belong to one cell only) get the boundary id
-        0 unless ``boundary_ids`` (nc, 2d) gives one per cell face.
+        0 unless ``boundary_ids`` (nc, 2d) gives one per cell face.  ``regions``
+        (nc,) gives each cell a region id (default 0, inherited by refinement);
+        ``boundary_names`` / ``region_names`` (dict name -> id) name them.
         """
         points = np.asarray(points, dtype=float)
         cells = np.asarray(cells)
@@ -186,32 +190,44 @@ class Mesh:
             if boundary_ids.shape != on_boundary.shape:
                 raise ValueError(f"boundary_ids must have shape {on_boundary.shape}, got {boundary_ids.shape}")
             bface = np.where(on_boundary, boundary_ids, -1)
+        if regions is not None:
+            regions = np.asarray(regions)
+            if regions.shape != (cells.shape[0],) or regions.dtype.kind not in "iu" or \
+                    (regions.size and regions.min() < 0):
+                raise ValueError(f"regions must be non-negative integers of shape ({cells.shape[0]},), "
+                                 f"got {regions.dtype} {regions.shape}")
         used = np.unique(cells)
         if used.size != points.shape[0]:       # drop unused points
             cells = np.searchsorted(used, cells)
             points = points[used]
-        return cls(Forest.from_coarse(points, cells, bface), np.arange(cells.shape[0]))
+        return cls(Forest.from_coarse(points, cells, bface, regions,
+                                      tags.check_names(boundary_names, "boundary"),
+                                      tags.check_names(region_names, "region")),
+                   np.arange(cells.shape[0]))
 
     @classmethod
     def from_meshio(cls, m) -> "Mesh":
         """Mesh from a :class:`meshio.Mesh` holding only quad (2D) or hexahedron (3D) cells.
 
-        Cells of other types raise ValueError.  VTK vertex order is converted
-        to adaptmg's lexicographic order; for 2D meshes given with 3-D points,
-        the z coordinate must be constant and is dropped.
+        Cells of other types raise ValueError, except boundary facets (lines in 2-D,
+        quads in 3-D): their physical groups (``gmsh:physical`` cell data and the
+        names of ``field_data``, or cell sets; :mod:`adaptmg.mesh.tags`) become the
+        boundary ids and names, those of the cells the regions.  VTK vertex order is
+        converted to adaptmg's lexicographic order; for 2D meshes given with 3-D
+        points, the z coordinate must be constant and is dropped.
         """
         blocks = getattr(m, "cells", None)
         if blocks is None or not hasattr(m, "points"):
             raise TypeError(f"from_meshio expects a meshio.Mesh, got {type(m).__name__}")
         types = sorted({b.type for b in blocks})
-        if types == ["quad"]:
-            perm, dim = np.array([0, 1, 3, 2]), 2
-        elif types == ["hexahedron"]:
-            perm, dim = np.array([0, 1, 3, 2, 4, 5, 7, 6]), 3
-        else:
-            raise ValueError(f"from_meshio: only meshes made of 'quad' or of 'hexahedron' cells are supported, "
-                             f"got cell types {types}")
-        cells = np.concatenate([np.asarray(b.data) for b in blocks])[:, perm]
+        dim = 3 if "hexahedron" in types else 2
+        perm = np.array([0, 1, 3, 2, 4, 5, 7, 6][:2 ** dim])
+        ct = "quad" if dim == 2 else "hexahedron"
+        if ct not in types or set(types) - {ct, *tags.FACET_TYPES[dim]}:
+            raise ValueError(f"from_meshio: only meshes made of 'quad' or of 'hexahedron' cells (and their "
+                             f"boundary facets) are supported, got cell types {types}")
+        keep = [i for i, b in enumerate(blocks) if b.type == ct]
+        cells = np.concatenate([np.asarray(blocks[i].data) for i in keep])[:, perm]
         points = np.asarray(m.points, dtype=float)
         if dim == 2 and points.shape[1] == 3:
             if np.ptp(points[:, 2]) > 1e-12 * max(1.0, np.abs(points).max()):
@@ -219,8 +235,11 @@ class Mesh:
                                  "only planar 2-D quad meshes are supported")
             points = points[:, :2]
         if points.shape[1] != dim:
-            raise ValueError(f"from_meshio: {types[0]} cells need {dim}-D points, got shape {points.shape}")
-        return cls.from_cells(points, cells)
+            raise ValueError(f"from_meshio: {ct} cells need {dim}-D points, got shape {points.shape}")
+        facets, fids, region, bnames, rnames = tags.physical_groups(m, dim, keep)
+        bids, unmatched = tags.facet_face_ids(cells, facets, fids)
+        tags.warn_unmatched(unmatched, "from_meshio")
+        return cls.from_cells(points, cells, bids, regions=region, boundary_names=bnames, region_names=rnames)
 
     # ------------------------------------------------------------------ basic properties
     @property
@@ -325,6 +344,38 @@ class Mesh:
     def boundary_ids(self) -> np.ndarray:
         """(num_cells, 2 dim) boundary id of each cell face (face 2i+s: x_i side s), -1 inside."""
         return np.take(self._forest.cell_bface, self._active, axis=0)
+
+    @functools.cached_property
+    def regions(self) -> np.ndarray:
+        """(num_cells,) region id of each cell (a cell physical group on import; default 0),
+        inherited from the coarse cell it was refined from."""
+        reg = self._forest.cell_region
+        return np.zeros(self.num_cells, dtype=np.int64) if reg is None else np.take(reg, self._active).astype(np.int64)
+
+    @property
+    def boundary_names(self) -> dict:
+        """Names of boundary ids (name -> id), e.g. the Gmsh physical groups of the boundary."""
+        return dict(self._forest.boundary_names)
+
+    @property
+    def region_names(self) -> dict:
+        """Names of region ids (name -> id)."""
+        return dict(self._forest.region_names)
+
+    def with_names(self, boundary_names=None, region_names=None) -> "Mesh":
+        """This mesh with other name tables (dict name -> id; None keeps the current one)."""
+        F = self._forest
+        b = F.boundary_names if boundary_names is None else tags.check_names(boundary_names, "boundary")
+        r = F.region_names if region_names is None else tags.check_names(region_names, "region")
+        return Mesh(F.with_names(b, r), self._active)
+
+    def resolve_boundary(self, ids) -> np.ndarray | None:
+        """Boundary ids of ``ids``: an id, a name of :attr:`boundary_names` or a list of both."""
+        return tags.resolve(ids, self.boundary_names, "boundary")
+
+    def region_cells(self, ids) -> np.ndarray:
+        """Indices of the cells whose region is in ``ids`` (ids or names of :attr:`region_names`)."""
+        return np.flatnonzero(np.isin(self.regions, tags.resolve(ids, self.region_names, "region")))
 
     def __repr__(self) -> str:
         kind = "quad" if self.dim == 2 else "hex"
@@ -484,14 +535,13 @@ class Mesh:
         return det.sum(1) / xi.shape[0]
 
     def boundary_faces(self, ids=None):
-        """(cells, local faces, boundary ids) of the boundary faces, optionally only those with ``ids``."""
+        """(cells, local faces, boundary ids) of the boundary faces, optionally only those with ``ids``
+        (ids or names, :meth:`resolve_boundary`)."""
         b = self.boundary_ids
         c, f = np.nonzero(b >= 0)
         bid = b[c, f]
+        ids = self.resolve_boundary(ids)
         if ids is not None:
-            ids = np.atleast_1d(np.asarray(ids))
-            if ids.size and not np.issubdtype(ids.dtype, np.integer):
-                raise TypeError(f"boundary ids must be integers, got {ids.dtype} ({ids[:4].tolist()})")
             keep = np.isin(bid, ids)
             c, f, bid = c[keep], f[keep], bid[keep]
         return c, f, bid

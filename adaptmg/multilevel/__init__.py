@@ -19,12 +19,12 @@ The package is named ``multilevel`` so that it never collides with the function
 :func:`adaptmg.multigrid`.
 """
 from .solver import CYCLES, Level, MultilevelSolver
-from .hierarchy import GeometricMultigrid, default_threads, dirichlet_dofs, multigrid
+from .hierarchy import GeometricMultigrid, default_threads, dirichlet_dofs, dirichlet_values, multigrid
 from .smoothers import SMOOTHERS, make_smoother
 from .pyamg import from_pyamg
 from . import amg  # the module; the function is adaptmg.amg (no shadowing of the module name)
 from .nullspace import constant_modes, near_nullspace, rigid_body_modes
 
-__all__ = ["CYCLES", "Level", "MultilevelSolver", "multigrid", "dirichlet_dofs", "default_threads",
+__all__ = ["CYCLES", "Level", "MultilevelSolver", "multigrid", "dirichlet_dofs", "dirichlet_values", "default_threads",
            "SMOOTHERS", "make_smoother", "from_pyamg", "GeometricMultigrid", "constant_modes",
            "rigid_body_modes", "near_nullspace"]

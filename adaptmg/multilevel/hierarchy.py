@@ -27,29 +27,44 @@ from .smoothers import smoother_setup_kwargs
 from .solver import Level, MultilevelSolver
 from .transfer import prolongation
 
-__all__ = ["multigrid", "GeometricMultigrid", "dirichlet_dofs", "default_threads"]
+__all__ = ["multigrid", "GeometricMultigrid", "dirichlet_dofs", "dirichlet_values", "default_threads"]
+
+
+_SPEC_KEYS = {"ids", "where", "components"}
+
+
+def _value_dict(dirichlet) -> bool:
+    """A dict boundary (id or name) -> Dirichlet value, not dict(ids=, where=, components=)."""
+    return isinstance(dirichlet, dict) and bool(dirichlet) and not set(dirichlet) <= _SPEC_KEYS
 
 
 def dirichlet_dofs(space: Space, dirichlet) -> np.ndarray:
-    """DoFs fixed by a Dirichlet spec: None, "all" (whole boundary), a boundary id or list of
-    ids, a predicate where(x) on boundary nodes, or a dict(ids=..., where=..., components=...)."""
+    """DoFs fixed by a Dirichlet spec: None, "all" (whole boundary), a boundary id or name
+    (``mesh.boundary_names``) or a list of them, a predicate where(x) on boundary nodes, a
+    dict(ids=..., where=..., components=...), or a dict boundary -> value such as
+    ``{"inlet": g, "wall": 0.0}`` (its keys; the values: :func:`dirichlet_values`).
+    An unknown name is a ``ValueError`` listing the mesh's names."""
+    try:
+        return _dirichlet_dofs(space, dirichlet)
+    except ValueError as exc:
+        raise ValueError(f"dirichlet={dirichlet!r}: {exc}") from None
+
+
+def _dirichlet_dofs(space, dirichlet):
     if dirichlet is None:
         return np.zeros(0, dtype=np.int64)
-    if isinstance(dirichlet, str):
-        if dirichlet != "all":
-            raise ValueError(f"dirichlet must be 'all', ids, a predicate or a dict, got {dirichlet!r}")
+    if isinstance(dirichlet, str) and dirichlet == "all":
         return space.boundary_dofs()
     if callable(dirichlet):
         return space.boundary_dofs(where=dirichlet)
+    if _value_dict(dirichlet):
+        return space.boundary_dofs(ids=list(dirichlet))
     if isinstance(dirichlet, dict):
-        bad = set(dirichlet) - {"ids", "where", "components"}
+        bad = set(dirichlet) - _SPEC_KEYS
         if bad:
             raise ValueError(f"unknown dirichlet keys {sorted(bad)}; allowed: ids, where, components")
         return space.boundary_dofs(dirichlet.get("ids"), dirichlet.get("where"), dirichlet.get("components"))
-    ids = np.atleast_1d(np.asarray(dirichlet))
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise TypeError(f"dirichlet boundary ids must be integers, got {dirichlet!r}")
-    return space.boundary_dofs(ids=ids)
+    return space.boundary_dofs(ids=dirichlet)
 
 
 def _on_backend(assemble, be):
@@ -68,8 +83,44 @@ def _on_backend(assemble, be):
     return assemble
 
 
-def _level_constraints(space, dirichlet):
-    return Constraints(space, dirichlet_dofs(space, dirichlet))
+def dirichlet_values(space: Space, dirichlet):
+    """The Dirichlet value vector g (num_dofs,) of a spec ``{boundary: value}`` (None for any
+    other spec: homogeneous).  A value is a number, a (c,) array or a callable g(x) of the
+    points (n, d) returning (n,) or (n, c); a node on two listed boundaries takes the value
+    of the later entry."""
+    if not _value_dict(dirichlet):
+        return None
+    c = space.components
+    g = np.zeros(space.num_dofs)
+    for key, value in dirichlet.items():          # one vectorised step per named boundary
+        nodes = space.boundary_nodes(ids=[key] if isinstance(key, str) else key)
+        if callable(value):
+            v = np.asarray(value(space.points[nodes]), dtype=float)
+        else:
+            v = np.asarray(value, dtype=float)
+        if v.shape in ((), (c,)):
+            v = np.broadcast_to(v.reshape(-1)[None, :] if v.ndim else v, (nodes.size, c))
+        elif c == 1 and v.shape == (nodes.size,):
+            v = v[:, None]
+        elif v.shape != (nodes.size, c):
+            raise ValueError(f"dirichlet value of {key!r} must be a number, shape ({c},) or a callable "
+                             f"g(x) returning ({nodes.size},) or ({nodes.size}, {c}), got shape {v.shape}")
+        if not np.isfinite(v).all():
+            raise ValueError(f"dirichlet value of {key!r} contains NaN or Inf")
+        g.reshape(-1, c)[nodes] = v
+    return g
+
+
+def homogeneous(dirichlet):
+    """The spec without its Dirichlet values (the boundaries of a ``{boundary: value}`` dict),
+    e.g. for a dual or correction problem on the same boundary."""
+    return list(dirichlet) if _value_dict(dirichlet) else dirichlet
+
+
+def _level_constraints(space, dirichlet, values=False):
+    """The constraints of one level; with ``values`` the spec's Dirichlet values (finest level)."""
+    return Constraints(space, dirichlet_dofs(space, dirichlet),
+                       dirichlet_values(space, dirichlet) if values else None)
 
 
 def _level_prolongation(coarse, fine, cons_coarse, cons_fine):
@@ -214,7 +265,9 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         On the GPU a callable that accepts the keywords ``device`` and ``keep_on_device``
         -- ``assemble.stiffness``, ``assemble.mass``, ``assemble.scalar_form`` -- is called
         with ``device=<the GPU backend>, keep_on_device=True``, so every level is built so.
-    dirichlet : see :func:`dirichlet_dofs` (default: homogeneous on the whole boundary).
+    dirichlet : see :func:`dirichlet_dofs` (default: homogeneous on the whole boundary).  A
+        dict boundary -> value (``{"inlet": g, "wall": 0.0}``, ids or names) also sets the
+        finest level's Dirichlet values, applied by ``constrain(b)``.
     galerkin : bool
         Coarse operators R A P instead of rediscretisation (``assemble`` is then
         called only on the finest space).
@@ -288,7 +341,7 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         # thread-safe) fine to coarse; every task is a pure function of its inputs, so the
         # result does not depend on the scheduling
         # (a task only waits for tasks submitted before it: no deadlock with FIFO workers)
-        cons_f = [pool.submit(_level_constraints, s, dirichlet) for s in spaces]
+        cons_f = [pool.submit(_level_constraints, s, dirichlet, s is space) for s in spaces]
         P_f = [None] + [pool.submit(_level_prolongation, spaces[l - 1], spaces[l], cons_f[l - 1], cons_f[l])
                         for l in range(1, L)]
         assemble = _on_backend(assemble, be)
