@@ -7,6 +7,8 @@ prehandled matrix), ``schur`` (method M1), ``spectrum`` (condition numbers).
 """
 from .hierarchical import PartialCholesky, fine_stiffness, global_transform, local_transform, prehandled_matrix
 from .macro import RefinedMacroMesh, macro_square, macro_square_with_hole
+from .schur import SchurSolver
+from .spectrum import condition_number, lanczos_max
 
 __all__ = ["RefinedMacroMesh", "macro_square", "macro_square_with_hole", "local_transform",
-           "global_transform", "fine_stiffness", "prehandled_matrix", "PartialCholesky"]
+           "global_transform", "fine_stiffness", "prehandled_matrix", "PartialCholesky", "SchurSolver", "condition_number", "lanczos_max"]

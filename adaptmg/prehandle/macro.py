@@ -66,7 +66,8 @@ class RefinedMacroMesh:
         if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or not 1 <= levels <= 14:
             raise ValueError(f"levels must be an integer in [1, 14], got {levels!r}")
         X = P0[cells]
-        jac = np.cross(X[:, 1] - X[:, 0], X[:, 2] - X[:, 0]), np.cross(X[:, 3] - X[:, 2], X[:, 3] - X[:, 1])
+        cross = lambda a, b: a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0]
+        jac = cross(X[:, 1] - X[:, 0], X[:, 2] - X[:, 0]), cross(X[:, 3] - X[:, 2], X[:, 3] - X[:, 1])
         if (jac[0] <= 0).any() or (jac[1] <= 0).any():
             raise ValueError("macro cells must be convex and in lexicographic vertex order "
                              "(P0=(0,0), P1=(1,0), P2=(0,1), P3=(1,1) of the reference square)")

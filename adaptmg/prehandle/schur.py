@@ -43,8 +43,9 @@ __all__ = ["SchurSolver"]
 _DTYPES = {np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.float16)}
 
 
-def _local_stiffness(rm, reps):
-    """Dense local Q1 stiffness (len(reps), (n+1)^2, (n+1)^2) of the macro cells ``reps``."""
+def _local_stiffness(rm, reps, S_loc=None):
+    """Dense local stiffness (len(reps), (n+1)^2, (n+1)^2) of the macro cells ``reps``:
+    the nodal Q1 matrix K_c, or the hierarchical S_loc^T K_c S_loc when S_loc is given."""
     from ..assemble import stiffness
     from ..fe import Space
     from ..mesh import Mesh
@@ -55,7 +56,11 @@ def _local_stiffness(rm, reps):
     ll = jj * (n + 1) + ii
     loc = np.stack([ll, ll + 1, ll + n + 1, ll + n + 2], axis=1)
     cells = (loc[None] + nl * np.arange(g)[:, None, None]).reshape(-1, 4)
-    K = stiffness(Space(Mesh.from_cells(pts, cells), 1)).tocoo()
+    K = stiffness(Space(Mesh.from_cells(pts, cells), 1)).tocsr()
+    if S_loc is not None:
+        Sb = sp.kron(sp.identity(g, format="csr"), S_loc, format="csr")
+        K = Sb.T.tocsr() @ K @ Sb
+    K = K.tocoo()
     dense = np.zeros((g, nl, nl))
     dense[K.row // nl, K.row % nl, K.col % nl] = K.data
     return dense
@@ -85,10 +90,7 @@ class SchurSolver:
         n, nC, nE, N = rm.n, rm.n_C, rm.n_E, rm.N
         nK = nC + nE
         reps = np.array([cg[0] for cg in rm.group_cells])
-        Aloc = _local_stiffness(rm, reps)                              # (G, nl, nl), nodal
-        if self.prehandle:
-            S_loc = local_transform(rm.levels).toarray()
-            Aloc = np.einsum("ai,gab,bj->gij", S_loc, Aloc, S_loc, optimize=True)
+        Aloc = _local_stiffness(rm, reps, local_transform(rm.levels) if self.prehandle else None)
         sk, it = rm.skeleton_local, rm.interior_local
         A_II = xp.asarray(Aloc[:, it][:, :, it])
         A_KI = xp.asarray(Aloc[:, sk][:, :, it])
