@@ -57,6 +57,9 @@ def global_transform(rm, S_loc=None):
     ancestors lie in every macro cell that holds it); the columns map through the cell's
     local-to-global table.  Sparse products only: R (owner rows) @ kron(I, S_loc) @ Q.
     """
+    cached = getattr(rm, "_global_transform", None)
+    if cached is not None and S_loc is None:
+        return cached
     S_loc = local_transform(rm.levels) if S_loc is None else S_loc
     G = rm.local_to_global
     m, nl = G.shape
@@ -64,7 +67,9 @@ def global_transform(rm, S_loc=None):
     _, first = np.unique(G.ravel(), return_index=True)               # one (cell, local) per node
     R = sp.csr_matrix((np.ones(n_all), (np.arange(n_all), first)), shape=(n_all, m * nl))
     Q = sp.csr_matrix((np.ones(m * nl), (np.arange(m * nl), G.ravel())), shape=(m * nl, n_all))
-    return (R @ sp.kron(sp.identity(m, format="csr"), S_loc, format="csr") @ Q).tocsr()
+    S = (R @ sp.kron(sp.identity(m, format="csr"), S_loc, format="csr") @ Q).tocsr()
+    rm._global_transform = S                   # the mesh is immutable: build S once
+    return S
 
 
 def fine_stiffness(rm):

@@ -218,7 +218,7 @@ class SchurSolver:
         X[:nC], X[nC:nK] = xC, xE
         for g, cg in enumerate(rm.group_cells):
             loc = xt[self._scatter[g]].reshape(-1, len(cg) * k)
-            X[off[g]:off[g + 1]] = (self.C_inv[g] @ (bI[g] - self.KT[g] @ loc)).reshape(-1, k)
+            xp.matmul(self.C_inv[g], bI[g] - self.KT[g] @ loc, out=X[off[g]:off[g + 1]].reshape(n_int, -1))
         return X[:, 0] if vec else X
 
     def transforms(self):
