@@ -118,7 +118,7 @@ class SchurSolver:
             dE = xp.ones(nE)
         dI = xp.asarray(dI)
         # C^{-1} = D_I A~_II^{-1} D_I per group; local coupling K_g = A~_KI D_I^{-1}
-        inv_II = xp.linalg.inv(A_II)
+        inv_II = xp.stack([xp.linalg.inv(a) for a in A_II])    # one LU per shape (not a batched small-matrix LU)
         C_inv = dI[:, :, None] * inv_II * dI[:, None, :]
         Kg = A_KI / dI[:, None, :]
         # static condensation: Sigma~ = sum_c P_c^T (A~_KK - A~_KI A~_II^{-1} A~_IK) P_c
@@ -155,13 +155,10 @@ class SchurSolver:
         n_sk = len(sk)
         rows_of = np.empty(gsk.shape, np.int64)                          # row in the stacked array
         off = 0
-        self._row_offsets = []
         for cg in rm.group_cells:
             mg = len(cg)
             rows_of[cg] = off + np.arange(n_sk)[None, :] * mg + np.arange(mg)[:, None]
-            self._row_offsets.append(off)
             off += n_sk * mg
-        self._dummy_row = off
         order = np.argsort(gsk[valid], kind="stable")
         nodes = gsk[valid][order]
         rws = rows_of[valid][order]
@@ -171,7 +168,7 @@ class SchurSolver:
         table = np.full((nK, max(vmax, 1)), off, np.int64)
         table[nodes, pos] = rws
         self._gather_C = xp.asarray(table[:nC])
-        self._gather_E = xp.asarray(table[nC:, :2]) if vmax <= 2 or nE == 0 else xp.asarray(table[nC:])
+        self._gather_E = xp.asarray(table[nC:, :2])                      # an edge node lies in <= 2 cells
         gsk_d = np.where(valid, gsk, nK)
         self._scatter = [xp.asarray(np.ascontiguousarray(gsk_d[cg].T)) for cg in rm.group_cells]   # (n_sk, m_g)
         self.N, self.n_C, self.n_E, self.n_K = N, nC, nE, nK
