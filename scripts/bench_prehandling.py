@@ -138,7 +138,7 @@ def cg_half(A, b, be, maxiter):
     xp = be.xp
     r16 = lambda v: v.astype(np.float16).astype(np.float32)
     A16 = be.asmatrix(A.astype(np.float32))
-    A16.data = r16(A16.data)
+    A16.data[...] = r16(A16.data)
     s = float(xp.max(xp.abs(b)))
     bb = r16(b / s)
     with warnings.catch_warnings():
