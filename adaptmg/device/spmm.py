@@ -92,12 +92,18 @@ class _GpuSpMM(SpMMPlan):
         super().__init__(A)
         from cupyx import cusparse as cxs
         self._spmm = cxs.spmm if cxs.check_availability("spmm") else None
+        # cuSPARSE's SpMM wrapper refuses a matrix not flagged canonical: a canonical copy
+        # then (never sum_duplicates in place: other plans hold descriptors of A's arrays)
+        self._Ac = A
+        if self._spmm is not None and not A.has_canonical_format:
+            self._Ac = A.copy()
+            self._Ac.sum_duplicates()
 
     def __call__(self, X, Y, alpha=1.0, beta=0.0):
         if (self._spmm is None or self.A.nnz == 0 or X.dtype != self.A.dtype
                 or Y.dtype != self.A.dtype or not (X.flags.f_contiguous and Y.flags.f_contiguous)):
             return SpMMPlan.__call__(self, X, Y, alpha, beta)
-        out = self._spmm(self.A, X, c=Y, alpha=alpha, beta=beta)
+        out = self._spmm(self._Ac, X, c=Y, alpha=alpha, beta=beta)
         if out is not Y:               # pragma: no cover - a CuPy that returns a new array
             Y[...] = out
         return Y

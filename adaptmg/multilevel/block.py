@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import is_sparse, to_host
+from ..device import kernels as K
 from ..device.spmm import block_order, make_spmm
 from .chebyshev import Chebyshev
 from .gauss_seidel import GaussSeidel, L1GaussSeidel
@@ -53,35 +54,28 @@ class _BlockSmoother:
             w = self._scr[key] = self.xp.empty(X.shape, self.dtype, order=self.order)
         return w
 
-    def col(self, v):
-        """A host vector as a column ``(n, 1)`` on the backend in the block dtype."""
-        return self.be.asarray(np.asarray(to_host(v)).astype(self.dtype)).reshape(-1, 1)
-
 
 class _BlockJacobi(_BlockSmoother):
     """``X <- X + omega D^{-1} (B - A X)`` (Jacobi, Richardson)."""
 
     def __init__(self, sm, be, dtype, order):
         super().__init__(sm, be, dtype, order)
-        self.A = make_spmm(be.asmatrix(sm.A_host, dtype=dtype))
-        self.dinv = self.col(sm._dinv_host)
+        self.A = make_spmm(sm.A)              # the level's matrix, shared with the smoother
+        self.dinv = sm.dinv.reshape(-1, 1)
 
     def smooth(self, X, B, sweeps=1, work=None, zero_initial=False):
+        # the one-vector kernels of adaptmg.device.kernels broadcast dinv (n, 1) over the
+        # columns: one fused pass per update on the GPU
         W = work if work is not None else self.scratch(X)
-        w = self.omega
         start = 0
         if zero_initial and sweeps > 0:
-            self.xp.multiply(B, self.dinv, out=X)
-            X *= w
+            K.jacobi_zero(X, self.dinv, B, self.omega)
             start = 1
         elif zero_initial:
             X.fill(0)
         for _ in range(start, sweeps):
             self.A(X, W, 1.0, 0.0)
-            W -= B                               # A X - B
-            W *= self.dinv
-            W *= w
-            X -= W
+            K.jacobi_residual_update(X, self.dinv, B, W, self.omega)
         return X
 
 
@@ -90,8 +84,8 @@ class _BlockBlockJacobi(_BlockSmoother):
 
     def __init__(self, sm, be, dtype, order):
         super().__init__(sm, be, dtype, order)
-        self.A = make_spmm(be.asmatrix(sm.A_host, dtype=dtype))
-        self.S = make_spmm(be.asmatrix(sm._S_host, dtype=dtype))
+        self.A = make_spmm(sm.A)
+        self.S = make_spmm(sm.S)
 
     def smooth(self, X, B, sweeps=1, work=None, zero_initial=False):
         W = work if work is not None else self.scratch(X)
@@ -112,8 +106,8 @@ class _BlockChebyshev(_BlockSmoother):
 
     def __init__(self, sm, be, dtype, order):
         super().__init__(sm, be, dtype, order)
-        self.A = make_spmm(be.asmatrix(sm.A_host, dtype=dtype))
-        self.dinv = self.col(sm._dinv_host)
+        self.A = make_spmm(sm.A)
+        self.dinv = sm.dinv.reshape(-1, 1)
         self.coef = sm._coef
 
     def smooth(self, X, B, sweeps=1, work=None, zero_initial=False):
@@ -123,20 +117,14 @@ class _BlockChebyshev(_BlockSmoother):
             X.fill(0)
         for s in range(sweeps):
             for j, (c1, c2) in enumerate(self.coef):
-                if zero_initial and s == 0 and j == 0:      # d = c2 D^{-1} b, x = d
-                    self.xp.multiply(B, self.dinv, out=D)
-                    D *= c2
-                    X[...] = D
+                if zero_initial and s == 0 and j == 0:
+                    K.chebyshev_start_zero(X, D, self.dinv, B, c2)
                     continue
-                self.A.residual(X, B, W)                     # W = B - A X
-                W *= self.dinv
-                W *= c2
+                self.A(X, W, 1.0, 0.0)
                 if j == 0:
-                    D[...] = W
+                    K.chebyshev_start(X, D, self.dinv, B, W, c2)
                 else:
-                    D *= c1
-                    D += W
-                X += D
+                    K.chebyshev_update(X, D, self.dinv, B, W, c1, c2)
         return X
 
 
@@ -149,7 +137,7 @@ class _BlockGaussSeidel(_BlockSmoother):
         self.l1 = isinstance(sm, L1GaussSeidel)
         Ain = sm._Ain if self.l1 else sm._Acsr
         if self.l1:
-            self.Aoff = make_spmm(be.asmatrix(sm._Aoff, dtype=dtype))
+            self.Aoff = make_spmm(sm._Aoff_b)
         c = self.c = sm.block_size
         inv = np.asarray(to_host(sm._inv_host))
         self.rows, self.Arows, self.inv = [], [], []
@@ -244,11 +232,11 @@ def block_smoother(sm, be, dtype, order):
         return _BlockPrePost(sm, be, dtype, order)
     if isinstance(sm, GaussSeidel):
         return _BlockGaussSeidel(sm, be, dtype, order)
-    if isinstance(sm, Chebyshev):
+    if isinstance(sm, Chebyshev) and is_sparse(sm.A):
         return _BlockChebyshev(sm, be, dtype, order)
     if isinstance(sm, BlockJacobi):
         return _BlockBlockJacobi(sm, be, dtype, order)
-    if isinstance(sm, Jacobi) and is_sparse(sm.A_host):          # Jacobi, Richardson
+    if isinstance(sm, Jacobi) and is_sparse(sm.A):               # Jacobi, Richardson
         return _BlockJacobi(sm, be, dtype, order)
     if hasattr(sm, "smooth_adjoint"):
         return _ColumnSmootherAdjoint(sm, be, dtype, order)
