@@ -614,7 +614,10 @@ class MultilevelSolver:
         :class:`ConvergenceWarning` when the tolerance is not reached.
 
         ``accel="gmres"`` follows pyamg's ``ml.solve``: no restart unless ``restart=m``
-        is given, ``maxiter`` counts inner iterations.
+        is given, ``maxiter`` counts inner iterations (the Krylov basis then holds up to
+        ``maxiter + 1`` vectors: ``restart`` bounds that memory).  The monitored residual
+        is pyamg's ``||M r||`` iteration for iteration; the solve stops when the true
+        residual passes (pyamg stops on ``||M r|| <= rtol ||M b||``).
 
         Many right-hand sides: ``b`` of shape ``(n, k)`` is solved as a block (one cycle,
         one SpMM per level for all columns; :mod:`adaptmg.multilevel.block`), with

@@ -179,31 +179,35 @@ def test_block_krylov_equals_scipy_per_column():
         block_cg(A, B.astype(np.complex128))
 
 
-def _rotated_aniso():
+def _rotated_aniso(m=120):
     st = pyamg.gallery.diffusion_stencil_2d(epsilon=0.001, theta=np.pi / 8, type="FE")
-    A = pyamg.gallery.stencil_grid(st, (120, 120), format="csr")
+    A = pyamg.gallery.stencil_grid(st, (m, m), format="csr")
     return A, pyamg.smoothed_aggregation_solver(A)
 
 
 def test_gmres_no_restart_like_pyamg():
-    """accel="gmres" does not restart (pyamg's ml.solve); with restart=20 (SciPy's default
-    before) the same solve takes more iterations.  Against pyamg's own count: see the
-    module notes in block.py (the multicolour Gauss-Seidel preconditioner differs)."""
-    A, ml = _rotated_aniso()
+    """accel="gmres" runs pyamg's unrestarted GMRES: with the same preconditioner its
+    monitored residuals are pyamg.krylov.gmres' residual history (pyamg's ml.solve),
+    iteration for iteration past SciPy's old restart length 20; adaptmg then goes on
+    until the *true* residual passes (pyamg stops on ||M r|| <= tol ||M b||)."""
+    A, ml = _rotated_aniso(64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         am = adaptmg.from_pyamg(ml, backend="cpu")
     b = np.random.default_rng(0).standard_normal(A.shape[0])
-    x = am.solve(b, rtol=1e-8, accel="gmres")
-    its = am.last_iterations
-    assert np.linalg.norm(b - A @ x) <= 1e-8 * np.linalg.norm(b)
-    am.solve(b, rtol=1e-8, accel="gmres", restart=20)
-    assert am.last_iterations >= its
-    # the same preconditioner in pyamg's GMRES with adaptmg's (true-residual) stopping rule
-    M = am.aspreconditioner()
-    res = []
-    pyamg.krylov.gmres(A, b, tol=1e-8, M=M, residuals=res, maxiter=200)
-    assert its <= 70
+    ref = []
+    pyamg.krylov.gmres(A, b, tol=1e-8, M=am.aspreconditioner(), residuals=ref, maxiter=200)
+    k = len(ref) - 1
+    assert k > 30
+    for restart, same in ((None, True), (20, False)):
+        res = []
+        x = am.solve(b, rtol=1e-8, accel="gmres", residuals=res, restart=restart)
+        assert np.linalg.norm(b - A @ x) <= 1e-8 * np.linalg.norm(b)
+        mon = np.asarray(res[1:k + 1]) * np.linalg.norm(b)        # 'pr_norm' is relative
+        dev = np.abs(mon / np.asarray(ref[1:]) - 1).max()
+        assert (dev <= 1e-6) == same, (restart, dev)
+        if same:
+            assert k <= am.last_iterations <= k + 10
 
 
 @pytest.mark.gpu
@@ -231,3 +235,25 @@ def test_gpu_block_matches_cpu(space):
     Xg = _ml(space, be="gpu").solve(cupy.asarray(B), rtol=1e-10, accel="cg")
     assert isinstance(Xg, cupy.ndarray)
     assert np.abs(Xg.get() - Xc).max() <= 1e-7 * np.abs(Xc).max()
+
+
+def test_from_pyamg_block_and_matrix_free_refused():
+    A, ml = _rotated_aniso(48)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        am = adaptmg.from_pyamg(ml, backend="cpu")          # PrePostSmoother(GS) levels
+    B = np.random.default_rng(4).standard_normal((A.shape[0], 3))
+    X = am.solve(B, rtol=1e-8, accel="gmres", maxiter=200)
+    its = am.last_iterations.copy()
+    for j in range(3):
+        x = am.solve(np.ascontiguousarray(B[:, j]), rtol=1e-8, accel="gmres", maxiter=200)
+        assert abs(int(its[j]) - am.last_iterations) <= 1
+        assert np.linalg.norm(x - X[:, j]) <= 1e-6 * np.linalg.norm(x)
+    # a matrix-free level: a clear error, not a wrong answer
+    from adaptmg.multilevel import Level, MultilevelSolver
+    Ap = pyamg.gallery.poisson((16, 16), format="csr")
+    op = sla.aslinearoperator(Ap)
+    op.diagonal = Ap.diagonal
+    mf = MultilevelSolver([Level(op)], coarse="smoother", backend="cpu")
+    with pytest.raises(TypeError, match="assembled sparse"):
+        mf.solve(np.ones((Ap.shape[0], 2)))
