@@ -36,11 +36,12 @@ __all__ = ["block_cg", "block_gmres", "column_norms"]
 
 def column_norms(xp, X):
     """The 2-norm of every column of ``X`` (a device array of length ``k``)."""
-    return xp.sqrt(xp.sum(X * X, axis=0))
+    return xp.sqrt(_coldot(xp, X, X))
 
 
 def _coldot(xp, X, Y):
-    return xp.sum(X * Y, axis=0)
+    """``x_j^T y_j`` for every column (no ``(n, k)`` temporary)."""
+    return xp.einsum("ij,ij->j", X, Y)
 
 
 def _as_block_op(A, what):
@@ -76,10 +77,18 @@ def _check(B, X0, rtol, atol, maxiter, who):
     return int(maxiter)
 
 
-def _start(xp, Aop, B, X0):
+def _start(who, xp, Aop, B, X0, rtol, atol):
+    """``X``, ``R = B - A X``, the per-column tolerances and residual norms (host), zero
+    ``info`` and iteration counts, and the columns that still have to be solved."""
     X = xp.zeros_like(B) if X0 is None else xp.array(X0, dtype=B.dtype, copy=True)
     R = B.copy() if X0 is None else B - Aop(X)
-    return X, R
+    tol = np.maximum(rtol * to_host(column_norms(xp, B)).astype(np.float64), atol)
+    rn = to_host(column_norms(xp, R)).astype(np.float64)
+    if not np.all(np.isfinite(rn)):
+        raise ValueError(f"{who}: B or X0 contains NaN or Inf")
+    k = B.shape[1]
+    info, its = np.zeros(k, dtype=np.int64), np.zeros(k, dtype=np.int64)
+    return X, R, tol, rn, info, its, np.flatnonzero(~(rn <= tol))
 
 
 def _report(who, info, tol, rn):
@@ -116,14 +125,7 @@ def block_cg(A, B, X0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callba
     xp = backend_of(B).xp
     Aop, Mop = _as_block_op(A, "A"), _as_block_op(M, "M")
     k = B.shape[1]
-    X, R = _start(xp, Aop, B, X0)
-    tol = np.maximum(rtol * to_host(column_norms(xp, B)).astype(np.float64), atol)
-    rn = to_host(column_norms(xp, R)).astype(np.float64)
-    if not np.all(np.isfinite(rn)):
-        raise ValueError(f"{who}: B or X0 contains NaN or Inf")
-    info = np.zeros(k, dtype=np.int64)
-    its = np.zeros(k, dtype=np.int64)
-    act = np.flatnonzero(~(rn <= tol))
+    X, R, tol, rn, info, its, act = _start(who, xp, Aop, B, X0, rtol, atol)
     for rnd in range(3):            # a column whose true residual failed gets a fresh start
         act = act[its[act] < maxiter]
         if act.size == 0:
@@ -133,7 +135,11 @@ def block_cg(A, B, X0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callba
         while True:
             Z = Mop(Ra) if Mop is not None else Ra.copy()
             rho_new = _coldot(xp, Ra, Z)
-            P = Z if P is None else Z + (rho_new / rho) * P
+            if P is None:
+                P = Z
+            else:                               # p = z + beta p, in place
+                P *= rho_new / rho
+                P += Z
             rho = rho_new
             Q = Aop(P)
             alpha = rho / _coldot(xp, P, Q)
@@ -141,7 +147,8 @@ def block_cg(A, B, X0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callba
                 X += alpha * P
             else:
                 X[:, xp.asarray(act)] += alpha * P
-            Ra -= alpha * Q
+            Q *= alpha
+            Ra -= Q
             its[act] += 1
             h = to_host(xp.concatenate([column_norms(xp, Ra), alpha])).astype(np.float64)
             rna, al = h[: act.size], h[act.size:]
@@ -194,15 +201,8 @@ def block_gmres(A, B, X0=None, *, rtol=1e-5, atol=0.0, restart=None, maxiter=Non
     Mop = Mop if Mop is not None else (lambda V: V.copy())
     n, k = B.shape
     m_max = min(int(restart) if restart is not None else max(maxiter, 1), n)
-    X, R = _start(xp, Aop, B, X0)
-    tol = np.maximum(rtol * to_host(column_norms(xp, B)).astype(np.float64), atol)
-    rn = to_host(column_norms(xp, R)).astype(np.float64)
-    if not np.all(np.isfinite(rn)):
-        raise ValueError(f"{who}: B or X0 contains NaN or Inf")
-    info = np.zeros(k, dtype=np.int64)
-    its = np.zeros(k, dtype=np.int64)
+    X, R, tol, rn, info, its, act = _start(who, xp, Aop, B, X0, rtol, atol)
     factor = np.ones(k)
-    act = np.flatnonzero(~(rn <= tol))
     while act.size:
         act = act[its[act] < maxiter]
         info[np.setdiff1d(np.flatnonzero(~(rn <= tol) & (info == 0)), act)] = maxiter

@@ -75,7 +75,13 @@ class _BlockJacobi(_BlockSmoother):
             X.fill(0)
         for _ in range(start, sweeps):
             self.A(X, W, 1.0, 0.0)
-            K.jacobi_residual_update(X, self.dinv, B, W, self.omega)
+            if self.be.is_gpu:                   # one fused pass
+                K.jacobi_residual_update(X, self.dinv, B, W, self.omega)
+            else:                                # in place: no (n, k) temporaries
+                W -= B
+                W *= self.dinv
+                W *= self.omega
+                X -= W
         return X
 
 
