@@ -39,7 +39,10 @@ def _host(a):
 
 def _check_vs_columns(ml, B, accel, cycle, be_xp=np):
     """The block solve equals the k one-vector solves up to round-off, column by column,
-    with the same iteration counts (+-1 for gmres: the block monitor is SciPy's target)."""
+    with the same iteration counts (+-1 for gmres: the block monitor is SciPy's target).
+    On the GPU the one-vector path runs other (fused, graph-recorded) kernels: there the
+    counts may differ by one and the solutions by the solver tolerance."""
+    gpu = be_xp is not np
     X = _host(ml.solve(be_xp.asarray(B), rtol=1e-8, accel=accel, cycle=cycle))
     its, info = np.asarray(ml.last_iterations), np.asarray(ml.last_info)
     assert X.shape == B.shape and np.all(info == 0)
@@ -50,8 +53,9 @@ def _check_vs_columns(ml, B, accel, cycle, be_xp=np):
         tol = 1e-8 * np.linalg.norm(B[:, j])
         assert np.linalg.norm(B[:, j] - A @ X[:, j]) <= tol * (1 + 1e-6)
         # the same iterates: agreement far below the solver tolerance, in units of eps
-        assert np.abs(x - X[:, j]).max() <= 1e4 * EPS * max(np.abs(x).max(), 1e-300)
-        assert abs(int(its[j]) - ml.last_iterations) <= (1 if accel == "gmres" else 0)
+        agree = 1e-6 if gpu else 1e4 * EPS
+        assert np.abs(x - X[:, j]).max() <= agree * max(np.abs(x).max(), 1e-300)
+        assert abs(int(its[j]) - ml.last_iterations) <= (1 if accel == "gmres" or gpu else 0)
     assert its[1] == 0                                      # the zero column: no iteration
     assert np.all(X[:, 1] == 0)
     return X, its
@@ -231,10 +235,12 @@ def test_smoothers_on_blocks_gpu(space, name):
 def test_gpu_block_matches_cpu(space):
     import cupy
     B = _block(_ml(space).levels[-1].n, 5)
-    Xc = _ml(space).solve(B, rtol=1e-10, accel="cg")
-    Xg = _ml(space, be="gpu").solve(cupy.asarray(B), rtol=1e-10, accel="cg")
-    assert isinstance(Xg, cupy.ndarray)
-    assert np.abs(Xg.get() - Xc).max() <= 1e-7 * np.abs(Xc).max()
+    Xc = _ml(space).solve(B, rtol=1e-12, accel="cg")
+    Xg = _ml(space, be="gpu").solve(cupy.asarray(B), rtol=1e-12, accel="cg")
+    Xh = _ml(space, be="gpu").solve(B, rtol=1e-12, accel="gmres")     # host in, host out
+    assert isinstance(Xg, cupy.ndarray) and isinstance(Xh, np.ndarray)
+    assert np.abs(Xg.get() - Xc).max() <= 1e-8 * np.abs(Xc).max()
+    assert np.abs(Xh - Xc).max() <= 1e-8 * np.abs(Xc).max()
 
 
 def test_from_pyamg_block_and_matrix_free_refused():
