@@ -77,6 +77,9 @@ def main(argv=None):
           f"{1e3 * tb / a.k:.2f} |")
     print(f"\nblock / one solve = {tb / t1:.2f}x (one at a time: {tk / t1:.1f}x); "
           f"worst relative residual of a column {worst:.2e}")
+    plan = ml._preconditioners[("block", "V")].levels[-1].Aplan
+    print(f"fine-level SpMM: {type(plan).__name__}"
+          f"{'' if getattr(plan, 'why', None) is None else ' -- ' + plan.why}")
     return {"one": t1, "loop": tk, "block": tb, "ratio": tb / t1, "worst": worst}
 
 
