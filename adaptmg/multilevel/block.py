@@ -304,9 +304,11 @@ class BlockCycle:
         return X
 
     def matmat(self, V):
-        """``M V`` for any ``(n, k)`` block ``V`` (cast in and out), a new array."""
+        """``M V`` for any ``(n, k)`` block ``V`` (cast in and out), a new array.  ``V``
+        itself is the cycle's right-hand side when its dtype and layout fit (the cycle
+        never writes its right-hand side)."""
         ml, xp = self.ml, self.ml.backend.xp
-        Bb = xp.array(V, dtype=ml.dtype, order=self.order, copy=True)
+        Bb = xp.asarray(V, dtype=ml.dtype, order=self.order)
         X = xp.empty(Bb.shape, ml.dtype, order=self.order)
         self(Bb, X)
         return X if X.dtype == V.dtype else X.astype(V.dtype)

@@ -142,7 +142,9 @@ def test_amg_hierarchy_block_and_preconditioner():
     amg = adaptmg.amg(A, backend="cpu")
     B = np.random.default_rng(2).standard_normal((A.shape[0], 3))
     M = amg.aspreconditioner()
+    B0 = B.copy()
     Y = M @ B
+    assert np.array_equal(B, B0)                            # the input block is not written
     for j in range(3):
         y = M @ B[:, j]
         assert np.abs(Y[:, j] - y).max() <= 1e3 * EPS * np.abs(y).max()
