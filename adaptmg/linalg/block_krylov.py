@@ -15,7 +15,7 @@ column or one whose start is already converged never enters the loop.
 
 Returns ``(X, info, iterations)``: ``info[j] == 0`` converged (true residual
 checked), ``> 0`` not converged after ``maxiter`` (the value is ``maxiter``, as SciPy's
-``info``), ``< 0`` breakdown (non-finite or non-positive curvature); a
+``info``, at least 1), ``< 0`` breakdown (non-finite or non-positive curvature); a
 :class:`~adaptmg.linalg.ConvergenceWarning` names the columns that did not converge.
 ``iterations[j]``: the iterations (operator applications) spent on column ``j``.
 ``A`` and ``M`` map an ``(n, m)`` block to an ``(n, m)`` block (sparse matrices, dense
@@ -165,7 +165,7 @@ def block_cg(A, B, X0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callba
                 kd = xp.asarray(np.flatnonzero(keep))
                 Ra, P, rho = Ra[:, kd], P[:, kd], rho[kd]
         R, rn, act = _finish(xp, who, Aop, B, X, tol, info, rnd < 2)
-    info[(info == 0) & ~(rn <= tol)] = maxiter
+    info[(info == 0) & ~(rn <= tol)] = max(maxiter, 1)      # > 0 also for maxiter=0
     _report(who, info, tol, rn)
     return X, info, its
 
@@ -205,7 +205,7 @@ def block_gmres(A, B, X0=None, *, rtol=1e-5, atol=0.0, restart=None, maxiter=Non
     factor = np.ones(k)
     while act.size:
         act = act[its[act] < maxiter]
-        info[np.setdiff1d(np.flatnonzero(~(rn <= tol) & (info == 0)), act)] = maxiter
+        info[np.setdiff1d(np.flatnonzero(~(rn <= tol) & (info == 0)), act)] = max(maxiter, 1)
         if not act.size:
             break
         W = Mop(R[:, act])
@@ -288,6 +288,6 @@ def block_gmres(A, B, X0=None, *, rtol=1e-5, atol=0.0, restart=None, maxiter=Non
         act = np.flatnonzero(~ok)
         if restart is None and act.size and its[act].min() >= maxiter:
             break
-    info[(info == 0) & ~(rn <= tol)] = maxiter
+    info[(info == 0) & ~(rn <= tol)] = max(maxiter, 1)
     _report(who, info, tol, rn)
     return X, info, its

@@ -428,5 +428,5 @@ def _stationary(ml, cyc, Aop, B, X, rtol, atol, maxiter, callback, residuals):
             Xa, Ba, Ra = Xa[:, kd], Ba[:, kd], Ra[:, kd]
     if act.size:
         X[:, xp.asarray(act)] = Xa
-    info = np.where(rn <= tol, 0, maxiter).astype(np.int64)
+    info = np.where(rn <= tol, 0, max(maxiter, 1)).astype(np.int64)
     return X, info, its
