@@ -634,6 +634,8 @@ class MultilevelSolver:
             raise ValueError(f"maxiter must be a non-negative integer, got {maxiter!r}")
         if accel not in _ACCELS:
             raise ValueError(f"unknown accel {accel!r}; choose one of {_ACCELS}")
+        if restart is not None and accel != "gmres":
+            raise ValueError(f"restart={restart!r} applies to accel='gmres' only, got accel={accel!r}")
         kind = _check_cycle(cycle)
         be, xp = self.backend, self.backend.xp
         n = self._dev[-1].n

@@ -130,6 +130,10 @@ def test_bad_blocks_are_refused(space):
         ml.solve(np.ones((n, 3)), np.ones((n, 2)))
     with pytest.raises(ValueError, match="fgmres"):
         ml.solve(np.ones((n, 3)), accel="fgmres")
+    with pytest.raises(ValueError, match="restart"):
+        ml.solve(np.ones(n), accel="cg", restart=10)
+    with pytest.raises(ValueError, match="restart"):
+        ml.solve(np.ones((n, 2)), accel="gmres", restart=0)
     # (n,) and (n, 1) keep the one-vector path
     x1 = ml.solve(np.ones(n))
     x2 = ml.solve(np.ones((n, 1)))
