@@ -129,8 +129,21 @@ def make_preconditioner(ml, kind, dtype=None, graph="auto"):
             xp.copyto(out, cyc.x, casting="unsafe")
         return out
 
+    def matmat(V):
+        """``M V`` for a block ``V`` of shape ``(n, k)``: one block cycle
+        (:mod:`adaptmg.multilevel.block`); ``(n, 1)`` takes the vector path."""
+        if V.ndim != 2 or V.shape[0] != n:
+            raise ValueError(f"preconditioner input must have shape ({n}, k), got {V.shape}")
+        if V.shape[1] == 1:
+            return matvec(V)
+        from .block import block_matmat
+        host_in = be.is_gpu and isinstance(V, np.ndarray)
+        out = block_matmat(ml, kind, be.asarray(V))
+        return xp.asnumpy(out) if host_in else out
+
     op_dtype = np.dtype(dtype) if dtype is not None else ml.outer_dtype
-    M = be.linalg.LinearOperator((n, n), matvec=matvec, rmatvec=matvec, dtype=op_dtype)
+    M = be.linalg.LinearOperator((n, n), matvec=matvec, rmatvec=matvec, matmat=matmat,
+                                 dtype=op_dtype)
     M.graph = graphed
     M.adaptmg_fresh_result = True          # every M v above is a new array
     M.adaptmg_apply_into = apply_into      # M v straight into a given vector (fgmres' Z)

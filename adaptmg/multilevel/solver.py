@@ -225,6 +225,7 @@ class MultilevelSolver:
         self._deferred = None            # the last _run(defer_last=True)'s deferred sweep
         self._defer_level = None
         self.last_iterations = None      # iterations of the last solve()
+        self.last_info = None            # per-column info of the last block solve()
         self._preconditioners = {}       # cycle kind -> preconditioner reused by solve()
         self._smoother_spec = smoother
         self._smoother_kwargs = dict(smoother_kwargs or {})
@@ -436,6 +437,8 @@ class MultilevelSolver:
         d = self._dev[0]
         if self._coarse_cycle is not None:
             self._coarse_cycle.cycle(d.b, d.x, kind, zero)
+        elif self._coarse_inv is not None and d.x.ndim == 2:      # a block (block.py)
+            d.x[...] = self._coarse_inv @ d.b
         elif self._coarse_inv is not None:
             K.dense_matvec(self._coarse_inv, d.b, d.x)
         else:
@@ -595,7 +598,7 @@ class MultilevelSolver:
 
     # ---------------------------------------------------------------- solve
     def solve(self, b, x0=None, *, rtol=1e-8, atol=0.0, maxiter=100, accel=None,
-              cycle="V", callback=None, residuals=None):
+              cycle="V", callback=None, residuals=None, restart=None):
         """Solve ``A x = b`` to ``||b - A x|| <= max(rtol ||b||, atol)``.
 
         ``accel=None``: stationary multigrid iteration in correction form
@@ -619,6 +622,19 @@ class MultilevelSolver:
         iterations; no callback needed, so the GPU keeps its CUDA-graph CG).
         Returns ``x`` (same array kind as ``b``).  Warns with
         :class:`ConvergenceWarning` when the tolerance is not reached.
+
+        ``accel="gmres"`` follows pyamg's ``ml.solve``: no restart unless ``restart=m``
+        is given, ``maxiter`` counts inner iterations (the Krylov basis then holds up to
+        ``maxiter + 1`` vectors: ``restart`` bounds that memory).  The monitored residual
+        is pyamg's ``||M r||`` iteration for iteration; the solve stops when the true
+        residual passes (pyamg stops on ``||M r|| <= rtol ||M b||``).
+
+        Many right-hand sides: ``b`` of shape ``(n, k)`` is solved as a block (one cycle,
+        one SpMM per level for all columns; :mod:`adaptmg.multilevel.block`), with
+        ``accel`` None, "cg" or "gmres" (:mod:`adaptmg.linalg.block_krylov`) and the
+        stopping rule per column; ``x`` has shape ``(n, k)``, ``self.last_iterations`` and
+        ``self.last_info`` hold one entry per column (``info`` 0: converged, > 0: not,
+        < 0: breakdown), ``residuals`` receives arrays of the ``k`` column norms.
         """
         if not np.isscalar(rtol) or not np.isfinite(rtol) or rtol < 0:
             raise ValueError(f"rtol must be a non-negative number, got {rtol!r}")
@@ -628,13 +644,19 @@ class MultilevelSolver:
             raise ValueError(f"maxiter must be a non-negative integer, got {maxiter!r}")
         if accel not in _ACCELS:
             raise ValueError(f"unknown accel {accel!r}; choose one of {_ACCELS}")
+        if restart is not None and accel != "gmres":
+            raise ValueError(f"restart={restart!r} applies to accel='gmres' only, got accel={accel!r}")
         kind = _check_cycle(cycle)
         be, xp = self.backend, self.backend.xp
         n = self._dev[-1].n
         host_in = be.is_gpu and isinstance(b, np.ndarray)
         bshape = getattr(b, "shape", None)
+        if bshape is not None and len(bshape) == 2 and bshape[0] == n and bshape[1] > 1:
+            from .block import solve_block
+            return solve_block(self, b, x0, rtol, atol, maxiter, accel, kind, callback,
+                               residuals, restart)
         if bshape is None or tuple(bshape) not in ((n,), (n, 1)):
-            raise ValueError(f"b must have shape ({n},) or ({n}, 1), got {bshape}")
+            raise ValueError(f"b must have shape ({n},), ({n}, 1) or ({n}, k), got {bshape}")
         odt = self.outer_dtype
         b = be.asarray(b).reshape(n).astype(odt, copy=False)
         bnorm = float(xp.linalg.norm(b))          # one sync; NaN/Inf in b make it non-finite
@@ -651,7 +673,7 @@ class MultilevelSolver:
         self.last_iterations = 0
         if accel is not None:
             x = self._solve_krylov(b, x, x0 is not None, bnorm, rtol, atol, maxiter, accel,
-                                   kind, callback, residuals)
+                                   kind, callback, residuals, restart)
         else:
             x = self._solve_stationary(b, x, bnorm, rtol, atol, maxiter, kind, callback, residuals)
         return be.xp.asnumpy(x) if host_in else x
@@ -736,7 +758,7 @@ class MultilevelSolver:
         return g
 
     def _solve_krylov(self, b, x, have_x0, bnorm, rtol, atol, maxiter, accel, kind, callback,
-                      residuals):
+                      residuals, restart=None):
         from .. import linalg
         xp = self.backend.xp
         tol = max(rtol * bnorm, atol)
@@ -768,9 +790,13 @@ class MultilevelSolver:
             if callback is not None:
                 callback(arg)
 
-        # gmres: per-inner-iteration callback with the preconditioned relative residual, and
-        # maxiter counting restart cycles (SciPy's 'pr_norm'), as before SciPy's default existed
-        kw = {"callback_type": "pr_norm"} if accel == "gmres" else {}
+        # gmres: per-inner-iteration callback with the preconditioned relative residual;
+        # as pyamg's ml.solve, maxiter counts inner iterations and there is no restart
+        # unless one is asked for (SciPy's 'legacy' count with restart = maxiter)
+        kw = {}
+        if accel == "gmres":
+            kw = {"callback_type": "legacy", "restart": max(int(maxiter), 1)
+                  if restart is None else restart}
         if maxiter > 0:
             # no x0 when it is zero: the solver then takes r_0 = b without a product
             x, info = f(A, b, x0=x if have_x0 else None, rtol=rtol, atol=atol, maxiter=maxiter,

@@ -1,0 +1,150 @@
+"""Sparse x dense-block products ``Y <- alpha A X + beta Y`` (SpMM) for block solves.
+
+A block of ``k`` vectors is an ``(n, k)`` array.  One SpMM reads the matrix once for
+all ``k`` columns, so a block multigrid cycle costs far less than ``k`` cycles when
+the matrix traffic dominates.  The layout follows each library's native kernel:
+
+* host (SciPy CSR): row-major (C order) blocks, SciPy's compiled ``csr_matvecs``
+  (``Y += A X`` over all columns of a row at once; the ``alpha``/``beta`` scaling
+  trick of :class:`adaptmg.device.kernels.SpMVPlan` avoids a temporary);
+* device (cupyx CSR): column-major (Fortran order) blocks, cuSPARSE's generic SpMM
+  (``cupyx.cusparse.spmm``, which accepts only F-contiguous operands).
+
+:func:`block_order` says which layout the backend's blocks use.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..backend import get_backend, is_device_sparse
+from .kernels import SpMVPlan, _CpuCsrPlan, _GenericPlan
+
+__all__ = ["make_spmm", "block_order"]
+
+
+def block_order(backend):
+    """``"F"`` (column-major) on the GPU (cuSPARSE SpMM), ``"C"`` on the host (SciPy)."""
+    return "F" if backend.is_gpu else "C"
+
+
+class _CpuSpMM(_CpuCsrPlan):
+    """SciPy CSR times a C-ordered block: the one-vector plan's scaling trick around
+    ``csr_matvecs`` (``Y += A X`` for all columns of a row at once)."""
+
+    def __init__(self, A):
+        super().__init__(A)
+        try:   # private SciPy routine, as csr_matvec in adaptmg.device.kernels
+            from scipy.sparse import _sparsetools
+            vecs = _sparsetools.csr_matvecs
+        except (ImportError, AttributeError):  # pragma: no cover - private SciPy API moved
+            vecs = None
+        self._matvec = None if vecs is None else (
+            lambda m, n, p, j, d, X, Y: vecs(m, n, X.shape[1], p, j, d, X.ravel(), Y.ravel()))
+
+    def __call__(self, X, Y, alpha=1.0, beta=0.0):
+        if not (X.flags.c_contiguous and Y.flags.c_contiguous):
+            return _GenericPlan.__call__(self, X, Y, alpha, beta)
+        return super().__call__(X, Y, alpha, beta)
+
+
+class _GpuSpMM(SpMVPlan):
+    """cupyx CSR times an F-ordered block with cuSPARSE's generic SpMM, written into ``Y``.
+
+    As the SpMV plan (:class:`adaptmg.device.kernels._GpuCsrPlan`), the descriptor of
+    ``A`` is made once, those of the dense blocks are cached by (address, shape) and the
+    work buffer by the number of columns, so a call is one ``cusparseSpMM`` (at 1M rows
+    ``cupyx.cusparse.spmm`` spends tens of microseconds per call making them again).
+    If the private CuPy modules are missing the plan calls ``cupyx.cusparse.spmm``
+    (``self.cached`` False, ``self.why`` says why)."""
+
+    _MAX_CACHE = 256
+
+    def __init__(self, A):
+        super().__init__(A)
+        from cupyx import cusparse as cxs
+        self._cxs = cxs
+        self._spmm = cxs.spmm if cxs.check_availability("spmm") else None
+        # cuSPARSE's SpMM refuses a matrix not flagged canonical: a canonical copy then
+        # (never sum_duplicates in place: other plans hold descriptors of A's arrays)
+        self._Ac = A
+        if self._spmm is not None and not A.has_canonical_format:
+            self._Ac = A.copy()
+            self._Ac.sum_duplicates()
+        self.dtype = np.dtype(A.dtype)
+        self.cached, self.why = False, None
+        if self._spmm is None:
+            self.why = "cuSPARSE SpMM is not available"
+            return
+        try:   # private CuPy modules, as in _GpuCsrPlan
+            from cupy_backends.cuda.libs import cusparse as _cs
+            from cupy._core import _dtype
+            from cupy.cuda import device as _device
+            self._cs, self._device = _cs, _device
+            self._cuda_dtype = _dtype.to_cuda_dtype(self.dtype)
+            self._op = _cs.CUSPARSE_OPERATION_NON_TRANSPOSE
+            self._alg = _cs.CUSPARSE_MM_ALG_DEFAULT          # as cupyx.cusparse.spmm
+            self._desc_A = cxs.SpMatDescriptor.create(self._Ac)
+            self._DnMat = cxs.DnMatDescriptor
+        except (ImportError, AttributeError) as exc:       # pragma: no cover - other CuPy
+            self.why = f"cupyx.cusparse.spmm per call ({type(exc).__name__}: {exc})"
+            return
+        self._mats, self._bufs, self._scalars = {}, {}, {}
+        self.cached = True
+
+    def _mat(self, M):
+        key = (M.data.ptr, M.shape)
+        d = self._mats.get(key)
+        if d is None:
+            if len(self._mats) >= self._MAX_CACHE:
+                self._mats.clear()
+            d = self._mats[key] = self._DnMat.create(M)
+        return d
+
+    def __call__(self, X, Y, alpha=1.0, beta=0.0):
+        if (self._spmm is None or self.A.nnz == 0 or X.dtype != self.dtype
+                or Y.dtype != self.dtype or not (X.flags.f_contiguous and Y.flags.f_contiguous)):
+            return _GenericPlan.__call__(self, X, Y, alpha, beta)
+        if self.cached:
+            try:
+                return self._cached_spmm(X, Y, alpha, beta)
+            except (TypeError, AttributeError) as exc:     # pragma: no cover - CuPy API drift
+                self.cached, self.why = False, f"cupyx.cusparse.spmm per call ({exc})"
+        out = self._spmm(self._Ac, X, c=Y, alpha=alpha, beta=beta)
+        if out is not Y:               # pragma: no cover - a CuPy that returns a new array
+            Y[...] = out
+        return Y
+
+    def _cached_spmm(self, X, Y, alpha, beta):
+        ab = self._scalars.get((alpha, beta))
+        if ab is None:
+            if len(self._scalars) > 64:
+                self._scalars.clear()
+            ab = self._scalars[(alpha, beta)] = (np.array(alpha, self.dtype),
+                                                 np.array(beta, self.dtype))
+        a, b = ab
+        cs, handle = self._cs, self._device.get_cusparse_handle()
+        dx, dy = self._mat(X), self._mat(Y)
+        k = X.shape[1]
+        buf = self._bufs.get(k)
+        if buf is None:
+            size = cs.spMM_bufferSize(handle, self._op, self._op, a.ctypes.data,
+                                      self._desc_A.desc, dx.desc, b.ctypes.data, dy.desc,
+                                      self._cuda_dtype, self._alg)
+            xp = get_backend("gpu").xp
+            buf = self._bufs[k] = xp.empty(max(int(size), 1), np.int8)
+        cs.spMM(handle, self._op, self._op, a.ctypes.data, self._desc_A.desc, dx.desc,
+                b.ctypes.data, dy.desc, self._cuda_dtype, self._alg, buf.data.ptr)
+        return Y
+
+
+def make_spmm(A):
+    """The SpMM plan of ``A`` on its own backend: ``plan(X, Y, alpha=1, beta=0)`` computes
+    ``Y <- alpha A X + beta Y`` for ``(n, k)`` blocks in the backend's layout
+    (:func:`block_order`), ``plan.residual(X, B, R)`` ``R <- B - A X`` (the interface of
+    :class:`~adaptmg.device.kernels.SpMVPlan`); any other operator: ``A @ X``."""
+    if sp.issparse(A) and A.format == "csr":
+        return _CpuSpMM(A)
+    if is_device_sparse(A) and getattr(A, "format", None) == "csr":
+        return _GpuSpMM(A)
+    return _GenericPlan(A)
