@@ -174,8 +174,9 @@ class Smoother:
         raise NotImplementedError
 
     def _to(self, be, dtype):
-        if dtype.kind != "f":
-            raise TypeError(f"{type(self).__name__}: dtype must be a float type, got {dtype}")
+        if dtype.kind not in "fc":
+            raise TypeError(f"{type(self).__name__}: dtype must be a float or complex type, "
+                            f"got {dtype}")
         self.backend, self.dtype = be, dtype
         A = self.A_host
         if is_sparse(A):
@@ -382,10 +383,10 @@ def _block_inverses(A, c, who="BlockJacobi"):
     blocks = blocks.reshape(N, c, c)
     finite = xp.isfinite(blocks).all(axis=(1, 2))
     safe = xp.where(finite[:, None, None], blocks, xp.eye(c, dtype=dt)[None])
-    nb = xp.sqrt((safe * safe).sum(axis=(1, 2)))
+    nb = xp.sqrt((xp.abs(safe) ** 2).sum(axis=(1, 2)))
     try:
         inv = xp.linalg.inv(xp.where((nb > 0)[:, None, None], safe, xp.eye(c, dtype=dt)[None]))
-        ni = xp.sqrt((inv * inv).sum(axis=(1, 2)))
+        ni = xp.sqrt((xp.abs(inv) ** 2).sum(axis=(1, 2)))
         bad = ~finite | (nb == 0) | ~xp.isfinite(ni) | (nb * ni * (c * np.finfo(np.float64).eps) >= 1)
     except np.linalg.LinAlgError:          # NumPy: an exactly singular block
         inv = None
