@@ -789,7 +789,8 @@ class MultilevelSolver:
                 if np.ndim(arg) == 1 and getattr(arg, "shape", (0,))[0] == n:
                     residuals.append(float(xp.linalg.norm(self._residual(b, arg, r))))
                 else:
-                    residuals.append(float(arg) * (bnorm if pre else 1.0))
+                    # (f)gmres report ||.|| / ||b||: absolute norms as the others'
+                    residuals.append(float(arg) * (bnorm if accel in ("gmres", "fgmres") else 1.0))
             if callback is not None:
                 callback(arg)
 
