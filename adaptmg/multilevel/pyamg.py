@@ -248,7 +248,7 @@ def _map_pyamg(fn, A):
         sweep = p.get("sweep", "forward")
         if sweep not in ("forward", "backward", "symmetric"):
             sweep = "symmetric"
-        kw = {"sweep": sweep}
+        kw = {"sweep": sweep, "singular": "pinv"}        # zero diagonals / blocks as pyamg
         c = int(p.get("blocksize", 1) or 1) if name == "block_gauss_seidel" else 1
         if c > 1:
             kw["block_size"] = c
@@ -269,7 +269,7 @@ def _map_pyamg(fn, A):
                      "not C/F-ordered")
     label = name or type(fn).__name__
     src = f"{label}({_short(p, ('sweep', 'omega', 'iterations'))})"
-    kw = ({"block_size": bs} if bs > 1 else {}) | {"sweep": "symmetric"}
+    kw = ({"block_size": bs} if bs > 1 else {}) | {"sweep": "symmetric", "singular": "pinv"}
     return _Spec("block_gauss_seidel" if bs > 1 else "gauss_seidel", kw, it, False, src,
                  "symmetric multicolour " + ("block GS" if bs > 1 else "GS") +
                  " (adaptmg has no equivalent of this smoother)")

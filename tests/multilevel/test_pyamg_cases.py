@@ -46,6 +46,7 @@ MODULES = ("pyamg.tests.test_multilevel", "pyamg.tests.test_blackbox",
 # pyamg's bodies call solve with maxiter=1 and similar on purpose: adaptmg then warns (its
 # contract); expected here and kept out of the summary, as SciPy's own warnings
 pytestmark = [pytest.mark.filterwarnings("ignore::adaptmg.linalg.ConvergenceWarning"),
+              pytest.mark.filterwarnings("ignore::adaptmg.multilevel.pyamg.CoarseSolverWarning"),
               pytest.mark.filterwarnings("ignore::adaptmg.multilevel.pyamg.SmootherMappingWarning"),
               pytest.mark.filterwarnings("ignore::scipy.sparse.SparseEfficiencyWarning")]
 
@@ -140,8 +141,31 @@ TESTS = all_tests()
 SUITES = (("cpu", ()), ("gpu", (pytest.mark.gpu,)))
 
 
-# pyamg tests that still fail through the bridge (strict xfail: a fix must remove the entry)
+# pyamg tests that still fail through the bridge on the CPU (strict xfail: a fix must
+# remove the entry)
 KNOWN = {
+}
+
+# The GPU maps pyamg's smoothers to adaptmg's (module docstring of adaptmg.multilevel.pyamg):
+# these failed with that mapping run on the CPU (from_pyamg(relax="map")); non-strict, as
+# the device's round-off may differ
+_MULTICOLOUR = ("multicolour GS (the GPU's) converges slower than pyamg's lexicographic GS "
+                "on this hierarchy")
+KNOWN_GPU = {
+    "test_index_types-TestSolvers.test_air": "Jacobi for pyamg's C/F Jacobi: zero diagonal",
+    "test_aggregation-TestComplexSolverPerformance.test_basic": _MULTICOLOUR,
+    "test_aggregation-TestSolverPerformance.test_nonsymmetric": _MULTICOLOUR,
+    "test_aggregation-TestSolverPerformance.test_symmetry": _MULTICOLOUR,
+    "test_rootnode-TestComplexSolverPerformance.test_basic": _MULTICOLOUR,
+    "test_rootnode-TestSolverPerformance.test_basic": _MULTICOLOUR,
+    "test_rootnode-TestSolverPerformance.test_nonsymmetric": _MULTICOLOUR,
+    "test_air-TestAIR.test_poisson": "Jacobi on all points for pyamg's C/F Jacobi",
+    "test_air-TestAIR.test_upwind_advection": "Jacobi on all points for pyamg's C/F Jacobi "
+                                              "(AIR needs its F-relaxation)",
+    "test_aggregation-TestSolverPerformance.test_coarse_solver_opts":
+        "iterative coarse solvers run on the host only: the GPU uses pinv (with a warning)",
+    "test_rootnode-TestSolverPerformance.test_coarse_solver_opts":
+        "iterative coarse solvers run on the host only: the GPU uses pinv (with a warning)",
 }
 
 
@@ -149,11 +173,17 @@ def _id(modname, cls, m):
     return f"{modname.split('.')[-1]}-{cls.__name__}.{m}"
 
 
+def _marks(backend, i):
+    if backend == "gpu" and i in KNOWN_GPU:
+        return [pytest.mark.xfail(reason=KNOWN_GPU[i], strict=False)]
+    if i in KNOWN:
+        return [pytest.mark.xfail(reason=KNOWN[i], strict=True)]
+    return []
+
+
 def collect():
     return [pytest.param(backend, cls, m, id=f"{backend}-{_id(modname, cls, m)}",
-                         marks=list(marks) + ([pytest.mark.xfail(reason=KNOWN[_id(modname, cls, m)],
-                                                                 strict=True)]
-                                              if _id(modname, cls, m) in KNOWN else []))
+                         marks=list(marks) + _marks(backend, _id(modname, cls, m)))
             for backend, marks in SUITES
             for modname, cls, m, reaches in TESTS if reaches]
 
@@ -176,4 +206,6 @@ def test_counts():
     if pyamg.__version__ != "5.4.1":
         pytest.skip(f"counts are those of pyamg 5.4.1, this is {pyamg.__version__}")
     assert len(TESTS) == 81
-    assert sum(r for *_, r in TESTS) == len(collect()) // len(SUITES)
+    assert sum(r for *_, r in TESTS) == len(collect()) // len(SUITES) == 63
+    ids = {_id(modname, cls, m) for modname, cls, m, r in TESTS if r}
+    assert set(KNOWN) <= ids and set(KNOWN_GPU) <= ids
