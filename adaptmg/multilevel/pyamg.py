@@ -90,7 +90,7 @@ from ..backend import get_backend
 from ..errors import gpu_memory_guard
 from .coarse import CoarseOperator
 from .pyamg_relax import (DIRECT_COARSE, CoarseSolverWarning, HostCoarseSolver, PyamgRelaxation,
-                          coarse_label, coarse_operator, read_coarse_solver)
+                          closure_values, coarse_label, coarse_operator, read_coarse_solver)
 from .solver import Level, MultilevelSolver
 from .smoothers import (SMOOTHERS, Jacobi, PrePostSmoother, estimate_lambda_max, make_smoother,
                         normalize_smoother_name, smoother_setup_kwargs)
@@ -145,17 +145,9 @@ def _pyamg_params(fn):
         return "none", {}
     if isinstance(fn, functools.partial):
         return getattr(fn.func, "__name__", None), dict(fn.keywords or {})
-    code = getattr(fn, "__code__", None)
-    if code is None:
+    if getattr(fn, "__code__", None) is None:
         return None, {}
-    cells = getattr(fn, "__closure__", None) or ()
-    params = {}
-    for k, c in zip(code.co_freevars, cells):
-        try:
-            params[k] = c.cell_contents
-        except ValueError:          # empty cell
-            pass
-    return getattr(fn, "__name__", None), params
+    return getattr(fn, "__name__", None), closure_values(fn)
 
 
 def _short(params, keys):

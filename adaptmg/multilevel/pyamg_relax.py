@@ -42,7 +42,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 __all__ = ["PyamgRelaxation", "HostCoarseSolver", "CoarseSolverWarning", "read_coarse_solver",
-           "coarse_operator", "DIRECT_COARSE"]
+           "coarse_operator", "closure_values", "DIRECT_COARSE"]
 
 #: pyamg coarse solvers that are one fixed linear operator (formed densely here)
 DIRECT_COARSE = ("pinv", "pinv2", "lu", "cholesky", "splu", None)
@@ -53,7 +53,9 @@ class CoarseSolverWarning(UserWarning):
     what runs instead."""
 
 
-def _closure(fn):
+def closure_values(fn):
+    """``{free variable: value}`` of a closure (pyamg's smoothers and coarse solvers keep
+    their parameters there); empty cells are left out."""
     code = getattr(fn, "__code__", None)
     cells = getattr(fn, "__closure__", None) or ()
     if code is None:
@@ -74,12 +76,12 @@ def read_coarse_solver(ml):
     cs = getattr(ml, "coarse_solver", None)
     cls = type(cs)
     name_fn = getattr(getattr(cls, "name", None), "__func__", None)
-    info = _closure(name_fn) if name_fn is not None else {}
+    info = closure_values(name_fn) if name_fn is not None else {}
     if cs is None or "solver" not in info:
         raise TypeError("from_pyamg: ml.coarse_solver was not made by pyamg.multilevel."
                         f"coarse_grid_solver (got {type(cs).__name__})")
-    inner = _closure(getattr(cls, "__call__", None)).get("solve")
-    kwargs = dict(_closure(inner).get("kwargs", {}) or {})
+    inner = closure_values(getattr(cls, "__call__", None)).get("solve")
+    kwargs = dict(closure_values(inner).get("kwargs", {}) or {})
     return info["solver"], kwargs
 
 
