@@ -18,8 +18,9 @@ post-smoothing; the coarsest level is solved as pyamg's ``ml.coarse_solver``
 says (``coarse="pyamg"``, the default): ``'pinv'`` (pyamg's default), ``'lu'``,
 ``'cholesky'``, ``'splu'`` and ``None`` as the dense operator pyamg applies
 (:mod:`adaptmg.multilevel.pyamg_relax`), its iterative coarse solvers (Krylov,
-relaxation, a callable) by calling pyamg's own on the CPU and, on the GPU, by the
-pseudo-inverse with a :class:`CoarseSolverWarning` naming them.  Cycles ``V``,
+relaxation, a callable) by calling pyamg's own on the CPU and, on the GPU, by adaptmg's
+counterparts (Krylov, Jacobi, multicolour GS) or the pseudo-inverse, with a
+:class:`CoarseSolverWarning` where that is not the same.  Cycles ``V``,
 ``W``, ``F`` and ``AMLI`` (:mod:`adaptmg.multilevel.amli`) are pyamg's.  Real and
 complex (Hermitian or not) hierarchies are taken as they are: a complex hierarchy
 gives a complex128 (complex64 for ``dtype=float32``) adaptmg hierarchy.
@@ -89,7 +90,8 @@ import scipy.sparse as sp
 from ..backend import get_backend
 from ..errors import gpu_memory_guard
 from .coarse import CoarseOperator
-from .pyamg_relax import (DIRECT_COARSE, CoarseSolverWarning, HostCoarseSolver, PyamgRelaxation,
+from .pyamg_relax import (DIRECT_COARSE, CoarseSolverWarning, DeviceCoarseSolver,
+                          HostCoarseSolver, PyamgRelaxation,
                           closure_values, coarse_label, coarse_operator, read_coarse_solver)
 from .solver import Level, MultilevelSolver
 from .smoothers import (SMOOTHERS, Jacobi, PrePostSmoother, estimate_lambda_max, make_smoother,
@@ -545,7 +547,7 @@ def from_pyamg(ml, backend="auto", smoother=None, *, omega=None, presmooth=None,
             and callable(getattr(lev, "postsmoother", None))
             and np.can_cast(getattr(lev.A, "dtype", dtype), dtype)
             for i, lev in enumerate(levels_in)]
-    coarse_obj = _coarse_solver(ml, As[-1], be, coarse)
+    coarse_obj = _coarse_solver(ml, As[-1], be, coarse, dtype)
 
     specs = _smoother_specs(levels_in, As, key, omega, smoother_kwargs)
 
@@ -597,7 +599,7 @@ def from_pyamg(ml, backend="auto", smoother=None, *, omega=None, presmooth=None,
     return out
 
 
-def _coarse_solver(ml, A0, be, coarse):
+def _coarse_solver(ml, A0, be, coarse, dtype):
     """The ``coarse`` argument of :class:`MultilevelSolver` for ``from_pyamg(coarse=...)``."""
     if coarse in ("direct", "smoother"):
         return coarse
@@ -610,6 +612,13 @@ def _coarse_solver(ml, A0, be, coarse):
         return CoarseOperator(coarse_operator(solver, kwargs, A0), label)
     if not be.is_gpu:
         return HostCoarseSolver(ml.coarse_solver, ml.levels[-1].A, label)   # pyamg's own matrix
+    if isinstance(solver, str) and DeviceCoarseSolver.supports(solver):
+        out = DeviceCoarseSolver(solver, kwargs, ml.levels[-1].A, be, dtype, label)
+        if not out.exact:
+            warnings.warn(CoarseSolverWarning(
+                f"from_pyamg: {label} runs as adaptmg's multicolour Gauss-Seidel on the "
+                f"{be.name} (colour order, not pyamg's lexicographic order)"), stacklevel=3)
+        return out
     warnings.warn(CoarseSolverWarning(
         f"from_pyamg: {label} runs on the host only; on the {be.name} the coarse level is "
         "solved with its pseudo-inverse (pyamg's 'pinv') instead"), stacklevel=3)

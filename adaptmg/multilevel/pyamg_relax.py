@@ -31,8 +31,14 @@ None        :math:`C = 0` (no coarse correction)
 and ``nnz(A_0) = 0`` gives :math:`C = 0` as in pyamg.  The iterative ones (Krylov
 methods, relaxation, a user's callable) are not linear operators of a fixed
 matrix: on the CPU :func:`from_pyamg` calls pyamg's ``coarse_solver`` itself
-(:class:`HostCoarseSolver`); on the GPU it uses :math:`A_0^+` and says so in a
-:class:`CoarseSolverWarning`.
+(:class:`HostCoarseSolver`); on the GPU :class:`DeviceCoarseSolver` runs adaptmg's
+counterpart on the device: ``cg``/``gmres``/``bicgstab``/``minres`` of
+:mod:`adaptmg.linalg` with pyamg's ``tol`` (relative residual) and ``maxiter``,
+``jacobi`` as ``iterations`` Jacobi sweeps from zero with pyamg's weight
+:math:`\omega / \rho(D^{-1} A_0)` (pyamg's own estimate of :math:`\rho`), and
+``gauss_seidel`` as multicolour sweeps (colour order, not pyamg's: a
+:class:`CoarseSolverWarning` says so); anything else is replaced by :math:`A_0^+` with
+a :class:`CoarseSolverWarning` naming it.
 """
 from __future__ import annotations
 
@@ -41,7 +47,7 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-__all__ = ["PyamgRelaxation", "HostCoarseSolver", "CoarseSolverWarning", "read_coarse_solver",
+__all__ = ["PyamgRelaxation", "HostCoarseSolver", "DeviceCoarseSolver", "CoarseSolverWarning", "read_coarse_solver",
            "coarse_operator", "closure_values", "DIRECT_COARSE"]
 
 #: pyamg coarse solvers that are one fixed linear operator (formed densely here)
@@ -142,6 +148,61 @@ class HostCoarseSolver:
 
     def __repr__(self):
         return f"pyamg {self.label} (host)"
+
+
+#: pyamg's Krylov coarse solvers that :mod:`adaptmg.linalg` has
+KRYLOV_COARSE = ("cg", "gmres", "bicgstab", "minres")
+
+
+class DeviceCoarseSolver:
+    """pyamg's iterative coarse solver ``name`` (with pyamg's ``kwargs``) done by adaptmg on
+    the backend's arrays (module docstring); ``exact`` is False for Gauss-Seidel (colour
+    order).  ``A0`` is pyamg's coarse matrix object (pyamg caches its ``rho`` estimate there,
+    so Jacobi gets pyamg's weight).  ``supports(name)``: whether there is a counterpart."""
+
+    @staticmethod
+    def supports(name):
+        return name in KRYLOV_COARSE or name in ("jacobi", "gauss_seidel")
+
+    def __init__(self, name, kwargs, A0, backend, dtype, label):
+        from .smoothers import make_smoother
+        if not self.supports(name):
+            raise ValueError(f"DeviceCoarseSolver: no counterpart of pyamg's {name!r}")
+        self.name, self.label, self.exact = name, label, name != "gauss_seidel"
+        A_pyamg, A0 = A0, sp.csr_matrix(A0)      # pyamg caches rho on its own matrix object
+        self.A = backend.asmatrix(A0, dtype=dtype)
+        kw = dict(kwargs)
+        if name in KRYLOV_COARSE:
+            from .. import linalg
+            self.f = getattr(linalg, name)
+            self.tol = float(kw.get("tol", 1e3 * np.finfo(dtype).eps))     # pyamg's set_tol
+            self.maxiter = kw.get("maxiter")
+            return
+        self.iterations = int(kw.get("iterations", 10))          # coarse_grid_solver's default
+        if name == "jacobi":
+            from pyamg.relaxation.smoothing import rho_D_inv_A
+            omega = float(kw.get("omega", 1.0))
+            if kw.get("withrho", True):
+                omega /= float(rho_D_inv_A(A_pyamg))     # the value pyamg uses (cached)
+            self.sm = make_smoother("jacobi", self.A, backend=backend, dtype=dtype, omega=omega)
+        else:
+            self.sm = make_smoother("gauss_seidel", self.A, backend=backend, dtype=dtype,
+                                    sweep=kw.get("sweep", "forward"), singular="pinv")
+
+    def __call__(self, b, x):
+        if self.name in KRYLOV_COARSE:
+            import warnings
+            with warnings.catch_warnings():       # pyamg's coarse solve does not warn either
+                warnings.simplefilter("ignore")
+                x[...] = self.f(self.A, b, rtol=self.tol, maxiter=self.maxiter)[0]
+            return x
+        x.fill(0)
+        self.sm.smooth(x, b, self.iterations)
+        return x
+
+    def __repr__(self):
+        return f"{self.label} by adaptmg's {self.name}" + ("" if self.exact else
+                                                           " (multicolour order)")
 
 
 class PyamgRelaxation:

@@ -162,10 +162,6 @@ KNOWN_GPU = {
     "test_air-TestAIR.test_poisson": "Jacobi on all points for pyamg's C/F Jacobi",
     "test_air-TestAIR.test_upwind_advection": "Jacobi on all points for pyamg's C/F Jacobi "
                                               "(AIR needs its F-relaxation)",
-    "test_aggregation-TestSolverPerformance.test_coarse_solver_opts":
-        "iterative coarse solvers run on the host only: the GPU uses pinv (with a warning)",
-    "test_rootnode-TestSolverPerformance.test_coarse_solver_opts":
-        "iterative coarse solvers run on the host only: the GPU uses pinv (with a warning)",
 }
 
 

@@ -169,3 +169,27 @@ def test_iterative_coarse_solver_runs_pyamgs_own_on_the_cpu():
         adaptmg.from_pyamg(ml, relax="exact")
     with pytest.raises(ValueError, match="coarse must be"):
         adaptmg.from_pyamg(ml, coarse="pinv3")
+
+
+def test_device_coarse_solver_is_pyamgs_iterative_coarse_solver():
+    """What the GPU runs for pyamg's iterative coarse solvers, here on the CPU backend:
+    Jacobi (pyamg's omega / rho, 30 sweeps) equals pyamg's to round-off; cg with pyamg's
+    tol reaches it; Gauss-Seidel (multicolour) smooths the coarse error as pyamg's does."""
+    from adaptmg.backend import get_backend
+    from adaptmg.multilevel.pyamg_relax import DeviceCoarseSolver
+    A = sp.csr_matrix(pyamg.gallery.poisson((12, 12)))
+    b = np.random.default_rng(6).standard_normal(A.shape[0])
+    be = get_backend("cpu")
+    for name, kw in (("jacobi", {"iterations": 30}), ("cg", {"tol": 1e-6}),
+                     ("gauss_seidel", {"iterations": 30})):
+        ref = pyamg.multilevel.coarse_grid_solver((name, kw))(A, b)
+        dev = DeviceCoarseSolver(name, kw, A, be, np.float64, name)
+        x = dev(b, np.empty_like(b))
+        rr, ra = (np.linalg.norm(b - A @ v) / np.linalg.norm(b) for v in (ref, x))
+        if name == "jacobi":
+            assert dev.exact and _rel(x, ref) <= 1e4 * EPS
+        elif name == "cg":
+            assert dev.exact and ra <= 1e-6 and rr <= 1e-6
+        else:
+            assert not dev.exact and ra <= 1.3 * rr and ra < 0.5
+    assert not DeviceCoarseSolver.supports("cgs")
