@@ -90,5 +90,4 @@ def solve_with_function(ml, f, b, x, have_x0, rtol, atol, maxiter, kind, callbac
         warnings.warn(ConvergenceWarning(
             f"multigrid-preconditioned {getattr(f, '__name__', f)} did not reach the "
             f"tolerance (info={info})"), stacklevel=4)
-    ml.last_info = info
     return be.asarray(x) if host else x

@@ -76,8 +76,11 @@ def coarse_visits(kind, l):
     as ``(kind, zero initial guess)``: V once; W twice (W, then W from the first's result);
     F an F-cycle, then a V-cycle.  Level 0 is solved directly, so only once."""
     again = l - 1 > 0
-    if kind in ("V", "AMLI"):            # AMLI: the coarse visits of amli.amli_correction
-        return ((kind, True),)
+    if kind == "AMLI":
+        if again:
+            raise ValueError("the AMLI cycle's coarse correction is not a fixed schedule of "
+                             "coarse cycles (adaptmg.multilevel.amli.amli_correction)")
+        return (("AMLI", True),)
     if kind == "V":
         return (("V", True),)
     if kind == "W":
@@ -105,7 +108,9 @@ class MultilevelSolver:
     levels : list of :class:`Level`
         ``levels[0]`` coarsest, ``levels[-1]`` finest (a fine -> coarse list is
         reversed automatically).
-    coarse : "direct" or "smoother"
+    coarse : "direct", "smoother", a :class:`~adaptmg.multilevel.coarse.CoarseOperator` or a
+        function ``coarse(b0, x0)`` (writes ``x0``; e.g. pyamg's coarse solvers, see
+        :func:`~adaptmg.multilevel.pyamg.from_pyamg`)
         "direct": dense inverse of the coarsest matrix computed in float64
         (LAPACK on the CPU, cuSOLVER on the GPU; symmetrised when ``A_0`` is
         symmetric) and applied as one GEMV; refused above ``max_direct`` rows.  "smoother":
@@ -117,7 +122,7 @@ class MultilevelSolver:
         (Jacobi, block Jacobi and Chebyshev are A-self-adjoint, so equal
         pre/post counts give a symmetric cycle).
     backend : "auto" | "cpu" | "gpu" | Backend
-    dtype : float dtype of all level data (float32 for mixed precision; the
+    dtype : float or complex dtype of all level data (float32 for mixed precision; the
         fine matrix is also kept in its own precision for ``solve``).
     smoother, smoother_kwargs : default smoother for levels without one.
     coarse_max_rows : int, optional
