@@ -193,3 +193,31 @@ def test_device_coarse_solver_is_pyamgs_iterative_coarse_solver():
         else:
             assert not dev.exact and ra <= 1.3 * rr and ra < 0.5
     assert not DeviceCoarseSolver.supports("cgs")
+
+
+@pytest.mark.gpu
+def test_gpu_complex_hierarchy_amli_accel_and_coarse_solver():
+    """On the device: a complex Hermitian pyamg hierarchy (complex multicolour GS through
+    cupyx, complex cuSPARSE, complex dense coarse solve), pyamg's cg coarse solver by
+    adaptmg's cg, the AMLI cycle inside FGMRES and pyamg's cg as accel on host arrays."""
+    from pyamg.krylov import cg as pyamg_cg
+    A = pyamg.gallery.gauge_laplacian(14, spacing=1.0, beta=0.1).tocsr()
+    A = A + 0.2 * sp.identity(A.shape[0], format="csr")
+    rng = np.random.default_rng(7)
+    b = rng.standard_normal(A.shape[0]) + 1j * rng.standard_normal(A.shape[0])
+    for coarse in ("pinv", ("cg", {"tol": 1e-12})):
+        ml = pyamg.smoothed_aggregation_solver(A, max_coarse=10, coarse_solver=coarse)
+        res_p = []
+        _quiet(ml.solve, b, tol=1e-8, accel="cg", residuals=res_p)
+        mg = _quiet(adaptmg.from_pyamg, ml, backend="gpu")
+        assert mg.dtype == np.complex128 and mg.backend.is_gpu
+        its = []
+        x = mg.solve(b, rtol=1e-8, accel="cg", callback=lambda xk: its.append(1))
+        assert isinstance(x, np.ndarray) and x.dtype == np.complex128
+        assert np.linalg.norm(b - A @ x) <= 1e-8 * np.linalg.norm(b)
+        assert len(its) <= 1.25 * (len(res_p) - 1) + 1
+        x = mg.solve(b, rtol=1e-8, accel="fgmres", cycle="AMLI")
+        assert np.linalg.norm(b - A @ x) <= 1e-8 * np.linalg.norm(b)
+        res = []
+        x = mg.solve(b, rtol=1e-8, accel=pyamg_cg, residuals=res)
+        assert np.linalg.norm(b - A @ x) <= 1e-7 * np.linalg.norm(b) and len(res) <= 40
