@@ -154,18 +154,25 @@ class ColoredSweep:
 
 
 class _CpuColoredSweep(ColoredSweep):
-    """NumPy/SciPy twin: per colour the CSR row slice ``A[C, :]`` and ``D_CC^{-1}``."""
+    """NumPy/SciPy twin: per colour the CSR row slice ``A[C, :]`` and ``D_CC^{-1}``.
 
-    def __init__(self, A, groups, inv, block_size):
+    With ``be`` the GPU backend (``A`` given on the host) the same code runs on CuPy
+    arrays and cupyx slices: the fallback for complex matrices, which the RawKernels
+    do not cover (one SpMV and a few element-wise launches per colour)."""
+
+    def __init__(self, A, groups, inv, block_size, be=None):
         super().__init__(A, groups, block_size)
         c = self.block_size
+        self._xp = np if be is None else be.xp
+        mv = (lambda M: M) if be is None else be.asmatrix
+        av = (lambda v: v) if be is None else be.asarray
         self._rows, self._A, self._inv = [], [], []
         for g in groups:
             g = np.asarray(g, dtype=np.int64)
             rows = g if c == 1 else (g[:, None] * c + np.arange(c)[None, :]).ravel()
-            self._rows.append(rows)
-            self._A.append(A[rows])                     # CSR row slice, same dtype as A
-            self._inv.append(inv[rows] if c == 1 else np.ascontiguousarray(inv[g]))
+            self._rows.append(av(rows))
+            self._A.append(mv(A[rows]))                 # CSR row slice, same dtype as A
+            self._inv.append(av(inv[rows] if c == 1 else np.ascontiguousarray(inv[g])))
 
     def color(self, k, x, b, omega):
         rows = self._rows[k]
@@ -174,7 +181,7 @@ class _CpuColoredSweep(ColoredSweep):
             r *= self._inv[k]
         else:
             c = self.block_size
-            r = np.einsum("mkl,ml->mk", self._inv[k], r.reshape(-1, c)).reshape(-1)
+            r = self._xp.einsum("mkl,ml->mk", self._inv[k], r.reshape(-1, c)).reshape(-1)
         r *= omega
         x[rows] += r
         return x
@@ -251,6 +258,9 @@ def make_colored_sweep(A, groups, inv, block_size=1, A_host=None, sliced=None):
     if inv.shape != want:
         raise ValueError(f"make_colored_sweep: inverse diagonal must have shape {want}, got {inv.shape}")
     be = backend_of(A)
+    if be.is_gpu and np.dtype(A.dtype).kind == "c":       # no complex RawKernel: cupyx
+        A_host = sp.csr_matrix(to_host(A) if A_host is None else A_host).astype(A.dtype)
+        return _CpuColoredSweep(A_host, groups, inv.astype(A.dtype), c, be)
     if be.is_gpu:
         return _GpuColoredSweep(A, groups, inv, c, be, A_host=A_host, sliced=sliced)
     if not (sp.issparse(A) and A.format == "csr"):

@@ -7,9 +7,11 @@ In the order data flows:
   assembly function (global coarsening, constraints, Galerkin or re-assembled matrices).
 * :mod:`.smoothers` -- the smoothers ``x <- x + omega S (b - A x)`` and their one name
   registry (:func:`make_smoother`).
-* :mod:`.solver` -- :class:`Level` and :class:`MultilevelSolver`: V/W/F cycles,
-  stationary and Krylov-accelerated solves, the preconditioner.
-* :mod:`.pyamg` -- :func:`from_pyamg`: run a pyamg hierarchy with adaptmg's cycles.
+* :mod:`.solver` -- :class:`Level` and :class:`MultilevelSolver`: V/W/F/AMLI cycles
+  (:mod:`.amli`), stationary and Krylov-accelerated solves (:mod:`.accel`: ``accel`` as
+  a foreign name or a function), the preconditioner; real or complex.
+* :mod:`.pyamg` -- :func:`from_pyamg`: run a pyamg hierarchy with adaptmg's cycles
+  (:mod:`.pyamg_relax`: pyamg's own relaxation and coarse solvers inside the cycle).
 * :mod:`.amg` -- :func:`~.amg.amg` (exported as :func:`adaptmg.amg`): smoothed aggregation
   from any sparse SPD matrix, set up on the device when the backend is the GPU (:mod:`.aggregation`: strength, aggregation, tentative
   prolongator; :mod:`.nullspace`: near-nullspace vectors); :func:`multigrid` appends such

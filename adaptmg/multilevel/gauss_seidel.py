@@ -112,14 +112,18 @@ class GaussSeidel(Smoother):
         ``c p + j`` is component ``j`` of node ``p``).
     seed : int
         Seed of the colouring's random priorities (reproducible colouring).
+    singular : "raise" (default) or "pinv"
+        A zero diagonal entry or a singular node block: ``ValueError`` naming it, or, as
+        pyamg's relaxation does, the row is left as it is (``D^{-1}`` entry 0) and a
+        singular block gets its pseudo-inverse (:func:`adaptmg.from_pyamg` asks for this).
     backend, dtype : where the sweeps run and in which precision.
     """
 
     name = "gauss_seidel"
-    _host_attrs = ("_Acsr", "_groups", "_inv_host", "block_size", "sweep", "seed")
+    _host_attrs = ("_Acsr", "_groups", "_inv_host", "block_size", "sweep", "seed", "singular")
 
     def __init__(self, A, sweep="symmetric", omega=1.0, block_size=1, seed=0, backend=None,
-                 dtype=None):
+                 dtype=None, singular="raise"):
         who = type(self).__name__
         if sweep not in SWEEPS:
             raise ValueError(f"{who}: sweep must be one of {SWEEPS}, got {sweep!r}")
@@ -131,6 +135,9 @@ class GaussSeidel(Smoother):
         if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
                 or block_size < 1:
             raise ValueError(f"{who}: block_size must be a positive integer, got {block_size!r}")
+        if singular not in ("raise", "pinv"):
+            raise ValueError(f"{who}: singular must be 'raise' or 'pinv', got {singular!r}")
+        self.singular = singular
         self.sweep = sweep
         self.block_size = int(block_size)
         self.seed = int(seed)
@@ -152,8 +159,10 @@ class GaussSeidel(Smoother):
     def _inverse_diagonal(self, A):
         who = type(self).__name__
         if self.block_size > 1:
-            return _block_inverses(A, self.block_size, who)
+            return _block_inverses(A, self.block_size, who, self.singular)
         d = A.diagonal()
+        if self.singular == "pinv" and np.isfinite(d).all():
+            return np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)   # pyamg: skip row
         bad = np.flatnonzero(~np.isfinite(d) | (d == 0))
         if bad.size:
             raise ValueError(f"{who}: zero or non-finite diagonal entry in row {int(bad[0])} "

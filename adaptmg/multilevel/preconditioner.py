@@ -41,7 +41,8 @@ class BufferedCycle:
         self.graph = None
         self.graph_error = None
         self.mode = "eager" if be.is_gpu else "numpy"
-        if graph is True or (graph == "auto" and be.is_gpu and ml._capturable()):
+        if graph is True or (graph == "auto" and be.is_gpu and kind != "AMLI"
+                             and ml._capturable()):
             from ..device.cudagraph import capture
             g, why = capture(be, self.run_eager, [self.b], self.x,
                              rtol=1e3 * float(np.finfo(ml.dtype).eps))

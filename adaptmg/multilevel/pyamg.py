@@ -14,9 +14,23 @@ cycled with adaptmg's kernels, on the GPU when ``backend`` says so::
 
 The cycle is pyamg's (seed 001, Algorithm 1): pre-smoothing, residual,
 restriction ``b_c = R_l r``, coarse correction, ``x += P_l x_c``,
-post-smoothing; the coarsest level is solved with a dense inverse (pyamg's
-default coarse solver ``'pinv'`` is the same operator for a non-singular
-``A_0``).
+post-smoothing; the coarsest level is solved as pyamg's ``ml.coarse_solver``
+says (``coarse="pyamg"``, the default): ``'pinv'`` (pyamg's default), ``'lu'``,
+``'cholesky'``, ``'splu'`` and ``None`` as the dense operator pyamg applies
+(:mod:`adaptmg.multilevel.pyamg_relax`), its iterative coarse solvers (Krylov,
+relaxation, a callable) by calling pyamg's own on the CPU and, on the GPU, by adaptmg's
+counterparts (Krylov, Jacobi, multicolour GS) or the pseudo-inverse, with a
+:class:`CoarseSolverWarning` where that is not the same.  Cycles ``V``,
+``W``, ``F`` and ``AMLI`` (:mod:`adaptmg.multilevel.amli`) are pyamg's.  Real and
+complex (Hermitian or not) hierarchies are taken as they are: a complex hierarchy
+gives a complex128 (complex64 for ``dtype=float32``) adaptmg hierarchy.
+
+Relaxation (``relax="auto"``, the default, with ``smoother=None``): on the CPU the
+cycle calls pyamg's own level smoothers (:class:`PyamgRelaxation`: pyamg's
+lexicographic Gauss-Seidel, Kaczmarz, Schwarz, C/F relaxation, ..., with pyamg's
+treatment of zero diagonals), so it is pyamg's cycle operation for operation; on
+the GPU (or with ``relax="map"``, or an ``omega`` override) they are mapped as
+follows.
 
 Smoothers (``smoother=None``, the default: pyamg's own).  pyamg keeps the
 smoothers of level ``i`` as the callables ``ml.levels[i].presmoother`` /
@@ -75,11 +89,15 @@ import scipy.sparse as sp
 
 from ..backend import get_backend
 from ..errors import gpu_memory_guard
+from .coarse import CoarseOperator
+from .pyamg_relax import (DIRECT_COARSE, CoarseSolverWarning, DeviceCoarseSolver,
+                          HostCoarseSolver, PyamgRelaxation,
+                          closure_values, coarse_label, coarse_operator, read_coarse_solver)
 from .solver import Level, MultilevelSolver
 from .smoothers import (SMOOTHERS, Jacobi, PrePostSmoother, estimate_lambda_max, make_smoother,
                         normalize_smoother_name, smoother_setup_kwargs)
 
-__all__ = ["from_pyamg", "pyamg_matrices", "SmootherMappingWarning"]
+__all__ = ["from_pyamg", "pyamg_matrices", "SmootherMappingWarning", "CoarseSolverWarning"]
 
 
 class SmootherMappingWarning(UserWarning):
@@ -93,11 +111,12 @@ def _csr(M, what):
     M = sp.csr_matrix(M)            # BSR (pyamg's aggregation levels) -> CSR
     M.sum_duplicates()
     M.sort_indices()
-    if M.dtype.kind not in "f":
+    if M.dtype.kind not in "fc":
         if M.dtype.kind in "iub":
             M = M.astype(np.float64)
         else:
-            raise TypeError(f"from_pyamg: {what} must be real floating point, got dtype {M.dtype}")
+            raise TypeError(f"from_pyamg: {what} must be real or complex floating point, got "
+                            f"dtype {M.dtype}")
     if not np.isfinite(M.data).all():
         raise ValueError(f"from_pyamg: {what} (shape {M.shape}) contains NaN or Inf")
     return M
@@ -128,17 +147,9 @@ def _pyamg_params(fn):
         return "none", {}
     if isinstance(fn, functools.partial):
         return getattr(fn.func, "__name__", None), dict(fn.keywords or {})
-    code = getattr(fn, "__code__", None)
-    if code is None:
+    if getattr(fn, "__code__", None) is None:
         return None, {}
-    cells = getattr(fn, "__closure__", None) or ()
-    params = {}
-    for k, c in zip(code.co_freevars, cells):
-        try:
-            params[k] = c.cell_contents
-        except ValueError:          # empty cell
-            pass
-    return getattr(fn, "__name__", None), params
+    return getattr(fn, "__name__", None), closure_values(fn)
 
 
 def _short(params, keys):
@@ -231,7 +242,7 @@ def _map_pyamg(fn, A):
         sweep = p.get("sweep", "forward")
         if sweep not in ("forward", "backward", "symmetric"):
             sweep = "symmetric"
-        kw = {"sweep": sweep}
+        kw = {"sweep": sweep, "singular": "pinv"}        # zero diagonals / blocks as pyamg
         c = int(p.get("blocksize", 1) or 1) if name == "block_gauss_seidel" else 1
         if c > 1:
             kw["block_size"] = c
@@ -252,7 +263,7 @@ def _map_pyamg(fn, A):
                      "not C/F-ordered")
     label = name or type(fn).__name__
     src = f"{label}({_short(p, ('sweep', 'omega', 'iterations'))})"
-    kw = ({"block_size": bs} if bs > 1 else {}) | {"sweep": "symmetric"}
+    kw = ({"block_size": bs} if bs > 1 else {}) | {"sweep": "symmetric", "singular": "pinv"}
     return _Spec("block_gauss_seidel" if bs > 1 else "gauss_seidel", kw, it, False, src,
                  "symmetric multicolour " + ("block GS" if bs > 1 else "GS") +
                  " (adaptmg has no equivalent of this smoother)")
@@ -453,8 +464,8 @@ def _mapping_notes(specs, need):
 
 
 def from_pyamg(ml, backend="auto", smoother=None, *, omega=None, presmooth=None,
-               postsmooth=None, smoother_kwargs=None, dtype=np.float64, coarse="direct",
-               max_direct=20000, coarse_sweeps=10):
+               postsmooth=None, smoother_kwargs=None, dtype=None, coarse="pyamg",
+               max_direct=20000, coarse_sweeps=10, relax="auto"):
     """Turn a pyamg ``MultilevelSolver`` into an adaptmg :class:`MultilevelSolver`.
 
     Parameters
@@ -484,12 +495,18 @@ def from_pyamg(ml, backend="auto", smoother=None, *, omega=None, presmooth=None,
         Jacobi ``iterations`` where known, else 1.
     smoother_kwargs : dict, optional
         Extra arguments of an explicitly named smoother.
-    dtype : numpy float dtype
-        Precision of the adaptmg hierarchy (float32 for mixed precision).
+    dtype : numpy float or complex dtype, optional
+        Precision of the adaptmg hierarchy (float32 for mixed precision); default: pyamg's
+        (float64 for integer matrices).  A complex pyamg hierarchy makes it complex of
+        that precision.
     coarse, max_direct, coarse_sweeps :
-        Coarse solver of :class:`MultilevelSolver` (dense inverse by default;
-        ``coarse="smoother"`` smooths the coarsest level with the next finer
-        level's pre-smoother kind).
+        ``"pyamg"`` (default): pyamg's ``ml.coarse_solver`` (module docstring);
+        ``"direct"``: dense inverse; ``"smoother"``: the coarsest level smoothed
+        with the next finer level's pre-smoother kind.
+    relax : "auto" | "map"
+        "auto": on the CPU, with ``smoother=None`` and no ``omega``, pyamg's own
+        level smoothers run inside the cycle (exact); on the GPU the mapping of the
+        module docstring.  "map": the mapping on every backend.
 
     Returns
     -------
@@ -510,18 +527,32 @@ def from_pyamg(ml, backend="auto", smoother=None, *, omega=None, presmooth=None,
     presmooth = _check_sweeps("presmooth", presmooth)
     postsmooth = _check_sweeps("postsmooth", postsmooth)
     _check_smoother_kwargs(smoother_kwargs, key)
+    if dtype is None:
+        dtype = np.result_type(np.float32, *(getattr(lev.A, "dtype", np.float64)
+                                             for lev in levels_in))
     dtype = np.dtype(dtype)
-    if dtype.kind != "f":
-        raise TypeError(f"from_pyamg: dtype must be float32 or float64, got {dtype}")
+    if dtype.kind not in "fc":
+        raise TypeError(f"from_pyamg: dtype must be float32/64 or complex64/128, got {dtype}")
+    if relax not in ("auto", "map"):
+        raise ValueError(f"from_pyamg: relax must be 'auto' or 'map', got {relax!r}")
     be = get_backend(backend)
 
     As, Ps, Rs = pyamg_matrices(levels_in)
     L = len(levels_in)
+    if any(M.dtype.kind == "c" for M in As + Ps + Rs):
+        dtype = np.result_type(dtype, np.complex64)
+    # pyamg's own smoother callables on the host (exact), where they take this dtype
+    host = [relax == "auto" and not be.is_gpu and key is None and omega is None
+            and i < L - 1 and callable(getattr(lev, "presmoother", None))
+            and callable(getattr(lev, "postsmoother", None))
+            and np.can_cast(getattr(lev.A, "dtype", dtype), dtype)
+            for i, lev in enumerate(levels_in)]
+    coarse_obj = _coarse_solver(ml, As[-1], be, coarse, dtype)
 
     specs = _smoother_specs(levels_in, As, key, omega, smoother_kwargs)
 
     # ---- sweep counts: global when all levels agree, else per level inside the smoother
-    need = range(L - 1) if coarse != "smoother" else range(L)
+    need = [i for i in (range(L - 1) if coarse != "smoother" else range(L)) if not host[i]]
     counts = {(specs[i][0].iterations, specs[i][1].iterations) for i in need} or {(1, 1)}
     if key is not None:        # explicit smoother: pyamg's Jacobi iterations (finest), as before
         counts = {(specs[0][0].iterations,) * 2}
@@ -545,7 +576,11 @@ def from_pyamg(ml, backend="auto", smoother=None, *, omega=None, presmooth=None,
             else:
                 P = R = None
             sm = None
-            if i < L - 1 or coarse == "smoother":
+            if host[i]:
+                lev = levels_in[i]
+                sm = PyamgRelaxation(lev.A, lev.presmoother, lev.postsmoother,
+                                     f"pre {specs[i][0].source}, post {specs[i][1].source}")
+            elif i < L - 1 or coarse == "smoother":
                 if key is None:
                     sm = _level_smoother(specs[i], A, be, dtype, per_level)
                 else:             # an explicit choice: adaptmg's own pre/post convention
@@ -556,12 +591,38 @@ def from_pyamg(ml, backend="auto", smoother=None, *, omega=None, presmooth=None,
                     sm.note = "; ".join(own)
             meta = {"pyamg_level": i, "nnz": int(As[i].nnz)}
             levels.append(Level(A, P, R, smoother=sm, meta=meta))
-        out = MultilevelSolver(levels, coarse=coarse, coarse_sweeps=coarse_sweeps, presmooth=pre,
+        out = MultilevelSolver(levels, coarse=coarse_obj, coarse_sweeps=coarse_sweeps, presmooth=pre,
                                postsmooth=post, backend=be, dtype=dtype,
                                smoother=key if key is not None else "jacobi",
                                max_direct=max_direct)
     out.smoother_notes = notes
     return out
+
+
+def _coarse_solver(ml, A0, be, coarse, dtype):
+    """The ``coarse`` argument of :class:`MultilevelSolver` for ``from_pyamg(coarse=...)``."""
+    if coarse in ("direct", "smoother"):
+        return coarse
+    if coarse != "pyamg":
+        raise ValueError(f"from_pyamg: coarse must be 'pyamg', 'direct' or 'smoother', got "
+                         f"{coarse!r}")
+    solver, kwargs = read_coarse_solver(ml)
+    label = "pyamg coarse_solver " + coarse_label(solver, kwargs)
+    if solver in DIRECT_COARSE:
+        return CoarseOperator(coarse_operator(solver, kwargs, A0), label)
+    if not be.is_gpu:
+        return HostCoarseSolver(ml.coarse_solver, ml.levels[-1].A, label)   # pyamg's own matrix
+    if isinstance(solver, str) and DeviceCoarseSolver.supports(solver):
+        out = DeviceCoarseSolver(solver, kwargs, ml.levels[-1].A, be, dtype, label)
+        if not out.exact:
+            warnings.warn(CoarseSolverWarning(
+                f"from_pyamg: {label} runs as adaptmg's multicolour Gauss-Seidel on the "
+                f"{be.name} (colour order, not pyamg's lexicographic order)"), stacklevel=3)
+        return out
+    warnings.warn(CoarseSolverWarning(
+        f"from_pyamg: {label} runs on the host only; on the {be.name} the coarse level is "
+        "solved with its pseudo-inverse (pyamg's 'pinv') instead"), stacklevel=3)
+    return CoarseOperator(coarse_operator("pinv", {}, A0), "pinv (instead of " + label + ")")
 
 
 def _build(spec, A, be, dtype):

@@ -174,8 +174,9 @@ class Smoother:
         raise NotImplementedError
 
     def _to(self, be, dtype):
-        if dtype.kind != "f":
-            raise TypeError(f"{type(self).__name__}: dtype must be a float type, got {dtype}")
+        if dtype.kind not in "fc":
+            raise TypeError(f"{type(self).__name__}: dtype must be a float or complex type, "
+                            f"got {dtype}")
         self.backend, self.dtype = be, dtype
         A = self.A_host
         if is_sparse(A):
@@ -356,7 +357,7 @@ class Richardson(Jacobi):
         self._dinv_host = np.ones(self.n)
 
 
-def _block_inverses(A, c, who="BlockJacobi"):
+def _block_inverses(A, c, who="BlockJacobi", singular="raise"):
     """Inverses of the ``c x c`` diagonal node blocks of CSR ``A``, shape ``(n/c, c, c)``,
     on ``A``'s backend (NumPy for SciPy, CuPy for cupyx: no host round trip on the GPU).
 
@@ -365,7 +366,9 @@ def _block_inverses(A, c, who="BlockJacobi"):
     (``ValueError`` naming the node) when it is not finite, zero, or
     ``||B||_F ||B^{-1}||_F >= 1 / (c eps)`` -- this bound on ``cond_F >= cond_2`` flags
     every block with ``sigma_min <= c eps sigma_max``.  Symmetric blocks get exactly
-    symmetric inverses (keeps ``S`` symmetric).
+    symmetric inverses (keeps ``S`` symmetric).  ``singular="pinv"``: a finite singular
+    block gets its pseudo-inverse instead (pyamg's block relaxation inverts every block
+    with ``pinv``); non-finite blocks are still refused.
     """
     n = A.shape[0]
     if n % c:
@@ -382,15 +385,29 @@ def _block_inverses(A, c, who="BlockJacobi"):
     blocks = blocks.reshape(N, c, c)
     finite = xp.isfinite(blocks).all(axis=(1, 2))
     safe = xp.where(finite[:, None, None], blocks, xp.eye(c, dtype=dt)[None])
-    nb = xp.sqrt((safe * safe).sum(axis=(1, 2)))
+    nb = xp.sqrt((xp.abs(safe) ** 2).sum(axis=(1, 2)))
     try:
         inv = xp.linalg.inv(xp.where((nb > 0)[:, None, None], safe, xp.eye(c, dtype=dt)[None]))
-        ni = xp.sqrt((inv * inv).sum(axis=(1, 2)))
+        ni = xp.sqrt((xp.abs(inv) ** 2).sum(axis=(1, 2)))
         bad = ~finite | (nb == 0) | ~xp.isfinite(ni) | (nb * ni * (c * np.finfo(np.float64).eps) >= 1)
     except np.linalg.LinAlgError:          # NumPy: an exactly singular block
         inv = None
         s = np.linalg.svd(to_host(safe), compute_uv=False)
         bad = ~to_host(finite) | (s[:, 0] == 0) | (s[:, -1] <= c * np.finfo(np.float64).eps * s[:, 0])
+    if singular == "pinv":
+        fin = to_host(finite)
+        if not fin.all():
+            bad = np.flatnonzero(~fin)
+            raise ValueError(f"{who}: diagonal block of node {int(bad[0])} is not finite "
+                             f"({bad.size} blocks in all)")
+        bad = np.flatnonzero(to_host(bad))
+        if bad.size:                               # pyamg: pseudo-inverses of those blocks
+            idx = xp.asarray(bad)
+            fixed = xp.linalg.pinv(blocks[idx])
+            if inv is None:
+                inv = xp.linalg.pinv(blocks)
+            inv[idx] = fixed
+        bad = bad[:0]
     bad = np.flatnonzero(to_host(bad))
     if bad.size:
         raise ValueError(f"{who}: diagonal block of node {int(bad[0])} (rows "

@@ -44,14 +44,15 @@ from ..backend import get_backend, is_device_sparse, is_sparse, to_host
 from ..device import kernels as K
 from ..linalg import ConvergenceWarning
 from . import coarse as _coarse
+from .accel import resolve_accel, solve_with_function
+from .amli import amli_correction
 from .level import Level
 from .preconditioner import BufferedCycle, make_preconditioner
 from .smoothers import make_smoother, smoother_setup_kwargs
 
 __all__ = ["Level", "MultilevelSolver", "ConvergenceWarning", "CYCLES"]
 
-CYCLES = ("V", "W", "F")
-_ACCELS = (None, "cg", "gmres", "fgmres")
+CYCLES = ("V", "W", "F", "AMLI")
 
 _is_device_sparse = is_device_sparse
 _is_sparse = is_sparse
@@ -74,6 +75,11 @@ def coarse_visits(kind, l):
     as ``(kind, zero initial guess)``: V once; W twice (W, then W from the first's result);
     F an F-cycle, then a V-cycle.  Level 0 is solved directly, so only once."""
     again = l - 1 > 0
+    if kind == "AMLI":
+        if again:
+            raise ValueError("the AMLI cycle's coarse correction is not a fixed schedule of "
+                             "coarse cycles (adaptmg.multilevel.amli.amli_correction)")
+        return (("AMLI", True),)
     if kind == "V":
         return (("V", True),)
     if kind == "W":
@@ -101,7 +107,9 @@ class MultilevelSolver:
     levels : list of :class:`Level`
         ``levels[0]`` coarsest, ``levels[-1]`` finest (a fine -> coarse list is
         reversed automatically).
-    coarse : "direct" or "smoother"
+    coarse : "direct", "smoother", a :class:`~adaptmg.multilevel.coarse.CoarseOperator` or a
+        function ``coarse(b0, x0)`` (writes ``x0``; e.g. pyamg's coarse solvers, see
+        :func:`~adaptmg.multilevel.pyamg.from_pyamg`)
         "direct": dense inverse of the coarsest matrix computed in float64
         (LAPACK on the CPU, cuSOLVER on the GPU; symmetrised when ``A_0`` is
         symmetric) and applied as one GEMV; refused above ``max_direct`` rows.  "smoother":
@@ -116,7 +124,7 @@ class MultilevelSolver:
         (Jacobi, block Jacobi and Chebyshev are A-self-adjoint, so equal
         pre/post counts give a symmetric cycle).
     backend : "auto" | "cpu" | "gpu" | Backend
-    dtype : float dtype of all level data (float32 for mixed precision; the
+    dtype : float or complex dtype of all level data (float32 for mixed precision; the
         fine matrix is also kept in its own precision for ``solve``).
     smoother, smoother_kwargs : default smoother for levels without one.
     coarse_max_rows : int, optional
@@ -197,16 +205,18 @@ class MultilevelSolver:
                 lev0 = levels[0]
                 levels[0] = Level(lev0.A, None, None, lev0.smoother, lev0.meta)
         coarse_cycle = callable(getattr(coarse, "cycle", None))
-        if not coarse_cycle and coarse not in ("direct", "smoother"):
-            raise ValueError(f"coarse must be 'direct', 'smoother' or an object with "
-                             f"cycle(b, x, kind, zero), got {coarse!r}")
+        if not coarse_cycle and not (isinstance(coarse, str) and coarse in ("direct", "smoother")) and not (
+                isinstance(coarse, _coarse.CoarseOperator) or callable(coarse)):
+            raise ValueError("coarse must be 'direct', 'smoother', a CoarseOperator, a function "
+                             f"coarse(b0, x0) or an object with cycle(b, x, kind, zero), got {coarse!r}")
         for name, v in (("presmooth", presmooth), ("postsmooth", postsmooth),
                         ("coarse_sweeps", coarse_sweeps)):
             if not isinstance(v, (int, np.integer)) or v < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
         dtype = np.dtype(dtype)
-        if dtype.kind != "f":
-            raise TypeError(f"dtype must be a float type (float32/float64), got {dtype}")
+        if dtype.kind not in "fc":
+            raise TypeError("dtype must be a float or complex type (float32/float64/complex64/"
+                            f"complex128), got {dtype}")
         self.levels = levels
         self.coarse = coarse
         # levels below levels[0] that a coarse-cycle object runs (0: levels[0] is the bottom)
@@ -231,7 +241,7 @@ class MultilevelSolver:
         self._smoother_kwargs = dict(smoother_kwargs or {})
         fineA = levels[-1].A
         fdt = np.dtype(getattr(fineA, "dtype", np.float64))
-        self.outer_dtype = np.promote_types(fdt, dtype) if fdt.kind == "f" else dtype
+        self.outer_dtype = np.promote_types(fdt, dtype) if fdt.kind in "fc" else dtype
         self._setup()
 
     # ------------------------------------------------------------------ setup
@@ -287,8 +297,12 @@ class MultilevelSolver:
             self._dev.append(d)
         self.set_fuse_below(self.fuse_below)
         # coarse solver
-        self._coarse_inv = None
-        if self.coarse == "direct":
+        self._coarse_inv = self._coarse_fn = None
+        if isinstance(self.coarse, _coarse.CoarseOperator):
+            self._coarse_inv = self.coarse.on(be, dt, self.levels[0].n)
+        elif callable(self.coarse) and self._coarse_cycle is None:
+            self._coarse_fn = self.coarse
+        elif self.coarse == "direct":
             self._coarse_inv = _coarse.dense_inverse(self.levels[0].A, be, dt, self.max_direct)
         # outer (possibly higher precision) fine operator for solve()
         fine = self.levels[-1].A
@@ -321,7 +335,7 @@ class MultilevelSolver:
                 small = self.backend.is_gpu
             else:
                 small = lev.n < rows
-            d.fused = small and K.is_int32_csr(A)
+            d.fused = small and K.is_int32_csr(A) and self.dtype.kind == "f"   # real kernels
             sm = d.smoother
             if d.own and hasattr(sm, "fused") and hasattr(sm, "can_fuse"):
                 sm.fused = d.fused
@@ -441,6 +455,8 @@ class MultilevelSolver:
             d.x[...] = self._coarse_inv @ d.b
         elif self._coarse_inv is not None:
             K.dense_matvec(self._coarse_inv, d.b, d.x)
+        elif self._coarse_fn is not None:
+            self._coarse_fn(d.b, d.x)
         else:
             self._smooth(d, self.coarse_sweeps, zero, post=False)
 
@@ -454,8 +470,11 @@ class MultilevelSolver:
             K.csr_smooth_restrict(sm.A, sm.dinv, sm.omega, self.presmooth, d.S, d.b, d.x, c.b)
         else:
             self._pre_and_restrict(d, c, zero)
-        for k, z in coarse_visits(kind, l + self._coarse_depth):
-            self._level_cycle(l - 1, k, z)
+        if kind == "AMLI" and l > 1:
+            amli_correction(self, l)
+        else:
+            for k, z in coarse_visits(kind, l + self._coarse_depth):
+                self._level_cycle(l - 1, k, z)
         defer = l == self._defer_level
         if d.tfused and d.AP is not None and self.postsmooth > 0:
             # x += P x_c and the first post-sweep in one launch
@@ -587,7 +606,10 @@ class MultilevelSolver:
         self._preconditioners = {}
 
     def _capturable(self):
-        """True when every level is an assembled sparse matrix with an adaptmg smoother."""
+        """True when every level is an assembled sparse matrix with an adaptmg smoother (real
+        dtype, the coarse solve a dense operator)."""
+        if self._coarse_fn is not None or self.dtype.kind != "f":
+            return False
         for d in self._dev:
             if not _is_sparse(d.A):
                 return False
@@ -617,7 +639,13 @@ class MultilevelSolver:
         overhead.
 
         ``residuals``: a list that receives the residual norms (initial one
-        first), as in pyamg.  ``callback(xk)`` is called after each iteration.
+        first), as in pyamg (``accel="gmres"``: the preconditioned ones ``||M r_k||``, as
+        pyamg's gmres; ``maxiter`` counts inner iterations for every ``accel``).
+        ``callback(xk)`` is called after each iteration.  ``accel`` may also be another
+        solver name of the backend's ``sparse.linalg`` or a function with SciPy's or
+        pyamg's signature (:mod:`adaptmg.multilevel.accel`); ``cycle="AMLI"`` is pyamg's
+        AMLI cycle (:mod:`adaptmg.multilevel.amli`; with FGMRES or alone, not CG).
+        Complex hierarchies solve complex systems.
         ``self.last_iterations`` holds the iterations of the last solve (Krylov: inner
         iterations; no callback needed, so the GPU keeps its CUDA-graph CG).
         Returns ``x`` (same array kind as ``b``).  Warns with
@@ -642,12 +670,11 @@ class MultilevelSolver:
             raise ValueError(f"atol must be a non-negative number, got {atol!r}")
         if not isinstance(maxiter, (int, np.integer)) or maxiter < 0:
             raise ValueError(f"maxiter must be a non-negative integer, got {maxiter!r}")
-        if accel not in _ACCELS:
-            raise ValueError(f"unknown accel {accel!r}; choose one of {_ACCELS}")
         if restart is not None and accel != "gmres":
             raise ValueError(f"restart={restart!r} applies to accel='gmres' only, got accel={accel!r}")
         kind = _check_cycle(cycle)
         be, xp = self.backend, self.backend.xp
+        accel = resolve_accel(accel, be)
         n = self._dev[-1].n
         host_in = be.is_gpu and isinstance(b, np.ndarray)
         bshape = getattr(b, "shape", None)
@@ -658,6 +685,10 @@ class MultilevelSolver:
         if bshape is None or tuple(bshape) not in ((n,), (n, 1)):
             raise ValueError(f"b must have shape ({n},), ({n}, 1) or ({n}, k), got {bshape}")
         odt = self.outer_dtype
+        if np.dtype(getattr(b, "dtype", odt)).kind == "c" and odt.kind != "c":
+            raise TypeError(f"b is complex ({b.dtype}) but the hierarchy is real ({odt}): "
+                            "solve the real and imaginary parts separately or build a complex "
+                            "hierarchy")
         b = be.asarray(b).reshape(n).astype(odt, copy=False)
         bnorm = float(xp.linalg.norm(b))          # one sync; NaN/Inf in b make it non-finite
         if not np.isfinite(bnorm) and not bool(xp.isfinite(b).all()):
@@ -671,7 +702,10 @@ class MultilevelSolver:
             if not bool(xp.isfinite(x).all()):
                 raise ValueError("x0 contains NaN or Inf")
         self.last_iterations = 0
-        if accel is not None:
+        if callable(accel):
+            x = solve_with_function(self, accel, b, x, x0 is not None, rtol, atol, maxiter,
+                                    kind, callback, residuals, host_in)
+        elif accel is not None:
             x = self._solve_krylov(b, x, x0 is not None, bnorm, rtol, atol, maxiter, accel,
                                    kind, callback, residuals, restart)
         else:
@@ -739,7 +773,8 @@ class MultilevelSolver:
             return self._preconditioners[key]
         A = self._A_outer
         g = None
-        if (self.backend.is_gpu and self.outer_dtype == self.dtype and self._capturable()
+        if (self.backend.is_gpu and self.outer_dtype == self.dtype and kind != "AMLI"
+                and self._capturable()
                 and A.nnz <= self.graph_cg_max_nnz
                 and getattr(A, "format", None) == "csr" and A.indices.dtype == np.int32
                 and A.indptr.dtype == np.int32):
@@ -776,8 +811,11 @@ class MultilevelSolver:
         M = self._cached_preconditioner(kind)
         A = self._A_outer
         r = xp.empty_like(b)
+        # gmres (left-preconditioned) monitors ||M r_k||: its residuals are those, as pyamg's
+        pre = accel == "gmres"
         if residuals is not None:
-            residuals.append(float(xp.linalg.norm(self._residual(b, x, r))))
+            r0 = self._residual(b, x, r)
+            residuals.append(float(xp.linalg.norm(M.matvec(r0) if pre else r0)))
         n = self._dev[-1].n
 
         def cb(arg):
@@ -786,7 +824,8 @@ class MultilevelSolver:
                 if np.ndim(arg) == 1 and getattr(arg, "shape", (0,))[0] == n:
                     residuals.append(float(xp.linalg.norm(self._residual(b, arg, r))))
                 else:
-                    residuals.append(float(arg))
+                    # (f)gmres report ||.|| / ||b||: absolute norms as the others'
+                    residuals.append(float(arg) * (bnorm if accel in ("gmres", "fgmres") else 1.0))
             if callback is not None:
                 callback(arg)
 
@@ -806,7 +845,7 @@ class MultilevelSolver:
         if info == 0 and residuals is None:
             return x           # adaptmg.linalg returns info == 0 only after the true residual passed
         res = float(xp.linalg.norm(self._residual(b, x, r)))
-        if residuals is not None and (not residuals or residuals[-1] != res):
+        if residuals is not None and not pre and (not residuals or residuals[-1] != res):
             residuals.append(res)
         if info != 0 or not res <= tol * (1 + 1e-8):
             warnings.warn(ConvergenceWarning(
@@ -830,8 +869,9 @@ class MultilevelSolver:
         L = len(self.levels)
         sm = self._dev[-1].smoother if L > 1 else self._dev[0].smoother
         coarse = (f"direct (dense inverse, {self.levels[0].n} rows)"
-                  if self.coarse == "direct" else repr(self.coarse) if self._coarse_cycle is not None
-                  else f"smoother x {self.coarse_sweeps}")
+                  if isinstance(self.coarse, str) and self.coarse == "direct" else
+                  f"smoother x {self.coarse_sweeps}" if isinstance(self.coarse, str) else
+                  repr(self.coarse))
         lines = [
             f"MultilevelSolver (adaptmg, backend={self.backend.name}, dtype={self.dtype.name})",
             f"Number of levels:    {L}",

@@ -75,7 +75,7 @@ def test_coarse_cycle_object_reproduces_the_serial_cycle(kind):
 
 def test_coarse_object_without_cycle_is_refused():
     ml = _serial(_space())
-    with pytest.raises(ValueError, match="coarse must be 'direct', 'smoother' or an object"):
+    with pytest.raises(ValueError, match="coarse must be 'direct', 'smoother', a CoarseOperator, a function"):
         _top(ml, 2, object())
 
 

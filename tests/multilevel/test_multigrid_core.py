@@ -259,7 +259,7 @@ def test_bad_input(backend):
     with pytest.raises(ValueError, match="cycle"):
         ml.aspreconditioner(cycle="Z")
     with pytest.raises(ValueError, match="accel"):
-        ml.solve(good, accel="bicg")
+        ml.solve(good, accel="bicg_nonsense")
     with pytest.raises(ValueError, match="shape"):
         ml.solve(backend.asarray(np.ones(n + 1)))
     with pytest.raises(ValueError, match="unknown smoother"):

@@ -81,7 +81,7 @@ def adaptmg_iterations(mg, A, b, cycle):
 def convert(ml, **kw):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        mg = adaptmg.from_pyamg(ml, backend="cpu", **kw)
+        mg = adaptmg.from_pyamg(ml, backend="cpu", **({"relax": "map"} | kw))   # the GPU's mapping
     return mg, [x for x in w if issubclass(x.category, SmootherMappingWarning)]
 
 
