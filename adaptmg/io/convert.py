@@ -185,9 +185,7 @@ def to_adaptmg(p: Path, m, lim):
         raise file_error(p, f"no quad or hexahedron cells (cell types {sorted(set(types)) or 'none'}); "
                             "adaptmg meshes are made of quads (2D) or hexahedra (3D)")
     ct = CELL_TYPE[dim]
-    allowed = {"vertex", "line", "line3"} | ({"quad", "triangle", "quad8", "quad9", "triangle6"}
-                                             if dim == 3 else set())
-    other = sorted(set(types) - {ct} - allowed)
+    other = sorted(set(types) - {ct} - tags.LOWER_TYPES[dim])
     if other:
         raise file_error(p, f"mixed meshes are not supported: besides {ct!r} cells the file has {other}")
     keep = [i for i, t in enumerate(types) if t == ct]

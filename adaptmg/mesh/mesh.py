@@ -209,8 +209,8 @@ class Mesh:
     def from_meshio(cls, m) -> "Mesh":
         """Mesh from a :class:`meshio.Mesh` holding only quad (2D) or hexahedron (3D) cells.
 
-        Cells of other types raise ValueError, except boundary facets (lines in 2-D,
-        quads in 3-D): their physical groups (``gmsh:physical`` cell data and the
+        Cells of other types raise ValueError, except lower-dimensional ones (skipped), of
+        which the boundary facets (lines in 2-D, quads in 3-D) carry physical groups (``gmsh:physical`` cell data and the
         names of ``field_data``, or cell sets; :mod:`adaptmg.mesh.tags`) become the
         boundary ids and names, those of the cells the regions.  VTK vertex order is
         converted to adaptmg's lexicographic order; for 2D meshes given with 3-D
@@ -223,9 +223,10 @@ class Mesh:
         dim = 3 if "hexahedron" in types else 2
         perm = np.array([0, 1, 3, 2, 4, 5, 7, 6][:2 ** dim])
         ct = "quad" if dim == 2 else "hexahedron"
-        if ct not in types or set(types) - {ct, *tags.FACET_TYPES[dim]}:
-            raise ValueError(f"from_meshio: only meshes made of 'quad' or of 'hexahedron' cells (and their "
-                             f"boundary facets) are supported, got cell types {types}")
+        if ct not in types or set(types) - {ct, *tags.LOWER_TYPES[dim]}:
+            raise ValueError(f"from_meshio: only meshes made of 'quad' or of 'hexahedron' cells (and lower-"
+                             f"dimensional ones: vertices, lines, boundary faces) are supported, got cell "
+                             f"types {types}")
         keep = [i for i, b in enumerate(blocks) if b.type == ct]
         cells = np.concatenate([np.asarray(blocks[i].data) for i in keep])[:, perm]
         points = np.asarray(m.points, dtype=float)

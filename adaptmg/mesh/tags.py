@@ -29,11 +29,15 @@ import numpy as np
 
 from . import reference as ref
 
-__all__ = ["check_names", "resolve", "facet_face_ids", "physical_groups", "FACET_TYPES"]
+__all__ = ["check_names", "resolve", "facet_face_ids", "physical_groups", "FACET_TYPES", "LOWER_TYPES"]
 
 #: meshio cell types that can be the boundary facets of quads (2-D) / hexahedra (3-D); only
 #: their first 2 / 4 nodes (the corners) are used
 FACET_TYPES = {2: ("line", "line3"), 3: ("quad", "quad8", "quad9")}
+#: lower-dimensional cell types a quad (2-D) / hex (3-D) mesh file may hold besides its cells
+#: (physical points, curves, boundary faces as Gmsh writes them); all but the facets are skipped
+LOWER_TYPES = {2: frozenset({"vertex", "line", "line3"}),
+               3: frozenset({"vertex", "line", "line3", "quad", "triangle", "quad8", "quad9", "triangle6"})}
 _TAG_KEYS = ("gmsh:physical", "medit:ref")
 
 

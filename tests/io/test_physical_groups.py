@@ -291,6 +291,10 @@ def test_from_meshio_and_unmatched_elements_warn():
     m = _user_mesh(2)
     mesh = adaptmg.Mesh.from_meshio(m)
     assert mesh.boundary_names == BNAMES and np.isin([INLET, WALL, OUTLET], mesh.boundary_ids).all()
+    # a physical point (vertex element) is skipped, as io.read skips it
+    pt = meshio.Mesh(m.points, [(b.type, b.data) for b in m.cells] + [("vertex", np.array([[0]]))],
+                     cell_data={k: v + [np.array([3])] for k, v in m.cell_data.items()}, field_data=m.field_data)
+    assert np.array_equal(adaptmg.Mesh.from_meshio(pt).boundary_ids, mesh.boundary_ids)
     bad = meshio.Mesh(m.points, [(b.type, b.data) for b in m.cells] + [("line", np.array([[0, 6]]))],
                       cell_data={k: v + [np.array([5])] for k, v in m.cell_data.items()}, field_data=m.field_data)
     with pytest.warns(UserWarning, match="1 tagged boundary element"):
