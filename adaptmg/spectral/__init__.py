@@ -11,6 +11,9 @@ Quick start::
     K = SpectralOperator(V)                    # Poisson stiffness, y = K @ x
 """
 from .operators import SpectralOperator
+from .schwarz import CoarseQ1, FineSchwarz, TwoScale
+from .solve import SpectralProblem, SpectralSolution, poisson
 from .space import SpectralSpace
 
-__all__ = ["SpectralSpace", "SpectralOperator"]
+__all__ = ["SpectralSpace", "SpectralOperator", "SpectralProblem", "SpectralSolution", "poisson",
+           "FineSchwarz", "CoarseQ1", "TwoScale"]

@@ -11,7 +11,7 @@ On the reference interval [0, 1] with the k+1 Gauss-Lobatto-Legendre (GLL) point
   points, the interpolation ``B_qp = phi_p(s_q)`` and derivative ``DB_qp = phi_p'(s_q)``;
 * the 1D extended-pencil matrices of seed 004 §4.2 (eq. 10): the element plus one
   GLL node of each neighbour (k+3 nodes, indices -1..k+1), stiffness and lumped mass
-  assembled over three cells of width 1 with homogeneous Dirichlet conditions at the
+  assembled over the cells of width 1 around it with homogeneous Dirichlet conditions at the
   next nodes (-2 and k+2), and their generalised eigenpairs ``K S = M S diag(lam)``,
   ``S^T M S = I`` -- the fast-diagonalisation factors of the separable local solve.
 """
@@ -89,12 +89,12 @@ def _pencil_matrices(k: int, left: int, right: int):
     ``left``/``right``; removed nodes (no neighbour, or a Dirichlet end) get a unit row."""
     D, w = gll_derivative(k), gll_weights(k)
     Kel = D.T @ (w[:, None] * D)                 # GLL stiffness (exact: degree 2k-2)
-    n = 3 * k + 1                                # three cells, nodes 0..3k; the element is k..2k
-    K, M = np.zeros((n, n)), np.zeros(n)
-    for c in range(3):                           # three reference cells, not the mesh
+    n = 5 * k + 1                                # five cells, nodes 0..5k; the element is 2k..3k
+    K, M = np.zeros((n, n)), np.zeros(n)         # (five: for k = 1 node -1 is a vertex of two cells)
+    for c in range(5):                           # reference cells, not the mesh
         K[c * k:(c + 1) * k + 1, c * k:(c + 1) * k + 1] += Kel
         M[c * k:(c + 1) * k + 1] += w
-    keep = np.arange(k - 1, 2 * k + 2)           # nodes -1..k+1 of the element
+    keep = np.arange(2 * k - 1, 3 * k + 2)       # nodes -1..k+1 of the element
     K, M = K[np.ix_(keep, keep)], np.diag(M[keep])
     drop = []
     if left != SIDE_EXTEND:

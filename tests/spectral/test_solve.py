@@ -1,0 +1,105 @@
+"""adaptmg.spectral.poisson: convergence orders h^(k+1) on distorted and curved meshes,
+seed 004's two-scale preconditioner (h-independent) against the fine scale alone (growing)."""
+import warnings
+
+import numpy as np
+import pytest
+
+import adaptmg
+from adaptmg.spectral import poisson
+
+from .helpers import distorted_box, wavy
+
+
+def exact2(x):
+    return np.sin(np.pi * x[..., 0]) * np.cos(1.3 * x[..., 1])
+
+
+def rhs2(x):
+    return (np.pi ** 2 + 1.69) * exact2(x)
+
+
+def exact3(x):
+    return np.sin(np.pi * x[..., 0]) * np.cos(1.3 * x[..., 1]) * np.exp(0.5 * x[..., 2])
+
+
+def rhs3(x):
+    return (np.pi ** 2 + 1.69 - 0.25) * exact3(x)
+
+
+def _rates(dim, k, ns, **kw):
+    ex, f = (exact2, rhs2) if dim == 2 else (exact3, rhs3)
+    errs = []
+    for n in ns:
+        mesh = distorted_box(dim, n, seed=n) if "mapping" not in kw else adaptmg.Mesh.box([0] * dim, [1] * dim, [n] * dim)
+        s = poisson(mesh, k, f, g=ex, backend="cpu", rtol=1e-12, **kw)
+        assert s.info == 0
+        errs.append(s.l2_error(ex))
+    return np.log2(np.array(errs[:-1]) / np.array(errs[1:])), errs
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6])
+def test_l2_order_distorted_2d(k):
+    rates, errs = _rates(2, k, (2, 4) if k >= 5 else (2, 4, 8))
+    assert rates[-1] > k + 1 - 0.35, (rates, errs)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_l2_order_distorted_3d(k):
+    rates, errs = _rates(3, k, (2, 4))
+    assert rates[-1] > k + 1 - 0.4, (rates, errs)
+
+
+def test_l2_order_curved_mapping():
+    # the map bends the cells (isoparametric, applied to the GLL points); data on the mapped domain
+    rates, errs = _rates(2, 3, (2, 4, 8), mapping=lambda x: wavy(x, 0.1))
+    assert rates[-1] > 3.65, (rates, errs)
+
+
+def test_two_scale_h_independent_fine_only_grows():
+    f = lambda x: 1.0 + x[..., 0] * np.exp(x[..., 1])
+    its = {pc: [poisson(distorted_box(2, n), 3, f, preconditioner=pc, backend="cpu").iterations
+                for n in (4, 8, 16, 32)] for pc in ("two-scale", "fine", "jacobi")}
+    ts, fine, jac = its["two-scale"], its["fine"], its["jacobi"]
+    assert max(ts) <= 26 and ts[-1] - ts[1] <= 4, its             # bounded (measured 20 20 23 22)
+    assert fine[-1] >= 1.7 * fine[-2] >= 2.8 * fine[-3], its        # ~doubles (28 51 103)
+    assert jac[-1] > 3 * ts[-1], its
+
+
+def test_two_scale_3d_bounded():
+    f = lambda x: 1.0 + x[..., 0] * np.exp(x[..., 1])
+    ts = [poisson(adaptmg.Mesh.box([0] * 3, [1] * 3, [n] * 3), 3, f, backend="cpu").iterations for n in (2, 4, 8)]
+    fine = poisson(adaptmg.Mesh.box([0] * 3, [1] * 3, [8] * 3), 3, f, preconditioner="fine", backend="cpu").iterations
+    assert ts[2] <= 28 and ts[2] - ts[1] <= 4 and fine >= ts[2] + 6, (ts, fine)
+
+
+def test_partial_dirichlet_and_lifting():
+    # u = 1 + x + 2y is reproduced exactly; Dirichlet on x = 0 and x = 1 only, natural elsewhere
+    mesh = distorted_box(2, 3).__class__.box([0, 0], [1, 1], [3, 3]).map(lambda x: wavy(x, 0.05))
+    ex = lambda x: 1.0 + x[..., 0] + 0.0 * x[..., 1]
+    s = poisson(mesh, 3, lambda x: 0.0 * x[..., 0], g=ex, dirichlet=[0, 1], backend="cpu", rtol=1e-13)
+    assert s.l2_error(ex) < 1e-11
+
+
+def test_bad_input():
+    mesh = adaptmg.Mesh.box([0, 0], [1, 1], [2, 2])
+    with pytest.raises(ValueError, match="one value a point"):
+        poisson(mesh, 2, lambda x: x, backend="cpu")
+    with pytest.raises(TypeError, match="callable"):
+        poisson(mesh, 2, 1.0, backend="cpu")
+    with pytest.raises(ValueError, match="preconditioner"):
+        poisson(mesh, 2, lambda x: x[..., 0], preconditioner="ilu", backend="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = poisson(mesh, 4, lambda x: x[..., 0], preconditioner="none", maxiter=2, backend="cpu")
+    assert s.info > 0
+
+
+@pytest.mark.gpu
+def test_gpu_solve_matches_cpu():
+    mesh = distorted_box(3, 4)
+    c = poisson(mesh, 3, rhs3, g=exact3, backend="cpu")
+    g = poisson(mesh, 3, rhs3, g=exact3, backend="gpu")
+    assert abs(c.iterations - g.iterations) <= 1
+    assert np.abs(g.u.get() - c.u).max() < 1e-7
+    assert abs(g.l2_error(exact3) - c.l2_error(exact3)) < 1e-9
