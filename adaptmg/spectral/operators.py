@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import get_backend
+from ..device.kernels import get_kernel
 from ..mesh import reference as ref
 from .basis import quadrature_rule
 from .space import SpectralSpace, contract, interpolate, local_indices, reference_gradient
@@ -45,19 +46,19 @@ def _inverse_and_det(J, xp):
     return inv / det[..., None, None], det
 
 
+def _pairs(d):
+    """The index pairs of the stored entries of a symmetric d x d matrix, diagonal first."""
+    return [(i, i) for i in range(d)] + [(i, j) for i in range(d) for j in range(i + 1, d)]
+
+
 def geometric_factors(J, w, xp):
     """``(G, wdet)``: G (d(d+1)/2, cells, nq) in the order (00, 11, 22, 01, 02, 12) -- 2-D:
     (00, 11, 01) -- and w det J (cells, nq), from J (cells, nq, d, d) and weights w (nq,)."""
     d = J.shape[-1]
     Ji, det = _inverse_and_det(J, xp)
     wdet = w[None, :] * det
-    pairs = [(i, i) for i in range(d)] + [(i, j) for i in range(d) for j in range(i + 1, d)]
-    G = xp.stack([wdet * (Ji[..., i, :] * Ji[..., j, :]).sum(-1) for i, j in pairs])
+    G = xp.stack([wdet * (Ji[..., i, :] * Ji[..., j, :]).sum(-1) for i, j in _pairs(d)])
     return G, wdet
-
-
-def _pairs(d):
-    return [(i, i) for i in range(d)] + [(i, j) for i in range(d) for j in range(i + 1, d)]
 
 
 class SpectralOperator:
@@ -84,6 +85,7 @@ class SpectralOperator:
         self.backend = be = get_backend(backend)
         xp = self.xp = be.xp
         d, k = space.dim, space.degree
+        self._flux = get_kernel("geo_flux3" if d == 3 else "geo_flux2", be)
         B, DB, w = quadrature_rule(k, quadrature)
         self.nq = DB.shape[0]
         self.B = None if B is None else xp.asarray(B, dtype=dtype)
@@ -120,19 +122,11 @@ class SpectralOperator:
         out = None
         if self.stiffness != 0.0:
             g = reference_gradient(uc, B, DB, d)
-            flux = []
-            for i in range(d):
-                f = None
-                for m, (a, b) in enumerate(_pairs(d)):
-                    if i == a:
-                        t = G[m] * g[b]
-                    elif i == b:
-                        t = G[m] * g[a]
-                    else:
-                        continue
-                    f = t if f is None else f + t
-                flux.append(f if self.stiffness == 1.0 else self.stiffness * f)
+            flux = [self.xp.empty_like(gi) for gi in g]
+            self._flux(*g, *G, *flux)                              # flux_i = sum_j G_ij g_j, fused
             out = _gradient_transpose(flux, B, DB, d)
+            if self.stiffness != 1.0:
+                out *= self.stiffness
         if self.mass != 0.0:
             mq = interpolate(uc, B, d) * wdet.reshape(self._qshape)
             if self.mass != 1.0:
