@@ -31,10 +31,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..mesh import reference as ref
-from .basis import SIDE_DIRICHLET, SIDE_EXTEND, SIDE_FREE, gll_points, pencil_factors
+from .basis import SIDE_DIRICHLET, SIDE_EXTEND, SIDE_FREE, pencil_factors
 from .space import SpectralSpace, local_indices
 
-__all__ = ["FineSchwarz", "CoarseQ1", "TwoScale", "face_neighbours", "q1_interpolation"]
+__all__ = ["FineSchwarz", "CoarseQ1", "TwoScale", "face_neighbours", "q1_interpolation", "q1_multigrid",
+           "masked_transfer"]
 
 
 def face_neighbours(mesh):
@@ -166,19 +167,39 @@ class FineSchwarz:
 
 def q1_interpolation(space: SpectralSpace):
     """CSR (num_dofs, mesh nodes): Q1 on the mesh vertices interpolated into the GLL nodes."""
-    d, k = space.dim, space.degree
-    n = space.cell_dofs.shape[1]
-    t = np.asarray(gll_points(k))[local_indices(k, d)]                   # (n^d, d)
-    cor = ref.corners(d)
-    Nloc = np.prod(np.where(cor[None] == 1, t[:, None, :], 1.0 - t[:, None, :]), axis=2)
-    Nloc[np.abs(Nloc) < 1e-14] = 0.0
-    _, first = np.unique(space.cell_dofs.ravel(), return_index=True)
-    c, a = first // n, first % n
-    rows = np.repeat(np.arange(space.num_dofs), 2 ** d)
-    cols = np.asarray(space.mesh.cells)[c].ravel()
-    P = sp.csr_matrix((Nloc[a].ravel(), (rows, cols)), shape=(space.num_dofs, space.mesh.num_nodes))
+    return space.interpolation(1, space.mesh.cells, space.mesh.num_nodes)
+
+
+def q1_multigrid(mesh, dirichlet, *, mass=0.0, stiffness=1.0, dtype=np.float64, backend=None,
+                 **multigrid_kwargs):
+    """``(ml, fixed)``: :func:`adaptmg.multigrid` on ``c_m M_1 + c_k K_1`` (Q1 on the mesh
+    vertices, DoF = mesh node) with the Dirichlet ids ``dirichlet`` ("all", ids or None),
+    and the fixed vertex DoFs."""
+    from .. import assemble, multigrid
+    from ..fe import Space
+    from ..multilevel.hierarchy import dirichlet_dofs
+    cm, ck = float(mass), float(stiffness)
+
+    def form(s):
+        A = ck * assemble.stiffness(s)
+        return A + cm * assemble.mass(s) if cm else A
+    q1 = Space(mesh, 1)
+    spec = dirichlet if dirichlet is None or isinstance(dirichlet, str) else \
+        dict(ids=np.atleast_1d(np.asarray(dirichlet, dtype=np.int64)))
+    ml = multigrid(q1, form, dirichlet=spec, backend=backend, dtype=dtype, **multigrid_kwargs)
+    return ml, dirichlet_dofs(q1, spec)
+
+
+def masked_transfer(P, fine_fixed, coarse_fixed, backend, dtype):
+    """``(P, R)`` on ``backend``: ``Z_f P Z_c`` (no transfer into or out of fixed DoFs) and
+    its transpose stored as CSR."""
+    zf = np.ones(P.shape[0])
+    zf[np.asarray(fine_fixed, dtype=np.int64)] = 0.0
+    zc = np.ones(P.shape[1])
+    zc[np.asarray(coarse_fixed, dtype=np.int64)] = 0.0
+    P = (sp.diags(zf) @ P @ sp.diags(zc)).tocsr()
     P.eliminate_zeros()
-    return P
+    return backend.asmatrix(P, dtype=dtype), backend.asmatrix(P.T.tocsr(), dtype=dtype)
 
 
 class CoarseQ1:
@@ -187,32 +208,12 @@ class CoarseQ1:
 
     def __init__(self, space: SpectralSpace, dirichlet, fixed, *, mass=0.0, stiffness=1.0,
                  dtype=np.float64, backend=None, **multigrid_kwargs):
-        from .. import assemble, multigrid
         from ..backend import get_backend
-        from ..fe import Space
-        self.backend = be = get_backend(backend if backend is not None else "auto")
-        xp = be.xp
-        cm, ck = float(mass), float(stiffness)
-
-        def form(s):
-            A = ck * assemble.stiffness(s)
-            return A + cm * assemble.mass(s) if cm else A
-        q1 = Space(space.mesh, 1)
-        spec = dirichlet if dirichlet in (None, "all") else list(np.atleast_1d(dirichlet))
-        if spec is not None and not isinstance(spec, str):
-            spec = dict(ids=np.asarray(spec, dtype=np.int64))
-        self.ml = multigrid(q1, form, dirichlet=spec, backend=be, dtype=dtype, **multigrid_kwargs)
+        be = get_backend(backend if backend is not None else "auto")
+        self.ml, cfixed = q1_multigrid(space.mesh, dirichlet, mass=mass, stiffness=stiffness,
+                                       dtype=dtype, backend=be, **multigrid_kwargs)
         self.M = self.ml.aspreconditioner()
-        P = q1_interpolation(space)
-        free = np.ones(space.num_dofs)
-        free[np.asarray(fixed, dtype=np.int64)] = 0.0
-        cfree = np.ones(P.shape[1])
-        from ..multilevel.hierarchy import dirichlet_dofs
-        cfree[dirichlet_dofs(q1, spec)] = 0.0
-        P = sp.diags(free) @ P @ sp.diags(cfree)
-        self.P = be.asmatrix(P, dtype=dtype)
-        self.R = be.asmatrix(P.T.tocsr(), dtype=dtype)
-        self.dtype = np.dtype(dtype)
+        self.P, self.R = masked_transfer(q1_interpolation(space), fixed, cfixed, be, dtype)
 
     def __call__(self, r):
         return self.P @ self.M.matvec(self.R @ r)

@@ -25,7 +25,7 @@ from .space import SpectralSpace, interpolate
 
 __all__ = ["poisson", "SpectralProblem", "SpectralSolution", "PRECONDITIONERS"]
 
-PRECONDITIONERS = ("two-scale", "fine", "jacobi", "none")
+PRECONDITIONERS = ("two-scale", "fine", "pmg", "jacobi", "none")
 
 
 def _values(fn, x, name, xp=np):
@@ -61,6 +61,7 @@ class SpectralProblem:
         free[self.fixed] = 0.0
         self.free = xp.asarray(free, dtype=dtype)
         self.shape = self.op.shape
+        self.mass, self.stiffness, self.dirichlet = mass, stiffness, dirichlet
         kw = dict(mass=mass, stiffness=stiffness, dtype=dtype, backend=self.backend)
         self.preconditioner = preconditioner
         if preconditioner == "jacobi":
@@ -68,6 +69,9 @@ class SpectralProblem:
             self.M = _Scale(self.free / xp.where(self.free > 0, diag, 1))
         elif preconditioner == "none":
             self.M = None
+        elif preconditioner == "pmg":
+            from .pmg import PMultigrid
+            self.M = PMultigrid(self, dirichlet, **(coarse_kwargs or {}))
         else:
             fine = FineSchwarz(space, self.fixed, **kw)
             self.M = fine if preconditioner == "fine" else \
@@ -77,6 +81,8 @@ class SpectralProblem:
         """``(Z A Z + I - Z) x``."""
         z = self.free
         return z * self.op.matvec(z * x) + (1 - z) * x
+
+    __matmul__ = matvec
 
     def solve(self, b, x0=None, *, rtol=1e-8, maxiter=None):
         """CG on the masked system; returns (x, iterations, info)."""

@@ -266,6 +266,26 @@ class SpectralSpace:
         c, f, _ = self.mesh.boundary_faces(ids)
         return np.unique(self.cell_dofs[c[:, None], self.face_local_nodes()[f]])
 
+    def interpolation(self, degree: int, cell_dofs, num_coarse: int):
+        """CSR (num_dofs, num_coarse): the nodal Q_degree functions with DoFs ``cell_dofs``
+        (cells, (degree+1)^d) on the same cells, interpolated into this space's GLL nodes
+        (tensor products of ``phi_p(t_q)``, read off the first cell holding each node)."""
+        from ..patch.tensor import lagrange_eval
+        d, n = self.dim, self.cell_dofs.shape[1]
+        I1 = lagrange_eval(degree, gll_points(self.degree)) if degree > 1 else \
+            np.stack([1.0 - gll_points(self.degree), gll_points(self.degree)], 1)
+        loc = np.ones((1, 1))
+        for _ in range(d):                                           # x fastest: kron(z, y, x)
+            loc = np.kron(I1, loc)
+        loc[np.abs(loc) < 1e-14] = 0.0
+        _, first = np.unique(self.cell_dofs.ravel(), return_index=True)
+        c, a = first // n, first % n
+        cols = np.asarray(cell_dofs)[c]
+        rows = np.repeat(np.arange(self.num_dofs), cols.shape[1])
+        P = sp.csr_matrix((loc[a].ravel(), (rows, cols.ravel())), shape=(self.num_dofs, num_coarse))
+        P.eliminate_zeros()
+        return P
+
     def gather_matrix(self):
         """CSR (num_dofs, cells * (k+1)^d) of ones: ``G @ y`` adds cell arrays into the
         global vector (the transpose of the gather ``u[cell_dofs]``)."""

@@ -103,3 +103,20 @@ def test_gpu_solve_matches_cpu():
     assert abs(c.iterations - g.iterations) <= 1
     assert np.abs(g.u.get() - c.u).max() < 1e-7
     assert abs(g.l2_error(exact3) - c.l2_error(exact3)) < 1e-9
+
+
+def test_pmg_h_independent_and_fewer_iterations_than_two_scale():
+    f = lambda x: 1.0 + x[..., 0] * np.exp(x[..., 1])
+    its = {pc: [poisson(distorted_box(2, n), 6, f, preconditioner=pc, backend="cpu").iterations
+                for n in (4, 8, 16)] for pc in ("pmg", "two-scale")}
+    pm, ts = its["pmg"], its["two-scale"]
+    assert max(pm) - min(pm) <= 2 and max(pm) <= 18, its            # measured 15 15 15
+    assert all(p < t for p, t in zip(pm, ts)), its                  # two-scale 24 25 25
+
+
+def test_pmg_3d_solution_matches_two_scale():
+    mesh = distorted_box(3, 3)
+    a = poisson(mesh, 4, rhs3, g=exact3, preconditioner="pmg", backend="cpu", rtol=1e-10)
+    b = poisson(mesh, 4, rhs3, g=exact3, preconditioner="two-scale", backend="cpu", rtol=1e-10)
+    assert a.info == 0 and a.iterations < b.iterations, (a.iterations, b.iterations)
+    assert np.abs(a.u - b.u).max() < 1e-8
