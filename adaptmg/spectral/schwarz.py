@@ -108,7 +108,7 @@ class FineSchwarz:
         keepc = keepc.reshape(nc, -1)
         valid = (ext >= 0) & (keepc > 0)
         valid &= ~fixed[np.where(ext >= 0, ext, 0)]
-        self.index = xp.asarray(np.where(valid, ext, N))
+        self.index = xp.asarray(np.where(valid, ext, N).astype(np.int32 if N < 2**31 - 1 else np.int64))
         cols = np.flatnonzero(valid.ravel())
         self.scatter_matrix = be.asmatrix(sp.csr_matrix((np.ones(cols.size), (ext.ravel()[cols], cols)),
                                                         shape=(N, ext.size)), dtype=self.dtype)

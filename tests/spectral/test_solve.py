@@ -120,3 +120,24 @@ def test_pmg_3d_solution_matches_two_scale():
     b = poisson(mesh, 4, rhs3, g=exact3, preconditioner="two-scale", backend="cpu", rtol=1e-10)
     assert a.info == 0 and a.iterations < b.iterations, (a.iterations, b.iterations)
     assert np.abs(a.u - b.u).max() < 1e-8
+
+
+def test_float32_solve():
+    mesh = distorted_box(2, 8)
+    a = poisson(mesh, 3, rhs2, g=exact2, dtype=np.float32, rtol=1e-5, backend="cpu")
+    b = poisson(mesh, 3, rhs2, g=exact2, rtol=1e-5, backend="cpu")
+    assert a.u.dtype == np.float32 and a.info == 0
+    assert abs(a.iterations - b.iterations) <= 1
+    assert np.abs(a.u - b.u).max() < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pc", ["pmg", "fine"])
+def test_gpu_preconditioners_match_cpu(pc):
+    mesh = distorted_box(3, 3)
+    c = poisson(mesh, 3, rhs3, g=exact3, preconditioner=pc, backend="cpu")
+    g = poisson(mesh, 3, rhs3, g=exact3, preconditioner=pc, backend="gpu")
+    assert abs(c.iterations - g.iterations) <= 1
+    assert np.abs(g.u.get() - c.u).max() < 1e-7
+    g32 = poisson(mesh, 3, rhs3, g=exact3, preconditioner=pc, backend="gpu", dtype=np.float32, rtol=1e-5)
+    assert g32.info == 0 and np.abs(g32.u.get() - c.u).max() < 1e-4
