@@ -15,7 +15,7 @@ Sections (``--sections``, comma separated; all by default):
           float32; two-scale PCG warm-started from the last step, rtol 1e-6; total wall
           time of the steps next to the paper's CUDA column (GTX 980, float32)
   op      operator throughput (GDoF/s = global DoFs / apply time) on the distorted cube
-          (--op-cells N^3) for k in --op-degrees: BK1 (mass, Gauss k+2), BK3 (Helmholtz
+          with about --op-dofs DoFs (at most --op-max-cells N^3 cells) for k in --op-degrees: BK1 (mass, Gauss k+2), BK3 (Helmholtz
           M + K, Gauss k+2), BP3-type stiffness (GLL collocated) with stored and
           on-the-fly geometry, float64 and float32, beside the Cartesian matrix-free
           patch operator (adaptmg.patch.LaplaceOperator) at about the same DoF count
@@ -24,7 +24,7 @@ Times of table1 are set-up plus solve (one call of adaptmg.spectral.poisson).
 Timing: synchronise, one warm-up, median of --reps runs.  Example (H200, ~2 min):
   python scripts/bench_spectral.py --backend gpu
 CPU check (small): python scripts/bench_spectral.py --backend cpu --sizes 4,8 \\
-  --table4-n 8 --table4-degrees 2,3 --steps 5 --op-cells 6 --op-degrees 2,4
+  --table4-n 8 --table4-degrees 2,3 --steps 5 --op-dofs 2e4 --op-degrees 2,4
 """
 from __future__ import annotations
 
@@ -137,16 +137,19 @@ def table4(args, be):
 
 def op_table(args, be):
     from adaptmg.patch import CartesianSpace, LaplaceOperator
-    mesh = distorted_box(3, args.op_cells, seed=1)
-    print(f"\n## Operator throughput, distorted cube {mesh.num_cells} hexes ({be.name}), GDoF/s")
-    print(f"{'k':>2s} {'DoFs':>10s} {'prec':>7s} {'BK1':>7s} {'BK3':>7s} {'K stored':>9s} "
+    print(f"\n## Operator throughput, distorted cube, about {args.op_dofs:.3g} DoFs ({be.name}), GDoF/s")
+    print(f"{'k':>2s} {'cells':>8s} {'DoFs':>10s} {'prec':>7s} {'BK1':>7s} {'BK3':>7s} {'K stored':>9s} "
           f"{'K on-fly':>9s} {'patch K':>8s} {'patch DoFs':>10s} {'K GB/s':>7s}")
     xp = be.xp
     for k in args.op_degrees:
+        n = max(2, min(args.op_max_cells, round(args.op_dofs ** (1 / 3) / k)))
+        mesh = distorted_box(3, n, seed=1)
         V = SpectralSpace(mesh, k)
         N = V.num_dofs
-        lvl = 0
-        while CartesianSpace(3, k, lvl + 1).n_dofs <= 1.2 * N:
+        lvl = 0                                   # the Cartesian level closest to N DoFs
+        while CartesianSpace(3, k, lvl + 1).n_dofs <= N:
+            lvl += 1
+        if CartesianSpace(3, k, lvl + 1).n_dofs / N < N / CartesianSpace(3, k, lvl).n_dofs:
             lvl += 1
         for dtype in (np.float64, np.float32):
             x = xp.asarray(np.random.default_rng(0).standard_normal(N), dtype=dtype)
@@ -165,7 +168,7 @@ def op_table(args, be):
             pc = LaplaceOperator(Vc, backend=be, dtype=dtype)
             xc = xp.asarray(np.random.default_rng(0).standard_normal(Vc.n_dofs), dtype=dtype)
             prate = Vc.n_dofs / timed(lambda: pc.matvec(xc), be, args.reps) / 1e9
-            print(f"{k:2d} {N:10d} {np.dtype(dtype).name:>7s} " + " ".join(f"{r:7.3f}" for r in rates[:2])
+            print(f"{k:2d} {mesh.num_cells:8d} {N:10d} {np.dtype(dtype).name:>7s} " + " ".join(f"{r:7.3f}" for r in rates[:2])
                   + f" {rates[2]:9.3f} {rates[3]:9.3f} {prate:8.3f} {Vc.n_dofs:10d} {gbs:7.0f}", flush=True)
 
 
@@ -173,13 +176,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "gpu"))
     p.add_argument("--sections", default="table1,table4,op")
-    p.add_argument("--sizes", type=ints, default=[8, 16, 32, 64])
+    p.add_argument("--sizes", type=ints, default=[8, 16, 32])
     p.add_argument("--degree", type=int, default=3)
     p.add_argument("--rtol", type=float, default=1e-8)
     p.add_argument("--table4-n", type=int, default=32, help="O-grid size (44: ~64k hexes, the paper's DoF counts)")
     p.add_argument("--table4-degrees", type=ints, default=[2, 3, 4, 5, 6, 7])
     p.add_argument("--steps", type=int, default=70)
-    p.add_argument("--op-cells", type=int, default=48)
+    p.add_argument("--op-dofs", type=float, default=8e6)
+    p.add_argument("--op-max-cells", type=int, default=64, help="at most N^3 cells (host set-up time)")
     p.add_argument("--op-degrees", type=ints, default=[1, 2, 3, 4, 5, 6, 7, 8])
     p.add_argument("--reps", type=int, default=5)
     args = p.parse_args(argv)

@@ -102,6 +102,7 @@ class SpectralSpace:
         if mapping is not None and not callable(mapping):
             raise TypeError(f"mapping must be a callable x -> x of points (..., d), got {type(mapping).__name__}")
         self.mesh, self.dim, self.mapping = mesh, mesh.dim, mapping
+        self._jacobians = {}
         self.n1 = k + 1
         self.cell_dofs, self.num_dofs = self._number()
         cells = np.asarray(mesh.cells)
@@ -206,6 +207,9 @@ class SpectralSpace:
         nodes), from the isoparametric interpolant of the node coordinates."""
         from .basis import gll_derivative
         DB = gll_derivative(self.degree) if DB is None else DB
+        key = (None if B is None else B.shape, DB.shape)        # one rule per shape for this k
+        if xp is np and key in self._jacobians:
+            return self._jacobians[key]
         d, n = self.dim, self.n1
         X = xp.asarray(self.cell_points)                          # (nc, n^d, d)
         nc = X.shape[0]
@@ -214,7 +218,11 @@ class SpectralSpace:
             xi = X[:, :, i].reshape((nc,) + (n,) * d)
             g = reference_gradient(xi, None if B is None else xp.asarray(B), xp.asarray(DB), d)
             J.append(xp.stack([gj.reshape(nc, -1) for gj in g], axis=-1))
-        return xp.stack(J, axis=-2)                               # (nc, nq, d, d)
+        J = xp.stack(J, axis=-2)                                  # (nc, nq, d, d)
+        if xp is np:
+            J.setflags(write=False)
+            self._jacobians[key] = J
+        return J
 
     def _check_jacobians(self):
         det = np.linalg.det(self.jacobians())
