@@ -82,6 +82,12 @@ _KERNEL_SPECS = {
     "chebyshev_update": ("T dinv, T b, T Ax, T c1, T c2", "T x, T d",
                          "T t = c1 * d + c2 * dinv * (b - Ax); d = t; x += t"),
     "add_cast": ("S x", "T y", "y += (T)x"),
+    # spectral stiffness at the quadrature points: flux = G grad (G symmetric, 6 / 3 entries)
+    "geo_flux3": ("T g0, T g1, T g2, T G00, T G11, T G22, T G01, T G02, T G12", "T f0, T f1, T f2",
+                  "f0 = G00 * g0 + G01 * g1 + G02 * g2; f1 = G01 * g0 + G11 * g1 + G12 * g2; "
+                  "f2 = G02 * g0 + G12 * g1 + G22 * g2"),
+    "geo_flux2": ("T g0, T g1, T G00, T G11, T G01", "T f0, T f1",
+                  "f0 = G00 * g0 + G01 * g1; f1 = G01 * g0 + G11 * g1"),
 }
 
 KERNEL_NAMES = tuple(_KERNEL_SPECS)
@@ -153,6 +159,22 @@ def _np_add_cast(x, y):
     return y
 
 
+def _np_geo_flux3(g0, g1, g2, G00, G11, G22, G01, G02, G12, f0, f1, f2):
+    for f, (a, b, c) in ((f0, (G00, G01, G02)), (f1, (G01, G11, G12)), (f2, (G02, G12, G22))):
+        np.multiply(a, g0, out=f)
+        f += b * g1
+        f += c * g2
+    return f0, f1, f2
+
+
+def _np_geo_flux2(g0, g1, G00, G11, G01, f0, f1):
+    np.multiply(G00, g0, out=f0)
+    f0 += G01 * g1
+    np.multiply(G01, g0, out=f1)
+    f1 += G11 * g1
+    return f0, f1
+
+
 _NUMPY_TWINS = {
     "axpby": lambda a, x, b, y: _np_axpby(a, x, b, y),
     "jacobi_update": _np_jacobi_update,
@@ -162,6 +184,8 @@ _NUMPY_TWINS = {
     "chebyshev_start_zero": _np_chebyshev_start_zero,
     "chebyshev_update": _np_chebyshev_update,
     "add_cast": _np_add_cast,
+    "geo_flux3": _np_geo_flux3,
+    "geo_flux2": _np_geo_flux2,
 }
 
 

@@ -29,13 +29,19 @@ def _cases(dtype):
         "chebyshev_update": ((dinv, b, Ax, c1, c2, x.copy(), d.copy()),
                              [x + c1 * d + c2 * dinv * (b - Ax), c1 * d + c2 * dinv * (b - Ax)]),
         "add_cast": ((b.astype(np.float32), x.copy()), [x + b.astype(np.float32).astype(dtype)]),
+        "geo_flux3": ((x, d, dinv, b, Ax, x, d, dinv, b, x.copy(), x.copy(), x.copy()),
+                      [b * x + d * d + dinv * dinv, d * x + Ax * d + b * dinv,
+                       dinv * x + b * d + x * dinv]),
+        "geo_flux2": ((x, d, dinv, b, Ax, x.copy(), x.copy()),
+                      [dinv * x + Ax * d, Ax * x + b * d]),
     }
     assert set(cases) == set(K.KERNEL_NAMES)
     return cases
 
 
 def _outputs(name, args):
-    nout = {"chebyshev_start": 2, "chebyshev_start_zero": 2, "chebyshev_update": 2}.get(name, 1)
+    nout = {"chebyshev_start": 2, "chebyshev_start_zero": 2, "chebyshev_update": 2,
+            "geo_flux3": 3, "geo_flux2": 2}.get(name, 1)
     return list(args[-nout:])
 
 

@@ -1,0 +1,248 @@
+"""Matrix-free spectral-element operators on any hex/quad mesh (seed 004 §3, seed 002 BK1/BK3).
+
+With the cell arrays ``u_K = u[cell_dofs]`` of shape (cells, n, ..., n), ``n = k+1``, the
+tensor quadrature (weights ``w_q``; GLL collocated by default, ``"gauss"``: k+2 points),
+``J = dx/dxi`` and the symmetric geometric factors
+
+    G_q = w_q det J_q J_q^{-1} J_q^{-T}                (d(d+1)/2 numbers a point)
+
+the operators are, cell by cell and then added into the global vector (``scatter``):
+
+    mass (BK1):       (M u)_K = B^T (w det J) B u_K                     (B = I for GLL)
+    stiffness (BP3):  (K u)_K = sum_ij Dhat_i^T G_ij Dhat_j u_K
+    Helmholtz:        (H u)_K = c_m (M u)_K + c_k (K u)_K     (c_m = 1, c_k = dt: M + dt K)
+
+with ``Dhat_0 = B x B x DB`` etc. applied by sum factorisation (one batched matmul per
+tensor axis, :func:`adaptmg.spectral.space.contract`).  ``geometry="stored"`` keeps G and
+w det J (d(d+1)/2 + 1 numbers a point); ``"on_the_fly"`` recomputes them every apply from
+the 2^d vertex coordinates (multilinear cells only), reading 2^d d numbers a cell.
+Everything is written against ``xp`` (NumPy or CuPy), in float64 or float32."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import get_backend
+from ..device.kernels import get_kernel
+from ..mesh import reference as ref
+from .basis import quadrature_rule
+from .space import SpectralSpace, contract, interpolate, local_indices, reference_gradient
+
+__all__ = ["SpectralOperator", "geometric_factors"]
+
+
+def _inverse_and_det(J, xp):
+    """Batched inverse and determinant of J (..., d, d), closed form (d = 2, 3)."""
+    d = J.shape[-1]
+    if d == 2:
+        det = J[..., 0, 0] * J[..., 1, 1] - J[..., 0, 1] * J[..., 1, 0]
+        adj = xp.stack([xp.stack([J[..., 1, 1], -J[..., 0, 1]], -1),
+                        xp.stack([-J[..., 1, 0], J[..., 0, 0]], -1)], -2)
+        return adj / det[..., None, None], det
+    c = [[J[..., (i + 1) % 3, (j + 1) % 3] * J[..., (i + 2) % 3, (j + 2) % 3]
+          - J[..., (i + 1) % 3, (j + 2) % 3] * J[..., (i + 2) % 3, (j + 1) % 3] for j in range(3)]
+         for i in range(3)]                                    # cofactors C_ij
+    det = J[..., 0, 0] * c[0][0] + J[..., 0, 1] * c[0][1] + J[..., 0, 2] * c[0][2]
+    inv = xp.stack([xp.stack([c[j][i] for j in range(3)], -1) for i in range(3)], -2)
+    return inv / det[..., None, None], det
+
+
+def _pairs(d):
+    """The index pairs of the stored entries of a symmetric d x d matrix, diagonal first."""
+    return [(i, i) for i in range(d)] + [(i, j) for i in range(d) for j in range(i + 1, d)]
+
+
+def geometric_factors(J, w, xp):
+    """``(G, wdet)``: G (d(d+1)/2, cells, nq) in the order (00, 11, 22, 01, 02, 12) -- 2-D:
+    (00, 11, 01) -- and w det J (cells, nq), from J (cells, nq, d, d) and weights w (nq,)."""
+    d = J.shape[-1]
+    Ji, det = _inverse_and_det(J, xp)
+    wdet = w[None, :] * det
+    G = xp.stack([wdet * (Ji[..., i, :] * Ji[..., j, :]).sum(-1) for i, j in _pairs(d)])
+    return G, wdet
+
+
+class SpectralOperator:
+    """``y = (c_m M + c_k K) x`` matrix-free on a :class:`SpectralSpace`.
+
+    Parameters: ``mass``/``stiffness`` the coefficients c_m, c_k (BK1: 1, 0; Poisson: 0, 1;
+    Helmholtz M + dt K: 1, dt); ``quadrature`` "gll" | "gauss"; ``geometry`` "stored" |
+    "on_the_fly"; ``dtype`` float64 | float32; ``backend`` "auto" | "cpu" | "gpu"."""
+
+    def __init__(self, space: SpectralSpace, *, mass=0.0, stiffness=1.0, quadrature="gll",
+                 geometry="stored", dtype=np.float64, backend="auto"):
+        if not isinstance(space, SpectralSpace):
+            raise TypeError(f"SpectralOperator expects a SpectralSpace, got {type(space).__name__}")
+        if geometry not in ("stored", "on_the_fly"):
+            raise ValueError(f"geometry must be 'stored' or 'on_the_fly', got {geometry!r}")
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float64, np.float32):
+            raise ValueError(f"dtype must be float64 or float32, got {dtype}")
+        if geometry == "on_the_fly" and space.mapping is not None:
+            raise ValueError("geometry='on_the_fly' rebuilds multilinear cells from their vertices; "
+                             "a curved space (mapping) needs geometry='stored'")
+        self.space, self.dtype, self.geometry, self.quadrature = space, dtype, geometry, quadrature
+        self.mass, self.stiffness = float(mass), float(stiffness)
+        self.backend = be = get_backend(backend)
+        xp = self.xp = be.xp
+        d, k = space.dim, space.degree
+        self._flux = get_kernel("geo_flux3" if d == 3 else "geo_flux2", be)
+        B, DB, w = quadrature_rule(k, quadrature)
+        self.nq = DB.shape[0]
+        self.B = None if B is None else xp.asarray(B, dtype=dtype)
+        self.DB = xp.asarray(DB, dtype=dtype)
+        self._w = xp.asarray(_tensor_weights(w, d), dtype=dtype)
+        self.cell_dofs = xp.asarray(space.cell_dofs.astype(np.int64 if space.num_dofs > 2**31 - 1 else np.int32))
+        self.scatter_matrix = be.asmatrix(space.gather_matrix(), dtype=dtype)
+        self.shape = (space.num_dofs, space.num_dofs)
+        self._cshape = (space.mesh.num_cells,) + (k + 1,) * d
+        self._qshape = (space.mesh.num_cells,) + (self.nq,) * d
+        if geometry == "stored":
+            J = space.jacobians(B, DB, xp=np)
+            G, wdet = geometric_factors(J, _tensor_weights(w, d), np)
+            self.G, self.wdet = xp.asarray(G, dtype=dtype), xp.asarray(wdet, dtype=dtype)
+        else:
+            self.X = xp.asarray(space.points[space.cell_dofs[:, space._vertex_local()]], dtype=dtype)
+            self._dN = xp.asarray(_vertex_shape_gradients(k, quadrature, d), dtype=dtype)
+
+    # ------------------------------------------------------------------ geometry
+    def factors(self):
+        """(G, w det J) at the quadrature points: stored, or computed now from the vertices."""
+        if self.geometry == "stored":
+            return self.G, self.wdet
+        J = self.xp.einsum("cvi,qvj->cqij", self.X, self._dN)
+        return geometric_factors(J, self._w, self.xp)
+
+    # ------------------------------------------------------------------ apply
+    def cell_apply(self, uc, G=None, wdet=None):
+        """The cell operators on cell arrays ``uc`` (cells, n, ..., n), without assembly."""
+        d, B, DB = self.space.dim, self.B, self.DB
+        if G is None:
+            G, wdet = self.factors()
+        G = G.reshape((G.shape[0],) + self._qshape)
+        out = None
+        if self.stiffness != 0.0:
+            g = reference_gradient(uc, B, DB, d)
+            flux = [self.xp.empty_like(gi) for gi in g]
+            self._flux(*g, *G, *flux)                              # flux_i = sum_j G_ij g_j, fused
+            out = _gradient_transpose(flux, B, DB, d)
+            if self.stiffness != 1.0:
+                out *= self.stiffness
+        if self.mass != 0.0:
+            mq = interpolate(uc, B, d) * wdet.reshape(self._qshape)
+            if self.mass != 1.0:
+                mq = self.mass * mq
+            mu = _interpolate_transpose(mq, B, d)
+            out = mu if out is None else out + mu
+        return out
+
+    def matvec(self, x):
+        """``y = A x`` for a global vector ``x`` (num_dofs,)."""
+        x = self.xp.asarray(x)
+        if x.shape != (self.shape[1],):
+            raise ValueError(f"SpectralOperator: x must have shape ({self.shape[1]},), got {x.shape}")
+        uc = x.astype(self.dtype, copy=False)[self.cell_dofs].reshape(self._cshape)
+        return self.scatter_matrix @ self.cell_apply(uc).reshape(-1)
+
+    __call__ = matvec
+
+    def __matmul__(self, x):
+        return self.matvec(x)
+
+    def diagonal(self):
+        """The diagonal of the assembled operator (for Jacobi), by the same sum factorisation
+        with the entry-wise squares of the 1D matrices."""
+        xp, d = self.xp, self.space.dim
+        G, wdet = self.factors()
+        G = G.reshape((G.shape[0],) + self._qshape)
+        B, DB = self.B, self.DB
+        one = None if B is None else B * B
+        out = 0.0
+        if self.stiffness != 0.0:
+            Bm = xp.eye(self.nq, dtype=self.dtype) if B is None else B
+            for m, (a, b) in enumerate(_pairs(d)):
+                mats = []
+                for ax in range(d):
+                    Ma = DB if ax == a else Bm
+                    Mb = DB if ax == b else Bm
+                    mats.append(Ma * Mb)
+                t = G[m]
+                for ax in range(d):
+                    t = contract(t, mats[ax].T, ax, d)
+                out = out + (1.0 if a == b else 2.0) * self.stiffness * t
+        if self.mass != 0.0:
+            t = wdet.reshape(self._qshape)
+            if one is not None:
+                for ax in range(d):
+                    t = contract(t, one.T, ax, d)
+            out = out + self.mass * t
+        return self.scatter_matrix @ out.reshape(-1)
+
+    def load(self, f_values_at_quadrature):
+        """``b_i = sum_q w det J f(x_q) phi_i(x_q)`` from f at the quadrature points
+        (cells, nq^d)."""
+        _, wdet = self.factors()
+        fq = (self.xp.asarray(f_values_at_quadrature, dtype=self.dtype) * wdet).reshape(self._qshape)
+        return self.scatter_matrix @ _interpolate_transpose(fq, self.B, self.space.dim).reshape(-1)
+
+    def quadrature_points(self):
+        """(cells, nq^d, d) physical quadrature points (isoparametric), on the host."""
+        sp_, d = self.space, self.space.dim
+        B = None if self.B is None else quadrature_rule(sp_.degree, self.quadrature)[0]
+        X = sp_.cell_points.reshape(self._cshape + (d,))
+        return np.stack([interpolate(X[..., i], B, d).reshape(X.shape[0], -1) for i in range(d)], -1)
+
+    def __repr__(self):
+        return (f"SpectralOperator({self.space!r}, mass={self.mass}, stiffness={self.stiffness}, "
+                f"{self.quadrature}, {self.geometry}, {self.dtype.name}, {self.backend.name})")
+
+
+def _gradient_transpose(flux, B, DB, d):
+    """sum_i Dhat_i^T flux_i (the transpose of :func:`reference_gradient`)."""
+    if B is None:
+        out = None
+        for ax in range(d):
+            t = contract(flux[ax], DB.T, ax, d)
+            out = t if out is None else out + t
+        return out
+    if d == 2:
+        return contract(contract(flux[0], B.T, 1, 2), DB.T, 0, 2) + \
+            contract(contract(flux[1], DB.T, 1, 2), B.T, 0, 2)
+    # z first for every flux, then y, then x: share the B^T along z of flux 0 and 1
+    fz0 = contract(flux[0], B.T, 2, 3)
+    fz1 = contract(flux[1], B.T, 2, 3)
+    fz2 = contract(flux[2], DB.T, 2, 3)
+    y01 = contract(fz0, B.T, 1, 3)
+    y12 = contract(fz1, DB.T, 1, 3) + contract(fz2, B.T, 1, 3)
+    return contract(y01, DB.T, 0, 3) + contract(y12, B.T, 0, 3)
+
+
+def _interpolate_transpose(v, B, d):
+    if B is None:
+        return v
+    for ax in range(d):
+        v = contract(v, B.T, ax, d)
+    return v
+
+
+def _tensor_weights(w, d):
+    """Tensor quadrature weights, lexicographic with x fastest: (nq^d,)."""
+    idx = local_indices(len(w) - 1, d)
+    return np.prod(np.asarray(w)[idx], axis=1)
+
+
+def _vertex_shape_gradients(k, quadrature, d):
+    """dN_v/dxi_j of the multilinear vertex functions at the quadrature points: (nq^d, 2^d, d)."""
+    from .basis import gll_points
+    import numpy.polynomial.legendre as L
+    if quadrature == "gll":
+        t = np.asarray(gll_points(k))
+    else:
+        t = 0.5 * (L.leggauss(k + 2)[0] + 1.0)
+    xi = t[local_indices(len(t) - 1, d)]                                  # (nq, d)
+    cor = ref.corners(d)
+    f = np.where(cor[None] == 1, xi[:, None, :], 1.0 - xi[:, None, :])    # (nq, nv, d)
+    dN = np.empty(f.shape)
+    for j in range(d):                                                    # the axes
+        others = np.prod(np.delete(f, j, axis=2), axis=2)
+        dN[:, :, j] = others * (2 * cor[None, :, j] - 1)
+    return dN

@@ -1,0 +1,235 @@
+"""Seed 004's two-scale additive Schwarz preconditioner ``P = P^c + P^f`` (§4).
+
+Fine scale ``P^f = W^{1/2} (sum_s R_s^T Atilde_s^{-1} R_s) W^{1/2}``, ``W`` the inverse of
+the number of subdomains holding a DoF (symmetric multiplicity scaling: without it the
+mass-dominated limit of the heat equation needs twice the iterations of Jacobi, with it
+P^f is exact there; measured 3-D k = 3 Poisson on 2^3 cells: 25 -> 11 CG iterations
+two-scale, 20 -> 7 p-multigrid).  One overlapping subdomain per cell,
+the cell plus one GLL node layer across each of its faces ((k+3)^d nodes, indices
+-1..k+1 a direction; the layer is the neighbour's first node inside, found by matching
+the shared face's global DoFs, so any orientation and vertex valence works).  The
+nodes of the box that lie across edges or corners (two or three indices outside
+0..k) belong to no face neighbour and stay out of R_s (zero data, result dropped).
+``Atilde_s`` is the separable approximation of ``c_m M + c_k K`` on a box with the
+cell's mean edge lengths h_0..h_{d-1} (geometric factors ignored, seed 004 §4.2):
+
+    Atilde_s = c_m (x)_d h_d Mhat_d + c_k sum_d (Khat_d / h_d) (x)_{e != d} h_e Mhat_e,
+
+``Khat``/``Mhat`` the extended-pencil GLL stiffness and lumped mass
+(:func:`adaptmg.spectral.basis.pencil_factors`; Dirichlet at nodes -2 and k+2, or at the
+cell's own end node on a Dirichlet boundary).  With ``Khat S = Mhat S diag(lam)``,
+``S^T Mhat S = I`` the inverse is the fast diagonalisation
+
+    Atilde_s^{-1} = (prod_d h_d)^{-1} (S_{d-1} x ... x S_0)
+                    diag(1 / (c_m + c_k sum_d lam_d / h_d^2)) (S_{d-1} x ... x S_0)^T,
+
+one batched matmul per axis and direction, with the cells' S picked from 9 pencils.
+
+Coarse scale ``P^c = P A_1^{-1} P^T``: ``P`` interpolates Q1 on the mesh vertices into
+the GLL nodes (the multilinear shape functions at the GLL points), ``A_1^{-1}`` is one
+cycle of :func:`adaptmg.multigrid` on the Q1 problem ``c_m M_1 + c_k K_1`` (geometric
+levels, then algebraic ones) as a preconditioner."""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..mesh import reference as ref
+from .basis import SIDE_DIRICHLET, SIDE_EXTEND, SIDE_FREE, pencil_factors
+from .space import SpectralSpace, local_indices
+
+__all__ = ["FineSchwarz", "CoarseQ1", "TwoScale", "face_neighbours", "q1_interpolation", "q1_multigrid",
+           "masked_transfer"]
+
+
+def face_neighbours(mesh):
+    """(cells, 2d) neighbour cell and its local face across each face (-1: boundary)."""
+    d = mesh.dim
+    fv = ref.face_vertices(d)
+    cells = np.asarray(mesh.cells)
+    nc = cells.shape[0]
+    keys = np.sort(cells[:, fv], axis=2).reshape(nc * 2 * d, -1)
+    _, inv = np.unique(keys, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    order = np.argsort(inv, kind="stable")
+    s = inv[order]
+    pair = np.flatnonzero(s[1:] == s[:-1])                     # consecutive equal keys
+    nb = np.full(nc * 2 * d, -1, dtype=np.int64)
+    nb[order[pair]] = order[pair + 1]
+    nb[order[pair + 1]] = order[pair]
+    nb = nb.reshape(nc, 2 * d)
+    cell = np.where(nb >= 0, nb // (2 * d), -1)
+    face = np.where(nb >= 0, nb % (2 * d), -1)
+    return cell, face
+
+
+def _cell_contract(u, A, axis, dim):
+    """Per-cell matrices A (cells, m, n) along tensor axis ``axis`` of u (cells, n, ..., n)."""
+    if axis == 0:
+        At = A.swapaxes(1, 2)
+        return u @ (At[:, None] if dim == 3 else At)
+    if axis == 1:
+        return (A[:, None] if dim == 3 else A) @ u
+    nc, nz = u.shape[0], u.shape[1]
+    return (A @ u.reshape(nc, nz, -1)).reshape((nc, A.shape[1]) + u.shape[2:])
+
+
+class FineSchwarz:
+    """``P^f`` of seed 004 on a :class:`SpectralSpace` (see the module docstring).
+
+    ``dirichlet``: the fixed DoFs (their residual is zero and their result is dropped);
+    ``mass``/``stiffness``: c_m, c_k of the operator it approximates."""
+
+    def __init__(self, space: SpectralSpace, dirichlet, *, mass=0.0, stiffness=1.0,
+                 dtype=np.float64, backend=None):
+        from ..backend import get_backend
+        self.backend = be = get_backend(backend if backend is not None else "auto")
+        xp = self.xp = be.xp
+        d, k = space.dim, space.degree
+        m = k + 3
+        nc, N = space.mesh.num_cells, space.num_dofs
+        self.dtype = np.dtype(dtype)
+        fixed = np.zeros(N, bool)
+        fixed[np.asarray(dirichlet, dtype=np.int64)] = True
+        ext = self._extended_dofs(space, m)
+        # side kind of every face: a neighbour, a Dirichlet boundary face, a free one
+        nbc, _ = face_neighbours(space.mesh)
+        fln = space.face_local_nodes()
+        on_fixed = fixed[space.cell_dofs[:, fln]].all(axis=2)            # (nc, 2d)
+        kind = np.where(nbc >= 0, SIDE_EXTEND, np.where(on_fixed, SIDE_DIRICHLET, SIDE_FREE))
+        variant = 3 * kind[:, 0::2] + kind[:, 1::2]                      # (nc, d)
+        S, lam, keep = pencil_factors(k)
+        h = space.cell_lengths()
+        self.S = xp.asarray(S[variant], dtype=self.dtype)                # (nc, d, m, m)
+        self.lam = xp.asarray(lam[variant] / h[:, :, None] ** 2, dtype=self.dtype)
+        self.scale = xp.asarray(1.0 / np.prod(h, axis=1), dtype=self.dtype)
+        # nodes of the box that take part: in the pencils of every direction, a DoF, not fixed
+        keepc = np.ones((nc,) + (m,) * d)
+        for ax in range(d):                                              # the axes
+            sh = [nc] + [1] * d
+            sh[d - ax] = m
+            keepc = keepc * keep[variant[:, ax]].reshape(sh)
+        keepc = keepc.reshape(nc, -1)
+        valid = (ext >= 0) & (keepc > 0)
+        valid &= ~fixed[np.where(ext >= 0, ext, 0)]
+        self.index = xp.asarray(np.where(valid, ext, N).astype(np.int32 if N < 2**31 - 1 else np.int64))
+        cols = np.flatnonzero(valid.ravel())
+        self.scatter_matrix = be.asmatrix(sp.csr_matrix((np.ones(cols.size), (ext.ravel()[cols], cols)),
+                                                        shape=(N, ext.size)), dtype=self.dtype)
+        count = np.bincount(ext.ravel()[cols], minlength=N)              # patches holding a DoF
+        self.weight = xp.asarray(np.where(count > 0, 1.0 / np.sqrt(np.maximum(count, 1)), 0.0), dtype=self.dtype)
+        self.mass, self.stiffness = float(mass), float(stiffness)
+        self.shape = (N, N)
+        self._bshape = (nc,) + (m,) * d
+        self.dim = d
+
+    @staticmethod
+    def _extended_dofs(space, m):
+        """(cells, (k+3)^d) global DoF of every node of the extended box, -1 where none."""
+        d, k, n = space.dim, space.degree, space.degree + 1
+        nc = space.mesh.num_cells
+        ext = np.full((nc, m ** d), -1, dtype=np.int64)
+        li = local_indices(k, d)
+        pos = ((li + 1) * m ** np.arange(d)).sum(1)                      # cell node -> box node
+        ext[:, pos] = space.cell_dofs
+        nbc, nbf = face_neighbours(space.mesh)
+        fln = space.face_local_nodes()                                   # (2d, n^(d-1))
+        c, f = np.nonzero(nbc >= 0)
+        c2, f2 = nbc[c, f], nbf[c, f]
+        ax2 = f2 // 2
+        step = np.where(f2 % 2 == 0, 1, -1) * n ** ax2                   # one node inwards
+        inward = space.cell_dofs[c2[:, None], fln[f2] + step[:, None]]
+        mine = space.cell_dofs[c[:, None], fln[f]]
+        theirs = space.cell_dofs[c2[:, None], fln[f2]]
+        oc, on = np.argsort(mine, axis=1), np.argsort(theirs, axis=1)
+        matched = np.empty_like(inward)
+        np.put_along_axis(matched, oc, np.take_along_axis(inward, on, axis=1), axis=1)
+        ax = f // 2
+        e = li[fln[f]] + 1                                               # (pairs, n^(d-1), d)
+        e[np.arange(ax.size)[:, None], np.arange(e.shape[1])[None, :], ax[:, None]] = \
+            np.where(f % 2 == 0, 0, m - 1)[:, None]
+        ext[c[:, None], (e * m ** np.arange(d)).sum(2)] = matched
+        return ext
+
+    def __call__(self, r):
+        """``P^f r`` for a global residual ``r`` (zero on the fixed DoFs)."""
+        xp, d = self.xp, self.dim
+        rp = xp.concatenate([self.weight * r.astype(self.dtype, copy=False), xp.zeros(1, dtype=self.dtype)])
+        t = rp[self.index].reshape(self._bshape)
+        for ax in range(d):
+            t = _cell_contract(t, self.S[:, ax].swapaxes(1, 2), ax, d)
+        lam = self.lam
+        den = None
+        for ax in range(d):                                              # sum_d lam_d, broadcast
+            sh = [lam.shape[0]] + [1] * d
+            sh[d - ax] = lam.shape[2]
+            v = lam[:, ax].reshape(sh)
+            den = v if den is None else den + v
+        t = t * (self.scale.reshape((-1,) + (1,) * d) / (self.mass + self.stiffness * den))
+        for ax in range(d):
+            t = _cell_contract(t, self.S[:, ax], ax, d)
+        return self.weight * (self.scatter_matrix @ t.reshape(-1))
+
+
+def q1_interpolation(space: SpectralSpace):
+    """CSR (num_dofs, mesh nodes): Q1 on the mesh vertices interpolated into the GLL nodes."""
+    return space.interpolation(1, space.mesh.cells, space.mesh.num_nodes)
+
+
+def q1_multigrid(mesh, dirichlet, *, mass=0.0, stiffness=1.0, dtype=np.float64, backend=None,
+                 **multigrid_kwargs):
+    """``(ml, fixed)``: :func:`adaptmg.multigrid` on ``c_m M_1 + c_k K_1`` (Q1 on the mesh
+    vertices, DoF = mesh node) with the Dirichlet ids ``dirichlet`` ("all", ids or None),
+    and the fixed vertex DoFs."""
+    from .. import assemble, multigrid
+    from ..fe import Space
+    from ..multilevel.hierarchy import dirichlet_dofs
+    cm, ck = float(mass), float(stiffness)
+
+    def form(s):
+        A = ck * assemble.stiffness(s)
+        return A + cm * assemble.mass(s) if cm else A
+    q1 = Space(mesh, 1)
+    spec = dirichlet if dirichlet is None or isinstance(dirichlet, str) else \
+        dict(ids=np.atleast_1d(np.asarray(dirichlet, dtype=np.int64)))
+    ml = multigrid(q1, form, dirichlet=spec, backend=backend, dtype=dtype, **multigrid_kwargs)
+    return ml, dirichlet_dofs(q1, spec)
+
+
+def masked_transfer(P, fine_fixed, coarse_fixed, backend, dtype):
+    """``(P, R)`` on ``backend``: ``Z_f P Z_c`` (no transfer into or out of fixed DoFs) and
+    its transpose stored as CSR."""
+    zf = np.ones(P.shape[0])
+    zf[np.asarray(fine_fixed, dtype=np.int64)] = 0.0
+    zc = np.ones(P.shape[1])
+    zc[np.asarray(coarse_fixed, dtype=np.int64)] = 0.0
+    P = (sp.diags(zf) @ P @ sp.diags(zc)).tocsr()
+    P.eliminate_zeros()
+    return backend.asmatrix(P, dtype=dtype), backend.asmatrix(P.T.tocsr(), dtype=dtype)
+
+
+class CoarseQ1:
+    """``P^c r = P A_1^{-1} P^T r`` with one cycle of :func:`adaptmg.multigrid` on the Q1
+    problem of the mesh (``dirichlet``: boundary ids or "all", as for the spectral space)."""
+
+    def __init__(self, space: SpectralSpace, dirichlet, fixed, *, mass=0.0, stiffness=1.0,
+                 dtype=np.float64, backend=None, **multigrid_kwargs):
+        from ..backend import get_backend
+        be = get_backend(backend if backend is not None else "auto")
+        self.ml, cfixed = q1_multigrid(space.mesh, dirichlet, mass=mass, stiffness=stiffness,
+                                       dtype=dtype, backend=be, **multigrid_kwargs)
+        self.M = self.ml.aspreconditioner()
+        self.P, self.R = masked_transfer(q1_interpolation(space), fixed, cfixed, be, dtype)
+
+    def __call__(self, r):
+        return self.P @ self.M.matvec(self.R @ r)
+
+
+class TwoScale:
+    """``P = P^c + P^f`` (seed 004 eq. before §4.1)."""
+
+    def __init__(self, fine, coarse):
+        self.fine, self.coarse = fine, coarse
+
+    def __call__(self, r):
+        return self.fine(r) + self.coarse(r)

@@ -1,0 +1,157 @@
+"""One-call spectral-element solvers: ``poisson`` (-div grad u = f) and the
+implicit Helmholtz step of the heat equation, by :func:`adaptmg.linalg.cg` on the
+matrix-free operator with seed 004's preconditioners.
+
+Dirichlet conditions are imposed by lifting and masking: with ``Z`` the 0/1 diagonal
+of the free DoFs and ``u_g`` the Dirichlet data on the fixed DoFs, CG solves
+
+    (Z A Z + I - Z) x = Z (b - A u_g),     u = x + u_g,
+
+so the fixed rows are the identity and the Krylov vectors vanish there."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..backend import call_points, get_backend, to_host
+from ..linalg import cg
+from .basis import quadrature_rule
+from .operators import SpectralOperator
+from .schwarz import CoarseQ1, FineSchwarz, TwoScale
+from .space import SpectralSpace, interpolate
+
+__all__ = ["poisson", "SpectralProblem", "SpectralSolution", "PRECONDITIONERS"]
+
+PRECONDITIONERS = ("two-scale", "fine", "pmg", "jacobi", "none")
+
+
+def _values(fn, x, name, xp=np):
+    """``fn(x)`` for points x (..., d) as an array of shape x.shape[:-1]."""
+    if not callable(fn):
+        raise TypeError(f"{name} must be a callable of points x[..., d], got {type(fn).__name__}")
+    v = call_points(fn, x, xp=xp)
+    if v.ndim == 0:
+        v = xp.full(x.shape[:-1], float(v))
+    if v.shape != x.shape[:-1]:
+        raise ValueError(f"{name}(x) must return one value a point, shape {x.shape[:-1]}; "
+                         f"got {v.shape} for points of shape {x.shape}")
+    return v
+
+
+class SpectralProblem:
+    """``c_m M + c_k K`` on a :class:`SpectralSpace` with Dirichlet DoFs, its masked
+    operator and one of the preconditioners ``PRECONDITIONERS``."""
+
+    def __init__(self, space, *, mass=0.0, stiffness=1.0, dirichlet="all", preconditioner="two-scale",
+                 dtype=np.float64, backend="auto", geometry="stored", coarse_kwargs=None):
+        if preconditioner not in PRECONDITIONERS:
+            raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {preconditioner!r}")
+        self.space, self.backend = space, get_backend(backend)
+        xp = self.xp = self.backend.xp
+        self.dtype = np.dtype(dtype)
+        self.op = SpectralOperator(space, mass=mass, stiffness=stiffness, geometry=geometry,
+                                   dtype=dtype, backend=self.backend)
+        self.fixed = space.boundary_dofs(dirichlet)
+        if mass == 0.0 and self.fixed.size == 0:
+            raise ValueError("the pure Neumann Poisson problem is singular: give Dirichlet boundary ids")
+        free = np.ones(space.num_dofs)
+        free[self.fixed] = 0.0
+        self.free = xp.asarray(free, dtype=dtype)
+        self.shape = self.op.shape
+        self.mass, self.stiffness, self.dirichlet = mass, stiffness, dirichlet
+        kw = dict(mass=mass, stiffness=stiffness, dtype=dtype, backend=self.backend)
+        self.preconditioner = preconditioner
+        if preconditioner == "jacobi":
+            diag = self.op.diagonal()
+            self.M = _Scale(self.free / xp.where(self.free > 0, diag, 1))
+        elif preconditioner == "none":
+            self.M = None
+        elif preconditioner == "pmg":
+            from .pmg import PMultigrid
+            self.M = PMultigrid(self, dirichlet, **(coarse_kwargs or {}))
+        else:
+            fine = FineSchwarz(space, self.fixed, **kw)
+            self.M = fine if preconditioner == "fine" else \
+                TwoScale(fine, CoarseQ1(space, dirichlet, self.fixed, **kw, **(coarse_kwargs or {})))
+
+    def matvec(self, x):
+        """``(Z A Z + I - Z) x``."""
+        z = self.free
+        return z * self.op.matvec(z * x) + (1 - z) * x
+
+    __matmul__ = matvec
+
+    def solve(self, b, x0=None, *, rtol=1e-8, maxiter=None):
+        """CG on the masked system; returns (x, iterations, info)."""
+        its = [0]
+
+        def count(_):
+            its[0] += 1
+        x, info = cg(self.matvec, b, x0, rtol=rtol, maxiter=maxiter, M=self.M, callback=count)
+        return x, its[0], info
+
+
+class _Scale:
+    def __init__(self, d):
+        self.d = d
+
+    def __call__(self, r):
+        return self.d * r
+
+
+@dataclass
+class SpectralSolution:
+    """``u`` (values at the GLL nodes, NumPy or CuPy), ``iterations``, ``num_dofs``, ``info``."""
+    u: Any
+    iterations: int
+    num_dofs: int
+    info: int
+    space: SpectralSpace
+
+    def l2_error(self, exact) -> float:
+        """``||u - exact||_L2`` by (k+3)-point Gauss quadrature on the isoparametric cells."""
+        V = self.space
+        d, k = V.dim, V.degree
+        B, DB, w = _error_rule(k)
+        nc = V.mesh.num_cells
+        cs = (nc,) + (k + 1,) * d
+        uq = interpolate(to_host(self.u)[V.cell_dofs].reshape(cs), B, d).reshape(nc, -1)
+        X = V.cell_points.reshape(cs + (d,))
+        xq = np.stack([interpolate(X[..., i], B, d).reshape(nc, -1) for i in range(d)], -1)
+        from .operators import _tensor_weights, geometric_factors
+        _, wdet = geometric_factors(V.jacobians(B, DB), _tensor_weights(w, d), np)
+        e = uq - _values(exact, xq, "exact")
+        return float(np.sqrt((wdet * e * e).sum()))
+
+
+def _error_rule(k):
+    from numpy.polynomial import legendre as L
+    from ..patch.tensor import lagrange_eval
+    q, w = L.leggauss(k + 3)
+    s = 0.5 * (q + 1.0)
+    return lagrange_eval(k, s), lagrange_eval(k, s, 1), 0.5 * w
+
+
+def poisson(mesh, degree, f, *, g=None, mapping=None, preconditioner="two-scale", rtol=1e-8,
+            backend="auto", dirichlet="all", dtype=np.float64, maxiter=None, geometry="stored"):
+    """Solve ``-div grad u = f`` with ``u = g`` on the Dirichlet boundary (ids or "all")
+    by spectral elements of degree ``degree`` on ``mesh`` (optionally curved by ``mapping``)
+    and preconditioned CG.  ``f``, ``g``: callables of points ``x[..., d]``.
+    Returns a :class:`SpectralSolution`; ``info != 0`` (with a warning from CG) when CG
+    did not reach ``rtol``."""
+    V = SpectralSpace(mesh, degree, mapping=mapping)
+    prob = SpectralProblem(V, dirichlet=dirichlet, preconditioner=preconditioner, dtype=dtype,
+                           backend=backend, geometry=geometry)
+    xp, op = prob.xp, prob.op
+    b = op.load(_values(f, xp.asarray(op.quadrature_points()), "f", xp))
+    ug = xp.zeros(V.num_dofs, dtype=prob.dtype)
+    if g is not None and prob.fixed.size:
+        pts = V.points[prob.fixed]
+        ug[xp.asarray(prob.fixed)] = _values(g, xp.asarray(pts), "g", xp).astype(prob.dtype)
+        b = b - op.matvec(ug)
+    b = prob.free * b
+    x, its, info = prob.solve(b, rtol=rtol, maxiter=maxiter)
+    return SpectralSolution(u=x + ug, iterations=its, num_dofs=V.num_dofs, info=info, space=V)

@@ -1,0 +1,306 @@
+"""Nodal Q_k on Gauss-Lobatto-Legendre points on any quad/hex :class:`adaptmg.Mesh`.
+
+Local nodes of a cell are numbered lexicographically, x fastest: node
+``a = a_0 + (k+1) a_1 + (k+1)^2 a_2`` sits at the reference point ``(t_a0, t_a1, t_a2)``
+of [0, 1]^d, so cell arrays reshape to ``(cells, k+1, k+1, k+1)`` with axes (z, y, x).
+
+Global numbering (vectorised over cells; the loops run over the <= 27 entities of the
+reference cell): every local node lies inside one entity -- vertex, edge, face or the
+cell interior -- and is numbered from that entity's global vertex ids in a canonical
+frame, so both cells that share an entity agree whatever their orientations:
+
+* vertex: its mesh node id;
+* edge (vertices g0, g1): edge id from the sorted pair, position counted from min(g0, g1);
+* face: origin = the vertex with the smallest id, first axis towards the smaller of its
+  two face neighbours; the face id comes from (origin, first, second neighbour);
+* interior: the cell and its local index.
+
+Geometry is isoparametric: node coordinates ``x = mapping(F_K(t))`` with ``F_K`` the
+multilinear map of the cell vertices (``mapping`` optional, applied to the global GLL
+points, so shared nodes coincide), Jacobians ``J_ij = dx_i/dxi_j`` from the
+differentiation matrix at the quadrature points.  A non-positive ``det J`` anywhere
+raises ValueError (inverted or tangled cells)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..mesh import Mesh
+from ..mesh import reference as ref
+from .basis import check_spectral_degree, gll_points
+
+__all__ = ["SpectralSpace", "contract", "reference_gradient"]
+
+
+def contract(u, A, axis: int, dim: int):
+    """Apply the 1D matrix ``A`` (m, n) along tensor axis ``axis`` (0 = x, the last array
+    axis) of cell arrays ``u`` (cells, n..., n) -- one batched matmul, any ``xp``."""
+    if axis == 0:
+        return u @ A.T
+    if axis == 1:
+        return A @ u
+    nc, nz = u.shape[0], u.shape[1]
+    return (A @ u.reshape(nc, nz, -1)).reshape((nc, A.shape[0]) + u.shape[2:])
+
+
+def reference_gradient(u, B, DB, dim: int):
+    """Reference gradient at the quadrature points, ``[du/dxi_0, ..., du/dxi_{d-1}]``
+    (sum factorisation: ``DB`` along the derivative's axis, ``B`` along the others;
+    ``B`` None means collocated, the identity)."""
+    if B is None:
+        return [contract(u, DB, ax, dim) for ax in range(dim)]
+    if dim == 2:
+        ux = contract(u, B, 0, 2)
+        return [contract(contract(u, DB, 0, 2), B, 1, 2), contract(ux, DB, 1, 2)]
+    ux = contract(u, B, 0, 3)
+    uxy = contract(ux, B, 1, 3)
+    return [contract(contract(contract(u, DB, 0, 3), B, 1, 3), B, 2, 3),
+            contract(contract(ux, DB, 1, 3), B, 2, 3),
+            contract(uxy, DB, 2, 3)]
+
+
+def interpolate(u, B, dim: int):
+    """Values at the quadrature points (``B`` None: collocated, ``u`` itself)."""
+    if B is None:
+        return u
+    for ax in range(dim):
+        u = contract(u, B, ax, dim)
+    return u
+
+
+def local_indices(k: int, dim: int) -> np.ndarray:
+    """((k+1)^d, d) tensor index (a_0 = x, ...) of each local node, x fastest."""
+    a = np.arange((k + 1) ** dim)
+    return np.stack([(a // (k + 1) ** ax) % (k + 1) for ax in range(dim)], axis=1)
+
+
+def _multilinear(X, t, dim):
+    """Multilinear map of vertex coordinates X (nc, 2^d, d) at the tensor points t^d
+    (lexicographic, x fastest): (nc, len(t)^d, d)."""
+    cor = ref.corners(dim)
+    grid = t[local_indices(len(t) - 1, dim)]
+    N = np.prod(np.where(cor[None, :, :] == 1, grid[:, None, :], 1.0 - grid[:, None, :]), axis=2)
+    return np.einsum("qv,cvi->cqi", N, X)
+
+
+class SpectralSpace:
+    """Continuous nodal Q_k (k = 1..8) on the GLL points of every cell of ``mesh``.
+
+    Attributes: ``cell_dofs`` (cells, (k+1)^d), ``num_dofs``, ``points`` (num_dofs, d),
+    ``cell_points`` (cells, (k+1)^d, d)."""
+
+    def __init__(self, mesh: Mesh, degree: int, mapping=None):
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"SpectralSpace expects an adaptmg Mesh, got {type(mesh).__name__}")
+        self.degree = k = check_spectral_degree(degree)
+        if mesh.num_hanging_nodes:
+            raise ValueError(f"SpectralSpace: the mesh has {mesh.num_hanging_nodes} hanging node(s); "
+                             "Q_k on GLL points supports conforming meshes only (no hanging-node "
+                             "constraints for k > 2 yet)")
+        if mapping is not None and not callable(mapping):
+            raise TypeError(f"mapping must be a callable x -> x of points (..., d), got {type(mapping).__name__}")
+        self.mesh, self.dim, self.mapping = mesh, mesh.dim, mapping
+        self._jacobians = {}
+        self.n1 = k + 1
+        self.cell_dofs, self.num_dofs = self._number()
+        cells = np.asarray(mesh.cells)
+        xc = _multilinear(mesh.points[cells], gll_points(k), self.dim)       # (nc, n^d, d)
+        pts = np.empty((self.num_dofs, self.dim))
+        pts[self.cell_dofs.ravel()] = xc.reshape(-1, self.dim)
+        if mapping is not None:
+            mapped = np.asarray(mapping(pts.copy()), dtype=float)
+            if mapped.shape != pts.shape:
+                raise ValueError(f"mapping must return an array of shape {pts.shape}, got {mapped.shape}")
+            if not np.isfinite(mapped).all():
+                raise ValueError("mapping returned NaN or Inf")
+            pts = mapped
+        pts.setflags(write=False)
+        self.points = pts
+        self._check_jacobians()
+
+    # ------------------------------------------------------------------ numbering
+    def _number(self):
+        mesh, d, k = self.mesh, self.dim, self.degree
+        cells = np.asarray(mesh.cells, dtype=np.int64)
+        nc, n = cells.shape[0], k + 1
+        nv = int(cells.max()) + 1
+        local = local_indices(k, d)
+        dofs = np.empty((nc, n ** d), dtype=np.int64)
+        kind = np.where((local == 0) | (local == k), -1, 1)       # -1: at a side, 1: free axis
+        offset = nv
+        groups = {1: [], 2: []}
+        # entities of the reference cell: fixed axes (with side) and free axes
+        for pattern in itertools.product((0, 1, 2), repeat=d):    # 0/1: side, 2: free
+            free = [ax for ax in range(d) if pattern[ax] == 2]
+            sel = np.ones(len(local), bool)
+            for ax in range(d):
+                sel &= (kind[:, ax] == 1) if pattern[ax] == 2 else (local[:, ax] == pattern[ax] * k)
+            idx = np.flatnonzero(sel)
+            if idx.size == 0:
+                continue
+            if len(free) == 0:
+                v = sum(pattern[ax] << ax for ax in range(d))
+                dofs[:, idx] = cells[:, [v]]
+            elif len(free) == d:
+                groups["interior"] = idx                  # numbered last
+            else:
+                groups[len(free)].append((pattern, free, idx))
+        # edges then faces: canonical keys, one np.unique per entity dimension
+        for m in (1, 2):
+            items = groups[m]
+            if not items:
+                continue
+            keys, pos = [], []
+            for pattern, free, idx in items:
+                G = {}
+                for bits in itertools.product((0, 1), repeat=m):
+                    v = sum((pattern[ax] if ax not in free else bits[free.index(ax)]) << ax for ax in range(d))
+                    G[bits] = cells[:, v]
+                a = local[idx][:, free]                                  # (nl, m) positions 1..k-1
+                if m == 1:
+                    g0, g1 = G[(0,)], G[(1,)]
+                    flip = g0 > g1
+                    keys.append(np.stack([np.minimum(g0, g1), np.maximum(g0, g1)], 1))
+                    p = np.where(flip[:, None], k - a[None, :, 0], a[None, :, 0]) - 1
+                    pos.append(p)
+                else:
+                    Gs = np.stack([G[(0, 0)], G[(1, 0)], G[(0, 1)], G[(1, 1)]], 1)   # bits (b0, b1)
+                    o = np.argmin(Gs, axis=1)
+                    o0, o1 = o & 1, o >> 1
+                    r = np.arange(nc)
+                    n0 = Gs[r, (1 - o0) + 2 * o1]                       # neighbour along free[0]
+                    n1 = Gs[r, o0 + 2 * (1 - o1)]                       # neighbour along free[1]
+                    p0 = np.where(o0[:, None] == 0, a[None, :, 0], k - a[None, :, 0])
+                    p1 = np.where(o1[:, None] == 0, a[None, :, 1], k - a[None, :, 1])
+                    swap = (n1 < n0)[:, None]
+                    c0, c1 = np.where(swap, p1, p0), np.where(swap, p0, p1)
+                    keys.append(np.stack([Gs[r, o], np.minimum(n0, n1), np.maximum(n0, n1)], 1))
+                    pos.append((c0 - 1) * (k - 1) + (c1 - 1))
+            allkeys = np.concatenate(keys)
+            _, inv = np.unique(allkeys, axis=0, return_inverse=True)
+            inv = inv.reshape(len(items), nc)
+            ne = int(inv.max()) + 1
+            per = (k - 1) ** m
+            for j, (pattern, free, idx) in enumerate(items):
+                dofs[:, idx] = offset + inv[j][:, None] * per + pos[j]
+            offset += ne * per
+        if "interior" in groups:
+            idx = groups["interior"]
+            dofs[:, idx] = offset + np.arange(nc)[:, None] * idx.size + np.arange(idx.size)[None, :]
+            offset += nc * idx.size
+        # compact: vertex ids of the mesh may leave gaps (unused points)
+        used, dofs = np.unique(dofs, return_inverse=True)
+        dofs = dofs.reshape(nc, n ** d).astype(np.int64)
+        dofs.setflags(write=False)
+        return dofs, int(used.size)
+
+    # ------------------------------------------------------------------ geometry
+    @property
+    def cell_points(self) -> np.ndarray:
+        """(cells, (k+1)^d, d) node coordinates of every cell."""
+        return self.points[self.cell_dofs]
+
+    def jacobians(self, B=None, DB=None, xp=np):
+        """J[c, q, i, j] = dx_i/dxi_j at the quadrature points of (B, DB) (default: the GLL
+        nodes), from the isoparametric interpolant of the node coordinates."""
+        from .basis import gll_derivative
+        DB = gll_derivative(self.degree) if DB is None else DB
+        key = (None if B is None else B.shape, DB.shape)        # one rule per shape for this k
+        if xp is np and key in self._jacobians:
+            return self._jacobians[key]
+        d, n = self.dim, self.n1
+        X = xp.asarray(self.cell_points)                          # (nc, n^d, d)
+        nc = X.shape[0]
+        J = []
+        for i in range(d):
+            xi = X[:, :, i].reshape((nc,) + (n,) * d)
+            g = reference_gradient(xi, None if B is None else xp.asarray(B), xp.asarray(DB), d)
+            J.append(xp.stack([gj.reshape(nc, -1) for gj in g], axis=-1))
+        J = xp.stack(J, axis=-2)                                  # (nc, nq, d, d)
+        if xp is np:
+            J.setflags(write=False)
+            self._jacobians[key] = J
+        return J
+
+    def _check_jacobians(self):
+        det = np.linalg.det(self.jacobians())
+        bad = np.flatnonzero(~(det > 0).all(axis=1))
+        if bad.size:
+            c = bad[0]
+            raise ValueError(f"SpectralSpace: {bad.size} cell(s) have a non-positive Jacobian determinant "
+                             f"at a GLL node (first: cell {c}, min det {det[c].min():.3g}); the cell is "
+                             "inverted or tangled (check the vertex order and the mapping)")
+
+    def cell_lengths(self) -> np.ndarray:
+        """(cells, d) mean edge length of each cell along each reference axis (seed 004's
+        h_x, h_y, h_z of the parallelepiped approximation)."""
+        d = self.dim
+        X = self.points[self.cell_dofs[:, self._vertex_local()]]  # (nc, 2^d, d)
+        cor = ref.corners(d)
+        h = np.empty((X.shape[0], d))
+        for ax in range(d):                                        # the axes, not the mesh
+            lo = np.flatnonzero(cor[:, ax] == 0)
+            h[:, ax] = np.linalg.norm(X[:, lo + (1 << ax)] - X[:, lo], axis=2).mean(axis=1)
+        return h
+
+    def _vertex_local(self) -> np.ndarray:
+        """Local node index of each cell vertex (lexicographic vertex order)."""
+        cor = ref.corners(self.dim)
+        return (cor * self.degree * self.n1 ** np.arange(self.dim)).sum(1)
+
+    # ------------------------------------------------------------------ boundary
+    def face_local_nodes(self) -> np.ndarray:
+        """(2d, (k+1)^(d-1)) local nodes on face ``f = 2 axis + side``."""
+        d, k, n = self.dim, self.degree, self.n1
+        a = np.arange(n ** d)
+        out = []
+        for ax in range(d):
+            c = (a // n ** ax) % n
+            for side in (0, 1):
+                out.append(np.flatnonzero(c == side * k))
+        return np.array(out)
+
+    def boundary_dofs(self, ids="all") -> np.ndarray:
+        """Sorted DoFs on the boundary faces with boundary id in ``ids`` ("all": every
+        boundary face; None: none)."""
+        if ids is None:
+            return np.zeros(0, dtype=np.int64)
+        if isinstance(ids, str):
+            if ids != "all":
+                raise ValueError(f"dirichlet must be 'all', None or boundary ids, got {ids!r}")
+            ids = None
+        c, f, _ = self.mesh.boundary_faces(ids)
+        return np.unique(self.cell_dofs[c[:, None], self.face_local_nodes()[f]])
+
+    def interpolation(self, degree: int, cell_dofs, num_coarse: int):
+        """CSR (num_dofs, num_coarse): the nodal Q_degree functions with DoFs ``cell_dofs``
+        (cells, (degree+1)^d) on the same cells, interpolated into this space's GLL nodes
+        (tensor products of ``phi_p(t_q)``, read off the first cell holding each node)."""
+        from ..patch.tensor import lagrange_eval
+        d, n = self.dim, self.cell_dofs.shape[1]
+        I1 = lagrange_eval(degree, gll_points(self.degree)) if degree > 1 else \
+            np.stack([1.0 - gll_points(self.degree), gll_points(self.degree)], 1)
+        loc = np.ones((1, 1))
+        for _ in range(d):                                           # x fastest: kron(z, y, x)
+            loc = np.kron(I1, loc)
+        loc[np.abs(loc) < 1e-14] = 0.0
+        _, first = np.unique(self.cell_dofs.ravel(), return_index=True)
+        c, a = first // n, first % n
+        cols = np.asarray(cell_dofs)[c]
+        rows = np.repeat(np.arange(self.num_dofs), cols.shape[1])
+        P = sp.csr_matrix((loc[a].ravel(), (rows, cols.ravel())), shape=(self.num_dofs, num_coarse))
+        P.eliminate_zeros()
+        return P
+
+    def gather_matrix(self):
+        """CSR (num_dofs, cells * (k+1)^d) of ones: ``G @ y`` adds cell arrays into the
+        global vector (the transpose of the gather ``u[cell_dofs]``)."""
+        cols = np.arange(self.cell_dofs.size)
+        return sp.csr_matrix((np.ones(cols.size), (self.cell_dofs.ravel(), cols)),
+                             shape=(self.num_dofs, cols.size))
+
+    def __repr__(self):
+        return (f"SpectralSpace(dim={self.dim}, k={self.degree}, cells={self.mesh.num_cells}, "
+                f"dofs={self.num_dofs}{', curved' if self.mapping is not None else ''})")

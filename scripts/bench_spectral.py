@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Benchmark of the spectral-element path (adaptmg.spectral; seeds 004 and 002).
+
+Sections (``--sections``, comma separated; all by default):
+  table1  seed 004 Table 1: CG iterations (rtol --rtol) of -Laplace u = f, degree --degree,
+          two-scale P = P^c + P^f vs the fine scale P^f alone (and p-multigrid, "pmg"),
+          on three meshes refined
+          over --sizes N: "cartesian" (the unit cube, N^3 cells), "distorted" (the cube
+          moved by a smooth non-affine map, every cell's vertex list rotated at random),
+          "ogrid" (an O-grid of a cylinder, 0.75 N^3 cells, vertex valence 6), with the
+          paper's rows (N = 8..128) beside
+  table4  seed 004 Table 4: heat equation, backward Euler, 70 steps (--steps) of
+          (M/dt + kappa K) u = M (u_old/dt + q(t)), kappa = 1e-2, dt = 0.04, a moving
+          Gaussian source, on the O-grid (--table4-n), degrees --table4-degrees, float64 and
+          float32; two-scale PCG warm-started from the last step, rtol 1e-6; total wall
+          time of the steps next to the paper's CUDA column (GTX 980, float32)
+  op      operator throughput (GDoF/s = global DoFs / apply time) on the distorted cube
+          with about --op-dofs DoFs (at most --op-max-cells N^3 cells) for k in --op-degrees: BK1 (mass, Gauss k+2), BK3 (Helmholtz
+          M + K, Gauss k+2), BP3-type stiffness (GLL collocated) with stored and
+          on-the-fly geometry, float64 and float32, beside the Cartesian matrix-free
+          patch operator (adaptmg.patch.LaplaceOperator) at about the same DoF count
+
+Times of table1 are set-up plus solve (one call of adaptmg.spectral.poisson).
+Timing: synchronise, one warm-up, median of --reps runs.  Example (H200, ~2 min):
+  python scripts/bench_spectral.py --backend gpu
+CPU check (small): python scripts/bench_spectral.py --backend cpu --sizes 4,8 \\
+  --table4-n 8 --table4-degrees 2,3 --steps 5 --op-dofs 2e4 --op-degrees 2,4
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import adaptmg
+from adaptmg.backend import get_backend
+from adaptmg.spectral import SpectralOperator, SpectralProblem, SpectralSpace, poisson
+from adaptmg.spectral.meshes import distorted_box, ogrid_cylinder
+
+PAPER_T1 = {  # seed 004 Table 1, degree 3, N = 8, 16, 32, 64, 128
+    "cartesian": ((10, 11, 13, 13, 13), (10, 16, 28, 52, 103)),
+    "distorted": ((10, 13, 15, 15, 15), (13, 20, 32, 60, 118)),
+    "ogrid": ((12, 18, 21, 21, 21), (14, 23, 41, 94, 185)),
+}
+PAPER_T4_CUDA = {2: 13.4, 3: 14.8, 4: 32.1, 5: 53.6, 6: 90.3, 7: 134.9}
+
+
+def ints(s):
+    return [int(v) for v in s.split(",") if v]
+
+
+def timed(fn, be, reps):
+    fn()
+    be.synchronize()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        be.synchronize()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def make_mesh(kind, n):
+    if kind == "cartesian":
+        return adaptmg.Mesh.box([0, 0, 0], [1, 1, 1], [n, n, n])
+    if kind == "distorted":
+        return distorted_box(3, n, amplitude=0.06, seed=n)
+    if kind == "ogrid":
+        return ogrid_cylinder(max(4, 4 * round(n / 4)), n)
+    raise ValueError(kind)
+
+
+def rhs(x):
+    return 1.0 + x[..., 0] * np.exp(x[..., 1])
+
+
+def table1(args, be):
+    print(f"\n## Table 1: CG iterations, degree {args.degree}, rtol {args.rtol:g} ({be.name})")
+    print(f"{'mesh':10s} {'N':>4s} {'cells':>9s} {'DoFs':>10s} {'two-scale':>9s} {'fine':>6s} {'pmg':>5s} "
+          f"{'paper ts/fine':>14s} {'s (ts)':>7s} {'s (pmg)':>7s}")
+    for kind in ("cartesian", "distorted", "ogrid"):
+        for n in args.sizes:
+            mesh = make_mesh(kind, n)
+            its, secs = {}, {}
+            for pc in ("two-scale", "fine", "pmg"):
+                t = time.perf_counter()
+                s = poisson(mesh, args.degree, rhs, preconditioner=pc, rtol=args.rtol, backend=be,
+                            maxiter=2000)
+                be.synchronize()
+                secs[pc] = time.perf_counter() - t
+                its[pc] = f"{s.iterations}{'' if s.info == 0 else '!'}"
+            col = {8: 0, 16: 1, 32: 2, 64: 3, 128: 4}.get(n)
+            paper = "" if col is None or args.degree != 3 else \
+                f"{PAPER_T1[kind][0][col]}/{PAPER_T1[kind][1][col]}"
+            print(f"{kind:10s} {n:4d} {mesh.num_cells:9d} {s.num_dofs:10d} {its['two-scale']:>9s} "
+                  f"{its['fine']:>6s} {its['pmg']:>5s} {paper:>14s} {secs['two-scale']:7.2f} "
+                  f"{secs['pmg']:7.2f}", flush=True)
+
+
+def table4(args, be):
+    kappa, dt = 1e-2, 0.04
+    mesh = ogrid_cylinder(args.table4_n, args.table4_n, height=2.0)
+    print(f"\n## Table 4: heat equation, {args.steps} backward-Euler steps, O-grid "
+          f"{mesh.num_cells} hexes ({be.name}); wall s of the steps (setup apart)")
+    print(f"{'n':>2s} {'DoFs':>10s} {'prec':>7s} {'setup s':>8s} {'steps s':>8s} {'CG its':>7s} "
+          f"{'paper CUDA s':>12s} {'speed-up':>8s} {'max u':>9s}")
+    xp = be.xp
+    for k in args.table4_degrees:
+        V = SpectralSpace(mesh, k)
+        for dtype in (np.float64, np.float32):
+            t0 = time.perf_counter()
+            prob = SpectralProblem(V, mass=1.0 / dt, stiffness=kappa, dtype=dtype, backend=be)
+            Mop = SpectralOperator(V, mass=1.0, stiffness=0.0, dtype=dtype, backend=be)
+            X = xp.asarray(V.points, dtype=dtype)
+            u = xp.zeros(V.num_dofs, dtype=dtype)
+            be.synchronize()
+            setup = time.perf_counter() - t0
+            its = 0
+            t0 = time.perf_counter()
+            for step in range(1, args.steps + 1):
+                t = step * dt
+                c = xp.asarray([0.5 * np.cos(t), 0.5 * np.sin(t), 2.0 * t / (args.steps * dt)], dtype=dtype)
+                q = (1000.0 / (7000.0 * 0.8)) * xp.exp(-((X - c) ** 2).sum(1) / 0.02)
+                b = prob.free * Mop.matvec(u / dt + q)
+                u, n, info = prob.solve(b, x0=u, rtol=1e-6)
+                its += n
+            be.synchronize()
+            wall = time.perf_counter() - t0
+            ref = PAPER_T4_CUDA.get(k) if args.steps == 70 else None
+            print(f"{k:2d} {V.num_dofs:10d} {np.dtype(dtype).name:>7s} {setup:8.2f} {wall:8.2f} {its:7d} "
+                  f"{'' if ref is None else f'{ref:.1f}':>12s} "
+                  f"{'' if ref is None else f'{ref / wall:.1f}x':>8s} {float(u.max()):9.3e}", flush=True)
+
+
+def op_table(args, be):
+    from adaptmg.patch import CartesianSpace, LaplaceOperator
+    print(f"\n## Operator throughput, distorted cube, about {args.op_dofs:.3g} DoFs ({be.name}), GDoF/s")
+    print(f"{'k':>2s} {'cells':>8s} {'DoFs':>10s} {'prec':>7s} {'BK1':>7s} {'BK3':>7s} {'K stored':>9s} "
+          f"{'K on-fly':>9s} {'patch K':>8s} {'patch DoFs':>10s} {'K GB/s':>7s}")
+    xp = be.xp
+    for k in args.op_degrees:
+        n = max(2, min(args.op_max_cells, round(args.op_dofs ** (1 / 3) / k)))
+        mesh = distorted_box(3, n, seed=1)
+        V = SpectralSpace(mesh, k)
+        N = V.num_dofs
+        lvl = 0                                   # the Cartesian level closest to N DoFs
+        while CartesianSpace(3, k, lvl + 1).n_dofs <= N:
+            lvl += 1
+        if CartesianSpace(3, k, lvl + 1).n_dofs / N < N / CartesianSpace(3, k, lvl).n_dofs:
+            lvl += 1
+        for dtype in (np.float64, np.float32):
+            x = xp.asarray(np.random.default_rng(0).standard_normal(N), dtype=dtype)
+            rates = []
+            for kw in (dict(mass=1.0, stiffness=0.0, quadrature="gauss"),
+                       dict(mass=1.0, stiffness=1.0, quadrature="gauss"),
+                       dict(), dict(geometry="on_the_fly")):
+                op = SpectralOperator(V, dtype=dtype, backend=be, **kw)
+                rates.append(N / timed(lambda: op.matvec(x), be, args.reps) / 1e9)
+                if not kw:
+                    # bytes of the stored-geometry stiffness: G (6) a node, x, y, the gather index
+                    nbytes = V.cell_dofs.size * (6 * np.dtype(dtype).itemsize + 4) + 2 * N * np.dtype(dtype).itemsize
+                    gbs = nbytes / (N / rates[-1] / 1e9) / 1e9
+                del op
+            Vc = CartesianSpace(3, k, lvl)
+            pc = LaplaceOperator(Vc, backend=be, dtype=dtype)
+            xc = xp.asarray(np.random.default_rng(0).standard_normal(Vc.n_dofs), dtype=dtype)
+            prate = Vc.n_dofs / timed(lambda: pc.matvec(xc), be, args.reps) / 1e9
+            print(f"{k:2d} {mesh.num_cells:8d} {N:10d} {np.dtype(dtype).name:>7s} " + " ".join(f"{r:7.3f}" for r in rates[:2])
+                  + f" {rates[2]:9.3f} {rates[3]:9.3f} {prate:8.3f} {Vc.n_dofs:10d} {gbs:7.0f}", flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="auto", choices=("auto", "cpu", "gpu"))
+    p.add_argument("--sections", default="table1,table4,op")
+    p.add_argument("--sizes", type=ints, default=[8, 16, 32])
+    p.add_argument("--degree", type=int, default=3)
+    p.add_argument("--rtol", type=float, default=1e-8)
+    p.add_argument("--table4-n", type=int, default=32, help="O-grid size (44: ~64k hexes, the paper's DoF counts)")
+    p.add_argument("--table4-degrees", type=ints, default=[2, 3, 4, 5, 6, 7])
+    p.add_argument("--steps", type=int, default=70)
+    p.add_argument("--op-dofs", type=float, default=8e6)
+    p.add_argument("--op-max-cells", type=int, default=64, help="at most N^3 cells (host set-up time)")
+    p.add_argument("--op-degrees", type=ints, default=[1, 2, 3, 4, 5, 6, 7, 8])
+    p.add_argument("--reps", type=int, default=5)
+    args = p.parse_args(argv)
+    be = get_backend(args.backend)
+    sections = [s for s in args.sections.split(",") if s]
+    bad = set(sections) - {"table1", "table4", "op"}
+    if bad:
+        p.error(f"unknown sections {sorted(bad)}; choose from table1, table4, op")
+    for s in sections:
+        {"table1": table1, "table4": table4, "op": op_table}[s](args, be)
+
+
+if __name__ == "__main__":
+    main()
