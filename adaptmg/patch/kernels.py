@@ -33,6 +33,7 @@ from .cuda_column import SMOOTH3D_MIN_BLOCKS, patches_per_block, smoother_source
 from .cuda_operator import cells_per_block, laplace_source
 from .cuda_pencil import (boundary_layout, boundary_smoother_source, pencil_layout,
                           pencil_smoother_source)
+from .stencil import GpuQ1Stencil
 from .tensor import ell_form, eigenvalue_sums, patch_fast_diag, patch_matrices, reference_matrices
 
 __all__ = ["GpuLaplace", "GpuPatchSmoother", "laplace_source", "smoother_source",
@@ -165,7 +166,6 @@ class GpuLaplace:
         self.cp = cp
         self.stencil = None
         if space.k == 1:
-            from .stencil import GpuQ1Stencil
             self.stencil = GpuQ1Stencil(space, self.dtype)
             return
         Mh, Ah = reference_matrices(space.k)
@@ -230,7 +230,6 @@ class GpuPatchSmoother:
             raise ValueError(f"variant 'stencil' (point Gauss-Seidel) is the k = 1 patch step; "
                              f"got k = {k}")
         if k == 1 and variant in (None, "tuned", "stencil"):
-            from .stencil import GpuQ1Stencil
             self.stencil = GpuQ1Stencil(space, self.dtype)
             self.variant, self.minb, self.unroll = "stencil", None, ""
             return
