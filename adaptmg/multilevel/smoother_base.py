@@ -295,7 +295,6 @@ class Jacobi(Smoother):
         return self._sweeps_into_x(x, work, b, m, work, defer_last)
 
 
-
 def _block_inverses(A, c, who="BlockJacobi"):
     """Inverses of the ``c x c`` diagonal node blocks of CSR ``A``, shape ``(n/c, c, c)``,
     on ``A``'s backend (NumPy for SciPy, CuPy for cupyx: no host round trip on the GPU).

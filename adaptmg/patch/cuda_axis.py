@@ -53,7 +53,6 @@ extern "C" __global__ void adaptmg_patch_axis_$NAME(
 """
 
 
-
 def axis_source(dtype):
     T = _TYPES[np.dtype(dtype)]
     name = "f64" if T == "double" else "f32"

@@ -20,13 +20,11 @@ from ..backend import get_backend
 _TYPES = {np.dtype(np.float64): "double", np.dtype(np.float32): "float"}
 
 
-
 def _fill(tpl, **kw):
     out = tpl
     for key in sorted(kw, key=len, reverse=True):      # $KP before $K
         out = out.replace("$" + key, str(kw[key]))
     return out
-
 
 
 def _literals(values, dtype):
@@ -36,12 +34,10 @@ def _literals(values, dtype):
     return ", ".join(float(v).hex() + suffix for v in np.asarray(values, dtype=dt).ravel())
 
 
-
 def cubin_name(src, name):
     """File name of a prebuilt cubin for this exact source (hash-tagged)."""
     import hashlib
     return f"{name}_{hashlib.sha1(src.encode()).hexdigest()[:12]}.cubin"
-
 
 
 def _load(src, name):

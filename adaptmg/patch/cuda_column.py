@@ -34,7 +34,6 @@ def patches_per_block(dim, k):
     return max(1, (256 if dim == 2 else 128) // n)
 
 
-
 # --- smoother -------------------------------------------------------------
 # Both 3D smoother forms start alike: Rbar_j x into the shared buffer DST
 # [i2][i1][i0], zero outside the domain (Dirichlet), one thread per z-column.
@@ -228,7 +227,6 @@ adaptmg_patch_smooth3d_$NAME(T* __restrict__ x, const T* __restrict__ b,
 """
 
 
-
 _SMOOTH2D = r"""
 typedef $T T;
 #define K $K
@@ -319,14 +317,12 @@ adaptmg_patch_smooth2d_$NAME(T* __restrict__ x, const T* __restrict__ b,
 """
 
 
-
 # Minimum resident blocks per SM asked of the compiler (register cap) for the 3D
 # smoother, by (k, dtype); 1 = no cap.  Tuned with bench_patch.py --sections tune
 # (figures in NOTES.md): uncapped, fp64 k=7 needs 166 registers, i.e. one
 # 225-thread block (8 warps) per SM.
 SMOOTH3D_MIN_BLOCKS = {(7, "float64"): 2, (6, "float32"): 3, (7, "float32"): 3,
                        (8, "float32"): 2}
-
 
 
 def smoother_source(dim, k, dtype, minb=None):

@@ -20,7 +20,6 @@ def cells_per_block(dim, k):
     return max(1, 256 // (k + 1) ** 2)
 
 
-
 _LAP3D = r"""
 typedef $T T;
 #define K $K
@@ -147,7 +146,6 @@ adaptmg_patch_lap2d_$NAME(const T* __restrict__ u, T* __restrict__ v,
     if (ok) atomicAdd(v + g, alpha * (c1 * sa + c0 * sm));
 }
 """
-
 
 
 def laplace_source(dim, k, dtype):

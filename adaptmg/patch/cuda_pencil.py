@@ -459,7 +459,6 @@ $FD_SOLVE"""
 _SMOOTH3D_BOUNDARY = _with_shared_pieces(_SMOOTH3D_BOUNDARY, "x^I <- A_j^{-1} r", "=")
 
 
-
 def pencil_layout(k):
     """Shared-memory layout of the pencil smoother (in elements): the row
     stride ``PT`` of the z/x-stage outputs (>= NI^2 and = NI mod 32, so that

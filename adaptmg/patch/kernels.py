@@ -53,7 +53,6 @@ def smoother_smem_bytes(dim, k, dtype, variant="column"):
     return (nmat + patches_per_block(dim, k) * per) * isz
 
 
-
 # The 3D smoother's forms (see GpuPatchSmoother) and the default: "tuned" takes
 # the form and register cap of SMOOTH3D_TUNED for each (k, dtype), the pencil
 # form elsewhere.  Tuned with bench_patch.py --sections tune (H100, NOTES.md):
@@ -70,7 +69,6 @@ SMOOTH3D_TUNED = {(5, "float64"): ("boundary", 1, ""), (6, "float64"): ("boundar
                   (7, "float64"): ("boundary", 2, "2"), (8, "float64"): ("boundary", 2, "1"),
                   (6, "float32"): ("boundary", 2, "2"), (7, "float32"): ("boundary", 4, "2"),
                   (8, "float32"): ("boundary", 3, "2")}
-
 
 
 def smoother_form(k, dtype, variant=None, minb=None, unroll=None):
@@ -93,7 +91,6 @@ def smoother_form(k, dtype, variant=None, minb=None, unroll=None):
     else:
         cap = SMOOTH3D_MIN_BLOCKS.get((k, name), 1)
     return variant, cap if minb is None else minb, unr if unroll is None else str(unroll)
-
 
 
 def build_cubins(outdir, arch="sm_90", nvcc="nvcc"):
@@ -134,7 +131,6 @@ def build_cubins(outdir, arch="sm_90", nvcc="nvcc"):
     return codes + [p.wait() for p in running]
 
 
-
 @functools.lru_cache(maxsize=None)
 def _raw_kernel(kind, dim, k, dtype_str, minb=None, unroll=""):
     if kind == "lap":
@@ -152,7 +148,6 @@ def _raw_kernel(kind, dim, k, dtype_str, minb=None, unroll=""):
         if nbytes > 48 * 1024:
             ker.max_dynamic_shared_size_bytes = nbytes
     return ker
-
 
 
 class GpuLaplace:
@@ -284,17 +279,14 @@ class GpuPatchSmoother:
         self.kernel(grid, self.block, args, shared_mem=self.smem)
 
 
-
 #: The axis kernel uses 32-bit index arithmetic up to this many output entries
 #: plus grid stride (a test lowers it to run the 64-bit path on small vectors).
 AXIS_INDEX32_LIMIT = 2 ** 31 - 1
 
 
-
 @functools.lru_cache(maxsize=None)
 def _axis_kernel(dtype_str):
     return _load(*axis_source(np.dtype(dtype_str)))
-
 
 
 class GpuAxisMatrix:
