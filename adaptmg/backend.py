@@ -20,7 +20,8 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = ["Backend", "get_backend", "gpu_available", "backend_of", "is_device_array",
-           "is_device_sparse", "is_sparse", "to_device", "to_host", "call_points", "CPU", "nccl_module"]
+           "is_device_sparse", "is_device_linear_operator", "is_device_error", "is_sparse",
+           "to_device", "to_host", "call_points", "CPU", "nccl_module"]
 
 
 @dataclass(frozen=True)
@@ -121,13 +122,17 @@ def get_backend(name: "str | Backend" = "auto") -> Backend:
     raise ValueError(f"backend must be 'auto', 'cpu' or 'gpu', got {name!r}")
 
 
+def _module_of(a) -> str:
+    """The module that defines the type of ``a`` ("" when the type names none)."""
+    return getattr(type(a), "__module__", "") or ""
+
+
 def _is_cupy_array(a) -> bool:
-    mod = type(a).__module__
-    return mod.startswith("cupy")
+    return _module_of(a).startswith("cupy")
 
 
 def _is_cupy_sparse(a) -> bool:
-    return type(a).__module__.startswith("cupyx.scipy.sparse")
+    return _module_of(a).startswith("cupyx.scipy.sparse")
 
 
 def is_device_array(a) -> bool:
@@ -138,6 +143,17 @@ def is_device_array(a) -> bool:
 def is_device_sparse(a) -> bool:
     """True for a cupyx.scipy.sparse matrix."""
     return a is not None and _is_cupy_sparse(a)
+
+
+def is_device_linear_operator(a) -> bool:
+    """True for an object of ``cupyx.scipy.sparse.linalg`` (a cupyx ``LinearOperator``)."""
+    return a is not None and _module_of(a).startswith("cupyx.scipy.sparse.linalg")
+
+
+def is_device_error(exc: BaseException) -> bool:
+    """True for an exception raised by CuPy (its class defined in ``cupy``, ``cupyx`` or
+    ``cupy_backends``: out-of-memory, CUDA runtime, cuSPARSE/cuBLAS errors)."""
+    return _module_of(exc).startswith("cupy")
 
 
 def is_sparse(a) -> bool:

@@ -11,12 +11,15 @@ the problem when the caller knows it) and the three ways out: a smaller
 problem, ``backend="cpu"``, or single precision (``dtype=float32`` halves the
 multigrid hierarchy).
 
-The check is by class name and module (``cupy...OutOfMemoryError``) so this
-module never imports CuPy (``adaptmg.backend`` is the only module that does).
+The check is by class name and module (``cupy...OutOfMemoryError``, through
+:func:`adaptmg.backend.is_device_error`) so this module never imports CuPy
+(``adaptmg.backend`` is the only module that does).
 """
 from __future__ import annotations
 
 import contextlib
+
+from .backend import is_device_error
 
 __all__ = ["gpu_memory_guard", "is_gpu_oom", "oom_message", "format_bytes"]
 
@@ -36,14 +39,12 @@ def format_bytes(n) -> str:
 
 def is_gpu_oom(exc: BaseException) -> bool:
     """True for CuPy's OutOfMemoryError and cuSPARSE/cuBLAS allocation failures."""
-    t = type(exc)
-    mod = getattr(t, "__module__", "") or ""
-    if t.__name__ == "OutOfMemoryError" and mod.startswith("cupy"):
+    if not is_device_error(exc):
+        return False
+    if type(exc).__name__ == "OutOfMemoryError":
         return True
-    if mod.startswith("cupy") or mod.startswith("cupy_backends"):
-        msg = str(exc)
-        return "ALLOC_FAILED" in msg or "out of memory" in msg.lower()
-    return False
+    msg = str(exc)
+    return "ALLOC_FAILED" in msg or "out of memory" in msg.lower()
 
 
 def oom_message(what: str, nbytes=None, exc: BaseException | None = None) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import call_points, get_backend, to_host
+from ..backend import backend_of, call_points, get_backend, to_host
 from .geometry import _det_inv, jacobian_error, q1_tables
 from .quadrature import tensor_gauss
 
@@ -42,8 +42,7 @@ def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=
     for name, fn in (("exact", exact), ("grad", grad)):
         if fn is not None and not callable(fn):
             raise TypeError(f"errors: {name} must be a callable of the points x (..., d), got {type(fn).__name__}")
-    be = get_backend(backend) if backend is not None else get_backend(
-        "gpu" if type(u).__module__.startswith("cupy") else "cpu")
+    be = get_backend(backend) if backend is not None else backend_of(u)
     xp = be.xp
     if tuple(getattr(u, "shape", np.shape(u))) != (space.num_dofs,):
         raise ValueError(f"u must have shape ({space.num_dofs},), got {np.shape(to_host(u))}")

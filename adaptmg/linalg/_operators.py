@@ -25,10 +25,11 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from ..backend import CPU, Backend, get_backend
+from ..backend import (CPU, Backend, get_backend, is_device_array, is_device_linear_operator,
+                       is_device_sparse)
 
 __all__ = ["Operator", "as_operator", "classify", "shifted", "side_of", "is_cupyx_sparse",
-           "module_of", "NUMERIC_KINDS"]
+           "NUMERIC_KINDS"]
 
 NUMERIC_KINDS = "biufc"
 
@@ -36,24 +37,18 @@ NUMERIC_KINDS = "biufc"
 # --------------------------------------------------------------------------
 # classification of operator-like objects
 # --------------------------------------------------------------------------
-def module_of(obj) -> str:
-    return type(obj).__module__ or ""
-
-
 def _is_cupyx_linear_operator(A) -> bool:
-    return (module_of(A).startswith("cupyx.scipy.sparse.linalg")
-            and callable(getattr(A, "matvec", None)))
+    return is_device_linear_operator(A) and callable(getattr(A, "matvec", None))
 
 
 def is_cupyx_sparse(A) -> bool:
-    return (module_of(A).startswith("cupyx.scipy.sparse")
-            and not _is_cupyx_linear_operator(A) and hasattr(A, "tocsr"))
+    return is_device_sparse(A) and not _is_cupyx_linear_operator(A) and hasattr(A, "tocsr")
 
 
 def _is_dense(A) -> bool:
     if isinstance(A, np.ndarray):
         return True
-    return (module_of(A).startswith("cupy") and not is_cupyx_sparse(A)
+    return (is_device_array(A) and not is_cupyx_sparse(A)
             and hasattr(A, "ndim") and hasattr(A, "dtype") and hasattr(A, "shape")
             and not _is_cupyx_linear_operator(A))
 
@@ -239,7 +234,7 @@ def side_of(A) -> Optional[Backend]:
     cupyx ones, None (the working backend) for anything else."""
     if isinstance(A, spla.LinearOperator) or sp.issparse(A) or isinstance(A, np.ndarray):
         return CPU
-    if _is_cupyx_linear_operator(A) or is_cupyx_sparse(A) or module_of(A).startswith("cupy"):
+    if _is_cupyx_linear_operator(A) or is_cupyx_sparse(A) or is_device_array(A):
         return get_backend("gpu")
     return None
 

@@ -35,10 +35,9 @@ from typing import Any, Callable, Optional
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import Backend, backend_of
+from ..backend import Backend, backend_of, is_device_array
 from ._vectorops import global_norm
-from ._operators import (NUMERIC_KINDS, Operator, as_operator, classify, is_cupyx_sparse,
-                         module_of, side_of)
+from ._operators import NUMERIC_KINDS, Operator, as_operator, classify, is_cupyx_sparse, side_of
 
 __all__ = ["System", "prepare_system", "check_positive_int", "check_tol", "check_atol",
            "callback_kind", "warn"]
@@ -129,7 +128,7 @@ def _as_vector(v, n, name, backend, dtype=None):
 
 def _as_array(v, name):
     """Array-like -> numpy/cupy array (lists become NumPy); TypeError if non-numeric."""
-    if not (isinstance(v, np.ndarray) or (module_of(v).startswith("cupy") and hasattr(v, "ndim"))):
+    if not (isinstance(v, np.ndarray) or (is_device_array(v) and hasattr(v, "ndim"))):
         if sp.issparse(v) or is_cupyx_sparse(v):
             raise TypeError(f"{name} must be a dense vector, got a sparse {type(v).__name__}")
         try:

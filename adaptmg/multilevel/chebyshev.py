@@ -9,7 +9,7 @@ import numpy as np
 
 from ..backend import is_device_sparse, to_host
 from ..device import kernels as K
-from .smoothers import Jacobi, Smoother, _check_square, _host_diagonal, _note, _validate_sweeps, _validate_vectors
+from .smoother_base import Jacobi, Smoother, _check_square, _host_diagonal, _note, _validate_sweeps, _validate_vectors
 from .start_vector import start_vector
 
 __all__ = ["Chebyshev", "estimate_lambda_max", "lanczos_lambda_max"]

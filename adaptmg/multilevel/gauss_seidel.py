@@ -79,7 +79,7 @@ from ..backend import is_sparse, to_host
 from ..device import kernels as K
 from ..device.gs_kernels import make_colored_sweep
 from .coloring import color_graph, color_groups
-from .smoothers import Smoother, _block_inverses, _note, _validate_sweeps, _validate_vectors
+from .smoother_base import Smoother, _block_inverses, _note, _validate_sweeps, _validate_vectors
 
 __all__ = ["GaussSeidel", "BlockGaussSeidel", "L1GaussSeidel", "SWEEPS"]
 

@@ -20,7 +20,7 @@ import functools
 import numpy as np
 
 from ..backend import get_backend
-from .kernels import _TYPES, _load
+from .cuda_build import _TYPES, _load
 from .tensor import ell_form
 
 __all__ = ["MAX_GATHER", "gather_width", "kron_gather_source", "GpuKronGather"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import get_backend
+from ..backend import get_backend, is_device_array
 from ..device.kernels import axpby
 from .space import CartesianSpace
 from .tensor import reference_matrices
@@ -135,8 +135,7 @@ class LaplaceOperator:
         self.space.check_vector(u)
         if u.dtype != self.dtype:
             raise TypeError(f"vector dtype {u.dtype} != operator dtype {self.dtype}")
-        mod = type(u).__module__
-        if self.backend.is_gpu != mod.startswith("cupy"):
+        if self.backend.is_gpu != is_device_array(u):
             raise TypeError(f"vector of type {type(u).__name__} is not on the operator's "
                             f"backend {self.backend.name!r}")
         if self.backend.is_gpu and not u.flags.c_contiguous:

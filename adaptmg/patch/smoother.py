@@ -46,7 +46,7 @@ import itertools
 
 import numpy as np
 
-from ..backend import get_backend
+from ..backend import get_backend, is_device_array
 from .operator import _check_space, cell_windows, check_dtype, contract
 from .tensor import eigenvalue_sums, patch_fast_diag, patch_matrices
 
@@ -123,7 +123,7 @@ class PatchSmoother:
             self.space.check_vector(v, name)
             if v.dtype != self.dtype:
                 raise TypeError(f"{name} dtype {v.dtype} != smoother dtype {self.dtype}")
-            if self.backend.is_gpu != type(v).__module__.startswith("cupy"):
+            if self.backend.is_gpu != is_device_array(v):
                 raise TypeError(f"{name} of type {type(v).__name__} is not on the smoother's "
                                 f"backend {self.backend.name!r}")
             if self.backend.is_gpu and not v.flags.c_contiguous:

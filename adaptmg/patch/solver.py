@@ -53,7 +53,7 @@ import warnings
 
 import numpy as np
 
-from ..backend import get_backend
+from ..backend import get_backend, is_device_array
 from ..linalg import ConvergenceWarning
 from ..multilevel import Level, MultilevelSolver
 from .operator import LaplaceOperator, _check_space, check_dtype, contract
@@ -383,7 +383,7 @@ class PatchMultigrid:
     # -- cycles ------------------------------------------------------------
     def _check_rhs(self, b, dtype=None):
         self.space.check_vector(b, "b")
-        if self.backend.is_gpu != type(b).__module__.startswith("cupy"):
+        if self.backend.is_gpu != is_device_array(b):
             raise TypeError(f"b of type {type(b).__name__} is not on backend {self.backend.name!r}")
         if dtype is not None and b.dtype != dtype:
             raise TypeError(f"b has dtype {b.dtype}, expected {dtype}")

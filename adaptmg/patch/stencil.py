@@ -33,7 +33,7 @@ import functools
 import numpy as np
 
 from ..backend import get_backend
-from .kernels import _TYPES
+from .cuda_build import _TYPES
 from .tensor import patch_matrices
 
 __all__ = ["q1_stencil", "distinct_weights", "stencil_source", "GpuQ1Stencil"]

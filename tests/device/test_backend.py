@@ -79,3 +79,53 @@ def test_large_uploads_page_locked_and_fallback():
     M = gpu.asmatrix(A).get()
     assert np.array_equal(M.indptr, A.indptr) and np.array_equal(M.indices, A.indices)
     assert np.array_equal(M.data, A.data)
+
+
+def _fake(module, name="Thing", base=object):
+    """An instance of a class that claims to be defined in ``module`` (no CuPy needed)."""
+    cls = type(name, (base,), {"matvec": lambda self, x: x, "tocsr": lambda self: self,
+                               "ndim": 1})
+    cls.__module__ = module
+    return cls() if base is object else cls
+
+
+def test_device_predicates_by_defining_module():
+    from adaptmg.backend import (is_device_array, is_device_linear_operator, is_device_sparse,
+                                 is_sparse)
+    arr, csr = _fake("cupy._core.core"), _fake("cupyx.scipy.sparse._csr")
+    linop = _fake("cupyx.scipy.sparse.linalg._interface")
+    host = (np.zeros(2), sp.eye(2, format="csr"), [1.0], None, _fake("numpy.cupy_lookalike"))
+    assert all(is_device_array(a) for a in (arr, csr, linop))
+    assert is_device_sparse(csr) and is_sparse(csr) and not is_device_sparse(arr)
+    assert is_device_linear_operator(linop) and not is_device_linear_operator(csr)
+    assert not any(f(h) for h in host for f in (is_device_array, is_device_sparse,
+                                                   is_device_linear_operator))
+    nomod = _fake("x")
+    type(nomod).__module__ = None                 # a type that names no module: host
+    assert not is_device_array(nomod) and backend_of(nomod) is CPU
+
+
+def test_linalg_classifies_fake_cupyx_objects_as_before():
+    """linalg's operator classification goes through the backend predicates."""
+    from adaptmg.linalg._operators import _is_dense, classify, is_cupyx_sparse
+    csr, linop = _fake("cupyx.scipy.sparse._csr"), _fake("cupyx.scipy.sparse.linalg._interface")
+    assert is_cupyx_sparse(csr) and not is_cupyx_sparse(linop)
+    assert not _is_dense(csr) and not _is_dense(linop)
+    assert classify(linop, "A")[0] == "cupyx-linop" and classify(csr, "A")[0] == "sparse"
+
+
+@pytest.mark.parametrize("module, name, msg, oom", [
+    ("cupy.cuda.memory", "OutOfMemoryError", "out of memory allocating 8 bytes", True),
+    ("cupy_backends.cuda.libs.cusparse", "CuSparseError", "CUSPARSE_STATUS_ALLOC_FAILED", True),
+    ("cupy_backends.cuda.api.runtime", "CUDARuntimeError", "cudaErrorMemoryAllocation: "
+     "out of memory", True),
+    ("cupy_backends.cuda.libs.cusparse", "CuSparseError", "CUSPARSE_STATUS_INVALID_VALUE", False),
+    ("builtins", "MemoryError", "out of memory", False),
+    ("mylib", "OutOfMemoryError", "out of memory", False),
+])
+def test_is_gpu_oom_by_defining_module(module, name, msg, oom):
+    from adaptmg.backend import is_device_error
+    from adaptmg.errors import is_gpu_oom
+    exc = _fake(module, name, Exception)(msg)
+    assert is_device_error(exc) == module.startswith("cupy")
+    assert is_gpu_oom(exc) == oom
