@@ -377,9 +377,9 @@ class DistributedHierarchy:
             d.layout = lay = self.layouts[l]
             d.A = d.P = d.R = d.smoother = None
             if l == c - 1:                   # the top of the levels on rank 0: the coarse level
-                d.A = DistCSR(lev.A, lay, lay, self.timer, **kw)
+                d.A = DistCSR(to_host(lev.A), lay, lay, self.timer, **kw)
             if l >= c:
-                d.A = DistCSR(lev.A, lay, lay, self.timer, **kw)
+                d.A = DistCSR(to_host(lev.A), lay, lay, self.timer, **kw)
                 d.P = DistCSR(lev.P, lay, self.layouts[l - 1], self.timer, **kw)
                 d.R = DistCSR(lev.R, self.layouts[l - 1], lay, self.timer, **kw)
                 d.smoother = _local_smoother(ml._dev[l].smoother, d.A, lay.rows, be)

@@ -23,7 +23,7 @@ import warnings
 
 import numpy as np
 
-from ..backend import to_host
+from ..backend import is_device_sparse, to_host
 from ..linalg import ConvergenceWarning
 
 __all__ = ["OWN_ACCELS", "resolve_accel", "solve_with_function"]
@@ -68,6 +68,10 @@ def solve_with_function(ml, f, b, x, have_x0, rtol, atol, maxiter, kind, callbac
         M = spla.LinearOperator(A.shape, dtype=A.dtype,
                                 matvec=lambda v: to_host(dev_M.matvec(be.asarray(v))))
         b, x = to_host(b), to_host(x)
+    elif be.is_gpu and not is_device_sparse(A):
+        # cupyx's solvers understand cupyx matrices and LinearOperators only
+        A_op = A
+        A = be.linalg.LinearOperator(A_op.shape, matvec=lambda v: A_op @ v, dtype=b.dtype)
     x0 = x if have_x0 else None
     if _pyamg_style(f):
         x, info = f(A, b, x0=x0, tol=rtol, maxiter=maxiter, M=M, callback=callback,

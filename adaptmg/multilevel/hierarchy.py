@@ -173,8 +173,8 @@ class GeometricMultigrid(MultilevelSolver):
     assembled : the finest unconstrained matrix ``assemble(spaces[-1])``, as ``assemble``
         returned it: a host matrix, or a cupyx matrix when ``assemble`` built it on the GPU.
     A : the finest constrained matrix ``K = Z H^T A H Z + s (I - Z)``, the matrix of
-        ``solve`` (the same object as ``levels[-1].A``): SciPy CSR, or cupyx CSR (built on
-        the device, :meth:`adaptmg.Constraints.matrix`) when ``assembled`` is one.
+        ``solve``, as SciPy CSR: ``levels[-1].A`` itself, or -- when the GPU set-up built it
+        on the device (``levels[-1].A`` a cupyx matrix) -- its host copy, made on first access.
     num_algebraic : number of algebraic levels below the geometric ones.
     """
 
@@ -198,8 +198,14 @@ class GeometricMultigrid(MultilevelSolver):
 
     @property
     def A(self):
-        """The finest constrained matrix, ``levels[-1].A`` (host, or device: see the class docstring)."""
-        return self.levels[-1].A
+        """The finest constrained matrix as SciPy CSR: ``levels[-1].A``, or its host copy
+        (made once, on first access) when the GPU set-up built it on the device."""
+        A = self.levels[-1].A
+        if not is_device_sparse(A):
+            return A
+        if getattr(self, "_A_host", None) is None or self._A_host[0] is not A:
+            self._A_host = (A, to_host(A))
+        return self._A_host[1]
 
     def constrain(self, b):
         """Constrained right-hand side ``f = Z H^T (b - A H g) + s g`` on the finest space

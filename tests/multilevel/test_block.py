@@ -10,6 +10,7 @@ import scipy.sparse.linalg as sla
 
 import adaptmg
 from adaptmg import assemble
+from adaptmg.backend import to_host
 from adaptmg.linalg import ConvergenceWarning
 from adaptmg.linalg.block_krylov import block_cg, block_gmres
 from adaptmg.multilevel.smoothers import SMOOTHERS
@@ -46,7 +47,7 @@ def _check_vs_columns(ml, B, accel, cycle, be_xp=np):
     X = _host(ml.solve(be_xp.asarray(B), rtol=1e-8, accel=accel, cycle=cycle))
     its, info = np.asarray(ml.last_iterations), np.asarray(ml.last_info)
     assert X.shape == B.shape and np.all(info == 0)
-    A = ml.levels[-1].A
+    A = to_host(ml.levels[-1].A)        # a device matrix when the GPU set-up built it there
     for j in range(B.shape[1]):
         x = _host(ml.solve(be_xp.asarray(np.ascontiguousarray(B[:, j])), rtol=1e-8,
                            accel=accel, cycle=cycle))
