@@ -267,7 +267,7 @@ def main(argv=None):
     p.add_argument("--levels", type=ints, default=None, help="Figure 5 levels (h = 2^-level)")
     p.add_argument("--err-h0", type=int, default=4, help="1/h0 of the Figure 5 runs (at most)")
     p.add_argument("--err-n", type=int, default=64, help="Figure 5: at most this many fine cells per macro edge")
-    p.add_argument("--a", type=float, default=8.0, help="u = sin(a pi x) sin(a pi y)")
+    p.add_argument("--a", type=float, default=16.0, help="u = sin(a pi x) sin(a pi y) (strongly oscillating, as in Fig. 5)")
     p.add_argument("--plot", default="out/prehandling_fig5.png")
     p.add_argument("--cg-max-level", type=int, default=None, help="largest level of the fp16 CG columns")
     p.add_argument("--cg-maxiter", type=int, default=3000)
