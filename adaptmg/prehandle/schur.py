@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import get_backend, to_host
+from ..backend import get_backend
 from .hierarchical import PartialCholesky, global_transform, local_transform
 from .macro import RefinedMacroMesh
 
@@ -87,7 +87,7 @@ class SchurSolver:
         be = self.backend = get_backend(backend)
         xp = be.xp
         self.rm, self.dtype, self.prehandle = rm, dt, bool(prehandle)
-        n, nC, nE, N = rm.n, rm.n_C, rm.n_E, rm.N
+        nC, nE, N = rm.n_C, rm.n_E, rm.N
         nK = nC + nE
         reps = np.array([cg[0] for cg in rm.group_cells])
         Aloc = _local_stiffness(rm, reps, local_transform(rm.levels) if self.prehandle else None)
