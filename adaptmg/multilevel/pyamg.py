@@ -219,7 +219,7 @@ def _map_pyamg(fn, A):
     if name == "none":
         return _Spec("none", {}, 0, True, "None")
     if name == "jacobi" and "omega" in p:
-        return _Spec("jacobi", {"omega": float(p["omega"])}, it, True,
+        return _Spec("jacobi", {"omega": float(p["omega"]), "singular": "pinv"}, it, True,
                      f"jacobi({_short(p, ('omega', 'iterations'))})")
     if name == "block_jacobi" and "omega" in p:
         c = int(p.get("blocksize", bs) or 1)
@@ -256,7 +256,7 @@ def _map_pyamg(fn, A):
     if name in ("cf_jacobi", "fc_jacobi", "cf_block_jacobi", "fc_block_jacobi") and "omega" in p:
         c = int(p.get("blocksize", 1) or 1)
         kind = "block_jacobi" if c > 1 else "jacobi"
-        kw = {"omega": float(p["omega"])} | ({"block_size": c} if c > 1 else {})
+        kw = {"omega": float(p["omega"])} | ({"block_size": c} if c > 1 else {"singular": "pinv"})
         src = f"{name}({_short(p, ('omega', 'iterations', 'f_iterations', 'c_iterations'))})"
         return _Spec(kind, kw, it, False, src,
                      f"{kind.replace('_', ' ')} (omega={float(p['omega']):.4g}) on all points, "

@@ -196,9 +196,15 @@ class Jacobi(Smoother):
     def __repr__(self):
         return (f"{type(self).__name__}(omega={self.omega:.4g}{', fused' if self.fused else ''})"
                 f"{_note(self)}")
-    _host_attrs = ("_dinv_host", "fused")
+    _host_attrs = ("_dinv_host", "fused", "singular")
 
-    def __init__(self, A, omega=2.0 / 3.0, backend=None, dtype=None, fused=False):
+    def __init__(self, A, omega=2.0 / 3.0, backend=None, dtype=None, fused=False,
+                 singular="raise"):
+        # singular="pinv": a zero diagonal entry leaves its row alone (D^{-1} entry 0), as
+        # pyamg's relaxation does (from_pyamg asks for it); "raise": ValueError naming it
+        if singular not in ("raise", "pinv"):
+            raise ValueError(f"Jacobi: singular must be 'raise' or 'pinv', got {singular!r}")
+        self.singular = singular
         self.fused = bool(fused)
         super().__init__(A, omega, backend, dtype)
 
@@ -209,6 +215,9 @@ class Jacobi(Smoother):
 
     def _setup_host(self):
         d = _host_diagonal(self.A_host, "Jacobi")
+        if getattr(self, "singular", "raise") == "pinv" and np.isfinite(d).all():
+            self._dinv_host = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+            return
         bad = np.flatnonzero(~np.isfinite(d) | (d == 0))
         if bad.size:
             raise ValueError(f"Jacobi: zero or non-finite diagonal entry in row {int(bad[0])} "

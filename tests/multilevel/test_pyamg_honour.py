@@ -221,3 +221,32 @@ def test_gpu_complex_hierarchy_amli_accel_and_coarse_solver():
         res = []
         x = mg.solve(b, rtol=1e-8, accel=pyamg_cg, residuals=res)
         assert np.linalg.norm(b - A @ x) <= 1e-7 * np.linalg.norm(b) and len(res) <= 40
+
+
+def test_zero_diagonal_and_singular_block_as_pyamg():
+    """singular='pinv' (what from_pyamg asks for): a zero diagonal leaves its row alone and a
+    singular node block is pseudo-inverted, as pyamg's relaxation; the default refuses."""
+    from pyamg.relaxation.relaxation import block_gauss_seidel, gauss_seidel, jacobi
+    from adaptmg.multilevel.gauss_seidel import BlockGaussSeidel, GaussSeidel
+    from adaptmg.multilevel.smoothers import Jacobi
+    A = sp.csr_matrix(np.array([[2.0, -1, 0], [-1, 0, -1], [0, -1, 2]]))
+    b = np.array([1.0, 2.0, 3.0])
+    for ours, ref in ((lambda: Jacobi(A, omega=1.0, singular="pinv"),
+                       lambda x: jacobi(A, x, b, omega=1.0)),
+                      (lambda: GaussSeidel(A, sweep="forward", singular="pinv"),
+                       lambda x: gauss_seidel(A, x, b, sweep="forward"))):
+        x, y = np.zeros(3), np.zeros(3)
+        ours().smooth(x, b, 1)
+        ref(y)
+        np.testing.assert_allclose(x, y, rtol=1e-14)       # path graph: the colours are exact
+    with pytest.raises(ValueError, match="row 1"):
+        GaussSeidel(A)
+    B = sp.csr_matrix(sp.block_diag([np.ones((2, 2)), 2.0 * np.eye(2)]))
+    c = np.array([1.0, 3.0, 2.0, 4.0])
+    x, y = np.zeros(4), np.zeros(4)
+    BlockGaussSeidel(B, block_size=2, sweep="forward", singular="pinv").smooth(x, c, 1)
+    block_gauss_seidel(sp.bsr_matrix(B, blocksize=(2, 2)), y, c, blocksize=2, sweep="forward")
+    np.testing.assert_allclose(x, y, rtol=1e-13)
+    np.testing.assert_allclose(x, [1.0, 1.0, 1.0, 2.0], rtol=1e-13)
+    with pytest.raises(ValueError, match="node 0"):
+        BlockGaussSeidel(B, block_size=2)
