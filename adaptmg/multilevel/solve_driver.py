@@ -15,6 +15,7 @@ import warnings
 
 import numpy as np
 
+from ..backend import CPU
 from ..device import kernels as K
 from ..linalg import ConvergenceWarning
 from .accel import resolve_accel, solve_with_function
@@ -91,9 +92,11 @@ class SolveDriver:
             raise ValueError(f"restart={restart!r} applies to accel='gmres' only, got accel={accel!r}")
         kind = _check_cycle(cycle)
         be, xp = self.backend, self.backend.xp
-        accel = resolve_accel(accel, be)
         n = self._dev[-1].n
         host_in = be.is_gpu and isinstance(b, np.ndarray)
+        # a Krylov function by name: SciPy's for host arrays (a NumPy b on a GPU hierarchy is
+        # solved with host vectors, see accel.solve_with_function), else the backend's
+        accel = resolve_accel(accel, CPU if host_in else be)
         bshape = getattr(b, "shape", None)
         if bshape is not None and len(bshape) == 2 and bshape[0] == n and bshape[1] > 1:
             from .block import solve_block

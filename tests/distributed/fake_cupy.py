@@ -67,6 +67,18 @@ class csr_matrix(sp.csr_matrix):
 csr_matrix.__module__ = "cupyx.scipy.sparse._csr"
 
 
+class coo_matrix(sp.coo_matrix):
+    """A SciPy COO matrix that reports itself as a cupyx one (the device set-up's
+    constrained products build one); ``tocsr`` gives the stand-in CSR."""
+
+    def tocsr(self, copy=False):
+        A = sp.coo_matrix.tocsr(self, copy=copy)
+        return csr_matrix((A.data, A.indices, A.indptr), shape=A.shape)
+
+
+coo_matrix.__module__ = "cupyx.scipy.sparse._coo"
+
+
 class _Stream:
     ptr = 0
 
@@ -193,6 +205,7 @@ _XP.ElementwiseKernel = ElementwiseKernel
 xp = _XP("cupy")
 csp = types.ModuleType("cupyx.scipy.sparse")
 csp.csr_matrix = csr_matrix
+csp.coo_matrix = coo_matrix
 csp.issparse = sp.issparse
 
 

@@ -281,7 +281,8 @@ def test_device_assembled_finest_level_is_constrained_on_the_device(dim):
 
     ml_h = adaptmg.multigrid(space, lambda s: assemble.scalar_form(s, **kw), backend=gpu)
     ml_d = adaptmg.multigrid(space, on_device, backend=gpu)
-    assert is_device_sparse(ml_d.assembled) and is_device_sparse(ml_d.A)
+    assert is_device_sparse(ml_d.assembled) and is_device_sparse(ml_d.levels[-1].A)
+    assert not is_device_sparse(ml_d.A)               # ml.A: the host copy
     Kh, Kd = ml_h.A, to_host(ml_d.A)
     assert Kd.has_canonical_format and Kd.shape == Kh.shape
     assert abs(Kh - Kd).max() <= 1e-13 * abs(Kh).max()
