@@ -28,7 +28,10 @@ one batched matmul per axis and direction, with the cells' S picked from 9 penci
 Coarse scale ``P^c = P A_1^{-1} P^T``: ``P`` interpolates Q1 on the mesh vertices into
 the GLL nodes (the multilinear shape functions at the GLL points), ``A_1^{-1}`` is one
 cycle of :func:`adaptmg.multigrid` on the Q1 problem ``c_m M_1 + c_k K_1`` (geometric
-levels, then algebraic ones) as a preconditioner."""
+levels, then algebraic ones) as a preconditioner.  On a 2:1 mesh with hanging nodes the
+transfer is ``P H_1`` (``H_1`` the Q1 constraint matrix of :mod:`adaptmg.fe.space`) with
+the hanging rows and columns of both sides dropped, and the fine scale leaves the hanging
+DoFs out of its patches (they are masked like Dirichlet DoFs)."""
 from __future__ import annotations
 
 import numpy as np
@@ -219,7 +222,14 @@ class CoarseQ1:
         self.ml, cfixed = q1_multigrid(space.mesh, dirichlet, mass=mass, stiffness=stiffness,
                                        dtype=dtype, backend=be, **multigrid_kwargs)
         self.M = self.ml.aspreconditioner()
-        self.P, self.R = masked_transfer(q1_interpolation(space), fixed, cfixed, be, dtype)
+        P = q1_interpolation(space)
+        if space.H is not None:            # hanging nodes: Q1 regular values -> GLL regular values
+            from ..fe import Space
+            q1 = Space(space.mesh, 1)
+            P = (P @ q1.H).tocsr()
+            cfixed = np.union1d(cfixed, q1.hanging_nodes)
+            fixed = np.union1d(fixed, space.hanging_dofs)
+        self.P, self.R = masked_transfer(P, fixed, cfixed, be, dtype)
 
     def __call__(self, r):
         return self.P @ self.M.matvec(self.R @ r)

@@ -89,22 +89,24 @@ class SpectralSpace:
     """Continuous nodal Q_k (k = 1..8) on the GLL points of every cell of ``mesh``.
 
     Attributes: ``cell_dofs`` (cells, (k+1)^d), ``num_dofs``, ``points`` (num_dofs, d),
-    ``cell_points`` (cells, (k+1)^d, d)."""
+    ``cell_points`` (cells, (k+1)^d, d); on a 2:1 mesh with hanging nodes ``H`` (CSR, the
+    constraint matrix: u = H x) and ``hanging_dofs`` (else None and empty)."""
 
     def __init__(self, mesh: Mesh, degree: int, mapping=None):
         if not isinstance(mesh, Mesh):
             raise TypeError(f"SpectralSpace expects an adaptmg Mesh, got {type(mesh).__name__}")
         self.degree = k = check_spectral_degree(degree)
-        if mesh.num_hanging_nodes:
-            raise ValueError(f"SpectralSpace: the mesh has {mesh.num_hanging_nodes} hanging node(s); "
-                             "Q_k on GLL points supports conforming meshes only (no hanging-node "
-                             "constraints for k > 2 yet)")
         if mapping is not None and not callable(mapping):
             raise TypeError(f"mapping must be a callable x -> x of points (..., d), got {type(mapping).__name__}")
         self.mesh, self.dim, self.mapping = mesh, mesh.dim, mapping
         self._jacobians = {}
         self.n1 = k + 1
         self.cell_dofs, self.num_dofs = self._number()
+        # hanging nodes (2:1 adaptive meshes): u = H x, see adaptmg.spectral.hanging
+        self.H, self.hanging_dofs = None, np.zeros(0, dtype=np.int64)
+        if mesh.num_hanging_nodes:
+            from .hanging import hanging_matrix
+            self.H, self.hanging_dofs = hanging_matrix(self)
         cells = np.asarray(mesh.cells)
         xc = _multilinear(mesh.points[cells], gll_points(k), self.dim)       # (nc, n^d, d)
         pts = np.empty((self.num_dofs, self.dim))
@@ -115,7 +117,7 @@ class SpectralSpace:
                 raise ValueError(f"mapping must return an array of shape {pts.shape}, got {mapped.shape}")
             if not np.isfinite(mapped).all():
                 raise ValueError("mapping returned NaN or Inf")
-            pts = mapped
+            pts = mapped if self.H is None else self.H @ mapped    # fine sides follow the coarse trace
         pts.setflags(write=False)
         self.points = pts
         self._check_jacobians()
