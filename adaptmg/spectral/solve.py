@@ -60,12 +60,10 @@ class SpectralProblem:
         self.fixed = np.setdiff1d(space.boundary_dofs(dirichlet), hang)   # hanging values follow H
         if mass == 0.0 and self.fixed.size == 0:
             raise ValueError("the pure Neumann Poisson problem is singular: give Dirichlet boundary ids")
-        if hang.size and preconditioner == "pmg":
-            raise ValueError("preconditioner='pmg' does not support meshes with hanging nodes yet; "
-                             "use 'two-scale', 'fine' or 'jacobi'")
         free = np.ones(space.num_dofs)
         free[self.fixed] = 0.0
         free[hang] = 0.0
+        self.masked = np.union1d(self.fixed, hang)          # the DoFs with identity rows
         self._H = None if space.H is None else \
             (self.backend.asmatrix(space.H, dtype=dtype), self.backend.asmatrix(space.H.T.tocsr(), dtype=dtype))
         self.free = xp.asarray(free, dtype=dtype)
@@ -84,7 +82,7 @@ class SpectralProblem:
             from .pmg import PMultigrid
             self.M = PMultigrid(self, dirichlet, **(coarse_kwargs or {}))
         else:
-            fine = FineSchwarz(space, np.union1d(self.fixed, hang), **kw)   # patches without hanging DoFs
+            fine = FineSchwarz(space, self.masked, **kw)      # patches without hanging DoFs
             self.M = fine if preconditioner == "fine" else \
                 TwoScale(fine, CoarseQ1(space, dirichlet, self.fixed, **kw, **(coarse_kwargs or {})))
 
