@@ -30,11 +30,12 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-import scipy.sparse as sp
 
+from ..fe.space import constraint_matrix
 from ..mesh import reference as ref
 from ..patch.tensor import lagrange_eval
 from .basis import gll_points
+from .space import local_indices
 
 __all__ = ["check_two_to_one", "hanging_matrix"]
 
@@ -75,7 +76,6 @@ def _hanging_rows(space):
     hpar[hn] = par
     cor = ref.corners(d).astype(float)
     t = gll_points(k)
-    from .space import local_indices
     local = local_indices(k, d)
     rows, cols, ws = [], [], []
     for pattern in itertools.product((0, 1, 2), repeat=d):      # 0/1: fixed side, 2: free axis
@@ -139,22 +139,6 @@ def _hanging_rows(space):
 def hanging_matrix(space):
     """``(H, hanging)``: the CSR constraint matrix (num_dofs x num_dofs) and the sorted
     hanging DoFs of ``space`` (module docstring); H is the identity without hanging nodes."""
-    n = space.num_dofs
     check_two_to_one(space.mesh)
     hd, cols, W = _hanging_rows(space)
-    regular = np.ones(n, dtype=bool)
-    regular[hd] = False
-    r = np.flatnonzero(regular)
-    nz = W != 0
-    H = sp.csr_matrix((np.concatenate([np.ones(r.size), W[nz]]),
-                       (np.concatenate([r, np.repeat(hd, nz.sum(1))]), np.concatenate([r, cols[nz]]))),
-                      shape=(n, n))
-    for _ in range(4):                                          # H <- H H while a weight hits a hanging DoF
-        if not H[:, hd].count_nonzero():
-            break
-        H = (H @ H).tocsr()
-    else:
-        raise ValueError("spectral hanging-node constraints do not resolve (the mesh breaks the 2:1 rule)")
-    H.eliminate_zeros()
-    H.sort_indices()
-    return H, hd
+    return constraint_matrix(space.num_dofs, hd, cols, W), hd
