@@ -159,3 +159,36 @@ def test_gpu_hanging_matches_cpu(pc):
     g = poisson(mesh, 3, _rhs, g=_exact, preconditioner=pc, backend="gpu")
     assert abs(c.iterations - g.iterations) <= 1
     assert np.abs(g.u.get() - c.u).max() < 1e-7
+
+
+@pytest.mark.parametrize("dim, k", [(2, 1), (2, 2), (3, 1), (3, 2)])
+def test_constrained_operator_equals_fe_peer(dim, k):
+    """k = 1, 2: the GLL points are the Q1/Q2 lattice, so the constrained functions H x and
+    the constrained Helmholtz matrix H^T (M + K) H (Gauss quadrature, exact on the affine
+    cells) equal adaptmg.fe's on the regular DoFs, matched by their points.  (For even k a
+    hanging mesh vertex coincides with the coarse edge's middle GLL node: here it is a
+    hanging DoF of its own with the weight 1 on that node, fe shares it -- same space.)"""
+    from adaptmg import assemble
+    from adaptmg.fe import Constraints, Space
+    from adaptmg.spectral import SpectralProblem
+    mesh = _two_to_one(dim, levels=2 if dim == 2 else 1).map(_shear)
+    V, q = SpectralSpace(mesh, k), Space(mesh, k)
+    _, inv = np.unique(np.round(np.vstack([V.points, q.points]), 10), axis=0, return_inverse=True)
+    inv = inv.ravel()
+    fe_of = np.full(inv.max() + 1, -1)
+    fe_of[inv[V.num_dofs:]] = np.arange(q.num_dofs)
+    m = fe_of[inv[:V.num_dofs]]                                # spectral DoF -> fe DoF at its point
+    assert (m >= 0).all()
+    reg = np.setdiff1d(np.arange(V.num_dofs), V.hanging_dofs)
+    assert np.array_equal(np.sort(m[reg]), np.flatnonzero(~q.is_hanging))
+    x = np.zeros(V.num_dofs)
+    x[reg] = np.random.default_rng(1).standard_normal(reg.size)
+    y = np.zeros(q.num_dofs)
+    y[m[reg]] = x[reg]
+    assert np.abs(V.H @ x - (q.H @ y)[m]).max() < 100 * EPS * np.abs(x).max()
+    prob = SpectralProblem(V, dirichlet=None, mass=1.0, stiffness=1.0, preconditioner="none",
+                           quadrature="gauss", backend="cpu")
+    eye = np.eye(V.num_dofs)
+    A = np.column_stack([prob.restrict(prob.op.matvec(prob.expand(eye[:, j]))) for j in reg])[reg]
+    R = Constraints(q).project(assemble.stiffness(q) + assemble.mass(q)).toarray()[m[reg]][:, m[reg]]
+    assert np.abs(A - R).max() < 100 * EPS * np.abs(R).max()
