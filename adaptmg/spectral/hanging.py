@@ -34,8 +34,7 @@ import numpy as np
 from ..fe.space import constraint_matrix
 from ..mesh import reference as ref
 from ..patch.tensor import lagrange_eval
-from .basis import gll_points
-from .space import local_indices
+from .basis import gll_points, local_indices
 
 __all__ = ["check_two_to_one", "hanging_matrix"]
 

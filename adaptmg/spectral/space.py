@@ -29,9 +29,10 @@ import scipy.sparse as sp
 
 from ..mesh import Mesh
 from ..mesh import reference as ref
-from .basis import check_spectral_degree, gll_points
+from .basis import check_spectral_degree, gll_points, local_indices
+from .hanging import hanging_matrix
 
-__all__ = ["SpectralSpace", "contract", "reference_gradient"]
+__all__ = ["SpectralSpace", "contract", "reference_gradient", "local_indices"]
 
 
 def contract(u, A, axis: int, dim: int):
@@ -70,12 +71,6 @@ def interpolate(u, B, dim: int):
     return u
 
 
-def local_indices(k: int, dim: int) -> np.ndarray:
-    """((k+1)^d, d) tensor index (a_0 = x, ...) of each local node, x fastest."""
-    a = np.arange((k + 1) ** dim)
-    return np.stack([(a // (k + 1) ** ax) % (k + 1) for ax in range(dim)], axis=1)
-
-
 def _multilinear(X, t, dim):
     """Multilinear map of vertex coordinates X (nc, 2^d, d) at the tensor points t^d
     (lexicographic, x fastest): (nc, len(t)^d, d)."""
@@ -105,7 +100,6 @@ class SpectralSpace:
         # hanging nodes (2:1 adaptive meshes): u = H x, see adaptmg.spectral.hanging
         self.H, self.hanging_dofs = None, np.zeros(0, dtype=np.int64)
         if mesh.num_hanging_nodes:
-            from .hanging import hanging_matrix
             self.H, self.hanging_dofs = hanging_matrix(self)
         cells = np.asarray(mesh.cells)
         xc = _multilinear(mesh.points[cells], gll_points(k), self.dim)       # (nc, n^d, d)
