@@ -19,8 +19,13 @@ Sections (``--sections``, comma separated; all by default):
           M + K, Gauss k+2), BP3-type stiffness (GLL collocated) with stored and
           on-the-fly geometry, float64 and float32, beside the Cartesian matrix-free
           patch operator (adaptmg.patch.LaplaceOperator) at about the same DoF count
+  adaptive  issue 39 item 5: Q_k (degree --degree) on 2:1 adaptive meshes, the distorted
+          cube N^3 (--sizes) with the cells near the corner (0.3, 0.3, 0.3) refined twice
+          more (nested balls of radius 0.45 and 0.3: hanging faces of two levels); CG
+          iterations (rtol --rtol) of two-scale / fine / p-multigrid, the L2 error of a smooth
+          solution and its rate, set-up + solve seconds (not in the default sections)
 
-Times of table1 are set-up plus solve (one call of adaptmg.spectral.poisson).
+Times of table1 and adaptive are set-up plus solve (one call of adaptmg.spectral.poisson).
 Timing: synchronise, one warm-up, median of --reps runs.  Example (H200, ~2 min):
   python scripts/bench_spectral.py --backend gpu
 CPU check (small): python scripts/bench_spectral.py --backend cpu --sizes 4,8 \\
@@ -98,6 +103,44 @@ def table1(args, be):
             print(f"{kind:10s} {n:4d} {mesh.num_cells:9d} {s.num_dofs:10d} {its['two-scale']:>9s} "
                   f"{its['fine']:>6s} {its['pmg']:>5s} {paper:>14s} {secs['two-scale']:7.2f} "
                   f"{secs['pmg']:7.2f}", flush=True)
+
+
+def adaptive_mesh(n):
+    """The distorted cube n^3 with two nested refinements near (0.3, 0.3, 0.3)."""
+    m = make_mesh("distorted", n)
+    for r in (0.45, 0.3):
+        c = m.points[m.cells].mean(1)
+        m = m.refine(np.flatnonzero(np.linalg.norm(c - 0.3, axis=1) < r))
+    return m
+
+
+def adaptive(args, be):
+    def exact(x):
+        return np.sin(np.pi * x[..., 0]) * np.cos(1.3 * x[..., 1]) * np.exp(0.5 * x[..., 2])
+
+    def f(x):
+        return (np.pi ** 2 + 1.69 - 0.25) * exact(x)
+    print(f"\n## Adaptive 2:1 meshes (hanging nodes), degree {args.degree}, rtol {args.rtol:g} ({be.name})")
+    print(f"{'N':>4s} {'cells':>9s} {'hanging':>8s} {'DoFs':>10s} {'two-scale':>9s} {'fine':>6s} {'pmg':>5s} "
+          f"{'L2 error':>10s} {'rate':>5s} {'s (ts)':>7s} {'s (pmg)':>7s}")
+    last = None
+    for n in args.sizes:
+        mesh = adaptive_mesh(n)
+        its, secs = {}, {}
+        for pc in ("two-scale", "fine", "pmg"):
+            t = time.perf_counter()
+            s = poisson(mesh, args.degree, f, g=exact, preconditioner=pc, rtol=args.rtol, backend=be,
+                        maxiter=2000)
+            be.synchronize()
+            secs[pc] = time.perf_counter() - t
+            its[pc] = f"{s.iterations}{'' if s.info == 0 else '!'}"
+            if pc == "two-scale":
+                err = s.l2_error(exact)
+        rate = "" if last is None else f"{np.log2(last / err):5.2f}"
+        last = err
+        print(f"{n:4d} {mesh.num_cells:9d} {mesh.num_hanging_nodes:8d} {s.num_dofs:10d} {its['two-scale']:>9s} "
+              f"{its['fine']:>6s} {its['pmg']:>5s} {err:10.3e} {rate:>5s} {secs['two-scale']:7.2f} "
+              f"{secs['pmg']:7.2f}", flush=True)
 
 
 def table4(args, be):
@@ -189,11 +232,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     be = get_backend(args.backend)
     sections = [s for s in args.sections.split(",") if s]
-    bad = set(sections) - {"table1", "table4", "op"}
+    bad = set(sections) - {"table1", "table4", "op", "adaptive"}
     if bad:
-        p.error(f"unknown sections {sorted(bad)}; choose from table1, table4, op")
+        p.error(f"unknown sections {sorted(bad)}; choose from table1, table4, op, adaptive")
     for s in sections:
-        {"table1": table1, "table4": table4, "op": op_table}[s](args, be)
+        {"table1": table1, "table4": table4, "op": op_table, "adaptive": adaptive}[s](args, be)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,30 @@ from ..mesh.mesh import select_where
 from ..mesh import reference as ref
 from .element import LagrangeQ
 
-__all__ = ["Space"]
+__all__ = ["Space", "constraint_matrix"]
+
+
+def constraint_matrix(n: int, hanging, cols, W) -> sp.csr_matrix:
+    """The (n x n) CSR hanging-node matrix: identity rows on the regular indices, row
+    ``hanging[i]`` holds the weights ``W[i]`` in the columns ``cols[i]``; chains (a weight
+    on another hanging index) are substituted (H <- H H) until no hanging column is left."""
+    regular = np.ones(n, dtype=bool)
+    regular[hanging] = False
+    r = np.flatnonzero(regular)
+    nz = W != 0
+    rows = np.concatenate([r, np.repeat(hanging, nz.sum(1))])
+    cc = np.concatenate([r, cols[nz]])
+    vv = np.concatenate([np.ones(r.size), W[nz]])
+    H = sp.csr_matrix((vv, (rows, cc)), shape=(n, n))
+    for _ in range(8):
+        if not H[:, hanging].count_nonzero():
+            break
+        H = (H @ H).tocsr()
+    else:
+        raise RuntimeError("hanging-node constraints do not resolve (cyclic dependencies)")
+    H.eliminate_zeros()
+    H.sort_indices()
+    return H
 
 
 class Space:
@@ -123,24 +146,7 @@ class Space:
                               shape=(n, n), copy=False)
             H.has_canonical_format = True
             return H
-        regular = np.ones(n, dtype=bool)
-        regular[hn] = False
-        r = np.flatnonzero(regular)
-        nz = W != 0
-        rows = np.concatenate([r, np.repeat(hn, nz.sum(1))])
-        cc = np.concatenate([r, cols[nz]])
-        vv = np.concatenate([np.ones(r.size), W[nz]])
-        H = sp.csr_matrix((vv, (rows, cc)), shape=(n, n))
-        # a hanging node whose weights refer to another hanging node: substitute (H <- H H)
-        for _ in range(8):
-            if not H[:, hn].count_nonzero():
-                break
-            H = (H @ H).tocsr()
-        else:
-            raise RuntimeError("hanging-node constraints do not resolve (cyclic dependencies)")
-        H.eliminate_zeros()
-        H.sort_indices()
-        return H
+        return constraint_matrix(n, hn, cols, W)
 
     @functools.cached_property
     def H(self) -> sp.csr_matrix:

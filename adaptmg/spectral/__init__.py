@@ -1,6 +1,7 @@
 """Spectral elements on unstructured and curved hex/quad meshes (seeds 004 and 002):
-nodal Q_k (k = 1..8) on Gauss-Lobatto-Legendre points of any conforming
-:class:`adaptmg.Mesh` (imported, distorted, any vertex valence, curved by a ``mapping``),
+nodal Q_k (k = 1..8) on Gauss-Lobatto-Legendre points of any :class:`adaptmg.Mesh`
+(imported, distorted, any vertex valence, curved by a ``mapping``; adaptive 2:1 meshes
+with hanging nodes through the constraint matrix of :mod:`adaptmg.spectral.hanging`),
 matrix-free mass / stiffness / Helmholtz operators by sum factorisation (geometric
 factors stored or computed on the fly, float64 or float32, NumPy or CuPy), seed 004's
 two-scale additive Schwarz preconditioner and p-multigrid onto the Q1 hierarchy.

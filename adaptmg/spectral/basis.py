@@ -26,13 +26,19 @@ from numpy.polynomial import legendre as L
 from ..patch.tensor import check_degree, gauss_lobatto, lagrange_eval
 
 __all__ = ["KMAX", "check_spectral_degree", "gll_points", "gll_weights", "gll_derivative",
-           "quadrature_rule", "pencil_factors", "SIDE_EXTEND", "SIDE_DIRICHLET", "SIDE_FREE"]
+           "quadrature_rule", "pencil_factors", "local_indices", "SIDE_EXTEND", "SIDE_DIRICHLET", "SIDE_FREE"]
 
 KMAX = 8
 
 # per cell side of the extended pencil: a neighbour across it (extend by one node),
 # a Dirichlet boundary (the element's end node is fixed), a free (Neumann) boundary
 SIDE_EXTEND, SIDE_DIRICHLET, SIDE_FREE = 0, 1, 2
+
+
+def local_indices(k: int, dim: int) -> np.ndarray:
+    """((k+1)^d, d) tensor index (a_0 = x, ...) of each local node of a cell, x fastest."""
+    a = np.arange((k + 1) ** dim)
+    return np.stack([(a // (k + 1) ** ax) % (k + 1) for ax in range(dim)], axis=1)
 
 
 def check_spectral_degree(k) -> int:

@@ -10,7 +10,9 @@ step of seed 004,
     x <- x + omega P^f (b - A x),      omega = 1 / lambda_max(P^f A)  (power iteration),
 
 so ``||I - omega P^f A||_A <= 1``.  Below the p-levels the Q1 levels of
-:func:`adaptmg.multigrid` keep their own (Jacobi) smoothers and coarse solve."""
+:func:`adaptmg.multigrid` keep their own (Jacobi) smoothers and coarse solve.  On a 2:1
+mesh with hanging nodes every level is constrained (``H_l^T A_l H_l``) and the transfers
+act between regular DoFs, ``Z_f P_l H_{l-1} Z_c`` (hanging DoFs masked on both sides)."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +20,7 @@ import numpy as np
 from ..multilevel import Level, MultilevelSolver
 from ..multilevel.smoothers import power_lambda_max, smoother_setup_kwargs
 from ..multilevel.start_vector import start_vector
-from .schwarz import FineSchwarz, masked_transfer, q1_multigrid
+from .schwarz import FineSchwarz, masked_transfer, q1_constraints, q1_multigrid
 from .space import SpectralSpace
 
 __all__ = ["PMultigrid", "degree_ladder", "SchwarzSmoother"]
@@ -67,15 +69,16 @@ class PMultigrid:
                                              stiffness=ck, dirichlet=dirichlet, preconditioner="none",
                                              dtype=dtype, backend=be) for kl in ks[1:-1]]
         levels = []
+        H1, hang1 = q1_constraints(mesh)
         for l, pr in enumerate(probs):                       # the p-levels, fine -> coarse
             if l + 1 < len(probs):
                 c = probs[l + 1]
                 Pl = pr.space.interpolation(c.space.degree, c.space.cell_dofs, c.space.num_dofs)
-                P, R = masked_transfer(Pl, pr.fixed, c.fixed, be, dtype)
+                P, R = masked_transfer(Pl, pr.masked, c.masked, be, dtype, coarse_H=c.space.H)
             else:
                 Pl = pr.space.interpolation(1, mesh.cells, mesh.num_nodes)
-                P, R = masked_transfer(Pl, pr.fixed, cfixed, be, dtype)
-            S = FineSchwarz(pr.space, pr.fixed, mass=cm, stiffness=ck, dtype=dtype, backend=be)
+                P, R = masked_transfer(Pl, pr.masked, np.union1d(cfixed, hang1), be, dtype, coarse_H=H1)
+            S = FineSchwarz(pr.space, pr.masked, mass=cm, stiffness=ck, dtype=dtype, backend=be)
             levels.append(Level(pr, P, R, smoother=SchwarzSmoother(pr, S, be.xp, dtype),
                                 meta=dict(kind=f"Q{pr.space.degree}", cells=mesh.num_cells)))
         self.degrees = ks

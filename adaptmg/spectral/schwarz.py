@@ -28,7 +28,10 @@ one batched matmul per axis and direction, with the cells' S picked from 9 penci
 Coarse scale ``P^c = P A_1^{-1} P^T``: ``P`` interpolates Q1 on the mesh vertices into
 the GLL nodes (the multilinear shape functions at the GLL points), ``A_1^{-1}`` is one
 cycle of :func:`adaptmg.multigrid` on the Q1 problem ``c_m M_1 + c_k K_1`` (geometric
-levels, then algebraic ones) as a preconditioner."""
+levels, then algebraic ones) as a preconditioner.  On a 2:1 mesh with hanging nodes the
+transfer is ``P H_1`` (``H_1`` the Q1 constraint matrix of :mod:`adaptmg.fe.space`) with
+the hanging rows and columns of both sides dropped, and the fine scale leaves the hanging
+DoFs out of its patches (they are masked like Dirichlet DoFs)."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,7 +42,7 @@ from .basis import SIDE_DIRICHLET, SIDE_EXTEND, SIDE_FREE, pencil_factors
 from .space import SpectralSpace, local_indices
 
 __all__ = ["FineSchwarz", "CoarseQ1", "TwoScale", "face_neighbours", "q1_interpolation", "q1_multigrid",
-           "masked_transfer"]
+           "masked_transfer", "q1_constraints"]
 
 
 def face_neighbours(mesh):
@@ -96,7 +99,16 @@ class FineSchwarz:
         nbc, _ = face_neighbours(space.mesh)
         fln = space.face_local_nodes()
         on_fixed = fixed[space.cell_dofs[:, fln]].all(axis=2)            # (nc, 2d)
-        kind = np.where(nbc >= 0, SIDE_EXTEND, np.where(on_fixed, SIDE_DIRICHLET, SIDE_FREE))
+        # hanging faces (no conforming neighbour, not on the boundary): the pencil extends
+        # over a virtual neighbour without data, as across a conforming face (measured 2-D
+        # k = 3 two-scale 35 -> 23 iterations, p-multigrid 28 -> 17, against 25 / 18 with the
+        # fine side Dirichlet and 35 / 28 with both sides free)
+        hanging_face = np.zeros_like(on_fixed)
+        if space.hanging_dofs.size:
+            bc, bf, _ = space.mesh.boundary_faces(None)
+            hanging_face = nbc < 0
+            hanging_face[bc, bf] = False
+        kind = np.where((nbc >= 0) | hanging_face, SIDE_EXTEND, np.where(on_fixed, SIDE_DIRICHLET, SIDE_FREE))
         variant = 3 * kind[:, 0::2] + kind[:, 1::2]                      # (nc, d)
         S, lam, keep = pencil_factors(k)
         h = space.cell_lengths()
@@ -196,9 +208,23 @@ def q1_multigrid(mesh, dirichlet, *, mass=0.0, stiffness=1.0, dtype=np.float64, 
     return ml, dirichlet_dofs(q1, spec)
 
 
-def masked_transfer(P, fine_fixed, coarse_fixed, backend, dtype):
+def q1_constraints(mesh):
+    """``(H_1, hanging nodes)`` of Q1 on the mesh vertices (:class:`adaptmg.fe.Space`), or
+    ``(None, [])`` on a conforming mesh."""
+    if not mesh.num_hanging_nodes:
+        return None, np.zeros(0, dtype=np.int64)
+    from ..fe import Space
+    q1 = Space(mesh, 1)
+    return q1.H, q1.hanging_nodes
+
+
+def masked_transfer(P, fine_fixed, coarse_fixed, backend, dtype, coarse_H=None):
     """``(P, R)`` on ``backend``: ``Z_f P Z_c`` (no transfer into or out of fixed DoFs) and
-    its transpose stored as CSR."""
+    its transpose stored as CSR.  With the coarse side's hanging-node matrix ``coarse_H``
+    the transfer is ``Z_f P H_c Z_c`` (values at the coarse regular DoFs; pass the hanging
+    DoFs of both sides among the fixed ones)."""
+    if coarse_H is not None:
+        P = (P @ coarse_H).tocsr()
     zf = np.ones(P.shape[0])
     zf[np.asarray(fine_fixed, dtype=np.int64)] = 0.0
     zc = np.ones(P.shape[1])
@@ -219,7 +245,9 @@ class CoarseQ1:
         self.ml, cfixed = q1_multigrid(space.mesh, dirichlet, mass=mass, stiffness=stiffness,
                                        dtype=dtype, backend=be, **multigrid_kwargs)
         self.M = self.ml.aspreconditioner()
-        self.P, self.R = masked_transfer(q1_interpolation(space), fixed, cfixed, be, dtype)
+        H1, hang1 = q1_constraints(space.mesh)          # hanging nodes: regular -> regular values
+        self.P, self.R = masked_transfer(q1_interpolation(space), np.union1d(fixed, space.hanging_dofs),
+                                         np.union1d(cfixed, hang1), be, dtype, coarse_H=H1)
 
     def __call__(self, r):
         return self.P @ self.M.matvec(self.R @ r)

@@ -7,7 +7,9 @@ of the free DoFs and ``u_g`` the Dirichlet data on the fixed DoFs, CG solves
 
     (Z A Z + I - Z) x = Z (b - A u_g),     u = x + u_g,
 
-so the fixed rows are the identity and the Krylov vectors vanish there."""
+so the fixed rows are the identity and the Krylov vectors vanish there.  On a 2:1 mesh
+with hanging nodes (``space.H``, :mod:`adaptmg.spectral.hanging`) the hanging DoFs join
+the masked ones and A becomes ``H^T A H`` (``u = H (x + u_g)``, ``b -> H^T b``)."""
 from __future__ import annotations
 
 import warnings
@@ -46,19 +48,24 @@ class SpectralProblem:
     operator and one of the preconditioners ``PRECONDITIONERS``."""
 
     def __init__(self, space, *, mass=0.0, stiffness=1.0, dirichlet="all", preconditioner="two-scale",
-                 dtype=np.float64, backend="auto", geometry="stored", coarse_kwargs=None):
+                 dtype=np.float64, backend="auto", geometry="stored", coarse_kwargs=None, quadrature="gll"):
         if preconditioner not in PRECONDITIONERS:
             raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {preconditioner!r}")
         self.space, self.backend = space, get_backend(backend)
         xp = self.xp = self.backend.xp
         self.dtype = np.dtype(dtype)
         self.op = SpectralOperator(space, mass=mass, stiffness=stiffness, geometry=geometry,
-                                   dtype=dtype, backend=self.backend)
-        self.fixed = space.boundary_dofs(dirichlet)
+                                   dtype=dtype, backend=self.backend, quadrature=quadrature)
+        hang = space.hanging_dofs
+        self.fixed = np.setdiff1d(space.boundary_dofs(dirichlet), hang)   # hanging values follow H
         if mass == 0.0 and self.fixed.size == 0:
             raise ValueError("the pure Neumann Poisson problem is singular: give Dirichlet boundary ids")
         free = np.ones(space.num_dofs)
         free[self.fixed] = 0.0
+        free[hang] = 0.0
+        self.masked = np.union1d(self.fixed, hang)          # the DoFs with identity rows
+        self._H = None if space.H is None else \
+            (self.backend.asmatrix(space.H, dtype=dtype), self.backend.asmatrix(space.H.T.tocsr(), dtype=dtype))
         self.free = xp.asarray(free, dtype=dtype)
         self.shape = self.op.shape
         self.mass, self.stiffness, self.dirichlet = mass, stiffness, dirichlet
@@ -66,6 +73,8 @@ class SpectralProblem:
         self.preconditioner = preconditioner
         if preconditioner == "jacobi":
             diag = self.op.diagonal()
+            if space.H is not None:                 # diag(H^T A H) without A's off-diagonal terms
+                diag = self.backend.asmatrix(space.H.multiply(space.H).T.tocsr(), dtype=dtype) @ diag
             self.M = _Scale(self.free / xp.where(self.free > 0, diag, 1))
         elif preconditioner == "none":
             self.M = None
@@ -73,14 +82,23 @@ class SpectralProblem:
             from .pmg import PMultigrid
             self.M = PMultigrid(self, dirichlet, **(coarse_kwargs or {}))
         else:
-            fine = FineSchwarz(space, self.fixed, **kw)
+            fine = FineSchwarz(space, self.masked, **kw)      # patches without hanging DoFs
             self.M = fine if preconditioner == "fine" else \
                 TwoScale(fine, CoarseQ1(space, dirichlet, self.fixed, **kw, **(coarse_kwargs or {})))
 
+    def expand(self, x):
+        """``H x``: the continuous function of the values at regular DoFs (x itself when the
+        mesh has no hanging nodes)."""
+        return x if self._H is None else self._H[0] @ x
+
+    def restrict(self, y):
+        """``H^T y``: an assembled (dual) vector folded onto the regular DoFs."""
+        return y if self._H is None else self._H[1] @ y
+
     def matvec(self, x):
-        """``(Z A Z + I - Z) x``."""
+        """``(Z H^T A H Z + I - Z) x``."""
         z = self.free
-        return z * self.op.matvec(z * x) + (1 - z) * x
+        return z * self.restrict(self.op.matvec(self.expand(z * x))) + (1 - z) * x
 
     __matmul__ = matvec
 
@@ -104,7 +122,8 @@ class _Scale:
 
 @dataclass
 class SpectralSolution:
-    """``u`` (values at the GLL nodes, NumPy or CuPy), ``iterations``, ``num_dofs``, ``info``."""
+    """``u`` (values at the GLL nodes, NumPy or CuPy), ``iterations``, ``num_dofs`` (the
+    unknowns: hanging DoFs not counted), ``info``."""
     u: Any
     iterations: int
     num_dofs: int
@@ -136,22 +155,26 @@ def _error_rule(k):
 
 
 def poisson(mesh, degree, f, *, g=None, mapping=None, preconditioner="two-scale", rtol=1e-8,
-            backend="auto", dirichlet="all", dtype=np.float64, maxiter=None, geometry="stored"):
+            backend="auto", dirichlet="all", dtype=np.float64, maxiter=None, geometry="stored",
+            quadrature="gll"):
     """Solve ``-div grad u = f`` with ``u = g`` on the Dirichlet boundary (ids or "all")
     by spectral elements of degree ``degree`` on ``mesh`` (optionally curved by ``mapping``)
     and preconditioned CG.  ``f``, ``g``: callables of points ``x[..., d]``.
-    Returns a :class:`SpectralSolution`; ``info != 0`` (with a warning from CG) when CG
-    did not reach ``rtol``."""
+    ``quadrature``: "gll" (collocated, seed 004) or "gauss" (k+2 points: exact on affine
+    cells, so u in Q_k is reproduced).  Meshes with hanging nodes (2:1) are constrained by
+    :mod:`adaptmg.spectral.hanging`.  Returns a :class:`SpectralSolution`; ``info != 0``
+    (with a warning from CG) when CG did not reach ``rtol``."""
     V = SpectralSpace(mesh, degree, mapping=mapping)
     prob = SpectralProblem(V, dirichlet=dirichlet, preconditioner=preconditioner, dtype=dtype,
-                           backend=backend, geometry=geometry)
+                           backend=backend, geometry=geometry, quadrature=quadrature)
     xp, op = prob.xp, prob.op
     b = op.load(_values(f, xp.asarray(op.quadrature_points()), "f", xp))
     ug = xp.zeros(V.num_dofs, dtype=prob.dtype)
     if g is not None and prob.fixed.size:
         pts = V.points[prob.fixed]
         ug[xp.asarray(prob.fixed)] = _values(g, xp.asarray(pts), "g", xp).astype(prob.dtype)
-        b = b - op.matvec(ug)
-    b = prob.free * b
+        b = b - op.matvec(prob.expand(ug))
+    b = prob.free * prob.restrict(b)
     x, its, info = prob.solve(b, rtol=rtol, maxiter=maxiter)
-    return SpectralSolution(u=x + ug, iterations=its, num_dofs=V.num_dofs, info=info, space=V)
+    return SpectralSolution(u=prob.expand(x + ug), iterations=its, num_dofs=V.num_dofs - V.hanging_dofs.size,
+                            info=info, space=V)

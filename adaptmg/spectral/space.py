@@ -29,9 +29,10 @@ import scipy.sparse as sp
 
 from ..mesh import Mesh
 from ..mesh import reference as ref
-from .basis import check_spectral_degree, gll_points
+from .basis import check_spectral_degree, gll_points, local_indices
+from .hanging import hanging_matrix
 
-__all__ = ["SpectralSpace", "contract", "reference_gradient"]
+__all__ = ["SpectralSpace", "contract", "reference_gradient", "local_indices"]
 
 
 def contract(u, A, axis: int, dim: int):
@@ -70,12 +71,6 @@ def interpolate(u, B, dim: int):
     return u
 
 
-def local_indices(k: int, dim: int) -> np.ndarray:
-    """((k+1)^d, d) tensor index (a_0 = x, ...) of each local node, x fastest."""
-    a = np.arange((k + 1) ** dim)
-    return np.stack([(a // (k + 1) ** ax) % (k + 1) for ax in range(dim)], axis=1)
-
-
 def _multilinear(X, t, dim):
     """Multilinear map of vertex coordinates X (nc, 2^d, d) at the tensor points t^d
     (lexicographic, x fastest): (nc, len(t)^d, d)."""
@@ -89,22 +84,23 @@ class SpectralSpace:
     """Continuous nodal Q_k (k = 1..8) on the GLL points of every cell of ``mesh``.
 
     Attributes: ``cell_dofs`` (cells, (k+1)^d), ``num_dofs``, ``points`` (num_dofs, d),
-    ``cell_points`` (cells, (k+1)^d, d)."""
+    ``cell_points`` (cells, (k+1)^d, d); on a 2:1 mesh with hanging nodes ``H`` (CSR, the
+    constraint matrix: u = H x) and ``hanging_dofs`` (else None and empty)."""
 
     def __init__(self, mesh: Mesh, degree: int, mapping=None):
         if not isinstance(mesh, Mesh):
             raise TypeError(f"SpectralSpace expects an adaptmg Mesh, got {type(mesh).__name__}")
         self.degree = k = check_spectral_degree(degree)
-        if mesh.num_hanging_nodes:
-            raise ValueError(f"SpectralSpace: the mesh has {mesh.num_hanging_nodes} hanging node(s); "
-                             "Q_k on GLL points supports conforming meshes only (no hanging-node "
-                             "constraints for k > 2 yet)")
         if mapping is not None and not callable(mapping):
             raise TypeError(f"mapping must be a callable x -> x of points (..., d), got {type(mapping).__name__}")
         self.mesh, self.dim, self.mapping = mesh, mesh.dim, mapping
         self._jacobians = {}
         self.n1 = k + 1
         self.cell_dofs, self.num_dofs = self._number()
+        # hanging nodes (2:1 adaptive meshes): u = H x, see adaptmg.spectral.hanging
+        self.H, self.hanging_dofs = None, np.zeros(0, dtype=np.int64)
+        if mesh.num_hanging_nodes:
+            self.H, self.hanging_dofs = hanging_matrix(self)
         cells = np.asarray(mesh.cells)
         xc = _multilinear(mesh.points[cells], gll_points(k), self.dim)       # (nc, n^d, d)
         pts = np.empty((self.num_dofs, self.dim))
@@ -115,7 +111,7 @@ class SpectralSpace:
                 raise ValueError(f"mapping must return an array of shape {pts.shape}, got {mapped.shape}")
             if not np.isfinite(mapped).all():
                 raise ValueError("mapping returned NaN or Inf")
-            pts = mapped
+            pts = mapped if self.H is None else self.H @ mapped    # fine sides follow the coarse trace
         pts.setflags(write=False)
         self.points = pts
         self._check_jacobians()

@@ -107,8 +107,7 @@ def test_bad_input_errors():
         SpectralSpace(mesh, 2.0)
     with pytest.raises(ValueError, match="non-positive Jacobian"):
         SpectralSpace(mesh, 2, mapping=lambda x: x * np.array([1.0, 1.0, -1.0]))
-    with pytest.raises(ValueError, match="hanging"):
-        SpectralSpace(mesh.refine([0]), 2)
+    assert SpectralSpace(mesh.refine([0]), 2).hanging_dofs.size > 0   # 2:1 meshes: test_hanging.py
     V = SpectralSpace(mesh, 2)
     with pytest.raises(ValueError, match="shape"):
         SpectralOperator(V, backend="cpu").matvec(np.ones(3))
