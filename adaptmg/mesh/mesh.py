@@ -406,22 +406,30 @@ class Mesh:
             return e64, np.zeros((0, 4), dtype=np.int64), e32, (e64.copy(), e32.copy())
         F, d = self._forest, self.dim
         ids = self.node_ids
-        kind = F.node_kind[ids]
+        kind = F.node_kind.take(ids)
         cand = np.flatnonzero((kind >= 1) & (kind < d))
-        npar = np.where(kind[cand] == 1, 2, 4)
-        gpar = F.node_par[ids[cand], :4]
         pos = self._node_numbering[1]
-        lpar = np.where(gpar >= 0, pos[np.where(gpar >= 0, gpar, 0)], 0)
-        present = (lpar >= 0) | (gpar < 0)
-        lpar = np.maximum(lpar, 0)
         # the parents of a hanging node are vertices of both the coarse owner and the fine
-        # cells beside it, so cells of two levels meet there: skip all other candidates
+        # cells beside it, so cells of two levels meet there: skip all other candidates,
+        # first by their first two parents (every candidate has them; flat gathers of two
+        # columns instead of the (candidates, 4) rows of all edge midpoints and face centres)
         lv = np.repeat(self.levels, self.cells.shape[1])
         lo = np.full(self.num_nodes, np.iinfo(np.int64).max)
         hi = np.full(self.num_nodes, -1)
         np.minimum.at(lo, self.cells.ravel(), lv)
         np.maximum.at(hi, self.cells.ravel(), lv)
         jump = hi > lo
+        flat_par = F.node_par.reshape(-1)
+        at = ids.take(cand) * F.node_par.shape[1]
+        for j in range(2):
+            pj = pos.take(flat_par.take(at + j))
+            sel = np.flatnonzero(jump.take(np.maximum(pj, 0)) & (pj >= 0))
+            cand, at = cand.take(sel), at.take(sel)
+        npar = np.where(kind[cand] == 1, 2, 4)
+        gpar = F.node_par[ids[cand], :4]
+        lpar = np.where(gpar >= 0, pos[np.where(gpar >= 0, gpar, 0)], 0)
+        present = (lpar >= 0) | (gpar < 0)
+        lpar = np.maximum(lpar, 0)
         ok = present.all(axis=1) & (jump[lpar] | (gpar < 0)).all(axis=1)
         cand, npar, lpar = cand[ok], npar[ok], lpar[ok]
         gpar = gpar[ok]
