@@ -28,6 +28,7 @@ import scipy.sparse as sp
 
 from . import reference as ref
 from . import tags
+from ._join import cells_holding
 from ._tree import Forest
 
 __all__ = ["Mesh"]
@@ -435,13 +436,7 @@ class Mesh:
         gpar = gpar[ok]
         valid = gpar >= 0
         rows = np.repeat(np.arange(cand.size), valid.sum(1))
-        Pm = sp.csr_matrix((np.ones(rows.size, dtype=np.int32), (rows, lpar[valid])),
-                           shape=(cand.size, self.num_nodes))
-        C = (Pm @ self.incidence.T).tocoo()
-        hit = C.data == npar[C.row]
-        r, c = C.row[hit], C.col[hit]
-        order = np.lexsort((c, r))
-        r, c = r[order], c[order]
+        r, c = cells_holding(self.cells, rows, lpar[valid], npar, self.num_nodes)
         first = np.ones(r.size, dtype=bool)
         first[1:] = r[1:] != r[:-1]
         rows_h = r[first]
