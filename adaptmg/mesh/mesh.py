@@ -28,6 +28,7 @@ import scipy.sparse as sp
 
 from . import reference as ref
 from . import tags
+from . import _touch
 from ._join import cells_holding
 from ._tree import Forest
 
@@ -500,15 +501,7 @@ class Mesh:
         node (the finer cell has the node as a vertex, the coarser one contains its
         parent edge/face).  Equals ``max(values[j] for j touching i)`` of :attr:`touch_graph`.
         """
-        values = np.asarray(values)
-        nv = self.cells.shape[1]
-        node = np.full(self.num_nodes, np.iinfo(np.int64).min, dtype=np.int64)
-        np.maximum.at(node, self.cells.ravel(), np.repeat(values.astype(np.int64), nv))
-        hn, hc = self._hanging[3]
-        np.maximum.at(node, hn, values[hc].astype(np.int64))          # coarse side -> hanging node
-        out = node[self.cells].max(axis=1)
-        np.maximum.at(out, hc, node[hn])                                # hanging node -> coarse side
-        return out
+        return _touch.touch_max(self.cells, self.num_nodes, self._hanging[3], values)
 
     # ------------------------------------------------------------------ geometry
     def map(self, f: Callable[[np.ndarray], np.ndarray]) -> "Mesh":
@@ -651,11 +644,11 @@ class Mesh:
             in_fam[:] = False
             in_fam[fam] = True
             cell_in = has & in_fam[np.where(has, par, 0)]
-            newlev = lv - cell_in
-            mx = self.touch_max(newlev)             # max new level among touching cells
-            # a family is blocked if any of its children touches a cell of new level >= parent level + 2
-            plev = lv - 1
-            bad_child = cell_in & (mx >= plev + 2)
+            # a family is blocked if any of its children (level l) touches a cell of new level
+            # >= l + 1: by the 2:1 rule only a cell of level l + 1 that stays, so the maximum
+            # runs over the staying cells (few: touch_max's sparse path)
+            mx = self.touch_max(np.where(cell_in, -1, lv))
+            bad_child = cell_in & (mx >= lv + 1)
             blocked = np.unique(par[bad_child])
             if blocked.size == 0:
                 break
