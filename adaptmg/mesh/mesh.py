@@ -270,7 +270,8 @@ class Mesh:
         the bytes of their operands from DRAM (ncu, H100).)
         """
         F = self._forest
-        flat = self._active_cell_nodes().ravel()            # (cell, vertex) occurrences, in order
+        acn = self._active_cell_nodes()
+        flat = acn.ravel()                                  # (cell, vertex) occurrences, in order
         nn = F.num_nodes
         it = np.int32 if max(flat.size, nn) <= np.iinfo(np.int32).max else np.int64
         occ = np.arange(flat.size, dtype=it)
@@ -292,6 +293,10 @@ class Mesh:
         ids = np.concatenate([np.flatnonzero(used_root), flat.take(np.flatnonzero(keep))])
         pos = np.full(nn, -1, dtype=np.int64)
         pos[ids] = np.arange(ids.size)
+        # the cells (see there) while the gathered vertices are at hand: one gather less
+        c = np.take(pos, acn)
+        c.flags.writeable = False
+        self.__dict__["cells"] = c
         return ids, pos
 
     def _active_cell_nodes(self) -> np.ndarray:
@@ -324,9 +329,8 @@ class Mesh:
     @functools.cached_property
     def cells(self) -> np.ndarray:
         """(num_cells, 2^dim) node indices of the active cells, lexicographic vertex order."""
-        c = np.take(self._node_numbering[1], self._active_cell_nodes())
-        c.flags.writeable = False
-        return c
+        self._node_numbering                               # numbers the nodes and the cells
+        return self.__dict__["cells"]
 
     @functools.cached_property
     def levels(self) -> np.ndarray:
