@@ -419,9 +419,10 @@ class Mesh:
         # cells beside it, so cells of two levels meet there: skip all other candidates,
         # first by their first two parents (every candidate has them; flat gathers of two
         # columns instead of the (candidates, 4) rows of all edge midpoints and face centres)
-        lv = np.repeat(self.levels, self.cells.shape[1])
-        lo = np.full(self.num_nodes, np.iinfo(np.int64).max)
-        hi = np.full(self.num_nodes, -1)
+        # (levels are int16 in the forest: 2-byte scatters instead of int64 ones)
+        lv = np.repeat(self.levels.astype(F.cell_level.dtype), self.cells.shape[1])
+        lo = np.full(self.num_nodes, np.iinfo(lv.dtype).max, dtype=lv.dtype)
+        hi = np.full(self.num_nodes, -1, dtype=lv.dtype)
         np.minimum.at(lo, self.cells.ravel(), lv)
         np.maximum.at(hi, self.cells.ravel(), lv)
         jump = hi > lo
