@@ -416,16 +416,16 @@ class Mesh:
         cand = np.flatnonzero((kind >= 1) & (kind < d))
         pos = self._node_numbering[1]
         # the parents of a hanging node are vertices of both the coarse owner and the fine
-        # cells beside it, so cells of two levels meet there: skip all other candidates,
-        # first by their first two parents (every candidate has them; flat gathers of two
-        # columns instead of the (candidates, 4) rows of all edge midpoints and face centres)
-        # (levels are int16 in the forest: 2-byte scatters instead of int64 ones)
+        # cells beside it, so cells of two levels meet there: skip all other candidates
+        # (levels scattered in the forest's int16: a quarter of int64's bytes)
         lv = np.repeat(self.levels.astype(F.cell_level.dtype), self.cells.shape[1])
         lo = np.full(self.num_nodes, np.iinfo(lv.dtype).max, dtype=lv.dtype)
         hi = np.full(self.num_nodes, -1, dtype=lv.dtype)
         np.minimum.at(lo, self.cells.ravel(), lv)
         np.maximum.at(hi, self.cells.ravel(), lv)
         jump = hi > lo
+        # first by their first two parents (every candidate has them): flat gathers of two
+        # columns instead of the (candidates, 4) parent rows of all edge midpoints and faces
         flat_par = F.node_par.reshape(-1)
         at = ids.take(cand) * F.node_par.shape[1]
         for j in range(2):
