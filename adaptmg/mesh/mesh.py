@@ -294,6 +294,8 @@ class Mesh:
         pos = np.full(nn, -1, dtype=np.int64)
         pos[ids] = np.arange(ids.size)
         # the cells (see there) while the gathered vertices are at hand: one gather less
+        # (after the temporaries are freed: no higher peak memory than computing them apart)
+        del occ, first, keep, root, used_root
         c = np.take(pos, acn)
         c.flags.writeable = False
         self.__dict__["cells"] = c
