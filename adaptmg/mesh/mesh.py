@@ -286,16 +286,19 @@ class Mesh:
         # only appends nodes, so a comparison replaces a gather of node_kind
         nk = F.node_kind
         n_root = nn if nn == 0 or nk[-1] == 0 else int(np.argmax(nk != 0))
-        root = flat < n_root
-        used_root = np.zeros(nn, dtype=bool)
-        used_root[flat[root]] = True
-        keep &= ~root
-        ids = np.concatenate([np.flatnonzero(used_root), flat.take(np.flatnonzero(keep))])
+        # a root node i is used iff its first occurrence holds it (``first`` is garbage for
+        # unused nodes; then no occurrence holds i): O(roots), not passes over all occurrences
+        fr = first[:n_root].astype(np.int64)
+        used = (fr >= 0) & (fr < flat.size)
+        used[used] = flat.take(fr[used]) == np.flatnonzero(used)
+        root_ids = np.flatnonzero(used)
+        keep[fr[used]] = False                              # numbered first, in their order
+        ids = np.concatenate([root_ids, flat.take(np.flatnonzero(keep))])
         pos = np.full(nn, -1, dtype=np.int64)
         pos[ids] = np.arange(ids.size)
         # the cells (see there) while the gathered vertices are at hand: one gather less
         # (after the temporaries are freed: no higher peak memory than computing them apart)
-        del occ, first, keep, root, used_root
+        del occ, first, keep, fr, used
         c = np.take(pos, acn)
         c.flags.writeable = False
         self.__dict__["cells"] = c
