@@ -28,6 +28,8 @@ import scipy.sparse as sp
 
 from . import reference as ref
 from . import tags
+from . import _touch
+from ._join import cells_holding
 from ._tree import Forest
 
 __all__ = ["Mesh"]
@@ -268,7 +270,8 @@ class Mesh:
         the bytes of their operands from DRAM (ncu, H100).)
         """
         F = self._forest
-        flat = self._active_cell_nodes().ravel()            # (cell, vertex) occurrences, in order
+        acn = self._active_cell_nodes()
+        flat = acn.ravel()                                  # (cell, vertex) occurrences, in order
         nn = F.num_nodes
         it = np.int32 if max(flat.size, nn) <= np.iinfo(np.int32).max else np.int64
         occ = np.arange(flat.size, dtype=it)
@@ -283,13 +286,22 @@ class Mesh:
         # only appends nodes, so a comparison replaces a gather of node_kind
         nk = F.node_kind
         n_root = nn if nn == 0 or nk[-1] == 0 else int(np.argmax(nk != 0))
-        root = flat < n_root
-        used_root = np.zeros(nn, dtype=bool)
-        used_root[flat[root]] = True
-        keep &= ~root
-        ids = np.concatenate([np.flatnonzero(used_root), flat.take(np.flatnonzero(keep))])
+        # a root node i is used iff its first occurrence holds it (``first`` is garbage for
+        # unused nodes; then no occurrence holds i): O(roots), not passes over all occurrences
+        fr = first[:n_root].astype(np.int64)
+        used = (fr >= 0) & (fr < flat.size)
+        used[used] = flat.take(fr[used]) == np.flatnonzero(used)
+        root_ids = np.flatnonzero(used)
+        keep[fr[used]] = False                              # numbered first, in their order
+        ids = np.concatenate([root_ids, flat.take(np.flatnonzero(keep))])
         pos = np.full(nn, -1, dtype=np.int64)
         pos[ids] = np.arange(ids.size)
+        # the cells (see there) while the gathered vertices are at hand: one gather less
+        # (after the temporaries are freed: no higher peak memory than computing them apart)
+        del occ, first, keep, fr, used
+        c = np.take(pos, acn)
+        c.flags.writeable = False
+        self.__dict__["cells"] = c
         return ids, pos
 
     def _active_cell_nodes(self) -> np.ndarray:
@@ -322,9 +334,8 @@ class Mesh:
     @functools.cached_property
     def cells(self) -> np.ndarray:
         """(num_cells, 2^dim) node indices of the active cells, lexicographic vertex order."""
-        c = np.take(self._node_numbering[1], self._active_cell_nodes())
-        c.flags.writeable = False
-        return c
+        self._node_numbering                               # numbers the nodes and the cells
+        return self.__dict__["cells"]
 
     @functools.cached_property
     def levels(self) -> np.ndarray:
@@ -406,34 +417,37 @@ class Mesh:
             return e64, np.zeros((0, 4), dtype=np.int64), e32, (e64.copy(), e32.copy())
         F, d = self._forest, self.dim
         ids = self.node_ids
-        kind = F.node_kind[ids]
+        kind = F.node_kind.take(ids)
         cand = np.flatnonzero((kind >= 1) & (kind < d))
-        npar = np.where(kind[cand] == 1, 2, 4)
-        gpar = F.node_par[ids[cand], :4]
         pos = self._node_numbering[1]
-        lpar = np.where(gpar >= 0, pos[np.where(gpar >= 0, gpar, 0)], 0)
-        present = (lpar >= 0) | (gpar < 0)
-        lpar = np.maximum(lpar, 0)
         # the parents of a hanging node are vertices of both the coarse owner and the fine
         # cells beside it, so cells of two levels meet there: skip all other candidates
-        lv = np.repeat(self.levels, self.cells.shape[1])
-        lo = np.full(self.num_nodes, np.iinfo(np.int64).max)
-        hi = np.full(self.num_nodes, -1)
+        # (levels scattered in the forest's int16: a quarter of int64's bytes)
+        lv = np.repeat(self.levels.astype(F.cell_level.dtype), self.cells.shape[1])
+        lo = np.full(self.num_nodes, np.iinfo(lv.dtype).max, dtype=lv.dtype)
+        hi = np.full(self.num_nodes, -1, dtype=lv.dtype)
         np.minimum.at(lo, self.cells.ravel(), lv)
         np.maximum.at(hi, self.cells.ravel(), lv)
         jump = hi > lo
+        # first by their first two parents (every candidate has them): flat gathers of two
+        # columns instead of the (candidates, 4) parent rows of all edge midpoints and faces
+        flat_par = F.node_par.reshape(-1)
+        at = ids.take(cand) * F.node_par.shape[1]
+        for j in range(2):
+            pj = pos.take(flat_par.take(at + j))
+            sel = np.flatnonzero(jump.take(np.maximum(pj, 0)) & (pj >= 0))
+            cand, at = cand.take(sel), at.take(sel)
+        npar = np.where(kind[cand] == 1, 2, 4)
+        gpar = F.node_par[ids[cand], :4]
+        lpar = np.where(gpar >= 0, pos[np.where(gpar >= 0, gpar, 0)], 0)
+        present = (lpar >= 0) | (gpar < 0)
+        lpar = np.maximum(lpar, 0)
         ok = present.all(axis=1) & (jump[lpar] | (gpar < 0)).all(axis=1)
         cand, npar, lpar = cand[ok], npar[ok], lpar[ok]
         gpar = gpar[ok]
         valid = gpar >= 0
         rows = np.repeat(np.arange(cand.size), valid.sum(1))
-        Pm = sp.csr_matrix((np.ones(rows.size, dtype=np.int32), (rows, lpar[valid])),
-                           shape=(cand.size, self.num_nodes))
-        C = (Pm @ self.incidence.T).tocoo()
-        hit = C.data == npar[C.row]
-        r, c = C.row[hit], C.col[hit]
-        order = np.lexsort((c, r))
-        r, c = r[order], c[order]
+        r, c = cells_holding(self.cells, rows, lpar[valid], npar, self.num_nodes)
         first = np.ones(r.size, dtype=bool)
         first[1:] = r[1:] != r[:-1]
         rows_h = r[first]
@@ -497,15 +511,7 @@ class Mesh:
         node (the finer cell has the node as a vertex, the coarser one contains its
         parent edge/face).  Equals ``max(values[j] for j touching i)`` of :attr:`touch_graph`.
         """
-        values = np.asarray(values)
-        nv = self.cells.shape[1]
-        node = np.full(self.num_nodes, np.iinfo(np.int64).min, dtype=np.int64)
-        np.maximum.at(node, self.cells.ravel(), np.repeat(values.astype(np.int64), nv))
-        hn, hc = self._hanging[3]
-        np.maximum.at(node, hn, values[hc].astype(np.int64))          # coarse side -> hanging node
-        out = node[self.cells].max(axis=1)
-        np.maximum.at(out, hc, node[hn])                                # hanging node -> coarse side
-        return out
+        return _touch.touch_max(self.cells, self.num_nodes, self._hanging[3], values)
 
     # ------------------------------------------------------------------ geometry
     def map(self, f: Callable[[np.ndarray], np.ndarray]) -> "Mesh":
@@ -648,11 +654,11 @@ class Mesh:
             in_fam[:] = False
             in_fam[fam] = True
             cell_in = has & in_fam[np.where(has, par, 0)]
-            newlev = lv - cell_in
-            mx = self.touch_max(newlev)             # max new level among touching cells
-            # a family is blocked if any of its children touches a cell of new level >= parent level + 2
-            plev = lv - 1
-            bad_child = cell_in & (mx >= plev + 2)
+            # a family is blocked if any of its children (level l) touches a cell of new level
+            # >= l + 1: by the 2:1 rule only a cell of level l + 1 that stays, so the maximum
+            # runs over the staying cells (few: touch_max's sparse path)
+            mx = self.touch_max(np.where(cell_in, -1, lv))
+            bad_child = cell_in & (mx >= lv + 1)
             blocked = np.unique(par[bad_child])
             if blocked.size == 0:
                 break
