@@ -79,10 +79,11 @@ class _Writer:
         cd = {k: to_host(v) for k, v in cell_data.items()}
         self._jobs.append(self._pool.submit(write_vtu, path, space, pd, cd))
 
-    def close(self):
+    def close(self, raise_errors=True):
         self._pool.shutdown(wait=True)
-        for j in self._jobs:
-            j.result()
+        if raise_errors:
+            for j in self._jobs:
+                j.result()
 
 
 def adaptive_loop(problem: AdaptiveProblem, *, steps=10, strategy="doerfler", theta=0.5,
@@ -114,8 +115,10 @@ def adaptive_loop(problem: AdaptiveProblem, *, steps=10, strategy="doerfler", th
     try:
         with progress(total=steps + 1, description=f"{problem.name} adaptive", quiet=quiet) as bar:
             res = _loop(problem, steps, strategy, theta, backend, quiet, writer, max_dofs, printer, bar)
-    finally:
-        writer.close()
+    except BaseException:
+        writer.close(raise_errors=False)        # the loop's own error is the one to see
+        raise
+    writer.close()
     return res
 
 
