@@ -224,9 +224,12 @@ class Constraints:
         return f
 
     def _device_parts(self, be):
-        """H^T, H, the free mask and the Dirichlet DoFs and values on the device (made once)."""
+        """H^T, H, the free mask and the Dirichlet DoFs and values on the device (made once;
+        made again when ``g`` was replaced by another array -- changing it in place after the
+        first device ``rhs`` is not seen)."""
         parts = getattr(self, "_dev_parts", None)
-        if parts is None:
+        if parts is None or getattr(self, "_dev_g_host", None) is not self.g:
+            self._dev_g_host = self.g
             parts = (be.asmatrix(self.H.T.tocsr()), be.asmatrix(self.H), be.asarray(self.free),
                      be.asarray(self.dirichlet), be.asarray(self.g))
             self._dev_parts = parts
