@@ -320,6 +320,10 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
         def finish(dst):
             return componentwise(pat.csr(dst), info.components)
     T_full = np.ascontiguousarray(Tq.reshape(nq * m, per))
+    if device is not None and device_elements and extra is None:     # no host chunk buffers
+        from .on_device import element_entries_on_device
+        element_entries_on_device(device, info, xi, w, factor, T_full, data)
+        return _kept(finish(data), keep)
     T_aff = np.tensordot(w, Tq, axes=1)
     group = info.affine_group(xi, per) if affine_ok else 1
     step = info.chunk_size(xi, per) * group
@@ -330,10 +334,6 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
         Te_full = np.ascontiguousarray(Te.reshape(nq * me, per))
         Te_aff = np.tensordot(w, Te, axes=1)
         buf_e = np.empty((step, per))
-    if device is not None and device_elements and extra is None:
-        from .on_device import element_entries_on_device
-        element_entries_on_device(device, info, xi, w, factor, T_full, data)
-        return _kept(finish(data), keep)
     for sl, g in info.chunks(xi, per, affine=affine_ok, group=group):
         n = g.num_cells
         one = uniform and g.affine and n > 1 and g.congruent()
