@@ -23,7 +23,7 @@ import copy
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import is_device_array, is_device_sparse
+from ..backend import backend_of, is_device_array, is_device_sparse, to_host
 from .csr_ops import (NodeBlockMatrix, as_csr, congruence_map, congruence_with_constraints,
                       expand_node_blocks, mask_rows_cols)
 from .space import Space
@@ -198,29 +198,28 @@ class Constraints:
         """Constrained right-hand side f = Z H^T (b - A H g) + s g (A needed when g != 0;
         host or device matrix).  A host ``b`` gives a host result; a CuPy ``b`` (e.g.
         ``assemble.load(..., device="gpu")``) a CuPy result computed on the device."""
-        if is_device_array(b):
-            return self._rhs_device(b, A)
-        b = np.asarray(b, dtype=float)
+        dev = backend_of(b) if is_device_array(b) else None
+        if dev is None:
+            b = np.asarray(b, dtype=float)
         if b.shape != (self.space.num_dofs,):
             raise ValueError(f"right-hand side has shape {b.shape}, expected ({self.space.num_dofs},)")
-        r = b
+        if dev is None:
+            HT, H, free, dirichlet, g = self.H.T, self.H, self.free, self.dirichlet, self.g
+            r = b
+        else:
+            HT, H, free, dirichlet, g = self._device_parts(dev)
+            r = b.astype(float, copy=False)
         if self.dirichlet.size and np.any(self.g):
             if A is None:
                 raise ValueError("rhs needs the assembled matrix A to lift non-zero Dirichlet values")
-            Hg = self.H @ self.g
-            if is_device_sparse(A):
-                from ..backend import backend_of, to_host
-                Hg = backend_of(A).asarray(Hg)
-                r = b - to_host(A @ Hg)
-            else:
-                r = b - A @ Hg
-        f = self.H.T @ r
-        f[~self.free] = 0.0
+            r = r - _product_on(A, H @ g, dev)
         if self._scale is None:
             if A is None:
                 raise ValueError("call matrix(A) first or pass A: the Dirichlet row scale comes from A")
             self.matrix(A)
-        f[self.dirichlet] = self._scale * self.g[self.dirichlet]
+        f = HT @ r
+        f[~free] = 0.0
+        f[dirichlet] = self._scale * g[dirichlet]
         return f
 
     def _device_parts(self, be):
@@ -235,27 +234,6 @@ class Constraints:
             self._dev_parts = parts
         return parts
 
-    def _rhs_device(self, b, A):
-        from ..backend import backend_of
-        be = backend_of(b)
-        if b.shape != (self.space.num_dofs,):
-            raise ValueError(f"right-hand side has shape {b.shape}, expected ({self.space.num_dofs},)")
-        HT, H, free, dirichlet, g = self._device_parts(be)
-        r = b.astype(float, copy=False)
-        if self.dirichlet.size and np.any(self.g):
-            if A is None:
-                raise ValueError("rhs needs the assembled matrix A to lift non-zero Dirichlet values")
-            Ad = A if is_device_sparse(A) else be.asmatrix(A)
-            r = r - Ad @ (H @ g)
-        if self._scale is None:
-            if A is None:
-                raise ValueError("call matrix(A) first or pass A: the Dirichlet row scale comes from A")
-            self.matrix(A)
-        f = HT @ r
-        f[~free] = 0.0
-        f[dirichlet] = self._scale * g[dirichlet]
-        return f
-
     def apply(self, A, b):
         """(K, f): the constrained matrix and right-hand side."""
         K = self.matrix(A)
@@ -263,7 +241,6 @@ class Constraints:
 
     def expand(self, x):
         """Finite element nodal values u = H x (numpy or cupy x; H moved to x's device once)."""
-        from ..backend import backend_of
         be = backend_of(x)
         if be.is_gpu:
             if getattr(self, "_H_dev", None) is None:
@@ -290,7 +267,6 @@ def _backend_H(cons, be):
 def _device_project(cons, A, be=None):
     r""":math:`H^T A H` by two sparse-sparse products on ``A``'s backend (cuSPARSE SpGEMM for a
     CuPy matrix: H and H^T are moved to the device once per :class:`Constraints`)."""
-    from ..backend import backend_of
     be = backend_of(A) if be is None else be
     A = A.tocsr()
     if cons.space.hanging_nodes.size == 0:
@@ -307,7 +283,6 @@ def _device_matrix(cons, A, be=None):
     (zeros dropped, as :meth:`Constraints.matrix` does) plus ``s`` on the diagonal of the
     others, assembled as COO -> canonical CSR (rows sorted, no duplicates).
     """
-    from ..backend import backend_of
     be = backend_of(A) if be is None else be
     xp, spm = be.xp, be.sparse
     B = _device_project(cons, A, be)
@@ -325,3 +300,11 @@ def _device_matrix(cons, A, be=None):
     K = spm.coo_matrix((vals, (rows, cols)), shape=B.shape).tocsr()
     K.sum_duplicates()
     return K
+
+
+def _product_on(A, v, dev):
+    """``A @ v`` where ``v`` lives: on the host (``dev`` None) or on the device ``dev``,
+    whichever side the matrix ``A`` is on."""
+    if dev is None:
+        return to_host(A @ backend_of(A).asarray(v)) if is_device_sparse(A) else A @ v
+    return (A if is_device_sparse(A) else dev.asmatrix(A)) @ v
