@@ -7,10 +7,14 @@ the matrix traffic dominates.  The layout follows each library's native kernel:
 * host (SciPy CSR): row-major (C order) blocks, SciPy's compiled ``csr_matvecs``
   (``Y += A X`` over all columns of a row at once; the ``alpha``/``beta`` scaling
   trick of :class:`adaptmg.device.kernels.SpMVPlan` avoids a temporary);
-* device (cupyx CSR): column-major (Fortran order) blocks, cuSPARSE's generic SpMM
-  (``cupyx.cusparse.spmm``, which accepts only F-contiguous operands).
+* device (cupyx CSR): row-major (C order) blocks too, the row kernels of
+  :mod:`adaptmg.device.block_kernels` (all ``k`` columns of a row per warp; also a fused
+  residual and a fused out-of-place Jacobi sweep); column-major (Fortran order) blocks go to
+  cuSPARSE's generic SpMM (``cupyx.cusparse.spmm``, which accepts only F-contiguous
+  operands), other dtypes (complex) to ``A @ X``.
 
-:func:`block_order` says which layout the backend's blocks use.
+:func:`block_order` says which layout the backend's blocks use.  Every plan also has
+``plan.jacobi(X, B, dinv, omega, Y)``: ``Y <- X + omega diag(dinv) (B - A X)``.
 """
 from __future__ import annotations
 
@@ -18,17 +22,32 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import get_backend, is_device_sparse
+from . import block_kernels as BK
 from .kernels import SpMVPlan, _CpuCsrPlan, _GenericPlan
 
 __all__ = ["make_spmm", "block_order"]
 
 
 def block_order(backend):
-    """``"F"`` (column-major) on the GPU (cuSPARSE SpMM), ``"C"`` on the host (SciPy)."""
-    return "F" if backend.is_gpu else "C"
+    """``"C"`` (row-major) on both backends: SciPy's ``csr_matvecs`` and the device row
+    kernels (:mod:`adaptmg.device.block_kernels`) read a row's ``k`` values at once."""
+    return "C"
 
 
-class _CpuSpMM(_CpuCsrPlan):
+class _BlockJacobiMixin:
+    """``Y <- X + omega diag(dinv) (B - A X)`` from the plan's product (two passes; the
+    device plan fuses it into one)."""
+
+    def jacobi(self, X, B, dinv, omega, Y):
+        self(X, Y, 1.0, 0.0)
+        Y -= B
+        Y *= dinv.reshape(-1, 1)
+        Y *= -omega
+        Y += X
+        return Y
+
+
+class _CpuSpMM(_BlockJacobiMixin, _CpuCsrPlan):
     """SciPy CSR times a C-ordered block: the one-vector plan's scaling trick around
     ``csr_matvecs`` (``Y += A X`` for all columns of a row at once)."""
 
@@ -48,8 +67,10 @@ class _CpuSpMM(_CpuCsrPlan):
         return super().__call__(X, Y, alpha, beta)
 
 
-class _GpuSpMM(SpMVPlan):
-    """cupyx CSR times an F-ordered block with cuSPARSE's generic SpMM, written into ``Y``.
+class _GpuSpMM(_BlockJacobiMixin, SpMVPlan):
+    """cupyx CSR times a block: C-ordered float32/64 blocks with the row kernels of
+    :mod:`adaptmg.device.block_kernels` (product, fused residual, fused Jacobi sweep);
+    F-ordered blocks with cuSPARSE's generic SpMM, written into ``Y``.
 
     As the SpMV plan (:class:`adaptmg.device.kernels._GpuCsrPlan`), the descriptor of
     ``A`` is made once, those of the dense blocks are cached by (address, shape) and the
@@ -101,7 +122,23 @@ class _GpuSpMM(SpMVPlan):
             d = self._mats[key] = self._DnMat.create(M)
         return d
 
+    def _rows(self, X, *others):
+        return (BK.available(self.A, X)
+                and all(o.dtype == X.dtype and o.flags.c_contiguous for o in others))
+
+    def residual(self, X, B, R):
+        if self._rows(X, B, R):
+            return BK.csr_block("residual", self.A, X, R, B=B)
+        return super().residual(X, B, R)
+
+    def jacobi(self, X, B, dinv, omega, Y):
+        if self._rows(X, B, Y) and dinv.dtype == X.dtype and dinv.flags.c_contiguous:
+            return BK.csr_block("jacobi", self.A, X, Y, omega, B=B, dinv=dinv)
+        return super().jacobi(X, B, dinv, omega, Y)
+
     def __call__(self, X, Y, alpha=1.0, beta=0.0):
+        if self._rows(X, Y):
+            return BK.csr_block("spmm", self.A, X, Y, alpha, beta)
         if (self._spmm is None or self.A.nnz == 0 or X.dtype != self.dtype
                 or Y.dtype != self.dtype or not (X.flags.f_contiguous and Y.flags.f_contiguous)):
             return _GenericPlan.__call__(self, X, Y, alpha, beta)
@@ -147,4 +184,8 @@ def make_spmm(A):
         return _CpuSpMM(A)
     if is_device_sparse(A) and getattr(A, "format", None) == "csr":
         return _GpuSpMM(A)
-    return _GenericPlan(A)
+    return _GenericSpMM(A)
+
+
+class _GenericSpMM(_BlockJacobiMixin, _GenericPlan):
+    """Any operator with ``A @ X``."""

@@ -29,6 +29,7 @@ import warnings
 import numpy as np
 
 from ..backend import backend_of, to_host
+from ..device import block_kernels as BK
 from . import ConvergenceWarning
 
 __all__ = ["block_cg", "block_gmres", "column_norms"]
@@ -40,7 +41,11 @@ def column_norms(xp, X):
 
 
 def _coldot(xp, X, Y):
-    """``x_j^T y_j`` for every column (no ``(n, k)`` temporary)."""
+    """``x_j^T y_j`` for every column (no ``(n, k)`` temporary): on the device one pass of
+    :func:`adaptmg.device.block_kernels.column_dots` for C-ordered float blocks (CuPy's
+    einsum makes it a batched product ~10x slower at ``(1e6, 32)``)."""
+    if BK.column_dots_apply(X, Y):
+        return BK.column_dots(X, Y)
     return xp.einsum("ij,ij->j", X, Y)
 
 

@@ -64,24 +64,22 @@ class _BlockJacobi(_BlockSmoother):
         self.dinv = sm.dinv.reshape(-1, 1)
 
     def smooth(self, X, B, sweeps=1, work=None, zero_initial=False):
-        # the one-vector kernels of adaptmg.device.kernels broadcast dinv (n, 1) over the
-        # columns: one fused pass per update on the GPU
+        # sweeps alternate between X and W (out of place: one fused pass each on the GPU);
+        # the first one from zero is X <- omega D^{-1} B, written where the parity ends in X
         W = work if work is not None else self.scratch(X)
-        start = 0
-        if zero_initial and sweeps > 0:
-            K.jacobi_zero(X, self.dinv, B, self.omega)
-            start = 1
-        elif zero_initial:
-            X.fill(0)
-        for _ in range(start, sweeps):
-            self.A(X, W, 1.0, 0.0)
-            if self.be.is_gpu:                   # one fused pass
-                K.jacobi_residual_update(X, self.dinv, B, W, self.omega)
-            else:                                # in place: no (n, k) temporaries
-                W -= B
-                W *= self.dinv
-                W *= self.omega
-                X -= W
+        if sweeps <= 0:
+            if zero_initial:
+                X.fill(0)
+            return X
+        fused = sweeps - 1 if zero_initial else sweeps
+        src, dst = (W, X) if fused % 2 else (X, W)
+        if zero_initial:
+            K.jacobi_zero(src, self.dinv, B, self.omega)
+        elif fused % 2:
+            src[...] = X
+        for _ in range(fused):
+            self.A.jacobi(src, B, self.dinv, self.omega, dst)
+            src, dst = dst, src
         return X
 
 
