@@ -167,3 +167,17 @@ def test_circle_check_would_catch_the_old_circles(module):
     assert back in top[module]
     top[back].add(module)
     assert any(_reaches(top, b, a) for a in top for b in top[a])
+
+
+def test_modules_compile_without_warnings():
+    """An invalid escape in a docstring is a SyntaxWarning at every first import."""
+    import warnings
+    bad = {}
+    for p in _modules():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                compile(p.read_text(encoding="utf-8"), str(p), "exec")
+            except (SyntaxWarning, DeprecationWarning) as exc:
+                bad[_rel(p)] = str(exc)
+    assert not bad, f"modules that warn when compiled: {bad}"

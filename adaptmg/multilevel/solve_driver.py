@@ -1,4 +1,4 @@
-"""The solve driver of :class:`~adaptmg.multilevel.MultilevelSolver`: ``ml.solve``.
+r"""The solve driver of :class:`~adaptmg.multilevel.MultilevelSolver`: ``ml.solve``.
 
 ``solve(b)`` runs the multigrid cycle as a stationary iteration (``accel=None``:
 :math:`x_{k+1} = x_k + B (b - A x_k)` with :math:`B` one cycle) or as the preconditioner
