@@ -15,7 +15,9 @@ Kernels (one template, ``{T}`` = ``double`` or ``float``, int32 CSR indices):
   from ``X``: a damped Jacobi sweep out of place);
 * ``coldot``:   per block of rows, :math:`s_j = \sum_i X_{ij} Y_{ij}` accumulated in double;
   the partial sums of the blocks are added by one small reduction (deterministic: no atomics),
-  so :func:`column_dots` gives the same bits on every run.
+  so :func:`column_dots` gives the same bits on every run;
+* ``cg_update``: :math:`X \mathrel{+}= \alpha_j P,\ R \mathrel{-}= \alpha_j Q` per column and
+  the column sums of the updated :math:`R^2` in the same pass (block CG).
 """
 from __future__ import annotations
 
@@ -23,7 +25,10 @@ import functools
 
 import numpy as np
 
-__all__ = ["available", "csr_block", "column_dots", "column_dots_apply", "threads_per_row"]
+from ..backend import get_backend
+
+__all__ = ["available", "cg_update", "scale_add", "csr_block", "column_dots", "column_dots_apply",
+           "threads_per_row"]
 
 _EPILOGUE = {
     "spmm": "Y[o] = (beta == ({T})0) ? alpha * acc : alpha * acc + beta * Y[o];",
@@ -45,7 +50,18 @@ extern "C" __global__ void adaptmg_block_{MODE}_{T}(
     const int s = indptr[row], e = indptr[row + 1];
     for (int c = lane; c < k; c += G) {
         {T} acc = 0;
-        for (int p = s; p < e; ++p) acc += data[p] * X[(long long)indices[p] * k + c];
+        int p = s;
+        for (; p + 4 <= e; p += 4) {      // four independent gathers in flight per lane
+            const {T} x0 = X[(long long)indices[p] * k + c];
+            const {T} x1 = X[(long long)indices[p + 1] * k + c];
+            const {T} x2 = X[(long long)indices[p + 2] * k + c];
+            const {T} x3 = X[(long long)indices[p + 3] * k + c];
+            acc += data[p] * x0;
+            acc += data[p + 1] * x1;
+            acc += data[p + 2] * x2;
+            acc += data[p + 3] * x3;
+        }
+        for (; p < e; ++p) acc += data[p] * X[(long long)indices[p] * k + c];
         const long long o = row * k + c;
         {EPILOGUE}
     }
@@ -79,6 +95,38 @@ extern "C" __global__ void adaptmg_block_coldot_{T}(
 }
 """
 
+_CG_SRC = r"""
+// X += alpha_j P; R -= alpha_j Q (per column j) and, like coldot, the partial sums of R_j^2
+// of the updated R per block of rows (blockDim (32, 8))
+extern "C" __global__ void adaptmg_block_cg_update_{T}(
+    const long long n, const int k, const {T}* __restrict__ alpha, {T}* __restrict__ X,
+    const {T}* __restrict__ P, {T}* __restrict__ R, const {T}* __restrict__ Q,
+    double* __restrict__ part)
+{
+    __shared__ double s[8][33];
+    const int col = blockIdx.y * 32 + threadIdx.x;
+    double acc = 0.0;
+    if (col < k) {
+        const {T} a = alpha[col];
+        for (long long r = (long long)blockIdx.x * 8 + threadIdx.y; r < n;
+             r += (long long)gridDim.x * 8) {
+            const long long o = r * k + col;
+            X[o] += a * P[o];
+            const {T} v = R[o] - a * Q[o];
+            R[o] = v;
+            acc += (double)v * (double)v;
+        }
+    }
+    s[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < k) {
+        double v = 0.0;
+        for (int i = 0; i < 8; ++i) v += s[i][threadIdx.x];
+        part[(long long)blockIdx.x * k + col] = v;
+    }
+}
+"""
+
 _CTYPE = {np.dtype(np.float64): "double", np.dtype(np.float32): "float"}
 _COLDOT_BLOCKS = 1024
 
@@ -91,7 +139,7 @@ def threads_per_row(k):
 @functools.lru_cache(maxsize=None)
 def _module(xp, ctype):
     code = "".join(_ROW_SRC.replace("{MODE}", m).replace("{EPILOGUE}", e)
-                   for m, e in _EPILOGUE.items()) + _COLDOT_SRC
+                   for m, e in _EPILOGUE.items()) + _COLDOT_SRC + _CG_SRC
     return xp.RawModule(code=code.replace("{T}", ctype))
 
 
@@ -108,7 +156,7 @@ def csr_block(mode, A, X, Y, alpha=1.0, beta=0.0, B=None, dinv=None):
     module docstring) on device CSR ``A`` and C-ordered blocks; returns ``Y``.  The caller
     checks :func:`available` for ``X``; ``B``, ``Y`` are C-ordered of the same dtype,
     ``dinv`` of length ``n``."""
-    import cupy as cp                       # only reached with device arrays
+    xp = get_backend("gpu").xp
     dt = np.dtype(A.dtype)
     ct = _CTYPE[dt]
     n, k = int(A.shape[0]), int(X.shape[1])
@@ -117,7 +165,7 @@ def csr_block(mode, A, X, Y, alpha=1.0, beta=0.0, B=None, dinv=None):
     G = threads_per_row(k)
     threads = 256
     blocks = (n * G + threads - 1) // threads
-    ker = _module(cp, ct).get_function(f"adaptmg_block_{mode}_{ct}")
+    ker = _module(xp, ct).get_function(f"adaptmg_block_{mode}_{ct}")
     null = np.uintp(0)
     ker((blocks,), (threads,),
         (np.int32(n), np.int32(k), np.int32(G), A.indptr, A.indices, A.data, X,
@@ -134,18 +182,43 @@ def column_dots_apply(X, Y):
             and X.flags.c_contiguous and Y.flags.c_contiguous)
 
 
-def column_dots(X, Y):
-    """``s_j = sum_i X_ij Y_ij`` of two C-ordered device blocks of one float dtype (float64
-    accumulation, the result in that dtype): one pass over both blocks."""
-    import cupy as cp
+def _column_pass(name, X, *args):
+    """Launch the column-partial kernel ``name`` over the rows of ``X``; the column sums."""
+    xp = get_backend("gpu").xp
     dt = np.dtype(X.dtype)
     n, k = int(X.shape[0]), int(X.shape[1])
     if n == 0:
-        return cp.zeros(k, dt)
+        return xp.zeros(k, dt)
     gx = int(min(_COLDOT_BLOCKS, (n + 7) // 8))
-    gy = (k + 31) // 32
-    part = cp.empty((gx, k), np.float64)
+    part = xp.empty((gx, k), np.float64)
     ct = _CTYPE[dt]
-    ker = _module(cp, ct).get_function(f"adaptmg_block_coldot_{ct}")
-    ker((gx, gy), (32, 8), (np.int64(n), np.int32(k), X, Y, part))
+    ker = _module(xp, ct).get_function(f"adaptmg_block_{name}_{ct}")
+    ker((gx, (k + 31) // 32), (32, 8), (np.int64(n), np.int32(k)) + args + (part,))
     return part.sum(axis=0).astype(dt, copy=False)
+
+
+def column_dots(X, Y):
+    """``s_j = sum_i X_ij Y_ij`` of two C-ordered device blocks of one float dtype (float64
+    accumulation, the result in that dtype): one pass over both blocks."""
+    return _column_pass("coldot", X, X, Y)
+
+
+def scale_add(P, beta, Z):
+    """``P <- Z + beta_j P`` per column (``beta`` of length ``k``), in place: one pass on the
+    device (the ``axpby`` elementwise kernel broadcasting ``beta`` over the rows)."""
+    if isinstance(P, np.ndarray):
+        P *= beta
+        P += Z
+        return P
+    from .elementwise import get_kernel
+    one = np.ones((), P.dtype)[()]
+    get_kernel("axpby", "gpu")(one, Z, beta.astype(P.dtype, copy=False), P)
+    return P
+
+
+def cg_update(alpha, X, P, R, Q):
+    """The CG update of every column in one pass: ``X += alpha_j P``, ``R -= alpha_j Q``;
+    returns ``||R_j||^2`` of the updated ``R`` (float64 accumulation).  C-ordered device
+    blocks of one float dtype (:func:`column_dots_apply` for each pair), ``alpha`` of
+    length ``k`` in that dtype."""
+    return _column_pass("cg_update", X, alpha, X, P, R, Q)

@@ -143,19 +143,22 @@ def block_cg(A, B, X0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callba
             if P is None:
                 P = Z
             else:                               # p = z + beta p, in place
-                P *= rho_new / rho
-                P += Z
+                BK.scale_add(P, rho_new / rho, Z)
             rho = rho_new
             Q = Aop(P)
             alpha = rho / _coldot(xp, P, Q)
-            if act.size == k:
-                X += alpha * P
+            if act.size == k and BK.column_dots_apply(X, P) and BK.column_dots_apply(Ra, Q):
+                rna2 = BK.cg_update(alpha, X, P, Ra, Q)        # one pass; ||r_j||^2 with it
             else:
-                X[:, xp.asarray(act)] += alpha * P
-            Q *= alpha
-            Ra -= Q
+                if act.size == k:
+                    X += alpha * P
+                else:
+                    X[:, xp.asarray(act)] += alpha * P
+                Q *= alpha
+                Ra -= Q
+                rna2 = _coldot(xp, Ra, Ra)
             its[act] += 1
-            h = to_host(xp.concatenate([column_norms(xp, Ra), alpha])).astype(np.float64)
+            h = to_host(xp.concatenate([xp.sqrt(rna2), alpha])).astype(np.float64)
             rna, al = h[: act.size], h[act.size:]
             bad = ~np.isfinite(rna) | ~np.isfinite(al) | ~(al > 0)
             info[act[bad]] = -1

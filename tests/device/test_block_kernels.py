@@ -63,3 +63,32 @@ def test_column_dots(dtype, n, k):
     assert (np.abs(got - want) <= 8 * np.finfo(dtype).eps * scale + 4 * np.sqrt(n) * EPS * scale).all()
     again = cp.asnumpy(BK.column_dots(Xd, Yd))
     assert np.array_equal(got, again)        # no atomics: the same bits every run
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("k", [3, 32, 40])
+def test_cg_update_and_scale_add(dtype, k):
+    import cupy as cp
+    rng = np.random.default_rng(2)
+    n = 20001
+    X, P, R, Q = (rng.standard_normal((n, k)).astype(dtype) for _ in range(4))
+    alpha = rng.uniform(0.1, 2, k).astype(dtype)
+    d = [cp.asarray(v) for v in (X, P, R, Q)]
+    r2 = cp.asnumpy(BK.cg_update(cp.asarray(alpha), *d))
+    eps = np.finfo(dtype).eps
+    Xw, Rw = X + alpha * P, R - alpha * Q
+    assert np.allclose(cp.asnumpy(d[0]), Xw, rtol=0, atol=4 * eps * (np.abs(X) + np.abs(alpha * P)).max())
+    assert np.allclose(cp.asnumpy(d[2]), Rw, rtol=0, atol=4 * eps * (np.abs(R) + np.abs(alpha * Q)).max())
+    want = (cp.asnumpy(d[2]).astype(np.float64) ** 2).sum(0)
+    # positive terms: another summation order moves a sum of n of them by <~ sqrt(n) eps
+    assert np.allclose(r2, want, rtol=16 * eps + 16 * np.sqrt(n) * EPS, atol=0)
+    Pd, Zd = cp.asarray(P), cp.asarray(Q)
+    BK.scale_add(Pd, cp.asarray(alpha), Zd)
+    assert np.allclose(cp.asnumpy(Pd), Q + alpha * P, rtol=0, atol=4 * eps * (np.abs(Q) + np.abs(alpha * P)).max())
+
+
+def test_scale_add_host():
+    P, Z = np.ones((4, 2)), np.full((4, 2), 2.0)
+    BK.scale_add(P, np.array([3.0, -1.0]), Z)
+    assert np.array_equal(P, np.array([[5.0, 1.0]] * 4))
