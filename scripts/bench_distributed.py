@@ -74,7 +74,9 @@ def worker(args):
     b = assemble.load(space, 1.0)
     comm.Barrier()
     t0 = time.perf_counter()
-    r = solve(space, assemble.stiffness, b, comm=comm, rtol=1e-8, agglomerate_below=2000,
+    sizes = [v if v == "auto" else int(float(v)) for v in (args.agglomerate_below, args.min_dofs_per_rank)]
+    r = solve(space, assemble.stiffness, b, comm=comm, rtol=1e-8, agglomerate_below=sizes[0],
+              min_dofs_per_rank=sizes[1],
               local_setup=args.setup == "local", backend=args.backend)
     setup = comm.allgather(r.timings["setup"])            # per rank, before the first barrier
     assembled = comm.allgather(r.timings.get("fine_cells_assembled", mesh.num_cells))
@@ -152,6 +154,8 @@ def driver(args):
             cmd = mpiexec_command(P) + [sys.executable, os.path.abspath(__file__), "--worker",
                    "--backend", args.backend, "--mode", args.mode, "--dim", str(args.dim), "--repeat", str(args.repeat),
                    "--dofs-per-rank", str(args.dofs_per_rank), "--strong-dofs", str(args.strong_dofs),
+                   "--agglomerate-below", str(args.agglomerate_below),
+                   "--min-dofs-per-rank", str(args.min_dofs_per_rank),
                    "--setup", mode]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
             if out.returncode != 0:
@@ -196,6 +200,10 @@ def main():
                     help="finest level from each rank's cells (local), every rank the whole serial "
                          "hierarchy (replicated, the first version), or both for comparison")
     ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--agglomerate-below", default="auto",
+                    help="levels with fewer DoFs on rank 0 (auto: 1000 CPU, 2^19 GPU)")
+    ap.add_argument("--min-dofs-per-rank", default="auto",
+                    help="DoFs per rank of a coarser distributed level (auto: 2000 CPU, 2^18 GPU)")
     ap.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -32,8 +32,10 @@ cells plus one ghost layer, widened to every cell of a hanging node with an owne
 smoother (its lambda_max estimate distributed).  The finest level is on all ``P`` ranks;
 a coarser one with ``N_l`` DoFs on ``P_l = min(P_{l+1}, max(1, N_l // min_dofs_per_rank))``
 ranks ``0 .. P_l - 1`` (its cell partition folded onto them, the other ranks own none of
-its DoFs; ``min_dofs_per_rank`` default 2000, None or 0: all ranks; ``result.active_ranks``
-lists ``P_l`` per level).  The small levels below ``agglomerate_below`` (agglomerated onto
+its DoFs; ``min_dofs_per_rank`` default "auto": 2000 on the CPU, 2^18 on GPUs, None or 0:
+all ranks; ``result.active_ranks`` lists ``P_l`` per level).  ``agglomerate_below`` defaults
+to 1000 DoFs on the CPU and 2^19 on GPUs, where a level of fewer rows costs a kernel launch's
+latency on one GPU and a halo exchange per smoothing step when distributed.  The small levels below ``agglomerate_below`` (agglomerated onto
 rank 0, and algebraic ones) come from a serial hierarchy that every rank builds on the
 coarse mesh.  ``solve(..., local_setup=False)`` is the first version: every rank builds the
 whole serial hierarchy and extracts its rows.  Matrices, vectors, smoothing, transfers and

@@ -79,10 +79,29 @@ class DistributedResult:
     #                                (partition.level_ranks), 1 on the levels agglomerated on rank 0
 
 
-def _check(space, b, rtol, maxiter, accel, min_dofs_per_rank=None):
+#: GPU defaults of ``agglomerate_below`` / ``min_dofs_per_rank``: a level's kernels cost about
+#: the same below ~0.5M rows on one GPU (launch latency), while each distributed level adds
+#: a halo exchange (tens of microseconds) to every smoothing step and residual; so levels
+#: under 2^19 DoFs run on rank 0 and a distributed level keeps >= 2^18 DoFs per rank.
+GPU_LEVEL_SIZES = (2 ** 19, 2 ** 18)
+#: CPU defaults (ranks on cores: distributing pays down to small levels)
+CPU_LEVEL_SIZES = (1000, 2000)
+
+
+def level_sizes(agglomerate_below, min_dofs_per_rank, gpu):
+    """``(agglomerate_below, min_dofs_per_rank)`` with "auto" resolved for the backend."""
+    dflt = GPU_LEVEL_SIZES if gpu else CPU_LEVEL_SIZES
+    return (dflt[0] if agglomerate_below == "auto" else agglomerate_below,
+            dflt[1] if min_dofs_per_rank == "auto" else min_dofs_per_rank)
+
+
+def _check(space, b, rtol, maxiter, accel, min_dofs_per_rank=None, agglomerate_below=1000):
     m = min_dofs_per_rank
     if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0):
-        return f"min_dofs_per_rank must be None or a non-negative integer, got {m!r}"
+        return f"min_dofs_per_rank must be None, 'auto' or a non-negative integer, got {m!r}"
+    a = agglomerate_below
+    if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or a < 0:
+        return f"agglomerate_below must be 'auto' or a non-negative integer, got {a!r}"
     if accel not in ("cg", "gmres", "fgmres"):
         return f"accel must be 'cg', 'gmres' or 'fgmres', got {accel!r}"
     if not isinstance(space, Space):
@@ -100,7 +119,7 @@ def _check(space, b, rtol, maxiter, accel, min_dofs_per_rank=None):
 
 
 def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter=200,
-          accel="cg", cycle="V", agglomerate_below=1000, min_dofs_per_rank=2000, weights=None,
+          accel="cg", cycle="V", agglomerate_below="auto", min_dofs_per_rank="auto", weights=None,
           callback=None, local_setup=True, transport=None, **multigrid_kwargs) -> DistributedResult:
     """Solve the constrained system of ``assemble(space)`` with load vector ``b`` by CG
     preconditioned with geometric multigrid, distributed over ``comm``.
@@ -116,8 +135,9 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
     rtol, maxiter : stopping test ``||f - K x|| <= rtol ||f||``.
     accel : Krylov method: "cg", "gmres" or "fgmres" of :mod:`adaptmg.linalg`, their
         reductions through the hook (one Allreduce each).
-    agglomerate_below : levels with fewer DoFs are gathered onto rank 0.
-    min_dofs_per_rank : the finest level is on all ``P`` ranks; a coarser level with ``N_l >=
+    agglomerate_below : levels with fewer DoFs are gathered onto rank 0 ("auto": 1000 on the
+        CPU, 2^19 on GPUs, :data:`GPU_LEVEL_SIZES`).
+    min_dofs_per_rank : ("auto": 2000 on the CPU, 2^18 on GPUs) the finest level is on all ``P`` ranks; a coarser level with ``N_l >=
         agglomerate_below`` DoFs on ``P_l = min(P_{l+1}, max(1, N_l // min_dofs_per_rank))``
         ranks ``0 .. P_l - 1``, its cell partition folded onto them
         (:func:`~.partition.level_ranks`, :func:`~.partition.fold_cell_ranks`).  None or 0:
@@ -138,7 +158,9 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
     comm = get_comm(comm)
     size = 1 if comm is None else comm.Get_size()
     with guard(comm):
-        msg = _check(space, b, rtol, maxiter, accel, min_dofs_per_rank)
+        gpu = get_backend(multigrid_kwargs.get("backend", "cpu")).is_gpu
+        agglomerate_below, min_dofs_per_rank = level_sizes(agglomerate_below, min_dofs_per_rank, gpu)
+        msg = _check(space, b, rtol, maxiter, accel, min_dofs_per_rank, agglomerate_below)
         if not msg and transport not in (None, "auto", "host", "nccl"):
             msg = f"transport must be None, 'auto', 'host' or 'nccl', got {transport!r}"
         agree(comm, not msg, msg)

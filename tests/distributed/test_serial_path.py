@@ -54,8 +54,10 @@ def test_bad_arguments_raise_on_one_rank():
         solve(space, assemble.stiffness, b[:-1], comm=OneRank())
     with pytest.raises(ValueError, match="accel must be"):
         solve(space, assemble.stiffness, b, comm=OneRank(), accel="bicg")
-    with pytest.raises(ValueError, match="min_dofs_per_rank must be None or a non-negative"):
+    with pytest.raises(ValueError, match="min_dofs_per_rank must be None, 'auto' or a non-negative"):
         solve(space, assemble.stiffness, b, comm=OneRank(), min_dofs_per_rank=-1)
+    with pytest.raises(ValueError, match="agglomerate_below must be 'auto' or a non-negative"):
+        solve(space, assemble.stiffness, b, comm=OneRank(), agglomerate_below="many")
     res = solve(space, assemble.stiffness, b, comm=OneRank(), min_dofs_per_rank=None)
     assert res.active_ranks == [1] * len(res.ml.levels)         # one rank: every level on it
     with pytest.raises(TypeError, match="mpi4py communicator"):
@@ -64,3 +66,10 @@ def test_bad_arguments_raise_on_one_rank():
         solve_poisson(space, comm=OneRank())
     with pytest.raises(ValueError, match="went wrong"):
         agree(None, False, "went wrong")
+
+
+def test_level_sizes_auto_per_backend():
+    from adaptmg.distributed.solve import CPU_LEVEL_SIZES, GPU_LEVEL_SIZES, level_sizes
+    assert level_sizes("auto", "auto", gpu=False) == CPU_LEVEL_SIZES == (1000, 2000)
+    assert level_sizes("auto", "auto", gpu=True) == GPU_LEVEL_SIZES == (2 ** 19, 2 ** 18)
+    assert level_sizes(5, None, gpu=True) == (5, None)            # explicit values win
