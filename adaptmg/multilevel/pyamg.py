@@ -50,7 +50,9 @@ None                                  no smoothing                              
 gauss_seidel (sweep)                  multicolour :class:`GaussSeidel`, same sweep   no [#]_
 block_gauss_seidel (blocksize, sweep) multicolour block GS, same sweep               no
 sor (omega, sweep)                    multicolour SOR, same omega and sweep          no
-cf_/fc_(block_)jacobi                 (block) Jacobi on all points, same omega       no
+cf_/fc_jacobi (omega, f_/c_iterations) :class:`CFJacobi`: the same half-sweeps over     yes
+cf_/fc_block_jacobi (Dinv, blocksize)  the F and C points, same order and weight
+                                      (block: pyamg's ``Dinv``)
 anything else (gauss_seidel_nr/ne,    symmetric multicolour (block) GS               no
 jacobi_ne, schwarz, Krylov, custom)
 ====================================  =============================================  =======
@@ -94,8 +96,8 @@ from .pyamg_relax import (DIRECT_COARSE, CoarseSolverWarning, DeviceCoarseSolver
                           HostCoarseSolver, PyamgRelaxation,
                           closure_values, coarse_label, coarse_operator, read_coarse_solver)
 from .solver import Level, MultilevelSolver
-from .smoothers import (SMOOTHERS, Jacobi, PrePostSmoother, estimate_lambda_max, make_smoother,
-                        normalize_smoother_name, smoother_setup_kwargs)
+from .smoothers import (SMOOTHERS, CFJacobi, Jacobi, PrePostSmoother, estimate_lambda_max,
+                        make_smoother, normalize_smoother_name, smoother_setup_kwargs)
 
 __all__ = ["from_pyamg", "pyamg_matrices", "SmootherMappingWarning", "CoarseSolverWarning"]
 
@@ -208,6 +210,50 @@ def _blocksize(A):
 _MISSING = object()
 
 
+class _Array:
+    """An array in a :class:`_Spec`'s ``kwargs`` (a C/F splitting, pyamg's ``Dinv``): equal by
+    content, so that two specs of the same level compare as they should."""
+
+    def __init__(self, a):
+        self.a = np.asarray(a)
+
+    def __eq__(self, other):
+        return (isinstance(other, _Array) and self.a.shape == other.a.shape
+                and bool(np.array_equal(self.a, other.a)))
+
+    def __hash__(self):
+        return hash((self.a.shape, self.a.tobytes()))
+
+    def __lt__(self, other):         # never reached (kwargs keys are unique); sorted() needs it
+        return id(self) < id(other)
+
+
+_CF_NAMES = ("cf_jacobi", "fc_jacobi", "cf_block_jacobi", "fc_block_jacobi")
+
+
+def _cf_spec(name, p, it):
+    """The :class:`_Spec` of :class:`CFJacobi` for pyamg's C/F Jacobi ``name`` with the
+    partial's keywords ``p`` (``Cpts``/``Fpts``: C and F nodes of the level); None when the
+    keywords do not describe a splitting."""
+    Cp = np.asarray(p.get("Cpts", ()), dtype=np.int64).ravel()
+    Fp = np.asarray(p.get("Fpts", ()), dtype=np.int64).ravel()
+    N = Cp.size + Fp.size
+    both = np.concatenate([Cp, Fp])
+    if N == 0 or both.min() < 0 or both.max() >= N or np.bincount(both, minlength=N).max() > 1:
+        return None
+    split = np.zeros(N, bool)
+    split[Cp] = True
+    c = int(p.get("blocksize", 1) or 1)
+    block = name.endswith("block_jacobi") and c > 1
+    kw = {"splitting": _Array(split), "order": name[:2], "omega": float(p["omega"]),
+          "f_iterations": int(p.get("f_iterations", 1)), "c_iterations": int(p.get("c_iterations", 1)),
+          "block": block}
+    if block and p.get("Dinv") is not None:
+        kw["Dinv"] = _Array(p["Dinv"])
+    src = f"{name}({_short(p, ('blocksize', 'omega', 'iterations', 'f_iterations', 'c_iterations'))})"
+    return _Spec("cf_jacobi", kw, it, True, src)
+
+
 def _map_pyamg(fn, A):
     """The :class:`_Spec` of adaptmg's closest smoother to pyamg's level smoother ``fn``."""
     if fn is _MISSING:          # a level pyamg never smooths (its coarsest): adaptmg's default
@@ -223,7 +269,8 @@ def _map_pyamg(fn, A):
                      f"jacobi({_short(p, ('omega', 'iterations'))})")
     if name == "block_jacobi" and "omega" in p:
         c = int(p.get("blocksize", bs) or 1)
-        return _Spec("block_jacobi", {"omega": float(p["omega"]), "block_size": c}, it, True,
+        return _Spec("block_jacobi", {"omega": float(p["omega"]), "block_size": c,
+                                      "singular": "pinv"}, it, True,
                      f"block_jacobi({_short(p, ('blocksize', 'omega', 'iterations'))})")
     if name == "richardson" and "omega" in p:
         return _Spec("richardson", {"omega": float(p["omega"])}, it, True,
@@ -253,10 +300,13 @@ def _map_pyamg(fn, A):
         src = f"{name}({_short(p, ('blocksize', 'omega', 'sweep', 'iterations'))})"
         return _Spec("block_gauss_seidel" if c > 1 else "gauss_seidel", kw, it, False, src,
                      f"{what} (sweep={sweep!r}): colour order, not pyamg's lexicographic order")
-    if name in ("cf_jacobi", "fc_jacobi", "cf_block_jacobi", "fc_block_jacobi") and "omega" in p:
+    if name in _CF_NAMES and "omega" in p:
+        spec = _cf_spec(name, p, it)
+        if spec is not None:
+            return spec
         c = int(p.get("blocksize", 1) or 1)
         kind = "block_jacobi" if c > 1 else "jacobi"
-        kw = {"omega": float(p["omega"])} | ({"block_size": c} if c > 1 else {"singular": "pinv"})
+        kw = {"omega": float(p["omega"]), "singular": "pinv"} | ({"block_size": c} if c > 1 else {})
         src = f"{name}({_short(p, ('omega', 'iterations', 'f_iterations', 'c_iterations'))})"
         return _Spec(kind, kw, it, False, src,
                      f"{kind.replace('_', ' ')} (omega={float(p['omega']):.4g}) on all points, "
@@ -303,12 +353,16 @@ def _is_self_adjoint(s):
 
 
 def _adjoint_pair(pre, post):
-    """pre = forward/backward GS and post = the same GS with the reverse sweep."""
-    if pre.kind != post.kind or pre.kind not in ("gauss_seidel", "block_gauss_seidel"):
+    """pre = forward/backward GS and post = the same GS with the reverse sweep, or pre =
+    C/F Jacobi and post the same half-sweeps in the reverse order (cf <-> fc)."""
+    if pre.kind != post.kind or pre.kind not in ("gauss_seidel", "block_gauss_seidel",
+                                                 "cf_jacobi"):
         return False
+    what, pair = (("order", {"cf", "fc"}) if pre.kind == "cf_jacobi" else
+                  ("sweep", {"forward", "backward"}))
     a, b = dict(pre.kwargs), dict(post.kwargs)
-    sa, sb = a.pop("sweep", None), b.pop("sweep", None)
-    return a == b and {sa, sb} == {"forward", "backward"}
+    sa, sb = a.pop(what, None), b.pop(what, None)
+    return a == b and {sa, sb} == pair
 
 
 def _group_levels(levels):
@@ -402,6 +456,11 @@ def _smoother_specs(levels_in, As, key, omega, smoother_kwargs):
                 # coarsest level (coarse="smoother"; pyamg smooths no coarsest level): the finer
                 # level's kind, with this level's block size and weights / interval of its own
                 for s in (pre, post):
+                    if s.kind == "cf_jacobi":   # no splitting on the coarsest: all points
+                        s.kind = ("block_jacobi" if s.kwargs["block"] and bs_lev > 1 else
+                                  "jacobi")
+                        s.kwargs = {"singular": "pinv"} | ({"block_size": bs_lev}
+                                                           if s.kind == "block_jacobi" else {})
                     if "block_size" in s.kwargs:
                         s.kwargs["block_size"] = bs_lev
                     if s.kind in ("jacobi", "block_jacobi", "richardson"):
@@ -630,6 +689,9 @@ def _build(spec, A, be, dtype):
         return _NoSmoothing(A.shape[0], be, dtype)
     if spec.kind == "jacobi":
         return Jacobi(A, backend=be, dtype=dtype, **spec.kwargs)
+    if spec.kind == "cf_jacobi":
+        kw = {k: v.a if isinstance(v, _Array) else v for k, v in spec.kwargs.items()}
+        return CFJacobi(A, backend=be, dtype=dtype, **kw)
     return make_smoother(spec.kind, A, backend=be, dtype=dtype, **spec.kwargs)
 
 
