@@ -116,7 +116,9 @@ class CFJacobi(Smoother):
         def rows(nodes):
             return xp.asarray((nodes[:, None] * c + np.arange(c)[None, :]).ravel())
 
-        if self.block and c > 1:
+        if self._Dinv is not None and not self.block:
+            raise ValueError("CFJacobi: Dinv is the block inverses of block=True")
+        if self.block and (c > 1 or self._Dinv is not None):
             inv = self._Dinv
             if inv is None:
                 inv = _block_inverses(A, c, "CFJacobi", singular="pinv")
