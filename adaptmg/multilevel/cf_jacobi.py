@@ -127,7 +127,8 @@ class CFJacobi(Smoother):
                 if inv.shape != (N, c, c):
                     raise ValueError(f"CFJacobi: Dinv must have shape {(N, c, c)}, got "
                                      f"{tuple(inv.shape)}")
-            self._S_host = S = _block_diagonal_csr(inv.astype(np.result_type(inv, A.dtype)))
+            S = _block_diagonal_csr(inv.astype(np.result_type(inv.dtype, A.dtype)))
+            self._S_host = S
             M = (S @ A).tocsr()
             s = None
         else:

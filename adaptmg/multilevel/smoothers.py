@@ -64,7 +64,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..device import kernels as K
-from ..backend import backend_of, get_backend, is_sparse, to_host
+from ..backend import get_backend, is_sparse, to_host
 from .cf_jacobi import CFJacobi
 from .chebyshev import Chebyshev, estimate_lambda_max
 from .gauss_seidel import BlockGaussSeidel, GaussSeidel, L1GaussSeidel

@@ -1,4 +1,4 @@
-"""C/F Jacobi (:class:`adaptmg.multilevel.CFJacobi`) against pyamg's ``cf_jacobi`` /
+"""C/F Jacobi (:class:`adaptmg.multilevel.smoothers.CFJacobi`) against pyamg's ``cf_jacobi`` /
 ``fc_jacobi`` / ``cf_block_jacobi`` on AIR levels, and ``from_pyamg(relax="map")`` (the
 GPU's smoother mapping) against pyamg's own cycle on AIR hierarchies.
 
