@@ -22,7 +22,9 @@ NumPy, callback arguments too).
 The counts of issue 41 (all tests of the listed files, native vs bridge) are
 those of :data:`MODULES`' tests: the 63 collected here plus the 18 that never
 reach ``solve`` (they pass natively; ``test_counts`` checks the split).  Natively
-81/81; through the bridge on the CPU 81/81 (63/63 here; 48/81 before issue 41).
+81/81; through the bridge on the CPU 81/81 (63/63 here; 48/81 before issue 41); with
+the mapped smoothers (``map``, what the GPU runs) 76/81 (58/63 here; 54/63 before C/F
+Jacobi was mapped exactly).
 Run ``pytest tests/multilevel/test_pyamg_cases.py -k "cpu or map"`` (``-m gpu -k gpu`` on
 a device).  :data:`KNOWN` lists CPU failures (strict xfail), :data:`KNOWN_GPU` those of
 the mapped smoothers (``map`` and ``gpu``: non-strict xfail); the other cases of ``map``
