@@ -21,6 +21,9 @@ Operations (all update their *output* argument in place; nothing is allocated)
 ``chebyshev_start_zero``   ``d <- c * dinv * b;  x <- d``
 ``chebyshev_update``       ``d <- c1 d + c2 dinv (b - Ax);  x <- x + d``
 ``add_cast``               ``y <- y + x`` with x of another float dtype
+``indexed_jacobi_update``  ``x[idx] <- x[idx] + omega * s * (b[idx] - Ax)``
+                           (``s``, ``Ax`` of the length of ``idx``; ``idx`` without
+                           repeats: the C/F half-sweeps of :mod:`.cf_jacobi`)
 =========================  ==================================================
 
 All of them are importable from :mod:`adaptmg.device.kernels` too.
@@ -36,7 +39,7 @@ from ..backend import get_backend
 __all__ = [
     "get_kernel", "axpby", "jacobi_update", "jacobi_residual_update",
     "jacobi_zero", "chebyshev_start", "chebyshev_start_zero",
-    "chebyshev_update", "add_cast", "KERNEL_NAMES",
+    "chebyshev_update", "add_cast", "indexed_jacobi_update", "KERNEL_NAMES",
 ]
 
 
@@ -57,6 +60,9 @@ _KERNEL_SPECS = {
     "chebyshev_update": ("T dinv, T b, T Ax, T c1, T c2", "T x, T d",
                          "T t = c1 * d + c2 * dinv * (b - Ax); d = t; x += t"),
     "add_cast": ("S x", "T y", "y += (T)x"),
+    # one thread per listed row; x and b indexed by the row (raw), s and Ax by the thread
+    "indexed_jacobi_update": ("I row, T s, raw T b, T Ax, T omega", "raw T x",
+                              "x[row] += omega * s * (b[row] - Ax)"),
     # spectral stiffness at the quadrature points: flux = G grad (G symmetric, 6 / 3 entries)
     "geo_flux3": ("T g0, T g1, T g2, T G00, T G11, T G22, T G01, T G02, T G12", "T f0, T f1, T f2",
                   "f0 = G00 * g0 + G01 * g1 + G02 * g2; f1 = G01 * g0 + G11 * g1 + G12 * g2; "
@@ -134,6 +140,11 @@ def _np_add_cast(x, y):
     return y
 
 
+def _np_indexed_jacobi_update(idx, s, b, Ax, omega, x):
+    x[idx] += omega * (s * (b[idx] - Ax))
+    return x
+
+
 def _np_geo_flux3(g0, g1, g2, G00, G11, G22, G01, G02, G12, f0, f1, f2):
     for f, (a, b, c) in ((f0, (G00, G01, G02)), (f1, (G01, G11, G12)), (f2, (G02, G12, G22))):
         np.multiply(a, g0, out=f)
@@ -159,6 +170,7 @@ _NUMPY_TWINS = {
     "chebyshev_start_zero": _np_chebyshev_start_zero,
     "chebyshev_update": _np_chebyshev_update,
     "add_cast": _np_add_cast,
+    "indexed_jacobi_update": _np_indexed_jacobi_update,
     "geo_flux3": _np_geo_flux3,
     "geo_flux2": _np_geo_flux2,
 }
@@ -250,3 +262,12 @@ def add_cast(y, x):
         return _np_add_cast(x, y)
     return _cupy_kernel("add_cast")(x, y)
 
+
+
+def indexed_jacobi_update(x, idx, s, b, Ax, omega):
+    """``x[idx] <- x[idx] + omega * s * (b[idx] - Ax)`` in place: a damped Jacobi update of
+    the rows ``idx`` only (``Ax`` = those rows of ``A x``, ``s`` their ``D^{-1}``); ``idx``
+    must not repeat a row."""
+    if _is_numpy(x):
+        return _np_indexed_jacobi_update(idx, s, b, Ax, omega, x)
+    return _cupy_kernel("indexed_jacobi_update")(idx, s, b, Ax, _scalar(omega, x), x)

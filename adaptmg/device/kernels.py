@@ -43,12 +43,13 @@ from . import pdl
 from .csr_source import _CSR_SRC
 from .elementwise import (KERNEL_NAMES, _is_numpy, add_cast, axpby, chebyshev_start,  # noqa: F401
                           chebyshev_start_zero, chebyshev_update, get_kernel,
-                          jacobi_residual_update, jacobi_update, jacobi_zero)
+                          indexed_jacobi_update, jacobi_residual_update, jacobi_update,
+                          jacobi_zero)
 
 __all__ = [
     "get_kernel", "axpby", "jacobi_update", "jacobi_residual_update",
     "jacobi_zero", "chebyshev_start", "chebyshev_start_zero",
-    "chebyshev_update", "add_cast", "csr_jacobi_sweep", "csr_chebyshev_step", "csr_residual",
+    "chebyshev_update", "add_cast", "indexed_jacobi_update", "csr_jacobi_sweep", "csr_chebyshev_step", "csr_residual",
     "csr_jacobi_zero_sweeps", "csr_restricted_residual", "csr_correct_jacobi",
     "smooth_restrict_matrix", "csr_smooth_restrict", "is_int32_csr",
     "threads_per_row", "csr_threads_per_row",

@@ -6,7 +6,8 @@ In the order data flows:
 * :mod:`.hierarchy` -- :func:`multigrid`: levels from a :class:`~adaptmg.Space` and an
   assembly function (global coarsening, constraints, Galerkin or re-assembled matrices).
 * :mod:`.smoothers` -- the smoothers ``x <- x + omega S (b - A x)`` and their one name
-  registry (:func:`make_smoother`).
+  registry (:func:`make_smoother`); :mod:`.cf_jacobi`: Jacobi over the F and C points of a
+  C/F splitting in turn (pyamg's AIR relaxation).
 * :mod:`.solver` -- :class:`Level` and :class:`MultilevelSolver`: V/W/F/AMLI cycles
   (:mod:`.amli`), stationary and Krylov-accelerated solves (:mod:`.accel`: ``accel`` as
   a foreign name or a function), the preconditioner; real or complex.

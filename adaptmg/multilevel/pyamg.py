@@ -50,7 +50,9 @@ None                                  no smoothing                              
 gauss_seidel (sweep)                  multicolour :class:`GaussSeidel`, same sweep   no [#]_
 block_gauss_seidel (blocksize, sweep) multicolour block GS, same sweep               no
 sor (omega, sweep)                    multicolour SOR, same omega and sweep          no
-cf_/fc_(block_)jacobi                 (block) Jacobi on all points, same omega       no
+cf_/fc_jacobi (omega, f_/c_iterations) :class:`CFJacobi`: the same half-sweeps over     yes
+cf_/fc_block_jacobi (Dinv, blocksize)  the F and C points, same order and weight
+                                      (block: pyamg's ``Dinv``)
 anything else (gauss_seidel_nr/ne,    symmetric multicolour (block) GS               no
 jacobi_ne, schwarz, Krylov, custom)
 ====================================  =============================================  =======
@@ -79,10 +81,8 @@ a :class:`MemoryError` naming the hierarchy size and what to do
 """
 from __future__ import annotations
 
-import functools
 import numbers
 import warnings
-from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
@@ -90,12 +90,14 @@ import scipy.sparse as sp
 from ..backend import get_backend
 from ..errors import gpu_memory_guard
 from .coarse import CoarseOperator
+from .pyamg_map import (_MISSING, _Spec, _blocksize, _build, _level_smoother, _map_pyamg,
+                        _pyamg_params)
 from .pyamg_relax import (DIRECT_COARSE, CoarseSolverWarning, DeviceCoarseSolver,
                           HostCoarseSolver, PyamgRelaxation,
-                          closure_values, coarse_label, coarse_operator, read_coarse_solver)
+                          coarse_label, coarse_operator, read_coarse_solver)
 from .solver import Level, MultilevelSolver
-from .smoothers import (SMOOTHERS, Jacobi, PrePostSmoother, estimate_lambda_max, make_smoother,
-                        normalize_smoother_name, smoother_setup_kwargs)
+from .smoothers import (SMOOTHERS, estimate_lambda_max, normalize_smoother_name,
+                        smoother_setup_kwargs)
 
 __all__ = ["from_pyamg", "pyamg_matrices", "SmootherMappingWarning", "CoarseSolverWarning"]
 
@@ -136,179 +138,6 @@ def _check_sweeps(name, v):
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
         raise ValueError(f"from_pyamg: {name} must be a non-negative integer or None, got {v!r}")
     return int(v)
-
-
-# ---------------------------------------------------------------------------
-# reading pyamg's smoothers
-# ---------------------------------------------------------------------------
-def _pyamg_params(fn):
-    """(name, parameters) of a pyamg level smoother (partial or closure), or (None, {})."""
-    if fn is None:
-        return "none", {}
-    if isinstance(fn, functools.partial):
-        return getattr(fn.func, "__name__", None), dict(fn.keywords or {})
-    if getattr(fn, "__code__", None) is None:
-        return None, {}
-    return getattr(fn, "__name__", None), closure_values(fn)
-
-
-def _short(params, keys):
-    out = []
-    for k in keys:
-        if k in params:
-            v = params[k]
-            out.append(f"{k}={v!r}" if isinstance(v, str) else f"{k}={float(v):.4g}"
-                       if isinstance(v, (float, np.floating)) else f"{k}={v}")
-    return ", ".join(out)
-
-
-@dataclass
-class _Spec:
-    """The adaptmg smoother chosen for one pyamg smoother."""
-    kind: str                      # registry name or "none"
-    kwargs: dict = field(default_factory=dict)
-    iterations: int = 1
-    exact: bool = True
-    source: str = ""               # pyamg's smoother, e.g. "gauss_seidel(sweep='symmetric')"
-    instead: str = ""              # what adaptmg runs and why it is not the same (inexact only)
-
-    def key(self):
-        return (self.kind, tuple(sorted(self.kwargs.items())))
-
-
-def _chebyshev_from_coefficients(coef):
-    """(degree, lmax, lower) of the Chebyshev smoother whose polynomial pyamg stores."""
-    coef = np.asarray(coef, dtype=np.float64).ravel()
-    k = coef.size
-    if k == 0:
-        raise ValueError("empty Chebyshev polynomial")
-    q = np.r_[-coef, 1.0]                       # residual polynomial 1 - t p(t), highest first
-    roots = np.roots(q)
-    if np.abs(roots.imag).max(initial=0.0) > 1e-8 * np.abs(roots).max(initial=1.0):
-        raise ValueError("Chebyshev polynomial with complex roots")
-    roots = np.sort(roots.real)
-    if k == 1:
-        lower = 1.0 / 33.0                      # any interval centred at the root: same polynomial
-        lmax = 2.0 * roots[0] / (1.0 + lower)
-        return 1, float(lmax), lower
-    cos0 = np.cos(np.pi / (2 * k))
-    c = 0.5 * (roots[-1] + roots[0])
-    h = 0.5 * (roots[-1] - roots[0]) / cos0
-    a, b = c - h, c + h
-    if not (0 < a < b):
-        raise ValueError(f"Chebyshev interval [{a}, {b}] is not positive")
-    return k, float(b), float(a / b)
-
-
-def _blocksize(A):
-    bs = getattr(A, "blocksize", None)
-    return int(bs[0]) if bs is not None and bs[0] == bs[1] else 1
-
-
-_MISSING = object()
-
-
-def _map_pyamg(fn, A):
-    """The :class:`_Spec` of adaptmg's closest smoother to pyamg's level smoother ``fn``."""
-    if fn is _MISSING:          # a level pyamg never smooths (its coarsest): adaptmg's default
-        return _Spec("gauss_seidel", {"sweep": "symmetric"}, 1, True, "(none)")
-    name, p = _pyamg_params(fn)
-    it = p.get("iterations", 1)
-    it = int(it) if isinstance(it, numbers.Integral) and it >= 0 else 1
-    bs = _blocksize(A)
-    if name == "none":
-        return _Spec("none", {}, 0, True, "None")
-    if name == "jacobi" and "omega" in p:
-        return _Spec("jacobi", {"omega": float(p["omega"]), "singular": "pinv"}, it, True,
-                     f"jacobi({_short(p, ('omega', 'iterations'))})")
-    if name == "block_jacobi" and "omega" in p:
-        c = int(p.get("blocksize", bs) or 1)
-        return _Spec("block_jacobi", {"omega": float(p["omega"]), "block_size": c}, it, True,
-                     f"block_jacobi({_short(p, ('blocksize', 'omega', 'iterations'))})")
-    if name == "richardson" and "omega" in p:
-        return _Spec("richardson", {"omega": float(p["omega"])}, it, True,
-                     f"richardson({_short(p, ('omega', 'iterations'))})")
-    if name == "chebyshev" and "coefficients" in p:
-        src = f"chebyshev(degree={np.size(p['coefficients'])}, iterations={it})"
-        try:
-            k, lmax, lower = _chebyshev_from_coefficients(p["coefficients"])
-        except (ValueError, np.linalg.LinAlgError) as exc:
-            kind, kw = ("block_gauss_seidel", {"block_size": bs}) if bs > 1 else ("gauss_seidel", {})
-            return _Spec(kind, kw | {"sweep": "symmetric"}, it, False, src,
-                         f"symmetric multicolour GS (cannot read the polynomial: {exc})")
-        return _Spec("chebyshev", {"degree": k, "lmax": lmax, "lower": lower, "scaling": "none"},
-                     it, True, src)
-    if name in ("gauss_seidel", "block_gauss_seidel", "sor"):
-        sweep = p.get("sweep", "forward")
-        if sweep not in ("forward", "backward", "symmetric"):
-            sweep = "symmetric"
-        kw = {"sweep": sweep, "singular": "pinv"}        # zero diagonals / blocks as pyamg
-        c = int(p.get("blocksize", 1) or 1) if name == "block_gauss_seidel" else 1
-        if c > 1:
-            kw["block_size"] = c
-        if name == "sor":
-            kw["omega"] = float(p.get("omega", 1.0))
-        what = ("multicolour SOR" if name == "sor" else
-                "multicolour block GS" if c > 1 else "multicolour GS")
-        src = f"{name}({_short(p, ('blocksize', 'omega', 'sweep', 'iterations'))})"
-        return _Spec("block_gauss_seidel" if c > 1 else "gauss_seidel", kw, it, False, src,
-                     f"{what} (sweep={sweep!r}): colour order, not pyamg's lexicographic order")
-    if name in ("cf_jacobi", "fc_jacobi", "cf_block_jacobi", "fc_block_jacobi") and "omega" in p:
-        c = int(p.get("blocksize", 1) or 1)
-        kind = "block_jacobi" if c > 1 else "jacobi"
-        kw = {"omega": float(p["omega"])} | ({"block_size": c} if c > 1 else {"singular": "pinv"})
-        src = f"{name}({_short(p, ('omega', 'iterations', 'f_iterations', 'c_iterations'))})"
-        return _Spec(kind, kw, it, False, src,
-                     f"{kind.replace('_', ' ')} (omega={float(p['omega']):.4g}) on all points, "
-                     "not C/F-ordered")
-    label = name or type(fn).__name__
-    src = f"{label}({_short(p, ('sweep', 'omega', 'iterations'))})"
-    kw = ({"block_size": bs} if bs > 1 else {}) | {"sweep": "symmetric", "singular": "pinv"}
-    return _Spec("block_gauss_seidel" if bs > 1 else "gauss_seidel", kw, it, False, src,
-                 "symmetric multicolour " + ("block GS" if bs > 1 else "GS") +
-                 " (adaptmg has no equivalent of this smoother)")
-
-
-class _NoSmoothing:
-    """pyamg's ``None`` smoother: leaves ``x`` as it is (zero from a zero initial guess)."""
-
-    _adaptmg_smoother = True
-    name = "none"
-
-    def __init__(self, n, backend, dtype):
-        self.n, self.backend, self.dtype = n, backend, np.dtype(dtype)
-        self.note = None
-
-    def to(self, backend="cpu", dtype=None):
-        be = get_backend(backend)
-        dt = np.dtype(dtype) if dtype is not None else self.dtype
-        return self if (be, dt) == (self.backend, self.dtype) else _NoSmoothing(self.n, be, dt)
-
-    def smooth(self, x, b, sweeps=1, work=None, zero_initial=False):
-        if zero_initial:
-            x.fill(0)
-        return x
-
-    smooth_adjoint = smooth
-
-    def __repr__(self):
-        return "NoSmoothing()"
-
-
-_SELF_ADJOINT = ("jacobi", "block_jacobi", "richardson", "chebyshev", "none")
-
-
-def _is_self_adjoint(s):
-    return s.kind in _SELF_ADJOINT or s.kwargs.get("sweep") == "symmetric"
-
-
-def _adjoint_pair(pre, post):
-    """pre = forward/backward GS and post = the same GS with the reverse sweep."""
-    if pre.kind != post.kind or pre.kind not in ("gauss_seidel", "block_gauss_seidel"):
-        return False
-    a, b = dict(pre.kwargs), dict(post.kwargs)
-    sa, sb = a.pop("sweep", None), b.pop("sweep", None)
-    return a == b and {sa, sb} == {"forward", "backward"}
 
 
 def _group_levels(levels):
@@ -402,6 +231,11 @@ def _smoother_specs(levels_in, As, key, omega, smoother_kwargs):
                 # coarsest level (coarse="smoother"; pyamg smooths no coarsest level): the finer
                 # level's kind, with this level's block size and weights / interval of its own
                 for s in (pre, post):
+                    if s.kind == "cf_jacobi":   # no splitting on the coarsest: all points
+                        s.kind = ("block_jacobi" if s.kwargs["block"] and bs_lev > 1 else
+                                  "jacobi")
+                        s.kwargs = {"singular": "pinv"} | ({"block_size": bs_lev}
+                                                           if s.kind == "block_jacobi" else {})
                     if "block_size" in s.kwargs:
                         s.kwargs["block_size"] = bs_lev
                     if s.kind in ("jacobi", "block_jacobi", "richardson"):
@@ -623,33 +457,3 @@ def _coarse_solver(ml, A0, be, coarse, dtype):
         f"from_pyamg: {label} runs on the host only; on the {be.name} the coarse level is "
         "solved with its pseudo-inverse (pyamg's 'pinv') instead"), stacklevel=3)
     return CoarseOperator(coarse_operator("pinv", {}, A0), "pinv (instead of " + label + ")")
-
-
-def _build(spec, A, be, dtype):
-    if spec.kind == "none":
-        return _NoSmoothing(A.shape[0], be, dtype)
-    if spec.kind == "jacobi":
-        return Jacobi(A, backend=be, dtype=dtype, **spec.kwargs)
-    return make_smoother(spec.kind, A, backend=be, dtype=dtype, **spec.kwargs)
-
-
-def _level_smoother(spec_pair, A, be, dtype, per_level):
-    """One adaptmg smoother object for a level from its (pre, post) specs."""
-    pre, post = spec_pair
-    m_pre, m_post = (pre.iterations, post.iterations) if per_level else (1, 1)
-    s_pre = _build(pre, A, be, dtype)
-    if pre.key() == post.key() and _is_self_adjoint(pre):
-        single, s_post = True, s_pre
-    elif _adjoint_pair(pre, post):
-        single, s_post = True, None              # post = s_pre.smooth_adjoint
-    else:
-        single = False
-        s_post = s_pre if pre.key() == post.key() else _build(post, A, be, dtype)
-    if single and m_pre == m_post:
-        if m_pre == 1:
-            return s_pre
-        if s_post is s_pre:
-            return PrePostSmoother(s_pre, s_pre, m_pre, m_post)
-    if s_post is None:
-        s_post = _build(post, A, be, dtype)
-    return PrePostSmoother(s_pre, s_post, m_pre, m_post)

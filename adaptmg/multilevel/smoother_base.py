@@ -367,3 +367,14 @@ def _block_inverses(A, c, who="BlockJacobi", singular="raise"):
         inv = 0.5 * (inv + inv.transpose(0, 2, 1))
     return inv
 
+
+
+def _block_diagonal_csr(blocks):
+    """The block-diagonal CSR matrix of the ``(N, c, c)`` array ``blocks`` (on its backend):
+    row ``i = k*c + m`` holds ``blocks[k, m, :]`` in columns ``k*c .. k*c + c - 1``."""
+    N, c = int(blocks.shape[0]), int(blocks.shape[1])
+    be = backend_of(blocks)
+    xp, n = be.xp, N * c
+    indptr = xp.arange(0, n * c + 1, c, dtype=np.int64)
+    cols = (xp.arange(n)[:, None] // c) * c + xp.arange(c)[None, :]
+    return be.sparse.csr_matrix((blocks.reshape(n * c), cols.reshape(-1), indptr), shape=(n, n))

@@ -18,6 +18,9 @@ fixed ``S``, so it runs unchanged with SciPy on the CPU and cuSPARSE on the GPU.
   (:mod:`adaptmg.multilevel.gauss_seidel`) -- multicolour (block) Gauss-Seidel /
   SOR and the l1 hybrid Gauss-Seidel: ``S`` is the inverse of a triangular
   splitting in colour order, one kernel launch per colour on the GPU.
+* :class:`CFJacobi` -- Jacobi over the F points and the C points of a C/F splitting in
+  turn (pyamg's ``cf_jacobi``/``fc_jacobi``, AIR's relaxation;
+  :mod:`adaptmg.multilevel.cf_jacobi`); not in the name registry (it needs the splitting).
 * :class:`PrePostSmoother` -- different pre- and post-smoothers on one level.
 
 Names.  :data:`SMOOTHERS` is the one registry of smoother names ("jacobi",
@@ -61,15 +64,17 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..device import kernels as K
-from ..backend import backend_of, get_backend, is_sparse, to_host
+from ..backend import get_backend, is_sparse, to_host
+from .cf_jacobi import CFJacobi
 from .chebyshev import Chebyshev, estimate_lambda_max
 from .gauss_seidel import BlockGaussSeidel, GaussSeidel, L1GaussSeidel
-from .smoother_base import (Jacobi, Smoother, _block_inverses, _check_square,  # noqa: F401
+from .smoother_base import (Jacobi, Smoother, _block_diagonal_csr, _block_inverses,  # noqa: F401
+                            _check_square,
                             _host_diagonal, _note, _validate_sweeps, _validate_vectors,
                             power_lambda_max)
 
 __all__ = ["Smoother", "Jacobi", "Richardson", "BlockJacobi", "Chebyshev", "PrePostSmoother",
-           "GaussSeidel", "BlockGaussSeidel", "L1GaussSeidel", "make_smoother",
+           "CFJacobi", "GaussSeidel", "BlockGaussSeidel", "L1GaussSeidel", "make_smoother",
            "normalize_smoother_name", "smoother_setup_kwargs", "estimate_lambda_max", "SMOOTHERS"]
 
 
@@ -91,20 +96,14 @@ class Richardson(Jacobi):
         self._dinv_host = np.ones(self.n)
 
 
-def _block_inverse_csr(A, c):
+def _block_inverse_csr(A, c, singular="raise"):
     """Inverse of the ``c x c`` diagonal node blocks of CSR ``A`` as a CSR matrix on ``A``'s
     backend.
 
     Row ``i = node*c + k`` of the result holds ``inv(B_node)[k, :]`` in columns
     ``node*c + (0..c-1)``.
     """
-    n = A.shape[0]
-    be = backend_of(A)
-    xp = be.xp
-    inv = _block_inverses(A, c)
-    indptr = xp.arange(0, n * c + 1, c, dtype=np.int64)
-    cols = (xp.arange(n)[:, None] // c) * c + xp.arange(c)[None, :]
-    return be.sparse.csr_matrix((inv.reshape(n * c), cols.reshape(-1), indptr), shape=(n, n))
+    return _block_diagonal_csr(_block_inverses(A, c, singular=singular))
 
 
 class BlockJacobi(Smoother):
@@ -114,16 +113,21 @@ class BlockJacobi(Smoother):
     node ``k`` (DoF index ``k*c + comp``).  ``S`` is a CSR matrix with ``c``
     entries per row, so a sweep is SpMV(A), one fused residual kernel and
     SpMV(S) with ``alpha = omega, beta = 1``.  A singular block raises
-    ``ValueError`` naming the node.  With ``c = 1`` this is :class:`Jacobi`.
+    ``ValueError`` naming the node (``singular="raise"``) or gets its pseudo-inverse
+    (``singular="pinv"``, pyamg's ``get_block_diag``; :func:`adaptmg.from_pyamg` asks for
+    it).  With ``c = 1`` this is :class:`Jacobi`.
     """
 
     name = "block_jacobi"
     _host_attrs = ("_S_host", "block_size")
 
-    def __init__(self, A, block_size=1, omega=2.0 / 3.0, backend=None, dtype=None):
+    def __init__(self, A, block_size=1, omega=2.0 / 3.0, backend=None, dtype=None,
+                 singular="raise"):
         if not isinstance(block_size, (int, np.integer)) or block_size < 1:
             raise ValueError(f"BlockJacobi: block_size must be a positive integer, got {block_size!r}")
-        self.block_size = int(block_size)
+        if singular not in ("raise", "pinv"):
+            raise ValueError(f"BlockJacobi: singular must be 'raise' or 'pinv', got {singular!r}")
+        self.block_size, self.singular = int(block_size), singular
         super().__init__(A, omega, backend, dtype)
 
     def _setup_host(self):
@@ -132,7 +136,7 @@ class BlockJacobi(Smoother):
             raise TypeError("BlockJacobi needs an assembled sparse matrix, got "
                             f"{type(A).__name__}")
         # on A's backend: a device matrix (GPU set-up) never comes to the host
-        self._S_host = _block_inverse_csr(A.tocsr(), self.block_size)
+        self._S_host = _block_inverse_csr(A.tocsr(), self.block_size, self.singular)
 
     def _move(self):
         self.S = self.backend.asmatrix(self._S_host, dtype=self.dtype)

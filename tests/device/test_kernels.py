@@ -17,6 +17,9 @@ def _cases(dtype):
     n = 257
     x, d, dinv, b, Ax = _vecs(n, dtype)
     w, c1, c2 = 0.7, 0.3, 1.9
+    idx = np.random.default_rng(1).permutation(n)[:100]       # some rows, no repeats, any order
+    xi = x.copy()
+    xi[idx] += w * dinv[:100] * (b[idx] - Ax[:100])
     cases = {
         "axpby": ((1.5, b, -0.5, x.copy()), [1.5 * b - 0.5 * x]),
         "jacobi_update": ((dinv, b, w, x.copy()), [x + w * dinv * b]),
@@ -29,6 +32,7 @@ def _cases(dtype):
         "chebyshev_update": ((dinv, b, Ax, c1, c2, x.copy(), d.copy()),
                              [x + c1 * d + c2 * dinv * (b - Ax), c1 * d + c2 * dinv * (b - Ax)]),
         "add_cast": ((b.astype(np.float32), x.copy()), [x + b.astype(np.float32).astype(dtype)]),
+        "indexed_jacobi_update": ((idx, dinv[:100], b, Ax[:100], w, x.copy()), [xi]),
         "geo_flux3": ((x, d, dinv, b, Ax, x, d, dinv, b, x.copy(), x.copy(), x.copy()),
                       [b * x + d * d + dinv * dinv, d * x + Ax * d + b * dinv,
                        dinv * x + b * d + x * dinv]),
