@@ -66,6 +66,32 @@ class _CpuSpMM(_BlockJacobiMixin, _CpuCsrPlan):
             return _GenericPlan.__call__(self, X, Y, alpha, beta)
         return super().__call__(X, Y, alpha, beta)
 
+    def _minus_b(self, X, B, Y):
+        """``Y <- A X - B`` (``csr_matvecs`` accumulates onto ``-B``), or False when the
+        compiled routine does not take these blocks."""
+        A = self.A
+        if (self._matvec is None or not all(M.flags.c_contiguous and M.dtype == A.dtype
+                                            for M in (X, B, Y))):
+            return False
+        np.negative(B, out=Y)
+        self._matvec(A.shape[0], A.shape[1], A.indptr, A.indices, A.data, X, Y)
+        return True
+
+    def residual(self, X, B, R):
+        """``R <- B - A X``: two passes over the block besides the product (not four)."""
+        if not self._minus_b(X, B, R):
+            return super().residual(X, B, R)
+        return np.negative(R, out=R)
+
+    def jacobi(self, X, B, dinv, omega, Y):
+        """``Y <- X + omega diag(dinv) (B - A X)`` as ``Y = A X - B``, ``Y *= -omega dinv``,
+        ``Y += X``."""
+        if not self._minus_b(X, B, Y):
+            return super().jacobi(X, B, dinv, omega, Y)
+        Y *= dinv.reshape(-1, 1) * (-omega)
+        Y += X
+        return Y
+
 
 class _GpuSpMM(_BlockJacobiMixin, SpMVPlan):
     """cupyx CSR times a block: C-ordered float32/64 blocks with the row kernels of
