@@ -429,12 +429,17 @@ def _split(be, Ml, cols, rank):
     column ``cols.local``), else a ghost; ``ghosts`` (host) are the distinct ghost columns
     ordered by (owner, global index), found by one ``unique`` over the ghost entries -- only
     they cross to the host on the GPU, O(halo) -- and each ghost entry's column is its
-    position among them (a search in the sorted distinct columns)."""
+    position among them (a search in the sorted distinct columns).
+
+    Ghost entries are few (the partition boundary), so both blocks' row pointers come from
+    the sorted ghost entry positions ``gp`` (``#{gp < indptr[r]}``: one search per row), not
+    from a running count over all entries."""
     xp = be.xp
     owner, local = cols.on(xp)
-    ind = Ml.indices.astype(xp.int64)
+    ind, indptr = Ml.indices, Ml.indptr
     own = owner[ind] == rank
-    gi = ind[~own]
+    gp = xp.flatnonzero(~own)                            # ghost entries, sorted
+    gi = ind[gp].astype(xp.int64)
     gu = xp.unique(gi)                                   # sorted by global index
     gu_h = np.asarray(to_host(gu), dtype=np.int64)
     order = np.lexsort((gu_h, cols.owner[gu_h]))         # by owner, then global index
@@ -442,24 +447,27 @@ def _split(be, Ml, cols, rank):
     pos = np.empty(order.size, dtype=np.int64)
     pos[order] = np.arange(order.size)
     gpos = xp.asarray(pos)[xp.searchsorted(gu, gi)] if gi.size else gi
-    return (_select(be, Ml, own, local[ind[own]], cols.n),
-            _select(be, Ml, ~own, gpos, ghosts.size), ghosts)
+    before = xp.searchsorted(gp, indptr.astype(gp.dtype)).astype(xp.int64)   # ghost entries before each row
+    shape = Ml.shape[0]
+    Aoo = _block(be, Ml.data[own], local[ind[own]], indptr.astype(xp.int64) - before, (shape, cols.n),
+                 sorted_=True)                          # local numbering keeps the column order
+    Aog = _block(be, Ml.data[gp], gpos, before, (shape, ghosts.size), sorted_=False)
+    return Aoo, Aog, ghosts
 
 
-def _select(be, M, keep, newcol, ncols):
-    """The entries ``keep`` (mask over M's stored entries, rows in order) of CSR ``M`` with
-    column numbers ``newcol`` (one per kept entry), as a sorted CSR matrix with ``ncols``
-    columns on ``be`` (``M``'s backend)."""
-    xp = be.xp
-    csum = xp.zeros(keep.size + 1, dtype=xp.int64)
-    xp.cumsum(keep, out=csum[1:])
-    nk = int(csum[-1])
-    it = np.int32 if max(ncols, nk) < np.iinfo(np.int32).max else np.int64
-    if be.is_gpu and (nk == 0 or ncols == 0):          # no device matrix without entries
-        return sp.csr_matrix((M.shape[0], ncols))
-    A = be.sparse.csr_matrix((M.data[keep], newcol.astype(it), csum[M.indptr].astype(it)),
-                             shape=(M.shape[0], ncols))
-    A.sort_indices()
+def _block(be, data, col, indptr, shape, sorted_):
+    """CSR ``(data, col, indptr)`` with ``shape`` on ``be``, sorted rows (``sorted_``: known
+    sorted already); 32-bit indices where they fit.  On the GPU a block without entries (or
+    columns) is an empty host matrix: there is no device matrix without entries."""
+    nk = int(data.size)
+    it = np.int32 if max(shape[1], nk) < np.iinfo(np.int32).max else np.int64
+    if be.is_gpu and (nk == 0 or shape[1] == 0):
+        return sp.csr_matrix(shape)
+    A = be.sparse.csr_matrix((data, col.astype(it), indptr.astype(it)), shape=shape)
+    if sorted_ and not be.is_gpu:
+        A.has_sorted_indices = True
+    else:
+        A.sort_indices()
     return A
 
 

@@ -375,6 +375,8 @@ class DistributedHierarchy:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.timer = HaloTimer()
         self.setup_stats = {}
+        st = self.setup_stats
+        t0 = time.perf_counter()
         self.HT_o = self.free_o = None
         view = ml if local is None else _FineView(ml, local["spaces"])
         owners, c, cell_ranks, nranks = level_owners(view, fine_cell_ranks, self.size,
@@ -383,6 +385,9 @@ class DistributedHierarchy:
         self.active_ranks = nranks
         self.layouts = [Layout(o, comm) for o in owners]
         self.owning_ranks = [int((lay.counts > 0).sum()) for lay in self.layouts]
+        be.synchronize()
+        t1 = time.perf_counter()
+        st["owners_s"] = t1 - t0            # transport, level owners and layouts
         self.levels = []
         kw = dict(backend=be, transport=self.transport)
         for l, lev in enumerate(ml.levels):
@@ -397,18 +402,23 @@ class DistributedHierarchy:
                 d.R = DistCSR(lev.R, self.layouts[l - 1], lay, self.timer, **kw)
                 d.smoother = _local_smoother(ml._dev[l].smoother, d.A, lay.rows, be)
             self.levels.append(d)
+        be.synchronize()
+        st["serial_levels_s"] = time.perf_counter() - t1     # the levels from ml (c - 1 and up)
         if local is not None:
             if c > len(ml.levels):
                 raise RuntimeError("DistributedHierarchy: a locally built level would be agglomerated")
             spaces = [ml.spaces[-1]] + list(local["spaces"])
             frees = [ml.constraints[-1].free] + list(local["frees"])
-            self.setup_stats = {"cells_assembled": [], "cells": [], "cells_transfer": []}
+            st.update(cells_assembled=[], cells=[], cells_transfer=[])
             for j in range(1, len(spaces)):
                 self.levels.append(self._local_level(spaces[j - 1], spaces[j], frees[j - 1], frees[j],
                                                      local["assemble"], fine=j == len(spaces) - 1))
         self.A = self.levels[-1].A
         self.layout = self.layouts[-1]
+        t2 = time.perf_counter()
         self.solver = self._solver()
+        be.synchronize()
+        st["solver_s"] = time.perf_counter() - t2
         #: halo exchanges of the set-up itself (the smoothers' lambda_max estimates run the
         #: distributed product on the hierarchy's backend)
         self.setup_exchanges = self.timer.exchanges

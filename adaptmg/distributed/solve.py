@@ -268,22 +268,33 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     max_levels = kw.get("max_levels")
     ok = max_levels is None or (isinstance(max_levels, (int, np.integer)) and not isinstance(max_levels, bool))
     agree(comm, ok, f"max_levels must be a positive integer or None, got {max_levels!r}")
+    t_split = time.perf_counter()
     top, spaces, msg = _split_hierarchy(space, max_levels, agglomerate_below)
     agree(comm, not msg, msg)
+    t_split = time.perf_counter() - t_split
     ckw = dict(kw)
     if max_levels is not None:
         ckw["max_levels"] = max_levels - len(spaces)
     ml = multigrid(top, assemble, dirichlet=dirichlet, **ckw)       # the serial levels below
     t_coarse = time.perf_counter() - t0
+    t1 = time.perf_counter()
     frees = [Constraints(s, dirichlet_dofs(s, dirichlet)).free for s in spaces]
+    t2 = time.perf_counter()
     size = comm.Get_size()
     ranks = partition_cells(space.mesh, size, weights)
+    t3 = time.perf_counter()
     mg = DistributedHierarchy(ml, ranks, comm, agglomerate_below,
                               local=dict(spaces=spaces, assemble=assemble, frees=frees),
                               min_dofs_per_rank=min_dofs_per_rank, transport=transport)
-    return _krylov_solve(comm, mg, mg.constrain_local(b), ranks, (t0, c0), accel, cycle, rtol,
+    t4 = time.perf_counter()
+    f_loc = mg.constrain_local(b)
+    # coarse_hierarchy_s: everything before the free masks (device selection, the mesh
+    # hierarchy and its spaces -- mesh_hierarchy_s --, the serial levels below)
+    phases = {"coarse_hierarchy_s": t_coarse, "mesh_hierarchy_s": t_split, "frees_s": t2 - t1,
+              "partition_s": t3 - t2, "rhs_s": time.perf_counter() - t4}
+    return _krylov_solve(comm, mg, f_loc, ranks, (t0, c0), accel, cycle, rtol,
                          maxiter, callback, lambda x: space.H @ x, ml,
-                         extra_timings={"coarse_hierarchy_s": t_coarse, **mg.setup_stats},
+                         extra_timings={**phases, **mg.setup_stats},
                          stacklevel=4)
 
 
