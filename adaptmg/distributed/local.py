@@ -49,8 +49,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import CPU, get_backend
-from ..mesh import reference as ref
 from ..multilevel.hierarchy import _on_backend
+from ..multilevel.transfer import prolongation
 
 __all__ = ["CellSubset", "needed_cells", "local_constrained_rows", "local_transfer_rows"]
 
@@ -238,47 +238,6 @@ def _row_scale(comm, absdiag_sum, count):
     return float(tot[0] / tot[1]) if tot[1] > 0 and tot[0] > 0 else 1.0
 
 
-def _chi_rows(coarse, fine, nodes, cells, parent):
-    """Rows ``nodes`` (sorted fine nodes) of the node embedding chi, each from the first of
-    ``cells`` (fine cells) containing it (see :func:`adaptmg.multilevel.transfer.interpolation_matrix`)."""
-    cidx, child = parent
-    el = fine.element
-    d, nloc = fine.dim, el.num_local
-    cor = ref.corners(d).astype(float)
-    W = np.stack([el.values((cor[b] + el.nodes) / 2.0) for b in range(2 ** d)] + [np.eye(nloc)])
-    W[np.abs(W) < 1e-13] = 0.0                                   # (2^d + 1, nloc, nloc)
-    cd = fine.cell_dofs[cells].ravel()
-    first = np.full(fine.num_nodes, -1, dtype=np.int64)
-    first[cd[::-1]] = np.arange(cd.size - 1, -1, -1)
-    f = first[nodes]
-    if (f < 0).any():
-        raise RuntimeError("local transfer: a fine node lies in none of the rank's cells")
-    cell = cells[f // nloc]
-    sel = np.where(child[cell] < 0, 2 ** d, child[cell])
-    w = W[sel, f % nloc]                                         # (n, nloc) weights
-    cols = coarse.cell_dofs[cidx[cell]]                          # (n, nloc) coarse nodes
-    nz = w != 0
-    r = np.repeat(np.arange(nodes.size), nz.sum(1))
-    M = sp.csr_matrix((w[nz], (r, cols[nz])), shape=(nodes.size, coarse.num_nodes))
-    M.sum_duplicates()
-    return M
-
-
-def _p_rows(coarse, fine, nodes, cells, parent, free_c, free_f):
-    """Rows (fine DoFs of ``nodes``) of P = Z_f (chi kron I_c) H_c Z_c."""
-    c = fine.components
-    chi = _chi_rows(coarse, fine, nodes, cells, parent)
-    if c > 1:
-        chi = sp.kron(chi, sp.identity(c), format="csr")
-    P = (chi @ coarse.H).tocsr() if coarse.hanging_nodes.size else chi
-    dofs = (nodes[:, None] * c + np.arange(c)).ravel()
-    P = P.tocoo()
-    keep = free_f[dofs[P.row]] & free_c[P.col] & (P.data != 0)
-    P = sp.csr_matrix((P.data[keep], (P.row[keep], P.col[keep])), shape=P.shape)
-    P.sort_indices()
-    return P, dofs
-
-
 def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank):
     """Owned rows of P (fine owned x coarse, global columns) and of R = P^T (coarse owned x
     fine, global columns), built from the rank's fine cells only (module doc).
@@ -304,7 +263,9 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank):
     used[fcells] = True
     used[rcells] = True
     cells = np.flatnonzero(used)
-    P_all, dofs = _p_rows(coarse, fine, np.flatnonzero(nmask), cells, parent, free_c, free_f)
+    nodes = np.flatnonzero(nmask)
+    dofs = (nodes[:, None] * c + np.arange(c)).ravel()
+    P_all = prolongation(coarse, fine, free_c, free_f, nodes=nodes, cells=cells)
     P_o = P_all[np.flatnonzero(owner_f[dofs] == rank)]
     Rt = sp.csr_matrix(P_all.T)[crow].tocoo()                    # owned coarse rows, local fine columns
     R_o = sp.csr_matrix((Rt.data, (Rt.row, dofs[Rt.col])), shape=(crow.size, fine.num_dofs))
