@@ -141,7 +141,7 @@ class DistCSR:
                  local_rows: bool = False, backend=None, transport=None):
         be = get_backend(backend if backend is not None else "cpu")
         if is_device_sparse(M) and not local_rows:
-            raise ValueError("DistCSR: a device matrix must hold this rank's rows only (local_rows=True)")
+            M = to_host(M)                              # a global matrix: its rows taken on the host
         want = (rows.n if local_rows else rows.N, cols.N)
         if tuple(M.shape) != want:
             raise ValueError(f"DistCSR: matrix shape {tuple(M.shape)} does not match the layouts "

@@ -178,21 +178,25 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
     A = _on_backend(assemble, be)(CellSubset(space, cells))
     if getattr(A, "shape", None) != (N, N):
         raise ValueError(f"assemble(view) must return a {N} x {N} matrix, got shape {getattr(A, 'shape', None)}")
-    B = ((be.asmatrix(HZT_o) @ be.asmatrix(A)) @ be.asmatrix(HZ)).tocsr()
+    # products on ``be`` -- on the host when a factor is empty (every owned row or every
+    # column non-free: no device product of an empty matrix), the result moved there
+    wb = be if (HZT_o.nnz and HZ.nnz) else CPU
+    B = ((wb.asmatrix(HZT_o) @ wb.asmatrix(A)) @ wb.asmatrix(HZ)).tocsr()
     B.sum_duplicates()                           # canonical: sorted, one entry per (row, column)
-    B = _drop_zeros(be, B)
+    B = _drop_zeros(wb, B)
     fo = free[rows]
-    xp = be.xp
-    pos = _row_positions(xp, B.indptr, B.indices, xp.asarray(rows))
-    fo_x = xp.asarray(fo)
-    d = xp.abs(B.data[xp.maximum(pos, 0)]) * ((pos >= 0) & fo_x)
-    s = _row_scale(comm, float(d.sum()), int(fo.sum()))
+    xp = wb.xp
+    d = 0.0
+    if B.nnz:
+        pos = _row_positions(xp, B.indptr, B.indices, xp.asarray(rows))
+        d = float((xp.abs(B.data[xp.maximum(pos, 0)]) * ((pos >= 0) & xp.asarray(fo))).sum())
+    s = _row_scale(comm, d, int(fo.sum()))
     fixed = np.flatnonzero(~fo)
     if fixed.size:                               # s on the (empty) non-free rows' diagonal
         S = sp.csr_matrix((np.full(fixed.size, s), (fixed, rows[fixed])), shape=B.shape)
-        B = (B + be.asmatrix(S)).tocsr()
+        B = (B + wb.asmatrix(S)).tocsr()
         B.sort_indices()
-    return B, HZT_o, cells
+    return be.asmatrix(B), HZT_o, cells
 
 
 def _drop_zeros(be, B):

@@ -223,3 +223,27 @@ def test_rank_rows_built_on_the_stand_in_device_equal_the_host_rows(monkeypatch)
         assert is_device_sparse(K_d) and not is_device_sparse(K_h)
         assert _rel(to_host(K_d), K_h) <= 1e-14 and np.array_equal(cells_d, cells_h)
         assert _rel(HT_d, HT_h) == 0.0
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"], ids=["host", "stand_in_device"])
+def test_rank_owning_only_dirichlet_rows_gets_s_on_its_diagonal(monkeypatch, backend):
+    """A rank whose rows are all non-free (an empty Z H^T block: no product is formed, on the
+    stand-in device neither) gets exactly ``s I`` on them, ``s`` the other ranks' mean."""
+    import adaptmg.backend as B
+    import fake_cupy
+    from adaptmg.backend import is_device_sparse, to_host
+    monkeypatch.setattr(B, "_cupy_status", lambda: (fake_cupy.xp, fake_cupy.csp, ""))
+    space = Space(_mesh(2, 2), 1)
+    free = multigrid(space, assemble.stiffness, threads=1, max_coarse=None, **_ALL_LEVELS).constraints[-1].free
+    owner = np.zeros(space.num_dofs, dtype=np.int64)
+    mine = np.flatnonzero(~free & ~space.is_hanging)[::3]
+    owner[mine] = 1
+
+    class Fixed(RankOf):
+        def Allreduce(self, a, out):
+            out[...] = [7.0, 2.0]                 # the other rank's sum and count: s = 3.5
+    K, HT, _ = local_constrained_rows(space, assemble.stiffness, free, owner, Fixed(1, 2), backend=backend)
+    assert is_device_sparse(K) == (backend == "gpu") and HT.nnz == 0
+    K = to_host(K)
+    assert np.array_equal(K.indices, mine) and np.array_equal(K.indptr, np.arange(mine.size + 1))
+    assert np.all(K.data == 3.5)
