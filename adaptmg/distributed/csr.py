@@ -20,12 +20,14 @@ posting, packing and waiting is accumulated in a :class:`~.comm.HaloTimer`.
 Vector reductions (:func:`dot`, :func:`norm`) are a local BLAS dot plus one
 ``Allreduce``; :func:`dots` reduces several at once (one message per reduction group).
 
-GPU backend (``DistCSR(..., backend="gpu")`` or :meth:`DistCSR.to`).  The set-up above
-runs on the host as for the CPU (so ``Aoo``, ``Aog``, ``ghosts`` and the communication
-pattern stay host SciPy/NumPy objects, for inspection); then the two blocks are copied to
-the device (``Aoo_dev``, ``Aog_dev``: cupyx CSR with :func:`adaptmg.device.kernels.make_spmv`
-plans; ``None`` for an empty block, whose plan just scales ``y``), together with the send
-indices (all destinations in one index array) and the send/ghost buffers.  Vectors are
+GPU backend (``DistCSR(..., backend="gpu")`` or :meth:`DistCSR.to`).  The owned rows are
+split on the device (a host matrix's owned rows are moved up first): the same
+:func:`_split` through the backend's ``xp``, only the distinct ghost columns (O(halo)) come to
+the host for the communication pattern.  The blocks ``Aoo_dev``, ``Aog_dev`` are cupyx CSR
+with :func:`adaptmg.device.kernels.make_spmv` plans (``None`` for an empty block, whose plan
+just scales ``y``); ``Aoo`` / ``Aog`` give host copies, made on first use, for inspection.
+:meth:`DistCSR.to` moves a host matrix's blocks up.  Either way the send indices (all
+destinations in one index array) and the send/ghost buffers live on the device.  Vectors are
 CuPy arrays.  One exchange, by ``transport`` (:func:`.comm.resolve_transport`):
 
 * ``"host"`` (host staging): ``take`` of the send entries on the device, one blocking D2H

@@ -61,12 +61,18 @@ steps) and Chebyshev's ``lmax`` (Lanczos, 20 steps) estimated with the distribut
 from the serial start vector (its owned entries only), so they equal the serial
 estimates up to the summation order.
 
-GPU backend (``ml`` on the GPU).  Everything above is set up on the host as for the CPU
-(the local set-up's assembly, the owned rows, the ``lambda_max`` estimates with host
-products), then moved to the device: each distributed level's ``A``, ``P``, ``R`` as device
-:class:`~.csr.DistCSR` (``transport``: host staging or NCCL, :func:`.comm.resolve_transport`,
-decided once for the hierarchy), the smoother's owned-row data (``dinv`` and Chebyshev's
-``_d`` as CuPy arrays, block Jacobi's ``S`` as cupyx CSR; :func:`_smoother_on`); the
+GPU backend (``ml`` on the GPU).  The local set-up runs where the levels will live, by the
+same code as on the CPU written against the backend's ``xp`` (:mod:`.local`): each rank's
+rows of ``K_l`` are assembled on the device (the form called with ``device=,
+keep_on_device=True`` as :func:`adaptmg.multigrid` does there) and constrained there by
+two cuSPARSE SpGEMMs with host-built O(rank) constraint blocks; ``P_l``'s and ``R_l``'s owned
+rows are built on the host (as the serial hierarchy builds its prolongations) and moved up;
+:class:`~.csr.DistCSR` splits device rows into its owned and ghost blocks on the device (only
+the distinct ghost columns come to the host, for the communication pattern; ``transport``:
+host staging or NCCL, :func:`.comm.resolve_transport`, decided once for the hierarchy); the
+smoother is constructed on the device owned block and its ``lambda_max`` estimate runs the
+device product.  Levels taken from a serial hierarchy (the replicated set-up) keep the
+serial smoother's parameters, their owned-row data moved (:func:`_smoother_on`).  The
 solver's level vectors are allocated on the device by the solver.  The agglomerated levels
 run in the serial GPU hierarchy on rank 0, as on the CPU.  The smoothers' kernels are the
 same (:mod:`adaptmg.device.kernels` dispatch on the array type); the fused one-launch CSR

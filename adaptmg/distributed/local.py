@@ -16,14 +16,22 @@ assembled, so the rank assembles
 (owned cells plus one ghost layer, widened around hanging nodes with owned parents),
 on a *cell-subset view* of the space (the same ``points``, ``num_nodes`` and DoF
 numbering; ``cells`` / ``cell_dofs`` restricted), so ``assemble(view)`` is a global-size
-matrix whose rows in ``S`` are exact.  Then ``B_o = (H^T)_{o,:} (A H)``, ``s`` = mean of
-``|B_ii|`` over the free DoFs (one ``Allreduce`` of a sum and a count), and the owned
-rows of ``K`` keep the free x free entries of ``B_o`` plus ``s`` on the diagonal of the
-non-free rows.
+matrix whose rows in ``S`` are exact.  Then
+
+.. math::  B_o = (Z H^T)_{o,:}\, A\, (H Z)
+
+by two sparse products whose factors carry the free masks (:func:`constraint_blocks`,
+built from the hanging rows of ``H`` only, O(rank) entries), so ``B_o`` holds exactly the
+free x free entries; ``s`` = mean of ``|B_ii|`` over the free DoFs (one ``Allreduce`` of a
+sum and a count), and the owned rows of ``K`` are ``B_o`` (zeros dropped) plus ``s`` on
+the diagonal of the non-free rows.  All of it through the backend's ``xp`` and sparse
+module: on the GPU the view is assembled on the device (``device=, keep_on_device=True``)
+and the products are cuSPARSE SpGEMMs.
 
 Transfer.  ``P = Z_f (\chi \otimes I_c) H_c Z_c`` (:mod:`adaptmg.multilevel.transfer`):
 a row of ``\chi`` (fine node ``f``) is the coarse cell polynomial of any fine cell
-containing ``f`` evaluated at ``f``, so the owned rows need the owned fine cells only.
+containing ``f`` evaluated at ``f``, so the owned rows need the owned fine cells only
+(:func:`~adaptmg.multilevel.transfer.prolongation` with ``nodes=, cells=``).
 ``R = P^T``: the owned (coarse) rows of R need the rows ``f`` of P with ``P_{fc} \ne 0``
 for an owned coarse DoF ``c``; these fine nodes lie in the coarse cells touching the
 coarse nodes ``{c owned} U {coarse hanging j with parent c}``, so the rank builds the

@@ -20,9 +20,10 @@ and the final true residual norm (``||f||``, ``||f - K x||``).
 
 GPU backend (``backend="gpu"``, or "auto" where a device is visible): every rank first
 selects its device (:func:`.comm.select_device`: ``local_rank % device_count``); the small
-serial hierarchy is built on it by every rank (rank 0 runs its cycle), the distributed
-levels are set up on the host from the rank's cells as on the CPU and then moved to the
-device (:class:`~.csr.DistCSR` on the device, smoothers with device data on the owned rows);
+serial hierarchy is built on it by every rank with :func:`adaptmg.multigrid`'s GPU path
+(rank 0 runs its cycle), the distributed levels are set up on the device from the rank's
+cells (:mod:`.hierarchy`: rows assembled and constrained there, :class:`~.csr.DistCSR` split
+there, smoothers built on the device blocks);
 the Krylov vectors and the cycle are CuPy arrays, reductions go through one host
 ``Allreduce``, halo exchanges through host-staged MPI (or NCCL when every rank has its own
 GPU; ``transport=``).  ``result.u`` and ``result.x`` are host NumPy arrays (gathered) as on
