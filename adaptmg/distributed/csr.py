@@ -20,12 +20,14 @@ posting, packing and waiting is accumulated in a :class:`~.comm.HaloTimer`.
 Vector reductions (:func:`dot`, :func:`norm`) are a local BLAS dot plus one
 ``Allreduce``; :func:`dots` reduces several at once (one message per reduction group).
 
-GPU backend (``DistCSR(..., backend="gpu")`` or :meth:`DistCSR.to`).  The set-up above
-runs on the host as for the CPU (so ``Aoo``, ``Aog``, ``ghosts`` and the communication
-pattern stay host SciPy/NumPy objects, for inspection); then the two blocks are copied to
-the device (``Aoo_dev``, ``Aog_dev``: cupyx CSR with :func:`adaptmg.device.kernels.make_spmv`
-plans; ``None`` for an empty block, whose plan just scales ``y``), together with the send
-indices (all destinations in one index array) and the send/ghost buffers.  Vectors are
+GPU backend (``DistCSR(..., backend="gpu")`` or :meth:`DistCSR.to`).  The owned rows are
+split on the device (a host matrix's owned rows are moved up first): the same
+:func:`_split` through the backend's ``xp``, only the distinct ghost columns (O(halo)) come to
+the host for the communication pattern.  The blocks ``Aoo_dev``, ``Aog_dev`` are cupyx CSR
+with :func:`adaptmg.device.kernels.make_spmv` plans (``None`` for an empty block, whose plan
+just scales ``y``); ``Aoo`` / ``Aog`` give host copies, made on first use, for inspection.
+:meth:`DistCSR.to` moves a host matrix's blocks up.  Either way the send indices (all
+destinations in one index array) and the send/ghost buffers live on the device.  Vectors are
 CuPy arrays.  One exchange, by ``transport`` (:func:`.comm.resolve_transport`):
 
 * ``"host"`` (host staging): ``take`` of the send entries on the device, one blocking D2H
@@ -54,7 +56,7 @@ import copy
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, get_backend, is_device_array, nccl_module, to_host
+from ..backend import CPU, get_backend, is_device_array, is_device_sparse, nccl_module, to_host
 from ..device import kernels as K
 from .comm import HaloTimer, nccl_communicator, nccl_stream, resolve_transport
 
@@ -86,6 +88,15 @@ class Layout:
         self.local = np.full(self.N, -1, dtype=np.int64)
         self.local[self.rows] = np.arange(self.n)
         self.counts = np.bincount(owner, minlength=size)
+
+    def on(self, xp):
+        """``(owner, local)`` as ``xp`` arrays (the device copies made once)."""
+        if xp is np:
+            return self.owner, self.local
+        dev = self.__dict__.get("_dev")
+        if dev is None or dev[0] is not xp:
+            dev = self._dev = (xp, xp.asarray(self.owner), xp.asarray(self.local))
+        return dev[1], dev[2]
 
     def scatter(self, x_global: np.ndarray) -> np.ndarray:
         """This rank's part of a replicated global vector (a copy)."""
@@ -130,33 +141,35 @@ class DistCSR:
 
     def __init__(self, M, rows: Layout, cols: Layout, timer: HaloTimer | None = None,
                  local_rows: bool = False, backend=None, transport=None):
-        M = sp.csr_matrix(to_host(M))
+        be = get_backend(backend if backend is not None else "cpu")
+        if is_device_sparse(M) and not local_rows:
+            M = to_host(M)                              # a global matrix: its rows taken on the host
         want = (rows.n if local_rows else rows.N, cols.N)
-        if M.shape != want:
-            raise ValueError(f"DistCSR: matrix shape {M.shape} does not match the layouts "
+        if tuple(M.shape) != want:
+            raise ValueError(f"DistCSR: matrix shape {tuple(M.shape)} does not match the layouts "
                              f"{want}{' (local rows)' if local_rows else ''}")
         comm = rows.comm
         self.comm, self.rows, self.cols = comm, rows, cols
         self.timer = timer if timer is not None else HaloTimer()
         self.shape = (rows.n, cols.n)
         self.global_shape = (rows.N, cols.N)
-        self.dtype = M.dtype
+        self.dtype = np.dtype(M.dtype)
         rank, size = comm.Get_rank(), comm.Get_size()
-        Ml = M if local_rows else M[rows.rows]
+        # the owned rows on the backend they are split on: the device when the target is the GPU
+        # and the rank owns rows (a host matrix's owned rows are moved up first), else the host
+        on = be if (be.is_gpu and rows.n) else CPU
+        if is_device_sparse(M):
+            Ml = M.tocsr() if on.is_gpu else to_host(M)
+        else:
+            M = sp.csr_matrix(M)
+            Ml = M if local_rows else M[rows.rows]
+            Ml = on.asmatrix(Ml) if on.is_gpu else Ml
         Ml.sum_duplicates()
-        ind = Ml.indices.astype(np.int64)
-        own = cols.owner[ind] == rank
-        g = np.unique(ind[~own])
-        g = g[np.lexsort((g, cols.owner[g]))]                 # by owner, then global index
-        self.ghosts = g
-        gpos = np.full(cols.N, -1, dtype=np.int64)
-        gpos[g] = np.arange(g.size)
-        self.Aoo = _select(Ml, own, cols.local[ind[own]], cols.n)
-        self.Aog = _select(Ml, ~own, gpos[ind[~own]], g.size)
+        Aoo, Aog, self.ghosts = _split(on, Ml, cols, rank)
         self.nnz_local = int(Ml.nnz)
-        self._poo = K.make_spmv(self.Aoo) if rows.n else None
-        self._pog = K.make_spmv(self.Aog) if (rows.n and g.size) else None
+        self._Aoo = self._Aog = None                    # host blocks (made on first use on the GPU)
         # communication pattern: ghosts by owner; owners learn what to send (one alltoall)
+        g = self.ghosts
         gown = cols.owner[g]
         rcounts = np.bincount(gown, minlength=size)
         rstart = np.concatenate([[0], np.cumsum(rcounts)])
@@ -167,14 +180,44 @@ class DistCSR:
                       if len(a)]
         if any((idx < 0).any() for _, idx in self._send):
             raise RuntimeError("DistCSR: a rank asked for entries this rank does not own")
-        self._gbuf = np.zeros(g.size, dtype=self.dtype)
-        self._sbuf = [np.zeros(idx.size, dtype=self.dtype) for _, idx in self._send]
         self.backend = CPU
         self.transport = "mpi"
         self._xp = np
-        be = get_backend(backend if backend is not None else "cpu")
         if be.is_gpu:
-            self._to_device(be, transport)
+            if on.is_gpu:                               # split there: the blocks stay there
+                self._to_device(be, transport, (Aoo if Aoo.nnz else None,
+                                                Aog if (g.size and Aog.nnz) else None))
+            else:
+                self._Aoo, self._Aog = Aoo, Aog
+                self._to_device(be, transport)
+            return
+        self._Aoo, self._Aog = Aoo, Aog
+        self._poo = K.make_spmv(Aoo) if rows.n else None
+        self._pog = K.make_spmv(Aog) if (rows.n and g.size) else None
+        self._gbuf = np.zeros(g.size, dtype=self.dtype)
+        self._sbuf = [np.zeros(idx.size, dtype=self.dtype) for _, idx in self._send]
+
+    @property
+    def Aoo(self):
+        """The owned-columns block ``M_oo`` as host CSR (on the GPU a copy of ``Aoo_dev``,
+        made on first use: for inspection and tests)."""
+        if self._Aoo is None:
+            self._Aoo = _host_block(self.Aoo_dev, (self.rows.n, self.cols.n), self.dtype)
+        return self._Aoo
+
+    @property
+    def Aog(self):
+        """The ghost-columns block ``M_og`` as host CSR (see :attr:`Aoo`)."""
+        if self._Aog is None:
+            self._Aog = _host_block(self.Aog_dev, (self.rows.n, self.ghosts.size), self.dtype)
+        return self._Aog
+
+    def owned_block(self):
+        """``M_oo`` on this matrix's backend (``Aoo_dev`` on the GPU; the host block where
+        this rank owns no row or the block is empty)."""
+        if self.backend.is_gpu and self.Aoo_dev is not None:
+            return self.Aoo_dev
+        return self.Aoo
 
     # ------------------------------------------------------------ device copies
     def to(self, backend="gpu", transport=None) -> "DistCSR":
@@ -190,14 +233,17 @@ class DistCSR:
         new._to_device(be, transport)
         return new
 
-    def _to_device(self, be, transport):
-        """Device blocks, send indices and buffers; the halo transport (module doc)."""
+    def _to_device(self, be, transport, blocks=None):
+        """Device blocks (``blocks``: already there, else the host blocks moved), send indices
+        and buffers; the halo transport (module doc)."""
         xp = be.xp
         self.transport = resolve_transport(self.comm, transport, be)
         self.backend, self._xp = be, xp
         n = self.rows.n
-        self.Aoo_dev = _device_block(be, self.Aoo) if n else None
-        self.Aog_dev = _device_block(be, self.Aog) if (n and self.ghosts.size) else None
+        if blocks is None:
+            blocks = (_device_block(be, self._Aoo) if n else None,
+                      _device_block(be, self._Aog) if (n and self.ghosts.size) else None)
+        self.Aoo_dev, self.Aog_dev = blocks
         self._poo = _device_plan(self.Aoo_dev) if n else None
         self._pog = _device_plan(self.Aog_dev) if (n and self.ghosts.size) else None
         sizes = [idx.size for _, idx in self._send]
@@ -379,16 +425,57 @@ def _nccl_type(nccl, dtype):
     return getattr(nccl, name)
 
 
-def _select(M, keep, newcol, ncols):
-    """The entries ``keep`` (mask over M's stored entries, rows in order) of CSR ``M`` with
-    column numbers ``newcol`` (one per kept entry), as a sorted CSR matrix with ``ncols`` columns."""
-    csum = np.zeros(keep.size + 1, dtype=np.int64)
-    np.cumsum(keep, out=csum[1:])
-    it = np.int32 if max(ncols, int(csum[-1])) < np.iinfo(np.int32).max else np.int64
-    A = sp.csr_matrix((M.data[keep], newcol.astype(it), csum[M.indptr].astype(it)),
-                      shape=(M.shape[0], ncols))
-    A.sort_indices()
+def _split(be, Ml, cols, rank):
+    r"""``(M_oo, M_og, ghosts)`` of the canonical CSR rows ``Ml`` (global columns) on ``be``
+    (module doc): an entry is owned when ``cols.owner`` of its column is ``rank`` (local
+    column ``cols.local``), else a ghost; ``ghosts`` (host) are the distinct ghost columns
+    ordered by (owner, global index), found by one ``unique`` over the ghost entries -- only
+    they cross to the host on the GPU, O(halo) -- and each ghost entry's column is its
+    position among them (a search in the sorted distinct columns).
+
+    Ghost entries are few (the partition boundary), so both blocks' row pointers come from
+    the sorted ghost entry positions ``gp`` (``#{gp < indptr[r]}``: one search per row), not
+    from a running count over all entries."""
+    xp = be.xp
+    owner, local = cols.on(xp)
+    ind, indptr = Ml.indices, Ml.indptr
+    own = owner[ind] == rank
+    gp = xp.flatnonzero(~own)                            # ghost entries, sorted
+    gi = ind[gp].astype(xp.int64)
+    gu = xp.unique(gi)                                   # sorted by global index
+    gu_h = np.asarray(to_host(gu), dtype=np.int64)
+    order = np.lexsort((gu_h, cols.owner[gu_h]))         # by owner, then global index
+    ghosts = gu_h[order]
+    pos = np.empty(order.size, dtype=np.int64)
+    pos[order] = np.arange(order.size)
+    gpos = xp.asarray(pos)[xp.searchsorted(gu, gi)] if gi.size else gi
+    before = xp.searchsorted(gp, indptr.astype(gp.dtype)).astype(xp.int64)   # ghost entries before each row
+    shape = Ml.shape[0]
+    Aoo = _block(be, Ml.data[own], local[ind[own]], indptr.astype(xp.int64) - before, (shape, cols.n),
+                 sorted_=True)                          # local numbering keeps the column order
+    Aog = _block(be, Ml.data[gp], gpos, before, (shape, ghosts.size), sorted_=False)
+    return Aoo, Aog, ghosts
+
+
+def _block(be, data, col, indptr, shape, sorted_):
+    """CSR ``(data, col, indptr)`` with ``shape`` on ``be``, sorted rows (``sorted_``: known
+    sorted already); 32-bit indices where they fit.  On the GPU a block without entries (or
+    columns) is an empty host matrix: there is no device matrix without entries."""
+    nk = int(data.size)
+    it = np.int32 if max(shape[1], nk) < np.iinfo(np.int32).max else np.int64
+    if be.is_gpu and (nk == 0 or shape[1] == 0):
+        return sp.csr_matrix(shape)
+    A = be.sparse.csr_matrix((data, col.astype(it), indptr.astype(it)), shape=shape)
+    if sorted_ and not be.is_gpu:
+        A.has_sorted_indices = True
+    else:
+        A.sort_indices()
     return A
+
+
+def _host_block(A_dev, shape, dtype):
+    """Host CSR copy of a device block (an empty matrix for None)."""
+    return sp.csr_matrix(shape, dtype=dtype) if A_dev is None else to_host(A_dev)
 
 
 def dots(comm, pairs):

@@ -61,12 +61,18 @@ steps) and Chebyshev's ``lmax`` (Lanczos, 20 steps) estimated with the distribut
 from the serial start vector (its owned entries only), so they equal the serial
 estimates up to the summation order.
 
-GPU backend (``ml`` on the GPU).  Everything above is set up on the host as for the CPU
-(the local set-up's assembly, the owned rows, the ``lambda_max`` estimates with host
-products), then moved to the device: each distributed level's ``A``, ``P``, ``R`` as device
-:class:`~.csr.DistCSR` (``transport``: host staging or NCCL, :func:`.comm.resolve_transport`,
-decided once for the hierarchy), the smoother's owned-row data (``dinv`` and Chebyshev's
-``_d`` as CuPy arrays, block Jacobi's ``S`` as cupyx CSR; :func:`_smoother_on`); the
+GPU backend (``ml`` on the GPU).  The local set-up runs where the levels will live, by the
+same code as on the CPU written against the backend's ``xp`` (:mod:`.local`): each rank's
+rows of ``K_l`` are assembled on the device (the form called with ``device=,
+keep_on_device=True`` as :func:`adaptmg.multigrid` does there) and constrained there by
+two cuSPARSE SpGEMMs with host-built O(rank) constraint blocks; ``P_l``'s and ``R_l``'s owned
+rows are built on the host (as the serial hierarchy builds its prolongations) and moved up;
+:class:`~.csr.DistCSR` splits device rows into its owned and ghost blocks on the device (only
+the distinct ghost columns come to the host, for the communication pattern; ``transport``:
+host staging or NCCL, :func:`.comm.resolve_transport`, decided once for the hierarchy); the
+smoother is constructed on the device owned block and its ``lambda_max`` estimate runs the
+device product.  Levels taken from a serial hierarchy (the replicated set-up) keep the
+serial smoother's parameters, their owned-row data moved (:func:`_smoother_on`).  The
 solver's level vectors are allocated on the device by the solver.  The agglomerated levels
 run in the serial GPU hierarchy on rank 0, as on the CPU.  The smoothers' kernels are the
 same (:mod:`adaptmg.device.kernels` dispatch on the array type); the fused one-launch CSR
@@ -89,7 +95,7 @@ from types import SimpleNamespace
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, to_host
+from ..backend import CPU, is_device_sparse, to_host
 from ..device import kernels as K
 from ..multilevel.chebyshev import lanczos_lambda_max
 from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi, power_lambda_max
@@ -172,10 +178,7 @@ def _smoother_on(loc, be, A):
     fused, fresh scratch) and its data on ``be`` (``A``'s backend): on the CPU nothing more; on
     the GPU ``dinv`` (Jacobi, Chebyshev), Chebyshev's direction ``_d`` and BlockJacobi's ``S``
     (cupyx CSR, its SpMV plan) become device data."""
-    loc.A = A
-    loc._Aplan = A
-    loc.fused = False
-    loc._work = None
+    _smoother_with(loc, A)
     if not be.is_gpu:
         return loc
     loc.backend = be
@@ -187,6 +190,17 @@ def _smoother_on(loc, be, A):
     loc.dinv = be.asarray(np.ascontiguousarray(loc.dinv, dtype=loc.dtype))
     if isinstance(loc, Chebyshev):
         loc._d = be.xp.zeros(loc.n, loc.dtype)
+    return loc
+
+
+def _smoother_with(loc, A):
+    """The smoother ``loc`` with its SpMV the distributed ``A`` (not fused, fresh scratch, no
+    host matrix kept)."""
+    loc.A = A
+    loc.A_host = None
+    loc._Aplan = A
+    loc.fused = False
+    loc._work = None
     return loc
 
 
@@ -204,31 +218,38 @@ class _FineView:
 def _power_lambda(comm, A, apply_S, N, iterations=12, seed=0):
     """:meth:`Smoother.lambda_max` distributed: the same power iteration
     (:func:`~adaptmg.multilevel.smoothers.power_lambda_max`) from the serial start vector
-    (its owned entries only), norms by Allreduce; returns 1.05 lambda."""
-    v = start_vector(N, seed, rows=A.rows.rows)
-    return power_lambda_max(lambda u: apply_S(A @ u), v, lambda u: norm(comm, u), iterations,
+    (its owned entries only, on ``A``'s backend), norms by Allreduce; returns 1.05 lambda.
+    A rank without rows only joins the reductions."""
+    v = A.backend.asarray(start_vector(N, seed, rows=A.rows.rows))
+    S = apply_S if A.rows.n else (lambda u: u)
+    return power_lambda_max(lambda u: S(A @ u), v, lambda u: norm(comm, u), iterations,
                             "distributed smoother")
 
 
 def _lanczos_lambda(comm, A, dinv, N, steps=20, seed=0):
     """:func:`adaptmg.multilevel.chebyshev.estimate_lambda_max` distributed: the same Lanczos
-    iteration (:func:`~adaptmg.multilevel.chebyshev.lanczos_lambda_max`) on D^{-1/2} A D^{-1/2}
-    from the serial start vector (owned entries), inner products reduced by Allreduce."""
-    s = np.sqrt(dinv)
+    iteration (:func:`~adaptmg.multilevel.chebyshev.lanczos_lambda_max`, host vectors) on
+    D^{-1/2} A D^{-1/2} from the serial start vector (owned entries), inner products reduced
+    by Allreduce; the products on ``A``'s backend (one copy each way per step on the GPU)."""
+    be = A.backend
+    s = be.asarray(np.sqrt(dinv))
     v0 = start_vector(N, seed, rows=A.rows.rows)
 
     def allreduce(loc):
         glob = np.empty_like(loc)
         comm.Allreduce(loc, glob)
         return glob
-    return lanczos_lambda_max(lambda v: s * (A @ (s * v)), v0, int(min(steps, N)), allreduce)
+    return lanczos_lambda_max(lambda v: to_host(s * (A @ (s * be.asarray(v)))), v0,
+                              int(min(steps, N)), allreduce)
 
 
-def _distributed_smoother(ml, A: DistCSR, Aoo, components):
+def _distributed_smoother(ml, A: DistCSR, components):
     """The finest level's smoother (the hierarchy's smoother spec and keyword arguments)
-    built on the owned block ``Aoo`` (its diagonal and node blocks are the owned ones),
+    built on ``A``'s owned block on ``A``'s backend (its diagonal and node blocks are the
+    owned ones; on the GPU the device block, nothing comes back but the diagonal),
     ``omega="auto"`` / Chebyshev's ``lmax`` estimated with distributed products, its SpMV
-    the distributed ``A``."""
+    the distributed ``A``.  A rank without rows builds it on the host (empty data, moved by
+    :func:`_smoother_on`) and only joins the estimates' reductions."""
     spec, kw = ml._smoother_spec, dict(ml._smoother_kwargs)
     key = spec if isinstance(spec, str) else None
     if key is not None:
@@ -238,28 +259,26 @@ def _distributed_smoother(ml, A: DistCSR, Aoo, components):
     if cls is None:
         raise ValueError(f"distributed multigrid supports the smoothers jacobi, chebyshev and "
                          f"block_jacobi, got {spec!r}")
-    comm, N = A.comm, A.global_shape[0]
+    comm, N, be = A.comm, A.global_shape[0], A.backend
+    blk = A.owned_block()
+    on = be if (A.rows.n and is_device_sparse(blk)) or not be.is_gpu else CPU
     auto = kw.get("omega") == "auto"
     if cls is Chebyshev:
         est = kw.get("lmax") is None
         if est:
             kw["lmax"] = 1.0
-        sm = cls(Aoo, backend="cpu", dtype=np.float64, **kw)
+        sm = cls(blk, backend=on, dtype=np.float64, **kw)
         if est:
             sm.lmax = 1.1 * _lanczos_lambda(comm, A, sm._dinv_host, N)
             sm._setup_host()
     else:
         if auto:
             kw["omega"] = 1.0
-        sm = cls(Aoo, backend="cpu", dtype=np.float64, **kw)
+        sm = cls(blk, backend=on, dtype=np.float64, **kw)
     loc = copy.copy(sm)
-    loc.A = A
-    loc.A_host = None
-    loc._Aplan = A
-    loc.fused = False
-    loc._work = None
+    loc = _smoother_on(loc, be, A) if on is not be else _smoother_with(loc, A)
     if auto and cls is not Chebyshev:
-        loc.omega = 4.0 / (3.0 * _power_lambda(comm, A, sm._apply_S, N))
+        loc.omega = 4.0 / (3.0 * _power_lambda(comm, A, loc._apply_S, N))
     return loc
 
 
@@ -362,6 +381,8 @@ class DistributedHierarchy:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.timer = HaloTimer()
         self.setup_stats = {}
+        st = self.setup_stats
+        t0 = time.perf_counter()
         self.HT_o = self.free_o = None
         view = ml if local is None else _FineView(ml, local["spaces"])
         owners, c, cell_ranks, nranks = level_owners(view, fine_cell_ranks, self.size,
@@ -370,6 +391,9 @@ class DistributedHierarchy:
         self.active_ranks = nranks
         self.layouts = [Layout(o, comm) for o in owners]
         self.owning_ranks = [int((lay.counts > 0).sum()) for lay in self.layouts]
+        be.synchronize()
+        t1 = time.perf_counter()
+        st["owners_s"] = t1 - t0            # transport, level owners and layouts
         self.levels = []
         kw = dict(backend=be, transport=self.transport)
         for l, lev in enumerate(ml.levels):
@@ -384,18 +408,26 @@ class DistributedHierarchy:
                 d.R = DistCSR(lev.R, self.layouts[l - 1], lay, self.timer, **kw)
                 d.smoother = _local_smoother(ml._dev[l].smoother, d.A, lay.rows, be)
             self.levels.append(d)
+        be.synchronize()
+        st["serial_levels_s"] = time.perf_counter() - t1     # the levels from ml (c - 1 and up)
         if local is not None:
             if c > len(ml.levels):
                 raise RuntimeError("DistributedHierarchy: a locally built level would be agglomerated")
             spaces = [ml.spaces[-1]] + list(local["spaces"])
             frees = [ml.constraints[-1].free] + list(local["frees"])
-            self.setup_stats = {"cells_assembled": [], "cells": [], "cells_transfer": []}
+            st.update(cells_assembled=[], cells=[], cells_transfer=[])
             for j in range(1, len(spaces)):
                 self.levels.append(self._local_level(spaces[j - 1], spaces[j], frees[j - 1], frees[j],
                                                      local["assemble"], fine=j == len(spaces) - 1))
         self.A = self.levels[-1].A
         self.layout = self.layouts[-1]
+        t2 = time.perf_counter()
         self.solver = self._solver()
+        be.synchronize()
+        st["solver_s"] = time.perf_counter() - t2
+        #: halo exchanges of the set-up itself (the smoothers' lambda_max estimates run the
+        #: distributed product on the hierarchy's backend)
+        self.setup_exchanges = self.timer.exchanges
 
     def _solver(self):
         """The one MultilevelSolver: levels ``c - 1 .. L`` (DistCSR operators, the owned-rows
@@ -413,33 +445,39 @@ class DistributedHierarchy:
 
     def _local_level(self, cspace, space, cfree, free, assemble, fine):
         """The next level from the rank's cells only (:mod:`.local`): owned rows of K, P, R and
-        the smoother (``fine``: also keep H^T's owned rows for the right-hand side)."""
+        the smoother (``fine``: also keep (Z H^T)'s owned rows for the right-hand side), all
+        built on the hierarchy's backend (on the GPU: K's rows assembled and constrained
+        there, P's and R's rows built on the host and moved up, split into the DistCSR blocks
+        there, the smoother from the device block).  Phase times are taken after a device
+        synchronisation."""
         from .local import local_constrained_rows, local_transfer_rows
         l = len(self.levels)
         lay, clay = self.layouts[l], self.layouts[l - 1]
-        t0 = time.perf_counter()
-        K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner, self.comm)
-        t1 = time.perf_counter()
+        be, kw = self.backend, dict(backend=self.backend, transport=self.transport)
+
+        def now():
+            be.synchronize()
+            return time.perf_counter()
+        t0 = now()
+        K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner, self.comm,
+                                                  backend=be)
+        t1 = now()
         P_o, R_o, ncells_t = local_transfer_rows(cspace, space, cfree, free, clay.owner,
                                                  lay.owner, self.rank)
-        t2 = time.perf_counter()
+        t2 = now()
         d = _DLevel()
         d.layout = lay
-        be, kw = self.backend, dict(backend=self.backend, transport=self.transport)
-        d.A = DistCSR(K_o, lay, lay, self.timer, local_rows=True)       # host: smoother set-up
+        d.A = DistCSR(K_o, lay, lay, self.timer, local_rows=True, **kw)
         d.P = DistCSR(P_o, lay, clay, self.timer, local_rows=True, **kw)
         d.R = DistCSR(R_o, clay, lay, self.timer, local_rows=True, **kw)
-        t3 = time.perf_counter()
-        d.smoother = _distributed_smoother(self.ml, d.A, K_o[:, lay.rows].tocsr(), space.components)
-        if be.is_gpu:        # set up on the host (as on the CPU), then moved to the device
-            d.A = d.A.to(be, self.transport)
-            d.smoother = _smoother_on(d.smoother, be, d.A)
+        t3 = now()
+        d.smoother = _distributed_smoother(self.ml, d.A, space.components)
         st = self.setup_stats
         st["cells_assembled"].append(int(cells.size))
         st["cells"].append(space.mesh.num_cells)
         st["cells_transfer"].append(ncells_t)
         for key, v in (("matrix_s", t1 - t0), ("transfer_s", t2 - t1), ("distcsr_s", t3 - t2),
-                       ("smoother_s", time.perf_counter() - t3)):
+                       ("smoother_s", now() - t3)):
             st[key] = st.get(key, 0.0) + v
         if fine:
             self.HT_o = HT_o

@@ -16,14 +16,22 @@ assembled, so the rank assembles
 (owned cells plus one ghost layer, widened around hanging nodes with owned parents),
 on a *cell-subset view* of the space (the same ``points``, ``num_nodes`` and DoF
 numbering; ``cells`` / ``cell_dofs`` restricted), so ``assemble(view)`` is a global-size
-matrix whose rows in ``S`` are exact.  Then ``B_o = (H^T)_{o,:} (A H)``, ``s`` = mean of
-``|B_ii|`` over the free DoFs (one ``Allreduce`` of a sum and a count), and the owned
-rows of ``K`` keep the free x free entries of ``B_o`` plus ``s`` on the diagonal of the
-non-free rows.
+matrix whose rows in ``S`` are exact.  Then
+
+.. math::  B_o = (Z H^T)_{o,:}\, A\, (H Z)
+
+by two sparse products whose factors carry the free masks (:func:`constraint_blocks`,
+built from the hanging rows of ``H`` only, O(rank) entries), so ``B_o`` holds exactly the
+free x free entries; ``s`` = mean of ``|B_ii|`` over the free DoFs (one ``Allreduce`` of a
+sum and a count), and the owned rows of ``K`` are ``B_o`` (zeros dropped) plus ``s`` on
+the diagonal of the non-free rows.  All of it through the backend's ``xp`` and sparse
+module: on the GPU the view is assembled on the device (``device=, keep_on_device=True``)
+and the products are cuSPARSE SpGEMMs.
 
 Transfer.  ``P = Z_f (\chi \otimes I_c) H_c Z_c`` (:mod:`adaptmg.multilevel.transfer`):
 a row of ``\chi`` (fine node ``f``) is the coarse cell polynomial of any fine cell
-containing ``f`` evaluated at ``f``, so the owned rows need the owned fine cells only.
+containing ``f`` evaluated at ``f``, so the owned rows need the owned fine cells only
+(:func:`~adaptmg.multilevel.transfer.prolongation` with ``nodes=, cells=``).
 ``R = P^T``: the owned (coarse) rows of R need the rows ``f`` of P with ``P_{fc} \ne 0``
 for an owned coarse DoF ``c``; these fine nodes lie in the coarse cells touching the
 coarse nodes ``{c owned} U {coarse hanging j with parent c}``, so the rank builds the
@@ -48,8 +56,9 @@ from types import SimpleNamespace
 import numpy as np
 import scipy.sparse as sp
 
-from ..fe.csr_ops import congruence_with_constraints
-from ..mesh import reference as ref
+from ..backend import CPU, get_backend
+from ..multilevel.hierarchy import _on_backend
+from ..multilevel.transfer import prolongation
 
 __all__ = ["CellSubset", "needed_cells", "local_constrained_rows", "local_transfer_rows"]
 
@@ -96,118 +105,149 @@ def needed_cells(space, node_mask):
     return np.flatnonzero(need[space.cell_dofs].any(axis=1))
 
 
-def local_constrained_rows(space, assemble, free, owner, comm):
+def _hanging_rows_coo(space, dofs):
+    """(row, column, value) of the rows ``dofs`` (sorted hanging DoFs) of ``H``."""
+    if not dofs.size:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z, np.zeros(0)
+    Hh = sp.csr_matrix(space.H)[dofs].tocoo()
+    return dofs[Hh.row], Hh.col.astype(np.int64), Hh.data
+
+
+def constraint_blocks(space, rows, dofs, free):
+    r"""Host CSR blocks of :math:`HZ` (``Z`` the 0/1 diagonal of the free DoFs ``free``) for
+    the owned rows ``rows`` (sorted DoFs):
+
+    * ``HZT_o`` (n_o x N): rows ``rows`` of :math:`(HZ)^T = Z H^T` -- the unit entry of a free
+      regular DoF ``i`` and the weights :math:`H_{ki}` of the hanging DoFs ``k`` with parent
+      ``i`` (rows of non-free DoFs are empty);
+    * ``HZ`` (N x N): the rows ``dofs`` (sorted, the DoFs of the assembled cells: every
+      column of :math:`Z H^T A` lies among them) of :math:`HZ` -- the unit entry of a free
+      regular DoF, the free parents of a hanging one; the other rows are empty.
+
+    Only the hanging rows of ``H`` are read (a regular DoF's row of H is its unit row): no
+    O(N) transpose or product of the global H."""
+    N, n = space.num_dofs, rows.size
+    hang = space.is_hanging
+    reg = rows[~hang[rows] & free[rows]]
+    local = np.full(N, -1, dtype=np.int64)
+    local[rows] = np.arange(n)
+    hk, hp, hw = _hanging_rows_coo(space, np.flatnonzero(hang))
+    m = (local[hp] >= 0) & free[hp]                      # hanging k with an owned free parent
+    HZT_o = sp.csr_matrix((np.concatenate([np.ones(reg.size), hw[m]]),
+                           (np.concatenate([local[reg], local[hp[m]]]),
+                            np.concatenate([reg, hk[m]]))), shape=(n, N))
+    HZT_o.sum_duplicates()
+    dreg = dofs[~hang[dofs] & free[dofs]]
+    hk, hp, hw = _hanging_rows_coo(space, dofs[hang[dofs]])
+    m = free[hp]
+    HZ = sp.csr_matrix((np.concatenate([np.ones(dreg.size), hw[m]]),
+                        (np.concatenate([dreg, hk[m]]), np.concatenate([dreg, hp[m]]))), shape=(N, N))
+    HZ.sum_duplicates()
+    return HZT_o, HZ
+
+
+def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
     r"""Owned rows of ``K = Z H^T A H Z + s (I - Z)`` from the needed cells only (module doc).
 
-    Returns ``(K_o, HT_o, cells)``: ``K_o`` the owned rows (n_o x N, sorted columns),
-    ``HT_o`` the owned rows of ``H^T`` (for the right-hand side ``Z H^T b``) and the
-    assembled cell ids."""
-    c = space.components
+    :math:`B_o = (Z H^T)_{o,:} A (H Z)` by two sparse products (:func:`constraint_blocks`:
+    the free-column masks are in the factors, so ``B_o`` holds only the free x free entries),
+    explicit zeros dropped, ``s`` the mean of :math:`|B_{ii}|` over the free DoFs of all ranks
+    (the diagonal found by a binary search per row), plus ``s`` on the diagonal of the
+    owned non-free rows (one sparse sum).
+
+    ``backend``: where the rows are built -- the same code through ``xp``.  On the GPU
+    ``assemble`` is called as :func:`adaptmg.multigrid` calls it there
+    (:func:`~adaptmg.multilevel.hierarchy._on_backend`: ``device=, keep_on_device=True``
+    when it takes them), the products are cuSPARSE SpGEMMs; only the two constraint blocks
+    (O(rank's DoFs) entries) go up and two numbers (for ``s``) cross.
+
+    Returns ``(K_o, HZT_o, cells)``: ``K_o`` the owned rows (n_o x N, sorted columns) on
+    ``backend`` (host CSR for a rank without rows), ``HZT_o`` the owned rows of ``Z H^T``
+    (host; ``HZT_o @ b`` is the owned part of ``Z H^T b``) and the assembled cell ids."""
+    be = get_backend(backend)
     rank = comm.Get_rank()
+    c = space.components
     rows = np.flatnonzero(owner == rank)
     node_own = np.zeros(space.num_nodes, dtype=bool)
     node_own[rows // c] = True
     cells = needed_cells(space, node_own)
     N = space.num_dofs
-    # a rank owning no DoF of the level (a coarse level folded onto fewer ranks) needs no
-    # cell; it still takes part in the Allreduce of s below
-    A = assemble(CellSubset(space, cells)) if rows.size else sp.csr_matrix((N, N))
+    mark = np.zeros(space.num_nodes, dtype=bool)
+    mark[space.cell_dofs[cells]] = True
+    nodes = np.flatnonzero(mark)
+    dofs = (nodes[:, None] * c + np.arange(c)).ravel()
+    HZT_o, HZ = constraint_blocks(space, rows, dofs, free)
+    if not rows.size:
+        # a rank owning no DoF of the level (a coarse level folded onto fewer ranks) needs no
+        # cell; it still takes part in the Allreduce of s
+        _row_scale(comm, 0.0, 0)
+        return sp.csr_matrix((0, N)), HZT_o, cells
+    A = _on_backend(assemble, be)(CellSubset(space, cells))
     if getattr(A, "shape", None) != (N, N):
         raise ValueError(f"assemble(view) must return a {N} x {N} matrix, got shape {getattr(A, 'shape', None)}")
-    A = sp.csr_matrix(A)
-    H = space.H
-    if space.hanging_nodes.size:       # the library's congruence: only hanging rows/columns touched
-        B = congruence_with_constraints(A, H, np.flatnonzero(space.is_hanging))[rows]
-        HT_o = sp.csr_matrix(H.tocsc()[:, rows].T)
-    else:
-        B = A[rows]
-        HT_o = sp.csr_matrix((np.ones(rows.size), (np.arange(rows.size), rows)), shape=(rows.size, N))
+    # products on ``be`` -- on the host when a factor is empty (every owned row or every
+    # column non-free: no device product of an empty matrix), the result moved there
+    wb = be if (HZT_o.nnz and HZ.nnz) else CPU
+    B = ((wb.asmatrix(HZT_o) @ wb.asmatrix(A)) @ wb.asmatrix(HZ)).tocsr()
     B.sum_duplicates()                           # canonical: sorted, one entry per (row, column)
-    rid = np.repeat(np.arange(rows.size), np.diff(B.indptr))
-    on = B.indices == rows[rid]
-    diag = np.zeros(rows.size)
-    diag[rid[on]] = B.data[on]
+    B = _drop_zeros(wb, B)
     fo = free[rows]
-    loc = np.array([np.abs(diag[fo]).sum(), float(fo.sum())])
-    tot = np.empty(2)
-    comm.Allreduce(loc, tot)
-    s = float(tot[0] / tot[1]) if tot[1] > 0 and tot[0] > 0 else 1.0
-    return _mask_owned(B, rid, fo, free, rows, s), HT_o, cells
-
-
-def _mask_owned(B, rid, fo, free, rows, s):
-    """Rows of ``Z B Z + s (I - Z)`` (``B`` canonical CSR, ``rid`` the row of each entry):
-    the entries of free rows in free columns (zeros dropped), each non-free row replaced by
-    ``s`` on its diagonal (CSR in, CSR out, sorted; as :func:`adaptmg.fe.csr_ops.mask_rows_cols`
-    does for a square matrix: a non-free row keeps its one diagonal entry, set to ``s``, and
-    only rows without one get an inserted entry)."""
-    keep = fo[rid]
-    keep &= free[B.indices]
-    keep &= B.data != 0
+    xp = wb.xp
+    d = 0.0
+    if B.nnz:
+        pos = _row_positions(xp, B.indptr, B.indices, xp.asarray(rows))
+        d = float((xp.abs(B.data[xp.maximum(pos, 0)]) * ((pos >= 0) & xp.asarray(fo))).sum())
+    s = _row_scale(comm, d, int(fo.sum()))
     fixed = np.flatnonzero(~fo)
-    lens = np.diff(B.indptr)[fixed]
-    k = np.repeat(np.arange(fixed.size), lens)                       # entries of the fixed rows
-    ent = np.arange(k.size) + np.repeat(B.indptr[fixed] - (np.cumsum(lens) - lens), lens)
-    dpos = ent[B.indices[ent] == rows[fixed[k]]]                     # canonical: at most one per row
-    has = np.zeros(fixed.size, dtype=bool)
-    has[k[B.indices[ent] == rows[fixed[k]]]] = True
-    keep[dpos] = True
-    csum = np.zeros(keep.size + 1, dtype=np.int64)
-    np.cumsum(keep, out=csum[1:])
-    indptr = csum[B.indptr]
-    data = B.data[keep]
-    ind = B.indices[keep].astype(np.int64)
-    data[csum[dpos]] = s
-    missing = fixed[~has]
-    if missing.size:                             # rows with no stored diagonal: insert one
-        at = indptr[missing]
-        data = np.insert(data, at, s)
-        ind = np.insert(ind, at, rows[missing])
-        shift = np.zeros(indptr.size, dtype=np.int64)
-        shift[missing + 1] = 1
-        indptr = indptr + np.cumsum(shift)
-    return sp.csr_matrix((data, ind, indptr), shape=(rows.size, B.shape[1]))
+    if fixed.size:                               # s on the (empty) non-free rows' diagonal
+        S = sp.csr_matrix((np.full(fixed.size, s), (fixed, rows[fixed])), shape=B.shape)
+        B = (B + wb.asmatrix(S)).tocsr()
+        B.sort_indices()
+    return be.asmatrix(B), HZT_o, cells
 
 
-def _chi_rows(coarse, fine, nodes, cells, parent):
-    """Rows ``nodes`` (sorted fine nodes) of the node embedding chi, each from the first of
-    ``cells`` (fine cells) containing it (see :func:`adaptmg.multilevel.transfer.interpolation_matrix`)."""
-    cidx, child = parent
-    el = fine.element
-    d, nloc = fine.dim, el.num_local
-    cor = ref.corners(d).astype(float)
-    W = np.stack([el.values((cor[b] + el.nodes) / 2.0) for b in range(2 ** d)] + [np.eye(nloc)])
-    W[np.abs(W) < 1e-13] = 0.0                                   # (2^d + 1, nloc, nloc)
-    cd = fine.cell_dofs[cells].ravel()
-    first = np.full(fine.num_nodes, -1, dtype=np.int64)
-    first[cd[::-1]] = np.arange(cd.size - 1, -1, -1)
-    f = first[nodes]
-    if (f < 0).any():
-        raise RuntimeError("local transfer: a fine node lies in none of the rank's cells")
-    cell = cells[f // nloc]
-    sel = np.where(child[cell] < 0, 2 ** d, child[cell])
-    w = W[sel, f % nloc]                                         # (n, nloc) weights
-    cols = coarse.cell_dofs[cidx[cell]]                          # (n, nloc) coarse nodes
-    nz = w != 0
-    r = np.repeat(np.arange(nodes.size), nz.sum(1))
-    M = sp.csr_matrix((w[nz], (r, cols[nz])), shape=(nodes.size, coarse.num_nodes))
-    M.sum_duplicates()
-    return M
+def _drop_zeros(be, B):
+    """``B`` (canonical CSR on ``be``) without its explicit zeros (``B`` itself when it has
+    none), compressed explicitly (see :func:`adaptmg.fe.csr_ops._mask_device` for why not
+    ``eliminate_zeros``)."""
+    xp = be.xp
+    nz = B.data != 0
+    if bool(nz.all()):
+        return B
+    before = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(nz, dtype=xp.int64)])
+    out = be.sparse.csr_matrix((B.data[nz], B.indices[nz], before[B.indptr].astype(B.indptr.dtype)),
+                               shape=B.shape)
+    out.has_canonical_format = True
+    return out
 
 
-def _p_rows(coarse, fine, nodes, cells, parent, free_c, free_f):
-    """Rows (fine DoFs of ``nodes``) of P = Z_f (chi kron I_c) H_c Z_c."""
-    c = fine.components
-    chi = _chi_rows(coarse, fine, nodes, cells, parent)
-    if c > 1:
-        chi = sp.kron(chi, sp.identity(c), format="csr")
-    P = (chi @ coarse.H).tocsr() if coarse.hanging_nodes.size else chi
-    dofs = (nodes[:, None] * c + np.arange(c)).ravel()
-    P = P.tocoo()
-    keep = free_f[dofs[P.row]] & free_c[P.col] & (P.data != 0)
-    P = sp.csr_matrix((P.data[keep], (P.row[keep], P.col[keep])), shape=P.shape)
-    P.sort_indices()
-    return P, dofs
+def _row_positions(xp, indptr, indices, cols):
+    """Position of the entry ``(i, cols[i])`` of every row ``i`` of a CSR matrix with sorted
+    rows (-1 where the row has none): one vectorised binary search over all rows at once,
+    ``ceil(log2(longest row + 1))`` steps of O(rows) work (no pass over the entries)."""
+    lo = indptr[:-1].astype(xp.int64)
+    end = indptr[1:].astype(xp.int64)
+    hi = end.copy()
+    n, nnz = lo.size, int(indices.size)
+    if n == 0 or nnz == 0:
+        return xp.full(n, -1, dtype=xp.int64)
+    longest = int((hi - lo).max())
+    for _ in range(longest.bit_length()):
+        mid = (lo + hi) // 2
+        less = (lo < hi) & (indices[xp.minimum(mid, nnz - 1)] < cols)
+        lo = xp.where(less, mid + 1, lo)
+        hi = xp.where(less | (lo >= hi), hi, mid)
+    at = xp.minimum(lo, nnz - 1)
+    return xp.where((lo < end) & (indices[at] == cols), lo, -1)
+
+
+def _row_scale(comm, absdiag_sum, count):
+    """The Dirichlet row scale ``s``: the mean of ``|B_ii|`` over the free DoFs of all ranks
+    (one ``Allreduce`` of the local sum and count; 1 when there is none)."""
+    tot = np.empty(2)
+    comm.Allreduce(np.array([float(absdiag_sum), float(count)]), tot)
+    return float(tot[0] / tot[1]) if tot[1] > 0 and tot[0] > 0 else 1.0
 
 
 def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank):
@@ -235,7 +275,9 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank):
     used[fcells] = True
     used[rcells] = True
     cells = np.flatnonzero(used)
-    P_all, dofs = _p_rows(coarse, fine, np.flatnonzero(nmask), cells, parent, free_c, free_f)
+    nodes = np.flatnonzero(nmask)
+    dofs = (nodes[:, None] * c + np.arange(c)).ravel()
+    P_all = prolongation(coarse, fine, free_c, free_f, nodes=nodes, cells=cells)
     P_o = P_all[np.flatnonzero(owner_f[dofs] == rank)]
     Rt = sp.csr_matrix(P_all.T)[crow].tocoo()                    # owned coarse rows, local fine columns
     R_o = sp.csr_matrix((Rt.data, (Rt.row, dofs[Rt.col])), shape=(crow.size, fine.num_dofs))

@@ -62,12 +62,16 @@ def curve_order(mesh) -> np.ndarray:
     lev = F.cell_level[cur].astype(np.int64)
     L = int(lev.max()) if lev.size else 0
     digits = np.zeros((L, cur.size), dtype=np.int64)
+    deep = np.arange(cur.size)               # walkers not yet at their root
     for k in range(L):                       # one step up the tree per level
-        at = lev - k                         # current depth of each walker
-        up = at > 0
-        par = F.cell_parent[cur[up]]
-        digits[at[up] - 1, np.flatnonzero(up)] = cur[up] - F.cell_child0[par]
-        cur[up] = par
+        at = lev[deep] - k                   # current depth of each walker
+        if not at.all():                     # some reached their root: drop them (a walker
+            keep = at > 0                    # stays deep until it does, so ``deep`` shrinks)
+            deep, at = deep[keep], at[keep]
+        c = cur[deep]
+        par = F.cell_parent[c]
+        digits[at - 1, deep] = c - F.cell_child0[par]
+        cur[deep] = par
     # Morton key of each root cell's centroid over the bounding box of all root centroids
     roots = np.unique(cur)
     cen = F.X[F.cell_nodes[roots]].mean(axis=1)

@@ -20,9 +20,10 @@ and the final true residual norm (``||f||``, ``||f - K x||``).
 
 GPU backend (``backend="gpu"``, or "auto" where a device is visible): every rank first
 selects its device (:func:`.comm.select_device`: ``local_rank % device_count``); the small
-serial hierarchy is built on it by every rank (rank 0 runs its cycle), the distributed
-levels are set up on the host from the rank's cells as on the CPU and then moved to the
-device (:class:`~.csr.DistCSR` on the device, smoothers with device data on the owned rows);
+serial hierarchy is built on it by every rank with :func:`adaptmg.multigrid`'s GPU path
+(rank 0 runs its cycle), the distributed levels are set up on the device from the rank's
+cells (:mod:`.hierarchy`: rows assembled and constrained there, :class:`~.csr.DistCSR` split
+there, smoothers built on the device blocks);
 the Krylov vectors and the cycle are CuPy arrays, reductions go through one host
 ``Allreduce``, halo exchanges through host-staged MPI (or NCCL when every rank has its own
 GPU; ``transport=``).  ``result.u`` and ``result.x`` are host NumPy arrays (gathered) as on
@@ -290,22 +291,33 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     max_levels = kw.get("max_levels")
     ok = max_levels is None or (isinstance(max_levels, (int, np.integer)) and not isinstance(max_levels, bool))
     agree(comm, ok, f"max_levels must be a positive integer or None, got {max_levels!r}")
+    t_split = time.perf_counter()
     top, spaces, msg = _split_hierarchy(space, max_levels, agglomerate_below)
     agree(comm, not msg, msg)
+    t_split = time.perf_counter() - t_split
     ckw = dict(kw)
     if max_levels is not None:
         ckw["max_levels"] = max_levels - len(spaces)
     ml = multigrid(top, assemble, dirichlet=dirichlet, **ckw)       # the serial levels below
     t_coarse = time.perf_counter() - t0
+    t1 = time.perf_counter()
     frees = [Constraints(s, dirichlet_dofs(s, dirichlet)).free for s in spaces]
+    t2 = time.perf_counter()
     size = comm.Get_size()
     ranks = partition_cells(space.mesh, size, weights)
+    t3 = time.perf_counter()
     mg = DistributedHierarchy(ml, ranks, comm, agglomerate_below,
                               local=dict(spaces=spaces, assemble=assemble, frees=frees),
                               min_dofs_per_rank=min_dofs_per_rank, transport=transport)
-    return _krylov_solve(comm, mg, mg.constrain_local(b), ranks, (t0, c0), accel, cycle, rtol,
+    t4 = time.perf_counter()
+    f_loc = mg.constrain_local(b)
+    # coarse_hierarchy_s: everything before the free masks (device selection, the mesh
+    # hierarchy and its spaces -- mesh_hierarchy_s --, the serial levels below)
+    phases = {"coarse_hierarchy_s": t_coarse, "mesh_hierarchy_s": t_split, "frees_s": t2 - t1,
+              "partition_s": t3 - t2, "rhs_s": time.perf_counter() - t4}
+    return _krylov_solve(comm, mg, f_loc, ranks, (t0, c0), accel, cycle, rtol,
                          maxiter, callback, lambda x: space.H @ x, ml,
-                         extra_timings={"coarse_hierarchy_s": t_coarse, **mg.setup_stats},
+                         extra_timings={**phases, **mg.setup_stats},
                          stacklevel=4)
 
 

@@ -29,8 +29,12 @@ from ..mesh import reference as ref
 __all__ = ["interpolation_matrix", "prolongation"]
 
 
-def interpolation_matrix(coarse: Space, fine: Space) -> sp.csr_matrix:
+def interpolation_matrix(coarse: Space, fine: Space, nodes=None, cells=None) -> sp.csr_matrix:
     """Node-level embedding chi (fine nodes x coarse nodes) of nested Q_k spaces.
+
+    ``nodes`` (sorted fine nodes, optional): only these rows (a ``nodes.size x`` coarse nodes
+    matrix), each node taken from the first of ``cells`` (fine cells, default all) that
+    contains it -- the rows a rank of :mod:`adaptmg.distributed` needs, from its cells only.
 
     Each fine node is taken from one fine cell containing it (its first occurrence in
     ``fine.cell_dofs``); its row holds the nonzero weights of table row (child position of
@@ -46,7 +50,7 @@ def interpolation_matrix(coarse: Space, fine: Space) -> sp.csr_matrix:
         raise TypeError("interpolation_matrix expects two Space objects")
     if coarse.degree != fine.degree or coarse.dim != fine.dim:
         raise ValueError(f"spaces differ: Q{coarse.degree} in {coarse.dim}D vs Q{fine.degree} in {fine.dim}D")
-    if fine.degree == 1:
+    if fine.degree == 1 and nodes is None and cells is None:
         chi = _interpolation_q1_conforming(coarse, fine)
         if chi is not None:
             return chi
@@ -63,15 +67,20 @@ def interpolation_matrix(coarse: Space, fine: Space) -> sp.csr_matrix:
     cnt_tab = np.bincount(kr, minlength=W.shape[0])
     start_tab = np.cumsum(cnt_tab) - cnt_tab
     sel = np.where(child < 0, 2 ** d, child)
-    rows = fine.cell_dofs.ravel()
+    rows = fine.cell_dofs.ravel() if cells is None else fine.cell_dofs[cells].ravel()
     nf, ncn = fine.num_nodes, coarse.num_nodes
     # one (cell, local index) occurrence per fine node: later writes win, so write in reverse
     first = np.full(nf, -1, dtype=np.int64)
     first[rows[::-1]] = np.arange(rows.size - 1, -1, -1)
+    if nodes is not None:
+        first = first[np.asarray(nodes, dtype=np.int64)]
+        nf = first.size
     if (first < 0).any():
-        raise RuntimeError("fine space has DoF nodes outside its cells")
-    cell = first // nloc
-    key = sel[cell] * nloc + (first - cell * nloc)          # table row of each fine node
+        raise RuntimeError("fine space has DoF nodes outside its cells" if nodes is None else
+                           "interpolation_matrix: a fine node lies in none of the given cells")
+    pos = first // nloc                                     # position among the cells taken
+    cell = pos if cells is None else np.asarray(cells, dtype=np.int64)[pos]
+    key = sel[cell] * nloc + (first - pos * nloc)           # table row of each fine node
     cnt = cnt_tab[key]
     indptr = np.zeros(nf + 1, dtype=np.int64)
     np.cumsum(cnt, out=indptr[1:])
@@ -182,17 +191,22 @@ def _interpolation_q1_conforming(coarse: Space, fine: Space):
     return A
 
 
-def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None) -> sp.csr_matrix:
+def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, nodes=None,
+                 cells=None) -> sp.csr_matrix:
     """P = Z_f (chi kron I_c) H_c Z_c on DoFs; ``*_free`` are boolean masks of free DoFs
-    (default: all non-hanging DoFs)."""
+    (default: all non-hanging DoFs).  ``nodes``, ``cells``: only the rows of the DoFs of the
+    fine nodes ``nodes`` (node-major, as the DoF numbering), from the fine cells ``cells``
+    (:func:`interpolation_matrix`)."""
     if coarse.components != fine.components:
         raise ValueError(f"component counts differ: {coarse.components} vs {fine.components}")
-    chi = interpolation_matrix(coarse, fine)
+    chi = interpolation_matrix(coarse, fine, nodes, cells)
     c = fine.components
     if c > 1:
         chi = sp.kron(chi, sp.identity(c), format="csr")
     P = chi @ coarse.H if coarse.hanging_nodes.size else chi
     zf = ~fine.is_hanging if fine_free is None else np.asarray(fine_free, dtype=bool)
+    if nodes is not None:
+        zf = zf.reshape(-1, c)[np.asarray(nodes, dtype=np.int64)].ravel()
     zc = ~coarse.is_hanging if coarse_free is None else np.asarray(coarse_free, dtype=bool)
     P = mask_rows_cols(P, zf, zc, drop_zeros=True)     # = mask, then eliminate_zeros()
     P.sort_indices()                                 # no-op for sorted input (flag carried over)

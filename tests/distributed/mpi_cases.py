@@ -287,6 +287,7 @@ def run_solve_gpu(out, fake):
                    local_rank=COMM.allgather(local_rank(COMM)), off_device=_off_device(mg),
                    halo_bytes=COMM.allgather(mg.timer.bytes),
                    exchanges=COMM.allgather(mg.timer.exchanges),
+                   setup_exchanges=COMM.allgather(mg.setup_exchanges),
                    active_ranks=dist.active_ranks, agglomerated=mg.c, levels=len(mg.levels))
         if gpu is not None:
             from adaptmg.distributed.comm import _placement, choose_transport, nccl_available

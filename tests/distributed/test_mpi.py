@@ -427,9 +427,12 @@ def test_device_path_with_a_stand_in_device(fake_gpu, case):
     else:
         assert fake["device"] == [0, 1] and min(fake["nccl_calls"]) > 0
         # NCCL on its own stream: it waits for the gather, the current stream for the group;
-        # two waits for every exchange of every solve (exchanges without messages too)
+        # two waits for every exchange of every set-up and solve (exchanges without messages
+        # too): the set-up's lambda_max estimates run the device product as well
         for r in range(2):
-            assert fake["stream_waits"][r] == 2 * sum(recs[c]["exchanges"][r] for c in GPU_CASES), fake
+            assert fake["stream_waits"][r] == 2 * sum(recs[c]["exchanges"][r] + recs[c]["setup_exchanges"][r]
+                                                      for c in GPU_CASES), fake
+        assert all(min(recs[c]["setup_exchanges"]) > 0 for c in GPU_CASES if "replicated" not in c), recs
 
 
 @pytest.fixture(scope="module")

@@ -125,3 +125,27 @@ def test_q1_conforming_fast_path_declines():
         assert tr._interpolation_q1_conforming(sc, sf) is None
         with pytest.raises(ValueError, match="more than once"):
             interpolation_matrix(sc, sf)
+
+
+@pytest.mark.parametrize("dim,k,c", [(2, 2, 2), (3, 1, 1)])
+def test_prolongation_rows_from_a_cell_subset(dim, k, c):
+    """prolongation(..., nodes=, cells=) (the rows a distributed rank builds from its cells):
+    equal to the rows of the DoFs of ``nodes`` of the whole P (the same table rows and row
+    products: measured bit for bit; asserted to 4 eps), from any subset of cells covering those nodes; a node outside the given
+    cells is an error."""
+    from adaptmg.multilevel.transfer import prolongation
+    meshes = _adaptive(dim).hierarchy()
+    sc, sf = Space(meshes[-2], k, c), Space(meshes[-1], k, c)
+    rng = np.random.default_rng(1)
+    ff, cf = rng.random(sf.num_dofs) < 0.9, rng.random(sc.num_dofs) < 0.9
+    P = prolongation(sc, sf, cf, ff)
+    cells = np.flatnonzero(rng.random(sf.mesh.num_cells) < 0.3)
+    covered = np.zeros(sf.num_nodes, dtype=bool)
+    covered[sf.cell_dofs[cells]] = True
+    nodes = np.flatnonzero(covered & (rng.random(sf.num_nodes) < 0.5))
+    Ps = prolongation(sc, sf, cf, ff, nodes=nodes, cells=cells)
+    dofs = (nodes[:, None] * c + np.arange(c)).ravel()
+    assert Ps.shape == (dofs.size, sc.num_dofs) and Ps.nnz > 0
+    assert abs(Ps - P[dofs]).max() <= 4 * np.finfo(float).eps * abs(P).max()
+    with pytest.raises(RuntimeError, match="none of the given cells"):
+        interpolation_matrix(sc, sf, nodes=np.flatnonzero(~covered)[:3], cells=cells)
