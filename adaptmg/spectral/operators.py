@@ -104,10 +104,11 @@ class SpectralOperator:
         self._cshape = (space.mesh.num_cells,) + (k + 1,) * d
         self._qshape = (space.mesh.num_cells,) + (self.nq,) * d
         self.fused = bool(fused) and be.is_gpu and d == 3 and self.B is None and geometry == "stored"
-        if geometry == "stored":
-            J = space.jacobians(B, DB, xp=np)
-            G, wdet = geometric_factors(J, _tensor_weights(w, d), np)
-            self.G, self.wdet = xp.asarray(G, dtype=dtype), xp.asarray(wdet, dtype=dtype)
+        if geometry == "stored":            # on the backend (in float64), then rounded to dtype
+            J = space.jacobians(B, DB, xp=xp)
+            G, wdet = geometric_factors(J, xp.asarray(_tensor_weights(w, d)), xp)
+            self.G, self.wdet = G.astype(dtype, copy=False), wdet.astype(dtype, copy=False)
+            del J
         else:
             self.X = xp.asarray(space.points[space.cell_dofs[:, space._vertex_local()]], dtype=dtype)
             self._dN = xp.asarray(_vertex_shape_gradients(k, quadrature, d), dtype=dtype)
