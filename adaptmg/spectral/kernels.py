@@ -23,7 +23,9 @@ kernel into shared memory (and the thread's own column into registers), the x an
 derivatives read shared memory, the z derivative and the z part of the transpose stay in
 registers, the fluxes f^0, f^1 go through shared memory.  Memory traffic a node: the
 gather index, x, 6 G (and w det J when c_m != 0) read, y written once -- no (cells, n^3)
-temporaries.  The global sum stays the deterministic ``scatter_matrix`` SpMV of the caller.
+temporaries.  The global sum stays the deterministic ``scatter_matrix`` SpMV of the caller,
+or (``SpectralOperator(..., scatter="kernel")``) ``adaptmg_spectral_scatter_<T>``: the same
+sums in the same order, a thread a DoF, without reading the matrix's values (ones).
 
 Sources are templates over T (double/float), I (the index type of ``cell_dofs``) and N,
 compiled once per key by :func:`_module` (CuPy ``RawModule``); ``xp`` is
@@ -38,7 +40,8 @@ import numpy as np
 
 from ..device.kernels import _ctype
 
-__all__ = ["kernel_source", "elements_per_block", "fused_cell_apply", "SMEM_BUDGET"]
+__all__ = ["kernel_source", "elements_per_block", "fused_cell_apply", "scatter_source", "scatter_sum",
+           "SMEM_BUDGET"]
 
 #: static shared memory a block may use (bytes); the hard limit is 48 KB
 SMEM_BUDGET = 40 * 1024
@@ -109,6 +112,21 @@ extern "C" __global__ void __launch_bounds__({N} * {N} * {EPB})
 """
 
 
+_SCATTER_SRC = r"""
+extern "C" __global__ void {NAME}(const long long nrows, const int* __restrict__ indptr,
+                                  const int* __restrict__ indices, const {T}* __restrict__ y,
+                                  {T}* __restrict__ out)
+{
+    // out_r = sum of y over the element nodes of DoF r, in the CSR order of the scatter matrix
+    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= nrows) return;
+    {T} s = 0;
+    for (int j = indptr[r]; j < indptr[r + 1]; ++j) s += y[indices[j]];
+    out[r] = s;
+}
+"""
+
+
 def elements_per_block(n, dtype):
     """Elements a block holds: about 256 threads, static shared memory within SMEM_BUDGET
     (D plus three n^3 arrays an element)."""
@@ -131,6 +149,38 @@ def kernel_source(n, dtype, index_dtype=np.int32):
     src = (_SRC.replace("{NAME}", name).replace("{EPB}", str(elements_per_block(n, dtype)))
            .replace("{N}", str(n)).replace("{T}", T).replace("{I}", I))
     return src, name
+
+
+def scatter_source(dtype):
+    """``(source, name)`` of the scatter kernel: ``out = S y`` for the 0/1 scatter matrix S
+    (CSR, int32 indices) without reading its values -- a thread a DoF, deterministic."""
+    T = _ctype(dtype, "the spectral scatter kernel")
+    name = f"adaptmg_spectral_scatter_{T}"
+    return _SCATTER_SRC.replace("{NAME}", name).replace("{T}", T), name
+
+
+@functools.lru_cache(maxsize=None)
+def _scatter_module(xp, ctype):
+    return xp.RawModule(code=scatter_source(np.float64 if ctype == "double" else np.float32)[0])
+
+
+def scatter_sum(S, y, out=None):
+    """``S @ y`` for the scatter matrix ``S`` (cupyx CSR of ones, int32 indices) by the
+    scatter kernel (GPU): the sum over each row's columns of ``y``, values not read."""
+    from ..backend import get_backend
+    xp = get_backend("gpu").xp
+    dtype = np.dtype(y.dtype)
+    if S.indptr.dtype != np.int32 or S.indices.dtype != np.int32:
+        raise TypeError("the spectral scatter kernel needs int32 CSR indices")
+    if y.size != S.shape[1] or not y.flags.c_contiguous:
+        raise ValueError(f"scatter kernel: y must be C-contiguous with {S.shape[1]} entries, got {y.shape}")
+    nrows = S.shape[0]
+    if out is None:
+        out = xp.empty(nrows, dtype=dtype)
+    if nrows:
+        fn = _scatter_module(xp, _ctype(dtype)).get_function(scatter_source(dtype)[1])
+        fn(((nrows + 255) // 256,), (256,), (np.int64(nrows), S.indptr, S.indices, y, out))
+    return out
 
 
 @functools.lru_cache(maxsize=None)

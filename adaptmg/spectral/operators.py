@@ -28,7 +28,7 @@ from ..backend import get_backend
 from ..device.kernels import get_kernel
 from ..mesh import reference as ref
 from .basis import quadrature_rule
-from .kernels import fused_cell_apply
+from .kernels import fused_cell_apply, scatter_sum
 from .space import SpectralSpace, contract, interpolate, local_indices, reference_gradient
 
 __all__ = ["SpectralOperator", "geometric_factors"]
@@ -73,14 +73,17 @@ class SpectralOperator:
     "on_the_fly"; ``dtype`` float64 | float32; ``backend`` "auto" | "cpu" | "gpu"; ``fused``
     (GPU, 3-D, "gll", "stored" only; elsewhere ignored) the fused element kernel of
     :mod:`adaptmg.spectral.kernels` instead of the batched matmuls (attribute ``fused``:
-    whether it is used)."""
+    whether it is used); ``scatter`` (fused only) "spmv" | "kernel": the global sum of the
+    element outputs by the scatter matrix's SpMV or by the kernel that skips its values."""
 
     def __init__(self, space: SpectralSpace, *, mass=0.0, stiffness=1.0, quadrature="gll",
-                 geometry="stored", dtype=np.float64, backend="auto", fused=True):
+                 geometry="stored", dtype=np.float64, backend="auto", fused=True, scatter="spmv"):
         if not isinstance(space, SpectralSpace):
             raise TypeError(f"SpectralOperator expects a SpectralSpace, got {type(space).__name__}")
         if geometry not in ("stored", "on_the_fly"):
             raise ValueError(f"geometry must be 'stored' or 'on_the_fly', got {geometry!r}")
+        if scatter not in ("spmv", "kernel"):
+            raise ValueError(f"scatter must be 'spmv' or 'kernel', got {scatter!r}")
         dtype = np.dtype(dtype)
         if dtype not in (np.float64, np.float32):
             raise ValueError(f"dtype must be float64 or float32, got {dtype}")
@@ -104,6 +107,7 @@ class SpectralOperator:
         self._cshape = (space.mesh.num_cells,) + (k + 1,) * d
         self._qshape = (space.mesh.num_cells,) + (self.nq,) * d
         self.fused = bool(fused) and be.is_gpu and d == 3 and self.B is None and geometry == "stored"
+        self.scatter = scatter
         if geometry == "stored":            # on the backend (in float64), then rounded to dtype
             J = space.jacobians(B, DB, xp=xp)
             G, wdet = geometric_factors(J, xp.asarray(_tensor_weights(w, d)), xp)
@@ -161,6 +165,8 @@ class SpectralOperator:
         if self.fused:                        # gather inside the element kernel
             y = fused_cell_apply(self.xp.ascontiguousarray(x), self.cell_dofs, self.G, self.wdet,
                                  self.DB, self.mass, self.stiffness)
+            if self.scatter == "kernel":
+                return scatter_sum(self.scatter_matrix, y.reshape(-1))
             return self.scatter_matrix @ y.reshape(-1)
         uc = x[self.cell_dofs].reshape(self._cshape)
         return self.scatter_matrix @ self.cell_apply(uc).reshape(-1)

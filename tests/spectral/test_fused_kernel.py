@@ -15,7 +15,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from adaptmg.spectral.kernels import SMEM_BUDGET, elements_per_block, kernel_source
+from adaptmg.spectral.kernels import SMEM_BUDGET, elements_per_block, kernel_source, scatter_source
 from adaptmg.spectral.operators import SpectralOperator
 from adaptmg.spectral.space import SpectralSpace
 
@@ -138,7 +138,7 @@ _SHIM = r"""
 #include <vector>
 struct adaptmg_dim3 { unsigned x, y, z; };
 static thread_local adaptmg_dim3 threadIdx;
-static adaptmg_dim3 blockIdx;
+static adaptmg_dim3 blockIdx, blockDim;
 static std::barrier<>* adaptmg_bar;
 #define __global__
 #define __shared__ static
@@ -154,6 +154,7 @@ extern "C" void launch(long long ncells, int gather, const {I}* dofs, const {T}*
 {
     for (int blk = 0; blk < nblocks; ++blk) {       // blocks one after another
         blockIdx = {(unsigned)blk, 0u, 0u};
+        blockDim = {(unsigned)bx, (unsigned)by, (unsigned)bz};
         const int nt = bx * by * bz;
         std::barrier<> bar(nt);
         adaptmg_bar = &bar;
@@ -170,6 +171,57 @@ extern "C" void launch(long long ncells, int gather, const {I}* dofs, const {T}*
 """
 
 
+_LAUNCH_SCATTER = r"""
+extern "C" void launch(long long nrows, const int* indptr, const int* indices, const {T}* y, {T}* out,
+                       int nblocks, int threads)
+{
+    for (int blk = 0; blk < nblocks; ++blk) {
+        blockIdx = {(unsigned)blk, 0u, 0u};
+        blockDim = {(unsigned)threads, 1u, 1u};
+        std::barrier<> bar(threads);
+        adaptmg_bar = &bar;
+        std::vector<std::thread> th;
+        for (int t = 0; t < threads; ++t)
+            th.emplace_back([&, t] { threadIdx = {(unsigned)t, 0u, 0u}; {NAME}(nrows, indptr, indices, y, out);
+                                     bar.arrive_and_drop(); });
+        for (auto& x : th) x.join();
+    }
+}
+"""
+
+
+def _host_library(tmp_path, src, launcher):
+    """The CUDA source with the shim and a launcher, compiled by g++ as a shared library."""
+    cpp = tmp_path / "k.cpp"
+    cpp.write_text(_SHIM + src + launcher)
+    lib = tmp_path / "k.so"
+    p = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(cpp),
+                        "-o", str(lib)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return ctypes.CDLL(str(lib))
+
+
+def _ptr(a):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_scatter_kernel_source_on_host_threads_equals_the_spmv(tmp_path, dtype):
+    src, name = scatter_source(dtype)
+    T = "double" if dtype == np.float64 else "float"
+    so = _host_library(tmp_path, src, _LAUNCH_SCATTER.replace("{T}", T).replace("{NAME}", name))
+    V = _space(3, (3, 2, 2))
+    S = V.gather_matrix().tocsr()
+    y = np.random.default_rng(0).standard_normal(S.shape[1]).astype(dtype)
+    out = np.full(S.shape[0], np.nan, dtype=dtype)
+    indptr, indices = S.indptr.astype(np.int32), S.indices.astype(np.int32)
+    threads = 64                                       # 5 blocks, the last one partial
+    so.launch(ctypes.c_longlong(S.shape[0]), _ptr(indptr), _ptr(indices), _ptr(y), _ptr(out),
+              ctypes.c_int((S.shape[0] + threads - 1) // threads), ctypes.c_int(threads))
+    _close(out, S.astype(dtype) @ y, np.finfo(dtype).eps, c=8)
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
 @pytest.mark.parametrize("k,cells,dtype,index", [(1, (5, 4, 4), np.float64, np.int32),
                                                  (3, (3, 2, 2), np.float64, np.int64),
@@ -181,12 +233,7 @@ def test_kernel_source_run_on_host_threads_equals_the_reference_path(tmp_path, k
     src, name = kernel_source(n, dtype, index)
     T = "double" if dtype == np.float64 else "float"
     I = "int" if index == np.int32 else "long long"
-    cpp = tmp_path / "k.cpp"
-    cpp.write_text(_SHIM + src + _LAUNCH.replace("{T}", T).replace("{I}", I).replace("{NAME}", name))
-    lib = tmp_path / "k.so"
-    subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(cpp),
-                    "-o", str(lib)], check=True, capture_output=True)
-    so = ctypes.CDLL(str(lib))
+    so = _host_library(tmp_path, src, _LAUNCH.replace("{T}", T).replace("{I}", I).replace("{NAME}", name))
     V = _space(k, cells)
     nc = V.mesh.num_cells
     epb = elements_per_block(n, dtype)
@@ -199,7 +246,7 @@ def test_kernel_source_run_on_host_threads_equals_the_reference_path(tmp_path, k
         for gather in (1, 0):
             xin = x if gather else np.ascontiguousarray(x[op.cell_dofs].ravel())
             y = np.full(nc * n ** 3, np.nan, dtype=dtype)
-            ptr = [a.ctypes.data_as(ctypes.c_void_p) for a in (dofs, xin, G, wdet, D, y)]
+            ptr = [_ptr(a) for a in (dofs, xin, G, wdet, D, y)]
             so.launch(ctypes.c_longlong(nc), ctypes.c_int(gather), *ptr[:5], ct(cm), ct(ck), ptr[5],
                       ctypes.c_int((nc + epb - 1) // epb), ctypes.c_int(n), ctypes.c_int(n),
                       ctypes.c_int(epb))
@@ -212,7 +259,8 @@ def test_nvcc_compiles_the_kernels_without_spills_within_static_shared_memory(tm
     jobs = [(n, dt, np.int32) for n in (2, 4, 9) for dt in (np.float64, np.float32)] + \
         [(8, np.float64, np.int64)]
     cu = tmp_path / "k.cu"
-    cu.write_text("".join(kernel_source(*j)[0] for j in jobs))
+    cu.write_text("".join(kernel_source(*j)[0] for j in jobs)
+                  + scatter_source(np.float64)[0] + scatter_source(np.float32)[0])
     p = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", str(cu), "-o",
                         str(tmp_path / "k.cubin")], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -241,6 +289,8 @@ def test_block_shape_and_bad_input():
     # the host keeps the batched-matmul path
     V = _space(2, (1, 1, 1))
     assert not SpectralOperator(V, backend="cpu").fused
+    with pytest.raises(ValueError, match="scatter"):
+        SpectralOperator(V, backend="cpu", scatter="atomic")
 
 
 # ---------------------------------------------------------------------------- on the device
@@ -267,6 +317,9 @@ def test_gpu_fused_operator_equals_the_batched_path(k, dtype):
         y, r = fused.matvec(x), plain.matvec(x)
         assert y.dtype == dtype
         _close(y.get(), r.get().astype(np.float64), eps)
+        fused.scatter = "kernel"                       # the scatter kernel instead of the SpMV
+        _close(fused.matvec(x).get(), r.get().astype(np.float64), eps)
+        fused.scatter = "spmv"
         uc = x[fused.cell_dofs].reshape(fused._cshape)
         _close(fused.cell_apply(uc).get(), plain.cell_apply(uc).get().astype(np.float64), eps)
         if dtype == np.float32:              # and against the fp64 operator
