@@ -28,7 +28,7 @@ or (``SpectralOperator(..., scatter="kernel")``) ``adaptmg_spectral_scatter_<T>`
 sums in the same order, a thread a DoF, without reading the matrix's values (ones).
 
 Sources are templates over T (double/float), I (the index type of ``cell_dofs``) and N,
-compiled once per key by :func:`_module` (CuPy ``RawModule``); ``xp`` is
+compiled once per key by :func:`_element_kernel` (CuPy ``RawModule``); ``xp`` is
 ``get_backend("gpu").xp`` -- this module never imports CuPy.  :func:`kernel_source` is
 also what the host tests compile (nvcc syntax/shared-memory check, a C++ thread emulation).
 """
@@ -160,8 +160,10 @@ def scatter_source(dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _scatter_module(xp, ctype):
-    return xp.RawModule(code=scatter_source(np.float64 if ctype == "double" else np.float32)[0])
+def _scatter_kernel(xp, ctype):
+    """The scatter kernel's function (its RawModule built once per key)."""
+    src, name = scatter_source(np.float64 if ctype == "double" else np.float32)
+    return xp.RawModule(code=src).get_function(name)
 
 
 def scatter_sum(S, y, out=None):
@@ -178,16 +180,17 @@ def scatter_sum(S, y, out=None):
     if out is None:
         out = xp.empty(nrows, dtype=dtype)
     if nrows:
-        fn = _scatter_module(xp, _ctype(dtype)).get_function(scatter_source(dtype)[1])
+        fn = _scatter_kernel(xp, _ctype(dtype))
         fn(((nrows + 255) // 256,), (256,), (np.int64(nrows), S.indptr, S.indices, y, out))
     return out
 
 
 @functools.lru_cache(maxsize=None)
-def _module(xp, ctype, n, index_name):
-    """The RawModule of one (dtype, n, index type) (built once per key)."""
-    dtype = np.float64 if ctype == "double" else np.float32
-    return xp.RawModule(code=kernel_source(n, dtype, np.dtype(index_name))[0])
+def _element_kernel(xp, ctype, n, index_name):
+    """The element kernel's function of one (dtype, n, index type) (its RawModule built
+    once per key)."""
+    src, name = kernel_source(n, np.float64 if ctype == "double" else np.float32, np.dtype(index_name))
+    return xp.RawModule(code=src).get_function(name)
 
 
 def fused_cell_apply(x, cell_dofs, G, wdet, D, mass, stiffness, out=None, gather=True):
@@ -207,6 +210,8 @@ def fused_cell_apply(x, cell_dofs, G, wdet, D, mass, stiffness, out=None, gather
     for name, arr in (("x", x), ("G", G), ("wdet", wdet), ("D", D)):
         if np.dtype(arr.dtype) != dtype or not arr.flags.c_contiguous:
             raise ValueError(f"fused spectral kernel: {name} must be C-contiguous {dtype}")
+    if not cell_dofs.flags.c_contiguous:
+        raise ValueError("fused spectral kernel: cell_dofs must be C-contiguous")
     if not gather and x.size != ncells * nn:
         raise ValueError(f"fused spectral kernel: cell arrays must have {ncells * nn} entries, got {x.size}")
     if out is None:
@@ -214,7 +219,7 @@ def fused_cell_apply(x, cell_dofs, G, wdet, D, mass, stiffness, out=None, gather
     if ncells == 0:
         return out
     idt = np.dtype(cell_dofs.dtype)
-    fn = _module(xp, _ctype(dtype), n, idt.name).get_function(kernel_source(n, dtype, idt)[1])
+    fn = _element_kernel(xp, _ctype(dtype), n, idt.name)
     epb = elements_per_block(n, dtype)
     T = dtype.type
     fn(((ncells + epb - 1) // epb,), (n, n, epb),

@@ -2,9 +2,10 @@
 (:mod:`adaptmg.spectral.kernels`) against the batched-matmul path.
 
 Without a GPU three host checks guard the kernel: a pure-Python emulation of its exact
-loop order and index arithmetic (threads, shared memory, registers, barriers as phases),
-the kernel's own source compiled as C++ and run with one host thread per CUDA thread
-(``__syncthreads`` a ``std::barrier``), and nvcc compiling it for sm_90 (no spills, static
+loop order and index arithmetic (threads, shared memory, registers, barriers as phases);
+the operator's fused path with its launchers and the kernels' own sources compiled as C++
+and run with one host thread per CUDA thread (``__syncthreads`` a ``std::barrier``; a
+stand-in for CuPy's RawModule); and nvcc compiling them for sm_90 (no spills, static
 shared memory below 48 KB).  On the device (``-m gpu``) the fused operator equals the same
 operator built with ``fused=False``."""
 import ctypes
@@ -148,9 +149,8 @@ static void __syncthreads() { adaptmg_bar->arrive_and_wait(); }
 """
 
 _LAUNCH = r"""
-extern "C" void launch(long long ncells, int gather, const {I}* dofs, const {T}* x, const {T}* G,
-                       const {T}* wdet, const {T}* D, {T} cm, {T} ck, {T}* y,
-                       int nblocks, int bx, int by, int bz)
+struct adaptmg_vp { void* p; template <class P> operator P*() const { return (P*)p; } };
+extern "C" void launch(int nblocks, int bx, int by, int bz{PARAMS})
 {
     for (int blk = 0; blk < nblocks; ++blk) {       // blocks one after another
         blockIdx = {(unsigned)blk, 0u, 0u};
@@ -162,7 +162,7 @@ extern "C" void launch(long long ncells, int gather, const {I}* dofs, const {T}*
         for (int t = 0; t < nt; ++t)
             threads.emplace_back([&, t] {
                 threadIdx = {(unsigned)(t % bx), (unsigned)((t / bx) % by), (unsigned)(t / (bx * by))};
-                {NAME}(ncells, gather, dofs, x, G, wdet, D, cm, ck, y);
+                {NAME}({ARGS});
                 bar.arrive_and_drop();                // an exited thread leaves the barrier
             });
         for (auto& th : threads) th.join();
@@ -170,56 +170,63 @@ extern "C" void launch(long long ncells, int gather, const {I}* dofs, const {T}*
 }
 """
 
-
-_LAUNCH_SCATTER = r"""
-extern "C" void launch(long long nrows, const int* indptr, const int* indices, const {T}* y, {T}* out,
-                       int nblocks, int threads)
-{
-    for (int blk = 0; blk < nblocks; ++blk) {
-        blockIdx = {(unsigned)blk, 0u, 0u};
-        blockDim = {(unsigned)threads, 1u, 1u};
-        std::barrier<> bar(threads);
-        adaptmg_bar = &bar;
-        std::vector<std::thread> th;
-        for (int t = 0; t < threads; ++t)
-            th.emplace_back([&, t] { threadIdx = {(unsigned)t, 0u, 0u}; {NAME}(nrows, indptr, indices, y, out);
-                                     bar.arrive_and_drop(); });
-        for (auto& x : th) x.join();
-    }
-}
-"""
+_SCALARS = {np.int64: ("long long", ctypes.c_longlong), np.int32: ("int", ctypes.c_int),
+            np.float64: ("double", ctypes.c_double), np.float32: ("float", ctypes.c_float)}
 
 
-def _host_library(tmp_path, src, launcher):
-    """The CUDA source with the shim and a launcher, compiled by g++ as a shared library."""
-    cpp = tmp_path / "k.cpp"
-    cpp.write_text(_SHIM + src + launcher)
-    lib = tmp_path / "k.so"
-    p = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(cpp),
-                        "-o", str(lib)], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return ctypes.CDLL(str(lib))
+class _HostFunction:
+    """A CUDA kernel of a RawModule run on the host: the source compiled by g++ with the shim
+    and a launcher made for the argument types of the call (one std::thread per CUDA thread,
+    blocks one after another); arrays are NumPy arrays."""
+
+    libs = {}
+
+    def __init__(self, code, name, tmp):
+        self.code, self.name, self.tmp = code, name, tmp
+
+    def __call__(self, grid, block, args):
+        assert len(grid) == 1 and all(int(g) > 0 for g in grid)
+        kinds = tuple("array" if isinstance(a, np.ndarray) else type(a) for a in args)
+        key = (self.code, self.name, kinds)
+        if key not in self.libs:
+            params = "".join(f", {'void*' if k == 'array' else _SCALARS[k][0]} a{i}" for i, k in enumerate(kinds))
+            call = ", ".join(f"adaptmg_vp{{a{i}}}" if k == "array" else f"a{i}" for i, k in enumerate(kinds))
+            launch = _LAUNCH.replace("{PARAMS}", params).replace("{ARGS}", call).replace("{NAME}", self.name)
+            cpp = self.tmp / f"k{len(self.libs)}.cpp"
+            cpp.write_text(_SHIM + self.code + launch)
+            lib = cpp.with_suffix(".so")
+            p = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(cpp),
+                                "-o", str(lib)], capture_output=True, text=True)
+            assert p.returncode == 0, p.stderr[-3000:]
+            self.libs[key] = ctypes.CDLL(str(lib))
+        block = tuple(block) + (1,) * (3 - len(block))
+        cargs = [a.ctypes.data_as(ctypes.c_void_p) if k == "array" else _SCALARS[k][1](a)
+                 for a, k in zip(args, kinds)]
+        self.libs[key].launch(ctypes.c_int(int(grid[0])), *(ctypes.c_int(int(b)) for b in block), *cargs)
 
 
-def _ptr(a):
-    return a.ctypes.data_as(ctypes.c_void_p)
+class _HostXP:
+    """The part of CuPy the launchers use, on the host; fresh arrays are NaN."""
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+
+    def RawModule(self, code):
+        return type("HostModule", (), {"get_function": lambda _, name: _HostFunction(code, name, self.tmp)})()
+
+    @staticmethod
+    def empty(shape, dtype):
+        return np.full(shape, np.nan, dtype=dtype)
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_scatter_kernel_source_on_host_threads_equals_the_spmv(tmp_path, dtype):
-    src, name = scatter_source(dtype)
-    T = "double" if dtype == np.float64 else "float"
-    so = _host_library(tmp_path, src, _LAUNCH_SCATTER.replace("{T}", T).replace("{NAME}", name))
-    V = _space(3, (3, 2, 2))
-    S = V.gather_matrix().tocsr()
-    y = np.random.default_rng(0).standard_normal(S.shape[1]).astype(dtype)
-    out = np.full(S.shape[0], np.nan, dtype=dtype)
-    indptr, indices = S.indptr.astype(np.int32), S.indices.astype(np.int32)
-    threads = 64                                       # 5 blocks, the last one partial
-    so.launch(ctypes.c_longlong(S.shape[0]), _ptr(indptr), _ptr(indices), _ptr(y), _ptr(out),
-              ctypes.c_int((S.shape[0] + threads - 1) // threads), ctypes.c_int(threads))
-    _close(out, S.astype(dtype) @ y, np.finfo(dtype).eps, c=8)
+@pytest.fixture
+def host_gpu(monkeypatch, tmp_path):
+    """get_backend("gpu") answers a backend whose xp runs the RawModules on the host."""
+    import adaptmg.backend as backend
+    fake = backend.Backend("gpu", _HostXP(tmp_path), None)
+    real = backend.get_backend
+    monkeypatch.setattr(backend, "get_backend", lambda name="auto": fake if name == "gpu" else real(name))
+    return fake
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
@@ -227,31 +234,24 @@ def test_scatter_kernel_source_on_host_threads_equals_the_spmv(tmp_path, dtype):
                                                  (3, (3, 2, 2), np.float64, np.int64),
                                                  (3, (3, 2, 2), np.float32, np.int32),
                                                  (8, (3, 1, 1), np.float64, np.int32)])
-def test_kernel_source_run_on_host_threads_equals_the_reference_path(tmp_path, k, cells, dtype, index):
-    """The exact CUDA source, one std::thread per CUDA thread: Helmholtz and Poisson."""
-    n = k + 1
-    src, name = kernel_source(n, dtype, index)
-    T = "double" if dtype == np.float64 else "float"
-    I = "int" if index == np.int32 else "long long"
-    so = _host_library(tmp_path, src, _LAUNCH.replace("{T}", T).replace("{I}", I).replace("{NAME}", name))
+def test_fused_path_with_kernels_run_on_host_threads_equals_the_reference_path(host_gpu, k, cells, dtype, index):
+    """SpectralOperator's fused matvec (both scatters) and cell_apply, their launchers and the
+    exact CUDA sources, on the host: Helmholtz, Poisson, mass only; partial last blocks."""
     V = _space(k, cells)
-    nc = V.mesh.num_cells
-    epb = elements_per_block(n, dtype)
-    ct = ctypes.c_double if dtype == np.float64 else ctypes.c_float
-    for cm, ck in ((0.7, 1.3), (0.0, 1.0)):
+    x = np.random.default_rng(k).standard_normal(V.num_dofs).astype(dtype)
+    eps = np.finfo(dtype).eps
+    for cm, ck in ((0.7, 1.3), (0.0, 1.0), (1.0, 0.0)):
+        ref = SpectralOperator(V, mass=cm, stiffness=ck, dtype=dtype, backend="cpu")
         op = SpectralOperator(V, mass=cm, stiffness=ck, dtype=dtype, backend="cpu")
-        x = np.random.default_rng(k).standard_normal(V.num_dofs).astype(dtype)
-        dofs, G, wdet, D = _flat(op)
-        dofs = dofs.astype(index)
-        for gather in (1, 0):
-            xin = x if gather else np.ascontiguousarray(x[op.cell_dofs].ravel())
-            y = np.full(nc * n ** 3, np.nan, dtype=dtype)
-            ptr = [_ptr(a) for a in (dofs, xin, G, wdet, D, y)]
-            so.launch(ctypes.c_longlong(nc), ctypes.c_int(gather), *ptr[:5], ct(cm), ct(ck), ptr[5],
-                      ctypes.c_int((nc + epb - 1) // epb), ctypes.c_int(n), ctypes.c_int(n),
-                      ctypes.c_int(epb))
-            assert not np.isnan(y).any()
-            _close(op.scatter_matrix @ y, op.matvec(x), np.finfo(dtype).eps)
+        op.fused, op.cell_dofs = True, op.cell_dofs.astype(index)   # the device dispatch
+        r = ref.matvec(x)
+        for scatter in ("spmv", "kernel"):
+            op.scatter = scatter
+            y = op.matvec(x)
+            assert y.dtype == dtype and not np.isnan(y).any()
+            _close(y, r, eps)
+        uc = x[ref.cell_dofs].reshape(ref._cshape)
+        _close(op.cell_apply(uc), ref.cell_apply(uc), eps)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
