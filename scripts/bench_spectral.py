@@ -16,8 +16,10 @@ Sections (``--sections``, comma separated; all by default):
           time of the steps next to the paper's CUDA column (GTX 980, float32)
   op      operator throughput (GDoF/s = global DoFs / apply time) on the distorted cube
           with about --op-dofs DoFs (at most --op-max-cells N^3 cells) for k in --op-degrees: BK1 (mass, Gauss k+2), BK3 (Helmholtz
-          M + K, Gauss k+2), BP3-type stiffness (GLL collocated) with stored and
-          on-the-fly geometry, float64 and float32, beside the Cartesian matrix-free
+          M + K, Gauss k+2), BP3-type stiffness (GLL collocated) with stored geometry
+          (on the GPU the fused element kernel; "K sk" with the scatter kernel instead of
+          the SpMV, "K xp" the batched matmuls, fused=False)
+          and on-the-fly geometry, float64 and float32 (columns: --op-kinds), beside the Cartesian matrix-free
           patch operator (adaptmg.patch.LaplaceOperator) at about the same DoF count
   adaptive  issue 39 item 5: Q_k (degree --degree) on 2:1 adaptive meshes, the distorted
           cube N^3 (--sizes) with the cells near the corner (0.3, 0.3, 0.3) refined twice
@@ -178,11 +180,25 @@ def table4(args, be):
                   f"{'' if ref is None else f'{ref / wall:.1f}x':>8s} {float(u.max()):9.3e}", flush=True)
 
 
+OP_KINDS = {"bk1": ("BK1", dict(mass=1.0, stiffness=0.0, quadrature="gauss")),
+            "bk3": ("BK3", dict(mass=1.0, stiffness=1.0, quadrature="gauss")),
+            "stored": ("K stored", dict()),
+            "sk": ("K sk", dict(scatter="kernel")),
+            "xp": ("K xp", dict(fused=False)),
+            "otf": ("K on-fly", dict(geometry="on_the_fly"))}
+
+
 def op_table(args, be):
     from adaptmg.patch import CartesianSpace, LaplaceOperator
+    kinds = args.op_kinds
     print(f"\n## Operator throughput, distorted cube, about {args.op_dofs:.3g} DoFs ({be.name}), GDoF/s")
-    print(f"{'k':>2s} {'cells':>8s} {'DoFs':>10s} {'prec':>7s} {'BK1':>7s} {'BK3':>7s} {'K stored':>9s} "
-          f"{'K on-fly':>9s} {'patch K':>8s} {'patch DoFs':>10s} {'K GB/s':>7s}")
+    print("K stored: the default GLL stiffness (on the GPU the fused element kernel, "
+          "adaptmg/spectral/kernels.py) and the scatter SpMV; K sk: the same with the scatter kernel "
+          "(scatter='kernel'); K xp: the same with fused=False (batched matmuls); "
+          f"K GB/s: of K stored, counting G (6 a node), the gather index, x and y; BW%: of {args.peak_gbs:g} GB/s")
+    print(f"{'k':>2s} {'cells':>8s} {'DoFs':>10s} {'prec':>7s} "
+          + " ".join(f"{OP_KINDS[c][0]:>9s}" for c in kinds)
+          + f" {'patch K':>8s} {'patch DoFs':>10s} {'K GB/s':>7s} {'BW%':>5s}")
     xp = be.xp
     for k in args.op_degrees:
         n = max(2, min(args.op_max_cells, round(args.op_dofs ** (1 / 3) / k)))
@@ -196,23 +212,23 @@ def op_table(args, be):
             lvl += 1
         for dtype in (np.float64, np.float32):
             x = xp.asarray(np.random.default_rng(0).standard_normal(N), dtype=dtype)
-            rates = []
-            for kw in (dict(mass=1.0, stiffness=0.0, quadrature="gauss"),
-                       dict(mass=1.0, stiffness=1.0, quadrature="gauss"),
-                       dict(), dict(geometry="on_the_fly")):
-                op = SpectralOperator(V, dtype=dtype, backend=be, **kw)
-                rates.append(N / timed(lambda: op.matvec(x), be, args.reps) / 1e9)
-                if not kw:
+            rates, gbs = {}, float("nan")
+            for c in kinds:
+                op = SpectralOperator(V, dtype=dtype, backend=be, **OP_KINDS[c][1])
+                rates[c] = N / timed(lambda: op.matvec(x), be, args.reps) / 1e9
+                if c == "stored":
                     # bytes of the stored-geometry stiffness: G (6) a node, x, y, the gather index
                     nbytes = V.cell_dofs.size * (6 * np.dtype(dtype).itemsize + 4) + 2 * N * np.dtype(dtype).itemsize
-                    gbs = nbytes / (N / rates[-1] / 1e9) / 1e9
+                    gbs = nbytes / (N / rates[c] / 1e9) / 1e9
                 del op
             Vc = CartesianSpace(3, k, lvl)
             pc = LaplaceOperator(Vc, backend=be, dtype=dtype)
             xc = xp.asarray(np.random.default_rng(0).standard_normal(Vc.n_dofs), dtype=dtype)
             prate = Vc.n_dofs / timed(lambda: pc.matvec(xc), be, args.reps) / 1e9
-            print(f"{k:2d} {mesh.num_cells:8d} {N:10d} {np.dtype(dtype).name:>7s} " + " ".join(f"{r:7.3f}" for r in rates[:2])
-                  + f" {rates[2]:9.3f} {rates[3]:9.3f} {prate:8.3f} {Vc.n_dofs:10d} {gbs:7.0f}", flush=True)
+            print(f"{k:2d} {mesh.num_cells:8d} {N:10d} {np.dtype(dtype).name:>7s} "
+                  + " ".join(f"{rates[c]:9.3f}" for c in kinds)
+                  + f" {prate:8.3f} {Vc.n_dofs:10d} {gbs:7.0f} {100 * gbs / args.peak_gbs:5.1f}", flush=True)
+            del pc, xc, x
 
 
 def main(argv=None):
@@ -228,10 +244,15 @@ def main(argv=None):
     p.add_argument("--op-dofs", type=float, default=8e6)
     p.add_argument("--op-max-cells", type=int, default=64, help="at most N^3 cells (host set-up time)")
     p.add_argument("--op-degrees", type=ints, default=[1, 2, 3, 4, 5, 6, 7, 8])
+    p.add_argument("--op-kinds", type=lambda v: [c for c in v.split(",") if c],
+                   default=list(OP_KINDS), help=f"columns of the op table, from {','.join(OP_KINDS)}")
+    p.add_argument("--peak-gbs", type=float, default=4800.0, help="memory bandwidth for BW%% (H200: 4.8 TB/s)")
     p.add_argument("--reps", type=int, default=5)
     args = p.parse_args(argv)
     be = get_backend(args.backend)
     sections = [s for s in args.sections.split(",") if s]
+    if set(args.op_kinds) - set(OP_KINDS) or not args.op_kinds:
+        p.error(f"--op-kinds: choose from {','.join(OP_KINDS)}, got {args.op_kinds}")
     bad = set(sections) - {"table1", "table4", "op", "adaptive"}
     if bad:
         p.error(f"unknown sections {sorted(bad)}; choose from table1, table4, op, adaptive")

@@ -87,6 +87,22 @@ def _adaptive(backend, name):
     mod.run(backend=backend, quiet=True, max_dofs=30000)
 
 
+def _spectral(backend, n, degrees, solve_degree=3):
+    """Spectral operators (the fused element kernel of every degree, float64 and float32,
+    and the batched path) on a distorted n^3 cube, and one two-scale solve."""
+    from ..spectral import SpectralOperator, SpectralSpace, poisson
+    from ..spectral.meshes import distorted_box
+    mesh = distorted_box(3, n)
+    for k in degrees:
+        V = SpectralSpace(mesh, k)
+        for dtype in (np.float64, np.float32):
+            for fused in (True, False):
+                op = SpectralOperator(V, mass=0.5, dtype=dtype, backend=backend, fused=fused)
+                op.cell_apply(op.xp.asarray(V.points[V.cell_dofs, 0], dtype=dtype).reshape(op._cshape))
+                op.matvec(op.xp.asarray(V.points[:, 0], dtype=dtype))
+    poisson(mesh, solve_degree, _ones, backend=backend)
+
+
 #: name -> (function, args): the small problems :func:`warmup` runs, one process each
 TASKS = {
     "q1-2d": (_geometric, (2, 1, 4, 2)),
@@ -106,6 +122,7 @@ TASKS = {
     "amg-3d-large": (_amg, (3, 5, 1)),
     "lshape": (_adaptive, ("lshape",)),
     "fichera": (_adaptive, ("fichera",)),
+    "spectral": (_spectral, (2, tuple(range(1, 9)))),
 }
 
 

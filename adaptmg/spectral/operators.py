@@ -16,7 +16,10 @@ with ``Dhat_0 = B x B x DB`` etc. applied by sum factorisation (one batched matm
 tensor axis, :func:`adaptmg.spectral.space.contract`).  ``geometry="stored"`` keeps G and
 w det J (d(d+1)/2 + 1 numbers a point); ``"on_the_fly"`` recomputes them every apply from
 the 2^d vertex coordinates (multilinear cells only), reading 2^d d numbers a cell.
-Everything is written against ``xp`` (NumPy or CuPy), in float64 or float32."""
+Everything is written against ``xp`` (NumPy or CuPy), in float64 or float32.  On the GPU
+the collocated 3-D operator with stored geometry runs as one fused element kernel
+(:mod:`adaptmg.spectral.kernels`: gather, gradient, flux, transpose and mass in one pass)
+followed by the same ``scatter`` SpMV; ``fused=False`` keeps the batched-matmul path."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,6 +28,7 @@ from ..backend import get_backend
 from ..device.kernels import get_kernel
 from ..mesh import reference as ref
 from .basis import quadrature_rule
+from .kernels import fused_cell_apply, scatter_sum
 from .space import SpectralSpace, contract, interpolate, local_indices, reference_gradient
 
 __all__ = ["SpectralOperator", "geometric_factors"]
@@ -66,14 +70,20 @@ class SpectralOperator:
 
     Parameters: ``mass``/``stiffness`` the coefficients c_m, c_k (BK1: 1, 0; Poisson: 0, 1;
     Helmholtz M + dt K: 1, dt); ``quadrature`` "gll" | "gauss"; ``geometry`` "stored" |
-    "on_the_fly"; ``dtype`` float64 | float32; ``backend`` "auto" | "cpu" | "gpu"."""
+    "on_the_fly"; ``dtype`` float64 | float32; ``backend`` "auto" | "cpu" | "gpu"; ``fused``
+    (GPU, 3-D, "gll", "stored" only; elsewhere ignored) the fused element kernel of
+    :mod:`adaptmg.spectral.kernels` instead of the batched matmuls (attribute ``fused``:
+    whether it is used); ``scatter`` (fused only) "spmv" | "kernel": the global sum of the
+    element outputs by the scatter matrix's SpMV or by the kernel that skips its values."""
 
     def __init__(self, space: SpectralSpace, *, mass=0.0, stiffness=1.0, quadrature="gll",
-                 geometry="stored", dtype=np.float64, backend="auto"):
+                 geometry="stored", dtype=np.float64, backend="auto", fused=True, scatter="spmv"):
         if not isinstance(space, SpectralSpace):
             raise TypeError(f"SpectralOperator expects a SpectralSpace, got {type(space).__name__}")
         if geometry not in ("stored", "on_the_fly"):
             raise ValueError(f"geometry must be 'stored' or 'on_the_fly', got {geometry!r}")
+        if scatter not in ("spmv", "kernel"):
+            raise ValueError(f"scatter must be 'spmv' or 'kernel', got {scatter!r}")
         dtype = np.dtype(dtype)
         if dtype not in (np.float64, np.float32):
             raise ValueError(f"dtype must be float64 or float32, got {dtype}")
@@ -96,10 +106,13 @@ class SpectralOperator:
         self.shape = (space.num_dofs, space.num_dofs)
         self._cshape = (space.mesh.num_cells,) + (k + 1,) * d
         self._qshape = (space.mesh.num_cells,) + (self.nq,) * d
-        if geometry == "stored":
-            J = space.jacobians(B, DB, xp=np)
-            G, wdet = geometric_factors(J, _tensor_weights(w, d), np)
-            self.G, self.wdet = xp.asarray(G, dtype=dtype), xp.asarray(wdet, dtype=dtype)
+        self.fused = bool(fused) and be.is_gpu and d == 3 and self.B is None and geometry == "stored"
+        self.scatter = scatter
+        if geometry == "stored":            # on the backend (in float64), then rounded to dtype
+            J = space.jacobians(B, DB, xp=xp)
+            G, wdet = geometric_factors(J, xp.asarray(_tensor_weights(w, d)), xp)
+            self.G, self.wdet = G.astype(dtype, copy=False), wdet.astype(dtype, copy=False)
+            del J
         else:
             self.X = xp.asarray(space.points[space.cell_dofs[:, space._vertex_local()]], dtype=dtype)
             self._dN = xp.asarray(_vertex_shape_gradients(k, quadrature, d), dtype=dtype)
@@ -118,6 +131,14 @@ class SpectralOperator:
         d, B, DB = self.space.dim, self.B, self.DB
         if G is None:
             G, wdet = self.factors()
+        if self.fused:
+            xp = self.xp
+            nc = self._cshape[0]
+            G, wdet = (xp.ascontiguousarray(a, dtype=self.dtype).reshape(s)
+                       for a, s in ((G, (6, nc, -1)), (wdet, (nc, -1))))
+            return fused_cell_apply(xp.ascontiguousarray(uc, dtype=self.dtype), self.cell_dofs, G,
+                                    wdet, self.DB, self.mass, self.stiffness,
+                                    gather=False).reshape(self._cshape)
         G = G.reshape((G.shape[0],) + self._qshape)
         out = None
         if self.stiffness != 0.0:
@@ -140,7 +161,14 @@ class SpectralOperator:
         x = self.xp.asarray(x)
         if x.shape != (self.shape[1],):
             raise ValueError(f"SpectralOperator: x must have shape ({self.shape[1]},), got {x.shape}")
-        uc = x.astype(self.dtype, copy=False)[self.cell_dofs].reshape(self._cshape)
+        x = x.astype(self.dtype, copy=False)
+        if self.fused:                        # gather inside the element kernel
+            y = fused_cell_apply(self.xp.ascontiguousarray(x), self.cell_dofs, self.G, self.wdet,
+                                 self.DB, self.mass, self.stiffness)
+            if self.scatter == "kernel":
+                return scatter_sum(self.scatter_matrix, y.reshape(-1))
+            return self.scatter_matrix @ y.reshape(-1)
+        uc = x[self.cell_dofs].reshape(self._cshape)
         return self.scatter_matrix @ self.cell_apply(uc).reshape(-1)
 
     __call__ = matvec
@@ -193,7 +221,8 @@ class SpectralOperator:
 
     def __repr__(self):
         return (f"SpectralOperator({self.space!r}, mass={self.mass}, stiffness={self.stiffness}, "
-                f"{self.quadrature}, {self.geometry}, {self.dtype.name}, {self.backend.name})")
+                f"{self.quadrature}, {self.geometry}, {self.dtype.name}, {self.backend.name}"
+                f"{', fused' if self.fused else ''})")
 
 
 def _gradient_transpose(flux, B, DB, d):

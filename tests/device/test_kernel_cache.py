@@ -100,7 +100,7 @@ def test_cache_dir_defaults(monkeypatch):
         assert kernel_cache.cache_dir() is None
 
 
-@pytest.mark.parametrize("task", ["q1-2d", "q2-2d", "smoothers-2d", "elasticity-3d"])
+@pytest.mark.parametrize("task", ["q1-2d", "q2-2d", "smoothers-2d", "elasticity-3d", "spectral"])
 def test_warmup_tasks_run_on_the_host(task):
     """The warm-up's problems are valid calls of the library (on the host here)."""
     run_task(task, backend="cpu")
