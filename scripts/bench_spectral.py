@@ -17,8 +17,8 @@ Sections (``--sections``, comma separated; all by default):
   op      operator throughput (GDoF/s = global DoFs / apply time) on the distorted cube
           with about --op-dofs DoFs (at most --op-max-cells N^3 cells) for k in --op-degrees: BK1 (mass, Gauss k+2), BK3 (Helmholtz
           M + K, Gauss k+2), BP3-type stiffness (GLL collocated) with stored geometry
-          (on the GPU the fused element kernel; "K sk" with the scatter kernel instead of
-          the SpMV, "K xp" the batched matmuls, fused=False)
+          (on the GPU the fused element kernel and the scatter kernel; "K spmv" the scatter
+          matrix's SpMV instead, "K xp" the batched matmuls, fused=False)
           and on-the-fly geometry, float64 and float32 (columns: --op-kinds), beside the Cartesian matrix-free
           patch operator (adaptmg.patch.LaplaceOperator) at about the same DoF count
   adaptive  issue 39 item 5: Q_k (degree --degree) on 2:1 adaptive meshes, the distorted
@@ -183,7 +183,7 @@ def table4(args, be):
 OP_KINDS = {"bk1": ("BK1", dict(mass=1.0, stiffness=0.0, quadrature="gauss")),
             "bk3": ("BK3", dict(mass=1.0, stiffness=1.0, quadrature="gauss")),
             "stored": ("K stored", dict()),
-            "sk": ("K sk", dict(scatter="kernel")),
+            "spmv": ("K spmv", dict(scatter="spmv")),
             "xp": ("K xp", dict(fused=False)),
             "otf": ("K on-fly", dict(geometry="on_the_fly"))}
 
@@ -193,8 +193,8 @@ def op_table(args, be):
     kinds = args.op_kinds
     print(f"\n## Operator throughput, distorted cube, about {args.op_dofs:.3g} DoFs ({be.name}), GDoF/s")
     print("K stored: the default GLL stiffness (on the GPU the fused element kernel, "
-          "adaptmg/spectral/kernels.py) and the scatter SpMV; K sk: the same with the scatter kernel "
-          "(scatter='kernel'); K xp: the same with fused=False (batched matmuls); "
+          "adaptmg/spectral/kernels.py, and the scatter kernel); K spmv: the same with the scatter "
+          "matrix's SpMV (scatter='spmv'); K xp: the same with fused=False (batched matmuls); "
           f"K GB/s: of K stored, counting G (6 a node), the gather index, x and y; BW%: of {args.peak_gbs:g} GB/s")
     print(f"{'k':>2s} {'cells':>8s} {'DoFs':>10s} {'prec':>7s} "
           + " ".join(f"{OP_KINDS[c][0]:>9s}" for c in kinds)

@@ -23,9 +23,10 @@ kernel into shared memory (and the thread's own column into registers), the x an
 derivatives read shared memory, the z derivative and the z part of the transpose stay in
 registers, the fluxes f^0, f^1 go through shared memory.  Memory traffic a node: the
 gather index, x, 6 G (and w det J when c_m != 0) read, y written once -- no (cells, n^3)
-temporaries.  The global sum stays the deterministic ``scatter_matrix`` SpMV of the caller,
-or (``SpectralOperator(..., scatter="kernel")``) ``adaptmg_spectral_scatter_<T>``: the same
-sums in the same order, a thread a DoF, without reading the matrix's values (ones).
+temporaries.  The global sum (deterministic either way) is ``adaptmg_spectral_scatter_<T>``
+(``SpectralOperator``'s default ``scatter="kernel"``): the sums of the ``scatter_matrix``
+SpMV in the same order, a thread a DoF, without reading the matrix's values (ones); or that
+SpMV itself (``scatter="spmv"``).
 
 Sources are templates over T (double/float), I (the index type of ``cell_dofs``) and N,
 compiled once per key by :func:`_element_kernel` (CuPy ``RawModule``); ``xp`` is

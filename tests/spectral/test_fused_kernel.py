@@ -317,9 +317,9 @@ def test_gpu_fused_operator_equals_the_batched_path(k, dtype):
         y, r = fused.matvec(x), plain.matvec(x)
         assert y.dtype == dtype
         _close(y.get(), r.get().astype(np.float64), eps)
-        fused.scatter = "kernel"                       # the scatter kernel instead of the SpMV
+        assert fused.scatter == "kernel"               # the default: the scatter kernel
+        fused.scatter = "spmv"                         # and the scatter matrix's SpMV
         _close(fused.matvec(x).get(), r.get().astype(np.float64), eps)
-        fused.scatter = "spmv"
         uc = x[fused.cell_dofs].reshape(fused._cshape)
         _close(fused.cell_apply(uc).get(), plain.cell_apply(uc).get().astype(np.float64), eps)
         if dtype == np.float32:              # and against the fp64 operator
