@@ -18,3 +18,17 @@ def backend(request):
     """Run a test body once on NumPy and once on CuPy (the latter only with -m gpu)."""
     from adaptmg.backend import get_backend
     return get_backend(request.param)
+
+
+@pytest.fixture
+def host_gpu(monkeypatch, tmp_path):
+    """``get_backend("gpu")`` answers a backend whose ``xp`` runs adaptmg's RawModules on the
+    host (``tests/host_cuda.py``: g++, one thread per CUDA thread); skipped without g++."""
+    import adaptmg.backend as backend
+    from host_cuda import HAVE_GXX, HostXP
+    if not HAVE_GXX:
+        pytest.skip("needs g++ (C++20)")
+    fake = backend.Backend("gpu", HostXP(tmp_path), None)
+    real = backend.get_backend
+    monkeypatch.setattr(backend, "get_backend", lambda name="auto": fake if name == "gpu" else real(name))
+    return fake

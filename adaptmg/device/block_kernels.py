@@ -68,6 +68,23 @@ extern "C" __global__ void adaptmg_block_{MODE}_{T}(
 }
 """
 
+_PARTIAL_SRC = r"""
+// the column kernels' block partials (blockDim (32, 8)): the 8 row lanes' sums acc of
+// column col (= blockIdx.y * 32 + threadIdx.x) into part[blockIdx.x, col]
+__device__ __forceinline__ void adaptmg_block_partial(
+    const double acc, const int col, const int k, double* __restrict__ part)
+{
+    __shared__ double s[8][33];
+    s[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < k) {
+        double v = 0.0;
+        for (int i = 0; i < 8; ++i) v += s[i][threadIdx.x];
+        part[(long long)blockIdx.x * k + col] = v;
+    }
+}
+"""
+
 _COLDOT_SRC = r"""
 // blockDim (32, 8): threadIdx.x a column of the chunk blockIdx.y, threadIdx.y a row lane;
 // part[blockIdx.x, col] = sum over this block's rows of X[row, col] * Y[row, col]
@@ -75,7 +92,6 @@ extern "C" __global__ void adaptmg_block_coldot_{T}(
     const long long n, const int k, const {T}* __restrict__ X, const {T}* __restrict__ Y,
     double* __restrict__ part)
 {
-    __shared__ double s[8][33];
     const int col = blockIdx.y * 32 + threadIdx.x;
     double acc = 0.0;
     if (col < k) {
@@ -85,13 +101,7 @@ extern "C" __global__ void adaptmg_block_coldot_{T}(
             acc += (double)X[o] * (double)Y[o];
         }
     }
-    s[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && col < k) {
-        double v = 0.0;
-        for (int i = 0; i < 8; ++i) v += s[i][threadIdx.x];
-        part[(long long)blockIdx.x * k + col] = v;
-    }
+    adaptmg_block_partial(acc, col, k, part);
 }
 """
 
@@ -103,7 +113,6 @@ extern "C" __global__ void adaptmg_block_cg_update_{T}(
     const {T}* __restrict__ P, {T}* __restrict__ R, const {T}* __restrict__ Q,
     double* __restrict__ part)
 {
-    __shared__ double s[8][33];
     const int col = blockIdx.y * 32 + threadIdx.x;
     double acc = 0.0;
     if (col < k) {
@@ -117,13 +126,7 @@ extern "C" __global__ void adaptmg_block_cg_update_{T}(
             acc += (double)v * (double)v;
         }
     }
-    s[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && col < k) {
-        double v = 0.0;
-        for (int i = 0; i < 8; ++i) v += s[i][threadIdx.x];
-        part[(long long)blockIdx.x * k + col] = v;
-    }
+    adaptmg_block_partial(acc, col, k, part);
 }
 """
 
@@ -139,7 +142,7 @@ def threads_per_row(k):
 @functools.lru_cache(maxsize=None)
 def _module(xp, ctype):
     code = "".join(_ROW_SRC.replace("{MODE}", m).replace("{EPILOGUE}", e)
-                   for m, e in _EPILOGUE.items()) + _COLDOT_SRC + _CG_SRC
+                   for m, e in _EPILOGUE.items()) + _PARTIAL_SRC + _COLDOT_SRC + _CG_SRC
     return xp.RawModule(code=code.replace("{T}", ctype))
 
 

@@ -22,17 +22,14 @@ def _problem(n, k, dtype, seed=0):
     return A, X, B, Y, dinv
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("k", [1, 3, 32, 45])
-def test_row_kernels_match_scipy(dtype, k):
-    import cupy as cp
-    import cupyx.scipy.sparse as csp
-    A, X, B, Y, dinv = _problem(1000, k, dtype)
-    Ad = csp.csr_matrix(A)
-    Xd, Bd, Yd, dd = (cp.asarray(v) for v in (X, B, Y, dinv))
+def _check_row_kernels(A, X, B, Y, dinv, to_csr, put, get):
+    """spmm / residual / jacobi of csr_block against float64 SciPy, in units of eps of the
+    dtype times the sizes of the terms; ``put``/``get`` move arrays to/from the backend."""
+    dtype = X.dtype
+    Ad = to_csr(A)
+    Xd, Bd, Yd, dd = (put(v) for v in (X, B, Y, dinv))
     assert BK.available(Ad, Xd)
-    AX = (A.astype(np.float64) @ X.astype(np.float64))
+    AX = A.astype(np.float64) @ X.astype(np.float64)
     scale = np.abs(A).astype(np.float64) @ np.abs(X).astype(np.float64) + np.abs(Y) + np.abs(B)
     tol = 64 * np.finfo(dtype).eps * scale
     want = {"spmm": 2.0 * AX - 0.5 * Y, "residual": B - AX,
@@ -40,11 +37,21 @@ def test_row_kernels_match_scipy(dtype, k):
     for mode, alpha, beta in (("spmm", 2.0, -0.5), ("residual", 1.0, 0.0), ("jacobi", 0.7, 0.0)):
         out = Yd.copy()
         BK.csr_block(mode, Ad, Xd, out, alpha, beta, B=Bd, dinv=dd)
-        err = np.abs(cp.asnumpy(out) - want[mode])
+        err = np.abs(get(out) - want[mode])
         assert (err <= tol * (1 + 2 * (mode == "jacobi"))).all(), (mode, float(err.max()))
-    out = cp.full_like(Yd, np.nan)            # beta = 0 must not read Y
+    out = put(np.full(Y.shape, np.nan, dtype))     # beta = 0 must not read Y
     BK.csr_block("spmm", Ad, Xd, out, 1.0, 0.0)
-    assert np.isfinite(cp.asnumpy(out)).all()
+    assert np.isfinite(get(out)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("k", [1, 3, 32, 45])
+def test_row_kernels_match_scipy(dtype, k):
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    A, X, B, Y, dinv = _problem(1000, k, dtype)
+    _check_row_kernels(A, X, B, Y, dinv, csp.csr_matrix, cp.asarray, cp.asnumpy)
 
 
 @pytest.mark.gpu
@@ -92,3 +99,40 @@ def test_scale_add_host():
     P, Z = np.ones((4, 2)), np.full((4, 2), 2.0)
     BK.scale_add(P, np.array([3.0, -1.0]), Z)
     assert np.array_equal(P, np.array([[5.0, 1.0]] * 4))
+
+
+# ----------------------------------------------------------------- the kernels on host threads
+@pytest.fixture
+def host_bk(host_gpu, monkeypatch):
+    """block_kernels launching its own CUDA source on host threads (tests/host_cuda.py)."""
+    monkeypatch.setattr(BK, "get_backend", lambda name="auto": host_gpu)
+    BK._module.cache_clear()
+    yield BK
+    BK._module.cache_clear()
+
+
+@pytest.mark.parametrize("dtype, k", [(np.float64, 3), (np.float64, 40), (np.float32, 32)])
+def test_row_kernels_on_host_threads(host_bk, dtype, k):
+    A, X, B, Y, dinv = _problem(300, k, dtype)
+
+    def int32_csr(M):
+        M = M.copy()
+        M.indptr, M.indices = M.indptr.astype(np.int32), M.indices.astype(np.int32)
+        return M
+
+    _check_row_kernels(A, X, B, Y, dinv, int32_csr, np.asarray, np.asarray)
+
+
+@pytest.mark.parametrize("n, k", [(5, 2), (3001, 40)])
+def test_column_kernels_on_host_threads(host_bk, n, k):
+    rng = np.random.default_rng(3)
+    X, P, R, Q = (rng.standard_normal((n, k)) for _ in range(4))
+    scale = np.einsum("ij,ij->j", np.abs(X), np.abs(P))
+    got = BK.column_dots(X, P)
+    assert np.allclose(got, np.einsum("ij,ij->j", X, P), rtol=0, atol=8 * np.sqrt(n) * EPS * scale.max())
+    alpha = rng.uniform(0.1, 2, k)
+    X0, R0 = X.copy(), R.copy()
+    r2 = BK.cg_update(alpha, X, P, R, Q)
+    assert np.allclose(X, X0 + alpha * P, rtol=0, atol=4 * EPS * np.abs(X0 + alpha * P).max())
+    assert np.allclose(R, R0 - alpha * Q, rtol=0, atol=4 * EPS * np.abs(R0 - alpha * Q).max())
+    assert np.allclose(r2, (R ** 2).sum(0), rtol=16 * np.sqrt(n) * EPS, atol=0)

@@ -8,7 +8,6 @@ and run with one host thread per CUDA thread (``__syncthreads`` a ``std::barrier
 stand-in for CuPy's RawModule); and nvcc compiling them for sm_90 (no spills, static
 shared memory below 48 KB).  On the device (``-m gpu``) the fused operator equals the same
 operator built with ``fused=False``."""
-import ctypes
 import re
 import shutil
 import subprocess
@@ -131,102 +130,6 @@ def test_emulated_kernel_equals_the_reference_path(k, cells, dtype, cm, ck):
     assert np.array_equal(y, y2)
     # and the global operator: the scatter of the element outputs
     _close(op.scatter_matrix @ y, op.matvec(x), np.finfo(dtype).eps)
-
-
-_SHIM = r"""
-#include <barrier>
-#include <thread>
-#include <vector>
-struct adaptmg_dim3 { unsigned x, y, z; };
-static thread_local adaptmg_dim3 threadIdx;
-static adaptmg_dim3 blockIdx, blockDim;
-static std::barrier<>* adaptmg_bar;
-#define __global__
-#define __shared__ static
-#define __restrict__ __restrict
-#define __launch_bounds__(...)
-static void __syncthreads() { adaptmg_bar->arrive_and_wait(); }
-"""
-
-_LAUNCH = r"""
-struct adaptmg_vp { void* p; template <class P> operator P*() const { return (P*)p; } };
-extern "C" void launch(int nblocks, int bx, int by, int bz{PARAMS})
-{
-    for (int blk = 0; blk < nblocks; ++blk) {       // blocks one after another
-        blockIdx = {(unsigned)blk, 0u, 0u};
-        blockDim = {(unsigned)bx, (unsigned)by, (unsigned)bz};
-        const int nt = bx * by * bz;
-        std::barrier<> bar(nt);
-        adaptmg_bar = &bar;
-        std::vector<std::thread> threads;
-        for (int t = 0; t < nt; ++t)
-            threads.emplace_back([&, t] {
-                threadIdx = {(unsigned)(t % bx), (unsigned)((t / bx) % by), (unsigned)(t / (bx * by))};
-                {NAME}({ARGS});
-                bar.arrive_and_drop();                // an exited thread leaves the barrier
-            });
-        for (auto& th : threads) th.join();
-    }
-}
-"""
-
-_SCALARS = {np.int64: ("long long", ctypes.c_longlong), np.int32: ("int", ctypes.c_int),
-            np.float64: ("double", ctypes.c_double), np.float32: ("float", ctypes.c_float)}
-
-
-class _HostFunction:
-    """A CUDA kernel of a RawModule run on the host: the source compiled by g++ with the shim
-    and a launcher made for the argument types of the call (one std::thread per CUDA thread,
-    blocks one after another); arrays are NumPy arrays."""
-
-    libs = {}
-
-    def __init__(self, code, name, tmp):
-        self.code, self.name, self.tmp = code, name, tmp
-
-    def __call__(self, grid, block, args):
-        assert len(grid) == 1 and all(int(g) > 0 for g in grid)
-        kinds = tuple("array" if isinstance(a, np.ndarray) else type(a) for a in args)
-        key = (self.code, self.name, kinds)
-        if key not in self.libs:
-            params = "".join(f", {'void*' if k == 'array' else _SCALARS[k][0]} a{i}" for i, k in enumerate(kinds))
-            call = ", ".join(f"adaptmg_vp{{a{i}}}" if k == "array" else f"a{i}" for i, k in enumerate(kinds))
-            launch = _LAUNCH.replace("{PARAMS}", params).replace("{ARGS}", call).replace("{NAME}", self.name)
-            cpp = self.tmp / f"k{len(self.libs)}.cpp"
-            cpp.write_text(_SHIM + self.code + launch)
-            lib = cpp.with_suffix(".so")
-            p = subprocess.run(["g++", "-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(cpp),
-                                "-o", str(lib)], capture_output=True, text=True)
-            assert p.returncode == 0, p.stderr[-3000:]
-            self.libs[key] = ctypes.CDLL(str(lib))
-        block = tuple(block) + (1,) * (3 - len(block))
-        cargs = [a.ctypes.data_as(ctypes.c_void_p) if k == "array" else _SCALARS[k][1](a)
-                 for a, k in zip(args, kinds)]
-        self.libs[key].launch(ctypes.c_int(int(grid[0])), *(ctypes.c_int(int(b)) for b in block), *cargs)
-
-
-class _HostXP:
-    """The part of CuPy the launchers use, on the host; fresh arrays are NaN."""
-
-    def __init__(self, tmp):
-        self.tmp = tmp
-
-    def RawModule(self, code):
-        return type("HostModule", (), {"get_function": lambda _, name: _HostFunction(code, name, self.tmp)})()
-
-    @staticmethod
-    def empty(shape, dtype):
-        return np.full(shape, np.nan, dtype=dtype)
-
-
-@pytest.fixture
-def host_gpu(monkeypatch, tmp_path):
-    """get_backend("gpu") answers a backend whose xp runs the RawModules on the host."""
-    import adaptmg.backend as backend
-    fake = backend.Backend("gpu", _HostXP(tmp_path), None)
-    real = backend.get_backend
-    monkeypatch.setattr(backend, "get_backend", lambda name="auto": fake if name == "gpu" else real(name))
-    return fake
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
