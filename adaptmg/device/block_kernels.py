@@ -4,8 +4,8 @@ A block ``X`` is C-ordered: the ``k`` values of one row are contiguous.  With ``
 per row (``G = min(32, 2^ceil(log2 k))``), lane ``j`` of a row handles the columns
 ``j, j + G, ...``; the row's CSR indices and values are read once per warp (a broadcast)
 and ``X[col, j..j+G)`` is one coalesced load, so a product reads the matrix once for all
-``k`` columns (cuSPARSE's SpMM takes column-major blocks only, and on the 9- and 27-entry
-rows of Q1 stencils it is ~3x slower than this at ``k = 32`` on an H200).
+``k`` columns (cuSPARSE's SpMM takes column-major blocks only, and on the 9-entry rows of
+2-D Q1 at 1.05M rows and ``k = 32`` it took 1.18 ms on an H200 against 0.44 ms here).
 
 Kernels (one template, ``{T}`` = ``double`` or ``float``, int32 CSR indices):
 
