@@ -116,6 +116,15 @@ def _sort_rows(a: np.ndarray) -> np.ndarray:
     return np.stack(c, axis=1)
 
 
+def _row_counts(mask: np.ndarray) -> np.ndarray:
+    """``mask.sum(axis=1)`` of a C-contiguous boolean (n, 1, 2, 4 or 8) array: each row read as
+    one integer and its bits counted (a reduction along a short axis is slow in NumPy)."""
+    w = mask.shape[1]
+    if w not in (1, 2, 4, 8) or not mask.flags.c_contiguous:
+        return mask.sum(axis=1)
+    return np.bitwise_count(mask.view(f"u{w}").reshape(-1))
+
+
 def _q1_forest_groups(coarse: Space, fine: Space):
     """The rows of the Q1 embedding chi from the forest's node parents, by kind: a list over
     k = 0..d of (fine nodes of kind k (sorted), their 2^k coarse parents (n_k, 2^k)), kind 0
@@ -154,10 +163,10 @@ def _q1_forest_groups(coarse: Space, fine: Space):
     for k in range(1, d + 1):
         sel = np.flatnonzero(kind == k)
         par = np.take(F.node_par, fnew[sel], axis=0)[:, :1 << k]
-        if (par < 0).any():
+        if par.size and par.min() < 0:
             return None
         cp = np.take(cmap, par)
-        if (cp < 0).any():
+        if cp.size and cp.min() < 0:
             return None
         groups.append((new[sel], cp))
     return groups
@@ -180,8 +189,13 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     if groups is None:
         return None
     nf, ncn = fine.num_nodes, coarse.num_nodes
-    it = np.int32 if max(nf, ncn) < np.iinfo(np.int32).max else np.int64
-    hang = None if H is None or coarse.hanging_nodes.size == 0 else coarse.is_hanging.reshape(ncn, -1)[:, 0]
+    it = np.int32 if max(nf, ncn) + 1 < np.iinfo(np.int32).max else np.int64
+    # one gather per column maps it to itself (kept), ncn (masked out) or ncn + 1 (hanging)
+    colmap = np.arange(ncn, dtype=it)
+    if coarse_free is not None:
+        colmap[~coarse_free] = ncn
+    if H is not None and coarse.hanging_nodes.size:
+        colmap[coarse.hanging_nodes] = ncn + 1
     cnt = np.zeros(nf, dtype=np.int64)
     tag = np.zeros(nf, dtype=np.int8)                 # kind of each row; d + 1: expanded through H
     parts, cplx = [], []
@@ -189,21 +203,17 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
         if rows.size == 0:
             parts.append(None)
             continue
-        if hang is not None:
-            hit = np.take(hang, cp).any(axis=1)
-            if hit.any():
-                cplx.append((rows[hit], cp[hit], 0.5 ** k))
-                rows, cp = rows[~hit], cp[~hit]
-        cp = cp.astype(it, copy=False)
-        if coarse_free is not None:
-            cp = np.where(np.take(coarse_free, cp), cp, it(ncn))
-        cp = _sort_rows(cp)
-        valid = cp < ncn
+        cm = _sort_rows(np.take(colmap, cp))          # sentinels last: the row maximum is the last column
+        valid = cm < ncn
         if fine_free is not None:
             valid &= np.take(fine_free, rows)[:, None]
-        cnt[rows] = valid.sum(axis=1)
+        hr = np.flatnonzero(cm[:, -1] > ncn)          # rows with a hanging parent
+        if hr.size:
+            cplx.append((rows[hr], cp[hr], 0.5 ** k))
+            valid[hr] = False
+        cnt[rows] = _row_counts(valid)
         tag[rows] = k
-        parts.append(cp[valid])
+        parts.append(cm[valid])
     C = None
     if cplx:
         r = np.concatenate([np.repeat(rr, cp.shape[1]) for rr, cp, _ in cplx])
@@ -219,7 +229,7 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
         C = sp.coo_matrix((v[keep], (r[keep], c[keep])), shape=(nf, ncn)).tocsr()
         C.sum_duplicates()                           # sorted, summed
         C.eliminate_zeros()
-        rows = np.unique(np.concatenate([rr for rr, _, _ in cplx]))
+        rows = np.concatenate([rr for rr, _, _ in cplx])
         cnt[rows] = np.diff(C.indptr)[rows]
         tag[rows] = len(groups)
     indptr = np.zeros(nf + 1, dtype=np.int64)
@@ -227,8 +237,7 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     nnz = int(indptr[-1])
     et = np.repeat(tag, cnt)                          # kind of the row of each entry
     indices = np.empty(nnz, dtype=it)
-    weights = np.array([0.5 ** k for k in range(len(groups))] + [0.0])
-    data = np.take(weights, et)
+    data = np.repeat(np.ldexp(1.0, -tag.astype(np.int32)), cnt)    # 2^-k, complex rows below
     for k, part in enumerate(parts):
         if part is not None and part.size:
             indices[et == k] = part
