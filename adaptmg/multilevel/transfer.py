@@ -42,7 +42,7 @@ def interpolation_matrix(coarse: Space, fine: Space, nodes=None, cells=None) -> 
     compressed nonzero pattern of the (2^d + 1) * nloc table rows -- no dense
     (nodes, nloc) weight and column arrays, no COO conversion.
 
-    Q1 between meshes of one forest (hanging nodes allowed) takes
+    Q1 between meshes of one forest (hanging nodes in the fine mesh only) takes
     :func:`_interpolation_q1_conforming` instead: the same CSR arrays from the forest's node
     parents, without the per-cell tables.
     """
@@ -251,10 +251,14 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
 
 
 def _interpolation_q1_conforming(coarse: Space, fine: Space):
-    """chi of :func:`interpolation_matrix` for Q1 between meshes of one forest, from the forest's
-    node parents (:func:`_q1_forest_csr` without masks and H); None when that does not apply
-    (the caller takes the general path, which also reports meshes that are not one
-    refinement apart)."""
+    """chi of :func:`interpolation_matrix` for Q1 between meshes of one forest whose coarse mesh
+    has no hanging nodes, from the forest's node parents (:func:`_q1_forest_csr` without masks
+    and H); None when that does not apply (the caller takes the general path, which also
+    reports meshes that are not one refinement apart).  A coarse hanging node that is a
+    fine node has the row e_j here but the interpolation from its coarse cell in the
+    general path: the two differ, their products with H (:func:`prolongation`) do not."""
+    if coarse.mesh.num_hanging_nodes:
+        return None
     return _q1_forest_csr(coarse, fine)
 
 
