@@ -126,9 +126,11 @@ def _row_counts(mask: np.ndarray) -> np.ndarray:
 
 
 def _q1_forest_groups(coarse: Space, fine: Space):
-    """The rows of the Q1 embedding chi from the forest's node parents, by kind: a list over
-    k = 0..d of (fine nodes of kind k (sorted), their 2^k coarse parents (n_k, 2^k)), kind 0
-    being the coarse nodes themselves (parent: the node); None when that does not apply.
+    """The rows of the Q1 embedding chi from the forest's node parents, by kind: (a list over
+    k = 0..d of (fine nodes of kind k (sorted), the forest ids of their 2^k parents
+    (n_k, 2^k), -1 padded)), kind 0 being the coarse nodes themselves (parent: the node),
+    and the map forest id -> coarse node (-1: none); None when that does not apply.  The
+    caller checks that the parents are coarse nodes (one gather through its column map).
 
     Every fine node is a coarse node (chi row: weight 1 on itself) or was created by
     splitting a coarse cell K: then it is the midpoint of an edge, face or of K, and its
@@ -159,17 +161,11 @@ def _q1_forest_groups(coarse: Space, fine: Space):
     if new.size and (kind.min() < 1 or kind.max() > d):
         return None
     old = np.flatnonzero(pos >= 0)
-    groups = [(old, pos[old][:, None])]
+    groups = [(old, fid[old][:, None])]
     for k in range(1, d + 1):
         sel = np.flatnonzero(kind == k)
-        par = np.take(F.node_par, fnew[sel], axis=0)[:, :1 << k]
-        if par.size and par.min() < 0:
-            return None
-        cp = np.take(cmap, par)
-        if cp.size and cp.min() < 0:
-            return None
-        groups.append((new[sel], cp))
-    return groups
+        groups.append((new[sel], np.take(F.node_par, fnew[sel], axis=0)[:, :1 << k]))
+    return groups, cmap
 
 
 def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None, H=None):
@@ -185,9 +181,10 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     refinement front) are expanded through H's rows and summed by SciPy's COO -> CSR; the
     sums are of dyadic weights, exact in any order, so the result equals ``chi @ H``
     followed by the masks bit for bit."""
-    groups = _q1_forest_groups(coarse, fine)
-    if groups is None:
+    res = _q1_forest_groups(coarse, fine)
+    if res is None:
         return None
+    groups, cmap = res
     nf, ncn = fine.num_nodes, coarse.num_nodes
     it = np.int32 if max(nf, ncn) + 1 < np.iinfo(np.int32).max else np.int64
     # one gather per column maps it to itself (kept), ncn (masked out) or ncn + 1 (hanging)
@@ -196,20 +193,26 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
         colmap[~coarse_free] = ncn
     if H is not None and coarse.hanging_nodes.size:
         colmap[coarse.hanging_nodes] = ncn + 1
+    # forest id -> column code (-1: no coarse node; the extra last entry serves the -1 padding)
+    fmap = np.full(cmap.size + 1, -1, dtype=it)
+    isc = np.flatnonzero(cmap >= 0)
+    fmap[isc] = colmap[cmap[isc]]
     cnt = np.zeros(nf, dtype=np.int64)
     tag = np.zeros(nf, dtype=np.int8)                 # kind of each row; d + 1: expanded through H
     parts, cplx = [], []
-    for k, (rows, cp) in enumerate(groups):
+    for k, (rows, par) in enumerate(groups):
         if rows.size == 0:
             parts.append(None)
             continue
-        cm = _sort_rows(np.take(colmap, cp))          # sentinels last: the row maximum is the last column
+        cm = _sort_rows(np.take(fmap, par))           # sorted: row minimum first, maximum last
+        if cm[:, 0].min() < 0:                        # a parent that is no coarse node
+            return None
         valid = cm < ncn
         if fine_free is not None:
             valid &= np.take(fine_free, rows)[:, None]
         hr = np.flatnonzero(cm[:, -1] > ncn)          # rows with a hanging parent
         if hr.size:
-            cplx.append((rows[hr], cp[hr], 0.5 ** k))
+            cplx.append((rows[hr], np.take(cmap, par[hr]), 0.5 ** k))
             valid[hr] = False
         cnt[rows] = _row_counts(valid)
         tag[rows] = k
