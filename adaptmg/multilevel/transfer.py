@@ -240,7 +240,7 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     nnz = int(indptr[-1])
     et = np.repeat(tag, cnt)                          # kind of the row of each entry
     indices = np.empty(nnz, dtype=it)
-    data = np.repeat(np.ldexp(1.0, -tag.astype(np.int32)), cnt)    # 2^-k, complex rows below
+    data = np.ldexp(1.0, -et.astype(np.int32))        # 2^-k (exact); the expanded rows below
     for k, part in enumerate(parts):
         if part is not None and part.size:
             indices[et == k] = part
@@ -248,7 +248,9 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
         m = et == len(groups)
         indices[m] = C.indices
         data[m] = C.data
-    A = sp.csr_matrix((data, indices, indptr.astype(it)), shape=(nf, ncn), copy=False)
+    if nnz > np.iinfo(it).max:                        # row pointers beyond int32: all int64
+        indices = indices.astype(np.int64)
+    A = sp.csr_matrix((data, indices, indptr.astype(indices.dtype)), shape=(nf, ncn), copy=False)
     A.has_canonical_format = True                     # distinct parents, sorted
     return A
 
