@@ -173,8 +173,9 @@ class Space:
         k, d = self.degree, self.dim
         lat = ref.lattice(d, k + 1)
         local = np.array([np.flatnonzero(lat[:, a] == k * s) for a in range(d) for s in (0, 1)])
-        nodes = np.unique(self.cell_dofs[c[:, None], local[f]])
-        return select_where(nodes, self.points, where)
+        mark = np.zeros(self.num_nodes, dtype=bool)     # sorted distinct nodes without a sort
+        mark[self.cell_dofs[c[:, None], local[f]]] = True
+        return select_where(np.flatnonzero(mark).astype(self.cell_dofs.dtype, copy=False), self.points, where)
 
     def boundary_dofs(self, ids=None, where=None, components=None) -> np.ndarray:
         """DoF indices node*c + comp of :meth:`boundary_nodes`, for the given components (all if None)."""
@@ -182,7 +183,8 @@ class Space:
         comps = np.arange(self.components) if components is None else np.atleast_1d(components)
         if comps.size and (comps.min() < 0 or comps.max() >= self.components):
             raise ValueError(f"components must lie in [0, {self.components}), got {list(comps)}")
-        return np.sort((nodes[:, None] * self.components + comps[None, :]).ravel())
+        dofs = (nodes[:, None] * self.components + comps[None, :]).ravel()
+        return dofs if components is None else np.sort(dofs)     # all components: sorted already
 
     def interpolate(self, f) -> np.ndarray:
         """Nodal interpolant: vector of f at the DoF nodes (f(x): (n, d) -> (n,) or (n, c))."""

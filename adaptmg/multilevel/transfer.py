@@ -42,7 +42,7 @@ def interpolation_matrix(coarse: Space, fine: Space, nodes=None, cells=None) -> 
     compressed nonzero pattern of the (2^d + 1) * nloc table rows -- no dense
     (nodes, nloc) weight and column arrays, no COO conversion.
 
-    Q1 between meshes without hanging nodes (e.g. the hierarchy of a uniform mesh) takes
+    Q1 between meshes of one forest (hanging nodes in the fine mesh only) takes
     :func:`_interpolation_q1_conforming` instead: the same CSR arrays from the forest's node
     parents, without the per-cell tables.
     """
@@ -95,100 +95,176 @@ def interpolation_matrix(coarse: Space, fine: Space, nodes=None, cells=None) -> 
     return A
 
 
+_NETWORK = {2: ((0, 1),),
+            4: ((0, 1), (2, 3), (0, 2), (1, 3), (1, 2)),
+            8: ((0, 2), (1, 3), (4, 6), (5, 7), (0, 4), (1, 5), (2, 6), (3, 7), (0, 1), (2, 3),
+                (4, 5), (6, 7), (2, 4), (3, 5), (1, 4), (3, 6), (1, 2), (3, 4), (5, 6))}
+
+
 def _sort_rows(a: np.ndarray) -> np.ndarray:
-    """``np.sort(a, axis=1)`` for a few columns (2 or 4) by a min/max sorting network (a row-wise
-    ``np.sort`` pays a call per row); other widths by ``np.sort``."""
+    """``np.sort(a, axis=1)`` for 1, 2, 4 or 8 columns by a min/max sorting network (a row-wise
+    ``np.sort`` pays a call per row; 8 columns: the 19-comparator network); other widths by
+    ``np.sort``."""
     w = a.shape[1]
-    if w == 2:
-        return np.stack([np.minimum(a[:, 0], a[:, 1]), np.maximum(a[:, 0], a[:, 1])], axis=1)
-    if w == 4:
-        c = [a[:, j] for j in range(4)]
-        for i, j in ((0, 1), (2, 3), (0, 2), (1, 3), (1, 2)):
-            c[i], c[j] = np.minimum(c[i], c[j]), np.maximum(c[i], c[j])
-        return np.stack(c, axis=1)
-    return np.sort(a, axis=1)
+    if w == 1:
+        return a
+    if w not in _NETWORK:
+        return np.sort(a, axis=1)
+    c = [a[:, j] for j in range(w)]
+    for i, j in _NETWORK[w]:
+        c[i], c[j] = np.minimum(c[i], c[j]), np.maximum(c[i], c[j])
+    return np.stack(c, axis=1)
 
 
-def _interpolation_q1_conforming(coarse: Space, fine: Space):
-    """chi of :func:`interpolation_matrix` for Q1 between meshes of one forest without hanging
-    nodes (e.g. every step of a uniform mesh's hierarchy), from the forest's node parents
-    instead of the per-cell tables; None when that does not apply (the caller takes the
-    general path, which also reports meshes that are not one refinement apart).
+def _row_counts(mask: np.ndarray) -> np.ndarray:
+    """``mask.sum(axis=1)`` of a C-contiguous boolean (n, 1, 2, 4 or 8) array: each row read as
+    one integer and its bits counted (a reduction along a short axis is slow in NumPy)."""
+    w = mask.shape[1]
+    if w not in (1, 2, 4, 8) or not mask.flags.c_contiguous:
+        return mask.sum(axis=1)
+    return np.bitwise_count(mask.view(f"u{w}").reshape(-1))
 
-    Every fine node is a coarse node (row: weight 1 on itself) or was created by splitting
-    a coarse cell K: then it is the midpoint of an edge, face or of K, and its forest
-    parents are that entity's 2^k corners, all coarse nodes (hence not hanging in a
-    conforming coarse mesh), with the Q1 weights 2^-k -- exactly (dyadic) the nonzeros of
-    the general path's table row, whichever cell that path takes.  The rows hold the
-    parents' coarse indices sorted: the same CSR arrays as the general path.
 
-    The checks below (one forest, no hanging nodes, every coarse node a fine node, every
-    other fine node a midpoint whose parents are all coarse nodes) imply what
-    ``fine.mesh.parent_of(coarse.mesh)`` checks: a fine cell refined twice has a vertex with
-    a parent that is no coarse node (a midpoint of its parent, or a hanging node of the
-    coarse mesh), and a coarse cell refined away in the fine mesh would leave coarse nodes
-    (its parent's midpoints) that are no vertex of any fine cell.
+def _q1_forest_groups(coarse: Space, fine: Space):
+    """The rows of the Q1 embedding chi from the forest's node parents, by kind: (a list over
+    k = 0..d of (fine nodes of kind k (sorted), the forest ids of their 2^k parents
+    (n_k, 2^k), -1 padded)), kind 0 being the coarse nodes themselves (parent: the node),
+    and the map forest id -> coarse node (-1: none); None when that does not apply.  The
+    caller checks that the parents are coarse nodes (one gather through its column map).
+
+    Every fine node is a coarse node (chi row: weight 1 on itself) or was created by
+    splitting a coarse cell K: then it is the midpoint of an edge, face or of K, and its
+    forest parents are that entity's 2^k corners, all coarse nodes (some maybe hanging in
+    the coarse mesh), with the Q1 weights 2^-k -- exactly (dyadic) the nonzeros of the
+    per-cell table row of :func:`interpolation_matrix`, whichever cell that takes.
+
+    The checks (one forest, every coarse node a fine node, every other fine node a midpoint
+    whose parents are all coarse nodes) imply what ``fine.mesh.parent_of(coarse.mesh)``
+    checks: a child C of a coarse leaf K refined again in the fine mesh makes C's centre a
+    fine node with a parent (K's centre) that is no coarse node -- no coarse cell, hanging
+    nodes included, has a vertex inside the leaf K --, and a coarse cell refined away in the
+    fine mesh would leave coarse nodes (its parent's midpoints) that are no fine node.
     """
     fm, cm = fine.mesh, coarse.mesh
     F = fm._forest
     if cm._forest is not F:
         return None
-    if fm.num_hanging_nodes or cm.num_hanging_nodes:
-        return None
     fid = fm.node_ids
     cmap = cm._node_numbering[1]                       # forest id -> coarse node, -1 if absent
-    pos = cmap[fid]
+    pos = np.take(cmap, fid)
     new = np.flatnonzero(pos < 0)
-    nf, ncn = fine.num_nodes, coarse.num_nodes
-    if nf - new.size != ncn:
+    if fine.num_nodes - new.size != coarse.num_nodes:
         return None
     fnew = fid[new]
-    kind = F.node_kind[fnew].astype(np.int64)
+    kind = F.node_kind[fnew]
     d = fine.dim
     if new.size and (kind.min() < 1 or kind.max() > d):
         return None
-    cnt = np.ones(nf, dtype=np.int64)
-    cnt[new] = np.left_shift(1, kind)
-    nnz = int(cnt.sum())
-    it = np.int32 if max(nf, ncn, nnz) <= np.iinfo(np.int32).max else np.int64
-    indptr = np.zeros(nf + 1, dtype=np.int64)
-    np.cumsum(cnt, out=indptr[1:])
-    indices = np.empty(nnz, dtype=it)
-    data = np.empty(nnz)
-
-    def put(r, cols, weight):
-        # rows r (sorted) get the columns cols (r.size, w): one slice when the rows are
-        # consecutive (the coarse mesh's own vertices, which the mesh numbers first), else
-        # a scatter (nodes created by refinement are numbered along the cells' curve, so
-        # the midpoints of one kind are interleaved with the other nodes)
-        w = cols.shape[1]
-        if r[-1] - r[0] == r.size - 1:
-            sl = slice(int(indptr[r[0]]), int(indptr[r[0]]) + r.size * w)
-            indices[sl] = cols.reshape(-1)
-            data[sl] = weight
-        else:
-            dest = indptr[r][:, None] + np.arange(w)
-            indices[dest] = cols
-            data[dest] = weight
-
     old = np.flatnonzero(pos >= 0)
-    if old.size:
-        put(old, pos[old][:, None], 1.0)
+    groups = [(old, fid[old][:, None])]
     for k in range(1, d + 1):
         sel = np.flatnonzero(kind == k)
-        if sel.size == 0:
+        groups.append((new[sel], np.take(F.node_par, fnew[sel], axis=0)[:, :1 << k]))
+    return groups, cmap
+
+
+def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None, H=None):
+    r"""``Z_f chi H Z_c`` (node level, ``*_free`` boolean masks over nodes, None: all; ``H``
+    the coarse hanging-node matrix or None: I) built straight as canonical CSR from
+    :func:`_q1_forest_groups`; None when those do not apply.
+
+    Per kind k the rows have 2^k entries 2^-k: the masked-out columns are replaced by a
+    sentinel (``ncn``), each row sorted by a sorting network (sentinels last), the kept
+    entries compressed in row-major order and written to the entries of their rows
+    (one boolean selection per kind over the entries: the kinds interleave along the node
+    numbering).  Rows with a hanging coarse parent (few: hanging nodes lie on the
+    refinement front) are expanded through H's rows and summed by SciPy's COO -> CSR; the
+    sums are of dyadic weights, exact in any order, so the result equals ``chi @ H``
+    followed by the masks bit for bit."""
+    res = _q1_forest_groups(coarse, fine)
+    if res is None:
+        return None
+    groups, cmap = res
+    nf, ncn = fine.num_nodes, coarse.num_nodes
+    it = np.int32 if max(nf, ncn) + 1 < np.iinfo(np.int32).max else np.int64
+    # one gather per column maps it to itself (kept), ncn (masked out) or ncn + 1 (hanging)
+    colmap = np.arange(ncn, dtype=it)
+    if coarse_free is not None:
+        colmap[~coarse_free] = ncn
+    if H is not None and coarse.hanging_nodes.size:
+        colmap[coarse.hanging_nodes] = ncn + 1
+    # forest id -> column code (-1: no coarse node; the extra last entry serves the -1 padding)
+    fmap = np.full(cmap.size + 1, -1, dtype=it)
+    isc = np.flatnonzero(cmap >= 0)
+    fmap[isc] = colmap[cmap[isc]]
+    cnt = np.zeros(nf, dtype=np.int64)
+    tag = np.zeros(nf, dtype=np.int8)                 # kind of each row; d + 1: expanded through H
+    parts, cplx = [], []
+    for k, (rows, par) in enumerate(groups):
+        if rows.size == 0:
+            parts.append(None)
             continue
-        npar = 1 << k
-        par = np.take(F.node_par, fnew[sel], axis=0)[:, :npar]
-        if (par < 0).any():
+        cm = _sort_rows(np.take(fmap, par))           # sorted: row minimum first, maximum last
+        if cm[:, 0].min() < 0:                        # a parent that is no coarse node
             return None
-        cp = np.take(cmap, par)
-        if (cp < 0).any():
-            return None
-        put(new[sel], _sort_rows(cp), 0.5 ** k)
-    A = sp.csr_matrix((data, indices, indptr.astype(it)), shape=(nf, ncn), copy=False)
-    A.has_canonical_format = True                   # distinct parents, sorted
+        valid = cm < ncn
+        if fine_free is not None:
+            valid &= np.take(fine_free, rows)[:, None]
+        hr = np.flatnonzero(cm[:, -1] > ncn)          # rows with a hanging parent
+        if hr.size:
+            cplx.append((rows[hr], np.take(cmap, par[hr]), 0.5 ** k))
+            valid[hr] = False
+        cnt[rows] = _row_counts(valid)
+        tag[rows] = k
+        parts.append(cm[valid])
+    C = None
+    if cplx:
+        r = np.concatenate([np.repeat(rr, cp.shape[1]) for rr, cp, _ in cplx])
+        j = np.concatenate([cp.ravel() for _, cp, _ in cplx])
+        w = np.concatenate([np.full(cp.size, wk) for _, cp, wk in cplx])
+        H = H.tocsr()
+        lens = np.diff(H.indptr)[j]
+        e = np.repeat(H.indptr[j] - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+        r, c, v = np.repeat(r, lens), H.indices[e], np.repeat(w, lens) * H.data[e]
+        keep = np.ones(r.size, dtype=bool) if fine_free is None else np.take(fine_free, r)
+        if coarse_free is not None:
+            keep &= np.take(coarse_free, c)
+        C = sp.coo_matrix((v[keep], (r[keep], c[keep])), shape=(nf, ncn)).tocsr()
+        C.sum_duplicates()                           # sorted, summed
+        C.eliminate_zeros()
+        rows = np.concatenate([rr for rr, _, _ in cplx])
+        cnt[rows] = np.diff(C.indptr)[rows]
+        tag[rows] = len(groups)
+    indptr = np.zeros(nf + 1, dtype=np.int64)
+    np.cumsum(cnt, out=indptr[1:])
+    nnz = int(indptr[-1])
+    et = np.repeat(tag, cnt)                          # kind of the row of each entry
+    indices = np.empty(nnz, dtype=it)
+    data = np.ldexp(1.0, -et.astype(np.int32))        # 2^-k (exact); the expanded rows below
+    for k, part in enumerate(parts):
+        if part is not None and part.size:
+            indices[et == k] = part
+    if C is not None and C.nnz:
+        m = et == len(groups)
+        indices[m] = C.indices
+        data[m] = C.data
+    if nnz > np.iinfo(it).max:                        # row pointers beyond int32: all int64
+        indices = indices.astype(np.int64)
+    A = sp.csr_matrix((data, indices, indptr.astype(indices.dtype)), shape=(nf, ncn), copy=False)
+    A.has_canonical_format = True                     # distinct parents, sorted
     return A
+
+
+def _interpolation_q1_conforming(coarse: Space, fine: Space):
+    """chi of :func:`interpolation_matrix` for Q1 between meshes of one forest whose coarse mesh
+    has no hanging nodes, from the forest's node parents (:func:`_q1_forest_csr` without masks
+    and H); None when that does not apply (the caller takes the general path, which also
+    reports meshes that are not one refinement apart).  A coarse hanging node that is a
+    fine node has the row e_j here but the interpolation from its coarse cell in the
+    general path: the two differ, their products with H (:func:`prolongation`) do not."""
+    if coarse.mesh.num_hanging_nodes:
+        return None
+    return _q1_forest_csr(coarse, fine)
 
 
 def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, nodes=None,
@@ -199,15 +275,22 @@ def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, n
     (:func:`interpolation_matrix`)."""
     if coarse.components != fine.components:
         raise ValueError(f"component counts differ: {coarse.components} vs {fine.components}")
-    chi = interpolation_matrix(coarse, fine, nodes, cells)
     c = fine.components
+    zf = ~fine.is_hanging if fine_free is None else np.asarray(fine_free, dtype=bool)
+    zc = ~coarse.is_hanging if coarse_free is None else np.asarray(coarse_free, dtype=bool)
+    if fine.degree == 1 and c == 1 and nodes is None and cells is None:
+        if zf.shape != (fine.num_dofs,) or zc.shape != (coarse.num_dofs,):
+            raise ValueError(f"free masks must have shapes ({fine.num_dofs},) and ({coarse.num_dofs},), "
+                             f"got {zf.shape} and {zc.shape}")
+        P = _q1_forest_csr(coarse, fine, zf, zc, coarse.H if coarse.hanging_nodes.size else None)
+        if P is not None:                            # Z_f chi H Z_c in one pass: no product, no mask
+            return P
+    chi = interpolation_matrix(coarse, fine, nodes, cells)
     if c > 1:
         chi = sp.kron(chi, sp.identity(c), format="csr")
     P = chi @ coarse.H if coarse.hanging_nodes.size else chi
-    zf = ~fine.is_hanging if fine_free is None else np.asarray(fine_free, dtype=bool)
     if nodes is not None:
         zf = zf.reshape(-1, c)[np.asarray(nodes, dtype=np.int64)].ravel()
-    zc = ~coarse.is_hanging if coarse_free is None else np.asarray(coarse_free, dtype=bool)
     P = mask_rows_cols(P, zf, zc, drop_zeros=True)     # = mask, then eliminate_zeros()
     P.sort_indices()                                 # no-op for sorted input (flag carried over)
     return P

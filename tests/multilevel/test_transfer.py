@@ -113,12 +113,8 @@ def test_q1_conforming_interpolation_equals_general_path(monkeypatch, name):
 
 
 def test_q1_conforming_fast_path_declines():
-    """Hanging nodes, Q2 spaces and meshes that are not one refinement apart take the general
-    path (which reports the latter)."""
+    """Meshes that are not one refinement apart take the general path (which reports them)."""
     from adaptmg.multilevel import transfer as tr
-    H = _adaptive(2).hierarchy()
-    sc, sf = Space(H[-2], 1), Space(H[-1], 1)
-    assert tr._interpolation_q1_conforming(sc, sf) is None
     h = Mesh.box([0.0, 0.0], [1.0, 1.0], [2, 2]).refine().refine().hierarchy()
     for c, f in ((h[0], h[2]), (h[2], h[1])):          # two refinements apart; swapped
         sc, sf = Space(c, 1), Space(f, 1)
@@ -149,3 +145,79 @@ def test_prolongation_rows_from_a_cell_subset(dim, k, c):
     assert abs(Ps - P[dofs]).max() <= 4 * np.finfo(float).eps * abs(P).max()
     with pytest.raises(RuntimeError, match="none of the given cells"):
         interpolation_matrix(sc, sf, nodes=np.flatnonzero(~covered)[:3], cells=cells)
+
+
+# ----------------------------------------------------------------- Q1 forest path with hanging nodes
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_q1_forest_chi_with_hanging_nodes_equals_general_path(monkeypatch, dim):
+    """chi from the forest parents on adaptive meshes with hanging nodes in the fine space: the
+    same CSR arrays, bit for bit, as the per-cell tables (with coarse hanging nodes the chi
+    rows differ -- equal after H -- and the general path is taken)."""
+    from adaptmg.multilevel import transfer as tr
+    H = _adaptive(dim).hierarchy()
+    taken = 0
+    for mc, mf in zip(H[:-1], H[1:]):
+        sc, sf = Space(mc, 1), Space(mf, 1)
+        A = tr._interpolation_q1_conforming(sc, sf)
+        assert (A is None) == (mc.num_hanging_nodes > 0)
+        if A is None:
+            assert tr._q1_forest_csr(sc, sf) is not None
+            continue
+        taken += mf.num_hanging_nodes > 0
+        B = _general_chi(monkeypatch, sc, sf)
+        assert A.indices.dtype == B.indices.dtype and np.array_equal(A.indptr, B.indptr)
+        assert np.array_equal(A.indices, B.indices) and np.array_equal(A.data, B.data)
+    assert taken >= 1
+
+
+def _masks(sc, sf, kind, rng):
+    if kind == "default":
+        return None, None
+    if kind == "dirichlet":
+        zc, zf = ~sc.is_hanging, ~sf.is_hanging
+        zc[sc.boundary_dofs()] = False
+        zf[sf.boundary_dofs()] = False
+        return zc, zf
+    return rng.random(sc.num_dofs) < 0.8, rng.random(sf.num_dofs) < 0.8
+
+
+@pytest.mark.parametrize("dim,k,c", [(2, 1, 1), (3, 1, 1), (2, 2, 1), (3, 2, 1), (2, 1, 2), (3, 1, 3)])
+def test_prolongation_equals_masked_products_on_adaptive_meshes(dim, k, c):
+    """P = Z_f (chi kron I_c) H_c Z_c against the dense products of the pointwise chi
+    (:func:`_chi_reference`), the coarse H and the masks, on every level of 2-D/3-D adaptive
+    hierarchies (hanging nodes in both spaces), for default, Dirichlet and random masks.
+    Q1 scalar (the forest path: no product) is bit for bit; the other paths to 4 eps."""
+    from adaptmg.multilevel.transfer import prolongation
+    rng = np.random.default_rng(3)
+    H = _adaptive(dim).hierarchy()
+    eps = np.finfo(float).eps
+    for mc, mf in zip(H[:-1], H[1:]):
+        sc, sf = Space(mc, k, c), Space(mf, k, c)
+        chiH = sp.kron(sp.csr_matrix(_chi_reference(sc, sf)), sp.identity(c)) @ sc.H
+        for kind in ("default", "dirichlet", "random"):
+            zc, zf = _masks(sc, sf, kind, rng)
+            P = prolongation(sc, sf, zc, zf)
+            zc = ~sc.is_hanging if zc is None else zc
+            zf = ~sf.is_hanging if zf is None else zf
+            R = (sp.diags(zf * 1.0) @ chiH @ sp.diags(zc * 1.0)).tocsr()
+            R.eliminate_zeros()
+            R.sort_indices()
+            assert sp.isspmatrix_csr(P) and P.has_canonical_format and P.indices.dtype == np.int32
+            assert abs(P - R).max() <= 4 * eps
+            if k == 1 and c == 1:
+                assert np.array_equal(P.indptr, R.indptr) and np.array_equal(P.indices, R.indices)
+                assert np.array_equal(P.data, R.data)
+            assert P.nnz == R.nnz                                    # no stored zeros
+
+
+def test_sort_rows_and_row_counts():
+    """The sorting networks (2, 4, 8 columns) against np.sort; the popcount row counts against
+    a sum, on random rows with ties."""
+    from adaptmg.multilevel.transfer import _row_counts, _sort_rows
+    rng = np.random.default_rng(0)
+    for w in (1, 2, 3, 4, 8):
+        a = rng.integers(0, 6, size=(5000, w)).astype(np.int32)
+        assert np.array_equal(_sort_rows(a), np.sort(a, axis=1))
+        m = a < 3
+        assert np.array_equal(_row_counts(m), m.sum(axis=1))
