@@ -26,6 +26,9 @@ import numpy as np
 from . import reference as ref
 
 MAX_NODES = 2 ** 31 - 1
+# node ids in the forest's (cells, 2^d) and (nodes, 2^d) tables: they are < MAX_NODES, and
+# half of int64's bytes halves the traffic of the refinement's largest copies and gathers
+NODE = np.int32
 
 
 def pack(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -116,8 +119,8 @@ class Forest:
     dim: int
     X: np.ndarray            # (nn, d) coordinates of all nodes
     node_kind: np.ndarray    # (nn,) int8: 0 coarse vertex, 1 edge mid, 2 face centre, d cell centre
-    node_par: np.ndarray     # (nn, 2^d) int64 parents, -1 padded
-    cell_nodes: np.ndarray   # (nc, 2^d) int64 lexicographic vertices
+    node_par: np.ndarray     # (nn, 2^d) NODE (int32) parents, -1 padded
+    cell_nodes: np.ndarray   # (nc, 2^d) NODE (int32) lexicographic vertices
     cell_parent: np.ndarray  # (nc,) int64, -1 for roots
     cell_child0: np.ndarray  # (nc,) int64 first child (children contiguous), -1 if none
     cell_level: np.ndarray   # (nc,) int16
@@ -146,12 +149,14 @@ class Forest:
                     boundary_names=(), region_names=()) -> "Forest":
         dim = points.shape[1]
         nn, nc = points.shape[0], cells.shape[0]
+        if nn > MAX_NODES:
+            raise ValueError(f"a mesh of {nn} points: at most {MAX_NODES} are supported")
         nv = 2 ** dim
         e = np.zeros(0, dtype=np.int64)
         return Forest(dim=dim, X=np.ascontiguousarray(points, dtype=np.float64),
                       node_kind=np.zeros(nn, dtype=np.int8),
-                      node_par=np.full((nn, nv), -1, dtype=np.int64),
-                      cell_nodes=np.ascontiguousarray(cells, dtype=np.int64),
+                      node_par=np.full((nn, nv), -1, dtype=NODE),
+                      cell_nodes=np.ascontiguousarray(cells, dtype=NODE),
                       cell_parent=np.full(nc, -1, dtype=np.int64),
                       cell_child0=np.full(nc, -1, dtype=np.int64),
                       cell_level=np.zeros(nc, dtype=np.int16),
@@ -181,7 +186,7 @@ class Forest:
         # node ids of the 3^d lattice points of each split cell; every column is written below
         # (corners here, then one column per new node), so no fill is needed.  As (m, 3, .., 3)
         # with axes p_{d-1}, .., p_0 the corners are the even points: one strided copy.
-        L = np.empty((m, 3 ** d), dtype=np.int64)
+        L = np.empty((m, 3 ** d), dtype=NODE)
         L.reshape((m,) + (3,) * d)[(slice(None),) + (slice(None, None, 2),) * d] = \
             CN.reshape((m,) + (2,) * d)
 
@@ -262,7 +267,7 @@ class Forest:
         X[:nn0] = self.X
         kind = np.empty(n_next, dtype=np.result_type(self.node_kind, np.int8))
         kind[:nn0] = self.node_kind
-        par = np.empty((n_next, nv), dtype=np.result_type(self.node_par, np.int64))
+        par = np.empty((n_next, nv), dtype=NODE)
         par[:nn0] = self.node_par
         at = nn0
         for k, cols in new_par:
@@ -282,7 +287,7 @@ class Forest:
         nc = self.num_cells
         ncn = nc + m * nv
         # children: child c takes lattice points c + e for its vertices e
-        cell_nodes = np.empty((ncn, nv), dtype=np.result_type(self.cell_nodes, L))
+        cell_nodes = np.empty((ncn, nv), dtype=NODE)
         cell_nodes[:nc] = self.cell_nodes
         np.take(L, ref.child_lattice_index(d).reshape(-1), axis=1, mode="clip",
                 out=cell_nodes[nc:].reshape(m, nv * nv))
