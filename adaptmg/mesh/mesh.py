@@ -279,26 +279,25 @@ class Mesh:
         # lands last (NumPy does not promise an order for repeated indices; another order
         # would give another permutation, still a valid numbering).  np.minimum.at did the
         # same more slowly and holding the GIL (1M cells: 54 -> 39 ms with the view below)
-        first = np.empty(nn, dtype=it)
+        first = np.full(nn, -1, dtype=it)                  # -1: the node is no vertex here
         first[flat[::-1]] = occ[::-1]
-        keep = np.take(first, flat) == occ                  # one occurrence of each node
+        del occ
         # the coarse mesh's vertices (kind 0) are the forest's first nodes: refinement
         # only appends nodes, so a comparison replaces a gather of node_kind
         nk = F.node_kind
         n_root = nn if nn == 0 or nk[-1] == 0 else int(np.argmax(nk != 0))
-        # a root node i is used iff its first occurrence holds it (``first`` is garbage for
-        # unused nodes; then no occurrence holds i): O(roots), not passes over all occurrences
-        fr = first[:n_root].astype(np.int64)
-        used = (fr >= 0) & (fr < flat.size)
-        used[used] = flat.take(fr[used]) == np.flatnonzero(used)
-        root_ids = np.flatnonzero(used)
-        keep[fr[used]] = False                              # numbered first, in their order
+        root_ids = np.flatnonzero(first[:n_root] >= 0)      # numbered first, in their order
+        # the other nodes in the order of their first occurrences: marked by a scatter of
+        # one slot per node (O(nodes)), not found by a gather over all occurrences
+        fn = first[n_root:]
+        keep = np.zeros(flat.size, dtype=bool)
+        keep[fn[fn >= 0]] = True
         ids = np.concatenate([root_ids, flat.take(np.flatnonzero(keep))])
         pos = np.full(nn, -1, dtype=np.int64)
         pos[ids] = np.arange(ids.size)
         # the cells (see there) while the gathered vertices are at hand: one gather less
         # (after the temporaries are freed: no higher peak memory than computing them apart)
-        del occ, first, keep, fr, used
+        del first, fn, keep
         c = np.take(pos, acn)
         c.flags.writeable = False
         self.__dict__["cells"] = c
