@@ -316,15 +316,27 @@ class Forest:
         axis, side = faces // 2, faces % 2
         on_parent = cor[:, axis] == side[None, :]                         # (nv, 2d)
         pb = np.take(self.cell_bface, cells, axis=0)                      # (m, 2d)
+        cell_bface = np.empty((ncn, 2 * d), dtype=np.result_type(self.cell_bface, np.int32))
+        cell_bface[:nc] = self.cell_bface
+        tail = cell_bface[nc:].reshape(m, nv * 2 * d)
+        # only the cells with a boundary face (few, near the surface) give their children ids:
+        # the others' children are all -1 (one fill instead of a gather of every row)
+        bnd = np.flatnonzero(pb.max(axis=1) >= 0)
+        if bnd.size * 2 > m:
+            bnd = None                               # mostly boundary (coarse meshes): all rows
+        else:
+            tail.fill(-1)
+            pb = pb.take(bnd, axis=0)
         # one gather of the columns of [pb | -1] (faster than a broadcast where/masked write)
-        pbx = np.empty((m, 2 * d + 1), dtype=np.int32)
+        pbx = np.empty((pb.shape[0], 2 * d + 1), dtype=np.int32)
         for f in range(2 * d):                       # column copies: faster than pbx[:, :2d] = pb
             pbx[:, f] = pb[:, f]
         pbx[:, 2 * d] = -1
-        cell_bface = np.empty((ncn, 2 * d), dtype=np.result_type(self.cell_bface, np.int32))
-        cell_bface[:nc] = self.cell_bface
-        np.take(pbx, np.where(on_parent, faces, 2 * d).reshape(-1), axis=1, mode="clip",
-                out=cell_bface[nc:].reshape(m, nv * 2 * d))
+        cols = np.where(on_parent, faces, 2 * d).reshape(-1)
+        if bnd is None:
+            np.take(pbx, cols, axis=1, mode="clip", out=tail)
+        else:
+            tail[bnd] = np.take(pbx, cols, axis=1)
         return replace(
             self,
             X=X, node_kind=kind, node_par=par,
