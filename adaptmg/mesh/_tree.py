@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import reference as ref
+from ._grow import grown
 
 MAX_NODES = 2 ** 31 - 1
 # node ids in the forest's (cells, 2^d) and (nodes, 2^d) tables: they are < MAX_NODES, and
@@ -260,15 +261,13 @@ class Forest:
         if n_next > MAX_NODES:
             raise ValueError(f"refinement would create {n_next} nodes; at most {MAX_NODES} are supported")
 
-        # node arrays of the new forest, written in place (old part copied, new nodes after it:
-        # edge midpoints, face centres, cell centres): coordinates = mean of the parents
+        # node arrays of the new forest, written in place (old part shared or copied, see
+        # _grow; new nodes after it: edge midpoints, face centres, cell centres): coordinates
+        # = mean of the parents
         nn0 = self.num_nodes
-        X = np.empty((n_next, self.X.shape[1]), dtype=self.X.dtype)
-        X[:nn0] = self.X
-        kind = np.empty(n_next, dtype=np.result_type(self.node_kind, np.int8))
-        kind[:nn0] = self.node_kind
-        par = np.empty((n_next, nv), dtype=NODE)
-        par[:nn0] = self.node_par
+        X = grown(self.X, n_next)
+        kind = grown(self.node_kind, n_next)
+        par = grown(self.node_par, n_next)
         at = nn0
         for k, cols in new_par:
             end = at + cols[0].shape[0]
@@ -282,32 +281,29 @@ class Forest:
                     par[at:end, j] = c
             at = end
 
-        # the cell arrays are written in place into the new forest's arrays (old part copied,
-        # children gathered straight into the tail): no child-sized temporaries to concatenate
+        # the cell arrays are written in place into the new forest's arrays (old part shared or
+        # copied, children gathered straight into the tail): no child-sized temporaries to
+        # concatenate.  cell_child0 changes for old cells: always a copy
         nc = self.num_cells
         ncn = nc + m * nv
         # children: child c takes lattice points c + e for its vertices e
-        cell_nodes = np.empty((ncn, nv), dtype=NODE)
-        cell_nodes[:nc] = self.cell_nodes
+        cell_nodes = grown(self.cell_nodes, ncn)
         np.take(L, ref.child_lattice_index(d).reshape(-1), axis=1, mode="clip",
                 out=cell_nodes[nc:].reshape(m, nv * nv))
-        cell_parent = np.empty(ncn, dtype=np.result_type(self.cell_parent, cells))
-        cell_parent[:nc] = self.cell_parent
+        cell_parent = grown(self.cell_parent, ncn)
         for j in range(nv):                          # column copies: faster than one (m, nv) broadcast
             cell_parent[nc + j::nv] = cells
         cell_child0 = np.empty(ncn, dtype=np.result_type(self.cell_child0, np.int64))
         cell_child0[:nc] = self.cell_child0
         cell_child0[cells] = nc + nv * np.arange(m, dtype=np.int64)
         cell_child0[nc:] = -1
-        cell_level = np.empty(ncn, dtype=np.result_type(self.cell_level, np.int16))
-        cell_level[:nc] = self.cell_level
+        cell_level = grown(self.cell_level, ncn)
         child_level = (self.cell_level[cells] + 1).astype(np.int16)
         for j in range(nv):                          # column copies, as for cell_parent
             cell_level[nc + j::nv] = child_level
         cell_region = None
         if self.cell_region is not None:             # children inherit their parent's region
-            cell_region = np.empty(ncn, dtype=np.int32)
-            cell_region[:nc] = self.cell_region
+            cell_region = grown(self.cell_region, ncn)
             child_region = self.cell_region[cells]
             for j in range(nv):
                 cell_region[nc + j::nv] = child_region
@@ -316,8 +312,7 @@ class Forest:
         axis, side = faces // 2, faces % 2
         on_parent = cor[:, axis] == side[None, :]                         # (nv, 2d)
         pb = np.take(self.cell_bface, cells, axis=0)                      # (m, 2d)
-        cell_bface = np.empty((ncn, 2 * d), dtype=np.result_type(self.cell_bface, np.int32))
-        cell_bface[:nc] = self.cell_bface
+        cell_bface = grown(self.cell_bface, ncn)
         tail = cell_bface[nc:].reshape(m, nv * 2 * d)
         # only the cells with a boundary face (few, near the surface) give their children ids:
         # the others' children are all -1 (one fill instead of a gather of every row)
