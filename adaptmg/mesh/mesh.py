@@ -585,7 +585,11 @@ class Mesh:
         lv = self.levels
         marked = np.zeros(self.num_cells, dtype=bool)
         marked[idx] = True
-        while True:
+        # a marked cell of the lowest level forces no cell (it touches none of a lower
+        # level): without marked cells above it (e.g. a local refinement of a uniform
+        # mesh) the set is closed already, and no touch_max pass over the cells is needed
+        low = lv.min()
+        while (lv[marked] > low).any():
             need = self.touch_max(np.where(marked, lv, -1)) > lv
             new = need & ~marked
             if not new.any():
