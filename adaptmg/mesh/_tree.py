@@ -27,9 +27,12 @@ from . import reference as ref
 from ._grow import grown
 
 MAX_NODES = 2 ** 31 - 1
-# node ids in the forest's (cells, 2^d) and (nodes, 2^d) tables: they are < MAX_NODES, and
-# half of int64's bytes halves the traffic of the refinement's largest copies and gathers
+# node ids in the forest's (nodes, 2^d) parent table: they are < MAX_NODES, and half of
+# int64's bytes halves the traffic of its fills and copies.  The (cells, 2^d) vertex table
+# stays intp: the node numbering scatters and gathers with it as indices, which NumPy would
+# first cast to intp (a copy of every (cell, vertex) slot, measured slower overall)
 NODE = np.int32
+CELL = np.intp
 
 
 def pack(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -129,7 +132,7 @@ class Forest:
     X: np.ndarray            # (nn, d) coordinates of all nodes
     node_kind: np.ndarray    # (nn,) int8: 0 coarse vertex, 1 edge mid, 2 face centre, d cell centre
     node_par: np.ndarray     # (nn, 2^d) NODE (int32) parents, -1 padded
-    cell_nodes: np.ndarray   # (nc, 2^d) NODE (int32) lexicographic vertices
+    cell_nodes: np.ndarray   # (nc, 2^d) CELL (intp) lexicographic vertices
     cell_parent: np.ndarray  # (nc,) int64, -1 for roots
     cell_child0: np.ndarray  # (nc,) int64 first child (children contiguous), -1 if none
     cell_level: np.ndarray   # (nc,) int16
@@ -165,7 +168,7 @@ class Forest:
         return Forest(dim=dim, X=np.ascontiguousarray(points, dtype=np.float64),
                       node_kind=np.zeros(nn, dtype=np.int8),
                       node_par=np.full((nn, nv), -1, dtype=NODE),
-                      cell_nodes=np.ascontiguousarray(cells, dtype=NODE),
+                      cell_nodes=np.ascontiguousarray(cells, dtype=CELL),
                       cell_parent=np.full(nc, -1, dtype=np.int64),
                       cell_child0=np.full(nc, -1, dtype=np.int64),
                       cell_level=np.zeros(nc, dtype=np.int16),
@@ -195,7 +198,7 @@ class Forest:
         # node ids of the 3^d lattice points of each split cell; every column is written below
         # (corners here, then one column per new node), so no fill is needed.  As (m, 3, .., 3)
         # with axes p_{d-1}, .., p_0 the corners are the even points: one strided copy.
-        L = np.empty((m, 3 ** d), dtype=NODE)
+        L = np.empty((m, 3 ** d), dtype=CELL)
         L.reshape((m,) + (3,) * d)[(slice(None),) + (slice(None, None, 2),) * d] = \
             CN.reshape((m,) + (2,) * d)
 

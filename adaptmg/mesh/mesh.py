@@ -270,8 +270,7 @@ class Mesh:
         the bytes of their operands from DRAM (ncu, H100).)
         """
         F = self._forest
-        # as intp once: the forest's int32 node ids would be cast by each scatter and gather
-        acn = self._active_cell_nodes().astype(np.intp, copy=False)
+        acn = self._active_cell_nodes()
         flat = acn.ravel()                                  # (cell, vertex) occurrences, in order
         nn = F.num_nodes
         it = np.int32 if max(flat.size, nn) <= np.iinfo(np.int32).max else np.int64
