@@ -24,8 +24,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import reference as ref
+from ._grow import grown
 
 MAX_NODES = 2 ** 31 - 1
+# node ids in the forest's (nodes, 2^d) parent table: they are < MAX_NODES, and half of
+# int64's bytes halves the traffic of its fills and copies.  The (cells, 2^d) vertex table
+# stays intp: the node numbering scatters and gathers with it as indices, which NumPy would
+# first cast to intp (a copy of every (cell, vertex) slot, measured slower overall)
+NODE = np.int32
+CELL = np.intp
 
 
 def pack(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -54,14 +61,17 @@ def unique_pairs(lo: np.ndarray, hi: np.ndarray):
     plain (SIMD) sort instead of the stable argsort of np.unique (measured 1.6x faster for 1M
     edges); equal pairs then lie in index order, so the result is the same, element for
     element.  Bit fields rather than ``lo * base + hi``: the keys come back by shifts and
-    masks instead of an integer division (~9 ms per 1M pairs on the H100's host).
+    masks instead of an integer division (~9 ms per 1M pairs on the H100's host).  The
+    inverse (ranks of the keys) is int32 where ``n`` fits: a cumulative sum and a scatter of
+    half the bytes (the split writes it into its int32 tables anyway).
     """
     n = lo.size
     hb = int(hi.max()).bit_length() if n else 1
     ib = max(n - 1, 1).bit_length()
     if n == 0 or int(lo.max()).bit_length() + hb + ib > 63:
         return np.unique(pack(lo, hi), return_index=True, return_inverse=True)
-    inv = np.arange(n, dtype=np.intp)        # the index bits; its memory is reused for inv
+    it = np.int32 if n <= np.iinfo(np.int32).max else np.intp
+    inv = np.arange(n, dtype=it)             # the index bits; its memory is reused for inv
     s = lo.astype(np.int64)
     s <<= hb
     s |= hi
@@ -79,10 +89,15 @@ def unique_pairs(lo: np.ndarray, hi: np.ndarray):
     ulo >>= hb
     ulo <<= 32
     ulo |= uhi
-    rank = np.cumsum(mask, out=s)            # s is no longer needed
+    rank = np.cumsum(mask, dtype=it)
     rank -= 1
     inv[perm] = rank
     return ulo, perm.take(idx), inv
+
+
+def _check_nodes(n: int) -> None:
+    if n > MAX_NODES:
+        raise ValueError(f"refinement would create {n} nodes; at most {MAX_NODES} are supported")
 
 
 def _mean_of(X: np.ndarray, cols, out: np.ndarray | None = None) -> np.ndarray:
@@ -116,8 +131,8 @@ class Forest:
     dim: int
     X: np.ndarray            # (nn, d) coordinates of all nodes
     node_kind: np.ndarray    # (nn,) int8: 0 coarse vertex, 1 edge mid, 2 face centre, d cell centre
-    node_par: np.ndarray     # (nn, 2^d) int64 parents, -1 padded
-    cell_nodes: np.ndarray   # (nc, 2^d) int64 lexicographic vertices
+    node_par: np.ndarray     # (nn, 2^d) NODE (int32) parents, -1 padded
+    cell_nodes: np.ndarray   # (nc, 2^d) CELL (intp) lexicographic vertices
     cell_parent: np.ndarray  # (nc,) int64, -1 for roots
     cell_child0: np.ndarray  # (nc,) int64 first child (children contiguous), -1 if none
     cell_level: np.ndarray   # (nc,) int16
@@ -146,12 +161,14 @@ class Forest:
                     boundary_names=(), region_names=()) -> "Forest":
         dim = points.shape[1]
         nn, nc = points.shape[0], cells.shape[0]
+        if nn > MAX_NODES:
+            raise ValueError(f"a mesh of {nn} points: at most {MAX_NODES} are supported")
         nv = 2 ** dim
         e = np.zeros(0, dtype=np.int64)
         return Forest(dim=dim, X=np.ascontiguousarray(points, dtype=np.float64),
                       node_kind=np.zeros(nn, dtype=np.int8),
-                      node_par=np.full((nn, nv), -1, dtype=np.int64),
-                      cell_nodes=np.ascontiguousarray(cells, dtype=np.int64),
+                      node_par=np.full((nn, nv), -1, dtype=NODE),
+                      cell_nodes=np.ascontiguousarray(cells, dtype=CELL),
                       cell_parent=np.full(nc, -1, dtype=np.int64),
                       cell_child0=np.full(nc, -1, dtype=np.int64),
                       cell_level=np.zeros(nc, dtype=np.int16),
@@ -181,7 +198,7 @@ class Forest:
         # node ids of the 3^d lattice points of each split cell; every column is written below
         # (corners here, then one column per new node), so no fill is needed.  As (m, 3, .., 3)
         # with axes p_{d-1}, .., p_0 the corners are the even points: one strided copy.
-        L = np.empty((m, 3 ** d), dtype=np.int64)
+        L = np.empty((m, 3 ** d), dtype=CELL)
         L.reshape((m,) + (3,) * d)[(slice(None),) + (slice(None, None, 2),) * d] = \
             CN.reshape((m,) + (2,) * d)
 
@@ -229,11 +246,13 @@ class Forest:
                 nodes = lookup(old_k, old_v, pack(lo, hi))
                 new = nodes < 0
                 ukeys, first, inv = unique_pairs(lo[new], hi[new])
+                _check_nodes(n_next + ukeys.size)    # before the (int32) inverse is shifted
                 inv += n_next                        # = created[inv]
                 nodes[new] = inv
                 first = np.flatnonzero(new)[first]
             else:                                    # nothing registered: all new
                 ukeys, first, nodes = unique_pairs(lo, hi)
+                _check_nodes(n_next + ukeys.size)
                 nodes += n_next                      # = created[inv]
             created = np.arange(n_next, n_next + ukeys.size, dtype=np.int64)
             n_next += ukeys.size
@@ -252,18 +271,15 @@ class Forest:
                 new_par.append((k, [np.where(sw, phi, plo), np.where(sw, plo, phi)]))
             else:
                 new_par.append((k, [np.take(c.ravel(), first) for c in C]))
-        if n_next > MAX_NODES:
-            raise ValueError(f"refinement would create {n_next} nodes; at most {MAX_NODES} are supported")
+        _check_nodes(n_next)
 
-        # node arrays of the new forest, written in place (old part copied, new nodes after it:
-        # edge midpoints, face centres, cell centres): coordinates = mean of the parents
+        # node arrays of the new forest, written in place (old part shared or copied, see
+        # _grow; new nodes after it: edge midpoints, face centres, cell centres): coordinates
+        # = mean of the parents
         nn0 = self.num_nodes
-        X = np.empty((n_next, self.X.shape[1]), dtype=self.X.dtype)
-        X[:nn0] = self.X
-        kind = np.empty(n_next, dtype=np.result_type(self.node_kind, np.int8))
-        kind[:nn0] = self.node_kind
-        par = np.empty((n_next, nv), dtype=np.result_type(self.node_par, np.int64))
-        par[:nn0] = self.node_par
+        X = grown(self.X, n_next)
+        kind = grown(self.node_kind, n_next)
+        par = grown(self.node_par, n_next)
         at = nn0
         for k, cols in new_par:
             end = at + cols[0].shape[0]
@@ -277,32 +293,29 @@ class Forest:
                     par[at:end, j] = c
             at = end
 
-        # the cell arrays are written in place into the new forest's arrays (old part copied,
-        # children gathered straight into the tail): no child-sized temporaries to concatenate
+        # the cell arrays are written in place into the new forest's arrays (old part shared or
+        # copied, children gathered straight into the tail): no child-sized temporaries to
+        # concatenate.  cell_child0 changes for old cells: always a copy
         nc = self.num_cells
         ncn = nc + m * nv
         # children: child c takes lattice points c + e for its vertices e
-        cell_nodes = np.empty((ncn, nv), dtype=np.result_type(self.cell_nodes, L))
-        cell_nodes[:nc] = self.cell_nodes
+        cell_nodes = grown(self.cell_nodes, ncn)
         np.take(L, ref.child_lattice_index(d).reshape(-1), axis=1, mode="clip",
                 out=cell_nodes[nc:].reshape(m, nv * nv))
-        cell_parent = np.empty(ncn, dtype=np.result_type(self.cell_parent, cells))
-        cell_parent[:nc] = self.cell_parent
+        cell_parent = grown(self.cell_parent, ncn)
         for j in range(nv):                          # column copies: faster than one (m, nv) broadcast
             cell_parent[nc + j::nv] = cells
         cell_child0 = np.empty(ncn, dtype=np.result_type(self.cell_child0, np.int64))
         cell_child0[:nc] = self.cell_child0
         cell_child0[cells] = nc + nv * np.arange(m, dtype=np.int64)
         cell_child0[nc:] = -1
-        cell_level = np.empty(ncn, dtype=np.result_type(self.cell_level, np.int16))
-        cell_level[:nc] = self.cell_level
+        cell_level = grown(self.cell_level, ncn)
         child_level = (self.cell_level[cells] + 1).astype(np.int16)
         for j in range(nv):                          # column copies, as for cell_parent
             cell_level[nc + j::nv] = child_level
         cell_region = None
         if self.cell_region is not None:             # children inherit their parent's region
-            cell_region = np.empty(ncn, dtype=np.int32)
-            cell_region[:nc] = self.cell_region
+            cell_region = grown(self.cell_region, ncn)
             child_region = self.cell_region[cells]
             for j in range(nv):
                 cell_region[nc + j::nv] = child_region
@@ -311,15 +324,26 @@ class Forest:
         axis, side = faces // 2, faces % 2
         on_parent = cor[:, axis] == side[None, :]                         # (nv, 2d)
         pb = np.take(self.cell_bface, cells, axis=0)                      # (m, 2d)
+        cell_bface = grown(self.cell_bface, ncn)
+        tail = cell_bface[nc:].reshape(m, nv * 2 * d)
+        # only the cells with a boundary face (few, near the surface) give their children ids:
+        # the others' children are all -1 (one fill instead of a gather of every row)
+        bnd = np.flatnonzero(pb.max(axis=1) >= 0)
+        if bnd.size * 2 > m:
+            bnd = None                               # mostly boundary (coarse meshes): all rows
+        else:
+            tail.fill(-1)
+            pb = pb.take(bnd, axis=0)
         # one gather of the columns of [pb | -1] (faster than a broadcast where/masked write)
-        pbx = np.empty((m, 2 * d + 1), dtype=np.int32)
+        pbx = np.empty((pb.shape[0], 2 * d + 1), dtype=np.int32)
         for f in range(2 * d):                       # column copies: faster than pbx[:, :2d] = pb
             pbx[:, f] = pb[:, f]
         pbx[:, 2 * d] = -1
-        cell_bface = np.empty((ncn, 2 * d), dtype=np.result_type(self.cell_bface, np.int32))
-        cell_bface[:nc] = self.cell_bface
-        np.take(pbx, np.where(on_parent, faces, 2 * d).reshape(-1), axis=1, mode="clip",
-                out=cell_bface[nc:].reshape(m, nv * 2 * d))
+        cols = np.where(on_parent, faces, 2 * d).reshape(-1)
+        if bnd is None:
+            np.take(pbx, cols, axis=1, mode="clip", out=tail)
+        else:
+            tail[bnd] = np.take(pbx, cols, axis=1)
         return replace(
             self,
             X=X, node_kind=kind, node_par=par,

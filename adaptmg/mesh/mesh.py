@@ -279,26 +279,25 @@ class Mesh:
         # lands last (NumPy does not promise an order for repeated indices; another order
         # would give another permutation, still a valid numbering).  np.minimum.at did the
         # same more slowly and holding the GIL (1M cells: 54 -> 39 ms with the view below)
-        first = np.empty(nn, dtype=it)
+        first = np.full(nn, -1, dtype=it)                  # -1: the node is no vertex here
         first[flat[::-1]] = occ[::-1]
-        keep = np.take(first, flat) == occ                  # one occurrence of each node
+        del occ
         # the coarse mesh's vertices (kind 0) are the forest's first nodes: refinement
         # only appends nodes, so a comparison replaces a gather of node_kind
         nk = F.node_kind
         n_root = nn if nn == 0 or nk[-1] == 0 else int(np.argmax(nk != 0))
-        # a root node i is used iff its first occurrence holds it (``first`` is garbage for
-        # unused nodes; then no occurrence holds i): O(roots), not passes over all occurrences
-        fr = first[:n_root].astype(np.int64)
-        used = (fr >= 0) & (fr < flat.size)
-        used[used] = flat.take(fr[used]) == np.flatnonzero(used)
-        root_ids = np.flatnonzero(used)
-        keep[fr[used]] = False                              # numbered first, in their order
-        ids = np.concatenate([root_ids, flat.take(np.flatnonzero(keep))])
+        root_ids = np.flatnonzero(first[:n_root] >= 0)      # numbered first, in their order
+        # the other nodes in the order of their first occurrences: those sorted (one per
+        # node; a SIMD sort of int32) instead of a gather over all occurrences
+        fn = first[n_root:]
+        fn = fn[fn >= 0]
+        fn.sort()
+        ids = np.concatenate([root_ids, flat.take(fn)])
         pos = np.full(nn, -1, dtype=np.int64)
         pos[ids] = np.arange(ids.size)
         # the cells (see there) while the gathered vertices are at hand: one gather less
         # (after the temporaries are freed: no higher peak memory than computing them apart)
-        del occ, first, keep, fr, used
+        del first, fn
         c = np.take(pos, acn)
         c.flags.writeable = False
         self.__dict__["cells"] = c
@@ -586,7 +585,11 @@ class Mesh:
         lv = self.levels
         marked = np.zeros(self.num_cells, dtype=bool)
         marked[idx] = True
-        while True:
+        # a marked cell of the lowest level forces no cell (it touches none of a lower
+        # level): without marked cells above it (e.g. a local refinement of a uniform
+        # mesh) the set is closed already, and no touch_max pass over the cells is needed
+        low = lv.min()
+        while (lv[marked] > low).any():
             need = self.touch_max(np.where(marked, lv, -1)) > lv
             new = need & ~marked
             if not new.any():

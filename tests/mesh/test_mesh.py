@@ -185,8 +185,11 @@ def test_unique_pairs_matches_np_unique(n, top):
     b[n // 2:] = b[:n - n // 2]
     lo, hi = np.minimum(a, b), np.maximum(a, b)
     got, ref = unique_pairs(lo, hi), _np_unique_pairs(lo, hi)
-    for x, y in zip(got, ref):
+    for x, y in zip(got[:2], ref[:2]):
         assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
+    # the inverse: int32 on the packed path (np.unique's intp on its fallback), same values
+    assert got[2].dtype in (np.int32, np.intp) and got[2].shape == ref[2].shape
+    assert np.array_equal(got[2], ref[2])
 
 
 def _refined_meshes():
@@ -266,3 +269,18 @@ def test_node_numbering_keeps_the_coarse_points_first():
     fine = mesh.refine().refine()
     np.testing.assert_array_equal(fine.points[:mesh.num_nodes], mesh.points)
     assert sorted(fine.node_ids.tolist()) == list(range(fine.num_nodes))
+
+
+@pytest.mark.parametrize("local", [False, True])
+def test_refinement_past_the_node_limit_raises(local, monkeypatch):
+    """Node ids are int32 in the forest: a refinement that would pass MAX_NODES raises a
+    ValueError (before an int32 inverse could wrap) instead of building wrong tables."""
+    from adaptmg.mesh import _tree
+    m = Mesh.box([0, 0, 0], [1, 1, 1], [2, 2, 2]).refine()
+    marked = np.arange(5) if local else None
+    n_after = m.refine(marked)._forest.num_nodes
+    monkeypatch.setattr(_tree, "MAX_NODES", n_after - 1)
+    with pytest.raises(ValueError, match="at most"):
+        m.refine(marked)
+    monkeypatch.setattr(_tree, "MAX_NODES", n_after)
+    assert m.refine(marked)._forest.num_nodes == n_after

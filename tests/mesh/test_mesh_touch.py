@@ -29,3 +29,36 @@ def test_sparse_touch_max_matches_touch_graph(dim, seed, nsrc):
     assert out.dtype == np.int64 and np.array_equal(out, _graph_max(m, vals))
     # the sources' neighbourhoods are raised, nothing else
     assert np.array_equal(out > -1, _graph_max(m, (vals > -1).astype(int)) > 0)
+
+
+def _closure_by_graph(m, idx):
+    """The 2:1 closure as its definition reads: add every cell that touches a marked cell of a
+    higher level (touch_graph), until nothing changes."""
+    T, lv = m.touch_graph.tocoo(), m.levels
+    marked = np.zeros(m.num_cells, dtype=bool)
+    marked[idx] = True
+    while True:
+        new = np.zeros_like(marked)
+        hit = marked[T.col] & (lv[T.col] > lv[T.row])
+        new[T.row[hit]] = True
+        if not (new & ~marked).any():
+            return np.flatnonzero(marked)
+        marked |= new
+
+
+@settings(max_examples=10, deadline=None)
+@given(dim=st.sampled_from([2, 3]), seed=st.integers(0, 10 ** 6), lowest=st.booleans())
+def test_closure_equals_the_fixed_point_over_touch_graph(dim, seed, lowest):
+    """Mesh._close (with its skip when only cells of the lowest level are marked) is the
+    smallest 2:1 superset: the fixed point of the definition over touch_graph."""
+    rng = np.random.default_rng(seed)
+    m = Mesh.box([0] * dim, [1] * dim, [3] * dim)
+    for _ in range(2):
+        m = m.refine(rng.random(m.num_cells) < 0.3)
+    lv = m.levels
+    pool = np.flatnonzero(lv == lv.min()) if lowest else np.arange(m.num_cells)
+    idx = np.unique(rng.choice(pool, max(1, pool.size // 5)))
+    got = m._close(idx)
+    assert np.array_equal(got, _closure_by_graph(m, idx))
+    if not lowest:
+        assert got.size >= idx.size
