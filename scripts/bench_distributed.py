@@ -93,12 +93,34 @@ def worker(args):
     halo_max = comm.allreduce(halo, op=MPI.MAX)
     t_max = comm.allreduce(t, op=MPI.MAX)
     coarse = coarse_share(r, b, comm)
+    if args.profile:
+        profile_solve(r, b, comm, args.profile)
     if comm.Get_rank() == 0:
         print(json.dumps(dict(P=P, backend=args.backend, transport=getattr(r.mg, "transport", "-"),
                               dofs=space.num_dofs, cells=mesh.num_cells, setup=max(setup),
                               setup_per_rank=setup, setup_cpu=cpu, phases=phases, assembled=assembled, mode_setup=args.setup, solve=t_max,
                               its=its, halo=halo_max, coarse=coarse, wall=time.perf_counter() - t0)),
               flush=True)
+
+
+def profile_solve(res, b, comm, top):
+    """cProfile of one more solve on rank 0 (all ranks solve), the ``top`` functions by own
+    and by cumulative time, printed to stdout before the result line.  Run with
+    ``CUDA_LAUNCH_BLOCKING=1`` for device time to land in the launching function."""
+    import cProfile
+    import io
+    import pstats
+    pr = cProfile.Profile()
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        pr.enable()
+    solve_only(res, b, comm)
+    if comm.Get_rank() == 0:
+        pr.disable()
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+        pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(top)
+        print(s.getvalue(), flush=True)
 
 
 def coarse_share(res, b, comm):
@@ -156,11 +178,14 @@ def driver(args):
                    "--dofs-per-rank", str(args.dofs_per_rank), "--strong-dofs", str(args.strong_dofs),
                    "--agglomerate-below", str(args.agglomerate_below),
                    "--min-dofs-per-rank", str(args.min_dofs_per_rank),
-                   "--setup", mode]
+                   "--setup", mode, "--profile", str(args.profile)]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
             if out.returncode != 0:
                 sys.exit(f"P={P} failed:\n{out.stderr[-4000:]}")
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            lines = out.stdout.strip().splitlines()
+            if args.profile:
+                print(f"# profile of one solve on rank 0, P = {P}\n" + "\n".join(lines[:-1]))
+            rows.append(json.loads(lines[-1]))
     t1 = rows[0]["solve"] if rows[0]["P"] == 1 else None
     print(f"{args.mode} scaling, {args.dim}-D Q1 Poisson, multigrid-CG to rtol 1e-8 "
           f"({'CPU/MPI' if args.backend == 'cpu' else 'GPU, transport ' + str(rows[-1].get('transport'))}, "
@@ -200,6 +225,8 @@ def main():
                     help="finest level from each rank's cells (local), every rank the whole serial "
                          "hierarchy (replicated, the first version), or both for comparison")
     ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--profile", type=int, default=0,
+                    help="cProfile one more solve on rank 0 and print the top N functions")
     ap.add_argument("--agglomerate-below", default="auto",
                     help="levels with fewer DoFs on rank 0 (auto: 1000 CPU, 2^19 GPU)")
     ap.add_argument("--min-dofs-per-rank", default="auto",
