@@ -35,6 +35,10 @@ static std::barrier<>* adaptmg_bar;
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 static void __syncthreads() { adaptmg_bar->arrive_and_wait(); }
+struct alignas(16) double2 { double x, y; };
+struct alignas(8) float2 { float x, y; };
+static inline double2 make_double2(double x, double y) { return {x, y}; }
+static inline float2 make_float2(float x, float y) { return {x, y}; }
 """
 
 _LAUNCH = r"""

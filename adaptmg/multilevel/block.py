@@ -6,7 +6,9 @@ the block versions of what a cycle touches -- buffers of shape ``(n_l, k)`` in t
 backend's layout (:func:`adaptmg.device.spmm.block_order`), SpMM plans for ``A_l``,
 ``P_l``, ``R_l`` (one pass over each matrix for all ``k`` columns) and block
 smoothers -- and swaps them in for the duration of one cycle.  The fused one-vector
-kernels (and CUDA graphs) are not used on blocks.
+kernels (and CUDA graphs) are not used on blocks; on the GPU the block kernels fuse the
+cycle's passes over the blocks instead (two Jacobi sweeps from zero, the restricted
+residual, the correction with the first post-sweep: :class:`_BlockLevel.fuse_transfers`).
 
 Block smoothers (every smoother of the registry, same math per column):
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import is_sparse, to_host
+from ..device import block_kernels as BK
 from ..device import kernels as K
 from ..device.spmm import block_order, make_spmm
 from .chebyshev import Chebyshev
@@ -56,12 +59,21 @@ class _BlockSmoother:
 
 
 class _BlockJacobi(_BlockSmoother):
-    """``X <- X + omega D^{-1} (B - A X)`` (Jacobi, Richardson)."""
+    """``X <- X + omega D^{-1} (B - A X)`` (Jacobi, Richardson).  On C-ordered device
+    blocks two sweeps from zero are one pass (:func:`~adaptmg.device.block_kernels.jacobi2_zero`)
+    and :meth:`smooth_corrected` fuses the coarse-grid correction into the first post-sweep."""
 
     def __init__(self, sm, be, dtype, order):
         super().__init__(sm, be, dtype, order)
         self.A = make_spmm(sm.A)              # the level's matrix, shared with the smoother
+        self.Amat = sm.A
+        self.d1 = sm.dinv
         self.dinv = sm.dinv.reshape(-1, 1)
+        self.gpu = be.is_gpu
+
+    def fusable(self, X):
+        """Whether the fused row kernels take this level's matrix and the block ``X``."""
+        return self.gpu and BK.available(self.Amat, X) and self.d1.dtype == X.dtype
 
     def smooth(self, X, B, sweeps=1, work=None, zero_initial=False):
         # sweeps alternate between X and W (out of place: one fused pass each on the GPU);
@@ -71,16 +83,36 @@ class _BlockJacobi(_BlockSmoother):
             if zero_initial:
                 X.fill(0)
             return X
+        if zero_initial and sweeps >= 2 and self.fusable(X):
+            rest = sweeps - 2                 # the first two sweeps in one pass
+            src, dst = (W, X) if rest % 2 else (X, W)
+            BK.jacobi2_zero(self.Amat, B, self.d1, self.omega, src)
+            return self._sweeps(src, dst, B, rest, X)
         fused = sweeps - 1 if zero_initial else sweeps
         src, dst = (W, X) if fused % 2 else (X, W)
         if zero_initial:
             K.jacobi_zero(src, self.dinv, B, self.omega)
         elif fused % 2:
             src[...] = X
-        for _ in range(fused):
+        return self._sweeps(src, dst, B, fused, X)
+
+    def _sweeps(self, src, dst, B, count, X):
+        for _ in range(count):
             self.A.jacobi(src, B, self.dinv, self.omega, dst)
             src, dst = dst, src
         return X
+
+    def smooth_corrected(self, X, B, sweeps, AP, P, E, work, defer_last=False):
+        """``X <- X + P E`` and ``sweeps`` post-sweeps, the correction fused into the first
+        one (``AP = A P``; see :meth:`MultilevelSolver._level_cycle`); returns ``X``."""
+        W = work if work is not None else self.scratch(X)
+        BK.corrected_jacobi(self.Amat, AP, P, X, E, B, self.d1, self.omega, W)
+        rest = sweeps - 1
+        if rest % 2 == 0:                     # an even number of sweeps ends where it starts
+            self._sweeps(W, X, B, rest, X)
+            X[...] = W
+            return X
+        return self._sweeps(W, X, B, rest, X)
 
 
 class _BlockBlockJacobi(_BlockSmoother):
@@ -267,6 +299,24 @@ class _BlockLevel:
         self.fused = self.tfused = self.sfused = False
         self.RA = self.AP = self.S = None
         self.x = self.b = self.r = None
+        self._dev = d
+
+    def fuse_transfers(self, X):
+        r"""On device levels with a Jacobi smoother, run the restriction of the residual as
+        :math:`R B - (R A) X` and the correction with the first post-sweep as one pass each
+        (the cycle's ``tfused`` path; ``R A`` and ``A P`` from the one-vector set-up or
+        made here on the device, once).  For blocks these passes pay on every level: the
+        blocks' traffic, not the matrices', is what the fused passes save."""
+        sm = self.smoother
+        d = self._dev
+        if (self.tfused or not isinstance(sm, _BlockJacobi) or not sm.fusable(X)
+                or self.R is None or self.P is None
+                or not all(K.is_int32_csr(M) for M in (self.A, self.R, self.P))):
+            return
+        RA = d.RA if d.RA is not None else self.R @ self.A
+        AP = d.AP if d.AP is not None else self.A @ self.P
+        if K.is_int32_csr(RA) and K.is_int32_csr(AP) and RA.dtype == AP.dtype == X.dtype:
+            self.RA, self.AP, self.tfused = RA, AP, True
 
     def buffers(self, k, xp, dtype, order, top):
         if self.r is None or self.r.shape[1] != k:
@@ -281,6 +331,9 @@ class BlockCycle:
     ``B`` and ``X`` are blocks of ``ml.dtype`` in the backend's layout
     (:attr:`order`); buffers are made for each new ``k`` (kept for the last one)."""
 
+    #: fuse the cycle's passes over the blocks on device levels (:meth:`_BlockLevel.fuse_transfers`)
+    fuse = True
+
     def __init__(self, ml, kind):
         self.ml, self.kind = ml, kind
         be = ml.backend
@@ -293,6 +346,8 @@ class BlockCycle:
         top = len(self.levels) - 1
         for l, lev in enumerate(self.levels):
             lev.buffers(k, xp, ml.dtype, self.order, l == top)
+            if l > 0 and self.fuse:
+                lev.fuse_transfers(B)
         keep = ml._dev
         ml._dev = self.levels
         try:

@@ -136,3 +136,92 @@ def test_column_kernels_on_host_threads(host_bk, n, k):
     assert np.allclose(X, X0 + alpha * P, rtol=0, atol=4 * EPS * np.abs(X0 + alpha * P).max())
     assert np.allclose(R, R0 - alpha * Q, rtol=0, atol=4 * EPS * np.abs(R0 - alpha * Q).max())
     assert np.allclose(r2, (R ** 2).sum(0), rtol=16 * np.sqrt(n) * EPS, atol=0)
+
+
+# ----------------------------------------------------------------- the block cycle's fused passes
+def _check_fused_kernels(k, dtype, to_csr, put, get):
+    """jacobi2_zero, restricted_residual and corrected_jacobi against their unfused float64
+    SciPy definitions, in units of eps of the dtype times the sizes of the terms."""
+    rng = np.random.default_rng(4)
+    n, nc = 160, 45
+    A, X, B, _, dinv = _problem(n, k, dtype)
+    P = sp.random(n, nc, density=3.0 / nc, random_state=5, format="csr").astype(dtype)
+    R = P.T.tocsr()
+    RA, AP = (R @ A).tocsr(), (A @ P).tocsr()
+    E = rng.standard_normal((nc, k)).astype(dtype)
+    f64 = [M.astype(np.float64) for M in (A, P, R, RA, AP)]
+    A8, P8, R8, RA8, AP8 = f64
+    X8, B8, E8, d8 = (v.astype(np.float64) for v in (X, B, E, dinv))
+    eps = 64 * np.finfo(dtype).eps
+    w = 0.7
+    d = put(dinv)
+    # two sweeps from zero
+    x1 = w * d8[:, None] * B8
+    want = x1 + w * d8[:, None] * (B8 - A8 @ x1)
+    out = put(np.full((n, k), np.nan, dtype))
+    BK.jacobi2_zero(to_csr(A), put(B), d, w, out)
+    scale = abs(A8) @ abs(x1) + abs(B8) + abs(x1)
+    assert (np.abs(get(out) - want) <= 3 * eps * scale).all()
+    # restricted residual
+    want = R8 @ B8 - RA8 @ X8
+    out = put(np.full((nc, k), np.nan, dtype))
+    BK.restricted_residual(to_csr(R), to_csr(RA), put(B), put(X), out)
+    scale = abs(R8) @ abs(B8) + abs(RA8) @ abs(X8)
+    assert (np.abs(get(out) - want) <= eps * scale).all()
+    # correction with one post-sweep
+    xc = X8 + P8 @ E8
+    want = xc + w * d8[:, None] * (B8 - A8 @ xc)
+    out = put(np.full((n, k), np.nan, dtype))
+    BK.corrected_jacobi(to_csr(A), to_csr(AP), to_csr(P), put(X), put(E), put(B), d, w, out)
+    scale = abs(xc) + abs(B8) + abs(A8) @ abs(X8) + abs(AP8) @ abs(E8) + abs(P8) @ abs(E8)
+    assert (np.abs(get(out) - want) <= 3 * eps * scale).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("k", [1, 5, 32, 40])
+def test_fused_kernels_match_scipy(dtype, k):
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    _check_fused_kernels(k, dtype, csp.csr_matrix, cp.asarray, cp.asnumpy)
+
+
+@pytest.mark.parametrize("dtype, k", [(np.float64, 3), (np.float64, 40), (np.float32, 32)])
+def test_fused_kernels_on_host_threads(host_bk, dtype, k):
+    def int32_csr(M):
+        M = M.copy()
+        M.indptr, M.indices = M.indptr.astype(np.int32), M.indices.astype(np.int32)
+        return M
+    _check_fused_kernels(k, dtype, int32_csr, np.asarray, np.asarray)
+
+
+def test_two_columns_a_lane_only_on_aligned_even_blocks():
+    X = np.zeros((10, 4))
+    flat = np.zeros(41)
+    shifted = flat[1:].reshape(10, 4)                 # C-ordered, 8 bytes off a 16-byte line
+    assert BK._width(4, np.float64, (X, X)) == 2
+    assert BK._width(3, np.float64, (X[:, :3].copy(),)) == 1
+    assert BK._width(4, np.float64, (X, shifted)) == (2 if shifted.ctypes.data % 16 == 0 else 1)
+    assert BK._width(4, np.float64, (X, None)) == 2
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_row_kernels_on_host_threads_any_alignment(host_bk, offset):
+    """An even-k block 8 bytes off a 16-byte line takes the one-column path, same results."""
+    A, X, B, Y, dinv = _problem(120, 6, np.float64)
+
+    def int32_csr(M):
+        M = M.copy()
+        M.indptr, M.indices = M.indptr.astype(np.int32), M.indices.astype(np.int32)
+        return M
+
+    def put(v):
+        if v.ndim != 2:
+            return v
+        flat = np.zeros(v.size + 2)
+        base = (-flat.ctypes.data // 8) % 2            # 16-byte aligned start, then the offset
+        out = flat[base + offset: base + offset + v.size].reshape(v.shape)
+        out[...] = v
+        return out
+
+    _check_row_kernels(A, X, B, Y, dinv, int32_csr, put, np.asarray)
