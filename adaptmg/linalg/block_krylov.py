@@ -87,8 +87,9 @@ def _start(who, xp, Aop, B, X0, rtol, atol):
     ``info`` and iteration counts, and the columns that still have to be solved."""
     X = xp.zeros_like(B) if X0 is None else xp.array(X0, dtype=B.dtype, copy=True)
     R = B.copy() if X0 is None else B - Aop(X)
-    tol = np.maximum(rtol * to_host(column_norms(xp, B)).astype(np.float64), atol)
-    rn = to_host(column_norms(xp, R)).astype(np.float64)
+    bn = to_host(column_norms(xp, B)).astype(np.float64)
+    tol = np.maximum(rtol * bn, atol)
+    rn = bn.copy() if X0 is None else to_host(column_norms(xp, R)).astype(np.float64)
     if not np.all(np.isfinite(rn)):
         raise ValueError(f"{who}: B or X0 contains NaN or Inf")
     k = B.shape[1]
@@ -135,7 +136,7 @@ def block_cg(A, B, X0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callba
         act = act[its[act] < maxiter]
         if act.size == 0:
             break
-        Ra = R[:, xp.asarray(act)]
+        Ra = R if act.size == k else R[:, xp.asarray(act)]    # R is not read after the round
         P = rho = None
         while True:
             Z = Mop(Ra) if Mop is not None else Ra.copy()
