@@ -142,6 +142,42 @@ def record(name, space, A, b, kw, serial_comm):
                 describe_ranks=[r["ranks"] for r in dist.mg.describe()]), dist
 
 
+def sync_counts(mg, b):
+    """Solve once more on the set-up hierarchy ``mg`` (:func:`adaptmg.distributed.resolve`, CG
+    to 1e-10 from zero) and count: CG iterations, calls of the Krylov reduction hook (the
+    ``allreduce_sum`` it was given, wrapped), host copies through ``adaptmg.backend.to_host``,
+    and with the stand-in device every device -> host ``get`` and NCCL allreduce."""
+    import adaptmg.distributed.solve  # noqa: F401  (the package's name ``solve`` is the function)
+    S = sys.modules["adaptmg.distributed.solve"]
+    from adaptmg.backend import host_copies
+    fake = sys.modules.get("fake_cupy")
+    f_loc = mg.backend.asarray(mg.constrain_local(b))
+    orig, calls = S.allreduce_sum, [0]
+
+    def counting(comm, transport="mpi"):
+        f = orig(comm, transport)
+
+        def g(a):
+            calls[0] += 1
+            return f(a)
+        return g
+
+    def snap():
+        return (host_copies(), fake.device_to_host() if fake else 0,
+                fake.nccl_allreduces() if fake else 0, mg.timer.exchanges, mg.timer.idle)
+
+    S.allreduce_sum = counting
+    try:
+        before = snap()
+        _, info, its, _ = S.resolve(mg, f_loc, rtol=1e-10, maxiter=100)
+        after = snap()
+    finally:
+        S.allreduce_sum = orig
+    copies, gets, nccl, exchanges, idle = (int(a - b_) for a, b_ in zip(after, before))
+    return dict(its=its, info=info, reductions=calls[0], host_copies=copies, gets=gets,
+                nccl_allreduces=nccl, exchanges=exchanges, idle=idle)
+
+
 def hook_record():
     """VectorOps reductions under global_reductions(Allreduce) vs the allgathered vectors."""
     rng = np.random.default_rng(COMM.rank)
@@ -185,6 +221,7 @@ def run_solve(out):
             recs.append(rec3)
             rec4, _ = record("q1-2d-replicated", space, A, b, dict(local_setup=False), serial_comm)
             recs.append(rec4)
+            hook["sync"] = COMM.allgather(sync_counts(dist.mg, b))
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 short = solve(space, A, b, comm=COMM, rtol=1e-10, maxiter=2, agglomerate_below=50)
@@ -288,6 +325,8 @@ def run_solve_gpu(out, fake):
                    halo_bytes=COMM.allgather(mg.timer.bytes),
                    exchanges=COMM.allgather(mg.timer.exchanges),
                    setup_exchanges=COMM.allgather(mg.setup_exchanges),
+                   idle=COMM.allgather(mg.timer.idle), setup_idle=COMM.allgather(mg.setup_idle),
+                   sync=COMM.allgather(sync_counts(mg, b)),
                    active_ranks=dist.active_ranks, agglomerated=mg.c, levels=len(mg.levels))
         if gpu is not None:
             from adaptmg.distributed.comm import _placement, choose_transport, nccl_available
@@ -303,6 +342,7 @@ def run_solve_gpu(out, fake):
         recs.append(dict(case="fake", mode=fake, pinned=COMM.allgather(fake_cupy.pinned_allocations()),
                          device=COMM.allgather(fake_cupy.selected_device()),
                          nccl_calls=COMM.allgather(fake_cupy.nccl_calls()),
+                         nccl_allreduces=COMM.allgather(fake_cupy.nccl_allreduces()),
                          stream_waits=COMM.allgather(fake_cupy.stream_waits())))
     if COMM.rank == 0:
         with open(out, "w") as fh:
