@@ -326,6 +326,7 @@ class NcclSum:
         from ..backend import get_backend, nccl_module
         self.xp = xp = get_backend("gpu").xp
         self.nccl = nccl_module()
+        self.op = getattr(self.nccl, "NCCL_SUM", 0)       # ncclSum is 0 in every NCCL version
         self.nc = nccl_communicator(comm)
         self.stream = nccl_stream(comm)
         self.sptr = self.stream.ptr
@@ -341,8 +342,7 @@ class NcclSum:
         cur = xp.cuda.get_current_stream()
         self.ready.record(cur)
         self.stream.wait_event(self.ready)
-        self.nc.allReduce(a.data.ptr, out.data.ptr, a.size * factor, dt, self.nccl.NCCL_SUM,
-                          self.sptr)
+        self.nc.allReduce(a.data.ptr, out.data.ptr, a.size * factor, dt, self.op, self.sptr)
         self.done.record(self.stream)
         cur.wait_event(self.done)
         self.calls += 1

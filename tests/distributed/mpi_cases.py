@@ -296,6 +296,26 @@ def _off_device(mg):
     return sorted(set(bad))
 
 
+def reduce_record(transport):
+    """``allreduce_sum(COMM, transport)`` of device arrays (float64, float32, complex128) against
+    the sum of the gathered host arrays: relative error in units of the dtype's eps, and
+    whether the result stays on the device with the same shape and dtype."""
+    from adaptmg.backend import get_backend, is_device_array, to_host
+    xp = get_backend("gpu").xp
+    f = allreduce_sum(COMM, transport)
+    rng = np.random.default_rng(10 + COMM.rank)
+    errs, same = {}, True
+    for dt in ("float64", "float32", "complex128"):
+        h = rng.standard_normal(5) + (1j * rng.standard_normal(5) if dt.startswith("complex") else 0)
+        h = h.astype(dt)
+        ref = np.sum(COMM.allgather(h.astype(np.complex128)), axis=0)
+        out = f(xp.asarray(h))
+        same &= is_device_array(out) and out.shape == h.shape and out.dtype == h.dtype
+        eps = np.finfo(h.real.dtype).eps
+        errs[dt] = float(np.abs(to_host(out) - ref).max() / np.abs(ref).max() / eps)
+    return dict(case="reduce", transport=transport, device_out=bool(same), eps_err=errs)
+
+
 def run_solve_gpu(out, fake):
     """Every GPU_CASES problem with backend="gpu" on all ranks vs one rank (GPU and CPU)."""
     from adaptmg.backend import is_device_array
@@ -337,6 +357,7 @@ def run_solve_gpu(out, fake):
                        shared_gpu=len(set(map(tuple, places))) < len(places),
                        expected_transport=choose_transport("auto", places, ok)[0])
         recs.append(rec)
+    recs.append(reduce_record(mg.transport))
     if fake:
         import fake_cupy
         recs.append(dict(case="fake", mode=fake, pinned=COMM.allgather(fake_cupy.pinned_allocations()),

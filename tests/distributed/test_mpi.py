@@ -477,6 +477,21 @@ def test_device_path_with_a_stand_in_device(fake_gpu, case):
         assert min(recs["q1-2d-folded"]["idle"]) > 0, recs["q1-2d-folded"]
 
 
+def _check_reduce(rec, transport):
+    """The Krylov reduction of device arrays: summed over the ranks to a few eps in float64,
+    float32 and complex128, the result a device array of the same shape and dtype."""
+    assert rec["transport"] == transport and rec["device_out"], rec
+    assert all(e <= 4 for e in rec["eps_err"].values()), rec
+
+
+@needs_mpi
+def test_device_reductions_with_a_stand_in_device(fake_gpu):
+    """allreduce_sum on "device" arrays: host-staged MPI (one device for both ranks) or the
+    NCCL allreduce (stand-in NCCL, one device per rank), complex arrays as pairs of reals."""
+    mode, recs = fake_gpu
+    _check_reduce(recs["reduce"], "host" if mode == "--fake" else "nccl")
+
+
 @pytest.fixture(scope="module")
 def real_gpu(tmp_path_factory):
     if MPIEXEC is None:
@@ -500,6 +515,15 @@ def test_gpu_solve_matches_serial(real_gpu, case):
     assert rec["rel_err_gpu"] <= 1e-10, rec
     assert rec["its_gpu"] <= rec["its"] <= rec["its_gpu"] + 1, rec
     assert rec["serial_gpu_vs_cpu"] <= 1e-10, rec
+
+
+@pytest.mark.gpu
+@needs_mpi
+def test_gpu_device_reductions(real_gpu):
+    """allreduce_sum on CuPy arrays under ``mpiexec -n 2``: ncclAllReduce where each rank has
+    its own GPU (else host staging), float64 / float32 / complex128 to a few eps."""
+    rec = real_gpu["q1-2d"]
+    _check_reduce(real_gpu["reduce"], "host" if rec["shared_gpu"] else rec["expected_transport"])
 
 
 def test_mpiexec_flags_for_open_mpi():
