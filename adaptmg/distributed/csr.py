@@ -282,9 +282,9 @@ class DistCSR:
         g0 = self._gbuf.data.ptr if self._gbuf.size else 0
         s0 = self._sdev.data.ptr if self._sdev.size else 0
         self._nccl_dt, self._nstream_ptr = dt, self._nstream.ptr
-        self._nccl_recv = [(g0 + s.start * size, (s.stop - s.start) * factor, int(q))
-                           for q, s in self._recv]
-        self._nccl_send = [(s0 + s.start * size, (s.stop - s.start) * factor, int(q))
+        self._nccl_recv = [(int(g0 + s.start * size), int((s.stop - s.start) * factor), int(q))
+                           for q, s in self._recv]                       # Python ints
+        self._nccl_send = [(int(s0 + s.start * size), int((s.stop - s.start) * factor), int(q))
                            for q, s in self._sslices]
         # nothing to send or receive on this rank: the exchange is skipped (no group, no events)
         self._nccl_idle = not (self._nccl_recv or self._nccl_send)
