@@ -336,6 +336,8 @@ class NcclSum:
 
     def __call__(self, a):
         xp = self.xp
+        if not isinstance(a, xp.ndarray):
+            raise TypeError(f"NcclSum reduces device (CuPy) arrays, got {type(a).__name__}")
         a = xp.ascontiguousarray(a)
         dt, factor = nccl_type(self.nccl, a.dtype)
         out = xp.empty_like(a)
