@@ -21,7 +21,7 @@ import scipy.sparse as sp
 
 __all__ = ["Backend", "get_backend", "gpu_available", "backend_of", "is_device_array",
            "is_device_sparse", "is_device_linear_operator", "is_device_error", "is_sparse",
-           "to_device", "to_host", "call_points", "CPU", "nccl_module"]
+           "to_device", "to_host", "host_copies", "call_points", "CPU", "nccl_module"]
 
 
 @dataclass(frozen=True)
@@ -169,15 +169,28 @@ def backend_of(*arrays) -> Backend:
     return CPU
 
 
+#: device -> host copies made by :func:`to_host` in this process (:func:`host_copies`)
+_HOST_COPIES = [0]
+
+
 def to_host(a):
-    """Return ``a`` as a NumPy array / SciPy sparse matrix (no copy on the host)."""
+    """Return ``a`` as a NumPy array / SciPy sparse matrix (no copy on the host).
+
+    A device object is copied (one synchronisation of the current stream) and counted in
+    :func:`host_copies`."""
     if a is None:
         return None
-    if _is_cupy_sparse(a):
-        return a.get()
-    if _is_cupy_array(a):
+    if _is_cupy_sparse(a) or _is_cupy_array(a):
+        _HOST_COPIES[0] += 1
         return a.get()
     return a
+
+
+def host_copies() -> int:
+    """How many device -> host copies :func:`to_host` made so far in this process (read it
+    before and after a solve to count its host synchronisations; the Krylov solvers bring
+    their scalars and norms to the host through :func:`to_host`)."""
+    return _HOST_COPIES[0]
 
 
 # user callables that raised TypeError on device arrays: evaluated on the host from then on

@@ -21,7 +21,9 @@ includes the load imbalance, e.g. while rank 0 runs the agglomerated coarse leve
 coarse solver's share (rank 0's seconds in the serial cycle of those levels over the solve,
 measured in one more solve with the device synchronised around each visit), and the
 parallel efficiency (weak: (t_1 / N_1) / (t_P / (N_P / P)), N the DoFs, since the
-refinement steps make N_P / P differ from N_1 a little; strong: t_1 / (P t_P)).
+refinement steps make N_P / P differ from N_1 a little; strong: t_1 / (P t_P)), and ``D2H``:
+the device -> host copies (host synchronisations, :func:`adaptmg.backend.host_copies`) of
+rank 0 in one solve (GPU; 0 on the CPU).
 
 P = 1 is the serial code path (``multigrid().solve(accel="cg")``).  The mesh is replicated
 on every rank; with ``--setup local`` the finest level's assembly, constrained matrix and
@@ -82,10 +84,13 @@ def worker(args):
     assembled = comm.allgather(r.timings.get("fine_cells_assembled", mesh.num_cells))
     cpu = comm.allgather(r.timings.get("setup_cpu", setup[comm.Get_rank()]))
     phases = comm.allgather({k: round(v, 3) for k, v in r.timings.items() if k.endswith("_s")})
+    from adaptmg.backend import host_copies
     solves, halos = [], []
     for _ in range(args.repeat):
         comm.Barrier()
+        h0 = host_copies()
         t_solve, t_halo, its = solve_only(r, b, comm)
+        copies = host_copies() - h0                 # device -> host copies (rank 0, last solve)
         solves.append(t_solve)
         halos.append(t_halo)
     t = float(np.median(solves))
@@ -99,7 +104,7 @@ def worker(args):
         print(json.dumps(dict(P=P, backend=args.backend, transport=getattr(r.mg, "transport", "-"),
                               dofs=space.num_dofs, cells=mesh.num_cells, setup=max(setup),
                               setup_per_rank=setup, setup_cpu=cpu, phases=phases, assembled=assembled, mode_setup=args.setup, solve=t_max,
-                              its=its, halo=halo_max, coarse=coarse, wall=time.perf_counter() - t0)),
+                              its=its, host_copies=copies, halo=halo_max, coarse=coarse, wall=time.perf_counter() - t0)),
               flush=True)
 
 
@@ -191,7 +196,7 @@ def driver(args):
           f"({'CPU/MPI' if args.backend == 'cpu' else 'GPU, transport ' + str(rows[-1].get('transport'))}, "
           f"{os.cpu_count()} cores)")
     print(f"{'P':>3} {'set-up':>10} {'DoFs':>10} {'setup s':>9} {'solve s':>9} {'its':>4} {'halo %':>7} "
-          f"{'coarse %':>8} {'eff %':>6}  set-up s per rank / finest cells assembled per rank (of all)")
+          f"{'coarse %':>8} {'eff %':>6} {'D2H':>4}  set-up s per rank / finest cells assembled per rank (of all)")
     for r in rows:
         eff = "-"
         if t1 is not None:
@@ -205,8 +210,9 @@ def driver(args):
         cells = " ".join(str(c) for c in r["assembled"])
         cpu = " ".join(f"{t:.3f}" for t in r["setup_cpu"])
         coarse = "-" if r.get("coarse") is None else f"{100 * r['coarse']:.1f}"
+        d2h = r.get("host_copies", "-")
         print(f"{r['P']:>3} {mode:>10} {r['dofs']:>10} {r['setup']:>9.3f} {r['solve']:>9.4f} {r['its']:>4} "
-              f"{100 * r['halo'] / r['solve']:>7.1f} {coarse:>8} {eff:>6}  [{per}] cpu [{cpu}] / [{cells}] ({r['cells']})")
+              f"{100 * r['halo'] / r['solve']:>7.1f} {coarse:>8} {eff:>6} {d2h:>4}  [{per}] cpu [{cpu}] / [{cells}] ({r['cells']})")
         if args.phases and any(r["phases"]):
             for q, ph in enumerate(r["phases"]):
                 print(f"      rank {q}: " + ", ".join(f"{k} {v:.3f}" for k, v in ph.items()))

@@ -21,6 +21,9 @@ GPU backend (see :mod:`.csr` for the exchange itself):
   stream), the latter only when every rank sits on a different GPU (NCCL refuses two ranks
   on one device) and ``cupy.cuda.nccl`` is available; :func:`choose_transport` is the
   rule.  ``"mpi"`` names the CPU backend's exchange (NumPy buffers).
+* :func:`allreduce_sum` -- the Krylov solvers' global reductions: a host ``Allreduce``
+  (``"mpi"``, ``"host"``) or, with the NCCL transport, :class:`NcclSum`, an
+  ``ncclAllReduce`` on the device that leaves the result there (no host synchronisation).
 
 Failure policy.  A distributed solve must never hang because one rank failed:
 
@@ -44,7 +47,7 @@ import traceback
 
 import numpy as np
 
-__all__ = ["allreduce_sum", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
+__all__ = ["allreduce_sum", "NcclSum", "nccl_type", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
            "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
            "select_device", "choose_transport", "resolve_transport", "nccl_available",
            "nccl_communicator", "nccl_stream", "TRANSPORTS"]
@@ -267,11 +270,20 @@ def install_excepthook(comm=None) -> None:
     sys.excepthook = hook
 
 
-def allreduce_sum(comm):
-    """``partial -> sum over the ranks of comm`` (one ``Allreduce`` of a NumPy array): the
-    reduction that :func:`adaptmg.linalg._vectorops.global_reductions` takes to make the
-    Krylov solvers' inner products and norms global.  A CuPy partial is copied to the host,
-    reduced there and returned as a CuPy array."""
+def allreduce_sum(comm, transport="mpi"):
+    """``partial -> sum over the ranks of comm``: the reduction that
+    :func:`adaptmg.linalg._vectorops.global_reductions` takes to make the Krylov solvers'
+    inner products and norms global.
+
+    ``transport`` (the hierarchy's halo transport, :func:`resolve_transport`): ``"mpi"``
+    (CPU) and ``"host"`` -- one ``Allreduce`` of a NumPy array; a CuPy partial is copied to
+    the host (a synchronisation), reduced there and uploaded again.  ``"nccl"`` -- a
+    :class:`NcclSum`: the partial is summed on the device (``ncclAllReduce``), the result is
+    a device array and the host does not wait."""
+    if transport == "nccl":
+        return NcclSum(comm)
+    if transport not in ("mpi", "host"):
+        raise ValueError(f"allreduce_sum: transport must be 'mpi', 'host' or 'nccl', got {transport!r}")
     from ..backend import backend_of, is_device_array, to_host
 
     def f(a):
@@ -283,10 +295,68 @@ def allreduce_sum(comm):
     return f
 
 
-class HaloTimer:
-    """Accumulates the seconds spent in halo exchanges (posting, packing, waiting)."""
+def nccl_type(nccl, dtype):
+    """``(NCCL data type constant, entries per element)`` for ``dtype``: a complex array is
+    sent (and summed: the sum of complex numbers is the sum of their real and imaginary
+    parts) as twice as many entries of its real type."""
+    dtype = np.dtype(dtype)
+    factor = 2 if dtype.kind == "c" else 1
+    base = dtype.type(0).real.dtype if factor == 2 else dtype
+    names = {"float64": "NCCL_FLOAT64", "float32": "NCCL_FLOAT32", "int64": "NCCL_INT64",
+             "int32": "NCCL_INT32"}
+    name = names.get(base.name)
+    if name is None:
+        raise TypeError(f"no NCCL type for dtype {dtype}")
+    return getattr(nccl, name), factor
 
-    __slots__ = ("seconds", "exchanges", "bytes")
+
+class NcclSum:
+    r"""``a -> sum over the ranks of comm of a`` on the device: one ``ncclAllReduce`` (sum)
+    of the CuPy array ``a`` into a new device array, which is returned.
+
+    Ordering (the same pattern as the NCCL halo exchange of :mod:`.csr`): an event recorded
+    on the current stream after ``a`` was computed, the communicator's stream
+    (:func:`nccl_stream`, where all of its NCCL work goes, in the same order on every rank)
+    waits for it, runs the allreduce and records a second event that the current stream
+    waits for.  So the result is read only after the allreduce, and ``a``'s and the
+    result's memory (CuPy's pool reuses it in order on the current stream) is not reused
+    before it; the host never waits.  ``calls`` counts the reductions."""
+
+    def __init__(self, comm):
+        from ..backend import get_backend, nccl_module
+        self.xp = xp = get_backend("gpu").xp
+        self.nccl = nccl_module()
+        self.op = getattr(self.nccl, "NCCL_SUM", 0)       # ncclSum is 0 in every NCCL version
+        self.nc = nccl_communicator(comm)
+        self.stream = nccl_stream(comm)
+        self.sptr = self.stream.ptr
+        self.ready = xp.cuda.Event(disable_timing=True)    # after the partial (current stream)
+        self.done = xp.cuda.Event(disable_timing=True)     # after the allreduce (NCCL stream)
+        self.calls = 0
+
+    def __call__(self, a):
+        xp = self.xp
+        if not isinstance(a, xp.ndarray):
+            raise TypeError(f"NcclSum reduces device (CuPy) arrays, got {type(a).__name__}")
+        a = xp.ascontiguousarray(a)
+        dt, factor = nccl_type(self.nccl, a.dtype)
+        out = xp.empty_like(a)
+        cur = xp.cuda.get_current_stream()
+        self.ready.record(cur)
+        self.stream.wait_event(self.ready)
+        self.nc.allReduce(a.data.ptr, out.data.ptr, a.size * factor, dt, self.op, self.sptr)
+        self.done.record(self.stream)
+        cur.wait_event(self.done)
+        self.calls += 1
+        return out
+
+
+class HaloTimer:
+    """Accumulates the seconds spent in halo exchanges (posting, packing, waiting), their
+    number, the bytes sent, and ``idle``: NCCL exchanges skipped because this rank had
+    nothing to send or receive in them (counted in ``exchanges`` too)."""
+
+    __slots__ = ("seconds", "exchanges", "bytes", "idle")
 
     def __init__(self):
         self.reset()
@@ -295,6 +365,7 @@ class HaloTimer:
         self.seconds = 0.0
         self.exchanges = 0
         self.bytes = 0
+        self.idle = 0
 
     @staticmethod
     def now():

@@ -42,12 +42,18 @@ CuPy arrays.  One exchange, by ``transport`` (:func:`.comm.resolve_transport`):
   the device), and the current stream waits for an event recorded after the group before
   the ghost block's SpMV.  Nothing waits on the host.  Successive exchanges are ordered by
   the same two events (the next ``take`` follows the ghost SpMV on the current stream).
+  Everything a post needs (NCCL data type, stream handle, per neighbour the buffer address
+  and count) is computed once (:meth:`DistCSR._nccl_plan`): a post is the gather, two
+  event operations and the group.  A rank with nothing to send or receive in an exchange
+  (a level folded onto other ranks) skips it altogether (``HaloTimer.idle``).
   Only when every rank has its own GPU.  **Not run in the test suite** (it needs two or
   more GPUs; the stand-in of ``tests/distributed/fake_cupy.py`` checks the bookkeeping).
 
 The halo timer then measures the host side only (posting, copies, waiting).
-Reductions of device vectors: the local dots with the array module of the vectors, one
-D2H copy of the partial sums, one host ``Allreduce`` in float64 (:func:`dots`).
+Reductions of device vectors here (:func:`dots`): the local dots with the array module of
+the vectors, one D2H copy of the partial sums, one host ``Allreduce`` in float64.  The
+Krylov solve's reductions go through :func:`.comm.allreduce_sum` instead (on the device
+with NCCL).
 """
 from __future__ import annotations
 
@@ -58,7 +64,7 @@ import scipy.sparse as sp
 
 from ..backend import CPU, get_backend, is_device_array, is_device_sparse, nccl_module, to_host
 from ..device import kernels as K
-from .comm import HaloTimer, nccl_communicator, nccl_stream, resolve_transport
+from .comm import HaloTimer, nccl_communicator, nccl_stream, nccl_type, resolve_transport
 
 __all__ = ["Layout", "DistCSR", "dot", "dots", "norm"]
 
@@ -263,6 +269,25 @@ class DistCSR:
             self._nccl, self._nstream = nccl_communicator(self.comm), nccl_stream(self.comm)
             self._sent = xp.cuda.Event(disable_timing=True)      # after the gather (current)
             self._landed = xp.cuda.Event(disable_timing=True)    # after the group (NCCL stream)
+            self._nccl_plan()
+
+    def _nccl_plan(self):
+        """The per-exchange constants of the NCCL transport, computed once: the module, the
+        data type constant, the stream's handle, and per neighbour ``(address, count, peer)``
+        of its part of the ghost buffer (receives) and of the send buffer (sends): the buffers
+        are allocated once, so their addresses never change."""
+        nccl = self._nccl_mod = nccl_module()
+        dt, factor = nccl_type(nccl, self.dtype)
+        size = self.dtype.itemsize
+        g0 = self._gbuf.data.ptr if self._gbuf.size else 0
+        s0 = self._sdev.data.ptr if self._sdev.size else 0
+        self._nccl_dt, self._nstream_ptr = dt, self._nstream.ptr
+        self._nccl_recv = [(int(g0 + s.start * size), int((s.stop - s.start) * factor), int(q))
+                           for q, s in self._recv]                       # Python ints
+        self._nccl_send = [(int(s0 + s.start * size), int((s.stop - s.start) * factor), int(q))
+                           for q, s in self._sslices]
+        # nothing to send or receive on this rank: the exchange is skipped (no group, no events)
+        self._nccl_idle = not (self._nccl_recv or self._nccl_send)
 
     @property
     def neighbours(self):
@@ -290,56 +315,66 @@ class DistCSR:
         return reqs
 
     def _wait(self, reqs):
-        from mpi4py import MPI
         t = self.timer
         t0 = t.now()
-        MPI.Request.Waitall(reqs)
-        if self.transport == "host" and self.ghosts.size:
-            # received values -> device ghost buffer, on the current stream (ordered before
-            # the ghost block's SpMV); the next exchange waits for it before reusing _ghost
-            xp = self._xp
-            stream = xp.cuda.get_current_stream()
-            self._gbuf.set(self._ghost, stream=stream)
-            if self._h2d is None:
-                self._h2d = xp.cuda.Event(disable_timing=True)
-            self._h2d.record(stream)
-        elif self.transport == "nccl":        # the ghost SpMV after the group (device-side wait)
-            self._xp.cuda.get_current_stream().wait_event(self._landed)
+        if self.transport == "nccl":          # the ghost SpMV after the group (device-side wait)
+            if reqs is not None:
+                reqs.wait_event(self._landed)
+        else:
+            from mpi4py import MPI
+            MPI.Request.Waitall(reqs)
+            if self.transport == "host" and self.ghosts.size:
+                # received values -> device ghost buffer, on the current stream (ordered before
+                # the ghost block's SpMV); the next exchange waits for it before reusing _ghost
+                xp = self._xp
+                stream = xp.cuda.get_current_stream()
+                self._gbuf.set(self._ghost, stream=stream)
+                if self._h2d is None:
+                    self._h2d = xp.cuda.Event(disable_timing=True)
+                self._h2d.record(stream)
         t.seconds += t.now() - t0
         t.exchanges += 1
 
     def _post_device(self, x):
-        """Gather the send entries on the device and start the exchange (module doc)."""
+        """Gather the send entries on the device and start the exchange (module doc).  NCCL:
+        returns the current stream (which :meth:`_wait` makes wait for the group), or None
+        when this rank has nothing to send or receive; host staging: the MPI requests."""
         t = self.timer
         t0 = t.now()
-        xp, comm = self._xp, self.comm
-        if self._sidx.size:
-            xp.take(x, self._sidx, out=self._sdev)
-        reqs = []
         if self.transport == "nccl":
-            nccl = nccl_module()
-            dt = _nccl_type(nccl, self.dtype)
-            self._sent.record(xp.cuda.get_current_stream())
-            self._nstream.wait_event(self._sent)
-            stream = self._nstream.ptr
-            nc = self._nccl
+            if self._nccl_idle:
+                t.idle += 1
+                return None
+            xp = self._xp
+            stream = xp.cuda.get_current_stream()
+            if self._nccl_send:
+                xp.take(x, self._sidx, out=self._sdev)
+            self._sent.record(stream)
+            ns = self._nstream
+            ns.wait_event(self._sent)
+            nccl, nc, dt, sptr = self._nccl_mod, self._nccl, self._nccl_dt, self._nstream_ptr
             nccl.groupStart()
             try:
-                for q, s in self._recv:
-                    nc.recv(self._gbuf[s].data.ptr, int(s.stop - s.start), dt, int(q), stream)
-                for q, s in self._sslices:
-                    nc.send(self._sdev[s].data.ptr, int(s.stop - s.start), dt, int(q), stream)
+                for ptr, n, q in self._nccl_recv:
+                    nc.recv(ptr, n, dt, q, sptr)
+                for ptr, n, q in self._nccl_send:
+                    nc.send(ptr, n, dt, q, sptr)
             finally:
                 nccl.groupEnd()
-            self._landed.record(self._nstream)
-        else:                                    # host staging
-            if self._h2d is not None and self._recv:
-                self._h2d.synchronize()          # the last H2D copy out of _ghost is done
-            reqs = [comm.Irecv(self._ghost[s], source=q, tag=_TAG) for q, s in self._recv]
-            if self._sidx.size:
-                self._sdev.get(out=self._shost)  # D2H, blocking (waits for the gather)
-                for q, s in self._sslices:
-                    reqs.append(comm.Isend(self._shost[s], dest=q, tag=_TAG))
+            self._landed.record(ns)
+            t.bytes += self._sdev.nbytes
+            t.seconds += t.now() - t0
+            return stream
+        xp, comm = self._xp, self.comm                # host staging
+        if self._sidx.size:
+            xp.take(x, self._sidx, out=self._sdev)
+        if self._h2d is not None and self._recv:
+            self._h2d.synchronize()          # the last H2D copy out of _ghost is done
+        reqs = [comm.Irecv(self._ghost[s], source=q, tag=_TAG) for q, s in self._recv]
+        if self._sidx.size:
+            self._sdev.get(out=self._shost)  # D2H, blocking (waits for the gather)
+            for q, s in self._sslices:
+                reqs.append(comm.Isend(self._shost[s], dest=q, tag=_TAG))
         t.bytes += self._sdev.nbytes
         t.seconds += t.now() - t0
         return reqs
@@ -413,16 +448,6 @@ def _pinned(xp, n, dtype):
         a = np.empty(n, dtype)
     a[...] = 0
     return a
-
-
-def _nccl_type(nccl, dtype):
-    """NCCL's data type constant for ``dtype``."""
-    names = {"float64": "NCCL_FLOAT64", "float32": "NCCL_FLOAT32", "int64": "NCCL_INT64",
-             "int32": "NCCL_INT32"}
-    name = names.get(np.dtype(dtype).name)
-    if name is None:
-        raise TypeError(f"no NCCL type for dtype {dtype}")
-    return getattr(nccl, name)
 
 
 def _split(be, Ml, cols, rank):

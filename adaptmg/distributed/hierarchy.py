@@ -428,6 +428,7 @@ class DistributedHierarchy:
         #: halo exchanges of the set-up itself (the smoothers' lambda_max estimates run the
         #: distributed product on the hierarchy's backend)
         self.setup_exchanges = self.timer.exchanges
+        self.setup_idle = self.timer.idle          # ... of them skipped (NCCL, nothing to move)
 
     def _solver(self):
         """The one MultilevelSolver: levels ``c - 1 .. L`` (DistCSR operators, the owned-rows

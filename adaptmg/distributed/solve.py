@@ -24,9 +24,10 @@ serial hierarchy is built on it by every rank with :func:`adaptmg.multigrid`'s G
 (rank 0 runs its cycle), the distributed levels are set up on the device from the rank's
 cells (:mod:`.hierarchy`: rows assembled and constrained there, :class:`~.csr.DistCSR` split
 there, smoothers built on the device blocks);
-the Krylov vectors and the cycle are CuPy arrays, reductions go through one host
-``Allreduce``, halo exchanges through host-staged MPI (or NCCL when every rank has its own
-GPU; ``transport=``).  ``result.u`` and ``result.x`` are host NumPy arrays (gathered) as on
+the Krylov vectors and the cycle are CuPy arrays, halo exchanges go through host-staged MPI
+(or NCCL when every rank has its own GPU; ``transport=``), reductions through one host
+``Allreduce`` (host staging) or one ``ncclAllReduce`` on the device (NCCL: the inner
+products stay on the device, the host waits once per CG iteration, for the stopping test).  ``result.u`` and ``result.x`` are host NumPy arrays (gathered) as on
 the CPU; ``result.x_local`` (and the ``x`` given to ``callback``) is then a CuPy array.  Note
 that :func:`adaptmg.multigrid`'s ``coarse_max_rows="auto"`` drops the levels below 2000 rows
 on the GPU: pass ``coarse_max_rows=None`` for the CPU hierarchy.
@@ -227,7 +228,7 @@ def resolve(mg, f_loc, *, accel="cg", cycle="V", rtol=1e-8, maxiter=200, callbac
             callback(its[0], arg)
 
     kw = {"callback_type": "pr_norm"} if accel in ("gmres", "fgmres") else {}
-    with global_reductions(allreduce_sum(comm)):
+    with global_reductions(allreduce_sum(comm, mg.transport)):     # NCCL: on the device
         x, info = getattr(linalg, accel)(mg.A, f_loc, rtol=rtol, atol=0.0, maxiter=maxiter, M=M,
                                          callback=cb, **kw)
         r = f_loc.copy()

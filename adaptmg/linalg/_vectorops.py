@@ -16,7 +16,10 @@ solvers is an inner product of :class:`VectorOps` (:meth:`~VectorOps.dot`,
 element-wise or works on reduced scalars.  Inside ``with global_reductions(allreduce):``
 each of them is completed by ``allreduce(partial)``, which sums an array of partial
 sums over all ranks (e.g. one MPI ``Allreduce``) and returns an array of the same kind
-and shape.  Vectors then hold each rank's owned entries and the solvers run unchanged
+and shape.  A device ``allreduce`` that returns a device array without synchronising
+(NCCL, :func:`adaptmg.distributed.comm.allreduce_sum`) keeps the inner products on the
+device: the solvers' only host copies are then those of :meth:`VectorOps.host` and of
+the norms (:func:`global_norm`), all through :func:`adaptmg.backend.to_host`.  Vectors then hold each rank's owned entries and the solvers run unchanged
 on them (give ``maxiter`` explicitly: its default depends on the local length).  The
 hook is a context variable: scoped to the block and to the calling thread.
 """
@@ -53,9 +56,9 @@ def global_norm(xp, v) -> float:
     """``||v||_2`` as a host float, over all ranks inside :func:`global_reductions`."""
     f = _ALLREDUCE.get()
     if f is None:
-        return float(xp.linalg.norm(v))
+        return float(to_host(xp.linalg.norm(v)))
     ss = f(xp.asarray(xp.vdot(v, v).real).reshape(1))
-    return math.sqrt(max(float(ss[0]), 0.0))
+    return math.sqrt(max(float(to_host(ss)[0]), 0.0))      # the one (counted) host copy
 
 
 # --------------------------------------------------------------------------

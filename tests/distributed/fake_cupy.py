@@ -14,8 +14,10 @@ transport choice), under a real ``mpiexec``.  What it cannot: anything CUDA itse
 (streams, asynchrony, cuSPARSE, NCCL) -- that needs the real GPU tests (``-m gpu``).
 Used by ``mpi_cases.py solve-gpu OUT --fake`` (one device shared by the ranks: host staging)
 and ``--fake-nccl`` (one device per rank and a stand-in for ``cupy.cuda.nccl`` whose
-grouped ``send``/``recv`` of device addresses are carried out by MPI at ``groupEnd``: the
-bookkeeping of the NCCL transport, not NCCL).  The serial *GPU* solve (CUDA graphs) is not
+grouped ``send``/``recv`` of device addresses are carried out by MPI at ``groupEnd`` and
+whose ``allReduce`` by an MPI ``Allreduce`` at once: the bookkeeping of the NCCL transport
+and of the device reductions, not NCCL).  ``get`` counts device -> host copies
+(:func:`device_to_host`), the NCCL stand-in its allreduces (:func:`nccl_allreduces`).  The serial *GPU* solve (CUDA graphs) is not
 run under it.
 """
 import types
@@ -32,6 +34,7 @@ class ndarray(np.ndarray):
         return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
 
     def get(self, stream=None, order="C", out=None, blocking=True):
+        _STATE["gets"] += 1                      # a device -> host copy
         host = self.view(np.ndarray)
         if out is None:
             return np.array(host, copy=True)
@@ -120,7 +123,8 @@ class _Device:
         pass
 
 
-_STATE = {"device": None, "pinned": 0, "count": 1, "nccl_calls": 0, "stream_waits": 0}
+_STATE = {"device": None, "pinned": 0, "count": 1, "nccl_calls": 0, "stream_waits": 0, "gets": 0,
+          "nccl_allreduces": 0}
 
 
 def _pinned(nbytes):
@@ -160,6 +164,8 @@ class _XP(types.ModuleType):
     zeros_like = staticmethod(lambda a, *r, **k: _dev(np.zeros_like(a, *r, **k)))
     empty_like = staticmethod(lambda a, *r, **k: _dev(np.empty_like(a, *r, **k)))
     arange = staticmethod(lambda *a, **k: _dev(np.arange(*a, **k)))
+    stack = staticmethod(lambda *a, **k: _dev(np.stack(*a, **k)))
+    ascontiguousarray = staticmethod(lambda *a, **k: _dev(np.ascontiguousarray(*a, **k)))
 
     @staticmethod
     def take(a, indices, axis=None, out=None):
@@ -237,6 +243,19 @@ class _NcclCommunicator:
     def recv(self, recvbuf, count, datatype, peer, stream):
         _GROUP.append(("recv", self, int(recvbuf), int(count), _NCCL_TYPES[datatype], int(peer)))
 
+    def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
+        """ncclAllReduce (sum only), carried out at once by an MPI Allreduce."""
+        if _GROUP:
+            raise RuntimeError("fake nccl: allReduce inside a send/recv group")
+        if op != nccl.NCCL_SUM:
+            raise NotImplementedError(f"fake nccl: reduction op {op}")
+        dt = _NCCL_TYPES[datatype]
+        src = np.array(_at(int(sendbuf), int(count), dt))
+        out = np.empty_like(src)
+        self.mpi.Allreduce(src, out)
+        _at(int(recvbuf), int(count), dt)[...] = out
+        _STATE["nccl_allreduces"] += 1
+
 
 _GROUP = []
 
@@ -266,6 +285,7 @@ def _group_end():
 nccl = types.ModuleType("cupy.cuda.nccl")
 nccl.available = True
 nccl.NCCL_FLOAT64, nccl.NCCL_FLOAT32, nccl.NCCL_INT64, nccl.NCCL_INT32 = 7, 6, 4, 2
+nccl.NCCL_SUM = 0
 nccl.NcclCommunicator = _NcclCommunicator
 nccl.get_unique_id = lambda: tuple(range(128))
 nccl.groupStart = _group_start
@@ -298,6 +318,15 @@ def nccl_calls():
 
 def stream_waits():
     return _STATE["stream_waits"]
+
+
+def device_to_host():
+    """Device -> host copies (``get``) of stand-in device arrays so far."""
+    return _STATE["gets"]
+
+
+def nccl_allreduces():
+    return _STATE["nccl_allreduces"]
 
 
 def selected_device():

@@ -142,6 +142,42 @@ def record(name, space, A, b, kw, serial_comm):
                 describe_ranks=[r["ranks"] for r in dist.mg.describe()]), dist
 
 
+def sync_counts(mg, b):
+    """Solve once more on the set-up hierarchy ``mg`` (:func:`adaptmg.distributed.resolve`, CG
+    to 1e-10 from zero) and count: CG iterations, calls of the Krylov reduction hook (the
+    ``allreduce_sum`` it was given, wrapped), host copies through ``adaptmg.backend.to_host``,
+    and with the stand-in device every device -> host ``get`` and NCCL allreduce."""
+    import adaptmg.distributed.solve  # noqa: F401  (the package's name ``solve`` is the function)
+    S = sys.modules["adaptmg.distributed.solve"]
+    from adaptmg.backend import host_copies
+    fake = sys.modules.get("fake_cupy")
+    f_loc = mg.backend.asarray(mg.constrain_local(b))
+    orig, calls = S.allreduce_sum, [0]
+
+    def counting(comm, transport="mpi"):
+        f = orig(comm, transport)
+
+        def g(a):
+            calls[0] += 1
+            return f(a)
+        return g
+
+    def snap():
+        return (host_copies(), fake.device_to_host() if fake else 0,
+                fake.nccl_allreduces() if fake else 0, mg.timer.exchanges, mg.timer.idle)
+
+    S.allreduce_sum = counting
+    try:
+        before = snap()
+        _, info, its, _ = S.resolve(mg, f_loc, rtol=1e-10, maxiter=100)
+        after = snap()
+    finally:
+        S.allreduce_sum = orig
+    copies, gets, nccl, exchanges, idle = (int(a - b_) for a, b_ in zip(after, before))
+    return dict(its=its, info=info, reductions=calls[0], host_copies=copies, gets=gets,
+                nccl_allreduces=nccl, exchanges=exchanges, idle=idle)
+
+
 def hook_record():
     """VectorOps reductions under global_reductions(Allreduce) vs the allgathered vectors."""
     rng = np.random.default_rng(COMM.rank)
@@ -185,6 +221,7 @@ def run_solve(out):
             recs.append(rec3)
             rec4, _ = record("q1-2d-replicated", space, A, b, dict(local_setup=False), serial_comm)
             recs.append(rec4)
+            hook["sync"] = COMM.allgather(sync_counts(dist.mg, b))
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 short = solve(space, A, b, comm=COMM, rtol=1e-10, maxiter=2, agglomerate_below=50)
@@ -259,6 +296,26 @@ def _off_device(mg):
     return sorted(set(bad))
 
 
+def reduce_record(transport):
+    """``allreduce_sum(COMM, transport)`` of device arrays (float64, float32, complex128) against
+    the sum of the gathered host arrays: relative error in units of the dtype's eps, and
+    whether the result stays on the device with the same shape and dtype."""
+    from adaptmg.backend import get_backend, is_device_array, to_host
+    xp = get_backend("gpu").xp
+    f = allreduce_sum(COMM, transport)
+    rng = np.random.default_rng(10 + COMM.rank)
+    errs, same = {}, True
+    for dt in ("float64", "float32", "complex128"):
+        h = rng.standard_normal(5) + (1j * rng.standard_normal(5) if dt.startswith("complex") else 0)
+        h = h.astype(dt)
+        ref = np.sum(COMM.allgather(h.astype(np.complex128)), axis=0)
+        out = f(xp.asarray(h))
+        same &= is_device_array(out) and out.shape == h.shape and out.dtype == h.dtype
+        eps = np.finfo(h.real.dtype).eps
+        errs[dt] = float(np.abs(to_host(out) - ref).max() / np.abs(ref).max() / eps)
+    return dict(case="reduce", transport=transport, device_out=bool(same), eps_err=errs)
+
+
 def run_solve_gpu(out, fake):
     """Every GPU_CASES problem with backend="gpu" on all ranks vs one rank (GPU and CPU)."""
     from adaptmg.backend import is_device_array
@@ -288,6 +345,8 @@ def run_solve_gpu(out, fake):
                    halo_bytes=COMM.allgather(mg.timer.bytes),
                    exchanges=COMM.allgather(mg.timer.exchanges),
                    setup_exchanges=COMM.allgather(mg.setup_exchanges),
+                   idle=COMM.allgather(mg.timer.idle), setup_idle=COMM.allgather(mg.setup_idle),
+                   sync=COMM.allgather(sync_counts(mg, b)),
                    active_ranks=dist.active_ranks, agglomerated=mg.c, levels=len(mg.levels))
         if gpu is not None:
             from adaptmg.distributed.comm import _placement, choose_transport, nccl_available
@@ -298,11 +357,13 @@ def run_solve_gpu(out, fake):
                        shared_gpu=len(set(map(tuple, places))) < len(places),
                        expected_transport=choose_transport("auto", places, ok)[0])
         recs.append(rec)
+    recs.append(reduce_record(mg.transport))
     if fake:
         import fake_cupy
         recs.append(dict(case="fake", mode=fake, pinned=COMM.allgather(fake_cupy.pinned_allocations()),
                          device=COMM.allgather(fake_cupy.selected_device()),
                          nccl_calls=COMM.allgather(fake_cupy.nccl_calls()),
+                         nccl_allreduces=COMM.allgather(fake_cupy.nccl_allreduces()),
                          stream_waits=COMM.allgather(fake_cupy.stream_waits())))
     if COMM.rank == 0:
         with open(out, "w") as fh:

@@ -172,3 +172,19 @@ def test_solve_rejects_an_unknown_transport():
         solve(space, assemble.stiffness, b, comm=OneRank(), transport="ucx")
     res = solve(space, assemble.stiffness, b, comm=OneRank(), transport="host")   # CPU: ignored
     assert res.info == 0 and isinstance(res.u, np.ndarray)
+
+
+def test_nccl_type_and_reduction_choice():
+    """NCCL data types (complex as twice as many entries of the real type; no NCCL type is a
+    TypeError), and allreduce_sum's choice by transport: the device reduction for "nccl", an
+    unknown transport a ValueError naming it."""
+    nccl = fake_cupy.nccl
+    assert C.nccl_type(nccl, np.float64) == (nccl.NCCL_FLOAT64, 1)
+    assert C.nccl_type(nccl, np.float32) == (nccl.NCCL_FLOAT32, 1)
+    assert C.nccl_type(nccl, np.complex128) == (nccl.NCCL_FLOAT64, 2)
+    assert C.nccl_type(nccl, np.complex64) == (nccl.NCCL_FLOAT32, 2)
+    with pytest.raises(TypeError, match="no NCCL type for dtype float16"):
+        C.nccl_type(nccl, np.float16)
+    with pytest.raises(ValueError, match="'gloo'"):
+        C.allreduce_sum(_Comm(), "gloo")
+    assert callable(C.allreduce_sum(_Comm(), "host")) and callable(C.allreduce_sum(_Comm()))

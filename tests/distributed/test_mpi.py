@@ -209,6 +209,42 @@ def test_vectorops_hook_reduces_over_ranks(results):
         assert hook[key] <= 1e-13, hook
 
 
+#: host synchronisations of one distributed CG solve (:func:`adaptmg.distributed.resolve`)
+#: outside its iterations: ||b||, the true residual at convergence, the two norms resolve
+#: returns.  Per iteration: 3 inner products (p.Ap, r.r, r.z) and one host copy (the stopping
+#: test; with the NCCL reduction the inner products stay on the device)
+SYNC_EXTRA = 4
+
+
+def _check_sync(sync, transport):
+    """The reduction / host-copy counts of one CG solve on every rank (``sync_counts`` of
+    mpi_cases.py) against the bounds above: a reduction or a host copy more per iteration
+    (e.g. the inner products taken back to the host under NCCL) fails."""
+    for s in sync:
+        its = s["its"]
+        assert s["info"] == 0 and its >= 3, s
+        assert s["reductions"] <= 3 * its + SYNC_EXTRA, s
+        if transport == "mpi":                       # CPU ranks: NumPy vectors, nothing to copy
+            assert s["host_copies"] == 0 and s["gets"] == 0, s
+        elif transport == "nccl":                    # every reduction on the device
+            assert s["host_copies"] <= its + SYNC_EXTRA, s
+            assert s["nccl_allreduces"] in (0, s["reductions"]), s    # 0: real NCCL (not counted)
+        else:                                        # host staging: each reduction copies
+            assert s["host_copies"] >= s["reductions"], s
+    if sync[0]["gets"]:                              # the stand-in device counts every get():
+        for s in sync:                               # nothing bypasses to_host under NCCL
+            assert transport != "nccl" or s["gets"] == s["host_copies"], s
+
+
+@needs_mpi
+def test_reductions_per_cg_iteration_on_cpu_ranks(results):
+    """One more CG solve of q1-2d on the set-up hierarchy (CPU ranks): at most 3 Allreduce
+    calls per iteration (+ SYNC_EXTRA per solve), no host copies."""
+    _, _, hook = results
+    _check_sync(hook["sync"], "mpi")
+    assert all(s["reductions"] >= 3 * s["its"] for s in hook["sync"]), hook["sync"]
+
+
 @needs_mpi
 def test_not_converged_is_reported(results):
     """maxiter=2 at rtol 1e-10: info > 0 and a ConvergenceWarning (on every rank alike)."""
@@ -397,6 +433,7 @@ def _check_gpu_record(rec, transport):
     assert rec["local_rank"] == list(range(rec["size"])), rec
     assert rec["levels"] - rec["agglomerated"] >= 2, rec
     assert all(e > 0 for e in rec["exchanges"]), rec
+    _check_sync(rec["sync"], transport)
 
 
 @pytest.fixture(scope="module", params=["--fake", "--fake-nccl"])
@@ -427,12 +464,32 @@ def test_device_path_with_a_stand_in_device(fake_gpu, case):
     else:
         assert fake["device"] == [0, 1] and min(fake["nccl_calls"]) > 0
         # NCCL on its own stream: it waits for the gather, the current stream for the group;
-        # two waits for every exchange of every set-up and solve (exchanges without messages
-        # too): the set-up's lambda_max estimates run the device product as well
+        # two waits for every exchange of every set-up and solve (the set-up's lambda_max
+        # estimates run the device product as well) except those where the rank has nothing
+        # to send or receive (skipped: "idle"), and two for every reduction on the device
         for r in range(2):
-            assert fake["stream_waits"][r] == 2 * sum(recs[c]["exchanges"][r] + recs[c]["setup_exchanges"][r]
-                                                      for c in GPU_CASES), fake
+            moved = sum(recs[c]["exchanges"][r] - recs[c]["idle"][r] + recs[c]["setup_exchanges"][r]
+                        - recs[c]["setup_idle"][r] + recs[c]["sync"][r]["exchanges"]
+                        - recs[c]["sync"][r]["idle"] for c in GPU_CASES)
+            assert fake["stream_waits"][r] == 2 * moved + 2 * fake["nccl_allreduces"][r], fake
         assert all(min(recs[c]["setup_exchanges"]) > 0 for c in GPU_CASES if "replicated" not in c), recs
+        # a level folded onto rank 0: its exchanges move nothing and are skipped
+        assert min(recs["q1-2d-folded"]["idle"]) > 0, recs["q1-2d-folded"]
+
+
+def _check_reduce(rec, transport):
+    """The Krylov reduction of device arrays: summed over the ranks to a few eps in float64,
+    float32 and complex128, the result a device array of the same shape and dtype."""
+    assert rec["transport"] == transport and rec["device_out"], rec
+    assert all(e <= 4 for e in rec["eps_err"].values()), rec
+
+
+@needs_mpi
+def test_device_reductions_with_a_stand_in_device(fake_gpu):
+    """allreduce_sum on "device" arrays: host-staged MPI (one device for both ranks) or the
+    NCCL allreduce (stand-in NCCL, one device per rank), complex arrays as pairs of reals."""
+    mode, recs = fake_gpu
+    _check_reduce(recs["reduce"], "host" if mode == "--fake" else "nccl")
 
 
 @pytest.fixture(scope="module")
@@ -458,6 +515,15 @@ def test_gpu_solve_matches_serial(real_gpu, case):
     assert rec["rel_err_gpu"] <= 1e-10, rec
     assert rec["its_gpu"] <= rec["its"] <= rec["its_gpu"] + 1, rec
     assert rec["serial_gpu_vs_cpu"] <= 1e-10, rec
+
+
+@pytest.mark.gpu
+@needs_mpi
+def test_gpu_device_reductions(real_gpu):
+    """allreduce_sum on CuPy arrays under ``mpiexec -n 2``: ncclAllReduce where each rank has
+    its own GPU (else host staging), float64 / float32 / complex128 to a few eps."""
+    rec = real_gpu["q1-2d"]
+    _check_reduce(real_gpu["reduce"], "host" if rec["shared_gpu"] else rec["expected_transport"])
 
 
 def test_mpiexec_flags_for_open_mpi():
