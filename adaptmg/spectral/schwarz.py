@@ -113,6 +113,11 @@ class FineSchwarz:
         S, lam, keep = pencil_factors(k)
         h = space.cell_lengths()
         self.S = xp.asarray(S[variant], dtype=self.dtype)                # (nc, d, m, m)
+        # the fused GPU kernel (adaptmg/spectral/fdm_kernels.py) reads the 9 pencils' S and
+        # each cell's variant ids instead of the per-cell S
+        self.fused = bool(be.is_gpu and d == 3 and self.dtype in (np.float32, np.float64))
+        self.S9 = xp.asarray(S, dtype=self.dtype)
+        self.variant = xp.asarray(variant, dtype=np.int32)
         self.lam = xp.asarray(lam[variant] / h[:, :, None] ** 2, dtype=self.dtype)
         self.scale = xp.asarray(1.0 / np.prod(h, axis=1), dtype=self.dtype)
         # nodes of the box that take part: in the pencils of every direction, a DoF, not fixed
@@ -166,6 +171,9 @@ class FineSchwarz:
     def __call__(self, r):
         """``P^f r`` for a global residual ``r`` (zero on the fixed DoFs)."""
         xp, d = self.xp, self.dim
+        if self.fused:                                                   # GPU, 3-D: one kernel
+            from .fdm_kernels import fdm_apply
+            return fdm_apply(self, r)
         rp = xp.concatenate([self.weight * r.astype(self.dtype, copy=False), xp.zeros(1, dtype=self.dtype)])
         t = rp[self.index].reshape(self._bshape)
         for ax in range(d):

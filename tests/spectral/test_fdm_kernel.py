@@ -1,0 +1,142 @@
+"""The fused fine-scale kernel (adaptmg/spectral/fdm_kernels.py) against FineSchwarz's
+batched-matmul path: its exact CUDA source run on host threads (tests/host_cuda.py), nvcc
+compiling it for sm_90 (no spills, static shared memory below 48 KB), and on the device
+(``-m gpu``) the fused P^f against ``fused=False``."""
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import adaptmg
+from adaptmg.spectral.fdm_kernels import fdm_cell_apply, fdm_cells_per_block, fdm_source
+from adaptmg.spectral.kernels import SMEM_BUDGET
+from adaptmg.spectral.meshes import ogrid_cylinder
+from adaptmg.spectral.schwarz import FineSchwarz
+from adaptmg.spectral.space import SpectralSpace
+
+from .helpers import scrambled, wavy
+
+EPS = {np.dtype(np.float64): np.finfo(np.float64).eps, np.dtype(np.float32): np.finfo(np.float32).eps}
+
+
+def _distorted(k, cells):
+    mesh = adaptmg.Mesh.box([0, 0, 0], [1, 1, 1], list(cells)).map(wavy)
+    V = SpectralSpace(scrambled(mesh, seed=k), k)
+    return V, V.boundary_dofs("all")
+
+
+def _ogrid(k, n, nz):
+    """The O-grid (valence-6 vertices) with Dirichlet DoFs on the bottom and the mantle
+    only: the pencils see Dirichlet, free (top) and extended sides."""
+    V = SpectralSpace(ogrid_cylinder(n, nz), k)
+    b = V.boundary_dofs("all")
+    p = V.points[b]
+    return V, b[(p[:, 2] < 1e-12) | (np.hypot(p[:, 0], p[:, 1]) > 1 - 1e-9)]
+
+
+def _close(y, ref, eps, c=64):
+    """|y - ref| <= c eps ||ref||_inf (different summation orders)."""
+    y = np.asarray(y, dtype=np.float64)
+    assert not np.isnan(y).any()
+    err = np.abs(y - ref).max()
+    assert err <= c * eps * np.abs(ref).max(), err / (eps * np.abs(ref).max())
+
+
+def _residual(V, fixed, dtype, seed=0):
+    r = np.random.default_rng(seed).standard_normal(V.num_dofs)
+    r[fixed] = 0.0
+    return r.astype(dtype)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20)")
+@pytest.mark.parametrize("k,mesh,dtype,index", [(1, "distorted", np.float64, np.int32),
+                                                (3, "ogrid", np.float64, np.int64),
+                                                (3, "distorted", np.float32, np.int32),
+                                                (8, "ogrid", np.float32, np.int32)])
+def test_fused_fine_scale_on_host_threads_equals_the_batched_path(host_gpu, k, mesh, dtype, index):
+    """FineSchwarz's fused dispatch (fdm_apply, the launcher and the exact CUDA source, then
+    the scatter kernel) equals the batched-matmul P^f; Poisson and Helmholtz; partial last
+    blocks (k = 1: 16 cells a block on 45 cells)."""
+    V, fixed = _distorted(k, (5, 3, 3) if k == 1 else (3, 2, 1)) if mesh == "distorted" else _ogrid(k, 4, 1)
+    eps = EPS[np.dtype(dtype)]
+    r = _residual(V, fixed, dtype, k)
+    for cm, ck in ((0.0, 1.0), (25.0, 0.01)):
+        P = FineSchwarz(V, fixed, mass=cm, stiffness=ck, dtype=dtype, backend="cpu")
+        assert not P.fused                                  # the host keeps the batched path
+        ref = P(r).astype(np.float64)
+        assert np.abs(ref).max() > 0
+        P.fused, P.index = True, P.index.astype(index)      # the device dispatch
+        y = P(r)
+        assert y.dtype == dtype and y.shape == ref.shape
+        _close(y, ref, eps)
+        # the box outputs alone, against the batched path's before the scatter
+        box = fdm_cell_apply(r, P.weight, P.index, P.S9, P.variant, P.lam, P.scale, cm, ck)
+        assert box.shape == (V.mesh.num_cells, (k + 3) ** 3)
+        _close(P.scatter_matrix @ box.reshape(-1) * P.weight, ref, eps)
+    assert fdm_cells_per_block(k + 3, dtype) * (k + 3) ** 2 <= 256
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_nvcc_compiles_the_fine_scale_kernel_without_spills_within_static_shared_memory(tmp_path):
+    jobs = [(m, dt, np.int32) for m in (4, 6, 8, 11) for dt in (np.float64, np.float32)] + \
+        [(7, np.float64, np.int64)]
+    cu = tmp_path / "f.cu"
+    cu.write_text("".join(fdm_source(*j)[0] for j in jobs))
+    p = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", str(cu), "-o",
+                        str(tmp_path / "f.cubin")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for m, dt, it in jobs:
+        name = fdm_source(m, dt, it)[1]
+        info = p.stderr.split(f"Compiling entry function '{name}'")[1].split("Compiling entry")[0]
+        smem = int(re.search(r"(\d+) bytes smem", info).group(1))
+        isz = np.dtype(dt).itemsize
+        assert smem == fdm_cells_per_block(m, dt) * (2 * m ** 3 + 3 * m * m) * isz <= SMEM_BUDGET
+        assert re.search(r"\b0 bytes spill stores", info), info
+
+
+def test_block_shape_and_bad_input():
+    for m in range(4, 12):
+        for dt in (np.float64, np.float32):
+            epb = fdm_cells_per_block(m, dt)
+            assert 1 <= epb and m * m * epb <= 256
+            assert epb * (2 * m ** 3 + 3 * m * m) * np.dtype(dt).itemsize <= SMEM_BUDGET < 48 * 1024
+    assert fdm_cells_per_block(11, np.float64) == 1 and fdm_cells_per_block(4, np.float64) == 16
+    with pytest.raises(ValueError, match="4..11"):
+        fdm_source(12, np.float64)
+    with pytest.raises(TypeError, match="float32/float64"):
+        fdm_source(5, np.float16)
+    with pytest.raises(TypeError, match="int32 or int64"):
+        fdm_source(5, np.float64, np.int16)
+    # 2-D spaces keep the batched path everywhere
+    V = SpectralSpace(adaptmg.Mesh.box([0, 0], [1, 1], [2, 2]), 3)
+    assert not FineSchwarz(V, V.boundary_dofs("all"), backend="cpu").fused
+
+
+# ---------------------------------------------------------------------------- on the device
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("mesh", ["distorted", "ogrid"])
+def test_gpu_fused_fine_scale_equals_the_batched_path(k, dtype, mesh):
+    """A few hundred cells: the distorted scrambled 6 x 6 x 5 cube (Dirichlet everywhere)
+    and the O-grid of 12 x 12 x 2 cells (Dirichlet bottom and mantle); Poisson and the
+    heat equation's Helmholtz operator; fp32 also against the fp64 batched path."""
+    V, fixed = _distorted(k, (6, 6, 5)) if mesh == "distorted" else _ogrid(k, 12, 2)
+    eps = EPS[np.dtype(dtype)]
+    r64 = _residual(V, fixed, np.float64, k)
+    for cm, ck in ((0.0, 1.0), (25.0, 0.01)):
+        P = FineSchwarz(V, fixed, mass=cm, stiffness=ck, dtype=dtype, backend="gpu")
+        assert P.fused
+        xp = P.xp
+        r = xp.asarray(r64, dtype=dtype)
+        y = P(r)
+        P.fused = False
+        ref = P(r)
+        assert y.dtype == dtype
+        _close(y.get(), ref.get().astype(np.float64), eps)
+        if dtype == np.float32:
+            P64 = FineSchwarz(V, fixed, mass=cm, stiffness=ck, backend="gpu")
+            P64.fused = False
+            _close(y.get(), P64(xp.asarray(r64)).get(), eps)
