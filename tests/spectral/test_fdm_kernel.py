@@ -140,3 +140,37 @@ def test_gpu_fused_fine_scale_equals_the_batched_path(k, dtype, mesh):
             P64 = FineSchwarz(V, fixed, mass=cm, stiffness=ck, backend="gpu")
             P64.fused = False
             _close(y.get(), P64(xp.asarray(r64)).get(), eps)
+
+
+def _coarse_check(backend, dtype):
+    """CoarseQ1 on SpMV plans and the cycle's fixed buffers (add_to, __call__) against
+    ``P M R r`` with the cycle as a LinearOperator, and TwoScale = P^f + P^c."""
+    from adaptmg.spectral.schwarz import CoarseQ1, TwoScale
+    V, fixed = _ogrid(2, 8, 2)
+    C = CoarseQ1(V, "all", fixed, mass=25.0, stiffness=0.01, dtype=dtype, backend=backend)
+    F = FineSchwarz(V, fixed, mass=25.0, stiffness=0.01, dtype=dtype, backend=backend)
+    xp = C.backend.xp
+    r = xp.asarray(_residual(V, fixed, dtype, 3))
+    ref = C.P @ C.M.matvec(C.R @ r)
+    eps = EPS[np.dtype(dtype)]
+    host = (lambda a: a.get()) if backend == "gpu" else np.asarray
+    ref_h = host(ref).astype(np.float64)
+    assert np.abs(ref_h).max() > 0 and C(r).dtype == dtype
+    _close(host(C(r)), ref_h, eps)
+    y = F(r)
+    fine_h = host(y).astype(np.float64)
+    out = TwoScale(F, C)(r)
+    _close(host(out), fine_h + ref_h, eps)
+    y64 = xp.zeros(V.num_dofs)                           # another dtype: the operator path
+    _close(host(C.add_to(r, y64)), ref_h, eps)
+
+
+def test_coarse_scale_on_plans_equals_the_operator_path():
+    for dtype in (np.float64, np.float32):
+        _coarse_check("cpu", dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gpu_coarse_scale_on_plans_equals_the_operator_path(dtype):
+    _coarse_check("gpu", dtype)
