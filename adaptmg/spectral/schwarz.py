@@ -83,7 +83,9 @@ class FineSchwarz:
     """``P^f`` of seed 004 on a :class:`SpectralSpace` (see the module docstring).
 
     ``dirichlet``: the fixed DoFs (their residual is zero and their result is dropped);
-    ``mass``/``stiffness``: c_m, c_k of the operator it approximates."""
+    ``mass``/``stiffness``: c_m, c_k of the operator it approximates.  ``fused`` (GPU,
+    3-D): the whole of P^f but the global sum runs as one kernel a cell box
+    (:mod:`adaptmg.spectral.fdm_kernels`); elsewhere the batched matmuls below."""
 
     def __init__(self, space: SpectralSpace, dirichlet, *, mass=0.0, stiffness=1.0,
                  dtype=np.float64, backend=None):
