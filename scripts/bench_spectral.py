@@ -249,7 +249,7 @@ def parts(args, be):
                   + " ".join(f"{t[c]:{max(7, len(c))}.3f}" for c in
                              ("A", "A masked", "P^f", "P^f xp", "P^c", "cycle", "P", "PCG it"))
                   + f" {wall:8.3f} {its:5d} {1e3 * wall / max(its, 1):7.3f}", flush=True)
-            del prob, Mop, X, fine, coarse, r, u
+            prob = Mop = X = fine = coarse = r = u = None          # free the device memory
 
 
 OP_KINDS = {"bk1": ("BK1", dict(mass=1.0, stiffness=0.0, quadrature="gauss")),

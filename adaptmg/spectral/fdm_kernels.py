@@ -34,9 +34,9 @@ import functools
 import numpy as np
 
 from ..device.kernels import _ctype
-from .kernels import SMEM_BUDGET, _INDEX_TYPES, scatter_sum
+from .kernels import items_per_block, render_source, scatter_sum
 
-__all__ = ["fdm_source", "fdm_cells_per_block", "fdm_cell_apply", "fdm_apply"]
+__all__ = ["fdm_source", "fdm_cells_per_block", "fdm_smem_per_cell", "fdm_cell_apply", "fdm_apply"]
 
 _SRC = r"""
 extern "C" __global__ void __launch_bounds__({M} * {M} * {EPB})
@@ -127,25 +127,21 @@ extern "C" __global__ void __launch_bounds__({M} * {M} * {EPB})
 
 def fdm_cells_per_block(m, dtype):
     """Cells a block holds: about 256 threads, static shared memory (two m^3 buffers and
-    three m x m matrices a cell) within ``SMEM_BUDGET``."""
-    isz = np.dtype(dtype).itemsize
-    by_smem = SMEM_BUDGET // ((2 * m ** 3 + 3 * m * m) * isz)
-    return max(1, min(256 // (m * m), by_smem))
+    three m x m matrices a cell) within ``kernels.SMEM_BUDGET``."""
+    return items_per_block(m * m, fdm_smem_per_cell(m, dtype))
+
+
+def fdm_smem_per_cell(m, dtype):
+    """Static shared memory of one cell in a block (bytes)."""
+    return (2 * m ** 3 + 3 * m * m) * np.dtype(dtype).itemsize
 
 
 def fdm_source(m, dtype, index_dtype=np.int32):
     """``(source, name)`` of the P^f kernel for boxes of ``m = k + 3`` nodes a direction (4..11)."""
     m = int(m)
-    if not 4 <= m <= 11:
-        raise ValueError(f"the fused fine-scale kernel takes m = k + 3 in 4..11, got {m}")
-    T = _ctype(dtype, "the fused fine-scale kernel")
-    idt = np.dtype(index_dtype)
-    if idt not in _INDEX_TYPES:
-        raise TypeError(f"the patch index must be int32 or int64 for the fused fine-scale kernel, got {idt}")
-    name = f"adaptmg_spectral_fdm3d_m{m}_{T}_{idt.name}"
-    src = (_SRC.replace("{NAME}", name).replace("{EPB}", str(fdm_cells_per_block(m, dtype)))
-           .replace("{M}", str(m)).replace("{T}", T).replace("{I}", _INDEX_TYPES[idt]))
-    return src, name
+    return render_source(_SRC, "adaptmg_spectral_fdm3d_m{M}_{T}_{I}", dtype, index_dtype,
+                         "the fused fine-scale kernel", "the patch index", ("m = k + 3", m, 4, 11),
+                         M=m, EPB=fdm_cells_per_block(m, dtype))
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,21 +2,19 @@
 batched-matmul path: its exact CUDA source run on host threads (tests/host_cuda.py), nvcc
 compiling it for sm_90 (no spills, static shared memory below 48 KB), and on the device
 (``-m gpu``) the fused P^f against ``fused=False``."""
-import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
 import adaptmg
-from adaptmg.spectral.fdm_kernels import fdm_cell_apply, fdm_cells_per_block, fdm_source
+from adaptmg.spectral.fdm_kernels import fdm_cell_apply, fdm_cells_per_block, fdm_smem_per_cell, fdm_source
 from adaptmg.spectral.kernels import SMEM_BUDGET
 from adaptmg.spectral.meshes import ogrid_cylinder
 from adaptmg.spectral.schwarz import FineSchwarz
 from adaptmg.spectral.space import SpectralSpace
 
-from .helpers import scrambled, wavy
+from .helpers import nvcc_resources, scrambled, wavy
 
 EPS = {np.dtype(np.float64): np.finfo(np.float64).eps, np.dtype(np.float32): np.finfo(np.float32).eps}
 
@@ -82,33 +80,25 @@ def test_fused_fine_scale_on_host_threads_equals_the_batched_path(host_gpu, k, m
 def test_nvcc_compiles_the_fine_scale_kernel_without_spills_within_static_shared_memory(tmp_path):
     jobs = [(m, dt, np.int32) for m in (4, 6, 8, 11) for dt in (np.float64, np.float32)] + \
         [(7, np.float64, np.int64)]
-    cu = tmp_path / "f.cu"
-    cu.write_text("".join(fdm_source(*j)[0] for j in jobs))
-    p = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", str(cu), "-o",
-                        str(tmp_path / "f.cubin")], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr[-3000:]
-    for m, dt, it in jobs:
-        name = fdm_source(m, dt, it)[1]
-        info = p.stderr.split(f"Compiling entry function '{name}'")[1].split("Compiling entry")[0]
-        smem = int(re.search(r"(\d+) bytes smem", info).group(1))
-        isz = np.dtype(dt).itemsize
-        assert smem == fdm_cells_per_block(m, dt) * (2 * m ** 3 + 3 * m * m) * isz <= SMEM_BUDGET
-        assert re.search(r"\b0 bytes spill stores", info), info
+    res = nvcc_resources([fdm_source(*j)[0] for j in jobs], [fdm_source(*j)[1] for j in jobs], tmp_path)
+    assert all(no_spill for _, no_spill in res.values())
+    assert [res[fdm_source(*j)[1]][0] for j in jobs] == \
+        [fdm_cells_per_block(m, dt) * fdm_smem_per_cell(m, dt) for m, dt, _ in jobs]
 
 
 def test_block_shape_and_bad_input():
-    for m in range(4, 12):
-        for dt in (np.float64, np.float32):
-            epb = fdm_cells_per_block(m, dt)
-            assert 1 <= epb and m * m * epb <= 256
-            assert epb * (2 * m ** 3 + 3 * m * m) * np.dtype(dt).itemsize <= SMEM_BUDGET < 48 * 1024
+    cases = [(m, dt) for m in range(4, 12) for dt in (np.float64, np.float32)]
+    epb = np.array([fdm_cells_per_block(m, dt) for m, dt in cases])
+    assert (epb >= 1).all() and (epb * [m * m for m, _ in cases] <= 256).all()
+    assert (epb * [fdm_smem_per_cell(m, dt) for m, dt in cases] <= SMEM_BUDGET).all() and SMEM_BUDGET < 48 * 1024
+    assert fdm_smem_per_cell(11, np.float64) == (2 * 1331 + 363) * 8
     assert fdm_cells_per_block(11, np.float64) == 1 and fdm_cells_per_block(4, np.float64) == 16
-    with pytest.raises(ValueError, match="4..11"):
-        fdm_source(12, np.float64)
-    with pytest.raises(TypeError, match="float32/float64"):
-        fdm_source(5, np.float16)
-    with pytest.raises(TypeError, match="int32 or int64"):
-        fdm_source(5, np.float64, np.int16)
+    for args, exc, match in (((12, np.float64), ValueError, "m = k \\+ 3 in 4..11"),
+                             ((3, np.float64), ValueError, "got 3"),
+                             ((5, np.float16), TypeError, "float32/float64"),
+                             ((5, np.float64, np.int16), TypeError, "patch index must be int32 or int64")):
+        with pytest.raises(exc, match=match):
+            fdm_source(*args)
     # 2-D spaces keep the batched path everywhere
     V = SpectralSpace(adaptmg.Mesh.box([0, 0], [1, 1], [2, 2]), 3)
     assert not FineSchwarz(V, V.boundary_dofs("all"), backend="cpu").fused
