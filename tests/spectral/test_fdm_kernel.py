@@ -164,3 +164,35 @@ def test_coarse_scale_on_plans_equals_the_operator_path():
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_gpu_coarse_scale_on_plans_equals_the_operator_path(dtype):
     _coarse_check("gpu", dtype)
+
+
+def _heat_solves(backends, dtype, rtol):
+    """One backward-Euler step of Table 4's heat equation (M/dt + kappa K, dt = 0.04,
+    kappa = 0.01) on a small O-grid, k = 3, by the two-scale PCG on each backend."""
+    from adaptmg.spectral import SpectralProblem
+    V = SpectralSpace(ogrid_cylinder(8, 4), 3)
+    f = np.exp(-((V.points - [0.3, 0.2, 0.5]) ** 2).sum(1) / 0.05)
+    out = []
+    for be in backends:
+        p = SpectralProblem(V, mass=25.0, stiffness=0.01, dtype=dtype, backend=be)
+        x, its, info = p.solve(p.free * p.op.matvec(p.xp.asarray(f, dtype=dtype)), rtol=rtol)
+        assert info == 0
+        out.append((p, np.asarray(x.get() if be == "gpu" else x, dtype=np.float64), its))
+    return out
+
+
+def test_heat_step_iterations_on_the_host():
+    """The reference for the device test: few iterations, bounded (seed 004 Table 4: ~8 a step)."""
+    (_, x, its), = _heat_solves(["cpu"], np.float64, 1e-10)
+    assert 5 <= its <= 20 and np.abs(x).max() > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,rtol,tol", [(np.float64, 1e-10, 1e-8), (np.float32, 1e-5, 1e-3)])
+def test_gpu_two_scale_heat_step_matches_the_host(dtype, rtol, tol):
+    """The whole device iteration (fused operator, fused P^f, P^c on plans and the graphed
+    cycle, the masked operator) against the host's: same iterations (+-1), same solution."""
+    (_, xh, ith), (pg, xg, itg) = _heat_solves(["cpu", "gpu"], dtype, rtol)
+    assert pg.M.fine.fused and pg.op.fused
+    assert abs(itg - ith) <= 1
+    assert np.abs(xg - xh).max() <= tol * np.abs(xh).max()
