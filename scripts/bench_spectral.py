@@ -34,6 +34,8 @@ Sections (``--sections``, comma separated; all by default):
 Times of table1 and adaptive are set-up plus solve (one call of adaptmg.spectral.poisson).
 Timing: synchronise, one warm-up, median of --reps runs.  Example (H200, ~2 min):
   python scripts/bench_spectral.py --backend gpu
+Table 4 and where its iterations go (the paper's mesh size):
+  python scripts/bench_spectral.py --backend gpu --sections parts,table4 --table4-n 44 --reps 1
 CPU check (small): python scripts/bench_spectral.py --backend cpu --sizes 4,8 \\
   --table4-n 8 --table4-degrees 2,3 --steps 5 --op-dofs 2e4 --op-degrees 2,4
 """
