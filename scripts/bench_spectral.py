@@ -14,6 +14,10 @@ Sections (``--sections``, comma separated; all by default):
           Gaussian source, on the O-grid (--table4-n), degrees --table4-degrees, float64 and
           float32; two-scale PCG warm-started from the last step, rtol 1e-6; total wall
           time of the steps next to the paper's CUDA column (GTX 980, float32)
+  parts   where a two-scale PCG iteration of table4 goes (not in the default sections):
+          for --table4-degrees, float64 and float32, the median ms (--parts-reps) of one
+          operator apply, the masked PCG operator, P^f (fused kernel and batched path), P^c
+          and its cycle alone, P, one whole PCG iteration, and --parts-steps time steps
   op      operator throughput (GDoF/s = global DoFs / apply time) on the distorted cube
           with about --op-dofs DoFs (at most --op-max-cells N^3 cells) for k in --op-degrees: BK1 (mass, Gauss k+2), BK3 (Helmholtz
           M + K, Gauss k+2), BP3-type stiffness (GLL collocated) with stored geometry
@@ -30,6 +34,8 @@ Sections (``--sections``, comma separated; all by default):
 Times of table1 and adaptive are set-up plus solve (one call of adaptmg.spectral.poisson).
 Timing: synchronise, one warm-up, median of --reps runs.  Example (H200, ~2 min):
   python scripts/bench_spectral.py --backend gpu
+Table 4 and where its iterations go (the paper's mesh size):
+  python scripts/bench_spectral.py --backend gpu --sections parts,table4 --table4-n 44 --reps 1
 CPU check (small): python scripts/bench_spectral.py --backend cpu --sizes 4,8 \\
   --table4-n 8 --table4-degrees 2,3 --steps 5 --op-dofs 2e4 --op-degrees 2,4
 """
@@ -145,8 +151,33 @@ def adaptive(args, be):
               f"{secs['pmg']:7.2f}", flush=True)
 
 
+KAPPA, DT = 1e-2, 0.04          # Table 4's heat equation
+
+
+def heat_problem(V, dtype, be):
+    """The backward-Euler step's two-scale problem (M/dt + kappa K), the mass operator and
+    the GLL points on the device."""
+    prob = SpectralProblem(V, mass=1.0 / DT, stiffness=KAPPA, dtype=dtype, backend=be)
+    Mop = SpectralOperator(V, mass=1.0, stiffness=0.0, dtype=dtype, backend=be)
+    return prob, Mop, be.xp.asarray(V.points, dtype=dtype)
+
+
+def heat_steps(prob, Mop, X, u, first, last, total):
+    """Steps first..last of (M/dt + kappa K) u = M (u_old/dt + q(t)), the Gaussian source
+    moving over ``total`` steps; two-scale PCG warm-started, rtol 1e-6.  Returns (u, its)."""
+    xp, dtype = prob.xp, prob.dtype
+    its = 0
+    for step in range(first, last + 1):
+        t = step * DT
+        c = xp.asarray([0.5 * np.cos(t), 0.5 * np.sin(t), 2.0 * t / (total * DT)], dtype=dtype)
+        q = (1000.0 / (7000.0 * 0.8)) * xp.exp(-((X - c) ** 2).sum(1) / 0.02)
+        b = prob.free * Mop.matvec(u / DT + q)
+        u, n, info = prob.solve(b, x0=u, rtol=1e-6)
+        its += n
+    return u, its
+
+
 def table4(args, be):
-    kappa, dt = 1e-2, 0.04
     mesh = ogrid_cylinder(args.table4_n, args.table4_n, height=2.0)
     print(f"\n## Table 4: heat equation, {args.steps} backward-Euler steps, O-grid "
           f"{mesh.num_cells} hexes ({be.name}); wall s of the steps (setup apart)")
@@ -157,27 +188,70 @@ def table4(args, be):
         V = SpectralSpace(mesh, k)
         for dtype in (np.float64, np.float32):
             t0 = time.perf_counter()
-            prob = SpectralProblem(V, mass=1.0 / dt, stiffness=kappa, dtype=dtype, backend=be)
-            Mop = SpectralOperator(V, mass=1.0, stiffness=0.0, dtype=dtype, backend=be)
-            X = xp.asarray(V.points, dtype=dtype)
+            prob, Mop, X = heat_problem(V, dtype, be)
             u = xp.zeros(V.num_dofs, dtype=dtype)
             be.synchronize()
             setup = time.perf_counter() - t0
-            its = 0
             t0 = time.perf_counter()
-            for step in range(1, args.steps + 1):
-                t = step * dt
-                c = xp.asarray([0.5 * np.cos(t), 0.5 * np.sin(t), 2.0 * t / (args.steps * dt)], dtype=dtype)
-                q = (1000.0 / (7000.0 * 0.8)) * xp.exp(-((X - c) ** 2).sum(1) / 0.02)
-                b = prob.free * Mop.matvec(u / dt + q)
-                u, n, info = prob.solve(b, x0=u, rtol=1e-6)
-                its += n
+            u, its = heat_steps(prob, Mop, X, u, 1, args.steps, args.steps)
             be.synchronize()
             wall = time.perf_counter() - t0
             ref = PAPER_T4_CUDA.get(k) if args.steps == 70 else None
             print(f"{k:2d} {V.num_dofs:10d} {np.dtype(dtype).name:>7s} {setup:8.2f} {wall:8.2f} {its:7d} "
                   f"{'' if ref is None else f'{ref:.1f}':>12s} "
                   f"{'' if ref is None else f'{ref / wall:.1f}x':>8s} {float(u.max()):9.3e}", flush=True)
+
+
+def parts(args, be):
+    """Where a two-scale PCG iteration of Table 4 goes: median ms of each part."""
+    import warnings
+    from adaptmg.linalg import ConvergenceWarning
+    mesh = ogrid_cylinder(args.table4_n, args.table4_n, height=2.0)
+    print(f"\n## Parts of a two-scale PCG iteration, Table 4's problem, O-grid {mesh.num_cells} hexes "
+          f"({be.name}); median ms of {args.parts_reps}")
+    print("A: the spectral operator's matvec; A masked: the PCG's operator (free-DoF mask around A); "
+          "P^f: the fine scale (on the GPU the fused kernel, fdm_kernels.py), P^f xp: its batched-matmul "
+          "path (fused=False); P^c: the coarse scale (transfers and one cycle), cycle: the cycle alone; "
+          "P: P^f + P^c; PCG it: one whole iteration (difference of two solves of 5 and 25 "
+          f"iterations / 20, median of 3); steps s: {args.parts_steps} time steps (its: their CG iterations), "
+          "s/it: steps s over its")
+    print(f"{'n':>2s} {'DoFs':>9s} {'Q1 DoFs':>8s} {'prec':>7s} {'A':>7s} {'A masked':>8s} {'P^f':>7s} "
+          f"{'P^f xp':>7s} {'P^c':>7s} {'cycle':>7s} {'P':>7s} {'PCG it':>7s} {'steps s':>8s} {'its':>5s} "
+          f"{'s/it ms':>7s}")
+    xp = be.xp
+    for k in args.table4_degrees:
+        V = SpectralSpace(mesh, k)
+        for dtype in (np.float64, np.float32):
+            prob, Mop, X = heat_problem(V, dtype, be)
+            fine, coarse = prob.M.fine, prob.M.coarse
+            r = prob.free * xp.asarray(np.random.default_rng(0).standard_normal(V.num_dofs), dtype=dtype)
+
+            def ms(fn, reps=args.parts_reps):
+                return 1e3 * timed(fn, be, reps)
+            t = {"A": ms(lambda: prob.op.matvec(r)), "A masked": ms(lambda: prob.matvec(r)),
+                 "P^f": ms(lambda: fine(r)), "P^c": ms(lambda: coarse(r)),
+                 "cycle": ms(coarse.cycle), "P": ms(lambda: prob.M(r))}
+            fused = getattr(fine, "fused", False)
+            fine.fused = False
+            t["P^f xp"] = ms(lambda: fine(r))
+            fine.fused = fused
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                short = ms(lambda: prob.solve(r, rtol=1e-30, maxiter=5), 3)
+                long_ = ms(lambda: prob.solve(r, rtol=1e-30, maxiter=25), 3)
+            t["PCG it"] = (long_ - short) / 20
+            u = xp.zeros(V.num_dofs, dtype=dtype)
+            u, _ = heat_steps(prob, Mop, X, u, 1, 1, args.steps)           # warm-up: compile, first step
+            be.synchronize()
+            t0 = time.perf_counter()
+            u, its = heat_steps(prob, Mop, X, u, 2, args.parts_steps + 1, args.steps)
+            be.synchronize()
+            wall = time.perf_counter() - t0
+            print(f"{k:2d} {V.num_dofs:9d} {coarse.R.shape[0]:8d} {np.dtype(dtype).name:>7s} "
+                  + " ".join(f"{t[c]:{max(7, len(c))}.3f}" for c in
+                             ("A", "A masked", "P^f", "P^f xp", "P^c", "cycle", "P", "PCG it"))
+                  + f" {wall:8.3f} {its:5d} {1e3 * wall / max(its, 1):7.3f}", flush=True)
+            prob = Mop = X = fine = coarse = r = u = None          # free the device memory
 
 
 OP_KINDS = {"bk1": ("BK1", dict(mass=1.0, stiffness=0.0, quadrature="gauss")),
@@ -241,6 +315,8 @@ def main(argv=None):
     p.add_argument("--table4-n", type=int, default=32, help="O-grid size (44: ~64k hexes, the paper's DoF counts)")
     p.add_argument("--table4-degrees", type=ints, default=[2, 3, 4, 5, 6, 7])
     p.add_argument("--steps", type=int, default=70)
+    p.add_argument("--parts-steps", type=int, default=5, help="time steps the parts section times")
+    p.add_argument("--parts-reps", type=int, default=20, help="repetitions (median) of each part")
     p.add_argument("--op-dofs", type=float, default=8e6)
     p.add_argument("--op-max-cells", type=int, default=64, help="at most N^3 cells (host set-up time)")
     p.add_argument("--op-degrees", type=ints, default=[1, 2, 3, 4, 5, 6, 7, 8])
@@ -253,11 +329,12 @@ def main(argv=None):
     sections = [s for s in args.sections.split(",") if s]
     if set(args.op_kinds) - set(OP_KINDS) or not args.op_kinds:
         p.error(f"--op-kinds: choose from {','.join(OP_KINDS)}, got {args.op_kinds}")
-    bad = set(sections) - {"table1", "table4", "op", "adaptive"}
+    run = {"table1": table1, "table4": table4, "parts": parts, "op": op_table, "adaptive": adaptive}
+    bad = set(sections) - set(run)
     if bad:
-        p.error(f"unknown sections {sorted(bad)}; choose from table1, table4, op, adaptive")
+        p.error(f"unknown sections {sorted(bad)}; choose from {', '.join(run)}")
     for s in sections:
-        {"table1": table1, "table4": table4, "op": op_table, "adaptive": adaptive}[s](args, be)
+        run[s](args, be)
 
 
 if __name__ == "__main__":

@@ -89,13 +89,18 @@ def _adaptive(backend, name):
 
 def _spectral(backend, n, degrees, solve_degree=3):
     """Spectral operators (the fused element kernel of every degree, float64 and float32,
-    and the batched path) on a distorted n^3 cube, and one two-scale solve."""
+    and the batched path) and the fused fine-scale kernel P^f on a distorted n^3 cube, and
+    one two-scale solve."""
     from ..spectral import SpectralOperator, SpectralSpace, poisson
     from ..spectral.meshes import distorted_box
+    from ..spectral.schwarz import FineSchwarz
     mesh = distorted_box(3, n)
     for k in degrees:
         V = SpectralSpace(mesh, k)
+        fixed = V.boundary_dofs("all")
         for dtype in (np.float64, np.float32):
+            P = FineSchwarz(V, fixed, mass=1.0, dtype=dtype, backend=backend)
+            P(P.xp.asarray(V.points[:, 0], dtype=dtype))
             for fused in (True, False):
                 op = SpectralOperator(V, mass=0.5, dtype=dtype, backend=backend, fused=fused)
                 op.cell_apply(op.xp.asarray(V.points[V.cell_dofs, 0], dtype=dtype).reshape(op._cshape))

@@ -41,7 +41,8 @@ import numpy as np
 
 from ..device.kernels import _ctype
 
-__all__ = ["kernel_source", "elements_per_block", "fused_cell_apply", "scatter_source", "scatter_sum",
+__all__ = ["kernel_source", "elements_per_block", "fused_cell_apply", "scatter_source", "scatter_sum", "render_source",
+           "items_per_block",
            "SMEM_BUDGET"]
 
 #: static shared memory a block may use (bytes); the hard limit is 48 KB
@@ -132,23 +133,39 @@ def elements_per_block(n, dtype):
     """Elements a block holds: about 256 threads, static shared memory within SMEM_BUDGET
     (D plus three n^3 arrays an element)."""
     isz = np.dtype(dtype).itemsize
-    by_smem = (SMEM_BUDGET - n * n * isz) // (3 * n ** 3 * isz)
-    return max(1, min(256 // (n * n), by_smem))
+    return items_per_block(n * n, 3 * n ** 3 * isz, n * n * isz)
+
+
+def items_per_block(threads, smem_item, smem_fixed=0):
+    """Items (elements, cells) a block of ``threads`` threads an item holds: at most about
+    256 threads and ``smem_fixed + items * smem_item`` bytes within SMEM_BUDGET; at least 1."""
+    return max(1, min(256 // max(threads, 1), (SMEM_BUDGET - smem_fixed) // max(smem_item, 1)))
 
 
 def kernel_source(n, dtype, index_dtype=np.int32):
     """``(source, name)`` of the kernel for ``n = k + 1`` points a direction (2..9)."""
-    n = int(n)
-    if not 2 <= n <= 9:
-        raise ValueError(f"the fused spectral kernel takes n = k + 1 in 2..9, got {n}")
-    T = _ctype(dtype, "the fused spectral kernel")
+    return render_source(_SRC, "adaptmg_spectral_ax3d_n{N}_{T}_{I}", dtype, index_dtype,
+                         "the fused spectral kernel", "cell_dofs", ("n = k + 1", int(n), 2, 9),
+                         N=n, EPB=elements_per_block(int(n), dtype))
+
+
+def render_source(template, name, dtype, index_dtype, what, index_name, size, **subs):
+    """``(source, name)`` of a kernel template over ``{T}`` (double/float), ``{I}`` (int
+    type of ``index_dtype``) and the integer ``subs``; ``name`` is formatted the same way
+    (``{I}`` as the dtype's name).  ``size = (label, value, lo, hi)``: ValueError unless
+    lo <= value <= hi; TypeError naming ``what`` for other dtypes."""
+    label, value, lo, hi = size
+    if not lo <= value <= hi:
+        raise ValueError(f"{what} takes {label} in {lo}..{hi}, got {value}")
+    T = _ctype(dtype, what)
     idt = np.dtype(index_dtype)
     if idt not in _INDEX_TYPES:
-        raise TypeError(f"cell_dofs must be int32 or int64 for the fused spectral kernel, got {idt}")
-    I = _INDEX_TYPES[idt]
-    name = f"adaptmg_spectral_ax3d_n{n}_{T}_{idt.name}"
-    src = (_SRC.replace("{NAME}", name).replace("{EPB}", str(elements_per_block(n, dtype)))
-           .replace("{N}", str(n)).replace("{T}", T).replace("{I}", I))
+        raise TypeError(f"{index_name} must be int32 or int64 for {what}, got {idt}")
+    subs = {k: str(int(v)) for k, v in subs.items()}
+    name = name.replace("{T}", T).replace("{I}", idt.name)
+    src = template.replace("{NAME}", name).replace("{T}", T).replace("{I}", _INDEX_TYPES[idt])
+    for k, v in subs.items():
+        name, src = name.replace("{" + k + "}", v), src.replace("{" + k + "}", v)
     return src, name
 
 

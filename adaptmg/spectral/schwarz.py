@@ -34,6 +34,8 @@ the hanging rows and columns of both sides dropped, and the fine scale leaves th
 DoFs out of its patches (they are masked like Dirichlet DoFs)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -81,7 +83,9 @@ class FineSchwarz:
     """``P^f`` of seed 004 on a :class:`SpectralSpace` (see the module docstring).
 
     ``dirichlet``: the fixed DoFs (their residual is zero and their result is dropped);
-    ``mass``/``stiffness``: c_m, c_k of the operator it approximates."""
+    ``mass``/``stiffness``: c_m, c_k of the operator it approximates.  ``fused`` (GPU,
+    3-D): the whole of P^f but the global sum runs as one kernel a cell box
+    (:mod:`adaptmg.spectral.fdm_kernels`); elsewhere the batched matmuls below."""
 
     def __init__(self, space: SpectralSpace, dirichlet, *, mass=0.0, stiffness=1.0,
                  dtype=np.float64, backend=None):
@@ -113,6 +117,11 @@ class FineSchwarz:
         S, lam, keep = pencil_factors(k)
         h = space.cell_lengths()
         self.S = xp.asarray(S[variant], dtype=self.dtype)                # (nc, d, m, m)
+        # the fused GPU kernel (adaptmg/spectral/fdm_kernels.py) reads the 9 pencils' S and
+        # each cell's variant ids instead of the per-cell S
+        self.fused = bool(be.is_gpu and d == 3 and self.dtype in (np.float32, np.float64))
+        self.S9 = xp.asarray(S, dtype=self.dtype)
+        self.variant = xp.asarray(variant, dtype=np.int32)
         self.lam = xp.asarray(lam[variant] / h[:, :, None] ** 2, dtype=self.dtype)
         self.scale = xp.asarray(1.0 / np.prod(h, axis=1), dtype=self.dtype)
         # nodes of the box that take part: in the pencils of every direction, a DoF, not fixed
@@ -166,6 +175,9 @@ class FineSchwarz:
     def __call__(self, r):
         """``P^f r`` for a global residual ``r`` (zero on the fixed DoFs)."""
         xp, d = self.xp, self.dim
+        if self.fused:                                                   # GPU, 3-D: one kernel
+            from .fdm_kernels import fdm_apply
+            return fdm_apply(self, r)
         rp = xp.concatenate([self.weight * r.astype(self.dtype, copy=False), xp.zeros(1, dtype=self.dtype)])
         t = rp[self.index].reshape(self._bshape)
         for ax in range(d):
@@ -236,21 +248,42 @@ def masked_transfer(P, fine_fixed, coarse_fixed, backend, dtype, coarse_H=None):
 
 class CoarseQ1:
     """``P^c r = P A_1^{-1} P^T r`` with one cycle of :func:`adaptmg.multigrid` on the Q1
-    problem of the mesh (``dirichlet``: boundary ids or "all", as for the spectral space)."""
+    problem of the mesh (``dirichlet``: boundary ids or "all", as for the spectral space).
+
+    The cycle runs on the fixed buffers of ``ml.buffered_cycle()`` (one CUDA-graph launch
+    on the GPU) and ``P``, ``P^T`` are SpMV plans (:func:`adaptmg.device.kernels.make_spmv`,
+    cuSPARSE descriptors made once): :meth:`add_to` adds ``P^c r`` into a vector with no
+    copy, cast or temporary."""
 
     def __init__(self, space: SpectralSpace, dirichlet, fixed, *, mass=0.0, stiffness=1.0,
                  dtype=np.float64, backend=None, **multigrid_kwargs):
         from ..backend import get_backend
-        be = get_backend(backend if backend is not None else "auto")
+        from ..device.kernels import make_spmv
+        be = self.backend = get_backend(backend if backend is not None else "auto")
+        self.dtype = np.dtype(dtype)
         self.ml, cfixed = q1_multigrid(space.mesh, dirichlet, mass=mass, stiffness=stiffness,
                                        dtype=dtype, backend=be, **multigrid_kwargs)
-        self.M = self.ml.aspreconditioner()
+        self.cycle = self.ml.buffered_cycle()
         H1, hang1 = q1_constraints(space.mesh)          # hanging nodes: regular -> regular values
         self.P, self.R = masked_transfer(q1_interpolation(space), np.union1d(fixed, space.hanging_dofs),
                                          np.union1d(cfixed, hang1), be, dtype, coarse_H=H1)
+        self._P, self._R = make_spmv(self.P), make_spmv(self.R)
+
+    @functools.cached_property
+    def M(self):
+        """The cycle as a LinearOperator (``ml.aspreconditioner()``)."""
+        return self.ml.aspreconditioner()
+
+    def add_to(self, r, y):
+        """``y <- y + P^c r`` in place (``r``, ``y`` of the space's DoFs); returns ``y``."""
+        if np.dtype(y.dtype) != self.dtype or not y.flags.c_contiguous or self.cycle.b.dtype != self.dtype:
+            y += self.P @ self.M.matvec(self.R @ r)
+            return y
+        self._R(self.backend.xp.ascontiguousarray(r, dtype=self.dtype), self.cycle.b)
+        return self._P(self.cycle(), y, 1.0, 1.0)
 
     def __call__(self, r):
-        return self.P @ self.M.matvec(self.R @ r)
+        return self.add_to(r, self.backend.xp.zeros(self.P.shape[0], dtype=self.dtype))
 
 
 class TwoScale:
@@ -260,4 +293,6 @@ class TwoScale:
         self.fine, self.coarse = fine, coarse
 
     def __call__(self, r):
-        return self.fine(r) + self.coarse(r)
+        y = self.fine(r)                                 # a fresh vector: the coarse part adds into it
+        add = getattr(self.coarse, "add_to", None)
+        return add(r, y) if add is not None else y + self.coarse(r)
