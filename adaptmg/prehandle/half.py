@@ -27,7 +27,8 @@ fp16 subnormals are kept (IEEE; NumPy and GPUs both have them).
 
 Stopping rule fp16 can meet: ``rtol`` on the recursive residual (``status="rtol"``), or
 ``stagnation`` iterations without a new minimum of the recursive residual norm
-(``status="stagnation"``: fp16's attainable accuracy), or ``maxiter``.  The iterate with the
+(``status="stagnation"``: fp16's attainable accuracy; counted once the residual went below
+its start, since CG's residual may first grow for many iterations), or ``maxiter``.  The iterate with the
 smallest recursive residual is returned.
 """
 from __future__ import annotations
@@ -106,7 +107,7 @@ def half_cg(A, b, *, rtol=1e-3, stagnation=50, maxiter=None):
         if res[-1] <= rtol:
             status = "rtol"
             break
-        if it - best >= stagnation or rho_new == 0:
+        if (best and it - best >= stagnation) or rho_new == 0:
             status = "stagnation"
             break
         p = round_half(r + np.float32(rho_new / rho) * p)
