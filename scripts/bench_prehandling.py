@@ -6,8 +6,9 @@ Sections (``--sections``, default all):
   the unit square next to the paper's values; and kappa(A_h), kappa(S^T A_h S), kappa(A) for one
   (h, h0) (Lanczos: the largest eigenvalue of the operator and of its inverse, applied by M1).
 * ``errors`` -- Figure 5: L2 errors vs level (h = 2^-level) for a strongly oscillating u (``--err-u``):
-  half-precision CG (``adaptmg.prehandle.half_cg``: fp16 storage, fp32 accumulation, stopped by
-  stagnation) on the nodal A_h and on the prehandled A (the effect of Figure 5), next to the fp64
+  half-precision CG (``adaptmg.prehandle.half_cg``: fp16 storage; HP16: fp16 arithmetic and the
+  defect b - A x recomputed in fp16, HP32: fp32 accumulators and the recursive residual; stopped
+  by stagnation) on the nodal A_h and on the prehandled A (the effect of Figure 5), next to the fp64
   discretisation error; method M1 in fp32 / fp16 with and without prehandling (the direct method's
   accuracy; ``prehandle=False``: the same Schur method on the nodal matrix); the first level where
   each curve is more than ``--deviation`` above fp64; the plot goes through ``adaptmg.plot`` (``--plot``).
@@ -150,26 +151,35 @@ class Discrete:
         return float(fe_errors(self.space, full, self.u, backend=self.be)["L2"])
 
 
-def hp_cg(A, b, args):
-    """half_cg (fp16 storage, fp32 arithmetic) with the bench's stopping rule; (x, mark)."""
+# the two half-precision CG variants: (label, half_cg keywords)
+HP_VARIANTS = (("HP16", dict(accumulate="float16", residual="true")),
+               ("HP32", dict(accumulate="float32", residual="recursive")))
+
+
+def hp_cg(A, b, args, kw):
+    """half_cg with the bench's stopping rule; (x, 'iterations + r/s/m')."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        r = half_cg(A, b, rtol=args.hp_rtol, stagnation=args.hp_stagnation, maxiter=args.cg_maxiter)
+        r = half_cg(A, b, rtol=args.hp_rtol, stagnation=args.hp_stagnation, maxiter=args.cg_maxiter, **kw)
     return r.x, f"{r.iterations}{'r' if r.status == 'rtol' else 's' if r.status == 'stagnation' else 'm'}"
 
 
 def section_errors(args, be):
     print(f"\n## Figure 5: L2 error vs level, {args.err_u} u, a = {args.a:g}, h0 = max(1/{args.err_h0}, {args.err_n} h)")
-    print("fp64: M1 in double (the discretisation error); M1 32/pre, 16/nod, 16/pre: method M1 (direct, inverses "
-          "made in double and applied in fp32 / fp16) on the prehandled / nodal matrix -- the direct method's "
-          "accuracy, not Figure 5's; HP nod / HP pre: CG in half precision (adaptmg.prehandle.half_cg: fp16 "
-          f"matrix and vectors, fp32 accumulation; rtol {args.hp_rtol:g} or {args.hp_stagnation} iterations "
-          "without a new residual minimum) on A_h / on L^-1 S^T A_h S L^-T: Figure 5's blue / red curves")
+    print("fp64: M1 in double (the discretisation error).  M1 32/pre, 16/nod, 16/pre: method M1 (direct; inverses "
+          "made in double, applied in fp32 / fp16) on the prehandled / nodal matrix: the direct method's accuracy, "
+          "not Figure 5's.  HP16 / HP32 nod, pre: CG in half precision (adaptmg.prehandle.half_cg; fp16 matrix and "
+          "vectors, fp32 inner products) on A_h / on L^-1 S^T A_h S L^-T, Figure 5's blue / red curves -- HP16: "
+          "fp16 arithmetic throughout (fp16 partial sums in A x, the residual recomputed as b - A x in fp16 every "
+          "iteration: the defect of an HP iterative solver); HP32: fp32 accumulators (tensor-core style), "
+          f"recursive residual.  Stopped at rtol {args.hp_rtol:g} or {args.hp_stagnation} iterations without a "
+          "new residual minimum.")
     cols = [("float64", True), ("float32", True), ("float16", False), ("float16", True)]
-    names = ["fp64 (discretisation)", "M1 fp32 prehandled", "M1 fp16 nodal", "M1 fp16 prehandled",
-             "HP CG nodal", "HP CG prehandled"]
-    print(f"{'level':>5} {'N':>9} {'fp64':>10} {'M1 32/pre':>10} {'M1 16/nod':>10} {'M1 16/pre':>10} "
-          f"{'HP nod':>10} {'/fp64':>6} {'its':>6} {'HP pre':>10} {'/fp64':>6} {'its':>6} {'s':>6}")
+    names = ["fp64 (discretisation)", "M1 fp32 prehandled", "M1 fp16 nodal", "M1 fp16 prehandled"]
+    for label, _ in HP_VARIANTS:
+        names += [f"{label} CG nodal", f"{label} CG prehandled"]
+    head = "".join(f" {label + ' ' + k:>10} {'/fp64':>7} {'its':>5}" for label, _ in HP_VARIANTS for k in ("nod", "pre"))
+    print(f"{'level':>5} {'N':>9} {'fp64':>10} {'M1 32/pre':>10} {'M1 16/nod':>10} {'M1 16/pre':>10}{head} {'s':>6}")
     curves = {k: ([], []) for k in names}
     for lev in args.levels:
         if (1 << lev) <= args.err_h0:
@@ -183,29 +193,32 @@ def section_errors(args, be):
         if lev <= args.cg_max_level:
             t = time.perf_counter()
             A_h, _, A, L = prehandled_matrix(rm)
-            x, mn = hp_cg(be.asmatrix(A_h), d.b, args)
-            row.append(d.l2(x))
+            A_h, A = be.asmatrix(A_h), be.asmatrix(A)
             s64 = SchurSolver(rm, backend=be)
-            x, mp = hp_cg(be.asmatrix(A), s64.rhs(d.b), args)
-            row.append(d.l2(s64.back_transform(x)))
-            hp = (f"{row[4]:10.3e} {row[4] / row[0]:6.2f} {mn:>6} {row[5]:10.3e} {row[5] / row[0]:6.2f} {mp:>6} "
-                  f"{time.perf_counter() - t:6.1f}")
+            b = s64.rhs(d.b)
+            for _, kw in HP_VARIANTS:
+                x, mn = hp_cg(A_h, d.b, args, kw)
+                row.append(d.l2(x))
+                x, mp = hp_cg(A, b, args, kw)
+                row.append(d.l2(s64.back_transform(x)))
+                hp += "".join(f" {e:10.3e} {e / row[0]:7.2f} {m:>5}" for e, m in zip(row[-2:], (mn, mp)))
+            hp += f" {time.perf_counter() - t:6.1f}"
         for name, e in zip(names, row):
             curves[name][0].append(lev)
             curves[name][1].append(e)
-        print(f"{lev:5d} {rm.N:9d} " + " ".join(f"{e:10.3e}" for e in row[:4]) + " " + hp, flush=True)
+        print(f"{lev:5d} {rm.N:9d} " + " ".join(f"{e:10.3e}" for e in row[:4]) + hp, flush=True)
     print("(its: HP-CG iterations, r = rtol met, s = stopped by stagnation, m = --cg-maxiter; s: seconds of the "
           "HP columns, prehandled_matrix's SciPy assembly included)")
     lv, e64 = curves[names[0]]
     for name in names[2:]:
         lev_e = dict(zip(*curves[name]))
         off = [l for l, e in zip(lv, e64) if l in lev_e and lev_e[l] > (1 + args.deviation) * e]
-        print(f"{name:>20}: first level more than {args.deviation:.0%} above fp64: "
+        print(f"{name:>22}: first level more than {args.deviation:.0%} above fp64: "
               f"{off[0] if off else 'none'} (levels {min(lev_e, default='-')}..{max(lev_e, default='-')})")
     if args.plot and any(v[0] for v in curves.values()):
         try:
             from adaptmg import plot
-            keep = {k: curves[k] for k in (names[0], names[4], names[5]) if curves[k][0]}
+            keep = {k: curves[k] for k in [names[0]] + names[4:] if curves[k][0]}
             p = plot.convergence(keep, args.plot, xlabel="level (h = 2^-level)", ylabel="L2 error",
                                  title="half-precision CG with and without prehandling (seed 003 Fig. 5)")
             print(f"plot: {p}")
