@@ -81,8 +81,8 @@ class _Fp16SpMV:
         self.data, self.indices = A16.data, A16.indices
         lens = xp.diff(A16.indptr)
         self.rows = xp.flatnonzero(lens > 0)
-        row = xp.repeat(xp.arange(self.n), lens)
         ptr = A16.indptr
+        row = xp.searchsorted(ptr, xp.arange(A16.nnz), side="right") - 1   # (cupy.repeat: host counts only)
         self.passes = []
         while lens.size and int(lens.max()) > 1:
             pos = xp.arange(row.size) - ptr[row]

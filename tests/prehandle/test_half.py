@@ -121,3 +121,21 @@ def test_figure_5_prehandling_keeps_half_precision_accurate(level7, kw, nodal_mi
     e_nod, e_pre = l2(nodal.x), l2(s.back_transform(pre.x))
     assert e_nod > nodal_min * e64, (e_nod / e64, e_pre / e64)
     assert e_pre < pre_max * e64, (e_nod / e64, e_pre / e64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [dict(), dict(accumulate="float16", residual="true")])
+def test_half_cg_on_the_gpu_matches_the_cpu(kw):
+    """Same arithmetic on CuPy (other fp32 summation orders): same stopping reason, errors alike."""
+    import cupy
+    from adaptmg.backend import get_backend, to_host
+    T = laplace_1d(100)
+    A = (sp.kron(T, sp.identity(100)) + sp.kron(sp.identity(100), T)).tocsr()
+    b = np.ones(A.shape[0])
+    x = sla.spsolve(A.tocsc(), b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rc = half_cg(A, b, rtol=0, stagnation=30, **kw)
+        rg = half_cg(get_backend("gpu").asmatrix(A), cupy.asarray(b), rtol=0, stagnation=30, **kw)
+    ec, eg = (np.abs(to_host(r.x) - x).max() / np.abs(x).max() for r in (rc, rg))
+    assert rc.status == rg.status == "stagnation" and 0.5 < eg / ec < 2, (ec, eg)
