@@ -220,7 +220,7 @@ def section_errors(args, be):
             from adaptmg import plot
             keep = {k: curves[k] for k in [names[0]] + names[4:] if curves[k][0]}
             p = plot.convergence(keep, args.plot, xlabel="level (h = 2^-level)", ylabel="L2 error",
-                                 title="half-precision CG with and without prehandling (seed 003 Fig. 5)")
+                                 title="fp16 CG, nodal vs prehandled (seed 003 Fig. 5)")
             print(f"plot: {p}")
         except Exception as exc:       # plotting is optional (extra 'plot')
             print(f"plot skipped: {type(exc).__name__}: {exc}")
