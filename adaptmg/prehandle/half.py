@@ -173,7 +173,7 @@ def half_cg(A, b, *, rtol=1e-3, stagnation=50, maxiter=None, accumulate="float32
         p = round_half(r + np.float32(rho_new / rho) * p)
         rho = rho_new
     if status != "rtol":
-        warnings.warn(f"half_cg: stopped by {status} after {it} iterations at a recursive residual "
+        warnings.warn(f"half_cg: stopped by {status} after {it} iterations at a residual "
                       f"{res[best]:.2e} ||b|| (rtol {rtol:g} not met: fp16's attainable accuracy)",
                       RuntimeWarning, stacklevel=2)
     return HalfCGResult(x_best.astype(np.float64) * scale, status, it, best, res)
