@@ -5,10 +5,13 @@ Sections (``--sections``, default all):
 * ``table``  -- Table 1: |C|, |E|, |I|, kappa(C_i), kappa(Pi), NNZ(C_i^-1), NNZ(Pi^-1) / NNZ_FEM on
   the unit square next to the paper's values; and kappa(A_h), kappa(S^T A_h S), kappa(A) for one
   (h, h0) (Lanczos: the largest eigenvalue of the operator and of its inverse, applied by M1).
-* ``errors`` -- Figure 5: L2 errors vs level (h = 2^-level) for u = sin(a pi x) sin(a pi y): M1 in
-  fp64 / fp32 / fp16 with and without prehandling (``prehandle=False``: the same Schur method on
-  the nodal matrix), and CG on a matrix rounded to fp16, nodal vs prehandled (the effect of
-  Figure 5); the plot goes through ``adaptmg.plot`` (``--plot``).
+* ``errors`` -- Figure 5: L2 errors vs level (h = 2^-level) for a strongly oscillating u (``--err-u``):
+  half-precision CG (``adaptmg.prehandle.half_cg``: fp16 storage; HP16: fp16 arithmetic and the
+  defect b - A x recomputed in fp16, HP32: fp32 accumulators and the recursive residual; stopped
+  by stagnation) on the nodal A_h and on the prehandled A (the effect of Figure 5), next to the fp64
+  discretisation error; method M1 in fp32 / fp16 with and without prehandling (the direct method's
+  accuracy; ``prehandle=False``: the same Schur method on the nodal matrix); the first level where
+  each curve is more than ``--deviation`` above fp64; the plot goes through ``adaptmg.plot`` (``--plot``).
 * ``speed``  -- MDof/s (N * N_rhs / time) of the M1 solve of the prehandled system
   (``solve_prehandled``, and the whole ``solve`` with the transforms in double) in
   fp64 / fp32 / fp16 for N_rhs = 1 and N_rhs >> 1, the L2 error of the first column, and
@@ -32,7 +35,7 @@ from adaptmg.backend import get_backend
 from adaptmg.fe import Space
 from adaptmg.fe.norms import errors as fe_errors
 from adaptmg.mesh import Mesh
-from adaptmg.prehandle import (RefinedMacroMesh, SchurSolver, condition_number, fine_stiffness,
+from adaptmg.prehandle import (RefinedMacroMesh, SchurSolver, condition_number, fine_stiffness, half_cg,
                                lanczos_max, macro_square, prehandled_matrix)
 
 # Table 1 of seed 003: (1/h, 1/h0) -> kappa(C_i), kappa(Pi), NNZ(C_i^-1)/NNZ_FEM, NNZ(Pi^-1)/NNZ_FEM
@@ -112,18 +115,33 @@ def section_table(args, be):
               f"kappa(L^-1 S^T A_h S L^-T) = {ka:.1f}" + (f"   [paper: {p[0]:,}, {p[1]}, {p[2]}]" if p else ""))
 
 
-def problem(a):
-    u = lambda x: np.sin(a * np.pi * x[..., 0]) * np.sin(a * np.pi * x[..., 1])
-    f = lambda x: 2 * (a * np.pi) ** 2 * np.sin(a * np.pi * x[..., 0]) * np.sin(a * np.pi * x[..., 1])
+def problem(a, kind="sin"):
+    """u = g(x) g(y), u = 0 on the boundary: g(t) = sin(a pi t) ("sin": an eigenfunction of the
+    Laplacian, so CG converges in one or two steps and hides the precision), or the chirp
+    g(t) = sin(a pi t^2 / 2) ("chirp": local frequency a pi t, up to sin(a pi t)'s; a even)."""
+    k = a * np.pi
+    if kind == "sin":
+        g = lambda t: np.sin(k * t)
+        g2 = lambda t: -k * k * np.sin(k * t)
+    elif kind == "chirp":
+        if a % 2:
+            raise SystemExit(f"--a {a}: the chirp sin(a pi t^2 / 2) vanishes at t = 1 only for even a")
+        c = k / 2
+        g = lambda t: np.sin(c * t * t)
+        g2 = lambda t: 2 * c * np.cos(c * t * t) - (2 * c * t) ** 2 * np.sin(c * t * t)
+    else:
+        raise SystemExit(f"unknown exact solution {kind!r} (sin, chirp)")
+    u = lambda x: g(x[..., 0]) * g(x[..., 1])
+    f = lambda x: -(g2(x[..., 0]) * g(x[..., 1]) + g(x[..., 0]) * g2(x[..., 1]))
     return u, f
 
 
 class Discrete:
     """The fine space of a refined macro mesh, its load vector and L2 errors."""
 
-    def __init__(self, rm, a, be):
+    def __init__(self, rm, a, be, kind="sin"):
         self.rm, self.be = rm, be
-        self.u, f = problem(a)
+        self.u, f = problem(a, kind)
         self.space = Space(Mesh.from_cells(rm.points, rm.cells), 1)
         self.b = be.asarray(assemble.load(self.space, f)[:rm.N])
 
@@ -133,63 +151,76 @@ class Discrete:
         return float(fe_errors(self.space, full, self.u, backend=self.be)["L2"])
 
 
-def cg_half(A, b, be, maxiter):
-    """CG (adaptmg.linalg.cg, fp32 recurrences) on A with its entries, its input and its output
-    rounded to fp16: what a half-precision matrix does to an iterative solve."""
-    from adaptmg.linalg import cg
-    xp = be.xp
-    r16 = lambda v: v.astype(np.float16).astype(np.float32)
-    A16 = be.asmatrix(A.astype(np.float32))
-    A16.data[...] = r16(A16.data)
-    s = float(xp.max(xp.abs(b)))
-    bb = r16(b / s)
+# the two half-precision CG variants: (label, half_cg keywords)
+HP_VARIANTS = (("HP16", dict(accumulate="float16", residual="true")),
+               ("HP32", dict(accumulate="float32", residual="recursive")))
+
+
+def hp_cg(A, b, args, kw):
+    """half_cg with the bench's stopping rule; (x, 'iterations + r/s/m')."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        x, info = cg(lambda v: r16(A16 @ r16(v)), bb, rtol=1e-4, maxiter=maxiter)
-    return x.astype(np.float64) * s, info
+        warnings.simplefilter("ignore", RuntimeWarning)
+        r = half_cg(A, b, rtol=args.hp_rtol, stagnation=args.hp_stagnation, maxiter=args.cg_maxiter, **kw)
+    return r.x, f"{r.iterations}{'r' if r.status == 'rtol' else 's' if r.status == 'stagnation' else 'm'}"
 
 
 def section_errors(args, be):
-    print(f"\n## Figure 5: L2 error vs level, u = sin({args.a} pi x) sin({args.a} pi y), "
-          f"h0 = max(1/{args.err_h0}, {args.err_n} h)")
-    print("M1 16/nod, 16/pre: method M1 in fp16 on the nodal / the prehandled matrix; CG16 nod / pre: CG with "
-          "the matrix and its products rounded to fp16 (rtol 1e-4) on A_h / on L^-1 S^T A_h S L^-T")
+    print(f"\n## Figure 5: L2 error vs level, {args.err_u} u, a = {args.a:g}, h0 = max(1/{args.err_h0}, {args.err_n} h)")
+    print("fp64: M1 in double (the discretisation error).  M1 32/pre, 16/nod, 16/pre: method M1 (direct; inverses "
+          "made in double, applied in fp32 / fp16) on the prehandled / nodal matrix: the direct method's accuracy, "
+          "not Figure 5's.  HP16 / HP32 nod, pre: CG in half precision (adaptmg.prehandle.half_cg; fp16 matrix and "
+          "vectors, fp32 inner products) on A_h / on L^-1 S^T A_h S L^-T, Figure 5's blue / red curves -- HP16: "
+          "fp16 arithmetic throughout (fp16 partial sums in A x, the residual recomputed as b - A x in fp16 every "
+          "iteration: the defect of an HP iterative solver); HP32: fp32 accumulators (tensor-core style), "
+          f"recursive residual.  Stopped at rtol {args.hp_rtol:g} or {args.hp_stagnation} iterations without a "
+          "new residual minimum.")
     cols = [("float64", True), ("float32", True), ("float16", False), ("float16", True)]
-    names = ["fp64 (discretisation)", "M1 fp32 prehandled", "M1 fp16 nodal", "M1 fp16 prehandled",
-             "CG fp16 nodal", "CG fp16 prehandled"]
-    print(f"{'level':>5} {'N':>9} {'fp64':>10} {'M1 32/pre':>10} {'M1 16/nod':>10} {'M1 16/pre':>10} "
-          f"{'CG16 nod':>15} {'CG16 pre':>15}")
+    names = ["fp64 (discretisation)", "M1 fp32 prehandled", "M1 fp16 nodal", "M1 fp16 prehandled"]
+    for label, _ in HP_VARIANTS:
+        names += [f"{label} CG nodal", f"{label} CG prehandled"]
+    head = "".join(f" {label + ' ' + k:>10} {'/fp64':>7} {'its':>5}" for label, _ in HP_VARIANTS for k in ("nod", "pre"))
+    print(f"{'level':>5} {'N':>9} {'fp64':>10} {'M1 32/pre':>10} {'M1 16/nod':>10} {'M1 16/pre':>10}{head} {'s':>6}")
     curves = {k: ([], []) for k in names}
     for lev in args.levels:
         if (1 << lev) <= args.err_h0:
             continue
         rm = square(1 << lev, max(args.err_h0, (1 << lev) // args.err_n))
-        d = Discrete(rm, args.a, be)
+        d = Discrete(rm, args.a, be, args.err_u)
         row = []
         for dt, pre in cols:
             row.append(d.l2(SchurSolver(rm, dtype=dt, prehandle=pre, backend=be).solve(d.b)))
-        cgtxt = []
+        hp = ""
         if lev <= args.cg_max_level:
+            t = time.perf_counter()
             A_h, _, A, L = prehandled_matrix(rm)
-            x, info = cg_half(A_h, d.b, be, args.cg_maxiter)
-            row.append(d.l2(x))
-            cgtxt.append(f"{row[-1]:10.3e}{'' if info == 0 else '*':1}")
+            A_h, A = be.asmatrix(A_h), be.asmatrix(A)
             s64 = SchurSolver(rm, backend=be)
-            x, info2 = cg_half(A, s64.rhs(d.b), be, args.cg_maxiter)
-            row.append(d.l2(s64.back_transform(x)))
-            cgtxt.append(f"{row[-1]:10.3e}{'' if info2 == 0 else '*':1}")
+            b = s64.rhs(d.b)
+            for _, kw in HP_VARIANTS:
+                x, mn = hp_cg(A_h, d.b, args, kw)
+                row.append(d.l2(x))
+                x, mp = hp_cg(A, b, args, kw)
+                row.append(d.l2(s64.back_transform(x)))
+                hp += "".join(f" {e:10.3e} {e / row[0]:7.2f} {m:>5}" for e, m in zip(row[-2:], (mn, mp)))
+            hp += f" {time.perf_counter() - t:6.1f}"
         for name, e in zip(names, row):
             curves[name][0].append(lev)
             curves[name][1].append(e)
-        print(f"{lev:5d} {rm.N:9d} " + " ".join(f"{e:10.3e}" for e in row[:4]) + " " +
-              " ".join(f"{t:>15}" for t in cgtxt), flush=True)
-    print("(* : CG stopped at --cg-maxiter without reaching rtol 1e-4)")
+        print(f"{lev:5d} {rm.N:9d} " + " ".join(f"{e:10.3e}" for e in row[:4]) + hp, flush=True)
+    print("(its: HP-CG iterations, r = rtol met, s = stopped by stagnation, m = --cg-maxiter; s: seconds of the "
+          "HP columns, prehandled_matrix's SciPy assembly included)")
+    lv, e64 = curves[names[0]]
+    for name in names[2:]:
+        lev_e = dict(zip(*curves[name]))
+        off = [l for l, e in zip(lv, e64) if l in lev_e and lev_e[l] > (1 + args.deviation) * e]
+        print(f"{name:>22}: first level more than {args.deviation:.0%} above fp64: "
+              f"{off[0] if off else 'none'} (levels {min(lev_e, default='-')}..{max(lev_e, default='-')})")
     if args.plot and any(v[0] for v in curves.values()):
         try:
             from adaptmg import plot
-            keep = {k: v for k, v in curves.items() if v[0] and "fp32" not in k}
+            keep = {k: curves[k] for k in [names[0]] + names[4:] if curves[k][0]}
             p = plot.convergence(keep, args.plot, xlabel="level (h = 2^-level)", ylabel="L2 error",
-                                 title="fp16 with and without prehandling (seed 003 Fig. 5)")
+                                 title="fp16 CG, nodal vs prehandled (seed 003 Fig. 5)")
             print(f"plot: {p}")
         except Exception as exc:       # plotting is optional (extra 'plot')
             print(f"plot skipped: {type(exc).__name__}: {exc}")
@@ -272,10 +303,16 @@ def main(argv=None):
     p.add_argument("--levels", type=ints, default=None, help="Figure 5 levels (h = 2^-level)")
     p.add_argument("--err-h0", type=int, default=4, help="1/h0 of the Figure 5 runs (at most)")
     p.add_argument("--err-n", type=int, default=64, help="Figure 5: at most this many fine cells per macro edge")
-    p.add_argument("--a", type=float, default=16.0, help="u = sin(a pi x) sin(a pi y) (strongly oscillating, as in Fig. 5)")
+    p.add_argument("--a", type=float, default=16.0, help="frequency of u: sin(a pi x) sin(a pi y), or the chirp of --err-u (strongly oscillating, as in Fig. 5)")
     p.add_argument("--plot", default="out/prehandling_fig5.png")
-    p.add_argument("--cg-max-level", type=int, default=None, help="largest level of the fp16 CG columns")
-    p.add_argument("--cg-maxiter", type=int, default=3000)
+    p.add_argument("--err-u", default="chirp", choices=["chirp", "sin"],
+                   help="Figure 5's exact solution (sin is an eigenfunction: CG needs 1-2 steps)")
+    p.add_argument("--cg-max-level", type=int, default=None, help="largest level of the HP-CG columns")
+    p.add_argument("--cg-maxiter", type=int, default=20000)
+    p.add_argument("--hp-rtol", type=float, default=1e-6, help="HP-CG: relative recursive residual to stop at")
+    p.add_argument("--hp-stagnation", type=int, default=50,
+                   help="HP-CG: stop after this many iterations without a new residual minimum")
+    p.add_argument("--deviation", type=float, default=0.1, help="Figure 5: report the first level this far above fp64")
     p.add_argument("--speed-h", type=ints, default=None)
     p.add_argument("--h0", type=int, default=16, help="1/h0 of the speed runs")
     p.add_argument("--nrhs", type=ints, default=None)
@@ -288,8 +325,8 @@ def main(argv=None):
     gpu = be.is_gpu
     args.table_h = args.table_h or ([256, 512, 1024] if gpu else [64, 128])
     args.max_edge = args.max_edge or (32000 if gpu else 4000)
-    args.cg_max_level = args.cg_max_level if args.cg_max_level is not None else (9 if gpu else 7)
-    args.levels = args.levels or (list(range(4, 11)) if gpu else list(range(4, 8)))
+    args.cg_max_level = args.cg_max_level if args.cg_max_level is not None else (10 if gpu else 8)
+    args.levels = args.levels or (list(range(4, 11)) if gpu else list(range(4, 9)))
     args.speed_h = args.speed_h or ([256, 512, 1024] if gpu else [64, 128])
     args.nrhs = args.nrhs or ([1, 256] if gpu else [1, 16])
     kf = args.kappa_full if args.kappa_full is not None else ("256:16" if gpu else "64:8")
