@@ -40,7 +40,7 @@ import scipy.sparse as sp
 
 from ..mesh import reference as ref
 from .basis import SIDE_DIRICHLET, SIDE_EXTEND, SIDE_FREE, pencil_factors
-from .space import SpectralSpace, local_indices
+from .space import SpectralSpace, local_indices, row_ids
 
 __all__ = ["FineSchwarz", "CoarseQ1", "TwoScale", "face_neighbours", "q1_interpolation", "q1_multigrid",
            "masked_transfer", "q1_constraints", "Q1_SMOOTHER"]
@@ -53,8 +53,7 @@ def face_neighbours(mesh):
     cells = np.asarray(mesh.cells)
     nc = cells.shape[0]
     keys = np.sort(cells[:, fv], axis=2).reshape(nc * 2 * d, -1)
-    _, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.ravel()
+    inv = row_ids(keys)
     order = np.argsort(inv, kind="stable")
     s = inv[order]
     pair = np.flatnonzero(s[1:] == s[:-1])                     # consecutive equal keys
@@ -95,9 +94,9 @@ class FineSchwarz:
         self.dtype = np.dtype(dtype)
         fixed = np.zeros(N, bool)
         fixed[np.asarray(dirichlet, dtype=np.int64)] = True
-        ext = self._extended_dofs(space, m)
+        nbc, nbf = face_neighbours(space.mesh)
+        ext = self._extended_dofs(space, m, (nbc, nbf))
         # side kind of every face: a neighbour, a Dirichlet boundary face, a free one
-        nbc, _ = face_neighbours(space.mesh)
         fln = space.face_local_nodes()
         on_fixed = fixed[space.cell_dofs[:, fln]].all(axis=2)            # (nc, 2d)
         # hanging faces (no conforming neighbour, not on the boundary): the pencil extends
@@ -137,15 +136,16 @@ class FineSchwarz:
         self.dim = d
 
     @staticmethod
-    def _extended_dofs(space, m):
-        """(cells, (k+3)^d) global DoF of every node of the extended box, -1 where none."""
+    def _extended_dofs(space, m, neighbours=None):
+        """(cells, (k+3)^d) global DoF of every node of the extended box, -1 where none
+        (``neighbours``: :func:`face_neighbours` of the mesh, when already at hand)."""
         d, k, n = space.dim, space.degree, space.degree + 1
         nc = space.mesh.num_cells
         ext = np.full((nc, m ** d), -1, dtype=np.int64)
         li = local_indices(k, d)
         pos = ((li + 1) * m ** np.arange(d)).sum(1)                      # cell node -> box node
         ext[:, pos] = space.cell_dofs
-        nbc, nbf = face_neighbours(space.mesh)
+        nbc, nbf = face_neighbours(space.mesh) if neighbours is None else neighbours
         fln = space.face_local_nodes()                                   # (2d, n^(d-1))
         c, f = np.nonzero(nbc >= 0)
         c2, f2 = nbc[c, f], nbf[c, f]
