@@ -245,12 +245,14 @@ class SpectralSpace:
         d, n = self.dim, self.n1
         X = xp.asarray(self.cell_points)                          # (nc, n^d, d)
         nc = X.shape[0]
-        J = []
-        for i in range(d):
+        J = None
+        for i in range(d):                                        # one copy into J (nc, nq, d, d)
             xi = X[:, :, i].reshape((nc,) + (n,) * d)
             g = reference_gradient(xi, None if B is None else xp.asarray(B), xp.asarray(DB), d)
-            J.append(xp.stack([gj.reshape(nc, -1) for gj in g], axis=-1))
-        J = xp.stack(J, axis=-2)                                  # (nc, nq, d, d)
+            if J is None:
+                J = xp.empty((nc, g[0].size // nc, d, d), dtype=g[0].dtype)
+            for j, gj in enumerate(g):
+                J[:, :, i, j] = gj.reshape(nc, -1)
         if xp is np:
             J.setflags(write=False)
             self._jacobians[key] = J
