@@ -10,7 +10,9 @@ step of seed 004,
     x <- x + omega P^f (b - A x),      omega = 1 / lambda_max(P^f A)  (power iteration),
 
 so ``||I - omega P^f A||_A <= 1``.  Below the p-levels the Q1 levels of
-:func:`adaptmg.multigrid` keep their own (Jacobi) smoothers and coarse solve.  On a 2:1
+:func:`adaptmg.multigrid` keep their coarse solve and are smoothed by
+:data:`adaptmg.spectral.schwarz.Q1_SMOOTHER` (Chebyshev-Jacobi, as in the two-scale
+preconditioner's coarse scale).  On a 2:1
 mesh with hanging nodes every level is constrained (``H_l^T A_l H_l``) and the transfers
 act between regular DoFs, ``Z_f P_l H_{l-1} Z_c`` (hanging DoFs masked on both sides)."""
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from ..multilevel import Level, MultilevelSolver
 from ..multilevel.smoothers import power_lambda_max, smoother_setup_kwargs
 from ..multilevel.start_vector import start_vector
-from .schwarz import FineSchwarz, masked_transfer, q1_constraints, q1_multigrid
+from .schwarz import Q1_SMOOTHER, FineSchwarz, masked_transfer, q1_constraints, q1_multigrid
 from .space import SpectralSpace
 
 __all__ = ["PMultigrid", "degree_ladder", "SchwarzSmoother"]
@@ -82,9 +84,11 @@ class PMultigrid:
             levels.append(Level(pr, P, R, smoother=SchwarzSmoother(pr, S, be.xp, dtype),
                                 meta=dict(kind=f"Q{pr.space.degree}", cells=mesh.num_cells)))
         self.degrees = ks
+        spec = multigrid_kwargs.get("smoother", Q1_SMOOTHER)        # the Q1 levels' smoother
         self.solver = MultilevelSolver(list(ml.levels) + levels[::-1], backend=be, dtype=dtype,
-                                       presmooth=presmooth, postsmooth=postsmooth, smoother="jacobi",
-                                       smoother_kwargs=smoother_setup_kwargs("jacobi", None, auto_omega=True))
+                                       presmooth=presmooth, postsmooth=postsmooth, smoother=spec,
+                                       smoother_kwargs=smoother_setup_kwargs(
+                                           spec, multigrid_kwargs.get("smoother_kwargs"), auto_omega=True))
         self.M = self.solver.aspreconditioner(graph=False)
 
     def __call__(self, r):

@@ -12,8 +12,9 @@ with hanging nodes (``space.H``, :mod:`adaptmg.spectral.hanging`) the hanging Do
 the masked ones and A becomes ``H^T A H`` (``u = H (x + u_g)``, ``b -> H^T b``)."""
 from __future__ import annotations
 
+import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -125,12 +126,14 @@ class _Scale:
 @dataclass
 class SpectralSolution:
     """``u`` (values at the GLL nodes, NumPy or CuPy), ``iterations``, ``num_dofs`` (the
-    unknowns: hanging DoFs not counted), ``info``."""
+    unknowns: hanging DoFs not counted), ``info``; ``seconds``: wall time of the set-up
+    (space, operator, preconditioner) and of the solve (load vector, CG), device synchronised."""
     u: Any
     iterations: int
     num_dofs: int
     info: int
     space: SpectralSpace
+    seconds: dict = field(default_factory=dict)
 
     def l2_error(self, exact) -> float:
         """``||u - exact||_L2`` by (k+3)-point Gauss quadrature on the isoparametric cells."""
@@ -166,10 +169,13 @@ def poisson(mesh, degree, f, *, g=None, mapping=None, preconditioner="two-scale"
     cells, so u in Q_k is reproduced).  Meshes with hanging nodes (2:1) are constrained by
     :mod:`adaptmg.spectral.hanging`.  Returns a :class:`SpectralSolution`; ``info != 0``
     (with a warning from CG) when CG did not reach ``rtol``."""
+    t0 = time.perf_counter()
     V = SpectralSpace(mesh, degree, mapping=mapping)
     prob = SpectralProblem(V, dirichlet=dirichlet, preconditioner=preconditioner, dtype=dtype,
                            backend=backend, geometry=geometry, quadrature=quadrature)
     xp, op = prob.xp, prob.op
+    prob.backend.synchronize()
+    t1 = time.perf_counter()
     b = op.load(_values(f, xp.asarray(op.quadrature_points()), "f", xp))
     ug = xp.zeros(V.num_dofs, dtype=prob.dtype)
     if g is not None and prob.fixed.size:
@@ -178,5 +184,7 @@ def poisson(mesh, degree, f, *, g=None, mapping=None, preconditioner="two-scale"
         b = b - op.matvec(prob.expand(ug))
     b = prob.free * prob.restrict(b)
     x, its, info = prob.solve(b, rtol=rtol, maxiter=maxiter)
-    return SpectralSolution(u=prob.expand(x + ug), iterations=its, num_dofs=V.num_dofs - V.hanging_dofs.size,
-                            info=info, space=V)
+    u = prob.expand(x + ug)
+    prob.backend.synchronize()
+    return SpectralSolution(u=u, iterations=its, num_dofs=V.num_dofs - V.hanging_dofs.size, info=info,
+                            space=V, seconds=dict(setup=t1 - t0, solve=time.perf_counter() - t1))

@@ -32,7 +32,7 @@ from ..mesh import reference as ref
 from .basis import check_spectral_degree, gll_points, local_indices
 from .hanging import hanging_matrix
 
-__all__ = ["SpectralSpace", "contract", "reference_gradient", "local_indices"]
+__all__ = ["SpectralSpace", "contract", "reference_gradient", "local_indices", "row_ids"]
 
 
 def contract(u, A, axis: int, dim: int):
@@ -78,6 +78,41 @@ def _multilinear(X, t, dim):
     grid = t[local_indices(len(t) - 1, dim)]
     N = np.prod(np.where(cor[None, :, :] == 1, grid[:, None, :], 1.0 - grid[:, None, :]), axis=2)
     return np.einsum("qv,cvi->cqi", N, X)
+
+
+def row_ids(keys) -> np.ndarray:
+    """``np.unique(keys, axis=0, return_inverse=True)[1]`` for non-negative integer keys
+    (m, c), c <= 4, without the structured-row sort: columns are packed pairwise into int64
+    (``a * (max + 1) + b``, exact while (max + 1)^2 < 2^63), then one 1-D ``np.unique`` or
+    a ``np.lexsort`` of the two packed columns.  Ids follow the rows' lexicographic order,
+    as ``np.unique``'s do."""
+    keys = np.asarray(keys, dtype=np.int64)
+    m, c = keys.shape
+    if m == 0:
+        return np.zeros(0, dtype=np.int64)
+    base = int(keys.max()) + 1
+    if c > 4 or base > 3_037_000_499:                 # (base)^2 would overflow int64
+        return np.unique(keys, axis=0, return_inverse=True)[1].ravel()
+    packed = [keys[:, i] * base + keys[:, i + 1] if i + 1 < c else keys[:, i] for i in range(0, c, 2)]
+    if len(packed) == 1 or (len(packed) == 2 and c == 3 and base ** 3 < 2 ** 62):
+        key = packed[0] if len(packed) == 1 else packed[0] * base + packed[1]
+        return np.unique(key, return_inverse=True)[1].ravel()
+    order = np.lexsort(packed[::-1])
+    srt = [p[order] for p in packed]
+    new = np.zeros(m, dtype=bool)
+    new[1:] = np.logical_or.reduce([q[1:] != q[:-1] for q in srt])
+    ids = np.empty(m, dtype=np.int64)
+    ids[order] = np.cumsum(new)
+    return ids
+
+
+def _det(J):
+    """det of J (..., d, d), d = 2 or 3, closed form."""
+    if J.shape[-1] == 2:
+        return J[..., 0, 0] * J[..., 1, 1] - J[..., 0, 1] * J[..., 1, 0]
+    return (J[..., 0, 0] * (J[..., 1, 1] * J[..., 2, 2] - J[..., 1, 2] * J[..., 2, 1])
+            - J[..., 0, 1] * (J[..., 1, 0] * J[..., 2, 2] - J[..., 1, 2] * J[..., 2, 0])
+            + J[..., 0, 2] * (J[..., 1, 0] * J[..., 2, 1] - J[..., 1, 1] * J[..., 2, 0]))
 
 
 class SpectralSpace:
@@ -174,9 +209,7 @@ class SpectralSpace:
                     c0, c1 = np.where(swap, p1, p0), np.where(swap, p0, p1)
                     keys.append(np.stack([Gs[r, o], np.minimum(n0, n1), np.maximum(n0, n1)], 1))
                     pos.append((c0 - 1) * (k - 1) + (c1 - 1))
-            allkeys = np.concatenate(keys)
-            _, inv = np.unique(allkeys, axis=0, return_inverse=True)
-            inv = inv.reshape(len(items), nc)
+            inv = row_ids(np.concatenate(keys)).reshape(len(items), nc)
             ne = int(inv.max()) + 1
             per = (k - 1) ** m
             for j, (pattern, free, idx) in enumerate(items):
@@ -186,11 +219,14 @@ class SpectralSpace:
             idx = groups["interior"]
             dofs[:, idx] = offset + np.arange(nc)[:, None] * idx.size + np.arange(idx.size)[None, :]
             offset += nc * idx.size
-        # compact: vertex ids of the mesh may leave gaps (unused points)
-        used, dofs = np.unique(dofs, return_inverse=True)
-        dofs = dofs.reshape(nc, n ** d).astype(np.int64)
+        # compact: vertex ids of the mesh may leave gaps (unused points); the rank among
+        # the used ids by a mark array (np.unique's inverse, without its sort)
+        used = np.zeros(offset, dtype=bool)
+        used[dofs.ravel()] = True
+        rank = np.cumsum(used) - 1
+        dofs = rank[dofs]
         dofs.setflags(write=False)
-        return dofs, int(used.size)
+        return dofs, int(rank[-1] + 1)
 
     # ------------------------------------------------------------------ geometry
     @property
@@ -209,19 +245,21 @@ class SpectralSpace:
         d, n = self.dim, self.n1
         X = xp.asarray(self.cell_points)                          # (nc, n^d, d)
         nc = X.shape[0]
-        J = []
-        for i in range(d):
+        J = None
+        for i in range(d):                                        # one copy into J (nc, nq, d, d)
             xi = X[:, :, i].reshape((nc,) + (n,) * d)
             g = reference_gradient(xi, None if B is None else xp.asarray(B), xp.asarray(DB), d)
-            J.append(xp.stack([gj.reshape(nc, -1) for gj in g], axis=-1))
-        J = xp.stack(J, axis=-2)                                  # (nc, nq, d, d)
+            if J is None:
+                J = xp.empty((nc, g[0].size // nc, d, d), dtype=g[0].dtype)
+            for j, gj in enumerate(g):
+                J[:, :, i, j] = gj.reshape(nc, -1)
         if xp is np:
             J.setflags(write=False)
             self._jacobians[key] = J
         return J
 
     def _check_jacobians(self):
-        det = np.linalg.det(self.jacobians())
+        det = _det(self.jacobians())
         bad = np.flatnonzero(~(det > 0).all(axis=1))
         if bad.size:
             c = bad[0]
@@ -282,7 +320,8 @@ class SpectralSpace:
         for _ in range(d):                                           # x fastest: kron(z, y, x)
             loc = np.kron(I1, loc)
         loc[np.abs(loc) < 1e-14] = 0.0
-        _, first = np.unique(self.cell_dofs.ravel(), return_index=True)
+        first = np.full(self.num_dofs, self.cell_dofs.size, dtype=np.int64)   # first cell entry
+        np.minimum.at(first, self.cell_dofs.ravel(), np.arange(self.cell_dofs.size))
         c, a = first // n, first % n
         cols = np.asarray(cell_dofs)[c]
         rows = np.repeat(np.arange(self.num_dofs), cols.shape[1])

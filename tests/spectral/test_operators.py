@@ -123,3 +123,15 @@ def test_gpu_operator_matches_cpu():
         c = SpectralOperator(V, mass=0.5, geometry=geom, backend="cpu").matvec(x)
         g = SpectralOperator(V, mass=0.5, geometry=geom, backend="gpu").matvec(x)
         assert np.abs(g.get() - c).max() <= 200 * EPS * np.abs(c).max()
+
+
+@pytest.mark.parametrize("cols,high", [(1, 50), (2, 7), (3, 40), (3, 3_000_000), (4, 9), (4, 5_000_000_000), (5, 4)])
+def test_row_ids_equal_numpy_unique_rows(cols, high):
+    # the packed-key paths (one 1-D unique, a lexsort of two packed columns) and the fallback
+    from adaptmg.spectral.space import row_ids
+    rng = np.random.default_rng(cols)
+    keys = rng.integers(0, high, size=(400, cols))
+    keys = np.concatenate([keys, keys[rng.integers(0, 400, 300)]])          # repeated rows
+    ref = np.unique(keys, axis=0, return_inverse=True)[1].ravel()
+    assert np.array_equal(row_ids(keys), ref)
+    assert row_ids(np.zeros((0, cols), dtype=np.int64)).size == 0
