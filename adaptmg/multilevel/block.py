@@ -6,9 +6,12 @@ the block versions of what a cycle touches -- buffers of shape ``(n_l, k)`` in t
 backend's layout (:func:`adaptmg.device.spmm.block_order`), SpMM plans for ``A_l``,
 ``P_l``, ``R_l`` (one pass over each matrix for all ``k`` columns) and block
 smoothers -- and swaps them in for the duration of one cycle.  The fused one-vector
-kernels (and CUDA graphs) are not used on blocks; on the GPU the block kernels fuse the
-cycle's passes over the blocks instead (two Jacobi sweeps from zero, the restricted
-residual, the correction with the first post-sweep: :class:`_BlockLevel.fuse_transfers`).
+kernels (and CUDA graphs) are not used on blocks; with a Jacobi smoother the cycle's
+passes over the blocks are fused instead (:meth:`_BlockLevel.fuse_transfers`): on the GPU
+two sweeps from zero, the restricted residual and the correction with the first post-sweep
+are one pass each; on the host the restricted residual and sweeps of one block pass plus
+one ``csr_matvecs`` each.  Measured (2-D Q1, 1.05M DoFs, ``k = 32``): H200 block V-cycle
+3.43 -> 2.11 ms; host (263k DoFs, one core) 432 -> 383 ms.
 
 Block smoothers (every smoother of the registry, same math per column):
 

@@ -238,6 +238,24 @@ def test_smoothers_on_blocks_gpu(space, name):
     _check_vs_columns(ml, _block(ml.levels[-1].n, 3), "cg", "W", be_xp=cupy)
 
 
+@pytest.mark.parametrize("pre, post", [(2, 2), (3, 1), (1, 2), (2, 3), (0, 1)])
+def test_host_block_cycle_equals_plain_sweeps(space, pre, post):
+    """On the host, the scaled Jacobi sweeps (``Y = X + omega D^-1 B + N X``) and the
+    restricted residual give the plain cycle's result up to round-off, for every parity
+    of the sweep counts, and are really taken."""
+    from adaptmg.multilevel.block import BlockCycle, _BlockJacobi
+    ml = _ml(space, presmooth=pre, postsmooth=post)
+    B = _block(ml.levels[-1].n, 5)
+    fast, plain = BlockCycle(ml, "V"), BlockCycle(ml, "V")
+    plain.fuse = False
+    for lev in plain.levels:
+        if isinstance(lev.smoother, _BlockJacobi):
+            lev.smoother.N = None
+    X1, X2 = fast.matmat(B), plain.matmat(B)
+    assert all(lev.tfused and lev.AP is None for lev in fast.levels[1:])
+    assert np.abs(X1 - X2).max() <= 1e3 * EPS * np.abs(X2).max()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("pre, post", [(2, 2), (3, 1), (1, 2), (2, 3), (0, 1)])
 def test_fused_block_cycle_equals_unfused_gpu(space, pre, post):
