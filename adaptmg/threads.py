@@ -12,7 +12,7 @@ import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["default_threads", "ordered_map"]
+__all__ = ["default_threads", "ordered_map", "host_pool", "map_rows"]
 
 
 def default_threads() -> int:
@@ -65,3 +65,32 @@ def ordered_map(fn, items, *, workers, ahead=None):
                 f.cancel()
             pool.shutdown(wait=True)
     return results()
+
+
+_POOL = []
+
+#: blocks with at least this many entries (rows x columns) are split over the host threads
+#: by :func:`map_rows`
+ROW_SPLIT_ENTRIES = 1 << 18
+
+
+def host_pool():
+    """The host threads of the block solves' array work (made on first use,
+    :func:`default_threads` of them)."""
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(max_workers=default_threads(),
+                                        thread_name_prefix="adaptmg-rows"))
+    return _POOL[0]
+
+
+def map_rows(fn, rows, entries):
+    """``[fn(a, b)]`` over contiguous row ranges ``[a, b)`` of ``rows`` rows, one range per
+    host thread when ``entries`` (the block's size) reaches :data:`ROW_SPLIT_ENTRIES`,
+    else ``[fn(0, rows)]``.  ``fn`` should be NumPy/SciPy work that releases the GIL on
+    disjoint rows."""
+    T = default_threads()
+    if T < 2 or entries < ROW_SPLIT_ENTRIES or rows < 2 * T:
+        return [fn(0, rows)]
+    cuts = [rows * i // T for i in range(T + 1)]
+    fs = [host_pool().submit(fn, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+    return [f.result() for f in fs]

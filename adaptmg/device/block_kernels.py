@@ -31,7 +31,8 @@ import numpy as np
 from ..backend import get_backend
 
 __all__ = ["available", "cg_update", "scale_add", "csr_block", "column_dots", "column_dots_apply",
-           "threads_per_row", "jacobi2_zero", "restricted_residual", "corrected_jacobi"]
+           "threads_per_row", "jacobi2_zero", "restricted_residual", "corrected_jacobi",
+           "host_blocks", "column_dots_host", "cg_update_host"]
 
 _EPILOGUE = {
     "spmm": "Y[o] = (beta == ({T})0) ? alpha * acc : alpha * acc + beta * Y[o];",
@@ -353,7 +354,7 @@ def corrected_jacobi(A, AP, P, X, E, B, dinv, omega, Y):
 
 def column_dots_apply(X, Y):
     """Whether :func:`column_dots` takes ``X``, ``Y``: device blocks (not NumPy), both
-    C-contiguous of one float32/float64 dtype and shape."""
+    C-contiguous of one float32/float64 dtype and shape (:func:`host_blocks` for NumPy)."""
     return (not isinstance(X, np.ndarray) and getattr(X, "ndim", 0) == 2
             and np.dtype(X.dtype) in _CTYPE and X.dtype == Y.dtype and X.shape == Y.shape
             and X.flags.c_contiguous and Y.flags.c_contiguous)
@@ -380,6 +381,23 @@ def column_dots(X, Y):
     return _column_pass("coldot", X, X, Y)
 
 
+def host_blocks(*blocks):
+    """Whether the host versions :func:`column_dots_host` / :func:`cg_update_host` take
+    these blocks: NumPy, C-contiguous, of one float dtype and shape."""
+    b0 = blocks[0]
+    return all(isinstance(B, np.ndarray) and B.ndim == 2 and B.flags.c_contiguous
+               and B.dtype == b0.dtype and B.shape == b0.shape for B in blocks) \
+        and np.dtype(b0.dtype) in _CTYPE
+
+
+def column_dots_host(X, Y):
+    """:func:`column_dots` of NumPy blocks: the row chunks' ``einsum`` on the host threads
+    (:func:`adaptmg.threads.map_rows`), summed."""
+    from ..threads import map_rows
+    parts = map_rows(lambda a, b: np.einsum("ij,ij->j", X[a:b], Y[a:b]), X.shape[0], X.size)
+    return parts[0] if len(parts) == 1 else np.sum(parts, axis=0)
+
+
 def scale_add(P, beta, Z):
     """``P <- Z + beta_j P`` per column (``beta`` of length ``k``), in place: one pass on the
     device (the ``axpby`` elementwise kernel broadcasting ``beta`` over the rows)."""
@@ -399,3 +417,17 @@ def cg_update(alpha, X, P, R, Q):
     blocks of one float dtype (:func:`column_dots_apply` for each pair), ``alpha`` of
     length ``k`` in that dtype."""
     return _column_pass("cg_update", X, alpha, X, P, R, Q)
+
+
+def cg_update_host(alpha, X, P, R, Q):
+    """:func:`cg_update` of NumPy blocks, row chunk by row chunk on the host threads."""
+    from ..threads import map_rows
+
+    def run(a, b):
+        t = alpha * P[a:b]
+        X[a:b] += t
+        np.multiply(Q[a:b], alpha, out=t)
+        R[a:b] -= t
+        return np.einsum("ij,ij->j", R[a:b], R[a:b])
+    parts = map_rows(run, X.shape[0], X.size)
+    return parts[0] if len(parts) == 1 else np.sum(parts, axis=0)

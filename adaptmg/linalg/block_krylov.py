@@ -46,6 +46,8 @@ def _coldot(xp, X, Y):
     einsum makes it a batched product ~10x slower at ``(1e6, 32)``)."""
     if BK.column_dots_apply(X, Y):
         return BK.column_dots(X, Y)
+    if BK.host_blocks(X, Y):              # the host threads, row chunk by row chunk
+        return BK.column_dots_host(X, Y)
     return xp.einsum("ij,ij->j", X, Y)
 
 
@@ -150,6 +152,8 @@ def block_cg(A, B, X0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callba
             alpha = rho / _coldot(xp, P, Q)
             if act.size == k and BK.column_dots_apply(X, P) and BK.column_dots_apply(Ra, Q):
                 rna2 = BK.cg_update(alpha, X, P, Ra, Q)        # one pass; ||r_j||^2 with it
+            elif act.size == k and BK.host_blocks(X, P, Ra, Q):
+                rna2 = BK.cg_update_host(alpha, X, P, Ra, Q)
             else:
                 if act.size == k:
                     X += alpha * P

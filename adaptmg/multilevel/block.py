@@ -35,7 +35,7 @@ import scipy.sparse as sp
 from ..backend import is_sparse, to_host
 from ..device import block_kernels as BK
 from ..device import kernels as K
-from ..device.spmm import block_order, make_spmm
+from ..device.spmm import block_order, make_spmm, scale_rows
 from .chebyshev import Chebyshev
 from .gauss_seidel import GaussSeidel, L1GaussSeidel
 from .smoothers import BlockJacobi, Jacobi, PrePostSmoother
@@ -118,7 +118,7 @@ class _BlockJacobi(_BlockSmoother):
 
     def _smooth_host(self, X, B, sweeps, W, zero_initial):
         Bh = self.scratch(X, "bhat")
-        np.multiply(B, self.wd, out=Bh)
+        scale_rows(B, self.wd, Bh)
         if zero_initial:                      # the first sweep from zero is Bh itself
             src, rest = Bh, sweeps - 1
             if rest == 0:
@@ -131,8 +131,7 @@ class _BlockJacobi(_BlockSmoother):
                 src = W
         for i in range(rest):                 # destinations alternate and end in X
             dst = X if (rest - i) % 2 else W
-            np.add(src, Bh, out=dst)
-            self.N(src, dst, 1.0, 1.0)        # dst += N src
+            self.N.sweep(src, Bh, dst)        # dst = src + Bh + N src
             src = dst
         return X
 
@@ -340,6 +339,7 @@ class _BlockLevel:
         self.RA = self.AP = self.S = None
         self.x = self.b = self.r = None
         self._dev = d
+        self._negRA = None
 
     def fuse_transfers(self, X):
         r"""On levels with a Jacobi smoother, run the restriction of the residual as
@@ -362,6 +362,16 @@ class _BlockLevel:
         elif sm._host_scaled(X, X) and all(sp.issparse(M) and M.format == "csr" for M in (self.R, self.A)):
             RA = d.RA if d.RA is not None else sp.csr_matrix(self.R @ self.A)
             self.RA, self.AP, self.tfused = RA, None, True
+            self._negRA = make_spmm(sp.csr_matrix(-RA))
+
+    def restricted_residual(self, out):
+        """``out <- R b - (R A) x`` of this level's block buffers (the cycle's ``tfused``
+        restriction): one launch on the device; on the host two threaded products,
+        ``out = R b`` and ``out += (-R A) x``."""
+        if self._negRA is None:
+            return K.csr_restricted_residual(self.R, self.RA, self.b, self.x, out)
+        self.Rplan(self.b, out, 1.0, 0.0)
+        return self._negRA(self.x, out, 1.0, 1.0)
 
     def buffers(self, k, xp, dtype, order, top):
         if self.r is None or self.r.shape[1] != k:

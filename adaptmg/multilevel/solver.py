@@ -481,7 +481,11 @@ class MultilevelSolver(SolveDriver):
         """Pre-smoothing on level ``d`` and ``c.b = R (b - A x)``."""
         self._smooth(d, self.presmooth, zero, post=False)
         if d.tfused:                           # b_c = R b - (R A) x in one launch
-            K.csr_restricted_residual(d.R, d.RA, d.b, d.x, c.b)
+            own = getattr(d, "restricted_residual", None)      # a block level's (block.py)
+            if own is not None:
+                own(c.b)
+            else:
+                K.csr_restricted_residual(d.R, d.RA, d.b, d.x, c.b)
         else:
             # r = b - A x  (the plan's residual: copy + SpMV with alpha=-1, beta=1, or
             # the operator's one pass; or one fused CSR kernel)

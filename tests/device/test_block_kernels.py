@@ -225,3 +225,39 @@ def test_row_kernels_on_host_threads_any_alignment(host_bk, offset):
         return out
 
     _check_row_kernels(A, X, B, Y, dinv, int32_csr, put, np.asarray)
+
+
+# ----------------------------------------------------------------- host blocks on the host threads
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_host_block_work_on_threads(monkeypatch, threads):
+    """The host SpMM, sweep, row scaling, column dots and CG update split over row chunks
+    give the one-thread results (products bit for bit: the same row sums; column sums to
+    a few eps: another grouping)."""
+    import adaptmg.threads as TH
+    from adaptmg.device.spmm import make_spmm, scale_rows
+    monkeypatch.setenv("ADAPTMG_THREADS", threads)
+    n, k = 9001, 32                                       # 288,032 entries: above the split size
+    assert n * k >= TH.ROW_SPLIT_ENTRIES
+    A, X, B, Y, dinv = _problem(n, k, np.float64)
+    plan = make_spmm(A)
+    assert (plan._chunks is None) == (threads == "1")
+    Y1 = Y.copy()
+    plan(X, Y1, 1.0, 1.0)
+    Y2 = Y.copy()
+    make_spmm(A)._vecs(n, n, k, A.indptr, A.indices, A.data, X.ravel(), Y2.ravel())
+    assert np.array_equal(Y1, Y2)
+    W = np.empty_like(X)
+    plan.sweep(X, B, W)
+    assert np.array_equal(W, X + B + A @ X) or np.abs(W - (X + B + A @ X)).max() <= 8 * EPS * np.abs(W).max()
+    S = np.empty_like(B)
+    scale_rows(B, dinv[:, None], S)
+    assert np.array_equal(S, dinv[:, None] * B)
+    got = BK.column_dots_host(X, B)
+    assert np.allclose(got, np.einsum("ij,ij->j", X, B), rtol=0, atol=64 * EPS * np.einsum("ij,ij->j", abs(X), abs(B)).max())
+    alpha = np.linspace(0.5, 1.5, k)
+    X0, R0, P, Q = X.copy(), B.copy(), Y.copy(), X[::-1].copy()
+    R = R0.copy()
+    r2 = BK.cg_update_host(alpha, X, P, R, Q)
+    assert np.array_equal(X, X0 + alpha * P) and np.array_equal(R, R0 - alpha * Q)
+    assert np.allclose(r2, (R ** 2).sum(0), rtol=64 * EPS, atol=0)
+    assert BK.host_blocks(X, P, R, Q) and not BK.host_blocks(X, P[:, :3].copy())
