@@ -6,7 +6,8 @@ the matrix traffic dominates.  The layout follows each library's native kernel:
 
 * host (SciPy CSR): row-major (C order) blocks, SciPy's compiled ``csr_matvecs``
   (``Y += A X`` over all columns of a row at once; the ``alpha``/``beta`` scaling
-  trick of :class:`adaptmg.device.kernels.SpMVPlan` avoids a temporary);
+  trick of :class:`adaptmg.device.kernels.SpMVPlan` avoids a temporary), one call per
+  row chunk on the host threads for large blocks (:func:`adaptmg.threads.map_rows`);
 * device (cupyx CSR): row-major (C order) blocks too, the row kernels of
   :mod:`adaptmg.device.block_kernels` (all ``k`` columns of a row per warp; also a fused
   residual and a fused out-of-place Jacobi sweep); column-major (Fortran order) blocks go to
@@ -27,6 +28,7 @@ from . import block_kernels as BK
 from .kernels import SpMVPlan, _CpuCsrPlan, _GenericPlan
 
 __all__ = ["make_spmm", "block_order", "scale_rows"]
+
 
 def scale_rows(B, w, out):
     """``out <- w * B`` (``w`` of shape (n, 1)) by row chunks on the host threads when the
