@@ -1,4 +1,5 @@
-"""Host threads of the set-up: how many, and an order-keeping parallel map.
+"""Host threads of the set-up and of host block solves: how many, an order-keeping
+parallel map, and row chunks of large blocks on one shared pool (:func:`map_rows`).
 
 NumPy and SciPy release the GIL inside their large array operations, so a few Python
 threads overlap the host set-up's independent pieces of work (the per-level tasks of
@@ -12,7 +13,7 @@ import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["default_threads", "ordered_map", "host_pool", "map_rows"]
+__all__ = ["default_threads", "ordered_map", "host_pool", "map_rows", "pool_map"]
 
 
 def default_threads() -> int:
@@ -92,5 +93,11 @@ def map_rows(fn, rows, entries):
     if T < 2 or entries < ROW_SPLIT_ENTRIES or rows < 2 * T:
         return [fn(0, rows)]
     cuts = [rows * i // T for i in range(T + 1)]
-    fs = [host_pool().submit(fn, a, b) for a, b in zip(cuts[:-1], cuts[1:])]
-    return [f.result() for f in fs]
+    return pool_map(lambda ab: fn(*ab), list(zip(cuts[:-1], cuts[1:])))
+
+
+def pool_map(fn, items):
+    """``[fn(item) for item in items]``, every item a task of :func:`host_pool`, all
+    submitted before the first result is awaited."""
+    futures = [host_pool().submit(fn, item) for item in items]
+    return [f.result() for f in futures]

@@ -29,6 +29,7 @@ import functools
 import numpy as np
 
 from ..backend import get_backend
+from ..threads import map_rows
 
 __all__ = ["available", "cg_update", "scale_add", "csr_block", "column_dots", "column_dots_apply",
            "threads_per_row", "jacobi2_zero", "restricted_residual", "corrected_jacobi",
@@ -393,7 +394,6 @@ def host_blocks(*blocks):
 def column_dots_host(X, Y):
     """:func:`column_dots` of NumPy blocks: the row chunks' ``einsum`` on the host threads
     (:func:`adaptmg.threads.map_rows`), summed."""
-    from ..threads import map_rows
     parts = map_rows(lambda a, b: np.einsum("ij,ij->j", X[a:b], Y[a:b]), X.shape[0], X.size)
     return parts[0] if len(parts) == 1 else np.sum(parts, axis=0)
 
@@ -421,7 +421,6 @@ def cg_update(alpha, X, P, R, Q):
 
 def cg_update_host(alpha, X, P, R, Q):
     """:func:`cg_update` of NumPy blocks, row chunk by row chunk on the host threads."""
-    from ..threads import map_rows
 
     def run(a, b):
         t = alpha * P[a:b]

@@ -321,9 +321,6 @@ def csr_restricted_residual(R, RA, b, x, out):
     if _is_numpy(out):
         np.subtract(R @ b, RA @ x, out=out)
         return out
-    if out.ndim == 2:                          # a C-ordered block: all columns of a row at once
-        from .block_kernels import restricted_residual
-        return restricted_residual(R, RA, b, x, out)
     n = out.shape[0]
     t = _rows_tpr(n, R.nnz + RA.nnz)
     return _launch_rows("csr_rres_vec", n, t, out, (R.indptr, R.indices, R.data, RA.indptr,

@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import get_backend, is_device_sparse
-from ..threads import ROW_SPLIT_ENTRIES, default_threads, host_pool, map_rows
+from ..threads import ROW_SPLIT_ENTRIES, default_threads, map_rows, pool_map
 from . import block_kernels as BK
 from .kernels import SpMVPlan, _CpuCsrPlan, _GenericPlan
 
@@ -111,8 +111,7 @@ class _CpuSpMM(_BlockJacobiMixin, _CpuCsrPlan):
         if chunks is None:
             run((0, m, A.indptr, A.indices, A.data))
         else:
-            for f in [host_pool().submit(run, c) for c in chunks]:
-                f.result()
+            pool_map(run, chunks)
         return Y
 
     def _accumulate(self, m, n, p, j, d, X, Y):
@@ -129,8 +128,7 @@ class _CpuSpMM(_BlockJacobiMixin, _CpuCsrPlan):
         def run(c):
             r0, r1, cp, cj, cd = c
             vecs(r1 - r0, n, k, cp, cj, cd, x, Y[r0:r1].ravel())
-        for f in [host_pool().submit(run, c) for c in chunks]:
-            f.result()
+        pool_map(run, chunks)
 
     def __call__(self, X, Y, alpha=1.0, beta=0.0):
         if not (X.flags.c_contiguous and Y.flags.c_contiguous):

@@ -366,10 +366,10 @@ class _BlockLevel:
 
     def restricted_residual(self, out):
         """``out <- R b - (R A) x`` of this level's block buffers (the cycle's ``tfused``
-        restriction): one launch on the device; on the host two threaded products,
-        ``out = R b`` and ``out += (-R A) x``."""
+        restriction): one launch of the block kernel on the device; on the host two
+        threaded products, ``out = R b`` and ``out += (-R A) x``."""
         if self._negRA is None:
-            return K.csr_restricted_residual(self.R, self.RA, self.b, self.x, out)
+            return BK.restricted_residual(self.R, self.RA, self.b, self.x, out)
         self.Rplan(self.b, out, 1.0, 0.0)
         return self._negRA(self.x, out, 1.0, 1.0)
 
@@ -386,7 +386,7 @@ class BlockCycle:
     ``B`` and ``X`` are blocks of ``ml.dtype`` in the backend's layout
     (:attr:`order`); buffers are made for each new ``k`` (kept for the last one)."""
 
-    #: fuse the cycle's passes over the blocks on device levels (:meth:`_BlockLevel.fuse_transfers`)
+    #: fuse the cycle's passes over the blocks (:meth:`_BlockLevel.fuse_transfers`)
     fuse = True
 
     def __init__(self, ml, kind):

@@ -89,6 +89,11 @@ class _Dev:
     __slots__ = ("A", "Aplan", "P", "Pplan", "R", "Rplan", "smoother", "own",
                  "x", "b", "r", "n", "fused", "RA", "AP", "tfused", "S", "sfused")
 
+    def restricted_residual(self, out):
+        """``out <- R b - (R A) x`` in one launch (the ``tfused`` restriction; a block
+        level of :mod:`.block` has its own)."""
+        K.csr_restricted_residual(self.R, self.RA, self.b, self.x, out)
+
 
 class MultilevelSolver(SolveDriver):
     """Geometric multigrid on a given hierarchy of levels (coarse -> fine).
@@ -481,11 +486,7 @@ class MultilevelSolver(SolveDriver):
         """Pre-smoothing on level ``d`` and ``c.b = R (b - A x)``."""
         self._smooth(d, self.presmooth, zero, post=False)
         if d.tfused:                           # b_c = R b - (R A) x in one launch
-            own = getattr(d, "restricted_residual", None)      # a block level's (block.py)
-            if own is not None:
-                own(c.b)
-            else:
-                K.csr_restricted_residual(d.R, d.RA, d.b, d.x, c.b)
+            d.restricted_residual(c.b)
         else:
             # r = b - A x  (the plan's residual: copy + SpMV with alpha=-1, beta=1, or
             # the operator's one pass; or one fused CSR kernel)
