@@ -116,9 +116,9 @@ class FineSchwarz:
         variant = 3 * kind[:, 0::2] + kind[:, 1::2]                      # (nc, d)
         S, lam, keep = pencil_factors(k)
         h = space.cell_lengths()
-        self.S = xp.asarray(S[variant], dtype=self.dtype)                # (nc, d, m, m)
-        # the fused GPU kernel (adaptmg/spectral/fdm_kernels.py) reads the 9 pencils' S and
-        # each cell's variant ids instead of the per-cell S
+        # the 9 pencils' S and each cell's variant ids (what the fused GPU kernel,
+        # adaptmg/spectral/fdm_kernels.py, reads); the per-cell S of the batched path is
+        # derived from them when that path first runs (:attr:`S`)
         self.fused = bool(be.is_gpu and d == 3 and self.dtype in (np.float32, np.float64))
         self.S9 = xp.asarray(S, dtype=self.dtype)
         self.variant = xp.asarray(variant, dtype=np.int32)
@@ -143,6 +143,12 @@ class FineSchwarz:
         self.shape = (N, N)
         self._bshape = (nc,) + (m,) * d
         self.dim = d
+
+    @functools.cached_property
+    def S(self):
+        """``(cells, d, m, m)``: every cell's pencil eigenvectors per axis (the batched
+        path's operand), ``S9[variant]``."""
+        return self.S9[self.variant]
 
     @staticmethod
     def _extended_dofs(space, m, neighbours=None):
@@ -299,12 +305,10 @@ class CoarseQ1:
 
 
 class TwoScale:
-    """``P = P^c + P^f`` (seed 004 eq. before §4.1)."""
+    """``P = P^c + P^f`` (seed 004 eq. before §4.1); ``coarse`` a :class:`CoarseQ1`."""
 
     def __init__(self, fine, coarse):
         self.fine, self.coarse = fine, coarse
 
     def __call__(self, r):
-        y = self.fine(r)                                 # a fresh vector: the coarse part adds into it
-        add = getattr(self.coarse, "add_to", None)
-        return add(r, y) if add is not None else y + self.coarse(r)
+        return self.coarse.add_to(r, self.fine(r))      # P^f's fresh vector takes P^c r in place
