@@ -605,3 +605,10 @@ def test_gpu_gauss_seidel_colours_a_device_matrix_on_the_device(monkeypatch):
     assert dev.ncolors == host.ncolors
     for g, h in zip(dev._groups, host._groups):
         np.testing.assert_array_equal(g, h)
+
+
+def test_colour_kernel_threads_per_row():
+    """About one entry per lane, at most a warp: 3-D elasticity (~33 entries a row) gets a
+    full warp, 3-D Q1 Poisson (27) 16 lanes, 2-D Q1 (9) 8, a diagonal matrix one."""
+    from adaptmg.device.gs_kernels import gs_threads_per_row
+    assert [gs_threads_per_row(v) for v in (0.5, 1, 3, 9, 27, 33, 81)] == [1, 1, 2, 8, 16, 32, 32]
