@@ -38,7 +38,7 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import get_backend, is_device_sparse
+from ..backend import backend_of, get_backend, is_device_sparse
 from . import pdl
 from .csr_source import _CSR_SRC
 from .elementwise import (KERNEL_NAMES, _is_numpy, add_cast, axpby, chebyshev_start,  # noqa: F401
@@ -258,15 +258,20 @@ def csr_jacobi_zero_sweeps(A, b, dinv, omega, out):
 
 
 def smooth_restrict_matrix(A, R, dinv, omega, sweeps):
-    r"""The host CSR matrix ``S = R (I - A G)`` of :func:`csr_smooth_restrict`, in float64:
+    r"""The CSR matrix ``S = R (I - A G)`` of :func:`csr_smooth_restrict`, in float64:
     ``G = omega D^{-1}`` (one sweep) or ``G = omega D^{-1} (2 I - omega A D^{-1})`` (two),
     so that ``G b`` is ``sweeps`` damped Jacobi sweeps on ``A x = b`` from ``x = 0`` and
-    ``S b`` the restriction of their residual.  ``A``, ``R``: host CSR; ``dinv``: the
-    inverse diagonal (host)."""
+    ``S b`` the restriction of their residual.  ``A``, ``R`` (CSR) and ``dinv`` (the
+    inverse diagonal) on one backend: SciPy products on the host, cuSPARSE SpGEMMs on the
+    device for cupyx matrices (no download of the level's matrices)."""
     if sweeps not in (1, 2):
         raise ValueError(f"smooth_restrict_matrix: sweeps must be 1 or 2, got {sweeps!r}")
-    A, R = sp.csr_matrix(A, dtype=np.float64), sp.csr_matrix(R, dtype=np.float64)
-    Dw = sp.diags(omega * np.asarray(dinv, dtype=np.float64))
+    be = backend_of(A)
+    if backend_of(R).name != be.name or backend_of(dinv).name != be.name:
+        raise TypeError("smooth_restrict_matrix: A, R and dinv must live on one backend")
+    xs = be.sparse
+    A, R = xs.csr_matrix(A, dtype=np.float64), xs.csr_matrix(R, dtype=np.float64)
+    Dw = xs.diags(omega * be.xp.asarray(dinv, dtype=np.float64))
     RAD = R @ A @ Dw
     RAG = RAD if sweeps == 1 else 2.0 * RAD - RAD @ (A @ Dw)
     S = (R - RAG).tocsr()

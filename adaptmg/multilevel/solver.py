@@ -406,11 +406,17 @@ class MultilevelSolver(SolveDriver):
                 continue
             if d.S is None:         # smoother and presmooth are fixed: S once per level
                 dinv = getattr(sm, "_dinv_host", None)
-                if dinv is None:
-                    dinv = to_host(sm.dinv)
-                S = K.smooth_restrict_matrix(_host_csr(lev.A, copy=False),
-                                             _host_csr(lev.R, copy=False), dinv, sm.omega,
-                                             self.presmooth)
+                if _is_device_sparse(lev.A):
+                    # a level built on the device: S by SpGEMMs there (no download of A, R)
+                    be = self.backend
+                    R = d.R if np.dtype(d.R.dtype) == np.float64 else be.asmatrix(lev.R, np.float64)
+                    dinv = be.asarray(sm.dinv if dinv is None else dinv, np.float64)
+                    S = K.smooth_restrict_matrix(lev.A, R, dinv, sm.omega, self.presmooth)
+                else:
+                    dinv = to_host(sm.dinv) if dinv is None else dinv
+                    S = K.smooth_restrict_matrix(_host_csr(lev.A, copy=False),
+                                                 _host_csr(lev.R, copy=False), dinv, sm.omega,
+                                                 self.presmooth)
                 if max_nnz is not None and S.nnz > max_nnz:
                     d.sfused = False            # not moved to the backend: never used
                     continue

@@ -226,6 +226,26 @@ def test_smooth_restrict_kernel(backend, dtype, sweeps, tpr, monkeypatch):
         K.smooth_restrict_matrix(A, R, dinv, 0.6, 3)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("sweeps", [1, 2])
+def test_smooth_restrict_matrix_on_device(sweeps):
+    """S = R (I - A G) from device matrices (cuSPARSE SpGEMMs, no download) equals the host
+    SciPy product to round-off (other summation order); matrices on two backends refused."""
+    rng = np.random.default_rng(21)
+    n, m = 400, 90
+    A = (sp.random(n, n, density=0.03, random_state=6, format="csr") + sp.identity(n)).tocsr()
+    R = sp.random(m, n, density=0.05, random_state=7, format="csr")
+    dinv = 1.0 / (1.0 + rng.random(n))
+    S = K.smooth_restrict_matrix(A, R, dinv, 0.6, sweeps)
+    be = get_backend("gpu")
+    Sd = K.smooth_restrict_matrix(be.asmatrix(A), be.asmatrix(R), be.asarray(dinv), 0.6, sweeps)
+    assert type(Sd).__module__.startswith("cupyx")
+    D = to_host(Sd).toarray() - S.toarray()
+    assert np.abs(D).max() <= 64 * np.finfo(float).eps * max(np.abs(S.toarray()).max(), 1.0)
+    with pytest.raises(TypeError, match="one backend"):
+        K.smooth_restrict_matrix(be.asmatrix(A), R, dinv, 0.6, sweeps)
+
+
 @pytest.mark.parametrize("tpr", [None, 1, 8])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_fused_transfer_kernels(backend, dtype, tpr, monkeypatch):
