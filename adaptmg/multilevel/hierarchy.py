@@ -123,8 +123,15 @@ def _level_constraints(space, dirichlet, values=False):
                        dirichlet_values(space, dirichlet) if values else None)
 
 
-def _level_prolongation(coarse, fine, cons_coarse, cons_fine):
-    """(P, R = P^T as CSR) between two levels, once both levels' constraints are built."""
+def _level_prolongation(coarse, fine, cons_coarse, cons_fine, be=None, device_id=None):
+    """(P, R = P^T as CSR) between two levels, once both levels' constraints are built; with
+    ``be`` the GPU backend both are built on device ``device_id`` (this may run on a worker
+    thread, whose current device is its own) and the transpose is cuSPARSE's."""
+    if be is not None and be.is_gpu:
+        with be.xp.cuda.Device(device_id):
+            P = prolongation(coarse, fine, cons_coarse.result().free, cons_fine.result().free,
+                             backend=be)
+            return P, P.T.tocsr()
     P = prolongation(coarse, fine, cons_coarse.result().free, cons_fine.result().free)
     R = P.T.tocsr()
     if canonical_known(P):
@@ -348,7 +355,11 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         # result does not depend on the scheduling
         # (a task only waits for tasks submitted before it: no deadlock with FIFO workers)
         cons_f = [pool.submit(_level_constraints, s, dirichlet, s is space) for s in spaces]
-        P_f = [None] + [pool.submit(_level_prolongation, spaces[l - 1], spaces[l], cons_f[l - 1], cons_f[l])
+        # on the GPU the transfers are built on the device (rediscretised levels; the Galerkin
+        # products below run on the host)
+        on_dev = (be, int(be.xp.cuda.Device().id)) if be.is_gpu and not galerkin else (None, None)
+        P_f = [None] + [pool.submit(_level_prolongation, spaces[l - 1], spaces[l], cons_f[l - 1], cons_f[l],
+                                    *on_dev)
                         for l in range(1, L)]
         assemble = _on_backend(assemble, be)
         Afine = assemble(space)

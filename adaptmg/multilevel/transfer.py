@@ -22,9 +22,11 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import CPU, get_backend, is_device_array, to_host
 from ..fe.csr_ops import mask_rows_cols
 from ..fe.space import Space
 from ..mesh import reference as ref
+from .coloring import segment_owner
 
 __all__ = ["interpolation_matrix", "prolongation"]
 
@@ -101,28 +103,38 @@ _NETWORK = {2: ((0, 1),),
                 (4, 5), (6, 7), (2, 4), (3, 5), (1, 4), (3, 6), (1, 2), (3, 4), (5, 6))}
 
 
-def _sort_rows(a: np.ndarray) -> np.ndarray:
-    """``np.sort(a, axis=1)`` for 1, 2, 4 or 8 columns by a min/max sorting network (a row-wise
+def _sort_rows(a, xp=np):
+    """``sort(a, axis=1)`` for 1, 2, 4 or 8 columns by a min/max sorting network (a row-wise
     ``np.sort`` pays a call per row; 8 columns: the 19-comparator network); other widths by
-    ``np.sort``."""
+    ``xp.sort``."""
     w = a.shape[1]
     if w == 1:
         return a
     if w not in _NETWORK:
-        return np.sort(a, axis=1)
+        return xp.sort(a, axis=1)
     c = [a[:, j] for j in range(w)]
     for i, j in _NETWORK[w]:
-        c[i], c[j] = np.minimum(c[i], c[j]), np.maximum(c[i], c[j])
-    return np.stack(c, axis=1)
+        c[i], c[j] = xp.minimum(c[i], c[j]), xp.maximum(c[i], c[j])
+    return xp.stack(c, axis=1)
 
 
-def _row_counts(mask: np.ndarray) -> np.ndarray:
-    """``mask.sum(axis=1)`` of a C-contiguous boolean (n, 1, 2, 4 or 8) array: each row read as
-    one integer and its bits counted (a reduction along a short axis is slow in NumPy)."""
+def _row_counts(mask):
+    """``mask.sum(axis=1)`` of a boolean (n, w) array; on the host, for a C-contiguous one of
+    1, 2, 4 or 8 columns, each row read as one integer and its bits counted (a reduction
+    along a short axis is slow in NumPy)."""
     w = mask.shape[1]
-    if w not in (1, 2, 4, 8) or not mask.flags.c_contiguous:
+    if is_device_array(mask) or w not in (1, 2, 4, 8) or not mask.flags.c_contiguous:
         return mask.sum(axis=1)
     return np.bitwise_count(mask.view(f"u{w}").reshape(-1))
+
+
+def _repeat(xp, values, counts, total):
+    """``repeat(values, counts)`` (``total = sum(counts)``): NumPy's, or on the device by
+    :func:`~adaptmg.multilevel.coloring.segment_owner` (CuPy's repeat takes no array of
+    repeats)."""
+    if xp is np:
+        return np.repeat(values, counts)
+    return values[segment_owner(xp, counts, total)]
 
 
 def _q1_forest_groups(coarse: Space, fine: Space):
@@ -168,22 +180,28 @@ def _q1_forest_groups(coarse: Space, fine: Space):
     return groups, cmap
 
 
-def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None, H=None):
-    r"""``Z_f chi H Z_c`` (node level, ``*_free`` boolean masks over nodes, None: all; ``H``
-    the coarse hanging-node matrix or None: I) built straight as canonical CSR from
-    :func:`_q1_forest_groups`; None when those do not apply.
+def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None, H=None,
+                   backend=None):
+    r"""``Z_f chi H Z_c`` (node level, ``*_free`` boolean host masks over nodes, None: all;
+    ``H`` the coarse hanging-node matrix or None: I) built straight as canonical CSR from
+    :func:`_q1_forest_groups`; None when those do not apply.  ``backend`` (default: the
+    CPU): where the matrix is built and lives -- on the GPU the node tables go up once and
+    the rows are written by CuPy (no host CSR, no upload of P).
 
     Per kind k the rows have 2^k entries 2^-k: the masked-out columns are replaced by a
     sentinel (``ncn``), each row sorted by a sorting network (sentinels last), the kept
     entries compressed in row-major order and written to the entries of their rows
     (one boolean selection per kind over the entries: the kinds interleave along the node
     numbering).  Rows with a hanging coarse parent (few: hanging nodes lie on the
-    refinement front) are expanded through H's rows and summed by SciPy's COO -> CSR; the
-    sums are of dyadic weights, exact in any order, so the result equals ``chi @ H``
-    followed by the masks bit for bit."""
+    refinement front) are expanded through H's rows and summed by SciPy's COO -> CSR on
+    the host (their row indices come down, their entries go up); the sums are of dyadic
+    weights, exact in any order, so the result equals ``chi @ H`` followed by the masks bit
+    for bit, on either backend."""
     res = _q1_forest_groups(coarse, fine)
     if res is None:
         return None
+    be = CPU if backend is None else get_backend(backend)
+    xp = be.xp
     groups, cmap = res
     nf, ncn = fine.num_nodes, coarse.num_nodes
     it = np.int32 if max(nf, ncn) + 1 < np.iinfo(np.int32).max else np.int64
@@ -197,25 +215,29 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     fmap = np.full(cmap.size + 1, -1, dtype=it)
     isc = np.flatnonzero(cmap >= 0)
     fmap[isc] = colmap[cmap[isc]]
-    cnt = np.zeros(nf, dtype=np.int64)
-    tag = np.zeros(nf, dtype=np.int8)                 # kind of each row; d + 1: expanded through H
+    fmap = be.asarray(fmap)
+    ffree = None if fine_free is None else be.asarray(fine_free)
+    cnt = xp.zeros(nf, dtype=xp.int64)
+    tag = xp.zeros(nf, dtype=xp.int8)                 # kind of each row; d + 1: expanded through H
     parts, cplx = [], []
     for k, (rows, par) in enumerate(groups):
         if rows.size == 0:
             parts.append(None)
             continue
-        cm = _sort_rows(np.take(fmap, par))           # sorted: row minimum first, maximum last
-        if cm[:, 0].min() < 0:                        # a parent that is no coarse node
+        rows_b = be.asarray(rows)
+        cm = _sort_rows(xp.take(fmap, be.asarray(par)), xp)   # sorted: row minimum first, maximum last
+        if int(cm[:, 0].min()) < 0:                   # a parent that is no coarse node
             return None
         valid = cm < ncn
-        if fine_free is not None:
-            valid &= np.take(fine_free, rows)[:, None]
-        hr = np.flatnonzero(cm[:, -1] > ncn)          # rows with a hanging parent
+        if ffree is not None:
+            valid &= xp.take(ffree, rows_b)[:, None]
+        hr = xp.flatnonzero(cm[:, -1] > ncn)          # rows with a hanging parent
         if hr.size:
-            cplx.append((rows[hr], np.take(cmap, par[hr]), 0.5 ** k))
+            hh = to_host(hr)                          # few: the refinement front
+            cplx.append((rows[hh], np.take(cmap, par[hh]), 0.5 ** k))
             valid[hr] = False
-        cnt[rows] = _row_counts(valid)
-        tag[rows] = k
+        cnt[rows_b] = _row_counts(valid)
+        tag[rows_b] = k
         parts.append(cm[valid])
     C = None
     if cplx:
@@ -233,25 +255,26 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
         C.sum_duplicates()                           # sorted, summed
         C.eliminate_zeros()
         rows = np.concatenate([rr for rr, _, _ in cplx])
-        cnt[rows] = np.diff(C.indptr)[rows]
-        tag[rows] = len(groups)
-    indptr = np.zeros(nf + 1, dtype=np.int64)
-    np.cumsum(cnt, out=indptr[1:])
+        cnt[be.asarray(rows)] = be.asarray(np.diff(C.indptr)[rows])
+        tag[be.asarray(rows)] = len(groups)
+    indptr = xp.zeros(nf + 1, dtype=xp.int64)
+    indptr[1:] = xp.cumsum(cnt)
     nnz = int(indptr[-1])
-    et = np.repeat(tag, cnt)                          # kind of the row of each entry
-    indices = np.empty(nnz, dtype=it)
-    data = np.ldexp(1.0, -et.astype(np.int32))        # 2^-k (exact); the expanded rows below
+    et = _repeat(xp, tag, cnt, nnz)                   # kind of the row of each entry
+    indices = xp.empty(nnz, dtype=it)
+    data = xp.ldexp(1.0, -et.astype(xp.int32))        # 2^-k (exact); the expanded rows below
     for k, part in enumerate(parts):
         if part is not None and part.size:
             indices[et == k] = part
     if C is not None and C.nnz:
         m = et == len(groups)
-        indices[m] = C.indices
-        data[m] = C.data
+        indices[m] = be.asarray(C.indices.astype(it, copy=False))
+        data[m] = be.asarray(C.data)
     if nnz > np.iinfo(it).max:                        # row pointers beyond int32: all int64
-        indices = indices.astype(np.int64)
-    A = sp.csr_matrix((data, indices, indptr.astype(indices.dtype)), shape=(nf, ncn), copy=False)
-    A.has_canonical_format = True                     # distinct parents, sorted
+        indices = indices.astype(xp.int64)
+    A = be.sparse.csr_matrix((data, indices, indptr.astype(indices.dtype)), shape=(nf, ncn), copy=False)
+    if not be.is_gpu:
+        A.has_canonical_format = True                 # distinct parents, sorted
     return A
 
 
@@ -268,11 +291,13 @@ def _interpolation_q1_conforming(coarse: Space, fine: Space):
 
 
 def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, nodes=None,
-                 cells=None) -> sp.csr_matrix:
+                 cells=None, backend=None):
     """P = Z_f (chi kron I_c) H_c Z_c on DoFs; ``*_free`` are boolean masks of free DoFs
     (default: all non-hanging DoFs).  ``nodes``, ``cells``: only the rows of the DoFs of the
     fine nodes ``nodes`` (node-major, as the DoF numbering), from the fine cells ``cells``
-    (:func:`interpolation_matrix`)."""
+    (:func:`interpolation_matrix`).  ``backend`` (default: the CPU): the backend of the
+    result; Q1 with one component between meshes of one forest is built there (on the GPU
+    without a host CSR), the other cases on the host and moved."""
     if coarse.components != fine.components:
         raise ValueError(f"component counts differ: {coarse.components} vs {fine.components}")
     c = fine.components
@@ -282,9 +307,12 @@ def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, n
         if zf.shape != (fine.num_dofs,) or zc.shape != (coarse.num_dofs,):
             raise ValueError(f"free masks must have shapes ({fine.num_dofs},) and ({coarse.num_dofs},), "
                              f"got {zf.shape} and {zc.shape}")
-        P = _q1_forest_csr(coarse, fine, zf, zc, coarse.H if coarse.hanging_nodes.size else None)
+        P = _q1_forest_csr(coarse, fine, zf, zc, coarse.H if coarse.hanging_nodes.size else None,
+                           backend=backend)
         if P is not None:                            # Z_f chi H Z_c in one pass: no product, no mask
             return P
+    if backend is not None and get_backend(backend).is_gpu:
+        return get_backend(backend).asmatrix(prolongation(coarse, fine, zc, zf, nodes, cells))
     chi = interpolation_matrix(coarse, fine, nodes, cells)
     if c > 1:
         chi = sp.kron(chi, sp.identity(c), format="csr")
