@@ -425,7 +425,14 @@ class MultilevelSolver(SolveDriver):
                 d.sfused = False
 
     def _product(self, X, Y):
-        """The backend CSR matrix ``X Y`` (formed in float64 on the host, then moved)."""
+        """The backend CSR matrix ``X Y``, formed in float64: by a cuSPARSE SpGEMM when both
+        are device matrices (levels built on the device: no download), else on the host and
+        moved."""
+        if _is_device_sparse(X) and _is_device_sparse(Y):
+            xs = self.backend.sparse
+            Z = (xs.csr_matrix(X, dtype=np.float64) @ xs.csr_matrix(Y, dtype=np.float64)).tocsr()
+            Z.sum_duplicates()
+            return self._move_matrix(Z)
         Z = _host_csr(X, copy=False) @ _host_csr(Y, copy=False)
         return self._move_matrix(sp.csr_matrix(Z))
 

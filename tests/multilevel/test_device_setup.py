@@ -63,12 +63,25 @@ def test_gpu_setup_builds_the_cpu_levels(dim, n, local, degree):
     assert is_device_sparse(gpu.assembled)           # the finest level never went through the host
     assert len(cpu.levels) == len(gpu.levels)
     eps = np.finfo(np.float64).eps
-    for lc, lg in zip(cpu.levels, gpu.levels):
+    for lc, lg, d in zip(cpu.levels, gpu.levels, gpu._dev):
         assert lc.n == lg.n
         assert _rel_diff(lc.A, lg.A) <= 256 * eps       # 2-D: 2e-14 seen (sums of O(1) entries)
         if lc.P is not None:
             assert _rel_diff(lc.P, lg.P) <= 4 * eps
             assert _rel_diff(lc.R, lg.R) <= 4 * eps
+            if degree == 1:                             # Q1 transfers are built on the device
+                assert is_device_sparse(lg.P) and is_device_sparse(lg.R)
+        # the fused cycle's products of device levels are formed on the device (SpGEMM)
+        if getattr(d, "RA", None) is not None:
+            assert _rel_diff(to_host(lc.R) @ to_host(lc.A), d.RA) <= 64 * eps
+        if getattr(d, "S", None) is not None:
+            from adaptmg.device.kernels import smooth_restrict_matrix
+            sm = d.smoother
+            dinv = getattr(sm, "_dinv_host", None)
+            S = smooth_restrict_matrix(to_host(lg.A), to_host(lg.R),
+                                       to_host(sm.dinv) if dinv is None else dinv, sm.omega,
+                                       gpu.presmooth)
+            assert _rel_diff(S, d.S) <= 64 * eps
         if hasattr(lc.smoother, "omega"):
             assert abs(lc.smoother.omega - lg.smoother.omega) <= 1e-6 * lc.smoother.omega
     b = cpu.constrain(assemble.load(space, lambda x: 1.0 + 0 * x[..., 0]))
