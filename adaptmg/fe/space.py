@@ -39,11 +39,43 @@ __all__ = ["Space", "constraint_matrix"]
 def constraint_matrix(n: int, hanging, cols, W) -> sp.csr_matrix:
     """The (n x n) CSR hanging-node matrix: identity rows on the regular indices, row
     ``hanging[i]`` holds the weights ``W[i]`` in the columns ``cols[i]``; chains (a weight
-    on another hanging index) are substituted (H <- H H) until no hanging column is left."""
-    regular = np.ones(n, dtype=bool)
-    regular[hanging] = False
-    r = np.flatnonzero(regular)
+    on another hanging index) are substituted (H <- H H) until no hanging column is left.
+
+    Without chains (the usual case) the canonical CSR is written directly -- one entry per
+    regular row, the sorted nonzero weights of each hanging row -- instead of a COO -> CSR
+    conversion that sorts all n + nnz entries."""
+    hanging = np.asarray(hanging, dtype=np.int64)
+    cols = np.asarray(cols, dtype=np.int64)
+    W = np.asarray(W, dtype=float)
+    is_h = np.zeros(n, dtype=bool)
+    is_h[hanging] = True
     nz = W != 0
+    if not is_h[cols[nz]].any() and np.unique(hanging).size == hanging.size:
+        it = np.int32 if n + int(nz.sum()) < np.iinfo(np.int32).max else np.int64
+        cnt = np.ones(n, dtype=it)
+        cnt[hanging] = nz.sum(axis=1)
+        indptr = np.zeros(n + 1, dtype=it)
+        np.cumsum(cnt, out=indptr[1:])
+        indices = np.empty(int(indptr[-1]), dtype=it)
+        data = np.empty(indices.size)
+        reg = np.flatnonzero(~is_h)
+        indices[indptr[reg]] = reg
+        data[indptr[reg]] = 1.0
+        if hanging.size:
+            # each hanging row's nonzero weights sorted by column (zeros last, then dropped)
+            key = np.where(nz, cols, n)
+            order = np.argsort(key, axis=1, kind="stable")
+            kc = np.take_along_axis(key, order, axis=1)
+            kw = np.take_along_axis(W, order, axis=1)
+            keep = kc < n
+            at = indptr[hanging][:, None] + np.cumsum(keep, axis=1) - 1
+            indices[at[keep]] = kc[keep]
+            data[at[keep]] = kw[keep]
+        H = sp.csr_matrix((data, indices, indptr), shape=(n, n), copy=False)
+        H.has_canonical_format = True
+        return H
+    regular = ~is_h
+    r = np.flatnonzero(regular)
     rows = np.concatenate([r, np.repeat(hanging, nz.sum(1))])
     cc = np.concatenate([r, cols[nz]])
     vv = np.concatenate([np.ones(r.size), W[nz]])
