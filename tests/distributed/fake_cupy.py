@@ -119,6 +119,15 @@ class _Device:
     def use(self):
         _STATE["device"] = self.id
 
+    def __enter__(self):                    # as cupy.cuda.Device: current device in the block
+        self._prev = _STATE["device"]
+        _STATE["device"] = self.id
+        return self
+
+    def __exit__(self, *exc):
+        _STATE["device"] = self._prev
+        return False
+
     def synchronize(self):
         pass
 
@@ -213,6 +222,7 @@ csp = types.ModuleType("cupyx.scipy.sparse")
 csp.csr_matrix = csr_matrix
 csp.coo_matrix = coo_matrix
 csp.issparse = sp.issparse
+csp.diags = lambda d, *a, **k: csr_matrix(sp.diags(np.asarray(d).view(np.ndarray), *a, **k).tocsr())
 
 
 # ---------------------------------------------------------------- a stand-in for cupy.cuda.nccl
