@@ -38,7 +38,7 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, get_backend, is_device_sparse
+from ..backend import backend_of, get_backend, is_device_sparse, to_host
 from . import pdl
 from .csr_source import _CSR_SRC
 from .elementwise import (KERNEL_NAMES, _is_numpy, add_cast, axpby, chebyshev_start,  # noqa: F401
@@ -51,7 +51,7 @@ __all__ = [
     "jacobi_zero", "chebyshev_start", "chebyshev_start_zero",
     "chebyshev_update", "add_cast", "indexed_jacobi_update", "csr_jacobi_sweep", "csr_chebyshev_step", "csr_residual",
     "csr_jacobi_zero_sweeps", "csr_restricted_residual", "csr_correct_jacobi",
-    "smooth_restrict_matrix", "csr_smooth_restrict", "is_int32_csr",
+    "smooth_restrict_matrix", "csr_smooth_restrict", "is_int32_csr", "csr_product64",
     "threads_per_row", "csr_threads_per_row",
     "make_spmv", "SpMVPlan", "dense_matvec",
     "KERNEL_NAMES",
@@ -255,6 +255,18 @@ def csr_jacobi_zero_sweeps(A, b, dinv, omega, out):
     t = out.dtype.type
     return _launch_rows("csr_jacobi0_vec", A.shape[0], _tpr(A), out,
                         (A.indptr, A.indices, A.data, b, dinv, t(omega), out))
+
+
+def csr_product64(X, Y):
+    """``X Y`` as a float64 CSR matrix: a cuSPARSE SpGEMM when both are device matrices (no
+    download), else SciPy's product of host copies."""
+    if is_device_sparse(X) and is_device_sparse(Y):
+        xs = backend_of(X).sparse
+        Z = (xs.csr_matrix(X, dtype=np.float64) @ xs.csr_matrix(Y, dtype=np.float64)).tocsr()
+        Z.sum_duplicates()
+        return Z
+    X, Y = to_host(X), to_host(Y)
+    return sp.csr_matrix(sp.csr_matrix(X, dtype=np.float64) @ sp.csr_matrix(Y, dtype=np.float64))
 
 
 def smooth_restrict_matrix(A, R, dinv, omega, sweeps):

@@ -47,3 +47,18 @@ def touch_max(cells: np.ndarray, num_nodes: int, links, values: np.ndarray) -> n
         out[rows] = np.take(node, np.take(cells, rows, axis=0)).max(axis=1)
     np.maximum.at(out, hc, node[hn])                                # hanging node -> coarse side
     return out
+
+
+#: no hanging-node links: what :func:`touch_max_vertices` passes
+_NO_LINKS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32))
+
+
+def touch_max_vertices(cells: np.ndarray, num_nodes: int, values: np.ndarray) -> np.ndarray:
+    """:func:`touch_max` through the shared vertices only, exact on the meshes of a
+    refinement forest (2:1, cells of one level meeting in whole edges/faces): if a vertex
+    ``h`` of a cell F hangs on an edge/face ``e`` of a coarser cell K, then F is one of the
+    children of a cell of K's level that hold ``h`` -- the 2 along ``e`` (an edge midpoint)
+    or the 4 beside it (a face centre) -- and each of those has a corner of ``e``, a vertex
+    of K, as a vertex; so the hanging links add no touching pair and need not be computed."""
+    return touch_max(cells, num_nodes, _NO_LINKS, values)
+

@@ -101,10 +101,6 @@ def select_where(nodes: np.ndarray, points: np.ndarray, where: Callable | None) 
     return nodes[keep]
 
 
-# no hanging-node links (see Mesh.touch_max)
-_NO_LINKS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32))
-
-
 class Mesh:
     """An adaptive quad (2D) or hex (3D) mesh: the active cells of a refinement forest.
 
@@ -509,18 +505,12 @@ class Mesh:
     def touch_max(self, values: np.ndarray) -> np.ndarray:
         """For each active cell, the maximum of ``values`` over the cells touching it (itself included).
 
-        Computed through the shared vertices in O(num_cells); equals ``max(values[j] for j
-        touching i)`` of :attr:`touch_graph`, which also links cells through hanging nodes.
-        On a mesh of this kind (2:1, cells of one level meeting in whole edges/faces) those
-        links add no pair: if a vertex ``h`` of a cell F hangs on an edge/face ``e`` of a
-        coarser cell K, then F is one of the children of a cell of K's level that hold ``h``
-        -- the 2 along ``e`` (an edge midpoint) or the 4 beside it (a face centre) -- and
-        each of those has a corner of ``e``, a vertex of K, as a vertex.  So the hanging
-        nodes (:attr:`hanging_nodes`, the most expensive part of the mesh's set-up) are not
-        needed here, and the refinement closure and global coarsening do not compute them
-        (the tests compare both forms on random meshes).
+        Computed through the shared vertices in O(num_cells) (:func:`._touch.touch_max_vertices`:
+        on these meshes the hanging-node links of :attr:`touch_graph` add no pair, so the
+        refinement closure and global coarsening need no hanging nodes); equals
+        ``max(values[j] for j touching i)`` of :attr:`touch_graph` (tested on random meshes).
         """
-        return _touch.touch_max(self.cells, self.num_nodes, _NO_LINKS, values)
+        return _touch.touch_max_vertices(self.cells, self.num_nodes, values)
 
     # ------------------------------------------------------------------ geometry
     def map(self, f: Callable[[np.ndarray], np.ndarray]) -> "Mesh":

@@ -406,17 +406,13 @@ class MultilevelSolver(SolveDriver):
                 continue
             if d.S is None:         # smoother and presmooth are fixed: S once per level
                 dinv = getattr(sm, "_dinv_host", None)
-                if _is_device_sparse(lev.A):
-                    # a level built on the device: S by SpGEMMs there (no download of A, R)
-                    be = self.backend
-                    R = d.R if np.dtype(d.R.dtype) == np.float64 else be.asmatrix(lev.R, np.float64)
-                    dinv = be.asarray(sm.dinv if dinv is None else dinv, np.float64)
-                    S = K.smooth_restrict_matrix(lev.A, R, dinv, sm.omega, self.presmooth)
+                if _is_device_sparse(lev.A):    # built on the device: S by SpGEMMs there
+                    A, R = lev.A, (d.R if d.R.dtype == np.float64 else self.backend.asmatrix(lev.R, np.float64))
+                    dinv = self.backend.asarray(sm.dinv if dinv is None else dinv, np.float64)
                 else:
+                    A, R = _host_csr(lev.A, copy=False), _host_csr(lev.R, copy=False)
                     dinv = to_host(sm.dinv) if dinv is None else dinv
-                    S = K.smooth_restrict_matrix(_host_csr(lev.A, copy=False),
-                                                 _host_csr(lev.R, copy=False), dinv, sm.omega,
-                                                 self.presmooth)
+                S = K.smooth_restrict_matrix(A, R, dinv, sm.omega, self.presmooth)
                 if max_nnz is not None and S.nnz > max_nnz:
                     d.sfused = False            # not moved to the backend: never used
                     continue
@@ -425,16 +421,9 @@ class MultilevelSolver(SolveDriver):
                 d.sfused = False
 
     def _product(self, X, Y):
-        """The backend CSR matrix ``X Y``, formed in float64: by a cuSPARSE SpGEMM when both
-        are device matrices (levels built on the device: no download), else on the host and
-        moved."""
-        if _is_device_sparse(X) and _is_device_sparse(Y):
-            xs = self.backend.sparse
-            Z = (xs.csr_matrix(X, dtype=np.float64) @ xs.csr_matrix(Y, dtype=np.float64)).tocsr()
-            Z.sum_duplicates()
-            return self._move_matrix(Z)
-        Z = _host_csr(X, copy=False) @ _host_csr(Y, copy=False)
-        return self._move_matrix(sp.csr_matrix(Z))
+        """The backend CSR matrix ``X Y``, formed in float64 where both live
+        (:func:`~adaptmg.device.kernels.csr_product64`), then moved."""
+        return self._move_matrix(K.csr_product64(X, Y))
 
     # --------------------------------------------------------------- cycles
     def _smooth(self, d, sweeps, zero, post, defer=False):
