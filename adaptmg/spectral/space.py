@@ -73,11 +73,14 @@ def interpolate(u, B, dim: int):
 
 def _multilinear(X, t, dim):
     """Multilinear map of vertex coordinates X (nc, 2^d, d) at the tensor points t^d
-    (lexicographic, x fastest): (nc, len(t)^d, d)."""
+    (lexicographic, x fastest): (nc, len(t)^d, d) -- one GEMM ``(nc d, 2^d) @ N^T``, a view
+    of its (nc, d, nq) result."""
     cor = ref.corners(dim)
     grid = t[local_indices(len(t) - 1, dim)]
     N = np.prod(np.where(cor[None, :, :] == 1, grid[:, None, :], 1.0 - grid[:, None, :]), axis=2)
-    return np.einsum("qv,cvi->cqi", N, X)
+    nc, nv, d = X.shape
+    Y = np.ascontiguousarray(X.transpose(0, 2, 1)).reshape(nc * d, nv) @ N.T
+    return Y.reshape(nc, d, -1).transpose(0, 2, 1)
 
 
 def row_ids(keys) -> np.ndarray:
@@ -106,13 +109,60 @@ def row_ids(keys) -> np.ndarray:
     return ids
 
 
-def _det(J):
-    """det of J (..., d, d), d = 2 or 3, closed form."""
-    if J.shape[-1] == 2:
-        return J[..., 0, 0] * J[..., 1, 1] - J[..., 0, 1] * J[..., 1, 0]
-    return (J[..., 0, 0] * (J[..., 1, 1] * J[..., 2, 2] - J[..., 1, 2] * J[..., 2, 1])
-            - J[..., 0, 1] * (J[..., 1, 0] * J[..., 2, 2] - J[..., 1, 2] * J[..., 2, 0])
-            + J[..., 0, 2] * (J[..., 1, 0] * J[..., 2, 1] - J[..., 1, 1] * J[..., 2, 0]))
+#: cell nodes one pass of the chunked geometry loops holds on the host / on the GPU (J is
+#: d^2 numbers a node: 19 MB / 1.2 GB of float64 temporaries a chunk)
+CHUNK_NODES = {"cpu": 1 << 18, "gpu": 1 << 24}
+
+
+def cell_chunks(num_cells, nodes_per_cell, backend_name="cpu"):
+    """Slices of at most ``CHUNK_NODES`` cell nodes covering ``range(num_cells)`` (the
+    geometry is computed a chunk at a time: bounded temporaries, O(cells / chunk) passes)."""
+    step = max(1, CHUNK_NODES.get(backend_name, CHUNK_NODES["cpu"]) // max(1, nodes_per_cell))
+    return [slice(s, min(s + step, num_cells)) for s in range(0, num_cells, step)]
+
+
+def jacobian_components(X, B, DB, xp):
+    """``J[i][j] = dx_i/dxi_j`` (a d x d list of (cells, nq) arrays) at the quadrature points
+    of (B, DB) from the node coordinates ``X`` (cells, n^d, d) of some cells."""
+    nc, nn, d = X.shape
+    n = DB.shape[1]
+    B = None if B is None else xp.asarray(B, dtype=X.dtype)
+    DB = xp.asarray(DB, dtype=X.dtype)
+    return [[g.reshape(nc, -1) for g in
+             reference_gradient(xp.ascontiguousarray(X[:, :, i]).reshape((nc,) + (n,) * d), B, DB, d)]
+            for i in range(d)]
+
+
+def cofactors(J):
+    """``(C, det)`` of J given by components ``J[i][j]`` (d = 2, 3): the cofactors
+    ``C[i][j]`` (``J^{-1} = C^T / det``) and the determinant, closed form, element-wise."""
+    if len(J) == 2:
+        C = [[J[1][1], -J[1][0]], [-J[0][1], J[0][0]]]
+        return C, J[0][0] * J[1][1] - J[0][1] * J[1][0]
+    C = [[J[(i + 1) % 3][(j + 1) % 3] * J[(i + 2) % 3][(j + 2) % 3]
+          - J[(i + 1) % 3][(j + 2) % 3] * J[(i + 2) % 3][(j + 1) % 3] for j in range(3)] for i in range(3)]
+    return C, J[0][0] * C[0][0] + J[0][1] * C[0][1] + J[0][2] * C[0][2]
+
+
+def retype_csr(A, dtype, backend):
+    """CSR ``A`` (on ``backend``) with its values in ``dtype`` and its index arrays shared (no
+    copy of the structure; ``A`` itself when the dtype already fits)."""
+    if np.dtype(A.dtype) == np.dtype(dtype):
+        return A
+    return backend.sparse.csr_matrix((A.data.astype(dtype), A.indices, A.indptr), shape=A.shape)
+
+
+def array_nbytes(*items):
+    """Bytes held by arrays and sparse matrices (CSR: data, indices, indptr); None skipped."""
+    total = 0
+    for a in items:
+        if a is None:
+            continue
+        if hasattr(a, "indptr"):
+            total += a.data.nbytes + a.indices.nbytes + a.indptr.nbytes
+        else:
+            total += a.nbytes
+    return int(total)
 
 
 class SpectralSpace:
@@ -122,14 +172,14 @@ class SpectralSpace:
     ``cell_points`` (cells, (k+1)^d, d); on a 2:1 mesh with hanging nodes ``H`` (CSR, the
     constraint matrix: u = H x) and ``hanging_dofs`` (else None and empty)."""
 
-    def __init__(self, mesh: Mesh, degree: int, mapping=None):
+    def __init__(self, mesh: Mesh, degree: int, mapping=None, backend=None):
         if not isinstance(mesh, Mesh):
             raise TypeError(f"SpectralSpace expects an adaptmg Mesh, got {type(mesh).__name__}")
         self.degree = k = check_spectral_degree(degree)
         if mapping is not None and not callable(mapping):
             raise TypeError(f"mapping must be a callable x -> x of points (..., d), got {type(mapping).__name__}")
         self.mesh, self.dim, self.mapping = mesh, mesh.dim, mapping
-        self._jacobians = {}
+        self._on_backend = {}
         self.n1 = k + 1
         self.cell_dofs, self.num_dofs = self._number()
         # hanging nodes (2:1 adaptive meshes): u = H x, see adaptmg.spectral.hanging
@@ -149,7 +199,7 @@ class SpectralSpace:
             pts = mapped if self.H is None else self.H @ mapped    # fine sides follow the coarse trace
         pts.setflags(write=False)
         self.points = pts
-        self._check_jacobians()
+        self._check_jacobians(backend)
 
     # ------------------------------------------------------------------ numbering
     def _number(self):
@@ -234,37 +284,53 @@ class SpectralSpace:
         """(cells, (k+1)^d, d) node coordinates of every cell."""
         return self.points[self.cell_dofs]
 
-    def jacobians(self, B=None, DB=None, xp=np):
+    def jacobians(self, B=None, DB=None, xp=np, cells=slice(None)):
         """J[c, q, i, j] = dx_i/dxi_j at the quadrature points of (B, DB) (default: the GLL
-        nodes), from the isoparametric interpolant of the node coordinates."""
+        nodes) of the cells ``cells``, from the isoparametric interpolant of the node
+        coordinates (a new array; the operators use :func:`jacobian_components` a chunk of
+        cells at a time)."""
         from .basis import gll_derivative
         DB = gll_derivative(self.degree) if DB is None else DB
-        key = (None if B is None else B.shape, DB.shape)        # one rule per shape for this k
-        if xp is np and key in self._jacobians:
-            return self._jacobians[key]
-        d, n = self.dim, self.n1
-        X = xp.asarray(self.cell_points)                          # (nc, n^d, d)
-        nc = X.shape[0]
-        J = None
-        for i in range(d):                                        # one copy into J (nc, nq, d, d)
-            xi = X[:, :, i].reshape((nc,) + (n,) * d)
-            g = reference_gradient(xi, None if B is None else xp.asarray(B), xp.asarray(DB), d)
-            if J is None:
-                J = xp.empty((nc, g[0].size // nc, d, d), dtype=g[0].dtype)
-            for j, gj in enumerate(g):
-                J[:, :, i, j] = gj.reshape(nc, -1)
-        if xp is np:
-            J.setflags(write=False)
-            self._jacobians[key] = J
-        return J
+        X = xp.asarray(self.points)[xp.asarray(self.cell_dofs[cells])]
+        J = jacobian_components(X, B, DB, xp)
+        return xp.stack([xp.stack(row, -1) for row in J], -2)
 
-    def _check_jacobians(self):
-        det = _det(self.jacobians())
-        bad = np.flatnonzero(~(det > 0).all(axis=1))
+    def on_backend(self, backend, what):
+        """Backend copies of the space's dtype-independent arrays, made once per backend and
+        shared by every operator and preconditioner on it: ``"cell_dofs"`` (int32, int64
+        above 2^31 DoFs), ``"points"`` (float64) and ``"gather"`` (:meth:`gather_matrix` as
+        a float64 CSR on the backend)."""
+        key = (backend.name, what)
+        if key not in self._on_backend:
+            if what == "cell_dofs":
+                val = backend.asarray(self.cell_dofs.astype(np.int64 if self.num_dofs > 2**31 - 1 else np.int32))
+            elif what == "points":
+                val = backend.asarray(self.points)
+            elif what == "gather":
+                val = self.gather_matrix(backend)
+            else:
+                raise ValueError(f"on_backend: unknown item {what!r}")
+            self._on_backend[key] = val
+        return self._on_backend[key]
+
+    def _check_jacobians(self, backend=None):
+        """ValueError unless det J > 0 at every GLL node (a chunk of cells at a time, on
+        ``backend``: the host by default)."""
+        from ..backend import get_backend, to_host
+        from .basis import gll_derivative
+        be = get_backend(backend if backend is not None else "cpu")
+        xp = be.xp
+        pts, cd = self.on_backend(be, "points"), self.on_backend(be, "cell_dofs")
+        D = gll_derivative(self.degree)
+        mins = xp.empty(self.mesh.num_cells)
+        for c in cell_chunks(self.mesh.num_cells, self.cell_dofs.shape[1], be.name):
+            mins[c] = cofactors(jacobian_components(pts[cd[c]], None, D, xp))[1].min(axis=1)
+        mins = to_host(mins)
+        bad = np.flatnonzero(~(mins > 0))
         if bad.size:
             c = bad[0]
             raise ValueError(f"SpectralSpace: {bad.size} cell(s) have a non-positive Jacobian determinant "
-                             f"at a GLL node (first: cell {c}, min det {det[c].min():.3g}); the cell is "
+                             f"at a GLL node (first: cell {c}, min det {mins[c]:.3g}); the cell is "
                              "inverted or tangled (check the vertex order and the mapping)")
 
     def cell_lengths(self) -> np.ndarray:
@@ -329,12 +395,17 @@ class SpectralSpace:
         P.eliminate_zeros()
         return P
 
-    def gather_matrix(self):
+    def gather_matrix(self, backend=None):
         """CSR (num_dofs, cells * (k+1)^d) of ones: ``G @ y`` adds cell arrays into the
-        global vector (the transpose of the gather ``u[cell_dofs]``)."""
-        cols = np.arange(self.cell_dofs.size)
-        return sp.csr_matrix((np.ones(cols.size), (self.cell_dofs.ravel(), cols)),
-                             shape=(self.num_dofs, cols.size))
+        global vector (the transpose of the gather ``u[cell_dofs]``), built on ``backend``
+        (default the host); columns ascend within each row."""
+        from ..backend import get_backend
+        be = get_backend(backend if backend is not None else "cpu")
+        xp = be.xp
+        rows = self.on_backend(be, "cell_dofs").ravel()
+        cols = xp.arange(rows.size, dtype=np.int64 if rows.size > 2**31 - 1 else np.int32)
+        return be.sparse.coo_matrix((xp.ones(rows.size), (rows, cols)),
+                                    shape=(self.num_dofs, rows.size)).tocsr()
 
     def __repr__(self):
         return (f"SpectralSpace(dim={self.dim}, k={self.degree}, cells={self.mesh.num_cells}, "
