@@ -42,10 +42,10 @@ import scipy.sparse as sp
 
 from ..mesh import reference as ref
 from .basis import SIDE_DIRICHLET, SIDE_EXTEND, SIDE_FREE, pencil_factors
-from .space import SpectralSpace, local_indices, row_ids
+from .space import SpectralSpace, array_nbytes, local_indices, retype_csr, row_ids
 
 __all__ = ["FineSchwarz", "CoarseQ1", "TwoScale", "face_neighbours", "q1_interpolation", "q1_multigrid",
-           "masked_transfer", "q1_constraints", "Q1_SMOOTHER"]
+           "masked_transfer", "space_transfer", "q1_constraints", "Q1_SMOOTHER"]
 
 
 def face_neighbours(mesh):
@@ -124,25 +124,48 @@ class FineSchwarz:
         self.variant = xp.asarray(variant, dtype=np.int32)
         self.lam = xp.asarray(lam[variant] / h[:, :, None] ** 2, dtype=self.dtype)
         self.scale = xp.asarray(1.0 / np.prod(h, axis=1), dtype=self.dtype)
-        # nodes of the box that take part: in the pencils of every direction, a DoF, not fixed
-        keepc = np.ones((nc,) + (m,) * d)
+        # nodes of the box that take part (on the backend): in the pencils of every
+        # direction, a DoF, not fixed
+        itype = np.int32 if N < 2**31 - 1 else np.int64
+        ext = xp.asarray(ext.astype(itype, copy=False))
+        valid = (ext >= 0).reshape((nc,) + (m,) * d)
+        keepb = xp.asarray(keep > 0)
         for ax in range(d):                                              # the axes
             sh = [nc] + [1] * d
             sh[d - ax] = m
-            keepc = keepc * keep[variant[:, ax]].reshape(sh)
-        keepc = keepc.reshape(nc, -1)
-        valid = (ext >= 0) & (keepc > 0)
-        valid &= ~fixed[np.where(ext >= 0, ext, 0)]
-        self.index = xp.asarray(np.where(valid, ext, N).astype(np.int32 if N < 2**31 - 1 else np.int64))
-        cols = np.flatnonzero(valid.ravel())
-        self.scatter_matrix = be.asmatrix(sp.csr_matrix((np.ones(cols.size), (ext.ravel()[cols], cols)),
-                                                        shape=(N, ext.size)), dtype=self.dtype)
-        count = np.bincount(ext.ravel()[cols], minlength=N)              # patches holding a DoF
-        self.weight = xp.asarray(np.where(count > 0, 1.0 / np.sqrt(np.maximum(count, 1)), 0.0), dtype=self.dtype)
+            valid &= keepb[self.variant[:, ax]].reshape(sh)
+        valid = valid.reshape(nc, -1)
+        valid &= ~xp.asarray(fixed)[xp.maximum(ext, 0)]
+        cols = xp.flatnonzero(valid.ravel())
+        rows = ext.ravel()[cols]
+        ext[~valid] = N
+        self.index = ext
+        self.scatter_matrix = be.sparse.coo_matrix((xp.ones(cols.size, dtype=self.dtype), (rows, cols)),
+                                                   shape=(N, ext.size)).tocsr()
+        count = xp.bincount(rows, minlength=N)                           # patches holding a DoF
+        self.weight = xp.where(count > 0, 1.0 / xp.sqrt(xp.maximum(count, 1)), 0.0).astype(self.dtype)
+        del ext, valid, cols, rows, count
         self.mass, self.stiffness = float(mass), float(stiffness)
         self.shape = (N, N)
         self._bshape = (nc,) + (m,) * d
         self.dim = d
+
+    def astype(self, dtype):
+        """The same fine scale in ``dtype`` from this one's arrays (index, variants and the
+        scatter matrix's structure shared)."""
+        import copy
+        out = copy.copy(self)
+        out.__dict__.pop("S", None)                     # the batched path's cached S
+        out.dtype = dtype = np.dtype(dtype)
+        for name in ("S9", "lam", "scale", "weight"):
+            setattr(out, name, getattr(self, name).astype(dtype, copy=False))
+        out.scatter_matrix = retype_csr(self.scatter_matrix, dtype, self.backend)
+        return out
+
+    def nbytes(self):
+        """Bytes of P^f's arrays on its backend."""
+        return array_nbytes(self.index, self.S9, self.variant, self.lam, self.scale, self.weight,
+                            self.scatter_matrix)
 
     @functools.cached_property
     def S(self):
@@ -156,7 +179,7 @@ class FineSchwarz:
         (``neighbours``: :func:`face_neighbours` of the mesh, when already at hand)."""
         d, k, n = space.dim, space.degree, space.degree + 1
         nc = space.mesh.num_cells
-        ext = np.full((nc, m ** d), -1, dtype=np.int64)
+        ext = np.full((nc, m ** d), -1, dtype=np.int32 if space.num_dofs < 2**31 - 1 else np.int64)
         li = local_indices(k, d)
         pos = ((li + 1) * m ** np.arange(d)).sum(1)                      # cell node -> box node
         ext[:, pos] = space.cell_dofs
@@ -264,6 +287,24 @@ def masked_transfer(P, fine_fixed, coarse_fixed, backend, dtype, coarse_H=None):
     return backend.asmatrix(P, dtype=dtype), backend.asmatrix(P.T.tocsr(), dtype=dtype)
 
 
+def space_transfer(space, degree, cell_dofs, num_coarse, fine_fixed, coarse_fixed, backend, dtype,
+                   coarse_H=None):
+    """``(P, R)`` of :func:`masked_transfer` for ``P = space.interpolation(degree, cell_dofs,
+    num_coarse)``; without ``coarse_H`` built on ``backend`` with the masks applied as it is
+    written (no diagonal products) and ``R = P^T`` by the backend's CSR transpose."""
+    if coarse_H is not None:
+        return masked_transfer(space.interpolation(degree, cell_dofs, num_coarse), fine_fixed,
+                               coarse_fixed, backend, dtype, coarse_H=coarse_H)
+    xp = backend.xp
+    zf = xp.ones(space.num_dofs)
+    zf[xp.asarray(np.asarray(fine_fixed, dtype=np.int64))] = 0.0
+    zc = xp.ones(num_coarse)
+    zc[xp.asarray(np.asarray(coarse_fixed, dtype=np.int64))] = 0.0
+    P = space.interpolation(degree, cell_dofs, num_coarse, backend, zf, zc)
+    P = retype_csr(P, dtype, backend)
+    return P, P.T.tocsr()
+
+
 class CoarseQ1:
     """``P^c r = P A_1^{-1} P^T r`` with one cycle of :func:`adaptmg.multigrid` on the Q1
     problem of the mesh (``dirichlet``: boundary ids or "all", as for the spectral space).
@@ -283,8 +324,9 @@ class CoarseQ1:
                                        dtype=dtype, backend=be, **multigrid_kwargs)
         self.cycle = self.ml.buffered_cycle()
         H1, hang1 = q1_constraints(space.mesh)          # hanging nodes: regular -> regular values
-        self.P, self.R = masked_transfer(q1_interpolation(space), np.union1d(fixed, space.hanging_dofs),
-                                         np.union1d(cfixed, hang1), be, dtype, coarse_H=H1)
+        self.P, self.R = space_transfer(space, 1, space.mesh.cells, space.mesh.num_nodes,
+                                        np.union1d(fixed, space.hanging_dofs), np.union1d(cfixed, hang1),
+                                        be, dtype, coarse_H=H1)
         self._P, self._R = make_spmv(self.P), make_spmv(self.R)
 
     @functools.cached_property

@@ -374,11 +374,19 @@ class SpectralSpace:
         c, f, _ = self.mesh.boundary_faces(ids)
         return np.unique(self.cell_dofs[c[:, None], self.face_local_nodes()[f]])
 
-    def interpolation(self, degree: int, cell_dofs, num_coarse: int):
-        """CSR (num_dofs, num_coarse): the nodal Q_degree functions with DoFs ``cell_dofs``
-        (cells, (degree+1)^d) on the same cells, interpolated into this space's GLL nodes
-        (tensor products of ``phi_p(t_q)``, read off the first cell holding each node)."""
+    def interpolation(self, degree: int, cell_dofs, num_coarse: int, backend=None, row_mask=None,
+                      col_mask=None):
+        """CSR (num_dofs, num_coarse) on ``backend`` (default the host): the nodal Q_degree
+        functions with DoFs ``cell_dofs`` (cells, (degree+1)^d) on the same cells, interpolated
+        into this space's GLL nodes (tensor products of ``phi_p(t_q)``, read off the first cell
+        holding each node: the first column of its row of :meth:`gather_matrix`).  Optional
+        0/1 masks ``row_mask`` (num_dofs,) and ``col_mask`` (num_coarse,) on ``backend``
+        give ``Z_f P Z_c`` directly (every row has the same (degree+1)^d entries before the
+        zeros are dropped, so the CSR is written without a sort)."""
+        from ..backend import get_backend
         from ..patch.tensor import lagrange_eval
+        be = get_backend(backend if backend is not None else "cpu")
+        xp = be.xp
         d, n = self.dim, self.cell_dofs.shape[1]
         I1 = lagrange_eval(degree, gll_points(self.degree)) if degree > 1 else \
             np.stack([1.0 - gll_points(self.degree), gll_points(self.degree)], 1)
@@ -386,12 +394,17 @@ class SpectralSpace:
         for _ in range(d):                                           # x fastest: kron(z, y, x)
             loc = np.kron(I1, loc)
         loc[np.abs(loc) < 1e-14] = 0.0
-        first = np.full(self.num_dofs, self.cell_dofs.size, dtype=np.int64)   # first cell entry
-        np.minimum.at(first, self.cell_dofs.ravel(), np.arange(self.cell_dofs.size))
-        c, a = first // n, first % n
-        cols = np.asarray(cell_dofs)[c]
-        rows = np.repeat(np.arange(self.num_dofs), cols.shape[1])
-        P = sp.csr_matrix((loc[a].ravel(), (rows, cols.ravel())), shape=(self.num_dofs, num_coarse))
+        G = self.on_backend(be, "gather")
+        first = G.indices[G.indptr[:-1]]                             # columns ascend in a row
+        itype = np.int32 if max(num_coarse, self.num_dofs * loc.shape[1]) < 2**31 - 1 else np.int64
+        cols = xp.asarray(np.asarray(cell_dofs, dtype=itype))[first // n]     # (num_dofs, nl)
+        vals = xp.asarray(loc)[first % n]
+        if row_mask is not None:
+            vals *= xp.asarray(row_mask, dtype=vals.dtype)[:, None]
+        if col_mask is not None:
+            vals *= xp.asarray(col_mask, dtype=vals.dtype)[cols]
+        indptr = xp.arange(0, vals.size + 1, vals.shape[1], dtype=itype)
+        P = be.sparse.csr_matrix((vals.ravel(), cols.ravel(), indptr), shape=(self.num_dofs, num_coarse))
         P.eliminate_zeros()
         return P
 
