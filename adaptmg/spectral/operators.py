@@ -258,12 +258,17 @@ class SpectralOperator:
         fq = (self.xp.asarray(f_values_at_quadrature, dtype=self.dtype) * wdet).reshape(self._qshape)
         return self.scatter_matrix @ _interpolate_transpose(fq, self.B, self.space.dim).reshape(-1)
 
-    def quadrature_points(self):
-        """(cells, nq^d, d) physical quadrature points (isoparametric), on the host."""
+    def quadrature_points(self, on_backend=False):
+        """(cells, nq^d, d) physical quadrature points (isoparametric), on the host (or on
+        the operator's backend: the collocated GLL rule's are gathered there)."""
         sp_, d = self.space, self.space.dim
+        if on_backend and self.B is None:
+            be = self.backend
+            return sp_.on_backend(be, "points")[sp_.on_backend(be, "cell_dofs")]
         B = None if self.B is None else quadrature_rule(sp_.degree, self.quadrature)[0]
         X = sp_.cell_points.reshape(self._cshape + (d,))
-        return np.stack([interpolate(X[..., i], B, d).reshape(X.shape[0], -1) for i in range(d)], -1)
+        out = np.stack([interpolate(X[..., i], B, d).reshape(X.shape[0], -1) for i in range(d)], -1)
+        return self.xp.asarray(out) if on_backend else out
 
     def __repr__(self):
         return (f"SpectralOperator({self.space!r}, mass={self.mass}, stiffness={self.stiffness}, "

@@ -162,10 +162,13 @@ class FineSchwarz:
         out.scatter_matrix = retype_csr(self.scatter_matrix, dtype, self.backend)
         return out
 
+    def arrays(self):
+        """The arrays P^f holds on its backend (for :func:`~adaptmg.spectral.space.array_nbytes`)."""
+        return [self.index, self.S9, self.variant, self.lam, self.scale, self.weight, self.scatter_matrix]
+
     def nbytes(self):
         """Bytes of P^f's arrays on its backend."""
-        return array_nbytes(self.index, self.S9, self.variant, self.lam, self.scale, self.weight,
-                            self.scatter_matrix)
+        return array_nbytes(*self.arrays())
 
     @functools.cached_property
     def S(self):
@@ -315,42 +318,117 @@ class CoarseQ1:
     copy, cast or temporary."""
 
     def __init__(self, space: SpectralSpace, dirichlet, fixed, *, mass=0.0, stiffness=1.0,
-                 dtype=np.float64, backend=None, **multigrid_kwargs):
+                 dtype=np.float64, backend=None, transfer=None, **multigrid_kwargs):
         from ..backend import get_backend
         from ..device.kernels import make_spmv
         be = self.backend = get_backend(backend if backend is not None else "auto")
         self.dtype = np.dtype(dtype)
+        self._args = (space, dirichlet, fixed, dict(mass=mass, stiffness=stiffness, **multigrid_kwargs))
         self.ml, cfixed = q1_multigrid(space.mesh, dirichlet, mass=mass, stiffness=stiffness,
                                        dtype=dtype, backend=be, **multigrid_kwargs)
         self.cycle = self.ml.buffered_cycle()
-        H1, hang1 = q1_constraints(space.mesh)          # hanging nodes: regular -> regular values
-        self.P, self.R = space_transfer(space, 1, space.mesh.cells, space.mesh.num_nodes,
-                                        np.union1d(fixed, space.hanging_dofs), np.union1d(cfixed, hang1),
-                                        be, dtype, coarse_H=H1)
+        if transfer is None:
+            H1, hang1 = q1_constraints(space.mesh)      # hanging nodes: regular -> regular values
+            transfer = space_transfer(space, 1, space.mesh.cells, space.mesh.num_nodes,
+                                      np.union1d(fixed, space.hanging_dofs), np.union1d(cfixed, hang1),
+                                      be, dtype, coarse_H=H1)
+        self.P, self.R = (retype_csr(A, self.dtype, be) for A in transfer)
         self._P, self._R = make_spmv(self.P), make_spmv(self.R)
+
+    def astype(self, dtype):
+        """The coarse scale in ``dtype``: the Q1 hierarchy built again in it (it is small),
+        the transfers' structure shared with this one's (``transfer=(P, R)``)."""
+        space, dirichlet, fixed, kw = self._args
+        return CoarseQ1(space, dirichlet, fixed, dtype=dtype, backend=self.backend,
+                        transfer=(self.P, self.R), **kw)
+
+    def arrays(self):
+        """The arrays and CSR matrices the coarse scale holds on its backend: the transfers,
+        each level's matrices and work vectors (for :func:`~adaptmg.spectral.space.array_nbytes`)."""
+        out = [self.P, self.R, self.cycle.b, self.cycle.x]
+        for lev in self.ml._dev:
+            out += [getattr(lev, a, None) for a in ("A", "P", "R", "RA", "AP", "x", "b", "r")]
+        return [a for a in out if hasattr(a, "nbytes") or hasattr(a, "indptr")]
+
+    def nbytes(self):
+        """Bytes of P^c's arrays on its backend (:meth:`arrays`; smoother data not counted)."""
+        return array_nbytes(*self.arrays())
 
     @functools.cached_property
     def M(self):
         """The cycle as a LinearOperator (``ml.aspreconditioner()``)."""
         return self.ml.aspreconditioner()
 
-    def add_to(self, r, y):
-        """``y <- y + P^c r`` in place (``r``, ``y`` of the space's DoFs); returns ``y``."""
-        if np.dtype(y.dtype) != self.dtype or not y.flags.c_contiguous or self.cycle.b.dtype != self.dtype:
+    def _direct(self, y):
+        """Whether :meth:`add_to` can run on the plans and the cycle's buffers for ``y``."""
+        return np.dtype(y.dtype) == self.dtype and y.flags.c_contiguous and self.cycle.b.dtype == self.dtype
+
+    def solve(self, r):
+        """``x_c = A_1^{-1} P^T r`` (the restriction into ``cycle.b``, one cycle): returns the
+        cycle's own output buffer ``cycle.x`` (valid until the next cycle)."""
+        self._R(self.backend.xp.ascontiguousarray(r, dtype=self.dtype), self.cycle.b)
+        return self.cycle()
+
+    def add_to(self, r, y, xc=None):
+        """``y <- y + P^c r`` in place (``r``, ``y`` of the space's DoFs); returns ``y``.
+        ``xc``: the coarse solution :meth:`solve` already returned for ``r``."""
+        if not self._direct(y):
             y += self.P @ self.M.matvec(self.R @ r)
             return y
-        self._R(self.backend.xp.ascontiguousarray(r, dtype=self.dtype), self.cycle.b)
-        return self._P(self.cycle(), y, 1.0, 1.0)
+        return self._P(self.solve(r) if xc is None else xc, y, 1.0, 1.0)
 
     def __call__(self, r):
         return self.add_to(r, self.backend.xp.zeros(self.P.shape[0], dtype=self.dtype))
 
 
 class TwoScale:
-    """``P = P^c + P^f`` (seed 004 eq. before §4.1); ``coarse`` a :class:`CoarseQ1`."""
+    """``P = P^c + P^f`` (seed 004 eq. before §4.1); ``coarse`` a :class:`CoarseQ1`.
 
-    def __init__(self, fine, coarse):
+    ``concurrent`` ("auto": on the GPU; True: GPU only; False): P^c's restriction and
+    cycle run on a second CUDA stream while P^f runs on the current one, joined by an event
+    before P^c's prolongation adds into P^f's vector (``y <- P^f r + P (A_1^{-1} P^T r)``,
+    the same products in the same order as sequentially).  Safe because the two parts
+    share no buffer: P^c writes only the cycle's fixed buffers and its levels' vectors,
+    P^f its fresh output; ``r`` is only read by both, and the caller's stream waits for
+    the second one before anything after the call.  The CPU, a capture in progress, or a
+    dtype mismatch runs the two parts one after the other."""
+
+    def __init__(self, fine, coarse, concurrent="auto"):
+        if concurrent not in (True, False, "auto"):
+            raise ValueError(f"concurrent must be True, False or 'auto', got {concurrent!r}")
+        be = coarse.backend
+        if concurrent is True and not be.is_gpu:
+            raise ValueError("concurrent=True needs the GPU backend (CUDA streams); use False or 'auto'")
         self.fine, self.coarse = fine, coarse
+        self.concurrent = be.is_gpu if concurrent == "auto" else concurrent
+        self._streams = None
+
+    def astype(self, dtype):
+        """Both scales in ``dtype`` (:meth:`FineSchwarz.astype`, :meth:`CoarseQ1.astype`)."""
+        return TwoScale(self.fine.astype(dtype), self.coarse.astype(dtype), self.concurrent)
+
+    def nbytes(self):
+        return self.fine.nbytes() + self.coarse.nbytes()
 
     def __call__(self, r):
-        return self.coarse.add_to(r, self.fine(r))      # P^f's fresh vector takes P^c r in place
+        coarse = self.coarse
+        if self.concurrent and np.dtype(self.fine.dtype) == coarse.dtype == coarse.cycle.b.dtype:
+            xp = coarse.backend.xp
+            current = xp.cuda.get_current_stream()
+            if not current.is_capturing():
+                if self._streams is None:       # (second stream, r ready, P^c done)
+                    self._streams = (xp.cuda.Stream(non_blocking=True), xp.cuda.Event(disable_timing=True),
+                                     xp.cuda.Event(disable_timing=True))
+                side, ready, done = self._streams
+                r = xp.ascontiguousarray(r, dtype=coarse.dtype)
+                ready.record(current)
+                with side:
+                    side.wait_event(ready)
+                    xc = coarse.solve(r)
+                    done.record(side)
+                y = self.fine(r)
+                current.wait_event(done)
+                return coarse.add_to(r, y, xc)
+        return coarse.add_to(r, self.fine(r))      # P^f's fresh vector takes P^c r in place
+
+

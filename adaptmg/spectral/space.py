@@ -153,16 +153,15 @@ def retype_csr(A, dtype, backend):
 
 
 def array_nbytes(*items):
-    """Bytes held by arrays and sparse matrices (CSR: data, indices, indptr); None skipped."""
-    total = 0
+    """Bytes held by arrays and sparse matrices (CSR: data, indices, indptr); None skipped,
+    an array shared by several items (``retype_csr``'s structure) counted once."""
+    seen = {}
     for a in items:
         if a is None:
             continue
-        if hasattr(a, "indptr"):
-            total += a.data.nbytes + a.indices.nbytes + a.indptr.nbytes
-        else:
-            total += a.nbytes
-    return int(total)
+        for arr in ((a.data, a.indices, a.indptr) if hasattr(a, "indptr") else (a,)):
+            seen[id(arr)] = int(arr.nbytes)
+    return sum(seen.values())
 
 
 class SpectralSpace:
