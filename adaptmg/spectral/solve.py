@@ -166,13 +166,15 @@ class _Scale:
 class SpectralSolution:
     """``u`` (values at the GLL nodes, NumPy or CuPy), ``iterations``, ``num_dofs`` (the
     unknowns: hanging DoFs not counted), ``info``; ``seconds``: wall time of the set-up
-    (space, operator, preconditioner) and of the solve (load vector, CG), device synchronised."""
+    (space, operator, preconditioner) and of the solve (load vector, CG), device synchronised;
+    ``nbytes``: what the problem held on its backend (:meth:`SpectralProblem.nbytes`)."""
     u: Any
     iterations: int
     num_dofs: int
     info: int
     space: SpectralSpace
     seconds: dict = field(default_factory=dict)
+    nbytes: int = 0
 
     def l2_error(self, exact) -> float:
         """``||u - exact||_L2`` by (k+3)-point Gauss quadrature on the isoparametric cells."""
@@ -234,4 +236,5 @@ def poisson(mesh, degree, f, *, g=None, mapping=None, preconditioner="two-scale"
     u = prob.expand(x + ug)
     prob.backend.synchronize()
     return SpectralSolution(u=u, iterations=its, num_dofs=V.num_dofs - V.hanging_dofs.size, info=info,
-                            space=V, seconds=dict(setup=t1 - t0, solve=time.perf_counter() - t1))
+                            space=V, seconds=dict(setup=t1 - t0, solve=time.perf_counter() - t1),
+                            nbytes=prob.nbytes())
