@@ -160,7 +160,9 @@ def array_nbytes(*items):
         if a is None:
             continue
         for arr in ((a.data, a.indices, a.indptr) if hasattr(a, "indptr") else (a,)):
-            seen[id(arr)] = int(arr.nbytes)
+            ptr = getattr(arr.data, "ptr", None)                 # CuPy's device pointer
+            ptr = arr.__array_interface__["data"][0] if ptr is None else ptr
+            seen[(ptr, int(arr.nbytes))] = int(arr.nbytes)
     return sum(seen.values())
 
 
