@@ -79,6 +79,35 @@ def _cell_contract(u, A, axis, dim):
     return (A @ u.reshape(nc, nz, -1)).reshape((nc, A.shape[1]) + u.shape[2:])
 
 
+def _face_permutation(space, fln, c, f, c2, f2):
+    """(pairs, n^(d-1)): for the face ``f`` of cell ``c`` shared with face ``f2`` of ``c2``,
+    the neighbour's face-local index of each of my face nodes.  Face-local nodes are
+    lexicographic in the face's two free axes, ``j = u + n v``; the neighbour sees them through
+    one of the 8 symmetries of the square (2-D: 2 of the segment), read off where my corners
+    (0, 0) and (k, 0) sit among its corners -- one table look-up a pair, no sort."""
+    k, n, d = space.degree, space.degree + 1, space.dim
+    u = np.arange(n ** (d - 1)) % n
+    v = np.arange(n ** (d - 1)) // n if d == 3 else np.zeros(n, dtype=np.int64)
+    corners = [0, k] if d == 2 else [0, k, k * n, k * n + k]
+    mine = space.cell_dofs[c[:, None], fln[f][:, corners]]
+    theirs = space.cell_dofs[c2[:, None], fln[f2][:, corners]]
+    where0 = np.argmax(theirs == mine[:, :1], axis=1)                  # my (0, 0) among theirs
+    where1 = np.argmax(theirs == mine[:, 1:2], axis=1)                 # my (k, 0)
+    perms, table = [], np.zeros((len(corners), len(corners)), dtype=np.int64)
+    cu = np.array([0, k, 0, k])[:len(corners)]
+    cv = np.array([0, 0, k, k])[:len(corners)]
+    for swap in ((False, True) if d == 3 else (False,)):               # the symmetries, not the mesh
+        for fu in (False, True):
+            for fv in ((False, True) if d == 3 else (False,)):
+                a, b = (v, u) if swap else (u, v)
+                a, b = (k - a if fu else a), (k - b if fv else b)
+                perm = a + n * b
+                at = {int(ca + n * cb): i for i, (ca, cb) in enumerate(zip(cu, cv))}
+                table[at[int(perm[corners[0]])], at[int(perm[corners[1]])]] = len(perms)
+                perms.append(perm)
+    return np.array(perms)[table[where0, where1]]
+
+
 class FineSchwarz:
     """``P^f`` of seed 004 on a :class:`SpectralSpace` (see the module docstring).
 
@@ -193,16 +222,11 @@ class FineSchwarz:
         ax2 = f2 // 2
         step = np.where(f2 % 2 == 0, 1, -1) * n ** ax2                   # one node inwards
         inward = space.cell_dofs[c2[:, None], fln[f2] + step[:, None]]
-        mine = space.cell_dofs[c[:, None], fln[f]]
-        theirs = space.cell_dofs[c2[:, None], fln[f2]]
-        oc, on = np.argsort(mine, axis=1), np.argsort(theirs, axis=1)
-        matched = np.empty_like(inward)
-        np.put_along_axis(matched, oc, np.take_along_axis(inward, on, axis=1), axis=1)
-        ax = f // 2
-        e = li[fln[f]] + 1                                               # (pairs, n^(d-1), d)
-        e[np.arange(ax.size)[:, None], np.arange(e.shape[1])[None, :], ax[:, None]] = \
-            np.where(f % 2 == 0, 0, m - 1)[:, None]
-        ext[c[:, None], (e * m ** np.arange(d)).sum(2)] = matched
+        matched = np.take_along_axis(inward, _face_permutation(space, fln, c, f, c2, f2), axis=1)
+        out = li[fln] + 1                                                # (2d, n^(d-1), d): per face,
+        for face in range(2 * d):                                        # its nodes moved one layer out
+            out[face, :, face // 2] = 0 if face % 2 == 0 else m - 1
+        ext[c[:, None], (out * m ** np.arange(d)).sum(2)[f]] = matched
         return ext
 
     def __call__(self, r):
