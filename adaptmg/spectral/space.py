@@ -209,7 +209,7 @@ class SpectralSpace:
         nc, n = cells.shape[0], k + 1
         nv = int(cells.max()) + 1
         local = local_indices(k, d)
-        dofs = np.empty((nc, n ** d), dtype=np.int64)
+        dofs = np.empty((n ** d, nc), dtype=np.int64)            # transposed: rows written whole
         kind = np.where((local == 0) | (local == k), -1, 1)       # -1: at a side, 1: free axis
         offset = nv
         groups = {1: [], 2: []}
@@ -224,7 +224,7 @@ class SpectralSpace:
                 continue
             if len(free) == 0:
                 v = sum(pattern[ax] << ax for ax in range(d))
-                dofs[:, idx] = cells[:, [v]]
+                dofs[idx] = cells[:, v][None, :]
             elif len(free) == d:
                 groups["interior"] = idx                  # numbered last
             else:
@@ -245,7 +245,7 @@ class SpectralSpace:
                     g0, g1 = G[(0,)], G[(1,)]
                     flip = g0 > g1
                     keys.append(np.stack([np.minimum(g0, g1), np.maximum(g0, g1)], 1))
-                    p = np.where(flip[:, None], k - a[None, :, 0], a[None, :, 0]) - 1
+                    p = np.where(flip[None, :], k - a[:, :1], a[:, :1]) - 1      # (nl, nc)
                     pos.append(p)
                 else:
                     Gs = np.stack([G[(0, 0)], G[(1, 0)], G[(0, 1)], G[(1, 1)]], 1)   # bits (b0, b1)
@@ -254,9 +254,9 @@ class SpectralSpace:
                     r = np.arange(nc)
                     n0 = Gs[r, (1 - o0) + 2 * o1]                       # neighbour along free[0]
                     n1 = Gs[r, o0 + 2 * (1 - o1)]                       # neighbour along free[1]
-                    p0 = np.where(o0[:, None] == 0, a[None, :, 0], k - a[None, :, 0])
-                    p1 = np.where(o1[:, None] == 0, a[None, :, 1], k - a[None, :, 1])
-                    swap = (n1 < n0)[:, None]
+                    p0 = np.where(o0[None, :] == 0, a[:, :1], k - a[:, :1])     # (nl, nc)
+                    p1 = np.where(o1[None, :] == 0, a[:, 1:2], k - a[:, 1:2])
+                    swap = (n1 < n0)[None, :]
                     c0, c1 = np.where(swap, p1, p0), np.where(swap, p0, p1)
                     keys.append(np.stack([Gs[r, o], np.minimum(n0, n1), np.maximum(n0, n1)], 1))
                     pos.append((c0 - 1) * (k - 1) + (c1 - 1))
@@ -264,20 +264,23 @@ class SpectralSpace:
             ne = int(inv.max()) + 1
             per = (k - 1) ** m
             for j, (pattern, free, idx) in enumerate(items):
-                dofs[:, idx] = offset + inv[j][:, None] * per + pos[j]
+                dofs[idx] = offset + inv[j][None, :] * per + pos[j]
             offset += ne * per
         if "interior" in groups:
             idx = groups["interior"]
-            dofs[:, idx] = offset + np.arange(nc)[:, None] * idx.size + np.arange(idx.size)[None, :]
+            dofs[idx] = offset + np.arange(nc)[None, :] * idx.size + np.arange(idx.size)[:, None]
             offset += nc * idx.size
         # compact: vertex ids of the mesh may leave gaps (unused points); the rank among
         # the used ids by a mark array (np.unique's inverse, without its sort)
         used = np.zeros(offset, dtype=bool)
         used[dofs.ravel()] = True
-        rank = np.cumsum(used) - 1
-        dofs = rank[dofs]
+        if used.all():                                            # no gaps: the ids as they are
+            dofs, count = np.ascontiguousarray(dofs.T), offset
+        else:
+            rank = np.cumsum(used) - 1
+            dofs, count = rank[dofs.T], int(rank[-1] + 1)
         dofs.setflags(write=False)
-        return dofs, int(rank[-1] + 1)
+        return dofs, count
 
     # ------------------------------------------------------------------ geometry
     @property
