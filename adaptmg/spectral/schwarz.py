@@ -40,6 +40,7 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import CPU
 from ..mesh import reference as ref
 from .basis import SIDE_DIRICHLET, SIDE_EXTEND, SIDE_FREE, pencil_factors
 from .space import SpectralSpace, array_nbytes, local_indices, retype_csr, row_ids
@@ -127,8 +128,8 @@ class FineSchwarz:
         self.dtype = np.dtype(dtype)
         fixed = np.zeros(N, bool)
         fixed[np.asarray(dirichlet, dtype=np.int64)] = True
-        nbc, nbf = face_neighbours(space.mesh)
-        ext = self._extended_dofs(space, m, (nbc, nbf))
+        nbc, nbf = space.on_backend(CPU, "face_neighbours")
+        ext = self._ext = space.on_backend(be, "extended")      # made once a space and backend
         # side kind of every face: a neighbour, a Dirichlet boundary face, a free one
         fln = space.face_local_nodes()
         on_fixed = fixed[space.cell_dofs[:, fln]].all(axis=2)            # (nc, 2d)
@@ -155,8 +156,6 @@ class FineSchwarz:
         self.scale = xp.asarray(1.0 / np.prod(h, axis=1), dtype=self.dtype)
         # nodes of the box that take part (on the backend): in the pencils of every
         # direction, a DoF, not fixed
-        itype = np.int32 if N < 2**31 - 1 else np.int64
-        ext = xp.asarray(ext.astype(itype, copy=False))
         valid = (ext >= 0).reshape((nc,) + (m,) * d)
         keepb = xp.asarray(keep > 0)
         for ax in range(d):                                              # the axes
@@ -167,8 +166,7 @@ class FineSchwarz:
         valid &= ~xp.asarray(fixed)[xp.maximum(ext, 0)]
         cols = xp.flatnonzero(valid.ravel())
         rows = ext.ravel()[cols]
-        ext[~valid] = N
-        self.index = ext
+        self.index = xp.where(valid, ext, ext.dtype.type(N))
         self.scatter_matrix = be.sparse.coo_matrix((xp.ones(cols.size, dtype=self.dtype), (rows, cols)),
                                                    shape=(N, ext.size)).tocsr()
         count = xp.bincount(rows, minlength=N)                           # patches holding a DoF
@@ -193,7 +191,8 @@ class FineSchwarz:
 
     def arrays(self):
         """The arrays P^f holds on its backend (for :func:`~adaptmg.spectral.space.array_nbytes`)."""
-        return [self.index, self.S9, self.variant, self.lam, self.scale, self.weight, self.scatter_matrix]
+        return [self.index, self.S9, self.variant, self.lam, self.scale, self.weight, self.scatter_matrix,
+                self._ext]
 
     def nbytes(self):
         """Bytes of P^f's arrays on its backend."""

@@ -115,6 +115,7 @@ class SpectralProblem:
         items = [self.op.G if self.op.geometry == "stored" else self.op.X,
                  getattr(self.op, "wdet", None), self.op.cell_dofs, self.op.scatter_matrix, self.free]
         items += [] if self._H is None else list(self._H)
+        items.append(self.space._on_backend.get((self.backend.name, "points")))   # the space's copy
         M = self.M
         if isinstance(M, TwoScale):
             items += M.fine.arrays() + M.coarse.arrays()

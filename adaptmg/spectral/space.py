@@ -27,6 +27,7 @@ import itertools
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import CPU
 from ..mesh import Mesh
 from ..mesh import reference as ref
 from .basis import check_spectral_degree, gll_points, local_indices
@@ -299,11 +300,12 @@ class SpectralSpace:
         J = jacobian_components(X, B, DB, xp)
         return xp.stack([xp.stack(row, -1) for row in J], -2)
 
-    def on_backend(self, backend, what):
+    def on_backend(self, backend, what):  # noqa: C901 - one branch an item
         """Backend copies of the space's dtype-independent arrays, made once per backend and
         shared by every operator and preconditioner on it: ``"cell_dofs"`` (int32, int64
-        above 2^31 DoFs), ``"points"`` (float64) and ``"gather"`` (:meth:`gather_matrix` as
-        a float64 CSR on the backend)."""
+        above 2^31 DoFs), ``"points"`` (float64), ``"gather"`` (:meth:`gather_matrix` as
+        a float64 CSR on the backend), ``"face_neighbours"`` (host) and ``"extended"`` (the
+        fine scale's patch boxes, :meth:`FineSchwarz._extended_dofs`, read-only)."""
         key = (backend.name, what)
         if key not in self._on_backend:
             if what == "cell_dofs":
@@ -312,6 +314,13 @@ class SpectralSpace:
                 val = backend.asarray(self.points)
             elif what == "gather":
                 val = self.gather_matrix(backend)
+            elif what == "face_neighbours":
+                from .schwarz import face_neighbours
+                val = face_neighbours(self.mesh) if backend.name == "cpu" else self.on_backend(CPU, what)
+            elif what == "extended":
+                from .schwarz import FineSchwarz
+                host = FineSchwarz._extended_dofs(self, self.degree + 3, self.on_backend(CPU, "face_neighbours"))
+                val = backend.asarray(host) if backend.name != "cpu" else host
             else:
                 raise ValueError(f"on_backend: unknown item {what!r}")
             self._on_backend[key] = val
