@@ -80,20 +80,22 @@ def _cell_contract(u, A, axis, dim):
     return (A @ u.reshape(nc, nz, -1)).reshape((nc, A.shape[1]) + u.shape[2:])
 
 
-def _face_permutation(space, fln, c, f, c2, f2):
-    """(pairs, n^(d-1)): for the face ``f`` of cell ``c`` shared with face ``f2`` of ``c2``,
-    the neighbour's face-local index of each of my face nodes.  Face-local nodes are
+def _face_permutation(cd, k, d, fln, c, f, c2, f2, xp):
+    """(pairs, n^(d-1)) on ``xp``: for the face ``f`` of cell ``c`` shared with face ``f2`` of
+    ``c2`` (``cd`` the cell DoFs, ``fln`` the face-local nodes, pairs on ``xp``), the
+    neighbour's face-local index of each of my face nodes.  Face-local nodes are
     lexicographic in the face's two free axes, ``j = u + n v``; the neighbour sees them through
     one of the 8 symmetries of the square (2-D: 2 of the segment), read off where my corners
     (0, 0) and (k, 0) sit among its corners -- one table look-up a pair, no sort."""
-    k, n, d = space.degree, space.degree + 1, space.dim
+    n = k + 1
     u = np.arange(n ** (d - 1)) % n
     v = np.arange(n ** (d - 1)) // n if d == 3 else np.zeros(n, dtype=np.int64)
     corners = [0, k] if d == 2 else [0, k, k * n, k * n + k]
-    mine = space.cell_dofs[c[:, None], fln[f][:, corners]]
-    theirs = space.cell_dofs[c2[:, None], fln[f2][:, corners]]
-    where0 = np.argmax(theirs == mine[:, :1], axis=1)                  # my (0, 0) among theirs
-    where1 = np.argmax(theirs == mine[:, 1:2], axis=1)                 # my (k, 0)
+    fc = xp.asarray(fln[:, corners])
+    mine = cd[c[:, None], fc[f]]
+    theirs = cd[c2[:, None], fc[f2]]
+    where0 = xp.argmax(theirs == mine[:, :1], axis=1)                  # my (0, 0) among theirs
+    where1 = xp.argmax(theirs == mine[:, 1:2], axis=1)                 # my (k, 0)
     perms, table = [], np.zeros((len(corners), len(corners)), dtype=np.int64)
     cu = np.array([0, k, 0, k])[:len(corners)]
     cv = np.array([0, 0, k, k])[:len(corners)]
@@ -106,7 +108,7 @@ def _face_permutation(space, fln, c, f, c2, f2):
                 at = {int(ca + n * cb): i for i, (ca, cb) in enumerate(zip(cu, cv))}
                 table[at[int(perm[corners[0]])], at[int(perm[corners[1]])]] = len(perms)
                 perms.append(perm)
-    return np.array(perms)[table[where0, where1]]
+    return xp.asarray(np.array(perms))[xp.asarray(table)[where0, where1]]
 
 
 class FineSchwarz:
@@ -205,27 +207,29 @@ class FineSchwarz:
         return self.S9[self.variant]
 
     @staticmethod
-    def _extended_dofs(space, m, neighbours=None):
-        """(cells, (k+3)^d) global DoF of every node of the extended box, -1 where none
-        (``neighbours``: :func:`face_neighbours` of the mesh, when already at hand)."""
+    def _extended_dofs(space, m, neighbours=None, backend=CPU):
+        """(cells, (k+3)^d) global DoF of every node of the extended box, -1 where none, on
+        ``backend`` (``neighbours``: :func:`face_neighbours` of the mesh, when already at hand;
+        the (cells, 2d) pairs are found on the host, the boxes filled on the backend)."""
+        xp = backend.xp
         d, k, n = space.dim, space.degree, space.degree + 1
         nc = space.mesh.num_cells
-        ext = np.full((nc, m ** d), -1, dtype=np.int32 if space.num_dofs < 2**31 - 1 else np.int64)
+        cd = space.on_backend(backend, "cell_dofs")
+        ext = xp.full((nc, m ** d), -1, dtype=cd.dtype)
         li = local_indices(k, d)
-        pos = ((li + 1) * m ** np.arange(d)).sum(1)                      # cell node -> box node
-        ext[:, pos] = space.cell_dofs
+        ext[:, xp.asarray(((li + 1) * m ** np.arange(d)).sum(1))] = cd  # cell node -> box node
         nbc, nbf = face_neighbours(space.mesh) if neighbours is None else neighbours
         fln = space.face_local_nodes()                                   # (2d, n^(d-1))
         c, f = np.nonzero(nbc >= 0)
         c2, f2 = nbc[c, f], nbf[c, f]
-        ax2 = f2 // 2
-        step = np.where(f2 % 2 == 0, 1, -1) * n ** ax2                   # one node inwards
-        inward = space.cell_dofs[c2[:, None], fln[f2] + step[:, None]]
-        matched = np.take_along_axis(inward, _face_permutation(space, fln, c, f, c2, f2), axis=1)
+        step = np.where(f2 % 2 == 0, 1, -1) * n ** (f2 // 2)             # one node inwards
+        c, f, c2, f2, step = (xp.asarray(a) for a in (c, f, c2, f2, step))
+        inward = cd[c2[:, None], xp.asarray(fln)[f2] + step[:, None]]
+        matched = xp.take_along_axis(inward, _face_permutation(cd, k, d, fln, c, f, c2, f2, xp), axis=1)
         out = li[fln] + 1                                                # (2d, n^(d-1), d): per face,
         for face in range(2 * d):                                        # its nodes moved one layer out
             out[face, :, face // 2] = 0 if face % 2 == 0 else m - 1
-        ext[c[:, None], (out * m ** np.arange(d)).sum(2)[f]] = matched
+        ext[c[:, None], xp.asarray((out * m ** np.arange(d)).sum(2))[f]] = matched
         return ext
 
     def __call__(self, r):

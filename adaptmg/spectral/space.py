@@ -319,8 +319,8 @@ class SpectralSpace:
                 val = face_neighbours(self.mesh) if backend.name == "cpu" else self.on_backend(CPU, what)
             elif what == "extended":
                 from .schwarz import FineSchwarz
-                host = FineSchwarz._extended_dofs(self, self.degree + 3, self.on_backend(CPU, "face_neighbours"))
-                val = backend.asarray(host) if backend.name != "cpu" else host
+                val = FineSchwarz._extended_dofs(self, self.degree + 3, self.on_backend(CPU, "face_neighbours"),
+                                                 backend)
             else:
                 raise ValueError(f"on_backend: unknown item {what!r}")
             self._on_backend[key] = val
@@ -419,6 +419,8 @@ class SpectralSpace:
         indptr = xp.arange(0, vals.size + 1, vals.shape[1], dtype=itype)
         P = be.sparse.csr_matrix((vals.ravel(), cols.ravel(), indptr), shape=(self.num_dofs, num_coarse))
         P.eliminate_zeros()
+        if be.is_gpu:                       # as an uploaded SciPy matrix would be (to_device_sparse)
+            P.sort_indices()
         return P
 
     def gather_matrix(self, backend=None):
