@@ -10,7 +10,9 @@ Sections (``--sections``, comma separated; all by default):
           "ogrid" (an O-grid of a cylinder of radius 1 and height --ogrid-height, default 2:
           cells of aspect ratio <= 1.7; 0.75 N^3 cells, vertex valence 6, built by refinement
           from N/2^L, so its Q1 coarse scale has geometric levels), with the paper's rows
-          (N = 8..128) beside; "setup" is the two-scale set-up alone (space, operator, P^f, P^c)
+          (N = 8..128) beside; each mesh's SpectralSpace is built once ("space s"), "setup" is
+          the two-scale problem's set-up (operator, P^f, P^c), "B/DoF" the bytes it holds on
+          the backend a DoF (SpectralProblem.nbytes: factors, P^f, P^c, 6 CG vectors)
   table4  seed 004 Table 4: heat equation, backward Euler, 70 steps (--steps) of
           (M/dt + kappa K) u = M (u_old/dt + q(t)), kappa = 1e-2, dt = 0.04, a moving
           Gaussian source, on the O-grid (--table4-n), degrees --table4-degrees, float64 and
@@ -34,6 +36,8 @@ Sections (``--sections``, comma separated; all by default):
           solution and its rate, set-up + solve seconds (not in the default sections)
 
 Times of table1 and adaptive are set-up plus solve (one call of adaptmg.spectral.poisson).
+Seed 004's largest meshes (128^3, 57M DoFs; H200):
+  python scripts/bench_spectral.py --backend gpu --sections table1 --sizes 128
 Timing: synchronise, one warm-up, median of --reps runs.  Example (H200, ~2 min):
   python scripts/bench_spectral.py --backend gpu
 Table 4 and where its iterations go (the paper's mesh size):
