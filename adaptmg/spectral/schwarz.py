@@ -130,8 +130,9 @@ class FineSchwarz:
         self.dtype = np.dtype(dtype)
         fixed = np.zeros(N, bool)
         fixed[np.asarray(dirichlet, dtype=np.int64)] = True
-        nbc, nbf = space.on_backend(CPU, "face_neighbours")
-        ext = self._ext = space.on_backend(be, "extended")      # made once a space and backend
+        nbc, nbf = space.on_backend(CPU, "face_neighbours", lambda: face_neighbours(space.mesh))
+        ext = self._ext = space.on_backend(                     # made once a space and backend
+            be, "extended", lambda: self._extended_dofs(space, m, (nbc, nbf), be))
         # side kind of every face: a neighbour, a Dirichlet boundary face, a free one
         fln = space.face_local_nodes()
         on_fixed = fixed[space.cell_dofs[:, fln]].all(axis=2)            # (nc, 2d)

@@ -27,7 +27,6 @@ import itertools
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU
 from ..mesh import Mesh
 from ..mesh import reference as ref
 from .basis import check_spectral_degree, gll_points, local_indices
@@ -300,12 +299,12 @@ class SpectralSpace:
         J = jacobian_components(X, B, DB, xp)
         return xp.stack([xp.stack(row, -1) for row in J], -2)
 
-    def on_backend(self, backend, what):  # noqa: C901 - one branch an item
+    def on_backend(self, backend, what, build=None):
         """Backend copies of the space's dtype-independent arrays, made once per backend and
         shared by every operator and preconditioner on it: ``"cell_dofs"`` (int32, int64
         above 2^31 DoFs), ``"points"`` (float64), ``"gather"`` (:meth:`gather_matrix` as
-        a float64 CSR on the backend), ``"face_neighbours"`` (host) and ``"extended"`` (the
-        fine scale's patch boxes, :meth:`FineSchwarz._extended_dofs`, read-only)."""
+        a float64 CSR on the backend); any other item is ``build()`` the first time (the fine
+        scale's patch boxes and face neighbours, :class:`~adaptmg.spectral.schwarz.FineSchwarz`)."""
         key = (backend.name, what)
         if key not in self._on_backend:
             if what == "cell_dofs":
@@ -314,13 +313,8 @@ class SpectralSpace:
                 val = backend.asarray(self.points)
             elif what == "gather":
                 val = self.gather_matrix(backend)
-            elif what == "face_neighbours":
-                from .schwarz import face_neighbours
-                val = face_neighbours(self.mesh) if backend.name == "cpu" else self.on_backend(CPU, what)
-            elif what == "extended":
-                from .schwarz import FineSchwarz
-                val = FineSchwarz._extended_dofs(self, self.degree + 3, self.on_backend(CPU, "face_neighbours"),
-                                                 backend)
+            elif build is not None:
+                val = build()
             else:
                 raise ValueError(f"on_backend: unknown item {what!r}")
             self._on_backend[key] = val
