@@ -10,7 +10,9 @@ Sections (``--sections``, comma separated; all by default):
           "ogrid" (an O-grid of a cylinder of radius 1 and height --ogrid-height, default 2:
           cells of aspect ratio <= 1.7; 0.75 N^3 cells, vertex valence 6, built by refinement
           from N/2^L, so its Q1 coarse scale has geometric levels), with the paper's rows
-          (N = 8..128) beside; "setup" is the two-scale set-up alone (space, operator, P^f, P^c)
+          (N = 8..128) beside; each mesh's SpectralSpace is built once ("space s"), "setup" is
+          the two-scale problem's set-up (operator, P^f, P^c), "B/DoF" the bytes it holds on
+          the backend a DoF (SpectralProblem.nbytes: factors, P^f, P^c, 6 CG vectors)
   table4  seed 004 Table 4: heat equation, backward Euler, 70 steps (--steps) of
           (M/dt + kappa K) u = M (u_old/dt + q(t)), kappa = 1e-2, dt = 0.04, a moving
           Gaussian source, on the O-grid (--table4-n), degrees --table4-degrees, float64 and
@@ -34,6 +36,8 @@ Sections (``--sections``, comma separated; all by default):
           solution and its rate, set-up + solve seconds (not in the default sections)
 
 Times of table1 and adaptive are set-up plus solve (one call of adaptmg.spectral.poisson).
+Seed 004's largest meshes (128^3, 57M DoFs; H200):
+  python scripts/bench_spectral.py --backend gpu --sections table1 --sizes 128
 Timing: synchronise, one warm-up, median of --reps runs.  Example (H200, ~2 min):
   python scripts/bench_spectral.py --backend gpu
 Table 4 and where its iterations go (the paper's mesh size):
@@ -93,27 +97,38 @@ def rhs(x):
 
 
 def table1(args, be):
-    print(f"\n## Table 1: CG iterations, degree {args.degree}, rtol {args.rtol:g} ({be.name})")
+    print(f"\n## Table 1: CG iterations, degree {args.degree}, rtol {args.rtol:g} ({be.name}); space s: the "
+          "SpectralSpace (numbering, geometry check), once a mesh; setup: the two-scale problem (operator, "
+          "P^f, P^c); s: set-up + solve of each; B/DoF: bytes the two-scale PCG holds on the backend a DoF "
+          "(operator factors, P^f, P^c hierarchy, 6 CG vectors)")
     print(f"{'mesh':10s} {'N':>4s} {'cells':>9s} {'DoFs':>10s} {'two-scale':>9s} {'fine':>6s} {'pmg':>5s} "
-          f"{'paper ts/fine':>14s} {'s (ts)':>7s} {'setup':>6s} {'s (pmg)':>7s}")
+          f"{'paper ts/fine':>14s} {'space s':>7s} {'setup':>6s} {'s (ts)':>7s} {'s (fine)':>8s} {'s (pmg)':>7s} "
+          f"{'B/DoF':>6s}")
     for kind in ("cartesian", "distorted", "ogrid"):
         for n in args.sizes:
             mesh = make_mesh(kind, n, args.ogrid_height)
-            its, secs, setup = {}, {}, None
+            t = time.perf_counter()
+            V = SpectralSpace(mesh, args.degree, backend=be)
+            tspace = time.perf_counter() - t
+            its, secs, setup, nbytes = {}, {}, None, 0
             for pc in ("two-scale", "fine", "pmg"):
                 t = time.perf_counter()
-                s = poisson(mesh, args.degree, rhs, preconditioner=pc, rtol=args.rtol, backend=be,
+                s = poisson(V, args.degree, rhs, preconditioner=pc, rtol=args.rtol, backend=be,
                             maxiter=2000)
                 be.synchronize()
                 secs[pc] = time.perf_counter() - t
                 its[pc] = f"{s.iterations}{'' if s.info == 0 else '!'}"
-                setup = s.seconds["setup"] if pc == "two-scale" else setup
+                if pc == "two-scale":
+                    setup, nbytes = s.seconds["setup"], s.nbytes
+                s = None                                   # free the device memory
             col = {8: 0, 16: 1, 32: 2, 64: 3, 128: 4}.get(n)
             paper = "" if col is None or args.degree != 3 else \
                 f"{PAPER_T1[kind][0][col]}/{PAPER_T1[kind][1][col]}"
-            print(f"{kind:10s} {n:4d} {mesh.num_cells:9d} {s.num_dofs:10d} {its['two-scale']:>9s} "
-                  f"{its['fine']:>6s} {its['pmg']:>5s} {paper:>14s} {secs['two-scale']:7.2f} "
-                  f"{setup:6.2f} {secs['pmg']:7.2f}", flush=True)
+            print(f"{kind:10s} {n:4d} {mesh.num_cells:9d} {V.num_dofs:10d} {its['two-scale']:>9s} "
+                  f"{its['fine']:>6s} {its['pmg']:>5s} {paper:>14s} {tspace:7.2f} {setup:6.2f} "
+                  f"{secs['two-scale']:7.2f} {secs['fine']:8.2f} {secs['pmg']:7.2f} {nbytes / V.num_dofs:6.0f}",
+                  flush=True)
+            V = None
 
 
 def adaptive_mesh(n):
@@ -155,47 +170,60 @@ def adaptive(args, be):
 
 
 KAPPA, DT = 1e-2, 0.04          # Table 4's heat equation
+STEP_MAXITER = 300              # a step's CG iterations at most (measured: 8-13)
 
 
-def heat_problem(V, dtype, be):
+def heat_problem(V, dtype, be, prob=None, Mop=None):
     """The backward-Euler step's two-scale problem (M/dt + kappa K), the mass operator and
-    the GLL points on the device."""
-    prob = SpectralProblem(V, mass=1.0 / DT, stiffness=KAPPA, dtype=dtype, backend=be)
-    Mop = SpectralOperator(V, mass=1.0, stiffness=0.0, dtype=dtype, backend=be)
-    return prob, Mop, be.xp.asarray(V.points, dtype=dtype)
+    the GLL points on the device; converted from ``prob``, ``Mop`` of another dtype when
+    given (the float32 row from the float64 set-up)."""
+    if prob is not None:
+        prob, Mop = prob.astype(dtype), Mop.astype(dtype)
+    else:
+        prob = SpectralProblem(V, mass=1.0 / DT, stiffness=KAPPA, dtype=dtype, backend=be)
+        Mop = SpectralOperator(V, mass=1.0, stiffness=0.0, dtype=dtype, backend=be)
+    return prob, Mop, V.on_backend(be, "points").astype(dtype)
 
 
 def heat_steps(prob, Mop, X, u, first, last, total):
     """Steps first..last of (M/dt + kappa K) u = M (u_old/dt + q(t)), the Gaussian source
-    moving over ``total`` steps; two-scale PCG warm-started, rtol 1e-6.  Returns (u, its)."""
+    moving over ``total`` steps; two-scale PCG warm-started, rtol 1e-6, at most STEP_MAXITER
+    iterations a step (SciPy's default 10 N would hide a stagnating float32 solve for hours).
+    Returns (u, its); its is "its!f" when f steps stopped at STEP_MAXITER."""
     xp, dtype = prob.xp, prob.dtype
-    its = 0
+    its = failed = 0
     for step in range(first, last + 1):
         t = step * DT
         c = xp.asarray([0.5 * np.cos(t), 0.5 * np.sin(t), 2.0 * t / (total * DT)], dtype=dtype)
         q = (1000.0 / (7000.0 * 0.8)) * xp.exp(-((X - c) ** 2).sum(1) / 0.02)
         b = prob.free * Mop.matvec(u / DT + q)
-        u, n, info = prob.solve(b, x0=u, rtol=1e-6)
+        u, n, info = prob.solve(b, x0=u, rtol=1e-6, maxiter=STEP_MAXITER)
         its += n
-    return u, its
+        failed += info != 0
+    return u, its if not failed else f"{its}!{failed}"
 
 
 def table4(args, be):
     mesh = ogrid_cylinder(args.table4_n, args.table4_n, height=2.0)
     print(f"\n## Table 4: heat equation, {args.steps} backward-Euler steps, O-grid "
           f"{mesh.num_cells} hexes ({be.name}); wall s of the steps (setup apart), after one untimed "
-          f"step ('1st s': that step, kernel compilation and graph recording included)")
+          f"step ('1st s': that step, kernel compilation and graph recording included); setup s: the "
+          f"space (once a degree) and the float64 problem, the float32 one converted from it "
+          f"(SpectralProblem.astype); B/DoF: the problem and the mass operator on the backend a DoF")
     print(f"{'n':>2s} {'DoFs':>10s} {'prec':>7s} {'setup s':>8s} {'1st s':>8s} {'steps s':>8s} {'CG its':>7s} "
-          f"{'paper CUDA s':>12s} {'speed-up':>8s} {'max u':>9s}")
+          f"{'paper CUDA s':>12s} {'speed-up':>8s} {'max u':>9s} {'B/DoF':>6s}")
     xp = be.xp
     for k in args.table4_degrees:
-        V = SpectralSpace(mesh, k)
+        t0 = time.perf_counter()
+        V = SpectralSpace(mesh, k, backend=be)
+        tspace = time.perf_counter() - t0
+        prob = Mop = X = None
         for dtype in (np.float64, np.float32):
             t0 = time.perf_counter()
-            prob, Mop, X = heat_problem(V, dtype, be)
+            prob, Mop, X = heat_problem(V, dtype, be, prob, Mop)
             u = xp.zeros(V.num_dofs, dtype=dtype)
             be.synchronize()
-            setup = time.perf_counter() - t0
+            setup = time.perf_counter() - t0 + (tspace if dtype == np.float64 else 0.0)
             t0 = time.perf_counter()                 # one untimed step: kernels compiled, graphs made
             heat_steps(prob, Mop, X, u.copy(), 1, 1, args.steps)
             be.synchronize()
@@ -205,9 +233,13 @@ def table4(args, be):
             be.synchronize()
             wall = time.perf_counter() - t0
             ref = PAPER_T4_CUDA.get(k) if args.steps == 70 else None
-            print(f"{k:2d} {V.num_dofs:10d} {np.dtype(dtype).name:>7s} {setup:8.2f} {first:8.2f} {wall:8.2f} {its:7d} "
+            nbytes = prob.nbytes() + Mop.nbytes()
+            print(f"{k:2d} {V.num_dofs:10d} {np.dtype(dtype).name:>7s} {setup:8.2f} {first:8.2f} {wall:8.2f} {its:>7} "
                   f"{'' if ref is None else f'{ref:.1f}':>12s} "
-                  f"{'' if ref is None else f'{ref / wall:.1f}x':>8s} {float(u.max()):9.3e}", flush=True)
+                  f"{'' if ref is None else f'{ref / wall:.1f}x':>8s} {float(u.max()):9.3e} "
+                  f"{nbytes / V.num_dofs:6.0f}", flush=True)
+            u = None
+        prob = Mop = X = V = None                    # free the device memory
 
 
 def parts(args, be):
@@ -220,17 +252,19 @@ def parts(args, be):
     print("A: the spectral operator's matvec; A masked: the PCG's operator (free-DoF mask around A); "
           "P^f: the fine scale (on the GPU the fused kernel, fdm_kernels.py), P^f xp: its batched-matmul "
           "path (fused=False); P^c: the coarse scale (transfers and one cycle), cycle: the cycle alone; "
-          "P: P^f + P^c; PCG it: one whole iteration (difference of two solves of 5 and 25 "
+          "P: P^f + P^c (on the GPU P^c on a second stream, TwoScale(concurrent=True)), P seq: the same "
+          "one part after the other (concurrent=False; P seq - P is the overlap gained); PCG it: one whole iteration (difference of two solves of 5 and 25 "
           f"iterations / 20, median of 3); steps s: {args.parts_steps} time steps (its: their CG iterations), "
           "s/it: steps s over its")
     print(f"{'n':>2s} {'DoFs':>9s} {'Q1 DoFs':>8s} {'prec':>7s} {'A':>7s} {'A masked':>8s} {'P^f':>7s} "
-          f"{'P^f xp':>7s} {'P^c':>7s} {'cycle':>7s} {'P':>7s} {'PCG it':>7s} {'steps s':>8s} {'its':>5s} "
+          f"{'P^f xp':>7s} {'P^c':>7s} {'cycle':>7s} {'P':>7s} {'P seq':>7s} {'PCG it':>7s} {'steps s':>8s} {'its':>5s} "
           f"{'s/it ms':>7s}")
     xp = be.xp
     for k in args.table4_degrees:
-        V = SpectralSpace(mesh, k)
+        V = SpectralSpace(mesh, k, backend=be)
+        prob = Mop = None
         for dtype in (np.float64, np.float32):
-            prob, Mop, X = heat_problem(V, dtype, be)
+            prob, Mop, X = heat_problem(V, dtype, be, prob, Mop)
             fine, coarse = prob.M.fine, prob.M.coarse
             r = prob.free * xp.asarray(np.random.default_rng(0).standard_normal(V.num_dofs), dtype=dtype)
 
@@ -243,6 +277,10 @@ def parts(args, be):
             fine.fused = False
             t["P^f xp"] = ms(lambda: fine(r))
             fine.fused = fused
+            conc = prob.M.concurrent
+            prob.M.concurrent = False
+            t["P seq"] = ms(lambda: prob.M(r))
+            prob.M.concurrent = conc
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 short = ms(lambda: prob.solve(r, rtol=1e-30, maxiter=5), 3)
@@ -257,9 +295,10 @@ def parts(args, be):
             wall = time.perf_counter() - t0
             print(f"{k:2d} {V.num_dofs:9d} {coarse.R.shape[0]:8d} {np.dtype(dtype).name:>7s} "
                   + " ".join(f"{t[c]:{max(7, len(c))}.3f}" for c in
-                             ("A", "A masked", "P^f", "P^f xp", "P^c", "cycle", "P", "PCG it"))
-                  + f" {wall:8.3f} {its:5d} {1e3 * wall / max(its, 1):7.3f}", flush=True)
-            prob = Mop = X = fine = coarse = r = u = None          # free the device memory
+                             ("A", "A masked", "P^f", "P^f xp", "P^c", "cycle", "P", "P seq", "PCG it"))
+                  + f" {wall:8.3f} {its:>5} {1e3 * wall / max(int(str(its).split('!')[0]), 1):7.3f}", flush=True)
+            X = fine = coarse = r = u = None
+        prob = Mop = V = None                                     # free the device memory
 
 
 OP_KINDS = {"bk1": ("BK1", dict(mass=1.0, stiffness=0.0, quadrature="gauss")),

@@ -29,25 +29,10 @@ from ..device.kernels import get_kernel
 from ..mesh import reference as ref
 from .basis import quadrature_rule
 from .kernels import fused_cell_apply, scatter_sum
-from .space import SpectralSpace, contract, interpolate, local_indices, reference_gradient
+from .space import (SpectralSpace, array_nbytes, cell_chunks, cofactors, contract, interpolate,
+                    jacobian_components, local_indices, reference_gradient, retype_csr)
 
 __all__ = ["SpectralOperator", "geometric_factors"]
-
-
-def _inverse_and_det(J, xp):
-    """Batched inverse and determinant of J (..., d, d), closed form (d = 2, 3)."""
-    d = J.shape[-1]
-    if d == 2:
-        det = J[..., 0, 0] * J[..., 1, 1] - J[..., 0, 1] * J[..., 1, 0]
-        adj = xp.stack([xp.stack([J[..., 1, 1], -J[..., 0, 1]], -1),
-                        xp.stack([-J[..., 1, 0], J[..., 0, 0]], -1)], -2)
-        return adj / det[..., None, None], det
-    c = [[J[..., (i + 1) % 3, (j + 1) % 3] * J[..., (i + 2) % 3, (j + 2) % 3]
-          - J[..., (i + 1) % 3, (j + 2) % 3] * J[..., (i + 2) % 3, (j + 1) % 3] for j in range(3)]
-         for i in range(3)]                                    # cofactors C_ij
-    det = J[..., 0, 0] * c[0][0] + J[..., 0, 1] * c[0][1] + J[..., 0, 2] * c[0][2]
-    inv = xp.stack([xp.stack([c[j][i] for j in range(3)], -1) for i in range(3)], -2)
-    return inv / det[..., None, None], det
 
 
 def _pairs(d):
@@ -55,14 +40,51 @@ def _pairs(d):
     return [(i, i) for i in range(d)] + [(i, j) for i in range(d) for j in range(i + 1, d)]
 
 
+def _factors(J, w, xp, G=None, wdet=None):
+    """G and w det J from J by components ``J[i][j]`` (cells, nq) and weights w (nq,):
+    ``G_ab = (w / det) sum_k C_ka C_kb`` (C the cofactors, ``J^{-1} = C^T / det``, so
+    ``G = w det J^{-1} J^{-T}``), written into ``G`` (d(d+1)/2, cells, nq) and ``wdet``
+    (cells, nq) when given (cast to their dtype); ``G=False``: w det J only."""
+    C, det = cofactors(J)
+    d = len(J)
+    if wdet is None:
+        wdet = w[None, :] * det
+    else:
+        wdet[...] = w[None, :] * det
+    if G is False:
+        return None, wdet
+    s = w[None, :] / det
+    vals = (s * sum(C[k][a] * C[k][b] for k in range(d)) for a, b in _pairs(d))
+    if G is None:
+        return xp.stack(list(vals)), wdet
+    for m, v in enumerate(vals):
+        G[m] = v
+    return G, wdet
+
+
 def geometric_factors(J, w, xp):
     """``(G, wdet)``: G (d(d+1)/2, cells, nq) in the order (00, 11, 22, 01, 02, 12) -- 2-D:
     (00, 11, 01) -- and w det J (cells, nq), from J (cells, nq, d, d) and weights w (nq,)."""
     d = J.shape[-1]
-    Ji, det = _inverse_and_det(J, xp)
-    wdet = w[None, :] * det
-    G = xp.stack([wdet * (Ji[..., i, :] * Ji[..., j, :]).sum(-1) for i, j in _pairs(d)])
-    return G, wdet
+    return _factors([[J[..., i, j] for j in range(d)] for i in range(d)], xp.asarray(w), xp)
+
+
+def stored_factors(space, B, DB, w, backend, dtype, stiffness=True):
+    """``(G, wdet)`` of :func:`geometric_factors` for every cell of ``space`` on ``backend``,
+    computed in float64 a chunk of cells at a time (:func:`~adaptmg.spectral.space.cell_chunks`:
+    J is never held for the whole mesh) and stored in ``dtype``; ``G`` is None when
+    ``stiffness`` is false (a mass operator reads only w det J)."""
+    xp = backend.xp
+    d, nc = space.dim, space.mesh.num_cells
+    nq = DB.shape[0] ** d
+    pts, cd = space.on_backend(backend, "points"), space.on_backend(backend, "cell_dofs")
+    wq = xp.asarray(w)
+    G = xp.empty((d * (d + 1) // 2, nc, nq), dtype=dtype) if stiffness else False
+    wdet = xp.empty((nc, nq), dtype=dtype)
+    for c in cell_chunks(nc, max(nq, cd.shape[1]), backend.name):
+        _factors(jacobian_components(pts[cd[c]], B, DB, xp), wq, xp,
+                 G[:, c] if stiffness else False, wdet[c])
+    return (G if stiffness else None), wdet
 
 
 class SpectralOperator:
@@ -103,21 +125,43 @@ class SpectralOperator:
         self.B = None if B is None else xp.asarray(B, dtype=dtype)
         self.DB = xp.asarray(DB, dtype=dtype)
         self._w = xp.asarray(_tensor_weights(w, d), dtype=dtype)
-        self.cell_dofs = xp.asarray(space.cell_dofs.astype(np.int64 if space.num_dofs > 2**31 - 1 else np.int32))
-        self.scatter_matrix = be.asmatrix(space.gather_matrix(), dtype=dtype)
+        self.cell_dofs = space.on_backend(be, "cell_dofs")             # shared by the space's operators
+        self.scatter_matrix = retype_csr(space.on_backend(be, "gather"), dtype, be)
         self.shape = (space.num_dofs, space.num_dofs)
         self._cshape = (space.mesh.num_cells,) + (k + 1,) * d
         self._qshape = (space.mesh.num_cells,) + (self.nq,) * d
         self.fused = bool(fused) and be.is_gpu and d == 3 and self.B is None and geometry == "stored"
         self.scatter = scatter
-        if geometry == "stored":            # on the backend (in float64), then rounded to dtype
-            J = space.jacobians(B, DB, xp=xp)
-            G, wdet = geometric_factors(J, xp.asarray(_tensor_weights(w, d)), xp)
-            self.G, self.wdet = G.astype(dtype, copy=False), wdet.astype(dtype, copy=False)
-            del J
+        if geometry == "stored":            # on the backend in float64 a chunk at a time, stored in dtype
+            fusable = d == 3 and B is None           # the fused kernel reads G whatever c_k is
+            self.G, self.wdet = stored_factors(space, B, DB, _tensor_weights(w, d), be, dtype,
+                                               stiffness=self.stiffness != 0.0 or fusable)
         else:
             self.X = xp.asarray(space.points[space.cell_dofs[:, space._vertex_local()]], dtype=dtype)
             self._dN = xp.asarray(_vertex_shape_gradients(k, quadrature, d), dtype=dtype)
+
+    def astype(self, dtype):
+        """The same operator in ``dtype`` (float64/float32) from this one's arrays: the
+        factors rounded, the index arrays and the scatter matrix's structure shared."""
+        import copy
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float64, np.float32):
+            raise ValueError(f"dtype must be float64 or float32, got {dtype}")
+        out = copy.copy(self)
+        out.dtype = dtype
+        for name in ("B", "DB", "_w", "G", "wdet", "X", "_dN"):
+            v = getattr(self, name, None)
+            if v is not None:
+                setattr(out, name, v.astype(dtype, copy=False))
+        out.scatter_matrix = retype_csr(self.scatter_matrix, dtype, self.backend)
+        return out
+
+    def nbytes(self):
+        """Bytes of the operator's arrays on its backend (factors, gather index, scatter
+        matrix; the shared ones counted here too)."""
+        return array_nbytes(self.G if self.geometry == "stored" else self.X,
+                            self.wdet if self.geometry == "stored" else None,
+                            self.cell_dofs, self.scatter_matrix)
 
     # ------------------------------------------------------------------ geometry
     def factors(self):
@@ -141,9 +185,9 @@ class SpectralOperator:
             return fused_cell_apply(xp.ascontiguousarray(uc, dtype=self.dtype), self.cell_dofs, G,
                                     wdet, self.DB, self.mass, self.stiffness,
                                     gather=False).reshape(self._cshape)
-        G = G.reshape((G.shape[0],) + self._qshape)
         out = None
         if self.stiffness != 0.0:
+            G = G.reshape((G.shape[0],) + self._qshape)
             g = reference_gradient(uc, B, DB, d)
             flux = [self.xp.empty_like(gi) for gi in g]
             self._flux(*g, *G, *flux)                              # flux_i = sum_j G_ij g_j, fused
@@ -183,11 +227,11 @@ class SpectralOperator:
         with the entry-wise squares of the 1D matrices."""
         xp, d = self.xp, self.space.dim
         G, wdet = self.factors()
-        G = G.reshape((G.shape[0],) + self._qshape)
         B, DB = self.B, self.DB
         one = None if B is None else B * B
         out = 0.0
         if self.stiffness != 0.0:
+            G = G.reshape((G.shape[0],) + self._qshape)
             Bm = xp.eye(self.nq, dtype=self.dtype) if B is None else B
             for m, (a, b) in enumerate(_pairs(d)):
                 mats = []
@@ -214,12 +258,17 @@ class SpectralOperator:
         fq = (self.xp.asarray(f_values_at_quadrature, dtype=self.dtype) * wdet).reshape(self._qshape)
         return self.scatter_matrix @ _interpolate_transpose(fq, self.B, self.space.dim).reshape(-1)
 
-    def quadrature_points(self):
-        """(cells, nq^d, d) physical quadrature points (isoparametric), on the host."""
+    def quadrature_points(self, on_backend=False):
+        """(cells, nq^d, d) physical quadrature points (isoparametric), on the host (or on
+        the operator's backend: the collocated GLL rule's are gathered there)."""
         sp_, d = self.space, self.space.dim
+        if on_backend and self.B is None:
+            be = self.backend
+            return sp_.on_backend(be, "points")[sp_.on_backend(be, "cell_dofs")]
         B = None if self.B is None else quadrature_rule(sp_.degree, self.quadrature)[0]
         X = sp_.cell_points.reshape(self._cshape + (d,))
-        return np.stack([interpolate(X[..., i], B, d).reshape(X.shape[0], -1) for i in range(d)], -1)
+        out = np.stack([interpolate(X[..., i], B, d).reshape(X.shape[0], -1) for i in range(d)], -1)
+        return self.xp.asarray(out) if on_backend else out
 
     def __repr__(self):
         return (f"SpectralOperator({self.space!r}, mass={self.mass}, stiffness={self.stiffness}, "

@@ -22,7 +22,7 @@ import numpy as np
 from ..multilevel import Level, MultilevelSolver
 from ..multilevel.smoothers import power_lambda_max, smoother_setup_kwargs
 from ..multilevel.start_vector import start_vector
-from .schwarz import Q1_SMOOTHER, FineSchwarz, masked_transfer, q1_constraints, q1_multigrid
+from .schwarz import Q1_SMOOTHER, FineSchwarz, q1_constraints, q1_multigrid, space_transfer
 from .space import SpectralSpace
 
 __all__ = ["PMultigrid", "degree_ladder", "SchwarzSmoother"]
@@ -75,11 +75,11 @@ class PMultigrid:
         for l, pr in enumerate(probs):                       # the p-levels, fine -> coarse
             if l + 1 < len(probs):
                 c = probs[l + 1]
-                Pl = pr.space.interpolation(c.space.degree, c.space.cell_dofs, c.space.num_dofs)
-                P, R = masked_transfer(Pl, pr.masked, c.masked, be, dtype, coarse_H=c.space.H)
+                P, R = space_transfer(pr.space, c.space.degree, c.space.cell_dofs, c.space.num_dofs,
+                                      pr.masked, c.masked, be, dtype, coarse_H=c.space.H)
             else:
-                Pl = pr.space.interpolation(1, mesh.cells, mesh.num_nodes)
-                P, R = masked_transfer(Pl, pr.masked, np.union1d(cfixed, hang1), be, dtype, coarse_H=H1)
+                P, R = space_transfer(pr.space, 1, mesh.cells, mesh.num_nodes, pr.masked,
+                                      np.union1d(cfixed, hang1), be, dtype, coarse_H=H1)
             S = FineSchwarz(pr.space, pr.masked, mass=cm, stiffness=ck, dtype=dtype, backend=be)
             levels.append(Level(pr, P, R, smoother=SchwarzSmoother(pr, S, be.xp, dtype),
                                 meta=dict(kind=f"Q{pr.space.degree}", cells=mesh.num_cells)))

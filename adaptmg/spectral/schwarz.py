@@ -40,12 +40,13 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import CPU
 from ..mesh import reference as ref
 from .basis import SIDE_DIRICHLET, SIDE_EXTEND, SIDE_FREE, pencil_factors
-from .space import SpectralSpace, local_indices, row_ids
+from .space import SpectralSpace, array_nbytes, local_indices, retype_csr, row_ids
 
 __all__ = ["FineSchwarz", "CoarseQ1", "TwoScale", "face_neighbours", "q1_interpolation", "q1_multigrid",
-           "masked_transfer", "q1_constraints", "Q1_SMOOTHER"]
+           "masked_transfer", "space_transfer", "q1_constraints", "Q1_SMOOTHER"]
 
 
 def face_neighbours(mesh):
@@ -79,6 +80,37 @@ def _cell_contract(u, A, axis, dim):
     return (A @ u.reshape(nc, nz, -1)).reshape((nc, A.shape[1]) + u.shape[2:])
 
 
+def _face_permutation(cd, k, d, fln, c, f, c2, f2, xp):
+    """(pairs, n^(d-1)) on ``xp``: for the face ``f`` of cell ``c`` shared with face ``f2`` of
+    ``c2`` (``cd`` the cell DoFs, ``fln`` the face-local nodes, pairs on ``xp``), the
+    neighbour's face-local index of each of my face nodes.  Face-local nodes are
+    lexicographic in the face's two free axes, ``j = u + n v``; the neighbour sees them through
+    one of the 8 symmetries of the square (2-D: 2 of the segment), read off where my corners
+    (0, 0) and (k, 0) sit among its corners -- one table look-up a pair, no sort."""
+    n = k + 1
+    u = np.arange(n ** (d - 1)) % n
+    v = np.arange(n ** (d - 1)) // n if d == 3 else np.zeros(n, dtype=np.int64)
+    corners = [0, k] if d == 2 else [0, k, k * n, k * n + k]
+    fc = xp.asarray(fln[:, corners])
+    mine = cd[c[:, None], fc[f]]
+    theirs = cd[c2[:, None], fc[f2]]
+    where0 = xp.argmax(theirs == mine[:, :1], axis=1)                  # my (0, 0) among theirs
+    where1 = xp.argmax(theirs == mine[:, 1:2], axis=1)                 # my (k, 0)
+    perms, table = [], np.zeros((len(corners), len(corners)), dtype=np.int64)
+    cu = np.array([0, k, 0, k])[:len(corners)]
+    cv = np.array([0, 0, k, k])[:len(corners)]
+    for swap in ((False, True) if d == 3 else (False,)):               # the symmetries, not the mesh
+        for fu in (False, True):
+            for fv in ((False, True) if d == 3 else (False,)):
+                a, b = (v, u) if swap else (u, v)
+                a, b = (k - a if fu else a), (k - b if fv else b)
+                perm = a + n * b
+                at = {int(ca + n * cb): i for i, (ca, cb) in enumerate(zip(cu, cv))}
+                table[at[int(perm[corners[0]])], at[int(perm[corners[1]])]] = len(perms)
+                perms.append(perm)
+    return xp.asarray(np.array(perms))[xp.asarray(table)[where0, where1]]
+
+
 class FineSchwarz:
     """``P^f`` of seed 004 on a :class:`SpectralSpace` (see the module docstring).
 
@@ -98,8 +130,9 @@ class FineSchwarz:
         self.dtype = np.dtype(dtype)
         fixed = np.zeros(N, bool)
         fixed[np.asarray(dirichlet, dtype=np.int64)] = True
-        nbc, nbf = face_neighbours(space.mesh)
-        ext = self._extended_dofs(space, m, (nbc, nbf))
+        nbc, nbf = space.on_backend(CPU, "face_neighbours", lambda: face_neighbours(space.mesh))
+        ext = self._ext = space.on_backend(                     # made once a space and backend
+            be, "extended", lambda: self._extended_dofs(space, m, (nbc, nbf), be))
         # side kind of every face: a neighbour, a Dirichlet boundary face, a free one
         fln = space.face_local_nodes()
         on_fixed = fixed[space.cell_dofs[:, fln]].all(axis=2)            # (nc, 2d)
@@ -124,25 +157,49 @@ class FineSchwarz:
         self.variant = xp.asarray(variant, dtype=np.int32)
         self.lam = xp.asarray(lam[variant] / h[:, :, None] ** 2, dtype=self.dtype)
         self.scale = xp.asarray(1.0 / np.prod(h, axis=1), dtype=self.dtype)
-        # nodes of the box that take part: in the pencils of every direction, a DoF, not fixed
-        keepc = np.ones((nc,) + (m,) * d)
+        # nodes of the box that take part (on the backend): in the pencils of every
+        # direction, a DoF, not fixed
+        valid = (ext >= 0).reshape((nc,) + (m,) * d)
+        keepb = xp.asarray(keep > 0)
         for ax in range(d):                                              # the axes
             sh = [nc] + [1] * d
             sh[d - ax] = m
-            keepc = keepc * keep[variant[:, ax]].reshape(sh)
-        keepc = keepc.reshape(nc, -1)
-        valid = (ext >= 0) & (keepc > 0)
-        valid &= ~fixed[np.where(ext >= 0, ext, 0)]
-        self.index = xp.asarray(np.where(valid, ext, N).astype(np.int32 if N < 2**31 - 1 else np.int64))
-        cols = np.flatnonzero(valid.ravel())
-        self.scatter_matrix = be.asmatrix(sp.csr_matrix((np.ones(cols.size), (ext.ravel()[cols], cols)),
-                                                        shape=(N, ext.size)), dtype=self.dtype)
-        count = np.bincount(ext.ravel()[cols], minlength=N)              # patches holding a DoF
-        self.weight = xp.asarray(np.where(count > 0, 1.0 / np.sqrt(np.maximum(count, 1)), 0.0), dtype=self.dtype)
+            valid &= keepb[self.variant[:, ax]].reshape(sh)
+        valid = valid.reshape(nc, -1)
+        valid &= ~xp.asarray(fixed)[xp.maximum(ext, 0)]
+        cols = xp.flatnonzero(valid.ravel())
+        rows = ext.ravel()[cols]
+        self.index = xp.where(valid, ext, ext.dtype.type(N))
+        self.scatter_matrix = be.sparse.coo_matrix((xp.ones(cols.size, dtype=self.dtype), (rows, cols)),
+                                                   shape=(N, ext.size)).tocsr()
+        count = xp.bincount(rows, minlength=N)                           # patches holding a DoF
+        self.weight = xp.where(count > 0, 1.0 / xp.sqrt(xp.maximum(count, 1)), 0.0).astype(self.dtype)
+        del ext, valid, cols, rows, count
         self.mass, self.stiffness = float(mass), float(stiffness)
         self.shape = (N, N)
         self._bshape = (nc,) + (m,) * d
         self.dim = d
+
+    def astype(self, dtype):
+        """The same fine scale in ``dtype`` from this one's arrays (index, variants and the
+        scatter matrix's structure shared)."""
+        import copy
+        out = copy.copy(self)
+        out.__dict__.pop("S", None)                     # the batched path's cached S
+        out.dtype = dtype = np.dtype(dtype)
+        for name in ("S9", "lam", "scale", "weight"):
+            setattr(out, name, getattr(self, name).astype(dtype, copy=False))
+        out.scatter_matrix = retype_csr(self.scatter_matrix, dtype, self.backend)
+        return out
+
+    def arrays(self):
+        """The arrays P^f holds on its backend (for :func:`~adaptmg.spectral.space.array_nbytes`)."""
+        return [self.index, self.S9, self.variant, self.lam, self.scale, self.weight, self.scatter_matrix,
+                self._ext]
+
+    def nbytes(self):
+        """Bytes of P^f's arrays on its backend."""
+        return array_nbytes(*self.arrays())
 
     @functools.cached_property
     def S(self):
@@ -151,32 +208,29 @@ class FineSchwarz:
         return self.S9[self.variant]
 
     @staticmethod
-    def _extended_dofs(space, m, neighbours=None):
-        """(cells, (k+3)^d) global DoF of every node of the extended box, -1 where none
-        (``neighbours``: :func:`face_neighbours` of the mesh, when already at hand)."""
+    def _extended_dofs(space, m, neighbours=None, backend=CPU):
+        """(cells, (k+3)^d) global DoF of every node of the extended box, -1 where none, on
+        ``backend`` (``neighbours``: :func:`face_neighbours` of the mesh, when already at hand;
+        the (cells, 2d) pairs are found on the host, the boxes filled on the backend)."""
+        xp = backend.xp
         d, k, n = space.dim, space.degree, space.degree + 1
         nc = space.mesh.num_cells
-        ext = np.full((nc, m ** d), -1, dtype=np.int64)
+        cd = space.on_backend(backend, "cell_dofs")
+        ext = xp.full((nc, m ** d), -1, dtype=cd.dtype)
         li = local_indices(k, d)
-        pos = ((li + 1) * m ** np.arange(d)).sum(1)                      # cell node -> box node
-        ext[:, pos] = space.cell_dofs
+        ext[:, xp.asarray(((li + 1) * m ** np.arange(d)).sum(1))] = cd  # cell node -> box node
         nbc, nbf = face_neighbours(space.mesh) if neighbours is None else neighbours
         fln = space.face_local_nodes()                                   # (2d, n^(d-1))
         c, f = np.nonzero(nbc >= 0)
         c2, f2 = nbc[c, f], nbf[c, f]
-        ax2 = f2 // 2
-        step = np.where(f2 % 2 == 0, 1, -1) * n ** ax2                   # one node inwards
-        inward = space.cell_dofs[c2[:, None], fln[f2] + step[:, None]]
-        mine = space.cell_dofs[c[:, None], fln[f]]
-        theirs = space.cell_dofs[c2[:, None], fln[f2]]
-        oc, on = np.argsort(mine, axis=1), np.argsort(theirs, axis=1)
-        matched = np.empty_like(inward)
-        np.put_along_axis(matched, oc, np.take_along_axis(inward, on, axis=1), axis=1)
-        ax = f // 2
-        e = li[fln[f]] + 1                                               # (pairs, n^(d-1), d)
-        e[np.arange(ax.size)[:, None], np.arange(e.shape[1])[None, :], ax[:, None]] = \
-            np.where(f % 2 == 0, 0, m - 1)[:, None]
-        ext[c[:, None], (e * m ** np.arange(d)).sum(2)] = matched
+        step = np.where(f2 % 2 == 0, 1, -1) * n ** (f2 // 2)             # one node inwards
+        c, f, c2, f2, step = (xp.asarray(a) for a in (c, f, c2, f2, step))
+        inward = cd[c2[:, None], xp.asarray(fln)[f2] + step[:, None]]
+        matched = xp.take_along_axis(inward, _face_permutation(cd, k, d, fln, c, f, c2, f2, xp), axis=1)
+        out = li[fln] + 1                                                # (2d, n^(d-1), d): per face,
+        for face in range(2 * d):                                        # its nodes moved one layer out
+            out[face, :, face // 2] = 0 if face % 2 == 0 else m - 1
+        ext[c[:, None], xp.asarray((out * m ** np.arange(d)).sum(2))[f]] = matched
         return ext
 
     def __call__(self, r):
@@ -264,6 +318,24 @@ def masked_transfer(P, fine_fixed, coarse_fixed, backend, dtype, coarse_H=None):
     return backend.asmatrix(P, dtype=dtype), backend.asmatrix(P.T.tocsr(), dtype=dtype)
 
 
+def space_transfer(space, degree, cell_dofs, num_coarse, fine_fixed, coarse_fixed, backend, dtype,
+                   coarse_H=None):
+    """``(P, R)`` of :func:`masked_transfer` for ``P = space.interpolation(degree, cell_dofs,
+    num_coarse)``; without ``coarse_H`` built on ``backend`` with the masks applied as it is
+    written (no diagonal products) and ``R = P^T`` by the backend's CSR transpose."""
+    if coarse_H is not None:
+        return masked_transfer(space.interpolation(degree, cell_dofs, num_coarse), fine_fixed,
+                               coarse_fixed, backend, dtype, coarse_H=coarse_H)
+    xp = backend.xp
+    zf = xp.ones(space.num_dofs)
+    zf[xp.asarray(np.asarray(fine_fixed, dtype=np.int64))] = 0.0
+    zc = xp.ones(num_coarse)
+    zc[xp.asarray(np.asarray(coarse_fixed, dtype=np.int64))] = 0.0
+    P = space.interpolation(degree, cell_dofs, num_coarse, backend, zf, zc)
+    P = retype_csr(P, dtype, backend)
+    return P, P.T.tocsr()
+
+
 class CoarseQ1:
     """``P^c r = P A_1^{-1} P^T r`` with one cycle of :func:`adaptmg.multigrid` on the Q1
     problem of the mesh (``dirichlet``: boundary ids or "all", as for the spectral space).
@@ -274,41 +346,117 @@ class CoarseQ1:
     copy, cast or temporary."""
 
     def __init__(self, space: SpectralSpace, dirichlet, fixed, *, mass=0.0, stiffness=1.0,
-                 dtype=np.float64, backend=None, **multigrid_kwargs):
+                 dtype=np.float64, backend=None, transfer=None, **multigrid_kwargs):
         from ..backend import get_backend
         from ..device.kernels import make_spmv
         be = self.backend = get_backend(backend if backend is not None else "auto")
         self.dtype = np.dtype(dtype)
+        self._args = (space, dirichlet, fixed, dict(mass=mass, stiffness=stiffness, **multigrid_kwargs))
         self.ml, cfixed = q1_multigrid(space.mesh, dirichlet, mass=mass, stiffness=stiffness,
                                        dtype=dtype, backend=be, **multigrid_kwargs)
         self.cycle = self.ml.buffered_cycle()
-        H1, hang1 = q1_constraints(space.mesh)          # hanging nodes: regular -> regular values
-        self.P, self.R = masked_transfer(q1_interpolation(space), np.union1d(fixed, space.hanging_dofs),
-                                         np.union1d(cfixed, hang1), be, dtype, coarse_H=H1)
+        if transfer is None:
+            H1, hang1 = q1_constraints(space.mesh)      # hanging nodes: regular -> regular values
+            transfer = space_transfer(space, 1, space.mesh.cells, space.mesh.num_nodes,
+                                      np.union1d(fixed, space.hanging_dofs), np.union1d(cfixed, hang1),
+                                      be, dtype, coarse_H=H1)
+        self.P, self.R = (retype_csr(A, self.dtype, be) for A in transfer)
         self._P, self._R = make_spmv(self.P), make_spmv(self.R)
+
+    def astype(self, dtype):
+        """The coarse scale in ``dtype``: the Q1 hierarchy built again in it (it is small),
+        the transfers' structure shared with this one's (``transfer=(P, R)``)."""
+        space, dirichlet, fixed, kw = self._args
+        return CoarseQ1(space, dirichlet, fixed, dtype=dtype, backend=self.backend,
+                        transfer=(self.P, self.R), **kw)
+
+    def arrays(self):
+        """The arrays and CSR matrices the coarse scale holds on its backend: the transfers,
+        each level's matrices and work vectors (for :func:`~adaptmg.spectral.space.array_nbytes`)."""
+        out = [self.P, self.R, self.cycle.b, self.cycle.x]
+        for lev in self.ml._dev:
+            out += [getattr(lev, a, None) for a in ("A", "P", "R", "RA", "AP", "x", "b", "r")]
+        return [a for a in out if hasattr(a, "nbytes") or hasattr(a, "indptr")]
+
+    def nbytes(self):
+        """Bytes of P^c's arrays on its backend (:meth:`arrays`; smoother data not counted)."""
+        return array_nbytes(*self.arrays())
 
     @functools.cached_property
     def M(self):
         """The cycle as a LinearOperator (``ml.aspreconditioner()``)."""
         return self.ml.aspreconditioner()
 
-    def add_to(self, r, y):
-        """``y <- y + P^c r`` in place (``r``, ``y`` of the space's DoFs); returns ``y``."""
-        if np.dtype(y.dtype) != self.dtype or not y.flags.c_contiguous or self.cycle.b.dtype != self.dtype:
+    def _direct(self, y):
+        """Whether :meth:`add_to` can run on the plans and the cycle's buffers for ``y``."""
+        return np.dtype(y.dtype) == self.dtype and y.flags.c_contiguous and self.cycle.b.dtype == self.dtype
+
+    def solve(self, r):
+        """``x_c = A_1^{-1} P^T r`` (the restriction into ``cycle.b``, one cycle): returns the
+        cycle's own output buffer ``cycle.x`` (valid until the next cycle)."""
+        self._R(self.backend.xp.ascontiguousarray(r, dtype=self.dtype), self.cycle.b)
+        return self.cycle()
+
+    def add_to(self, r, y, xc=None):
+        """``y <- y + P^c r`` in place (``r``, ``y`` of the space's DoFs); returns ``y``.
+        ``xc``: the coarse solution :meth:`solve` already returned for ``r``."""
+        if not self._direct(y):
             y += self.P @ self.M.matvec(self.R @ r)
             return y
-        self._R(self.backend.xp.ascontiguousarray(r, dtype=self.dtype), self.cycle.b)
-        return self._P(self.cycle(), y, 1.0, 1.0)
+        return self._P(self.solve(r) if xc is None else xc, y, 1.0, 1.0)
 
     def __call__(self, r):
         return self.add_to(r, self.backend.xp.zeros(self.P.shape[0], dtype=self.dtype))
 
 
 class TwoScale:
-    """``P = P^c + P^f`` (seed 004 eq. before §4.1); ``coarse`` a :class:`CoarseQ1`."""
+    """``P = P^c + P^f`` (seed 004 eq. before §4.1); ``coarse`` a :class:`CoarseQ1`.
 
-    def __init__(self, fine, coarse):
+    ``concurrent`` ("auto": on the GPU; True: GPU only; False): P^c's restriction and
+    cycle run on a second CUDA stream while P^f runs on the current one, joined by an event
+    before P^c's prolongation adds into P^f's vector (``y <- P^f r + P (A_1^{-1} P^T r)``,
+    the same products in the same order as sequentially).  Safe because the two parts
+    share no buffer: P^c writes only the cycle's fixed buffers and its levels' vectors,
+    P^f its fresh output; ``r`` is only read by both, and the caller's stream waits for
+    the second one before anything after the call.  The CPU, a capture in progress, or a
+    dtype mismatch runs the two parts one after the other."""
+
+    def __init__(self, fine, coarse, concurrent="auto"):
+        if concurrent not in (True, False, "auto"):
+            raise ValueError(f"concurrent must be True, False or 'auto', got {concurrent!r}")
+        be = coarse.backend
+        if concurrent is True and not be.is_gpu:
+            raise ValueError("concurrent=True needs the GPU backend (CUDA streams); use False or 'auto'")
         self.fine, self.coarse = fine, coarse
+        self.concurrent = be.is_gpu if concurrent == "auto" else concurrent
+        self._streams = None
+
+    def astype(self, dtype):
+        """Both scales in ``dtype`` (:meth:`FineSchwarz.astype`, :meth:`CoarseQ1.astype`)."""
+        return TwoScale(self.fine.astype(dtype), self.coarse.astype(dtype), self.concurrent)
+
+    def nbytes(self):
+        return self.fine.nbytes() + self.coarse.nbytes()
 
     def __call__(self, r):
-        return self.coarse.add_to(r, self.fine(r))      # P^f's fresh vector takes P^c r in place
+        coarse = self.coarse
+        if self.concurrent and np.dtype(self.fine.dtype) == coarse.dtype == coarse.cycle.b.dtype:
+            xp = coarse.backend.xp
+            current = xp.cuda.get_current_stream()
+            if not current.is_capturing():
+                if self._streams is None:       # (second stream, r ready, P^c done)
+                    self._streams = (xp.cuda.Stream(non_blocking=True), xp.cuda.Event(disable_timing=True),
+                                     xp.cuda.Event(disable_timing=True))
+                side, ready, done = self._streams
+                r = xp.ascontiguousarray(r, dtype=coarse.dtype)
+                ready.record(current)
+                with side:
+                    side.wait_event(ready)
+                    xc = coarse.solve(r)
+                    done.record(side)
+                y = self.fine(r)
+                current.wait_event(done)
+                return coarse.add_to(r, y, xc)
+        return coarse.add_to(r, self.fine(r))      # P^f's fresh vector takes P^c r in place
+
+

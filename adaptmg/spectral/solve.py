@@ -24,7 +24,7 @@ from ..linalg import cg
 from .basis import quadrature_rule
 from .operators import SpectralOperator
 from .schwarz import CoarseQ1, FineSchwarz, TwoScale
-from .space import SpectralSpace, interpolate
+from .space import SpectralSpace, array_nbytes, interpolate, retype_csr
 
 __all__ = ["poisson", "SpectralProblem", "SpectralSolution", "PRECONDITIONERS"]
 
@@ -49,7 +49,8 @@ class SpectralProblem:
     operator and one of the preconditioners ``PRECONDITIONERS``."""
 
     def __init__(self, space, *, mass=0.0, stiffness=1.0, dirichlet="all", preconditioner="two-scale",
-                 dtype=np.float64, backend="auto", geometry="stored", coarse_kwargs=None, quadrature="gll"):
+                 dtype=np.float64, backend="auto", geometry="stored", coarse_kwargs=None, quadrature="gll",
+                 concurrent="auto"):
         if preconditioner not in PRECONDITIONERS:
             raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {preconditioner!r}")
         self.space, self.backend = space, get_backend(backend)
@@ -72,7 +73,7 @@ class SpectralProblem:
         self.shape = self.op.shape
         self.mass, self.stiffness, self.dirichlet = mass, stiffness, dirichlet
         kw = dict(mass=mass, stiffness=stiffness, dtype=dtype, backend=self.backend)
-        self.preconditioner = preconditioner
+        self.preconditioner, self._coarse_kwargs = preconditioner, dict(coarse_kwargs or {})
         if preconditioner == "jacobi":
             diag = self.op.diagonal()
             if space.H is not None:                 # diag(H^T A H) without A's off-diagonal terms
@@ -86,7 +87,43 @@ class SpectralProblem:
         else:
             fine = FineSchwarz(space, self.masked, **kw)      # patches without hanging DoFs
             self.M = fine if preconditioner == "fine" else \
-                TwoScale(fine, CoarseQ1(space, dirichlet, self.fixed, **kw, **(coarse_kwargs or {})))
+                TwoScale(fine, CoarseQ1(space, dirichlet, self.fixed, **kw, **(coarse_kwargs or {})),
+                         concurrent=concurrent)
+
+    def astype(self, dtype):
+        """This problem in ``dtype`` (float64/float32) from its arrays: the operator's factors
+        and P^f's data rounded, index arrays and CSR structures shared, P^c's Q1 hierarchy
+        (small) and a p-multigrid preconditioner built again in ``dtype``."""
+        import copy
+        be = self.backend
+        out = copy.copy(self)
+        out.dtype = dtype = np.dtype(dtype)
+        out.op = self.op.astype(dtype)
+        out._H = None if self._H is None else tuple(retype_csr(A, dtype, be) for A in self._H)
+        out.free = self.free.astype(dtype)
+        if self.preconditioner == "pmg":
+            from .pmg import PMultigrid
+            out.M = PMultigrid(out, self.dirichlet, **self._coarse_kwargs)
+        elif self.M is not None:
+            out.M = self.M.astype(dtype)
+        return out
+
+    def nbytes(self, work_vectors=6):
+        """Bytes this problem holds on its backend -- operator (factors, gather index, scatter
+        matrix), preconditioner, the masks -- plus ``work_vectors`` vectors of the DoFs
+        (PCG: x, r, z, p, A p and the right-hand side); arrays shared between parts once."""
+        items = [self.op.G if self.op.geometry == "stored" else self.op.X,
+                 getattr(self.op, "wdet", None), self.op.cell_dofs, self.op.scatter_matrix, self.free]
+        items += [] if self._H is None else list(self._H)
+        items.append(self.space._on_backend.get((self.backend.name, "points")))   # the space's copy
+        M = self.M
+        if isinstance(M, TwoScale):
+            items += M.fine.arrays() + M.coarse.arrays()
+        elif isinstance(M, FineSchwarz):
+            items += M.arrays()
+        elif isinstance(M, _Scale):
+            items.append(M.d)
+        return array_nbytes(*items) + work_vectors * self.shape[0] * self.dtype.itemsize
 
     def expand(self, x):
         """``H x``: the continuous function of the values at regular DoFs (x itself when the
@@ -119,6 +156,9 @@ class _Scale:
     def __init__(self, d):
         self.d = d
 
+    def astype(self, dtype):
+        return _Scale(self.d.astype(dtype))
+
     def __call__(self, r):
         return self.d * r
 
@@ -127,13 +167,15 @@ class _Scale:
 class SpectralSolution:
     """``u`` (values at the GLL nodes, NumPy or CuPy), ``iterations``, ``num_dofs`` (the
     unknowns: hanging DoFs not counted), ``info``; ``seconds``: wall time of the set-up
-    (space, operator, preconditioner) and of the solve (load vector, CG), device synchronised."""
+    (space, operator, preconditioner) and of the solve (load vector, CG), device synchronised;
+    ``nbytes``: what the problem held on its backend (:meth:`SpectralProblem.nbytes`)."""
     u: Any
     iterations: int
     num_dofs: int
     info: int
     space: SpectralSpace
     seconds: dict = field(default_factory=dict)
+    nbytes: int = 0
 
     def l2_error(self, exact) -> float:
         """``||u - exact||_L2`` by (k+3)-point Gauss quadrature on the isoparametric cells."""
@@ -161,22 +203,30 @@ def _error_rule(k):
 
 def poisson(mesh, degree, f, *, g=None, mapping=None, preconditioner="two-scale", rtol=1e-8,
             backend="auto", dirichlet="all", dtype=np.float64, maxiter=None, geometry="stored",
-            quadrature="gll"):
+            quadrature="gll", concurrent="auto"):
     """Solve ``-div grad u = f`` with ``u = g`` on the Dirichlet boundary (ids or "all")
     by spectral elements of degree ``degree`` on ``mesh`` (optionally curved by ``mapping``)
-    and preconditioned CG.  ``f``, ``g``: callables of points ``x[..., d]``.
+    and preconditioned CG.  ``mesh`` may also be a :class:`SpectralSpace` of that degree
+    (built once, solved with several preconditioners; ``mapping`` is then the space's).  ``f``, ``g``: callables of points ``x[..., d]``.
     ``quadrature``: "gll" (collocated, seed 004) or "gauss" (k+2 points: exact on affine
     cells, so u in Q_k is reproduced).  Meshes with hanging nodes (2:1) are constrained by
     :mod:`adaptmg.spectral.hanging`.  Returns a :class:`SpectralSolution`; ``info != 0``
     (with a warning from CG) when CG did not reach ``rtol``."""
     t0 = time.perf_counter()
-    V = SpectralSpace(mesh, degree, mapping=mapping)
+    be = get_backend(backend)
+    if isinstance(mesh, SpectralSpace):
+        V = mesh
+        if V.degree != degree or mapping is not None:
+            raise ValueError(f"poisson: a SpectralSpace of degree {V.degree} was given with degree={degree}"
+                             f"{' and a mapping (the space has its own)' if mapping is not None else ''}")
+    else:
+        V = SpectralSpace(mesh, degree, mapping=mapping, backend=be)
     prob = SpectralProblem(V, dirichlet=dirichlet, preconditioner=preconditioner, dtype=dtype,
-                           backend=backend, geometry=geometry, quadrature=quadrature)
+                           backend=be, geometry=geometry, quadrature=quadrature, concurrent=concurrent)
     xp, op = prob.xp, prob.op
     prob.backend.synchronize()
     t1 = time.perf_counter()
-    b = op.load(_values(f, xp.asarray(op.quadrature_points()), "f", xp))
+    b = op.load(_values(f, op.quadrature_points(on_backend=True), "f", xp))
     ug = xp.zeros(V.num_dofs, dtype=prob.dtype)
     if g is not None and prob.fixed.size:
         pts = V.points[prob.fixed]
@@ -187,4 +237,5 @@ def poisson(mesh, degree, f, *, g=None, mapping=None, preconditioner="two-scale"
     u = prob.expand(x + ug)
     prob.backend.synchronize()
     return SpectralSolution(u=u, iterations=its, num_dofs=V.num_dofs - V.hanging_dofs.size, info=info,
-                            space=V, seconds=dict(setup=t1 - t0, solve=time.perf_counter() - t1))
+                            space=V, seconds=dict(setup=t1 - t0, solve=time.perf_counter() - t1),
+                            nbytes=prob.nbytes())

@@ -73,11 +73,14 @@ def interpolate(u, B, dim: int):
 
 def _multilinear(X, t, dim):
     """Multilinear map of vertex coordinates X (nc, 2^d, d) at the tensor points t^d
-    (lexicographic, x fastest): (nc, len(t)^d, d)."""
+    (lexicographic, x fastest): (nc, len(t)^d, d) -- one GEMM ``(nc d, 2^d) @ N^T``, a view
+    of its (nc, d, nq) result."""
     cor = ref.corners(dim)
     grid = t[local_indices(len(t) - 1, dim)]
     N = np.prod(np.where(cor[None, :, :] == 1, grid[:, None, :], 1.0 - grid[:, None, :]), axis=2)
-    return np.einsum("qv,cvi->cqi", N, X)
+    nc, nv, d = X.shape
+    Y = np.ascontiguousarray(X.transpose(0, 2, 1)).reshape(nc * d, nv) @ N.T
+    return Y.reshape(nc, d, -1).transpose(0, 2, 1)
 
 
 def row_ids(keys) -> np.ndarray:
@@ -106,13 +109,61 @@ def row_ids(keys) -> np.ndarray:
     return ids
 
 
-def _det(J):
-    """det of J (..., d, d), d = 2 or 3, closed form."""
-    if J.shape[-1] == 2:
-        return J[..., 0, 0] * J[..., 1, 1] - J[..., 0, 1] * J[..., 1, 0]
-    return (J[..., 0, 0] * (J[..., 1, 1] * J[..., 2, 2] - J[..., 1, 2] * J[..., 2, 1])
-            - J[..., 0, 1] * (J[..., 1, 0] * J[..., 2, 2] - J[..., 1, 2] * J[..., 2, 0])
-            + J[..., 0, 2] * (J[..., 1, 0] * J[..., 2, 1] - J[..., 1, 1] * J[..., 2, 0]))
+#: cell nodes one pass of the chunked geometry loops holds on the host / on the GPU (J is
+#: d^2 numbers a node: 19 MB / 1.2 GB of float64 temporaries a chunk)
+CHUNK_NODES = {"cpu": 1 << 18, "gpu": 1 << 24}
+
+
+def cell_chunks(num_cells, nodes_per_cell, backend_name="cpu"):
+    """Slices of at most ``CHUNK_NODES`` cell nodes covering ``range(num_cells)`` (the
+    geometry is computed a chunk at a time: bounded temporaries, O(cells / chunk) passes)."""
+    step = max(1, CHUNK_NODES.get(backend_name, CHUNK_NODES["cpu"]) // max(1, nodes_per_cell))
+    return [slice(s, min(s + step, num_cells)) for s in range(0, num_cells, step)]
+
+
+def jacobian_components(X, B, DB, xp):
+    """``J[i][j] = dx_i/dxi_j`` (a d x d list of (cells, nq) arrays) at the quadrature points
+    of (B, DB) from the node coordinates ``X`` (cells, n^d, d) of some cells."""
+    nc, nn, d = X.shape
+    n = DB.shape[1]
+    B = None if B is None else xp.asarray(B, dtype=X.dtype)
+    DB = xp.asarray(DB, dtype=X.dtype)
+    return [[g.reshape(nc, -1) for g in
+             reference_gradient(xp.ascontiguousarray(X[:, :, i]).reshape((nc,) + (n,) * d), B, DB, d)]
+            for i in range(d)]
+
+
+def cofactors(J):
+    """``(C, det)`` of J given by components ``J[i][j]`` (d = 2, 3): the cofactors
+    ``C[i][j]`` (``J^{-1} = C^T / det``) and the determinant, closed form, element-wise."""
+    if len(J) == 2:
+        C = [[J[1][1], -J[1][0]], [-J[0][1], J[0][0]]]
+        return C, J[0][0] * J[1][1] - J[0][1] * J[1][0]
+    C = [[J[(i + 1) % 3][(j + 1) % 3] * J[(i + 2) % 3][(j + 2) % 3]
+          - J[(i + 1) % 3][(j + 2) % 3] * J[(i + 2) % 3][(j + 1) % 3] for j in range(3)] for i in range(3)]
+    return C, J[0][0] * C[0][0] + J[0][1] * C[0][1] + J[0][2] * C[0][2]
+
+
+def retype_csr(A, dtype, backend):
+    """CSR ``A`` (on ``backend``) with its values in ``dtype`` and its index arrays shared (no
+    copy of the structure; ``A`` itself when the dtype already fits)."""
+    if np.dtype(A.dtype) == np.dtype(dtype):
+        return A
+    return backend.sparse.csr_matrix((A.data.astype(dtype), A.indices, A.indptr), shape=A.shape)
+
+
+def array_nbytes(*items):
+    """Bytes held by arrays and sparse matrices (CSR: data, indices, indptr); None skipped,
+    an array shared by several items (``retype_csr``'s structure) counted once."""
+    seen = {}
+    for a in items:
+        if a is None:
+            continue
+        for arr in ((a.data, a.indices, a.indptr) if hasattr(a, "indptr") else (a,)):
+            ptr = getattr(arr.data, "ptr", None)                 # CuPy's device pointer
+            ptr = arr.__array_interface__["data"][0] if ptr is None else ptr
+            seen[(ptr, int(arr.nbytes))] = int(arr.nbytes)
+    return sum(seen.values())
 
 
 class SpectralSpace:
@@ -122,14 +173,14 @@ class SpectralSpace:
     ``cell_points`` (cells, (k+1)^d, d); on a 2:1 mesh with hanging nodes ``H`` (CSR, the
     constraint matrix: u = H x) and ``hanging_dofs`` (else None and empty)."""
 
-    def __init__(self, mesh: Mesh, degree: int, mapping=None):
+    def __init__(self, mesh: Mesh, degree: int, mapping=None, backend=None):
         if not isinstance(mesh, Mesh):
             raise TypeError(f"SpectralSpace expects an adaptmg Mesh, got {type(mesh).__name__}")
         self.degree = k = check_spectral_degree(degree)
         if mapping is not None and not callable(mapping):
             raise TypeError(f"mapping must be a callable x -> x of points (..., d), got {type(mapping).__name__}")
         self.mesh, self.dim, self.mapping = mesh, mesh.dim, mapping
-        self._jacobians = {}
+        self._on_backend = {}
         self.n1 = k + 1
         self.cell_dofs, self.num_dofs = self._number()
         # hanging nodes (2:1 adaptive meshes): u = H x, see adaptmg.spectral.hanging
@@ -149,7 +200,7 @@ class SpectralSpace:
             pts = mapped if self.H is None else self.H @ mapped    # fine sides follow the coarse trace
         pts.setflags(write=False)
         self.points = pts
-        self._check_jacobians()
+        self._check_jacobians(backend)
 
     # ------------------------------------------------------------------ numbering
     def _number(self):
@@ -158,7 +209,7 @@ class SpectralSpace:
         nc, n = cells.shape[0], k + 1
         nv = int(cells.max()) + 1
         local = local_indices(k, d)
-        dofs = np.empty((nc, n ** d), dtype=np.int64)
+        dofs = np.empty((n ** d, nc), dtype=np.int64)            # transposed: rows written whole
         kind = np.where((local == 0) | (local == k), -1, 1)       # -1: at a side, 1: free axis
         offset = nv
         groups = {1: [], 2: []}
@@ -173,7 +224,7 @@ class SpectralSpace:
                 continue
             if len(free) == 0:
                 v = sum(pattern[ax] << ax for ax in range(d))
-                dofs[:, idx] = cells[:, [v]]
+                dofs[idx] = cells[:, v][None, :]
             elif len(free) == d:
                 groups["interior"] = idx                  # numbered last
             else:
@@ -194,7 +245,7 @@ class SpectralSpace:
                     g0, g1 = G[(0,)], G[(1,)]
                     flip = g0 > g1
                     keys.append(np.stack([np.minimum(g0, g1), np.maximum(g0, g1)], 1))
-                    p = np.where(flip[:, None], k - a[None, :, 0], a[None, :, 0]) - 1
+                    p = np.where(flip[None, :], k - a[:, :1], a[:, :1]) - 1      # (nl, nc)
                     pos.append(p)
                 else:
                     Gs = np.stack([G[(0, 0)], G[(1, 0)], G[(0, 1)], G[(1, 1)]], 1)   # bits (b0, b1)
@@ -203,9 +254,9 @@ class SpectralSpace:
                     r = np.arange(nc)
                     n0 = Gs[r, (1 - o0) + 2 * o1]                       # neighbour along free[0]
                     n1 = Gs[r, o0 + 2 * (1 - o1)]                       # neighbour along free[1]
-                    p0 = np.where(o0[:, None] == 0, a[None, :, 0], k - a[None, :, 0])
-                    p1 = np.where(o1[:, None] == 0, a[None, :, 1], k - a[None, :, 1])
-                    swap = (n1 < n0)[:, None]
+                    p0 = np.where(o0[None, :] == 0, a[:, :1], k - a[:, :1])     # (nl, nc)
+                    p1 = np.where(o1[None, :] == 0, a[:, 1:2], k - a[:, 1:2])
+                    swap = (n1 < n0)[None, :]
                     c0, c1 = np.where(swap, p1, p0), np.where(swap, p0, p1)
                     keys.append(np.stack([Gs[r, o], np.minimum(n0, n1), np.maximum(n0, n1)], 1))
                     pos.append((c0 - 1) * (k - 1) + (c1 - 1))
@@ -213,20 +264,23 @@ class SpectralSpace:
             ne = int(inv.max()) + 1
             per = (k - 1) ** m
             for j, (pattern, free, idx) in enumerate(items):
-                dofs[:, idx] = offset + inv[j][:, None] * per + pos[j]
+                dofs[idx] = offset + inv[j][None, :] * per + pos[j]
             offset += ne * per
         if "interior" in groups:
             idx = groups["interior"]
-            dofs[:, idx] = offset + np.arange(nc)[:, None] * idx.size + np.arange(idx.size)[None, :]
+            dofs[idx] = offset + np.arange(nc)[None, :] * idx.size + np.arange(idx.size)[:, None]
             offset += nc * idx.size
         # compact: vertex ids of the mesh may leave gaps (unused points); the rank among
         # the used ids by a mark array (np.unique's inverse, without its sort)
         used = np.zeros(offset, dtype=bool)
         used[dofs.ravel()] = True
-        rank = np.cumsum(used) - 1
-        dofs = rank[dofs]
+        if used.all():                                            # no gaps: the ids as they are
+            dofs, count = np.ascontiguousarray(dofs.T), offset
+        else:
+            rank = np.cumsum(used) - 1
+            dofs, count = rank[dofs.T], int(rank[-1] + 1)
         dofs.setflags(write=False)
-        return dofs, int(rank[-1] + 1)
+        return dofs, count
 
     # ------------------------------------------------------------------ geometry
     @property
@@ -234,37 +288,56 @@ class SpectralSpace:
         """(cells, (k+1)^d, d) node coordinates of every cell."""
         return self.points[self.cell_dofs]
 
-    def jacobians(self, B=None, DB=None, xp=np):
+    def jacobians(self, B=None, DB=None, xp=np, cells=slice(None)):
         """J[c, q, i, j] = dx_i/dxi_j at the quadrature points of (B, DB) (default: the GLL
-        nodes), from the isoparametric interpolant of the node coordinates."""
+        nodes) of the cells ``cells``, from the isoparametric interpolant of the node
+        coordinates (a new array; the operators use :func:`jacobian_components` a chunk of
+        cells at a time)."""
         from .basis import gll_derivative
         DB = gll_derivative(self.degree) if DB is None else DB
-        key = (None if B is None else B.shape, DB.shape)        # one rule per shape for this k
-        if xp is np and key in self._jacobians:
-            return self._jacobians[key]
-        d, n = self.dim, self.n1
-        X = xp.asarray(self.cell_points)                          # (nc, n^d, d)
-        nc = X.shape[0]
-        J = None
-        for i in range(d):                                        # one copy into J (nc, nq, d, d)
-            xi = X[:, :, i].reshape((nc,) + (n,) * d)
-            g = reference_gradient(xi, None if B is None else xp.asarray(B), xp.asarray(DB), d)
-            if J is None:
-                J = xp.empty((nc, g[0].size // nc, d, d), dtype=g[0].dtype)
-            for j, gj in enumerate(g):
-                J[:, :, i, j] = gj.reshape(nc, -1)
-        if xp is np:
-            J.setflags(write=False)
-            self._jacobians[key] = J
-        return J
+        X = xp.asarray(self.points)[xp.asarray(self.cell_dofs[cells])]
+        J = jacobian_components(X, B, DB, xp)
+        return xp.stack([xp.stack(row, -1) for row in J], -2)
 
-    def _check_jacobians(self):
-        det = _det(self.jacobians())
-        bad = np.flatnonzero(~(det > 0).all(axis=1))
+    def on_backend(self, backend, what, build=None):
+        """Backend copies of the space's dtype-independent arrays, made once per backend and
+        shared by every operator and preconditioner on it: ``"cell_dofs"`` (int32, int64
+        above 2^31 DoFs), ``"points"`` (float64), ``"gather"`` (:meth:`gather_matrix` as
+        a float64 CSR on the backend); any other item is ``build()`` the first time (the fine
+        scale's patch boxes and face neighbours, :class:`~adaptmg.spectral.schwarz.FineSchwarz`)."""
+        key = (backend.name, what)
+        if key not in self._on_backend:
+            if what == "cell_dofs":
+                val = backend.asarray(self.cell_dofs.astype(np.int64 if self.num_dofs > 2**31 - 1 else np.int32))
+            elif what == "points":
+                val = backend.asarray(self.points)
+            elif what == "gather":
+                val = self.gather_matrix(backend)
+            elif build is not None:
+                val = build()
+            else:
+                raise ValueError(f"on_backend: unknown item {what!r}")
+            self._on_backend[key] = val
+        return self._on_backend[key]
+
+    def _check_jacobians(self, backend=None):
+        """ValueError unless det J > 0 at every GLL node (a chunk of cells at a time, on
+        ``backend``: the host by default)."""
+        from ..backend import get_backend, to_host
+        from .basis import gll_derivative
+        be = get_backend(backend if backend is not None else "cpu")
+        xp = be.xp
+        pts, cd = self.on_backend(be, "points"), self.on_backend(be, "cell_dofs")
+        D = gll_derivative(self.degree)
+        mins = xp.empty(self.mesh.num_cells)
+        for c in cell_chunks(self.mesh.num_cells, self.cell_dofs.shape[1], be.name):
+            mins[c] = cofactors(jacobian_components(pts[cd[c]], None, D, xp))[1].min(axis=1)
+        mins = to_host(mins)
+        bad = np.flatnonzero(~(mins > 0))
         if bad.size:
             c = bad[0]
             raise ValueError(f"SpectralSpace: {bad.size} cell(s) have a non-positive Jacobian determinant "
-                             f"at a GLL node (first: cell {c}, min det {det[c].min():.3g}); the cell is "
+                             f"at a GLL node (first: cell {c}, min det {mins[c]:.3g}); the cell is "
                              "inverted or tangled (check the vertex order and the mapping)")
 
     def cell_lengths(self) -> np.ndarray:
@@ -308,11 +381,19 @@ class SpectralSpace:
         c, f, _ = self.mesh.boundary_faces(ids)
         return np.unique(self.cell_dofs[c[:, None], self.face_local_nodes()[f]])
 
-    def interpolation(self, degree: int, cell_dofs, num_coarse: int):
-        """CSR (num_dofs, num_coarse): the nodal Q_degree functions with DoFs ``cell_dofs``
-        (cells, (degree+1)^d) on the same cells, interpolated into this space's GLL nodes
-        (tensor products of ``phi_p(t_q)``, read off the first cell holding each node)."""
+    def interpolation(self, degree: int, cell_dofs, num_coarse: int, backend=None, row_mask=None,
+                      col_mask=None):
+        """CSR (num_dofs, num_coarse) on ``backend`` (default the host): the nodal Q_degree
+        functions with DoFs ``cell_dofs`` (cells, (degree+1)^d) on the same cells, interpolated
+        into this space's GLL nodes (tensor products of ``phi_p(t_q)``, read off the first cell
+        holding each node: the first column of its row of :meth:`gather_matrix`).  Optional
+        0/1 masks ``row_mask`` (num_dofs,) and ``col_mask`` (num_coarse,) on ``backend``
+        give ``Z_f P Z_c`` directly (every row has the same (degree+1)^d entries before the
+        zeros are dropped, so the CSR is written without a sort)."""
+        from ..backend import get_backend
         from ..patch.tensor import lagrange_eval
+        be = get_backend(backend if backend is not None else "cpu")
+        xp = be.xp
         d, n = self.dim, self.cell_dofs.shape[1]
         I1 = lagrange_eval(degree, gll_points(self.degree)) if degree > 1 else \
             np.stack([1.0 - gll_points(self.degree), gll_points(self.degree)], 1)
@@ -320,21 +401,33 @@ class SpectralSpace:
         for _ in range(d):                                           # x fastest: kron(z, y, x)
             loc = np.kron(I1, loc)
         loc[np.abs(loc) < 1e-14] = 0.0
-        first = np.full(self.num_dofs, self.cell_dofs.size, dtype=np.int64)   # first cell entry
-        np.minimum.at(first, self.cell_dofs.ravel(), np.arange(self.cell_dofs.size))
-        c, a = first // n, first % n
-        cols = np.asarray(cell_dofs)[c]
-        rows = np.repeat(np.arange(self.num_dofs), cols.shape[1])
-        P = sp.csr_matrix((loc[a].ravel(), (rows, cols.ravel())), shape=(self.num_dofs, num_coarse))
+        G = self.on_backend(be, "gather")
+        first = G.indices[G.indptr[:-1]]                             # columns ascend in a row
+        itype = np.int32 if max(num_coarse, self.num_dofs * loc.shape[1]) < 2**31 - 1 else np.int64
+        cols = xp.asarray(np.asarray(cell_dofs, dtype=itype))[first // n]     # (num_dofs, nl)
+        vals = xp.asarray(loc)[first % n]
+        if row_mask is not None:
+            vals *= xp.asarray(row_mask, dtype=vals.dtype)[:, None]
+        if col_mask is not None:
+            vals *= xp.asarray(col_mask, dtype=vals.dtype)[cols]
+        indptr = xp.arange(0, vals.size + 1, vals.shape[1], dtype=itype)
+        P = be.sparse.csr_matrix((vals.ravel(), cols.ravel(), indptr), shape=(self.num_dofs, num_coarse))
         P.eliminate_zeros()
+        if be.is_gpu:                       # as an uploaded SciPy matrix would be (to_device_sparse)
+            P.sort_indices()
         return P
 
-    def gather_matrix(self):
+    def gather_matrix(self, backend=None):
         """CSR (num_dofs, cells * (k+1)^d) of ones: ``G @ y`` adds cell arrays into the
-        global vector (the transpose of the gather ``u[cell_dofs]``)."""
-        cols = np.arange(self.cell_dofs.size)
-        return sp.csr_matrix((np.ones(cols.size), (self.cell_dofs.ravel(), cols)),
-                             shape=(self.num_dofs, cols.size))
+        global vector (the transpose of the gather ``u[cell_dofs]``), built on ``backend``
+        (default the host); columns ascend within each row."""
+        from ..backend import get_backend
+        be = get_backend(backend if backend is not None else "cpu")
+        xp = be.xp
+        rows = self.on_backend(be, "cell_dofs").ravel()
+        cols = xp.arange(rows.size, dtype=np.int64 if rows.size > 2**31 - 1 else np.int32)
+        return be.sparse.coo_matrix((xp.ones(rows.size), (rows, cols)),
+                                    shape=(self.num_dofs, rows.size)).tocsr()
 
     def __repr__(self):
         return (f"SpectralSpace(dim={self.dim}, k={self.degree}, cells={self.mesh.num_cells}, "
