@@ -61,4 +61,3 @@ def touch_max_vertices(cells: np.ndarray, num_nodes: int, values: np.ndarray) ->
     or the 4 beside it (a face centre) -- and each of those has a corner of ``e``, a vertex
     of K, as a vertex; so the hanging links add no touching pair and need not be computed."""
     return touch_max(cells, num_nodes, _NO_LINKS, values)
-
