@@ -20,7 +20,8 @@ first run on a new machine meets -- and reports how many kernels it loaded and h
 compiled; on the GPU then ``adaptmg warmup`` into an adaptmg cache and each case again in
 a fresh process with an empty CuPy cache (what every run after the warm-up meets); then
 the same case warm in this process (after one untimed run).  ``--profile N`` prints the N functions with the most
-own time of the ``multigrid()`` set-up (cProfile).
+own time of the ``multigrid()`` set-up (cProfile); ``--timeline`` the warm run's set-up tasks
+(``GeometricMultigrid.setup_timeline``: which thread ran what, when -- the critical path).
 
     python scripts/bench_setup.py --backend gpu --cases uniform,adaptive --cold
     python scripts/bench_setup.py --backend cpu --cases uniform --refine 5
@@ -98,7 +99,8 @@ def run_case(case, args, profile=0):
             import pyamg
             A = ml.A
             phase("pyamg_setup", lambda: pyamg.smoothed_aggregation_solver(A, max_coarse=500))
-    out.update(dofs=int(space.num_dofs), levels=len(ml.levels), residual=res)
+    out.update(dofs=int(space.num_dofs), levels=len(ml.levels), residual=res,
+               timeline=getattr(ml, "setup_timeline", []))
     return out
 
 
@@ -173,6 +175,8 @@ def main():
     ap.add_argument("--load", choices=("host", "device"), default="device",
                     help="the load vector: assemble.load on the host, or with device=<backend>")
     ap.add_argument("--profile", type=int, default=0, help="cProfile the set-up (top N)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print the warm run's multigrid() tasks: thread, start and end (host clock)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -194,7 +198,11 @@ def main():
                     show(f"{case} cold+warmup", cold(case, args, warmed))
     for case in cases:
         run_case(case, args)                                   # warm-up (kernels, caches)
-        show(f"{case} warm", run_case(case, args, profile=args.profile))
+        r = run_case(case, args, profile=args.profile)
+        show(f"{case} warm", r)
+        if args.timeline:
+            for task, thread, a, b in r["timeline"]:
+                print(f"    {task:<58} {thread:<26} {a:7.3f} -> {b:7.3f}  ({b - a:.3f} s)")
 
 
 if __name__ == "__main__":

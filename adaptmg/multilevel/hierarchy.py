@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -159,6 +161,26 @@ class _Inline:
         return False
 
 
+class _Timeline:
+    """Host wall-clock spans of the set-up's tasks, for :attr:`GeometricMultigrid.setup_timeline`."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.rows = []
+        self._lock = threading.Lock()
+
+    def wrap(self, name, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.rows.append((name, threading.current_thread().name, t - self.t0,
+                                      time.perf_counter() - self.t0))
+        return timed
+
+
 def _setup_pool(threads):
     if threads is None:
         threads = default_threads()
@@ -183,6 +205,11 @@ class GeometricMultigrid(MultilevelSolver):
         ``solve``, as SciPy CSR: ``levels[-1].A`` itself, or -- when the GPU set-up built it
         on the device (``levels[-1].A`` a cupyx matrix) -- its host copy, made on first access.
     num_algebraic : number of algebraic levels below the geometric ones.
+    setup_timeline : list of (task, thread, start s, end s) of the :func:`multigrid` call that
+        built it, sorted by start, times from the call's start: where the set-up's time went
+        (mesh hierarchy, spaces, constraints and transfers per level on the worker threads,
+        assembly and constraining in the calling thread, the solver's own set-up).  Host
+        wall clock: device work a task launched may finish later.
     """
 
     def __init__(self, levels, *, spaces, constraints, assembled, **kwargs):
@@ -335,12 +362,14 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         raise ValueError(f"near_nullspace must be one of {NEAR_NULLSPACES} or an array, got {near_nullspace!r}")
     be = get_backend(backend)
     coarse_max_rows = _coarse_max_rows(coarse_max_rows, be, coarse)
+    tl = _Timeline()
     with _setup_pool(threads) as pool:
         # the finest space's node numbering (a Q1 space numbers its mesh on first use) on a
         # worker while this thread coarsens the mesh; then the coarse spaces side by side
-        numbered = pool.submit(getattr, space, "cell_dofs")
-        meshes = space.mesh.hierarchy(max_levels=max_levels)
-        sp_f = [pool.submit(Space, m, space.degree, space.components) for m in meshes[:-1]]
+        numbered = pool.submit(tl.wrap("numbering (finest)", getattr), space, "cell_dofs")
+        meshes = tl.wrap("mesh hierarchy", space.mesh.hierarchy)(max_levels=max_levels)
+        sp_f = [pool.submit(tl.wrap(f"space {l}", Space), m, space.degree, space.components)
+                for l, m in enumerate(meshes[:-1])]
         spaces = [f.result() for f in sp_f] + [space]
         numbered.result()
     if coarse_max_rows is not None:      # levels below the coarse one are not built
@@ -354,15 +383,16 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         # thread-safe) fine to coarse; every task is a pure function of its inputs, so the
         # result does not depend on the scheduling
         # (a task only waits for tasks submitted before it: no deadlock with FIFO workers)
-        cons_f = [pool.submit(_level_constraints, s, dirichlet, s is space) for s in spaces]
+        cons_f = [pool.submit(tl.wrap(f"constraints {l}", _level_constraints), s, dirichlet, s is space)
+                  for l, s in enumerate(spaces)]
         # on the GPU the transfers are built on the device (rediscretised levels; the Galerkin
         # products below run on the host)
         on_dev = (be, int(be.xp.cuda.Device().id)) if be.is_gpu and not galerkin else (None, None)
-        P_f = [None] + [pool.submit(_level_prolongation, spaces[l - 1], spaces[l], cons_f[l - 1], cons_f[l],
-                                    *on_dev)
+        P_f = [None] + [pool.submit(tl.wrap(f"transfer {l}", _level_prolongation), spaces[l - 1],
+                                    spaces[l], cons_f[l - 1], cons_f[l], *on_dev)
                         for l in range(1, L)]
         assemble = _on_backend(assemble, be)
-        Afine = assemble(space)
+        Afine = tl.wrap(f"assemble {L - 1}", assemble)(space)
         n = space.num_dofs
         if getattr(Afine, "shape", None) != (n, n):
             raise ValueError(f"assemble(space) must return a {n} x {n} matrix, "
@@ -371,16 +401,16 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         K_f = [None] * L
         if is_device_sparse(Afine):
             # on the device, in this thread (CuPy's current device is per thread): a few kernels
-            K_f[-1] = _Inline._Done(cons[-1].matrix, (Afine,))
+            K_f[-1] = _Inline._Done(tl.wrap(f"constrain {L - 1}", cons[-1].matrix), (Afine,))
         else:
-            K_f[-1] = pool.submit(cons[-1].matrix, Afine)
+            K_f[-1] = pool.submit(tl.wrap(f"constrain {L - 1}", cons[-1].matrix), Afine)
         if not galerkin:
             for l in range(L - 2, -1, -1):
-                A_l = assemble(spaces[l])
+                A_l = tl.wrap(f"assemble {l}", assemble)(spaces[l])
                 if is_device_sparse(A_l):        # device work stays in this thread (see above)
-                    K_f[l] = _Inline._Done(cons[l].matrix, (A_l,))
+                    K_f[l] = _Inline._Done(tl.wrap(f"constrain {l}", cons[l].matrix), (A_l,))
                 else:
-                    K_f[l] = pool.submit(cons[l].matrix, A_l)
+                    K_f[l] = pool.submit(tl.wrap(f"constrain {l}", cons[l].matrix), A_l)
         PRs = [(None, None)] + [f.result() for f in P_f[1:]]
         Ps = [P for P, _ in PRs]
         Ks = [None] * L
@@ -399,8 +429,8 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
                 Ks[l] = K_f[l].result()
     alg = []
     if max_coarse is not None and Ks[0].shape[0] > max_coarse:
-        alg = _algebraic_levels(Ks[0], spaces[0], cons[0], near_nullspace, be,
-                                dtype, coarse, int(max_coarse), amg_kwargs)
+        alg = tl.wrap("algebraic levels", _algebraic_levels)(Ks[0], spaces[0], cons[0], near_nullspace,
+                                                             be, dtype, coarse, int(max_coarse), amg_kwargs)
         PRs[0] = (alg[-1].P, alg[-1].R)
         Ps[0] = alg[-1].P
     levels = list(alg[:-1])
@@ -415,7 +445,9 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
             levels[0] = Level(levels[0].A, meta=levels[0].meta)
             spaces, cons = spaces[max(k - n_alg, 0):], cons[max(k - n_alg, 0):]
     skw = smoother_setup_kwargs(smoother, smoother_kwargs, block_size=space.components, auto_omega=True)
-    return GeometricMultigrid(levels, spaces=spaces, constraints=cons, assembled=Afine, coarse=coarse,
-                              coarse_sweeps=coarse_sweeps, presmooth=presmooth, postsmooth=postsmooth,
-                              backend=backend, dtype=dtype, smoother=smoother, smoother_kwargs=skw,
-                              max_direct=max_direct)
+    ml = tl.wrap("solver set-up (smoothers, fused matrices, coarse solve)", GeometricMultigrid)(
+        levels, spaces=spaces, constraints=cons, assembled=Afine, coarse=coarse,
+        coarse_sweeps=coarse_sweeps, presmooth=presmooth, postsmooth=postsmooth, backend=backend,
+        dtype=dtype, smoother=smoother, smoother_kwargs=skw, max_direct=max_direct)
+    ml.setup_timeline = sorted(tl.rows, key=lambda r: r[2])
+    return ml

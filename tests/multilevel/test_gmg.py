@@ -302,3 +302,31 @@ def test_device_assembled_finest_level_is_constrained_on_the_device(dim):
     cons.matrix(Ah)
     f_d = cons.rhs(np.ones(space.num_dofs), gpu.asmatrix(Ah))
     assert isinstance(f_d, np.ndarray) and np.allclose(f_d, f_h, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_setup_timeline_lists_every_task_once(threads):
+    """``ml.setup_timeline``: one span per set-up task -- the hierarchy, a space, constraints,
+    assembly and constraining per level, a transfer per level above the coarsest, the
+    solver's own set-up last -- sorted by start, inside the call's wall time."""
+    import time
+    m = Mesh.box([0.0] * 2, [1.0] * 2, [2] * 2)
+    for _ in range(4):
+        m = m.refine()
+    m = m.refine(m.points[m.cells].mean(axis=1)[:, 0] < 0.3)
+    t = time.perf_counter()
+    ml = adaptmg.multigrid(adaptmg.Space(m, 1), assemble.stiffness, threads=threads,
+                           coarse_max_rows=None, max_coarse=None)
+    wall = time.perf_counter() - t
+    rows = ml.setup_timeline
+    names = [r[0] for r in rows]
+    L = len(ml.spaces)
+    for l in range(L):
+        for task in ("constraints", "assemble", "constrain"):
+            assert names.count(f"{task} {l}") == 1, (task, l, names)
+        assert names.count(f"transfer {l}") == (1 if l > 0 else 0)
+    assert names.count("mesh hierarchy") == 1 and names.count("numbering (finest)") == 1
+    assert names[-1].startswith("solver set-up")
+    starts = [r[2] for r in rows]
+    assert starts == sorted(starts)
+    assert all(0.0 <= a <= b <= wall for _, _, a, b in rows)
