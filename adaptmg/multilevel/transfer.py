@@ -26,7 +26,7 @@ from ..backend import CPU, get_backend, is_device_array, to_host
 from ..fe.csr_ops import mask_rows_cols
 from ..fe.space import Space
 from ..mesh import reference as ref
-from .coloring import segment_owner
+from .coloring import _repeat
 
 __all__ = ["interpolation_matrix", "prolongation"]
 
@@ -126,15 +126,6 @@ def _row_counts(mask):
     if is_device_array(mask) or w not in (1, 2, 4, 8) or not mask.flags.c_contiguous:
         return mask.sum(axis=1)
     return np.bitwise_count(mask.view(f"u{w}").reshape(-1))
-
-
-def _repeat(xp, values, counts, total):
-    """``repeat(values, counts)`` (``total = sum(counts)``): NumPy's, or on the device by
-    :func:`~adaptmg.multilevel.coloring.segment_owner` (CuPy's repeat takes no array of
-    repeats)."""
-    if xp is np:
-        return np.repeat(values, counts)
-    return values[segment_owner(xp, counts, total)]
 
 
 def _q1_forest_groups(coarse: Space, fine: Space):
@@ -260,7 +251,7 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     indptr = xp.zeros(nf + 1, dtype=xp.int64)
     indptr[1:] = xp.cumsum(cnt)
     nnz = int(indptr[-1])
-    et = _repeat(xp, tag, cnt, nnz)                   # kind of the row of each entry
+    et = _repeat(be, tag, cnt, nnz)                   # kind of the row of each entry
     indices = xp.empty(nnz, dtype=it)
     data = xp.ldexp(1.0, -et.astype(xp.int32))        # 2^-k (exact); the expanded rows below
     for k, part in enumerate(parts):
@@ -311,8 +302,9 @@ def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, n
                            backend=backend)
         if P is not None:                            # Z_f chi H Z_c in one pass: no product, no mask
             return P
-    if backend is not None and get_backend(backend).is_gpu:
-        return get_backend(backend).asmatrix(prolongation(coarse, fine, zc, zf, nodes, cells))
+    be = None if backend is None else get_backend(backend)
+    if be is not None and be.is_gpu:
+        return be.asmatrix(prolongation(coarse, fine, zc, zf, nodes, cells))
     chi = interpolation_matrix(coarse, fine, nodes, cells)
     if c > 1:
         chi = sp.kron(chi, sp.identity(c), format="csr")
