@@ -64,8 +64,8 @@ estimates up to the summation order.
 GPU backend (``ml`` on the GPU).  The local set-up runs where the levels will live, by the
 same code as on the CPU written against the backend's ``xp`` (:mod:`.local`): each rank's
 rows of ``K_l`` are assembled on the device (the form called with ``device=,
-keep_on_device=True`` as :func:`adaptmg.multigrid` does there) and constrained there by
-two cuSPARSE SpGEMMs with host-built O(rank) constraint blocks; ``P_l``'s and ``R_l``'s owned
+keep_on_device=True`` as :func:`adaptmg.multigrid` does there) and constrained there (the
+congruence of the hanging entries, owned rows and free columns selected after it); ``P_l``'s and ``R_l``'s owned
 rows are built on the host (as the serial hierarchy builds its prolongations) and moved up;
 :class:`~.csr.DistCSR` splits device rows into its owned and ghost blocks on the device (only
 the distinct ghost columns come to the host, for the communication pattern; ``transport``:

@@ -26,7 +26,9 @@ free x free entries; ``s`` = mean of ``|B_ii|`` over the free DoFs (one ``Allred
 sum and a count), and the owned rows of ``K`` are ``B_o`` (zeros dropped) plus ``s`` on
 the diagonal of the non-free rows.  All of it through the backend's ``xp`` and sparse
 module: on the GPU the view is assembled on the device (``device=, keep_on_device=True``)
-and the products are cuSPARSE SpGEMMs.
+and constrained there by the congruence of its hanging entries
+(:func:`adaptmg.fe.congruence.congruence_by_expansion`: no SpGEMM, which cuSPARSE refuses
+for lack of resources at millions of rows), owned rows and free columns selected after it.
 
 Transfer.  ``P = Z_f (\chi \otimes I_c) H_c Z_c`` (:mod:`adaptmg.multilevel.transfer`):
 a row of ``\chi`` (fine node ``f``) is the coarse cell polynomial of any fine cell
@@ -57,6 +59,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import CPU, get_backend
+from ..fe.congruence import congruence_by_expansion
+from ..fe.csr_ops import mask_rows_cols
 from ..multilevel.hierarchy import _on_backend
 from ..multilevel.transfer import prolongation
 
@@ -159,8 +163,9 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
     ``backend``: where the rows are built -- the same code through ``xp``.  On the GPU
     ``assemble`` is called as :func:`adaptmg.multigrid` calls it there
     (:func:`~adaptmg.multilevel.hierarchy._on_backend`: ``device=, keep_on_device=True``
-    when it takes them), the products are cuSPARSE SpGEMMs; only the two constraint blocks
-    (O(rank's DoFs) entries) go up and two numbers (for ``s``) cross.
+    when it takes them) and constrained there by :func:`_device_owned_rows` (the hanging
+    rows of ``H`` go up, two numbers (for ``s``) cross); on the host the products of the
+    two constraint blocks.
 
     Returns ``(K_o, HZT_o, cells)``: ``K_o`` the owned rows (n_o x N, sorted columns) on
     ``backend`` (host CSR for a rank without rows), ``HZT_o`` the owned rows of ``Z H^T``
@@ -189,7 +194,10 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
     # products on ``be`` -- on the host when a factor is empty (every owned row or every
     # column non-free: no device product of an empty matrix), the result moved there
     wb = be if (HZT_o.nnz and HZ.nnz) else CPU
-    B = ((wb.asmatrix(HZT_o) @ wb.asmatrix(A)) @ wb.asmatrix(HZ)).tocsr()
+    if wb.is_gpu:                                # no cuSPARSE SpGEMM of the level's matrix
+        B = _device_owned_rows(space, wb.asmatrix(A), rows, free, wb)
+    else:
+        B = ((HZT_o @ sp.csr_matrix(A)) @ HZ).tocsr()
     B.sum_duplicates()                           # canonical: sorted, one entry per (row, column)
     B = _drop_zeros(wb, B)
     fo = free[rows]
@@ -205,6 +213,17 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
         B = (B + wb.asmatrix(S)).tocsr()
         B.sort_indices()
     return be.asmatrix(B), HZT_o, cells
+
+
+def _device_owned_rows(space, A, rows, free, be):
+    r"""The owned rows ``rows`` of :math:`Z H^T A H Z` for a device ``A``: the congruence by
+    expansion of the hanging entries (:func:`adaptmg.fe.congruence.congruence_by_expansion`;
+    cuSPARSE refuses the SpGEMMs of :func:`constraint_blocks`' factors for lack of resources
+    at millions of rows), its owned rows, then the free rows and columns (zeros dropped)."""
+    hanging = np.flatnonzero(space.is_hanging)
+    B = congruence_by_expansion(A, space.H, hanging) if hanging.size else A.tocsr()
+    B = B[be.asarray(rows)].tocsr()
+    return mask_rows_cols(B, free[rows], free, drop_zeros=True)
 
 
 def _drop_zeros(be, B):

@@ -253,35 +253,25 @@ class Constraints:
 
 
 # ----------------------------------------------------------------------------- any backend
-def _backend_H(cons, be):
-    """H and H^T (explicit CSR) of ``cons`` on backend ``be``, moved once and kept."""
-    if be.is_gpu:
-        if getattr(cons, "_H_dev", None) is None:
-            cons._H_dev = be.asmatrix(cons.H)
-        if getattr(cons, "_HT_dev", None) is None:
-            cons._HT_dev = be.asmatrix(cons.H.T.tocsr())
-        return cons._H_dev, cons._HT_dev
-    return cons.H, cons.H.T.tocsr()
-
-
 def _device_project(cons, A, be=None):
-    r""":math:`H^T A H` by two sparse-sparse products on ``A``'s backend (cuSPARSE SpGEMM for a
-    CuPy matrix: H and H^T are moved to the device once per :class:`Constraints`)."""
-    be = backend_of(A) if be is None else be
+    r""":math:`H^T A H` on ``A``'s backend: A plus corrections from its hanging rows and columns
+    only -- on the device :func:`~.congruence.congruence_by_expansion` (no cuSPARSE SpGEMM,
+    which refuses these products for lack of resources at millions of rows), on the host
+    SciPy's products (:func:`~.csr_ops.congruence_with_constraints`)."""
     A = A.tocsr()
     if cons.space.hanging_nodes.size == 0:
         return A
-    H, HT = _backend_H(cons, be)
-    return (HT @ (A @ H)).tocsr()
+    return congruence_with_constraints(A, cons.H, np.flatnonzero(cons.space.is_hanging))
 
 
 def _device_matrix(cons, A, be=None):
     r""":math:`K = Z H^T A H Z + s (I - Z)` written once against the backend's array and sparse
     modules (``numpy``/``scipy.sparse`` or ``cupy``/``cupyx.scipy.sparse``), so that a device
-    matrix never leaves the device: :math:`B = H^T (A H)` by two SpGEMMs, ``s`` the mean
-    of :math:`|B_{ii}|` over the free DoFs, then the entries of B in free rows and columns
-    (zeros dropped, as :meth:`Constraints.matrix` does) plus ``s`` on the diagonal of the
-    others, assembled as COO -> canonical CSR (rows sorted, no duplicates).
+    matrix never leaves the device: :math:`B = H^T A H` (:func:`_device_project`), ``s`` the
+    mean of :math:`|B_{ii}|` over the free DoFs, then the entries of B in free rows and
+    columns (zeros dropped, as :meth:`Constraints.matrix` does) and ``s`` in the diagonal
+    entry of the others: one masking pass (:func:`~.csr_ops.mask_rows_cols`), or, where a
+    removed row stores no diagonal entry, assembled as COO -> canonical CSR.
     """
     be = backend_of(A) if be is None else be
     xp, spm = be.xp, be.sparse
@@ -291,6 +281,10 @@ def _device_matrix(cons, A, be=None):
     d = xp.abs(B.diagonal())[z]
     mean = float(d.mean()) if d.size else 0.0
     cons._scale = mean if mean > 0 else 1.0
+    try:
+        return mask_rows_cols(B, cons.free, cons.free, diagonal=cons._scale, drop_zeros=True)
+    except ValueError:                         # a removed row without a stored diagonal entry
+        pass
     C = B.tocoo()
     keep = z[C.row] & z[C.col] & (C.data != 0)
     fixed = xp.flatnonzero(~z).astype(C.row.dtype)

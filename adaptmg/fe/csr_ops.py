@@ -71,11 +71,16 @@ def _entry_mask(A, rows, cols, all_rows: bool, drop_zeros: bool) -> np.ndarray:
     return keep
 
 
-def _mask_device(A, rows, cols, drop_zeros):
-    """:func:`mask_rows_cols` without ``diagonal`` for a cupyx CSR matrix, on the device: one
-    boolean per entry, then the compression (row pointers from the running count of kept
-    entries).  Built explicitly: cupyx's ``eliminate_zeros()`` returned wrong values on such
-    a masked matrix (CuPy 14.2, H100: same nnz, entries off by 1e-4)."""
+def _mask_device(A, rows, cols, drop_zeros, diagonal=None):
+    """:func:`mask_rows_cols` for a cupyx CSR matrix, on the device: one boolean per entry,
+    then the compression (row pointers from the running count of kept entries).  Built
+    explicitly: cupyx's ``eliminate_zeros()`` returned wrong values on such a masked matrix
+    (CuPy 14.2, H100: same nnz, entries off by 1e-4).
+
+    ``diagonal``: each removed row keeps its stored diagonal entry, set to ``diagonal`` (no
+    insertion, so the compression stays one pass); a removed row without a stored diagonal
+    entry is a ValueError (finite element matrices and their congruences store every
+    diagonal entry; :func:`_device_matrix` in :mod:`.constraints` falls back to inserting)."""
     be = backend_of(A)
     xp = be.xp
     A = A.tocsr()
@@ -83,12 +88,25 @@ def _mask_device(A, rows, cols, drop_zeros):
     rows, cols = np.asarray(rows, dtype=bool), np.asarray(cols, dtype=bool)
     keep = xp.asarray(cols)[indices]
     if not rows.all():
-        row_of = xp.searchsorted(indptr, xp.arange(indices.size), side="right") - 1
-        keep &= xp.asarray(rows)[row_of]
+        row_of = xp.searchsorted(indptr, xp.arange(indices.size, dtype=indptr.dtype), side="right") - 1
+        kept_row = xp.asarray(rows)[row_of]
+        keep &= kept_row
     if drop_zeros:
         keep &= data != 0
+    diag = None
+    if diagonal is not None and not rows.all():
+        diag = ~kept_row
+        diag &= indices == row_of
+        del row_of, kept_row
+        if int(diag.sum()) != int((~rows).sum()):
+            raise ValueError("mask_rows_cols: a removed row stores no (or more than one) diagonal "
+                             "entry; diagonal= needs one in each on the device")
+        keep |= diag
     before = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(keep, dtype=xp.int64)])
-    out = be.sparse.csr_matrix((data[keep], indices[keep], before[indptr].astype(indptr.dtype)),
+    vals = data[keep]
+    if diag is not None:
+        vals[diag[keep]] = diagonal
+    out = be.sparse.csr_matrix((vals, indices[keep], before[indptr].astype(indptr.dtype)),
                                shape=A.shape)
     out.has_canonical_format = bool(A.has_canonical_format)
     return out
@@ -127,13 +145,11 @@ def mask_rows_cols(A, rows: np.ndarray, cols: np.ndarray, diagonal=None, drop_ze
     H^T A H) get an inserted entry.
 
     A cupyx CSR ``A`` (canonical, as the device assembly gives it) is masked on the device
-    (:func:`_mask_device`, ``diagonal`` not supported there) and stays there.
+    (:func:`_mask_device`; with ``diagonal``, every removed row must store its diagonal
+    entry) and stays there.
     """
     if is_device_sparse(A):
-        if diagonal is not None:
-            raise TypeError("mask_rows_cols: diagonal= is not supported for a device matrix "
-                            "(use Constraints.matrix, which builds s (I - Z) on the device)")
-        return _mask_device(A, rows, cols, drop_zeros)
+        return _mask_device(A, rows, cols, drop_zeros, diagonal)
     A = as_csr(A)
     rows = np.asarray(rows, dtype=bool)
     cols = np.asarray(cols, dtype=bool)
@@ -193,8 +209,12 @@ def congruence_with_constraints(A, H, hanging: np.ndarray) -> sp.csr_matrix:
 
     where every correction involves only the hanging rows/columns of A, so the cost is
     one pass over A plus work proportional to the hanging part -- instead of two full
-    sparse products.
+    sparse products.  SciPy's products on the host; a device matrix takes
+    :func:`adaptmg.fe.congruence.congruence_by_expansion` (no SpGEMM).
     """
+    if is_device_sparse(A):
+        from .congruence import congruence_by_expansion
+        return congruence_by_expansion(A, H, hanging)
     A = sp.csr_matrix(A)
     n = A.shape[0]
     nh = hanging.size

@@ -124,7 +124,8 @@ def test_mask_rows_cols_blocks_and_drop_zeros(dens):
 @pytest.mark.gpu
 def test_mask_rows_cols_on_the_device_equals_the_host():
     """A cupyx matrix is masked on the device: the host result's arrays (selection only, no
-    arithmetic), with and without a row mask and drop_zeros; diagonal= is refused there."""
+    arithmetic), with and without a row mask and drop_zeros, and with diagonal= where every
+    removed row stores its diagonal entry (else a ValueError)."""
     from adaptmg.backend import get_backend, is_device_sparse, to_host
     gpu = get_backend("gpu")
     rng = np.random.default_rng(8)
@@ -142,8 +143,42 @@ def test_mask_rows_cols_on_the_device_equals_the_host():
             out = to_host(out)
             for attr in ("indptr", "indices", "data"):
                 assert np.array_equal(getattr(out, attr), getattr(ref, attr)), (attr, drop)
-    with pytest.raises(TypeError, match="diagonal"):
-        mask_rows_cols(Ad, r, c, diagonal=1.0)
+    # diagonal=: each removed row keeps its stored diagonal entry, set to the value (the host
+    # result wherever a removed row stores its diagonal, as the identity here makes sure)
+    for drop in (False, True):
+        ref = mask_rows_cols(A, r, c | r, diagonal=2.5, drop_zeros=drop)
+        out = to_host(mask_rows_cols(Ad, r, c | r, diagonal=2.5, drop_zeros=drop))
+        for attr in ("indptr", "indices", "data"):
+            assert np.array_equal(getattr(out, attr), getattr(ref, attr)), (attr, drop)
+    B = sp.csr_matrix(sp.random(n, n, density=0.01, format="csr", random_state=5))
+    B.setdiag(0.0)
+    B.eliminate_zeros()                                     # no stored diagonal entry
+    with pytest.raises(ValueError, match="diagonal"):
+        mask_rows_cols(gpu.asmatrix(B), r, r, diagonal=1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("components", [1, 3])
+def test_congruence_on_the_device_equals_the_host(components):
+    """H^T A H of a device matrix (hanging rows and columns only, no SpGEMM of the whole
+    matrix) equals the host congruence to rounding, and so does the constrained matrix K of
+    the device path, s on the diagonal of every non-free row."""
+    from adaptmg.backend import get_backend, to_host
+    from adaptmg.fe import Constraints
+    gpu = get_backend("gpu")
+    m = Mesh.box([0] * 3, [1] * 3, [2] * 3).refine()
+    m = m.refine(np.flatnonzero(m.points[m.cells].mean(1)[:, 0] < 0.3))
+    s = Space(m, 1, components)
+    A = assemble.mass(s) + assemble.convection(s, np.array([1.0, 0.5, -0.2]))
+    h = np.flatnonzero(s.is_hanging)
+    K1 = congruence_with_constraints(A, s.H, h)
+    K2 = to_host(congruence_with_constraints(gpu.asmatrix(A), s.H, h))
+    assert abs(K1 - K2).max() <= 64 * np.finfo(float).eps * abs(K1).max()
+    cons = Constraints(s, s.boundary_dofs())
+    Kh = cons.matrix(A)
+    Kd = to_host(cons.matrix(gpu.asmatrix(A)))
+    assert abs(Kh - Kd).max() <= 64 * np.finfo(float).eps * abs(Kh).max()
+    assert np.array_equal(Kd.diagonal()[~cons.free], np.full((~cons.free).sum(), cons.scale))
 
 
 def test_constraints_matrix_without_hanging_nodes_equals_products():
@@ -181,3 +216,27 @@ def test_constraints_matrix_without_hanging_nodes_equals_products():
     B = (s.H.T @ A @ s.H).tocsr()
     ref = sp.diags(z) @ B @ sp.diags(z) + sp.diags(cons._scale * (1 - z))
     assert abs(K - ref).max() <= 1e-14 * abs(ref).max()
+
+
+@pytest.mark.parametrize("dim,degree,components", [(2, 1, 1), (2, 2, 1), (3, 1, 1), (3, 1, 3), (3, 2, 1)])
+def test_congruence_by_expansion_equals_the_products(dim, degree, components):
+    """The device's congruence (hanging entries expanded, rows spliced; run here with NumPy)
+    equals SciPy's products to rounding on 2:1 meshes with hanging nodes (non-symmetric A),
+    its output is canonical, and the hanging rows keep a stored (zero) diagonal entry."""
+    from adaptmg.fe.congruence import congruence_by_expansion
+    m = Mesh.box([0] * dim, [1] * dim, [2] * dim).refine()
+    m = m.refine(np.flatnonzero(m.points[m.cells].mean(1)[:, 0] < 0.3))
+    m = m.refine(np.flatnonzero(np.linalg.norm(m.points[m.cells].mean(1) - 0.2, axis=1) < 0.2))
+    s = Space(m, degree, components)
+    h = np.flatnonzero(s.is_hanging)
+    assert h.size
+    A = assemble.mass(s) + assemble.convection(s, np.array([1.0, 0.5, -0.2])[:dim])
+    ref = congruence_with_constraints(A, s.H, h)
+    out = congruence_by_expansion(A, s.H, h)
+    assert abs(ref - out).max() <= 16 * np.finfo(float).eps * abs(ref).max()
+    chk = sp.csr_matrix((out.data, out.indices, out.indptr), shape=out.shape)
+    assert chk.has_canonical_format
+    # the pattern: A's entries all kept (their union with the parents' couplings)
+    assert (abs(sp.csr_matrix((np.ones(out.nnz), out.indices, out.indptr), shape=out.shape))
+            - (abs(A) > 0)).min() >= 0
+    assert np.all(out[h, h] == 0) and np.all(np.isin(h, chk.tocoo().row[chk.tocoo().row == chk.tocoo().col]))

@@ -1,0 +1,146 @@
+r"""H^T A H on any backend by expanding only the entries in hanging rows or columns.
+
+H differs from the identity only in the rows h of the hanging DoFs, whose rows hold their
+parents' weights (parents are regular DoFs).  Let E be the entries of A whose row or column
+is hanging.  Then
+
+.. math::  H^T A H = A + C, \qquad C = H^T E H - E, \qquad
+           (H^T E H)_{pq} = \sum_{(i, j) \in E} H_{ip}\, a_{ij}\, H_{jq},
+
+where a regular DoF is its own only parent (weight 1).  Every entry of E expands to
+(parents of i) x (parents of j) pairs, so C has O(|E|) entries, in few rows T; ``A + C`` is
+A with the rows T replaced by the canonical rows of ``A[T] + C[T]`` (a splice, no merge of
+the whole matrix).  Over all of A this costs one flag gathered per entry (hanging column?)
+and the splice's copy of data and indices; everything else is O(|E|).
+
+Written once against the backend's ``xp`` / sparse module: on the device no cuSPARSE SpGEMM
+runs (cuSPARSE refuses ``A @ H`` for lack of resources at ~21M rows, and even the thin
+products of the hanging part at 2.7M rows).  The host keeps SciPy's products
+(:func:`~adaptmg.fe.csr_ops.congruence_with_constraints`), which are faster there; the
+CPU tests run this code with NumPy against them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..backend import backend_of
+
+__all__ = ["congruence_by_expansion"]
+
+
+def _segments(xp, counts, total):
+    """``(owner, offset)`` of the ``total = sum(counts)`` entries of consecutive segments of
+    lengths ``counts``: the segment index of each entry and its position inside it."""
+    from ..multilevel.coloring import segment_owner
+    if total == 0:
+        z = xp.zeros(0, dtype=xp.int64)
+        return z, z
+    own = segment_owner(xp, counts, total)
+    start = xp.cumsum(counts) - counts
+    return own, xp.arange(total, dtype=xp.int64) - start[own]
+
+
+def _row_entries(xp, indptr, rows):
+    """Positions of the entries of CSR rows ``rows`` (in that order) and the row (rank in
+    ``rows``) of each."""
+    start = indptr[rows].astype(xp.int64)
+    cnt = indptr[rows + 1].astype(xp.int64) - start
+    own, off = _segments(xp, cnt, int(cnt.sum()))
+    return start[own] + off, own
+
+
+def _parents(xp, nodes, rank, hp_ptr, hp_idx, hp_w):
+    """Each entry of ``nodes`` expanded to its parents: ``(owner, parent, weight)`` with
+    ``owner`` the index into ``nodes``; a regular node (rank -1) is its own parent, weight 1;
+    a hanging one has the parents of its row ``rank`` of the hanging rows' CSR."""
+    k = rank[nodes]
+    hang = k >= 0
+    kk = xp.where(hang, k, 0)
+    cnt = xp.where(hang, hp_ptr[kk + 1] - hp_ptr[kk], 1)
+    own, off = _segments(xp, cnt, int(cnt.sum()))
+    ko, ho = kk[own], hang[own]
+    at = xp.where(ho, hp_ptr[ko] + off, 0)
+    par = xp.where(ho, hp_idx[at], nodes[own])
+    w = xp.where(ho, hp_w[at], 1.0)
+    return own, par, w
+
+
+def congruence_by_expansion(A, H, hanging):
+    """:math:`H^T A H` (module doc) for a CSR ``A`` on its backend (SciPy or cupyx), ``H`` the
+    host CSR constraint matrix and ``hanging`` the sorted hanging DoFs (host).  The result is
+    canonical CSR on ``A``'s backend; rows and columns of hanging DoFs keep their pattern with
+    explicit zeros (their diagonal entries included)."""
+    be = backend_of(A)
+    xp, xs = be.xp, be.sparse
+    A = A.tocsr()
+    A.sum_duplicates()
+    n = A.shape[0]
+    hanging = np.asarray(hanging, dtype=np.int64)
+    if hanging.size == 0:
+        return A
+    Hh = sp.csr_matrix(H)[hanging]                           # the hanging rows: O(|h|), moved
+    hp_ptr = xp.asarray(Hh.indptr.astype(np.int64))
+    hp_idx = xp.asarray(Hh.indices.astype(np.int64))
+    hp_w = xp.asarray(Hh.data.astype(np.float64))
+    h = xp.asarray(hanging)
+    rank = xp.full(n, -1, dtype=xp.int64)
+    rank[h] = xp.arange(h.shape[0], dtype=xp.int64)
+    is_h = rank >= 0
+    indptr = A.indptr
+
+    # E: entries in a hanging column (one flag an entry) or a hanging row
+    e_col = xp.flatnonzero(is_h[A.indices])
+    e_row, _ = _row_entries(xp, indptr, h)
+    e = xp.unique(xp.concatenate([e_col.astype(xp.int64), e_row]))
+    r = xp.searchsorted(indptr, e, side="right").astype(xp.int64) - 1
+    c = A.indices[e].astype(xp.int64)
+    v = A.data[e]
+
+    # H^T E H: rows expanded to their parents, then columns
+    o1, p, wp = _parents(xp, r, rank, hp_ptr, hp_idx, hp_w)
+    o2, q, wq = _parents(xp, c[o1], rank, hp_ptr, hp_idx, hp_w)
+    m = o1[o2]
+    crow = xp.concatenate([p[o2], r])
+    ccol = xp.concatenate([q, c])
+    cval = xp.concatenate([v[m] * wp[o2] * wq, -v])
+
+    # the rows T that C touches, and their new contents A[T] + C[T] (canonical, zeros kept)
+    T = xp.unique(crow)
+    a_pos, a_own = _row_entries(xp, indptr, T)
+    tr = xp.searchsorted(T, crow)
+    srow = xp.concatenate([a_own, tr])
+    scol = xp.concatenate([A.indices[a_pos].astype(xp.int64), ccol])
+    sval = xp.concatenate([A.data[a_pos], cval.astype(A.data.dtype)])
+    S = xs.coo_matrix((sval, (srow, scol)), shape=(T.shape[0], n)).tocsr()
+    S.sum_duplicates()
+    S.sort_indices()
+
+    # splice: rows of A outside T shift by the growth of the rows T before them
+    lenA = (indptr[1:] - indptr[:-1]).astype(xp.int64)
+    lenS = (S.indptr[1:] - S.indptr[:-1]).astype(xp.int64)
+    lenB = lenA.copy()
+    lenB[T] = lenS
+    ptrB = xp.zeros(n + 1, dtype=xp.int64)
+    ptrB[1:] = xp.cumsum(lenB)
+    nnzB = int(ptrB[-1])
+    grow = xp.zeros(T.shape[0] + 1, dtype=xp.int64)
+    grow[1:] = xp.cumsum(lenS - lenA[T])
+    ends = indptr[T + 1].astype(xp.int64)
+    ent = xp.arange(A.indices.shape[0], dtype=xp.int64)
+    # an entry inside row T_k lands inside that row's new range (it is overwritten below)
+    dest = ent + grow[xp.searchsorted(ends, ent, side="right")]
+    del ent
+    it = xp.int32 if max(nnzB, n) < 2**31 - 1 else xp.int64
+    data = xp.empty(nnzB, dtype=A.data.dtype)
+    indices = xp.empty(nnzB, dtype=it)
+    data[dest] = A.data
+    indices[dest] = A.indices
+    del dest
+    s_pos, s_own = _row_entries(xp, S.indptr, xp.arange(T.shape[0], dtype=xp.int64))
+    at = ptrB[T][s_own] + (s_pos - S.indptr[s_own].astype(xp.int64))
+    data[at] = S.data[s_pos]
+    indices[at] = S.indices[s_pos]
+    B = xs.csr_matrix((data, indices, ptrB.astype(it)), shape=A.shape)
+    B.has_canonical_format = True
+    return B
