@@ -125,6 +125,13 @@ def _level_constraints(space, dirichlet, values=False):
                        dirichlet_values(space, dirichlet) if values else None)
 
 
+def _after(first, fn, *args):
+    """``fn(*args)`` once the future ``first`` is done (a task that must follow another one:
+    it is submitted after it, so FIFO workers cannot deadlock)."""
+    first.result()
+    return fn(*args)
+
+
 def _level_prolongation(coarse, fine, cons_coarse, cons_fine, be=None, device_id=None):
     """(P, R = P^T as CSR) between two levels, once both levels' constraints are built; with
     ``be`` the GPU backend both are built on device ``device_id`` (this may run on a worker
@@ -367,24 +374,27 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         # the finest space's node numbering (a Q1 space numbers its mesh on first use) on a
         # worker while this thread coarsens the mesh; then the coarse spaces side by side
         numbered = pool.submit(tl.wrap("numbering (finest)", getattr), space, "cell_dofs")
+        # and, after it on the same worker, the finest level's constraints (hanging nodes, H,
+        # Dirichlet DoFs: the longest host task of an adaptive mesh), not after the hierarchy
+        fine_cons = pool.submit(tl.wrap("constraints (finest)", _after), numbered,
+                                _level_constraints, space, dirichlet, True)
         meshes = tl.wrap("mesh hierarchy", space.mesh.hierarchy)(max_levels=max_levels)
         sp_f = [pool.submit(tl.wrap(f"space {l}", Space), m, space.degree, space.components)
                 for l, m in enumerate(meshes[:-1])]
         spaces = [f.result() for f in sp_f] + [space]
         numbered.result()
-    if coarse_max_rows is not None:      # levels below the coarse one are not built
-        small = [l for l, s in enumerate(spaces) if s.num_dofs <= coarse_max_rows]
-        if small and small[-1] > 0:
-            spaces = spaces[small[-1]:]
-    L = len(spaces)
-    with _setup_pool(threads) as pool:
+        if coarse_max_rows is not None:      # levels below the coarse one are not built
+            small = [l for l, s in enumerate(spaces) if s.num_dofs <= coarse_max_rows]
+            if small and small[-1] > 0:
+                spaces = spaces[small[-1]:]
+        L = len(spaces)
         # the library's own per-level work (constraints, prolongations, constrained matrices)
         # runs on worker threads while this thread calls ``assemble`` (user code, maybe not
         # thread-safe) fine to coarse; every task is a pure function of its inputs, so the
         # result does not depend on the scheduling
         # (a task only waits for tasks submitted before it: no deadlock with FIFO workers)
-        cons_f = [pool.submit(tl.wrap(f"constraints {l}", _level_constraints), s, dirichlet, s is space)
-                  for l, s in enumerate(spaces)]
+        cons_f = [pool.submit(tl.wrap(f"constraints {l}", _level_constraints), s, dirichlet)
+                  for l, s in enumerate(spaces[:-1])] + [fine_cons]
         # on the GPU the transfers are built on the device (rediscretised levels; the Galerkin
         # products below run on the host)
         on_dev = (be, int(be.xp.cuda.Device().id)) if be.is_gpu and not galerkin else (None, None)
