@@ -15,8 +15,10 @@ Sections (``--sections``, comma separated; all by default):
           the backend a DoF (SpectralProblem.nbytes: factors, P^f, P^c, 6 CG vectors)
   table4  seed 004 Table 4: heat equation, backward Euler, 70 steps (--steps) of
           (M/dt + kappa K) u = M (u_old/dt + q(t)), kappa = 1e-2, dt = 0.04, a moving
-          Gaussian source, on the O-grid (--table4-n), degrees --table4-degrees, float64 and
-          float32; two-scale PCG warm-started from the last step, rtol 1e-6; total wall
+          Gaussian source, on the O-grid (--table4-n), degrees --table4-degrees, rows
+          --table4-precisions: float64, mixed (float32 PCG inside float64 iterative refinement,
+          SpectralProblem.solve(inner_dtype=np.float32)), float32 (plain; it stops at float32's
+          attainable accuracy at ~1e7 DoFs); two-scale PCG warm-started from the last step, rtol 1e-6; total wall
           time of the steps next to the paper's CUDA column (GTX 980, float32)
   parts   where a two-scale PCG iteration of table4 goes (not in the default sections):
           for --table4-degrees, float64 and float32, the median ms (--parts-reps) of one
@@ -185,61 +187,92 @@ def heat_problem(V, dtype, be, prob=None, Mop=None):
     return prob, Mop, V.on_backend(be, "points").astype(dtype)
 
 
-def heat_steps(prob, Mop, X, u, first, last, total):
+def heat_steps(prob, Mop, X, u, first, last, total, inner_dtype=None, inner_rtol=1e-3):
     """Steps first..last of (M/dt + kappa K) u = M (u_old/dt + q(t)), the Gaussian source
     moving over ``total`` steps; two-scale PCG warm-started, rtol 1e-6, at most STEP_MAXITER
-    iterations a step (SciPy's default 10 N would hide a stagnating float32 solve for hours).
-    Returns (u, its); its is "its!f" when f steps stopped at STEP_MAXITER."""
+    iterations a step (SciPy's default 10 N would hide a stagnating float32 solve for hours);
+    ``inner_dtype``: mixed-precision refinement (SpectralProblem.solve), STEP_MAXITER inner
+    iterations.  Returns (u, its, outer); its is "its!f" when f steps stopped at STEP_MAXITER,
+    outer the outer steps of all time steps (one a time step without refinement)."""
     xp, dtype = prob.xp, prob.dtype
-    its = failed = 0
+    its = failed = outer = 0
     for step in range(first, last + 1):
         t = step * DT
         c = xp.asarray([0.5 * np.cos(t), 0.5 * np.sin(t), 2.0 * t / (total * DT)], dtype=dtype)
         q = (1000.0 / (7000.0 * 0.8)) * xp.exp(-((X - c) ** 2).sum(1) / 0.02)
         b = prob.free * Mop.matvec(u / DT + q)
-        u, n, info = prob.solve(b, x0=u, rtol=1e-6, maxiter=STEP_MAXITER)
+        u, n, info = prob.solve(b, x0=u, rtol=1e-6, maxiter=STEP_MAXITER, inner_dtype=inner_dtype,
+                                inner_rtol=inner_rtol)
         its += n
+        outer += prob.last_outer_steps
         failed += info != 0
-    return u, its if not failed else f"{its}!{failed}"
+    return u, its if not failed else f"{its}!{failed}", outer
+
+
+PRECISIONS = {"float64": "fp64", "mixed": "fp32/64", "float32": "fp32"}
+
+
+def table4_problem(V, prec, be, prob64, Mop64):
+    """(problem, mass operator, points, inner dtype) of a Table 4 row: "float64"; "mixed" the
+    float64 problem solved with float32 PCG inside (its inner problem made here); "float32"
+    that inner problem alone (converted from the float64 set-up, SpectralProblem.inner)."""
+    if prec == "float64":
+        prob, Mop, inner = prob64, Mop64, None
+    elif prec == "mixed":
+        prob, Mop, inner = prob64, Mop64, np.float32
+        prob64.inner(np.float32)
+    else:
+        prob, Mop, inner = prob64.inner(np.float32), Mop64.astype(np.float32), None
+    return prob, Mop, V.on_backend(be, "points").astype(prob.dtype), inner
 
 
 def table4(args, be):
     mesh = ogrid_cylinder(args.table4_n, args.table4_n, height=2.0)
     print(f"\n## Table 4: heat equation, {args.steps} backward-Euler steps, O-grid "
           f"{mesh.num_cells} hexes ({be.name}); wall s of the steps (setup apart), after one untimed "
-          f"step ('1st s': that step, kernel compilation and graph recording included); setup s: the "
-          f"space (once a degree) and the float64 problem, the float32 one converted from it "
-          f"(SpectralProblem.astype); B/DoF: the problem and the mass operator on the backend a DoF")
+          f"step ('1st s': that step, kernel compilation and graph recording included); setup s: a "
+          f"degree's first row the space and the float64 problem, the next ones the float32 problem "
+          f"converted from it (SpectralProblem.inner, made once); B/DoF: the problem (fp32/64: both "
+          f"precisions, index structures once) and the mass operator on the backend a DoF")
+    print("prec: fp64 all float64; fp32/64 mixed-precision iterative refinement "
+          "(SpectralProblem.solve(inner_dtype=np.float32)): float32 operator and two-scale "
+          f"preconditioner inside (PCG to {args.inner_rtol:g} of each residual), float64 residual, "
+          "solution and right-hand side outside, CG its the inner ones, outer the refinement steps; "
+          "fp32 all float32 (--table4-precisions float32: stops at float32's attainable accuracy, "
+          "'its!f' when f steps hit the cap of 300 iterations)")
     print(f"{'n':>2s} {'DoFs':>10s} {'prec':>7s} {'setup s':>8s} {'1st s':>8s} {'steps s':>8s} {'CG its':>7s} "
-          f"{'paper CUDA s':>12s} {'speed-up':>8s} {'max u':>9s} {'B/DoF':>6s}")
+          f"{'outer':>5s} {'paper CUDA s':>12s} {'speed-up':>8s} {'max u':>9s} {'B/DoF':>6s}")
     xp = be.xp
     for k in args.table4_degrees:
         t0 = time.perf_counter()
         V = SpectralSpace(mesh, k, backend=be)
-        tspace = time.perf_counter() - t0
-        prob = Mop = X = None
-        for dtype in (np.float64, np.float32):
-            t0 = time.perf_counter()
-            prob, Mop, X = heat_problem(V, dtype, be, prob, Mop)
-            u = xp.zeros(V.num_dofs, dtype=dtype)
+        prob64 = Mop64 = None
+        for prec in args.table4_precisions:
+            if prob64 is None:
+                prob64 = SpectralProblem(V, mass=1.0 / DT, stiffness=KAPPA, backend=be)
+                Mop64 = SpectralOperator(V, mass=1.0, stiffness=0.0, backend=be)
+            prob, Mop, X, inner = table4_problem(V, prec, be, prob64, Mop64)
+            u = xp.zeros(V.num_dofs, dtype=prob.dtype)
             be.synchronize()
-            setup = time.perf_counter() - t0 + (tspace if dtype == np.float64 else 0.0)
+            setup = time.perf_counter() - t0
+            kw = dict(inner_dtype=inner, inner_rtol=args.inner_rtol)
             t0 = time.perf_counter()                 # one untimed step: kernels compiled, graphs made
-            heat_steps(prob, Mop, X, u.copy(), 1, 1, args.steps)
+            heat_steps(prob, Mop, X, u.copy(), 1, 1, args.steps, **kw)
             be.synchronize()
             first = time.perf_counter() - t0
             t0 = time.perf_counter()
-            u, its = heat_steps(prob, Mop, X, u, 1, args.steps, args.steps)
+            u, its, outer = heat_steps(prob, Mop, X, u, 1, args.steps, args.steps, **kw)
             be.synchronize()
             wall = time.perf_counter() - t0
             ref = PAPER_T4_CUDA.get(k) if args.steps == 70 else None
             nbytes = prob.nbytes() + Mop.nbytes()
-            print(f"{k:2d} {V.num_dofs:10d} {np.dtype(dtype).name:>7s} {setup:8.2f} {first:8.2f} {wall:8.2f} {its:>7} "
-                  f"{'' if ref is None else f'{ref:.1f}':>12s} "
+            print(f"{k:2d} {V.num_dofs:10d} {PRECISIONS[prec]:>7s} {setup:8.2f} {first:8.2f} {wall:8.2f} "
+                  f"{its:>7} {outer:5d} {'' if ref is None else f'{ref:.1f}':>12s} "
                   f"{'' if ref is None else f'{ref / wall:.1f}x':>8s} {float(u.max()):9.3e} "
                   f"{nbytes / V.num_dofs:6.0f}", flush=True)
-            u = None
-        prob = Mop = X = V = None                    # free the device memory
+            u = X = prob = Mop = None
+            t0 = time.perf_counter()
+        prob64 = Mop64 = V = None                    # free the device memory
 
 
 def parts(args, be):
@@ -287,10 +320,10 @@ def parts(args, be):
                 long_ = ms(lambda: prob.solve(r, rtol=1e-30, maxiter=25), 3)
             t["PCG it"] = (long_ - short) / 20
             u = xp.zeros(V.num_dofs, dtype=dtype)
-            u, _ = heat_steps(prob, Mop, X, u, 1, 1, args.steps)           # warm-up: compile, first step
+            u, _, _ = heat_steps(prob, Mop, X, u, 1, 1, args.steps)        # warm-up: compile, first step
             be.synchronize()
             t0 = time.perf_counter()
-            u, its = heat_steps(prob, Mop, X, u, 2, args.parts_steps + 1, args.steps)
+            u, its, _ = heat_steps(prob, Mop, X, u, 2, args.parts_steps + 1, args.steps)
             be.synchronize()
             wall = time.perf_counter() - t0
             print(f"{k:2d} {V.num_dofs:9d} {coarse.R.shape[0]:8d} {np.dtype(dtype).name:>7s} "
@@ -363,6 +396,12 @@ def main(argv=None):
                    help="table1's O-grid cylinder height (radius 1; 2.0: cell aspect ratios <= 1.7, 1.0: <= 3.1)")
     p.add_argument("--table4-n", type=int, default=32, help="O-grid size (44: ~64k hexes, the paper's DoF counts)")
     p.add_argument("--table4-degrees", type=ints, default=[2, 3, 4, 5, 6, 7])
+    p.add_argument("--table4-precisions", type=lambda v: [c for c in v.split(",") if c],
+                   default=["float64", "mixed"],
+                   help="rows of table4 a degree, from float64,mixed,float32 (mixed: float32 PCG "
+                        "inside float64 iterative refinement; float32: plain float32 PCG)")
+    p.add_argument("--inner-rtol", type=float, default=1e-3,
+                   help="table4's mixed rows: the inner float32 PCG's tolerance relative to each residual")
     p.add_argument("--steps", type=int, default=70)
     p.add_argument("--parts-steps", type=int, default=5, help="time steps the parts section times")
     p.add_argument("--parts-reps", type=int, default=20, help="repetitions (median) of each part")
@@ -376,6 +415,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     be = get_backend(args.backend)
     sections = [s for s in args.sections.split(",") if s]
+    if set(args.table4_precisions) - set(PRECISIONS) or not args.table4_precisions:
+        p.error(f"--table4-precisions: choose from {','.join(PRECISIONS)}, got {args.table4_precisions}")
     if set(args.op_kinds) - set(OP_KINDS) or not args.op_kinds:
         p.error(f"--op-kinds: choose from {','.join(OP_KINDS)}, got {args.op_kinds}")
     run = {"table1": table1, "table4": table4, "parts": parts, "op": op_table, "adaptive": adaptive}
