@@ -72,6 +72,10 @@ def ints(s):
     return [int(v) for v in s.split(",") if v]
 
 
+def names(s):
+    return [v for v in s.split(",") if v]
+
+
 def timed(fn, be, reps):
     fn()
     be.synchronize()
@@ -98,29 +102,35 @@ def rhs(x):
     return 1.0 + x[..., 0] * np.exp(x[..., 1])
 
 
+T1_MESHES = ("cartesian", "distorted", "ogrid")
+T1_PRECONDITIONERS = ("two-scale", "fine", "pmg")
+
+
 def table1(args, be):
     print(f"\n## Table 1: CG iterations, degree {args.degree}, rtol {args.rtol:g} ({be.name}); space s: the "
-          "SpectralSpace (numbering, geometry check), once a mesh; setup: the two-scale problem (operator, "
-          "P^f, P^c); s: set-up + solve of each; B/DoF: bytes the two-scale PCG holds on the backend a DoF "
-          "(operator factors, P^f, P^c hierarchy, 6 CG vectors)")
+          "SpectralSpace (numbering, geometry check), once a mesh; setup: the first preconditioner's problem "
+          f"({args.preconditioners[0]}: operator and preconditioner); s: set-up + solve of each; B/DoF: bytes "
+          "that problem holds on the backend a DoF (operator factors, preconditioner -- two-scale: P^f and the "
+          "P^c hierarchy --, 6 CG vectors); '-': not run (--preconditioners)")
     print(f"{'mesh':10s} {'N':>4s} {'cells':>9s} {'DoFs':>10s} {'two-scale':>9s} {'fine':>6s} {'pmg':>5s} "
           f"{'paper ts/fine':>14s} {'space s':>7s} {'setup':>6s} {'s (ts)':>7s} {'s (fine)':>8s} {'s (pmg)':>7s} "
           f"{'B/DoF':>6s}")
-    for kind in ("cartesian", "distorted", "ogrid"):
+    pcs = args.preconditioners
+    for kind in args.meshes:
         for n in args.sizes:
             mesh = make_mesh(kind, n, args.ogrid_height)
             t = time.perf_counter()
             V = SpectralSpace(mesh, args.degree, backend=be)
             tspace = time.perf_counter() - t
-            its, secs, setup, nbytes = {}, {}, None, 0
-            for pc in ("two-scale", "fine", "pmg"):
+            its, secs, setup, nbytes = dict.fromkeys(T1_PRECONDITIONERS, "-"), {}, None, 0
+            for pc in pcs:
                 t = time.perf_counter()
                 s = poisson(V, args.degree, rhs, preconditioner=pc, rtol=args.rtol, backend=be,
                             maxiter=2000)
                 be.synchronize()
                 secs[pc] = time.perf_counter() - t
                 its[pc] = f"{s.iterations}{'' if s.info == 0 else '!'}"
-                if pc == "two-scale":
+                if setup is None:                          # the first preconditioner's
                     setup, nbytes = s.seconds["setup"], s.nbytes
                 s = None                                   # free the device memory
             col = {8: 0, 16: 1, 32: 2, 64: 3, 128: 4}.get(n)
@@ -128,8 +138,9 @@ def table1(args, be):
                 f"{PAPER_T1[kind][0][col]}/{PAPER_T1[kind][1][col]}"
             print(f"{kind:10s} {n:4d} {mesh.num_cells:9d} {V.num_dofs:10d} {its['two-scale']:>9s} "
                   f"{its['fine']:>6s} {its['pmg']:>5s} {paper:>14s} {tspace:7.2f} {setup:6.2f} "
-                  f"{secs['two-scale']:7.2f} {secs['fine']:8.2f} {secs['pmg']:7.2f} {nbytes / V.num_dofs:6.0f}",
-                  flush=True)
+                  + " ".join(f"{secs[pc]:{w}.2f}" if pc in secs else f"{'-':>{w}s}"
+                             for pc, w in zip(T1_PRECONDITIONERS, (7, 8, 7)))
+                  + f" {nbytes / V.num_dofs:6.0f}", flush=True)
             V = None
 
 
@@ -390,13 +401,18 @@ def main(argv=None):
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "gpu"))
     p.add_argument("--sections", default="table1,table4,op")
     p.add_argument("--sizes", type=ints, default=[8, 16, 32])
+    p.add_argument("--meshes", type=names, default=list(T1_MESHES),
+                   help=f"table1's meshes, from {','.join(T1_MESHES)} (one a device call at 128^3)")
+    p.add_argument("--preconditioners", type=names, default=list(T1_PRECONDITIONERS),
+                   help=f"table1's columns, from {','.join(T1_PRECONDITIONERS)} (fine alone needs ~400 "
+                        "CG iterations at 128^3)")
     p.add_argument("--degree", type=int, default=3)
     p.add_argument("--rtol", type=float, default=1e-8)
     p.add_argument("--ogrid-height", type=float, default=2.0,
                    help="table1's O-grid cylinder height (radius 1; 2.0: cell aspect ratios <= 1.7, 1.0: <= 3.1)")
     p.add_argument("--table4-n", type=int, default=32, help="O-grid size (44: ~64k hexes, the paper's DoF counts)")
     p.add_argument("--table4-degrees", type=ints, default=[2, 3, 4, 5, 6, 7])
-    p.add_argument("--table4-precisions", type=lambda v: [c for c in v.split(",") if c],
+    p.add_argument("--table4-precisions", type=names,
                    default=["float64", "mixed"],
                    help="rows of table4 a degree, from float64,mixed,float32 (mixed: float32 PCG "
                         "inside float64 iterative refinement; float32: plain float32 PCG)")
@@ -408,13 +424,16 @@ def main(argv=None):
     p.add_argument("--op-dofs", type=float, default=8e6)
     p.add_argument("--op-max-cells", type=int, default=64, help="at most N^3 cells (host set-up time)")
     p.add_argument("--op-degrees", type=ints, default=[1, 2, 3, 4, 5, 6, 7, 8])
-    p.add_argument("--op-kinds", type=lambda v: [c for c in v.split(",") if c],
+    p.add_argument("--op-kinds", type=names,
                    default=list(OP_KINDS), help=f"columns of the op table, from {','.join(OP_KINDS)}")
     p.add_argument("--peak-gbs", type=float, default=4800.0, help="memory bandwidth for BW%% (H200: 4.8 TB/s)")
     p.add_argument("--reps", type=int, default=5)
     args = p.parse_args(argv)
     be = get_backend(args.backend)
     sections = [s for s in args.sections.split(",") if s]
+    for opt, known in (("meshes", T1_MESHES), ("preconditioners", T1_PRECONDITIONERS)):
+        if set(getattr(args, opt)) - set(known) or not getattr(args, opt):
+            p.error(f"--{opt}: choose from {','.join(known)}, got {getattr(args, opt)}")
     if set(args.table4_precisions) - set(PRECISIONS) or not args.table4_precisions:
         p.error(f"--table4-precisions: choose from {','.join(PRECISIONS)}, got {args.table4_precisions}")
     if set(args.op_kinds) - set(OP_KINDS) or not args.op_kinds:

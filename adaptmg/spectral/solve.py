@@ -110,24 +110,27 @@ class SpectralProblem:
             out.M = self.M.astype(dtype)
         return out
 
-    def _arrays(self):
-        """The arrays this problem holds on its backend (operator, preconditioner, masks)."""
+    def _arrays(self, preconditioner=True):
+        """The arrays this problem holds on its backend (operator, masks, and with
+        ``preconditioner`` the preconditioner's)."""
         items = [self.op.G if self.op.geometry == "stored" else self.op.X,
                  getattr(self.op, "wdet", None), self.op.cell_dofs, self.op.scatter_matrix, self.free]
         items += [] if self._H is None else list(self._H)
         items.append(self.space._on_backend.get((self.backend.name, "points")))   # the space's copy
-        M = self.M
+        M = self.M if preconditioner else None
         if isinstance(M, TwoScale):
             items += M.fine.arrays() + M.coarse.arrays()
         elif isinstance(M, FineSchwarz):
             items += M.arrays()
         elif isinstance(M, _Scale):
             items.append(M.d)
+        elif hasattr(M, "arrays"):                      # PMultigrid
+            items += M.arrays()
         return items
 
     def nbytes(self, work_vectors=6):
         """Bytes this problem holds on its backend -- operator (factors, gather index, scatter
-        matrix), preconditioner, the masks -- plus ``work_vectors`` vectors of the DoFs
+        matrix), preconditioner (p-multigrid: every level), the masks -- plus ``work_vectors`` vectors of the DoFs
         (PCG: x, r, z, p, A p and the right-hand side); arrays shared between parts once.
         With inner problems of mixed-precision solves (:meth:`inner`): theirs too, shared
         index structures once, and the refinement's vectors (x, r, b here; six there)."""
