@@ -30,7 +30,9 @@ Sections (``--sections``, comma separated; all by default):
           (on the GPU the fused element kernel and the scatter kernel; "K spmv" the scatter
           matrix's SpMV instead, "K xp" the batched matmuls, fused=False)
           and on-the-fly geometry, float64 and float32 (columns: --op-kinds), beside the Cartesian matrix-free
-          patch operator (adaptmg.patch.LaplaceOperator) at about the same DoF count
+          patch operator (adaptmg.patch.LaplaceOperator) at about the same DoF count; then, with
+          bk1/bk3 among the kinds, seed 002 §4's view: BK1 / BK3 throughput against the degree in
+          elemental DoF/s (y_e = A_e x_e, no gather/scatter) and global DoF/s
   adaptive  issue 39 item 5: Q_k (degree --degree) on 2:1 adaptive meshes, the distorted
           cube N^3 (--sizes) with the cells near the corner (0.3, 0.3, 0.3) refined twice
           more (nested balls of radius 0.45 and 0.3: hanging faces of two levels); CG
@@ -38,12 +40,18 @@ Sections (``--sections``, comma separated; all by default):
           solution and its rate, set-up + solve seconds (not in the default sections)
 
 Times of table1 and adaptive are set-up plus solve (one call of adaptmg.spectral.poisson).
-Seed 004's largest meshes (128^3, 57M DoFs; H200):
-  python scripts/bench_spectral.py --backend gpu --sections table1 --sizes 128
+Seed 004's largest meshes (128^3, 57M DoFs at degree 3; H200), one mesh a call, fine-only
+(~400 CG iterations) left out:
+  python scripts/bench_spectral.py --backend gpu --sections table1 --sizes 128 --meshes cartesian \
+    --preconditioners two-scale,pmg       (then --meshes distorted, --meshes ogrid)
+BK1/BK3 over the degrees (seed 002 §4 style; warm kernel cache: run `adaptmg warmup` first):
+  python scripts/bench_spectral.py --backend gpu --sections op --op-degrees 1,2,3,4,5,6,7,8
 Timing: synchronise, one warm-up, median of --reps runs.  Example (H200, ~2 min):
   python scripts/bench_spectral.py --backend gpu
 Table 4 and where its iterations go (the paper's mesh size):
   python scripts/bench_spectral.py --backend gpu --sections parts,table4 --table4-n 44 --reps 1
+Table 4 at degrees 6 and 7 (13.9M / 22M DoFs), float64 and mixed precision:
+  python scripts/bench_spectral.py --backend gpu --sections table4 --table4-n 44 --table4-degrees 6,7 --reps 1
 CPU check (small): python scripts/bench_spectral.py --backend cpu --sizes 4,8 \\
   --table4-n 8 --table4-degrees 2,3 --steps 5 --op-dofs 2e4 --op-degrees 2,4
 """
@@ -356,31 +364,43 @@ OP_KINDS = {"bk1": ("BK1", dict(mass=1.0, stiffness=0.0, quadrature="gauss")),
 def op_table(args, be):
     from adaptmg.patch import CartesianSpace, LaplaceOperator
     kinds = args.op_kinds
+    t_section = time.perf_counter()
     print(f"\n## Operator throughput, distorted cube, about {args.op_dofs:.3g} DoFs ({be.name}), GDoF/s")
     print("K stored: the default GLL stiffness (on the GPU the fused element kernel, "
           "adaptmg/spectral/kernels.py, and the scatter kernel); K spmv: the same with the scatter "
           "matrix's SpMV (scatter='spmv'); K xp: the same with fused=False (batched matmuls); "
-          f"K GB/s: of K stored, counting G (6 a node), the gather index, x and y; BW%: of {args.peak_gbs:g} GB/s")
+          f"K GB/s: of K stored, counting G (6 a node), the gather index, x and y; BW%: of {args.peak_gbs:g} GB/s; "
+          "s: wall seconds of the degree's rows (mesh, space, every operator's set-up and timing)")
     print(f"{'k':>2s} {'cells':>8s} {'DoFs':>10s} {'prec':>7s} "
           + " ".join(f"{OP_KINDS[c][0]:>9s}" for c in kinds)
-          + f" {'patch K':>8s} {'patch DoFs':>10s} {'K GB/s':>7s} {'BW%':>5s}")
+          + f" {'patch K':>8s} {'patch DoFs':>10s} {'K GB/s':>7s} {'BW%':>5s} {'s':>6s}")
     xp = be.xp
+    mesh, bk = None, {}                            # bk[(k, dtype, kind)]: (elemental, global) GDoF/s
     for k in args.op_degrees:
+        t_degree = time.perf_counter()
         n = max(2, min(args.op_max_cells, round(args.op_dofs ** (1 / 3) / k)))
-        mesh = distorted_box(3, n, seed=1)
-        V = SpectralSpace(mesh, k)
+        if mesh is None or mesh.num_cells != n ** 3:   # k = 1..3 share the capped mesh
+            mesh = None
+            mesh = distorted_box(3, n, seed=1)
+        V = SpectralSpace(mesh, k, backend=be)
         N = V.num_dofs
         lvl = 0                                   # the Cartesian level closest to N DoFs
         while CartesianSpace(3, k, lvl + 1).n_dofs <= N:
             lvl += 1
         if CartesianSpace(3, k, lvl + 1).n_dofs / N < N / CartesianSpace(3, k, lvl).n_dofs:
             lvl += 1
+        rows = []
         for dtype in (np.float64, np.float32):
             x = xp.asarray(np.random.default_rng(0).standard_normal(N), dtype=dtype)
             rates, gbs = {}, float("nan")
             for c in kinds:
                 op = SpectralOperator(V, dtype=dtype, backend=be, **OP_KINDS[c][1])
                 rates[c] = N / timed(lambda: op.matvec(x), be, args.reps) / 1e9
+                if c in ("bk1", "bk3"):            # seed 002's BK: y_e = A_e x_e, no gather/scatter
+                    uc = x[op.cell_dofs].reshape(op._cshape)
+                    bk[k, np.dtype(dtype).name, c] = (uc.size / timed(lambda: op.cell_apply(uc), be, args.reps) / 1e9,
+                                                      rates[c], uc.size)
+                    del uc
                 if c == "stored":
                     # bytes of the stored-geometry stiffness: G (6) a node, x, y, the gather index
                     nbytes = V.cell_dofs.size * (6 * np.dtype(dtype).itemsize + 4) + 2 * N * np.dtype(dtype).itemsize
@@ -390,10 +410,37 @@ def op_table(args, be):
             pc = LaplaceOperator(Vc, backend=be, dtype=dtype)
             xc = xp.asarray(np.random.default_rng(0).standard_normal(Vc.n_dofs), dtype=dtype)
             prate = Vc.n_dofs / timed(lambda: pc.matvec(xc), be, args.reps) / 1e9
-            print(f"{k:2d} {mesh.num_cells:8d} {N:10d} {np.dtype(dtype).name:>7s} "
-                  + " ".join(f"{rates[c]:9.3f}" for c in kinds)
-                  + f" {prate:8.3f} {Vc.n_dofs:10d} {gbs:7.0f} {100 * gbs / args.peak_gbs:5.1f}", flush=True)
+            rows.append(f"{k:2d} {mesh.num_cells:8d} {N:10d} {np.dtype(dtype).name:>7s} "
+                        + " ".join(f"{rates[c]:9.3f}" for c in kinds)
+                        + f" {prate:8.3f} {Vc.n_dofs:10d} {gbs:7.0f} {100 * gbs / args.peak_gbs:5.1f}")
             del pc, xc, x
+        be.synchronize()
+        wall = time.perf_counter() - t_degree
+        for row in rows:
+            print(f"{row} {wall:6.1f}", flush=True)
+        V = None
+    if bk:
+        bk_table(bk, args, be)
+    print(f"op section: {time.perf_counter() - t_section:.1f} s", flush=True)
+
+
+def bk_table(bk, args, be):
+    """Seed 002 §4's view of BK1 (mass) and BK3 (Helmholtz M + K), Gauss k+2 points a
+    direction, deformed hexahedra: throughput against the polynomial degree, in elemental
+    DoF/s (the E-vector y_e = A_e x_e of every element, cell_apply: what seed 002 and CEED's BKs
+    count) and, for comparison, global DoF/s of the assembled apply y = sum_e A_e x_e."""
+    kinds = [c for c in ("bk1", "bk3") if c in args.op_kinds]
+    print(f"\n## BK1 / BK3 throughput vs polynomial degree (seed 002 §4, Figures 5-6 style; hexahedra, "
+          f"deformed, {be.name}), 1e9 DoF/s: 'elem' the elemental DoFs (cells (k+1)^3) of y_e = A_e x_e "
+          "without gather/scatter, 'glob' the global DoFs of the assembled y = A x")
+    cols = [(c, dt) for dt in ("float64", "float32") for c in kinds]
+    print(f"{'P':>2s} {'elem DoFs':>10s} " + " ".join(
+        f"{OP_KINDS[c][0] + (' fp64' if dt == 'float64' else ' fp32'):>16s}" for c, dt in cols))
+    print(f"{'':>2s} {'':>10s} " + " ".join(f"{'elem':>7s} {'glob':>8s}" for _ in cols))
+    for k in args.op_degrees:
+        got = [bk.get((k, dt, c)) for c, dt in cols]
+        size = next(g[2] for g in got if g is not None)
+        print(f"{k:2d} {size:10d} " + " ".join(f"{g[0]:7.3f} {g[1]:8.3f}" for g in got), flush=True)
 
 
 def main(argv=None):
