@@ -197,6 +197,8 @@ class SpectralProblem:
             raise ValueError(f"inner_dtype must be a float type below the problem's {self.dtype}, "
                              f"got {inner_dtype}")
         low = self.inner(inner_dtype)
+        if getattr(b, "dtype", self.dtype) != self.dtype:     # the residual in this problem's dtype
+            b = b.astype(self.dtype)
 
         def solve_low(r, tau, budget):
             with warnings.catch_warnings():              # refine reports a failure itself
@@ -224,7 +226,9 @@ class SpectralSolution:
     """``u`` (values at the GLL nodes, NumPy or CuPy), ``iterations``, ``num_dofs`` (the
     unknowns: hanging DoFs not counted), ``info``; ``seconds``: wall time of the set-up
     (space, operator, preconditioner) and of the solve (load vector, CG), device synchronised;
-    ``nbytes``: what the problem held on its backend (:meth:`SpectralProblem.nbytes`)."""
+    ``nbytes``: what the problem held on its backend (:meth:`SpectralProblem.nbytes`);
+    ``outer_steps``: the refinement steps of a mixed-precision solve (``inner_dtype``; then
+    ``iterations`` counts the inner CG iterations), 1 otherwise."""
     u: Any
     iterations: int
     num_dofs: int
@@ -232,6 +236,7 @@ class SpectralSolution:
     space: SpectralSpace
     seconds: dict = field(default_factory=dict)
     nbytes: int = 0
+    outer_steps: int = 1
 
     def l2_error(self, exact) -> float:
         """``||u - exact||_L2`` by (k+3)-point Gauss quadrature on the isoparametric cells."""
@@ -295,4 +300,4 @@ def poisson(mesh, degree, f, *, g=None, mapping=None, preconditioner="two-scale"
     prob.backend.synchronize()
     return SpectralSolution(u=u, iterations=its, num_dofs=V.num_dofs - V.hanging_dofs.size, info=info,
                             space=V, seconds=dict(setup=t1 - t0, solve=time.perf_counter() - t1),
-                            nbytes=prob.nbytes())
+                            nbytes=prob.nbytes(), outer_steps=prob.last_outer_steps)

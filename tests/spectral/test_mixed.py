@@ -38,6 +38,7 @@ def test_refinement_reaches_what_float32_cannot(problem):
     # refinement: float32 operator and two-scale preconditioner inside, float64 residual
     x, its, info = p.solve(b, rtol=1e-10, inner_dtype=np.float32, inner_rtol=1e-3)
     assert info == 0 and x.dtype == np.float64
+    assert p.solve(b.astype(np.float32), rtol=1e-10, inner_dtype=np.float32)[0].dtype == np.float64
     assert _relres(p, b, x) <= 1e-10
     assert np.abs(x - x64).max() <= 1e-8 * np.abs(x64).max()
     # 1e-10 in steps of ~1e-3: 4 steps; the inner iterations about those of one float64 solve
@@ -81,7 +82,7 @@ def test_poisson_mixed_matches_float64():
     mesh = distorted_box(3, 3)
     a = poisson(mesh, 4, rhs3, g=exact3, rtol=1e-10, backend="cpu")
     m = poisson(mesh, 4, rhs3, g=exact3, rtol=1e-10, backend="cpu", inner_dtype=np.float32)
-    assert m.info == 0 and m.u.dtype == np.float64
+    assert m.info == 0 and m.u.dtype == np.float64 and a.outer_steps == 1 and 3 <= m.outer_steps <= 5
     assert np.abs(m.u - a.u).max() <= 1e-8 * np.abs(a.u).max()
     assert abs(m.l2_error(exact3) - a.l2_error(exact3)) <= 1e-9
 
