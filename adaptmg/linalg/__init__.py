@@ -5,6 +5,9 @@ their :mod:`scipy.sparse.linalg` namesakes (same arguments, defaults, meaning of
 ``maxiter`` and of the callback's argument, ``x0='Mb'``, ``atol`` validation,
 ``gmres``' ``callback_type`` with SciPy's default and DeprecationWarning);
 SciPy's own test suite runs against them (``tests/linalg/test_scipy_cases.py``).
+``refine`` (not in SciPy) is mixed-precision iterative refinement: the residual
+in the precision of ``A`` and ``b``, the corrections by an inner solver of lower
+precision (e.g. a float32 ``cg``), for tolerances below float32's attainable accuracy.
 ``fgmres`` is flexible GMRES (not in SciPy) with ``gmres``' arguments::
 
     x, info = gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=None,
@@ -44,5 +47,6 @@ from .bicgstab import bicgstab  # noqa: E402
 from .cg import cg  # noqa: E402
 from .gmres import fgmres, gmres  # noqa: E402
 from .minres import minres  # noqa: E402
+from .refine import refine  # noqa: E402
 
-__all__ = ["cg", "gmres", "fgmres", "bicgstab", "minres", "ConvergenceWarning"]
+__all__ = ["cg", "gmres", "fgmres", "bicgstab", "minres", "refine", "ConvergenceWarning"]

@@ -91,5 +91,23 @@ class PMultigrid:
                                            spec, multigrid_kwargs.get("smoother_kwargs"), auto_omega=True))
         self.M = self.solver.aspreconditioner(graph=False)
 
+    def arrays(self):
+        """The arrays and CSR matrices the hierarchy holds on its backend: every level's
+        operator (the Q1 matrices; a p-level's spectral operator and masks, the finest
+        problem's excepted: its owner counts it), transfers, work vectors and Schwarz
+        smoother (for :func:`~adaptmg.spectral.space.array_nbytes`)."""
+        out = []
+        for lev in self.solver._dev[:-1] + [None]:
+            if lev is None:                                    # the finest p-level
+                lev = self.solver._dev[-1]
+                items = [lev.P, lev.R, lev.r]
+            else:
+                items = [lev.A, lev.P, lev.R, lev.RA, lev.AP, lev.x, lev.b, lev.r]
+            for a in items:
+                out += a._arrays(preconditioner=False) if hasattr(a, "_arrays") else [a]
+            S = getattr(lev.smoother, "S", None)
+            out += S.arrays() if isinstance(S, FineSchwarz) else []
+        return [a for a in out if hasattr(a, "nbytes") or hasattr(a, "indptr")]
+
     def __call__(self, r):
         return self.M.matvec(r)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import call_points, get_backend, to_host
-from ..linalg import cg
+from ..linalg import ConvergenceWarning, cg, refine
 from .basis import quadrature_rule
 from .operators import SpectralOperator
 from .schwarz import CoarseQ1, FineSchwarz, TwoScale
@@ -74,6 +74,7 @@ class SpectralProblem:
         self.mass, self.stiffness, self.dirichlet = mass, stiffness, dirichlet
         kw = dict(mass=mass, stiffness=stiffness, dtype=dtype, backend=self.backend)
         self.preconditioner, self._coarse_kwargs = preconditioner, dict(coarse_kwargs or {})
+        self._inner, self.last_outer_steps = {}, 0     # inner problems of mixed-precision solves
         if preconditioner == "jacobi":
             diag = self.op.diagonal()
             if space.H is not None:                 # diag(H^T A H) without A's off-diagonal terms
@@ -97,6 +98,7 @@ class SpectralProblem:
         import copy
         be = self.backend
         out = copy.copy(self)
+        out._inner = {}
         out.dtype = dtype = np.dtype(dtype)
         out.op = self.op.astype(dtype)
         out._H = None if self._H is None else tuple(retype_csr(A, dtype, be) for A in self._H)
@@ -108,22 +110,36 @@ class SpectralProblem:
             out.M = self.M.astype(dtype)
         return out
 
-    def nbytes(self, work_vectors=6):
-        """Bytes this problem holds on its backend -- operator (factors, gather index, scatter
-        matrix), preconditioner, the masks -- plus ``work_vectors`` vectors of the DoFs
-        (PCG: x, r, z, p, A p and the right-hand side); arrays shared between parts once."""
+    def _arrays(self, preconditioner=True):
+        """The arrays this problem holds on its backend (operator, masks, and with
+        ``preconditioner`` the preconditioner's)."""
         items = [self.op.G if self.op.geometry == "stored" else self.op.X,
                  getattr(self.op, "wdet", None), self.op.cell_dofs, self.op.scatter_matrix, self.free]
         items += [] if self._H is None else list(self._H)
         items.append(self.space._on_backend.get((self.backend.name, "points")))   # the space's copy
-        M = self.M
+        M = self.M if preconditioner else None
         if isinstance(M, TwoScale):
             items += M.fine.arrays() + M.coarse.arrays()
         elif isinstance(M, FineSchwarz):
             items += M.arrays()
         elif isinstance(M, _Scale):
             items.append(M.d)
-        return array_nbytes(*items) + work_vectors * self.shape[0] * self.dtype.itemsize
+        elif hasattr(M, "arrays"):                      # PMultigrid
+            items += M.arrays()
+        return items
+
+    def nbytes(self, work_vectors=6):
+        """Bytes this problem holds on its backend -- operator (factors, gather index, scatter
+        matrix), preconditioner (p-multigrid: every level), the masks -- plus ``work_vectors`` vectors of the DoFs
+        (PCG: x, r, z, p, A p and the right-hand side); arrays shared between parts once.
+        With inner problems of mixed-precision solves (:meth:`inner`): theirs too, shared
+        index structures once, and the refinement's vectors (x, r, b here; six there)."""
+        items = self._arrays()
+        vectors = (3 if self._inner else work_vectors) * self.dtype.itemsize
+        for low in self._inner.values():
+            items += low._arrays()
+            vectors += 6 * low.dtype.itemsize
+        return array_nbytes(*items) + self.shape[0] * vectors
 
     def expand(self, x):
         """``H x``: the continuous function of the values at regular DoFs (x itself when the
@@ -142,14 +158,56 @@ class SpectralProblem:
 
     __matmul__ = matvec
 
-    def solve(self, b, x0=None, *, rtol=1e-8, maxiter=None):
-        """CG on the masked system; returns (x, iterations, info)."""
-        its = [0]
+    def inner(self, dtype):
+        """The problem in ``dtype`` that mixed-precision solves of this one use inside
+        (:meth:`astype`, made on the first call and kept: see :meth:`solve`)."""
+        dtype = np.dtype(dtype)
+        if dtype not in self._inner:
+            self._inner[dtype] = self.astype(dtype)
+        return self._inner[dtype]
 
-        def count(_):
-            its[0] += 1
-        x, info = cg(self.matvec, b, x0, rtol=rtol, maxiter=maxiter, M=self.M, callback=count)
-        return x, its[0], info
+    def solve(self, b, x0=None, *, rtol=1e-8, maxiter=None, inner_dtype=None, inner_rtol=1e-3):
+        """CG on the masked system to ``||b - A x|| <= rtol ||b||``; returns
+        ``(x, iterations, info)`` (``info > 0`` with a ConvergenceWarning when ``maxiter``
+        CG iterations did not reach ``rtol``).
+
+        ``inner_dtype`` (e.g. ``np.float32`` for a float64 problem): mixed-precision iterative
+        refinement (:func:`adaptmg.linalg.refine`): the residual ``b - A x`` with this
+        problem's operator and x in its dtype, the corrections by PCG of :meth:`inner`'s
+        problem (operator and preconditioner in ``inner_dtype``) to ``inner_rtol`` relative
+        to each residual.  For tolerances below the attainable accuracy of a float32 residual
+        (rounding in the operator apply, growing with the DoFs: about 2e-6 at 1.4e7 DoFs of
+        degree 6).  ``iterations``: the inner CG iterations of all steps, ``maxiter`` bounds
+        them; :attr:`last_outer_steps` the outer steps.  Memory: this problem (its float64
+        factors are kept) plus the inner one (float32 factors, index structures shared):
+        about 1.5x the float64 problem's bytes (:meth:`nbytes` counts both).  Time: an inner
+        iteration costs a float32 one, an outer step one float64 operator apply and a few
+        vector updates, and each outer step starts a new Krylov space (a few more iterations
+        than one uninterrupted PCG)."""
+        if inner_dtype is None or np.dtype(inner_dtype) == self.dtype:
+            its = [0]
+
+            def count(_):
+                its[0] += 1
+            x, info = cg(self.matvec, b, x0, rtol=rtol, maxiter=maxiter, M=self.M, callback=count)
+            self.last_outer_steps = 1
+            return x, its[0], info
+        inner_dtype = np.dtype(inner_dtype)
+        if inner_dtype.kind != "f" or inner_dtype.itemsize >= self.dtype.itemsize:
+            raise ValueError(f"inner_dtype must be a float type below the problem's {self.dtype}, "
+                             f"got {inner_dtype}")
+        low = self.inner(inner_dtype)
+        if getattr(b, "dtype", self.dtype) != self.dtype:     # the residual in this problem's dtype
+            b = b.astype(self.dtype)
+
+        def solve_low(r, tau, budget):
+            with warnings.catch_warnings():              # refine reports a failure itself
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                d, n, _ = low.solve(r.astype(inner_dtype), rtol=tau, maxiter=budget)
+            return d, n
+        x, info, its, self.last_outer_steps = refine(self.matvec, b, x0, inner=solve_low, rtol=rtol,
+                                                     inner_rtol=inner_rtol, maxiter=maxiter)
+        return x, its, info
 
 
 class _Scale:
@@ -168,7 +226,9 @@ class SpectralSolution:
     """``u`` (values at the GLL nodes, NumPy or CuPy), ``iterations``, ``num_dofs`` (the
     unknowns: hanging DoFs not counted), ``info``; ``seconds``: wall time of the set-up
     (space, operator, preconditioner) and of the solve (load vector, CG), device synchronised;
-    ``nbytes``: what the problem held on its backend (:meth:`SpectralProblem.nbytes`)."""
+    ``nbytes``: what the problem held on its backend (:meth:`SpectralProblem.nbytes`);
+    ``outer_steps``: the refinement steps of a mixed-precision solve (``inner_dtype``; then
+    ``iterations`` counts the inner CG iterations), 1 otherwise."""
     u: Any
     iterations: int
     num_dofs: int
@@ -176,6 +236,7 @@ class SpectralSolution:
     space: SpectralSpace
     seconds: dict = field(default_factory=dict)
     nbytes: int = 0
+    outer_steps: int = 1
 
     def l2_error(self, exact) -> float:
         """``||u - exact||_L2`` by (k+3)-point Gauss quadrature on the isoparametric cells."""
@@ -203,14 +264,15 @@ def _error_rule(k):
 
 def poisson(mesh, degree, f, *, g=None, mapping=None, preconditioner="two-scale", rtol=1e-8,
             backend="auto", dirichlet="all", dtype=np.float64, maxiter=None, geometry="stored",
-            quadrature="gll", concurrent="auto"):
+            quadrature="gll", concurrent="auto", inner_dtype=None):
     """Solve ``-div grad u = f`` with ``u = g`` on the Dirichlet boundary (ids or "all")
     by spectral elements of degree ``degree`` on ``mesh`` (optionally curved by ``mapping``)
     and preconditioned CG.  ``mesh`` may also be a :class:`SpectralSpace` of that degree
     (built once, solved with several preconditioners; ``mapping`` is then the space's).  ``f``, ``g``: callables of points ``x[..., d]``.
     ``quadrature``: "gll" (collocated, seed 004) or "gauss" (k+2 points: exact on affine
     cells, so u in Q_k is reproduced).  Meshes with hanging nodes (2:1) are constrained by
-    :mod:`adaptmg.spectral.hanging`.  Returns a :class:`SpectralSolution`; ``info != 0``
+    :mod:`adaptmg.spectral.hanging`.  ``inner_dtype=np.float32``: mixed-precision iterative
+    refinement (:meth:`SpectralProblem.solve`; ``dtype`` float64 outside).  Returns a :class:`SpectralSolution`; ``info != 0``
     (with a warning from CG) when CG did not reach ``rtol``."""
     t0 = time.perf_counter()
     be = get_backend(backend)
@@ -233,9 +295,9 @@ def poisson(mesh, degree, f, *, g=None, mapping=None, preconditioner="two-scale"
         ug[xp.asarray(prob.fixed)] = _values(g, xp.asarray(pts), "g", xp).astype(prob.dtype)
         b = b - op.matvec(prob.expand(ug))
     b = prob.free * prob.restrict(b)
-    x, its, info = prob.solve(b, rtol=rtol, maxiter=maxiter)
+    x, its, info = prob.solve(b, rtol=rtol, maxiter=maxiter, inner_dtype=inner_dtype)
     u = prob.expand(x + ug)
     prob.backend.synchronize()
     return SpectralSolution(u=u, iterations=its, num_dofs=V.num_dofs - V.hanging_dofs.size, info=info,
                             space=V, seconds=dict(setup=t1 - t0, solve=time.perf_counter() - t1),
-                            nbytes=prob.nbytes())
+                            nbytes=prob.nbytes(), outer_steps=prob.last_outer_steps)

@@ -8,6 +8,7 @@ import scipy.sparse as sp
 
 import adaptmg
 from adaptmg.backend import get_backend
+from adaptmg.spectral.space import array_nbytes
 from adaptmg.spectral import SpectralProblem, SpectralSpace, poisson
 from adaptmg.spectral import space as space_mod
 from adaptmg.spectral.schwarz import CoarseQ1, FineSchwarz, TwoScale, space_transfer
@@ -124,6 +125,13 @@ def test_nbytes_counts_the_stored_arrays(ogrid):
     lower = op.G.nbytes + op.wdet.nbytes + op.cell_dofs.nbytes + fine.index.nbytes + p.M.coarse.P.data.nbytes
     assert lower < p.nbytes(work_vectors=0)
     assert p.nbytes() - p.nbytes(work_vectors=0) == 6 * 8 * ogrid.num_dofs
+    # p-multigrid: every level counted (the Q3 -> Q1 transfer P and R, the Q1 matrices, the
+    # Schwarz smoother), the finest operator once
+    q = SpectralProblem(ogrid, backend="cpu", preconditioner="pmg")
+    top = q.M.solver._dev[-1]
+    own = array_nbytes(*q._arrays(preconditioner=False))
+    parts = sum(array_nbytes(a) for a in (top.P, top.R, q.M.solver._dev[0].A) + tuple(top.smoother.S.arrays()))
+    assert own + parts < q.nbytes(work_vectors=0) < own + 3 * parts
 
 
 def test_poisson_on_a_built_space_and_the_concurrent_option():
