@@ -1,0 +1,57 @@
+"""The fast host paths of the distributed set-up give exactly what their plain definitions give.
+
+Each fast path (top-down curve keys, bit-spread Morton codes, ...) is compared element for
+element with a reference written the direct way on adaptive 2-D and 3-D meshes with
+several refinement levels, hanging nodes and every mesh of their coarsening hierarchy.
+"""
+import numpy as np
+import pytest
+
+from adaptmg.distributed import curve_order
+from adaptmg.distributed import partition as part
+from adaptmg.mesh import Mesh
+
+
+def _meshes(dim, steps, seed=0):
+    """A randomly refined box (levels spread over ``steps`` + 1 values) and its hierarchy."""
+    rng = np.random.default_rng(seed)
+    m = Mesh.box([0.0] * dim, [2.0] + [1.0] * (dim - 1), [3] + [2] * (dim - 1))
+    for _ in range(steps):
+        m = m.refine(rng.random(m.num_cells) < 0.3)
+    return m.hierarchy()
+
+
+def _morton_bitwise(q):
+    """Bit ``b`` of axis ``a`` to bit ``d b + a``, one bit at a time."""
+    n, d = q.shape
+    key = np.zeros(n, dtype=np.uint64)
+    q = q.astype(np.uint64)
+    for b in range(part._BITS[d]):
+        for a in range(d):
+            key |= ((q[:, a] >> np.uint64(b)) & np.uint64(1)) << np.uint64(d * b + a)
+    return key
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_morton_bit_spread_equals_bitwise_interleave(dim):
+    rng = np.random.default_rng(dim)
+    q = rng.integers(0, 2 ** part._BITS[dim], size=(2000, dim)).astype(float)
+    q[:3] = [[0] * dim, [2 ** part._BITS[dim] - 1] * dim, [1] + [0] * (dim - 1)]
+    k = part._morton(q)
+    assert np.array_equal(k, _morton_bitwise(q))
+    assert k[1] == 2 ** (dim * part._BITS[dim]) - 1 and k[2] == 1
+
+
+@pytest.mark.parametrize("dim,steps", [(2, 6), (3, 3)])
+def test_curve_order_top_down_equals_walk(dim, steps):
+    """The top-down keys give the permutation of the walk up the tree (its lexsort of the
+    digits): on every mesh of an adaptive hierarchy, coarse meshes sharing the fine forest."""
+    meshes = _meshes(dim, steps)
+    assert meshes[-1].levels.max() - meshes[-1].levels.min() >= 2
+    for m in meshes:
+        keys = part._curve_keys(m)
+        assert keys is not None and np.unique(keys).size == m.num_cells
+        order = curve_order(m)
+        assert np.array_equal(order, part._curve_order_walk(m))
+        assert np.array_equal(np.sort(order), np.arange(m.num_cells))
+
