@@ -421,20 +421,17 @@ class Mesh:
         pos = self._node_numbering[1]
         # the parents of a hanging node are vertices of both the coarse owner and the fine
         # cells beside it, so cells of two levels meet there: skip all other candidates
-        # (levels scattered in the forest's int16: a quarter of int64's bytes)
-        lv = np.repeat(self.levels.astype(F.cell_level.dtype), self.cells.shape[1])
-        lo = np.full(self.num_nodes, np.iinfo(lv.dtype).max, dtype=lv.dtype)
-        hi = np.full(self.num_nodes, -1, dtype=lv.dtype)
-        np.minimum.at(lo, self.cells.ravel(), lv)
-        np.maximum.at(hi, self.cells.ravel(), lv)
-        jump = hi > lo
+        jump, rows = _touch.level_jumps(self.cells, self.num_nodes,
+                                        self.levels.astype(F.cell_level.dtype))
         # first by their first two parents (every candidate has them): flat gathers of two
-        # columns instead of the (candidates, 4) parent rows of all edge midpoints and faces
+        # columns instead of the (candidates, 4) parent rows of all edge midpoints and faces,
+        # the jumps looked up by forest id (a -1 parent wraps as pos.take(-1) would)
+        jf = np.zeros(F.num_nodes, dtype=bool)
+        jf[ids[jump]] = True
         flat_par = F.node_par.reshape(-1)
         at = ids.take(cand) * F.node_par.shape[1]
         for j in range(2):
-            pj = pos.take(flat_par.take(at + j))
-            sel = np.flatnonzero(jump.take(np.maximum(pj, 0)) & (pj >= 0))
+            sel = np.flatnonzero(jf.take(flat_par.take(at + j)))
             cand, at = cand.take(sel), at.take(sel)
         npar = np.where(kind[cand] == 1, 2, 4)
         gpar = F.node_par[ids[cand], :4]
@@ -445,8 +442,12 @@ class Mesh:
         cand, npar, lpar = cand[ok], npar[ok], lpar[ok]
         gpar = gpar[ok]
         valid = gpar >= 0
-        rows = np.repeat(np.arange(cand.size), valid.sum(1))
-        r, c = cells_holding(self.cells, rows, lpar[valid], npar, self.num_nodes)
+        rows_h = np.repeat(np.arange(cand.size), valid.sum(1))
+        # the cells holding a parent set have a jump vertex: all of them are among ``rows``
+        sub = self.cells if rows is None else np.take(self.cells, rows, axis=0)
+        r, c = cells_holding(sub, rows_h, lpar[valid], npar, self.num_nodes)
+        if rows is not None:
+            c = rows.take(c).astype(np.int32 if self.num_cells <= np.iinfo(np.int32).max else np.int64)
         first = np.ones(r.size, dtype=bool)
         first[1:] = r[1:] != r[:-1]
         rows_h = r[first]
