@@ -28,7 +28,7 @@ import scipy.sparse as sp
 
 from . import reference as ref
 from . import tags
-from . import _touch
+from . import _parents, _touch
 from ._join import cells_holding
 from ._tree import Forest
 
@@ -619,23 +619,9 @@ class Mesh:
 
     def parent_of(self, coarse: "Mesh"):
         """For each cell of ``self`` (a refinement of ``coarse`` by at most one level per cell):
-        (index of the containing coarse cell, child index or -1 if the cell is a coarse cell itself)."""
-        if coarse._forest is not self._forest and (
-                coarse._forest.num_cells > self._forest.num_cells or not np.array_equal(
-                coarse._forest.cell_nodes, self._forest.cell_nodes[:coarse._forest.num_cells])):
-            raise ValueError("parent_of: meshes do not come from the same refinement history")
-        # forest cell id -> index among the coarse active cells (-1: not active there)
-        loc = np.full(self._forest.num_cells, -1, dtype=np.int64)
-        loc[coarse._active] = np.arange(coarse._active.size)
-        pos = loc[self._active]
-        same = pos >= 0
-        par = self._forest.cell_parent[self._active]
-        ppos = np.where(par >= 0, loc[np.maximum(par, 0)], -1)
-        if not (same | (ppos >= 0)).all():
-            raise ValueError("parent_of: some cells are refined more than once relative to the coarse mesh")
-        cidx = np.where(same, pos, ppos)
-        child = np.where(same, -1, self._active - self._forest.cell_child0[np.where(par >= 0, par, 0)])
-        return cidx, child
+        (index of the containing coarse cell, child index or -1 if the cell is a coarse cell
+        itself); new int64 arrays, the last answer per mesh kept (:mod:`._parents`)."""
+        return _parents.parent_of(self, coarse)
 
     # ------------------------------------------------------------------ global coarsening
     def coarsen_once(self) -> "Mesh":

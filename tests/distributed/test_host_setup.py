@@ -55,3 +55,19 @@ def test_curve_order_top_down_equals_walk(dim, steps):
         assert np.array_equal(order, part._curve_order_walk(m))
         assert np.array_equal(np.sort(order), np.arange(m.num_cells))
 
+
+
+@pytest.mark.parametrize("dim,degree,components", [(2, 2, 1), (3, 1, 3)])
+def test_dof_owners_is_the_lowest_touching_rank(dim, degree, components):
+    """Every DoF's owner is the minimum rank over the cells having its node (int64 reference
+    scatter), its components share it, and a rank count beyond int16 keeps int64."""
+    from adaptmg.distributed import dof_owners, partition_cells
+    from adaptmg.fe import Space
+    m = _meshes(dim, 2 if dim == 3 else 4, seed=3)[-1]
+    space = Space(m, degree, components)
+    cd = space.cell_dofs
+    for ranks in (partition_cells(m, 3), partition_cells(m, 7) * 5000):
+        ref = np.full(space.num_nodes, np.iinfo(np.int64).max)
+        np.minimum.at(ref, cd.ravel(), np.repeat(ranks, cd.shape[1]))
+        own = dof_owners(space, ranks)
+        assert own.dtype == np.int64 and np.array_equal(own, np.repeat(ref, components))
