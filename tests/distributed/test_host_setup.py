@@ -71,3 +71,36 @@ def test_dof_owners_is_the_lowest_touching_rank(dim, degree, components):
         np.minimum.at(ref, cd.ravel(), np.repeat(ranks, cd.shape[1]))
         own = dof_owners(space, ranks)
         assert own.dtype == np.int64 and np.array_equal(own, np.repeat(ref, components))
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_transfer_rows_whole_and_per_cell_paths_are_identical(dim):
+    """A rank's rows of P and R from the whole forest-path P equal those from its cells,
+    array for array (indptr, indices and their dtypes, data), and the rows of the serial P."""
+    from adaptmg.distributed import coarse_cell_ranks, dof_owners, partition_cells
+    from adaptmg.distributed.local import WHOLE_P_SHARE, local_transfer_rows
+    from adaptmg.fe import Constraints, Space
+    from adaptmg.multilevel.transfer import prolongation
+    meshes = _meshes(dim, 4 if dim == 2 else 2, seed=5)
+    fine, coarse = Space(meshes[-1], 1), Space(meshes[-2], 1)
+    assert fine.mesh.num_hanging_nodes and coarse.mesh.num_hanging_nodes
+    ff = Constraints(fine, fine.boundary_dofs()).free
+    cf = Constraints(coarse, coarse.boundary_dofs()).free
+    P = prolongation(coarse, fine, cf, ff)
+    for size in (2, 3):
+        ranks = partition_cells(fine.mesh, size)
+        of = dof_owners(fine, ranks)
+        oc = dof_owners(coarse, coarse_cell_ranks(fine.mesh, coarse.mesh, ranks, size))
+        for r in range(size):
+            a = local_transfer_rows(coarse, fine, cf, ff, oc, of, r, whole=False)
+            b = local_transfer_rows(coarse, fine, cf, ff, oc, of, r, whole=True)
+            auto = local_transfer_rows(coarse, fine, cf, ff, oc, of, r)
+            assert auto[2] == (b[2] if np.mean(of == r) >= WHOLE_P_SHARE else a[2])
+            assert a[2] < b[2] == fine.mesh.num_cells
+            for x, y in zip(a[:2], b[:2]):
+                assert x.shape == y.shape and x.has_sorted_indices and y.has_sorted_indices
+                for name in ("indptr", "indices", "data"):
+                    u, v = getattr(x, name), getattr(y, name)
+                    assert u.dtype == v.dtype and np.array_equal(u, v), name
+            assert abs(a[0] - P[np.flatnonzero(of == r)]).max() == 0
+            assert abs(a[1] - P.T.tocsr()[np.flatnonzero(oc == r)]).max() == 0
