@@ -80,13 +80,15 @@ class CellSubset:
         m = space.mesh
         self.space = space
         self.cell_ids = cells
-        self.mesh = SimpleNamespace(dim=m.dim, points=m.points, cells=m.cells[cells],
+        # row gathers by take (Q1: the DoF table is the mesh's cell table, gathered once)
+        self.cell_dofs = np.take(space.cell_dofs, cells, axis=0)
+        mc = self.cell_dofs if space.cell_dofs is m.cells else np.take(m.cells, cells, axis=0)
+        self.mesh = SimpleNamespace(dim=m.dim, points=m.points, cells=mc,
                                     num_cells=int(cells.size), num_nodes=m.num_nodes)
         self.dim = space.dim
         self.degree = space.degree
         self.components = space.components
         self.element = space.element
-        self.cell_dofs = space.cell_dofs[cells]
         self.num_nodes = space.num_nodes
         self.num_dofs = space.num_dofs
 
@@ -109,7 +111,7 @@ def needed_cells(space, node_mask):
     """Sorted cells touching a node of ``node_mask`` or a hanging node with a parent in it."""
     need = node_mask.copy()
     need[_hanging_with_parent_in(space, node_mask)] = True
-    return np.flatnonzero(need[space.cell_dofs].any(axis=1))
+    return _cells_touching(space.cell_dofs, need)
 
 
 def _hanging_rows_coo(space, dofs):
@@ -180,9 +182,10 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
     node_own = np.zeros(space.num_nodes, dtype=bool)
     node_own[rows // c] = True
     cells = needed_cells(space, node_own)
+    view = CellSubset(space, cells)
     N = space.num_dofs
     mark = np.zeros(space.num_nodes, dtype=bool)
-    mark[space.cell_dofs[cells]] = True
+    mark[view.cell_dofs] = True
     nodes = np.flatnonzero(mark)
     dofs = (nodes[:, None] * c + np.arange(c)).ravel()
     HZT_o, HZ = constraint_blocks(space, rows, dofs, free)
@@ -191,7 +194,7 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
         # cell; it still takes part in the Allreduce of s
         _row_scale(comm, 0.0, 0)
         return sp.csr_matrix((0, N)), HZT_o, cells
-    A = _on_backend(assemble, be)(CellSubset(space, cells))
+    A = _on_backend(assemble, be)(view)
     if getattr(A, "shape", None) != (N, N):
         raise ValueError(f"assemble(view) must return a {N} x {N} matrix, got shape {getattr(A, 'shape', None)}")
     # products on ``be`` -- on the host when a factor is empty (every owned row or every
