@@ -545,8 +545,9 @@ class Mesh:
         """(cells, local faces, boundary ids) of the boundary faces, optionally only those with ``ids``
         (ids or names, :meth:`resolve_boundary`)."""
         b = self.boundary_ids
-        c, f = np.nonzero(b >= 0)
-        bid = b[c, f]
+        at = np.flatnonzero(b.reshape(-1) >= 0)        # = np.nonzero(b >= 0), row-major
+        c, f = np.divmod(at, b.shape[1])
+        bid = b.reshape(-1).take(at)
         ids = self.resolve_boundary(ids)
         if ids is not None:
             keep = np.isin(bid, ids)
@@ -556,7 +557,8 @@ class Mesh:
     def boundary_nodes(self, ids=None, where: Callable | None = None) -> np.ndarray:
         """Sorted indices of nodes on boundary faces (with boundary id in ``ids``) where ``where(x)`` holds."""
         c, f, _ = self.boundary_faces(ids)
-        nodes = np.unique(self.cells[c[:, None], ref.face_vertices(self.dim)[f]])
+        nodes = np.unique(np.take(self.cells, c, axis=0)[np.arange(c.size)[:, None],
+                                                         ref.face_vertices(self.dim)[f]])
         return select_where(nodes, self.points, where)
 
     # ------------------------------------------------------------------ refinement
