@@ -27,17 +27,20 @@ def parent_of(fine, coarse):
             coarse._forest.num_cells > F.num_cells or not np.array_equal(
             coarse._forest.cell_nodes, F.cell_nodes[:coarse._forest.num_cells])):
         raise ValueError("parent_of: meshes do not come from the same refinement history")
-    # forest cell id -> index among the coarse active cells (-1: not active there)
-    loc = np.full(F.num_cells, -1, dtype=np.int64)
-    loc[coarse._active] = np.arange(coarse._active.size)
-    pos = loc[act]
+    # forest cell id -> index among the coarse active cells (-1: not active there), int32
+    # where the forest fits: half the bytes of the fill and of the gathers below
+    it = np.int32 if F.num_cells < np.iinfo(np.int32).max else np.int64
+    loc = np.full(F.num_cells, -1, dtype=it)
+    loc[coarse._active] = np.arange(coarse._active.size, dtype=it)
+    pos = loc.take(act)
     same = pos >= 0
-    par = F.cell_parent[act]
-    ppos = np.where(par >= 0, loc[np.maximum(par, 0)], -1)
+    par = F.cell_parent.take(act)
+    ppos = loc.take(par)                          # a root's -1 reads the last entry: reset
+    ppos[par < 0] = -1
     if not (same | (ppos >= 0)).all():
         raise ValueError("parent_of: some cells are refined more than once relative to the coarse mesh")
-    cidx = np.where(same, pos, ppos)
-    child = np.where(same, -1, act - F.cell_child0[np.where(par >= 0, par, 0)])
+    cidx = np.where(same, pos, ppos).astype(np.int64)
+    child = np.where(same, -1, act - F.cell_child0.take(np.maximum(par, 0)))
     it = np.int32 if coarse.num_cells <= np.iinfo(np.int32).max else np.int64
     _MEMO[fine] = (weakref.ref(coarse), cidx.astype(it), child.astype(np.int8))
     return cidx, child
