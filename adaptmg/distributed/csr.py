@@ -95,14 +95,15 @@ class Layout:
         self.local[self.rows] = np.arange(self.n)
         self.counts = np.bincount(owner, minlength=size)
 
-    def on(self, xp):
-        """``(owner, local)`` as ``xp`` arrays (the device copies made once)."""
-        if xp is np:
-            return self.owner, self.local
-        dev = self.__dict__.get("_dev")
+    def local_on(self, xp):
+        """``local`` as an ``xp`` array, int32 where ``N`` fits (the device copy made once)."""
+        key = "_local_" + ("np" if xp is np else "dev")
+        dev = self.__dict__.get(key)
         if dev is None or dev[0] is not xp:
-            dev = self._dev = (xp, xp.asarray(self.owner), xp.asarray(self.local))
-        return dev[1], dev[2]
+            loc = self.local.astype(np.int32) if self.N < np.iinfo(np.int32).max else self.local
+            dev = (xp, loc if xp is np else xp.asarray(loc))
+            setattr(self, key, dev)
+        return dev[1]
 
     def scatter(self, x_global: np.ndarray) -> np.ndarray:
         """This rank's part of a replicated global vector (a copy)."""
@@ -452,8 +453,8 @@ def _pinned(xp, n, dtype):
 
 def _split(be, Ml, cols, rank):
     r"""``(M_oo, M_og, ghosts)`` of the canonical CSR rows ``Ml`` (global columns) on ``be``
-    (module doc): an entry is owned when ``cols.owner`` of its column is ``rank`` (local
-    column ``cols.local``), else a ghost; ``ghosts`` (host) are the distinct ghost columns
+    (module doc): an entry is owned when ``cols.owner`` of its column is ``rank``, i.e. its
+    local column ``cols.local`` is not -1 (one gather of the compact ``local``), else a ghost; ``ghosts`` (host) are the distinct ghost columns
     ordered by (owner, global index), found by one ``unique`` over the ghost entries -- only
     they cross to the host on the GPU, O(halo) -- and each ghost entry's column is its
     position among them (a search in the sorted distinct columns).
@@ -462,9 +463,9 @@ def _split(be, Ml, cols, rank):
     the sorted ghost entry positions ``gp`` (``#{gp < indptr[r]}``: one search per row), not
     from a running count over all entries."""
     xp = be.xp
-    owner, local = cols.on(xp)
     ind, indptr = Ml.indices, Ml.indptr
-    own = owner[ind] == rank
+    lc = cols.local_on(xp)[ind]                          # local column; -1: owned elsewhere
+    own = lc >= 0                                        # (one gather gives both)
     gp = xp.flatnonzero(~own)                            # ghost entries, sorted
     gi = ind[gp].astype(xp.int64)
     gu = xp.unique(gi)                                   # sorted by global index
@@ -476,7 +477,7 @@ def _split(be, Ml, cols, rank):
     gpos = xp.asarray(pos)[xp.searchsorted(gu, gi)] if gi.size else gi
     before = xp.searchsorted(gp, indptr.astype(gp.dtype)).astype(xp.int64)   # ghost entries before each row
     shape = Ml.shape[0]
-    Aoo = _block(be, Ml.data[own], local[ind[own]], indptr.astype(xp.int64) - before, (shape, cols.n),
+    Aoo = _block(be, Ml.data[own], lc[own], indptr.astype(xp.int64) - before, (shape, cols.n),
                  sorted_=True)                          # local numbering keeps the column order
     Aog = _block(be, Ml.data[gp], gpos, before, (shape, ghosts.size), sorted_=False)
     return Aoo, Aog, ghosts
@@ -490,7 +491,8 @@ def _block(be, data, col, indptr, shape, sorted_):
     it = np.int32 if max(shape[1], nk) < np.iinfo(np.int32).max else np.int64
     if be.is_gpu and (nk == 0 or shape[1] == 0):
         return sp.csr_matrix(shape)
-    A = be.sparse.csr_matrix((data, col.astype(it), indptr.astype(it)), shape=shape)
+    A = be.sparse.csr_matrix((data, col.astype(it, copy=False), indptr.astype(it, copy=False)),
+                             shape=shape)
     if sorted_ and not be.is_gpu:
         A.has_sorted_indices = True
     else:

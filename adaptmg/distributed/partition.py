@@ -42,20 +42,99 @@ __all__ = ["curve_order", "partition_cells", "coarse_cell_ranks", "dof_owners", 
 _BITS = {2: 31, 3: 21}
 
 
+#: the bit-spreading steps of :func:`_morton` per dimension: (shift, mask) pairs that move
+#: bit ``b`` of a coordinate to bit ``d b`` (the classic "part by 1 / by 2" sequences)
+_SPREAD = {2: ((16, 0x0000FFFF0000FFFF), (8, 0x00FF00FF00FF00FF), (4, 0x0F0F0F0F0F0F0F0F),
+               (2, 0x3333333333333333), (1, 0x5555555555555555)),
+           3: ((32, 0x001F00000000FFFF), (16, 0x001F0000FF0000FF), (8, 0x100F00F00F00F00F),
+               (4, 0x10C30C30C30C30C3), (2, 0x1249249249249249))}
+
+
 def _morton(q: np.ndarray) -> np.ndarray:
-    """Interleave the bits of quantised coordinates q (n, d) (x lowest) into uint64 keys."""
+    """Interleave the bits of quantised coordinates q (n, d) (x lowest) into uint64 keys:
+    bit ``b`` of axis ``a`` goes to bit ``d b + a`` (the low ``_BITS[d]`` bits of each axis)."""
     n, d = q.shape
     key = np.zeros(n, dtype=np.uint64)
-    q = q.astype(np.uint64)
-    for b in range(_BITS[d]):
-        for a in range(d):
-            key |= ((q[:, a] >> np.uint64(b)) & np.uint64(1)) << np.uint64(d * b + a)
+    for a in range(d):
+        x = q[:, a].astype(np.uint64) & np.uint64((1 << _BITS[d]) - 1)
+        for shift, mask in _SPREAD[d]:
+            x = (x | (x << np.uint64(shift))) & np.uint64(mask)
+        key |= x << np.uint64(a)
     return key
+
+
+def _root_ranks(F, roots: np.ndarray) -> np.ndarray:
+    """Rank of each root cell (sorted forest ids ``roots``) in the Morton order of the root
+    centroids (quantised over their bounding box), ties by root id."""
+    d = F.dim
+    cen = F.X[F.cell_nodes[roots]].mean(axis=1)
+    lo, hi = cen.min(axis=0), cen.max(axis=0)
+    span = np.where(hi > lo, hi - lo, 1.0)
+    q = np.floor((cen - lo) / span * (2 ** _BITS[d] - 1) + 0.5)
+    rank = np.empty(roots.size, dtype=np.int64)
+    rank[np.lexsort((roots, _morton(q)))] = np.arange(roots.size)
+    return rank
+
+
+def _curve_keys(mesh):
+    r"""One int64 key per active cell whose order is the curve order, or None when it does not
+    fit into 63 bits (then :func:`_curve_order_walk`).
+
+    Top down from the roots, one step per level (no walk up from every cell): a cell of level
+    ``k`` below the root of rank ``r`` with child digits ``c_1 .. c_k`` has the key
+    ``((r << d k) | c_1 .. c_k) << d (L - k)`` (``L`` the mesh's deepest level), so comparing
+    keys compares (root rank, c_1, c_2, ...) with missing digits as 0 -- the lexicographic
+    order of the walk's ``lexsort``; two active cells never share a key (neither is the other's
+    ancestor).  A cell reached that is not active has 2^d children (they tile it), which are
+    visited next.  If that fails (a forest cell without children under no active cell) or not
+    every active cell is reached, None."""
+    F, d = mesh._forest, mesh.dim
+    ids = np.asarray(mesh.cell_ids, dtype=np.int64)
+    n = ids.size
+    if n == 0:
+        return None
+    L = int(F.cell_level[ids].max())
+    roots = np.flatnonzero(F.cell_level == 0)
+    if (max(roots.size - 1, 1).bit_length() + d * L > 63):
+        return None
+    active = np.zeros(F.num_cells, dtype=bool)
+    active[ids] = True
+    fkey = np.zeros(F.num_cells, dtype=np.int64)   # the key of every active cell, by forest id
+    front, key = roots, _root_ranks(F, roots)
+    kids = np.arange(2 ** d, dtype=np.int64)
+    found = 0
+    for k in range(L + 1):
+        act = active[front]
+        done = front[act]
+        fkey[done] = key[act] << (d * (L - k))
+        found += done.size
+        front, key = front[~act], key[~act]
+        if not front.size:
+            break
+        c0 = F.cell_child0[front]
+        if k == L or (c0 < 0).any():           # a dead end: the mesh does not tile the forest
+            return None
+        front = (c0[:, None] + kids).ravel()
+        key = ((key << d)[:, None] | kids).ravel()
+    if found != n or front.size:
+        return None
+    return fkey[ids]
 
 
 def curve_order(mesh) -> np.ndarray:
     """Permutation of the active cells of ``mesh`` along the Morton curve over root cells and
     refinement paths (``mesh.cells[order]`` is the curve order)."""
+    keys = _curve_keys(mesh)
+    if keys is None:
+        return _curve_order_walk(mesh)
+    # distinct keys: any sort gives this permutation; the stable one (timsort) profits from the
+    # runs of the forest order (the children of a cell are consecutive ids)
+    return np.argsort(keys, kind="stable")
+
+
+def _curve_order_walk(mesh) -> np.ndarray:
+    """:func:`curve_order` by walking every cell up to its root (one ``lexsort`` over the
+    digits): for meshes whose keys do not fit into 63 bits."""
     F = mesh._forest
     d = mesh.dim
     cur = np.asarray(mesh.cell_ids, dtype=np.int64).copy()
@@ -72,22 +151,11 @@ def curve_order(mesh) -> np.ndarray:
         par = F.cell_parent[c]
         digits[at - 1, deep] = c - F.cell_child0[par]
         cur[deep] = par
-    # Morton key of each root cell's centroid over the bounding box of all root centroids
     roots = np.unique(cur)
-    cen = F.X[F.cell_nodes[roots]].mean(axis=1)
-    lo, hi = cen.min(axis=0), cen.max(axis=0)
-    span = np.where(hi > lo, hi - lo, 1.0)
-    q = np.floor((cen - lo) / span * (2 ** _BITS[d] - 1) + 0.5)
-    rkey = np.empty(F.num_cells, dtype=np.uint64)
-    rkey[roots] = _morton(q)
-    if d * L <= 62:        # pack the path into one key: digit k (d bits) above digit k + 1
-        path = np.zeros(cur.size, dtype=np.int64)
-        for k in range(L):
-            path |= digits[k] << (d * (L - 1 - k))
-        keys = [path, cur, rkey[cur]]
-    else:
-        keys = [digits[k] for k in range(L - 1, -1, -1)] + [cur, rkey[cur]]
-    return np.lexsort(keys)                                  # tie break after the root key: root id
+    rrank = np.empty(F.num_cells, dtype=np.int64)
+    rrank[roots] = _root_ranks(F, roots)
+    keys = [digits[k] for k in range(L - 1, -1, -1)] + [rrank[cur]]
+    return np.lexsort(keys)
 
 
 def partition_cells(mesh, size: int, weights=None) -> np.ndarray:
@@ -166,13 +234,18 @@ def fold_cell_ranks(mesh, cell_ranks: np.ndarray, size_l: int) -> np.ndarray:
 
 
 def dof_owners(space, cell_ranks: np.ndarray) -> np.ndarray:
-    """Owner rank of every DoF of ``space``: the lowest rank among the cells touching its node."""
+    """Owner rank of every DoF of ``space``: the lowest rank among the cells touching its node
+    (one ``np.minimum.at`` over the (cell, node) slots, in int16 where the ranks fit: a
+    quarter of int64's bytes for the repeated ranks and the scattered minima)."""
     cd = space.cell_dofs
-    owner = np.full(space.num_nodes, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(owner, cd.ravel(), np.repeat(np.asarray(cell_ranks, dtype=np.int64), cd.shape[1]))
-    if (owner == np.iinfo(np.int64).max).any():
+    ranks = np.asarray(cell_ranks, dtype=np.int64)
+    vt = np.int16 if ranks.size == 0 or ranks.max() < np.iinfo(np.int16).max else np.int64
+    top = np.iinfo(vt).max
+    owner = np.full(space.num_nodes, top, dtype=vt)
+    np.minimum.at(owner, cd.ravel(), np.repeat(ranks.astype(vt), cd.shape[1]))
+    if (owner == top).any():
         raise RuntimeError("dof_owners: some DoF nodes belong to no cell")
-    return np.repeat(owner, space.components)
+    return np.repeat(owner.astype(np.int64), space.components)
 
 
 def imbalance(cell_ranks: np.ndarray, size: int) -> float:

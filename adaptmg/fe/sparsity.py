@@ -53,7 +53,8 @@ def _row_grouped(row_cells, nrows):
     (true on meshes whose cells share the reference orientation: structured and adaptive
     meshes, Q1 and Q2), the slot (node, i) is unique and the grouping is one scatter of
     e into a (nrows, nr) table, read back row by row (``by_slot=True``); the scatter is
-    checked by reading it back. Otherwise (or when the table would be much larger than the
+    checked by counting the filled slots (ninc of them iff no slot was written twice; no
+    gather reading it back).  Otherwise (or when the table would be much larger than the
     incidences) the stable argsort's permutation of the row nodes, by a counting sort.
     """
     nc, nr = row_cells.shape
@@ -64,8 +65,9 @@ def _row_grouped(row_cells, nrows):
         ids = np.arange(ninc, dtype=inc_t)
         table = np.full(nrows * nr, -1, dtype=inc_t)
         table[slot] = ids
-        if np.array_equal(table[slot], ids):             # no slot written twice
-            return table[table >= 0], True
+        filled = table >= 0
+        if np.count_nonzero(filled) == ninc:             # ninc distinct slots: none written twice
+            return table[filled], True
     flat = row_cells.reshape(-1)
     if ninc and nrows and flat.min() >= 0 and flat.max() < nrows:
         # the stable argsort of the row nodes as a counting sort: SciPy's C++ CSC -> CSR

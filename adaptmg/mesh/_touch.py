@@ -1,4 +1,5 @@
-"""Maximum of integer cell values over the touching cells, through the nodes.
+"""Maximum of integer cell values over the touching cells, through the nodes; the nodes
+where cells of two levels meet (:func:`level_jumps`).
 
 For active cells K with vertex sets V(K) and hanging links (node h, coarse cell C whose
 edge/face holds h):
@@ -61,3 +62,34 @@ def touch_max_vertices(cells: np.ndarray, num_nodes: int, values: np.ndarray) ->
     or the 4 beside it (a face centre) -- and each of those has a corner of ``e``, a vertex
     of K, as a vertex; so the hanging links add no touching pair and need not be computed."""
     return touch_max(cells, num_nodes, _NO_LINKS, values)
+
+
+def level_jumps(cells: np.ndarray, num_nodes: int, levels: np.ndarray):
+    """``(jump, rows)``: ``jump[i]`` whether cells of two levels share node ``i`` (the maximum
+    minus the minimum of ``levels`` over the cells with vertex ``i`` is positive), and the
+    sorted cells having a vertex that a cell off the most common level touches -- every cell
+    with a jump vertex is one of them -- or None (all cells).
+
+    Mostly one level dominates (a local refinement, its hierarchy): only the vertices of the
+    other cells can jump, so those are marked (a boolean scatter of few cells), the cells
+    touching them found by one boolean gather of the vertex slots (8 bytes a cell), and the
+    minimum and maximum taken over those cells only, instead of ``ufunc.at`` over every
+    (cell, vertex) pair (still the way without a dominant level).  The same mask either way."""
+    nc, nv = cells.shape
+    lv = np.asarray(levels)
+    rows = None
+    if nc and nv in (4, 8):
+        low = int(lv.min())
+        major = low + int(np.argmax(np.bincount(lv - low)))
+        minor = np.flatnonzero(lv != major)
+        if minor.size * SPARSE <= nc:
+            mark = np.zeros(num_nodes, dtype=bool)
+            mark[np.take(cells, minor, axis=0)] = True
+            rows = np.flatnonzero(np.take(mark, cells).view(f"u{nv}").ravel())
+            cells, lv = np.take(cells, rows, axis=0), lv.take(rows)
+    lv = np.repeat(lv, nv)
+    lo = np.full(num_nodes, np.iinfo(lv.dtype).max, dtype=lv.dtype)
+    hi = np.full(num_nodes, -1, dtype=lv.dtype)
+    np.minimum.at(lo, cells.ravel(), lv)
+    np.maximum.at(hi, cells.ravel(), lv)
+    return hi > lo, rows

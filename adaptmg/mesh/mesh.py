@@ -28,7 +28,7 @@ import scipy.sparse as sp
 
 from . import reference as ref
 from . import tags
-from . import _touch
+from . import _parents, _touch
 from ._join import cells_holding
 from ._tree import Forest
 
@@ -421,20 +421,17 @@ class Mesh:
         pos = self._node_numbering[1]
         # the parents of a hanging node are vertices of both the coarse owner and the fine
         # cells beside it, so cells of two levels meet there: skip all other candidates
-        # (levels scattered in the forest's int16: a quarter of int64's bytes)
-        lv = np.repeat(self.levels.astype(F.cell_level.dtype), self.cells.shape[1])
-        lo = np.full(self.num_nodes, np.iinfo(lv.dtype).max, dtype=lv.dtype)
-        hi = np.full(self.num_nodes, -1, dtype=lv.dtype)
-        np.minimum.at(lo, self.cells.ravel(), lv)
-        np.maximum.at(hi, self.cells.ravel(), lv)
-        jump = hi > lo
+        jump, rows = _touch.level_jumps(self.cells, self.num_nodes,
+                                        self.levels.astype(F.cell_level.dtype))
         # first by their first two parents (every candidate has them): flat gathers of two
-        # columns instead of the (candidates, 4) parent rows of all edge midpoints and faces
+        # columns instead of the (candidates, 4) parent rows of all edge midpoints and faces,
+        # the jumps looked up by forest id (a -1 parent wraps as pos.take(-1) would)
+        jf = np.zeros(F.num_nodes, dtype=bool)
+        jf[ids[jump]] = True
         flat_par = F.node_par.reshape(-1)
         at = ids.take(cand) * F.node_par.shape[1]
         for j in range(2):
-            pj = pos.take(flat_par.take(at + j))
-            sel = np.flatnonzero(jump.take(np.maximum(pj, 0)) & (pj >= 0))
+            sel = np.flatnonzero(jf.take(flat_par.take(at + j)))
             cand, at = cand.take(sel), at.take(sel)
         npar = np.where(kind[cand] == 1, 2, 4)
         gpar = F.node_par[ids[cand], :4]
@@ -445,8 +442,12 @@ class Mesh:
         cand, npar, lpar = cand[ok], npar[ok], lpar[ok]
         gpar = gpar[ok]
         valid = gpar >= 0
-        rows = np.repeat(np.arange(cand.size), valid.sum(1))
-        r, c = cells_holding(self.cells, rows, lpar[valid], npar, self.num_nodes)
+        rows_h = np.repeat(np.arange(cand.size), valid.sum(1))
+        # the cells holding a parent set have a jump vertex: all of them are among ``rows``
+        sub = self.cells if rows is None else np.take(self.cells, rows, axis=0)
+        r, c = cells_holding(sub, rows_h, lpar[valid], npar, self.num_nodes)
+        if rows is not None:
+            c = rows.take(c).astype(np.int32 if self.num_cells <= np.iinfo(np.int32).max else np.int64)
         first = np.ones(r.size, dtype=bool)
         first[1:] = r[1:] != r[:-1]
         rows_h = r[first]
@@ -547,8 +548,9 @@ class Mesh:
         """(cells, local faces, boundary ids) of the boundary faces, optionally only those with ``ids``
         (ids or names, :meth:`resolve_boundary`)."""
         b = self.boundary_ids
-        c, f = np.nonzero(b >= 0)
-        bid = b[c, f]
+        at = np.flatnonzero(b.reshape(-1) >= 0)        # = np.nonzero(b >= 0), row-major
+        c, f = np.divmod(at, b.shape[1])
+        bid = b.reshape(-1).take(at)
         ids = self.resolve_boundary(ids)
         if ids is not None:
             keep = np.isin(bid, ids)
@@ -558,7 +560,8 @@ class Mesh:
     def boundary_nodes(self, ids=None, where: Callable | None = None) -> np.ndarray:
         """Sorted indices of nodes on boundary faces (with boundary id in ``ids``) where ``where(x)`` holds."""
         c, f, _ = self.boundary_faces(ids)
-        nodes = np.unique(self.cells[c[:, None], ref.face_vertices(self.dim)[f]])
+        nodes = np.unique(np.take(self.cells, c, axis=0)[np.arange(c.size)[:, None],
+                                                         ref.face_vertices(self.dim)[f]])
         return select_where(nodes, self.points, where)
 
     # ------------------------------------------------------------------ refinement
@@ -621,23 +624,9 @@ class Mesh:
 
     def parent_of(self, coarse: "Mesh"):
         """For each cell of ``self`` (a refinement of ``coarse`` by at most one level per cell):
-        (index of the containing coarse cell, child index or -1 if the cell is a coarse cell itself)."""
-        if coarse._forest is not self._forest and (
-                coarse._forest.num_cells > self._forest.num_cells or not np.array_equal(
-                coarse._forest.cell_nodes, self._forest.cell_nodes[:coarse._forest.num_cells])):
-            raise ValueError("parent_of: meshes do not come from the same refinement history")
-        # forest cell id -> index among the coarse active cells (-1: not active there)
-        loc = np.full(self._forest.num_cells, -1, dtype=np.int64)
-        loc[coarse._active] = np.arange(coarse._active.size)
-        pos = loc[self._active]
-        same = pos >= 0
-        par = self._forest.cell_parent[self._active]
-        ppos = np.where(par >= 0, loc[np.maximum(par, 0)], -1)
-        if not (same | (ppos >= 0)).all():
-            raise ValueError("parent_of: some cells are refined more than once relative to the coarse mesh")
-        cidx = np.where(same, pos, ppos)
-        child = np.where(same, -1, self._active - self._forest.cell_child0[np.where(par >= 0, par, 0)])
-        return cidx, child
+        (index of the containing coarse cell, child index or -1 if the cell is a coarse cell
+        itself); new int64 arrays, the last answer per mesh kept (:mod:`._parents`)."""
+        return _parents.parent_of(self, coarse)
 
     # ------------------------------------------------------------------ global coarsening
     def coarsen_once(self) -> "Mesh":

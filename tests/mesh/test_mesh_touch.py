@@ -1,6 +1,7 @@
 """touch_max's sparse path (few cells above the minimum: the 2:1 closure, global coarsening's
 blocked families) equals the maximum over touch_graph, as its dense path does."""
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from adaptmg import Mesh
@@ -62,3 +63,31 @@ def test_closure_equals_the_fixed_point_over_touch_graph(dim, seed, lowest):
     assert np.array_equal(got, _closure_by_graph(m, idx))
     if not lowest:
         assert got.size >= idx.size
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+@pytest.mark.parametrize("frac,sparse", [(0.15, False), (0.6, True)])
+def test_level_jumps_sparse_and_dense_match_the_definition(dim, frac, sparse):
+    """jump = (max - min of the levels at a node) > 0, on both paths (a dominant level: only
+    the cells near the others are scanned, ``rows`` holds every cell with a jump vertex; no
+    dominant level: all cells); the hanging nodes found from it are those of every node."""
+    rng = np.random.default_rng(dim)
+    m = Mesh.box([0] * dim, [1] * dim, [4] * dim).refine()
+    m = m.refine(rng.random(m.num_cells) < frac)
+    lv = m.levels.astype(np.int16)
+    jump, rows = _touch.level_jumps(m.cells, m.num_nodes, lv)
+    flat, rep = m.cells.ravel(), np.repeat(lv, m.cells.shape[1])
+    hi = np.full(m.num_nodes, -1, np.int64)
+    lo = np.full(m.num_nodes, 99, np.int64)
+    np.maximum.at(hi, flat, rep)
+    np.minimum.at(lo, flat, rep)
+    assert jump.any() and np.array_equal(jump, hi > lo)
+    assert (rows is not None) == sparse == ((m.num_cells - np.bincount(lv).max()) * _touch.SPARSE
+                                            <= m.num_cells)
+    if rows is not None:
+        assert rows.size < m.num_cells and np.all(np.diff(rows) > 0)
+        with_jump = np.flatnonzero(jump[m.cells].any(axis=1))
+        assert np.isin(with_jump, rows).all()
+    # every hanging node's parents are jump nodes, and the hanging nodes are found
+    hp = m.hanging_parents
+    assert m.num_hanging_nodes > 0 and jump[hp[hp >= 0]].all()
