@@ -91,3 +91,21 @@ def test_level_jumps_sparse_and_dense_match_the_definition(dim, frac, sparse):
     # every hanging node's parents are jump nodes, and the hanging nodes are found
     hp = m.hanging_parents
     assert m.num_hanging_nodes > 0 and jump[hp[hp >= 0]].all()
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_coarsening_and_closure_number_no_mesh(dim):
+    """touch_max runs on the forest's node ids: global coarsening and the 2:1 closure number
+    none of the meshes they pass through (multigrid() numbers the finest one on a worker
+    meanwhile; a second numbering in the calling thread raced it)."""
+    m = Mesh.box([0] * dim, [1] * dim, [2] * dim).refine().refine()
+    fresh = Mesh(m._forest, m._active)
+    centre = m.points[m.cells].mean(axis=1)
+    mask = np.linalg.norm(centre - 0.3, axis=1) < 0.25
+    f = fresh.refine(mask)                                    # closure on an unnumbered mesh
+    assert "_node_numbering" not in fresh.__dict__
+    f2 = Mesh(f._forest, f._active)
+    h = f2.hierarchy()
+    assert len(h) >= 3
+    assert all("_node_numbering" not in g.__dict__ for g in h)
+    assert [g.num_cells for g in h] == sorted(g.num_cells for g in h)
