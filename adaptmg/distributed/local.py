@@ -64,6 +64,7 @@ import scipy.sparse as sp
 from ..backend import CPU, get_backend
 from ..fe.congruence import congruence_by_expansion
 from ..fe.csr_ops import mask_rows_cols
+from ..mesh._touch import cells_with_vertex_in
 from ..multilevel.hierarchy import _on_backend
 from ..multilevel.transfer import prolongation
 
@@ -111,7 +112,7 @@ def needed_cells(space, node_mask):
     """Sorted cells touching a node of ``node_mask`` or a hanging node with a parent in it."""
     need = node_mask.copy()
     need[_hanging_with_parent_in(space, node_mask)] = True
-    return _cells_touching(space.cell_dofs, need)
+    return cells_with_vertex_in(space.cell_dofs, need)
 
 
 def _hanging_rows_coo(space, dofs):
@@ -201,11 +202,12 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
     # column non-free: no device product of an empty matrix), the result moved there
     wb = be if (HZT_o.nnz and HZ.nnz) else CPU
     if wb.is_gpu:                                # no cuSPARSE SpGEMM of the level's matrix
-        B = _device_owned_rows(space, wb.asmatrix(A), rows, free, wb)
+        B = _device_owned_rows(space, wb.asmatrix(A), rows, free, wb)    # zeros dropped there
+        B.sum_duplicates()                       # canonical: sorted, one entry per (row, column)
     else:
         B = ((HZT_o @ sp.csr_matrix(A)) @ HZ).tocsr()
-    B.sum_duplicates()                           # canonical: sorted, one entry per (row, column)
-    B = _drop_zeros(wb, B)
+        B.sum_duplicates()
+        B = _drop_zeros(wb, B)
     fo = free[rows]
     xp = wb.xp
     d = 0.0
@@ -304,7 +306,7 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, wh
     # cells around owned coarse nodes (and coarse hanging nodes with an owned parent)
     fown = np.zeros(fine.num_nodes, dtype=bool)
     fown[frow // c] = True
-    fcells = _cells_touching(fine.cell_dofs, fown)
+    fcells = cells_with_vertex_in(fine.cell_dofs, fown)
     cown = np.zeros(coarse.num_nodes, dtype=bool)
     cown[crow // c] = True
     cmask = np.zeros(coarse.mesh.num_cells, dtype=bool)
@@ -332,13 +334,3 @@ def _transposed_rows(P, rows, cols, ncols):
     R = sp.csr_matrix((T.data, ind.astype(it), T.indptr.astype(it)), shape=(rows.size, ncols))
     R.has_sorted_indices = True
     return R
-
-
-def _cells_touching(cell_nodes, mask):
-    """Sorted cells with a vertex in the node mask ``mask`` (one boolean gather of the
-    vertex slots; 4 or 8 slots read as one word per cell)."""
-    hit = np.take(mask, cell_nodes)
-    nv = cell_nodes.shape[1]
-    if nv in (4, 8):
-        return np.flatnonzero(hit.view(f"u{nv}").ravel())
-    return np.flatnonzero(hit.any(axis=1))

@@ -29,36 +29,40 @@ from ..backend import backend_of
 __all__ = ["congruence_by_expansion"]
 
 
-def _segments(xp, counts, total):
+def _segments(be, counts, total):
     """``(owner, offset)`` of the ``total = sum(counts)`` entries of consecutive segments of
-    lengths ``counts``: the segment index of each entry and its position inside it."""
-    from ..multilevel.coloring import segment_owner
+    lengths ``counts``: the segment index of each entry (the project's backend repeat,
+    :func:`adaptmg.multilevel.coloring._expand`) and its position inside it."""
+    from ..multilevel.coloring import _expand
+    xp = be.xp
     if total == 0:
         z = xp.zeros(0, dtype=xp.int64)
         return z, z
-    own = segment_owner(xp, counts, total)
+    own = _expand(be, counts, total)
     start = xp.cumsum(counts) - counts
     return own, xp.arange(total, dtype=xp.int64) - start[own]
 
 
-def _row_entries(xp, indptr, rows):
+def _row_entries(be, indptr, rows):
     """Positions of the entries of CSR rows ``rows`` (in that order) and the row (rank in
     ``rows``) of each."""
+    xp = be.xp
     start = indptr[rows].astype(xp.int64)
     cnt = indptr[rows + 1].astype(xp.int64) - start
-    own, off = _segments(xp, cnt, int(cnt.sum()))
+    own, off = _segments(be, cnt, int(cnt.sum()))
     return start[own] + off, own
 
 
-def _parents(xp, nodes, rank, hp_ptr, hp_idx, hp_w):
+def _parents(be, nodes, rank, hp_ptr, hp_idx, hp_w):
     """Each entry of ``nodes`` expanded to its parents: ``(owner, parent, weight)`` with
     ``owner`` the index into ``nodes``; a regular node (rank -1) is its own parent, weight 1;
     a hanging one has the parents of its row ``rank`` of the hanging rows' CSR."""
+    xp = be.xp
     k = rank[nodes]
     hang = k >= 0
     kk = xp.where(hang, k, 0)
     cnt = xp.where(hang, hp_ptr[kk + 1] - hp_ptr[kk], 1)
-    own, off = _segments(xp, cnt, int(cnt.sum()))
+    own, off = _segments(be, cnt, int(cnt.sum()))
     ko, ho = kk[own], hang[own]
     at = xp.where(ho, hp_ptr[ko] + off, 0)
     par = xp.where(ho, hp_idx[at], nodes[own])
@@ -91,15 +95,15 @@ def congruence_by_expansion(A, H, hanging):
 
     # E: entries in a hanging column (one flag an entry) or a hanging row
     e_col = xp.flatnonzero(is_h[A.indices])
-    e_row, _ = _row_entries(xp, indptr, h)
+    e_row, _ = _row_entries(be, indptr, h)
     e = xp.unique(xp.concatenate([e_col.astype(xp.int64), e_row]))
     r = xp.searchsorted(indptr, e, side="right").astype(xp.int64) - 1
     c = A.indices[e].astype(xp.int64)
     v = A.data[e]
 
     # H^T E H: rows expanded to their parents, then columns
-    o1, p, wp = _parents(xp, r, rank, hp_ptr, hp_idx, hp_w)
-    o2, q, wq = _parents(xp, c[o1], rank, hp_ptr, hp_idx, hp_w)
+    o1, p, wp = _parents(be, r, rank, hp_ptr, hp_idx, hp_w)
+    o2, q, wq = _parents(be, c[o1], rank, hp_ptr, hp_idx, hp_w)
     m = o1[o2]
     crow = xp.concatenate([p[o2], r])
     ccol = xp.concatenate([q, c])
@@ -107,7 +111,7 @@ def congruence_by_expansion(A, H, hanging):
 
     # the rows T that C touches, and their new contents A[T] + C[T] (canonical, zeros kept)
     T = xp.unique(crow)
-    a_pos, a_own = _row_entries(xp, indptr, T)
+    a_pos, a_own = _row_entries(be, indptr, T)
     tr = xp.searchsorted(T, crow)
     srow = xp.concatenate([a_own, tr])
     scol = xp.concatenate([A.indices[a_pos].astype(xp.int64), ccol])
@@ -137,7 +141,7 @@ def congruence_by_expansion(A, H, hanging):
     data[dest] = A.data
     indices[dest] = A.indices
     del dest
-    s_pos, s_own = _row_entries(xp, S.indptr, xp.arange(T.shape[0], dtype=xp.int64))
+    s_pos, s_own = _row_entries(be, S.indptr, xp.arange(T.shape[0], dtype=xp.int64))
     at = ptrB[T][s_own] + (s_pos - S.indptr[s_own].astype(xp.int64))
     data[at] = S.data[s_pos]
     indices[at] = S.indices[s_pos]

@@ -38,16 +38,21 @@ def touch_max(cells: np.ndarray, num_nodes: int, links, values: np.ndarray) -> n
         np.maximum.at(node, np.take(cells, src, axis=0).ravel(),
                       np.repeat(values[src].astype(np.int64), nv))
         np.maximum.at(node, hn, values[hc].astype(np.int64))
-        high = node > low
-        touched = np.take(high, cells)                                # (nc, nv) bool
-        if nv in (4, 8):                                              # any(axis=1): one word per cell
-            rows = np.flatnonzero(touched.view(f"u{nv}").ravel())
-        else:
-            rows = np.flatnonzero(touched.any(axis=1))
+        rows = cells_with_vertex_in(cells, node > low)
         out = np.full(nc, low, dtype=np.int64)
         out[rows] = np.take(node, np.take(cells, rows, axis=0)).max(axis=1)
     np.maximum.at(out, hc, node[hn])                                # hanging node -> coarse side
     return out
+
+
+def cells_with_vertex_in(cells: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Sorted rows of ``cells`` (nc, nv) node ids with a vertex in the node mask ``mask``: one
+    boolean gather of the vertex slots, 4 or 8 of them read as one word per cell."""
+    hit = np.take(mask, cells)
+    nv = cells.shape[1]
+    if nv in (4, 8):
+        return np.flatnonzero(hit.view(f"u{nv}").ravel())
+    return np.flatnonzero(hit.any(axis=1))
 
 
 #: no hanging-node links: what :func:`touch_max_vertices` passes
@@ -78,14 +83,14 @@ def level_jumps(cells: np.ndarray, num_nodes: int, levels: np.ndarray):
     nc, nv = cells.shape
     lv = np.asarray(levels)
     rows = None
-    if nc and nv in (4, 8):
+    if nc:
         low = int(lv.min())
         major = low + int(np.argmax(np.bincount(lv - low)))
         minor = np.flatnonzero(lv != major)
         if minor.size * SPARSE <= nc:
             mark = np.zeros(num_nodes, dtype=bool)
             mark[np.take(cells, minor, axis=0)] = True
-            rows = np.flatnonzero(np.take(mark, cells).view(f"u{nv}").ravel())
+            rows = cells_with_vertex_in(cells, mark)
             cells, lv = np.take(cells, rows, axis=0), lv.take(rows)
     lv = np.repeat(lv, nv)
     lo = np.full(num_nodes, np.iinfo(lv.dtype).max, dtype=lv.dtype)
