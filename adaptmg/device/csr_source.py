@@ -3,7 +3,8 @@
 Row kernels with ``tpr`` threads per row (1, or a power of two <= 32 with a shuffle
 reduction): Jacobi sweeps (``adaptmg_csr_jacobi``, ``jacobi0``: from x = 0), Chebyshev
 steps, residuals, SpMV, the smoothed restriction, the restricted residual, the
-corrected Jacobi sweep, and the dense GEMV used under CUDA-graph capture.  Each kernel
+corrected Jacobi sweep, the row-compressed
+block update (``csr_rows_add``: a distributed matrix's ghost columns), and the dense GEMV used under CUDA-graph capture.  Each kernel
 reads the data no kernel of a graph writes before ``ADAPTMG_GRID_WAIT()``
 (:mod:`adaptmg.device.pdl`).  Compiled and launched by :mod:`adaptmg.device.kernels`.
 """
@@ -147,6 +148,30 @@ extern "C" __global__ void adaptmg_csr_spmv_vec_{T}(
     const {T} s = adaptmg_row_dot_vec_{T}(t.r, tpr, indices, data, x);
     if (t.row < n && t.lane == 0)
         y[t.row] = beta == ({T})0 ? alpha * s : alpha * s + beta * y[t.row];
+}
+// rows of a row-compressed CSR block (m rows, row i lands in out[rows[i]]):
+// out[rows[i]] += alpha (scale ? scale[rows[i]] : 1) sum_k data[k] x[indices[k]]
+// (a distributed matrix's ghost-column block: few rows, few entries each; one thread a row)
+extern "C" __global__ void adaptmg_csr_rows_add_{T}(
+    const int m, const int* __restrict__ indptr, const int* __restrict__ indices,
+    const {T}* __restrict__ data, const int* __restrict__ rows, const {T}* __restrict__ scale,
+    const {T} alpha, const {T}* __restrict__ x, {T}* __restrict__ out)
+{
+    const int i = blockDim.x * blockIdx.x + threadIdx.x;
+    int k = 0, e = 0, r = 0;
+    {T} c = alpha;
+    if (i < m) {
+        k = indptr[i];
+        e = indptr[i + 1];
+        r = rows[i];
+        if (scale != nullptr) c *= scale[r];
+    }
+    ADAPTMG_GRID_WAIT();
+    if (i < m) {
+        {T} s = 0;
+        for (; k < e; ++k) s += data[k] * x[indices[k]];
+        out[r] += c * s;
+    }
 }
 extern "C" __global__ void adaptmg_csr_spmv_{T}(
     const int n, const int* __restrict__ indptr, const int* __restrict__ indices,

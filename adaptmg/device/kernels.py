@@ -220,6 +220,33 @@ def csr_residual(A, x, b, out):
     return _launch_csr("csr_residual", A, out, (A.indptr, A.indices, A.data, x, b, out))
 
 
+def csr_rows_add(indptr, indices, data, rows, x, out, alpha=1.0, scale=None):
+    r"""``out[rows[i]] += alpha * scale[rows[i]] * (C x)_i`` for the row-compressed CSR block
+    ``C = (indptr, indices, data)`` with ``m = rows.size`` rows (``scale`` None: 1).
+
+    A distributed matrix's ghost-column block touches few rows (the partition boundary): kept
+    compressed, its product updates only those rows -- after a one-pass kernel over the owned
+    block, e.g. the Jacobi sweep's ghost term ``-omega D^{-1} A_og x_g`` -- instead of an SpMV
+    over every owned row.  GPU: ``adaptmg_csr_rows_add_<type>`` (one thread a row, int32
+    indices); NumPy twin for host arrays.  ``rows`` must be distinct (no two threads add to one
+    entry)."""
+    m = rows.size
+    if m == 0:
+        return out
+    if _is_numpy(out):
+        s = sp.csr_matrix((np.asarray(data), np.asarray(indices), np.asarray(indptr)),
+                          shape=(m, x.size)) @ np.asarray(x)
+        c = alpha if scale is None else alpha * scale[rows]
+        out[rows] += c * s
+        return out
+    ct = _ctype(out.dtype)
+    t = out.dtype.type
+    _csr_module(ct).get_function(f"adaptmg_csr_rows_add_{ct}")(
+        ((m + 127) // 128,), (128,),
+        (np.int32(m), indptr, indices, data, rows, np.uintp(0) if scale is None else scale, t(alpha), x, out))
+    return out
+
+
 def is_int32_csr(M) -> bool:
     """True for a CSR matrix (SciPy or cupyx) with int32 ``indptr`` and ``indices``
     (what the fused CSR kernels take)."""

@@ -157,6 +157,7 @@ class DistCSR:
                              f"{want}{' (local rows)' if local_rows else ''}")
         comm = rows.comm
         self.comm, self.rows, self.cols = comm, rows, cols
+        self._gc = None                                 # compressed ghost rows (GPU, _to_device)
         self.timer = timer if timer is not None else HaloTimer()
         self.shape = (rows.n, cols.n)
         self.global_shape = (rows.N, cols.N)
@@ -253,6 +254,7 @@ class DistCSR:
         self.Aoo_dev, self.Aog_dev = blocks
         self._poo = _device_plan(self.Aoo_dev) if n else None
         self._pog = _device_plan(self.Aog_dev) if (n and self.ghosts.size) else None
+        self._gc = _compressed_rows(xp, self.Aog_dev)
         sizes = [idx.size for _, idx in self._send]
         off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self._sslices = [(q, slice(int(off[i]), int(off[i + 1]))) for i, (q, _) in enumerate(self._send)]
@@ -289,6 +291,55 @@ class DistCSR:
                            for q, s in self._sslices]
         # nothing to send or receive on this rank: the exchange is skipped (no group, no events)
         self._nccl_idle = not (self._nccl_recv or self._nccl_send)
+
+    @property
+    def fused_kernels(self) -> bool:
+        """True where this rank's products run as one-pass kernels over the owned block plus
+        a ghost-rows update (:meth:`jacobi_sweep`, :meth:`residual`): on the GPU, an owned
+        block with int32 indices and a float dtype."""
+        return bool(self.backend.is_gpu and self.rows.n and K.is_int32_csr(self.Aoo_dev)
+                    and self.dtype in (np.float32, np.float64)
+                    and (self._gc is not None or self.Aog_dev is None))
+
+    def _ghost_add(self, out, alpha, scale=None):
+        """``out += alpha scale M_og x_g`` on the ghost rows (``x_g`` the received ghost
+        buffer; compressed rows on the GPU, else the ghost block's SpMV over all rows)."""
+        if self._gc is not None:
+            gptr, gind, gdat, grow = self._gc
+            K.csr_rows_add(gptr, gind, gdat, grow, self._gbuf, out, alpha, scale)
+        elif self._pog is not None:
+            if scale is not None:
+                raise RuntimeError("DistCSR: a scaled ghost update needs the compressed ghost rows")
+            self._pog(self._gbuf, out, alpha, 1.0)
+        return out
+
+    def jacobi_sweep(self, x, b, dinv, omega, out):
+        r"""One damped Jacobi sweep on the owned rows, ``out <- x + omega D^{-1} (b - M x)``
+        (``out`` must not alias ``x``; :attr:`fused_kernels` only).  Since the sweep is
+        linear in the ghost values,
+
+        .. math:: \text{out} = \bigl[x + \omega D^{-1}(b - M_{oo} x)\bigr]
+                               - \omega D^{-1} M_{og} x_g,
+
+        the bracket is the one-pass CSR kernel over the owned block
+        (:func:`adaptmg.device.kernels.csr_jacobi_sweep`), launched while the halo exchange
+        is in flight, and the ghost term one launch over the ghost rows after it."""
+        reqs = self._post(x)
+        K.csr_jacobi_sweep(self.Aoo_dev, x, b, dinv, omega, out)
+        self._wait(reqs)
+        return self._ghost_add(out, -omega, dinv)
+
+    def residual(self, x, b, r):
+        """``r <- b - M x`` on the owned rows (``r`` distinct from ``x`` and ``b``): with
+        :attr:`fused_kernels` the one-pass residual kernel over the owned block during the
+        exchange, then the ghost rows; else a copy and the product."""
+        if not self.fused_kernels:
+            r[...] = b
+            return self(x, r, -1.0, 1.0)
+        reqs = self._post(x)
+        K.csr_residual(self.Aoo_dev, x, b, r)
+        self._wait(reqs)
+        return self._ghost_add(r, -1.0)
 
     @property
     def neighbours(self):
@@ -391,8 +442,8 @@ class DistCSR:
         if self._poo is not None:
             self._poo(x, y, alpha, beta)
         self._wait(reqs)
-        if self._pog is not None:
-            self._pog(self._gbuf, y, alpha, 1.0)
+        if self.rows.n:
+            self._ghost_add(y, alpha)
         return y
 
     #: ``spmv(x, y, alpha, beta)``: the product as :func:`adaptmg.device.kernels.make_spmv` takes
@@ -434,6 +485,18 @@ def _device_block(be, A):
 
 def _device_plan(A_dev):
     return _ScalePlan() if A_dev is None else K.make_spmv(A_dev)
+
+
+def _compressed_rows(xp, G):
+    """The rows of the device ghost block ``G`` that have entries, as a row-compressed CSR
+    ``(indptr, indices, data, rows)`` (int32; the entries are ``G``'s own arrays, in order:
+    dropping empty rows keeps them contiguous), or None (no block, or 64-bit indices)."""
+    if G is None or not K.is_int32_csr(G):
+        return None
+    ptr = G.indptr
+    rows = xp.flatnonzero(ptr[1:] != ptr[:-1]).astype(xp.int32)
+    gptr = xp.concatenate([ptr[rows], ptr[-1:]]).astype(xp.int32)
+    return gptr, G.indices, G.data, rows
 
 
 def _pinned(xp, n, dtype):

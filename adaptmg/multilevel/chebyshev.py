@@ -137,7 +137,11 @@ class Chebyshev(Smoother):
         self.dinv = self.backend.asarray(self._dinv_host.astype(self.dtype))
         self._d = self.backend.xp.zeros(self.n, self.dtype)
 
-    can_fuse = Jacobi.can_fuse
+    @property
+    def can_fuse(self):
+        """True when ``A`` is a CSR matrix with int32 indices (the fused step kernel; a
+        distributed operator's ``jacobi_sweep`` does not serve a Chebyshev step)."""
+        return K.is_int32_csr(self.A)
 
     def smooth(self, x, b, sweeps=1, work=None, zero_initial=False):
         """``sweeps`` Chebyshev sweeps of degree ``self.degree``, in place."""

@@ -210,8 +210,18 @@ class Jacobi(Smoother):
 
     @property
     def can_fuse(self):
-        """True when ``A`` is a CSR matrix with int32 indices (fused sweep kernel usable)."""
-        return K.is_int32_csr(self.A)
+        """True when ``A`` is a CSR matrix with int32 indices (fused sweep kernel usable), or
+        an operator with its own one-pass ``jacobi_sweep`` (``A.fused_kernels``: a
+        distributed matrix, :class:`adaptmg.distributed.DistCSR`)."""
+        return K.is_int32_csr(self.A) or bool(getattr(self.A, "fused_kernels", False))
+
+    def _sweep(self, src, b, dst):
+        """One fused sweep ``dst <- src + omega D^{-1} (b - A src)`` (the operator's own
+        ``jacobi_sweep`` where it has one, else the CSR kernel)."""
+        own = getattr(self.A, "jacobi_sweep", None)
+        if own is not None:
+            return own(src, b, self.dinv, self.omega, dst)
+        return K.csr_jacobi_sweep(self.A, src, b, self.dinv, self.omega, dst)
 
     def _setup_host(self):
         d = _host_diagonal(self.A_host, "Jacobi")
@@ -264,9 +274,12 @@ class Jacobi(Smoother):
             if sweeps == 0:
                 x.fill(0)
                 return x
-            m = sweeps - 2 if sweeps >= 2 else 0        # sweeps left after the first launch
+            # the first two sweeps in one launch (a CSR matrix: x^(1) formed on the fly; an
+            # operator with its own sweep needs x^(1)'s ghost values, so it starts with one)
+            pair = sweeps >= 2 and K.is_int32_csr(A)
+            m = sweeps - (2 if pair else 1)              # sweeps left after the first launch
             src = x if m % 2 == 0 else tmp
-            if sweeps >= 2:
+            if pair:
                 K.csr_jacobi_zero_sweeps(A, b, dinv, w, src)
             else:
                 K.jacobi_zero(src, dinv, b, w)
@@ -278,12 +291,11 @@ class Jacobi(Smoother):
         """``m`` fused sweeps from ``src`` (``x`` or ``tmp``), ping-pong, result in ``x``;
         with ``defer_last`` a last sweep that writes ``x`` is left to the caller (its
         input buffer is returned)."""
-        w, dinv, A = self.omega, self.dinv, self.A
         dst = tmp if src is x else x
         for i in range(m):
             if defer_last and i == m - 1 and dst is x:
                 return src
-            K.csr_jacobi_sweep(A, src, b, dinv, w, dst)
+            self._sweep(src, b, dst)
             src, dst = dst, src
         if src is not x:
             x[...] = src

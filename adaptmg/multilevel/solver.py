@@ -316,7 +316,10 @@ class MultilevelSolver(SolveDriver):
         (``"auto"``: all levels on the GPU, none on the CPU).
 
         Only CSR levels with int32 indices qualify; the flag of our own
-        :class:`~adaptmg.multilevel.smoothers.Jacobi` smoothers is switched with it.
+        :class:`~adaptmg.multilevel.smoothers.Jacobi` smoothers is switched with it, also on
+        a level whose operator has its own one-pass kernels (``A.fused_kernels``: a
+        distributed :class:`~adaptmg.distributed.DistCSR`, whose ``jacobi_sweep`` the
+        smoother then calls).
         """
         if isinstance(rows, str):
             if rows != "auto":
@@ -331,10 +334,13 @@ class MultilevelSolver(SolveDriver):
                 small = self.backend.is_gpu
             else:
                 small = lev.n < rows
-            d.fused = small and K.is_int32_csr(A) and self.dtype.kind == "f"   # real kernels
+            real = self.dtype.kind == "f"                                    # real kernels
+            d.fused = small and K.is_int32_csr(A) and real
             sm = d.smoother
             if d.own and hasattr(sm, "fused") and hasattr(sm, "can_fuse"):
-                sm.fused = d.fused
+                # a distributed level (DistCSR) fuses its smoother's sweeps through its own
+                # one-pass kernels; its residual is the operator's own (d.Aplan.residual)
+                sm.fused = d.fused or (small and real and bool(getattr(A, "fused_kernels", False)))
         self.set_fuse_transfers_below(self.fuse_transfers_below)
         self.set_fuse_presmooth_below(self.fuse_presmooth_below)
 

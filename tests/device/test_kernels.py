@@ -292,3 +292,29 @@ def test_csr_chebyshev_step_twin_is_the_formula():
     scale = np.abs(0.3 * d).max() + np.abs(0.7 * dinv * (np.abs(b) + abs(A) @ np.abs(x))).max()
     assert np.abs(d - t).max() <= 8 * np.finfo(float).eps * scale
     assert np.abs(out - (x + t)).max() <= 8 * np.finfo(float).eps * (scale + np.abs(x).max())
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_csr_rows_add(backend, dtype, scaled):
+    """out[rows] += alpha scale[rows] (C x) for a row-compressed block C (a distributed
+    matrix's ghost rows) equals the dense formula; the other entries of out are untouched
+    (GPU kernel and NumPy twin)."""
+    rng = np.random.default_rng(4)
+    n, ng = 500, 60
+    G = sp.random(n, ng, density=0.02, random_state=9, format="csr").astype(dtype)
+    rows = np.flatnonzero(np.diff(G.indptr)).astype(np.int32)
+    gptr = np.concatenate([G.indptr[rows], G.indptr[-1:]]).astype(np.int32)
+    xg = rng.standard_normal(ng).astype(dtype)
+    out = rng.standard_normal(n).astype(dtype)
+    scale = (1.0 + rng.random(n)).astype(dtype) if scaled else None
+    want = out + (-0.7) * (scale if scaled else 1.0) * (G @ xg)
+    be = backend
+    dev = [be.asarray(a) for a in (gptr, G.indices.astype(np.int32), G.data, rows, xg, out)]
+    K.csr_rows_add(*dev, -0.7, be.asarray(scale) if scaled else None)
+    got = to_host(dev[-1])
+    eps = np.finfo(dtype).eps
+    assert 0 < rows.size < n
+    assert np.abs(got - want).max() <= 32 * eps * np.abs(want).max()
+    untouched = np.setdiff1d(np.arange(n), rows)
+    assert np.array_equal(got[untouched], out[untouched])

@@ -347,7 +347,12 @@ def run_solve_gpu(out, fake):
                    setup_exchanges=COMM.allgather(mg.setup_exchanges),
                    idle=COMM.allgather(mg.timer.idle), setup_idle=COMM.allgather(mg.setup_idle),
                    sync=COMM.allgather(sync_counts(mg, b)),
-                   active_ranks=dist.active_ranks, agglomerated=mg.c, levels=len(mg.levels))
+                   active_ranks=dist.active_ranks, agglomerated=mg.c, levels=len(mg.levels),
+                   # per distributed level of the one solver (levels[0] is rank 0's): the
+                   # smoother's fused flag (None: a rank without rows there, or no such flag)
+                   fused=COMM.allgather([getattr(d.smoother, "fused", None)
+                                         for d in mg.solver._dev[1:]]),
+                   smoother=type(mg.solver._dev[-1].smoother).__name__)
         if gpu is not None:
             from adaptmg.distributed.comm import _placement, choose_transport, nccl_available
             places = COMM.allgather(_placement())

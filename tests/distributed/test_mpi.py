@@ -433,6 +433,9 @@ def _check_gpu_record(rec, transport):
     assert rec["local_rank"] == list(range(rec["size"])), rec
     assert rec["levels"] - rec["agglomerated"] >= 2, rec
     assert all(e > 0 for e in rec["exchanges"]), rec
+    if rec["smoother"] == "Jacobi":      # sweeps through DistCSR.jacobi_sweep (one-pass kernels)
+        flags = [f for per_rank in rec["fused"] for f in per_rank]
+        assert True in flags and all(f in (True, None) for f in flags), rec
     _check_sync(rec["sync"], transport)
 
 
