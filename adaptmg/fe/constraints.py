@@ -255,8 +255,9 @@ class Constraints:
 # ----------------------------------------------------------------------------- any backend
 def _device_project(cons, A, be=None):
     r""":math:`H^T A H` on ``A``'s backend: A plus corrections from its hanging rows and columns
-    only -- on the device :func:`~.congruence.congruence_by_expansion` (no cuSPARSE SpGEMM,
-    which refuses these products for lack of resources at millions of rows), on the host
+    only -- on the device :func:`~.congruence.congruence_on_device` (cuSPARSE SpGEMM up to a
+    size, else the expansion without SpGEMM, which cuSPARSE refuses for lack of resources at
+    millions of rows), on the host
     SciPy's products (:func:`~.csr_ops.congruence_with_constraints`)."""
     A = A.tocsr()
     if cons.space.hanging_nodes.size == 0:

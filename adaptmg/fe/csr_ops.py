@@ -210,11 +210,12 @@ def congruence_with_constraints(A, H, hanging: np.ndarray) -> sp.csr_matrix:
     where every correction involves only the hanging rows/columns of A, so the cost is
     one pass over A plus work proportional to the hanging part -- instead of two full
     sparse products.  SciPy's products on the host; a device matrix takes
-    :func:`adaptmg.fe.congruence.congruence_by_expansion` (no SpGEMM).
+    :func:`adaptmg.fe.congruence.congruence_on_device` (cuSPARSE SpGEMM where it is small
+    enough and cuSPARSE accepts it, else the expansion without SpGEMM).
     """
     if is_device_sparse(A):
-        from .congruence import congruence_by_expansion
-        return congruence_by_expansion(A, H, hanging)
+        from .congruence import congruence_on_device
+        return congruence_on_device(A, H, hanging)
     A = sp.csr_matrix(A)
     n = A.shape[0]
     nh = hanging.size

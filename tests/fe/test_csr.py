@@ -174,6 +174,12 @@ def test_congruence_on_the_device_equals_the_host(components):
     K1 = congruence_with_constraints(A, s.H, h)
     K2 = to_host(congruence_with_constraints(gpu.asmatrix(A), s.H, h))
     assert abs(K1 - K2).max() <= 64 * np.finfo(float).eps * abs(K1).max()
+    from adaptmg.fe.congruence import congruence_by_expansion, congruence_by_products
+    for f in (congruence_by_expansion, congruence_by_products):   # both device paths
+        K3 = to_host(f(gpu.asmatrix(A), s.H, h))
+        assert abs(K1 - K3).max() <= 64 * np.finfo(float).eps * abs(K1).max(), f.__name__
+        coo = K3.tocoo()                 # every hanging row keeps a stored (zero) diagonal entry
+        assert np.all(np.isin(h, coo.row[coo.row == coo.col])), f.__name__
     cons = Constraints(s, s.boundary_dofs())
     Kh = cons.matrix(A)
     Kd = to_host(cons.matrix(gpu.asmatrix(A)))
@@ -218,12 +224,16 @@ def test_constraints_matrix_without_hanging_nodes_equals_products():
     assert abs(K - ref).max() <= 1e-14 * abs(ref).max()
 
 
+@pytest.mark.parametrize("how", ["expansion", "products"])
 @pytest.mark.parametrize("dim,degree,components", [(2, 1, 1), (2, 2, 1), (3, 1, 1), (3, 1, 3), (3, 2, 1)])
-def test_congruence_by_expansion_equals_the_products(dim, degree, components):
-    """The device's congruence (hanging entries expanded, rows spliced; run here with NumPy)
-    equals SciPy's products to rounding on 2:1 meshes with hanging nodes (non-symmetric A),
-    its output is canonical, and the hanging rows keep a stored (zero) diagonal entry."""
-    from adaptmg.fe.congruence import congruence_by_expansion
+def test_congruence_by_expansion_equals_the_products(dim, degree, components, how):
+    """The device's congruences -- hanging entries expanded and rows spliced, or two products
+    with H built from its hanging rows (explicit zero diagonal); run here with NumPy/SciPy --
+    equal SciPy's products of the hanging part to rounding on 2:1 meshes with hanging nodes
+    (non-symmetric A), their outputs are canonical, and the hanging rows keep a stored (zero)
+    diagonal entry."""
+    from adaptmg.fe import congruence as cg
+    congruence_by_expansion = getattr(cg, f"congruence_by_{how}")
     m = Mesh.box([0] * dim, [1] * dim, [2] * dim).refine()
     m = m.refine(np.flatnonzero(m.points[m.cells].mean(1)[:, 0] < 0.3))
     m = m.refine(np.flatnonzero(np.linalg.norm(m.points[m.cells].mean(1) - 0.2, axis=1) < 0.2))
@@ -236,7 +246,43 @@ def test_congruence_by_expansion_equals_the_products(dim, degree, components):
     assert abs(ref - out).max() <= 16 * np.finfo(float).eps * abs(ref).max()
     chk = sp.csr_matrix((out.data, out.indices, out.indptr), shape=out.shape)
     assert chk.has_canonical_format
+    if how == "products":     # SciPy's products drop zeros (cuSPARSE keeps them: the GPU test)
+        return
     # the pattern: A's entries all kept (their union with the parents' couplings)
     assert (abs(sp.csr_matrix((np.ones(out.nnz), out.indices, out.indptr), shape=out.shape))
             - (abs(A) > 0)).min() >= 0
     assert np.all(out[h, h] == 0) and np.all(np.isin(h, chk.tocoo().row[chk.tocoo().row == chk.tocoo().col]))
+
+
+def test_congruence_on_device_falls_back_to_the_expansion(monkeypatch):
+    """congruence_on_device: the products while A is small enough; the expansion above
+    SPGEMM_MAX_NNZ or when the products raise a device error (cuSPARSE out of resources);
+    any other error is raised, not swallowed."""
+    from adaptmg.fe import congruence as cg
+    m = Mesh.box([0, 0], [1, 1], [2, 2]).refine()
+    m = m.refine(np.flatnonzero(m.points[m.cells].mean(1)[:, 0] < 0.3))
+    s = Space(m, 1)
+    h = np.flatnonzero(s.is_hanging)
+    A = assemble.stiffness(s)
+    calls = []
+    monkeypatch.setattr(cg, "congruence_by_expansion",
+                        lambda *a: calls.append("expansion") or "E")
+    monkeypatch.setattr(cg, "congruence_by_products", lambda *a: calls.append("products") or "P")
+    assert cg.congruence_on_device(A, s.H, h) == "P"
+    monkeypatch.setattr(cg, "SPGEMM_MAX_NNZ", A.nnz - 1)
+    assert cg.congruence_on_device(A, s.H, h) == "E"
+    monkeypatch.setattr(cg, "SPGEMM_MAX_NNZ", A.nnz)
+    DeviceError = type("CuSparseError", (RuntimeError,), {"__module__": "cupy_backends.cuda.libs.cusparse"})
+
+    def refuse(*a):
+        calls.append("products")
+        raise DeviceError("CUSPARSE_STATUS_INSUFFICIENT_RESOURCES")
+    monkeypatch.setattr(cg, "congruence_by_products", refuse)
+    assert cg.congruence_on_device(A, s.H, h) == "E"
+    assert calls == ["products", "expansion", "products", "expansion"]
+
+    def broken(*a):
+        raise IndexError("a bug, not a device limit")
+    monkeypatch.setattr(cg, "congruence_by_products", broken)
+    with pytest.raises(IndexError, match="a bug"):
+        cg.congruence_on_device(A, s.H, h)
