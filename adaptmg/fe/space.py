@@ -120,6 +120,13 @@ class Space:
             self._fine_parent = (cidx, child)
             self._cell_dofs = cd
 
+    def find_hanging_nodes(self) -> None:
+        """Find the hanging nodes of the DoF carrier mesh (the mesh for Q1, its refinement for
+        Q2) in the forest's node ids, without numbering its nodes (kept for
+        :attr:`hanging_nodes`): a set-up task that can run beside the numbering
+        (:func:`adaptmg.multigrid`)."""
+        self._carrier._hanging_forest
+
     @property
     def cell_dofs(self) -> np.ndarray:
         """(num_cells, nloc) DoF node indices of each cell, read-only (Q1: ``mesh.cells``,

@@ -403,58 +403,70 @@ class Mesh:
                               np.arange(0, nc * nv + 1, nv)), shape=(nc, self.num_nodes))
 
     @functools.cached_property
-    def _hanging(self):
-        """(nodes, parents (nh, 4) -1 padded, owner cell, (node, cell) pairs) of the hanging nodes;
-        the pairs list every active cell that contains a hanging node's parent edge/face.
+    def _hanging_forest(self):
+        """The hanging nodes in the forest's node ids, found without the mesh's node numbering
+        (so :func:`adaptmg.multigrid` can run it beside the numbering): ``(nodes, parents (nh,
+        4) -1 padded, owner cell, (node, cell) pairs)`` with forest ids, nodes ascending; the
+        pairs list every active cell that contains a hanging node's parent edge/face.
 
-        A hanging node's parents are vertices of active cells of two levels (below), so a mesh
-        whose active cells all have one level has none: that case returns at once (uniform
-        meshes, e.g. every level of a global-coarsening hierarchy of a uniform mesh)."""
+        A hanging node's parents are vertices of active cells of two levels, so a mesh whose
+        active cells all have one level has none: that case returns at once (uniform meshes,
+        e.g. every level of a global-coarsening hierarchy of a uniform mesh).  Otherwise: the
+        nodes where cells of two levels meet (:func:`._touch.level_jumps`, on the forest ids
+        of the cells' vertices) and the cells touching them; a hanging node is a vertex of one
+        of those cells (the fine cells beside a coarse edge/face hold one of its corners), an
+        edge midpoint or face centre whose parents all are such jump nodes, and some active
+        cell holds all its parents (:func:`._join.cells_holding`)."""
         lv_cells = self.levels
         if lv_cells.size == 0 or lv_cells.min() == lv_cells.max():
             e64, e32 = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
             return e64, np.zeros((0, 4), dtype=np.int64), e32, (e64.copy(), e32.copy())
         F, d = self._forest, self.dim
-        ids = self.node_ids
-        kind = F.node_kind.take(ids)
-        cand = np.flatnonzero((kind >= 1) & (kind < d))
-        pos = self._node_numbering[1]
-        # the parents of a hanging node are vertices of both the coarse owner and the fine
-        # cells beside it, so cells of two levels meet there: skip all other candidates
-        jump, rows = _touch.level_jumps(self.cells, self.num_nodes,
-                                        self.levels.astype(F.cell_level.dtype))
+        nf = F.num_nodes
+        cells = self._active_cell_nodes()
+        jump, rows = _touch.level_jumps(cells, nf, self.levels.astype(F.cell_level.dtype))
+        sub = cells if rows is None else np.take(cells, rows, axis=0)
+        # candidates: edge midpoints and face centres among the vertices of those cells
+        seen = np.zeros(nf, dtype=bool)
+        seen[sub] = True
+        cand = np.flatnonzero(seen)
+        kind = F.node_kind.take(cand)
+        cand = cand[(kind >= 1) & (kind < d)]
         # first by their first two parents (every candidate has them): flat gathers of two
-        # columns instead of the (candidates, 4) parent rows of all edge midpoints and faces,
-        # the jumps looked up by forest id (a -1 parent wraps as pos.take(-1) would)
-        jf = np.zeros(F.num_nodes, dtype=bool)
-        jf[ids[jump]] = True
+        # columns instead of the (candidates, 4) parent rows
         flat_par = F.node_par.reshape(-1)
-        at = ids.take(cand) * F.node_par.shape[1]
+        at = cand * F.node_par.shape[1]
         for j in range(2):
-            sel = np.flatnonzero(jf.take(flat_par.take(at + j)))
+            sel = np.flatnonzero(jump.take(flat_par.take(at + j)))
             cand, at = cand.take(sel), at.take(sel)
-        npar = np.where(kind[cand] == 1, 2, 4)
-        gpar = F.node_par[ids[cand], :4]
-        lpar = np.where(gpar >= 0, pos[np.where(gpar >= 0, gpar, 0)], 0)
-        present = (lpar >= 0) | (gpar < 0)
-        lpar = np.maximum(lpar, 0)
-        ok = present.all(axis=1) & (jump[lpar] | (gpar < 0)).all(axis=1)
-        cand, npar, lpar = cand[ok], npar[ok], lpar[ok]
-        gpar = gpar[ok]
+        gpar = F.node_par[cand, :4].astype(np.int64)
         valid = gpar >= 0
+        # every parent a jump node (a jump node is a vertex of an active cell)
+        ok = (jump[np.where(valid, gpar, 0)] | ~valid).all(axis=1)
+        cand, gpar, valid = cand[ok], gpar[ok], valid[ok]
+        npar = np.where(F.node_kind[cand] == 1, 2, 4)
         rows_h = np.repeat(np.arange(cand.size), valid.sum(1))
-        # the cells holding a parent set have a jump vertex: all of them are among ``rows``
-        sub = self.cells if rows is None else np.take(self.cells, rows, axis=0)
-        r, c = cells_holding(sub, rows_h, lpar[valid], npar, self.num_nodes)
+        r, c = cells_holding(sub, rows_h, gpar[valid], npar, nf)
         if rows is not None:
             c = rows.take(c).astype(np.int32 if self.num_cells <= np.iinfo(np.int32).max else np.int64)
         first = np.ones(r.size, dtype=bool)
         first[1:] = r[1:] != r[:-1]
         rows_h = r[first]
-        nodes = cand[rows_h]
-        parents = np.where(valid[rows_h], lpar[rows_h], -1)
-        owner = c[first]
-        return nodes, parents, owner, (cand[r], c)
+        return cand[rows_h], np.where(valid[rows_h], gpar[rows_h], -1), c[first], (cand[r], c)
+
+    @functools.cached_property
+    def _hanging(self):
+        """(nodes, parents (nh, 4) -1 padded, owner cell, (node, cell) pairs) of the hanging nodes
+        in the mesh's node numbering, nodes ascending: :attr:`_hanging_forest` mapped through
+        the numbering (O(hanging nodes))."""
+        nodes, parents, owner, (pn, pc) = self._hanging_forest
+        if nodes.size == 0:
+            return nodes, parents, owner, (pn, pc)
+        pos = self._node_numbering[1]
+        ln = pos.take(nodes)
+        order = np.argsort(ln, kind="stable")
+        lp = np.where(parents >= 0, pos.take(np.maximum(parents, 0)), -1)
+        return ln.take(order), lp.take(order, axis=0), owner.take(order), (pos.take(pn), pc)
 
     @property
     def hanging_nodes(self) -> np.ndarray:

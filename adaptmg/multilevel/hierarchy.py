@@ -126,9 +126,10 @@ def _level_constraints(space, dirichlet, values=False):
 
 
 def _after(first, fn, *args):
-    """``fn(*args)`` once the future ``first`` is done (a task that must follow another one:
-    it is submitted after it, so FIFO workers cannot deadlock)."""
-    first.result()
+    """``fn(*args)`` once the future ``first`` (or each of a tuple of futures) is done (a task
+    that must follow others: it is submitted after them, so FIFO workers cannot deadlock)."""
+    for f in first if isinstance(first, tuple) else (first,):
+        f.result()
     return fn(*args)
 
 
@@ -374,9 +375,11 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         # the finest space's node numbering (a Q1 space numbers its mesh on first use) on a
         # worker while this thread coarsens the mesh; then the coarse spaces side by side
         numbered = pool.submit(tl.wrap("numbering (finest)", getattr), space, "cell_dofs")
-        # and, after it on the same worker, the finest level's constraints (hanging nodes, H,
-        # Dirichlet DoFs: the longest host task of an adaptive mesh), not after the hierarchy
-        fine_cons = pool.submit(tl.wrap("constraints (finest)", _after), numbered,
+        # beside it the hanging nodes (in forest ids: no numbering needed), then, after both,
+        # the finest level's constraints (H, Dirichlet DoFs: with the hanging nodes the
+        # longest host task of an adaptive mesh), not after the hierarchy
+        hanging = pool.submit(tl.wrap("hanging nodes (finest)", space.find_hanging_nodes))
+        fine_cons = pool.submit(tl.wrap("constraints (finest)", _after), (numbered, hanging),
                                 _level_constraints, space, dirichlet, True)
         meshes = tl.wrap("mesh hierarchy", space.mesh.hierarchy)(max_levels=max_levels)
         sp_f = [pool.submit(tl.wrap(f"space {l}", Space), m, space.degree, space.components)
