@@ -42,9 +42,12 @@ class Constraints:
         (their values follow from their parents).
     values : float, array (num_dofs,) or callable g(x) -> (n,) or (n, c), optional
         Dirichlet values (default 0).
+    build_H : build the space's hanging-node matrix ``H`` now (default) or on first use
+        (:func:`adaptmg.multigrid` builds the finest one on a worker of its own: the
+        prolongation needs only :attr:`free`).
     """
 
-    def __init__(self, space: Space, dirichlet=None, values=None):
+    def __init__(self, space: Space, dirichlet=None, values=None, build_H=True):
         if not isinstance(space, Space):
             raise TypeError(f"Constraints expects a Space, got {type(space).__name__}")
         self.space = space
@@ -62,7 +65,7 @@ class Constraints:
         self.free = ~(fixed | hang)
         self.g = self._values(values)
         self._scale = None
-        if hang.any():
+        if hang.any() and build_H:
             space.H             # built now (as before); without hanging nodes only when used
 
     @property

@@ -214,7 +214,8 @@ class Space:
         local = np.array([np.flatnonzero(lat[:, a] == k * s) for a in range(d) for s in (0, 1)])
         mark = np.zeros(self.num_nodes, dtype=bool)     # sorted distinct nodes without a sort
         mark[self.cell_dofs[c[:, None], local[f]]] = True
-        return select_where(np.flatnonzero(mark).astype(self.cell_dofs.dtype, copy=False), self.points, where)
+        return select_where(np.flatnonzero(mark).astype(self.cell_dofs.dtype, copy=False),
+                            lambda: self.points, where)
 
     def boundary_dofs(self, ids=None, where=None, components=None) -> np.ndarray:
         """DoF indices node*c + comp of :meth:`boundary_nodes`, for the given components (all if None)."""

@@ -88,10 +88,14 @@ def check_cells(X: np.ndarray, dim: int, what: str = "mesh") -> None:
                          "and that no cell is degenerate or inverted")
 
 
-def select_where(nodes: np.ndarray, points: np.ndarray, where: Callable | None) -> np.ndarray:
-    """``nodes`` whose points satisfy the predicate ``where(x)`` (vectorised over (n, d)); all if None."""
+def select_where(nodes: np.ndarray, points, where: Callable | None) -> np.ndarray:
+    """``nodes`` whose points satisfy the predicate ``where(x)`` (vectorised over (n, d)); all if None.
+    ``points``: the (num_nodes, d) coordinates, or a function returning them (not called when
+    ``where`` is None: the coordinates of every node are a gather over the whole mesh)."""
     if where is None:
         return nodes
+    if callable(points):
+        points = points()
     if not callable(where):
         raise TypeError(f"where must be a callable where(x) -> bool array, got {type(where).__name__}")
     keep = np.asarray(where(points[nodes]))
@@ -574,7 +578,7 @@ class Mesh:
         c, f, _ = self.boundary_faces(ids)
         nodes = np.unique(np.take(self.cells, c, axis=0)[np.arange(c.size)[:, None],
                                                          ref.face_vertices(self.dim)[f]])
-        return select_where(nodes, self.points, where)
+        return select_where(nodes, lambda: self.points, where)
 
     # ------------------------------------------------------------------ refinement
     def refine(self, marked=None) -> "Mesh":

@@ -119,10 +119,16 @@ def homogeneous(dirichlet):
     return list(dirichlet) if _value_dict(dirichlet) else dirichlet
 
 
-def _level_constraints(space, dirichlet, values=False):
-    """The constraints of one level; with ``values`` the spec's Dirichlet values (finest level)."""
+def _level_constraints(space, dirichlet, values=False, build_H=True):
+    """The constraints of one level; with ``values`` the spec's Dirichlet values (finest level);
+    ``build_H`` as for :class:`~adaptmg.fe.Constraints`."""
     return Constraints(space, dirichlet_dofs(space, dirichlet),
-                       dirichlet_values(space, dirichlet) if values else None)
+                       dirichlet_values(space, dirichlet) if values else None, build_H=build_H)
+
+
+def _space_H(space):
+    """The space's hanging-node matrix, built now (a set-up task of its own)."""
+    return space.H
 
 
 def _after(first, fn, *args):
@@ -380,7 +386,10 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         # longest host task of an adaptive mesh), not after the hierarchy
         hanging = pool.submit(tl.wrap("hanging nodes (finest)", space.find_hanging_nodes))
         fine_cons = pool.submit(tl.wrap("constraints (finest)", _after), (numbered, hanging),
-                                _level_constraints, space, dirichlet, True)
+                                _level_constraints, space, dirichlet, True, False)
+        # its H on a worker of its own: the finest transfer needs only the free DoFs, the
+        # finest constrain (in this thread, after the assembly) the H
+        fine_H = pool.submit(tl.wrap("H (finest)", _after), fine_cons, _space_H, space)
         meshes = tl.wrap("mesh hierarchy", space.mesh.hierarchy)(max_levels=max_levels)
         sp_f = [pool.submit(tl.wrap(f"space {l}", Space), m, space.degree, space.components)
                 for l, m in enumerate(meshes[:-1])]
@@ -411,6 +420,7 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
             raise ValueError(f"assemble(space) must return a {n} x {n} matrix, "
                              f"got shape {getattr(Afine, 'shape', None)}")
         cons = [f.result() for f in cons_f]
+        fine_H.result()
         K_f = [None] * L
         if is_device_sparse(Afine):
             # on the device, in this thread (CuPy's current device is per thread): a few kernels

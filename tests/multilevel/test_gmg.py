@@ -328,11 +328,13 @@ def test_setup_timeline_lists_every_task_once(threads):
             assert names.count(name) == 1, (name, names)
         assert names.count(f"transfer {l}") == (1 if l > 0 else 0)
     assert names.count("mesh hierarchy") == 1 and names.count("numbering (finest)") == 1
-    assert names.count("hanging nodes (finest)") == 1
+    assert names.count("hanging nodes (finest)") == 1 and names.count("H (finest)") == 1
     spans = {r[0]: r for r in rows}
     # the finest constraints follow both the numbering and the hanging nodes
     assert spans["constraints (finest)"][3] >= max(spans["numbering (finest)"][3],
                                                    spans["hanging nodes (finest)"][3])
+    assert spans["H (finest)"][3] >= spans["constraints (finest)"][3]
+    assert spans[f"constrain {L - 1}"][2] >= spans["H (finest)"][3]
     assert names[-1].startswith("solver set-up")
     starts = [r[2] for r in rows]
     assert starts == sorted(starts)
