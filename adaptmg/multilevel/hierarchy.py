@@ -126,6 +126,18 @@ def _level_constraints(space, dirichlet, values=False, build_H=True):
                        dirichlet_values(space, dirichlet) if values else None, build_H=build_H)
 
 
+def _hierarchy_min_cells(space, coarse_max_rows, max_coarse):
+    """Where global coarsening may stop: a mesh of at most ``m`` cells has at most ``m * nloc *
+    components <= coarse_max_rows`` DoFs, so the finest level that ``coarse_max_rows`` keeps is
+    that mesh or a finer one and the coarser meshes would be dropped unbuilt anyway (an
+    adaptive mesh's hierarchy goes down through many small levels).  1 (down to the coarse
+    mesh) without ``coarse_max_rows``, or when algebraic levels would be built below a coarse
+    level larger than ``max_coarse``."""
+    if coarse_max_rows is None or (max_coarse is not None and max_coarse < coarse_max_rows):
+        return 1
+    return max(1, coarse_max_rows // (space.element.num_local * space.components))
+
+
 def _space_H(space):
     """The space's hanging-node matrix, built now (a set-up task of its own)."""
     return space.H
@@ -390,7 +402,8 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         # its H on a worker of its own: the finest transfer needs only the free DoFs, the
         # finest constrain (in this thread, after the assembly) the H
         fine_H = pool.submit(tl.wrap("H (finest)", _after), fine_cons, _space_H, space)
-        meshes = tl.wrap("mesh hierarchy", space.mesh.hierarchy)(max_levels=max_levels)
+        meshes = tl.wrap("mesh hierarchy", space.mesh.hierarchy)(
+            max_levels=max_levels, min_cells=_hierarchy_min_cells(space, coarse_max_rows, max_coarse))
         sp_f = [pool.submit(tl.wrap(f"space {l}", Space), m, space.degree, space.components)
                 for l, m in enumerate(meshes[:-1])]
         spaces = [f.result() for f in sp_f] + [space]

@@ -339,3 +339,29 @@ def test_setup_timeline_lists_every_task_once(threads):
     starts = [r[2] for r in rows]
     assert starts == sorted(starts)
     assert all(0.0 <= a <= b <= wall for _, _, a, b in rows)
+
+
+@pytest.mark.parametrize("degree,components,cmr", [(1, 1, 60), (1, 1, 200), (2, 1, 150), (1, 2, 120)])
+def test_coarsening_stops_where_coarse_max_rows_cuts(monkeypatch, degree, components, cmr):
+    """With coarse_max_rows, global coarsening stops at a mesh of at most coarse_max_rows /
+    (nloc * components) cells (the levels below would be dropped unbuilt): the same levels and
+    matrices as coarsening down to the coarse mesh, and fewer meshes built."""
+    from adaptmg.multilevel import hierarchy as H
+    m = Mesh.box([0.0, 0.0], [1.0, 1.0], [2, 2]).refine()
+    for k in range(6):                      # a corner refined deep: many small levels
+        m = m.refine(np.linalg.norm(m.points[m.cells].mean(axis=1), axis=1) < 0.5 ** (k / 2))
+    s = adaptmg.Space(m, degree, components)
+    kw = dict(coarse_max_rows=cmr, threads=1, max_coarse=None)
+    ml = adaptmg.multigrid(s, assemble.stiffness, **kw)
+    built = []
+    orig = Mesh.hierarchy
+    monkeypatch.setattr(Mesh, "hierarchy", lambda self, **k: built.append(k.get("min_cells", 1)) or orig(self, **k))
+    ml_stop = adaptmg.multigrid(adaptmg.Space(m, degree, components), assemble.stiffness, **kw)
+    monkeypatch.setattr(H, "_hierarchy_min_cells", lambda *a: 1)
+    ml_all = adaptmg.multigrid(adaptmg.Space(m, degree, components), assemble.stiffness, **kw)
+    assert built[0] == cmr // ((degree + 1) ** 2 * components) > 1
+    assert len(m.hierarchy(min_cells=built[0])) < len(m.hierarchy())
+    assert [lev.n for lev in ml_stop.levels] == [lev.n for lev in ml_all.levels] == [lev.n for lev in ml.levels]
+    assert ml_stop.levels[0].n <= cmr < ml_stop.levels[1].n
+    for a, b in zip(ml_stop.levels, ml_all.levels):
+        assert abs(a.A - b.A).max() == 0
