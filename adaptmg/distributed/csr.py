@@ -49,6 +49,14 @@ CuPy arrays.  One exchange, by ``transport`` (:func:`.comm.resolve_transport`):
   Only when every rank has its own GPU.  **Not run in the test suite** (it needs two or
   more GPUs; the stand-in of ``tests/distributed/fake_cupy.py`` checks the bookkeeping).
 
+One-pass kernels (GPU, int32 owned block: :attr:`DistCSR.fused_kernels`).  The ghost block's
+rows with entries (the partition boundary) are kept row-compressed; a Jacobi sweep
+(:meth:`DistCSR.jacobi_sweep`) and a residual (:meth:`DistCSR.residual`) run the one-pass CSR
+kernel of :mod:`adaptmg.device.kernels` over the owned block while the exchange is in flight,
+then one launch adds the ghost term on the ghost rows only
+(:func:`adaptmg.device.kernels.csr_rows_add`); the product's ghost part takes the same launch
+instead of an SpMV over every owned row.
+
 The halo timer then measures the host side only (posting, copies, waiting).
 Reductions of device vectors here (:func:`dots`): the local dots with the array module of
 the vectors, one D2H copy of the partial sums, one host ``Allreduce`` in float64.  The

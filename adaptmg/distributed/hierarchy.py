@@ -75,10 +75,13 @@ device product.  Levels taken from a serial hierarchy (the replicated set-up) ke
 serial smoother's parameters, their owned-row data moved (:func:`_smoother_on`).  The
 solver's level vectors are allocated on the device by the solver.  The agglomerated levels
 run in the serial GPU hierarchy on rank 0, as on the CPU.  The smoothers' kernels are the
-same (:mod:`adaptmg.device.kernels` dispatch on the array type); the fused one-launch CSR
-kernels, transfer fusion and CUDA graphs are off on distributed levels (their matrices are
-DistCSR, not CSR: :meth:`~adaptmg.multilevel.MultilevelSolver.set_fuse_below` and
-``_capturable`` see that).
+same (:mod:`adaptmg.device.kernels` dispatch on the array type).  On the GPU a distributed
+level's Jacobi sweeps and residuals are one-pass CSR kernels over the owned block, launched
+while the halo exchange is in flight, plus one launch over the (row-compressed) ghost rows
+after it (:meth:`.csr.DistCSR.jacobi_sweep`, :meth:`~.csr.DistCSR.residual`; the solver
+fuses a Jacobi smoother through them, ``DistCSR.fused_kernels``); transfer fusion and CUDA
+graphs stay off on distributed levels (their matrices are DistCSR, not CSR:
+:meth:`~adaptmg.multilevel.MultilevelSolver.set_fuse_below` and ``_capturable`` see that).
 
 Limits (stated plainly): the mesh is **replicated** on every rank (like deal.II's
 ``parallel::shared::Triangulation``) together with its O(cells) derived arrays; without
