@@ -149,12 +149,12 @@ extern "C" __global__ void adaptmg_csr_spmv_vec_{T}(
     if (t.row < n && t.lane == 0)
         y[t.row] = beta == ({T})0 ? alpha * s : alpha * s + beta * y[t.row];
 }
-// rows of a row-compressed CSR block (m rows, row i lands in out[rows[i]]):
-// out[rows[i]] += alpha (scale ? scale[rows[i]] : 1) sum_k data[k] x[indices[k]]
+// rows of a row-compressed CSR block (m rows, row i lands in out[grow[i]]):
+// out[grow[i]] += alpha (dinv ? dinv[grow[i]] : 1) sum_k data[k] x[indices[k]]
 // (a distributed matrix's ghost-column block: few rows, few entries each; one thread a row)
 extern "C" __global__ void adaptmg_csr_rows_add_{T}(
     const int m, const int* __restrict__ indptr, const int* __restrict__ indices,
-    const {T}* __restrict__ data, const int* __restrict__ rows, const {T}* __restrict__ scale,
+    const {T}* __restrict__ data, const int* __restrict__ grow, const {T}* __restrict__ dinv,
     const {T} alpha, const {T}* __restrict__ x, {T}* __restrict__ out)
 {
     const int i = blockDim.x * blockIdx.x + threadIdx.x;
@@ -163,8 +163,8 @@ extern "C" __global__ void adaptmg_csr_rows_add_{T}(
     if (i < m) {
         k = indptr[i];
         e = indptr[i + 1];
-        r = rows[i];
-        if (scale != nullptr) c *= scale[r];
+        r = grow[i];
+        if (dinv != nullptr) c *= dinv[r];     // a per-row scale (set-up data)
     }
     ADAPTMG_GRID_WAIT();
     if (i < m) {

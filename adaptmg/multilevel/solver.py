@@ -315,11 +315,9 @@ class MultilevelSolver(SolveDriver):
         """Use the one-launch fused residual / Jacobi kernels on levels with fewer than ``rows`` rows
         (``"auto"``: all levels on the GPU, none on the CPU).
 
-        Only CSR levels with int32 indices qualify; the flag of our own
-        :class:`~adaptmg.multilevel.smoothers.Jacobi` smoothers is switched with it, also on
-        a level whose operator has its own one-pass kernels (``A.fused_kernels``: a
-        distributed :class:`~adaptmg.distributed.DistCSR`, whose ``jacobi_sweep`` the
-        smoother then calls).
+        Only CSR levels with int32 indices qualify; the flag of our own Jacobi smoothers is
+        switched with it, also where ``A`` has one-pass kernels of its own (``A.fused_kernels``:
+        a distributed ``DistCSR``, whose ``jacobi_sweep`` the smoother then calls).
         """
         if isinstance(rows, str):
             if rows != "auto":
@@ -337,9 +335,7 @@ class MultilevelSolver(SolveDriver):
             real = self.dtype.kind == "f"                                    # real kernels
             d.fused = small and K.is_int32_csr(A) and real
             sm = d.smoother
-            if d.own and hasattr(sm, "fused") and hasattr(sm, "can_fuse"):
-                # a distributed level (DistCSR) fuses its smoother's sweeps through its own
-                # one-pass kernels; its residual is the operator's own (d.Aplan.residual)
+            if d.own and hasattr(sm, "fused") and hasattr(sm, "can_fuse"):   # DistCSR: its own kernels
                 sm.fused = d.fused or (small and real and bool(getattr(A, "fused_kernels", False)))
         self.set_fuse_transfers_below(self.fuse_transfers_below)
         self.set_fuse_presmooth_below(self.fuse_presmooth_below)

@@ -10,9 +10,10 @@ from adaptmg.device import kernels as K
 from adaptmg.linalg import graph_cg
 
 # set-up data: CSR structure and values of A, R, R A, A P, P, S, the diagonal, a dense
-# matrix -- never written by a kernel of a graph, so a kernel may read them before the wait
+# matrix, the rows of a row-compressed block (grow) -- never written by a kernel of a graph,
+# so a kernel may read them before the wait
 SETUP = {"indptr", "indices", "data", "ap", "ai", "ad", "sp", "si", "sd", "rp", "ri", "rd",
-         "qp", "qi", "qd", "pp", "pi", "pd", "dinv", "M"}
+         "qp", "qi", "qd", "pp", "pi", "pd", "dinv", "M", "grow"}
 
 
 def _kernels(src):
