@@ -29,7 +29,7 @@ import scipy.sparse as sp
 from . import reference as ref
 from . import tags
 from . import _parents, _touch
-from ._join import cells_holding
+from ._hanging import hanging_in_forest
 from ._tree import Forest
 
 __all__ = ["Mesh"]
@@ -409,54 +409,9 @@ class Mesh:
     @functools.cached_property
     def _hanging_forest(self):
         """The hanging nodes in the forest's node ids, found without the mesh's node numbering
-        (so :func:`adaptmg.multigrid` can run it beside the numbering): ``(nodes, parents (nh,
-        4) -1 padded, owner cell, (node, cell) pairs)`` with forest ids, nodes ascending; the
-        pairs list every active cell that contains a hanging node's parent edge/face.
-
-        A hanging node's parents are vertices of active cells of two levels, so a mesh whose
-        active cells all have one level has none: that case returns at once (uniform meshes,
-        e.g. every level of a global-coarsening hierarchy of a uniform mesh).  Otherwise: the
-        nodes where cells of two levels meet (:func:`._touch.level_jumps`, on the forest ids
-        of the cells' vertices) and the cells touching them; a hanging node is a vertex of one
-        of those cells (the fine cells beside a coarse edge/face hold one of its corners), an
-        edge midpoint or face centre whose parents all are such jump nodes, and some active
-        cell holds all its parents (:func:`._join.cells_holding`)."""
-        lv_cells = self.levels
-        if lv_cells.size == 0 or lv_cells.min() == lv_cells.max():
-            e64, e32 = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
-            return e64, np.zeros((0, 4), dtype=np.int64), e32, (e64.copy(), e32.copy())
-        F, d = self._forest, self.dim
-        nf = F.num_nodes
-        cells = self._active_cell_nodes()
-        jump, rows = _touch.level_jumps(cells, nf, self.levels.astype(F.cell_level.dtype))
-        sub = cells if rows is None else np.take(cells, rows, axis=0)
-        # candidates: edge midpoints and face centres among the vertices of those cells
-        seen = np.zeros(nf, dtype=bool)
-        seen[sub] = True
-        cand = np.flatnonzero(seen)
-        kind = F.node_kind.take(cand)
-        cand = cand[(kind >= 1) & (kind < d)]
-        # first by their first two parents (every candidate has them): flat gathers of two
-        # columns instead of the (candidates, 4) parent rows
-        flat_par = F.node_par.reshape(-1)
-        at = cand * F.node_par.shape[1]
-        for j in range(2):
-            sel = np.flatnonzero(jump.take(flat_par.take(at + j)))
-            cand, at = cand.take(sel), at.take(sel)
-        gpar = F.node_par[cand, :4].astype(np.int64)
-        valid = gpar >= 0
-        # every parent a jump node (a jump node is a vertex of an active cell)
-        ok = (jump[np.where(valid, gpar, 0)] | ~valid).all(axis=1)
-        cand, gpar, valid = cand[ok], gpar[ok], valid[ok]
-        npar = np.where(F.node_kind[cand] == 1, 2, 4)
-        rows_h = np.repeat(np.arange(cand.size), valid.sum(1))
-        r, c = cells_holding(sub, rows_h, gpar[valid], npar, nf)
-        if rows is not None:
-            c = rows.take(c).astype(np.int32 if self.num_cells <= np.iinfo(np.int32).max else np.int64)
-        first = np.ones(r.size, dtype=bool)
-        first[1:] = r[1:] != r[:-1]
-        rows_h = r[first]
-        return cand[rows_h], np.where(valid[rows_h], gpar[rows_h], -1), c[first], (cand[r], c)
+        (so :func:`adaptmg.multigrid` can run it beside the numbering):
+        :func:`._hanging.hanging_in_forest`."""
+        return hanging_in_forest(self._forest, self._active_cell_nodes(), self.levels)
 
     @functools.cached_property
     def _hanging(self):

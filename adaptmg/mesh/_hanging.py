@@ -1,0 +1,62 @@
+"""Hanging nodes of a mesh of a refinement forest, in the forest's node ids.
+
+A vertex of an active cell hangs when it lies inside an edge (weights 1/2, 1/2) or a face (4 x
+1/4) of a coarser active cell.  Its parents (the edge's ends, the face's corners) are then
+vertices of active cells of two levels; on a 2:1 mesh of one forest the hanging node is a
+vertex of one of the fine cells beside the coarse edge/face, and each of those holds one of
+the parents.  So: the nodes where cells of two levels meet (:func:`._touch.level_jumps`), the
+cells touching them, the edge midpoints and face centres among those cells' vertices whose
+parents all are such nodes, and the active cell that holds all of a candidate's parents
+(:func:`._join.cells_holding`).  No numbering of the mesh's nodes is needed: this runs on the
+forest ids of the cells' vertices and can go beside the numbering.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _touch
+from ._join import cells_holding
+
+__all__ = ["hanging_in_forest"]
+
+
+def hanging_in_forest(F, cells: np.ndarray, levels: np.ndarray):
+    """``(nodes, parents (nh, 4) -1 padded, owner cell, (node, cell) pairs)`` of the hanging
+    nodes of the mesh whose active cells have the forest vertex ids ``cells`` (nc, 2^d) and
+    the refinement ``levels``: forest node ids, nodes ascending; the owner is the first
+    active cell (index into ``cells``) holding all the node's parents, the pairs list every
+    such cell.  A mesh whose cells all have one level has none (returned at once: uniform
+    meshes, e.g. every level of a global-coarsening hierarchy of a uniform mesh)."""
+    if levels.size == 0 or levels.min() == levels.max():
+        e64, e32 = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+        return e64, np.zeros((0, 4), dtype=np.int64), e32, (e64.copy(), e32.copy())
+    d, nf, nc = F.dim, F.num_nodes, cells.shape[0]
+    jump, rows = _touch.level_jumps(cells, nf, levels.astype(F.cell_level.dtype))
+    sub = cells if rows is None else np.take(cells, rows, axis=0)
+    # candidates: edge midpoints and face centres among the vertices of those cells
+    seen = np.zeros(nf, dtype=bool)
+    seen[sub] = True
+    cand = np.flatnonzero(seen)
+    kind = F.node_kind.take(cand)
+    cand = cand[(kind >= 1) & (kind < d)]
+    # first by their first two parents (every candidate has them): flat gathers of two
+    # columns instead of the (candidates, 4) parent rows
+    flat_par = F.node_par.reshape(-1)
+    at = cand * F.node_par.shape[1]
+    for j in range(2):
+        sel = np.flatnonzero(jump.take(flat_par.take(at + j)))
+        cand, at = cand.take(sel), at.take(sel)
+    gpar = F.node_par[cand, :4].astype(np.int64)
+    valid = gpar >= 0
+    # every parent a jump node (a jump node is a vertex of an active cell)
+    ok = (jump[np.where(valid, gpar, 0)] | ~valid).all(axis=1)
+    cand, gpar, valid = cand[ok], gpar[ok], valid[ok]
+    npar = np.where(F.node_kind[cand] == 1, 2, 4)
+    rows_h = np.repeat(np.arange(cand.size), valid.sum(1))
+    r, c = cells_holding(sub, rows_h, gpar[valid], npar, nf)
+    if rows is not None:
+        c = rows.take(c).astype(np.int32 if nc <= np.iinfo(np.int32).max else np.int64)
+    first = np.ones(r.size, dtype=bool)
+    first[1:] = r[1:] != r[:-1]
+    rows_h = r[first]
+    return cand[rows_h], np.where(valid[rows_h], gpar[rows_h], -1), c[first], (cand[r], c)
