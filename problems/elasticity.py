@@ -215,18 +215,19 @@ def system_matrix(dt: float, lam: float = LAMBDA, mu: float = MU, backend=None):
             raise ValueError(f"the elasticity system needs a 6-component space, got {space6.components}")
         s1 = Space(space6.mesh, 1, components=1)
         s3 = Space(space6.mesh, 1, components=3)
+        gpu = be if be is not None and be.is_gpu else None
         # the scalar mass and the 3 x 3 blocks from one assembly pass (one geometry evaluation),
-        # summed straight into the (nnz, 10) fields [M, A_00, ..., A_22] of block_system
+        # summed straight into the (nnz, 10) fields [M, A_00, ..., A_22] of block_system; on the
+        # GPU computed and kept there (Constraints.matrix constrains them there)
         ip, ind, data = assemble.elasticity(s3, lam, mu, format="fields", return_mass=True,
-                                            device=be if be is not None and be.is_gpu else None)
+                                            device=gpu, keep_on_device=gpu is not None)
         nn = s3.num_nodes
-        Ms = sp.csr_matrix((np.ascontiguousarray(data[:, 0]), ind, ip), shape=(nn, nn), copy=False)
-        Ms.has_sorted_indices = True
-        Ms.has_canonical_format = True
         if S.first_mass[0] is None:                  # the finest level comes first
+            Ms = sp.csr_matrix((np.ascontiguousarray(to_host(data[:, 0])), to_host(ind), to_host(ip)), shape=(nn, nn))
+            Ms.has_sorted_indices = True
+            Ms.has_canonical_format = True
             S.first_mass = (space6, s1, Ms)          # reused for the right-hand side
-        return NodeBlockMatrix(ip, ind, data, _coefficients(dt), nn,
-                               backend=be if be is not None and be.is_gpu else None)
+        return NodeBlockMatrix(ip, ind, data, _coefficients(dt), nn, backend=gpu)
     S.first_mass = (None, None, None)
     return S
 
