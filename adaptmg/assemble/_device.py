@@ -30,7 +30,7 @@ import functools
 
 import numpy as np
 
-from ..backend import get_backend, to_host
+from ..backend import get_backend, stable_argsort, to_host
 from ..fe.sparsity import Pattern, _index_dtype, cell_tables, memoised
 
 __all__ = ["DevicePattern", "get_device_pattern", "segment_sum", "MIN_DEVICE_ENTRIES"]
@@ -95,7 +95,7 @@ class DevicePattern:
         c = xp.asarray(col_cells).astype(xp.int64)
         keys = (r[:, :, None] * ncols + c[:, None, :]).reshape(-1)
         del r, c
-        order = xp.argsort(keys, kind="stable")        # a run keeps entry order
+        order = stable_argsort(keys)                   # a run keeps entry order
         sk = keys[order]
         del keys
         head = xp.empty(nent, dtype=bool)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of
+from ..backend import backend_of, stable_argsort
 
 __all__ = ["congruence_by_expansion", "congruence_map_on"]
 
@@ -188,9 +188,11 @@ def congruence_map_on(be, indptr, indices, Hn, keep, extra_diagonal=None):
         else np.zeros(n, dtype=bool)
     special = np.flatnonzero(~own)                                  # O(n) host work, no entries
     Hs = Hk[special]
-    hp_ptr = be.asarray(Hs.indptr.astype(np.int64))
-    hp_idx = be.asarray(Hs.indices.astype(np.int64))
-    hp_w = be.asarray(Hs.data.astype(np.float64))
+    # one empty row and one dummy entry more: _parents' gathers stay in range also without
+    # special nodes or without any parent (e.g. no hanging nodes, only fixed ones)
+    hp_ptr = be.asarray(np.append(Hs.indptr, Hs.nnz).astype(np.int64))
+    hp_idx = be.asarray(np.append(Hs.indices, 0).astype(np.int64))
+    hp_w = be.asarray(np.append(Hs.data, 0.0).astype(np.float64))
     rank_h = np.full(n, -1, dtype=np.int64)
     rank_h[special] = np.arange(special.size)
     rank = be.asarray(rank_h)
@@ -210,7 +212,7 @@ def congruence_map_on(be, indptr, indices, Hn, keep, extra_diagonal=None):
         W = xp.concatenate([xp.zeros(xd.shape[0]), W])
     keys = P * n + q
     del P, q
-    order = xp.argsort(keys, kind="stable")
+    order = stable_argsort(keys)
     sk = keys[order]
     del keys
     total = int(sk.shape[0])

@@ -197,6 +197,15 @@ def test_congruence_map_on_the_backend_equals_the_host_map():
     data = rng.standard_normal((S.nnz, 4))
     D0, D1 = T0 @ data, T1 @ data
     assert np.abs(D1 - D0).max() <= 8 * EPS * np.abs(D0).max()
+    # no hanging nodes: only the fixed ones expand (to nothing), or nothing at all
+    u = Space(Mesh.box([0.0] * 2, [1.0] * 2, [4, 3]), 1)
+    U = assemble.mass(u)
+    for kp in (np.arange(u.num_nodes) % 3 > 0, np.ones(u.num_nodes, dtype=bool)):
+        xd = np.flatnonzero(~kp)
+        a, b = congruence_map(U.indptr, U.indices, u.H_nodes, kp, xd), congruence_map_on(CPU, U.indptr, U.indices, u.H_nodes, kp, xd)
+        np.testing.assert_array_equal(b[0], a[0])
+        np.testing.assert_array_equal(b[1], a[1])
+        assert abs(b[2] - a[2]).max() == 0
     with pytest.raises(ValueError, match="keep"):
         congruence_map_on(CPU, S.indptr, S.indices, s.H_nodes, keep[:-1])
     with pytest.raises(ValueError, match="Hn has shape"):
