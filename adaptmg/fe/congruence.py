@@ -172,20 +172,10 @@ def congruence_map_on(be, indptr, indices, Hn, keep, extra_diagonal=None):
     on ``be`` with the same pattern as the host map's and the same T up to the order of its
     stored entries.
     """
-    from .csr_ops import mask_rows_cols
+    from .csr_ops import kept_parents
     xp, xs = be.xp, be.sparse
     n = int(indptr.shape[0]) - 1
-    keep = np.asarray(keep, dtype=bool)
-    if keep.shape != (n,):
-        raise ValueError(f"keep must be a boolean mask of shape ({n},), got {keep.shape}")
-    Hn = sp.csr_matrix(Hn)
-    if Hn.shape != (n, n):
-        raise ValueError(f"Hn has shape {Hn.shape}, the pattern has {n} rows")
-    Hk = mask_rows_cols(Hn, np.ones(n, dtype=bool), keep)          # parents restricted to kept nodes
-    hlen = np.diff(Hk.indptr)
-    first = np.minimum(Hk.indptr[:-1], max(Hk.indices.size - 1, 0))
-    own = (hlen == 1) & (Hk.indices[first] == np.arange(n)) & (Hk.data[first] == 1.0) if Hk.nnz \
-        else np.zeros(n, dtype=bool)
+    Hk, own = kept_parents(Hn, keep, n)
     special = np.flatnonzero(~own)                                  # O(n) host work, no entries
     Hs = Hk[special]
     # one empty row and one dummy entry more: _parents' gathers stay in range also without

@@ -240,6 +240,24 @@ def add_to_diagonal(A: sp.csr_matrix, d: np.ndarray) -> sp.csr_matrix:
 
 # ----------------------------------------------------------------------------- node-block matrices
 
+def kept_parents(Hn, keep, n):
+    """``(Hk, own)``: the node constraint matrix ``Hn`` (n x n) with its columns restricted to the
+    kept nodes (each node's kept parents and weights) and the mask of the nodes that are kept
+    and their own only parent (weight 1); ValueError for a ``keep`` or ``Hn`` of another size."""
+    keep = np.asarray(keep, dtype=bool)
+    if keep.shape != (n,):
+        raise ValueError(f"keep must be a boolean mask of shape ({n},), got {keep.shape}")
+    Hn = sp.csr_matrix(Hn)
+    if Hn.shape != (n, n):
+        raise ValueError(f"Hn has shape {Hn.shape}, the pattern has {n} rows")
+    Hk = mask_rows_cols(Hn, np.ones(n, dtype=bool), keep)          # parents restricted to kept nodes
+    hp = Hk.indptr
+    one = np.flatnonzero(np.diff(hp) == 1)
+    own = np.zeros(n, dtype=bool)                                    # kept node, its own only parent
+    own[one] = (Hk.indices[hp[one]] == one) & (Hk.data[hp[one]] == 1.0)
+    return Hk, own
+
+
 def congruence_map(indptr, indices, Hn, keep, extra_diagonal=None):
     r"""The linear map from the values of *any* matrix S on one scalar pattern to those of
     :math:`Z H_n^T S H_n Z`, with :math:`Z = \mathrm{diag}(keep)`:
@@ -263,19 +281,10 @@ def congruence_map(indptr, indices, Hn, keep, extra_diagonal=None):
     indptr = np.asarray(indptr)
     indices = np.asarray(indices)
     n = indptr.size - 1
-    keep = np.asarray(keep, dtype=bool)
-    if keep.shape != (n,):
-        raise ValueError(f"keep must be a boolean mask of shape ({n},), got {keep.shape}")
-    Hn = sp.csr_matrix(Hn)
-    if Hn.shape != (n, n):
-        raise ValueError(f"Hn has shape {Hn.shape}, the pattern has {n} rows")
-    Hk = mask_rows_cols(Hn, np.ones(n, dtype=bool), keep)          # parents restricted to kept nodes
+    Hk, own = kept_parents(Hn, keep, n)
     hp = Hk.indptr.astype(np.int64)
     hi, hw = Hk.indices, Hk.data
     hlen = np.diff(hp)
-    one = np.flatnonzero(hlen == 1)
-    own = np.zeros(n, dtype=bool)                                    # kept node, its own only parent
-    own[one] = (hi[hp[one]] == one) & (hw[hp[one]] == 1.0)
     nse = indices.size
     rowlen = np.diff(indptr)
     # per node: 0 = no kept parent, 1 = kept and its own only parent, 2 = other (expands);
