@@ -580,7 +580,7 @@ def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zer
         if dblk.shape != (c, c):
             raise ValueError(f"expand_node_blocks: the diagonal block must be {c} x {c}, got {dblk.shape}")
         U = U | (dblk != 0)
-        dpos_x = backend.asarray(diagonal[0]).astype(xp.int64) if int(np.size(diagonal[0])) else None
+        dpos_x = backend.asarray(diagonal[0]).astype(xp.int64) if len(diagonal[0]) else None
     widths = U.sum(axis=1)
     nse = int(np.size(indices))
     total = nse * int(widths.sum())
