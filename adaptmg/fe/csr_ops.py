@@ -556,7 +556,8 @@ def diagonal_positions(indptr, indices, num_nodes):
     return out
 
 
-def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zeros=False, diagonal=None):
+def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zeros=False, diagonal=None,
+                       num_cols=None):
     r"""CSR of :math:`\sum_f S_f \otimes C_f` (see :class:`NodeBlockMatrix`) built on ``backend``
     (written once against its ``xp``/``sparse``: on the GPU only the pattern and the fields
     are copied up, the expanded matrix is made there).
@@ -566,6 +567,9 @@ def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zer
     ``indptr'`` the prefix sum of the row lengths :math:`(indptr[n+1]-indptr[n]) |U_r|`: one
     scatter of a (nnz, |U_r|) block per component r.  ``drop_zeros``: entries equal to zero
     are removed afterwards (one compaction).  Columns stay sorted in each row.
+
+    ``num_cols``: the scalar pattern's columns (default ``num_nodes``: square), e.g. for a
+    transfer :math:`P \otimes I_c`.
 
     ``diagonal = (pos, D)``: also add the constant c x c block D to the scalar entries ``pos``
     (host or backend indices), as a field that is 1 at ``pos`` and 0 elsewhere with coefficient D
@@ -584,7 +588,8 @@ def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zer
     widths = U.sum(axis=1)
     nse = int(np.size(indices))
     total = nse * int(widths.sum())
-    if max(total, n * c) >= 2**31 - 1:
+    m = n if num_cols is None else int(num_cols)
+    if max(total, n * c, m * c) >= 2**31 - 1:
         raise ValueError(f"expand_node_blocks: {total} entries need 64-bit indices, which the "
                          "backend's CSR does not take")
     it = np.int32
@@ -615,4 +620,4 @@ def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zer
         cs[1:] = xp.cumsum(keep)
         optr = cs[optr]
         out_data, out_ind = out_data[keep], out_ind[keep]
-    return spm.csr_matrix((out_data, out_ind, optr.astype(it)), shape=(n * c, n * c))
+    return spm.csr_matrix((out_data, out_ind, optr.astype(it)), shape=(n * c, m * c))
