@@ -134,7 +134,10 @@ def test_device_elasticity_equals_host(dim, kind, monkeypatch):
     lam, mu = _coefs(kind, s.mesh)
     X = asm.elasticity(s, lam, mu, format="fields", return_mass=True)
     _assert_close(X, asm.elasticity(s, lam, mu, format="fields", return_mass=True, device="gpu"))
+    from adaptmg.backend import host_copies
+    before = host_copies()
     K = asm.elasticity(s, lam, mu, format="fields", return_mass=True, device="gpu", keep_on_device=True)
+    assert host_copies() == before                     # nothing of O(cells) came back
     assert all(type(a).__module__.startswith("cupy") for a in K)
     _assert_close(X, K)
     for fmt in ("csr", "bsr"):

@@ -244,7 +244,11 @@ def test_node_block_matrix_of_device_arrays():
     space = Space(m, 1, components=2)
     cons = Constraints(space, space.boundary_dofs())
     K0 = cons.matrix(B)
-    K1 = to_host(cons.matrix(Bd))
+    from adaptmg.backend import host_copies
+    before = host_copies()
+    Kd = cons.matrix(Bd)
+    assert host_copies() == before                     # constrained without a copy to the host
+    K1 = to_host(Kd)
     np.testing.assert_array_equal(K1.indices, K0.indices)
     assert np.abs(K1.data - K0.data).max() <= 16 * EPS * np.abs(K0.data).max()
     assert abs(Bd.tocsr() - B.tocsr()).max() == 0
