@@ -21,7 +21,7 @@ import scipy.sparse as sp
 
 __all__ = ["Backend", "get_backend", "gpu_available", "backend_of", "is_device_array",
            "is_device_sparse", "is_device_linear_operator", "is_device_error", "is_sparse",
-           "to_device", "to_host", "host_copies", "call_points", "CPU", "nccl_module"]
+           "to_device", "to_host", "host_copies", "call_points", "stable_argsort", "CPU", "nccl_module"]
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,13 @@ def host_copies() -> int:
 
 # user callables that raised TypeError on device arrays: evaluated on the host from then on
 _HOST_ONLY: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def stable_argsort(a):
+    """Indices that sort the 1-D array ``a`` stably (equal keys keep their order): NumPy's
+    ``kind="stable"`` on the host, CuPy's argsort (a stable radix sort, its only kind) on the
+    device."""
+    return a.argsort() if _is_cupy_array(a) else np.argsort(a, kind="stable")
 
 
 def call_points(fn, *args, xp=np):

@@ -48,7 +48,7 @@ import scipy.sparse as sp
 
 from adaptmg import Mesh, Space, assemble, multigrid
 from adaptmg.backend import get_backend, to_host
-from adaptmg.fe.csr_ops import NodeBlockMatrix
+from adaptmg.fe.csr_ops import NodeBlockMatrix, congruence_with_constraints
 
 from ._stepping import SpMVOperator, constrain_combine, gmres_step, time_steps
 from ._timing import Timer, format_table, progress
@@ -215,18 +215,21 @@ def system_matrix(dt: float, lam: float = LAMBDA, mu: float = MU, backend=None):
             raise ValueError(f"the elasticity system needs a 6-component space, got {space6.components}")
         s1 = Space(space6.mesh, 1, components=1)
         s3 = Space(space6.mesh, 1, components=3)
+        gpu = be if be is not None and be.is_gpu else None
         # the scalar mass and the 3 x 3 blocks from one assembly pass (one geometry evaluation),
-        # summed straight into the (nnz, 10) fields [M, A_00, ..., A_22] of block_system
+        # summed straight into the (nnz, 10) fields [M, A_00, ..., A_22] of block_system; on the
+        # GPU computed and kept there (Constraints.matrix constrains them there)
         ip, ind, data = assemble.elasticity(s3, lam, mu, format="fields", return_mass=True,
-                                            device=be if be is not None and be.is_gpu else None)
+                                            device=gpu, keep_on_device=gpu is not None)
         nn = s3.num_nodes
-        Ms = sp.csr_matrix((np.ascontiguousarray(data[:, 0]), ind, ip), shape=(nn, nn), copy=False)
-        Ms.has_sorted_indices = True
-        Ms.has_canonical_format = True
         if S.first_mass[0] is None:                  # the finest level comes first
-            S.first_mass = (space6, s1, Ms)          # reused for the right-hand side
-        return NodeBlockMatrix(ip, ind, data, _coefficients(dt), nn,
-                               backend=be if be is not None and be.is_gpu else None)
+            # its scalar mass, reused for the right-hand side (on the device: stays there)
+            csr = gpu.sparse.csr_matrix if gpu is not None else sp.csr_matrix
+            Ms = csr((data[:, 0].copy(), ind.copy(), ip.copy()), shape=(nn, nn))
+            Ms.has_sorted_indices = True
+            Ms.has_canonical_format = True
+            S.first_mass = (space6, s1, Ms)
+        return NodeBlockMatrix(ip, ind, data, _coefficients(dt), nn, backend=gpu)
     S.first_mass = (None, None, None)
     return S
 
@@ -281,11 +284,11 @@ def run(case: str = "edge", level: int = 3, *, dt: float = 0.025, T: float = 2.5
         if sp6 is not space:
             s1 = Space(mesh, 1, components=1)
             Ms = assemble.mass(s1)
-        Hs = s1.H
-        Msc = Ms if s1.hanging_nodes.size == 0 else (Hs.T @ Ms @ Hs).tocsr()
+        # Hs^T Ms Hs without two SpGEMMs, on Ms's side (the device's expansion there)
+        Msc = Ms if s1.hanging_nodes.size == 0 else congruence_with_constraints(Ms, s1.H, s1.hanging_nodes)
         free = cons.free
         nn = mesh.num_nodes
-        ones = np.asarray(Ms.sum(axis=1)).ravel()                          # (1, phi_i)
+        ones = np.asarray(to_host(Ms.sum(axis=1))).ravel()                 # (1, phi_i)
         Fv = np.zeros((nn, 6))
         Fv[:, 3:] = ones[:, None] * f[None, :]                             # F_(i,r) = f_r (1, phi_i)
         Fc = free * (cons.H.T @ Fv.ravel())

@@ -1,4 +1,5 @@
-"""Sparsity pattern and element-matrix summation on the GPU, for host assembly of large meshes.
+"""Sparsity pattern and element-matrix summation on the GPU, for the assembly of large meshes
+(written against ``xp``: NumPy runs the same code in the CPU tests).
 
 Host assembly (:mod:`._sparse`) spends most of its time on two steps whose cost
 grows with the number of element entries ``E = ncells * nr * ncl``: building the
@@ -11,12 +12,13 @@ which a GPU does in a few milliseconds for millions of entries:
    matrix position -- become a run ``order[seg[k]:seg[k+1]]``, still in entry
    order; the distinct keys give ``indptr``/``indices`` (rows sorted, columns
    sorted within rows, as on the host);
-2. the element entries (computed on the host, copied up chunk by chunk) are
-   summed per run by one kernel ``adaptmg_segment_sum``:
+2. the element entries (computed on the host and copied up chunk by chunk, or computed
+   on the device: :mod:`.on_device`) are summed per run by one kernel
+   ``adaptmg_segment_sum``:
    :math:`a_k = \\sum_{t=seg_k}^{seg_{k+1}-1} K_{order_t}`, sequentially from 0.
 
-The run order equals the order in which ``np.add.at`` visits the entries, so the
-summed values are bit-identical to the host pattern's; the matrix comes back to
+The run order equals the order in which ``np.add.at`` visits the entries, so for the same
+element entries the summed values are bit-identical to the host pattern's; the matrix comes back to
 the host as SciPy CSR (the assembly contract), only ``data`` being copied per
 call: the index arrays are copied down once per pattern, and only when a host result is
 asked for (``keep_on_device`` results never leave the device).  Patterns are memoised
@@ -28,10 +30,10 @@ import functools
 
 import numpy as np
 
-from ..backend import get_backend
+from ..backend import get_backend, stable_argsort, to_host
 from ..fe.sparsity import Pattern, _index_dtype, cell_tables, memoised
 
-__all__ = ["DevicePattern", "DeviceFieldSums", "get_device_pattern", "segment_sum", "MIN_DEVICE_ENTRIES"]
+__all__ = ["DevicePattern", "get_device_pattern", "segment_sum", "MIN_DEVICE_ENTRIES"]
 
 # below this many element entries the copies and launches cost more than the host pattern
 MIN_DEVICE_ENTRIES = 1 << 18
@@ -81,9 +83,7 @@ class DevicePattern:
 
     def __init__(self, backend, row_cells, col_cells, nrows, ncols):
         be = get_backend(backend)
-        if not be.is_gpu:
-            raise ValueError(f"DevicePattern needs the GPU backend, got {be.name!r}")
-        xp = be.xp
+        xp = be.xp                       # CuPy; NumPy runs the same code (the CPU tests)
         row_cells, col_cells, (nc, nr, ncl), (nrows, ncols) = cell_tables(row_cells, col_cells, nrows, ncols)
         nent = nc * nr * ncl
         if nent > _INT32_MAX:
@@ -95,7 +95,7 @@ class DevicePattern:
         c = xp.asarray(col_cells).astype(xp.int64)
         keys = (r[:, :, None] * ncols + c[:, None, :]).reshape(-1)
         del r, c
-        order = xp.argsort(keys)                       # stable: a run keeps entry order
+        order = stable_argsort(keys)                   # a run keeps entry order
         sk = keys[order]
         del keys
         head = xp.empty(nent, dtype=bool)
@@ -122,7 +122,7 @@ class DevicePattern:
 
     def _host_index(self):
         if self._host is None:           # downloaded once, only for host results
-            self._host = (self.d_indptr.get(), self.d_indices.get())
+            self._host = (to_host(self.d_indptr), to_host(self.d_indices))
         return self._host
 
     @property
@@ -141,7 +141,7 @@ class DevicePattern:
         xp = self.backend.xp
         out = xp.empty(self.nnz, dtype=xp.float64)
         segment_sum(self.seg, self.order, K, out)
-        return out if on_device else out.get()
+        return out if on_device else to_host(out)
 
     def device_csr(self, data):
         """cupyx CSR matrix of the summed device ``data`` (nnz,) on this pattern (canonical: rows
@@ -155,52 +155,6 @@ class DevicePattern:
     # scalar / node-block host CSR from summed data: the same host index arrays as Pattern's
     csr = Pattern.csr
     block_csr = Pattern.block_csr
-
-
-class DeviceFieldSums:
-    """Sums of several element-entry fields on the GPU, into host targets: the device
-    counterpart of :class:`adaptmg.fe.sparsity.FieldSums` (same ``targets`` convention: a
-    float64 array (nnz,) or ``(A, c)``, column c of a float64 array A (nnz, k)).
-
-    :meth:`add` copies a chunk's entries (nfields, n, nr*ncl) up in one transfer into a
-    device buffer (nfields, E); :meth:`finish` sums every field by the pattern's runs
-    (:func:`segment_sum`: entry order, so bit-identical to ``np.add.at`` on the host pattern)
-    and copies the (nnz,) sums down into the targets.  Device memory: nfields * E * 8 bytes.
-    """
-
-    def __init__(self, pattern, targets, step):
-        xp = pattern.backend.xp
-        self.pattern = pattern
-        nc, nr, ncl = pattern.cell_shape
-        self.per = nr * ncl
-        self.targets = list(targets)
-        self.nfields = len(self.targets)
-        for t in self.targets:
-            v = t[0][:, t[1]] if isinstance(t, tuple) else t
-            if v.shape != (pattern.nnz,):
-                raise ValueError(f"DeviceFieldSums: targets must have nnz = {pattern.nnz} entries, got {v.shape}")
-        self._K = xp.empty((self.nfields, nc * self.per), dtype=xp.float64)
-        self._stage = xp.empty(self.nfields * max(1, int(step)) * self.per, dtype=xp.float64)
-
-    def add(self, sl, K):
-        """Copy up the entries ``K`` (nfields, n, nr*ncl) (host, C-contiguous) of the cells ``sl``."""
-        m = (sl.stop - sl.start) * self.per
-        K = np.ascontiguousarray(K, dtype=np.float64).reshape(self.nfields, m)
-        if K.size > self._stage.size:
-            self._stage = self.pattern.backend.xp.empty(K.size, dtype=np.float64)
-        st = self._stage[:K.size]
-        st.set(K.reshape(-1))
-        self._K[:, sl.start * self.per:sl.stop * self.per] = st.reshape(self.nfields, m)
-
-    def finish(self):
-        """Sum every field and write the sums into the host targets; frees the device buffer."""
-        for f, t in enumerate(self.targets):
-            s = self.pattern.sum(self._K[f])
-            if isinstance(t, tuple):
-                t[0][:, t[1]] = s
-            else:
-                t[...] = s
-        self._K = self._stage = None
 
 
 def get_device_pattern(backend, row_cells, col_cells, nrows, ncols):

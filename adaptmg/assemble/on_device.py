@@ -12,18 +12,32 @@ the element vectors are one contraction with the reference values, and they are 
 into the DoF vector by ``xp.bincount``.  Only the mesh's points and cells and the DoF
 table are copied up (they live on the host); nothing of O(cells) comes back.  The sums run
 in another order than on the host: results agree to rounding.
+
+Elasticity element matrices (:func:`elasticity_entries`): with :math:`V = J^{-1}` at a
+point and :math:`X_{af} = V_{:,a} V_{:,f}^T` (the outer products of its columns),
+
+.. math:: K^{rs}_{ij} = \sum_q w_q \det J_q \sum_{b,e} G^{rs}_{q,be}\,
+          \partial_b\hat\phi_i \partial_e\hat\phi_j, \qquad
+          G^{rs} = \lambda X_{rs} + \mu X_{sr} + \delta_{rs}\,\mu \sum_a X_{aa}
+
+(:func:`elastic_factor`, shared with the host path), i.e. one GEMM of the combined factor
+(fields x cells, points x d x d) with the reference table per chunk of cells, on the
+backend's arrays.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..backend import call_points, is_device_array
-from ..fe.geometry import _det, jacobian_error, q1_tables
+from ..backend import call_points, is_device_array, to_host
+from ..fe.geometry import _det, _det_inv, jacobian_error, q1_tables
 
-__all__ = ["load_on_device", "element_entries_on_device", "DEVICE_CHUNK_CELLS"]
+__all__ = ["load_on_device", "element_entries_on_device", "elasticity_entries", "elastic_factor",
+           "DEVICE_CHUNK_CELLS"]
 
 #: cells per chunk: the Jacobians of a chunk (cells, nq, d, d) stay below ~0.6 GB in 3-D
 DEVICE_CHUNK_CELLS = 1 << 20
+#: bytes of the temporaries of one chunk of :func:`elasticity_entries` (factors, products)
+ELASTIC_CHUNK_BYTES = 1 << 29
 
 
 def _values(be, f, sl, x, num_cells, n, nq, c):
@@ -56,23 +70,24 @@ class _DeviceGeometry:
         self.num_cells = J.shape[0]
 
 
-def _chunks(be, info, xi):
-    """(slice, X (n, 2^d, d), geometry) over chunks of cells, all on the device."""
+def _chunks(be, info, xi, step=DEVICE_CHUNK_CELLS):
+    """(slice, X (n, 2^d, d), geometry) over chunks of ``step`` cells, all on the backend
+    ``be`` (ValueError after the sweep for cells with det J <= 0)."""
     xp = be.xp
     N, dN = q1_tables(info.dim, xi)
     dN = xp.asarray(dN)
     pts, cells = xp.asarray(info.points), xp.asarray(info.cells)
     nc = info.num_cells
     bad = xp.zeros(nc, dtype=bool)
-    for s in range(0, nc, DEVICE_CHUNK_CELLS):
-        sl = slice(s, min(s + DEVICE_CHUNK_CELLS, nc))
+    for s in range(0, nc, step):
+        sl = slice(s, min(s + step, nc))
         X = pts[cells[sl]]                                     # (n, 2^d, d)
         J = xp.einsum("cva,qvb->cqab", X, dN)
         detJ = _det(J)
         bad[sl] = ~(detJ > 0).all(axis=1)
         yield sl, X, _DeviceGeometry(J, detJ)
     if bool(bad.any()):
-        raise jacobian_error(bad.get())
+        raise jacobian_error(to_host(bad))
 
 
 def element_entries_on_device(be, info, xi, w, factor, T_full, out):
@@ -88,6 +103,93 @@ def element_entries_on_device(be, info, xi, w, factor, T_full, out):
         F = factor(sl, g, g.detJ * w_d)
         n = g.num_cells
         out[sl.start * per:sl.stop * per] = (F.reshape(n, -1) @ T_d).reshape(-1)
+    return out
+
+
+def elastic_factor(xp, V, wl, wm, X, G, tmp):
+    r"""The combined elasticity factor of the module docstring, in place on ``xp`` arrays.
+
+    ``V`` (d, n, nq, d): :math:`V_{a,c,q,b} = (J^{-1}_{c,q})_{ba}` (column a of the inverse
+    Jacobian); ``wl``, ``wm`` (n, nq, 1, 1): :math:`w_q \det J\,\lambda` and
+    :math:`w_q \det J\,\mu`; ``X``, ``G``, ``tmp`` (d, d, n, nq, d, d) outputs/scratch.
+    Returns ``G`` with :math:`G_{rs} = w\lambda X_{rs} + w\mu (X_{sr} + \delta_{rs}\sum_a X_{aa})`,
+    :math:`X_{af}[c, q, b, e] = V_{a,c,q,b} V_{f,c,q,e}`: the fields (r, s) row-major, each
+    (cells, points x d x d) against the reference table :math:`\partial_b\hat\phi_i\,\partial_e\hat\phi_j`.
+    """
+    d = V.shape[0]
+    xp.multiply(V[:, None, :, :, :, None], V[None, :, :, :, None, :], out=X)
+    xp.multiply(X, wl, out=G)
+    xp.multiply(X.swapaxes(0, 1), wm, out=tmp)
+    G += tmp
+    tr = X[0, 0].copy()
+    for a in range(1, d):                      # loops over components only
+        tr += X[a, a]
+    tr *= wm
+    for r in range(d):
+        G[r, r] += tr
+    return G
+
+
+def _coefficient_on(be, name, coef, num_cells):
+    """``(ev, needs_x)``: ``ev(sl, x)`` the coefficient on the chunk ``sl`` as a float or an
+    array broadcastable to (n, nq) on the backend, ``x`` (n, nq, d) the chunk's points (only
+    computed when ``needs_x``).  Constants and per-cell arrays were validated by the host's
+    ``_coefficient``; a callable's values are checked here (shape, finite)."""
+    xp = be.xp
+    if callable(coef):
+        def ev(sl, x):
+            v = call_points(coef, x, xp=xp)
+            if v.shape != x.shape[:2]:
+                raise ValueError(f"{name}(x) must return shape (...) for points x of shape "
+                                 f"{tuple(x.shape)}, i.e. {tuple(x.shape[:2])}; got {tuple(v.shape)}")
+            if not bool(xp.isfinite(v).all()):
+                raise ValueError(f"{name}(x) contains non-finite values (NaN or inf); shape {tuple(v.shape)}")
+            return v
+        return ev, True
+    a = coef if is_device_array(coef) else np.asarray(coef, dtype=np.float64)
+    if a.ndim == 0:
+        val = float(a)
+        return (lambda sl, x: val), False
+    a_d = be.asarray(a, dtype=np.float64).reshape(num_cells)
+    return (lambda sl, x: a_d[sl][:, None]), False
+
+
+def elasticity_entries(be, info, xi, w, lam, mu, T_full, Tm_full, out):
+    r"""Element matrices of :func:`adaptmg.assemble.elasticity` for every cell, on the backend
+    ``be`` (NumPy or CuPy), into ``out`` (nfields, num_cells * nloc^2): row 0 the scalar mass
+    :math:`\sum_q w_q \det J\,\hat\phi_i\hat\phi_j` when ``Tm_full`` (nq, nloc^2) is
+    given, then the block fields (r, s) row-major, cell-major entries (c, i, j) in each row.
+
+    Per chunk of cells: the vertices gathered, J, det J and :math:`J^{-1}` at every quadrature
+    point (full rule on every cell), the coefficients (constants, per-cell arrays, callables
+    of the points), :func:`elastic_factor`, and one GEMM (d^2 n, nq d^2) @ ``T_full``
+    (nq d^2, nloc^2).  Nothing of O(cells) moves between host and device but the mesh's
+    points and cells (and per-cell coefficients) going up.
+    """
+    xp = be.xp
+    d, nq = info.dim, len(w)
+    nk, L = d * d, T_full.shape[1]
+    moff = 0 if Tm_full is None else 1
+    w_d, T_d = xp.asarray(w), xp.asarray(T_full)
+    Tm_d = None if Tm_full is None else xp.asarray(Tm_full)
+    ev_l, x_l = _coefficient_on(be, "lam", lam, info.num_cells)
+    ev_m, x_m = _coefficient_on(be, "mu", mu, info.num_cells)
+    N = xp.asarray(q1_tables(d, xi)[0]) if (x_l or x_m) else None
+    per_cell = 8 * (3 * nk * nq * d * d + (nk + moff) * L + 4 * nq * d * d)
+    step = int(max(1, min(DEVICE_CHUNK_CELLS, ELASTIC_CHUNK_BYTES // per_cell)))
+    for sl, Xv, g in _chunks(be, info, xi, step):
+        n = g.num_cells
+        wdet = g.detJ * w_d                                        # (n, nq)
+        V = xp.ascontiguousarray(_det_inv(g.J)[1].transpose(3, 0, 1, 2))
+        x = xp.einsum("qv,cva->cqa", N, Xv) if N is not None else None
+        wl = (wdet * ev_l(sl, x))[:, :, None, None]
+        wm = (wdet * ev_m(sl, x))[:, :, None, None]
+        shape = (d, d, n, nq, d, d)
+        G = elastic_factor(xp, V, wl, wm, xp.empty(shape), xp.empty(shape), xp.empty(shape))
+        lo, hi = sl.start * L, sl.stop * L
+        out[moff:, lo:hi] = (G.reshape(nk * n, nq * d * d) @ T_d).reshape(nk, n * L)
+        if moff:
+            out[0, lo:hi] = (wdet @ Tm_d).reshape(-1)
     return out
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import to_host
 from ..fe.geometry import matmul_serial
-from ._device import DeviceFieldSums, get_device_pattern
-from .forms import _SpaceInfo, _assembly_device, _coefficient, _ref_tables, _square_pattern
+from ._device import get_device_pattern
+from .forms import _SpaceInfo, _assembly_device, _coefficient, _keep_backend, _ref_tables, _square_pattern
+from .on_device import elastic_factor
 
 __all__ = ["derivative_matrices", "elasticity"]
 
@@ -53,7 +55,8 @@ def derivative_matrices(space, *, quad_points=None):
     return [pat.csr(data[k]) for k in range(d)]
 
 
-def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=False, device=None):
+def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=False, device=None,
+               keep_on_device=False):
     r"""Linear elasticity matrix :math:`A_{(i,r),(j,s)} = (\sigma(\phi_j e_s), \varepsilon(\phi_i e_r))`.
 
     :math:`\sigma(u) = 2\mu\varepsilon(u) + \lambda\,\mathrm{div}\,u\,I`,
@@ -77,13 +80,22 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
     in column r*d + s, or with ``return_mass=True`` data (nnz, 1 + d*d) with the scalar mass
     in column 0 and the block entries in the columns 1 + r*d + s (one array, e.g. the fields of
     a :class:`~adaptmg.fe.csr_ops.NodeBlockMatrix`, without stacking afterwards).
-    ``device`` (``"gpu"`` or a GPU Backend; as for :func:`scalar_form`): the pattern is built
-    and the fields are summed on the GPU (:class:`~adaptmg.assemble._device.DeviceFieldSums`:
-    the element entries are copied up chunk by chunk, the sums down once); the element
-    matrices are computed on the host as before and the result is the same, bit for bit.
+
+    ``device`` (``"gpu"`` or a GPU Backend; as for :func:`scalar_form`): everything of O(cells)
+    runs on the GPU -- the pattern (:class:`~adaptmg.assemble._device.DevicePattern`), the
+    geometry and the element matrices (:func:`~adaptmg.assemble.on_device.elasticity_entries`:
+    the full quadrature rule on every cell, one GEMM per chunk) and their sums; only the
+    summed fields come down (equal to the host result to rounding: other products and
+    summation order).  ``keep_on_device=True`` (with ``format="fields"`` and a GPU device)
+    returns the device arrays ``(d_indptr, d_indices, data)`` instead, nothing copied down.
+    Meshes with fewer than ``MIN_DEVICE_ENTRIES`` element entries stay on the host (then a
+    kept result is the host one moved up).
     """
     if format not in ("csr", "bsr", "fields"):
         raise ValueError(f"elasticity: format must be 'csr', 'bsr' or 'fields', got {format!r}")
+    if keep_on_device and format != "fields":
+        raise ValueError(f"elasticity: keep_on_device=True needs format='fields', got {format!r}")
+    keep = _keep_backend("elasticity", device, keep_on_device)
     info = _SpaceInfo(space)
     d = info.dim
     if info.components != d:
@@ -96,89 +108,38 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
     if not callable(lam) and not callable(mu) and np.any(np.asarray(lam) + 2.0 * np.asarray(mu) / d <= 0):
         raise ValueError(f"elasticity: lam + 2 mu / {d} (bulk modulus) must be positive, "
                          f"got lam={np.min(lam)!r}, mu={np.min(mu)!r}")
-    _, dphi = _ref_tables(info, xi)
+    phi, dphi = _ref_tables(info, xi)
     nq, nloc, _ = dphi.shape
     L = nloc * nloc
     # E_{a a2}[c, i, j] = sum_q w det J g_i[a] g_j[a2] = F_{a a2}[c, (q, b, e)] T[(q, b, e), (i, j)]
     # with F_{a a2}[c, q, b, e] = w det J invJ[b, a] invJ[e, a2],  T = dphi_i[b] dphi_j[e].
     # The block field A_rs = lam E_rs + mu E_sr + mu delta_rs sum_a E_aa is linear in F, so it is
     # one product of the combined factor G_rs = lam F_rs + mu F_sr + ... (formed on the small
-    # (cells, points, d, d) factors, no (cells, L) temporaries); the d*d fields and the scalar
-    # mass are summed in entry order by FieldSums (two adjacent block columns per complex add.at).
+    # (cells, points, d, d) factors, no (cells, L) temporaries; on_device.elastic_factor); the
+    # d*d fields and the scalar mass are summed in entry order by FieldSums (two adjacent block
+    # columns per complex add.at) on the host, by the device pattern's segment sums there.
     Tq = np.einsum("qib,qje->qbeij", dphi, dphi).reshape(nq, d * d, L)
     T_full = np.ascontiguousarray(Tq.reshape(nq * d * d, L))
-    T_aff = np.tensordot(w, Tq, axes=1)
-    both_const = const_l and const_m
-    lam_c = float(np.asarray(lam)) if both_const else None
-    mu_c = float(np.asarray(mu)) if both_const else None
-    dev = _assembly_device(device, info, L)
+    Tm_full = np.ascontiguousarray((phi[:, :, None] * phi[:, None, :]).reshape(nq, L)) if return_mass else None
+    moff = 1 if return_mass else 0               # element fields: [mass,] then the blocks
+    nfld = d * d + moff
+    dev = _assembly_device(device, info, L * d * d)
     if dev is not None:
         pat = get_device_pattern(dev, info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
+        fdata = _device_fields(dev, pat, info, xi, w, lam, mu, T_full, Tm_full, nfld)
+        if keep is not None:
+            return pat.d_indptr, pat.d_indices, fdata
+        fdata = to_host(fdata)
     else:
         pat = _square_pattern(info)
-    fields = [(r, s_) for r in range(d) for s_ in range(d)]    # in the column order of the block data
-    nk = len(fields)
-    moff = 1 if return_mass else 0               # element fields: [mass,] then the blocks
-    nfld = nk + moff
-    if format == "fields":                       # one (nnz, [1 +] d*d) array; adjacent columns pair up
         fdata = np.zeros((pat.nnz, nfld))
-        targets = [(fdata, k) for k in range(nfld)]
-    else:
-        blocks = np.zeros((pat.nnz, d * d))      # (nnz, d*d): the BSR data, no stacking afterwards
-        targets = [(blocks, r * d + s_) for r, s_ in fields]
-        if return_mass:
-            mdata = np.zeros(pat.nnz)
-            targets.insert(0, mdata)
-    if return_mass:
-        phi, _ = _ref_tables(info, xi)
-        Tm_full = np.ascontiguousarray((phi[:, :, None] * phi[:, None, :]).reshape(nq, L))
-        Tm_aff = (w @ Tm_full)[None, :]
-    step = info.chunk_size(xi, L * d * d)
-    from ..fe.sparsity import FieldSums
-    sums = (DeviceFieldSums if dev is not None else FieldSums)(pat, targets, step)
-    gsz = d * d * step * nq * d * d
-    gbuf = np.empty(3 * gsz + d * step * nq * d)
-    kbuf = np.empty(nfld * step * L)
-    affine_ok = not (callable(lam) or callable(mu))
-    for sl, g in info.chunks(xi, L * d * d, affine=affine_ok):
-        n, nqg = g.num_cells, g.num_points
-        wdet = g.detJ if g.affine else g.detJ * w
-        T = T_aff if g.affine else T_full
-        # X[a, f, c, q, b, e] = invJ[c, q, b, a] invJ[c, q, e, f];  G_rs = wl X_rs + wm (X_sr + delta_rs sum_a X_aa)
-        fsz = d * d * n * nqg * d * d
-        V = gbuf[3 * gsz:3 * gsz + d * n * nqg * d].reshape(d, n, nqg, d)
-        np.copyto(V, g.invJ.transpose(3, 0, 1, 2))
-        X = gbuf[:fsz].reshape(d, d, n, nqg, d, d)
-        np.multiply(V[:, None, :, :, :, None], V[None, :, :, :, None, :], out=X)
-        if both_const:
-            wl = (wdet * lam_c)[:, :, None, None]
-            wm = (wdet * mu_c)[:, :, None, None]
-        else:
-            wl = (wdet * ev_l(sl, g))[:, :, None, None]
-            wm = (wdet * ev_m(sl, g))[:, :, None, None]
-        G = gbuf[gsz:gsz + fsz].reshape(d, d, n, nqg, d, d)
-        tmp = gbuf[2 * gsz:2 * gsz + fsz].reshape(d, d, n, nqg, d, d)
-        # A_(i,r),(j,s) = lam g_i[r] g_j[s] + mu g_i[s] g_j[r] + mu delta_rs g_i . g_j
-        np.multiply(X, wl, out=G)
-        np.multiply(X.swapaxes(0, 1), wm, out=tmp)
-        G += tmp
-        tr = X[0, 0].copy()
-        for a_ in range(1, d):
-            tr += X[a_, a_]
-        tr *= wm
-        for r in range(d):
-            G[r, r] += tr
-        K = kbuf[:nfld * n * L].reshape(nfld, n, L)
-        matmul_serial(G.reshape(nk * n, -1), T, out=K[moff:].reshape(nk * n, L))   # fields (r, s) row-major
-        if return_mass:
-            matmul_serial(np.ascontiguousarray(wdet), Tm_aff if g.affine else Tm_full, out=K[0])
-        sums.add(sl, K)
-    if dev is not None:
-        sums.finish()
-    del sums
+        _host_fields(info, pat, xi, w, Tq, T_full, Tm_full, (ev_l, const_l, lam), (ev_m, const_m, mu), fdata)
+        if keep is not None:
+            return keep.asarray(pat.indptr), keep.asarray(pat.indices), keep.asarray(fdata)
     if format == "fields":
         return pat.indptr, pat.indices, fdata
-    Ms = pat.csr(mdata) if return_mass else None
+    blocks = np.ascontiguousarray(fdata[:, moff:])   # (nnz, d*d): the BSR data
+    Ms = pat.csr(np.ascontiguousarray(fdata[:, 0])) if return_mass else None
     if format == "bsr":
         B = sp.bsr_matrix((blocks.reshape(-1, d, d), pat.indices, pat.indptr),
                           shape=(pat.shape[0] * d, pat.shape[1] * d))
@@ -186,3 +147,61 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
         return (B, Ms) if return_mass else B
     A = pat.block_csr(blocks, d, d)
     return (A, Ms) if return_mass else A
+
+
+def _device_fields(dev, pat, info, xi, w, lam, mu, T_full, Tm_full, nfld):
+    """The summed fields (nnz, nfld) on the device: every cell's element matrices there
+    (:func:`~.on_device.elasticity_entries`), then one segment sum per field."""
+    from .on_device import elasticity_entries
+    xp = dev.xp
+    K = xp.empty((nfld, info.num_cells * T_full.shape[1]))
+    elasticity_entries(dev, info, xi, w, lam, mu, T_full, Tm_full, K)
+    fdata = xp.empty((pat.nnz, nfld))
+    for f in range(nfld):                        # loop over fields only
+        fdata[:, f] = pat.sum(K[f], on_device=True)
+    return fdata
+
+
+def _host_fields(info, pat, xi, w, Tq, T_full, Tm_full, lam, mu, fdata):
+    """The summed fields into the host ``fdata`` (nnz, nfld): chunked host geometry (the affine
+    one-point path where the coefficients allow), the combined factor, one product per chunk
+    (single-threaded BLAS blocks), summed in entry order by FieldSums.  ``lam``/``mu``:
+    (evaluator, constant?, the argument) of ``_coefficient``."""
+    from ..fe.sparsity import FieldSums
+    (ev_l, const_l, lam_a), (ev_m, const_m, mu_a) = lam, mu
+    d = info.dim
+    nq, nk, L = Tq.shape
+    nfld = fdata.shape[1]
+    moff = nfld - nk
+    T_aff = np.tensordot(w, Tq, axes=1)
+    both_const = const_l and const_m
+    lam_c = float(np.asarray(lam_a)) if both_const else None
+    mu_c = float(np.asarray(mu_a)) if both_const else None
+    if moff:
+        Tm_aff = (w @ Tm_full)[None, :]
+    step = info.chunk_size(xi, L * d * d)
+    sums = FieldSums(pat, [(fdata, k) for k in range(nfld)], step)
+    gsz = d * d * step * nq * d * d
+    gbuf = np.empty(3 * gsz + d * step * nq * d)
+    kbuf = np.empty(nfld * step * L)
+    affine_ok = not (callable(lam_a) or callable(mu_a))
+    for sl, g in info.chunks(xi, L * d * d, affine=affine_ok):
+        n, nqg = g.num_cells, g.num_points
+        wdet = g.detJ if g.affine else g.detJ * w
+        T = T_aff if g.affine else T_full
+        fsz = d * d * n * nqg * d * d
+        V = gbuf[3 * gsz:3 * gsz + d * n * nqg * d].reshape(d, n, nqg, d)
+        np.copyto(V, g.invJ.transpose(3, 0, 1, 2))
+        if both_const:
+            wl = (wdet * lam_c)[:, :, None, None]
+            wm = (wdet * mu_c)[:, :, None, None]
+        else:
+            wl = (wdet * ev_l(sl, g))[:, :, None, None]
+            wm = (wdet * ev_m(sl, g))[:, :, None, None]
+        G = elastic_factor(np, V, wl, wm, *(gbuf[k * gsz:k * gsz + fsz].reshape(d, d, n, nqg, d, d)
+                                            for k in range(3)))
+        K = kbuf[:nfld * n * L].reshape(nfld, n, L)
+        matmul_serial(G.reshape(nk * n, -1), T, out=K[moff:].reshape(nk * n, L))   # fields (r, s) row-major
+        if moff:
+            matmul_serial(np.ascontiguousarray(wdet), Tm_aff if g.affine else Tm_full, out=K[0])
+        sums.add(sl, K)

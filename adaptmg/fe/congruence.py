@@ -13,21 +13,31 @@ A with the rows T replaced by the canonical rows of ``A[T] + C[T]`` (a splice, n
 the whole matrix).  Over all of A this costs one flag gathered per entry (hanging column?)
 and the splice's copy of data and indices; everything else is O(|E|).
 
-Written once against the backend's ``xp`` / sparse module: on the device no cuSPARSE SpGEMM
-runs (cuSPARSE refuses ``A @ H`` for lack of resources at ~21M rows, and even the thin
-products of the hanging part at 2.7M rows).  The host keeps SciPy's products
+Written once against the backend's ``xp`` / sparse module, with no SpGEMM (cuSPARSE refuses
+``A @ H`` for lack of resources at ~21M rows, and even the thin products of the hanging part
+at 2.7M rows).  It costs ~8-15 ms on an H200 at any size (launches and host syncs), so a
+device matrix first tries two cuSPARSE SpGEMMs (:func:`congruence_by_products`, 1-3.5 ms up to
+millions of rows) and falls back to the expansion when it is large or cuSPARSE refuses
+(:func:`congruence_on_device`).  The host keeps SciPy's products
 (:func:`~adaptmg.fe.csr_ops.congruence_with_constraints`), which are faster there; the
 CPU tests run this code with NumPy against them.
+
+The same expansion gives the congruence *map* of a node-block matrix's scalar pattern
+(:func:`congruence_map_on`, the backend's twin of :func:`~adaptmg.fe.csr_ops.congruence_map`):
+every stored entry e = (i, j) goes to the pairs (p, q) of the kept parents of i and j with
+weight :math:`(H_n)_{ip} (H_n)_{jq}`; the pairs sorted by (p, q) are the new pattern and
+their runs the rows of a sparse T, so that the values of :math:`Z H_n^T S_f H_n Z` for all
+fields f are one product ``T @ data``.
 """
 from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of
+from ..backend import backend_of, stable_argsort
 
 __all__ = ["congruence_by_expansion", "congruence_by_products", "congruence_on_device",
-           "SPGEMM_MAX_NNZ"]
+           "congruence_map_on", "SPGEMM_MAX_NNZ"]
 
 #: device matrices with at most this many entries try cuSPARSE's SpGEMM first
 #: (:func:`congruence_on_device`)
@@ -204,3 +214,70 @@ def congruence_by_expansion(A, H, hanging):
     B = xs.csr_matrix((data, indices, ptrB.astype(it)), shape=A.shape)
     B.has_canonical_format = True
     return B
+
+
+def congruence_map_on(be, indptr, indices, Hn, keep, extra_diagonal=None):
+    r""":func:`~adaptmg.fe.csr_ops.congruence_map` on the backend ``be``: the pattern of
+    :math:`Z H_n^T S H_n Z` (``Z = diag(keep)``) and the map T (nnz' x nnz, a CSR matrix of
+    ``be``) from the values of any S on the scalar pattern ``(indptr, indices)`` (host or
+    ``be`` arrays) to its values, ``T @ data`` for the fields (nnz, F) at once.
+
+    A node that is kept and regular is its own parent (weight 1); any other node (hanging, or
+    not kept) has the kept parents of its row of :math:`H_n` (none for a fixed regular node):
+    only these rows of :math:`H_n` travel.  Every entry expands to the pairs of its parents
+    (:func:`_parents`), ``extra_diagonal`` nodes add a zero-weight pair (p, p); one stable sort
+    of the keys p n + q groups equal pairs (their sources in increasing order: T's columns
+    sorted in each row) and gives the canonical pattern.  Returns ``(indptr', indices', T)``
+    on ``be`` with the same pattern as the host map's and the same T up to the order of its
+    stored entries.
+    """
+    from .csr_ops import kept_parents
+    xp, xs = be.xp, be.sparse
+    n = int(indptr.shape[0]) - 1
+    Hk, own = kept_parents(Hn, keep, n)
+    special = np.flatnonzero(~own)                                  # O(n) host work, no entries
+    Hs = Hk[special]
+    # one empty row and one dummy entry more: _parents' gathers stay in range also without
+    # special nodes or without any parent (e.g. no hanging nodes, only fixed ones)
+    hp_ptr = be.asarray(np.append(Hs.indptr, Hs.nnz).astype(np.int64))
+    hp_idx = be.asarray(np.append(Hs.indices, 0).astype(np.int64))
+    hp_w = be.asarray(np.append(Hs.data, 0.0).astype(np.float64))
+    rank_h = np.full(n, -1, dtype=np.int64)
+    rank_h[special] = np.arange(special.size)
+    rank = be.asarray(rank_h)
+    ip = be.asarray(indptr).astype(xp.int64)
+    ind = be.asarray(indices).astype(xp.int64)
+    nse = int(ind.shape[0])
+    row, _ = _segments(be, ip[1:] - ip[:-1], nse)                  # row of every entry
+    o1, p, wp = _parents(be, row, rank, hp_ptr, hp_idx, hp_w)
+    del row
+    o2, q, wq = _parents(be, ind[o1], rank, hp_ptr, hp_idx, hp_w)
+    src, P, W = o1[o2], p[o2], wp[o2] * wq
+    del o1, p, wp, o2
+    if extra_diagonal is not None and np.size(extra_diagonal):     # zero-weight pairs first
+        xd = be.asarray(np.asarray(extra_diagonal, dtype=np.int64))
+        src = xp.concatenate([xp.zeros(xd.shape[0], dtype=src.dtype), src])
+        P, q = xp.concatenate([xd, P]), xp.concatenate([xd, q])
+        W = xp.concatenate([xp.zeros(xd.shape[0]), W])
+    keys = P * n + q
+    del P, q
+    order = stable_argsort(keys)
+    sk = keys[order]
+    del keys
+    total = int(sk.shape[0])
+    head = xp.ones(total, dtype=bool)
+    if total > 1:
+        xp.not_equal(sk[1:], sk[:-1], out=head[1:])
+    starts = xp.flatnonzero(head)
+    uk = sk[starts]
+    del sk, head
+    rows = uk // n
+    nnz2 = int(uk.shape[0])
+    it = xp.int32 if max(nnz2, n, nse, total) < 2**31 - 1 else xp.int64
+    ip2 = xp.searchsorted(rows, xp.arange(n + 1, dtype=rows.dtype)).astype(it)
+    ind2 = (uk - rows * n).astype(it)
+    seg = xp.empty(nnz2 + 1, dtype=it)
+    seg[:nnz2] = starts
+    seg[nnz2] = total
+    T = xs.csr_matrix((W[order], src[order].astype(it), seg), shape=(nnz2, nse))
+    return ip2, ind2, T

@@ -24,7 +24,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import backend_of, is_device_array, is_device_sparse, to_host
-from .csr_ops import (NodeBlockMatrix, as_csr, congruence_map, congruence_with_constraints,
+from .congruence import congruence_map_on
+from .csr_ops import (NodeBlockMatrix, as_csr, congruence_map, congruence_with_constraints, diagonal_positions,
                       expand_node_blocks, mask_rows_cols)
 from .space import Space
 
@@ -162,7 +163,8 @@ class Constraints:
         expanded matrix takes the general path.  With a GPU ``A.backend`` the expansion runs on
         the device and K is a CuPy CSR matrix (:func:`~adaptmg.fe.csr_ops.expand_node_blocks`);
         there ``s (I - Z)`` is added to the fixed nodes' diagonal blocks during the expansion
-        instead of as an identity field (no (nnz, F + 1) copy of the fields on the host).
+        instead of as an identity field (no (nnz, F + 1) copy of the fields on the host), and
+        the congruence itself runs there too (:meth:`_matrix_blocks_on`).
         """
         self._check_square(A)
         c, n = A.c, self.space.num_nodes
@@ -173,23 +175,35 @@ class Constraints:
             return self.matrix(A.tocsr())
         fn = fr[:, 0]
         fixed = np.flatnonzero(~fn)
+        be = getattr(A, "backend", None)
+        if be is not None and be.is_gpu:
+            return self._matrix_blocks_on(be, A, fn, fixed)
         ip, ind, T = congruence_map(A.indptr, A.indices, self.space.H_nodes, fn, extra_diagonal=fixed)
         data = T @ A.data
-        B = NodeBlockMatrix(ip, ind, data, A.coef, n)
-        dp = B.diagonal_positions()
-        d = np.abs(data[dp[fn]] @ np.einsum("frr->fr", A.coef)) if fn.any() else np.zeros(0)
-        self._scale = float(d.mean()) if d.size and d.mean() > 0 else 1.0
-        be = getattr(A, "backend", None)
-        if be is not None and be.is_gpu:                 # only the fields travel; CSR built there
-            # s (I - Z) added to the fixed nodes' diagonal blocks there (no identity field column)
-            return expand_node_blocks(be, ip, ind, data, A.coef, n, drop_zeros=True,
-                                      diagonal=(dp[fixed], self._scale * np.eye(c)))
+        dp = diagonal_positions(ip, ind, n)
+        self._scale = _block_scale(data, dp[fn], A.coef)
         ident = np.zeros((ind.size, 1))
         ident[dp[fixed], 0] = 1.0
         coef = np.concatenate([A.coef, self._scale * np.eye(c)[None]], axis=0)
         K = NodeBlockMatrix(ip, ind, np.hstack([data, ident]), coef, n).tocsr()
         K.eliminate_zeros()
         return K
+
+    def _matrix_blocks_on(self, be, A, fn, fixed):
+        r""":meth:`_matrix_blocks` on the backend ``be`` (the GPU; NumPy in the CPU tests): the
+        congruence map there (:func:`~.congruence.congruence_map_on`: the expansion of the
+        hanging and fixed nodes' entries and one sort, no SpGEMM), the fields' values
+        ``T @ data`` by one sparse-times-dense product, ``s`` from the free nodes' diagonal
+        blocks (one scalar read back) and the expansion to CSR there with ``s (I - Z)`` on the
+        fixed nodes' diagonal blocks.  Only the rows of ``H_n`` of the hanging and fixed nodes
+        and the free mask travel (and the fields, when they are on the host)."""
+        n, c = self.space.num_nodes, A.c
+        ip, ind, T = congruence_map_on(be, A.indptr, A.indices, self.space.H_nodes, fn, extra_diagonal=fixed)
+        data = T @ be.asarray(A.data)
+        dp = diagonal_positions(ip, ind, n)
+        self._scale = _block_scale(data, dp[be.asarray(fn)], A.coef)
+        return expand_node_blocks(be, ip, ind, data, A.coef, n, drop_zeros=True,
+                                  diagonal=(dp[be.asarray(fixed)], self._scale * np.eye(c)))
 
     @property
     def scale(self):
@@ -256,6 +270,18 @@ class Constraints:
 
 
 # ----------------------------------------------------------------------------- any backend
+def _block_scale(data, dpos, coef):
+    r"""The Dirichlet row scale ``s`` of a node-block matrix: the mean of :math:`|K_{ii}|` over the
+    free DoFs, from the fields ``data`` at the free nodes' diagonal entries ``dpos`` (arrays of
+    one backend); 1 when there are none or they are all zero."""
+    if int(dpos.shape[0]) == 0:
+        return 1.0
+    xp = backend_of(data).xp
+    d = xp.abs(data[dpos] @ xp.asarray(np.einsum("frr->fr", coef)))
+    mean = float(d.mean())
+    return mean if mean > 0 else 1.0
+
+
 def _device_project(cons, A, be=None):
     r""":math:`H^T A H` on ``A``'s backend: A plus corrections from its hanging rows and columns
     only -- on the device :func:`~.congruence.congruence_on_device` (cuSPARSE SpGEMM up to a

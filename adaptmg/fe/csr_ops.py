@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, is_device_sparse
+from ..backend import backend_of, is_device_array, is_device_sparse, to_host
 from .sparsity import Pattern, _index_dtype
 
 
@@ -241,6 +241,24 @@ def add_to_diagonal(A: sp.csr_matrix, d: np.ndarray) -> sp.csr_matrix:
 
 # ----------------------------------------------------------------------------- node-block matrices
 
+def kept_parents(Hn, keep, n):
+    """``(Hk, own)``: the node constraint matrix ``Hn`` (n x n) with its columns restricted to the
+    kept nodes (each node's kept parents and weights) and the mask of the nodes that are kept
+    and their own only parent (weight 1); ValueError for a ``keep`` or ``Hn`` of another size."""
+    keep = np.asarray(keep, dtype=bool)
+    if keep.shape != (n,):
+        raise ValueError(f"keep must be a boolean mask of shape ({n},), got {keep.shape}")
+    Hn = sp.csr_matrix(Hn)
+    if Hn.shape != (n, n):
+        raise ValueError(f"Hn has shape {Hn.shape}, the pattern has {n} rows")
+    Hk = mask_rows_cols(Hn, np.ones(n, dtype=bool), keep)          # parents restricted to kept nodes
+    hp = Hk.indptr
+    one = np.flatnonzero(np.diff(hp) == 1)
+    own = np.zeros(n, dtype=bool)                                    # kept node, its own only parent
+    own[one] = (Hk.indices[hp[one]] == one) & (Hk.data[hp[one]] == 1.0)
+    return Hk, own
+
+
 def congruence_map(indptr, indices, Hn, keep, extra_diagonal=None):
     r"""The linear map from the values of *any* matrix S on one scalar pattern to those of
     :math:`Z H_n^T S H_n Z`, with :math:`Z = \mathrm{diag}(keep)`:
@@ -264,19 +282,10 @@ def congruence_map(indptr, indices, Hn, keep, extra_diagonal=None):
     indptr = np.asarray(indptr)
     indices = np.asarray(indices)
     n = indptr.size - 1
-    keep = np.asarray(keep, dtype=bool)
-    if keep.shape != (n,):
-        raise ValueError(f"keep must be a boolean mask of shape ({n},), got {keep.shape}")
-    Hn = sp.csr_matrix(Hn)
-    if Hn.shape != (n, n):
-        raise ValueError(f"Hn has shape {Hn.shape}, the pattern has {n} rows")
-    Hk = mask_rows_cols(Hn, np.ones(n, dtype=bool), keep)          # parents restricted to kept nodes
+    Hk, own = kept_parents(Hn, keep, n)
     hp = Hk.indptr.astype(np.int64)
     hi, hw = Hk.indices, Hk.data
     hlen = np.diff(hp)
-    one = np.flatnonzero(hlen == 1)
-    own = np.zeros(n, dtype=bool)                                    # kept node, its own only parent
-    own[one] = (hi[hp[one]] == one) & (hw[hp[one]] == 1.0)
     nse = indices.size
     rowlen = np.diff(indptr)
     # per node: 0 = no kept parent, 1 = kept and its own only parent, 2 = other (expands);
@@ -414,11 +423,16 @@ class NodeBlockMatrix:
     """
 
     def __init__(self, indptr, indices, data, coef, num_nodes, backend=None):
-        self.backend = backend          # a GPU Backend: constrained matrices are expanded there
+        self.backend = backend          # a GPU Backend: constrained matrices are made there
         self.num_nodes = n = int(num_nodes)
-        self.indptr = np.asarray(indptr)
-        self.indices = np.asarray(indices)
-        data = np.asarray(data, dtype=np.float64)
+        # device arrays (e.g. elasticity(..., keep_on_device=True)) stay on their device
+        self.on_device = is_device_array(data)
+        xp = backend_of(data).xp if self.on_device else np
+        if self.on_device and (backend is None or not backend.is_gpu):
+            self.backend = backend_of(data)
+        self.indptr = xp.asarray(indptr)
+        self.indices = xp.asarray(indices)
+        data = xp.asarray(data, dtype=np.float64)
         self.data = data[:, None] if data.ndim == 1 else data
         self.coef = np.asarray(coef, dtype=np.float64)
         if self.indptr.shape != (n + 1,) or self.indices.shape != (int(self.indptr[-1]),):
@@ -438,8 +452,17 @@ class NodeBlockMatrix:
         """Stored entries of the expanded CSR (:meth:`tocsr`, before dropping zeros)."""
         return int(self.indices.size * np.count_nonzero(np.any(self.coef != 0, axis=0)))
 
+    def to_host(self) -> "NodeBlockMatrix":
+        """This matrix with host arrays (itself when they are on the host)."""
+        if not self.on_device:
+            return self
+        return NodeBlockMatrix(to_host(self.indptr), to_host(self.indices), to_host(self.data), self.coef,
+                               self.num_nodes, self.backend)
+
     def field(self, f) -> sp.csr_matrix:
-        """The scalar matrix S_f."""
+        """The scalar matrix S_f (SciPy CSR)."""
+        if self.on_device:
+            return self.to_host().field(f)
         A = sp.csr_matrix((self.data[:, f], self.indices, self.indptr), shape=(self.num_nodes,) * 2)
         A.has_sorted_indices = True
         return A
@@ -447,21 +470,21 @@ class NodeBlockMatrix:
     def congruence(self, Hn, keep=None) -> "NodeBlockMatrix":
         r""":math:`\sum_f (Z H_n^T S_f H_n Z) \otimes C_f` (Z = diag(keep) on the nodes; all kept by
         default): all F fields through one map :func:`congruence_map` on the scalar pattern."""
+        if self.on_device:
+            return self.to_host().congruence(Hn, keep)
         keep = np.ones(self.num_nodes, dtype=bool) if keep is None else keep
         ip, ind, T = congruence_map(self.indptr, self.indices, Hn, keep)
         return NodeBlockMatrix(ip, ind, T @ self.data, self.coef, self.num_nodes, self.backend)
 
     def diagonal_positions(self) -> np.ndarray:
-        """Position of the entry (n, n) in the scalar pattern for every node, -1 where missing."""
-        n = self.num_nodes
-        row = np.repeat(np.arange(n), np.diff(self.indptr))
-        at = np.flatnonzero(self.indices == row)
-        out = np.full(n, -1, dtype=np.int64)
-        out[row[at]] = at
-        return out
+        """Position of the entry (n, n) in the scalar pattern for every node, -1 where missing
+        (on the arrays' backend)."""
+        return diagonal_positions(self.indptr, self.indices, self.num_nodes)
 
     def diagonal(self) -> np.ndarray:
-        """Diagonal of the expanded matrix, (n * c,)."""
+        """Diagonal of the expanded matrix, (n * c,) (host)."""
+        if self.on_device:
+            return self.to_host().diagonal()
         dp = self.diagonal_positions()
         cdiag = np.einsum("frr->fr", self.coef)                    # (F, c)
         d = self.data[np.maximum(dp, 0)] @ cdiag                      # (n, c)
@@ -475,8 +498,10 @@ class NodeBlockMatrix:
         of the union pattern :math:`U_r = \{s : (C_f)_{rs} \ne 0 \text{ for some } f\}`.
         Built component-major (rows (r, n): every block a contiguous (nnz, |U_r|) product
         ``data @ coef[:, r, U_r]``) and brought to the interleaved order by one CSR row
-        gather (SciPy's C++ ``csr_row_index``).
+        gather (SciPy's C++ ``csr_row_index``).  Device fields are copied down first.
         """
+        if self.on_device:
+            return self.to_host().tocsr()
         n, c, nse = self.num_nodes, self.c, self.indices.size
         U = np.any(self.coef != 0, axis=0)
         widths = U.sum(axis=1)
@@ -506,7 +531,9 @@ class NodeBlockMatrix:
         return out
 
     def __matmul__(self, x):
-        """A @ x for a vector (n*c,): y = sum_f vec(S_f X C_f^T), X = x viewed as (n, c)."""
+        """A @ x for a vector (n*c,): y = sum_f vec(S_f X C_f^T), X = x viewed as (n, c) (host)."""
+        if self.on_device:
+            return self.to_host() @ x
         x = np.asarray(x)
         if x.shape != (self.shape[1],):
             return self.tocsr() @ x
@@ -517,7 +544,21 @@ class NodeBlockMatrix:
         return Y.ravel()
 
 
-def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zeros=False, diagonal=None):
+def diagonal_positions(indptr, indices, num_nodes):
+    """Position of the entry (n, n) of a scalar CSR pattern for every row n, -1 where missing;
+    on the arrays' backend (NumPy or CuPy)."""
+    xp = backend_of(indices).xp
+    n = int(num_nodes)
+    row = xp.repeat(xp.arange(n), (indptr[1:] - indptr[:-1]).astype(xp.int64)) if xp is np else \
+        xp.searchsorted(indptr, xp.arange(indices.shape[0], dtype=indptr.dtype), side="right") - 1
+    at = xp.flatnonzero(indices == row)
+    out = xp.full(n, -1, dtype=xp.int64)
+    out[row[at]] = at
+    return out
+
+
+def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zeros=False, diagonal=None,
+                       num_cols=None):
     r"""CSR of :math:`\sum_f S_f \otimes C_f` (see :class:`NodeBlockMatrix`) built on ``backend``
     (written once against its ``xp``/``sparse``: on the GPU only the pattern and the fields
     are copied up, the expanded matrix is made there).
@@ -528,8 +569,11 @@ def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zer
     scatter of a (nnz, |U_r|) block per component r.  ``drop_zeros``: entries equal to zero
     are removed afterwards (one compaction).  Columns stay sorted in each row.
 
+    ``num_cols``: the scalar pattern's columns (default ``num_nodes``: square), e.g. for a
+    transfer :math:`P \otimes I_c`.
+
     ``diagonal = (pos, D)``: also add the constant c x c block D to the scalar entries ``pos``
-    (host indices), as a field that is 1 at ``pos`` and 0 elsewhere with coefficient D
+    (host or backend indices), as a field that is 1 at ``pos`` and 0 elsewhere with coefficient D
     would, without that field (e.g. ``s (I - Z)`` of :meth:`adaptmg.Constraints.matrix`).
     """
     xp, spm = backend.xp, backend.sparse
@@ -537,15 +581,16 @@ def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zer
     n, c = int(num_nodes), coef.shape[1]
     U = np.any(coef != 0, axis=0)
     if diagonal is not None:
-        dpos, dblk = np.asarray(diagonal[0], dtype=np.int64), np.asarray(diagonal[1], dtype=np.float64)
+        dblk = np.asarray(diagonal[1], dtype=np.float64)
         if dblk.shape != (c, c):
             raise ValueError(f"expand_node_blocks: the diagonal block must be {c} x {c}, got {dblk.shape}")
         U = U | (dblk != 0)
-        dpos_x = backend.asarray(dpos) if dpos.size else None
+        dpos_x = backend.asarray(diagonal[0]).astype(xp.int64) if len(diagonal[0]) else None
     widths = U.sum(axis=1)
     nse = int(np.size(indices))
     total = nse * int(widths.sum())
-    if max(total, n * c) >= 2**31 - 1:
+    m = n if num_cols is None else int(num_cols)
+    if max(total, n * c, m * c) >= 2**31 - 1:
         raise ValueError(f"expand_node_blocks: {total} entries need 64-bit indices, which the "
                          "backend's CSR does not take")
     it = np.int32
@@ -576,4 +621,4 @@ def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zer
         cs[1:] = xp.cumsum(keep)
         optr = cs[optr]
         out_data, out_ind = out_data[keep], out_ind[keep]
-    return spm.csr_matrix((out_data, out_ind, optr.astype(it)), shape=(n * c, n * c))
+    return spm.csr_matrix((out_data, out_ind, optr.astype(it)), shape=(n * c, m * c))

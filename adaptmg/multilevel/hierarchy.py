@@ -143,6 +143,12 @@ def _space_H(space):
     return space.H
 
 
+def _on_device(A):
+    """True when constraining ``A`` runs on the GPU: a cupyx matrix, or a node-block matrix
+    (:class:`~adaptmg.fe.csr_ops.NodeBlockMatrix`) with a GPU backend."""
+    return is_device_sparse(A) or bool(getattr(getattr(A, "backend", None), "is_gpu", False))
+
+
 def _after(first, fn, *args):
     """``fn(*args)`` once the future ``first`` (or each of a tuple of futures) is done (a task
     that must follow others: it is submitted after them, so FIFO workers cannot deadlock)."""
@@ -435,7 +441,7 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         cons = [f.result() for f in cons_f]
         fine_H.result()
         K_f = [None] * L
-        if is_device_sparse(Afine):
+        if _on_device(Afine):
             # on the device, in this thread (CuPy's current device is per thread): a few kernels
             K_f[-1] = _Inline._Done(tl.wrap(f"constrain {L - 1}", cons[-1].matrix), (Afine,))
         else:
@@ -443,7 +449,7 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         if not galerkin:
             for l in range(L - 2, -1, -1):
                 A_l = tl.wrap(f"assemble {l}", assemble)(spaces[l])
-                if is_device_sparse(A_l):        # device work stays in this thread (see above)
+                if _on_device(A_l):              # device work stays in this thread (see above)
                     K_f[l] = _Inline._Done(tl.wrap(f"constrain {l}", cons[l].matrix), (A_l,))
                 else:
                     K_f[l] = pool.submit(tl.wrap(f"constrain {l}", cons[l].matrix), A_l)

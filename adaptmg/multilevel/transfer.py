@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import CPU, get_backend, is_device_array, to_host
-from ..fe.csr_ops import mask_rows_cols
+from ..fe.csr_ops import expand_node_blocks, mask_rows_cols
 from ..fe.space import Space
 from ..mesh import reference as ref
 from .coloring import _repeat
@@ -281,6 +281,18 @@ def _interpolation_q1_conforming(coarse: Space, fine: Space):
     return _q1_forest_csr(coarse, fine)
 
 
+def _components(P, c, backend):
+    r""":math:`P \otimes I_c` (rows and columns node * c + component) of a node-level CSR ``P``
+    on its backend: :func:`~adaptmg.fe.csr_ops.expand_node_blocks` with the one field ``P`` and
+    the coefficient :math:`I_c` (written against ``xp``: on the GPU no host CSR)."""
+    be = CPU if backend is None else get_backend(backend)
+    nf, ncn = P.shape
+    out = expand_node_blocks(be, P.indptr, P.indices, P.data[:, None], np.eye(c)[None], nf, num_cols=ncn)
+    if not be.is_gpu:
+        out.has_canonical_format = True              # sorted columns, no duplicates (as P)
+    return out
+
+
 def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, nodes=None,
                  cells=None, backend=None):
     """P = Z_f (chi kron I_c) H_c Z_c on DoFs; ``*_free`` are boolean masks of free DoFs
@@ -294,14 +306,17 @@ def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, n
     c = fine.components
     zf = ~fine.is_hanging if fine_free is None else np.asarray(fine_free, dtype=bool)
     zc = ~coarse.is_hanging if coarse_free is None else np.asarray(coarse_free, dtype=bool)
-    if fine.degree == 1 and c == 1 and nodes is None and cells is None:
+    if fine.degree == 1 and nodes is None and cells is None:
         if zf.shape != (fine.num_dofs,) or zc.shape != (coarse.num_dofs,):
             raise ValueError(f"free masks must have shapes ({fine.num_dofs},) and ({coarse.num_dofs},), "
                              f"got {zf.shape} and {zc.shape}")
-        P = _q1_forest_csr(coarse, fine, zf, zc, coarse.H if coarse.hanging_nodes.size else None,
-                           backend=backend)
-        if P is not None:                            # Z_f chi H Z_c in one pass: no product, no mask
-            return P
+        zfn, zcn = zf.reshape(-1, c), zc.reshape(-1, c)
+        # masks of whole nodes (Dirichlet on all components): P = (Z_f chi H_n Z_c)_nodes (x) I_c
+        if c == 1 or ((zfn == zfn[:, :1]).all() and (zcn == zcn[:, :1]).all()):
+            P = _q1_forest_csr(coarse, fine, zfn[:, 0], zcn[:, 0],
+                               coarse.H_nodes if coarse.hanging_nodes.size else None, backend=backend)
+            if P is not None:                        # Z_f chi H Z_c in one pass: no product, no mask
+                return P if c == 1 else _components(P, c, backend)
     be = None if backend is None else get_backend(backend)
     if be is not None and be.is_gpu:
         return be.asmatrix(prolongation(coarse, fine, zc, zf, nodes, cells))

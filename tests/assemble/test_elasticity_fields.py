@@ -77,31 +77,3 @@ def test_elasticity_fields_layout_equals_bsr(dim, return_mass):
         np.testing.assert_array_equal(M.indices, ind)
     with pytest.raises(ValueError):
         asm.elasticity(s, lam, mu, format="coo")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dim", [2, 3])
-def test_device_field_sums_bit_identical(dim, monkeypatch):
-    """elasticity(device="gpu"): pattern and field sums on the GPU give the host result bit for
-    bit (every format, with the mass), per-cell coefficients included; small meshes stay on the
-    host."""
-    from adaptmg.assemble import forms
-    monkeypatch.setattr(forms, "MIN_DEVICE_ENTRIES", 0)
-    s = Space(_hanging_mesh(dim), 1, components=dim)
-    lam = np.linspace(0.5, 2.0, s.mesh.num_cells)
-    for lm, mu in ((1.3, 0.7), (lam, 0.9)):
-        for fmt in ("csr", "bsr", "fields"):
-            X = asm.elasticity(s, lm, mu, format=fmt, return_mass=True)
-            Y = asm.elasticity(s, lm, mu, format=fmt, return_mass=True, device="gpu")
-            if fmt == "fields":
-                assert all(np.array_equal(a, b) for a, b in zip(X, Y)), fmt
-                continue
-            for a, b in zip(X, Y):
-                assert type(a) is type(b)
-                assert np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices)
-                assert np.array_equal(a.data, b.data), fmt
-    monkeypatch.setattr(forms, "MIN_DEVICE_ENTRIES", 1 << 30)
-    calls = []
-    monkeypatch.setattr(forms, "get_device_pattern", lambda *a: calls.append(a))
-    asm.elasticity(s, 1.0, 1.0, device="gpu")
-    assert calls == []

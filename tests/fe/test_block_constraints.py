@@ -177,3 +177,80 @@ def test_block_constraints_on_the_device_equal_the_host():
     np.testing.assert_array_equal(K1.indptr, K0.indptr)
     np.testing.assert_array_equal(K1.indices, K0.indices)
     assert np.abs(K1.data - K0.data).max() <= 16 * EPS * np.abs(K0.data).max()
+
+
+def test_congruence_map_on_the_backend_equals_the_host_map():
+    """congruence_map_on (the device's map: parents expanded, one sort) run with NumPy: the
+    host map's pattern and the same T (values of every field to rounding)."""
+    from adaptmg.fe.congruence import congruence_map_on
+    m = _hanging_mesh(3)
+    s = Space(m, 1)
+    S = assemble.stiffness(s) + assemble.mass(s)
+    rng = np.random.default_rng(3)
+    keep = (rng.random(s.num_nodes) < 0.8) & ~m.is_hanging
+    fixed = np.flatnonzero(~keep)
+    ip0, ind0, T0 = congruence_map(S.indptr, S.indices, s.H_nodes, keep, extra_diagonal=fixed)
+    ip1, ind1, T1 = congruence_map_on(CPU, S.indptr, S.indices, s.H_nodes, keep, extra_diagonal=fixed)
+    np.testing.assert_array_equal(ip1, ip0)
+    np.testing.assert_array_equal(ind1, ind0)
+    assert T1.shape == T0.shape and abs(T1 - T0).max() <= EPS
+    data = rng.standard_normal((S.nnz, 4))
+    D0, D1 = T0 @ data, T1 @ data
+    assert np.abs(D1 - D0).max() <= 8 * EPS * np.abs(D0).max()
+    # no hanging nodes: only the fixed ones expand (to nothing), or nothing at all
+    u = Space(Mesh.box([0.0] * 2, [1.0] * 2, [4, 3]), 1)
+    U = assemble.mass(u)
+    for kp in (np.arange(u.num_nodes) % 3 > 0, np.ones(u.num_nodes, dtype=bool)):
+        xd = np.flatnonzero(~kp)
+        a, b = congruence_map(U.indptr, U.indices, u.H_nodes, kp, xd), congruence_map_on(CPU, U.indptr, U.indices, u.H_nodes, kp, xd)
+        np.testing.assert_array_equal(b[0], a[0])
+        np.testing.assert_array_equal(b[1], a[1])
+        assert abs(b[2] - a[2]).max() == 0
+    with pytest.raises(ValueError, match="keep"):
+        congruence_map_on(CPU, S.indptr, S.indices, s.H_nodes, keep[:-1])
+    with pytest.raises(ValueError, match="Hn has shape"):
+        congruence_map_on(CPU, S.indptr, S.indices, s.H_nodes[:-1], keep)
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_block_constraints_on_the_backend_equal_the_host_path(dim):
+    """Constraints._matrix_blocks_on (what a GPU node-block matrix takes: map, T @ data, scale,
+    expansion, all against xp) run with NumPy gives the host path's K and scale."""
+    m = _hanging_mesh(dim)
+    B = _block_matrix(Space(m, 1), 3, 4, 20 + dim)
+    space = Space(m, 1, components=3)
+    cons = Constraints(space, space.boundary_dofs())
+    K0 = cons.matrix(B)
+    s0 = cons.scale
+    fn = cons.free.reshape(-1, 3)[:, 0]
+    K1 = cons._matrix_blocks_on(CPU, B, fn, np.flatnonzero(~fn))
+    assert cons.scale == pytest.approx(s0, rel=16 * EPS)
+    np.testing.assert_array_equal(K1.indptr, K0.indptr)
+    np.testing.assert_array_equal(K1.indices, K0.indices)
+    assert np.abs(K1.data - K0.data).max() <= 16 * EPS * np.abs(K0.data).max()
+
+
+@pytest.mark.gpu
+def test_node_block_matrix_of_device_arrays():
+    """A node-block matrix whose fields live on the device (elasticity(keep_on_device=True))
+    stays there: constrained on the device, equal to the host matrix; its host views
+    (tocsr, diagonal, @) are the host matrix's."""
+    from adaptmg.backend import get_backend, to_host
+    be = get_backend("gpu")
+    m = _hanging_mesh(3)
+    B = _block_matrix(Space(m, 1), 2, 3, 13)
+    Bd = NodeBlockMatrix(be.asarray(B.indptr), be.asarray(B.indices), be.asarray(B.data), B.coef, B.num_nodes)
+    assert Bd.on_device and Bd.backend.is_gpu
+    space = Space(m, 1, components=2)
+    cons = Constraints(space, space.boundary_dofs())
+    K0 = cons.matrix(B)
+    from adaptmg.backend import host_copies
+    before = host_copies()
+    Kd = cons.matrix(Bd)
+    assert host_copies() == before                     # constrained without a copy to the host
+    K1 = to_host(Kd)
+    np.testing.assert_array_equal(K1.indices, K0.indices)
+    assert np.abs(K1.data - K0.data).max() <= 16 * EPS * np.abs(K0.data).max()
+    assert abs(Bd.tocsr() - B.tocsr()).max() == 0
+    np.testing.assert_array_equal(Bd.diagonal(), B.diagonal())
+    np.testing.assert_array_equal(to_host(Bd.diagonal_positions()), B.diagonal_positions())

@@ -187,7 +187,9 @@ def test_prolongation_equals_masked_products_on_adaptive_meshes(dim, k, c):
     """P = Z_f (chi kron I_c) H_c Z_c against the dense products of the pointwise chi
     (:func:`_chi_reference`), the coarse H and the masks, on every level of 2-D/3-D adaptive
     hierarchies (hanging nodes in both spaces), for default, Dirichlet and random masks.
-    Q1 scalar (the forest path: no product) is bit for bit; the other paths to 4 eps."""
+    Q1 with masks of whole nodes (the forest path at node level, expanded by I_c: no product)
+    is bit for bit; the other paths (Q2, masks per component) to 4 eps."""
+    from adaptmg.multilevel import transfer
     from adaptmg.multilevel.transfer import prolongation
     rng = np.random.default_rng(3)
     H = _adaptive(dim).hierarchy()
@@ -197,7 +199,15 @@ def test_prolongation_equals_masked_products_on_adaptive_meshes(dim, k, c):
         chiH = sp.kron(sp.csr_matrix(_chi_reference(sc, sf)), sp.identity(c)) @ sc.H
         for kind in ("default", "dirichlet", "random"):
             zc, zf = _masks(sc, sf, kind, rng)
-            P = prolongation(sc, sf, zc, zf)
+            calls = []
+            forest = transfer._q1_forest_csr
+            transfer._q1_forest_csr = lambda *a, **kw: calls.append(len(a)) or forest(*a, **kw)
+            try:
+                P = prolongation(sc, sf, zc, zf)
+            finally:
+                transfer._q1_forest_csr = forest
+            whole = k == 1 and (c == 1 or kind != "random")
+            assert any(n > 2 for n in calls) == whole, (kind, calls)     # P itself from the forest
             zc = ~sc.is_hanging if zc is None else zc
             zf = ~sf.is_hanging if zf is None else zf
             R = (sp.diags(zf * 1.0) @ chiH @ sp.diags(zc * 1.0)).tocsr()
@@ -205,7 +215,7 @@ def test_prolongation_equals_masked_products_on_adaptive_meshes(dim, k, c):
             R.sort_indices()
             assert sp.isspmatrix_csr(P) and P.has_canonical_format and P.indices.dtype == np.int32
             assert abs(P - R).max() <= 4 * eps
-            if k == 1 and c == 1:
+            if whole:
                 assert np.array_equal(P.indptr, R.indptr) and np.array_equal(P.indices, R.indices)
                 assert np.array_equal(P.data, R.data)
             assert P.nnz == R.nnz                                    # no stored zeros
