@@ -117,6 +117,17 @@ def forest_keys(forest: Forest, codec: KeyCodec, root_pos: np.ndarray) -> np.nda
     return key
 
 
+def sorted_unique(a: np.ndarray) -> np.ndarray:
+    """The distinct values of a non-decreasing 1-D array (one comparison pass; np.unique
+    would hash or sort again)."""
+    if a.size < 2:
+        return a
+    keep = np.empty(a.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
+
+
 def _sub_coarse(coarse: Forest, roots: np.ndarray) -> Forest:
     """The unrefined forest of the root cells ``roots`` of ``coarse`` (points compacted)."""
     cn = coarse.cell_nodes[roots]
@@ -131,7 +142,7 @@ def build_local(coarse: Forest, codec: KeyCodec, root_pos: np.ndarray, keys: np.
     none an ancestor of another) of the forest over the unrefined ``coarse`` forest, and the
     key of every cell of its forest.  ``mesh.cell_ids`` are sorted forest ids, so the mesh's
     cell order is not the key order: ``fkey[mesh.cell_ids]`` are the cells' keys."""
-    keys = np.unique(np.asarray(keys, dtype=np.int64))
+    keys = sorted_unique(np.sort(np.asarray(keys, dtype=np.int64)))
     if keys.size == 0:
         raise ValueError("build_local: no cells (every rank must own at least one cell)")
     lev = codec.level(keys)
@@ -144,7 +155,7 @@ def build_local(coarse: Forest, codec: KeyCodec, root_pos: np.ndarray, keys: np.
     lvl_keys = [codec.roots(upos)]
     fkeys = [lvl_keys[0]]
     for lv in range(int(lev.max())):
-        anc = np.unique(codec.ancestor(keys[lev > lv], lv))
+        anc = sorted_unique(codec.ancestor(keys[lev > lv], lv))   # keys sorted: so are these
         at = np.searchsorted(lvl_keys[lv], anc)
         if (at >= lvl_keys[lv].size).any() or (lvl_keys[lv][np.minimum(at, lvl_keys[lv].size - 1)] != anc).any():
             raise ValueError("build_local: inconsistent keys")

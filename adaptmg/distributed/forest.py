@@ -31,8 +31,8 @@ owner, the cut moves with the cells (:meth:`repartition` re-cuts).
 Global node numbering (:attr:`DistributedForest.node_gid`).  A node (any vertex of an owned
 leaf, hanging or not) belongs to the lowest rank among the leaves having it as a vertex
 (the rule of :func:`.partition.dof_owners`; all those leaves are local).  Owned nodes are
-numbered contiguously per rank (an exclusive scan of the counts), in the order they first
-occur in the owned leaves along the curve.  Two exchanges of every owned leaf's vertex ids
+numbered contiguously per rank (an exclusive scan of the counts), in the local mesh's node
+order.  Two exchanges of every owned leaf's vertex ids
 to its ghost holders: after the first, every vertex of an owned leaf has its id (its owner
 owns a leaf touching ours, a ghost here); after the second, every vertex of a ghost too
 (its owner knows all of them) -- so the parents of hanging nodes, vertices of the coarse
@@ -67,6 +67,7 @@ import scipy.sparse as sp
 
 from ..mesh import Mesh
 from ..mesh._touch import cells_with_vertex_in
+from ..mesh._tree import _mean_of
 from .cellkeys import KeyCodec, build_local, root_positions
 from .comm import agree, get_comm
 
@@ -142,6 +143,19 @@ def _touching(cells: np.ndarray, num_nodes: int, sel: np.ndarray) -> np.ndarray:
     return cells_with_vertex_in(cells, mark)
 
 
+def _owned_and_layer(cells: np.ndarray, num_nodes: int, owner: np.ndarray, rank: int) -> np.ndarray:
+    """Sorted rows of ``cells`` owned by ``rank`` or sharing a vertex with one that is: the
+    owned cells beside the others are found first (few), then the others beside them."""
+    other = np.flatnonzero(owner != rank)
+    near = _touching(cells, num_nodes, other)
+    edge = near[owner[near] == rank]
+    mark = np.zeros(num_nodes, dtype=bool)
+    mark[np.take(cells, edge, axis=0)] = True
+    keep = owner == rank
+    keep[other] = mark[np.take(cells, other, axis=0)].any(axis=1)
+    return np.flatnonzero(keep)
+
+
 def _group_pairs(group: np.ndarray):
     """All index pairs ``(i, j)`` with ``group[i] == group[j]`` for a sorted ``group``."""
     n = group.size
@@ -164,10 +178,11 @@ class CellHalo:
         self.comm = comm
         me, P = comm.Get_rank(), comm.Get_size()
         nv = cells.shape[1]
-        owned = np.flatnonzero(owner == me)
         ghost = np.flatnonzero(owner != me)
-        # R[v, q]: a ghost of rank q has vertex v; (owned x nodes) @ R: the ranks each owned
-        # cell touches
+        # only owned cells with a vertex of a ghost can be ghosts elsewhere: R[v, q] a ghost of
+        # rank q has vertex v, (those owned cells x nodes) @ R the ranks each one touches
+        owned = _touching(cells, num_nodes, ghost)
+        owned = owned[owner[owned] == me]
         R = sp.csr_matrix((np.ones(ghost.size * nv, dtype=np.int32),
                            (np.take(cells, ghost, axis=0).reshape(-1), np.repeat(owner[ghost], nv))),
                           shape=(num_nodes, P))
@@ -187,12 +202,16 @@ class CellHalo:
                                "(the ranks' ghost layers disagree)")
         self.recv_cells = ghost[go[at]]
 
+    def send(self, rows: np.ndarray) -> np.ndarray:
+        """The rows of ``send_cells`` (``rows``, in that order) to their destinations: the rows
+        received, one per ghost of ``recv_cells`` (in that order)."""
+        return alltoallv(self.comm, self.send_dest, rows)[0]
+
     def exchange(self, values: np.ndarray) -> np.ndarray:
         """A copy of ``values`` (one row per local cell) whose ghost rows hold their owners' rows."""
         values = np.asarray(values)
-        (got,) = alltoallv(self.comm, self.send_dest, values[self.send_cells])
         out = values.copy()
-        out[self.recv_cells] = got
+        out[self.recv_cells] = self.send(values[self.send_cells])
         return out
 
 
@@ -278,7 +297,8 @@ class DistributedForest:
         """(n, d) centroids (vertex means) of local cells (default: the owned ones, curve order)."""
         cells = self.owned_cells if cells is None else np.asarray(cells)
         F = self.mesh._forest
-        return F.X[F.cell_nodes[self.mesh.cell_ids[cells]]].mean(axis=1)
+        cn = F.cell_nodes.take(self.mesh.cell_ids.take(cells), axis=0)
+        return _mean_of(F.X, [cn[:, j] for j in range(cn.shape[1])])     # = X[cn].mean(1), same rounding
 
     def local_nbytes(self) -> int:
         """Bytes of this rank's local forest and mesh arrays (the per-rank memory that scales)."""
@@ -341,7 +361,7 @@ class DistributedForest:
         cown[nc:] = cown[par]
         owner = cown[M2.cell_ids]
         acn = M2._active_cell_nodes()
-        keep = _touching(acn, F2.num_nodes, np.flatnonzero(owner == self.rank))
+        keep = _owned_and_layer(acn, F2.num_nodes, owner, self.rank)
         active = M2.cell_ids[keep]
         # leaves dropped from the ghost layer stay in the forest (it only grows): past a
         # quarter of the active cells, rebuild it from the keys (memory ~ owned + ghosts)
@@ -389,16 +409,23 @@ class DistributedForest:
         M = self.mesh
         acn = M._active_cell_nodes()
         nn, nv = M._forest.num_nodes, acn.shape[1]
-        rep = np.repeat(newown, nv)
+        # new owners differ only at vertices of cells off the most common new owner: the cells
+        # there first (one boolean gather of the vertex slots), the rest among them only
+        major = int(np.argmax(np.bincount(newown)))
+        mark = np.zeros(nn, dtype=bool)
+        mark[np.take(acn, np.flatnonzero(newown != major), axis=0)] = True
+        rows = cells_with_vertex_in(acn, mark)
+        sub, own = np.take(acn, rows, axis=0), newown[rows]
+        rep = np.repeat(own, nv)
         lo = np.full(nn, self.size, dtype=np.int64)
         hi = np.full(nn, -1, dtype=np.int64)
-        np.minimum.at(lo, acn.reshape(-1), rep)
-        np.maximum.at(hi, acn.reshape(-1), rep)
-        onown = np.zeros(nn, dtype=bool)
-        onown[acn[self.owned_cells]] = True
+        np.minimum.at(lo, sub.reshape(-1), rep)
+        np.maximum.at(hi, sub.reshape(-1), rep)
+        onown = np.zeros(nn, dtype=bool)             # every cell at such a vertex is in rows
+        onown[sub[self.owner[rows] == self.rank]] = True
         bnd = onown & (lo != hi)
-        rows = cells_with_vertex_in(acn, bnd)
-        sub = acn[rows]
+        at = cells_with_vertex_in(sub, bnd)
+        rows, sub = rows[at], sub[at]
         hit = bnd[sub]
         node, cell = sub[hit], np.repeat(rows, nv)[hit.reshape(-1)]
         o = np.argsort(node, kind="stable")
@@ -414,28 +441,31 @@ class DistributedForest:
     def _numbering(self):
         M = self.mesh
         cells, nn, nv = M.cells, M.num_nodes, 2 ** M.dim
-        node_owner = np.full(nn, self.size, dtype=np.int64)
-        np.minimum.at(node_owner, cells.reshape(-1), np.repeat(self.owner, nv))
-        flat = cells[self.owned_cells].reshape(-1)
-        flat = flat[node_owner[flat] == self.rank]
-        u, at = np.unique(flat, return_index=True)
-        mine = u[np.argsort(at)]                     # owned nodes in first-occurrence order
+        g = self.ghost_cells
+        flat = cells.take(self.owned_cells, axis=0).reshape(-1)
+        on_owned = np.zeros(nn, dtype=bool)
+        on_owned[flat] = True
+        # owner: the lowest rank of the leaves with the node as a vertex -- this rank unless a
+        # ghost (a lower rank) has it too: a scatter over the ghosts' vertices only
+        low = np.full(nn, self.size, dtype=np.int64)
+        np.minimum.at(low, cells.take(g, axis=0).reshape(-1), np.repeat(self.owner[g], nv))
+        node_owner = np.where(on_owned, np.minimum(low, self.rank), -1)
+        # owned nodes in the local mesh's node order (first occurrence along the local forest's
+        # cells: the children of a cell consecutive, a space-filling order inside each tree)
+        mine = np.flatnonzero(node_owner == self.rank)
         off = int(_exscan(self.comm, int(mine.size)))
         total = int(_allsum(self.comm, int(mine.size)))
         gid = np.full(nn, -1, dtype=np.int64)
         gid[mine] = off + np.arange(mine.size)
-        g = self.ghost_cells
+        halo = self.halo
+        tgt = cells.take(halo.recv_cells, axis=0)
         for _ in range(2):                           # owned leaves' vertices, then the ghosts'
-            got = self.halo.exchange(gid[cells])[g]
-            tgt = cells[g]
+            got = halo.send(gid.take(cells.take(halo.send_cells, axis=0)))
             known = got >= 0
             gid[tgt[known]] = got[known]
         if (gid < 0).any():
             raise RuntimeError(f"global node numbering: rank {self.rank} has {int((gid < 0).sum())} "
                                "nodes without an id")
-        on_owned = np.zeros(nn, dtype=bool)
-        on_owned[cells[self.owned_cells]] = True
-        node_owner[~on_owned] = -1                   # not known here (no owned leaf has it)
         return gid, node_owner, mine, total, on_owned
 
     @property
