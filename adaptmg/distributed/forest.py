@@ -234,12 +234,7 @@ class DistributedForest:
         self.mesh, self._fkey = mesh, fkey
         self.owner = np.asarray(owner, dtype=np.int64)
         self.keys = fkey[mesh.cell_ids]
-        mine = self.owner == self.rank
-        o = np.flatnonzero(mine)
-        g = np.flatnonzero(~mine)
-        self.owned_cells = o[np.argsort(self.keys[o])]
-        self.ghost_cells = g[np.argsort(self.keys[g])]
-        self.num_owned = int(o.size)
+        self.num_owned = int(np.count_nonzero(self.owner == self.rank))
         self.first = int(_exscan(comm, self.num_owned))
         self.global_num_cells = int(_allsum(comm, self.num_owned))
 
@@ -280,13 +275,30 @@ class DistributedForest:
         return cls(comm, coarse, codec, root_pos, mesh, fkey, own)
 
     # ------------------------------------------------------------------ cells
+    def _in_key_order(self, mask: np.ndarray) -> np.ndarray:
+        c = np.flatnonzero(mask)
+        k = self.keys.take(c)
+        if k.size > 1 and not bool((k[1:] > k[:-1]).all()):   # e.g. a uniform refinement's order
+            c = c[np.argsort(k)]
+        return c
+
+    @functools.cached_property
+    def owned_cells(self) -> np.ndarray:
+        """Local indices of the owned leaves, in curve (key) order."""
+        return self._in_key_order(self.owner == self.rank)
+
+    @functools.cached_property
+    def ghost_cells(self) -> np.ndarray:
+        """Local indices of the ghosts, in key order."""
+        return self._in_key_order(self.owner != self.rank)
+
     @property
     def dim(self) -> int:
         return self.mesh.dim
 
     @property
     def num_ghosts(self) -> int:
-        return int(self.ghost_cells.size)
+        return self.mesh.num_cells - self.num_owned
 
     @property
     def owned_keys(self) -> np.ndarray:
@@ -333,8 +345,11 @@ class DistributedForest:
         M = self.mesh
         lv = M.levels
         mine = self.owner == self.rank
-        flag = np.zeros(M.num_cells, dtype=bool)
-        flag[self.owned_cells[mask]] = True
+        if marker is None:
+            flag = mine.copy()
+        else:
+            flag = np.zeros(M.num_cells, dtype=bool)
+            flag[self.owned_cells[mask]] = True
         while True:                       # one exchange and one allreduce a round
             flag = self.halo.exchange(flag)
             new = np.zeros(0, dtype=bool)
