@@ -407,6 +407,8 @@ class DistributedForest:
         counts = counts if P == 1 else self.comm.allreduce(counts)
         _agree(self.comm, bool((counts > 0).all()),
                f"repartition: the cut leaves ranks {np.flatnonzero(counts == 0).tolist()} without cells")
+        if _allsum(self.comm, int((new != self.rank).any())) == 0:
+            return self                              # the cut is where it was: nothing moves
         newown = np.full(self.mesh.num_cells, -1, dtype=np.int64)
         newown[self.owned_cells] = new
         newown = self.halo.exchange(newown)
