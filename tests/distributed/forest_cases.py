@@ -50,7 +50,7 @@ def gather(df):
     pos[gid] = np.arange(gid.size)
     rec = dict(keys=df.keys[own], cellX=X[M.cells[own]], ghosts=df.keys[df.ghost_cells],
                ghost_owner=df.owner[df.ghost_cells],
-               gid=gid[on], X=X[on], hang=hn, hangX=X[pos[hn]],
+               gid=gid[on], X=X[on], node_owner=df.node_owner[on], hang=hn, hangX=X[pos[hn]],
                hangP=np.where(hp >= 0, hp, -1), hangPX=np.where((hp >= 0)[..., None], X[pos[np.maximum(hp, 0)]], np.nan),
                nglob=df.num_global_nodes, nlocal=M.num_cells, nforest=M._forest.num_cells,
                nowned=df.num_owned, first=df.first, all_gid=gid, all_X=X)
@@ -131,6 +131,14 @@ def compare(df, serial):
             bad += int(g.size != r["ghosts"].size or (np.sort(sk[g]) != np.sort(r["ghosts"])).any()
                        or (cell_rank[g][np.argsort(sk[g])] != r["ghost_owner"][np.argsort(r["ghosts"])]).any())
         out["ghost_layers_differ"] = bad
+        # node owners: the lowest rank of the leaves with the node as a vertex (dof_owners'
+        # rule), and each rank's ids one contiguous block, in rank order
+        low = np.full(N, P)
+        np.minimum.at(low, serial.cells.reshape(-1), np.repeat(cell_rank, serial.cells.shape[1]))
+        nown = np.concatenate([r["node_owner"] for r in recs])
+        out["node_owners_differ"] = int((low[at] != nown).sum())
+        og = np.unique(np.stack([gid, nown], 1), axis=0)
+        out["owner_blocks_not_contiguous"] = int((np.diff(og[np.argsort(og[:, 0]), 1]) < 0).sum())
     out["owned"] = [int(r["nowned"]) for r in recs]
     out["local"] = [int(r["nlocal"]) for r in recs]
     out["forest"] = [int(r["nforest"]) for r in recs]
