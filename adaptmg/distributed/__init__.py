@@ -17,8 +17,8 @@ an allreduce hook; no Krylov method of its own), :mod:`.comm` (communicator, err
 agreement, abort guard, the launcher's job size, the allreduce of the hook), :mod:`.forest`
 (:class:`DistributedForest`: each rank holds its owned leaves -- a contiguous range of the
 Morton curve -- and one ghost layer, never the whole mesh; refinement with the 2:1 closure
-across ranks, global node numbering with hanging nodes, repartition migrating cells;
-not yet used by :func:`solve`) on :mod:`.cellkeys` (canonical int64 cell keys, a local
+across ranks, global node numbering with hanging nodes, repartition migrating cells,
+global coarsening; not yet used by :func:`solve`) on :mod:`.cellkeys` (canonical int64 cell keys, a local
 forest rebuilt from leaf keys).
 
 ``mpiexec -n 4 python -m adaptmg run poisson`` runs the Poisson demo distributed (the

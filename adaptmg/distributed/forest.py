@@ -13,7 +13,7 @@ needs (:func:`.cellkeys.build_local`); per-rank memory is O(owned + ghosts) (plu
 ancestors and their siblings, a geometric series), also for a mesh refined from few roots:
 the cut falls inside trees.  ``owner[i]`` is the rank of local cell ``i``.
 
-Cell halo (:class:`CellHalo`).  Owning leaf ``K`` is a ghost on rank ``q`` iff ``K`` shares a
+Cell halo (:class:`CellHalo`).  An owned leaf ``K`` is a ghost on rank ``q`` iff ``K`` shares a
 vertex with a leaf owned by ``q`` -- iff a ghost of ``q`` here shares a vertex with ``K``: each
 rank finds the (owned cell, rank) pairs locally (one sparse product, incidence x ghost
 ranks per node), sends the keys once (one ``Alltoallv``) and matches them to its ghosts;
@@ -32,8 +32,7 @@ Global node numbering (:attr:`DistributedForest.node_gid`).  A node (any vertex 
 leaf, hanging or not) belongs to the lowest rank among the leaves having it as a vertex
 (the rule of :func:`.partition.dof_owners`; all those leaves are local).  Owned nodes are
 numbered contiguously per rank (an exclusive scan of the counts), in the local mesh's node
-order.  Two exchanges of every owned leaf's vertex ids
-to its ghost holders: after the first, every vertex of an owned leaf has its id (its owner
+order.  Two exchanges of every owned leaf's vertex ids to its ghost holders: after the first, every vertex of an owned leaf has its id (its owner
 owns a leaf touching ours, a ghost here); after the second, every vertex of a ghost too
 (its owner knows all of them) -- so the parents of hanging nodes, vertices of the coarse
 ghost, have ids on every rank that needs them.
@@ -47,16 +46,26 @@ not own.  A leaf ghost to ``q`` after the cut shares some vertex with a leaf ``q
 that vertex belongs to a leaf's old owner, who sends it: the receivers get exactly their
 new ghost layers and rebuild their local forests from the keys.
 
+Global coarsening (:meth:`DistributedForest.coarsen_once`, seed 001 §2.2): the serial rule
+of :meth:`Mesh.coarsen_once` with the families decided by their children's owners (a leaf's
+siblings share its parent's centre, so they are local to it), blocked families agreed
+through the halo, each parent given to the owner of its child 0, and the new ghost layers
+migrated as in a repartition; repeated, it is the global-coarsening hierarchy per rank.
+
 Exists: box / coarse-mesh construction, refine (uniform or marked, callable of the cell
 centres), 2:1 closure across ranks, the ghost layer, cell halo exchange, global node
-numbering with hanging nodes and their parents, repartition with optional weights; all
-host NumPy, vectorised (no loop over cells, nodes or ranks' items; one collective per
-round).  Not yet: wiring into :func:`adaptmg.distributed.solve` / the distributed
-hierarchy (which still replicate the mesh), the global-coarsening hierarchy per rank
-(coarsen_once on the local forest needs whole families: a rank must then hold the
-siblings of its owned leaves' families, p4est's "partition for coarsening"), DoF numbering
-of Q2 (edge/face/cell DoFs: the same two-round exchange over more entities), boundary
-conditions per rank, and device (CuPy) arrays.
+numbering with hanging nodes and their parents, repartition with optional weights, global
+coarsening; all host NumPy, vectorised (no loop over cells, nodes or ranks' items; one
+collective per round), tested against the serial :class:`Mesh` at P = 1, 2, 3.  Not yet:
+wiring into :func:`adaptmg.distributed.solve` / the distributed hierarchy (which still
+replicate the mesh): Spaces, assembly and transfers on the local meshes with these global
+ids; coarse levels on fewer ranks (:meth:`coarsen_once` refuses to leave a rank without
+cells: a fold onto fewer ranks, as :func:`.partition.fold_cell_ranks`, is the next step);
+DoF numbering of Q2 (edge/face/cell DoFs: the same two-round exchange over more
+entities); device (CuPy) arrays.  Node coordinates are the serial forest's bit for bit on
+meshes whose coarse cells are oriented alike (:meth:`Mesh.box`); elsewhere a face centre
+made by another cell's split may differ in the last bit (its parents summed in another
+order) -- the ids, not coordinates, identify nodes across ranks.
 """
 from __future__ import annotations
 
@@ -166,6 +175,39 @@ def _group_pairs(group: np.ndarray):
     i = np.repeat(np.arange(n), rep)
     k = np.arange(i.size) - np.repeat(np.cumsum(rep) - rep, rep)
     return i, start[g[i]] + k
+
+
+def _layer_pairs(acn: np.ndarray, num_nodes: int, newown: np.ndarray, size: int, sent_here):
+    """(new owner q, cell) pairs, distinct, of a local mesh with vertex table ``acn`` and new
+    owners ``newown``: at the vertices ``sent_here(rows, sub)`` (a node mask; this rank's
+    duty: vertices of its old owned leaves, where it has every leaf) where leaves of several
+    new owners meet, each leaf there that ``q`` will not own."""
+    nv = acn.shape[1]
+    # new owners differ only at vertices of cells off the most common new owner: the cells
+    # there first (one boolean gather of the vertex slots), the rest among them only
+    major = int(np.argmax(np.bincount(newown)))
+    mark = np.zeros(num_nodes, dtype=bool)
+    mark[np.take(acn, np.flatnonzero(newown != major), axis=0)] = True
+    rows = cells_with_vertex_in(acn, mark)
+    sub = np.take(acn, rows, axis=0)
+    rep = np.repeat(newown[rows], nv)
+    lo = np.full(num_nodes, size, dtype=np.int64)
+    hi = np.full(num_nodes, -1, dtype=np.int64)
+    np.minimum.at(lo, sub.reshape(-1), rep)
+    np.maximum.at(hi, sub.reshape(-1), rep)
+    bnd = sent_here(rows, sub) & (lo != hi)          # every cell at such a vertex is in rows
+    at = cells_with_vertex_in(sub, bnd)
+    rows, sub = rows[at], sub[at]
+    hit = bnd[sub]
+    node, cell = sub[hit], np.repeat(rows, nv)[hit.reshape(-1)]
+    o = np.argsort(node, kind="stable")
+    node, cell = node[o], cell[o]
+    i, j = _group_pairs(node)
+    dest, other = newown[cell[i]], cell[j]
+    sel = newown[other] != dest
+    n = acn.shape[0]
+    u = np.unique(dest[sel] * n + other[sel])
+    return u // n, u % n
 
 
 class CellHalo:
@@ -413,45 +455,79 @@ class DistributedForest:
         newown[self.owned_cells] = new
         newown = self.halo.exchange(newown)
         (okeys,) = alltoallv(self.comm, new, self.keys[self.owned_cells])
-        dest, other = self._ghost_candidates(newown)
+        M = self.mesh
+
+        def old_owned(rows, sub):
+            mask = np.zeros(M._forest.num_nodes, dtype=bool)
+            mask[sub[self.owner[rows] == self.rank]] = True
+            return mask
+        dest, other = _layer_pairs(M._active_cell_nodes(), M._forest.num_nodes, newown, P, old_owned)
         gkeys, gown = alltoallv(self.comm, dest, self.keys[other], newown[other])
         gkeys, at = np.unique(gkeys, return_index=True)
         keys = np.concatenate([okeys, gkeys])
         owners = np.concatenate([np.full(okeys.size, self.rank, dtype=np.int64), gown[at]])
         return DistributedForest._from_keys(self.comm, self.coarse, self.codec, self.root_pos, keys, owners)
 
-    def _ghost_candidates(self, newown: np.ndarray):
-        """(new owner q, local cell) pairs, distinct: at the vertices of owned leaves where
-        leaves of several new owners meet, each leaf there that ``q`` will not own."""
-        M = self.mesh
-        acn = M._active_cell_nodes()
-        nn, nv = M._forest.num_nodes, acn.shape[1]
-        # new owners differ only at vertices of cells off the most common new owner: the cells
-        # there first (one boolean gather of the vertex slots), the rest among them only
-        major = int(np.argmax(np.bincount(newown)))
-        mark = np.zeros(nn, dtype=bool)
-        mark[np.take(acn, np.flatnonzero(newown != major), axis=0)] = True
-        rows = cells_with_vertex_in(acn, mark)
-        sub, own = np.take(acn, rows, axis=0), newown[rows]
-        rep = np.repeat(own, nv)
-        lo = np.full(nn, self.size, dtype=np.int64)
-        hi = np.full(nn, -1, dtype=np.int64)
-        np.minimum.at(lo, sub.reshape(-1), rep)
-        np.maximum.at(hi, sub.reshape(-1), rep)
-        onown = np.zeros(nn, dtype=bool)             # every cell at such a vertex is in rows
-        onown[sub[self.owner[rows] == self.rank]] = True
-        bnd = onown & (lo != hi)
-        at = cells_with_vertex_in(sub, bnd)
-        rows, sub = rows[at], sub[at]
-        hit = bnd[sub]
-        node, cell = sub[hit], np.repeat(rows, nv)[hit.reshape(-1)]
-        o = np.argsort(node, kind="stable")
-        node, cell = node[o], cell[o]
-        i, j = _group_pairs(node)
-        dest, other = newown[cell[i]], cell[j]
-        sel = newown[other] != dest
-        u = np.unique(dest[sel] * M.num_cells + other[sel])
-        return u // M.num_cells, u % M.num_cells
+    # ------------------------------------------------------------------ global coarsening
+    def coarsen_once(self) -> "DistributedForest":
+        """:meth:`Mesh.coarsen_once` across ranks (collective): take back every refinement whose
+        2^d children are all leaves, except where that would break the 2:1 rule.
+
+        A leaf's siblings share its parent's centre, so an owned leaf's whole family is local:
+        its owner decides whether the family is complete and, from the levels around its owned
+        children, whether it is blocked; a family on several ranks is blocked if any child is
+        (the children's flags through the halo; repeated, one round per blocking wave, as the
+        serial loop).  The parent goes to the owner of child 0 (it takes that child's place on
+        the curve: the ranges stay contiguous), and the new ghost layers come as in
+        :meth:`repartition` from the ranks that had every old leaf at a vertex.  A rank left
+        without cells (all its leaves in families of a lower rank) is a ValueError."""
+        M, F = self.mesh, self.mesh._forest
+        nv, lv = 2 ** self.dim, M.levels
+        mine = self.owner == self.rank
+        par = M.parents
+        has = par >= 0
+        p0 = np.where(has, par, 0)
+        in_fam = has & (np.bincount(par[has], minlength=F.num_cells)[p0] == nv)
+        in_fam = self.halo.exchange(in_fam)       # a ghost's family may not be whole here
+        while True:                               # one blocking wave a round
+            bad = in_fam & (M.touch_max(np.where(in_fam, -1, lv)) >= lv + 1) & mine
+            bad = self.halo.exchange(bad)
+            blocked = np.zeros(F.num_cells, dtype=bool)
+            blocked[par[bad]] = True
+            newly = in_fam & blocked[p0]
+            in_fam = self.halo.exchange(in_fam & ~newly)
+            if _allsum(self.comm, int((newly & mine).any())) == 0:
+                break
+        if _allsum(self.comm, int(in_fam.any())) == 0:
+            return self
+        at = np.full(F.num_cells, -1, dtype=np.int64)  # forest id -> local cell
+        at[M.cell_ids] = np.arange(M.num_cells)
+        c0 = at[F.cell_child0[p0]]
+        newown = self.owner.copy()
+        fam_mine = in_fam & mine
+        newown[fam_mine] = self.owner[c0[fam_mine]]  # child 0 is a sibling: local
+        newown = self.halo.exchange(newown)
+        parents = np.unique(par[in_fam])
+        pown = np.zeros(F.num_cells, dtype=np.int64)
+        pown[par[in_fam]] = newown[in_fam]           # the same for every child
+        active = np.concatenate([M.cell_ids[~in_fam], parents])
+        own = np.concatenate([newown[~in_fam], pown[parents]])
+        o = np.argsort(active)
+        active, own = active[o], own[o]
+        keys = self._fkey[active]
+        n_own = int((own == self.rank).sum())
+        _agree(self.comm, n_own > 0, f"coarsen_once: rank {self.rank} would own no cell (its leaves all "
+                                     "belong to families of a lower rank); repartition or use fewer ranks")
+        old_nodes = np.zeros(F.num_nodes, dtype=bool)
+        old_nodes[M._active_cell_nodes()[mine]] = True
+        acn = F.cell_nodes[active]
+        dest, other = _layer_pairs(acn, F.num_nodes, own, self.size, lambda rows, sub: old_nodes)
+        gkeys, gown = alltoallv(self.comm, dest, keys[other], own[other])
+        gkeys, first = np.unique(gkeys, return_index=True)
+        sel = own == self.rank
+        return DistributedForest._from_keys(self.comm, self.coarse, self.codec, self.root_pos,
+                                            np.concatenate([keys[sel], gkeys]),
+                                            np.concatenate([own[sel], gown[first]]))
 
     # ------------------------------------------------------------------ global node numbering
     @functools.cached_property

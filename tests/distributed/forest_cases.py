@@ -147,6 +147,34 @@ def compare(df, serial):
     return out
 
 
+def split_families(df):
+    """Parent keys of the families of 2^d leaves whose children more than one rank owns."""
+    k = df.owned_keys
+    lev = df.codec.level(k)
+    par = np.full(k.size, -1)
+    for lv in np.unique(lev[lev > 0]):
+        par[lev == lv] = df.codec.ancestor(k[lev == lv], int(lv) - 1)
+    got = COMM.allgather((par[par >= 0], np.full(int((par >= 0).sum()), COMM.rank)))
+    p = np.concatenate([a for a, _ in got])
+    r = np.concatenate([b for _, b in got])
+    u, inv, cnt = np.unique(p, return_inverse=True, return_counts=True)
+    whole = cnt[inv] == 2 ** df.dim
+    pr = np.unique(np.stack([p[whole], r[whole]], 1), axis=0)
+    fam, n_ranks = np.unique(pr[:, 0], return_counts=True)
+    return fam[n_ranks > 1]
+
+
+def coarsen_checked(lev, smesh):
+    """Both coarsened once, and the number of cut families the serial rule blocks (rank 0)."""
+    split = split_families(lev)
+    lev = lev.coarsen_once()
+    if COMM.rank:
+        return lev, None, 0, int(split.size)
+    smesh = smesh.coarsen_once()
+    blocked = int((~np.isin(split, serial_keys(lev, smesh))).sum())
+    return lev, smesh, blocked, int(split.size)
+
+
 def near(c, r):
     return lambda x: np.linalg.norm(x - c, axis=1) < r
 
@@ -194,6 +222,13 @@ def run_case(name, dim, box, steps, records, one_rank=False):
     if COMM.rank == 0:
         rec.update(case=name, stage="repartitioned")
         records.append(rec)
+    lev, smesh = df2, serial                      # the global-coarsening hierarchy
+    for k in range(2):
+        lev, smesh, blocked, split = coarsen_checked(lev, smesh)
+        rec = compare(lev, smesh)
+        if COMM.rank == 0:
+            rec.update(case=name, stage=f"coarsened-{k + 1}", split_families=split, split_blocked=blocked)
+            records.append(rec)
     w = df2.centres()[:, 0] + 0.5                 # weighted cut: sums of weights balanced
     df3 = df2.repartition(weights=w)
     tot = COMM.gather(float(w.sum()), root=0)
@@ -212,6 +247,50 @@ CASES = {
     "one-rank-2d": lambda: (2, ([0, 0], [1, 1], [3, 2]), [None, None, 0.3, 0.2, 0.12], True),
     "one-rank-3d": lambda: (3, ([0, 0, 0], [1, 1, 1], [2, 2, 2]), [None, 0.35, 0.2], True),
 }
+
+
+def blocked_cut_case(dim, records):
+    """A cut inside a family that the 2:1 rule blocks, its blocking children on one side and
+    only unblocked ones on the other: the other side learns it through the halo."""
+    box, steps = steps_local(dim)
+    df = DistributedForest.box(*box, comm=COMM)
+    for step in steps:
+        df = df.refine(step)
+    serial = None
+    c = None
+    if COMM.rank == 0:
+        serial = Mesh.box(*box)
+        for step in steps:
+            serial = serial.refine(None if step is None else step(serial.points[serial.cells].mean(1)))
+        nv, lv = 2 ** dim, serial.levels
+        par = serial.parents
+        has = par >= 0
+        cell_in = has & (np.bincount(par[has], minlength=serial._forest.num_cells)[np.where(has, par, 0)] == nv)
+        bad = cell_in & (serial.touch_max(np.where(cell_in, -1, lv)) >= lv + 1)
+        order = np.argsort(serial_keys(df, serial))
+        b, ci, pp = bad[order], cell_in[order], par[order]
+        for i in np.flatnonzero(ci):             # a family: its 2^d children in a row from i
+            if i + nv > ci.size or pp[i + nv - 1] != pp[i] or (i > 0 and pp[i - 1] == pp[i]):
+                continue
+            f = b[i:i + nv]
+            if f.any() and not f.all():
+                if not f[0]:
+                    c = i + int(np.argmax(f))              # [i, c) all unblocked
+                else:
+                    t = int(np.argmax(f[::-1]))            # trailing unblocked children
+                    c = i + nv - t
+                break
+    c = COMM.bcast(c, root=0)
+    n, P = df.global_num_cells, COMM.size
+    pos = df.first + np.arange(df.num_owned)
+    w = np.where(pos < c, 1.0, (P - 1) * c / (n - c))     # the first cut exactly at c
+    cut = df.repartition(weights=w)
+    lev, smesh, blocked, split = coarsen_checked(cut, serial)
+    rec = compare(lev, smesh)
+    if COMM.rank == 0:
+        rec.update(case=f"blocked-cut-{dim}d", stage="coarsened", split_families=split, split_blocked=blocked,
+                   cut=int(c))
+        records.append(rec)
 
 
 def size_case(records):
@@ -233,6 +312,8 @@ def main():
     for name, make in CASES.items():
         dim, box, steps, one = make()
         run_case(name, dim, box, steps, records, one_rank=one)
+    if COMM.size > 1:
+        blocked_cut_case(3, records)             # (the 2-D local case blocks no family)
     size_case(records)
     if COMM.rank == 0:
         with open(out, "w") as f:

@@ -8,7 +8,8 @@ after a weighted repartition: (a) the gathered owned leaves (keys, vertex coordi
 the serial mesh's; (b) global node ids: one id per point, as many as the serial mesh has
 nodes, owned by the lowest rank touching them, each rank's ids one block; (c) hanging nodes and their parents (points and global ids) equal the serial mesh's;
 (d) every rank's ghosts are exactly the leaves owned elsewhere sharing a vertex with its
-owned leaves; (e) local leaves per rank ~ n / P + ghosts; (f) repartition balances to +-1.
+owned leaves -- and the same for the two coarser levels of global coarsening
+(``coarsen_once`` against :meth:`Mesh.coarsen_once`, from a cut inside families); (e) local leaves per rank ~ n / P + ghosts; (f) repartition balances to +-1.
 Coordinates are compared exactly: the local forests compute every node as the serial forest
 does (the mean of the same parents, in the same order, on a box).
 """
@@ -30,7 +31,7 @@ from test_mpi import MPIEXEC, ROOT, mpiexec_cmd, needs_mpi
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "forest_cases.py")
 CASES = ["uniform-2d", "uniform-3d", "local-2d", "local-3d", "one-rank-2d", "one-rank-3d"]
-STAGES = ["refined", "repartitioned", "weighted"]
+STAGES = ["refined", "repartitioned", "coarsened-1", "coarsened-2", "weighted"]
 ZERO = ["keys_differ", "not_contiguous", "first_wrong", "nodes_not_in_serial", "ids_with_two_points",
         "points_with_two_ids", "distinct_ids_minus_serial", "nglob_minus_serial", "ids_outside_range",
         "ghost_ids_inconsistent", "hanging_differ", "hanging_parents_differ", "hanging_parent_ids_differ",
@@ -63,7 +64,7 @@ def test_distributed_forest_equals_serial_mesh(forest_results, case, stage):
     assert rec["cell_coords_max_diff"] == 0.0
     assert sum(rec["owned"]) == rec["serial_cells"]
     if not case.startswith("uniform"):
-        assert rec["serial_hanging"] > 20          # hanging nodes were compared
+        assert rec["serial_hanging"] > (5 if stage.startswith("coarsened") else 20)   # they were compared
     if P > 1:
         assert all(loc > own for loc, own in zip(rec["local"], rec["owned"]))   # ghosts exist
 
@@ -77,6 +78,27 @@ def test_closure_refines_cells_of_other_ranks(forest_results, case):
     if P == 1:
         pytest.skip("one rank")
     assert recs[(case, "refined")]["closure_on_other_ranks"] >= 1
+
+
+@needs_mpi
+def test_coarsening_met_families_cut_between_ranks(forest_results):
+    """The coarsened levels above were compared after cuts inside families (some family's
+    children on two ranks), so the cross-rank family logic ran."""
+    P, recs = forest_results
+    split = sum(recs[(c, s)]["split_families"] for c in CASES for s in ("coarsened-1", "coarsened-2"))
+    assert (split > 0) == (P > 1)
+
+
+@needs_mpi
+def test_coarsening_blocked_family_cut_between_ranks(forest_results):
+    """A cut (weighted repartition) inside a family the 2:1 rule blocks, the blocking children
+    on one rank only: the coarsened level still equals the serial one."""
+    P, recs = forest_results
+    if P == 1:
+        pytest.skip("one rank")
+    rec = recs[("blocked-cut-3d", "coarsened")]
+    assert rec["split_blocked"] >= 1
+    assert {k: rec[k] for k in ZERO} == {k: 0 for k in ZERO}, rec
 
 
 @needs_mpi
