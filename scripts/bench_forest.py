@@ -10,7 +10,8 @@ The mesh is the box [0, P_x] x [0, 1]^2 with 2 P_x x 2 x 2 root cells (P_x = P f
 scaling: 8 roots per rank, 1 for strong), refined uniformly ``--levels`` times
 (``DistributedForest.refine()``), then the global node numbering, one local refinement (a
 ball at the origin, marked on the owning ranks; its 2:1 closure crosses ranks), a
-repartition and the numbering again.  Printed per P: owned leaves, ghosts, the local
+repartition, the numbering again and the global-coarsening hierarchy down to the roots
+(``coarsen_once``).  Printed per P: owned leaves, ghosts, the local
 forest's cells and bytes (``local_nbytes``) and the process's peak resident memory (max over
 ranks), and the seconds of each phase (max over ranks).  ``--serial`` also times the serial
 ``Mesh`` (box, the same refinements, its node numbering) in the P = 1 process.  All of it
@@ -62,9 +63,17 @@ def worker(args):
     before = (df.num_owned, df.num_ghosts)
     df = phase("repartition", lambda: df.repartition())
     phase("numbering 2", lambda: df.node_gid)
+
+    def hierarchy():                              # global coarsening down to the roots
+        d, levels = df, [df]
+        while d.global_num_cells > 8 * px:
+            d = d.coarsen_once()
+            levels.append(d)
+        return levels
+    levels = phase("coarsen", hierarchy)
     rec = dict(P=P, cells=n_uniform, nodes=nodes, cells_adapted=df.global_num_cells,
                owned=df.num_owned, ghosts=df.num_ghosts, owned_before=before[0], ghosts_before=before[1],
-               forest=df.mesh._forest.num_cells, nbytes=df.local_nbytes(),
+               forest=df.mesh._forest.num_cells, nbytes=df.local_nbytes(), levels=len(levels),
                rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, t=t)
     if args.serial and P == 1:
         t0 = time.perf_counter()
@@ -99,7 +108,7 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", ADAPTMG_THREADS="1",
                PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     print(f"{args.mode} scaling, box of 8 P_x roots refined {args.levels} times (host)")
-    phases = ["box", "refine", "numbering", "local refine", "repartition", "numbering 2"]
+    phases = ["box", "refine", "numbering", "local refine", "repartition", "numbering 2", "coarsen"]
     print(f"{'P':>3} {'cells':>10} {'owned':>9} {'ghosts':>7} {'forest':>9} {'MB local':>8} {'MB rss':>7}  "
           + " ".join(f"{p:>12}" for p in phases) + "   total s")
     for P in args.ranks:
@@ -121,7 +130,7 @@ def main():
               + " ".join(f"{t[p]:>12.3f}" for p in phases) + f"   {sum(t.values()):.2f}")
         print(f"    adapted {recs[0]['cells_adapted']:,} cells; before the repartition owned "
               f"{[rc['owned_before'] for rc in recs]}, after {[rc['owned'] for rc in recs]}; "
-              f"nodes {recs[0]['nodes']:,}")
+              f"nodes {recs[0]['nodes']:,}; coarsening hierarchy of {recs[0]['levels']} levels")
         if "serial_uniform" in recs[0]:
             print(f"    serial Mesh: box + {args.levels} refinements + node numbering "
                   f"{recs[0]['serial_uniform']:.3f} s")

@@ -59,7 +59,10 @@ coarsening; all host NumPy, vectorised (no loop over cells, nodes or ranks' item
 collective per round), tested against the serial :class:`Mesh` at P = 1, 2, 3.  Not yet:
 wiring into :func:`adaptmg.distributed.solve` / the distributed hierarchy (which still
 replicate the mesh): Spaces, assembly and transfers on the local meshes with these global
-ids; coarse levels on fewer ranks (:meth:`coarsen_once` refuses to leave a rank without
+ids; transfers between the levels of a hierarchy (each level is a forest of its own: a fine
+leaf's coarse cell is the one whose key is its ancestor, owned by child 0's owner -- the
+fine rank needs it as a ghost of the coarse level when that is another rank); coarse
+levels on fewer ranks (:meth:`coarsen_once` refuses to leave a rank without
 cells: a fold onto fewer ranks, as :func:`.partition.fold_cell_ranks`, is the next step);
 DoF numbering of Q2 (edge/face/cell DoFs: the same two-round exchange over more
 entities); device (CuPy) arrays.  Node coordinates are the serial forest's bit for bit on
