@@ -65,10 +65,11 @@ fine rank needs it as a ghost of the coarse level when that is another rank); co
 levels on fewer ranks (:meth:`coarsen_once` refuses to leave a rank without
 cells: a fold onto fewer ranks, as :func:`.partition.fold_cell_ranks`, is the next step);
 DoF numbering of Q2 (edge/face/cell DoFs: the same two-round exchange over more
-entities); device (CuPy) arrays.  Node coordinates are the serial forest's bit for bit on
-meshes whose coarse cells are oriented alike (:meth:`Mesh.box`); elsewhere a face centre
-made by another cell's split may differ in the last bit (its parents summed in another
-order) -- the ids, not coordinates, identify nodes across ranks.
+entities); device (CuPy) arrays.  Node coordinates came out as the serial forest's bit for
+bit in every test (boxes and two imported unstructured meshes); where coarse cells are
+oriented differently a face centre made by another cell's split could differ in the last
+bit (its parents summed in another order) -- the ids, not coordinates, identify nodes
+across ranks.
 """
 from __future__ import annotations
 

@@ -7,17 +7,20 @@ step and after a repartition, and rank 0 writes one JSON record per (case, stage
 mismatch counts (all must be 0) and the per-rank cell counts.
 """
 import json
+import os
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
+import adaptmg.io
 from adaptmg.distributed import install_excepthook
 from adaptmg.distributed.cellkeys import forest_keys
 from adaptmg.distributed.forest import DistributedForest
 from adaptmg.mesh import Mesh
 
 COMM = MPI.COMM_WORLD
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data")
 
 
 def _rows(X):
@@ -190,8 +193,9 @@ def steps_local(dim):
 
 
 def run_case(name, dim, box, steps, records, one_rank=False):
-    df = DistributedForest.box(*box, comm=COMM)
-    serial = Mesh.box(*box) if COMM.rank == 0 else None
+    coarse = Mesh.box(*box) if isinstance(box, tuple) else box
+    df = DistributedForest.from_coarse(coarse, comm=COMM)
+    serial = coarse if COMM.rank == 0 else None
     grew_elsewhere = 0
     for step in steps:
         if one_rank:                      # marked on rank 0 only, near its cut
@@ -232,11 +236,20 @@ def run_case(name, dim, box, steps, records, one_rank=False):
     w = df2.centres()[:, 0] + 0.5                 # weighted cut: sums of weights balanced
     df3 = df2.repartition(weights=w)
     tot = COMM.gather(float(w.sum()), root=0)
+    wmax = COMM.gather(float(w.max()), root=0)
     rec = compare(df3, serial)
     wsum = COMM.gather(float((df3.centres()[:, 0] + 0.5).sum()), root=0)
     if COMM.rank == 0:
-        rec.update(case=name, stage="weighted", weight_sums=wsum, weight_total=float(sum(tot)))
+        rec.update(case=name, stage="weighted", weight_sums=wsum, weight_total=float(sum(tot)),
+                   max_weight=float(max(wmax)))
         records.append(rec)
+
+
+def steps_imported(name):
+    """A mesh of data/ (unstructured, cells of several orientations): uniform, then a ball."""
+    m = adaptmg.io.read(os.path.join(DATA, name))
+    c = m.points.mean(axis=0)
+    return m, [None, near(c, 0.3 * np.ptp(m.points[:, 0]))]
 
 
 CASES = {
@@ -246,6 +259,8 @@ CASES = {
     "local-3d": lambda: (3, *steps_local(3), False),
     "one-rank-2d": lambda: (2, ([0, 0], [1, 1], [3, 2]), [None, None, 0.3, 0.2, 0.12], True),
     "one-rank-3d": lambda: (3, ([0, 0, 0], [1, 1, 1], [2, 2, 2]), [None, 0.35, 0.2], True),
+    "imported-2d": lambda: (2, *steps_imported("channel_quad.msh"), False),
+    "imported-3d": lambda: (3, *steps_imported("bracket_hex.vtu"), False),
 }
 
 
