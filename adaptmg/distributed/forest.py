@@ -32,8 +32,9 @@ Global node numbering (:attr:`DistributedForest.node_gid`).  A node (any vertex 
 leaf, hanging or not) belongs to the lowest rank among the leaves having it as a vertex
 (the rule of :func:`.partition.dof_owners`; all those leaves are local).  Owned nodes are
 numbered contiguously per rank (an exclusive scan of the counts), in the local mesh's node
-order.  Two exchanges of every owned leaf's vertex ids to its ghost holders: after the first, every vertex of an owned leaf has its id (its owner
-owns a leaf touching ours, a ghost here); after the second, every vertex of a ghost too
+order.  Two exchanges of every owned leaf's vertex ids to its ghost holders: after the
+first, every vertex of an owned leaf has its id (its owner owns a leaf touching ours, a
+ghost here); after the second, every vertex of a ghost too
 (its owner knows all of them) -- so the parents of hanging nodes, vertices of the coarse
 ghost, have ids on every rank that needs them.
 
@@ -115,11 +116,21 @@ def _exscan(comm, x):
 
 
 def _agree(comm, ok, message):
+    """ValueError on every rank if ``ok`` is False on any (:func:`.comm.agree`)."""
     if comm.Get_size() == 1:
         if not ok:
             raise ValueError(message)
     else:
         agree(comm, ok, message)
+
+
+def _check(comm, ok, message):
+    """RuntimeError on every rank (an internal inconsistency, not bad input) if ``ok`` is False
+    on any: no rank is left waiting in the next collective."""
+    mine = None if ok else message
+    bad = [m for m in ([mine] if comm.Get_size() == 1 else comm.allgather(mine)) if m]
+    if bad:
+        raise RuntimeError(bad[0])
 
 
 def _displs(counts):
@@ -243,9 +254,8 @@ class CellHalo:
         go = np.argsort(gk)
         at = np.searchsorted(gk[go], rkeys)
         ok = rkeys.size == ghost.size and bool((gk[go][np.minimum(at, max(ghost.size - 1, 0))] == rkeys).all())
-        if not ok:
-            raise RuntimeError(f"CellHalo: rank {me} received {rkeys.size} ghost keys for {ghost.size} ghosts "
-                               "(the ranks' ghost layers disagree)")
+        _check(comm, ok, f"CellHalo: rank {me} received {rkeys.size} ghost keys for {ghost.size} ghosts "
+                         "(the ranks' ghost layers disagree)")
         self.recv_cells = ghost[go[at]]
 
     def send(self, rows: np.ndarray) -> np.ndarray:
@@ -560,9 +570,9 @@ class DistributedForest:
             got = halo.send(gid.take(cells.take(halo.send_cells, axis=0)))
             known = got >= 0
             gid[tgt[known]] = got[known]
-        if (gid < 0).any():
-            raise RuntimeError(f"global node numbering: rank {self.rank} has {int((gid < 0).sum())} "
-                               "nodes without an id")
+        missing = int((gid < 0).sum())
+        _check(self.comm, missing == 0,
+               f"global node numbering: rank {self.rank} has {missing} nodes without an id")
         return gid, node_owner, mine, total, on_owned
 
     @property

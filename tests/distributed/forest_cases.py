@@ -54,7 +54,8 @@ def gather(df):
     rec = dict(keys=df.keys[own], cellX=X[M.cells[own]], ghosts=df.keys[df.ghost_cells],
                ghost_owner=df.owner[df.ghost_cells],
                gid=gid[on], X=X[on], node_owner=df.node_owner[on], hang=hn, hangX=X[pos[hn]],
-               hangP=np.where(hp >= 0, hp, -1), hangPX=np.where((hp >= 0)[..., None], X[pos[np.maximum(hp, 0)]], np.nan),
+               hangP=np.where(hp >= 0, hp, -1),
+               hangPX=np.where((hp >= 0)[..., None], X[pos[np.maximum(hp, 0)]], np.nan),
                nglob=df.num_global_nodes, nlocal=M.num_cells, nforest=M._forest.num_cells,
                nowned=df.num_owned, first=df.first, all_gid=gid, all_X=X)
     return COMM.gather(rec, root=0)

@@ -7,12 +7,14 @@ near its cut (the 2:1 closure then refines cells of the other ranks), two meshes
 serial :class:`Mesh` of the same refinements after the refinements, after a repartition and
 after a weighted repartition: (a) the gathered owned leaves (keys, vertex coordinates) equal
 the serial mesh's; (b) global node ids: one id per point, as many as the serial mesh has
-nodes, owned by the lowest rank touching them, each rank's ids one block; (c) hanging nodes and their parents (points and global ids) equal the serial mesh's;
-(d) every rank's ghosts are exactly the leaves owned elsewhere sharing a vertex with its
-owned leaves -- and the same for the two coarser levels of global coarsening
-(``coarsen_once`` against :meth:`Mesh.coarsen_once`, from a cut inside families); (e) local leaves per rank ~ n / P + ghosts; (f) repartition balances to +-1.
+nodes, owned by the lowest rank touching them, each rank's ids one block; (c) hanging nodes
+and their parents (points and global ids) equal the serial mesh's; (d) every rank's ghosts
+are exactly the leaves owned elsewhere sharing a vertex with its owned leaves -- and the
+same for the two coarser levels of global coarsening (``coarsen_once`` against
+:meth:`Mesh.coarsen_once`, from a cut inside families); (e) local leaves per rank ~ n / P +
+ghosts; (f) repartition balances to +-1.
 Coordinates are compared exactly: the local forests compute every node as the serial forest
-does (the mean of the same parents, in the same order, on a box).
+does (the mean of the same parents; in the same order on these meshes).
 """
 import json
 import os
