@@ -476,11 +476,16 @@ class DistributedForest:
             mask[sub[self.owner[rows] == self.rank]] = True
             return mask
         dest, other = _layer_pairs(M._active_cell_nodes(), M._forest.num_nodes, newown, P, old_owned)
-        gkeys, gown = alltoallv(self.comm, dest, self.keys[other], newown[other])
+        return self._settle(okeys, dest, self.keys[other], newown[other])
+
+    def _settle(self, owned_keys, dest, keys, owners) -> "DistributedForest":
+        """The forest of ``owned_keys`` here and the ghosts (``keys`` with their ``owners``)
+        that the ranks send to ``dest``, deduplicated (collective)."""
+        gkeys, gown = alltoallv(self.comm, dest, keys, owners)
         gkeys, at = np.unique(gkeys, return_index=True)
-        keys = np.concatenate([okeys, gkeys])
-        owners = np.concatenate([np.full(okeys.size, self.rank, dtype=np.int64), gown[at]])
-        return DistributedForest._from_keys(self.comm, self.coarse, self.codec, self.root_pos, keys, owners)
+        return DistributedForest._from_keys(
+            self.comm, self.coarse, self.codec, self.root_pos, np.concatenate([owned_keys, gkeys]),
+            np.concatenate([np.full(owned_keys.size, self.rank, dtype=np.int64), gown[at]]))
 
     # ------------------------------------------------------------------ global coarsening
     def coarsen_once(self) -> "DistributedForest":
@@ -536,12 +541,7 @@ class DistributedForest:
         old_nodes[M._active_cell_nodes()[mine]] = True
         acn = F.cell_nodes[active]
         dest, other = _layer_pairs(acn, F.num_nodes, own, self.size, lambda rows, sub: old_nodes)
-        gkeys, gown = alltoallv(self.comm, dest, keys[other], own[other])
-        gkeys, first = np.unique(gkeys, return_index=True)
-        sel = own == self.rank
-        return DistributedForest._from_keys(self.comm, self.coarse, self.codec, self.root_pos,
-                                            np.concatenate([keys[sel], gkeys]),
-                                            np.concatenate([own[sel], gown[first]]))
+        return self._settle(keys[own == self.rank], dest, keys[other], own[other])
 
     # ------------------------------------------------------------------ global node numbering
     @functools.cached_property
