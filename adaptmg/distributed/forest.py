@@ -526,9 +526,9 @@ class DistributedForest:
         fam_mine = in_fam & mine
         newown[fam_mine] = self.owner[c0[fam_mine]]  # child 0 is a sibling: local
         newown = self.halo.exchange(newown)
-        parents = np.unique(par[in_fam])
-        pown = np.zeros(F.num_cells, dtype=np.int64)
+        pown = np.full(F.num_cells, -1, dtype=np.int64)
         pown[par[in_fam]] = newown[in_fam]           # the same for every child
+        parents = np.flatnonzero(pown >= 0)
         active = np.concatenate([M.cell_ids[~in_fam], parents])
         own = np.concatenate([newown[~in_fam], pown[parents]])
         o = np.argsort(active)
