@@ -14,7 +14,12 @@ fewer ranks, the smallest agglomerated on rank 0 -- as the levels of one
 :class:`adaptmg.multilevel.MultilevelSolver`: no cycle of its own), :mod:`.solve`
 (one-call helpers: adaptmg.linalg's cg/gmres/fgmres unchanged, their reductions through
 an allreduce hook; no Krylov method of its own), :mod:`.comm` (communicator, error
-agreement, abort guard, the launcher's job size, the allreduce of the hook).
+agreement, abort guard, the launcher's job size, the allreduce of the hook), :mod:`.forest`
+(:class:`DistributedForest`: each rank holds its owned leaves -- a contiguous range of the
+Morton curve -- and one ghost layer, never the whole mesh; refinement with the 2:1 closure
+across ranks, global node numbering with hanging nodes, repartition migrating cells,
+global coarsening; not yet used by :func:`solve`) on :mod:`.cellkeys` (canonical int64 cell keys, a local
+forest rebuilt from leaf keys).
 
 ``mpiexec -n 4 python -m adaptmg run poisson`` runs the Poisson demo distributed (the
 problem asks :func:`launched_size`; rank 0 prints and writes the outputs).  The ``mpiexec``
@@ -23,7 +28,7 @@ among the one next to Python -- the ``mpi`` extra's MPICH -- and those on the PA
 machine's Open MPI, then ``--allow-run-as-root`` as root); another library's launcher starts
 singletons, which :func:`get_comm` refuses with a RuntimeError.
 
-Stated plainly: the mesh is replicated on every rank (deal.II's ``parallel::shared``
+Stated plainly: :func:`solve` still replicates the mesh on every rank (deal.II's ``parallel::shared``
 model; so are the O(cells) mesh-level arrays derived from it: the coarsening hierarchy, the
 partition, DoF owners, hanging-node matrices H).  Every geometric level with at least
 ``agglomerate_below`` DoFs is set up per rank from the cells touching its owned DoFs (owned
@@ -67,6 +72,7 @@ current stream).
 from .comm import (agree, allreduce_sum, get_comm, guard, have_mpi, install_excepthook, launched_rank, launched_size,
                    local_rank, resolve_transport, select_device)
 from .csr import DistCSR, Layout, dot, dots, norm
+from .forest import DistributedForest
 from .hierarchy import DistributedHierarchy, RankZeroCycle
 from .partition import (coarse_cell_ranks, curve_order, dof_owners, fold_cell_ranks, imbalance,
                         level_ranks, partition_cells)
@@ -74,6 +80,6 @@ from .solve import DistributedResult, resolve, solve, solve_poisson
 
 __all__ = ["agree", "allreduce_sum", "get_comm", "guard", "have_mpi", "install_excepthook", "launched_rank",
            "launched_size", "local_rank", "resolve_transport", "select_device", "DistCSR", "Layout",
-           "dot", "dots", "norm", "DistributedHierarchy", "RankZeroCycle", "coarse_cell_ranks", "curve_order",
+           "dot", "dots", "norm", "DistributedForest", "DistributedHierarchy", "RankZeroCycle", "coarse_cell_ranks", "curve_order",
            "dof_owners", "fold_cell_ranks", "imbalance", "level_ranks", "partition_cells", "DistributedResult", "resolve", "solve",
            "solve_poisson"]

@@ -1,0 +1,615 @@
+r"""The distributed forest: every rank holds its own leaves and one ghost layer, never the
+whole mesh (p4est's model; :mod:`adaptmg.distributed` otherwise replicates the mesh).
+
+Data on each rank.  The coarse mesh (the roots) is replicated: it is small.  The leaves
+are cut along the Morton curve (:mod:`.cellkeys`: a cell is known across ranks only by its
+int64 key (root position, level, child digits)); rank ``p`` *owns* one contiguous range of
+the curve order.  Its *ghosts* are exactly the leaves owned elsewhere that share a vertex
+with an owned leaf (this includes the coarse neighbour whose edge/face holds a hanging
+vertex of an owned leaf: it has a corner of that edge/face in common with the fine leaf).
+:attr:`DistributedForest.mesh` is a serial :class:`~adaptmg.mesh.Mesh` whose active cells
+are the owned leaves and the ghosts, over a local forest built from the roots the rank
+needs (:func:`.cellkeys.build_local`); per-rank memory is O(owned + ghosts) (plus the
+ancestors and their siblings, a geometric series), also for a mesh refined from few roots:
+the cut falls inside trees.  ``owner[i]`` is the rank of local cell ``i``.
+
+Cell halo (:class:`CellHalo`).  An owned leaf ``K`` is a ghost on rank ``q`` iff ``K`` shares a
+vertex with a leaf owned by ``q`` -- iff a ghost of ``q`` here shares a vertex with ``K``: each
+rank finds the (owned cell, rank) pairs locally (one sparse product, incidence x ghost
+ranks per node), sends the keys once (one ``Alltoallv``) and matches them to its ghosts;
+afterwards :meth:`CellHalo.exchange` moves any per-cell values owner -> ghost holders.
+
+Refinement (:meth:`DistributedForest.refine`) with the 2:1 closure across ranks: the
+serial rule ``refine K if a touching flagged cell has a higher level`` is applied to the
+owned leaves (all their neighbours are local), the ghosts' flags come from their owners;
+repeat (one exchange and one ``allreduce`` a round) until no rank flags a new cell: the
+smallest closed superset, as :meth:`Mesh.refine`'s ``_close``, whatever the cut.  Then
+every rank splits its flagged local leaves (owned and ghosts: their flags are final) and
+keeps the owned children plus the leaves touching them: children inherit their parent's
+owner, the cut moves with the cells (:meth:`repartition` re-cuts).
+
+Global node numbering (:attr:`DistributedForest.node_gid`).  A node (any vertex of an owned
+leaf, hanging or not) belongs to the lowest rank among the leaves having it as a vertex
+(the rule of :func:`.partition.dof_owners`; all those leaves are local).  Owned nodes are
+numbered contiguously per rank (an exclusive scan of the counts), in the local mesh's node
+order.  Two exchanges of every owned leaf's vertex ids to its ghost holders: after the
+first, every vertex of an owned leaf has its id (its owner owns a leaf touching ours, a
+ghost here); after the second, every vertex of a ghost too
+(its owner knows all of them) -- so the parents of hanging nodes, vertices of the coarse
+ghost, have ids on every rank that needs them.
+
+Repartition (:meth:`DistributedForest.repartition`).  The owned ranges are re-cut into
+equal pieces of the curve (or of given weights): ``new = floor(P * before / total)``.  Each
+old owner sends its leaves' keys to their new owners, and for the ghost layers: at every
+vertex ``v`` of an owned leaf where leaves of different new owners meet (all of them local),
+to each new owner ``q`` there the keys (and new owners) of the leaves at ``v`` that ``q`` will
+not own.  A leaf ghost to ``q`` after the cut shares some vertex with a leaf ``q`` will own, and
+that vertex belongs to a leaf's old owner, who sends it: the receivers get exactly their
+new ghost layers and rebuild their local forests from the keys.
+
+Global coarsening (:meth:`DistributedForest.coarsen_once`, seed 001 §2.2): the serial rule
+of :meth:`Mesh.coarsen_once` with the families decided by their children's owners (a leaf's
+siblings share its parent's centre, so they are local to it), blocked families agreed
+through the halo, each parent given to the owner of its child 0, and the new ghost layers
+migrated as in a repartition; repeated, it is the global-coarsening hierarchy per rank.
+
+Exists: box / coarse-mesh construction, refine (uniform or marked, callable of the cell
+centres), 2:1 closure across ranks, the ghost layer, cell halo exchange, global node
+numbering with hanging nodes and their parents, repartition with optional weights, global
+coarsening; all host NumPy, vectorised (no loop over cells, nodes or ranks' items; one
+collective per round), tested against the serial :class:`Mesh` at P = 1, 2, 3.  Not yet:
+wiring into :func:`adaptmg.distributed.solve` / the distributed hierarchy (which still
+replicate the mesh): Spaces, assembly and transfers on the local meshes with these global
+ids; transfers between the levels of a hierarchy (each level is a forest of its own: a fine
+leaf's coarse cell is the one whose key is its ancestor, owned by child 0's owner -- the
+fine rank needs it as a ghost of the coarse level when that is another rank); coarse
+levels on fewer ranks (:meth:`coarsen_once` refuses to leave a rank without
+cells: a fold onto fewer ranks, as :func:`.partition.fold_cell_ranks`, is the next step);
+DoF numbering of Q2 (edge/face/cell DoFs: the same two-round exchange over more
+entities); device (CuPy) arrays.  Node coordinates came out as the serial forest's bit for
+bit in every test (boxes and two imported unstructured meshes); where coarse cells are
+oriented differently a face centre made by another cell's split could differ in the last
+bit (its parents summed in another order) -- the ids, not coordinates, identify nodes
+across ranks.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..mesh import Mesh
+from ..mesh._touch import cells_with_vertex_in
+from ..mesh._tree import _mean_of
+from .cellkeys import KeyCodec, build_local, root_positions
+from .comm import agree, get_comm
+
+__all__ = ["DistributedForest", "CellHalo"]
+
+
+class _SerialComm:
+    """Stand-in for a one-rank communicator where mpi4py is missing."""
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 1
+
+
+def _as_comm(comm):
+    c = get_comm(comm)
+    return _SerialComm() if c is None else c
+
+
+def _allsum(comm, x):
+    return x if comm.Get_size() == 1 else comm.allreduce(x)
+
+
+def _exscan(comm, x):
+    """Sum of ``x`` over the lower ranks (0 on rank 0)."""
+    if comm.Get_size() == 1:
+        return 0
+    s = comm.exscan(x)
+    return 0 if s is None else s
+
+
+def _agree(comm, ok, message):
+    """ValueError on every rank if ``ok`` is False on any (:func:`.comm.agree`)."""
+    if comm.Get_size() == 1:
+        if not ok:
+            raise ValueError(message)
+    else:
+        agree(comm, ok, message)
+
+
+def _check(comm, ok, message):
+    """RuntimeError on every rank (an internal inconsistency, not bad input) if ``ok`` is False
+    on any: no rank is left waiting in the next collective."""
+    mine = None if ok else message
+    bad = [m for m in ([mine] if comm.Get_size() == 1 else comm.allgather(mine)) if m]
+    if bad:
+        raise RuntimeError(bad[0])
+
+
+def _displs(counts):
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+
+
+def alltoallv(comm, dest: np.ndarray, *arrays):
+    """Send row ``i`` of every array to rank ``dest[i]`` (one ``Alltoall`` of the counts, one
+    ``Alltoallv`` per array; NumPy buffers, no pickling).  Returns the received arrays: rows
+    grouped by source rank, each source's rows in the order it sent them."""
+    P = comm.Get_size()
+    dest = np.asarray(dest, dtype=np.int64)
+    order = np.argsort(dest, kind="stable")
+    if P == 1:
+        return [np.asarray(a)[order] for a in arrays]
+    scount = np.bincount(dest, minlength=P).astype(np.int64)
+    rcount = np.empty(P, dtype=np.int64)
+    comm.Alltoall(scount, rcount)
+    out = []
+    for a in arrays:
+        a = np.ascontiguousarray(np.asarray(a)[order])
+        w = int(np.prod(a.shape[1:], dtype=np.int64))
+        r = np.empty((int(rcount.sum()),) + a.shape[1:], dtype=a.dtype)
+        sc, rc = scount * w, rcount * w
+        comm.Alltoallv([a.reshape(-1), (sc, _displs(sc))], [r.reshape(-1), (rc, _displs(rc))])
+        out.append(r)
+    return out
+
+
+def _touching(cells: np.ndarray, num_nodes: int, sel: np.ndarray) -> np.ndarray:
+    """Sorted rows of ``cells`` (node ids) sharing a vertex with a row of ``sel``."""
+    mark = np.zeros(num_nodes, dtype=bool)
+    mark[np.take(cells, sel, axis=0)] = True
+    return cells_with_vertex_in(cells, mark)
+
+
+def _owned_and_layer(cells: np.ndarray, num_nodes: int, owner: np.ndarray, rank: int) -> np.ndarray:
+    """Sorted rows of ``cells`` owned by ``rank`` or sharing a vertex with one that is: the
+    owned cells beside the others are found first (few), then the others beside them."""
+    other = np.flatnonzero(owner != rank)
+    near = _touching(cells, num_nodes, other)
+    edge = near[owner[near] == rank]
+    mark = np.zeros(num_nodes, dtype=bool)
+    mark[np.take(cells, edge, axis=0)] = True
+    keep = owner == rank
+    keep[other] = mark[np.take(cells, other, axis=0)].any(axis=1)
+    return np.flatnonzero(keep)
+
+
+def _group_pairs(group: np.ndarray):
+    """All index pairs ``(i, j)`` with ``group[i] == group[j]`` for a sorted ``group``."""
+    n = group.size
+    start = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]])) if n else np.zeros(0, np.int64)
+    cnt = np.diff(np.append(start, n))
+    g = np.repeat(np.arange(start.size), cnt)
+    rep = cnt[g]
+    i = np.repeat(np.arange(n), rep)
+    k = np.arange(i.size) - np.repeat(np.cumsum(rep) - rep, rep)
+    return i, start[g[i]] + k
+
+
+def _layer_pairs(acn: np.ndarray, num_nodes: int, newown: np.ndarray, size: int, sent_here):
+    """(new owner q, cell) pairs, distinct, of a local mesh with vertex table ``acn`` and new
+    owners ``newown``: at the vertices ``sent_here(rows, sub)`` (a node mask; this rank's
+    duty: vertices of its old owned leaves, where it has every leaf) where leaves of several
+    new owners meet, each leaf there that ``q`` will not own."""
+    nv = acn.shape[1]
+    # new owners differ only at vertices of cells off the most common new owner: the cells
+    # there first (one boolean gather of the vertex slots), the rest among them only
+    major = int(np.argmax(np.bincount(newown)))
+    mark = np.zeros(num_nodes, dtype=bool)
+    mark[np.take(acn, np.flatnonzero(newown != major), axis=0)] = True
+    rows = cells_with_vertex_in(acn, mark)
+    sub = np.take(acn, rows, axis=0)
+    rep = np.repeat(newown[rows], nv)
+    lo = np.full(num_nodes, size, dtype=np.int64)
+    hi = np.full(num_nodes, -1, dtype=np.int64)
+    np.minimum.at(lo, sub.reshape(-1), rep)
+    np.maximum.at(hi, sub.reshape(-1), rep)
+    bnd = sent_here(rows, sub) & (lo != hi)          # every cell at such a vertex is in rows
+    at = cells_with_vertex_in(sub, bnd)
+    rows, sub = rows[at], sub[at]
+    hit = bnd[sub]
+    node, cell = sub[hit], np.repeat(rows, nv)[hit.reshape(-1)]
+    o = np.argsort(node, kind="stable")
+    node, cell = node[o], cell[o]
+    i, j = _group_pairs(node)
+    dest, other = newown[cell[i]], cell[j]
+    sel = newown[other] != dest
+    n = acn.shape[0]
+    u = np.unique(dest[sel] * n + other[sel])
+    return u // n, u % n
+
+
+class CellHalo:
+    """Owner -> ghost-holder exchange of per-cell values on a distributed forest's local mesh
+    (module docstring): ``send_cells`` / ``send_dest`` the (owned cell, rank) pairs, sorted by
+    rank and key; ``recv_cells`` the local ghost each received row goes to.  Built
+    collectively (one ``Alltoallv`` of keys)."""
+
+    def __init__(self, comm, cells: np.ndarray, num_nodes: int, owner: np.ndarray, keys: np.ndarray):
+        self.comm = comm
+        me, P = comm.Get_rank(), comm.Get_size()
+        nv = cells.shape[1]
+        ghost = np.flatnonzero(owner != me)
+        # only owned cells with a vertex of a ghost can be ghosts elsewhere: R[v, q] a ghost of
+        # rank q has vertex v, (those owned cells x nodes) @ R the ranks each one touches
+        owned = _touching(cells, num_nodes, ghost)
+        owned = owned[owner[owned] == me]
+        R = sp.csr_matrix((np.ones(ghost.size * nv, dtype=np.int32),
+                           (np.take(cells, ghost, axis=0).reshape(-1), np.repeat(owner[ghost], nv))),
+                          shape=(num_nodes, P))
+        O = sp.csr_matrix((np.ones(owned.size * nv, dtype=np.int32), np.take(cells, owned, axis=0).reshape(-1),
+                           np.arange(0, owned.size * nv + 1, nv)), shape=(owned.size, num_nodes))
+        S = (O @ R).tocoo()
+        cells_s, dest = owned[S.row], S.col.astype(np.int64)
+        o = np.lexsort((keys[cells_s], dest))
+        self.send_cells, self.send_dest = cells_s[o], dest[o]
+        (rkeys,) = alltoallv(comm, self.send_dest, keys[self.send_cells])
+        gk = keys[ghost]
+        go = np.argsort(gk)
+        at = np.searchsorted(gk[go], rkeys)
+        ok = rkeys.size == ghost.size and bool((gk[go][np.minimum(at, max(ghost.size - 1, 0))] == rkeys).all())
+        _check(comm, ok, f"CellHalo: rank {me} received {rkeys.size} ghost keys for {ghost.size} ghosts "
+                         "(the ranks' ghost layers disagree)")
+        self.recv_cells = ghost[go[at]]
+
+    def send(self, rows: np.ndarray) -> np.ndarray:
+        """The rows of ``send_cells`` (``rows``, in that order) to their destinations: the rows
+        received, one per ghost of ``recv_cells`` (in that order)."""
+        return alltoallv(self.comm, self.send_dest, rows)[0]
+
+    def exchange(self, values: np.ndarray) -> np.ndarray:
+        """A copy of ``values`` (one row per local cell) whose ghost rows hold their owners' rows."""
+        values = np.asarray(values)
+        out = values.copy()
+        out[self.recv_cells] = self.send(values[self.send_cells])
+        return out
+
+
+class DistributedForest:
+    """Owned leaves (a contiguous range of the Morton curve) plus one ghost layer per rank
+    (module docstring).  Build it with :meth:`box` or :meth:`from_coarse` (collective); it is
+    immutable: :meth:`refine` and :meth:`repartition` return new forests.
+
+    Attributes: ``mesh`` (local :class:`Mesh`: owned leaves and ghosts), ``keys`` and
+    ``owner`` (per local cell), ``owned_cells`` / ``ghost_cells`` (local cell indices in key
+    order), ``num_owned``, ``first`` (curve position of the first owned leaf) and
+    ``global_num_cells``.  Properties computed on first use are collective (every rank must
+    ask): :attr:`halo`, :attr:`node_gid` and what derives from it.
+    """
+
+    def __init__(self, comm, coarse, codec: KeyCodec, root_pos: np.ndarray, mesh: Mesh,
+                 fkey: np.ndarray, owner: np.ndarray):
+        self.comm, self.coarse, self.codec, self.root_pos = comm, coarse, codec, root_pos
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.mesh, self._fkey = mesh, fkey
+        self.owner = np.asarray(owner, dtype=np.int64)
+        self.keys = fkey[mesh.cell_ids]
+        self.num_owned = int(np.count_nonzero(self.owner == self.rank))
+        self.first = int(_exscan(comm, self.num_owned))
+        self.global_num_cells = int(_allsum(comm, self.num_owned))
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_coarse(cls, coarse: Mesh, comm=None) -> "DistributedForest":
+        """The unrefined mesh ``coarse`` (replicated on every rank) cut into contiguous curve
+        ranges of its cells (each rank needs at least one)."""
+        comm = _as_comm(comm)
+        if not isinstance(coarse, Mesh):
+            raise TypeError(f"from_coarse expects an adaptmg Mesh, got {type(coarse).__name__}")
+        F0 = coarse._forest
+        if F0.num_cells != coarse.num_cells or (F0.cell_level != 0).any():
+            raise ValueError("from_coarse needs an unrefined mesh (its cells are the roots); refine "
+                             "the DistributedForest instead")
+        n, P = F0.num_cells, comm.Get_size()
+        if n < P:
+            raise ValueError(f"from_coarse: {n} coarse cells cannot be cut over {P} ranks (every rank "
+                             "owns at least one; use a finer coarse mesh)")
+        root_pos = root_positions(F0)
+        codec = KeyCodec(coarse.dim, n)
+        owner = root_pos * P // n
+        local = _touching(F0.cell_nodes, F0.num_nodes, np.flatnonzero(owner == comm.Get_rank()))
+        return cls._from_keys(comm, F0, codec, root_pos, codec.roots(root_pos[local]), owner[local])
+
+    @classmethod
+    def box(cls, lower, upper, cells, comm=None, map=None) -> "DistributedForest":
+        """:meth:`Mesh.box` (its cells the roots, replicated) cut over the ranks of ``comm``."""
+        return cls.from_coarse(Mesh.box(lower, upper, cells, map=map), comm)
+
+    @classmethod
+    def _from_keys(cls, comm, coarse, codec, root_pos, keys, owners) -> "DistributedForest":
+        """The rank's forest with local leaves ``keys`` (distinct) owned by ``owners``."""
+        o = np.argsort(keys)
+        keys, owners = keys[o], np.asarray(owners)[o]
+        mesh, fkey = build_local(coarse, codec, root_pos, keys)
+        own = owners[np.searchsorted(keys, fkey[mesh.cell_ids])]
+        return cls(comm, coarse, codec, root_pos, mesh, fkey, own)
+
+    # ------------------------------------------------------------------ cells
+    def _in_key_order(self, mask: np.ndarray) -> np.ndarray:
+        c = np.flatnonzero(mask)
+        k = self.keys.take(c)
+        if k.size > 1 and not bool((k[1:] > k[:-1]).all()):   # e.g. a uniform refinement's order
+            c = c[np.argsort(k)]
+        return c
+
+    @functools.cached_property
+    def owned_cells(self) -> np.ndarray:
+        """Local indices of the owned leaves, in curve (key) order."""
+        return self._in_key_order(self.owner == self.rank)
+
+    @functools.cached_property
+    def ghost_cells(self) -> np.ndarray:
+        """Local indices of the ghosts, in key order."""
+        return self._in_key_order(self.owner != self.rank)
+
+    @property
+    def dim(self) -> int:
+        return self.mesh.dim
+
+    @property
+    def num_ghosts(self) -> int:
+        return self.mesh.num_cells - self.num_owned
+
+    @property
+    def owned_keys(self) -> np.ndarray:
+        """Keys of the owned leaves, in curve order."""
+        return self.keys[self.owned_cells]
+
+    def centres(self, cells=None) -> np.ndarray:
+        """(n, d) centroids (vertex means) of local cells (default: the owned ones, curve order)."""
+        cells = self.owned_cells if cells is None else np.asarray(cells)
+        F = self.mesh._forest
+        cn = F.cell_nodes.take(self.mesh.cell_ids.take(cells), axis=0)
+        return _mean_of(F.X, [cn[:, j] for j in range(cn.shape[1])])     # = X[cn].mean(1), same rounding
+
+    def local_nbytes(self) -> int:
+        """Bytes of this rank's local forest and mesh arrays (the per-rank memory that scales)."""
+        F = self.mesh._forest
+        arrays = [F.X, F.node_kind, F.node_par, F.cell_nodes, F.cell_parent, F.cell_child0, F.cell_level,
+                  F.cell_bface, F.edge_keys, F.edge_nodes, F.face_keys, F.face_nodes, self._fkey,
+                  self.mesh.cell_ids, self.keys, self.owner]
+        return int(sum(a.nbytes for a in arrays))
+
+    @functools.cached_property
+    def halo(self) -> CellHalo:
+        """The owner -> ghost-holder exchange of per-cell values (collective on first use)."""
+        M = self.mesh
+        return CellHalo(self.comm, M._active_cell_nodes(), M._forest.num_nodes, self.owner, self.keys)
+
+    # ------------------------------------------------------------------ refinement
+    def refine(self, marker=None) -> "DistributedForest":
+        """Refine the marked owned leaves, closed across ranks by the 2:1 rule (collective).
+
+        ``marker``: None (every leaf), a boolean mask over the owned leaves in curve order
+        (:attr:`owned_cells`), or a callable ``f(centres) -> bool mask`` of their centroids
+        (n, d).  Children stay with their parent's owner; :meth:`repartition` re-cuts."""
+        n = self.num_owned
+        if marker is None:
+            mask = np.ones(n, dtype=bool)
+        else:
+            mask = marker(self.centres()) if callable(marker) else marker
+            mask = np.asarray(mask)
+        ok = mask.dtype == bool and mask.shape == (n,)
+        _agree(self.comm, ok, f"refine: the marker must be a boolean mask over the {n} owned leaves "
+                              f"(or a callable returning one), got {mask.dtype} {mask.shape}")
+        M = self.mesh
+        lv = M.levels
+        mine = self.owner == self.rank
+        if marker is None:
+            flag = mine.copy()
+        else:
+            flag = np.zeros(M.num_cells, dtype=bool)
+            flag[self.owned_cells[mask]] = True
+        while True:                       # one exchange and one allreduce a round
+            flag = self.halo.exchange(flag)
+            new = np.zeros(0, dtype=bool)
+            if not flag.all():
+                need = M.touch_max(np.where(flag, lv, -1)) > lv
+                new = need & ~flag & mine
+                flag |= new
+            if _allsum(self.comm, int(new.any())) == 0:
+                break
+        deepest = int(lv[flag].max()) + 1 if flag.any() else 0
+        _agree(self.comm, deepest <= self.codec.lmax,
+               f"refine: level {deepest} exceeds the {self.codec.lmax} levels cell keys hold here")
+        idx = np.flatnonzero(flag)
+        if _allsum(self.comm, idx.size) == 0:
+            return self
+        F = M._forest
+        M2 = M._refine_exact(idx) if idx.size else M
+        F2, nc = M2._forest, F.num_cells
+        new_cells = np.arange(nc, F2.num_cells, dtype=np.int64)
+        par = F2.cell_parent[new_cells]
+        fkey = np.concatenate([self._fkey, self.codec.child(self._fkey[par], new_cells - F2.cell_child0[par])])
+        cown = np.full(F2.num_cells, -1, dtype=np.int64)
+        cown[M.cell_ids] = self.owner
+        cown[nc:] = cown[par]
+        owner = cown[M2.cell_ids]
+        acn = M2._active_cell_nodes()
+        keep = _owned_and_layer(acn, F2.num_nodes, owner, self.rank)
+        active = M2.cell_ids[keep]
+        # leaves dropped from the ghost layer stay in the forest (it only grows): past a
+        # quarter of the active cells, rebuild it from the keys (memory ~ owned + ghosts)
+        if int((F2.cell_child0 < 0).sum()) - active.size > active.size // 4:
+            return DistributedForest._from_keys(self.comm, self.coarse, self.codec, self.root_pos,
+                                                fkey[active], owner[keep])
+        return DistributedForest(self.comm, self.coarse, self.codec, self.root_pos, Mesh(F2, active), fkey,
+                                 owner[keep])
+
+    # ------------------------------------------------------------------ repartition
+    def repartition(self, weights=None) -> "DistributedForest":
+        """Re-cut the curve into ``P`` contiguous pieces of equal count (or equal sum of
+        ``weights``: non-negative, one per owned leaf in curve order) and migrate the leaves
+        (collective; module docstring)."""
+        P, n = self.size, self.num_owned
+        if weights is None:
+            new = (self.first + np.arange(n, dtype=np.int64)) * P // self.global_num_cells
+        else:
+            w = np.asarray(weights, dtype=float)
+            ok = w.shape == (n,) and bool(np.isfinite(w).all()) and not (w < 0).any()
+            _agree(self.comm, ok, f"repartition: weights must be {n} finite non-negative numbers "
+                                  f"(one per owned leaf), got shape {w.shape}")
+            total = _allsum(self.comm, float(w.sum()))
+            _agree(self.comm, total > 0, "repartition: the weights sum to zero")
+            before = _exscan(self.comm, float(w.sum())) + np.cumsum(w) - w
+            new = np.minimum((before * P / total).astype(np.int64), P - 1)
+        counts = np.bincount(new, minlength=P)
+        counts = counts if P == 1 else self.comm.allreduce(counts)
+        _agree(self.comm, bool((counts > 0).all()),
+               f"repartition: the cut leaves ranks {np.flatnonzero(counts == 0).tolist()} without cells")
+        if _allsum(self.comm, int((new != self.rank).any())) == 0:
+            return self                              # the cut is where it was: nothing moves
+        newown = np.full(self.mesh.num_cells, -1, dtype=np.int64)
+        newown[self.owned_cells] = new
+        newown = self.halo.exchange(newown)
+        (okeys,) = alltoallv(self.comm, new, self.keys[self.owned_cells])
+        M = self.mesh
+
+        def old_owned(rows, sub):
+            mask = np.zeros(M._forest.num_nodes, dtype=bool)
+            mask[sub[self.owner[rows] == self.rank]] = True
+            return mask
+        dest, other = _layer_pairs(M._active_cell_nodes(), M._forest.num_nodes, newown, P, old_owned)
+        return self._settle(okeys, dest, self.keys[other], newown[other])
+
+    def _settle(self, owned_keys, dest, keys, owners) -> "DistributedForest":
+        """The forest of ``owned_keys`` here and the ghosts (``keys`` with their ``owners``)
+        that the ranks send to ``dest``, deduplicated (collective)."""
+        gkeys, gown = alltoallv(self.comm, dest, keys, owners)
+        gkeys, at = np.unique(gkeys, return_index=True)
+        return DistributedForest._from_keys(
+            self.comm, self.coarse, self.codec, self.root_pos, np.concatenate([owned_keys, gkeys]),
+            np.concatenate([np.full(owned_keys.size, self.rank, dtype=np.int64), gown[at]]))
+
+    # ------------------------------------------------------------------ global coarsening
+    def coarsen_once(self) -> "DistributedForest":
+        """:meth:`Mesh.coarsen_once` across ranks (collective): take back every refinement whose
+        2^d children are all leaves, except where that would break the 2:1 rule.
+
+        A leaf's siblings share its parent's centre, so an owned leaf's whole family is local:
+        its owner decides whether the family is complete and, from the levels around its owned
+        children, whether it is blocked; a family on several ranks is blocked if any child is
+        (the children's flags through the halo; repeated, one round per blocking wave, as the
+        serial loop).  The parent goes to the owner of child 0 (it takes that child's place on
+        the curve: the ranges stay contiguous), and the new ghost layers come as in
+        :meth:`repartition` from the ranks that had every old leaf at a vertex.  A rank left
+        without cells (all its leaves in families of a lower rank) is a ValueError."""
+        M, F = self.mesh, self.mesh._forest
+        nv, lv = 2 ** self.dim, M.levels
+        mine = self.owner == self.rank
+        par = M.parents
+        has = par >= 0
+        p0 = np.where(has, par, 0)
+        in_fam = has & (np.bincount(par[has], minlength=F.num_cells)[p0] == nv)
+        in_fam = self.halo.exchange(in_fam)       # a ghost's family may not be whole here
+        while True:                               # one blocking wave a round
+            bad = in_fam & (M.touch_max(np.where(in_fam, -1, lv)) >= lv + 1) & mine
+            bad = self.halo.exchange(bad)
+            blocked = np.zeros(F.num_cells, dtype=bool)
+            blocked[par[bad]] = True
+            newly = in_fam & blocked[p0]
+            in_fam = self.halo.exchange(in_fam & ~newly)
+            if _allsum(self.comm, int((newly & mine).any())) == 0:
+                break
+        if _allsum(self.comm, int(in_fam.any())) == 0:
+            return self
+        at = np.full(F.num_cells, -1, dtype=np.int64)  # forest id -> local cell
+        at[M.cell_ids] = np.arange(M.num_cells)
+        c0 = at[F.cell_child0[p0]]
+        newown = self.owner.copy()
+        fam_mine = in_fam & mine
+        newown[fam_mine] = self.owner[c0[fam_mine]]  # child 0 is a sibling: local
+        newown = self.halo.exchange(newown)
+        pown = np.full(F.num_cells, -1, dtype=np.int64)
+        pown[par[in_fam]] = newown[in_fam]           # the same for every child
+        parents = np.flatnonzero(pown >= 0)
+        active = np.concatenate([M.cell_ids[~in_fam], parents])
+        own = np.concatenate([newown[~in_fam], pown[parents]])
+        o = np.argsort(active)
+        active, own = active[o], own[o]
+        keys = self._fkey[active]
+        n_own = int((own == self.rank).sum())
+        _agree(self.comm, n_own > 0, f"coarsen_once: rank {self.rank} would own no cell (its leaves all "
+                                     "belong to families of a lower rank); repartition or use fewer ranks")
+        old_nodes = np.zeros(F.num_nodes, dtype=bool)
+        old_nodes[M._active_cell_nodes()[mine]] = True
+        acn = F.cell_nodes[active]
+        dest, other = _layer_pairs(acn, F.num_nodes, own, self.size, lambda rows, sub: old_nodes)
+        return self._settle(keys[own == self.rank], dest, keys[other], own[other])
+
+    # ------------------------------------------------------------------ global node numbering
+    @functools.cached_property
+    def _numbering(self):
+        M = self.mesh
+        cells, nn, nv = M.cells, M.num_nodes, 2 ** M.dim
+        g = self.ghost_cells
+        flat = cells.take(self.owned_cells, axis=0).reshape(-1)
+        on_owned = np.zeros(nn, dtype=bool)
+        on_owned[flat] = True
+        # owner: the lowest rank of the leaves with the node as a vertex -- this rank unless a
+        # ghost (a lower rank) has it too: a scatter over the ghosts' vertices only
+        low = np.full(nn, self.size, dtype=np.int64)
+        np.minimum.at(low, cells.take(g, axis=0).reshape(-1), np.repeat(self.owner[g], nv))
+        node_owner = np.where(on_owned, np.minimum(low, self.rank), -1)
+        # owned nodes in the local mesh's node order (first occurrence along the local forest's
+        # cells: the children of a cell consecutive, a space-filling order inside each tree)
+        mine = np.flatnonzero(node_owner == self.rank)
+        off = int(_exscan(self.comm, int(mine.size)))
+        total = int(_allsum(self.comm, int(mine.size)))
+        gid = np.full(nn, -1, dtype=np.int64)
+        gid[mine] = off + np.arange(mine.size)
+        halo = self.halo
+        tgt = cells.take(halo.recv_cells, axis=0)
+        for _ in range(2):                           # owned leaves' vertices, then the ghosts'
+            got = halo.send(gid.take(cells.take(halo.send_cells, axis=0)))
+            known = got >= 0
+            gid[tgt[known]] = got[known]
+        missing = int((gid < 0).sum())
+        _check(self.comm, missing == 0,
+               f"global node numbering: rank {self.rank} has {missing} nodes without an id")
+        return gid, node_owner, mine, total, on_owned
+
+    @property
+    def node_gid(self) -> np.ndarray:
+        """Global id of every node of the local mesh (owned leaves' and ghosts' vertices)."""
+        return self._numbering[0]
+
+    @property
+    def node_owner(self) -> np.ndarray:
+        """Owner rank of every local node that is a vertex of an owned leaf (-1 for the others)."""
+        return self._numbering[1]
+
+    @property
+    def owned_nodes(self) -> np.ndarray:
+        """Local indices of the nodes this rank owns, in global id order."""
+        return self._numbering[2]
+
+    @property
+    def num_global_nodes(self) -> int:
+        return self._numbering[3]
+
+    @property
+    def nodes_of_owned(self) -> np.ndarray:
+        """Mask over local nodes: vertex of an owned leaf."""
+        return self._numbering[4]
+
+    @property
+    def hanging(self):
+        """(global ids of the hanging vertices of owned leaves, (n, 4) global ids of their
+        parents, -1 padded: 2 on edges, 4 on faces)."""
+        M, gid = self.mesh, self.node_gid
+        h, p = M.hanging_nodes, M.hanging_parents
+        keep = self.nodes_of_owned[h]
+        p = p[keep]
+        return gid[h[keep]], np.where(p >= 0, gid[np.maximum(p, 0)], -1)
+
+    def __repr__(self) -> str:
+        return (f"DistributedForest(rank {self.rank}/{self.size}, {self.dim}-D, owned {self.num_owned} of "
+                f"{self.global_num_cells}, ghosts {self.num_ghosts}, local forest cells "
+                f"{self.mesh._forest.num_cells})")

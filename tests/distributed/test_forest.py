@@ -1,0 +1,202 @@
+"""The distributed forest (issue 37 item 3): owned leaves + one ghost layer per rank.
+
+``forest_cases.py`` runs under ``mpiexec -n 1 / 2 / 3`` (one launch each, ~2-4 s): 2-D and
+3-D boxes refined uniformly, locally (a callable of the centres) and locally on rank 0 only
+near its cut (the 2:1 closure then refines cells of the other ranks), two meshes of data/
+(unstructured, cells of several orientations) refined uniformly and locally, each compared with the
+serial :class:`Mesh` of the same refinements after the refinements, after a repartition and
+after a weighted repartition: (a) the gathered owned leaves (keys, vertex coordinates) equal
+the serial mesh's; (b) global node ids: one id per point, as many as the serial mesh has
+nodes, owned by the lowest rank touching them, each rank's ids one block; (c) hanging nodes
+and their parents (points and global ids) equal the serial mesh's; (d) every rank's ghosts
+are exactly the leaves owned elsewhere sharing a vertex with its owned leaves -- and the
+same for the two coarser levels of global coarsening (``coarsen_once`` against
+:meth:`Mesh.coarsen_once`, from a cut inside families); (e) local leaves per rank ~ n / P +
+ghosts; (f) repartition balances to +-1.
+Coordinates are compared exactly: the local forests compute every node as the serial forest
+does (the mean of the same parents; in the same order on these meshes).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from adaptmg.distributed.cellkeys import KeyCodec, build_local, forest_keys, root_positions
+from adaptmg.distributed.forest import DistributedForest, _group_pairs
+from adaptmg.distributed.partition import curve_order
+from adaptmg.mesh import Mesh
+
+from test_mpi import MPIEXEC, ROOT, mpiexec_cmd, needs_mpi
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "forest_cases.py")
+CASES = ["uniform-2d", "uniform-3d", "local-2d", "local-3d", "one-rank-2d", "one-rank-3d", "imported-2d",
+         "imported-3d"]
+STAGES = ["refined", "repartitioned", "coarsened-1", "coarsened-2", "weighted"]
+ZERO = ["keys_differ", "not_contiguous", "first_wrong", "nodes_not_in_serial", "ids_with_two_points",
+        "points_with_two_ids", "distinct_ids_minus_serial", "nglob_minus_serial", "ids_outside_range",
+        "ghost_ids_inconsistent", "hanging_differ", "hanging_parents_differ", "hanging_parent_ids_differ",
+        "ghost_layers_differ", "node_owners_differ", "owner_blocks_not_contiguous"]
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=["np1", "np2", "np3"])
+def forest_results(request, tmp_path_factory):
+    if MPIEXEC is None:
+        pytest.skip("mpi4py or mpiexec not available")
+    out = tmp_path_factory.mktemp("forest") / "out.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", ADAPTMG_THREADS="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run(mpiexec_cmd(request.param) + [sys.executable, WORKER, str(out)], env=env,
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = {(rec["case"], rec["stage"]): rec for rec in json.loads(out.read_text())}
+    return request.param, recs
+
+
+@needs_mpi
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("case", CASES)
+def test_distributed_forest_equals_serial_mesh(forest_results, case, stage):
+    """(a)-(d) on every rank count: no mismatch, vertex coordinates identical."""
+    P, recs = forest_results
+    rec = recs[(case, stage)]
+    assert rec["P"] == P
+    assert {k: rec[k] for k in ZERO} == {k: 0 for k in ZERO}, rec
+    assert rec["cell_coords_max_diff"] == 0.0
+    assert sum(rec["owned"]) == rec["serial_cells"]
+    if not case.startswith("uniform") and not stage.startswith("coarsened"):
+        assert rec["serial_hanging"] >= 20         # hanging nodes were compared
+    if P > 1:
+        assert all(loc > own for loc, own in zip(rec["local"], rec["owned"]))   # ghosts exist
+
+
+@needs_mpi
+@pytest.mark.parametrize("case", ["one-rank-2d", "one-rank-3d"])
+def test_closure_refines_cells_of_other_ranks(forest_results, case):
+    """Marked on rank 0 only; the serial closure reaches cells the other ranks own, and the
+    distributed forest still equals the serial mesh (above)."""
+    P, recs = forest_results
+    if P == 1:
+        pytest.skip("one rank")
+    assert recs[(case, "refined")]["closure_on_other_ranks"] >= 1
+
+
+@needs_mpi
+def test_coarsening_met_families_cut_between_ranks(forest_results):
+    """The coarsened levels above were compared after cuts inside families (some family's
+    children on two ranks), so the cross-rank family logic ran."""
+    P, recs = forest_results
+    split = sum(recs[(c, s)]["split_families"] for c in CASES for s in ("coarsened-1", "coarsened-2"))
+    assert (split > 0) == (P > 1)
+
+
+@needs_mpi
+def test_coarsening_blocked_family_cut_between_ranks(forest_results):
+    """A cut (weighted repartition) inside a family the 2:1 rule blocks, the blocking children
+    on one rank only: the coarsened level still equals the serial one."""
+    P, recs = forest_results
+    if P == 1:
+        pytest.skip("one rank")
+    rec = recs[("blocked-cut-3d", "coarsened")]
+    assert rec["split_blocked"] >= 1
+    assert {k: rec[k] for k in ZERO} == {k: 0 for k in ZERO}, rec
+
+
+@needs_mpi
+@pytest.mark.parametrize("case", CASES)
+def test_repartition_balances(forest_results, case):
+    """(f) counts to +-1 after repartition(); with weights, each rank's weight sum within one
+    cell's weight of total / P."""
+    P, recs = forest_results
+    own = recs[(case, "repartitioned")]["owned"]
+    assert max(own) - min(own) <= 1
+    w = recs[(case, "weighted")]
+    assert np.abs(np.array(w["weight_sums"]) - w["weight_total"] / P).max() <= w["max_weight"] * (1 + 1e-12)
+
+
+@needs_mpi
+def test_local_cells_scale_with_the_rank_share(forest_results):
+    """(e) a 16^3 box refined from 2^3 roots: every rank holds its share plus a ghost layer
+    (P = 2: 2304 = 2048 + 256 local leaves of 4096), never the whole mesh; its local forest
+    (leaves, ancestors and their siblings) about 0.64 of the serial forest's cells."""
+    P, recs = forest_results
+    rec = recs[("size-16^3", "uniform")]
+    n = rec["n"]
+    assert n == 4096 and sum(rec["owned"]) == n
+    for own, loc, fc in zip(rec["owned"], rec["local"], rec["forest"]):
+        assert own <= -(-n // P) + 512             # the box's 8 roots: cut at root granularity +-
+        if P > 1:
+            assert loc < (0.6 if P == 2 else 0.5) * n
+            assert fc < 0.7 * 4680                 # the serial forest: 4096 leaves + 584 ancestors
+
+
+# ---------------------------------------------------------------------- in-process, no MPI
+def _adaptive(dim):
+    box = Mesh.box([0] * dim, [1] * dim, [3, 2, 2][:dim])
+    m = box.refine()
+    for r in (0.3, 0.15):
+        c = m.points[m.cells].mean(1)
+        m = m.refine(np.linalg.norm(c - 0.3, axis=1) < r)
+    return box, m
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_keys_sort_along_the_curve_and_rebuild_the_mesh(dim):
+    """Leaf keys sort in partition.curve_order; build_local from the keys alone gives the same
+    leaves with the same vertex coordinates and hanging nodes."""
+    box, m = _adaptive(dim)
+    codec = KeyCodec(dim, box.num_cells)
+    rp = root_positions(box._forest)
+    k = forest_keys(m._forest, codec, rp)[m.cell_ids]
+    assert np.array_equal(np.argsort(k), curve_order(m))
+    lm, fkey = build_local(box._forest, codec, rp, k[::-1])
+    k2 = fkey[lm.cell_ids]
+    o1, o2 = np.argsort(k), np.argsort(k2)
+    assert np.array_equal(k[o1], k2[o2])
+    assert np.array_equal(m.points[m.cells][o1], lm.points[lm.cells][o2])
+    assert lm.num_nodes == m.num_nodes and lm.num_hanging_nodes == m.num_hanging_nodes > 0
+    # codec: parent/child round trip
+    lev = codec.level(k)
+    deep = k[lev == lev.max()]
+    anc = codec.ancestor(deep, int(lev.max()) - 1)
+    assert np.isin(deep, codec.children(np.unique(anc))).all()
+
+
+def test_build_local_rejects_nested_keys():
+    box, m = _adaptive(2)
+    codec = KeyCodec(2, box.num_cells)
+    rp = root_positions(box._forest)
+    k = forest_keys(m._forest, codec, rp)[m.cell_ids]
+    with pytest.raises(ValueError, match="not the leaves"):
+        build_local(box._forest, codec, rp, np.append(k, codec.ancestor(k[-1], 0)))
+
+
+def test_one_rank_forest_and_bad_input():
+    """comm=None: COMM_WORLD of one rank (or the serial stand-in); errors name the problem."""
+    df = DistributedForest.box([0, 0], [1, 1], [2, 2]).refine().refine(lambda x: x[:, 0] < 0.3)
+    serial = Mesh.box([0, 0], [1, 1], [2, 2]).refine()
+    serial = serial.refine(serial.points[serial.cells].mean(1)[:, 0] < 0.3)
+    assert df.num_owned == df.global_num_cells == serial.num_cells and df.num_ghosts == 0
+    assert df.num_global_nodes == serial.num_nodes
+    assert df.hanging[0].size == serial.num_hanging_nodes > 0
+    with pytest.raises(ValueError, match="boolean mask over the 28 owned leaves"):
+        df.refine(np.ones(3, dtype=bool))
+    with pytest.raises(ValueError, match="unrefined mesh"):
+        DistributedForest.from_coarse(serial)
+    with pytest.raises(TypeError, match="adaptmg Mesh"):
+        DistributedForest.from_coarse("mesh")
+    with pytest.raises(ValueError, match="weights must be"):
+        df.repartition(weights=-np.ones(df.num_owned))
+    with pytest.raises(ValueError, match="levels"):
+        KeyCodec(3, 2 ** 58)
+
+
+def test_group_pairs_is_the_cross_product_of_each_group():
+    g = np.array([0, 0, 1, 3, 3, 3])
+    i, j = _group_pairs(g)
+    got = sorted(zip(i.tolist(), j.tolist()))
+    want = sorted((a, b) for a in range(6) for b in range(6) if g[a] == g[b])
+    assert got == want
