@@ -425,7 +425,9 @@ class Mesh:
         ln = pos.take(nodes)
         order = np.argsort(ln, kind="stable")
         lp = np.where(parents >= 0, pos.take(np.maximum(parents, 0)), -1)
-        return ln.take(order), lp.take(order, axis=0), owner.take(order), (pos.take(pn), pc)
+        qn = pos.take(pn)
+        po = np.lexsort((pc, qn))                   # pairs by (node, cell), as numbered meshes had them
+        return ln.take(order), lp.take(order, axis=0), owner.take(order), (qn.take(po), pc.take(po))
 
     @property
     def hanging_nodes(self) -> np.ndarray:
