@@ -315,7 +315,7 @@ class DistCSR:
         if self._gc is not None:
             gptr, gind, gdat, grow = self._gc
             K.csr_rows_add(gptr, gind, gdat, grow, self._gbuf, out, alpha, scale)
-        elif self._pog is not None:
+        elif self._pog is not None and not isinstance(self._pog, _ScalePlan):   # else: no entries
             if scale is not None:
                 raise RuntimeError("DistCSR: a scaled ghost update needs the compressed ghost rows")
             self._pog(self._gbuf, out, alpha, 1.0)
