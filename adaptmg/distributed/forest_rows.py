@@ -22,7 +22,8 @@ leaves around a hanging node whose parent is ``i``; those need not be local to `
 (one ghost layer is not enough).  So each rank forms the congruence of its *owned* leaves
 only, :math:`C_p = E_p^T A_p E_p` with :math:`E_p` the rows of ``H`` of its owned leaves'
 vertices in global columns (a hanging vertex's coarse leaf is a ghost: its parents and
-weights are local), so that :math:`\sum_p C_p = H^T A H`; masks the non-free rows and
+weights are local; the 2:1 rule over shared vertices, which :meth:`~.forest.DistributedForest.refine`
+keeps, leaves no parent hanging), so that :math:`\sum_p C_p = H^T A H`; masks the non-free rows and
 columns (Dirichlet status of the columns pulled from their owners: one request and one
 reply ``Alltoallv``), and sends every entry to the owner of its row (one ``Alltoallv``),
 where duplicates are summed.  ``s``: one ``Allreduce`` of a sum and a count.  Every leaf

@@ -10,46 +10,33 @@ max |A|: the assembly order differs), and the same ``s``.  Two controls show the
 fail: the owned rows without the ghost leaves' contributions, and the constrained rows from
 one ghost layer alone (no entries sent to the rows' owners), are far off.
 """
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from test_mpi import MPIEXEC, ROOT, mpiexec_cmd, needs_mpi
+from test_forest import worker_records
+from test_mpi import needs_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "forest_rows_cases.py")
 CASES = ["uniform-2d", "uniform-3d", "local-2d", "local-3d"]
 STAGES = ["refined", "weighted"]
+CASE_STAGE = [(c, s) for c in CASES for s in STAGES]
 TOL = 16                    # units of eps * max |A|
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3], ids=["np1", "np2", "np3"])
 def rows_results(request, tmp_path_factory):
-    if MPIEXEC is None:
-        pytest.skip("mpi4py or mpiexec not available")
-    out = tmp_path_factory.mktemp("forest_rows") / "out.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", ADAPTMG_THREADS="1",
-               PYTHONPATH=ROOT + os.pathsep + HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run(mpiexec_cmd(request.param) + [sys.executable, WORKER, str(out)], env=env,
-                       capture_output=True, text=True, timeout=120, cwd=HERE)
-    assert r.returncode == 0, r.stdout + r.stderr
-    recs = {(rec["case"], rec["stage"]): rec for rec in json.loads(out.read_text())}
-    return request.param, recs
+    return request.param, worker_records(WORKER, request.param, tmp_path_factory.mktemp("forest_rows"))
 
 
 @needs_mpi
-@pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case, stage", CASE_STAGE)
 def test_owned_rows_equal_serial_matrix(rows_results, case, stage):
     """Unconstrained rows from owned + ghost leaves: every global row once, the serial
     pattern, entries within TOL eps; without the ghosts (P > 1) far off."""
-    P, recs = rows_results
-    rec = recs[(case, stage)]
-    assert rec["P"] == P
-    assert rec["ids_map_bad"] == 0 and rec["gids_sorted"] and rec["shapes_ok"]
+    P, rec = rows_results[0], rows_results[1][(case, stage)]
+    assert rec["P"] == P and rec["ids_map_bad"] == 0 and rec["gids_sorted"] and rec["shapes_ok"]
     assert rec["A_nnz"][0] == rec["A_nnz"][1]
     assert rec["A_err"] <= TOL
     if case.startswith("local"):
@@ -59,12 +46,10 @@ def test_owned_rows_equal_serial_matrix(rows_results, case, stage):
 
 
 @needs_mpi
-@pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case, stage", CASE_STAGE)
 def test_constrained_rows_equal_serial_constrained_matrix(rows_results, case, stage):
     """Z H^T A H Z + s (I - Z): the serial pattern, entries, free count and scale s."""
-    P, recs = rows_results
-    rec = recs[(case, stage)]
+    rec = rows_results[1][(case, stage)]
     assert rec["same_gids"]
     assert rec["K_nnz"][0] == rec["K_nnz"][1]
     assert rec["nfree"][0] == rec["nfree"][1]
