@@ -21,9 +21,16 @@ from adaptmg.fe.constraints import Constraints
 from adaptmg.fe.space import Space
 from adaptmg.mesh import Mesh
 
-from forest_cases import COMM, _index_of, near, steps_local, steps_uniform
+from forest_cases import COMM, _index_of, steps_imported, steps_local, steps_uniform
 
 EPS = np.finfo(float).eps
+
+
+def left_of(coarse):
+    """Dirichlet on part of the boundary: the nodes with x_0 = min over the coarse mesh (a
+    ``where`` predicate of the points; the same on every rank)."""
+    x0 = coarse.points[:, 0].min() + 1e-9 * np.ptp(coarse.points[:, 0])
+    return lambda x: x[:, 0] < x0
 
 
 def ghostless_rows(df):
@@ -74,13 +81,14 @@ def err_eps(rows, serial_matrix, idx, scale, free=None):
     return float(abs(D - S).max() / (EPS * scale))
 
 
-def compare(name, stage, df, serial, records):
+def compare(name, stage, df, serial, records, left):
     A_o, gids = owned_rows(df)
     K_o, gk, free, s = owned_constrained_rows(df)
+    K_w, _, _, s_w = owned_constrained_rows(df, dirichlet=left)     # Dirichlet on part of the boundary
     G = ghostless_rows(df)
     L = one_layer_congruence(df)
     X = df.mesh.points[df.owned_nodes]
-    got = COMM.gather(dict(A=coo_rows(A_o, gids), K=coo_rows(K_o, gk), G=coo_rows(G, gids), L=coo_rows(L, gids), gids=gids, X=X,
+    got = COMM.gather(dict(A=coo_rows(A_o, gids), K=coo_rows(K_o, gk), G=coo_rows(G, gids), L=coo_rows(L, gids), W=coo_rows(K_w, gids), s_w=s_w, gids=gids, X=X,
                            same_gids=bool(np.array_equal(gids, gk)), nnz=(A_o.nnz, K_o.nnz), s=s,
                            shape=A_o.shape, nfree=int(free.sum())), root=0)
     cross = COMM.allreduce(cross_rank_hanging(df))
@@ -90,6 +98,8 @@ def compare(name, stage, df, serial, records):
     As = sp.csr_matrix(stiffness(S))
     cons = Constraints(S, S.boundary_dofs())
     Ks = cons.matrix(As)
+    cons_w = Constraints(S, S.boundary_dofs(where=left))
+    Kw = cons_w.matrix(As)
     gid = np.concatenate([g["gids"] for g in got])
     at = _index_of(serial.points, np.concatenate([g["X"] for g in got]))
     idx = np.full(serial.num_nodes, -1)
@@ -107,6 +117,9 @@ def compare(name, stage, df, serial, records):
         K_nnz=[int(sum(g["nnz"][1] for g in got)), int(Ks.nnz)],
         s_err=float(max(abs(g["s"] - cons.scale) for g in got) / (EPS * cons.scale)),
         nfree=[int(sum(g["nfree"] for g in got)), int(cons.free.sum())],
+        Kw_err=err_eps([g["W"] for g in got], Kw, idx, scale),
+        sw_err=float(max(abs(g["s_w"] - cons_w.scale) for g in got) / (EPS * cons_w.scale)),
+        nfixed_w=int(cons_w.dirichlet.size),
         ghostless_err=err_eps([g["G"] for g in got], As, idx, scale),
         one_layer_K_err=err_eps([g["L"] for g in got], Ks, idx, scale, cons.free)))
 
@@ -116,6 +129,7 @@ CASES = {
     "uniform-3d": (3, steps_uniform),
     "local-2d": (2, steps_local),
     "local-3d": (3, steps_local),
+    "imported-3d": (3, lambda dim: steps_imported("bracket_hex.vtu")),
 }
 
 
@@ -124,16 +138,18 @@ def main():
     records = []
     for name, (dim, steps_of) in CASES.items():
         box, steps = steps_of(dim)
-        df = DistributedForest.box(*box, comm=COMM)
-        serial = Mesh.box(*box) if COMM.rank == 0 else None
+        coarse = Mesh.box(*box) if isinstance(box, tuple) else box
+        df = DistributedForest.from_coarse(coarse, comm=COMM)
+        serial = coarse if COMM.rank == 0 else None
         for step in steps:
             df = df.refine(step)
             if COMM.rank == 0:
                 serial = serial.refine(None if step is None else step(serial.points[serial.cells].mean(1)))
-        compare(name, "refined", df, serial, records)
+        compare(name, "refined", df, serial, records, left_of(coarse))
         # a weighted cut: the ranks' boundaries move through the refined corner
-        w = np.where(np.linalg.norm(df.centres() - 0.3, axis=1) < 0.3, 4.0, 1.0)
-        compare(name, "weighted", df.repartition(weights=w), serial, records)
+        c = df.centres()
+        w = np.where(np.linalg.norm(c - 0.3, axis=1) < 0.3, 4.0, 1.0)
+        compare(name, "weighted", df.repartition(weights=w), serial, records, left_of(coarse))
     if COMM.rank == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(records, f)

@@ -1,11 +1,13 @@
 """Owned matrix rows from the distributed forest (issue 37 item 3): :mod:`adaptmg.distributed.forest_rows`.
 
 ``forest_rows_cases.py`` runs under ``mpiexec -n 1 / 2 / 3`` (one launch each, ~1-2 s): 2-D
-and 3-D boxes refined uniformly and locally (hanging nodes), each after the refinements and
+and 3-D boxes refined uniformly and locally (hanging nodes) and an unstructured hex mesh of
+data/ refined uniformly and locally, each after the refinements and
 after a weighted repartition that moves the cuts through the refined corner (hanging nodes
 whose parents another rank owns).  The gathered owned rows, mapped to the serial mesh's nodes
 through their coordinates, equal the serial ``stiffness(Space(mesh))`` and the serial
-``Constraints(space, boundary_dofs()).matrix(A)`` (same pattern, entries within a few eps of
+``Constraints(space, boundary_dofs()).matrix(A)``, also with Dirichlet on one side only
+(a ``where`` predicate) (same pattern, entries within a few eps of
 max |A|: the assembly order differs), and the same ``s``.  Two controls show the tests can
 fail: the owned rows without the ghost leaves' contributions, and the constrained rows from
 one ghost layer alone (no entries sent to the rows' owners), are far off.
@@ -19,7 +21,7 @@ from test_mpi import needs_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "forest_rows_cases.py")
-CASES = ["uniform-2d", "uniform-3d", "local-2d", "local-3d"]
+CASES = ["uniform-2d", "uniform-3d", "local-2d", "local-3d", "imported-3d"]
 STAGES = ["refined", "weighted"]
 CASE_STAGE = [(c, s) for c in CASES for s in STAGES]
 TOL = 16                    # units of eps * max |A|
@@ -48,16 +50,18 @@ def test_owned_rows_equal_serial_matrix(rows_results, case, stage):
 @needs_mpi
 @pytest.mark.parametrize("case, stage", CASE_STAGE)
 def test_constrained_rows_equal_serial_constrained_matrix(rows_results, case, stage):
-    """Z H^T A H Z + s (I - Z): the serial pattern, entries, free count and scale s."""
+    """Z H^T A H Z + s (I - Z): the serial pattern, entries, free count and scale s, with
+    Dirichlet on the whole boundary and on the face x_0 = min only."""
     rec = rows_results[1][(case, stage)]
     assert rec["same_gids"]
     assert rec["K_nnz"][0] == rec["K_nnz"][1]
     assert rec["nfree"][0] == rec["nfree"][1]
     assert rec["K_err"] <= TOL and rec["s_err"] <= TOL
+    assert rec["nfixed_w"] > 0 and rec["Kw_err"] <= TOL and rec["sw_err"] <= TOL
 
 
 @needs_mpi
-@pytest.mark.parametrize("case", ["local-2d", "local-3d"])
+@pytest.mark.parametrize("case", ["local-2d", "local-3d", "imported-3d"])
 def test_constrained_rows_need_entries_from_other_ranks(rows_results, case):
     """After the weighted cut, hanging nodes have parents on other ranks, and the owned rows of
     H^T A H from the local mesh alone (one ghost layer) are wrong there: the entries sent to
