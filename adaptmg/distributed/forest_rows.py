@@ -25,8 +25,8 @@ vertices in global columns (a hanging vertex's coarse leaf is a ghost: its paren
 weights are local; the 2:1 rule over shared vertices, which :meth:`~.forest.DistributedForest.refine`
 keeps, leaves no parent hanging), so that :math:`\sum_p C_p = H^T A H`; masks the non-free rows and
 columns (Dirichlet status of the columns pulled from their owners: one request and one
-reply ``Alltoallv``), and sends every entry to the owner of its row (one ``Alltoallv``),
-where duplicates are summed.  ``s``: one ``Allreduce`` of a sum and a count.  Every leaf
+reply ``Alltoallv``), keeps its owned rows and sends the entries of the others (the rows of
+nodes on its cut) to their owners (one ``Alltoallv``), where duplicates are summed.  ``s``: one ``Allreduce`` of a sum and a count.  Every leaf
 is assembled once over all ranks.
 
 Host NumPy/SciPy, vectorised; Q1 scalar (``components=1``) only.
@@ -37,6 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..assemble import stiffness
+from ..fe.csr_ops import mask_rows_cols
 from ..fe.space import Space
 from ..multilevel.hierarchy import dirichlet_dofs
 from .forest import DistributedForest, _allsum, alltoallv
@@ -124,16 +125,26 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all"):
     cols = gid[H.indices]
     u, inv = np.unique(cols, return_inverse=True)        # the global nodes C_p touches
     E = sp.csr_matrix((H.data, inv.reshape(-1), H.indptr), shape=(M.num_nodes, u.size))
-    C = (E.T.tocsr() @ A @ E).tocoo()
+    C = (E.T.tocsr() @ A @ E).tocsr()
+    C.sort_indices()
     starts = _owner_ranges(comm, int(gids.size))
     free_u = _pull(comm, starts, u, first, free_o)        # E's columns are never hanging
-    keep = free_u[C.row] & free_u[C.col]
-    r, c, v = u[C.row[keep]], u[C.col[keep]], C.data[keep]
-    r, c, v = alltoallv(comm, np.searchsorted(starts, r, side="right") - 1, r, c, v)
-    B = sp.csr_matrix((v, (r - first, c)), shape=(gids.size, N))
+    C = mask_rows_cols(C, free_u, free_u)                 # Z C_p Z
+    # rows of owned nodes: a contiguous block of the sorted u, kept here (columns renamed by
+    # the increasing u: rows stay sorted); the others' entries go to their owners
+    lo, hi = np.searchsorted(u, [first, first + gids.size])
+    cnt = np.zeros(gids.size, dtype=np.int64)
+    cnt[u[lo:hi] - first] = np.diff(C.indptr[lo:hi + 1])
+    a, b = C.indptr[lo], C.indptr[hi]
+    B = sp.csr_matrix((C.data[a:b], u[C.indices[a:b]], np.concatenate([[0], np.cumsum(cnt)])),
+                      shape=(gids.size, N))
+    R = sp.vstack([C[:lo], C[hi:]]).tocoo()
+    rr = np.concatenate([u[:lo], u[hi:]])[R.row]
+    r, c, v = alltoallv(comm, np.searchsorted(starts, rr, side="right") - 1, rr, u[R.col], R.data)
+    B = (B + sp.csr_matrix((v, (r - first, c)), shape=B.shape)).tocsr()
     B.sum_duplicates()
     B.eliminate_zeros()
-    d = B[np.arange(gids.size), gids].A1 if gids.size else np.zeros(0)
+    d = B.diagonal(k=first)                              # B[i, gids[i]], gids = first + i
     tot = _allsum(comm, np.array([np.abs(d[free_o]).sum(), free_o.sum()], dtype=float))
     s = float(tot[0] / tot[1]) if tot[1] > 0 and tot[0] > 0 else 1.0    # local._row_scale's rule
     fx = np.flatnonzero(~free_o)
