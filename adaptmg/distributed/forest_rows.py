@@ -108,7 +108,7 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all"):
     explicit zeros dropped; ``gids`` the owned global ids (sorted); ``free`` the owned rows'
     free mask; ``s`` the Dirichlet scale (the same on every rank)."""
     _check_forest(forest)
-    comm, rank, M = forest.comm, forest.rank, forest.mesh
+    comm, M = forest.comm, forest.mesh
     N, gid, own = forest.num_global_nodes, forest.node_gid, forest.owned_nodes
     space = Space(M, 1)
     gids = gid[own]
