@@ -10,8 +10,9 @@ The mesh is the box [0, P_x] x [0, 1]^2 with 2 P_x x 2 x 2 root cells (P_x = P f
 scaling: 8 roots per rank, 1 for strong), refined uniformly ``--levels`` times
 (``DistributedForest.refine()``), then the global node numbering, one local refinement (a
 ball at the origin, marked on the owning ranks; its 2:1 closure crosses ranks), a
-repartition, the numbering again and the global-coarsening hierarchy down to the roots
-(``coarsen_once``).  Printed per P: owned leaves, ghosts, the local
+repartition, the numbering again, the owned rows of the Q1 stiffness matrix and of its
+constrained form (:mod:`adaptmg.distributed.forest_rows`) and the global-coarsening
+hierarchy down to the roots (``coarsen_once``).  Printed per P: owned leaves, ghosts, the local
 forest's cells and bytes (``local_nbytes``) and the process's peak resident memory (max over
 ranks), and the seconds of each phase (max over ranks).  ``--serial`` also times the serial
 ``Mesh`` (box, the same refinements, its node numbering) in the P = 1 process.  All of it
@@ -33,6 +34,7 @@ def worker(args):
     from mpi4py import MPI
 
     from adaptmg.distributed.forest import DistributedForest
+    from adaptmg.distributed.forest_rows import owned_constrained_rows, owned_rows
     from adaptmg.mesh import Mesh
     comm = MPI.COMM_WORLD
     P = comm.Get_size()
@@ -63,6 +65,8 @@ def worker(args):
     before = (df.num_owned, df.num_ghosts)
     df = phase("repartition", lambda: df.repartition())
     phase("numbering 2", lambda: df.node_gid)
+    phase("A rows", lambda: owned_rows(df))                   # Q1 stiffness, owned rows
+    phase("K rows", lambda: owned_constrained_rows(df))       # constrained, Dirichlet everywhere
 
     def hierarchy():                              # global coarsening down to the roots
         d, levels = df, [df]
@@ -108,7 +112,8 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", ADAPTMG_THREADS="1",
                PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     print(f"{args.mode} scaling, box of 8 P_x roots refined {args.levels} times (host)")
-    phases = ["box", "refine", "numbering", "local refine", "repartition", "numbering 2", "coarsen"]
+    phases = ["box", "refine", "numbering", "local refine", "repartition", "numbering 2", "A rows", "K rows",
+              "coarsen"]
     print(f"{'P':>3} {'cells':>10} {'owned':>9} {'ghosts':>7} {'forest':>9} {'MB local':>8} {'MB rss':>7}  "
           + " ".join(f"{p:>12}" for p in phases) + "   total s")
     for P in args.ranks:

@@ -19,7 +19,8 @@ agreement, abort guard, the launcher's job size, the allreduce of the hook), :mo
 Morton curve -- and one ghost layer, never the whole mesh; refinement with the 2:1 closure
 across ranks, global node numbering with hanging nodes, repartition migrating cells,
 global coarsening; not yet used by :func:`solve`) on :mod:`.cellkeys` (canonical int64 cell keys, a local
-forest rebuilt from leaf keys).
+forest rebuilt from leaf keys), :mod:`.forest_rows` (owned rows of a Q1 matrix and of its
+constrained form, in global node ids, from the forest's local meshes).
 
 ``mpiexec -n 4 python -m adaptmg run poisson`` runs the Poisson demo distributed (the
 problem asks :func:`launched_size`; rank 0 prints and writes the outputs).  The ``mpiexec``

@@ -59,9 +59,11 @@ numbering with hanging nodes and their parents, repartition with optional weight
 coarsening; all host NumPy, vectorised (no loop over cells, nodes or ranks' items; one
 collective per round), tested against the serial :class:`Mesh` at P = 1, 2, 3.  Not yet:
 wiring into :func:`adaptmg.distributed.solve` / the distributed hierarchy (which still
-replicate the mesh): Spaces, assembly and transfers on the local meshes with these global
-ids; transfers between the levels of a hierarchy (each level is a forest of its own: a fine
-leaf's coarse cell is the one whose key is its ancestor, owned by child 0's owner -- the
+replicate the mesh): the distributed levels' operators from these local meshes -- the owned
+rows of a Q1 scalar matrix and of its constrained form ``Z H^T A H Z + s (I - Z)`` in global
+ids exist (:mod:`.forest_rows`, tested against the serial matrices at P = 1, 2, 3), not yet
+turned into :class:`.csr.DistCSR` levels; transfers between the levels of a hierarchy
+(each level is a forest of its own: a fine leaf's coarse cell is the one whose key is its ancestor, owned by child 0's owner -- the
 fine rank needs it as a ghost of the coarse level when that is another rank); coarse
 levels on fewer ranks (:meth:`coarsen_once` refuses to leave a rank without
 cells: a fold onto fewer ranks, as :func:`.partition.fold_cell_ranks`, is the next step);

@@ -42,18 +42,23 @@ ZERO = ["keys_differ", "not_contiguous", "first_wrong", "nodes_not_in_serial", "
         "ghost_layers_differ", "node_owners_differ", "owner_blocks_not_contiguous"]
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3], ids=["np1", "np2", "np3"])
-def forest_results(request, tmp_path_factory):
+def worker_records(worker, P, tmp_dir):
+    """Run ``worker OUT.json`` under ``mpiexec -n P`` (one thread a rank; this folder on the
+    path, for the workers' shared helpers) and return its JSON records by (case, stage)."""
     if MPIEXEC is None:
         pytest.skip("mpi4py or mpiexec not available")
-    out = tmp_path_factory.mktemp("forest") / "out.json"
+    out = tmp_dir / "out.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", ADAPTMG_THREADS="1",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run(mpiexec_cmd(request.param) + [sys.executable, WORKER, str(out)], env=env,
+               PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run(mpiexec_cmd(P) + [sys.executable, worker, str(out)], env=env,
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
-    recs = {(rec["case"], rec["stage"]): rec for rec in json.loads(out.read_text())}
-    return request.param, recs
+    return {(rec["case"], rec["stage"]): rec for rec in json.loads(out.read_text())}
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=["np1", "np2", "np3"])
+def forest_results(request, tmp_path_factory):
+    return request.param, worker_records(WORKER, request.param, tmp_path_factory.mktemp("forest"))
 
 
 @needs_mpi

@@ -1,0 +1,153 @@
+r"""Owned rows of a Q1 scalar matrix, assembled on the distributed forest's local mesh.
+
+:class:`~.forest.DistributedForest` gives every rank its owned leaves plus one ghost layer
+(:attr:`~.forest.DistributedForest.mesh`) and global node ids.  A node ``i`` is *owned* by
+the lowest rank among the leaves having it as a vertex, so every leaf with vertex ``i`` is
+local to its owner.
+
+Unconstrained rows (:func:`owned_rows`).  Row ``i`` of :math:`A = \sum_K P_K^T A_K P_K`
+(``assemble(Space(mesh))``) sums the element matrices of the leaves with vertex ``i``: all
+local, so the owner assembles its local mesh (owned + ghost leaves) and keeps the rows of
+its owned nodes, columns renamed to global ids.  No communication.
+
+Constrained rows (:func:`owned_constrained_rows`), the conventions of
+:mod:`adaptmg.fe.constraints` and :mod:`.local`:
+
+.. math::  K = Z H^T A H Z + s (I - Z), \qquad
+           H^T A H = \sum_K (P_K H)^T A_K (P_K H),
+
+``Z`` the 0/1 diagonal of the free nodes (neither hanging nor Dirichlet), ``s`` the mean of
+:math:`|(H^T A H)_{ii}|` over the free nodes.  Row ``i`` of :math:`H^T A H` also needs the
+leaves around a hanging node whose parent is ``i``; those need not be local to ``i``'s owner
+(one ghost layer is not enough).  So each rank forms the congruence of its *owned* leaves
+only, :math:`C_p = E_p^T A_p E_p` with :math:`E_p` the rows of ``H`` of its owned leaves'
+vertices in global columns (a hanging vertex's coarse leaf is a ghost: its parents and
+weights are local; the 2:1 rule over shared vertices, which :meth:`~.forest.DistributedForest.refine`
+keeps, leaves no parent hanging), so that :math:`\sum_p C_p = H^T A H`; masks the non-free rows and
+columns (Dirichlet status of the columns pulled from their owners: one request and one
+reply ``Alltoallv``), keeps its owned rows and sends the entries of the others (the rows of
+nodes on its cut) to their owners (one ``Alltoallv``), where duplicates are summed.  ``s``: one ``Allreduce`` of a sum and a count.  Every leaf
+is assembled once over all ranks.
+
+Host NumPy/SciPy, vectorised; Q1 scalar (``components=1``) only.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..assemble import stiffness
+from ..fe.csr_ops import mask_rows_cols
+from ..fe.space import Space
+from ..multilevel.hierarchy import dirichlet_dofs
+from .forest import DistributedForest, _allsum, alltoallv
+from .local import CellSubset
+
+__all__ = ["owned_rows", "owned_constrained_rows"]
+
+
+def _check_forest(forest):
+    if not isinstance(forest, DistributedForest):
+        raise TypeError(f"expected a DistributedForest, got {type(forest).__name__}")
+
+
+def _assembled(assemble, space, n):
+    A = assemble(space)
+    if getattr(A, "shape", None) != (n, n):
+        raise ValueError(f"assemble(space) must return a {n} x {n} matrix (Q1 scalar), got shape "
+                         f"{getattr(A, 'shape', None)}")
+    return sp.csr_matrix(A)
+
+
+def _global_rows(B, gid, N):
+    """CSR (rows of ``B``, N) with the columns of ``B`` renamed by ``gid``, sorted per row."""
+    out = sp.csr_matrix((B.data, gid[B.indices], B.indptr), shape=(B.shape[0], N))
+    out.sort_indices()
+    return out
+
+
+def owned_rows(forest, assemble=stiffness):
+    """The owned rows of the global matrix ``assemble(Space(mesh))`` (Q1 scalar), from the
+    local mesh (owned + ghost leaves) only (module doc).
+
+    Returns ``(A_o, gids)``: ``A_o`` a SciPy CSR of shape (owned nodes, global nodes), global
+    columns sorted per row; ``gids`` the owned global ids (sorted, one contiguous block): row
+    ``r`` of ``A_o`` is global row ``gids[r]``."""
+    _check_forest(forest)
+    M = forest.mesh
+    A = _assembled(assemble, Space(M, 1), M.num_nodes)
+    own, gid = forest.owned_nodes, forest.node_gid
+    return _global_rows(A[own], gid, forest.num_global_nodes), gid[own]
+
+
+def _owner_ranges(comm, n_owned):
+    """Start of every rank's block of global ids (P + 1 entries)."""
+    counts = [n_owned] if comm.Get_size() == 1 else comm.allgather(n_owned)
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+def _pull(comm, starts, want, first, values):
+    """``values`` (indexed by owned gid - ``first``) of the global ids ``want`` (sorted,
+    distinct), from their owners: one request and one reply ``Alltoallv``."""
+    rank = comm.Get_rank()
+    dest = np.searchsorted(starts, want, side="right") - 1
+    asked, src = alltoallv(comm, dest, want, np.full(want.size, rank, dtype=np.int64))
+    got_ids, got = alltoallv(comm, src, asked, values[asked - first])
+    o = np.argsort(got_ids)
+    return got[o][np.searchsorted(got_ids[o], want)]
+
+
+def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all"):
+    r"""The owned rows of ``K = Z H^T A H Z + s (I - Z)`` (module doc), ``A`` =
+    ``assemble(Space(mesh))`` (Q1 scalar), ``dirichlet`` any spec of
+    :func:`adaptmg.multilevel.hierarchy.dirichlet_dofs` made of boundary faces (None, "all",
+    ids/names, ``where``): each owner decides its own nodes from its local mesh, where every
+    face at an owned node is local.
+
+    Returns ``(K_o, gids, free, s)``: ``K_o`` CSR (owned nodes, global nodes), sorted columns,
+    explicit zeros dropped; ``gids`` the owned global ids (sorted); ``free`` the owned rows'
+    free mask; ``s`` the Dirichlet scale (the same on every rank)."""
+    _check_forest(forest)
+    comm, M = forest.comm, forest.mesh
+    N, gid, own = forest.num_global_nodes, forest.node_gid, forest.owned_nodes
+    space = Space(M, 1)
+    gids = gid[own]
+    first = int(gids[0]) if gids.size else 0
+    # free status of the owned nodes: not hanging, not on a Dirichlet face (all faces at an
+    # owned node are local)
+    fixed = np.zeros(M.num_nodes, dtype=bool)
+    fixed[dirichlet_dofs(space, dirichlet)] = True
+    free_o = ~(fixed[own] | M.is_hanging[own])
+    # C_p = E^T A_p E over the owned leaves; E = rows of the local H, global columns
+    # (the rows of non-owned leaves' vertices are never reached: A_p is zero there)
+    A = _assembled(assemble, CellSubset(space, forest.owned_cells), M.num_nodes)
+    H = space.H_nodes
+    cols = gid[H.indices]
+    u, inv = np.unique(cols, return_inverse=True)        # the global nodes C_p touches
+    E = sp.csr_matrix((H.data, inv.reshape(-1), H.indptr), shape=(M.num_nodes, u.size))
+    C = (E.T.tocsr() @ A @ E).tocsr()
+    C.sort_indices()
+    starts = _owner_ranges(comm, int(gids.size))
+    free_u = _pull(comm, starts, u, first, free_o)        # E's columns are never hanging
+    C = mask_rows_cols(C, free_u, free_u)                 # Z C_p Z
+    # rows of owned nodes: a contiguous block of the sorted u, kept here (columns renamed by
+    # the increasing u: rows stay sorted); the others' entries go to their owners
+    lo, hi = np.searchsorted(u, [first, first + gids.size])
+    cnt = np.zeros(gids.size, dtype=np.int64)
+    cnt[u[lo:hi] - first] = np.diff(C.indptr[lo:hi + 1])
+    a, b = C.indptr[lo], C.indptr[hi]
+    B = sp.csr_matrix((C.data[a:b], u[C.indices[a:b]], np.concatenate([[0], np.cumsum(cnt)])),
+                      shape=(gids.size, N))
+    R = sp.vstack([C[:lo], C[hi:]]).tocoo()
+    rr = np.concatenate([u[:lo], u[hi:]])[R.row]
+    r, c, v = alltoallv(comm, np.searchsorted(starts, rr, side="right") - 1, rr, u[R.col], R.data)
+    B = (B + sp.csr_matrix((v, (r - first, c)), shape=B.shape)).tocsr()
+    B.sum_duplicates()
+    B.eliminate_zeros()
+    d = B.diagonal(k=first)                              # B[i, gids[i]], gids = first + i
+    tot = _allsum(comm, np.array([np.abs(d[free_o]).sum(), free_o.sum()], dtype=float))
+    s = float(tot[0] / tot[1]) if tot[1] > 0 and tot[0] > 0 else 1.0    # local._row_scale's rule
+    fx = np.flatnonzero(~free_o)
+    K = (B + sp.csr_matrix((np.full(fx.size, s), (fx, gids[fx])), shape=B.shape)).tocsr()
+    K.sort_indices()
+    return K, gids, free_o, s
