@@ -26,9 +26,10 @@ free x free entries; ``s`` = mean of ``|B_ii|`` over the free DoFs (one ``Allred
 sum and a count), and the owned rows of ``K`` are ``B_o`` (zeros dropped) plus ``s`` on
 the diagonal of the non-free rows.  All of it through the backend's ``xp`` and sparse
 module: on the GPU the view is assembled on the device (``device=, keep_on_device=True``)
-and constrained there by the congruence of its hanging entries
-(:func:`adaptmg.fe.congruence.congruence_by_expansion`: no SpGEMM, which cuSPARSE refuses
-for lack of resources at millions of rows), owned rows and free columns selected after it.
+and constrained there by the one device congruence of :mod:`adaptmg.fe.congruence`
+(:func:`~adaptmg.fe.congruence.congruence_on_device`: cuSPARSE's products where they fit,
+else the expansion of the hanging entries, which needs no SpGEMM), owned rows and free
+columns selected after it.
 
 Transfer.  ``P = Z_f (\chi \otimes I_c) H_c Z_c`` (:mod:`adaptmg.multilevel.transfer`):
 a row of ``\chi`` (fine node ``f``) is the coarse cell polynomial of any fine cell
@@ -62,8 +63,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import CPU, get_backend
-from ..fe.congruence import congruence_by_expansion
-from ..fe.csr_ops import mask_rows_cols
+from ..fe.csr_ops import congruence_with_constraints, mask_rows_cols
 from ..mesh._touch import cells_with_vertex_in
 from ..multilevel.hierarchy import _on_backend
 from ..multilevel.transfer import prolongation
@@ -224,12 +224,13 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
 
 
 def _device_owned_rows(space, A, rows, free, be):
-    r"""The owned rows ``rows`` of :math:`Z H^T A H Z` for a device ``A``: the congruence by
-    expansion of the hanging entries (:func:`adaptmg.fe.congruence.congruence_by_expansion`;
-    cuSPARSE refuses the SpGEMMs of :func:`constraint_blocks`' factors for lack of resources
-    at millions of rows), its owned rows, then the free rows and columns (zeros dropped)."""
+    r"""The owned rows ``rows`` of :math:`Z H^T A H Z` for a device ``A``: the congruence of
+    the whole local matrix on the device (:func:`adaptmg.fe.csr_ops.congruence_with_constraints`,
+    which falls back from cuSPARSE's products to the expansion of the hanging entries where
+    cuSPARSE refuses them -- it does for :func:`constraint_blocks`' factors at millions of
+    rows), its owned rows, then the free rows and columns (zeros dropped)."""
     hanging = np.flatnonzero(space.is_hanging)
-    B = congruence_by_expansion(A, space.H, hanging) if hanging.size else A.tocsr()
+    B = congruence_with_constraints(A, space.H, hanging) if hanging.size else A.tocsr()
     B = B[be.asarray(rows)].tocsr()
     return mask_rows_cols(B, free[rows], free, drop_zeros=True)
 

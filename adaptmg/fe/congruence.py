@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, stable_argsort
+from ..backend import backend_of, is_device_error, stable_argsort
 
 __all__ = ["congruence_by_expansion", "congruence_by_products", "congruence_on_device",
            "congruence_map_on", "SPGEMM_MAX_NNZ"]
@@ -132,7 +132,6 @@ def congruence_on_device(A, H, hanging):
     of resources or memory, as at 2.7M rows in 3-D -- :func:`congruence_by_expansion` (no
     SpGEMM; ~8-15 ms at any size, bound by its launches and host syncs).  Either gives the
     same matrix up to rounding."""
-    from ..backend import is_device_error
     if A.nnz <= SPGEMM_MAX_NNZ:
         try:
             return congruence_by_products(A, H, hanging)
