@@ -547,10 +547,11 @@ class NodeBlockMatrix:
 def diagonal_positions(indptr, indices, num_nodes):
     """Position of the entry (n, n) of a scalar CSR pattern for every row n, -1 where missing;
     on the arrays' backend (NumPy or CuPy)."""
-    xp = backend_of(indices).xp
+    from ..multilevel.coloring import _expand          # the project's backend repeat
+    be = backend_of(indices)
+    xp = be.xp
     n = int(num_nodes)
-    row = xp.repeat(xp.arange(n), (indptr[1:] - indptr[:-1]).astype(xp.int64)) if xp is np else \
-        xp.searchsorted(indptr, xp.arange(indices.shape[0], dtype=indptr.dtype), side="right") - 1
+    row = _expand(be, (indptr[1:] - indptr[:-1]).astype(xp.int64), int(indices.shape[0]))
     at = xp.flatnonzero(indices == row)
     out = xp.full(n, -1, dtype=xp.int64)
     out[row[at]] = at
