@@ -74,7 +74,7 @@ from ..backend import CPU, get_backend, is_device_array, is_device_sparse, nccl_
 from ..device import kernels as K
 from .comm import HaloTimer, nccl_communicator, nccl_stream, nccl_type, resolve_transport
 
-__all__ = ["Layout", "DistCSR", "dot", "dots", "norm"]
+__all__ = ["Layout", "RangeLayout", "DistCSR", "dot", "dots", "norm"]
 
 _TAG = 7301
 
@@ -113,6 +113,15 @@ class Layout:
             setattr(self, key, dev)
         return dev[1]
 
+    def owner_of(self, g: np.ndarray) -> np.ndarray:
+        """Owner rank of the global indices ``g`` (host array)."""
+        return self.owner[g]
+
+    def local_index(self, xp, g):
+        """Position of each global index ``g`` (an ``xp`` array) among this rank's entries, -1
+        where another rank owns it (one gather of the compact ``local``)."""
+        return self.local_on(xp)[g]
+
     def scatter(self, x_global: np.ndarray) -> np.ndarray:
         """This rank's part of a replicated global vector (a copy)."""
         x_global = np.asarray(x_global)
@@ -130,6 +139,63 @@ class Layout:
         out = np.empty_like(buf)
         out[np.argsort(self.owner, kind="stable")] = buf     # rank-major -> global order
         return out
+
+
+class RangeLayout:
+    """:class:`Layout` for ownership by contiguous ranges -- rank ``p`` owns the global indices
+    ``starts[p] .. starts[p + 1] - 1`` (a :class:`~.forest.DistributedForest` numbers its
+    owned nodes so; a level gathered on rank 0 is ``[0, N, ..., N]``) -- in O(P) memory: the
+    owner of ``g`` is a binary search in ``starts``, its local position ``g - starts[rank]``.
+    The interface of :class:`Layout` that :class:`DistCSR` and the hierarchies use (no
+    replicated ``owner`` / ``local`` arrays)."""
+
+    def __init__(self, starts, comm):
+        starts = np.asarray(starts, dtype=np.int64)
+        size = comm.Get_size()
+        if starts.shape != (size + 1,) or starts[0] != 0 or (np.diff(starts) < 0).any():
+            raise ValueError(f"RangeLayout: starts must be {size + 1} non-decreasing integers from 0, "
+                             f"got {starts.tolist() if starts.size <= 16 else starts.shape}")
+        self.comm, self.starts = comm, starts
+        self.N = int(starts[-1])
+        self.rank = comm.Get_rank()
+        self.lo, self.hi = int(starts[self.rank]), int(starts[self.rank + 1])
+        self.n = self.hi - self.lo
+        self.counts = np.diff(starts)
+
+    @classmethod
+    def from_counts(cls, n_owned: int, comm) -> "RangeLayout":
+        """The layout of ranges of ``n_owned`` entries per rank, in rank order (collective)."""
+        counts = comm.allgather(int(n_owned))
+        return cls(np.concatenate([[0], np.cumsum(counts)]), comm)
+
+    @property
+    def rows(self) -> np.ndarray:
+        """This rank's entries (sorted global indices)."""
+        return np.arange(self.lo, self.hi, dtype=np.int64)
+
+    def owner_of(self, g: np.ndarray) -> np.ndarray:
+        """Owner rank of the global indices ``g`` (host array)."""
+        return np.searchsorted(self.starts, np.asarray(g, dtype=np.int64), side="right") - 1
+
+    def local_index(self, xp, g):
+        """``g - starts[rank]`` where this rank owns ``g``, else -1 (``xp`` arrays)."""
+        g = g.astype(xp.int64)
+        return xp.where((g >= self.lo) & (g < self.hi), g - self.lo, -1)
+
+    def scatter(self, x_global: np.ndarray) -> np.ndarray:
+        """This rank's part of a replicated global vector (a copy)."""
+        x_global = np.asarray(x_global)
+        if x_global.shape != (self.N,):
+            raise ValueError(f"global vector must have shape ({self.N},), got {x_global.shape}")
+        return x_global[self.lo:self.hi].copy()
+
+    def allgather(self, x_local: np.ndarray) -> np.ndarray:
+        """The global vector on every rank (one ``Allgatherv``: rank order is global order)."""
+        if x_local.shape != (self.n,):
+            raise ValueError(f"local vector must have shape ({self.n},), got {x_local.shape}")
+        buf = np.empty(self.N, dtype=x_local.dtype)
+        self.comm.Allgatherv(np.ascontiguousarray(x_local), [buf, (self.counts, self.starts[:-1])])
+        return buf
 
 
 class DistCSR:
@@ -186,13 +252,13 @@ class DistCSR:
         self._Aoo = self._Aog = None                    # host blocks (made on first use on the GPU)
         # communication pattern: ghosts by owner; owners learn what to send (one alltoall)
         g = self.ghosts
-        gown = cols.owner[g]
+        gown = cols.owner_of(g)
         rcounts = np.bincount(gown, minlength=size)
         rstart = np.concatenate([[0], np.cumsum(rcounts)])
         need = [g[rstart[q]:rstart[q + 1]] for q in range(size)]
         asked = comm.alltoall(need)
         self._recv = [(q, slice(rstart[q], rstart[q + 1])) for q in range(size) if rcounts[q]]
-        self._send = [(q, cols.local[np.asarray(a, dtype=np.int64)]) for q, a in enumerate(asked)
+        self._send = [(q, cols.local_index(np, np.asarray(a, dtype=np.int64))) for q, a in enumerate(asked)
                       if len(a)]
         if any((idx < 0).any() for _, idx in self._send):
             raise RuntimeError("DistCSR: a rank asked for entries this rank does not own")
@@ -525,7 +591,8 @@ def _pinned(xp, n, dtype):
 def _split(be, Ml, cols, rank):
     r"""``(M_oo, M_og, ghosts)`` of the canonical CSR rows ``Ml`` (global columns) on ``be``
     (module doc): an entry is owned when ``cols.owner`` of its column is ``rank``, i.e. its
-    local column ``cols.local`` is not -1 (one gather of the compact ``local``), else a ghost; ``ghosts`` (host) are the distinct ghost columns
+    local column ``cols.local_index`` is not -1 (one gather of the compact ``local``, or a
+    range test of a :class:`RangeLayout`), else a ghost; ``ghosts`` (host) are the distinct ghost columns
     ordered by (owner, global index), found by one ``unique`` over the ghost entries -- only
     they cross to the host on the GPU, O(halo) -- and each ghost entry's column is its
     position among them (a search in the sorted distinct columns).
@@ -535,13 +602,13 @@ def _split(be, Ml, cols, rank):
     from a running count over all entries."""
     xp = be.xp
     ind, indptr = Ml.indices, Ml.indptr
-    lc = cols.local_on(xp)[ind]                          # local column; -1: owned elsewhere
+    lc = cols.local_index(xp, ind)                       # local column; -1: owned elsewhere
     own = lc >= 0                                        # (one gather gives both)
     gp = xp.flatnonzero(~own)                            # ghost entries, sorted
     gi = ind[gp].astype(xp.int64)
     gu = xp.unique(gi)                                   # sorted by global index
     gu_h = np.asarray(to_host(gu), dtype=np.int64)
-    order = np.lexsort((gu_h, cols.owner[gu_h]))         # by owner, then global index
+    order = np.lexsort((gu_h, cols.owner_of(gu_h)))      # by owner, then global index
     ghosts = gu_h[order]
     pos = np.empty(order.size, dtype=np.int64)
     pos[order] = np.arange(order.size)

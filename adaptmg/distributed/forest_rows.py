@@ -43,7 +43,7 @@ from ..multilevel.hierarchy import dirichlet_dofs
 from .forest import DistributedForest, _allsum, alltoallv
 from .local import CellSubset
 
-__all__ = ["owned_rows", "owned_constrained_rows"]
+__all__ = ["owned_rows", "owned_constrained_rows", "owned_constrained_load", "Expansion", "prepare"]
 
 
 def _check_forest(forest):
@@ -97,7 +97,74 @@ def _pull(comm, starts, want, first, values):
     return got[o][np.searchsorted(got_ids[o], want)]
 
 
-def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all"):
+class Expansion:
+    """The rows of the local mesh's node-level ``H`` in global columns: ``E`` (local nodes x
+    ``u.size``) with column ``k`` the global node ``u[k]`` (``u`` sorted: the global nodes
+    the rows reach), ``free_u`` the free status of those columns (from their owners),
+    ``starts`` the ranks' blocks of global ids.  Exact for the vertices of owned leaves (a
+    hanging vertex's coarse leaf is a ghost: its parents and weights are local)."""
+
+    def __init__(self, u, E, free_u, starts):
+        self.u, self.E, self.free_u, self.starts = u, E, free_u, starts
+
+    def masked(self):
+        """``E Z``: the columns of non-free nodes dropped (zeros removed)."""
+        return mask_rows_cols(self.E, np.ones(self.E.shape[0], dtype=bool), self.free_u, drop_zeros=True)
+
+
+def prepare(forest, dirichlet):
+    """``(space, gids, first, free_o, Expansion)`` of the forest's local mesh: the owned global
+    ids, the first of them, the owned nodes' free mask (not hanging, not on a Dirichlet face:
+    all faces at an owned node are local) and the expansion (collective: one request and
+    one reply for the columns' free status)."""
+    comm, M = forest.comm, forest.mesh
+    gid, own = forest.node_gid, forest.owned_nodes
+    space = Space(M, 1)
+    gids = gid[own]
+    first = int(gids[0]) if gids.size else 0
+    fixed = np.zeros(M.num_nodes, dtype=bool)
+    fixed[dirichlet_dofs(space, dirichlet)] = True
+    free_o = ~(fixed[own] | M.is_hanging[own])
+    H = space.H_nodes
+    u, inv = np.unique(gid[H.indices], return_inverse=True)    # the global nodes H reaches
+    E = sp.csr_matrix((H.data, inv.reshape(-1), H.indptr), shape=(M.num_nodes, u.size))
+    starts = _owner_ranges(comm, int(gids.size))
+    free_u = _pull(comm, starts, u, first, free_o)        # E's columns are never hanging
+    return space, gids, first, free_o, Expansion(u, E, free_u, starts)
+
+
+def owned_constrained_load(forest, f, dirichlet="all", prep=None):
+    r"""The owned entries of the constrained load vector ``Z H^T b`` (``b`` =
+    :func:`adaptmg.assemble.load` of ``f`` on the global mesh, homogeneous Dirichlet values),
+    as :func:`owned_constrained_rows` builds the matrix: each rank loads its owned leaves only
+    (``b_p``), forms :math:`E_p^T b_p` in global ids, keeps its owned entries and sends the
+    others to their owners (one ``Alltoallv``), where they are summed; non-free entries zero.
+
+    ``f``: a constant, a callable ``f(x)`` of the points (n, ..., d), or an array with one
+    value per owned leaf (curve order); ``prep`` as for :func:`owned_constrained_rows`.
+    Returns ``(b_o, gids)``."""
+    from ..assemble import load
+    _check_forest(forest)
+    comm = forest.comm
+    space, gids, first, free_o, ex = prepare(forest, dirichlet) if prep is None else prep
+    view = CellSubset(space, forest.owned_cells)
+    if isinstance(f, np.ndarray) and f.ndim >= 1:
+        if f.shape[0] != forest.num_owned:
+            raise ValueError(f"f: one value per owned leaf ({forest.num_owned}) expected, got shape {f.shape}")
+    b = np.asarray(load(view, f), dtype=float)
+    e = ex.E.T @ b                                        # E_p^T b_p over u
+    u = ex.u
+    lo, hi = np.searchsorted(u, [first, first + gids.size])
+    out = np.zeros(gids.size)
+    out[u[lo:hi] - first] = e[lo:hi]
+    rest = np.concatenate([np.arange(lo), np.arange(hi, u.size)])
+    r, v = alltoallv(comm, np.searchsorted(ex.starts, u[rest], side="right") - 1, u[rest], e[rest])
+    np.add.at(out, r - first, v)
+    out[~free_o] = 0.0
+    return out, gids
+
+
+def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=None):
     r"""The owned rows of ``K = Z H^T A H Z + s (I - Z)`` (module doc), ``A`` =
     ``assemble(Space(mesh))`` (Q1 scalar), ``dirichlet`` any spec of
     :func:`adaptmg.multilevel.hierarchy.dirichlet_dofs` made of boundary faces (None, "all",
@@ -106,30 +173,19 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all"):
 
     Returns ``(K_o, gids, free, s)``: ``K_o`` CSR (owned nodes, global nodes), sorted columns,
     explicit zeros dropped; ``gids`` the owned global ids (sorted); ``free`` the owned rows'
-    free mask; ``s`` the Dirichlet scale (the same on every rank)."""
+    free mask; ``s`` the Dirichlet scale (the same on every rank).  ``prep``: what
+    :func:`prepare` returned for this forest and ``dirichlet`` (made here if None)."""
     _check_forest(forest)
     comm, M = forest.comm, forest.mesh
-    N, gid, own = forest.num_global_nodes, forest.node_gid, forest.owned_nodes
-    space = Space(M, 1)
-    gids = gid[own]
-    first = int(gids[0]) if gids.size else 0
-    # free status of the owned nodes: not hanging, not on a Dirichlet face (all faces at an
-    # owned node are local)
-    fixed = np.zeros(M.num_nodes, dtype=bool)
-    fixed[dirichlet_dofs(space, dirichlet)] = True
-    free_o = ~(fixed[own] | M.is_hanging[own])
-    # C_p = E^T A_p E over the owned leaves; E = rows of the local H, global columns
-    # (the rows of non-owned leaves' vertices are never reached: A_p is zero there)
+    N = forest.num_global_nodes
+    space, gids, first, free_o, ex = prepare(forest, dirichlet) if prep is None else prep
+    u, E, starts = ex.u, ex.E, ex.starts
+    # C_p = E^T A_p E over the owned leaves (the rows of non-owned leaves' vertices are never
+    # reached: A_p is zero there)
     A = _assembled(assemble, CellSubset(space, forest.owned_cells), M.num_nodes)
-    H = space.H_nodes
-    cols = gid[H.indices]
-    u, inv = np.unique(cols, return_inverse=True)        # the global nodes C_p touches
-    E = sp.csr_matrix((H.data, inv.reshape(-1), H.indptr), shape=(M.num_nodes, u.size))
     C = (E.T.tocsr() @ A @ E).tocsr()
     C.sort_indices()
-    starts = _owner_ranges(comm, int(gids.size))
-    free_u = _pull(comm, starts, u, first, free_o)        # E's columns are never hanging
-    C = mask_rows_cols(C, free_u, free_u)                 # Z C_p Z
+    C = mask_rows_cols(C, ex.free_u, ex.free_u)           # Z C_p Z
     # rows of owned nodes: a contiguous block of the sorted u, kept here (columns renamed by
     # the increasing u: rows stay sorted); the others' entries go to their owners
     lo, hi = np.searchsorted(u, [first, first + gids.size])

@@ -331,6 +331,8 @@ class RankZeroCycle:
         return x
 
     def __repr__(self):
+        if self.ml is None:                     # a rank other than 0 (forest set-up): no serial hierarchy
+            return f"RankZeroCycle(serial levels 0..{self.level} on rank 0)"
         return (f"RankZeroCycle(serial levels 0..{self.level} on rank 0, "
                 f"{self.ml.levels[self.level].n} DoFs at the top)")
 
