@@ -77,10 +77,10 @@ from .forest import DistributedForest
 from .hierarchy import DistributedHierarchy, RankZeroCycle
 from .partition import (coarse_cell_ranks, curve_order, dof_owners, fold_cell_ranks, imbalance,
                         level_ranks, partition_cells)
-from .solve import DistributedResult, resolve, solve, solve_poisson
+from .solve import DistributedResult, resolve, solve, solve_forest, solve_poisson
 
 __all__ = ["agree", "allreduce_sum", "get_comm", "guard", "have_mpi", "install_excepthook", "launched_rank",
            "launched_size", "local_rank", "resolve_transport", "select_device", "DistCSR", "Layout",
            "dot", "dots", "norm", "DistributedForest", "DistributedHierarchy", "RankZeroCycle", "coarse_cell_ranks", "curve_order",
            "dof_owners", "fold_cell_ranks", "imbalance", "level_ranks", "partition_cells", "DistributedResult", "resolve", "solve",
-           "solve_poisson"]
+           "solve_forest", "solve_poisson"]

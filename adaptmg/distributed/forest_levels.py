@@ -144,6 +144,7 @@ class ForestHierarchy:
         phase("prepare_s", t)
         t = now()
         mesh0, g2s = gather_level(seq[0])
+        self._g2s = g2s
         phase("gather_s", t)
         t = now()
         ml = None

@@ -57,7 +57,7 @@ from .comm import agree, allreduce_sum, get_comm, guard, select_device
 from .hierarchy import DistributedHierarchy
 from .partition import imbalance, partition_cells
 
-__all__ = ["solve", "solve_poisson", "resolve", "DistributedResult"]
+__all__ = ["solve", "solve_forest", "solve_poisson", "resolve", "DistributedResult"]
 
 
 @dataclass
@@ -78,6 +78,7 @@ class DistributedResult:
     #                                the levels below the locally built ones)
     mg: Any = None                 # DistributedHierarchy (None on one rank); mg.solver the cycle
     active_ranks: list = field(default_factory=list)   # ranks per level (coarse -> fine): P_l
+    u_local: Any = None            # solve_forest: nodal values H x of the owned nodes (host)
     #                                (partition.level_ranks), 1 on the levels agglomerated on rank 0
 
 
@@ -97,15 +98,26 @@ def level_sizes(agglomerate_below, min_dofs_per_rank, gpu):
             dflt[1] if min_dofs_per_rank == "auto" else min_dofs_per_rank)
 
 
-def _check(space, b, rtol, maxiter, accel, min_dofs_per_rank=None, agglomerate_below=1000):
-    m = min_dofs_per_rank
-    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0):
-        return f"min_dofs_per_rank must be None, 'auto' or a non-negative integer, got {m!r}"
+def _check_numbers(rtol, maxiter, accel, agglomerate_below):
     a = agglomerate_below
     if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or a < 0:
         return f"agglomerate_below must be 'auto' or a non-negative integer, got {a!r}"
     if accel not in ("cg", "gmres", "fgmres"):
         return f"accel must be 'cg', 'gmres' or 'fgmres', got {accel!r}"
+    if not (np.isscalar(rtol) and np.isfinite(rtol) and rtol > 0):
+        return f"rtol must be a positive number, got {rtol!r}"
+    if isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer)) or maxiter < 1:
+        return f"maxiter must be a positive integer, got {maxiter!r}"
+    return ""
+
+
+def _check(space, b, rtol, maxiter, accel, min_dofs_per_rank=None, agglomerate_below=1000):
+    m = min_dofs_per_rank
+    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0):
+        return f"min_dofs_per_rank must be None, 'auto' or a non-negative integer, got {m!r}"
+    msg = _check_numbers(rtol, maxiter, accel, agglomerate_below)
+    if msg:
+        return msg
     if not isinstance(space, Space):
         return f"space must be an adaptmg Space, got {type(space).__name__}"
     b = np.asarray(b)
@@ -113,10 +125,6 @@ def _check(space, b, rtol, maxiter, accel, min_dofs_per_rank=None, agglomerate_b
         return f"right-hand side must have shape ({space.num_dofs},), got {b.shape}"
     if not np.isfinite(b).all():
         return "right-hand side contains NaN or Inf"
-    if not (np.isscalar(rtol) and np.isfinite(rtol) and rtol > 0):
-        return f"rtol must be a positive number, got {rtol!r}"
-    if isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer)) or maxiter < 1:
-        return f"maxiter must be a positive integer, got {maxiter!r}"
     return ""
 
 
@@ -243,12 +251,10 @@ def resolve(mg, f_loc, *, accel="cg", cycle="V", rtol=1e-8, maxiter=200, callbac
     return x, info, its[0], res
 
 
-def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, callback, expand, ml,
-                  extra_timings=None, stacklevel=3):
-    """The distributed multigrid-Krylov solve once ``mg`` is set up (both set-up paths of
-    :func:`solve`): set-up and solve timings, one agreed warning when it does not converge,
-    the solution gathered on every rank (``expand``: nodal values of the constrained ``x``);
-    ``f_loc`` (host) is moved to the hierarchy's backend, the gathered ``x`` is on the host."""
+def _timed_resolve(comm, mg, f_loc, start, accel, cycle, rtol, maxiter, callback, stacklevel):
+    """:func:`resolve` once ``mg`` is set up (``start``: the set-up's wall and CPU clocks):
+    ``(x_loc, info, iterations, residuals, timings)``, one agreed warning when it does not
+    converge; ``f_loc`` (host) is moved to the hierarchy's backend."""
     t0, c0 = start
     f_loc = mg.backend.asarray(f_loc)
     t_setup, c_setup = time.perf_counter() - t0, time.process_time() - c0
@@ -261,14 +267,89 @@ def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, ca
     if info != 0:                      # the same reduced numbers on every rank: all warn
         warnings.warn(ConvergenceWarning(
             f"distributed multigrid-{accel} did not reach rtol={rtol:g} in {its} iterations "
-            f"(info={info})"), stacklevel=stacklevel)
+            f"(info={info})"), stacklevel=stacklevel + 1)
+    return x_loc, info, its, res, {"setup": t_setup, "setup_cpu": c_setup, "solve": t2 - t1,
+                                   "halo": mg.timer.seconds}
+
+
+def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, callback, expand, ml,
+                  extra_timings=None, stacklevel=3):
+    """The distributed multigrid-Krylov solve once ``mg`` is set up (both set-up paths of
+    :func:`solve`): set-up and solve timings, one agreed warning when it does not converge,
+    the solution gathered on every rank (``expand``: nodal values of the constrained ``x``);
+    ``f_loc`` (host) is moved to the hierarchy's backend, the gathered ``x`` is on the host."""
+    x_loc, info, its, res, timings = _timed_resolve(comm, mg, f_loc, start, accel, cycle, rtol, maxiter,
+                                                    callback, stacklevel)
     x = mg.layout.allgather(to_host(x_loc))
     size = comm.Get_size()
     return DistributedResult(u=expand(x), x=x, x_local=x_loc, iterations=its, info=info,
                              residuals=res, size=size, cell_ranks=ranks, imbalance=imbalance(ranks, size),
-                             timings={"setup": t_setup, "setup_cpu": c_setup, "solve": t2 - t1,
-                                      "halo": mg.timer.seconds, **(extra_timings or {})},
+                             timings={**timings, **(extra_timings or {})},
                              ml=ml, mg=mg, active_ranks=list(mg.active_ranks))
+
+
+def solve_forest(forest, assemble=_assemble.stiffness, f=1.0, *, comm=None, dirichlet="all", rtol=1e-10,
+                 maxiter=200, accel="cg", cycle="V", agglomerate_below="auto", callback=None, transport=None,
+                 gather=False, **multigrid_kwargs) -> DistributedResult:
+    """Solve the constrained Q1 system of ``assemble`` on a distributed forest, load of the
+    source ``f``, by ``accel`` preconditioned with the multigrid set up from the forest
+    (:class:`.forest_levels.ForestHierarchy`: no rank holds the whole fine mesh).
+
+    Parameters
+    ----------
+    forest : :class:`~.forest.DistributedForest` (collective: every rank of its communicator).
+    assemble : ``assemble(space)`` -> Q1 scalar matrix (default the stiffness matrix).
+    f : source of the load vector (constant, callable ``f(x)`` of the points, or one value
+        per owned leaf in curve order); homogeneous Dirichlet values on ``dirichlet``.
+    comm : None or the forest's communicator.
+    rtol, maxiter, accel, cycle, callback, transport : as for :func:`solve`.
+    agglomerate_below : levels with fewer global nodes go to rank 0 ("auto": 1000 on the CPU,
+        2^19 on GPUs).
+    gather : also gather ``x`` and ``u`` (global, O(N) on every rank); default only the owned
+        parts ``x_local`` / ``u_local`` (global ids ``result.mg.layout.rows``).
+    multigrid_kwargs : for :func:`adaptmg.multigrid` (``backend`` "cpu" (default) or "gpu",
+        ``smoother`` jacobi / chebyshev, ``presmooth``, ...; rank 0's serial hierarchy).
+
+    ``result.timings``: set-up (wall, CPU), solve, halo seconds and the set-up phases
+    (``ForestHierarchy.setup_stats``, ``rhs_s``) of this rank."""
+    from .forest import DistributedForest
+    from .forest_levels import ForestHierarchy
+    if not isinstance(forest, DistributedForest):
+        raise TypeError(f"solve_forest expects a DistributedForest, got {type(forest).__name__}")
+    fcomm = forest.comm
+    if comm is not None and comm is not fcomm:
+        raise ValueError("solve_forest: comm must be the forest's communicator (or None)")
+    comm = fcomm
+    with guard(comm):
+        gpu = get_backend(multigrid_kwargs.get("backend", "cpu")).is_gpu
+        agglomerate_below, _ = level_sizes(agglomerate_below, None, gpu)
+        msg = _check_numbers(rtol, maxiter, accel, agglomerate_below)
+        if not msg and transport not in (None, "auto", "host", "nccl"):
+            msg = f"transport must be None, 'auto', 'host' or 'nccl', got {transport!r}"
+        agree(comm, not msg, msg)
+        t0, c0 = time.perf_counter(), time.process_time()
+        multigrid_kwargs.setdefault("backend", "cpu")
+        if gpu:
+            select_device(comm)
+        if comm.Get_size() > 1:
+            multigrid_kwargs.setdefault("threads", 1)
+        mg = ForestHierarchy(forest, assemble, dirichlet=dirichlet, agglomerate_below=agglomerate_below,
+                             transport=transport, **multigrid_kwargs)
+        t1 = time.perf_counter()
+        f_loc = mg.load_local(f)
+        rhs = time.perf_counter() - t1
+        x_loc, info, its, res, timings = _timed_resolve(comm, mg, f_loc, (t0, c0), accel, cycle, rtol,
+                                                        maxiter, callback, stacklevel=2)
+        u_loc = mg.expand_local(x_loc)
+        x = u = None
+        if gather:
+            x, u = mg.layout.allgather(to_host(x_loc)), mg.layout.allgather(u_loc)
+        counts = np.asarray(comm.allgather(forest.num_owned), dtype=float)
+        return DistributedResult(u=u, x=x, x_local=x_loc, u_local=u_loc, iterations=its, info=info,
+                                 residuals=res, size=comm.Get_size(),
+                                 imbalance=float(counts.max() / counts.mean() - 1.0),
+                                 timings={**timings, **mg.setup_stats, "rhs_s": rhs}, ml=mg.ml, mg=mg,
+                                 active_ranks=list(mg.active_ranks))
 
 
 def _split_hierarchy(space, max_levels, agglomerate_below):

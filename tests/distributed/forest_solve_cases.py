@@ -1,0 +1,192 @@
+"""Worker run under ``mpiexec -n P`` by tests/distributed/test_forest_solve.py (not a test module).
+
+``python forest_solve_cases.py OUT.json``: for every case a
+:class:`~adaptmg.distributed.forest.DistributedForest` (refined, then re-cut so that hanging
+nodes have parents on other ranks) is solved by :func:`adaptmg.distributed.solve_forest`,
+and rank 0 compares with the serial :func:`adaptmg.multigrid` solve on the serial mesh of
+the same refinements: iterations, convergence factor, solution (against the serial direct
+solution, in units of rtol times a condition number estimate), and every level's gathered
+``A``, ``P``, ``R`` against the serial level it coincides with (global ids mapped to serial
+nodes through the coordinates; errors in units of eps).  The control: ``P`` of the coarsest
+distributed level built with the coarse hanging vertices kept as columns (no ``H_c``: their
+columns are then dropped as non-free) -- the rows miss their hanging parents' columns.
+"""
+import json
+import sys
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.linalg as sla
+
+import adaptmg
+from adaptmg import assemble
+from adaptmg.distributed import install_excepthook, solve_forest
+from adaptmg.distributed.forest import DistributedForest
+from adaptmg.distributed.forest_rows import Expansion
+from adaptmg.distributed.forest_transfer import prolongation_rows
+from adaptmg.mesh import Mesh
+
+from forest_cases import COMM, _index_of, near
+from forest_rows_cases import cross_rank_hanging
+
+EPS = np.finfo(float).eps
+RTOL = 1e-11
+
+
+def steps(dim):
+    box = ([0] * dim, [1] * dim, [3, 2] if dim == 2 else [2, 2, 2])
+    uni = [None] * (4 if dim == 2 else 2)
+    return box, uni, uni + [near(np.full(dim, 0.3), 0.25), near(np.full(dim, 0.3), 0.12)]
+
+
+CASES = {"uniform-2d": (2, 1), "local-2d": (2, 2), "uniform-3d": (3, 1), "local-3d": (3, 2)}
+
+
+def global_rows(D):
+    """(row, column, value) in global ids of a DistCSR on range layouts."""
+    a, g = D.Aoo.tocoo(), D.Aog.tocoo()
+    return (np.concatenate([a.row, g.row]) + D.rows.lo,
+            np.concatenate([a.col + D.cols.lo, D.ghosts[g.col]]), np.concatenate([a.data, g.data]))
+
+
+def gathered(rc):
+    got = COMM.gather(rc, root=0)
+    if COMM.rank:
+        return None
+    return tuple(np.concatenate([g[k] for g in got]) for k in range(3))
+
+
+def coords(F):
+    """Coordinates of the forest's nodes in global id order (gathered on rank 0)."""
+    got = COMM.gather(F.mesh.points[F.owned_nodes], root=0)
+    return None if COMM.rank else np.concatenate(got)
+
+
+def err_eps(rcv, S, rmap, cmap, scale):
+    """max |D - S| / (eps scale), D the gathered entries renamed by the maps; and nnz of D."""
+    r, c, v = rcv
+    D = sp.csr_matrix((v, (rmap[r], cmap[c])), shape=S.shape)
+    return float(abs(D - sp.csr_matrix(S)).max() / (EPS * scale)), int(D.nnz)
+
+
+def no_hanging_expansion(F, ex):
+    """The coarse expansion with every local node its own column (no H_c): hanging columns are
+    non-free and dropped, so a row loses its hanging parents' share."""
+    u, inv = np.unique(F.node_gid, return_inverse=True)
+    n = F.mesh.num_nodes
+    E = sp.csr_matrix((np.ones(n), inv, np.arange(n + 1)), shape=(n, u.size))
+    pos = np.minimum(np.searchsorted(ex.u, u), ex.u.size - 1)
+    free = np.where(ex.u[pos] == u, ex.free_u[pos], False)
+    return Expansion(u, E, free, ex.starts)
+
+
+def run(name, dim, which, records):
+    box, uni, loc = steps(dim)
+    stp = uni if which == 1 else loc
+    df = DistributedForest.box(*box, comm=COMM)
+    serial = Mesh.box(*box) if COMM.rank == 0 else None
+    for s in stp:
+        df = df.refine(s)
+        if COMM.rank == 0:
+            serial = serial.refine(None if s is None else s(serial.points[serial.cells].mean(1)))
+    c = df.centres()
+    df = df.repartition(weights=np.where(np.linalg.norm(c - 0.3, axis=1) < 0.3, 4.0, 1.0))
+    cross = COMM.allreduce(cross_rank_hanging(df))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = solve_forest(df, assemble.stiffness, 1.0, rtol=RTOL, agglomerate_below=100, gather=True)
+    mg = res.mg
+    # per level: gathered rows and the coordinates of the level's global ids
+    levels = []
+    for k, d in enumerate(mg.levels):
+        rec = {"A": gathered(global_rows(d.A))}
+        if k > 0:
+            rec["P"], rec["R"] = gathered(global_rows(d.P)), gathered(global_rows(d.R))
+            rec["X"] = coords(mg.forests[k])
+        levels.append(rec)
+    # control: the coarsest distributed level's P without H_c
+    F1, F0 = mg.forests[1], mg.forests[0]
+    from adaptmg.distributed.forest_rows import prepare
+    free1 = prepare(F1, "all")[3]
+    bad = prolongation_rows(F1, F0, free1, no_hanging_expansion(F0, prepare(F0, "all")[4]), mg._g2s)
+    bc = bad.tocoo()
+    bad = gathered((bc.row + mg.layouts[1].lo, bc.col.astype(np.int64), bc.data))
+    hang0 = COMM.allreduce(int(F0.mesh.is_hanging[F0.owned_nodes].sum()))
+    if COMM.rank:
+        return
+    # the serial solve on the serial mesh
+    space = adaptmg.Space(serial, 1)
+    ml = adaptmg.multigrid(space, assemble.stiffness, dirichlet="all", backend="cpu")
+    f = ml.constrain(assemble.load(space, 1.0))
+    omega_serial = [d.smoother.omega for d in ml._dev[len(ml.levels) - len(mg.levels) + 1:]]
+    its, hist = [0], []
+    x_s = ml.solve(f, rtol=RTOL, accel="cg", residuals=hist, callback=lambda xk: its.__setitem__(0, its[0] + 1))
+    # the serial solve again with the forest's omegas on the distributed levels (they come from
+    # power iterations started from a vector indexed by the global numbering, which is not the
+    # serial one): the same iterates up to the summation order
+    oms = [d.smoother.omega for d in mg.levels[1:]]
+    for d, om in zip(ml._dev[len(ml.levels) - len(oms):], oms):
+        d.smoother.omega = om
+    its2, hist2 = [0], []
+    ml.solve(f, rtol=RTOL, accel="cg", residuals=hist2, callback=lambda xk: its2.__setitem__(0, its2[0] + 1))
+    K = sp.csr_matrix(ml.levels[-1].A)
+    x_d = sla.spsolve(K.tocsc(), f)
+    lmax = sla.eigsh(K, 1, which="LA", return_eigenvectors=False)[0]
+    lmin = sla.eigsh(K, 1, sigma=0, which="LM", return_eigenvectors=False)[0]
+    kappa = float(lmax / lmin)
+    # the forest levels against the serial levels (the last ones coincide)
+    Ls, m = len(ml.levels), len(levels)
+    maps = []
+    for k in range(m):
+        X = ml.spaces[-1 - (m - 1 - k)].mesh.points
+        if k == 0:
+            Xk = mg.ml.spaces[-1].mesh.points        # the gathered level: rank 0's serial numbering
+        else:
+            Xk = levels[k]["X"]
+        maps.append(_index_of(X, Xk))
+    lev = []
+    for k in range(m):
+        S = ml.levels[Ls - m + k]
+        scale = abs(S.A).max()
+        row = {"dofs": int(S.A.shape[0]), "map_bad": int((maps[k] < 0).sum())}
+        row["A_err"], row["A_nnz"] = err_eps(levels[k]["A"], S.A, maps[k], maps[k], scale)
+        row["A_nnz_serial"] = int(sp.csr_matrix(S.A).nnz)
+        if k > 0:
+            row["P_err"], row["P_nnz"] = err_eps(levels[k]["P"], S.P, maps[k], maps[k - 1], 1.0)
+            row["R_err"], row["R_nnz"] = err_eps(levels[k]["R"], S.R, maps[k - 1], maps[k], 1.0)
+            row["P_nnz_serial"], row["R_nnz_serial"] = int(S.P.nnz), int(S.R.nnz)
+        lev.append(row)
+    bad_err, _ = err_eps(bad, ml.levels[Ls - m + 1].P, maps[1], maps[0], 1.0)
+    fine = maps[-1]
+    xf = np.empty_like(res.x)
+    xf[fine] = res.x
+    uf = np.empty_like(res.u)
+    uf[fine] = res.u
+    u_s = ml.expand(x_s)
+    r = res.residuals
+    records.append(dict(
+        case=name, stage="solve", P=COMM.size, dofs=int(K.shape[0]), hanging=int(serial.num_hanging_nodes),
+        coarse_hanging=hang0, cross_rank_hanging=cross, levels=lev, serial_levels=Ls, its=res.iterations,
+        its_serial=its[0], info=res.info, rho=float((r[-1] / r[0]) ** (1.0 / res.iterations)),
+        rho_serial=float((hist[-1] / hist[0]) ** (1.0 / its[0])), kappa=kappa, its_same_omega=its2[0],
+        rho_same_omega=float((hist2[-1] / hist2[0]) ** (1.0 / its2[0])),
+        omega_diff=float(max(abs(a / b - 1) for a, b in zip(oms, omega_serial))),
+        x_err=float(np.abs(xf - x_d).max() / np.abs(x_d).max()),
+        x_serial_err=float(np.abs(x_s - x_d).max() / np.abs(x_d).max()),
+        u_err=float(np.abs(uf - ml.expand(x_d)).max() / np.abs(u_s).max()),
+        bad_P_err=bad_err, phases=sorted(k for k in res.timings if k.endswith("_s"))))
+
+
+def main():
+    install_excepthook(COMM)
+    records = []
+    for name, (dim, which) in CASES.items():
+        run(name, dim, which, records)
+    if COMM.rank == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(records, f)
+
+
+if __name__ == "__main__":
+    main()
