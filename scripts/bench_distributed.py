@@ -61,6 +61,42 @@ def make_mesh(dim, px, target):
     return m.refine(np.linalg.norm(c - 0.3, axis=1) < 0.2)
 
 
+def make_forest(dim, px, target, comm):
+    """The mesh of :func:`make_mesh` as a distributed forest (no rank holds it whole): the box's
+    roots cut over the ranks, refined uniformly (its node count known in closed form), then
+    the same local refinement, then re-cut into equal pieces.  Returns the forest and the
+    seconds of each step (collective)."""
+    from adaptmg.distributed.forest import DistributedForest
+    t = [time.perf_counter()]
+    n = np.array([2 * px] + [2] * (dim - 1))
+    df = DistributedForest.box([0.0] * dim, [float(px)] + [1.0] * (dim - 1), n.tolist(), comm=comm)
+    while np.prod(n + 1) * 2 ** dim <= target:      # make_mesh's rule, nodes of the uniform box
+        df = df.refine()
+        n = 2 * n
+    t.append(time.perf_counter())
+    df = df.refine(lambda c: np.linalg.norm(c - 0.3, axis=1) < 0.2)
+    t.append(time.perf_counter())
+    df = df.repartition()
+    t.append(time.perf_counter())
+    return df, {"forest_refine_s": t[1] - t[0], "forest_local_s": t[2] - t[1], "forest_repartition_s": t[3] - t[2]}
+
+
+def forest_worker(args, comm):
+    """``--setup forest``: the forest per rank, :func:`adaptmg.distributed.solve_forest`."""
+    from adaptmg.distributed import solve_forest
+    P = comm.Get_size()
+    px = P if args.mode == "weak" else 1
+    target = args.dofs_per_rank * P if args.mode == "weak" else args.strong_dofs
+    comm.Barrier()
+    t0 = time.perf_counter()
+    df, tf = make_forest(args.dim, px, target, comm)
+    t_forest = time.perf_counter() - t0
+    a = args.agglomerate_below
+    r = solve_forest(df, f=1.0, rtol=1e-8, agglomerate_below=a if a == "auto" else int(float(a)),
+                     backend=args.backend)
+    return r, df, t_forest, tf, t0
+
+
 def worker(args):
     from mpi4py import MPI
     from adaptmg import assemble
@@ -69,6 +105,8 @@ def worker(args):
     install_excepthook()
     comm = MPI.COMM_WORLD
     P = comm.Get_size()
+    if args.setup == "forest":
+        return report(args, comm, *forest_worker(args, comm))
     px = P if args.mode == "weak" else 1
     target = args.dofs_per_rank * P if args.mode == "weak" else args.strong_dofs
     mesh = make_mesh(args.dim, px, target)
@@ -84,6 +122,31 @@ def worker(args):
     assembled = comm.allgather(r.timings.get("fine_cells_assembled", mesh.num_cells))
     cpu = comm.allgather(r.timings.get("setup_cpu", setup[comm.Get_rank()]))
     phases = comm.allgather({k: round(v, 3) for k, v in r.timings.items() if k.endswith("_s")})
+    timed(args, comm, r, b, t0, dict(dofs=space.num_dofs, cells=mesh.num_cells, setup=max(setup),
+                                     setup_per_rank=setup, setup_cpu=cpu, phases=phases, assembled=assembled))
+
+
+def report(args, comm, r, df, t_forest, tf, t0):
+    """The forest run's figures (:func:`timed`), with the forest's build time and per-rank memory."""
+    setup = comm.allgather(r.timings["setup"])
+    phases = comm.allgather({**{k: round(v, 3) for k, v in r.timings.items() if k.endswith("_s")},
+                             **{k: round(v, 3) for k, v in tf.items()}})
+    timed(args, comm, r, 1.0, t0,
+          dict(dofs=df.num_global_nodes, cells=df.global_num_cells, setup=max(setup), setup_per_rank=setup,
+               setup_cpu=comm.allgather(r.timings["setup_cpu"]), phases=phases,
+               assembled=comm.allgather(df.num_owned), forest_s=comm.allreduce(t_forest, op=_max()),
+               forest_mb=comm.allgather(round(df.local_nbytes() / 2 ** 20, 1))))
+
+
+def _max():
+    from mpi4py import MPI
+    return MPI.MAX
+
+
+def timed(args, comm, r, b, t0, fields):
+    """The timed solves on the set-up hierarchy of ``r`` and rank 0's JSON line."""
+    from mpi4py import MPI
+    P = comm.Get_size()
     from adaptmg.backend import host_copies
     solves, halos = [], []
     for _ in range(args.repeat):
@@ -102,10 +165,8 @@ def worker(args):
         profile_solve(r, b, comm, args.profile)
     if comm.Get_rank() == 0:
         print(json.dumps(dict(P=P, backend=args.backend, transport=getattr(r.mg, "transport", "-"),
-                              dofs=space.num_dofs, cells=mesh.num_cells, setup=max(setup),
-                              setup_per_rank=setup, setup_cpu=cpu, phases=phases, assembled=assembled, mode_setup=args.setup, solve=t_max,
-                              its=its, host_copies=copies, halo=halo_max, coarse=coarse, wall=time.perf_counter() - t0)),
-              flush=True)
+                              mode_setup=args.setup, solve=t_max, its=its, host_copies=copies, halo=halo_max,
+                              coarse=coarse, wall=time.perf_counter() - t0, **fields)), flush=True)
 
 
 def profile_solve(res, b, comm, top):
@@ -148,7 +209,7 @@ def solve_only(res, b, comm):
     (several ranks: adaptmg.linalg.cg preconditioned by the cycle of ``res.mg.solver``)."""
     from adaptmg.distributed import resolve
     ml, mg = res.ml, res.mg
-    be = ml.backend
+    be = ml.backend if mg is None else mg.backend
     if mg is None:                                     # one rank: the serial code path
         its = [0]
         bd = be.asarray(ml.constrain(b))
@@ -157,7 +218,7 @@ def solve_only(res, b, comm):
         ml.solve(bd, rtol=1e-8, accel="cg", callback=lambda xk: its.__setitem__(0, its[0] + 1))
         be.synchronize()
         return time.perf_counter() - t, 0.0, its[0]
-    f_loc = mg.constrain_local(b)
+    f_loc = mg.load_local(b) if hasattr(mg, "load_local") else mg.constrain_local(b)    # forest: b = f
     if be.is_gpu:
         f_loc = be.asarray(f_loc)
     mg.timer.reset()
@@ -207,7 +268,7 @@ def driver(args):
             else:
                 e = t1 / (r["P"] * r["solve"])
             eff = f"{100 * e:.0f}"
-        mode = r["mode_setup"] if r["P"] > 1 else "serial"
+        mode = r["mode_setup"] if r["P"] > 1 or r["mode_setup"] == "forest" else "serial"
         per = " ".join(f"{t:.3f}" for t in r["setup_per_rank"])
         cells = " ".join(str(c) for c in r["assembled"])
         cpu = " ".join(f"{t:.3f}" for t in r["setup_cpu"])
@@ -215,6 +276,9 @@ def driver(args):
         d2h = r.get("host_copies", "-")
         print(f"{r['P']:>3} {mode:>10} {r['dofs']:>10} {r['setup']:>9.3f} {r['solve']:>9.4f} {r['its']:>4} "
               f"{100 * r['halo'] / r['solve']:>7.1f} {coarse:>8} {eff:>6} {d2h:>4}  [{per}] cpu [{cpu}] / [{cells}] ({r['cells']})")
+        if "forest_mb" in r:
+            print(f"      forest: built in {r['forest_s']:.3f} s, local arrays per rank "
+                  f"[{' '.join(f'{m:.1f}' for m in r['forest_mb'])}] MB")
         if args.phases and any(r["phases"]):
             for q, ph in enumerate(r["phases"]):
                 print(f"      rank {q}: " + ", ".join(f"{k} {v:.3f}" for k, v in ph.items()))
@@ -229,9 +293,11 @@ def main():
     ap.add_argument("--strong-dofs", type=float, default=None)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--phases", action="store_true", help="print the local set-up's phases per rank")
-    ap.add_argument("--setup", choices=["local", "replicated", "both"], default="both",
+    ap.add_argument("--setup", choices=["local", "replicated", "both", "forest"], default="both",
                     help="finest level from each rank's cells (local), every rank the whole serial "
-                         "hierarchy (replicated, the first version), or both for comparison")
+                         "hierarchy (replicated, the first version), both for comparison, or every "
+                         "level from a distributed forest (forest: no rank holds the whole mesh; "
+                         "P = 1 runs it too)")
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--profile", type=int, default=0,
                     help="cProfile one more solve on rank 0 and print the top N functions")
