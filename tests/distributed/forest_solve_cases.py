@@ -12,6 +12,7 @@ distributed level built with the coarse hanging vertices kept as columns (no ``H
 columns are then dropped as non-free) -- the rows miss their hanging parents' columns.
 """
 import json
+import os
 import sys
 import warnings
 
@@ -178,11 +179,49 @@ def run(name, dim, which, records):
         bad_P_err=bad_err, phases=sorted(k for k in res.timings if k.endswith("_s"))))
 
 
+def forest(dim, which):
+    box, uni, loc = steps(dim)
+    df = DistributedForest.box(*box, comm=COMM)
+    for s in (uni if which == 1 else loc):
+        df = df.refine(s)
+    return df
+
+
+def run_gpu(records, fake, dim=2):
+    """The GPU path (``backend="gpu"``) of the forest set-up -- ``fake``: with fake_cupy standing
+    in for CuPy (NumPy arrays that claim to be CuPy's) -- against the CPU path of the same
+    forest."""
+    from adaptmg.backend import is_device_array
+    df = forest(dim, 2)
+    cpu = solve_forest(df, rtol=RTOL, agglomerate_below=100, gather=True)
+    if fake:
+        import fake_cupy
+        fake_cupy.install(devices=1)
+    gpu = solve_forest(df, rtol=RTOL, agglomerate_below=100, gather=True, backend="gpu", coarse_max_rows=None)
+    mg = gpu.mg
+    dl = mg.levels[1:]
+    device = bool(is_device_array(gpu.x_local) and mg.solver.backend.is_gpu
+                  and all(d.A.backend.is_gpu and d.P.backend.is_gpu and d.R.backend.is_gpu for d in dl)
+                  and all(d.smoother.backend.is_gpu for d in dl if d.layout.n))
+    device = COMM.allreduce(int(device), op=__import__("mpi4py").MPI.MIN)
+    if COMM.rank == 0:
+        records.append(dict(case=f"{'fake-' if fake else ''}gpu-{dim}d", stage="solve", P=COMM.size, its=gpu.iterations,
+                            its_cpu=cpu.iterations, info=gpu.info, device=bool(device),
+                            rank0_backend=gpu.ml.backend.name, transport=mg.transport,
+                            rel=float(np.abs(gpu.u - cpu.u).max() / np.abs(cpu.u).max())))
+
+
 def main():
     install_excepthook(COMM)
     records = []
-    for name, (dim, which) in CASES.items():
-        run(name, dim, which, records)
+    if os.environ.get("FOREST_SOLVE_GPU"):           # the real device (test_forest_solve, -m gpu)
+        run_gpu(records, False, 2)
+        run_gpu(records, False, 3)
+    else:
+        for name, (dim, which) in CASES.items():
+            run(name, dim, which, records)
+        if COMM.size == 2:
+            run_gpu(records, True)
     if COMM.rank == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(records, f)

@@ -17,6 +17,8 @@ nodes have parents on other ranks; the levels below 100 nodes on rank 0.  Agains
   differ by up to 8 %, the factors by up to 5.4 %);
 * the solution is within ``kappa * rtol`` of the serial direct solution (the stopping test's
   bound, ``kappa`` the condition number), and within 20x the serial solve's own error;
+* the GPU path (``backend="gpu"``) with the NumPy stand-in for CuPy (``fake_cupy.py``, np2):
+  on the "device" and equal to the CPU path;
 * a control: the transfer into the gathered level built without ``H_c`` (the coarse hanging
   vertices' columns dropped, not replaced by their parents) is off by 0.5 / eps.
 """
@@ -83,6 +85,37 @@ def test_hanging_nodes_across_ranks_and_control(solve_results, case):
     if rec["P"] > 1:
         assert rec["cross_rank_hanging"] > 0
     assert rec["bad_P_err"] > 1e14
+
+
+def _check_device(rec, transport=None):
+    assert rec["device"] and rec["rank0_backend"] == "gpu"
+    assert transport is None or rec["transport"] == transport
+    assert rec["info"] == 0 and abs(rec["its"] - rec["its_cpu"]) <= (0 if transport == "host" else 1)
+    assert rec["rel"] <= 1e-9
+
+
+@needs_mpi
+def test_device_path_with_a_stand_in_device(solve_results):
+    """``backend="gpu"`` with fake_cupy.py standing in for CuPy (np2 only): the levels' blocks,
+    smoothers and vectors claim to be on the device, rank 0's hierarchy is a GPU one, and the
+    solve equals the CPU path's."""
+    if "fake-gpu-2d" not in solve_results:
+        pytest.skip("run under mpiexec -n 2 only")
+    rec = solve_results["fake-gpu-2d"]
+    _check_device(rec, "host")
+    assert rec["rel"] <= 1e3 * EPS
+
+
+@needs_mpi
+@pytest.mark.gpu
+def test_device_path_on_the_gpu(tmp_path, monkeypatch):
+    """``backend="gpu"`` on the real device (2 ranks: one GPU each, or sharing one with host
+    staging), 2-D and 3-D locally refined: on the device and equal to the CPU path up to the
+    device kernels' rounding (rtol 1e-11 solves)."""
+    monkeypatch.setenv("FOREST_SOLVE_GPU", "1")
+    recs = worker_records(WORKER, 2, tmp_path)
+    for case in ("gpu-2d", "gpu-3d"):
+        _check_device(recs[(case, "solve")])
 
 
 def test_bad_input():
