@@ -57,17 +57,17 @@ Exists: box / coarse-mesh construction, refine (uniform or marked, callable of t
 centres), 2:1 closure across ranks, the ghost layer, cell halo exchange, global node
 numbering with hanging nodes and their parents, repartition with optional weights, global
 coarsening; all host NumPy, vectorised (no loop over cells, nodes or ranks' items; one
-collective per round), tested against the serial :class:`Mesh` at P = 1, 2, 3.  Not yet:
-wiring into :func:`adaptmg.distributed.solve` / the distributed hierarchy (which still
-replicate the mesh): the distributed levels' operators from these local meshes -- the owned
-rows of a Q1 scalar matrix and of its constrained form ``Z H^T A H Z + s (I - Z)`` in global
-ids exist (:mod:`.forest_rows`, tested against the serial matrices at P = 1, 2, 3), not yet
-turned into :class:`.csr.DistCSR` levels; transfers between the levels of a hierarchy
-(each level is a forest of its own: a fine leaf's coarse cell is the one whose key is its ancestor, owned by child 0's owner -- the
-fine rank needs it as a ghost of the coarse level when that is another rank); coarse
-levels on fewer ranks (:meth:`coarsen_once` refuses to leave a rank without
-cells: a fold onto fewer ranks, as :func:`.partition.fold_cell_ranks`, is the next step);
-DoF numbering of Q2 (edge/face/cell DoFs: the same two-round exchange over more
+collective per round), tested against the serial :class:`Mesh` at P = 1, 2, 3.  Wired into the
+solver: the owned rows of a Q1 matrix and of its constrained form in global ids
+(:mod:`.forest_rows`), the transfers between the levels of the global-coarsening sequence
+(:mod:`.forest_transfer`: a fine leaf's coarse cell asked for by key from its owner) and the
+distributed multigrid hierarchy over them with the small levels gathered on rank 0
+(:mod:`.forest_levels`, :func:`.solve.solve_forest`; every level equal to the serial
+hierarchy's at P = 1, 2, 3).  Not yet: coarse levels on fewer ranks than the job
+(:meth:`coarsen_once` refuses to leave a rank without cells; the hierarchy then re-cuts the
+level first, and gathers on rank 0 only below its threshold -- a fold onto fewer ranks, as
+:func:`.partition.fold_cell_ranks`, is the next step); :func:`.solve.solve` still replicates
+the mesh; DoF numbering of Q2 (edge/face/cell DoFs: the same two-round exchange over more
 entities); device (CuPy) arrays.  Node coordinates came out as the serial forest's bit for
 bit in every test (boxes and two imported unstructured meshes); where coarse cells are
 oriented differently a face centre made by another cell's split could differ in the last

@@ -32,6 +32,11 @@ the CPU; ``result.x_local`` (and the ``x`` given to ``callback``) is then a CuPy
 that :func:`adaptmg.multigrid`'s ``coarse_max_rows="auto"`` drops the levels below 2000 rows
 on the GPU: pass ``coarse_max_rows=None`` for the CPU hierarchy.
 
+:func:`solve_forest` is the same solve from a :class:`~.forest.DistributedForest`: every level
+is set up from the forest's global-coarsening sequence (:mod:`.forest_levels`), so no rank
+holds the whole fine mesh (Q1 scalar; the result holds the owned parts, the global vectors
+only with ``gather=True``).
+
 Failures: argument errors are agreed on by all ranks (:func:`.comm.agree`, the same
 ``ValueError`` everywhere); any other exception on one rank -- including one raised by
 ``callback`` or ``assemble`` -- aborts all ranks through :class:`.comm.guard`.
