@@ -59,7 +59,7 @@ from .csr import DistCSR, RangeLayout
 from .forest import DistributedForest, _check
 from .forest_rows import _pull, owned_constrained_load, owned_constrained_rows, prepare
 from .forest_transfer import gather_level, prolongation_rows, restriction_rows
-from .hierarchy import RankZeroCycle, _DLevel, _NoRows, _distributed_smoother
+from .hierarchy import RankZeroCycle, _DLevel, _NoRows, _distributed_smoother, level_from_rows
 
 __all__ = ["ForestHierarchy", "coarsening_sequence"]
 
@@ -180,11 +180,7 @@ class ForestHierarchy:
             R_o = restriction_rows(P_o, gids, clay, F.num_global_nodes)
             phase("transfer_s", t)
             t = now()
-            d = _DLevel()
-            d.layout = lay
-            d.A = DistCSR(K_o, lay, lay, self.timer, local_rows=True, **kw)
-            d.P = DistCSR(P_o, lay, clay, self.timer, local_rows=True, **kw)
-            d.R = DistCSR(R_o, clay, lay, self.timer, local_rows=True, **kw)
+            d = level_from_rows(K_o, P_o, R_o, lay, clay, self.timer, kw)
             phase("distcsr_s", t)
             t = now()
             d.smoother = _distributed_smoother(spec, d.A, 1)

@@ -289,6 +289,18 @@ class _DLevel:
     __slots__ = ("A", "P", "R", "smoother", "layout")
 
 
+def level_from_rows(K_o, P_o, R_o, lay, clay, timer, kw):
+    """A distributed level from this rank's rows of ``K``, ``P`` (fine x coarse) and ``R``
+    (coarse x fine), global columns, on the layouts ``lay`` (fine) and ``clay`` (coarse):
+    three :class:`~.csr.DistCSR` (``kw``: backend, transport); the smoother comes later."""
+    d = _DLevel()
+    d.layout, d.smoother = lay, None
+    d.A = DistCSR(K_o, lay, lay, timer, local_rows=True, **kw)
+    d.P = DistCSR(P_o, lay, clay, timer, local_rows=True, **kw)
+    d.R = DistCSR(R_o, clay, lay, timer, local_rows=True, **kw)
+    return d
+
+
 class _NoRows:
     """The smoother of a level on a rank that owns none of its rows (a folded level): there
     is nothing to smooth (its vectors are empty), so no kernel is launched."""
@@ -471,11 +483,7 @@ class DistributedHierarchy:
         P_o, R_o, ncells_t = local_transfer_rows(cspace, space, cfree, free, clay.owner,
                                                  lay.owner, self.rank)
         t2 = now()
-        d = _DLevel()
-        d.layout = lay
-        d.A = DistCSR(K_o, lay, lay, self.timer, local_rows=True, **kw)
-        d.P = DistCSR(P_o, lay, clay, self.timer, local_rows=True, **kw)
-        d.R = DistCSR(R_o, clay, lay, self.timer, local_rows=True, **kw)
+        d = level_from_rows(K_o, P_o, R_o, lay, clay, self.timer, kw)
         t3 = now()
         d.smoother = _distributed_smoother(self.ml, d.A, space.components)
         st = self.setup_stats
