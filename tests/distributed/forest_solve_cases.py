@@ -41,7 +41,16 @@ def steps(dim):
     return box, uni, uni + [near(np.full(dim, 0.3), 0.25), near(np.full(dim, 0.3), 0.12)]
 
 
-CASES = {"uniform-2d": (2, 1), "local-2d": (2, 2), "uniform-3d": (3, 1), "local-3d": (3, 2)}
+CASES = {"uniform-2d": (2, 1), "local-2d": (2, 2), "uniform-3d": (3, 1), "local-3d": (3, 2),
+         "starved-2d": (2, 0)}
+
+
+def starving(df):
+    """Weights that leave the last rank 2 or 3 leaves, all of one family whose child 0 a lower
+    rank owns: ``coarsen_once`` then refuses (the hierarchy re-cuts before coarsening)."""
+    n, P = df.global_num_cells, COMM.size
+    pos = df.first + np.arange(df.num_owned)
+    return np.where(pos >= n - 3, 1.0, (P - 1) * 3.0 / (n - 3))
 
 
 def global_rows(D):
@@ -84,7 +93,7 @@ def no_hanging_expansion(F, ex):
 
 def run(name, dim, which, records):
     box, uni, loc = steps(dim)
-    stp = uni if which == 1 else loc
+    stp = loc if which == 2 else uni if which == 1 else uni[:3]
     df = DistributedForest.box(*box, comm=COMM)
     serial = Mesh.box(*box) if COMM.rank == 0 else None
     for s in stp:
@@ -92,11 +101,21 @@ def run(name, dim, which, records):
         if COMM.rank == 0:
             serial = serial.refine(None if s is None else s(serial.points[serial.cells].mean(1)))
     c = df.centres()
-    df = df.repartition(weights=np.where(np.linalg.norm(c - 0.3, axis=1) < 0.3, 4.0, 1.0))
+    if which == 0:
+        df = df.repartition(weights=starving(df))
+        try:
+            df.coarsen_once()
+            refused = False
+        except ValueError:
+            refused = True
+    else:
+        df = df.repartition(weights=np.where(np.linalg.norm(c - 0.3, axis=1) < 0.3, 4.0, 1.0))
+        refused = None
     cross = COMM.allreduce(cross_rank_hanging(df))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        res = solve_forest(df, assemble.stiffness, 1.0, rtol=RTOL, agglomerate_below=100, gather=True)
+        res = solve_forest(df, assemble.stiffness, 1.0, rtol=RTOL, agglomerate_below=30 if which == 0 else 100,
+                           gather=True)
     mg = res.mg
     # per level: gathered rows and the coordinates of the level's global ids
     levels = []
@@ -167,7 +186,7 @@ def run(name, dim, which, records):
     u_s = ml.expand(x_s)
     r = res.residuals
     records.append(dict(
-        case=name, stage="solve", P=COMM.size, dofs=int(K.shape[0]), hanging=int(serial.num_hanging_nodes),
+        case=name, stage="solve", P=COMM.size, coarsen_refused=refused, dofs=int(K.shape[0]), hanging=int(serial.num_hanging_nodes),
         coarse_hanging=hang0, cross_rank_hanging=cross, levels=lev, serial_levels=Ls, its=res.iterations,
         its_serial=its[0], info=res.info, rho=float((r[-1] / r[0]) ** (1.0 / res.iterations)),
         rho_serial=float((hist[-1] / hist[0]) ** (1.0 / its[0])), kappa=kappa, its_same_omega=its2[0],
@@ -219,7 +238,8 @@ def main():
         run_gpu(records, False, 3)
     else:
         for name, (dim, which) in CASES.items():
-            run(name, dim, which, records)
+            if which or COMM.size > 1:               # one rank cannot be starved
+                run(name, dim, which, records)
         if COMM.size == 2:
             run_gpu(records, True)
     if COMM.rank == 0:

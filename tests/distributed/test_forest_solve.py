@@ -19,6 +19,8 @@ nodes have parents on other ranks; the levels below 100 nodes on rank 0.  Agains
   bound, ``kappa`` the condition number), and within 20x the serial solve's own error;
 * the GPU path (``backend="gpu"``) with the NumPy stand-in for CuPy (``fake_cupy.py``, np2):
   on the "device" and equal to the CPU path;
+* a level whose coarsening would leave a rank without cells (``starved-2d``, P > 1) is
+  re-cut and coarsened: the same checks hold;
 * a control: the transfer into the gathered level built without ``H_c`` (the coarse hanging
   vertices' columns dropped, not replaced by their parents) is off by 0.5 / eps.
 """
@@ -32,7 +34,7 @@ from test_mpi import needs_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "forest_solve_cases.py")
-CASES = ["uniform-2d", "local-2d", "uniform-3d", "local-3d"]
+CASES = ["uniform-2d", "local-2d", "uniform-3d", "local-3d", "starved-2d"]
 EPS = np.finfo(float).eps
 RTOL = 1e-11
 TOL = 16                  # units of eps * max |A|
@@ -44,13 +46,29 @@ def solve_results(request, tmp_path_factory):
     return {case: rec for (case, _), rec in recs.items()}
 
 
+def _case(results, case):
+    if case not in results:                    # the starved case needs two ranks or more
+        pytest.skip(f"{case}: not run on one rank")
+    return results[case]
+
+
+@needs_mpi
+def test_coarsening_that_would_starve_a_rank_recuts(solve_results):
+    """The last rank owns only 2-3 leaves of a family whose child 0 a lower rank owns:
+    ``coarsen_once`` refuses, the hierarchy re-cuts that level and coarsens it (the levels and
+    the solve equal the serial ones: the tests above)."""
+    rec = _case(solve_results, "starved-2d")
+    assert rec["coarsen_refused"] is True
+
+
 @needs_mpi
 @pytest.mark.parametrize("case", CASES)
 def test_levels_equal_serial_levels(solve_results, case):
     """A, P, R of every level (the gathered one included) equal the serial hierarchy's."""
-    rec = solve_results[case]
+    rec = _case(solve_results, case)
     assert len(rec["levels"]) >= 3                      # the gathered level + >= 2 distributed ones
-    assert rec["levels"][0]["dofs"] < 100 <= rec["levels"][1]["dofs"]
+    below = 30 if case.startswith("starved") else 100
+    assert rec["levels"][0]["dofs"] < below <= rec["levels"][1]["dofs"]
     for lev in rec["levels"]:
         assert lev["map_bad"] == 0
         assert lev["A_nnz"] == lev["A_nnz_serial"] and lev["A_err"] <= TOL, lev
@@ -62,7 +80,7 @@ def test_levels_equal_serial_levels(solve_results, case):
 @needs_mpi
 @pytest.mark.parametrize("case", CASES)
 def test_solve_equals_serial_solve(solve_results, case):
-    rec = solve_results[case]
+    rec = _case(solve_results, case)
     assert rec["info"] == 0
     assert abs(rec["its"] - rec["its_serial"]) <= 1
     assert rec["rho"] <= 1.10 * rec["rho_serial"]
