@@ -18,9 +18,15 @@ agreement, abort guard, the launcher's job size, the allreduce of the hook), :mo
 (:class:`DistributedForest`: each rank holds its owned leaves -- a contiguous range of the
 Morton curve -- and one ghost layer, never the whole mesh; refinement with the 2:1 closure
 across ranks, global node numbering with hanging nodes, repartition migrating cells,
-global coarsening; not yet used by :func:`solve`) on :mod:`.cellkeys` (canonical int64 cell keys, a local
-forest rebuilt from leaf keys), :mod:`.forest_rows` (owned rows of a Q1 matrix and of its
-constrained form, in global node ids, from the forest's local meshes).
+global coarsening) on :mod:`.cellkeys` (canonical int64 cell keys, a local
+forest rebuilt from leaf keys), :mod:`.forest_rows` (owned rows of a Q1 matrix, of its
+constrained form and of the constrained load, in global node ids, from the forest's local
+meshes), :mod:`.forest_transfer` (owned rows of P and R between consecutive forest levels,
+coarse cells asked for by key) and :mod:`.forest_levels` (the multigrid hierarchy set up
+from a forest: :func:`solve_forest`, no rank ever holds the whole fine mesh; Q1 scalar)::
+
+    df = DistributedForest.box([0, 0, 0], [1, 1, 1], [2, 2, 2]).refine().refine()
+    res = solve_forest(df, assemble.stiffness, f=1.0, rtol=1e-8)   # res.u_local: owned nodes
 
 ``mpiexec -n 4 python -m adaptmg run poisson`` runs the Poisson demo distributed (the
 problem asks :func:`launched_size`; rank 0 prints and writes the outputs).  The ``mpiexec``
@@ -29,7 +35,7 @@ among the one next to Python -- the ``mpi`` extra's MPICH -- and those on the PA
 machine's Open MPI, then ``--allow-run-as-root`` as root); another library's launcher starts
 singletons, which :func:`get_comm` refuses with a RuntimeError.
 
-Stated plainly: :func:`solve` still replicates the mesh on every rank (deal.II's ``parallel::shared``
+Stated plainly: :func:`solve` (not :func:`solve_forest`) still replicates the mesh on every rank (deal.II's ``parallel::shared``
 model; so are the O(cells) mesh-level arrays derived from it: the coarsening hierarchy, the
 partition, DoF owners, hanging-node matrices H).  Every geometric level with at least
 ``agglomerate_below`` DoFs is set up per rank from the cells touching its owned DoFs (owned
