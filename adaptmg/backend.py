@@ -88,7 +88,9 @@ def _cupy_status() -> tuple[Any, Any, str]:
     # whose CuPy cache is empty; see adaptmg.device.kernel_cache)
     import cupy.cuda.compiler as compiler
     from .device.kernel_cache import install
+    from .device.kernel_manifest import start_once
     install(compiler)
+    start_once()       # a machine's first run: its kernels compiled ahead, in parallel processes
     return cupy, csp, ""
 
 

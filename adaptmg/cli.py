@@ -365,6 +365,7 @@ def _cmd_info(args, parser):
 def _cmd_warmup(args, parser):
     from .backend import gpu_available
     from .device.warmup import TASKS, warmup
+    os.environ["ADAPTMG_PREFETCH"] = "0"       # the warm-up compiles itself (and may record)
     if not gpu_available():
         print("adaptmg warmup: no GPU visible (nothing to compile)", file=sys.stderr)
         return 1
@@ -373,7 +374,7 @@ def _cmd_warmup(args, parser):
         bad = [t for t in tasks if t not in TASKS]
         if bad:
             parser.error(f"unknown warm-up tasks {bad}; known: {', '.join(TASKS)}")
-    res = warmup(tasks, jobs=args.jobs, quiet=args.quiet)
+    res = warmup(tasks, jobs=args.jobs, quiet=args.quiet, record=args.record)
     return 0 if all(ok for ok, _, _ in res.values()) else 1
 
 
@@ -434,6 +435,8 @@ def build_parser():
     pw.add_argument("--jobs", type=int, default=None, help="processes at a time (default: CPU count)")
     pw.add_argument("--tasks", default=None, help="comma-separated subset of the tasks")
     pw.add_argument("--quiet", action="store_true")
+    pw.add_argument("--record", default=None, metavar="PATH",
+                    help="also write the kernel manifest (adaptmg.device.kernel_manifest) to PATH")
     pw.set_defaults(func=_cmd_warmup)
     return parser
 

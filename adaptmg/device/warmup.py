@@ -108,42 +108,52 @@ def _spectral(backend, n, degrees, solve_degree=3):
     poisson(mesh, solve_degree, _ones, backend=backend)
 
 
-#: name -> (function, args): the small problems :func:`warmup` runs, one process each
+#: name -> (function, args): the small problems :func:`warmup` runs, one process each; in
+#: priority order (the kernel manifest's replay order, :mod:`.kernel_manifest`: the most
+#: common problems' kernels first)
 TASKS = {
-    "q1-2d": (_geometric, (2, 1, 4, 2)),
     "q1-3d": (_geometric, (3, 1, 3, 1)),
     "q1-3d-large": (_geometric, (3, 1, 5, 0, ("float64",))),
+    "q1-2d": (_geometric, (2, 1, 4, 2)),
     "q1-2d-large": (_geometric, (2, 1, 9, 1, ("float64",))),
-    "q2-2d": (_geometric, (2, 2, 3, 2, ("float64",))),
-    "q2-3d": (_geometric, (3, 2, 2, 1, ("float64",))),
-    "smoothers-2d": (_geometric, (2, 1, 4, 1, ("float64",),
-                                  ("chebyshev", "gauss_seidel", "l1_gauss_seidel", "block_jacobi"))),
-    "elasticity-3d": (_geometric, (3, 1, 2, 1, ("float64",), ("block_jacobi", "block_gauss_seidel"), 3)),
-    "amg-2d": (_amg, (2, 6)),
     "amg-3d": (_amg, (3, 4)),
     # CuPy's reduction kernels are compiled per block shape, which follows the array sizes:
     # larger problems too (measured: a 340k-DoF adaptive matrix needed 5 more than amg-3d's)
-    "amg-2d-large": (_amg, (2, 9)),
     "amg-3d-large": (_amg, (3, 5, 1)),
+    "amg-2d": (_amg, (2, 6)),
+    "amg-2d-large": (_amg, (2, 9)),
     "lshape": (_adaptive, ("lshape",)),
     "fichera": (_adaptive, ("fichera",)),
+    "elasticity-3d": (_geometric, (3, 1, 2, 1, ("float64",), ("block_jacobi", "block_gauss_seidel"), 3)),
+    "q2-3d": (_geometric, (3, 2, 2, 1, ("float64",))),
+    "q2-2d": (_geometric, (2, 2, 3, 2, ("float64",))),
+    "smoothers-2d": (_geometric, (2, 1, 4, 1, ("float64",),
+                                  ("chebyshev", "gauss_seidel", "l1_gauss_seidel", "block_jacobi"))),
     "spectral": (_spectral, (2, tuple(range(1, 9)))),
 }
 
 
-def run_task(name, backend="gpu"):
+def run_task(name, backend="gpu", record=None):
     """Run one task of :data:`TASKS` in this process (``backend="cpu"`` runs the same
-    problems on the host: a check that the tasks themselves work)."""
+    problems on the host: a check that the tasks themselves work).  ``record``: a path where
+    the kernels NVRTC was asked for are logged (:func:`.kernel_manifest.record`)."""
     if name not in TASKS:
         raise ValueError(f"unknown warm-up task {name!r}; known: {', '.join(TASKS)}")
     fn, args = TASKS[name]
-    fn(backend, *args)
+    if record is None:
+        fn(backend, *args)
+        return
+    from .kernel_manifest import record as recording
+    with recording(record):
+        fn(backend, *args)
 
 
-def warmup(tasks=None, jobs=None, quiet=False, timeout=900):
+def warmup(tasks=None, jobs=None, quiet=False, timeout=900, record=None):
     """Compile the kernels of ``tasks`` (default all of :data:`TASKS`) in ``jobs`` parallel
     processes (default: one per task, at most the CPU count).  Returns ``{task: (ok,
-    seconds, message)}``.  Needs a GPU (RuntimeError otherwise)."""
+    seconds, message)}``.  Needs a GPU (RuntimeError otherwise).  ``record``: also write the
+    kernel manifest there (:mod:`.kernel_manifest`; run it with empty kernel caches: a
+    task whose kernels are all cached still logs them, in its own first-use order)."""
     from ..backend import get_backend
     from .kernel_cache import cache_dir
     get_backend("gpu")                           # the clear error where there is no GPU
@@ -158,13 +168,20 @@ def warmup(tasks=None, jobs=None, quiet=False, timeout=900):
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     say(f"adaptmg warmup: {len(names)} tasks, {jobs} at a time, kernel cache {cache_dir()}")
     pending, running, results = list(names), {}, {}
+    parts = {}
+    if record is not None:
+        import tempfile
+        rec_dir = tempfile.mkdtemp(prefix="adaptmg-record-")
+        parts = {n: os.path.join(rec_dir, f"{n}.json") for n in names}
     t0 = time.perf_counter()
     while pending or running:
         while pending and len(running) < jobs:
             name = pending.pop(0)
-            cmd = [sys.executable, "-c", f"from adaptmg.device.warmup import run_task; run_task({name!r})"]
+            rec = parts.get(name)
+            cmd = [sys.executable, "-c", f"from adaptmg.device.warmup import run_task; run_task({name!r}, record={rec!r})"]
+            env = dict(os.environ, ADAPTMG_PREFETCH="0")      # the tasks compile; no replay beside them
             running[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                              text=True), time.perf_counter())
+                                              text=True, env=env), time.perf_counter())
         time.sleep(0.05)
         for name, (proc, ts) in list(running.items()):
             if proc.poll() is None and time.perf_counter() - ts < timeout:
@@ -178,4 +195,9 @@ def warmup(tasks=None, jobs=None, quiet=False, timeout=900):
             del running[name]
             say(f"  {name:<14} {'ok' if ok else 'FAILED'} {results[name][1]:6.1f} s {msg}")
     say(f"adaptmg warmup: done in {time.perf_counter() - t0:.1f} s")
+    if record is not None:
+        from .kernel_manifest import merge
+        done = {n: p for n, p in parts.items() if results[n][0] and os.path.exists(p)}
+        merge(done, record)
+        say(f"adaptmg warmup: kernel manifest of {len(done)} tasks written to {record}")
     return results

@@ -129,7 +129,7 @@ def test_fresh_process_with_empty_cupy_cache_compiles_nothing_after_warmup(tmp_p
     """After a warm-up task, a new process with an empty CuPy cache loads every kernel of the
     same task from adaptmg's cache (nothing left to compile)."""
     env = dict(os.environ, ADAPTMG_KERNEL_CACHE=str(tmp_path / "adaptmg"),
-               CUPY_CACHE_DIR=str(tmp_path / "cupy1"))
+               CUPY_CACHE_DIR=str(tmp_path / "cupy1"), ADAPTMG_PREFETCH="0")   # the layers alone
     code = "from adaptmg.device.warmup import run_task; run_task('q1-2d')"
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
     n_adaptmg = len(os.listdir(tmp_path / "adaptmg"))

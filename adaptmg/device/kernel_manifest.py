@@ -1,0 +1,345 @@
+"""Compile a machine's kernels ahead of need, in parallel processes, from a recorded manifest.
+
+A process that meets empty kernel caches compiles every kernel it uses with NVRTC, one
+after another on its own thread, on first use: about 0.24 s each (median), 257 of them for
+a 340k-DoF ``multigrid()`` set-up, solve and ``adaptmg.amg`` set-up -- over 50 s before the
+first answer (``scripts/bench_setup.py --cold``, one H200 host, CuPy 14.2 / CUDA 13).
+Threads do not help: 16 threads compiled the same kernels only 1.9x faster than one (NVRTC
+serialises inside one process).  Processes do: 15 worker processes compile the whole
+manifest (358 kernels) in 21.5 s, and the 340k-DoF run from empty caches, with the workers
+started beside it, takes 9.1 s to the solution instead of 35.9 s.
+
+The *manifest* (``kernel_manifest.json.gz`` beside this file) lists what NVRTC was asked to
+compile while the tasks of :mod:`.warmup` ran -- per task, in first-use order: the source,
+the options, the cache-key ``extra_source`` (CuPy's headers, stored once) and the rest of
+CuPy's compile arguments -- together with the CuPy and NVRTC versions it was recorded with.
+Paths of the recording machine (CuPy's and CUDA's include folders) are stored as
+placeholders and put back for this machine's install, so the replayed call is the one a
+process here would make.  ``python -m adaptmg warmup --record`` writes it (on a GPU machine).
+
+:func:`prefetch` (started once per process by :func:`adaptmg.backend.get_backend` the first
+time it hands out the GPU) starts ``jobs`` worker processes that compile the manifest's
+kernels -- the caller's first tasks first, then every other -- into the kernel caches
+(:mod:`.kernel_cache`: CuPy's and adaptmg's) and return at once.  The calling process goes on:
+a kernel it needs is loaded from the cache when a worker has written it, else compiled by the
+caller as before, so the prefetch never makes a run slower than without it apart from the
+CPU the workers take.  When all workers succeed, a marker file in adaptmg's cache
+(``prefetched-<manifest hash>-sm<arch>``; a failed worker leaves its ``prefetch-*.log``
+there) keeps later processes from starting them again; a
+lock file beside it keeps the ranks of one ``mpiexec`` from starting a set each.
+Nothing happens when the manifest was recorded with another CuPy or NVRTC version (its
+sources would not be the ones this CuPy generates), when adaptmg's cache is off
+(``ADAPTMG_KERNEL_CACHE=off``) or with ``ADAPTMG_PREFETCH=0``.
+
+The workers import only CuPy's compiler and :mod:`.kernel_cache` (this file run as a script)
+and do not load the cubins into a CUDA context: they take no GPU memory.
+
+Reaching into CuPy: the recorder wraps and the workers call
+``cupy.cuda.compiler._compile_with_cache_cuda`` (a private function of CuPy 14).  Where it is
+missing, recording raises and :func:`prefetch` does nothing.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+__all__ = ["MANIFEST", "record", "merge", "load", "prefetch", "versions"]
+
+MANIFEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_manifest.json.gz")
+FORMAT = 2
+_STATE = {"started": None}
+
+
+def _paths():
+    """Placeholder -> this machine's path (CuPy's package folder, the CUDA toolkit)."""
+    import cupy
+    out = {"{CUPY}": os.path.dirname(os.path.abspath(cupy.__file__))}
+    try:
+        cuda = cupy.cuda.get_cuda_path()
+    except Exception:                                   # pragma: no cover - no toolkit path
+        cuda = None
+    if cuda:
+        out["{CUDA}"] = cuda
+    return out
+
+
+def _generic(text, paths):
+    for ph, p in paths.items():
+        text = text.replace(p, ph)
+    return text
+
+
+def _specific(text, paths):
+    for ph, p in paths.items():
+        text = text.replace(ph, p)
+    return text
+
+
+def versions(compiler=None):
+    """``(cupy version, nvrtc version)`` of this process, as the manifest stores them."""
+    import cupy
+    if compiler is None:
+        import cupy.cuda.compiler as compiler
+    return cupy.__version__, list(compiler._get_nvrtc_version())
+
+
+_SKIP = ("log_stream", "cache_in_memory")     # not part of what is compiled (nor folders: "dir")
+_TEXT = ("source", "extra_source")
+
+
+@contextmanager
+def record(path):
+    """Within the block, log every call of CuPy's compile-with-cache function (hits
+    included: first-use order), its arguments by name, and write them as JSON to ``path``
+    at the end."""
+    import inspect
+
+    import cupy.cuda.compiler as compiler
+    orig = compiler._compile_with_cache_cuda
+    sig = inspect.signature(orig)
+    paths, log, lock = _paths(), [], threading.Lock()
+    here_arch = compiler._get_arch()            # not stored: the replay uses its machine's
+
+    def logged(*args, **kw):
+        bound = sig.bind(*args, **kw)
+        entry = {}
+        for name, v in bound.arguments.items():
+            if name in _SKIP or "dir" in name or (name not in ("source", "options") and v in (None, False)):
+                continue
+            if name == "arch" and str(v) == str(here_arch):
+                continue
+            if name == "source":
+                v = _generic(v, paths)
+            elif name == "options":
+                v = [_generic(o, paths) for o in v]
+            elif isinstance(v, tuple):                 # kept a tuple on replay
+                v = {"tuple": list(v)}
+            entry[name] = v
+        with lock:
+            log.append(entry)
+        return orig(*args, **kw)
+
+    compiler._compile_with_cache_cuda = logged
+    try:
+        yield log
+    finally:
+        compiler._compile_with_cache_cuda = orig
+        with open(path, "w") as f:
+            json.dump({"versions": versions(compiler), "entries": log}, f)
+
+
+def merge(parts: dict, out=MANIFEST):
+    """Write the manifest from ``{task: path of a record() file}`` (tasks in priority order):
+    every distinct compile call once (``entries``), each task as the indices of its calls in
+    first-use order, the ``extra_source`` texts (CuPy's headers) once."""
+    extras, entries, index, tasks, vers = [], [], {}, {}, None
+    for task, path in parts.items():
+        with open(path) as f:
+            rec = json.load(f)
+        if vers is None:
+            vers = rec["versions"]
+        elif rec["versions"] != vers:
+            raise ValueError(f"task {task!r} was recorded with {rec['versions']}, others with {vers}")
+        mine = []
+        for e in rec["entries"]:
+            x = e.pop("extra_source", None)
+            if x is not None:
+                if x not in extras:
+                    extras.append(x)
+                e["extra_source"] = extras.index(x)     # an index into extra_sources
+            key = json.dumps(e, sort_keys=True)
+            if key not in index:
+                index[key] = len(entries)
+                entries.append(e)
+            if index[key] not in mine:
+                mine.append(index[key])
+        tasks[task] = mine
+    doc = {"format": FORMAT, "cupy": vers[0], "nvrtc": vers[1], "extra_sources": extras,
+           "entries": entries, "tasks": tasks}
+    with gzip.open(out, "wt", compresslevel=9) as f:
+        json.dump(doc, f, separators=(",", ":"))
+    return out
+
+
+def load(path=MANIFEST):
+    """The manifest as a dict, or None when there is none or its format is not this one's."""
+    try:
+        with gzip.open(path, "rt") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return doc if doc.get("format") == FORMAT else None
+
+
+def _ordered(doc, first=()):
+    """The distinct entries, those of the tasks in ``first`` before the others (each task in
+    its first-use order)."""
+    names = [t for t in first if t in doc["tasks"]] + [t for t in doc["tasks"] if t not in first]
+    seen, out = set(), []
+    for t in names:
+        for i in doc["tasks"][t]:
+            if i not in seen:
+                seen.add(i)
+                out.append(doc["entries"][i])
+    return out
+
+
+def _marker(folder, doc_bytes, arch):
+    return os.path.join(folder, f"prefetched-{hashlib.md5(doc_bytes).hexdigest()[:16]}-sm{arch}")
+
+
+def prefetch(first=(), jobs=None, path=MANIFEST, wait=False):
+    """Start compiling the manifest's kernels in ``jobs`` worker processes (default: CPU
+    count - 1) unless done before on this machine; see the module docstring.  ``first``:
+    warm-up task names whose kernels go first.  Returns the list of worker processes (empty
+    when nothing was started); ``wait=True`` waits for them."""
+    from .kernel_cache import cache_dir
+    folder = cache_dir()
+    if folder is None or os.environ.get("ADAPTMG_PREFETCH", "1").strip().lower() in ("0", "off", "no", "false"):
+        return []
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    doc = load(path)
+    if doc is None:
+        return []
+    try:
+        import cupy.cuda.compiler as compiler
+    except ImportError:
+        return []
+    if not hasattr(compiler, "_compile_with_cache_cuda"):
+        return []
+    cupy_v, nvrtc_v = versions(compiler)
+    if doc["cupy"] != cupy_v or list(doc["nvrtc"]) != nvrtc_v:
+        return []
+    arch = compiler._get_arch()
+    marker = _marker(folder, raw, arch)
+    if os.path.exists(marker):
+        return []
+    os.makedirs(folder, exist_ok=True)
+    lock = marker + ".lock"                   # one prefetch per machine at a time (mpiexec ranks)
+    try:
+        if time.time() - os.path.getmtime(lock) > 600:   # left by a process that died
+            os.remove(lock)
+    except OSError:
+        pass
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except OSError:
+        return []
+    order = os.path.join(folder, f"prefetch-order-{os.getpid()}.json")
+    with open(order, "w") as f:
+        json.dump({"entries": _ordered(doc, first), "extra_sources": doc["extra_sources"]}, f)
+    if jobs is None:
+        jobs = max(1, (os.cpu_count() or 2) - 1)
+    # run as a script by path (runpy: the package folder is not put on sys.path): the
+    # workers import neither adaptmg nor anything but CuPy's compiler
+    boot = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
+    logs = [os.path.join(folder, f"prefetch-{os.getpid()}-{i}.log") for i in range(jobs)]
+    procs = []
+    for i, log in enumerate(logs):
+        with open(log, "w") as err:
+            procs.append(subprocess.Popen([sys.executable, "-c", boot, os.path.abspath(__file__), order, str(i),
+                                           str(jobs), str(arch)], stdout=subprocess.DEVNULL, stderr=err))
+
+    def settle():
+        codes = [p.wait() for p in procs]
+        for code, log in zip(codes, logs):     # a failed worker's log stays for whoever asks why
+            if code == 0:
+                try:
+                    os.remove(log)
+                except OSError:
+                    pass
+        if all(c == 0 for c in codes):
+            with open(marker, "w") as f:
+                f.write(f"{len(_ordered(doc))} kernels, CuPy {cupy_v}, NVRTC {nvrtc_v}\n")
+        for f in (order, lock):
+            try:
+                os.remove(f)
+            except OSError:
+                pass
+
+    if wait:
+        settle()
+    else:
+        threading.Thread(target=settle, name="adaptmg-prefetch", daemon=True).start()
+    return procs
+
+
+def start_once(first=()):
+    """:func:`prefetch` at most once per process (errors are swallowed: a prefetch is only an
+    optimisation, the kernels then compile on first use as without it)."""
+    if _STATE["started"] is None:
+        _STATE["started"] = []
+        try:
+            _STATE["started"] = prefetch(first)
+        except Exception:                                # pragma: no cover - defensive
+            pass
+    return _STATE["started"]
+
+
+class _Unloaded:
+    """Stand-in for ``cupy.cuda.function.Module`` in a worker: the cubin is written to the
+    caches by the compile call, nobody here launches it, so it is not loaded (no context)."""
+
+    def load(self, cubin):
+        pass
+
+    def load_file(self, path):
+        pass
+
+
+def _worker(order, index, jobs, arch):
+    """Compile entries ``index::jobs`` of the order file into the caches (see above)."""
+    import importlib.util
+    import inspect
+    import types
+
+    import cupy.cuda.compiler as compiler
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("_adaptmg_kernel_cache", os.path.join(here, "kernel_cache.py"))
+    kc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kc)
+    kc.install(compiler)
+    real = compiler.function
+    shim = types.ModuleType("function_without_load")
+    shim.__dict__.update({k: getattr(real, k) for k in dir(real) if not k.startswith("__")})
+    shim.Module = _Unloaded
+    compiler.function = shim
+    with open(order) as f:
+        doc = json.load(f)
+    paths, extras = _paths(), doc["extra_sources"]
+    # the cache folder argument (its name varies across CuPy versions): None, CuPy's default
+    folders = {n: None for n, p in inspect.signature(compiler._compile_with_cache_cuda).parameters.items()
+               if "dir" in n}
+    for e in doc["entries"][index::jobs]:
+        kw = {k: (tuple(v["tuple"]) if isinstance(v, dict) else v) for k, v in e.items()}
+        kw["source"] = _specific(e["source"], paths)
+        kw["options"] = tuple(_specific(o, paths) for o in e["options"])
+        kw["arch"] = e.get("arch") or arch
+        kw.update(folders)
+        if "extra_source" in e:
+            kw["extra_source"] = extras[e["extra_source"]]
+        try:
+            compiler._compile_with_cache_cuda(**kw)
+        except Exception:
+            if compiler.function is shim:              # the stand-in was not enough: the real
+                import cupy                            # one, in a context of the visible device
+                compiler.function = real
+                cupy.cuda.runtime.free(0)
+                compiler._compile_with_cache_cuda(**kw)
+            else:
+                raise
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])

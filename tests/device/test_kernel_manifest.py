@@ -1,0 +1,170 @@
+"""The recorded kernel manifest and its parallel replay (adaptmg.device.kernel_manifest).
+
+On the CPU a fake ``cupy.cuda.compiler`` stands in for CuPy's: what is checked is that the
+replay hands CuPy's compile function exactly the arguments the recorded process gave it,
+with the recording machine's paths swapped for this machine's, and that :func:`prefetch`
+declines where it must.  The GPU test replays a real manifest into empty caches and checks
+that the kernel is then loaded, not compiled."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from adaptmg.device import kernel_manifest as km
+
+
+def _fake_cupy(monkeypatch, root, calls, arch="90", version="14.2.0"):
+    cupy = types.ModuleType("cupy")
+    cupy.__file__ = os.path.join(root, "cupy", "__init__.py")
+    cupy.__version__ = version
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.get_cuda_path = lambda: os.path.join(root, "cuda")
+    compiler = types.ModuleType("cupy.cuda.compiler")
+
+    def compile_with_cache(source, options, arch, cache_dir, extra_source=None, backend="nvrtc",
+                           enable_cooperative_groups=False, name_expressions=None, log_stream=None,
+                           cache_in_memory=False, jitify=False):
+        calls.append(dict(source=source, options=options, arch=arch, extra_source=extra_source,
+                          backend=backend, name_expressions=name_expressions, jitify=jitify))
+
+    compiler._compile_with_cache_cuda = compile_with_cache
+    compiler._get_nvrtc_version = lambda: (13, 2)
+    compiler._get_arch = lambda: arch
+    compiler.function = types.ModuleType("cupy.cuda.function")
+    compiler.function.Module = object
+    cupy.cuda = cuda
+    cuda.compiler = compiler
+    for name, mod in (("cupy", cupy), ("cupy.cuda", cuda), ("cupy.cuda.compiler", compiler)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    return compiler
+
+
+def _record_two_tasks(monkeypatch, tmp_path):
+    calls = []
+    root = str(tmp_path / "machine_a")
+    comp = _fake_cupy(monkeypatch, root, calls)
+    inc = f"-I{root}/cupy/_core/include"
+    parts = {}
+    with km.record(tmp_path / "a.json"):
+        comp._compile_with_cache_cuda("k1 src", (inc, "--std=c++17"), None, None, "HEADERS", "nvrtc")
+        comp._compile_with_cache_cuda("k2 src", (inc,), "90", None, "HEADERS", "nvrtc",
+                                      name_expressions=("f<double>", "f<float>"), jitify=True)
+        comp._compile_with_cache_cuda("k1 src", (inc, "--std=c++17"), None, None, "HEADERS", "nvrtc")
+    parts["a"] = str(tmp_path / "a.json")
+    with km.record(tmp_path / "b.json"):
+        comp._compile_with_cache_cuda("k3 src", (f"-I{root}/cuda/include",), None, None, None, "nvrtc")
+        comp._compile_with_cache_cuda("k1 src", (inc, "--std=c++17"), None, None, "HEADERS", "nvrtc")
+    parts["b"] = str(tmp_path / "b.json")
+    return calls, parts
+
+
+def test_record_merge_order_and_placeholders(monkeypatch, tmp_path):
+    calls, parts = _record_two_tasks(monkeypatch, tmp_path)
+    assert len(calls) == 5                            # the recorder passes every call through
+    out = km.merge(parts, tmp_path / "m.json.gz")
+    doc = km.load(out)
+    assert doc["cupy"] == "14.2.0" and doc["nvrtc"] == [13, 2]
+    assert doc["extra_sources"] == ["HEADERS"]         # stored once
+    task = {t: [doc["entries"][i] for i in ix] for t, ix in doc["tasks"].items()}
+    assert [e["source"] for e in task["a"]] == ["k1 src", "k2 src"]    # duplicates dropped
+    assert [e["source"] for e in task["b"]] == ["k3 src", "k1 src"]
+    assert len(doc["entries"]) == 3                                      # each call stored once
+    assert task["a"][0]["options"] == ["-I{CUPY}/_core/include", "--std=c++17"]
+    assert task["b"][0]["options"] == ["-I{CUDA}/include"]
+    assert "arch" not in task["a"][1]          # the recording machine's arch: not stored
+    assert [e["source"] for e in km._ordered(doc)] == ["k1 src", "k2 src", "k3 src"]
+    assert [e["source"] for e in km._ordered(doc, first=("b",))] == ["k3 src", "k1 src", "k2 src"]
+
+
+def test_worker_replays_the_recorded_calls_on_another_install(monkeypatch, tmp_path):
+    _, parts = _record_two_tasks(monkeypatch, tmp_path)
+    doc = km.load(km.merge(parts, tmp_path / "m.json.gz"))
+    calls = []
+    root = str(tmp_path / "machine_b")
+    _fake_cupy(monkeypatch, root, calls, arch="100")
+    order = tmp_path / "order.json"
+    order.write_text(json.dumps({"entries": km._ordered(doc), "extra_sources": doc["extra_sources"]}))
+    for i in range(2):                                 # two workers, entries i::2
+        km._worker(str(order), i, 2, "100")
+    got = {c["source"]: c for c in calls}
+    assert sorted(got) == ["k1 src", "k2 src", "k3 src"]
+    assert got["k1 src"]["options"] == (f"-I{root}/cupy/_core/include", "--std=c++17")
+    assert got["k1 src"]["extra_source"] == "HEADERS" and got["k3 src"]["extra_source"] is None
+    assert got["k3 src"]["options"] == (f"-I{root}/cuda/include",)
+    assert got["k2 src"]["name_expressions"] == ("f<double>", "f<float>") and got["k2 src"]["jitify"] is True
+    assert {c["arch"] for c in calls} == {"100"}       # this machine's architecture
+
+
+def test_prefetch_declines(monkeypatch, tmp_path):
+    _, parts = _record_two_tasks(monkeypatch, tmp_path)
+    path = km.merge(parts, tmp_path / "m.json.gz")
+    monkeypatch.setenv("ADAPTMG_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ADAPTMG_PREFETCH", "0")
+    assert km.prefetch(path=path, wait=True) == []
+    monkeypatch.setenv("ADAPTMG_PREFETCH", "1")
+    _fake_cupy(monkeypatch, str(tmp_path / "c"), [], version="15.0.0")     # another CuPy
+    assert km.prefetch(path=path, wait=True) == []
+    assert km.prefetch(path=tmp_path / "missing.json.gz", wait=True) == []
+    monkeypatch.setenv("ADAPTMG_KERNEL_CACHE", "off")
+    _fake_cupy(monkeypatch, str(tmp_path / "c"), [])
+    assert km.prefetch(path=path, wait=True) == []
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.gpu
+def test_prefetch_fills_empty_caches(tmp_path):
+    """Record one RawKernel in a process with empty caches, replay the manifest into new
+    empty caches in worker processes; a third process then runs it without NVRTC (NVRTC
+    programs with a body counted; the recording process's count shows the counter counts)."""
+    name = f"adaptmg_manifest_probe_{os.getpid()}"
+    src = f'extern "C" __global__ void {name}(double* x) {{ x[0] += 1.0; }}'
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os, sys
+        import cupy
+        import cupy.cuda.compiler as C
+        from adaptmg.backend import get_backend
+        from adaptmg.device import kernel_manifest as km
+        km._STATE["started"] = []              # not the package's manifest: only this test's
+        get_backend("gpu")
+        count = [0]
+        real = C.nvrtc.createProgram
+        def counted(src, *a, **k):          # programs with a body (CuPy also compiles an empty
+            count[0] += bool(src.strip())   # one per option set: its NVRTC version probe)
+            return real(src, *a, **k)
+        C.nvrtc.createProgram = counted
+        mode, where = sys.argv[1], sys.argv[2]
+        def probe():
+            x = cupy.zeros(1)
+            cupy.RawKernel({src!r}, {name!r})((1,), (1,), (x,))
+            return float(x[0])
+        if mode == "record":
+            with km.record(os.path.join(where, "t.json")):
+                probe()
+            km.merge({{"t": os.path.join(where, "t.json")}}, os.path.join(where, "m.json.gz"))
+        elif mode == "replay":
+            procs = km.prefetch(path=os.path.join(where, "m.json.gz"), jobs=2, wait=True)
+            print(json.dumps([p.returncode for p in procs]))
+        else:
+            print(json.dumps(probe()))
+        print(json.dumps(count[0]))
+    """))
+
+    def run(mode, cache, prefetch="0"):
+        env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / cache / "cupy"),
+                   ADAPTMG_KERNEL_CACHE=str(tmp_path / cache / "adaptmg"), ADAPTMG_PREFETCH=prefetch)
+        p = subprocess.run([sys.executable, str(script), mode, str(tmp_path)], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return [json.loads(line) for line in p.stdout.strip().splitlines()[-2:]]
+
+    assert run("record", "first")[-1] >= 1                  # NVRTC ran (empty caches)
+    codes, _ = run("replay", "second", prefetch="1")
+    assert codes and all(c == 0 for c in codes)
+    files = os.listdir(tmp_path / "second" / "adaptmg")
+    assert any(f.startswith("prefetched-") for f in files), files
+    assert run("use", "second") == [1.0, 0]                 # right answer, nothing compiled
