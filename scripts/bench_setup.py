@@ -16,7 +16,8 @@ Cases (3-D Q1 Poisson, homogeneous Dirichlet, f = 1):
 
 ``--cold`` runs every case first in a fresh process whose kernel caches (CuPy's
 ``CUPY_CACHE_DIR`` and adaptmg's ``ADAPTMG_KERNEL_CACHE``) are empty folders -- what the
-first run on a new machine meets -- and reports how many kernels it loaded and how many it
+first run on a new machine meets, the kernel manifest's parallel compilation included
+(:mod:`adaptmg.device.kernel_manifest`; ``ADAPTMG_BENCH_PREFETCH=0`` leaves it out) -- and reports how many kernels it loaded and how many it
 compiled; on the GPU then ``adaptmg warmup`` into an adaptmg cache and each case again in
 a fresh process with an empty CuPy cache (what every run after the warm-up meets); then
 the same case warm in this process (after one untimed run).  ``--profile N`` prints the N functions with the most
@@ -121,7 +122,8 @@ def cold(case, args, adaptmg_cache):
     """``case`` in a fresh process whose CuPy kernel cache is an empty folder and whose
     adaptmg kernel cache is ``adaptmg_cache`` (an empty one: the first run on a machine)."""
     with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, CUPY_CACHE_DIR=cache, ADAPTMG_KERNEL_CACHE=adaptmg_cache)
+        env = dict(os.environ, CUPY_CACHE_DIR=cache, ADAPTMG_KERNEL_CACHE=adaptmg_cache,
+                   ADAPTMG_PREFETCH=os.environ.get("ADAPTMG_BENCH_PREFETCH", "1"))
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cases", case,
                "--backend", args.backend, "--load", args.load, "--refine", str(args.refine), "--dofs", str(args.dofs)]
         if args.amg:
@@ -181,6 +183,8 @@ def main():
     args = ap.parse_args()
     if args.child:
         return child(args)
+    if args.cold:       # this process's own kernel prefetch would compete with the cold runs
+        os.environ["ADAPTMG_PREFETCH"] = "0"
     from adaptmg.backend import get_backend
     be = get_backend(args.backend)
     args.backend = be.name
