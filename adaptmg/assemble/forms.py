@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import Backend, get_backend, is_device_sparse
+from ..backend import Backend, backend_of, get_backend, is_device_array, is_device_sparse
 from ..fe.element import LagrangeQ
 from ..fe.geometry import CellGeometry, affine_mask, jacobian_error, matmul_serial, metric_factor, sym_pairs
 from ..fe.quadrature import default_num_points, tensor_gauss
@@ -276,10 +276,11 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
     device without the host round trip when ``device`` is set and the space is scalar, else
     the host result moved there.
 
-    ``device_elements`` (with ``device``; a factor that reads only ``g.J``/``g.detJ``, i.e.
-    constant coefficients): the element matrices too are computed on the device, with the
-    full quadrature rule on every cell (:func:`.on_device.element_entries_on_device`):
-    nothing of O(cells) is computed on the host or copied up but the mesh itself.
+    ``device_elements`` (with ``device``; a factor that reads only ``g.J``/``g.detJ``/``g.invJ``,
+    i.e. constant coefficients, written against the backend of ``wdet``): the element matrices
+    too -- and ``extra``'s -- are computed on the device, with the full quadrature rule on every
+    cell (:func:`.on_device.element_entries_on_device`): nothing of O(cells) is computed on the
+    host or copied up but the mesh itself.
     """
     nq, m, per = Tq.shape
     if device is not None:
@@ -320,18 +321,20 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
         def finish(dst):
             return componentwise(pat.csr(dst), info.components)
     T_full = np.ascontiguousarray(Tq.reshape(nq * m, per))
-    if device is not None and device_elements and extra is None:     # no host chunk buffers
+    if extra is not None:
+        cols, Te = extra
+        me = Te.shape[1]
+        Te_full = np.ascontiguousarray(Te.reshape(nq * me, per))
+    if device is not None and device_elements:      # no host chunk loop, no host buffers
         from .on_device import element_entries_on_device
-        element_entries_on_device(device, info, xi, w, factor, T_full, data)
-        return _kept(finish(data), keep)
+        element_entries_on_device(device, info, xi, w, factor, T_full, data,
+                                  extra=None if extra is None else (cols, Te_full, data_e))
+        return _finished(finish, data, data_e, keep)
     T_aff = np.tensordot(w, Tq, axes=1)
     group = info.affine_group(xi, per) if affine_ok else 1
     step = info.chunk_size(xi, per) * group
     buf = np.empty((step, per))
     if extra is not None:
-        cols, Te = extra
-        me = Te.shape[1]
-        Te_full = np.ascontiguousarray(Te.reshape(nq * me, per))
         Te_aff = np.tensordot(w, Te, axes=1)
         buf_e = np.empty((step, per))
     for sl, g in info.chunks(xi, per, affine=affine_ok, group=group):
@@ -351,9 +354,14 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
             Fe = np.ascontiguousarray(F[:, :, cols]).reshape(nf, -1)
             K = matmul_serial(Fe, Te_aff if g.affine else Te_full, out=buf_e[:nf])
             add(data_e, sl, np.broadcast_to(K[:1], (n, per)) if one else K)
-    out = (finish(data),) if extra is None else (finish(data), finish(data_e))
-    out = tuple(_kept(M, keep) for M in out)
-    return out[0] if extra is None else out
+    return _finished(finish, data, data_e if extra is not None else None, keep)
+
+
+def _finished(finish, data, data_e, keep):
+    """``finish`` of the summed entries (and of the extra part's, ``data_e`` not None), each
+    matrix on the ``keep`` backend: ``A`` or ``(A, A_e)``."""
+    out = tuple(_kept(finish(d), keep) for d in ((data,) if data_e is None else (data, data_e)))
+    return out[0] if data_e is None else out
 
 
 def _kept(M, keep):
@@ -404,9 +412,11 @@ def _convection_tensor(phi, dphi):
 
 
 def _convection_factor(g, bv, wdet):
-    r""":math:`F_{c,q,e} = w_q \det J\, (J^{-1} b)_e` (n, nq, d)."""
-    bv = np.broadcast_to(bv, (g.num_cells, g.num_points, g.dim))
-    F = np.einsum("cqea,cqa->cqe", g.invJ, bv)
+    r""":math:`F_{c,q,e} = w_q \det J\, (J^{-1} b)_e` (n, nq, d), on the backend of ``wdet``
+    (a host ``bv`` goes to the device with a device geometry)."""
+    xp = backend_of(wdet).xp
+    bv = xp.broadcast_to(xp.asarray(bv), (g.num_cells, g.num_points, g.dim))
+    F = xp.einsum("cqea,cqa->cqe", g.invJ, bv)
     F *= wdet[:, :, None]
     return F
 
@@ -558,10 +568,15 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
     instead of the host row grouping and ``np.add.at``); the element matrices are still
     computed on the host and the result is the same host CSR, bit for bit. Meshes with
     fewer than ``MIN_DEVICE_ENTRIES`` element entries stay on the host.
-    ``keep_on_device=True`` (with a GPU ``device``) returns cupyx CSR matrices instead, with
-    the same arrays: for a scalar space the sums and the index arrays never leave the
-    device (no download of the matrix, no upload by the solver later); otherwise, and for
-    small meshes, the host result is moved there.
+    ``keep_on_device=True`` (with a GPU ``device``) returns cupyx CSR matrices instead: for a
+    scalar space the sums and the index arrays never leave the device (no download of the
+    matrix, no upload by the solver later); otherwise, and for small meshes, the host result
+    is moved there.  With constant coefficients the element matrices of a kept matrix are
+    computed on the device as well (:func:`.on_device.element_entries_on_device`, ``return_mass``
+    included): the full quadrature rule on every cell instead of the host's affine and
+    congruent-cell shortcuts, so the entries agree with the host path's to a few ulps (not
+    bit for bit), and the host does nothing of O(cells) (issue 36: the host chunk loop was
+    most of the transport-diffusion assembly's time on the GPU).
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
@@ -592,7 +607,9 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
     if "mass" in active:
         Tm = (phi[:, :, None] * phi[:, None, :]).reshape(nq, 1, L)
         if const_m:
-            add(Tm * float(np.asarray(mass)), lambda sl, g, wdet, out: np.copyto(out[..., 0], wdet))
+            def fm(sl, g, wdet, out):
+                out[..., 0] = wdet                          # host or device arrays
+            add(Tm * float(np.asarray(mass)), fm)
         else:
             add(Tm, lambda sl, g, wdet, out: np.multiply(wdet, ev_m(sl, g), out=out[..., 0]))
     if "diffusion" in active:
@@ -616,7 +633,10 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
 
     def factor(sl, g, wdet):
         n, nqg = wdet.shape
-        F = fbuf[:n * nqg * m].reshape(n, nqg, m)
+        if is_device_array(wdet):                   # the device elements' geometry
+            F = backend_of(wdet).xp.empty((n, nqg, m))
+        else:
+            F = fbuf[:n * nqg * m].reshape(n, nqg, m)
         for cols, fn in parts:
             fn(sl, g, wdet, F[:, :, cols])
         return F
@@ -625,9 +645,11 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
     const = {"mass": const_m, "diffusion": const_k, "convection": convection is not None and const_b}
     uniform = all(const[nm] for nm in active)
     extra = (parts[0][0], blocks[0]) if return_mass else None
+    keep = _keep_backend("scalar_form", device, keep_on_device)
+    # a kept matrix with constant coefficients: the element matrices too on the device
     return _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=extra,
                             device=_assembly_device(device, info, L), uniform=uniform,
-                            keep=_keep_backend("scalar_form", device, keep_on_device))
+                            keep=keep, device_elements=keep is not None and uniform)
 
 
 def load(space, f, *, quad_points=None, device=None):

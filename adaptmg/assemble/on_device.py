@@ -62,12 +62,21 @@ def _values(be, f, sl, x, num_cells, n, nq, c):
 
 
 class _DeviceGeometry:
-    """``J`` (n, nq, d, d) and ``detJ`` (n, nq) of a chunk on the device: what the constant-
-    coefficient factors of the forms read (see :func:`element_entries_on_device`)."""
+    """``J`` (n, nq, d, d), ``detJ`` (n, nq) and, computed on first access, ``invJ`` of a chunk
+    on the device: what the constant-coefficient factors of the forms read (see
+    :func:`element_entries_on_device`); ``num_cells``, ``num_points``, ``dim`` as
+    :class:`~adaptmg.fe.geometry.CellGeometry`'s."""
 
     def __init__(self, J, detJ):
         self.J, self.detJ = J, detJ
-        self.num_cells = J.shape[0]
+        self.num_cells, self.num_points, self.dim = J.shape[0], J.shape[1], J.shape[-1]
+        self._invJ = None
+
+    @property
+    def invJ(self):
+        if self._invJ is None:
+            self._invJ = _det_inv(self.J)[1]
+        return self._invJ
 
 
 def _chunks(be, info, xi, step=DEVICE_CHUNK_CELLS):
@@ -90,19 +99,29 @@ def _chunks(be, info, xi, step=DEVICE_CHUNK_CELLS):
         raise jacobian_error(to_host(bad))
 
 
-def element_entries_on_device(be, info, xi, w, factor, T_full, out):
+def element_entries_on_device(be, info, xi, w, factor, T_full, out, extra=None):
     r"""Element matrices :math:`K_c = F_c T` of every cell into the device array ``out``
     (cells * nloc^2, cell-major), the geometric factor ``F = factor(sl, g, w det J)``
-    (n, nq, m) computed from the device geometry ``g`` (``J``, ``detJ``) and contracted with
-    the reference tensor ``T_full`` (nq * m, nloc^2) in one GEMM per chunk.  Only for
-    factors that read nothing but ``g.J``/``g.detJ`` (constant coefficients)."""
+    (n, nq, m) computed from the device geometry ``g`` (``J``, ``detJ``, ``invJ``) and
+    contracted with the reference tensor ``T_full`` (nq * m, nloc^2) in one GEMM per chunk.
+    Only for factors that read nothing but the geometry (constant coefficients).
+
+    ``extra = (cols, Te_full, out_e)``: also the element matrices of a part of the form, the
+    factor columns ``cols`` (a slice of the m axis) against ``Te_full`` (nq * m_e, nloc^2),
+    into ``out_e`` (e.g. the mass term of :func:`~adaptmg.assemble.scalar_form`'s
+    ``return_mass``), from the same factor."""
     xp = be.xp
     w_d, T_d = xp.asarray(w), xp.asarray(T_full)
     per = T_full.shape[1]
+    if extra is not None:
+        cols, Te_d, out_e = extra[0], xp.asarray(extra[1]), extra[2]
     for sl, _, g in _chunks(be, info, xi):
         F = factor(sl, g, g.detJ * w_d)
         n = g.num_cells
-        out[sl.start * per:sl.stop * per] = (F.reshape(n, -1) @ T_d).reshape(-1)
+        lo, hi = sl.start * per, sl.stop * per
+        out[lo:hi] = (F.reshape(n, -1) @ T_d).reshape(-1)
+        if extra is not None:
+            out_e[lo:hi] = (xp.ascontiguousarray(F[:, :, cols]).reshape(n, -1) @ Te_d).reshape(-1)
     return out
 
 

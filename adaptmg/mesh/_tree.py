@@ -19,10 +19,12 @@ mesh never share a diagonal).
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..threads import default_threads
 from . import reference as ref
 from ._grow import grown
 
@@ -33,6 +35,10 @@ MAX_NODES = 2 ** 31 - 1
 # first cast to intp (a copy of every (cell, vertex) slot, measured slower overall)
 NODE = np.int32
 CELL = np.intp
+#: splits of at least this many cells build the children's cell arrays (parent, first child,
+#: level, region, boundary ids) on a worker thread while the calling thread creates the
+#: nodes (see :meth:`Forest.split`)
+SPLIT_THREAD_CELLS = 1 << 15
 
 
 def pack(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -93,6 +99,16 @@ def unique_pairs(lo: np.ndarray, hi: np.ndarray):
     rank -= 1
     inv[perm] = rank
     return ulo, perm.take(idx), inv
+
+
+class _Now:
+    """A finished task's result, for :meth:`Forest._split` without a pool."""
+
+    def __init__(self, value):
+        self._value = value
+
+    def result(self):
+        return self._value
 
 
 def _check_nodes(n: int) -> None:
@@ -190,6 +206,21 @@ class Forest:
         m = cells.size
         if m == 0:
             return self
+        # for large splits a worker thread (NumPy's copies and gathers release the GIL) builds
+        # the children's cell arrays but their vertices (they depend on ``cells`` alone) while
+        # this thread creates the nodes, then the node arrays while this thread writes the
+        # children's vertices; the same arrays either way
+        if m < SPLIT_THREAD_CELLS or default_threads() < 2:
+            return self._split(cells, None)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="adaptmg-split") as pool:
+            return self._split(cells, pool)
+
+    def _split(self, cells: np.ndarray, pool) -> "Forest":
+        """:meth:`split`, the independent parts on ``pool`` (None: all in this thread)."""
+        def task(fn, *args):
+            return _Now(fn(*args)) if pool is None else pool.submit(fn, *args)
+        kids = task(self._child_cells, cells)
+        m = cells.size
         d = self.dim
         nv = 2 ** d
         lat = ref.lattice(d, 3)                      # (3^d, d)
@@ -272,10 +303,29 @@ class Forest:
             else:
                 new_par.append((k, [np.take(c.ravel(), first) for c in C]))
         _check_nodes(n_next)
+        nodes = task(self._new_nodes, new_par, n_next, CN)
 
-        # node arrays of the new forest, written in place (old part shared or copied, see
-        # _grow; new nodes after it: edge midpoints, face centres, cell centres): coordinates
-        # = mean of the parents
+        # the cell arrays are written in place into the new forest's arrays (old part shared or
+        # copied, children gathered straight into the tail): no child-sized temporaries to
+        # concatenate
+        nc = self.num_cells
+        ncn = nc + m * nv
+        # children: child c takes lattice points c + e for its vertices e
+        cell_nodes = grown(self.cell_nodes, ncn)
+        np.take(L, ref.child_lattice_index(d).reshape(-1), axis=1, mode="clip",
+                out=cell_nodes[nc:].reshape(m, nv * nv))
+        X, kind, par = nodes.result()
+        return replace(self, X=X, node_kind=kind, node_par=par, cell_nodes=cell_nodes,
+                       edge_keys=edge_keys, edge_nodes=edge_nodes, face_keys=face_keys,
+                       face_nodes=face_nodes, **kids.result())
+
+    def _new_nodes(self, new_par, n_next, CN):
+        """(X, node_kind, node_par) of the split forest: ``new_par`` lists (kind, parent
+        columns) of the new nodes in order (edge midpoints, face centres, cell centres: the
+        last with the split cells' vertices ``CN`` as parents), ``n_next`` nodes in all.
+        Written in place (old part shared or copied, see _grow; new nodes after it):
+        coordinates = mean of the parents."""
+        d = self.dim
         nn0 = self.num_nodes
         X = grown(self.X, n_next)
         kind = grown(self.node_kind, n_next)
@@ -292,16 +342,18 @@ class Forest:
                 for j, c in enumerate(cols):
                     par[at:end, j] = c
             at = end
+        return X, kind, par
 
-        # the cell arrays are written in place into the new forest's arrays (old part shared or
-        # copied, children gathered straight into the tail): no child-sized temporaries to
-        # concatenate.  cell_child0 changes for old cells: always a copy
+    def _child_cells(self, cells: np.ndarray) -> dict:
+        """The cell arrays of the forest split at ``cells`` but its vertices: ``cell_parent``,
+        ``cell_child0``, ``cell_level``, ``cell_region``, ``cell_bface`` (children after the old
+        cells, 2^d consecutive per split cell, in the order of ``cells``).  cell_child0 changes
+        for old cells: always a copy."""
+        m, d = cells.size, self.dim
+        nv = 2 ** d
+        cor = ref.corners(d)
         nc = self.num_cells
         ncn = nc + m * nv
-        # children: child c takes lattice points c + e for its vertices e
-        cell_nodes = grown(self.cell_nodes, ncn)
-        np.take(L, ref.child_lattice_index(d).reshape(-1), axis=1, mode="clip",
-                out=cell_nodes[nc:].reshape(m, nv * nv))
         cell_parent = grown(self.cell_parent, ncn)
         for j in range(nv):                          # column copies: faster than one (m, nv) broadcast
             cell_parent[nc + j::nv] = cells
@@ -344,10 +396,5 @@ class Forest:
             np.take(pbx, cols, axis=1, mode="clip", out=tail)
         else:
             tail[bnd] = np.take(pbx, cols, axis=1)
-        return replace(
-            self,
-            X=X, node_kind=kind, node_par=par,
-            cell_nodes=cell_nodes, cell_parent=cell_parent, cell_child0=cell_child0,
-            cell_level=cell_level, cell_bface=cell_bface, cell_region=cell_region,
-            edge_keys=edge_keys, edge_nodes=edge_nodes, face_keys=face_keys, face_nodes=face_nodes,
-        )
+        return dict(cell_parent=cell_parent, cell_child0=cell_child0, cell_level=cell_level,
+                    cell_bface=cell_bface, cell_region=cell_region)

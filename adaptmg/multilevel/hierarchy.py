@@ -157,6 +157,12 @@ def _after(first, fn, *args):
     return fn(*args)
 
 
+def _constrained(cons, A):
+    """``cons.result().matrix(A)``: a level's constrained matrix once its constraints (a
+    future submitted before this task) are built."""
+    return cons.result().matrix(A)
+
+
 def _level_prolongation(coarse, fine, cons_coarse, cons_fine, be=None, device_id=None):
     """(P, R = P^T as CSR) between two levels, once both levels' constraints are built; with
     ``be`` the GPU backend both are built on device ``device_id`` (this may run on a worker
@@ -423,36 +429,37 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         # runs on worker threads while this thread calls ``assemble`` (user code, maybe not
         # thread-safe) fine to coarse; every task is a pure function of its inputs, so the
         # result does not depend on the scheduling
-        # (a task only waits for tasks submitted before it: no deadlock with FIFO workers)
-        cons_f = [pool.submit(tl.wrap(f"constraints {l}", _level_constraints), s, dirichlet)
-                  for l, s in enumerate(spaces[:-1])] + [fine_cons]
+        # (a task only waits for tasks submitted before it: no deadlock with FIFO workers).
+        # Fine to coarse: the largest tasks first, so that the finest transfer -- the longest
+        # task -- starts as soon as the two finest levels' constraints are there
+        cons_f = [None] * (L - 1) + [fine_cons]
+        for l in range(L - 2, -1, -1):
+            cons_f[l] = pool.submit(tl.wrap(f"constraints {l}", _level_constraints), spaces[l], dirichlet)
         # on the GPU the transfers are built on the device (rediscretised levels; the Galerkin
         # products below run on the host)
         on_dev = (be, int(be.xp.cuda.Device().id)) if be.is_gpu and not galerkin else (None, None)
-        P_f = [None] + [pool.submit(tl.wrap(f"transfer {l}", _level_prolongation), spaces[l - 1],
-                                    spaces[l], cons_f[l - 1], cons_f[l], *on_dev)
-                        for l in range(1, L)]
+        P_f = [None] * L
+        for l in range(L - 1, 0, -1):
+            P_f[l] = pool.submit(tl.wrap(f"transfer {l}", _level_prolongation), spaces[l - 1],
+                                 spaces[l], cons_f[l - 1], cons_f[l], *on_dev)
         assemble = _on_backend(assemble, be)
         Afine = tl.wrap(f"assemble {L - 1}", assemble)(space)
         n = space.num_dofs
         if getattr(Afine, "shape", None) != (n, n):
             raise ValueError(f"assemble(space) must return a {n} x {n} matrix, "
                              f"got shape {getattr(Afine, 'shape', None)}")
-        cons = [f.result() for f in cons_f]
         fine_H.result()
         K_f = [None] * L
-        if _on_device(Afine):
-            # on the device, in this thread (CuPy's current device is per thread): a few kernels
-            K_f[-1] = _Inline._Done(tl.wrap(f"constrain {L - 1}", cons[-1].matrix), (Afine,))
-        else:
-            K_f[-1] = pool.submit(tl.wrap(f"constrain {L - 1}", cons[-1].matrix), Afine)
-        if not galerkin:
-            for l in range(L - 2, -1, -1):
-                A_l = tl.wrap(f"assemble {l}", assemble)(spaces[l])
-                if _on_device(A_l):              # device work stays in this thread (see above)
-                    K_f[l] = _Inline._Done(tl.wrap(f"constrain {l}", cons[l].matrix), (A_l,))
-                else:
-                    K_f[l] = pool.submit(tl.wrap(f"constrain {l}", cons[l].matrix), A_l)
+        # each level's constraining waits for that level's constraints only (not for the
+        # coarser levels', still being built on the workers)
+        for l in range(L - 1, L - 2 if galerkin else -1, -1):      # fine to coarse
+            A_l = Afine if l == L - 1 else tl.wrap(f"assemble {l}", assemble)(spaces[l])
+            if _on_device(A_l):
+                # on the device, in this thread (CuPy's current device is per thread): a few kernels
+                K_f[l] = _Inline._Done(tl.wrap(f"constrain {l}", cons_f[l].result().matrix), (A_l,))
+            else:
+                K_f[l] = pool.submit(tl.wrap(f"constrain {l}", _constrained), cons_f[l], A_l)
+        cons = [f.result() for f in cons_f]
         PRs = [(None, None)] + [f.result() for f in P_f[1:]]
         Ps = [P for P, _ in PRs]
         Ks = [None] * L

@@ -101,18 +101,21 @@ def system_matrix(dt: float, lam: float = LAMBDA, b=B, device=None):
     (``return_mass=True``: one more small product and scatter, cheaper than a
     separate assembly, whose cost is mostly the geometry) and kept in
     ``A.first_mass = (space, M)`` so that it is not assembled twice. ``device`` goes to
-    :func:`~adaptmg.assemble.scalar_form` (GPU: pattern and sums there; same host CSR); on
-    a GPU the first (finest) pair stays there as cupyx matrices (``keep_on_device``): the
-    multigrid builder then constrains that level on the device, and neither matrix makes
-    the round trip through the host.
+    :func:`~adaptmg.assemble.scalar_form`; on a GPU every level's matrix (and the first
+    mass matrix) stays there as cupyx matrices (``keep_on_device``: element matrices,
+    pattern and sums computed there, the coefficients being constants): the multigrid
+    builder then constrains each level on the device, and no matrix makes the round trip
+    through the host (before: only the finest level; the coarser ones were assembled with
+    host element matrices, summed on the device, downloaded, constrained on the host and
+    uploaded again by the solver's set-up).
     """
     bt = dt * np.asarray(b, dtype=np.float64)
+    keep = device is not None and get_backend(device).is_gpu
 
     def A(space):
-        kw = dict(mass=1.0, diffusion=dt * lam, convection=bt, device=device)
+        kw = dict(mass=1.0, diffusion=dt * lam, convection=bt, device=device, keep_on_device=keep)
         if A.first_mass[0] is None:
-            keep = device is not None and get_backend(device).is_gpu
-            Ah, M = assemble.scalar_form(space, return_mass=True, keep_on_device=keep, **kw)
+            Ah, M = assemble.scalar_form(space, return_mass=True, **kw)
             A.first_mass = (space, M)
             return Ah
         return assemble.scalar_form(space, **kw)

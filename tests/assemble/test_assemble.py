@@ -725,12 +725,15 @@ def test_scalar_form_keep_on_device_needs_a_gpu_device():
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [2, 3])
 def test_scalar_form_keep_on_device_same_arrays(d, monkeypatch):
-    """keep_on_device=True: cupyx CSR matrices with the host path's arrays bit for bit (sums and
-    index arrays built on the device for scalar spaces; the host result moved for c = 2 and for
-    meshes below MIN_DEVICE_ENTRIES), canonical, and not sharing index arrays with each other."""
+    """keep_on_device=True: cupyx CSR matrices with the host path's index arrays (built on the
+    device for scalar spaces; the host result moved for c = 2 and for meshes below
+    MIN_DEVICE_ENTRIES), canonical, and not sharing index arrays with each other; the entries
+    equal to a few ulps where the device computed the element matrices (constant coefficients,
+    full quadrature on every cell), bit for bit where the host result was moved."""
     from adaptmg.backend import is_device_sparse, to_host
     from adaptmg.assemble import forms
     from adaptmg.fe import Space
+    eps = np.finfo(np.float64).eps
     kw = dict(mass=1.0, diffusion=0.3, convection=np.arange(1.0, d + 1))
     for limit in (0, 1 << 30):
         monkeypatch.setattr(forms, "MIN_DEVICE_ENTRIES", limit)
@@ -741,8 +744,53 @@ def test_scalar_form_keep_on_device_same_arrays(d, monkeypatch):
                 assert is_device_sparse(Y) and Y.has_canonical_format
                 Yh = to_host(Y)
                 assert np.array_equal(X.indptr, Yh.indptr) and np.array_equal(X.indices, Yh.indices)
-                assert np.array_equal(X.data, Yh.data)
+                if limit:
+                    assert np.array_equal(X.data, Yh.data)
+                else:
+                    assert np.max(np.abs(X.data - Yh.data)) <= 64 * eps * np.max(np.abs(X.data))
             assert A1.indices.data.ptr != M1.indices.data.ptr
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_scalar_form_device_elements_run_on_numpy(d, monkeypatch):
+    """scalar_form(keep_on_device=True) with constant coefficients takes the device elements'
+    path (geometry, the combined factor -- mass, metric, J^-1 b -- and the return_mass part from
+    one GEMM per chunk, full quadrature on every cell; pattern and sums of DevicePattern); run
+    on NumPy (the CPU backend standing in for the GPU) it gives the host path's matrices to a
+    few ulps on distorted, sheared and adaptive meshes, Q1 and Q2, c = 1 and 2."""
+    from adaptmg.assemble import forms, on_device
+    from adaptmg.assemble._device import DevicePattern
+    from adaptmg.backend import CPU
+    from adaptmg.fe import Space
+    eps = np.finfo(np.float64).eps
+    kw = dict(mass=1.5, diffusion=0.3, convection=np.arange(1.0, d + 1))
+    spaces = [space(d, 1, "distorted"), space(d, 2, "sheared", c=2), Space(_adaptive_mesh(d), 1, 1),
+              Space(_adaptive_mesh(d), 2, 1)]
+    ref = [asm.scalar_form(s, return_mass=True, **kw) for s in spaces]
+    calls = []
+    entries = on_device.element_entries_on_device
+    monkeypatch.setattr(on_device, "element_entries_on_device",
+                        lambda *a, **k: calls.append(k["extra"] is not None) or entries(*a, **k))
+    monkeypatch.setattr(forms, "_assembly_device", lambda device, info, per: CPU if device == "np" else None)
+    monkeypatch.setattr(forms, "_keep_backend", lambda name, device, keep: CPU if keep else None)
+    monkeypatch.setattr(forms, "get_device_pattern", lambda be, r, c, nr, nc: DevicePattern(be, r, c, nr, nc))
+    for s, (A0, M0) in zip(spaces, ref):
+        A1, M1 = asm.scalar_form(s, return_mass=True, device="np", keep_on_device=True, **kw)
+        for X, Y in ((A0, A1), (M0, M1)):
+            assert np.array_equal(X.indptr, Y.indptr) and np.array_equal(X.indices, Y.indices)
+            assert np.max(np.abs(X.data - Y.data)) <= 64 * eps * np.max(np.abs(X.data))
+        A2 = asm.scalar_form(s, device="np", keep_on_device=True, **kw)
+        assert np.max(np.abs(A2 - A0)) <= 64 * eps * np.max(np.abs(A0.data))
+    assert calls == [True, False] * len(spaces)
+    # a per-cell (non-constant) coefficient keeps the host elements (their factor is host code)
+    flags = []
+    inner = forms._assemble_scalar
+    monkeypatch.setattr(forms, "_assemble_scalar",
+                        lambda *a, **k: flags.append(k["device_elements"]) or inner(*a, **k))
+    s = spaces[0]
+    for mass in (1.5, np.full(s.mesh.num_cells, 1.5)):
+        asm.scalar_form(s, device="host", keep_on_device=True, **dict(kw, mass=mass))
+    assert flags == [True, False]
 
 
 @pytest.mark.parametrize("d,k,mesh", [(2, 1, "distorted"), (3, 1, "uniform"), (3, 1, "distorted"),

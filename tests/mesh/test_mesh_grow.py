@@ -76,3 +76,38 @@ def test_branching_refinements_equal_fresh_builds(dim, monkeypatch):
     _same(_arrays(c), _arrays(fc))
     _same(_arrays(e), _arrays(fc.refine()))
     assert e.num_hanging_nodes > 0
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_split_on_a_worker_thread_equals_the_serial_split(dim, monkeypatch):
+    """Forest.split with its cell and node arrays built on a worker thread (large splits, more
+    than one host thread) gives the serial split's forest, array for array (uniform and local
+    refinements, regions, boundary ids, hanging nodes), and uses the worker."""
+    import threading
+
+    from adaptmg.mesh import _tree
+
+    def build():
+        m = Mesh.box([0] * dim, [1] * dim, [3] * dim).refine()
+        F = m._forest
+        m = Mesh(dataclasses.replace(F, cell_region=np.arange(F.num_cells, dtype=np.int32) % 3), m.cell_ids)
+        m = m.refine(m.cell_vertices().mean(1)[:, 0] < 0.4)
+        return m.refine().refine(m.refine().cell_vertices().mean(1).sum(1) < 0.5)
+
+    monkeypatch.setenv("ADAPTMG_THREADS", "2")
+    monkeypatch.setattr(_tree, "SPLIT_THREAD_CELLS", 1 << 40)
+    serial = build()
+    names = []
+    for fn in ("_child_cells", "_new_nodes"):
+        orig = getattr(_tree.Forest, fn)
+        monkeypatch.setattr(_tree.Forest, fn, lambda *a, _f=orig: names.append(threading.current_thread().name)
+                            or _f(*a))
+    monkeypatch.setattr(_tree, "SPLIT_THREAD_CELLS", 1)
+    threaded = build()
+    assert names and all(n.startswith("adaptmg-split") for n in names)
+    assert serial._forest.cell_region is not None and serial.num_hanging_nodes > 0
+    _same(_arrays(threaded), _arrays(serial))
+    monkeypatch.setenv("ADAPTMG_THREADS", "1")       # one host thread: no worker
+    names.clear()
+    _same(_arrays(build()), _arrays(serial))
+    assert set(names) == {threading.current_thread().name}

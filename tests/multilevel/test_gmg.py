@@ -341,6 +341,37 @@ def test_setup_timeline_lists_every_task_once(threads):
     assert all(0.0 <= a <= b <= wall for _, _, a, b in rows)
 
 
+def test_setup_constrains_a_level_without_waiting_for_coarser_constraints(monkeypatch):
+    """The per-level tasks go in fine to coarse (the finest transfer, the longest, first), and
+    a level is constrained once its own constraints are there: with the coarsest level's
+    constraints held back, the finest level is constrained before they end, and the levels
+    are the same as with every task in order (threads=1)."""
+    import time
+    from adaptmg.multilevel import hierarchy as gmg
+    m = Mesh.box([0.0] * 2, [1.0] * 2, [2] * 2)
+    for _ in range(4):
+        m = m.refine()
+    kw = dict(coarse_max_rows=None, max_coarse=None)
+    ref = adaptmg.multigrid(adaptmg.Space(m, 1), assemble.stiffness, threads=1, **kw)
+    order = [r[0] for r in ref.setup_timeline]
+    L = len(ref.spaces)
+    assert order.index(f"transfer {L - 1}") < order.index("transfer 1")
+    assert order.index(f"constraints {L - 2}") < order.index("constraints 0")
+    inner = gmg._level_constraints
+
+    def slow(space, *a):
+        if space.mesh.num_cells == ref.spaces[0].mesh.num_cells:
+            time.sleep(0.8)
+        return inner(space, *a)
+    monkeypatch.setattr(gmg, "_level_constraints", slow)
+    ml = adaptmg.multigrid(adaptmg.Space(m, 1), assemble.stiffness, threads=4, **kw)
+    spans = {r[0]: r for r in ml.setup_timeline}
+    assert spans[f"constrain {L - 1}"][3] < spans["constraints 0"][3] - 0.4
+    for a, b in zip(ml.levels, ref.levels):
+        assert abs(a.A - b.A).max() == 0
+        assert a.P is None or abs(a.P - b.P).max() == 0
+
+
 @pytest.mark.parametrize("degree,components,cmr", [(1, 1, 60), (1, 1, 200), (2, 1, 150), (1, 2, 120)])
 def test_coarsening_stops_where_coarse_max_rows_cuts(monkeypatch, degree, components, cmr):
     """With coarse_max_rows, global coarsening stops at a mesh of at most coarse_max_rows /
