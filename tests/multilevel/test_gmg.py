@@ -343,10 +343,12 @@ def test_setup_timeline_lists_every_task_once(threads):
 
 def test_setup_constrains_a_level_without_waiting_for_coarser_constraints(monkeypatch):
     """The per-level tasks go in fine to coarse (the finest transfer, the longest, first), and
-    a level is constrained once its own constraints are there: with the coarsest level's
-    constraints held back, the finest level is constrained before they end, and the levels
-    are the same as with every task in order (threads=1)."""
-    import time
+    a level is constrained once its own constraints are there: the coarsest level's
+    constraints are held back until the finest level has been constrained (an event, no
+    clock: with constraining after every level's constraints they would wait in vain, and
+    the test fails after the timeout), and the levels are the same as with every task in
+    order (threads=1)."""
+    import threading
     from adaptmg.multilevel import hierarchy as gmg
     m = Mesh.box([0.0] * 2, [1.0] * 2, [2] * 2)
     for _ in range(4):
@@ -357,16 +359,23 @@ def test_setup_constrains_a_level_without_waiting_for_coarser_constraints(monkey
     L = len(ref.spaces)
     assert order.index(f"transfer {L - 1}") < order.index("transfer 1")
     assert order.index(f"constraints {L - 2}") < order.index("constraints 0")
-    inner = gmg._level_constraints
+    inner_cons, inner_constrained = gmg._level_constraints, gmg._constrained
+    finest_done, seen = threading.Event(), []
 
-    def slow(space, *a):
+    def held(space, *a):
         if space.mesh.num_cells == ref.spaces[0].mesh.num_cells:
-            time.sleep(0.8)
-        return inner(space, *a)
-    monkeypatch.setattr(gmg, "_level_constraints", slow)
+            seen.append(finest_done.wait(timeout=30))
+        return inner_cons(space, *a)
+
+    def constrained(cons, A):
+        out = inner_constrained(cons, A)
+        if A.shape[0] == ref.spaces[-1].num_dofs:
+            finest_done.set()
+        return out
+    monkeypatch.setattr(gmg, "_level_constraints", held)
+    monkeypatch.setattr(gmg, "_constrained", constrained)
     ml = adaptmg.multigrid(adaptmg.Space(m, 1), assemble.stiffness, threads=4, **kw)
-    spans = {r[0]: r for r in ml.setup_timeline}
-    assert spans[f"constrain {L - 1}"][3] < spans["constraints 0"][3] - 0.4
+    assert seen == [True]
     for a, b in zip(ml.levels, ref.levels):
         assert abs(a.A - b.A).max() == 0
         assert a.P is None or abs(a.P - b.P).max() == 0
