@@ -315,11 +315,6 @@ def _worker(order, index, jobs, arch):
     shim.__dict__.update({k: getattr(real, k) for k in dir(real) if not k.startswith("__")})
     shim.Module = _Unloaded
     compiler.function = shim
-    nvrtc_plain = getattr(compiler, "compile_using_nvrtc", None)
-    if nvrtc_plain is not None and os.environ.get("ADAPTMG_PREFETCH_PCH", "0") == "1":
-        def with_pch(source, options=(), *a, **k):     # NVRTC's automatic precompiled headers:
-            return nvrtc_plain(source, tuple(options) + ("--pch",), *a, **k)   # not in the key
-        compiler.compile_using_nvrtc = with_pch
     with open(order) as f:
         doc = json.load(f)
     paths, extras = _paths(), doc["extra_sources"]
@@ -337,10 +332,7 @@ def _worker(order, index, jobs, arch):
         try:
             compiler._compile_with_cache_cuda(**kw)
         except Exception:
-            if nvrtc_plain is not None and compiler.compile_using_nvrtc is not nvrtc_plain:
-                compiler.compile_using_nvrtc = nvrtc_plain     # this NVRTC refuses --pch
-                compiler._compile_with_cache_cuda(**kw)
-            elif compiler.function is shim:            # the stand-in was not enough: the real
+            if compiler.function is shim:            # the stand-in was not enough: the real
                 import cupy                            # one, in a context of the visible device
                 compiler.function = real
                 cupy.cuda.runtime.free(0)
