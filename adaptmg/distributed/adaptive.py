@@ -39,8 +39,10 @@ Step :math:`\ell` on the forest :math:`\mathcal T_\ell` (every phase collective)
 The history records per step the cells, DoFs (global nodes, hanging ones included, as the
 serial ``space.num_dofs``), CG iterations, the estimate :math:`(\sum\eta_K^2)^{1/2}`, the
 errors :math:`\|u-u_h\|_{L^2}`, :math:`|u-u_h|_{H^1}` when the exact solution is given (owned
-leaves per rank, squares summed by ``allreduce``), and the wall seconds of each phase (set-up,
-solve, estimate, mark, refine, repartition; the maximum over the ranks).  GPU: ``backend`` goes
+leaves per rank, squares summed by ``allreduce``), and the wall seconds of each phase (set-up:
+the multigrid hierarchy from the forest, the load and ``H x``, all of :func:`.solve.solve_forest`
+but the Krylov solve; solve; estimate; error; mark; refine; repartition; the maximum over the
+ranks).  GPU: ``backend`` goes
 to :func:`.solve.solve_forest`; estimating, marking and the forest stay on the host.
 """
 from __future__ import annotations
@@ -169,7 +171,7 @@ def _check_args(forest, f, exact, grad, steps, max_dofs, theta):
     return ""
 
 
-PHASES = ("setup", "solve", "estimate", "mark", "refine", "repartition")
+PHASES = ("setup", "solve", "estimate", "error", "mark", "refine", "repartition")
 
 
 def adaptive_loop_forest(forest, f=1.0, *, assemble=_assemble.stiffness, exact=None, grad=None, steps=10,
@@ -212,8 +214,10 @@ def adaptive_loop_forest(forest, f=1.0, *, assemble=_assemble.stiffness, exact=N
     F, hist = forest, []
     for step in range(steps + 1):
         t = dict.fromkeys(PHASES, 0.0)
+        t0 = time.perf_counter()
         res = solve_forest(F, assemble, f, rtol=rtol, **solve_kwargs)
-        t["setup"], t["solve"] = res.timings["setup"], res.timings["solve"]
+        t["solve"] = res.timings["solve"]
+        t["setup"] = time.perf_counter() - t0 - t["solve"]      # hierarchy, load, H x: all but CG
         t0 = time.perf_counter()
         space = res.mg._fine_prep[0]                          # the finest forest's local Q1 space
         u = local_nodal_values(F, res.u_local, res.mg.layout.starts)
@@ -221,8 +225,10 @@ def adaptive_loop_forest(forest, f=1.0, *, assemble=_assemble.stiffness, exact=N
         t["estimate"] = time.perf_counter() - t0
         sums = [float((eta * eta).sum())]
         if exact is not None or grad is not None:
+            t0 = time.perf_counter()
             e = _errors(space, u, exact, grad, cells=F.owned_cells)
             sums += [e.get("L2", 0.0) ** 2, e.get("H1", 0.0) ** 2]
+            t["error"] = time.perf_counter() - t0
         sums = _allsum(comm, np.array(sums))
         row = {"step": step, "cells": F.global_num_cells, "dofs": F.num_global_nodes,
                "iterations": res.iterations, "info": res.info, "estimate": float(np.sqrt(sums[0]))}

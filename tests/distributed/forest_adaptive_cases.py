@@ -14,6 +14,7 @@
   indicators with many exact ties and without, several theta: the differing marks.
 """
 import json
+import os
 import sys
 import warnings
 
@@ -22,7 +23,7 @@ import numpy as np
 import adaptmg
 from adaptmg import assemble
 from adaptmg.distributed import install_excepthook
-from adaptmg.distributed.adaptive import adaptive_loop_forest, doerfler_forest, owned_indicators
+from adaptmg.distributed.adaptive import PHASES, adaptive_loop_forest, doerfler_forest, owned_indicators
 from adaptmg.distributed.forest import DistributedForest
 from adaptmg.estimate import AdaptiveProblem, adaptive_loop, doerfler, residual_indicators
 from adaptmg.fe.norms import errors
@@ -94,7 +95,7 @@ def run_loop(records):
              "info": row["info"], "estimate": row["estimate"], "estimate_serial": srow["estimate"],
              "L2": row["err_L2"], "L2_serial": srow["err_L2"], "H1": row["err_H1"], "H1_serial": srow["err_H1"],
              "owned_min": row["owned_min"], "owned_max": row["owned_max"],
-             "times": {p: row[f"t_{p}"] for p in ("setup", "solve", "estimate", "mark", "refine", "repartition")}}
+             "times": {p: row[f"t_{p}"] for p in PHASES}}
         if r["unmapped"] == 0 and r["cells"] == r["cells_serial"]:
             e = rec["eta"][at]
             r["eta_loop_rel"] = float(np.abs(e - eta_s).max() / eta_s.max())
@@ -135,11 +136,36 @@ def run_doerfler(records):
         records.append({"case": "doerfler", "stage": "marks", "P": COMM.size, "differ": worst})
 
 
+def run_gpu(records, fake):
+    """The loop with ``backend="gpu"`` under the NumPy stand-in for CuPy (the solve's device
+    path; the rest is host) against the CPU loop: the same meshes, iterations, estimates."""
+    F0 = DistributedForest.from_coarse(L.coarse_mesh(), comm=COMM).refine().refine()
+    kw = dict(steps=2, theta=THETA, rtol=RTOL, agglomerate_below=100)
+    cpu = adaptive_loop_forest(F0, L.source_zero_bc, **kw)["history"]
+    if fake:
+        import fake_cupy
+        fake_cupy.install(devices=1)
+    out = adaptive_loop_forest(F0, L.source_zero_bc, backend="gpu", coarse_max_rows=None, **kw)
+    gpu = out["history"]
+    from adaptmg.backend import is_device_array
+    if COMM.rank == 0:
+        records.append({"case": "fake-gpu" if fake else "gpu", "stage": "loop", "P": COMM.size,
+                        "device": bool(is_device_array(out["result"].x_local)),
+                        "cells": [h["cells"] for h in gpu], "cells_cpu": [h["cells"] for h in cpu],
+                        "its": [h["iterations"] for h in gpu], "its_cpu": [h["iterations"] for h in cpu],
+                        "est_rel": max(abs(a["estimate"] / b["estimate"] - 1) for a, b in zip(gpu, cpu))})
+
+
 def main():
     install_excepthook(COMM)
     records = []
-    run_loop(records)
-    run_doerfler(records)
+    if os.environ.get("FOREST_ADAPTIVE_GPU"):         # the real device (test_forest_adaptive, -m gpu)
+        run_gpu(records, False)
+    else:
+        run_loop(records)
+        run_doerfler(records)
+        if COMM.size == 2:
+            run_gpu(records, True)           # last: it replaces CuPy for the rest of the process
     if COMM.rank == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(records, f)

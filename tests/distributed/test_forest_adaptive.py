@@ -84,6 +84,28 @@ def test_distributed_doerfler_equals_the_serial_one_with_ties(adaptive_results):
     assert adaptive_results[("doerfler", "marks")]["differ"] == 0
 
 
+@needs_mpi
+def test_gpu_backend_with_a_stand_in_device(adaptive_results):
+    """``backend="gpu"`` (the solve on the device; NumPy standing in for CuPy, np2): the same
+    meshes and iterations as the CPU loop, estimates within 1e-12."""
+    if ("fake-gpu", "loop") not in adaptive_results:
+        pytest.skip("run under mpiexec -n 2 only")
+    r = adaptive_results[("fake-gpu", "loop")]
+    assert r["device"] and r["cells"] == r["cells_cpu"] and r["its"] == r["its_cpu"], r
+    assert r["est_rel"] <= 1e-12, r
+
+
+@needs_mpi
+@pytest.mark.gpu
+def test_gpu_backend_on_the_device(tmp_path, monkeypatch):
+    """``backend="gpu"`` on the real device (2 ranks: one GPU each, or sharing one): the same
+    meshes as the CPU loop, iterations within 1, estimates within 1e-9."""
+    monkeypatch.setenv("FOREST_ADAPTIVE_GPU", "1")
+    r = worker_records(WORKER, 2, tmp_path)[("gpu", "loop")]
+    assert r["device"] and r["cells"] == r["cells_cpu"], r
+    assert max(abs(a - b) for a, b in zip(r["its"], r["its_cpu"])) <= 1 and r["est_rel"] <= 1e-9, r
+
+
 def test_bad_input_and_the_partial_face_matching():
     from adaptmg.distributed.adaptive import adaptive_loop_forest, doerfler_forest
     from adaptmg.distributed.forest import DistributedForest
