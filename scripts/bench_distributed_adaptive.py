@@ -117,10 +117,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
-        worker(args)
-    else:
-        driver(args)
+    (worker if args.worker else driver)(args)
 
 
 if __name__ == "__main__":

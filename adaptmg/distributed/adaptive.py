@@ -55,8 +55,7 @@ from .. import assemble as _assemble
 from ..estimate.residual import residual_indicators
 from ..fe import Space
 from ..fe.norms import errors as _errors
-from .comm import agree
-from .forest import DistributedForest, _allsum, _exscan
+from .forest import DistributedForest, _agree, _allsum, _exscan
 from .forest_rows import _owner_ranges, _pull
 from .solve import solve_forest
 
@@ -65,14 +64,6 @@ __all__ = ["local_nodal_values", "owned_indicators", "doerfler_forest", "adaptiv
 #: pivots per round of the distributed Doerfler search (256-ary: <= 8 rounds over 2^63 patterns)
 SEARCH_WAYS = 256
 _INF_BITS = int(np.float64(np.inf).view(np.int64))
-
-
-def _agree(comm, ok, msg):
-    if comm.Get_size() == 1:
-        if not ok:
-            raise ValueError(msg)
-    else:
-        agree(comm, ok, msg)
 
 
 def local_nodal_values(forest, u_owned, starts=None) -> np.ndarray:
