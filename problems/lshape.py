@@ -63,6 +63,43 @@ def grad(x):
     return np.stack([ur * c - ut * s, ur * s + ut * c], axis=-1)
 
 
+# -- the variant with homogeneous Dirichlet data (for solvers that take u = 0 on the boundary,
+#    e.g. adaptmg.distributed.solve_forest): u0 = s w, s = r^(2/3) sin(2 theta / 3) the corner
+#    singularity, w = (1 - x^2)(1 - y^2) exp(a x + b y) a weight vanishing on the outer edges
+#    (s vanishes on the re-entrant ones); a != -b breaks the symmetry about y = -x, so no two
+#    cells have equal indicators (Doerfler marking has no ties to break).  s is harmonic, so
+#    f0 = -Laplace u0 = -(s Laplace w + 2 grad s . grad w) (bounded but for r^(-1/3) at 0).
+WEIGHT_A, WEIGHT_B = 0.5, 0.25
+
+
+def _weight(x):
+    """w, grad w (..., 2), Laplace w."""
+    X, Y, a, b = x[..., 0], x[..., 1], WEIGHT_A, WEIGHT_B
+    e = np.exp(a * X + b * Y)
+    qx, qy = 1 - X * X, 1 - Y * Y
+    q = qx * qy
+    wx = e * (-2 * X * qy + a * q)
+    wy = e * (-2 * Y * qx + b * q)
+    lap = e * (-2 * qy - 4 * a * X * qy + a * a * q - 2 * qx - 4 * b * Y * qx + b * b * q)
+    return e * q, np.stack([wx, wy], axis=-1), lap
+
+
+def exact_zero_bc(x):
+    """u0 = r^(2/3) sin(2 theta / 3) (1 - x^2)(1 - y^2) exp(x / 2 + y / 4): 0 on the boundary."""
+    return exact(x) * _weight(x)[0]
+
+
+def grad_zero_bc(x):
+    w, gw, _ = _weight(x)
+    return grad(x) * w[..., None] + exact(x)[..., None] * gw
+
+
+def source_zero_bc(x):
+    """f0 = -Laplace u0 = -(s Laplace w + 2 grad s . grad w)."""
+    _, gw, lap = _weight(x)
+    return -(exact(x) * lap + 2 * (grad(x) * gw).sum(-1))
+
+
 def _bump_raw(x):
     q = ((x - GOAL_CENTER) ** 2).sum(-1) / GOAL_RADIUS ** 2
     inside = q < 1

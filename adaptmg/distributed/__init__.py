@@ -23,10 +23,14 @@ forest rebuilt from leaf keys), :mod:`.forest_rows` (owned rows of a Q1 matrix, 
 constrained form and of the constrained load, in global node ids, from the forest's local
 meshes), :mod:`.forest_transfer` (owned rows of P and R between consecutive forest levels,
 coarse cells asked for by key) and :mod:`.forest_levels` (the multigrid hierarchy set up
-from a forest: :func:`solve_forest`, no rank ever holds the whole fine mesh; Q1 scalar)::
+from a forest: :func:`solve_forest`, no rank ever holds the whole fine mesh; Q1 scalar), and
+:mod:`.adaptive` (the adaptive loop on the forest: solve, residual indicators of the owned
+leaves from the local mesh, Doerfler marking across ranks without a gather, refine,
+repartition; :func:`adaptive_loop_forest`)::
 
     df = DistributedForest.box([0, 0, 0], [1, 1, 1], [2, 2, 2]).refine().refine()
     res = solve_forest(df, assemble.stiffness, f=1.0, rtol=1e-8)   # res.u_local: owned nodes
+    out = adaptive_loop_forest(df, f=1.0, steps=6, theta=0.5)     # out["history"]: per step
 
 ``mpiexec -n 4 python -m adaptmg run poisson`` runs the Poisson demo distributed (the
 problem asks :func:`launched_size`; rank 0 prints and writes the outputs).  The ``mpiexec``
@@ -76,6 +80,7 @@ refuses two ranks on one device), CUDA-aware MPI (not used: MPI sees host buffer
 more than one node, and performance (no overlap tuning: the exchange runs on CuPy's
 current stream).
 """
+from .adaptive import adaptive_loop_forest, doerfler_forest
 from .comm import (agree, allreduce_sum, get_comm, guard, have_mpi, install_excepthook, launched_rank, launched_size,
                    local_rank, resolve_transport, select_device)
 from .csr import DistCSR, Layout, dot, dots, norm
@@ -85,7 +90,7 @@ from .partition import (coarse_cell_ranks, curve_order, dof_owners, fold_cell_ra
                         level_ranks, partition_cells)
 from .solve import DistributedResult, resolve, solve, solve_forest, solve_poisson
 
-__all__ = ["agree", "allreduce_sum", "get_comm", "guard", "have_mpi", "install_excepthook", "launched_rank",
+__all__ = ["adaptive_loop_forest", "doerfler_forest", "agree", "allreduce_sum", "get_comm", "guard", "have_mpi", "install_excepthook", "launched_rank",
            "launched_size", "local_rank", "resolve_transport", "select_device", "DistCSR", "Layout",
            "dot", "dots", "norm", "DistributedForest", "DistributedHierarchy", "RankZeroCycle", "coarse_cell_ranks", "curve_order",
            "dof_owners", "fold_cell_ranks", "imbalance", "level_ranks", "partition_cells", "DistributedResult", "resolve", "solve",

@@ -63,7 +63,9 @@ solver: the owned rows of a Q1 matrix and of its constrained form in global ids
 (:mod:`.forest_transfer`: a fine leaf's coarse cell asked for by key from its owner) and the
 distributed multigrid hierarchy over them with the small levels gathered on rank 0
 (:mod:`.forest_levels`, :func:`.solve.solve_forest`; every level equal to the serial
-hierarchy's at P = 1, 2, 3).  Not yet: coarse levels on fewer ranks than the job
+hierarchy's at P = 1, 2, 3), and the adaptive loop solve -> estimate -> mark -> refine ->
+repartition (:mod:`.adaptive`: the owned leaves' residual indicators from the local mesh, Doerfler
+marking across ranks; the serial loop's marks at P = 1, 2, 3).  Not yet: coarse levels on fewer ranks than the job
 (:meth:`coarsen_once` refuses to leave a rank without cells; the hierarchy then re-cuts the
 level first, and gathers on rank 0 only below its threshold -- a fold onto fewer ranks, as
 :func:`.partition.fold_cell_ranks`, is the next step); :func:`.solve.solve` still replicates

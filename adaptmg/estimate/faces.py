@@ -76,16 +76,18 @@ def _cache_key(be):
     return ("gpu", int(be.xp.cuda.runtime.getDevice()))
 
 
-def _cache_get(cache, mesh, be):
+def _cache_get(cache, mesh, be, tag=None):
+    key = _cache_key(be) if tag is None else (_cache_key(be), tag)
     try:
-        return cache.get(mesh, {}).get(_cache_key(be))
+        return cache.get(mesh, {}).get(key)
     except TypeError:          # not weak-referenceable: no caching
         return None
 
 
-def _cache_put(cache, mesh, be, value):
+def _cache_put(cache, mesh, be, value, tag=None):
+    key = _cache_key(be) if tag is None else (_cache_key(be), tag)
     try:
-        cache.setdefault(mesh, {})[_cache_key(be)] = value
+        cache.setdefault(mesh, {})[key] = value
     except TypeError:          # not weak-referenceable: no caching
         pass
 
@@ -97,15 +99,20 @@ def _bincount(xp, x, minlength):
     return xp.bincount(x, minlength=minlength)
 
 
-def face_pairs(mesh, backend=None) -> FacePairs:
+def face_pairs(mesh, backend=None, partial=False) -> FacePairs:
     """Match the interior faces of an adaptive mesh (conforming faces and hanging sub-faces).
 
+    ``partial``: the mesh is a piece of a larger one (a distributed forest's owned leaves and
+    ghost layer): an interior face with no neighbour in the piece is left out instead of
+    being an error (the cells at the piece's edge miss those faces; a cell all of whose
+    neighbours are in the piece gets all its faces).
     ``backend``: None or "cpu" (NumPy), "gpu" or a :class:`~adaptmg.backend.Backend`; on the
     GPU the matching runs on CuPy arrays (the mesh tables are copied once per call) and the
     :class:`FacePairs` holds CuPy arrays, the same as the host's (same faces, same order).
     Memoised per mesh and backend."""
     be = _resolve(backend)
-    cache = _cache_get(_FACE_CACHE, mesh, be)
+    tag = "partial" if partial else None
+    cache = _cache_get(_FACE_CACHE, mesh, be, tag)
     if cache is not None:
         return cache
     xp = be.xp
@@ -152,7 +159,7 @@ def face_pairs(mesh, backend=None) -> FacePairs:
     is_fine = xp.zeros(nF, dtype=bool)
     is_fine[fine_rows] = True
     bad = ~(conf | is_coarse | is_fine)
-    if bad.any():                                                  # details copied to the host only here
+    if not partial and bad.any():                                                  # details copied to the host only here
         i = int(xp.flatnonzero(bad)[0])
         raise RuntimeError(f"face matching failed for {int(bad.sum())} interior face(s) (first: cell "
                            f"{int(c_all[i])}, face {int(f_all[i])}, vertices {to_host(V[i]).tolist()}); "
@@ -200,7 +207,7 @@ def face_pairs(mesh, backend=None) -> FacePairs:
         raise RuntimeError("face matching: a face vertex is not a vertex of the neighbour")
     once = xp.concatenate([rows[:nconf] < nbrow[:nconf], xp.ones(fine_rows.size, dtype=bool)])
     out = FacePairs(cell, face, nb, R, hanging, once)
-    _cache_put(_FACE_CACHE, mesh, be, out)
+    _cache_put(_FACE_CACHE, mesh, be, out, tag)
     return out
 
 
@@ -282,19 +289,21 @@ class FaceRuns:
 _RUNS_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # mesh -> {backend: FaceRuns}
 
 
-def face_runs(mesh, backend=None) -> FaceRuns:
+def face_runs(mesh, backend=None, partial=False) -> FaceRuns:
     """The :class:`FaceRuns` of a mesh (memoised per mesh and backend; meshes are immutable).
 
     ``backend`` as in :func:`face_pairs`: on the GPU the face matching, the run grouping and
     the face diameters run on CuPy and ``cell``/``face``/``nb``/``hanging``/``h`` are CuPy
     arrays, equal to the host's in the same order (CuPy's argsort is stable, like the host's
-    ``kind="stable"``); ``R_sets`` is a (small) NumPy array and ``runs`` a list either way."""
+    ``kind="stable"``); ``R_sets`` is a (small) NumPy array and ``runs`` a list either way.
+    ``partial``: as in :func:`face_pairs`."""
     be = _resolve(backend)
-    hit = _cache_get(_RUNS_CACHE, mesh, be)
+    tag = "partial" if partial else None
+    hit = _cache_get(_RUNS_CACHE, mesh, be, tag)
     if hit is not None:
         return hit
     xp, gpu = be.xp, be.is_gpu
-    fp = face_pairs(mesh, be)
+    fp = face_pairs(mesh, be, partial)
     d = mesh.dim
     sel = xp.flatnonzero(fp.once)
     R = fp.R_nb[sel]
@@ -338,7 +347,7 @@ def face_runs(mesh, backend=None) -> FaceRuns:
         runs = [(int(a), int(b), int(key[a] // G), int(key[a] % G)) for a, b in zip(starts, stops) if b > a]
     cell, face = fp.cell[sel], fp.face[sel]
     out = FaceRuns(cell, face, fp.nb[sel], fp.hanging[sel], face_diameters(mesh, cell, face, be), R_sets, runs)
-    _cache_put(_RUNS_CACHE, mesh, be, out)
+    _cache_put(_RUNS_CACHE, mesh, be, out, tag)
     return out
 
 

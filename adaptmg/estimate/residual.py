@@ -205,7 +205,7 @@ def _own_side(dat, tab, cells, face, need_x):
     return ev, nvec * (sign / norm), ev.detJ * norm
 
 
-def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=False, data=None):
+def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=False, data=None, partial=False):
     """Face part of eta_K^2: (1/2) sum h_F ||[flux . n]||^2 (+ Neumann faces).
 
     ``flux_n(grad, nrm, x, cells)`` maps gradients (c, d, m, n) and unit normals (d, m, n)
@@ -214,7 +214,8 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
     Each interior face is integrated once (:func:`.faces.face_runs`) on its own side, with the
     neighbour evaluated at the same points, and the value is added to both cells.
     ``data``: the :class:`_Data` of the call (default: ``U`` on the host); the result is an
-    array of its backend."""
+    array of its backend.  ``partial``: the mesh is a piece of a larger one
+    (:func:`.faces.face_pairs`)."""
     mesh, d = space.mesh, space.dim
     c = space.components
     _check_neumann(neumann, neumann_ids, c)
@@ -222,7 +223,7 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
     xp = dat.xp
     nc = mesh.num_cells
     el = space.element
-    fr = face_runs(mesh, backend=dat.be)                           # on the backend (cached per mesh)
+    fr = face_runs(mesh, backend=dat.be, partial=partial)      # on the backend (cached per mesh)
     Nf, wf = face_quadrature(d, nq)
     wf = dat.array(wf)
     fcell, fnb, fh = dat.array(fr.cell), dat.array(fr.nb), dat.array(fr.h)
@@ -275,7 +276,7 @@ def _resolve(backend):
 
 def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
                         neumann=None, neumann_ids=None, quad_points=None, parts=False,
-                        backend=None):
+                        backend=None, partial=False):
     r"""Residual indicators :math:`\eta_K` (module docstring) for a scalar elliptic or
     transport-diffusion problem :math:`-\nabla\cdot(k\nabla u) + b\cdot\nabla u + c u = f`.
 
@@ -295,6 +296,10 @@ def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
         get CuPy point arrays; a callable that raises TypeError on them (NumPy-only code) is
         evaluated on the host instead, with a copy of the points and of its values per chunk
         (:func:`adaptmg.backend.call_points`).
+    partial : the mesh is a piece of a larger one (a distributed forest's owned leaves and
+        ghost layer, :mod:`adaptmg.distributed.adaptive`): interior faces with no neighbour
+        in it are left out, so only the cells whose neighbours are all in the piece get their
+        full indicator.
 
     Returns eta (num_cells,) with :math:`\eta = (\sum_K\eta_K^2)^{1/2}` the global estimate
     (NumPy arrays, also on the GPU).
@@ -342,7 +347,7 @@ def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
         return _at("k", k, cells, x, xp=xp) * _dot(grad[0], nrm)[None]
 
     face_part = jump_terms(space, U, flux_n, space.degree + 1, neumann, neumann_ids,
-                           need_x=callable(k), data=dat)
+                           need_x=callable(k), data=dat, partial=partial)
     eta = xp.sqrt(cell_part + face_part)
     dat.check()
     if parts:

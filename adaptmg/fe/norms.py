@@ -28,7 +28,7 @@ def _chunks(n, size):
         yield slice(s, min(n, s + size))
 
 
-def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=None):
+def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=None, cells=None):
     """Return {"L2": ||u - u_h||, "H1": |u - u_h|_1} (keys present for the callables given).
 
     ``exact(x)``: (..., d) -> (...) or (..., c); ``grad(x)``: (..., d) -> (..., d) or (..., c, d).
@@ -37,7 +37,9 @@ def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=
     ufuncs such as ``np.sin`` dispatch to CuPy); one that raises TypeError on them is
     evaluated on host copies of the points (:func:`adaptmg.backend.call_points`).  ``points``: Gauss points per direction
     (default degree + 3); ``chunk``: cells per batch (default 2^16 on the CPU; on the GPU
-    as many as keep the Jacobians within 128 MB).
+    as many as keep the Jacobians within 128 MB).  ``cells``: integrate over these cells
+    only (indices; default all), e.g. a rank's owned cells of a distributed forest's local
+    mesh, whose squared norms then add up across ranks.
     """
     for name, fn in (("exact", exact), ("grad", grad)):
         if fn is not None and not callable(fn):
@@ -60,12 +62,20 @@ def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=
     NT = xp.asarray(np.ascontiguousarray(N.T))
     wq = xp.asarray(w)
     P = be.asarray(np.asarray(space.mesh.points, dtype=np.float64))
-    cells = be.asarray(space.mesh.cells)
-    cdofs = be.asarray(space.cell_dofs)
+    nc = space.mesh.num_cells
+    if cells is None:
+        sel = None
+    else:
+        sel = np.asarray(to_host(cells))
+        if sel.ndim != 1 or sel.dtype.kind not in "iu" or (sel.size and (sel.min() < 0 or sel.max() >= nc)):
+            raise ValueError(f"errors: cells must be a 1-D array of cell indices in [0, {nc}), got "
+                             f"{sel.dtype} array of shape {sel.shape}")
+    cells = be.asarray(space.mesh.cells if sel is None else space.mesh.cells[sel])
+    cdofs = be.asarray(space.cell_dofs if sel is None else np.asarray(to_host(space.cell_dofs))[sel])
     # CPU: 2^16 cells; GPU: the largest batch whose Jacobians take <= 2^24 numbers (128 MB)
     size = int(chunk) if chunk else (max(1, (1 << 24) // (nq * d * d)) if be.is_gpu else 1 << 16)
     e2 = h2 = 0.0
-    for sl in _chunks(space.mesh.num_cells, size):
+    for sl in _chunks(cells.shape[0], size):
         XT = P[cells[sl]].transpose(0, 2, 1)                  # (m, d, nv)
         m = XT.shape[0]
         J = (XT @ dNm).reshape(m, d, nq, d).transpose(0, 2, 1, 3)

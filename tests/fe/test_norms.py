@@ -74,3 +74,23 @@ def test_errors_on_the_device_equal_the_host(dim, k, c):
     dev = errors(s, u, host_only, backend=gpu)
     assert abs(dev["L2"] - host["L2"]) <= 1e-12 * host["L2"]
     assert math.isfinite(dev["L2"])
+
+
+def test_errors_over_a_cell_subset_add_up_to_the_whole():
+    """``cells=``: the squared norms over a split of the cells (a distributed forest's owned
+    cells on each rank) add up to those over all cells (within eps units), a subset's are
+    smaller, and bad indices are a ValueError."""
+    m = sheared(2, 2)
+    s = Space(m, 1)
+    exact = lambda x: np.sin(3 * x[..., 0]) * x[..., 1]
+    grad = lambda x: np.stack([3 * np.cos(3 * x[..., 0]) * x[..., 1], np.sin(3 * x[..., 0])], -1)
+    u = np.zeros(s.num_dofs)
+    whole = errors(s, u, exact, grad)
+    part = np.random.default_rng(0).random(m.num_cells) < 0.3
+    a = errors(s, u, exact, grad, cells=np.flatnonzero(part))
+    b = errors(s, u, exact, grad, cells=np.flatnonzero(~part))
+    for k in ("L2", "H1"):
+        assert 0 < a[k] < whole[k] and 0 < b[k] < whole[k]
+        assert abs(a[k] ** 2 + b[k] ** 2 - whole[k] ** 2) <= 64 * np.finfo(float).eps * whole[k] ** 2
+    with pytest.raises(ValueError, match="cell indices"):
+        errors(s, u, exact, grad, cells=np.array([m.num_cells]))
