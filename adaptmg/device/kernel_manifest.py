@@ -32,7 +32,11 @@ sources would not be the ones this CuPy generates), when adaptmg's cache is off
 (``ADAPTMG_KERNEL_CACHE=off``) or with ``ADAPTMG_PREFETCH=0``.
 
 The workers import only CuPy's compiler and :mod:`.kernel_cache` (this file run as a script)
-and do not load the cubins into a CUDA context: they take no GPU memory.
+and hand CuPy a stand-in for its module loader, so that they need no CUDA context and take
+no GPU memory (a worker where that does not work takes a context of the visible device and
+goes on).  They outlive a calling process that ends first and finish filling the cache; the
+marker is then not written, and a process after the lock's ten minutes starts the workers
+again, which find the kernels cached.
 
 Reaching into CuPy: the recorder wraps and the workers call
 ``cupy.cuda.compiler._compile_with_cache_cuda`` (a private function of CuPy 14).  Where it is
@@ -91,7 +95,6 @@ def versions(compiler=None):
 
 
 _SKIP = ("log_stream", "cache_in_memory")     # not part of what is compiled (nor folders: "dir")
-_TEXT = ("source", "extra_source")
 
 
 @contextmanager
