@@ -31,8 +31,10 @@ per rank: :class:`.csr.RangeLayout`, O(P) memory):
 
 They are the levels of **one** :class:`~adaptmg.multilevel.MultilevelSolver` (its cycle),
 preconditioning :mod:`adaptmg.linalg`'s Krylov methods in :func:`.solve.solve_forest`.
-The right-hand side ``Z H^T b`` and the nodal values ``H x`` of the owned nodes come from
-the finest forest alone (:func:`.forest_rows.owned_constrained_load`, :meth:`expand_local`).
+The right-hand side ``Z H^T (b - A H g) + s g`` (Dirichlet values ``g`` lifted as
+:meth:`adaptmg.Constraints.rhs` lifts them) and the nodal values ``H x`` of the owned nodes
+(hanging ones, also on the boundary, follow their parents) come from the finest forest alone
+(:func:`.forest_rows.owned_constrained_load`, :meth:`ForestHierarchy.expand_local`).
 
 Set-up on the host (NumPy/SciPy); with ``backend="gpu"`` the DistCSR blocks, the smoothers
 and rank 0's serial hierarchy live on the device (:class:`~.csr.DistCSR` moves the host rows
@@ -57,7 +59,7 @@ from ..multilevel.solver import MultilevelSolver
 from .comm import HaloTimer, resolve_transport
 from .csr import DistCSR, RangeLayout
 from .forest import DistributedForest, _check
-from .forest_rows import _pull, owned_constrained_load, owned_constrained_rows, prepare
+from .forest_rows import _pull, owned_constrained_load, owned_constrained_rows, owned_dirichlet_values, prepare
 from .forest_transfer import gather_level, prolongation_rows, restriction_rows
 from .hierarchy import RankZeroCycle, _DLevel, _NoRows, _distributed_smoother, level_from_rows
 
@@ -101,11 +103,15 @@ class ForestHierarchy:
     forest : the finest :class:`~.forest.DistributedForest` (its communicator is the job's).
     assemble : ``assemble(space)``, Q1 scalar matrix of a space (called on the rank's owned
         leaves, :class:`~.local.CellSubset`, and on rank 0's serial spaces).
-    dirichlet : spec of boundary faces (None, "all", ids/names, ``where``), homogeneous.
+    dirichlet : spec of boundary faces (None, "all", ids/names, ``where``, or a ``{boundary:
+        value}`` dict whose values :meth:`load_local` lifts); the levels' matrices and the
+        cycle are those of homogeneous data.
     agglomerate_below : levels with fewer global nodes go to rank 0 (the first such one).
     backend, transport : "cpu" or "gpu"; the halo transport on the GPU (:mod:`.comm`).
     smoother, smoother_kwargs, presmooth, postsmooth, multigrid_kwargs : as for
         :func:`adaptmg.multigrid` (jacobi, chebyshev; rank 0's serial hierarchy gets them all).
+    keep_assembled : keep the finest level's owned-leaf matrix ``A_p`` for lifting Dirichlet
+        values in :meth:`load_local` (else it is assembled again there when needed).
 
     Attributes: ``solver``, ``A`` / ``layout`` (the finest level's DistCSR and
     :class:`~.csr.RangeLayout`), ``levels`` (coarse -> fine; ``levels[0]`` the gathered one,
@@ -116,7 +122,7 @@ class ForestHierarchy:
 
     def __init__(self, forest, assemble=stiffness, *, dirichlet="all", agglomerate_below=1000,
                  backend="cpu", transport=None, smoother="jacobi", smoother_kwargs=None,
-                 presmooth=2, postsmooth=2, **multigrid_kwargs):
+                 presmooth=2, postsmooth=2, keep_assembled=False, **multigrid_kwargs):
         if not isinstance(forest, DistributedForest):
             raise TypeError(f"ForestHierarchy expects a DistributedForest, got {type(forest).__name__}")
         if not hasattr(forest.comm, "Alltoall"):
@@ -127,6 +133,7 @@ class ForestHierarchy:
         self.transport = resolve_transport(comm, transport, be)
         self.timer = HaloTimer()
         self.dirichlet = dirichlet
+        self._assemble, self._fine_A = assemble, None
         st = self.setup_stats = {}
 
         def now():
@@ -170,7 +177,11 @@ class ForestHierarchy:
             F, Fc = seq[i], seq[i - 1]
             clay = self.layouts[-1]
             t = now()
-            K_o, gids, free_o, _ = owned_constrained_rows(F, assemble, dirichlet, prep=preps[i])
+            fine = i == len(seq) - 1
+            K_o, gids, free_o, scale, *A_p = owned_constrained_rows(F, assemble, dirichlet, prep=preps[i],
+                                                                    return_assembled=fine and keep_assembled)
+            if fine:
+                self._scale, self._fine_A = scale, (A_p[0] if A_p else None)
             lay = RangeLayout(preps[i][4].starts, comm)
             _check(comm, lay.n == gids.size and (gids.size == 0 or int(gids[0]) == lay.lo),
                    "ForestHierarchy: the owned node ids are not the rank's range")
@@ -206,11 +217,16 @@ class ForestHierarchy:
         """The finest forest."""
         return self.forests[-1]
 
-    def load_local(self, f):
-        """Owned entries of the constrained right-hand side ``Z H^T b``, ``b`` the load vector of
-        the source ``f`` (constant, callable of the points, or one value per owned leaf) on the
-        finest forest (:func:`.forest_rows.owned_constrained_load`; collective)."""
-        return owned_constrained_load(self.forest, f, self.dirichlet, prep=self._fine_prep)[0]
+    def load_local(self, f, g=None):
+        """Owned entries of the constrained right-hand side ``Z H^T (b - A H g) + s g``, ``b`` the
+        load vector of the source ``f`` (constant, callable of the points, or one value per
+        owned leaf) on the finest forest, ``g`` the Dirichlet values (None: those of a
+        ``{boundary: value}`` spec, else zero; a number or a callable of the points:
+        :func:`.forest_rows.owned_dirichlet_values`) (:func:`.forest_rows.owned_constrained_load`;
+        collective)."""
+        g_o = owned_dirichlet_values(self.forest, g, self.dirichlet, self._fine_prep)
+        return owned_constrained_load(self.forest, f, self.dirichlet, prep=self._fine_prep, g_o=g_o,
+                                      A=self._fine_A, s=self._scale, assemble=self._assemble)[0]
 
     def expand_local(self, x_loc):
         """Nodal values ``u = H x`` of the finest level's owned nodes from the owned entries of

@@ -29,6 +29,9 @@ reply ``Alltoallv``), keeps its owned rows and sends the entries of the others (
 nodes on its cut) to their owners (one ``Alltoallv``), where duplicates are summed.  ``s``: one ``Allreduce`` of a sum and a count.  Every leaf
 is assembled once over all ranks.
 
+The constrained load (:func:`owned_constrained_load`) is built the same way, the Dirichlet
+values ``g`` lifted with each rank's owned leaves' matrix: :math:`f = Z H^T (b - A H g) + s g`.
+
 Host NumPy/SciPy, vectorised; Q1 scalar (``components=1``) only.
 """
 from __future__ import annotations
@@ -43,7 +46,8 @@ from ..multilevel.hierarchy import dirichlet_dofs
 from .forest import DistributedForest, _allsum, alltoallv
 from .local import CellSubset
 
-__all__ = ["owned_rows", "owned_constrained_rows", "owned_constrained_load", "Expansion", "prepare"]
+__all__ = ["owned_rows", "owned_constrained_rows", "owned_constrained_load", "owned_dirichlet_values",
+           "Expansion", "prepare"]
 
 
 def _check_forest(forest):
@@ -133,16 +137,67 @@ def prepare(forest, dirichlet):
     return space, gids, first, free_o, Expansion(u, E, free_u, starts)
 
 
-def owned_constrained_load(forest, f, dirichlet="all", prep=None):
-    r"""The owned entries of the constrained load vector ``Z H^T b`` (``b`` =
-    :func:`adaptmg.assemble.load` of ``f`` on the global mesh, homogeneous Dirichlet values),
-    as :func:`owned_constrained_rows` builds the matrix: each rank loads its owned leaves only
-    (``b_p``), forms :math:`E_p^T b_p` in global ids, keeps its owned entries and sends the
-    others to their owners (one ``Alltoallv``), where they are summed; non-free entries zero.
+def owned_dirichlet_values(forest, g, dirichlet="all", prep=None):
+    r"""The Dirichlet values of the owned nodes (owned order, zero off the Dirichlet nodes --
+    hanging nodes are never Dirichlet nodes: their values follow their parents), as
+    :class:`adaptmg.Constraints` sets them: ``g`` a number, or a callable ``g(x)`` of the
+    points (k, d) -> (k,) evaluated at the owned Dirichlet nodes of the local mesh (whose
+    coordinates equal the serial mesh's); ``g=None`` with a ``{boundary: value}`` spec
+    ``dirichlet``: its values (:func:`adaptmg.multilevel.hierarchy.dirichlet_values` on the
+    local mesh: every face at an owned node is local).  None when the data are homogeneous
+    (``g`` None and no value spec).  No communication."""
+    from ..multilevel.hierarchy import dirichlet_values
+    _check_forest(forest)
+    space, gids, first, free_o, ex = prepare(forest, dirichlet) if prep is None else prep
+    own = forest.owned_nodes
+    if g is None:
+        full = dirichlet_values(space, dirichlet)
+        if full is None:
+            return None
+        g_o = full[own]
+    elif callable(g):
+        g_o = np.zeros(own.size)
+        d = np.flatnonzero(dirichlet_owned(forest, free_o))
+        v = np.asarray(g(space.points[own[d]]), dtype=float)
+        if v.shape != (d.size,):
+            raise ValueError(f"g(x) must return one value per point, shape ({d.size},), got {v.shape}")
+        g_o[d] = v
+    elif np.ndim(g) == 0 and np.isreal(g):
+        g_o = np.where(dirichlet_owned(forest, free_o), float(g), 0.0)
+    else:
+        raise TypeError(f"g must be None, a number or a callable g(x) of the points, got {type(g).__name__}")
+    if not np.isfinite(g_o).all():
+        raise ValueError("Dirichlet values contain NaN or Inf")
+    return np.where(dirichlet_owned(forest, free_o), g_o, 0.0)
+
+
+def dirichlet_owned(forest, free_o):
+    """The owned nodes' Dirichlet mask: neither free nor hanging."""
+    return ~free_o & ~forest.mesh.is_hanging[forest.owned_nodes]
+
+
+def owned_constrained_load(forest, f, dirichlet="all", prep=None, g_o=None, A=None, s=None,
+                           assemble=stiffness):
+    r"""The owned entries of the constrained load vector (``b`` = :func:`adaptmg.assemble.load`
+    of ``f`` on the global mesh), as :func:`owned_constrained_rows` builds the matrix and
+    :meth:`adaptmg.Constraints.rhs` the serial one,
+
+    .. math::  f = Z H^T (b - A H g) + s\, g :
+
+    each rank loads its owned leaves only (``b_p``), lifts the Dirichlet values with the
+    matrix of its owned leaves, :math:`r_p = b_p - A_p E_p g_u` (``g_u`` the values of the
+    global nodes that :math:`E_p` reaches, pulled from their owners: one request and one
+    reply; ``E_p g_u = H g`` on the local nodes, hanging ones following their parents),
+    forms :math:`E_p^T r_p` in global ids, keeps its owned entries and sends the others to
+    their owners (one ``Alltoallv``), where they are summed; non-free entries zero, the
+    owned Dirichlet entries ``s g``.
 
     ``f``: a constant, a callable ``f(x)`` of the points (n, ..., d), or an array with one
-    value per owned leaf (curve order); ``prep`` as for :func:`owned_constrained_rows`.
-    Returns ``(b_o, gids)``."""
+    value per owned leaf (curve order); ``prep`` as for :func:`owned_constrained_rows`;
+    ``g_o``: the owned nodes' Dirichlet values (:func:`owned_dirichlet_values`; None:
+    homogeneous, or a value spec ``dirichlet``), then also the Dirichlet row scale ``s``
+    (:func:`owned_constrained_rows`' fourth result) and ``A`` = ``A_p`` (its
+    ``return_assembled``; assembled here with ``assemble`` if None).  Returns ``(b_o, gids)``."""
     from ..assemble import load
     _check_forest(forest)
     comm = forest.comm
@@ -151,8 +206,18 @@ def owned_constrained_load(forest, f, dirichlet="all", prep=None):
     if isinstance(f, np.ndarray) and f.ndim >= 1:
         if f.shape[0] != forest.num_owned:
             raise ValueError(f"f: one value per owned leaf ({forest.num_owned}) expected, got shape {f.shape}")
+    if g_o is None:
+        g_o = owned_dirichlet_values(forest, None, dirichlet, (space, gids, first, free_o, ex))
+    lift = g_o is not None and bool(_allsum(comm, int(np.any(g_o))))
+    if lift and s is None:
+        raise ValueError("owned_constrained_load: non-zero Dirichlet values need the row scale s")
     b = np.asarray(load(view, f), dtype=float)
-    e = ex.E.T @ b                                        # E_p^T b_p over u
+    if lift:
+        g_u = _pull(comm, ex.starts, ex.u, first, g_o)
+        if A is None:
+            A = _assembled(assemble, view, forest.mesh.num_nodes)
+        b = b - A @ (ex.E @ g_u)
+    e = ex.E.T @ b                                        # E_p^T r_p over u
     u = ex.u
     lo, hi = np.searchsorted(u, [first, first + gids.size])
     out = np.zeros(gids.size)
@@ -161,10 +226,13 @@ def owned_constrained_load(forest, f, dirichlet="all", prep=None):
     r, v = alltoallv(comm, np.searchsorted(ex.starts, u[rest], side="right") - 1, u[rest], e[rest])
     np.add.at(out, r - first, v)
     out[~free_o] = 0.0
+    if lift:
+        d = dirichlet_owned(forest, free_o)
+        out[d] = s * g_o[d]
     return out, gids
 
 
-def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=None):
+def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=None, return_assembled=False):
     r"""The owned rows of ``K = Z H^T A H Z + s (I - Z)`` (module doc), ``A`` =
     ``assemble(Space(mesh))`` (Q1 scalar), ``dirichlet`` any spec of
     :func:`adaptmg.multilevel.hierarchy.dirichlet_dofs` made of boundary faces (None, "all",
@@ -174,7 +242,9 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
     Returns ``(K_o, gids, free, s)``: ``K_o`` CSR (owned nodes, global nodes), sorted columns,
     explicit zeros dropped; ``gids`` the owned global ids (sorted); ``free`` the owned rows'
     free mask; ``s`` the Dirichlet scale (the same on every rank).  ``prep``: what
-    :func:`prepare` returned for this forest and ``dirichlet`` (made here if None)."""
+    :func:`prepare` returned for this forest and ``dirichlet`` (made here if None).
+    ``return_assembled``: also return ``A_p``, the matrix of the owned leaves on the local
+    nodes (for lifting Dirichlet values, :func:`owned_constrained_load`)."""
     _check_forest(forest)
     comm, M = forest.comm, forest.mesh
     N = forest.num_global_nodes
@@ -206,4 +276,4 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
     fx = np.flatnonzero(~free_o)
     K = (B + sp.csr_matrix((np.full(fx.size, s), (fx, gids[fx])), shape=B.shape)).tocsr()
     K.sort_indices()
-    return K, gids, free_o, s
+    return (K, gids, free_o, s, A) if return_assembled else (K, gids, free_o, s)

@@ -34,8 +34,9 @@ on the GPU: pass ``coarse_max_rows=None`` for the CPU hierarchy.
 
 :func:`solve_forest` is the same solve from a :class:`~.forest.DistributedForest`: every level
 is set up from the forest's global-coarsening sequence (:mod:`.forest_levels`), so no rank
-holds the whole fine mesh (Q1 scalar; the result holds the owned parts, the global vectors
-only with ``gather=True``).
+holds the whole fine mesh (Q1 scalar; Dirichlet values ``g`` lifted as the serial
+:meth:`adaptmg.Constraints.rhs` lifts them; the result holds the owned parts, the global
+vectors only with ``gather=True``).
 
 Failures: argument errors are agreed on by all ranks (:func:`.comm.agree`, the same
 ``ValueError`` everywhere); any other exception on one rank -- including one raised by
@@ -56,7 +57,7 @@ from ..fe import Constraints, Space
 from ..linalg import ConvergenceWarning
 from ..mesh import Mesh
 from ..backend import get_backend, to_host
-from ..multilevel.hierarchy import dirichlet_dofs, multigrid
+from ..multilevel.hierarchy import _value_dict, dirichlet_dofs, multigrid
 from ..linalg._vectorops import global_norm, global_reductions
 from .comm import agree, allreduce_sum, get_comm, guard, select_device
 from .hierarchy import DistributedHierarchy
@@ -293,7 +294,7 @@ def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, ca
                              ml=ml, mg=mg, active_ranks=list(mg.active_ranks))
 
 
-def solve_forest(forest, assemble=_assemble.stiffness, f=1.0, *, comm=None, dirichlet="all", rtol=1e-10,
+def solve_forest(forest, assemble=_assemble.stiffness, f=1.0, *, g=None, comm=None, dirichlet="all", rtol=1e-10,
                  maxiter=200, accel="cg", cycle="V", agglomerate_below="auto", callback=None, transport=None,
                  gather=False, **multigrid_kwargs) -> DistributedResult:
     """Solve the constrained Q1 system of ``assemble`` on a distributed forest, load of the
@@ -305,7 +306,15 @@ def solve_forest(forest, assemble=_assemble.stiffness, f=1.0, *, comm=None, diri
     forest : :class:`~.forest.DistributedForest` (collective: every rank of its communicator).
     assemble : ``assemble(space)`` -> Q1 scalar matrix (default the stiffness matrix).
     f : source of the load vector (constant, callable ``f(x)`` of the points, or one value
-        per owned leaf in curve order); homogeneous Dirichlet values on ``dirichlet``.
+        per owned leaf in curve order).
+    g, dirichlet : the Dirichlet values on the Dirichlet nodes of ``dirichlet`` (its boundary
+        faces' nodes; None, "all", ids/names, ``where``): a number or a callable ``g(x)`` of
+        the points (k, d) -> (k,), evaluated at the owned Dirichlet nodes of the forest's local
+        mesh; None: zero, or the values of a ``{boundary: value}`` spec ``dirichlet`` (not
+        both).  Lifted as :meth:`adaptmg.Constraints.rhs` lifts them, ``f = Z H^T (b - A H g)
+        + s g`` (:func:`.forest_rows.owned_constrained_load`): ``x`` holds ``g`` at the
+        Dirichlet nodes, ``u_local = H x`` also at the hanging boundary nodes, which follow
+        their parents as in the serial code.
     comm : None or the forest's communicator.
     rtol, maxiter, accel, cycle, callback, transport : as for :func:`solve`.
     agglomerate_below : levels with fewer global nodes go to rank 0 ("auto": 1000 on the CPU,
@@ -331,6 +340,8 @@ def solve_forest(forest, assemble=_assemble.stiffness, f=1.0, *, comm=None, diri
         msg = _check_numbers(rtol, maxiter, accel, agglomerate_below)
         if not msg and transport not in (None, "auto", "host", "nccl"):
             msg = f"transport must be None, 'auto', 'host' or 'nccl', got {transport!r}"
+        if not msg:
+            msg = _check_values(g, dirichlet)
         agree(comm, not msg, msg)
         t0, c0 = time.perf_counter(), time.process_time()
         multigrid_kwargs.setdefault("backend", "cpu")
@@ -339,9 +350,10 @@ def solve_forest(forest, assemble=_assemble.stiffness, f=1.0, *, comm=None, diri
         if comm.Get_size() > 1:
             multigrid_kwargs.setdefault("threads", 1)
         mg = ForestHierarchy(forest, assemble, dirichlet=dirichlet, agglomerate_below=agglomerate_below,
-                             transport=transport, **multigrid_kwargs)
+                             transport=transport, keep_assembled=g is not None or _value_dict(dirichlet),
+                             **multigrid_kwargs)
         t1 = time.perf_counter()
-        f_loc = mg.load_local(f)
+        f_loc = mg.load_local(f, g)
         rhs = time.perf_counter() - t1
         x_loc, info, its, res, timings = _timed_resolve(comm, mg, f_loc, (t0, c0), accel, cycle, rtol,
                                                         maxiter, callback, stacklevel=2)
@@ -355,6 +367,21 @@ def solve_forest(forest, assemble=_assemble.stiffness, f=1.0, *, comm=None, diri
                                  imbalance=float(counts.max() / counts.mean() - 1.0),
                                  timings={**timings, **mg.setup_stats, "rhs_s": rhs}, ml=mg.ml, mg=mg,
                                  active_ranks=list(mg.active_ranks))
+
+
+def _check_values(g, dirichlet):
+    """'' or what is wrong with the Dirichlet values ``g`` of :func:`solve_forest`."""
+    if g is None:
+        return ""
+    if not (callable(g) or (np.ndim(g) == 0 and np.isreal(g) and not isinstance(g, (bool, str)))):
+        return f"g must be None, a number or a callable g(x) of the points, got {type(g).__name__}"
+    if not callable(g) and not np.isfinite(g):
+        return f"g must be finite, got {g!r}"
+    if _value_dict(dirichlet):
+        return "give the Dirichlet values either as g or in a {boundary: value} dirichlet spec, not both"
+    if dirichlet is None:
+        return "g needs Dirichlet boundaries (dirichlet is None)"
+    return ""
 
 
 def _split_hierarchy(space, max_levels, agglomerate_below):

@@ -22,7 +22,14 @@ nodes have parents on other ranks; the levels below 100 nodes on rank 0.  Agains
 * a level whose coarsening would leave a rank without cells (``starved-2d``, P > 1) is
   re-cut and coarsened: the same checks hold;
 * a control: the transfer into the gathered level built without ``H_c`` (the coarse hanging
-  vertices' columns dropped, not replaced by their parents) is off by 0.5 / eps.
+  vertices' columns dropped, not replaced by their parents) is off by 0.5 / eps;
+* inhomogeneous Dirichlet data (``g=``, 2-D and 3-D, hanging boundary nodes with parents on
+  other ranks): the constrained right-hand side ``Z H^T (b - A H g) + s g`` equals the serial
+  ``Constraints.rhs`` within a few eps, the solution the serial direct one within
+  ``kappa * rtol``, ``g`` is kept at the Dirichlet nodes, a harmonic (bi/tri)linear ``g``
+  is reproduced (f = 0), the ``{boundary: value}`` spec gives the same solution; the control
+  (P > 1): the values of the Dirichlet nodes owned by other ranks dropped from the lifting
+  -- the right-hand side is off by > 1 % of its maximum, the solution too.
 """
 import os
 
@@ -105,6 +112,22 @@ def test_hanging_nodes_across_ranks_and_control(solve_results, case):
     assert rec["bad_P_err"] > 1e14
 
 
+@needs_mpi
+@pytest.mark.parametrize("dim", [2, 3])
+def test_inhomogeneous_dirichlet_data_equal_the_serial_lifting(solve_results, dim):
+    rec = solve_results[f"dirichlet-{dim}d"]
+    assert rec["map_bad"] == 0 and rec["info"] == 0 and rec["poly_info"] == 0, rec
+    if dim == 3:
+        assert rec["hanging_boundary"] > 0, rec         # hanging boundary nodes follow their parents
+    assert rec["rhs_err_eps"] <= TOL, rec
+    assert abs(rec["its"] - rec["its_serial"]) <= 1, rec
+    assert rec["u_err"] <= 1e-9 and rec["g_err"] <= 1e-9, rec
+    assert rec["poly_err"] <= 1e-9, rec
+    assert rec["spec_rel"] <= 1e3 * EPS, rec
+    if rec["P"] > 1:
+        assert rec["control_rhs_err"] > 0.01 and rec["control_u_err"] > 0.01, rec
+
+
 def _check_device(rec, transport=None):
     assert rec["device"] and rec["rank0_backend"] == "gpu"
     assert transport is None or rec["transport"] == transport
@@ -152,3 +175,11 @@ def test_bad_input():
         solve_forest(df.refine(), rtol=-1.0)
     with pytest.raises(ValueError, match="accel"):
         solve_forest(df.refine(), accel="bicg")
+    with pytest.raises(ValueError, match="g must be None, a number or a callable"):
+        solve_forest(df.refine(), g="x")
+    with pytest.raises(ValueError, match="g must be finite"):
+        solve_forest(df.refine(), g=np.nan)
+    with pytest.raises(ValueError, match="not both"):
+        solve_forest(df.refine(), g=1.0, dirichlet={0: 1.0})
+    with pytest.raises(ValueError, match="dirichlet is None"):
+        solve_forest(df.refine(), g=1.0, dirichlet=None)
