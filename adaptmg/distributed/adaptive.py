@@ -3,9 +3,10 @@ r"""The adaptive loop solve -> estimate -> mark -> refine -> repartition on a
 
 Step :math:`\ell` on the forest :math:`\mathcal T_\ell` (every phase collective):
 
-1. **Solve** :math:`-\nabla\cdot\nabla u = f`, :math:`u = 0` on the boundary (homogeneous
-   Dirichlet data only: :func:`.solve.solve_forest`), Q1, multigrid-preconditioned CG; its
-   ``u_local`` holds :math:`u_h = H x` at the owned nodes (hanging ones included).
+1. **Solve** :math:`-\nabla\cdot\nabla u = f`, :math:`u = g` on the Dirichlet boundary
+   (:func:`.solve.solve_forest`: ``g`` lifted as the serial constraints lift it, zero by
+   default), Q1, multigrid-preconditioned CG; its ``u_local`` holds :math:`u_h = H x` at the
+   owned nodes (hanging ones included, also on the boundary).
 2. **Estimate** (:func:`owned_indicators`): the residual indicators of
    :func:`adaptmg.estimate.residual_indicators`,
 
@@ -32,6 +33,11 @@ Step :math:`\ell` on the forest :math:`\mathcal T_\ell` (every phase collective)
    (key) order that reach the bulk.  Difference from :func:`adaptmg.estimate.doerfler`:
    exactly tied indicators are taken in curve order, the serial one in its mesh's cell
    order (stable argsort) -- the sets agree unless the threshold splits exactly tied cells.
+   A symmetric problem (the L-shape with its exact data is symmetric about :math:`y = -x`,
+   Fichera's cube under permutations of the axes) has twin cells whose indicators differ by
+   round-off only, and a threshold that splits twins makes the marks (of the serial loop
+   too) depend on round-off: ``tie_rtol`` marks every cell with
+   :math:`\eta_K^2 \ge (1-\delta)t^*` (twins together, in both loops).
 4. **Refine** the marked owned leaves with the 2:1 closure across ranks
    (:meth:`~.forest.DistributedForest.refine`) and **repartition** along the Morton curve
    (:meth:`~.forest.DistributedForest.repartition`: the owned counts then differ by at most 1).
@@ -39,7 +45,9 @@ Step :math:`\ell` on the forest :math:`\mathcal T_\ell` (every phase collective)
 The history records per step the cells, DoFs (global nodes, hanging ones included, as the
 serial ``space.num_dofs``), CG iterations, the estimate :math:`(\sum\eta_K^2)^{1/2}`, the
 errors :math:`\|u-u_h\|_{L^2}`, :math:`|u-u_h|_{H^1}` when the exact solution is given (owned
-leaves per rank, squares summed by ``allreduce``), and the wall seconds of each phase (set-up:
+leaves per rank, squares summed by ``allreduce``), a goal :math:`\int_\Omega w\,u_h` when a
+weight ``goal`` is given (e.g. ``goal=1`` with ``f = 1``, ``g = 0``: :math:`J(u_h) =
+\|\nabla u_h\|^2`, from which Fichera's energy error follows), and the wall seconds of each phase (set-up:
 the multigrid hierarchy from the forest, the load and ``H x``, all of :func:`.solve.solve_forest`
 but the Krylov solve; solve; estimate; error; mark; refine; repartition; the maximum over the
 ranks).  GPU: ``backend`` goes
@@ -52,11 +60,13 @@ import time
 import numpy as np
 
 from .. import assemble as _assemble
+from ..estimate.marking import check_tie_rtol
 from ..estimate.residual import residual_indicators
 from ..fe import Space
 from ..fe.norms import errors as _errors
 from .forest import DistributedForest, _agree, _allsum, _exscan
 from .forest_rows import _owner_ranges, _pull
+from .local import CellSubset
 from .solve import solve_forest
 
 __all__ = ["local_nodal_values", "owned_indicators", "doerfler_forest", "adaptive_loop_forest"]
@@ -100,17 +110,19 @@ def owned_indicators(forest, u_nodes, *, f=0.0, space=None, **estimator_kwargs) 
     return eta[forest.owned_cells]
 
 
-def doerfler_forest(forest, eta, theta=0.5) -> np.ndarray:
+def doerfler_forest(forest, eta, theta=0.5, tie_rtol=None) -> np.ndarray:
     """Doerfler marking across the forest's ranks (module docstring, step 3): a boolean mask
     over the owned leaves in curve order, the serial :func:`adaptmg.estimate.doerfler` set
-    of all ranks' indicators (``eta``: the owned leaves', curve order).  O(log) collectives,
-    no gather."""
+    of all ranks' indicators (``eta``: the owned leaves', curve order; ``tie_rtol`` as
+    there: a number marks every leaf with ``eta^2 >= (1 - tie_rtol) t*``, no curve order
+    involved).  O(log) collectives, no gather."""
     comm = forest.comm
     eta = np.asarray(eta, dtype=float)
     ok = eta.shape == (forest.num_owned,) and bool(np.isfinite(eta).all()) and not (eta < 0).any()
     _agree(comm, ok, f"doerfler_forest: eta must be {forest.num_owned} finite non-negative indicators (one per "
                      f"owned leaf), got shape {eta.shape}")
     _agree(comm, bool(np.isscalar(theta) and 0 < theta <= 1), f"theta must lie in (0, 1], got {theta!r}")
+    _agree(comm, not check_tie_rtol(tie_rtol), check_tie_rtol(tie_rtol))
     e2 = eta * eta
     bits = e2.view(np.int64)                    # non-negative doubles: the bit order is the value order
     o = np.argsort(bits, kind="stable")
@@ -134,6 +146,8 @@ def doerfler_forest(forest, eta, theta=0.5) -> np.ndarray:
         k = int(good.sum())
         lo, hi = (int(piv[k - 1]) if k else lo), (int(piv[k]) if k < piv.size else hi)
     t = float(np.int64(lo).view(np.float64))
+    if tie_rtol is not None:
+        return e2 >= t * (1 - tie_rtol)
     gt, tied = bits > lo, bits == lo
     s_gt, n_tied = _allsum(comm, np.array([e2[gt].sum(), float(tied.sum())]))
     m = min(int(n_tied), max(1, int(np.ceil((target - s_gt) / t)))) if t > 0 else 0
@@ -144,7 +158,7 @@ def doerfler_forest(forest, eta, theta=0.5) -> np.ndarray:
     return mask
 
 
-def _check_args(forest, f, exact, grad, steps, max_dofs, theta):
+def _check_args(forest, f, exact, grad, steps, max_dofs, theta, tie_rtol=None, goal=None):
     if not isinstance(forest, DistributedForest):
         raise TypeError(f"adaptive_loop_forest expects a DistributedForest, got {type(forest).__name__}")
     if not (callable(f) or np.isscalar(f)):
@@ -159,15 +173,17 @@ def _check_args(forest, f, exact, grad, steps, max_dofs, theta):
         return f"max_dofs must be None or a positive integer, got {max_dofs!r}"
     if not (np.isscalar(theta) and 0 < theta <= 1):
         return f"theta must lie in (0, 1], got {theta!r}"
-    return ""
+    if goal is not None and not (callable(goal) or (np.isscalar(goal) and not isinstance(goal, (str, bytes)))):
+        return f"goal must be None, a number or a callable of the points, got {type(goal).__name__}"
+    return check_tie_rtol(tie_rtol)
 
 
 PHASES = ("setup", "solve", "estimate", "error", "mark", "refine", "repartition")
 
 
-def adaptive_loop_forest(forest, f=1.0, *, assemble=_assemble.stiffness, exact=None, grad=None, steps=10,
-                         max_dofs=None, theta=0.5, repartition=True, rtol=1e-8, comm=None, quiet=True,
-                         printer=print, callback=None, **solve_kwargs) -> dict:
+def adaptive_loop_forest(forest, f=1.0, *, g=None, assemble=_assemble.stiffness, exact=None, grad=None, steps=10,
+                         max_dofs=None, theta=0.5, tie_rtol=None, goal=None, repartition=True, rtol=1e-8, comm=None,
+                         quiet=True, printer=print, callback=None, **solve_kwargs) -> dict:
     """Run solve -> estimate -> mark -> refine -> repartition on ``forest`` (module
     docstring; collective) until ``steps`` refinements are done or the forest has
     ``max_dofs`` global nodes (``steps + 1`` solves at most).
@@ -176,12 +192,17 @@ def adaptive_loop_forest(forest, f=1.0, *, assemble=_assemble.stiffness, exact=N
     ----------
     forest : the initial :class:`~.forest.DistributedForest` (refined at least once: the
         multigrid needs two levels).
-    f : source, a constant or a callable ``f(x)`` of the points (..., d) -> (...); homogeneous
-        Dirichlet data on ``dirichlet`` (a ``solve_kwargs`` entry, default every boundary face).
+    f : source, a constant or a callable ``f(x)`` of the points (..., d) -> (...).
+    g : Dirichlet values on ``dirichlet`` (a ``solve_kwargs`` entry, default every boundary
+        face): None (zero), a number or a callable ``g(x)`` of the points (k, d) -> (k,)
+        (:func:`.solve.solve_forest`).
     assemble : Q1 scalar matrix of a space (default the stiffness matrix; the estimator is
         that of :math:`-\\Delta u = f`).
     exact, grad : the exact solution and its gradient (callables of the points) for the errors.
-    theta : Doerfler's bulk parameter.  repartition : re-cut after each refinement.
+    theta, tie_rtol : Doerfler's bulk parameter and tie rule (:func:`doerfler_forest`).
+    goal : None, or a weight ``w`` (number or callable of the points): the history gets
+        ``goal`` = :math:`\int w u_h` (owned leaves' loads, summed over the ranks).
+    repartition : re-cut after each refinement.
     rtol, solve_kwargs : for :func:`.solve.solve_forest` (``backend="gpu"``, ``agglomerate_below``,
         ``smoother``, ...).  comm : None or the forest's communicator.
     quiet, printer : rank 0 prints one line per step unless ``quiet``.
@@ -190,10 +211,10 @@ def adaptive_loop_forest(forest, f=1.0, *, assemble=_assemble.stiffness, exact=N
 
     Returns ``{"history": [one dict per step], "forest": the last forest, "eta": its owned
     indicators, "u_local": its owned nodal values, "result": its solve's result}``; a history
-    row holds step, cells, dofs, iterations, info, estimate, err_L2 / err_H1, owned_min /
+    row holds step, cells, dofs, iterations, info, estimate, err_L2 / err_H1, goal, owned_min /
     owned_max (the ranks' owned leaves at the solve) and ``t_<phase>`` (:data:`PHASES`,
     seconds, max over the ranks)."""
-    msg = _check_args(forest, f, exact, grad, steps, max_dofs, theta)
+    msg = _check_args(forest, f, exact, grad, steps, max_dofs, theta, tie_rtol, goal)
     fcomm = forest.comm
     if not msg and comm is not None and comm is not fcomm:
         msg = "adaptive_loop_forest: comm must be the forest's communicator (or None)"
@@ -206,7 +227,7 @@ def adaptive_loop_forest(forest, f=1.0, *, assemble=_assemble.stiffness, exact=N
     for step in range(steps + 1):
         t = dict.fromkeys(PHASES, 0.0)
         t0 = time.perf_counter()
-        res = solve_forest(F, assemble, f, rtol=rtol, **solve_kwargs)
+        res = solve_forest(F, assemble, f, g=g, rtol=rtol, **solve_kwargs)
         t["solve"] = res.timings["solve"]
         t["setup"] = time.perf_counter() - t0 - t["solve"]      # hierarchy, load, H x: all but CG
         t0 = time.perf_counter()
@@ -220,10 +241,16 @@ def adaptive_loop_forest(forest, f=1.0, *, assemble=_assemble.stiffness, exact=N
             e = _errors(space, u, exact, grad, cells=F.owned_cells)
             sums += [e.get("L2", 0.0) ** 2, e.get("H1", 0.0) ** 2]
             t["error"] = time.perf_counter() - t0
+        if goal is not None:
+            t0 = time.perf_counter()
+            sums.append(float(np.asarray(_assemble.load(CellSubset(space, F.owned_cells), goal)) @ u))
+            t["error"] += time.perf_counter() - t0
         sums = _allsum(comm, np.array(sums))
         row = {"step": step, "cells": F.global_num_cells, "dofs": F.num_global_nodes,
                "iterations": res.iterations, "info": res.info, "estimate": float(np.sqrt(sums[0]))}
-        if sums.size > 1:
+        if goal is not None:
+            row["goal"] = float(sums[-1])
+        if exact is not None or grad is not None:
             if exact is not None:
                 row["err_L2"] = float(np.sqrt(sums[1]))
             if grad is not None:
@@ -232,7 +259,7 @@ def adaptive_loop_forest(forest, f=1.0, *, assemble=_assemble.stiffness, exact=N
         n_owned, marks = F.num_owned, None
         if not last:
             t0 = time.perf_counter()
-            marks = doerfler_forest(F, eta, theta)
+            marks = doerfler_forest(F, eta, theta, tie_rtol)
             t1 = time.perf_counter()
             t_mark = t1 - t0
             if callback is not None:

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from .marking import mark
+from .marking import check_tie_rtol, mark
 
 
 @dataclass
@@ -87,11 +87,12 @@ class _Writer:
 
 
 def adaptive_loop(problem: AdaptiveProblem, *, steps=10, strategy="doerfler", theta=0.5,
-                  backend="cpu", quiet=False, out=None, max_dofs=None, printer=print, write_every=1):
+                  backend="cpu", quiet=False, out=None, max_dofs=None, printer=print, write_every=1,
+                  tie_rtol=None):
     """Run solve -> estimate -> mark -> refine ``steps`` times (``steps + 1`` solves).
 
     ``strategy``: "doerfler" (parameter ``theta``), "fixed_fraction" (fraction ``theta``)
-    or "uniform".  ``out``: directory for a VTU file per step (``<name>_<step>.vtu``),
+    or "uniform"; ``tie_rtol``: Doerfler's tie rule (:func:`~.marking.doerfler`).  ``out``: directory for a VTU file per step (``<name>_<step>.vtu``),
     written by a background thread while the next steps run; ``write_every=k`` writes only
     the steps 0, k, 2k, ... and the last one.
     Returns a dict with ``history`` (one dict per step: step, cells, dofs, hanging,
@@ -103,6 +104,8 @@ def adaptive_loop(problem: AdaptiveProblem, *, steps=10, strategy="doerfler", th
     from ..progress import progress
     if not isinstance(steps, (int, np.integer)) or steps < 0:
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+    if check_tie_rtol(tie_rtol):
+        raise ValueError(check_tie_rtol(tie_rtol))
     if isinstance(write_every, bool) or not isinstance(write_every, (int, np.integer)) or write_every < 1:
         raise ValueError(f"write_every must be a positive integer, got {write_every!r}")
     if out is not None:
@@ -114,7 +117,8 @@ def adaptive_loop(problem: AdaptiveProblem, *, steps=10, strategy="doerfler", th
     writer = _Writer(out, int(write_every))
     try:
         with progress(total=steps + 1, description=f"{problem.name} adaptive", quiet=quiet) as bar:
-            res = _loop(problem, steps, strategy, theta, backend, quiet, writer, max_dofs, printer, bar)
+            res = _loop(problem, steps, strategy, theta, backend, quiet, writer, max_dofs, printer, bar,
+                        tie_rtol)
     except BaseException:
         writer.close(raise_errors=False)        # the loop's own error is the one to see
         raise
@@ -122,7 +126,7 @@ def adaptive_loop(problem: AdaptiveProblem, *, steps=10, strategy="doerfler", th
     return res
 
 
-def _loop(problem, steps, strategy, theta, backend, quiet, writer, max_dofs, printer, bar):
+def _loop(problem, steps, strategy, theta, backend, quiet, writer, max_dofs, printer, bar, tie_rtol):
     mesh = problem.mesh
     hist = []
     for step in range(steps + 1):
@@ -154,5 +158,5 @@ def _loop(problem, steps, strategy, theta, backend, quiet, writer, max_dofs, pri
             writer.submit(os.path.join(writer.out, f"{problem.name}_{step:03d}.vtu"), space, pd, {"eta": eta})
         if last:
             break
-        mesh = mesh.refine(mark(eta, strategy, theta) if strategy != "uniform" else None)
+        mesh = mesh.refine(mark(eta, strategy, theta, tie_rtol) if strategy != "uniform" else None)
     return {"history": hist, "mesh": mesh, "space": space, "u": u, "eta": eta, "name": problem.name}

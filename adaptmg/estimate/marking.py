@@ -1,7 +1,9 @@
 r"""Marking: which cells to refine, given the cell indicators :math:`\eta_K`.
 
 * :func:`doerfler` (bulk criterion): the smallest set M of cells, largest indicators
-  first, with :math:`\sum_{K\in M}\eta_K^2 \ge \theta \sum_K \eta_K^2`;
+  first, with :math:`\sum_{K\in M}\eta_K^2 \ge \theta \sum_K \eta_K^2` (``tie_rtol``: with
+  every cell whose :math:`\eta_K^2` is within that relative distance of the set's smallest,
+  so that cells tied up to round-off -- a symmetric problem's twins -- are marked together);
 * :func:`fixed_fraction`: the given fraction of cells (by count) with the largest
   indicators;
 * :func:`mark`: one of the two by name, or ``"uniform"`` (all cells).
@@ -26,13 +28,31 @@ def _check_eta(eta):
     return np.asarray(eta, dtype=float)
 
 
-def doerfler(eta, theta=0.5):
+def check_tie_rtol(tie_rtol):
+    """'' or what is wrong with a ``tie_rtol`` of :func:`doerfler`."""
+    if tie_rtol is None or (np.isscalar(tie_rtol) and not isinstance(tie_rtol, (bool, str))
+                            and 0 <= tie_rtol < 1):
+        return ""
+    return f"tie_rtol must be None or a number in [0, 1), got {tie_rtol!r}"
+
+
+def doerfler(eta, theta=0.5, tie_rtol=None):
     r"""Doerfler (bulk) marking: the smallest set M with
     :math:`\sum_{K\in M}\eta_K^2 \ge \theta \sum_K \eta_K^2` (largest indicators first).
-    Returns a boolean mask over the cells."""
+    Returns a boolean mask over the cells.
+
+    ``tie_rtol``: None -- cells tied at the threshold are taken in cell order until the bulk
+    is reached; a number :math:`\delta \in [0, 1)` -- every cell with
+    :math:`\eta_K^2 \ge (1 - \delta)\, t^*` is marked, :math:`t^*` the smallest
+    :math:`\eta^2` of the minimal set: a symmetric problem's twin cells, whose indicators
+    differ by round-off only, are marked together, so the marks do not depend on round-off
+    (nor on the cell order)."""
     eta = _check_eta(eta)
     if not (np.isscalar(theta) and 0 < theta <= 1):
         raise ValueError(f"theta must lie in (0, 1], got {theta!r}")
+    msg = check_tie_rtol(tie_rtol)
+    if msg:
+        raise ValueError(msg)
     e2 = eta ** 2
     order = np.argsort(-e2, kind="stable")
     cum = np.cumsum(e2[order])
@@ -40,8 +60,10 @@ def doerfler(eta, theta=0.5):
     marked = np.zeros(eta.size, dtype=bool)
     if total <= 0:
         return marked
-    n = int(np.searchsorted(cum, theta * total * (1 - 1e-12))) + 1
-    marked[order[:min(n, eta.size)]] = True
+    n = min(int(np.searchsorted(cum, theta * total * (1 - 1e-12))) + 1, eta.size)
+    if tie_rtol is not None:
+        return e2 >= e2[order[n - 1]] * (1 - tie_rtol)
+    marked[order[:n]] = True
     return marked
 
 
@@ -57,10 +79,10 @@ def fixed_fraction(eta, fraction=0.2):
     return marked
 
 
-def mark(eta, strategy="doerfler", param=0.5):
-    """``doerfler(eta, param)``, ``fixed_fraction(eta, param)`` or ``"uniform"`` (all cells)."""
+def mark(eta, strategy="doerfler", param=0.5, tie_rtol=None):
+    """``doerfler(eta, param, tie_rtol)``, ``fixed_fraction(eta, param)`` or ``"uniform"`` (all cells)."""
     if strategy == "doerfler":
-        return doerfler(eta, param)
+        return doerfler(eta, param, tie_rtol)
     if strategy == "fixed_fraction":
         return fixed_fraction(eta, param)
     if strategy == "uniform":

@@ -9,9 +9,17 @@
   indicators (mapped by cell centres, in units of eps * max eta), the marked sets, CG
   iterations, errors; the control at P > 1: the indicators with the vertex values of nodes
   owned elsewhere left at zero, and their marks;
+* ``lshape``: the same with the real L-shape (``f = 0``, ``g`` the exact solution
+  ``r^(2/3) sin(2 theta/3)`` on the boundary: inhomogeneous Dirichlet data), and ``fichera``
+  (3-D, ``f = 1``, 7 roots refined once, 3 steps, its goal ``J(u_h) = int u_h`` against the
+  serial ``J``), both symmetric problems, both loops with Doerfler's tie rule (``tie_rtol``:
+  twins marked together); also the Dirichlet values at the boundary nodes and how many marks
+  plain Doerfler would give differently from the serial plain Doerfler (reported, not
+  asserted: a round-off coin toss);
 * ``doerfler``: :func:`~adaptmg.distributed.adaptive.doerfler_forest` against the serial
   :func:`adaptmg.estimate.doerfler` of the gathered indicators (curve order) for random
-  indicators with many exact ties and without, several theta: the differing marks.
+  indicators with many exact ties and without, several theta, with and without the tie
+  rule: the differing marks.
 """
 import json
 import os
@@ -27,13 +35,16 @@ from adaptmg.distributed.adaptive import PHASES, adaptive_loop_forest, doerfler_
 from adaptmg.distributed.forest import DistributedForest
 from adaptmg.estimate import AdaptiveProblem, adaptive_loop, doerfler, residual_indicators
 from adaptmg.fe.norms import errors
+from adaptmg_problems import fichera as Fi
 from adaptmg_problems import lshape as L
 
 from forest_cases import COMM, _index_of
 
 RTOL = 1e-10
 STEPS = 4
+FICHERA_STEPS = 3
 THETA = 0.5
+TIE_RTOL = 1e-8
 
 
 def gather(a):
@@ -41,61 +52,88 @@ def gather(a):
     return None if COMM.rank else np.concatenate(got)
 
 
-def serial_loop():
-    """The serial adaptive loop of the same problem; its per-step indicators and meshes."""
+def serial_loop(mesh0, solve, f, exact=None, grad=None, steps=STEPS, tie_rtol=None):
+    """The serial adaptive loop (:func:`adaptmg.estimate.adaptive_loop`) from ``mesh0`` with
+    ``solve(mesh)`` -> (space, u, info) and the residual estimator of the source ``f``; its
+    history (``J`` from the solve's info when there) and per-step (mesh, indicators)."""
     seen = []
 
-    def solve(mesh, backend):
-        space = adaptmg.Space(mesh, 1)
-        ml = adaptmg.multigrid(space, assemble.stiffness, dirichlet="all", backend="cpu")
-        x = ml.solve(ml.constrain(assemble.load(space, L.source_zero_bc)), rtol=RTOL, accel="cg")
-        return space, ml.expand(x), {"iterations": ml.last_iterations}
-
     def estimate(space, u, info):
-        eta = residual_indicators(space, u, f=L.source_zero_bc)
+        eta = residual_indicators(space, u, f=f)
         seen.append((space.mesh, eta))
-        return eta, float(np.sqrt((eta ** 2).sum())), {}
+        return eta, float(np.sqrt((eta ** 2).sum())), {"J": info["J"]} if "J" in info else {}
 
     def error(space, u, info):
-        return errors(space, u, L.exact_zero_bc, L.grad_zero_bc)
+        return errors(space, u, exact, grad) if exact is not None else {}
 
-    prob = AdaptiveProblem("lshape0", L.coarse_mesh().refine().refine(), solve, estimate, error)
-    res = adaptive_loop(prob, steps=STEPS, theta=THETA, quiet=True)
+    prob = AdaptiveProblem("serial", mesh0, lambda mesh, backend: solve(mesh), estimate, error)
+    res = adaptive_loop(prob, steps=steps, theta=THETA, quiet=True, tie_rtol=tie_rtol)
     return res["history"], seen
 
 
-def run_loop(records):
-    F0 = DistributedForest.from_coarse(L.coarse_mesh(), comm=COMM).refine().refine()
+def zero_bc_solve(mesh):
+    space = adaptmg.Space(mesh, 1)
+    ml = adaptmg.multigrid(space, assemble.stiffness, dirichlet="all", backend="cpu")
+    x = ml.solve(ml.constrain(assemble.load(space, L.source_zero_bc)), rtol=RTOL, accel="cg")
+    return space, ml.expand(x), {"iterations": ml.last_iterations}
+
+
+#: the loops compared with the serial one: (coarse mesh, refinements, f, g, exact, grad, serial
+#: solve, steps, tie_rtol); "loop" the zero-data L-shape (no ties: plain Doerfler), "lshape" the
+#: L-shape with its exact data (symmetric about y = -x) and "fichera" (f = 1, g = 0, symmetric
+#: under permutations of the axes; its goal J(u_h) = int u_h), both with the tie rule
+LOOPS = {
+    "loop": (L.coarse_mesh, 2, L.source_zero_bc, None, L.exact_zero_bc, L.grad_zero_bc, zero_bc_solve, STEPS, None),
+    "lshape": (L.coarse_mesh, 2, 0.0, L.exact, L.exact, L.grad, lambda m: L.solve(m, rtol=RTOL), STEPS, TIE_RTOL),
+    "fichera": (Fi.coarse_mesh, 1, 1.0, None, None, None, lambda m: Fi.solve(m, rtol=RTOL), FICHERA_STEPS,
+                TIE_RTOL),
+}
+
+
+def run_loop(records, case="loop"):
+    coarse, nref, f, g, exact, grad, solve, nsteps, tie = LOOPS[case]
+    F0 = DistributedForest.from_coarse(coarse(), comm=COMM)
+    for _ in range(nref):
+        F0 = F0.refine()
     steps = []
+    err = {"exact": exact, "grad": grad} if exact is not None else {"goal": 1.0}
 
     def record(step, F, eta, marks, res):
         rec = {"X": gather(F.centres()), "eta": gather(eta), "marks": None if marks is None else gather(marks),
                "u": gather(res.u_local), "uX": gather(F.mesh.points[F.owned_nodes])}
-        if COMM.size > 1 and marks is not None:        # control: other ranks' vertex values zero
+        if tie is not None and marks is not None:      # plain Doerfler on the same indicators
+            rec["plain"] = gather(doerfler_forest(F, eta, THETA))
+        if case == "loop" and COMM.size > 1 and marks is not None:   # control: others' vertex values zero
             u = np.zeros(F.mesh.num_nodes)
             u[F.owned_nodes] = res.u_local
-            bad = owned_indicators(F, u, f=L.source_zero_bc)
+            bad = owned_indicators(F, u, f=f)
             rec["bad_eta"], rec["bad_marks"] = gather(bad), gather(doerfler_forest(F, bad, THETA))
         steps.append(rec)
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = adaptive_loop_forest(F0, L.source_zero_bc, exact=L.exact_zero_bc, grad=L.grad_zero_bc,
-                                   steps=STEPS, theta=THETA, rtol=RTOL, agglomerate_below=100, callback=record)
+        out = adaptive_loop_forest(F0, f, g=g, **err, steps=nsteps, theta=THETA, tie_rtol=tie, rtol=RTOL,
+                                   agglomerate_below=100, callback=record)
     if COMM.rank:
         return
-    hist_s, seen = serial_loop()
+    mesh0 = coarse()
+    for _ in range(nref):
+        mesh0 = mesh0.refine()
+    hist_s, seen = serial_loop(mesh0, solve, f, exact, grad, nsteps, tie)
     eps = np.finfo(float).eps
     for k, (row, rec) in enumerate(zip(out["history"], steps)):
         srow, (mesh, eta_s) = hist_s[k], seen[k]
         at = _index_of(rec["X"], mesh.points[mesh.cells].mean(1))     # serial cell -> gathered
-        r = {"case": "loop", "stage": f"step{k}", "P": COMM.size, "cells": row["cells"],
+        r = {"case": case, "stage": f"step{k}", "P": COMM.size, "cells": row["cells"],
              "cells_serial": srow["cells"], "dofs": row["dofs"], "dofs_serial": srow["dofs"],
              "unmapped": int((at < 0).sum()), "its": row["iterations"], "its_serial": srow["iterations"],
              "info": row["info"], "estimate": row["estimate"], "estimate_serial": srow["estimate"],
-             "L2": row["err_L2"], "L2_serial": srow["err_L2"], "H1": row["err_H1"], "H1_serial": srow["err_H1"],
              "owned_min": row["owned_min"], "owned_max": row["owned_max"],
              "times": {p: row[f"t_{p}"] for p in PHASES}}
+        if exact is not None:
+            r.update(L2=row["err_L2"], L2_serial=srow["err_L2"], H1=row["err_H1"], H1_serial=srow["err_H1"])
+        else:
+            r.update(goal=row["goal"], goal_serial=srow["J"])
         if r["unmapped"] == 0 and r["cells"] == r["cells_serial"]:
             e = rec["eta"][at]
             r["eta_loop_rel"] = float(np.abs(e - eta_s).max() / eta_s.max())
@@ -103,11 +141,16 @@ def run_loop(records):
             space = adaptmg.Space(mesh, 1)
             un = _index_of(rec["uX"], space.points)
             r["u_unmapped"] = int((un < 0).sum())
-            same = residual_indicators(space, rec["u"][un], f=L.source_zero_bc)
+            same = residual_indicators(space, rec["u"][un], f=f)
             r["eta_err_eps"] = float(np.abs(e - same).max() / (eps * same.max()))
+            if g is not None:                         # the Dirichlet values at the Dirichlet nodes
+                d = np.setdiff1d(space.boundary_dofs(), np.flatnonzero(space.is_hanging))
+                r["g_err"] = float(np.abs(rec["u"][un][d] - g(space.points[d])).max())
             if rec["marks"] is not None:
-                ms = doerfler(eta_s, THETA)
+                ms = doerfler(eta_s, THETA, tie)
                 r["marked"], r["marks_differ"] = int(ms.sum()), int((rec["marks"][at] != ms).sum())
+                if "plain" in rec:
+                    r["plain_marks_differ"] = int((rec["plain"][at] != doerfler(eta_s, THETA)).sum())
                 if "bad_marks" in rec:
                     r["control_eta_err"] = float(np.abs(rec["bad_eta"][at] - eta_s).max() / eta_s.max())
                     r["control_marks_differ"] = int((rec["bad_marks"][at] != ms).sum())
@@ -129,9 +172,10 @@ def run_doerfler(records):
         else:
             eta = np.where(rng.random(n) < 0.7, 0.0, rng.random(n))
         for theta in (0.1, 0.3, 0.5, 0.77, 1.0):
-            got, all_eta = gather(doerfler_forest(F, eta, theta)), gather(eta)
-            if COMM.rank == 0:
-                worst = max(worst, int((got != doerfler(all_eta, theta)).sum()))
+            for tie in (None, 0.0, 0.3):
+                got, all_eta = gather(doerfler_forest(F, eta, theta, tie)), gather(eta)
+                if COMM.rank == 0:
+                    worst = max(worst, int((got != doerfler(all_eta, theta, tie)).sum()))
     if COMM.rank == 0:
         records.append({"case": "doerfler", "stage": "marks", "P": COMM.size, "differ": worst})
 
@@ -162,7 +206,8 @@ def main():
     if os.environ.get("FOREST_ADAPTIVE_GPU"):         # the real device (test_forest_adaptive, -m gpu)
         run_gpu(records, False)
     else:
-        run_loop(records)
+        for case in LOOPS:
+            run_loop(records, case)
         run_doerfler(records)
         if COMM.size == 2:
             run_gpu(records, True)           # last: it replaces CuPy for the rest of the process
