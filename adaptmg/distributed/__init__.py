@@ -23,13 +23,14 @@ forest rebuilt from leaf keys), :mod:`.forest_rows` (owned rows of a Q1 matrix, 
 constrained form and of the constrained load, in global node ids, from the forest's local
 meshes), :mod:`.forest_transfer` (owned rows of P and R between consecutive forest levels,
 coarse cells asked for by key) and :mod:`.forest_levels` (the multigrid hierarchy set up
-from a forest: :func:`solve_forest`, no rank ever holds the whole fine mesh; Q1 scalar), and
+from a forest: :func:`solve_forest`, no rank ever holds the whole fine mesh; Q1 scalar;
+Dirichlet values ``g`` lifted as the serial constraints lift them), and
 :mod:`.adaptive` (the adaptive loop on the forest: solve, residual indicators of the owned
-leaves from the local mesh, Doerfler marking across ranks without a gather, refine,
-repartition; :func:`adaptive_loop_forest`)::
+leaves from the local mesh, Doerfler marking across ranks without a gather -- with a tie
+rule for symmetric problems --, refine, repartition; :func:`adaptive_loop_forest`)::
 
     df = DistributedForest.box([0, 0, 0], [1, 1, 1], [2, 2, 2]).refine().refine()
-    res = solve_forest(df, assemble.stiffness, f=1.0, rtol=1e-8)   # res.u_local: owned nodes
+    res = solve_forest(df, assemble.stiffness, f=1.0, g=lambda x: x[:, 0], rtol=1e-8)  # u = g on the boundary
     out = adaptive_loop_forest(df, f=1.0, steps=6, theta=0.5)     # out["history"]: per step
 
 ``mpiexec -n 4 python -m adaptmg run poisson`` runs the Poisson demo distributed (the
