@@ -201,7 +201,7 @@ def adaptive_loop_forest(forest, f=1.0, *, g=None, assemble=_assemble.stiffness,
     exact, grad : the exact solution and its gradient (callables of the points) for the errors.
     theta, tie_rtol : Doerfler's bulk parameter and tie rule (:func:`doerfler_forest`).
     goal : None, or a weight ``w`` (number or callable of the points): the history gets
-        ``goal`` = :math:`\int w u_h` (owned leaves' loads, summed over the ranks).
+        ``goal`` = :math:`\\int w u_h` (owned leaves' loads, summed over the ranks).
     repartition : re-cut after each refinement.
     rtol, solve_kwargs : for :func:`.solve.solve_forest` (``backend="gpu"``, ``agglomerate_below``,
         ``smoother``, ...).  comm : None or the forest's communicator.

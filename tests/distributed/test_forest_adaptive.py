@@ -113,12 +113,13 @@ def test_distributed_doerfler_equals_the_serial_one_with_ties(adaptive_results):
 
 
 @needs_mpi
-def test_gpu_backend_with_a_stand_in_device(adaptive_results):
-    """``backend="gpu"`` (the solve on the device; NumPy standing in for CuPy, np2): the same
-    meshes and iterations as the CPU loop, estimates within 1e-12."""
-    if ("fake-gpu", "loop") not in adaptive_results:
+@pytest.mark.parametrize("case", ["loop", "lshape"])
+def test_gpu_backend_with_a_stand_in_device(adaptive_results, case):
+    """``backend="gpu"`` (the solve on the device; NumPy standing in for CuPy, np2), zero and
+    exact boundary data: the same meshes and iterations as the CPU loop, estimates within 1e-12."""
+    if ("fake-gpu", case) not in adaptive_results:
         pytest.skip("run under mpiexec -n 2 only")
-    r = adaptive_results[("fake-gpu", "loop")]
+    r = adaptive_results[("fake-gpu", case)]
     assert r["device"] and r["cells"] == r["cells_cpu"] and r["its"] == r["its_cpu"], r
     assert r["est_rel"] <= 1e-12, r
 
@@ -129,9 +130,11 @@ def test_gpu_backend_on_the_device(tmp_path, monkeypatch):
     """``backend="gpu"`` on the real device (2 ranks: one GPU each, or sharing one): the same
     meshes as the CPU loop, iterations within 1, estimates within 1e-9."""
     monkeypatch.setenv("FOREST_ADAPTIVE_GPU", "1")
-    r = worker_records(WORKER, 2, tmp_path)[("gpu", "loop")]
-    assert r["device"] and r["cells"] == r["cells_cpu"], r
-    assert max(abs(a - b) for a, b in zip(r["its"], r["its_cpu"])) <= 1 and r["est_rel"] <= 1e-9, r
+    recs = worker_records(WORKER, 2, tmp_path)
+    for case in ("loop", "lshape"):                 # zero / exact boundary data
+        r = recs[("gpu", case)]
+        assert r["device"] and r["cells"] == r["cells_cpu"], r
+        assert max(abs(a - b) for a, b in zip(r["its"], r["its_cpu"])) <= 1 and r["est_rel"] <= 1e-9, r
 
 
 def test_doerfler_tie_rule():
