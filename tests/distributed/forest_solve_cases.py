@@ -91,7 +91,9 @@ def no_hanging_expansion(F, ex):
     return Expansion(u, E, free, ex.starts)
 
 
-def run(name, dim, which, records):
+def refined_pair(dim, which):
+    """The forest and (rank 0) the serial mesh of the same refinements: ``which`` 2 local, 1
+    uniform, 0 the first three uniform ones."""
     box, uni, loc = steps(dim)
     stp = loc if which == 2 else uni if which == 1 else uni[:3]
     df = DistributedForest.box(*box, comm=COMM)
@@ -100,6 +102,11 @@ def run(name, dim, which, records):
         df = df.refine(s)
         if COMM.rank == 0:
             serial = serial.refine(None if s is None else s(serial.points[serial.cells].mean(1)))
+    return df, serial
+
+
+def run(name, dim, which, records):
+    df, serial = refined_pair(dim, which)
     c = df.centres()
     if which == 0:
         df = df.repartition(weights=starving(df))
@@ -252,13 +259,7 @@ def run_dirichlet(dim, records):
     the lifting (``_pull`` answering zero for them)."""
     import adaptmg.distributed.forest_rows as fr
     from adaptmg.distributed.solve import resolve
-    box, uni, loc = steps(dim)
-    df = DistributedForest.box(*box, comm=COMM)
-    serial = Mesh.box(*box) if COMM.rank == 0 else None
-    for s in loc:
-        df = df.refine(s)
-        if COMM.rank == 0:
-            serial = serial.refine(None if s is None else s(serial.points[serial.cells].mean(1)))
+    df, serial = refined_pair(dim, 2)
     c = df.centres()
     df = df.repartition(weights=np.where(np.linalg.norm(c - 0.3, axis=1) < 0.3, 4.0, 1.0))
     kw = dict(rtol=RTOL, agglomerate_below=100, gather=True)
