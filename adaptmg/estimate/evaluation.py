@@ -306,27 +306,56 @@ class Fields:
     href: np.ndarray | None = None   # (c, d, d, m, n) reference Hessian
 
 
-def point_fields(tab: RefTables, cd: CellData, *, x=False, value=False, grad=False,
+def _table_product(tab, name, B, groups=None):
+    r"""The product :math:`T B` of the basis table ``name`` (a field of :class:`RefTables`, e.g.
+    ``"dN"``, shape (R, k)) with the cells-last data B (..., k, n), shape (..., R, n).
+
+    ``groups`` None: one product with the table of ``tab`` (a :class:`RefTables`).  Otherwise
+    ``tab`` is a sequence of :class:`RefTables` of equal shapes and ``groups`` a list of
+    ``(start, stop, i)``: the cells start:stop use table ``tab[i]`` (one product per group)."""
+    xp = array_module(B)
+    if groups is None:
+        return xp.matmul(getattr(tab, name), B)
+    tables = [getattr(t, name) for t in tab]
+    n = B.shape[-1]
+    if len(groups) == 1 and groups[0][0] == 0 and groups[0][1] == n:
+        return xp.matmul(tables[groups[0][2]], B)
+    out = xp.empty(B.shape[:-2] + (tables[0].shape[0], n), dtype=B.dtype)
+    for s, e, i in groups:            # loop over the few table groups only
+        out[..., s:e] = xp.matmul(tables[i], B[..., s:e])
+    return out
+
+
+def point_fields(tab, cd: CellData, *, groups=None, x=False, value=False, grad=False,
                  hessian=False, check=True) -> Fields:
     r"""Evaluate at the points of ``tab`` for the cells of ``cd`` (module docstring):
     :math:`J = \hat\nabla N\,X`, its determinant and inverse always; on request the points
     :math:`x = N X`, values :math:`\phi U`, physical gradients :math:`J^{-T}\hat\nabla\phi U`
     and reference Hessians :math:`\hat\nabla^2\phi\, U` (combine with :func:`hessian`).
     ``tab`` and ``cd`` on the same device (:func:`tables_on`); ``check`` as in
-    :func:`inverse_cofactor`."""
+    :func:`inverse_cofactor`.
+
+    ``groups``: the cells use different point sets of m points each, ``tab`` is then a
+    sequence of :class:`RefTables` and ``groups`` a list of ``(start, stop, i)`` covering the
+    cells of ``cd``: cells start:stop are evaluated with ``tab[i]`` (e.g. faces whose
+    neighbours see them at different reference points).  Only the table products run per
+    group (:func:`_table_product`); everything else is one array operation for all cells."""
     xp = array_module(cd.X)
     d, nv, n = cd.X.shape
     c = cd.U.shape[0]
-    m = tab.N.shape[0]
-    J = xp.matmul(tab.dN, cd.X).reshape(d, d, m, n)         # J[a, b] = dx_a / dxi_b
+    m = (tab if groups is None else tab[0]).N.shape[0]
+
+    def prod(name, B):
+        return _table_product(tab, name, B, groups)
+    J = prod("dN", cd.X).reshape(d, d, m, n)                  # J[a, b] = dx_a / dxi_b
     det, inv = inverse_cofactor(J, check=check)
     out = Fields(det, inv)
     if x:
-        out.x = xp.matmul(tab.N, cd.X)                         # (d, m, n)
+        out.x = prod("N", cd.X)                                # (d, m, n)
     if value:
-        out.u = xp.matmul(tab.phi, cd.U)                       # (c, m, n)
+        out.u = prod("phi", cd.U)                              # (c, m, n)
     if grad:
-        gref = xp.matmul(tab.dphi, cd.U).reshape(c, d, m, n)
+        gref = prod("dphi", cd.U).reshape(c, d, m, n)
         g = xp.empty_like(gref)
         for a in range(d):                                     # (J^{-T} g)_a = sum_b inv[b, a] g_b
             t = inv[0, a] * gref[:, 0]
@@ -335,7 +364,7 @@ def point_fields(tab: RefTables, cd: CellData, *, x=False, value=False, grad=Fal
             g[:, a] = t
         out.grad = g
     if hessian:
-        out.href = xp.matmul(tab.hess, cd.U).reshape(c, d, d, m, n)
+        out.href = prod("hess", cd.U).reshape(c, d, d, m, n)
     return out
 
 

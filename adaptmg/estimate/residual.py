@@ -182,7 +182,8 @@ class _Data:
         return serial_chunk(tab, hessian=hessian, components=components)
 
     def fields(self, tab, cells, **kw):
-        """:func:`.evaluation.point_fields` of ``cells`` (on the backend) and the gathered data."""
+        """:func:`.evaluation.point_fields` of ``cells`` (on the backend) and the gathered data
+        (``tab`` a sequence of tables with ``groups=`` in ``kw``: per-group point sets)."""
         cd = gather_cells(self.space, self.Ut, cells, self.Pt, self.cell_nodes, self.cell_dofs)
         ev = point_fields(tab, cd, check=not self.gpu, **kw)
         if self.gpu:
@@ -195,14 +196,36 @@ class _Data:
         check_determinants(flags)
 
 
-def _own_side(dat, tab, cells, face, need_x):
-    """Own side of faces ``face`` of ``cells``: fields, unit outward normal (d, m, n) and
-    surface element (m, n) by Nanson's formula, n = J^{-T} e / |J^{-T} e|, e = +-e_axis."""
-    ev, _ = dat.fields(tab, cells, x=need_x, grad=True)
-    axis, sign = face // 2, 2.0 * (face % 2) - 1.0
-    nvec = ev.invJ[axis]                                            # (J^{-T} e_axis)_a = inv[axis, a]
+def _own_side(dat, tabs, groups, cells, need_x):
+    """Own side of the faces of ``cells``, evaluated with the own-face tables ``tabs[f]`` of the
+    ``groups`` ``(start, stop, f)`` (local face f = 2 axis + side): fields, unit outward normal
+    (d, m, n) and surface element (m, n) by Nanson's formula, n = J^{-T} e / |J^{-T} e|,
+    e = +-e_axis."""
+    ev, _ = dat.fields(tabs, cells, groups=groups, x=need_x, grad=True)
+    nvec = dat.xp.empty(ev.invJ.shape[1:])
+    for s, e, f in groups:                    # loop over the (at most 2d) local faces only
+        # (J^{-T} e_axis)_a = inv[axis, a]
+        dat.xp.multiply(ev.invJ[f // 2, ..., s:e], 2.0 * (f % 2) - 1.0, out=nvec[..., s:e])
     norm = dat.xp.sqrt(_dot(nvec, nvec))
-    return ev, nvec * (sign / norm), ev.detJ * norm
+    return ev, nvec * (1.0 / norm), ev.detJ * norm
+
+
+def _clip(groups, sl):
+    """The table groups ``(start, stop, i)`` that meet the chunk ``sl``, relative to its start."""
+    return [(max(s, sl.start) - sl.start, min(e, sl.stop) - sl.start, i)
+            for s, e, i in groups if s < sl.stop and e > sl.start]
+
+
+def _face_groups(runs):
+    """Table groups of the face runs ``(start, stop, face, set)``: the own side's (consecutive
+    runs of one local face merged) and the neighbour side's (one per run)."""
+    own = []
+    for s, e, f, _ in runs:
+        if own and own[-1][2] == f and own[-1][1] == s:
+            own[-1] = (own[-1][0], e, f)
+        else:
+            own.append((s, e, f))
+    return own, [(s, e, g) for s, e, _, g in runs]
 
 
 def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=False, data=None, partial=False):
@@ -212,7 +235,12 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
     (cells last, x (d, m, n) the points or None) to the normal fluxes (c, m, n); ``neumann``
     is the prescribed normal flux g(x, n) (or a constant) on the faces with ``neumann_ids``.
     Each interior face is integrated once (:func:`.faces.face_runs`) on its own side, with the
-    neighbour evaluated at the same points, and the value is added to both cells.
+    neighbour evaluated at the same points, and the value is added to both cells.  All faces
+    (a chunk of them at a time; on the GPU every face in one chunk up to the memory bound of
+    :func:`.evaluation.device_chunk`) are evaluated together: one :func:`.evaluation.point_fields`
+    per side with the tables of the own local faces and of the neighbour point sets, grouped
+    by the runs (only the table products run per run).  Likewise the Neumann faces, sorted
+    by their local face.
     ``data``: the :class:`_Data` of the call (default: ``U`` on the host); the result is an
     array of its backend.  ``partial``: the mesh is a piece of a larger one
     (:func:`.faces.face_pairs`)."""
@@ -226,47 +254,46 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
     fr = face_runs(mesh, backend=dat.be, partial=partial)      # on the backend (cached per mesh)
     Nf, wf = face_quadrature(d, nq)
     wf = dat.array(wf)
-    fcell, fnb, fh = dat.array(fr.cell), dat.array(fr.nb), dat.array(fr.h)
-    val = xp.empty(fr.cell.size)
-    for s, e, f, g in fr.runs:
-        ta = dat.tables(el, Nf @ own_face_refs(d, np.array([f]))[0])
-        tb = dat.tables(el, Nf @ fr.R_sets[g])
-        for sl in chunks(e - s, dat.chunk(ta, components=c)):
-            sl = slice(s + sl.start, s + sl.stop)
+    own = [dat.tables(el, Nf @ R) for R in own_face_refs(d, np.arange(2 * d))]
+    out = xp.zeros(nc)
+    if fr.runs:
+        nbt = [dat.tables(el, Nf @ R) for R in fr.R_sets]
+        own_groups, nb_groups = _face_groups(fr.runs)
+        fcell, fnb, fh = dat.array(fr.cell), dat.array(fr.nb), dat.array(fr.h)
+        val = xp.empty(fr.cell.size)
+        for sl in chunks(fr.cell.size, dat.chunk(own[0], components=c)):
             a, b = fcell[sl], fnb[sl]
-            ea, nrm, da = _own_side(dat, ta, a, f, need_x)
-            eb, _ = dat.fields(tb, b, grad=True)
+            ea, nrm, da = _own_side(dat, own, _clip(own_groups, sl), a, need_x)
+            eb, _ = dat.fields(nbt, b, groups=_clip(nb_groups, sl), grad=True)
             jump = flux_n(ea.grad, nrm, ea.x, a) - flux_n(eb.grad, nrm, ea.x, b)    # (c, m, n)
             val[sl] = 0.5 * fh[sl] * (wf @ (da * _dot(jump, jump)))
-    out = xp.zeros(nc)
-    out += xp.bincount(fcell, weights=val, minlength=nc)
-    out += xp.bincount(fnb, weights=val, minlength=nc)
+        out += xp.bincount(fcell, weights=val, minlength=nc)
+        out += xp.bincount(fnb, weights=val, minlength=nc)
     if neumann_ids is not None:
         cN, fN, _ = mesh.boundary_faces(neumann_ids)
-        cN, fN = np.asarray(cN), np.asarray(fN)
+        order = np.argsort(np.asarray(fN), kind="stable")          # grouped by local face
+        cN, fN = np.asarray(cN)[order], np.asarray(fN)[order]
+        if cN.size == 0:
+            return out
         need_xn = need_x or callable(neumann)
         gconst = None
         if neumann is not None and not callable(neumann):
             gconst = dat.array(np.asarray(to_host(neumann), dtype=float).reshape(-1, 1, 1))
-        valN = xp.zeros(cN.size)
-        for f in range(2 * d):            # loop over the 2d local faces only
-            sel = np.flatnonzero(fN == f)
-            if sel.size == 0:
-                continue
-            ta = dat.tables(el, Nf @ own_face_refs(d, np.array([f]))[0])
-            cf = cN[sel]
-            hF = dat.array(face_diameters(mesh, cf, np.full(cf.size, f)))     # mesh only: on the host
-            cf, selb = dat.array(cf), dat.array(sel)
-            for sl in chunks(sel.size, dat.chunk(ta, components=c)):
-                cells = cf[sl]
-                ea, nrm, da = _own_side(dat, ta, cells, f, need_xn)
-                r = -flux_n(ea.grad, nrm, ea.x, cells)
-                if gconst is not None:
-                    r = r + gconst
-                elif neumann is not None:
-                    r = r + _neumann_values(neumann, ea.x, nrm, c, xp=xp)
-                valN[selb[sl]] = hF[sl] * (wf @ (da * _dot(r, r)))
-        out += xp.bincount(dat.array(cN), weights=valN, minlength=nc)
+        bounds = np.searchsorted(fN, np.arange(2 * d + 1))
+        groups = [(int(bounds[f]), int(bounds[f + 1]), f) for f in range(2 * d) if bounds[f + 1] > bounds[f]]
+        hF = dat.array(face_diameters(mesh, cN, fN))                # mesh only: on the host
+        cNd = dat.array(cN)
+        valN = xp.empty(cN.size)
+        for sl in chunks(cN.size, dat.chunk(own[0], components=c)):
+            cells = cNd[sl]
+            ea, nrm, da = _own_side(dat, own, _clip(groups, sl), cells, need_xn)
+            r = -flux_n(ea.grad, nrm, ea.x, cells)
+            if gconst is not None:
+                r = r + gconst
+            elif neumann is not None:
+                r = r + _neumann_values(neumann, ea.x, nrm, c, xp=xp)
+            valN[sl] = hF[sl] * (wf @ (da * _dot(r, r)))
+        out += xp.bincount(cNd, weights=valN, minlength=nc)
     return out
 
 
