@@ -212,8 +212,8 @@ def tables_on(tab: RefTables, xp) -> RefTables:
     return hit[1]
 
 
-DEVICE_CHUNK = 1 << 18       # at most this many cells per call of point_fields on the GPU
-DEVICE_FLOATS = 1 << 24      # and at most about this many floats (128 MiB) in its largest array
+DEVICE_CHUNK = 1 << 22       # at most this many cells per call of point_fields on the GPU
+DEVICE_FLOATS = 1 << 25      # and at most about this many floats (256 MiB) in its largest array
 
 
 def device_chunk(tab: RefTables, hessian=False, components=1, dim=None, hi=DEVICE_CHUNK,
