@@ -227,6 +227,22 @@ def device_chunk(tab: RefTables, hessian=False, components=1, dim=None, hi=DEVIC
     return int(min(hi, max(lo, floats // max(work, 1))))
 
 
+def max_vertex_distance(X):
+    r"""Largest distance :math:`\max_{i<j} |X_i - X_j|` between two of the k vertices of each
+    of n cells or faces, X (d, k, n) (NumPy or CuPy): all vertex pairs in one array
+    (d, k (k-1) / 2, n), the squares summed over the d axes in order; zeros for k < 2."""
+    xp = array_module(X)
+    d, k, n = X.shape
+    if k < 2:
+        return xp.zeros(n)
+    i, j = (xp.asarray(t) for t in np.triu_indices(k, 1))
+    diff = X[:, i] - X[:, j]
+    s2 = diff[0] * diff[0]
+    for a in range(1, d):                 # loop over the d axes only
+        s2 += diff[a] * diff[a]
+    return xp.sqrt(s2.max(axis=0))
+
+
 @dataclass
 class CellData:
     """Vertex coordinates ``X`` (d, nv, n) and nodal values ``U`` (c, nloc, n) of n cells."""

@@ -41,7 +41,7 @@ from ..backend import CPU, get_backend, to_host
 from ..fe.element import LagrangeQ
 from ..fe.quadrature import tensor_gauss
 from ..mesh import reference as ref
-from .evaluation import PointValues
+from .evaluation import PointValues, max_vertex_distance
 
 
 @dataclass
@@ -367,17 +367,8 @@ def face_diameters(mesh, cells, faces, backend=None):
     ``backend`` as in :func:`face_pairs`: on the GPU ``cells``/``faces`` (host or device) and the
     mesh tables are copied to the device and the result is a CuPy array."""
     be = _resolve(backend)
-    xp = be.xp
     fv = be.asarray(ref.face_vertices(mesh.dim))                    # no-ops on the host
     cells, faces = be.asarray(cells), be.asarray(faces)
     vid = be.asarray(mesh.cells)[cells[:, None], fv[faces]]         # (n, nfv)
     V = be.asarray(np.ascontiguousarray(mesh.points.T))[:, vid.T]   # (d, nfv, n)
-    best = None
-    for i in range(fv.shape[1]):              # loop over the vertex pairs of a reference face only
-        for j in range(i + 1, fv.shape[1]):
-            diff = V[:, i] - V[:, j]
-            s2 = diff[0] * diff[0]
-            for a in range(1, diff.shape[0]):
-                s2 += diff[a] * diff[a]
-            best = s2 if best is None else xp.maximum(best, s2, out=best)
-    return xp.sqrt(best) if best is not None else xp.zeros(len(cells))
+    return max_vertex_distance(V)

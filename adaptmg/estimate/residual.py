@@ -44,32 +44,16 @@ import numpy as np
 
 from ..backend import CPU, call_points, get_backend, is_device_array, to_host
 from ..fe.quadrature import tensor_gauss
-from .evaluation import (array_module, check_determinants, device_chunk, gather_cells, hessian,
-                         laplacian, point_fields, ref_tables, serial_chunk, tables_on)
+from .evaluation import (check_determinants, device_chunk, gather_cells, hessian, laplacian,
+                         max_vertex_distance, point_fields, ref_tables, serial_chunk, tables_on)
 from .faces import face_diameters, face_quadrature, face_runs, own_face_refs
 from .inputs import (check_coefficient, check_space, chunks, coefficient_at,
                      coefficient_gradient, nodal_values)
 
 
-def _max_vertex_distance(X):
-    """Largest distance between two of the nv vertices of each of n cells, X (d, nv, n)
-    (NumPy or CuPy)."""
-    xp = array_module(X)
-    nv = X.shape[1]
-    best = None
-    for i in range(nv):                  # loop over the vertex pairs of the reference cell only
-        for j in range(i + 1, nv):
-            diff = X[:, i] - X[:, j]
-            s2 = diff[0] * diff[0]
-            for a in range(1, diff.shape[0]):
-                s2 += diff[a] * diff[a]
-            best = s2 if best is None else xp.maximum(best, s2, out=best)
-    return xp.sqrt(best)
-
-
 def cell_diameters(mesh) -> np.ndarray:
     """Diameter h_K of every active cell (largest distance between two of its vertices)."""
-    return _max_vertex_distance(np.ascontiguousarray(mesh.points.T)[:, mesh.cells.T])   # (d, nv, nc)
+    return max_vertex_distance(np.ascontiguousarray(mesh.points.T)[:, mesh.cells.T])   # (d, nv, nc)
 
 
 def _dot(a, b):
@@ -356,7 +340,7 @@ def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
     for sl in chunks(nc, dat.chunk(tab, hessian=True)):
         cells = xp.arange(sl.start, sl.stop)
         ev, cd = dat.fields(tab, cells, x=need_x, value=c is not None, grad=need_grad, hessian=True)
-        h = _max_vertex_distance(cd.X)                              # h_K of the chunk's cells
+        h = max_vertex_distance(cd.X)                              # h_K of the chunk's cells
         R = _at("k", k, cells, ev.x, xp=xp) * laplacian(ev)[0]
         R = R + _at("f", f, cells, ev.x, xp=xp)
         G = ev.grad[0] if need_grad else None                       # (d, m, n)
@@ -427,7 +411,7 @@ def elasticity_indicators(space, u, lam, mu, *, f=None, traction=None, neumann_i
         R = mu * lap + (lam + mu) * graddiv
         if f is not None:
             R = R + _at("f", f, cells, ev.x, (d,), xp=xp)
-        cell_part[sl] = _max_vertex_distance(cd.X) ** 2 * (w @ (ev.detJ * _dot(R, R)))
+        cell_part[sl] = max_vertex_distance(cd.X) ** 2 * (w @ (ev.detJ * _dot(R, R)))
 
     def flux_n(grad, nrm, x, cells):
         # sigma n = mu (grad u + grad u^T) n + lam (div u) n

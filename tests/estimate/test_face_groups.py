@@ -209,3 +209,16 @@ def test_gpu_evaluates_every_face_at_once(name, monkeypatch):
     assert calls == _expected_calls(space, [0, 1])
     for new, r in zip(out, ref):
         assert _rel(new, r) < 1e4 * EPS
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_max_vertex_distance_all_pairs(dim):
+    from adaptmg.estimate.evaluation import max_vertex_distance
+    from adaptmg.estimate.residual import cell_diameters
+    mesh = adaptive_box(dim, 3, 2)
+    X = mesh.points[mesh.cells].transpose(2, 1, 0)                     # (d, nv, n)
+    ref = np.sqrt(((X[:, :, None] - X[:, None]) ** 2).sum(0)).max(axis=(0, 1))
+    np.testing.assert_allclose(cell_diameters(mesh), ref, rtol=2 * EPS, atol=0)
+    np.testing.assert_allclose(max_vertex_distance(X[:, :2]), np.linalg.norm(X[:, 1] - X[:, 0], axis=0),
+                               rtol=2 * EPS, atol=0)
+    assert (max_vertex_distance(X[:, :1]) == 0).all()
