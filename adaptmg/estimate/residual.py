@@ -22,11 +22,14 @@ For linear elasticity, :math:`\sigma(u) = 2\mu\varepsilon(u) + \lambda\,\mathrm{
 the flux is :math:`\sigma(u_h) n` and the cell residual :math:`f + \nabla\cdot\sigma(u_h)
 = f + \mu\Delta u_h + (\lambda + \mu)\nabla(\nabla\cdot u_h)`.
 
-Everything is vectorised over cells and faces: the loops run over chunks and over the few
-face *runs* (:func:`.faces.face_runs`: faces with the same own local face and the same
-neighbour point set), each evaluated with basis tables shared by all its faces
-(:func:`.evaluation.point_fields`, arrays laid out cells last).  Every interior face is
-integrated once, on its fine (or either conforming) side, and its contribution
+Everything is vectorised over cells and faces: the loops run over chunks (cache-sized on the
+CPU; on the GPU as large as memory allows, so usually one) and, inside an evaluation, over
+the few table groups.  The interior faces are sorted into *runs* (:func:`.faces.face_runs`:
+faces with the same own local face and the same neighbour point set); all faces of a chunk
+are evaluated together, one :func:`.evaluation.point_fields` per side (arrays laid out cells
+last) in which only the products with the basis tables run per group -- per local face on
+the own side, per run on the neighbour's.  Every interior face is integrated once, on its
+fine (or either conforming) side, and its contribution
 :math:`\tfrac12 h_F\|[\![k\partial_n u_h]\!]\|_F^2` is added to both cells.
 
 Both estimators take ``backend`` (``"cpu"``, ``"gpu"``, a :class:`adaptmg.backend.Backend`;
@@ -34,8 +37,9 @@ None = NumPy).  On the GPU the numeric work runs on CuPy arrays (:class:`_Data`)
 the cells' vertices and nodal values, the geometry, gradients and Hessians at the points,
 the coefficients, fluxes, jumps, the integrals and the accumulations per cell, and the
 interior face topology (:func:`.faces.face_runs`: matching, run grouping, face diameters;
-cached per mesh and backend); the boundary faces with their diameters and the reference
-tables are computed on the host and copied once per call.  The result is a NumPy array
+cached per mesh and backend, as the mesh tables, :func:`.faces.mesh_arrays`); the boundary
+faces with their diameters and the reference tables are computed on the host and copied
+once per call.  The result is a NumPy array
 either way.
 """
 from __future__ import annotations
@@ -46,7 +50,7 @@ from ..backend import CPU, call_points, get_backend, is_device_array, to_host
 from ..fe.quadrature import tensor_gauss
 from .evaluation import (check_determinants, device_chunk, gather_cells, hessian, laplacian,
                          max_vertex_distance, point_fields, ref_tables, serial_chunk, tables_on)
-from .faces import face_diameters, face_quadrature, face_runs, own_face_refs
+from .faces import face_diameters, face_quadrature, face_runs, mesh_arrays, own_face_refs
 from .inputs import (check_coefficient, check_space, chunks, coefficient_at,
                      coefficient_gradient, nodal_values)
 
@@ -132,8 +136,9 @@ def _check_neumann(neumann, neumann_ids, c):
 
 class _Data:
     """The nodal values ``Ut`` (c, num_nodes) and the mesh arrays of an indicator call on its
-    backend: on the GPU the points, cell-node and cell-dof tables are copied to the device
-    once, reference tables once per point set (:func:`.evaluation.tables_on`), and the
+    backend: on the GPU the points and cell-node tables are copied to the device once per
+    mesh (:func:`.faces.mesh_arrays`), the cell-dof table once per call, reference tables
+    once per point set (:func:`.evaluation.tables_on`), and the
     Jacobian determinants are checked once at the end (:meth:`check`) instead of per chunk."""
 
     def __init__(self, space, U, be=CPU):
@@ -142,14 +147,14 @@ class _Data:
         self.gpu = be.is_gpu
         mesh = space.mesh
         self.Ut = xp.ascontiguousarray(U.T)
-        Pt = np.ascontiguousarray(mesh.points.T)
+        ma = mesh_arrays(mesh, be)                   # one upload per mesh (cached)
+        self.Pt = ma.points_t
         if self.gpu:
-            self.Pt = be.asarray(Pt)
-            self.cell_nodes = be.asarray(mesh.cells)
+            self.cell_nodes = ma.cells
             self.cell_dofs = (self.cell_nodes if space.cell_dofs is mesh.cells
                               else be.asarray(space.cell_dofs))
         else:
-            self.Pt, self.cell_nodes, self.cell_dofs = Pt, None, None
+            self.cell_nodes, self.cell_dofs = None, None
         self.flags = []
 
     def array(self, a):
