@@ -2,12 +2,14 @@
 and the face part of the residual estimator against the per-run evaluation it replaces (one
 :func:`point_fields` per face run and side, as before), on the CPU path, on the GPU's code
 path (its chunk sizes and deferred checks, run on NumPy) and with chunks that cut the runs."""
+import importlib.util
+import os
+
 import numpy as np
 import pytest
 
 from adaptmg import Space
 from adaptmg.backend import get_backend
-from adaptmg.estimate import residual
 from adaptmg.estimate.evaluation import gather_cells, point_fields, ref_tables
 from adaptmg.estimate.faces import face_diameters, face_quadrature, face_runs, own_face_refs
 from adaptmg.estimate.residual import _Data, jump_terms, residual_indicators
@@ -143,21 +145,13 @@ def test_elasticity_face_part_equals_per_run_evaluation(name, path, monkeypatch)
     assert _rel(new, ref) < 32 * EPS, (name, path, _rel(new, ref) / EPS)
 
 
-def _count(monkeypatch, xp):
-    """Count the estimator's evaluations and its table products (``xp.matmul``: it has no other)."""
-    calls = {"evaluations": 0, "products": 0}
-    real_pf, real_mm = residual.point_fields, xp.matmul
-
-    def pf(*a, **k):
-        calls["evaluations"] += 1
-        return real_pf(*a, **k)
-
-    def mm(*a, **k):
-        calls["products"] += 1
-        return real_mm(*a, **k)
-    monkeypatch.setattr(residual, "point_fields", pf)
-    monkeypatch.setattr(xp, "matmul", mm)
-    return calls
+def _bench():
+    """scripts/bench_estimate.py as a module: its call counter and GPU-path context."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_estimate_under_test", os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "bench_estimate.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _expected_calls(space, ids):
@@ -171,31 +165,32 @@ def _expected_calls(space, ids):
 
 
 @pytest.mark.parametrize("name", ["2d-q1", "3d-q2"])
-def test_gpu_path_evaluates_every_face_at_once(name, monkeypatch):
+def test_gpu_path_evaluates_every_face_at_once(name):
     """On the GPU's path a mesh that fits one chunk costs one evaluation for the cells, one per
     side for all interior faces and one for all Neumann faces, whatever the number of runs;
     only the table products run per group."""
+    bench = _bench()
     space = SPACES[name]()
     assert len(face_runs(space.mesh).runs) > 8
     u = np.random.default_rng(4).standard_normal(space.num_dofs)
     kw = dict(f=1.0, neumann=0.5, neumann_ids=[0, 1])
     ref = residual_indicators(space, u, **kw)
-    calls = _count(monkeypatch, np)
-    init = _Data.__init__
-
-    def as_device(self, *a, **k):
-        init(self, *a, **k)
-        self.gpu = True
-    monkeypatch.setattr(_Data, "__init__", as_device)
-    eta = residual_indicators(space, u, **kw)
-    monkeypatch.undo()
+    out = []
+    with bench.device_path():
+        calls = bench.count_calls(lambda: out.append(residual_indicators(space, u, **kw)), np)
     assert calls == _expected_calls(space, [0, 1])
-    np.testing.assert_allclose(eta, ref, rtol=32 * EPS, atol=0)
+    np.testing.assert_allclose(out[0], ref, rtol=32 * EPS, atol=0)
+
+
+def test_bench_script_counts(capsys):
+    rows = _bench().main(["--cells", "3000", "--repeat", "1", "--device-path"])
+    assert rows[0]["cells"] >= 3000 and rows[0]["runs"] > 4 and rows[0]["evaluations"] == 3
+    assert "| cpu (GPU path) |" in capsys.readouterr().out
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["2d-q2", "3d-q1"])
-def test_gpu_evaluates_every_face_at_once(name, monkeypatch):
+def test_gpu_evaluates_every_face_at_once(name):
     """The device makes the calls of the GPU path emulated above, and matches the CPU."""
     gpu = get_backend("gpu")
     space = SPACES[name]()
@@ -203,11 +198,11 @@ def test_gpu_evaluates_every_face_at_once(name, monkeypatch):
     kw = dict(f=1.0, neumann=_neumann, neumann_ids=[0, 1])
     ref = residual_indicators(space, u, parts=True, **kw)
     residual_indicators(space, u, backend=gpu, **kw)           # face topology cached first
-    calls = _count(monkeypatch, gpu.xp)
-    out = residual_indicators(space, gpu.asarray(u), parts=True, backend=gpu, **kw)
-    monkeypatch.undo()
+    out = []
+    calls = _bench().count_calls(
+        lambda: out.append(residual_indicators(space, gpu.asarray(u), parts=True, backend=gpu, **kw)), gpu.xp)
     assert calls == _expected_calls(space, [0, 1])
-    for new, r in zip(out, ref):
+    for new, r in zip(out[0], ref):
         assert _rel(new, r) < 1e4 * EPS
 
 
