@@ -47,7 +47,7 @@ def graded_mesh(dim, cells):
         mesh = Mesh.box([0.0] * 3, [1.0] * 3, [2, 2, 2])
     delta = 0.5
     while mesh.num_cells < cells:
-        delta /= 1.3
+        delta /= 1.1
         while True:
             X = mesh.points[mesh.cells]
             h = np.linalg.norm(X[:, -1] - X[:, 0], axis=1)
