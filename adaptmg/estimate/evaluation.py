@@ -212,8 +212,8 @@ def tables_on(tab: RefTables, xp) -> RefTables:
     return hit[1]
 
 
-DEVICE_CHUNK = 1 << 18       # at most this many cells per call of point_fields on the GPU
-DEVICE_FLOATS = 1 << 24      # and at most about this many floats (128 MiB) in its largest array
+DEVICE_CHUNK = 1 << 22       # at most this many cells per call of point_fields on the GPU
+DEVICE_FLOATS = 1 << 25      # and at most about this many floats (256 MiB) in its largest array
 
 
 def device_chunk(tab: RefTables, hessian=False, components=1, dim=None, hi=DEVICE_CHUNK,
@@ -225,6 +225,22 @@ def device_chunk(tab: RefTables, hessian=False, components=1, dim=None, hi=DEVIC
     t = tab.hess if hessian else tab.dphi
     work = max(d * tab.dN.shape[0], t.shape[0] * components)
     return int(min(hi, max(lo, floats // max(work, 1))))
+
+
+def max_vertex_distance(X):
+    r"""Largest distance :math:`\max_{i<j} |X_i - X_j|` between two of the k vertices of each
+    of n cells or faces, X (d, k, n) (NumPy or CuPy): all vertex pairs in one array
+    (d, k (k-1) / 2, n), the squares summed over the d axes in order; zeros for k < 2."""
+    xp = array_module(X)
+    d, k, n = X.shape
+    if k < 2:
+        return xp.zeros(n)
+    i, j = (xp.asarray(t) for t in np.triu_indices(k, 1))
+    diff = X[:, i] - X[:, j]
+    s2 = diff[0] * diff[0]
+    for a in range(1, d):                 # loop over the d axes only
+        s2 += diff[a] * diff[a]
+    return xp.sqrt(s2.max(axis=0))
 
 
 @dataclass
@@ -306,27 +322,56 @@ class Fields:
     href: np.ndarray | None = None   # (c, d, d, m, n) reference Hessian
 
 
-def point_fields(tab: RefTables, cd: CellData, *, x=False, value=False, grad=False,
+def _table_product(tab, name, B, groups=None):
+    r"""The product :math:`T B` of the basis table ``name`` (a field of :class:`RefTables`, e.g.
+    ``"dN"``, shape (R, k)) with the cells-last data B (..., k, n), shape (..., R, n).
+
+    ``groups`` None: one product with the table of ``tab`` (a :class:`RefTables`).  Otherwise
+    ``tab`` is a sequence of :class:`RefTables` of equal shapes and ``groups`` a list of
+    ``(start, stop, i)``: the cells start:stop use table ``tab[i]`` (one product per group)."""
+    xp = array_module(B)
+    if groups is None:
+        return xp.matmul(getattr(tab, name), B)
+    tables = [getattr(t, name) for t in tab]
+    n = B.shape[-1]
+    if len(groups) == 1 and groups[0][0] == 0 and groups[0][1] == n:
+        return xp.matmul(tables[groups[0][2]], B)
+    out = xp.empty(B.shape[:-2] + (tables[0].shape[0], n), dtype=B.dtype)
+    for s, e, i in groups:            # loop over the few table groups only
+        out[..., s:e] = xp.matmul(tables[i], B[..., s:e])
+    return out
+
+
+def point_fields(tab, cd: CellData, *, groups=None, x=False, value=False, grad=False,
                  hessian=False, check=True) -> Fields:
     r"""Evaluate at the points of ``tab`` for the cells of ``cd`` (module docstring):
     :math:`J = \hat\nabla N\,X`, its determinant and inverse always; on request the points
     :math:`x = N X`, values :math:`\phi U`, physical gradients :math:`J^{-T}\hat\nabla\phi U`
     and reference Hessians :math:`\hat\nabla^2\phi\, U` (combine with :func:`hessian`).
     ``tab`` and ``cd`` on the same device (:func:`tables_on`); ``check`` as in
-    :func:`inverse_cofactor`."""
+    :func:`inverse_cofactor`.
+
+    ``groups``: the cells use different point sets of m points each, ``tab`` is then a
+    sequence of :class:`RefTables` and ``groups`` a list of ``(start, stop, i)`` covering the
+    cells of ``cd``: cells start:stop are evaluated with ``tab[i]`` (e.g. faces whose
+    neighbours see them at different reference points).  Only the table products run per
+    group (:func:`_table_product`); everything else is one array operation for all cells."""
     xp = array_module(cd.X)
     d, nv, n = cd.X.shape
     c = cd.U.shape[0]
-    m = tab.N.shape[0]
-    J = xp.matmul(tab.dN, cd.X).reshape(d, d, m, n)         # J[a, b] = dx_a / dxi_b
+    m = (tab if groups is None else tab[0]).N.shape[0]
+
+    def prod(name, B):
+        return _table_product(tab, name, B, groups)
+    J = prod("dN", cd.X).reshape(d, d, m, n)                  # J[a, b] = dx_a / dxi_b
     det, inv = inverse_cofactor(J, check=check)
     out = Fields(det, inv)
     if x:
-        out.x = xp.matmul(tab.N, cd.X)                         # (d, m, n)
+        out.x = prod("N", cd.X)                                # (d, m, n)
     if value:
-        out.u = xp.matmul(tab.phi, cd.U)                       # (c, m, n)
+        out.u = prod("phi", cd.U)                              # (c, m, n)
     if grad:
-        gref = xp.matmul(tab.dphi, cd.U).reshape(c, d, m, n)
+        gref = prod("dphi", cd.U).reshape(c, d, m, n)
         g = xp.empty_like(gref)
         for a in range(d):                                     # (J^{-T} g)_a = sum_b inv[b, a] g_b
             t = inv[0, a] * gref[:, 0]
@@ -335,7 +380,7 @@ def point_fields(tab: RefTables, cd: CellData, *, x=False, value=False, grad=Fal
             g[:, a] = t
         out.grad = g
     if hessian:
-        out.href = xp.matmul(tab.hess, cd.U).reshape(c, d, d, m, n)
+        out.href = prod("hess", cd.U).reshape(c, d, d, m, n)
     return out
 
 

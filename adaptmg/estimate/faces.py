@@ -41,7 +41,7 @@ from ..backend import CPU, get_backend, to_host
 from ..fe.element import LagrangeQ
 from ..fe.quadrature import tensor_gauss
 from ..mesh import reference as ref
-from .evaluation import PointValues
+from .evaluation import PointValues, max_vertex_distance
 
 
 @dataclass
@@ -92,6 +92,29 @@ def _cache_put(cache, mesh, be, value, tag=None):
         pass
 
 
+@dataclass
+class MeshArrays:
+    """The mesh tables the estimators read, on a backend: ``cells`` (nc, 2^d) and ``points_t``
+    (d, num_nodes), the transposed points (contiguous)."""
+    cells: np.ndarray
+    points_t: np.ndarray
+
+
+_MESH_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # mesh -> {backend: MeshArrays}
+
+
+def mesh_arrays(mesh, backend=None) -> MeshArrays:
+    """:class:`MeshArrays` of ``mesh`` on ``backend`` (as in :func:`face_pairs`), memoised per
+    mesh and backend: on the GPU the face matching, the face diameters and the indicators'
+    evaluation share one upload of the tables per mesh."""
+    be = _resolve(backend)
+    hit = _cache_get(_MESH_CACHE, mesh, be)
+    if hit is None:
+        hit = MeshArrays(be.asarray(mesh.cells), be.asarray(np.ascontiguousarray(mesh.points.T)))
+        _cache_put(_MESH_CACHE, mesh, be, hit)
+    return hit
+
+
 def _bincount(xp, x, minlength):
     """``xp.bincount(x, minlength=minlength)``, also for an empty ``x`` (CuPy takes its max)."""
     if x.size == 0:
@@ -121,7 +144,7 @@ def face_pairs(mesh, backend=None, partial=False) -> FacePairs:
     fv = be.asarray(ref.face_vertices(d))                          # no-ops on the host
     cor = be.asarray(ref.corners(d).astype(float))
     cor_i = be.asarray(ref.corners(d))
-    cells = be.asarray(mesh.cells)
+    cells = mesh_arrays(mesh, be).cells
     bid = be.asarray(mesh.boundary_ids)
     c_all, f_all = xp.nonzero(bid < 0)
     V = cells[c_all[:, None], fv[f_all]]                           # (nF, nfv), face-lexicographic
@@ -367,17 +390,9 @@ def face_diameters(mesh, cells, faces, backend=None):
     ``backend`` as in :func:`face_pairs`: on the GPU ``cells``/``faces`` (host or device) and the
     mesh tables are copied to the device and the result is a CuPy array."""
     be = _resolve(backend)
-    xp = be.xp
     fv = be.asarray(ref.face_vertices(mesh.dim))                    # no-ops on the host
     cells, faces = be.asarray(cells), be.asarray(faces)
-    vid = be.asarray(mesh.cells)[cells[:, None], fv[faces]]         # (n, nfv)
-    V = be.asarray(np.ascontiguousarray(mesh.points.T))[:, vid.T]   # (d, nfv, n)
-    best = None
-    for i in range(fv.shape[1]):              # loop over the vertex pairs of a reference face only
-        for j in range(i + 1, fv.shape[1]):
-            diff = V[:, i] - V[:, j]
-            s2 = diff[0] * diff[0]
-            for a in range(1, diff.shape[0]):
-                s2 += diff[a] * diff[a]
-            best = s2 if best is None else xp.maximum(best, s2, out=best)
-    return xp.sqrt(best) if best is not None else xp.zeros(len(cells))
+    ma = mesh_arrays(mesh, be)
+    vid = ma.cells[cells[:, None], fv[faces]]                       # (n, nfv)
+    V = ma.points_t[:, vid.T]                                       # (d, nfv, n)
+    return max_vertex_distance(V)

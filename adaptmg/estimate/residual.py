@@ -22,11 +22,14 @@ For linear elasticity, :math:`\sigma(u) = 2\mu\varepsilon(u) + \lambda\,\mathrm{
 the flux is :math:`\sigma(u_h) n` and the cell residual :math:`f + \nabla\cdot\sigma(u_h)
 = f + \mu\Delta u_h + (\lambda + \mu)\nabla(\nabla\cdot u_h)`.
 
-Everything is vectorised over cells and faces: the loops run over chunks and over the few
-face *runs* (:func:`.faces.face_runs`: faces with the same own local face and the same
-neighbour point set), each evaluated with basis tables shared by all its faces
-(:func:`.evaluation.point_fields`, arrays laid out cells last).  Every interior face is
-integrated once, on its fine (or either conforming) side, and its contribution
+Everything is vectorised over cells and faces: the loops run over chunks (cache-sized on the
+CPU; on the GPU as large as memory allows, so usually one) and, inside an evaluation, over
+the few table groups.  The interior faces are sorted into *runs* (:func:`.faces.face_runs`:
+faces with the same own local face and the same neighbour point set); all faces of a chunk
+are evaluated together, one :func:`.evaluation.point_fields` per side (arrays laid out cells
+last) in which only the products with the basis tables run per group -- per local face on
+the own side, per run on the neighbour's.  Every interior face is integrated once, on its
+fine (or either conforming) side, and its contribution
 :math:`\tfrac12 h_F\|[\![k\partial_n u_h]\!]\|_F^2` is added to both cells.
 
 Both estimators take ``backend`` (``"cpu"``, ``"gpu"``, a :class:`adaptmg.backend.Backend`;
@@ -34,8 +37,9 @@ None = NumPy).  On the GPU the numeric work runs on CuPy arrays (:class:`_Data`)
 the cells' vertices and nodal values, the geometry, gradients and Hessians at the points,
 the coefficients, fluxes, jumps, the integrals and the accumulations per cell, and the
 interior face topology (:func:`.faces.face_runs`: matching, run grouping, face diameters;
-cached per mesh and backend); the boundary faces with their diameters and the reference
-tables are computed on the host and copied once per call.  The result is a NumPy array
+cached per mesh and backend, as the mesh tables, :func:`.faces.mesh_arrays`); the boundary
+faces with their diameters and the reference tables are computed on the host and copied
+once per call.  The result is a NumPy array
 either way.
 """
 from __future__ import annotations
@@ -44,32 +48,16 @@ import numpy as np
 
 from ..backend import CPU, call_points, get_backend, is_device_array, to_host
 from ..fe.quadrature import tensor_gauss
-from .evaluation import (array_module, check_determinants, device_chunk, gather_cells, hessian,
-                         laplacian, point_fields, ref_tables, serial_chunk, tables_on)
-from .faces import face_diameters, face_quadrature, face_runs, own_face_refs
+from .evaluation import (check_determinants, device_chunk, gather_cells, hessian, laplacian,
+                         max_vertex_distance, point_fields, ref_tables, serial_chunk, tables_on)
+from .faces import face_diameters, face_quadrature, face_runs, mesh_arrays, own_face_refs
 from .inputs import (check_coefficient, check_space, chunks, coefficient_at,
                      coefficient_gradient, nodal_values)
 
 
-def _max_vertex_distance(X):
-    """Largest distance between two of the nv vertices of each of n cells, X (d, nv, n)
-    (NumPy or CuPy)."""
-    xp = array_module(X)
-    nv = X.shape[1]
-    best = None
-    for i in range(nv):                  # loop over the vertex pairs of the reference cell only
-        for j in range(i + 1, nv):
-            diff = X[:, i] - X[:, j]
-            s2 = diff[0] * diff[0]
-            for a in range(1, diff.shape[0]):
-                s2 += diff[a] * diff[a]
-            best = s2 if best is None else xp.maximum(best, s2, out=best)
-    return xp.sqrt(best)
-
-
 def cell_diameters(mesh) -> np.ndarray:
     """Diameter h_K of every active cell (largest distance between two of its vertices)."""
-    return _max_vertex_distance(np.ascontiguousarray(mesh.points.T)[:, mesh.cells.T])   # (d, nv, nc)
+    return max_vertex_distance(np.ascontiguousarray(mesh.points.T)[:, mesh.cells.T])   # (d, nv, nc)
 
 
 def _dot(a, b):
@@ -148,8 +136,9 @@ def _check_neumann(neumann, neumann_ids, c):
 
 class _Data:
     """The nodal values ``Ut`` (c, num_nodes) and the mesh arrays of an indicator call on its
-    backend: on the GPU the points, cell-node and cell-dof tables are copied to the device
-    once, reference tables once per point set (:func:`.evaluation.tables_on`), and the
+    backend: on the GPU the points and cell-node tables are copied to the device once per
+    mesh (:func:`.faces.mesh_arrays`), the cell-dof table once per call, reference tables
+    once per point set (:func:`.evaluation.tables_on`), and the
     Jacobian determinants are checked once at the end (:meth:`check`) instead of per chunk."""
 
     def __init__(self, space, U, be=CPU):
@@ -158,14 +147,14 @@ class _Data:
         self.gpu = be.is_gpu
         mesh = space.mesh
         self.Ut = xp.ascontiguousarray(U.T)
-        Pt = np.ascontiguousarray(mesh.points.T)
+        ma = mesh_arrays(mesh, be)                   # one upload per mesh (cached)
+        self.Pt = ma.points_t
         if self.gpu:
-            self.Pt = be.asarray(Pt)
-            self.cell_nodes = be.asarray(mesh.cells)
+            self.cell_nodes = ma.cells
             self.cell_dofs = (self.cell_nodes if space.cell_dofs is mesh.cells
                               else be.asarray(space.cell_dofs))
         else:
-            self.Pt, self.cell_nodes, self.cell_dofs = Pt, None, None
+            self.cell_nodes, self.cell_dofs = None, None
         self.flags = []
 
     def array(self, a):
@@ -182,7 +171,8 @@ class _Data:
         return serial_chunk(tab, hessian=hessian, components=components)
 
     def fields(self, tab, cells, **kw):
-        """:func:`.evaluation.point_fields` of ``cells`` (on the backend) and the gathered data."""
+        """:func:`.evaluation.point_fields` of ``cells`` (on the backend) and the gathered data
+        (``tab`` a sequence of tables with ``groups=`` in ``kw``: per-group point sets)."""
         cd = gather_cells(self.space, self.Ut, cells, self.Pt, self.cell_nodes, self.cell_dofs)
         ev = point_fields(tab, cd, check=not self.gpu, **kw)
         if self.gpu:
@@ -195,14 +185,36 @@ class _Data:
         check_determinants(flags)
 
 
-def _own_side(dat, tab, cells, face, need_x):
-    """Own side of faces ``face`` of ``cells``: fields, unit outward normal (d, m, n) and
-    surface element (m, n) by Nanson's formula, n = J^{-T} e / |J^{-T} e|, e = +-e_axis."""
-    ev, _ = dat.fields(tab, cells, x=need_x, grad=True)
-    axis, sign = face // 2, 2.0 * (face % 2) - 1.0
-    nvec = ev.invJ[axis]                                            # (J^{-T} e_axis)_a = inv[axis, a]
+def _own_side(dat, tabs, groups, cells, need_x):
+    """Own side of the faces of ``cells``, evaluated with the own-face tables ``tabs[f]`` of the
+    ``groups`` ``(start, stop, f)`` (local face f = 2 axis + side): fields, unit outward normal
+    (d, m, n) and surface element (m, n) by Nanson's formula, n = J^{-T} e / |J^{-T} e|,
+    e = +-e_axis."""
+    ev, _ = dat.fields(tabs, cells, groups=groups, x=need_x, grad=True)
+    nvec = dat.xp.empty(ev.invJ.shape[1:])
+    for s, e, f in groups:                    # loop over the (at most 2d) local faces only
+        # (J^{-T} e_axis)_a = inv[axis, a]
+        dat.xp.multiply(ev.invJ[f // 2, ..., s:e], 2.0 * (f % 2) - 1.0, out=nvec[..., s:e])
     norm = dat.xp.sqrt(_dot(nvec, nvec))
-    return ev, nvec * (sign / norm), ev.detJ * norm
+    return ev, nvec * (1.0 / norm), ev.detJ * norm
+
+
+def _clip(groups, sl):
+    """The table groups ``(start, stop, i)`` that meet the chunk ``sl``, relative to its start."""
+    return [(max(s, sl.start) - sl.start, min(e, sl.stop) - sl.start, i)
+            for s, e, i in groups if s < sl.stop and e > sl.start]
+
+
+def _face_groups(runs):
+    """Table groups of the face runs ``(start, stop, face, set)``: the own side's (consecutive
+    runs of one local face merged) and the neighbour side's (one per run)."""
+    own = []
+    for s, e, f, _ in runs:
+        if own and own[-1][2] == f and own[-1][1] == s:
+            own[-1] = (own[-1][0], e, f)
+        else:
+            own.append((s, e, f))
+    return own, [(s, e, g) for s, e, _, g in runs]
 
 
 def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=False, data=None, partial=False):
@@ -212,7 +224,12 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
     (cells last, x (d, m, n) the points or None) to the normal fluxes (c, m, n); ``neumann``
     is the prescribed normal flux g(x, n) (or a constant) on the faces with ``neumann_ids``.
     Each interior face is integrated once (:func:`.faces.face_runs`) on its own side, with the
-    neighbour evaluated at the same points, and the value is added to both cells.
+    neighbour evaluated at the same points, and the value is added to both cells.  All faces
+    (a chunk of them at a time; on the GPU every face in one chunk up to the memory bound of
+    :func:`.evaluation.device_chunk`) are evaluated together: one :func:`.evaluation.point_fields`
+    per side with the tables of the own local faces and of the neighbour point sets, grouped
+    by the runs (only the table products run per run).  Likewise the Neumann faces, sorted
+    by their local face.
     ``data``: the :class:`_Data` of the call (default: ``U`` on the host); the result is an
     array of its backend.  ``partial``: the mesh is a piece of a larger one
     (:func:`.faces.face_pairs`)."""
@@ -226,47 +243,46 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
     fr = face_runs(mesh, backend=dat.be, partial=partial)      # on the backend (cached per mesh)
     Nf, wf = face_quadrature(d, nq)
     wf = dat.array(wf)
-    fcell, fnb, fh = dat.array(fr.cell), dat.array(fr.nb), dat.array(fr.h)
-    val = xp.empty(fr.cell.size)
-    for s, e, f, g in fr.runs:
-        ta = dat.tables(el, Nf @ own_face_refs(d, np.array([f]))[0])
-        tb = dat.tables(el, Nf @ fr.R_sets[g])
-        for sl in chunks(e - s, dat.chunk(ta, components=c)):
-            sl = slice(s + sl.start, s + sl.stop)
+    own = [dat.tables(el, Nf @ R) for R in own_face_refs(d, np.arange(2 * d))]
+    out = xp.zeros(nc)
+    if fr.runs:
+        nbt = [dat.tables(el, Nf @ R) for R in fr.R_sets]
+        own_groups, nb_groups = _face_groups(fr.runs)
+        fcell, fnb, fh = dat.array(fr.cell), dat.array(fr.nb), dat.array(fr.h)
+        val = xp.empty(fr.cell.size)
+        for sl in chunks(fr.cell.size, dat.chunk(own[0], components=c)):
             a, b = fcell[sl], fnb[sl]
-            ea, nrm, da = _own_side(dat, ta, a, f, need_x)
-            eb, _ = dat.fields(tb, b, grad=True)
+            ea, nrm, da = _own_side(dat, own, _clip(own_groups, sl), a, need_x)
+            eb, _ = dat.fields(nbt, b, groups=_clip(nb_groups, sl), grad=True)
             jump = flux_n(ea.grad, nrm, ea.x, a) - flux_n(eb.grad, nrm, ea.x, b)    # (c, m, n)
             val[sl] = 0.5 * fh[sl] * (wf @ (da * _dot(jump, jump)))
-    out = xp.zeros(nc)
-    out += xp.bincount(fcell, weights=val, minlength=nc)
-    out += xp.bincount(fnb, weights=val, minlength=nc)
+        out += xp.bincount(fcell, weights=val, minlength=nc)
+        out += xp.bincount(fnb, weights=val, minlength=nc)
     if neumann_ids is not None:
         cN, fN, _ = mesh.boundary_faces(neumann_ids)
-        cN, fN = np.asarray(cN), np.asarray(fN)
+        order = np.argsort(np.asarray(fN), kind="stable")          # grouped by local face
+        cN, fN = np.asarray(cN)[order], np.asarray(fN)[order]
+        if cN.size == 0:
+            return out
         need_xn = need_x or callable(neumann)
         gconst = None
         if neumann is not None and not callable(neumann):
             gconst = dat.array(np.asarray(to_host(neumann), dtype=float).reshape(-1, 1, 1))
-        valN = xp.zeros(cN.size)
-        for f in range(2 * d):            # loop over the 2d local faces only
-            sel = np.flatnonzero(fN == f)
-            if sel.size == 0:
-                continue
-            ta = dat.tables(el, Nf @ own_face_refs(d, np.array([f]))[0])
-            cf = cN[sel]
-            hF = dat.array(face_diameters(mesh, cf, np.full(cf.size, f)))     # mesh only: on the host
-            cf, selb = dat.array(cf), dat.array(sel)
-            for sl in chunks(sel.size, dat.chunk(ta, components=c)):
-                cells = cf[sl]
-                ea, nrm, da = _own_side(dat, ta, cells, f, need_xn)
-                r = -flux_n(ea.grad, nrm, ea.x, cells)
-                if gconst is not None:
-                    r = r + gconst
-                elif neumann is not None:
-                    r = r + _neumann_values(neumann, ea.x, nrm, c, xp=xp)
-                valN[selb[sl]] = hF[sl] * (wf @ (da * _dot(r, r)))
-        out += xp.bincount(dat.array(cN), weights=valN, minlength=nc)
+        bounds = np.searchsorted(fN, np.arange(2 * d + 1))
+        groups = [(int(bounds[f]), int(bounds[f + 1]), f) for f in range(2 * d) if bounds[f + 1] > bounds[f]]
+        hF = dat.array(face_diameters(mesh, cN, fN))                # mesh only: on the host
+        cNd = dat.array(cN)
+        valN = xp.empty(cN.size)
+        for sl in chunks(cN.size, dat.chunk(own[0], components=c)):
+            cells = cNd[sl]
+            ea, nrm, da = _own_side(dat, own, _clip(groups, sl), cells, need_xn)
+            r = -flux_n(ea.grad, nrm, ea.x, cells)
+            if gconst is not None:
+                r = r + gconst
+            elif neumann is not None:
+                r = r + _neumann_values(neumann, ea.x, nrm, c, xp=xp)
+            valN[sl] = hF[sl] * (wf @ (da * _dot(r, r)))
+        out += xp.bincount(cNd, weights=valN, minlength=nc)
     return out
 
 
@@ -329,7 +345,7 @@ def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
     for sl in chunks(nc, dat.chunk(tab, hessian=True)):
         cells = xp.arange(sl.start, sl.stop)
         ev, cd = dat.fields(tab, cells, x=need_x, value=c is not None, grad=need_grad, hessian=True)
-        h = _max_vertex_distance(cd.X)                              # h_K of the chunk's cells
+        h = max_vertex_distance(cd.X)                              # h_K of the chunk's cells
         R = _at("k", k, cells, ev.x, xp=xp) * laplacian(ev)[0]
         R = R + _at("f", f, cells, ev.x, xp=xp)
         G = ev.grad[0] if need_grad else None                       # (d, m, n)
@@ -400,7 +416,7 @@ def elasticity_indicators(space, u, lam, mu, *, f=None, traction=None, neumann_i
         R = mu * lap + (lam + mu) * graddiv
         if f is not None:
             R = R + _at("f", f, cells, ev.x, (d,), xp=xp)
-        cell_part[sl] = _max_vertex_distance(cd.X) ** 2 * (w @ (ev.detJ * _dot(R, R)))
+        cell_part[sl] = max_vertex_distance(cd.X) ** 2 * (w @ (ev.detJ * _dot(R, R)))
 
     def flux_n(grad, nrm, x, cells):
         # sigma n = mu (grad u + grad u^T) n + lam (div u) n

@@ -1,0 +1,154 @@
+#!/usr/bin/env python
+"""The residual estimator alone: calls and seconds per ``residual_indicators`` call.
+
+Examples::
+
+    python scripts/bench_estimate.py                                # 2-D L-shape, ~2e5 cells, CPU
+    python scripts/bench_estimate.py --cells 1400000 --backend gpu  # the size of the GPU loop's last step
+    python scripts/bench_estimate.py --dim 3 --cells 100000 --degree 2
+    python scripts/bench_estimate.py --device-path   # the GPU path's chunks and checks, on NumPy
+
+The mesh is graded towards the singular corner (the L-shape's re-entrant corner in 2-D, the
+origin of the cube in 3-D): cells with :math:`h_K > \\delta\\, r_K^{1/3}` are refined until
+none is left, with :math:`\\delta` lowered until the mesh has ``--cells`` cells -- the mesh an
+adaptive loop makes for a corner singularity, with hanging nodes on every level.  ``u`` is
+random (the estimator's work does not depend on its values).
+
+Prints one row per backend: cells, interior faces, face runs, evaluation calls per estimate
+(:func:`adaptmg.estimate.evaluation.point_fields`, counted), table products per estimate
+(``xp.matmul`` calls: products with a basis table), the first call (face matching and tables included)
+and the best of ``--repeat`` later calls.  ``--device-path`` runs the CPU backend through the
+GPU's code path (its chunk sizes and deferred determinant checks, :func:`device_path`), so that
+a host without a GPU counts the GPU's evaluations.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+def graded_mesh(dim, cells):
+    """The L-shape (2-D) or the unit cube (3-D) refined towards a corner to >= ``cells`` cells."""
+    from adaptmg import Mesh
+    if dim == 2:
+        from adaptmg_problems.lshape import coarse_mesh
+        mesh = coarse_mesh()
+    else:
+        mesh = Mesh.box([0.0] * 3, [1.0] * 3, [2, 2, 2])
+    delta = 0.5
+    while mesh.num_cells < cells:
+        delta /= 1.1
+        while True:
+            X = mesh.points[mesh.cells]
+            h = np.linalg.norm(X[:, -1] - X[:, 0], axis=1)
+            r = np.linalg.norm(X.mean(axis=1), axis=1)
+            marked = np.flatnonzero(h > delta * np.maximum(r, h) ** (1.0 / 3.0))
+            if marked.size == 0:
+                break
+            mesh = mesh.refine(marked)
+    return mesh
+
+
+@contextlib.contextmanager
+def device_path():
+    """The estimator's GPU code path on NumPy: every ``_Data`` takes the device's chunk sizes
+    and defers its determinant checks (its arrays stay NumPy arrays)."""
+    import adaptmg.estimate.residual as res
+    init = res._Data.__init__
+
+    def as_device(self, *a, **k):
+        init(self, *a, **k)
+        self.gpu = True
+    res._Data.__init__ = as_device
+    try:
+        yield
+    finally:
+        res._Data.__init__ = init
+
+
+def count_calls(fn, xp):
+    """Run ``fn()`` counting the estimator's evaluations (:func:`point_fields` calls) and its
+    products with basis tables (``xp.matmul`` calls: the estimator has no other)."""
+    import adaptmg.estimate.residual as res
+    counts = {"evaluations": 0, "products": 0}
+    real_pf, real_mm = res.point_fields, xp.matmul
+
+    def pf(*a, **k):
+        counts["evaluations"] += 1
+        return real_pf(*a, **k)
+
+    def mm(*a, **k):
+        counts["products"] += 1
+        return real_mm(*a, **k)
+    res.point_fields, xp.matmul = pf, mm
+    try:
+        fn()
+    finally:
+        res.point_fields, xp.matmul = real_pf, real_mm
+    return counts
+
+
+def run(backend, dim, cells, degree, repeat, mesh=None):
+    from adaptmg import Space
+    from adaptmg.backend import get_backend
+    from adaptmg.estimate import residual_indicators
+    from adaptmg.estimate.faces import face_runs
+    be = get_backend(backend)
+    mesh = graded_mesh(dim, cells) if mesh is None else mesh
+    space = Space(mesh, degree)
+    u = be.asarray(np.random.default_rng(0).standard_normal(space.num_dofs))
+    call = lambda: residual_indicators(space, u, f=1.0, backend=be)           # noqa: E731
+    t = time.perf_counter()
+    call()
+    first = time.perf_counter() - t
+    counts = count_calls(call, be.xp)
+    best = np.inf
+    for _ in range(repeat):
+        t = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - t)
+    fr = face_runs(mesh, backend=be)
+    return dict(backend=be.name, cells=mesh.num_cells, dofs=space.num_dofs, faces=fr.cell.size,
+                runs=len(fr.runs), first=first, best=best, **counts), mesh
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="cpu", help="cpu, gpu, or both (comma separated)")
+    p.add_argument("--dim", type=int, default=2, choices=(2, 3))
+    p.add_argument("--cells", type=float, default=2e5)
+    p.add_argument("--degree", type=int, default=1, choices=(1, 2))
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--device-path", action="store_true", help="the GPU code path on the CPU backend")
+    a = p.parse_args(argv)
+    t = time.perf_counter()
+    mesh = graded_mesh(a.dim, int(a.cells))
+    print(f"graded {a.dim}-D mesh: {mesh.num_cells} cells, {mesh.num_hanging_nodes} hanging nodes "
+          f"({time.perf_counter() - t:.1f} s)", flush=True)
+    print("| backend | cells | DoFs | faces | runs | evaluations / estimate | table products / estimate "
+          "| first call (s) | estimate (s, best of %d) |" % a.repeat)
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for name in a.backend.split(","):
+        with device_path() if a.device_path else contextlib.nullcontext():
+            r, _ = run(name.strip(), a.dim, 0, a.degree, a.repeat, mesh)
+        if a.device_path:
+            r["backend"] += " (GPU path)"
+        rows.append(r)
+        print(f"| {r['backend']} | {r['cells']} | {r['dofs']} | {r['faces']} | {r['runs']} | {r['evaluations']} "
+              f"| {r['products']} | {r['first']:.3f} | {r['best']:.4f} |", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
