@@ -1,11 +1,11 @@
 """Compile a machine's kernels ahead of need, in parallel processes, from a recorded manifest.
 
 A process that meets empty kernel caches compiles every kernel it uses with NVRTC, one
-after another on its own thread, on first use: about 0.24 s each (median), 257 of them for
-a 340k-DoF ``multigrid()`` set-up, solve and ``adaptmg.amg`` set-up -- over 50 s before the
-first answer (``scripts/bench_setup.py --cold``, one H200 host, CuPy 14.2 / CUDA 13).
-Threads do not help: 16 threads compiled the same kernels only 1.9x faster than one (NVRTC
-serialises inside one process).  Processes do: 15 worker processes compile the whole
+after another on its own thread, on first use: about 0.24 s each (median), 257 calls for
+a 340k-DoF ``multigrid()`` set-up, solve and ``adaptmg.amg`` set-up -- 55 s for that run
+(``scripts/bench_setup.py --cold``, one H200 host, CuPy 14.2 / CUDA 13).  Threads do not
+help: 16 threads replaying the same calls took 49.6 s, 2.6 s a call (NVRTC serialises
+inside one process).  Processes do: 15 worker processes compile the whole
 manifest (358 kernels) in 21.5 s, and the 340k-DoF run from empty caches, with the workers
 started beside it, takes 9.1 s to the solution instead of 35.9 s.
 
