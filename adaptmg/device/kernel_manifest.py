@@ -212,21 +212,21 @@ def prefetch(first=(), jobs=None, path=MANIFEST, wait=False):
             raw = f.read()
     except OSError:
         return []
-    doc = load(path)
-    if doc is None:
-        return []
     try:
         import cupy.cuda.compiler as compiler
     except ImportError:
         return []
     if not hasattr(compiler, "_compile_with_cache_cuda"):
         return []
-    cupy_v, nvrtc_v = versions(compiler)
-    if doc["cupy"] != cupy_v or list(doc["nvrtc"]) != nvrtc_v:
-        return []
     arch = compiler._get_arch()
     marker = _marker(folder, raw, arch)
-    if os.path.exists(marker):
+    if os.path.exists(marker):                # done on this machine: the manifest not even parsed
+        return []
+    doc = load(path)
+    if doc is None:
+        return []
+    cupy_v, nvrtc_v = versions(compiler)
+    if doc["cupy"] != cupy_v or list(doc["nvrtc"]) != nvrtc_v:
         return []
     os.makedirs(folder, exist_ok=True)
     lock = marker + ".lock"                   # one prefetch per machine at a time (mpiexec ranks)
