@@ -141,10 +141,12 @@ def build_local(coarse: Forest, codec: KeyCodec, root_pos: np.ndarray, keys: np.
     """``(mesh, fkey)``: a serial mesh whose active cells are the leaves ``keys`` (distinct,
     none an ancestor of another) of the forest over the unrefined ``coarse`` forest, and the
     key of every cell of its forest.  ``mesh.cell_ids`` are sorted forest ids, so the mesh's
-    cell order is not the key order: ``fkey[mesh.cell_ids]`` are the cells' keys."""
+    cell order is not the key order: ``fkey[mesh.cell_ids]`` are the cells' keys.  No keys: an
+    empty mesh (a rank idle on a folded level)."""
     keys = sorted_unique(np.sort(np.asarray(keys, dtype=np.int64)))
     if keys.size == 0:
-        raise ValueError("build_local: no cells (every rank must own at least one cell)")
+        none = np.zeros(0, dtype=np.int64)
+        return Mesh(_sub_coarse(coarse, none), none), none
     lev = codec.level(keys)
     by_pos = np.argsort(root_pos)                  # root forest id at each curve position
     rpos = codec.root_of(keys)

@@ -204,7 +204,7 @@ def _layer_pairs(acn: np.ndarray, num_nodes: int, newown: np.ndarray, size: int,
     nv = acn.shape[1]
     # new owners differ only at vertices of cells off the most common new owner: the cells
     # there first (one boolean gather of the vertex slots), the rest among them only
-    major = int(np.argmax(np.bincount(newown)))
+    major = int(np.argmax(np.bincount(newown))) if newown.size else 0   # none: an idle rank
     mark = np.zeros(num_nodes, dtype=bool)
     mark[np.take(acn, np.flatnonzero(newown != major), axis=0)] = True
     rows = cells_with_vertex_in(acn, mark)
@@ -447,11 +447,15 @@ class DistributedForest:
                                  owner[keep])
 
     # ------------------------------------------------------------------ repartition
-    def repartition(self, weights=None) -> "DistributedForest":
+    def repartition(self, weights=None, ranks=None) -> "DistributedForest":
         """Re-cut the curve into ``P`` contiguous pieces of equal count (or equal sum of
         ``weights``: non-negative, one per owned leaf in curve order) and migrate the leaves
-        (collective; module docstring)."""
-        P, n = self.size, self.num_owned
+        (collective; module docstring).  ``ranks``: cut into that many pieces instead, on
+        ranks ``0 .. ranks - 1`` (a folded level: the others own no leaf)."""
+        n = self.num_owned
+        P = self.size if ranks is None else int(ranks)
+        if not 1 <= P <= self.size:
+            raise ValueError(f"repartition: ranks must be in 1..{self.size}, got {ranks!r}")
         if weights is None:
             new = (self.first + np.arange(n, dtype=np.int64)) * P // self.global_num_cells
         else:
@@ -464,7 +468,7 @@ class DistributedForest:
             before = _exscan(self.comm, float(w.sum())) + np.cumsum(w) - w
             new = np.minimum((before * P / total).astype(np.int64), P - 1)
         counts = np.bincount(new, minlength=P)
-        counts = counts if P == 1 else self.comm.allreduce(counts)
+        counts = counts if self.size == 1 else self.comm.allreduce(counts)
         _agree(self.comm, bool((counts > 0).all()),
                f"repartition: the cut leaves ranks {np.flatnonzero(counts == 0).tolist()} without cells")
         if _allsum(self.comm, int((new != self.rank).any())) == 0:
@@ -539,7 +543,7 @@ class DistributedForest:
         active, own = active[o], own[o]
         keys = self._fkey[active]
         n_own = int((own == self.rank).sum())
-        _agree(self.comm, n_own > 0, f"coarsen_once: rank {self.rank} would own no cell (its leaves all "
+        _agree(self.comm, n_own > 0 or self.num_owned == 0, f"coarsen_once: rank {self.rank} would own no cell (its leaves all "
                                      "belong to families of a lower rank); repartition or use fewer ranks")
         old_nodes = np.zeros(F.num_nodes, dtype=bool)
         old_nodes[M._active_cell_nodes()[mine]] = True

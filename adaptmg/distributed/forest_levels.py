@@ -61,37 +61,49 @@ from .csr import DistCSR, RangeLayout
 from .forest import DistributedForest, _check
 from .forest_rows import _pull, owned_constrained_load, owned_constrained_rows, owned_dirichlet_values, prepare
 from .forest_transfer import gather_level, prolongation_rows, restriction_rows
+from .partition import level_ranks
 from .hierarchy import RankZeroCycle, _DLevel, _NoRows, _distributed_smoother, level_from_rows
 
 __all__ = ["ForestHierarchy", "coarsening_sequence"]
 
 
-def _coarsen(F):
-    """``F.coarsen_once()``, re-cutting ``F`` first when it would leave a rank without cells;
-    None when that fails too (collective: the ValueError is agreed on by every rank)."""
+def _coarsen(F, ranks):
+    """``F.coarsen_once()``, re-cutting ``F`` onto its ``ranks`` active ranks first when it would
+    leave one of them without cells; None when that fails too (collective: the ValueError is
+    agreed on by every rank)."""
     try:
         return F.coarsen_once()
     except ValueError:
         try:
-            return F.repartition().coarsen_once()
+            return F.repartition(ranks=ranks).coarsen_once()
         except ValueError:
             return None
 
 
-def coarsening_sequence(forest, agglomerate_below):
+def coarsening_sequence(forest, agglomerate_below, min_dofs_per_rank=None):
     """The forests of the hierarchy, fine -> coarse (module doc): every one but the last is a
-    distributed level, the last is gathered on rank 0 (collective)."""
-    out = [forest]
+    distributed level, the last is gathered on rank 0 (collective).  With ``min_dofs_per_rank``
+    ``m``, a coarser forest with ``N_l`` nodes is re-cut onto ``P_l = min(P_{l+1}, max(1, N_l //
+    m))`` ranks (:func:`.partition.level_ranks`; the others own no leaf).  Returns the forests
+    and their numbers of active ranks."""
+    level_ranks([1], 1, 0, min_dofs_per_rank)            # its argument check
+    out, ranks = [forest], [forest.size]
     while len(out) == 1 or out[-1].num_global_nodes >= agglomerate_below:
         F = out[-1]
-        Fc = _coarsen(F)
+        Fc = _coarsen(F, ranks[-1])
         if Fc is None or Fc.global_num_cells == F.global_num_cells:
             break
+        p = ranks[-1]
+        if min_dofs_per_rank:
+            p = min(p, max(1, Fc.num_global_nodes // int(min_dofs_per_rank)))
+            if p < ranks[-1] and Fc.num_global_nodes >= agglomerate_below:
+                Fc = Fc.repartition(ranks=p)
         out.append(Fc)
+        ranks.append(p)
     if len(out) < 2:
         raise ValueError("distributed multigrid needs at least two levels (the finest one is distributed, "
                          "a coarser one lives on rank 0); the forest has no refinement to coarsen")
-    return out
+    return out, ranks
 
 
 class ForestHierarchy:
@@ -122,7 +134,7 @@ class ForestHierarchy:
 
     def __init__(self, forest, assemble=stiffness, *, dirichlet="all", agglomerate_below=1000,
                  backend="cpu", transport=None, smoother="jacobi", smoother_kwargs=None,
-                 presmooth=2, postsmooth=2, keep_assembled=False, **multigrid_kwargs):
+                 presmooth=2, postsmooth=2, keep_assembled=False, min_dofs_per_rank=None, **multigrid_kwargs):
         if not isinstance(forest, DistributedForest):
             raise TypeError(f"ForestHierarchy expects a DistributedForest, got {type(forest).__name__}")
         if not hasattr(forest.comm, "Alltoall"):
@@ -143,7 +155,8 @@ class ForestHierarchy:
         def phase(key, t):
             st[key] = st.get(key, 0.0) + now() - t
         t = now()
-        seq = coarsening_sequence(forest, agglomerate_below)[::-1]     # coarse -> fine
+        seq, nranks = coarsening_sequence(forest, agglomerate_below, min_dofs_per_rank)
+        seq, nranks = seq[::-1], nranks[::-1]                           # coarse -> fine
         self.forests = seq
         phase("coarsen_s", t)
         t = now()
@@ -201,12 +214,12 @@ class ForestHierarchy:
         self._fine_prep = preps[-1]
         self.A, self.layout = self.levels[-1].A, self.layouts[-1]
         self.c = 1
-        self.active_ranks = [1] + [self.size] * (len(seq) - 1)
+        self.active_ranks = [1] + nranks[1:]
         t = now()
         levels = [Level(d0.A, meta={"dofs": N0, "ranks": 1})]
-        for d in self.levels[1:]:
+        for d, p in zip(self.levels[1:], self.active_ranks[1:]):
             levels.append(Level(d.A, d.P, d.R, smoother=d.smoother if d.layout.n else _NoRows(),
-                                meta={"dofs": d.layout.N, "ranks": self.size}))
+                                meta={"dofs": d.layout.N, "ranks": p}))
         self.solver = MultilevelSolver(levels, coarse=RankZeroCycle(ml, depth, self.rank), presmooth=presmooth,
                                        postsmooth=postsmooth, backend=be, dtype=np.float64)
         phase("solver_s", t)

@@ -113,8 +113,9 @@ def prolongation_rows(fine, coarse, free_f, coarse_ex, col_map=None):
     want = np.flatnonzero(free_f)                  # non-free rows stay empty
     leaf, j = _first_owned_leaf(fine, own[want])
     keys = fine.keys[fine.owned_cells[leaf]]
-    firsts = np.asarray(comm.allgather(int(coarse.owned_keys[0])) if comm.Get_size() > 1
-                        else [int(coarse.owned_keys[0])], dtype=np.int64)
+    # a rank idle on a folded coarse level (one of the last ones) owns no key: it gets none
+    k0 = int(coarse.owned_keys[0]) if coarse.owned_keys.size else np.iinfo(np.int64).max
+    firsts = np.asarray(comm.allgather(k0) if comm.Get_size() > 1 else [k0], dtype=np.int64)
     dest = np.searchsorted(firsts, keys, side="right") - 1
     rk, rj, rid, src = alltoallv(comm, dest, keys, j, want, np.full(want.size, rank, dtype=np.int64))
     r, c, v = _coarse_rows(coarse, rk, rj, coarse_ex.masked(), coarse_ex.u, weight_table(fine.dim))

@@ -104,7 +104,10 @@ def level_sizes(agglomerate_below, min_dofs_per_rank, gpu):
             dflt[1] if min_dofs_per_rank == "auto" else min_dofs_per_rank)
 
 
-def _check_numbers(rtol, maxiter, accel, agglomerate_below):
+def _check_numbers(rtol, maxiter, accel, agglomerate_below, min_dofs_per_rank=None):
+    m = min_dofs_per_rank
+    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0):
+        return f"min_dofs_per_rank must be None, 'auto' or a non-negative integer, got {m!r}"
     a = agglomerate_below
     if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or a < 0:
         return f"agglomerate_below must be 'auto' or a non-negative integer, got {a!r}"
@@ -118,10 +121,7 @@ def _check_numbers(rtol, maxiter, accel, agglomerate_below):
 
 
 def _check(space, b, rtol, maxiter, accel, min_dofs_per_rank=None, agglomerate_below=1000):
-    m = min_dofs_per_rank
-    if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0):
-        return f"min_dofs_per_rank must be None, 'auto' or a non-negative integer, got {m!r}"
-    msg = _check_numbers(rtol, maxiter, accel, agglomerate_below)
+    msg = _check_numbers(rtol, maxiter, accel, agglomerate_below, min_dofs_per_rank)
     if msg:
         return msg
     if not isinstance(space, Space):
@@ -295,8 +295,8 @@ def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, ca
 
 
 def solve_forest(forest, assemble=_assemble.stiffness, f=1.0, *, g=None, comm=None, dirichlet="all", rtol=1e-10,
-                 maxiter=200, accel="cg", cycle="V", agglomerate_below="auto", callback=None, transport=None,
-                 gather=False, **multigrid_kwargs) -> DistributedResult:
+                 maxiter=200, accel="cg", cycle="V", agglomerate_below="auto", min_dofs_per_rank="auto",
+                 callback=None, transport=None, gather=False, **multigrid_kwargs) -> DistributedResult:
     """Solve the constrained Q1 system of ``assemble`` on a distributed forest, load of the
     source ``f``, by ``accel`` preconditioned with the multigrid set up from the forest
     (:class:`.forest_levels.ForestHierarchy`: no rank holds the whole fine mesh).
@@ -319,6 +319,10 @@ def solve_forest(forest, assemble=_assemble.stiffness, f=1.0, *, g=None, comm=No
     rtol, maxiter, accel, cycle, callback, transport : as for :func:`solve`.
     agglomerate_below : levels with fewer global nodes go to rank 0 ("auto": 1000 on the CPU,
         2^19 on GPUs).
+    min_dofs_per_rank : as for :func:`solve` ("auto": 2000 on the CPU, 2^18 on GPUs; None or 0:
+        every distributed level on all ranks): a coarser forest level with ``N_l`` nodes is
+        re-cut onto ``P_l = min(P_{l+1}, max(1, N_l // min_dofs_per_rank))`` ranks
+        (``result.active_ranks``).
     gather : also gather ``x`` and ``u`` (global, O(N) on every rank); default only the owned
         parts ``x_local`` / ``u_local`` (global ids ``result.mg.layout.rows``).
     multigrid_kwargs : for :func:`adaptmg.multigrid` (``backend`` "cpu" (default) or "gpu",
@@ -336,8 +340,8 @@ def solve_forest(forest, assemble=_assemble.stiffness, f=1.0, *, g=None, comm=No
     comm = fcomm
     with guard(comm):
         gpu = get_backend(multigrid_kwargs.get("backend", "cpu")).is_gpu
-        agglomerate_below, _ = level_sizes(agglomerate_below, None, gpu)
-        msg = _check_numbers(rtol, maxiter, accel, agglomerate_below)
+        agglomerate_below, min_dofs_per_rank = level_sizes(agglomerate_below, min_dofs_per_rank, gpu)
+        msg = _check_numbers(rtol, maxiter, accel, agglomerate_below, min_dofs_per_rank)
         if not msg and transport not in (None, "auto", "host", "nccl"):
             msg = f"transport must be None, 'auto', 'host' or 'nccl', got {transport!r}"
         if not msg:
@@ -350,7 +354,7 @@ def solve_forest(forest, assemble=_assemble.stiffness, f=1.0, *, g=None, comm=No
         if comm.Get_size() > 1:
             multigrid_kwargs.setdefault("threads", 1)
         mg = ForestHierarchy(forest, assemble, dirichlet=dirichlet, agglomerate_below=agglomerate_below,
-                             transport=transport, keep_assembled=g is not None or _value_dict(dirichlet),
+                             min_dofs_per_rank=min_dofs_per_rank, transport=transport, keep_assembled=g is not None or _value_dict(dirichlet),
                              **multigrid_kwargs)
         t1 = time.perf_counter()
         f_loc = mg.load_local(f, g)
