@@ -42,7 +42,10 @@ def steps(dim):
 
 
 CASES = {"uniform-2d": (2, 1), "local-2d": (2, 2), "uniform-3d": (3, 1), "local-3d": (3, 2),
-         "starved-2d": (2, 0)}
+         "starved-2d": (2, 0), "fold-2d": (2, 1), "fold-3d": (3, 2)}
+#: min_dofs_per_rank per case: the fold cases put coarse levels on fewer ranks, the others keep
+#: every distributed level on all ranks (None)
+FOLD = {"fold-2d": 150, "fold-3d": 200}
 
 
 def starving(df):
@@ -122,8 +125,9 @@ def run(name, dim, which, records):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         res = solve_forest(df, assemble.stiffness, 1.0, rtol=RTOL, agglomerate_below=30 if which == 0 else 100,
-                           gather=True)
+                           min_dofs_per_rank=FOLD.get(name), gather=True)
     mg = res.mg
+    owned = [row["owned"] for row in mg.describe()]
     # per level: gathered rows and the coordinates of the level's global ids
     levels = []
     for k, d in enumerate(mg.levels):
@@ -202,7 +206,8 @@ def run(name, dim, which, records):
         x_err=float(np.abs(xf - x_d).max() / np.abs(x_d).max()),
         x_serial_err=float(np.abs(x_s - x_d).max() / np.abs(x_d).max()),
         u_err=float(np.abs(uf - ml.expand(x_d)).max() / np.abs(u_s).max()),
-        bad_P_err=bad_err, phases=sorted(k for k in res.timings if k.endswith("_s"))))
+        bad_P_err=bad_err, min_dofs_per_rank=FOLD.get(name), active_ranks=list(res.active_ranks),
+        owned=owned, phases=sorted(k for k in res.timings if k.endswith("_s"))))
 
 
 def forest(dim, which):

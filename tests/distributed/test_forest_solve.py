@@ -41,7 +41,7 @@ from test_mpi import needs_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "forest_solve_cases.py")
-CASES = ["uniform-2d", "local-2d", "uniform-3d", "local-3d", "starved-2d"]
+CASES = ["uniform-2d", "local-2d", "uniform-3d", "local-3d", "starved-2d", "fold-2d", "fold-3d"]
 EPS = np.finfo(float).eps
 RTOL = 1e-11
 TOL = 16                  # units of eps * max |A|
@@ -98,6 +98,29 @@ def test_solve_equals_serial_solve(solve_results, case):
     assert rec["u_err"] <= rec["kappa"] * RTOL
     assert {"coarsen_s", "gather_s", "rank0_hierarchy_s", "matrix_s", "transfer_s", "smoother_s",
             "rhs_s"} <= set(rec["phases"])
+
+
+@needs_mpi
+@pytest.mark.parametrize("case", CASES)
+def test_coarse_levels_on_fewer_ranks(solve_results, case):
+    """Folded levels (``fold-*``: ``min_dofs_per_rank`` 50 / 200): a distributed level of ``N_l``
+    nodes works on ``P_l = min(P_{l+1}, max(1, N_l // m))`` ranks (the formula written out
+    here, not :func:`level_ranks`), ranks ``>= P_l`` own none of its rows, and the levels and
+    the solve equal the serial ones (the tests above run on these cases too).  The others
+    (``min_dofs_per_rank=None``) keep every distributed level on all ranks."""
+    rec = _case(solve_results, case)
+    m, P = rec["min_dofs_per_rank"], rec["P"]
+    dofs = [lev["dofs"] for lev in rec["levels"]]
+    want = [1] + [P] * (len(dofs) - 1)
+    for l in range(len(dofs) - 2, 0, -1):
+        if m:
+            want[l] = min(want[l + 1], max(1, dofs[l] // m))
+    assert rec["active_ranks"] == want, (rec["active_ranks"], dofs)
+    for p, owned in zip(rec["active_ranks"], rec["owned"]):
+        assert len(owned) == P and all(n > 0 for n in owned[:p]) and not any(owned[p:]), (p, owned)
+    if m and P > 1:
+        assert min(rec["active_ranks"][1:]) < P        # the case does fold a level
+        assert len(set(rec["active_ranks"][1:])) >= 2 or P == 2
 
 
 @needs_mpi
