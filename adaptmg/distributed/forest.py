@@ -45,7 +45,10 @@ vertex ``v`` of an owned leaf where leaves of different new owners meet (all of 
 to each new owner ``q`` there the keys (and new owners) of the leaves at ``v`` that ``q`` will
 not own.  A leaf ghost to ``q`` after the cut shares some vertex with a leaf ``q`` will own, and
 that vertex belongs to a leaf's old owner, who sends it: the receivers get exactly their
-new ghost layers and rebuild their local forests from the keys.
+new ghost layers and rebuild their local forests from the keys.  ``repartition(ranks=p)`` cuts
+the curve onto ranks ``0 .. p - 1`` only: the others are left with no leaf and an empty
+local mesh (a coarse level folded onto fewer ranks, :mod:`.forest_levels`); such a forest
+still coarsens (an idle rank stays idle) and re-cuts.
 
 Global coarsening (:meth:`DistributedForest.coarsen_once`, seed 001 §2.2): the serial rule
 of :meth:`Mesh.coarsen_once` with the families decided by their children's owners (a leaf's
@@ -507,7 +510,8 @@ class DistributedForest:
         serial loop).  The parent goes to the owner of child 0 (it takes that child's place on
         the curve: the ranges stay contiguous), and the new ghost layers come as in
         :meth:`repartition` from the ranks that had every old leaf at a vertex.  A rank left
-        without cells (all its leaves in families of a lower rank) is a ValueError."""
+        without cells (all its leaves in families of a lower rank) is a ValueError, unless it
+        had none before (idle on a folded level)."""
         M, F = self.mesh, self.mesh._forest
         nv, lv = 2 ** self.dim, M.levels
         mine = self.owner == self.rank

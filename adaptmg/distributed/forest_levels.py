@@ -6,7 +6,20 @@ Levels.  The forest's global-coarsening sequence (seed 001 §2.2),
 .. math::  F_L = \text{forest}, \quad F_{l-1} = F_l.\text{coarsen\_once}(),
 
 is followed while a level has at least ``agglomerate_below`` global nodes (the finest level
-always is distributed).  When :meth:`~.forest.DistributedForest.coarsen_once` would leave a
+always is distributed).  Coarse levels on fewer ranks (the replicated path's rule,
+:func:`.partition.level_ranks`): with ``min_dofs_per_rank = m``, a coarser forest of ``N_l``
+global nodes is re-cut onto
+
+.. math::  P_l = \min\bigl(P_{l+1},\; \max(1, \lfloor N_l / m \rfloor)\bigr)
+
+ranks ``0 .. P_l - 1`` (:meth:`~.forest.DistributedForest.repartition` with ``ranks=P_l``:
+equal pieces of the curve); the ranks above own no leaf (an empty local mesh), so they own
+no row of that level's ``K_l``, ``P_l`` or ``R_l`` and their smoother is
+:class:`.hierarchy._NoRows`, but they join every collective (halo exchanges, inner products,
+the transfers' ``Alltoallv``) with empty parts.  Such a level is only coarsened further on
+its active ranks (a re-cut, when needed, onto those) or gathered.  ``ForestHierarchy.active_ranks``
+(and ``describe()``'s ``ranks``) gives ``P_l`` per level (1 for the gathered one);
+``min_dofs_per_rank`` None or 0 keeps every distributed level on all ranks.  When :meth:`~.forest.DistributedForest.coarsen_once` would leave a
 rank without cells, the level is re-cut first (:meth:`~.forest.DistributedForest.repartition`:
 the transfers find coarse cells by key, whatever the partitions); when that fails too, or
 the coarse mesh is reached, the sequence stops.  Its last forest, the first one below the
@@ -38,8 +51,7 @@ The right-hand side ``Z H^T (b - A H g) + s g`` (Dirichlet values ``g`` lifted a
 
 Set-up on the host (NumPy/SciPy); with ``backend="gpu"`` the DistCSR blocks, the smoothers
 and rank 0's serial hierarchy live on the device (:class:`~.csr.DistCSR` moves the host rows
-up).  Not here: coarse levels on fewer ranks than the job (the forest's levels keep all
-ranks down to the gathered one), Q2 and several components.
+up).  Not here: Q2 and several components.
 """
 from __future__ import annotations
 
@@ -119,6 +131,8 @@ class ForestHierarchy:
         value}`` dict whose values :meth:`load_local` lifts); the levels' matrices and the
         cycle are those of homogeneous data.
     agglomerate_below : levels with fewer global nodes go to rank 0 (the first such one).
+    min_dofs_per_rank : a coarser distributed level of ``N_l`` nodes on ``P_l = min(P_{l+1},
+        max(1, N_l // min_dofs_per_rank))`` ranks (module doc); None or 0: all ranks.
     backend, transport : "cpu" or "gpu"; the halo transport on the GPU (:mod:`.comm`).
     smoother, smoother_kwargs, presmooth, postsmooth, multigrid_kwargs : as for
         :func:`adaptmg.multigrid` (jacobi, chebyshev; rank 0's serial hierarchy gets them all).
