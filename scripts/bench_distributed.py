@@ -81,6 +81,13 @@ def make_forest(dim, px, target, comm):
     return df, {"forest_refine_s": t[1] - t[0], "forest_local_s": t[2] - t[1], "forest_repartition_s": t[3] - t[2]}
 
 
+def level_size_args(args):
+    """``(agglomerate_below, min_dofs_per_rank)`` from the command line: "auto", "none" (None:
+    every distributed level on all ranks) or a number."""
+    return [v if v == "auto" else None if v.lower() == "none" else int(float(v))
+            for v in (args.agglomerate_below, args.min_dofs_per_rank)]
+
+
 def forest_worker(args, comm):
     """``--setup forest``: the forest per rank, :func:`adaptmg.distributed.solve_forest`."""
     from adaptmg.distributed import solve_forest
@@ -91,8 +98,8 @@ def forest_worker(args, comm):
     t0 = time.perf_counter()
     df, tf = make_forest(args.dim, px, target, comm)
     t_forest = time.perf_counter() - t0
-    a = args.agglomerate_below
-    r = solve_forest(df, f=1.0, rtol=1e-8, agglomerate_below=a if a == "auto" else int(float(a)),
+    sizes = level_size_args(args)
+    r = solve_forest(df, f=1.0, rtol=1e-8, agglomerate_below=sizes[0], min_dofs_per_rank=sizes[1],
                      backend=args.backend)
     return r, df, t_forest, tf, t0
 
@@ -114,7 +121,7 @@ def worker(args):
     b = assemble.load(space, 1.0)
     comm.Barrier()
     t0 = time.perf_counter()
-    sizes = [v if v == "auto" else int(float(v)) for v in (args.agglomerate_below, args.min_dofs_per_rank)]
+    sizes = level_size_args(args)
     r = solve(space, assemble.stiffness, b, comm=comm, rtol=1e-8, agglomerate_below=sizes[0],
               min_dofs_per_rank=sizes[1],
               local_setup=args.setup == "local", backend=args.backend)
@@ -135,7 +142,8 @@ def report(args, comm, r, df, t_forest, tf, t0):
           dict(dofs=df.num_global_nodes, cells=df.global_num_cells, setup=max(setup), setup_per_rank=setup,
                setup_cpu=comm.allgather(r.timings["setup_cpu"]), phases=phases,
                assembled=comm.allgather(df.num_owned), forest_s=comm.allreduce(t_forest, op=_max()),
-               forest_mb=comm.allgather(round(df.local_nbytes() / 2 ** 20, 1))))
+               forest_mb=comm.allgather(round(df.local_nbytes() / 2 ** 20, 1)),
+               active_ranks=list(r.active_ranks)))
 
 
 def _max():
@@ -278,7 +286,8 @@ def driver(args):
               f"{100 * r['halo'] / r['solve']:>7.1f} {coarse:>8} {eff:>6} {d2h:>4}  [{per}] cpu [{cpu}] / [{cells}] ({r['cells']})")
         if "forest_mb" in r:
             print(f"      forest: built in {r['forest_s']:.3f} s, local arrays per rank "
-                  f"[{' '.join(f'{m:.1f}' for m in r['forest_mb'])}] MB")
+                  f"[{' '.join(f'{m:.1f}' for m in r['forest_mb'])}] MB; active ranks per level "
+                  f"(coarse -> fine) {r.get('active_ranks')}")
         if args.phases and any(r["phases"]):
             for q, ph in enumerate(r["phases"]):
                 print(f"      rank {q}: " + ", ".join(f"{k} {v:.3f}" for k, v in ph.items()))
@@ -304,7 +313,7 @@ def main():
     ap.add_argument("--agglomerate-below", default="auto",
                     help="levels with fewer DoFs on rank 0 (auto: 1000 CPU, 2^19 GPU)")
     ap.add_argument("--min-dofs-per-rank", default="auto",
-                    help="DoFs per rank of a coarser distributed level (auto: 2000 CPU, 2^18 GPU)")
+                    help="DoFs per rank of a coarser distributed level (auto: 2000 CPU, 2^18 GPU; none: all ranks)")
     ap.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
