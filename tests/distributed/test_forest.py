@@ -170,6 +170,14 @@ def test_keys_sort_along_the_curve_and_rebuild_the_mesh(dim):
     assert np.isin(deep, codec.children(np.unique(anc))).all()
 
 
+def test_build_local_of_no_keys_is_an_empty_mesh():
+    """A rank idle on a folded level: no leaves, an empty local mesh (no cells, no nodes)."""
+    box, _ = _adaptive(2)
+    m, fkey = build_local(box._forest, KeyCodec(2, box.num_cells), root_positions(box._forest),
+                          np.zeros(0, dtype=np.int64))
+    assert m.num_cells == m.num_nodes == fkey.size == 0 and m.cells.shape == (0, 4)
+
+
 def test_build_local_rejects_nested_keys():
     box, m = _adaptive(2)
     codec = KeyCodec(2, box.num_cells)
@@ -195,6 +203,10 @@ def test_one_rank_forest_and_bad_input():
         DistributedForest.from_coarse("mesh")
     with pytest.raises(ValueError, match="weights must be"):
         df.repartition(weights=-np.ones(df.num_owned))
+    for bad in (0, 2):                                   # ranks outside 1..P (P = 1)
+        with pytest.raises(ValueError, match="ranks must be in 1..1"):
+            df.repartition(ranks=bad)
+    assert df.repartition(ranks=1) is df
     with pytest.raises(ValueError, match="levels"):
         KeyCodec(3, 2 ** 58)
 
