@@ -24,6 +24,7 @@ constrained form and of the constrained load, in global node ids, from the fores
 meshes), :mod:`.forest_transfer` (owned rows of P and R between consecutive forest levels,
 coarse cells asked for by key) and :mod:`.forest_levels` (the multigrid hierarchy set up
 from a forest: :func:`solve_forest`, no rank ever holds the whole fine mesh; Q1 scalar;
+coarse forest levels re-cut onto ``P_l`` ranks by the same rule as :func:`solve`'s below;
 Dirichlet values ``g`` lifted as the serial constraints lift them), and
 :mod:`.adaptive` (the adaptive loop on the forest: solve, residual indicators of the owned
 leaves from the local mesh, Doerfler marking across ranks without a gather -- with a tie
