@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..threads import default_threads
+from ..threads import InlineExecutor, default_threads
 from . import reference as ref
 from ._grow import grown
 
@@ -99,16 +99,6 @@ def unique_pairs(lo: np.ndarray, hi: np.ndarray):
     rank -= 1
     inv[perm] = rank
     return ulo, perm.take(idx), inv
-
-
-class _Now:
-    """A finished task's result, for :meth:`Forest._split` without a pool."""
-
-    def __init__(self, value):
-        self._value = value
-
-    def result(self):
-        return self._value
 
 
 def _check_nodes(n: int) -> None:
@@ -211,15 +201,14 @@ class Forest:
         # this thread creates the nodes, then the node arrays while this thread writes the
         # children's vertices; the same arrays either way
         if m < SPLIT_THREAD_CELLS or default_threads() < 2:
-            return self._split(cells, None)
+            return self._split(cells, InlineExecutor())
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="adaptmg-split") as pool:
             return self._split(cells, pool)
 
     def _split(self, cells: np.ndarray, pool) -> "Forest":
-        """:meth:`split`, the independent parts on ``pool`` (None: all in this thread)."""
-        def task(fn, *args):
-            return _Now(fn(*args)) if pool is None else pool.submit(fn, *args)
-        kids = task(self._child_cells, cells)
+        """:meth:`split`, the independent parts on ``pool`` (an executor; inline: all in this
+        thread)."""
+        kids = pool.submit(self._child_cells, cells)
         m = cells.size
         d = self.dim
         nv = 2 ** d
@@ -303,7 +292,7 @@ class Forest:
             else:
                 new_par.append((k, [np.take(c.ravel(), first) for c in C]))
         _check_nodes(n_next)
-        nodes = task(self._new_nodes, new_par, n_next, CN)
+        nodes = pool.submit(self._new_nodes, new_par, n_next, CN)
 
         # the cell arrays are written in place into the new forest's arrays (old part shared or
         # copied, children gathered straight into the tail): no child-sized temporaries to

@@ -21,7 +21,7 @@ import numpy as np
 from ..backend import get_backend, is_device_sparse, to_host
 from ..fe.csr_ops import add_to_diagonal, canonical_known
 from ..fe import Constraints, Space
-from ..threads import default_threads
+from ..threads import Done, InlineExecutor, default_threads
 from ..mesh import Mesh
 from .amg import sa_levels
 from .nullspace import NEAR_NULLSPACES, near_nullspace as _near_nullspace
@@ -179,26 +179,6 @@ def _level_prolongation(coarse, fine, cons_coarse, cons_fine, be=None, device_id
     return P, R
 
 
-class _Inline:
-    """Executor stand-in that runs each task at once (``threads=1``)."""
-
-    class _Done:
-        def __init__(self, fn, args):
-            self._value = fn(*args)
-
-        def result(self):
-            return self._value
-
-    def submit(self, fn, *args):
-        return self._Done(fn, args)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 class _Timeline:
     """Host wall-clock spans of the set-up's tasks, for :attr:`GeometricMultigrid.setup_timeline`."""
 
@@ -224,7 +204,7 @@ def _setup_pool(threads):
         threads = default_threads()
     if not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 1:
         raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
-    return _Inline() if threads == 1 else ThreadPoolExecutor(max_workers=int(threads))
+    return InlineExecutor() if threads == 1 else ThreadPoolExecutor(max_workers=int(threads))
 
 
 class GeometricMultigrid(MultilevelSolver):
@@ -456,7 +436,7 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
             A_l = Afine if l == L - 1 else tl.wrap(f"assemble {l}", assemble)(spaces[l])
             if _on_device(A_l):
                 # on the device, in this thread (CuPy's current device is per thread): a few kernels
-                K_f[l] = _Inline._Done(tl.wrap(f"constrain {l}", cons_f[l].result().matrix), (A_l,))
+                K_f[l] = Done(tl.wrap(f"constrain {l}", cons_f[l].result().matrix), (A_l,))
             else:
                 K_f[l] = pool.submit(tl.wrap(f"constrain {l}", _constrained), cons_f[l], A_l)
         cons = [f.result() for f in cons_f]
