@@ -264,7 +264,7 @@ def prefetch(first=(), jobs=None, path=MANIFEST, wait=False):
                     pass
         if all(c == 0 for c in codes):
             with open(marker, "w") as f:
-                f.write(f"{len(_ordered(doc))} kernels, CuPy {cupy_v}, NVRTC {nvrtc_v}\n")
+                f.write(f"{len(doc['entries'])} kernels, CuPy {cupy_v}, NVRTC {nvrtc_v}\n")
         for f in (order, lock):
             try:
                 os.remove(f)
