@@ -154,18 +154,21 @@ def _bench():
     return mod
 
 
-def _expected_calls(space, ids):
+def _expected_calls(space, ids, neumann_points=False):
     """One evaluation for the cells, one per side for the interior faces, one for the Neumann
     faces; table products: the cells' J and Hessian, then J and the gradient per group (the own
-    side's local faces, the neighbour's runs, the Neumann faces' local faces)."""
+    side's local faces, the neighbour's runs, the Neumann faces' local faces), and with
+    ``neumann_points`` (a callable g(x, n)) the points x per Neumann group as well."""
     fr = face_runs(space.mesh)
     own = len({f for _, _, f, _ in fr.runs})
     _, fN, _ = space.mesh.boundary_faces(ids)
-    return {"evaluations": 4, "products": 2 + 2 * (own + len(fr.runs)) + 2 * np.unique(fN).size}
+    per_neumann_group = 3 if neumann_points else 2
+    return {"evaluations": 4, "products": 2 + 2 * (own + len(fr.runs)) + per_neumann_group * np.unique(fN).size}
 
 
 @pytest.mark.parametrize("name", ["2d-q1", "3d-q2"])
-def test_gpu_path_evaluates_every_face_at_once(name):
+@pytest.mark.parametrize("neumann", [0.5, _neumann], ids=["g-const", "g-callable"])
+def test_gpu_path_evaluates_every_face_at_once(name, neumann):
     """On the GPU's path a mesh that fits one chunk costs one evaluation for the cells, one per
     side for all interior faces and one for all Neumann faces, whatever the number of runs;
     only the table products run per group."""
@@ -173,12 +176,12 @@ def test_gpu_path_evaluates_every_face_at_once(name):
     space = SPACES[name]()
     assert len(face_runs(space.mesh).runs) > 8
     u = np.random.default_rng(4).standard_normal(space.num_dofs)
-    kw = dict(f=1.0, neumann=0.5, neumann_ids=[0, 1])
+    kw = dict(f=1.0, neumann=neumann, neumann_ids=[0, 1])
     ref = residual_indicators(space, u, **kw)
     out = []
     with bench.device_path():
         calls = bench.count_calls(lambda: out.append(residual_indicators(space, u, **kw)), np)
-    assert calls == _expected_calls(space, [0, 1])
+    assert calls == _expected_calls(space, [0, 1], neumann_points=callable(neumann))
     np.testing.assert_allclose(out[0], ref, rtol=32 * EPS, atol=0)
 
 
@@ -201,7 +204,7 @@ def test_gpu_evaluates_every_face_at_once(name):
     out = []
     calls = _bench().count_calls(
         lambda: out.append(residual_indicators(space, gpu.asarray(u), parts=True, backend=gpu, **kw)), gpu.xp)
-    assert calls == _expected_calls(space, [0, 1])
+    assert calls == _expected_calls(space, [0, 1], neumann_points=True)
     for new, r in zip(out[0], ref):
         assert _rel(new, r) < 1e4 * EPS
 
