@@ -79,7 +79,7 @@ def test_gpu_setup_builds_the_cpu_levels(dim, n, local, degree):
             sm = d.smoother
             dinv = getattr(sm, "_dinv_host", None)
             S = smooth_restrict_matrix(to_host(lg.A), to_host(lg.R),
-                                       to_host(sm.dinv) if dinv is None else dinv, sm.omega,
+                                       to_host(sm.dinv if dinv is None else dinv), sm.omega,
                                        gpu.presmooth)
             assert _rel_diff(S, d.S) <= 64 * eps
         if hasattr(lc.smoother, "omega"):
