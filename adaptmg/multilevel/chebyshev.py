@@ -30,6 +30,8 @@ def estimate_lambda_max(A, dinv=None, steps=20, seed=0):
         dinv = 1.0 / _diagonal(A, "estimate_lambda_max")
     if is_device_sparse(A):
         xp = backend_of(A).xp
+        if A.dtype != np.float64:                  # the estimate in float64, as on the host
+            A = A.astype(np.float64)
         s = xp.sqrt(xp.asarray(dinv, dtype=xp.float64))
         return lanczos_lambda_max(lambda v: s * (A @ (s * v)), start_vector(n, seed, xp=xp),
                                   int(min(steps, n)))
