@@ -180,14 +180,16 @@ def test_threads_loops_sites_and_nesting():
         t.join()
         with count_host_reads(xp) as inner:
             vals = [int(v) for v in dev(np.arange(5))]   # per element: 5 reads of 8 bytes
+            xp.cuda.runtime.memcpy(1, 1000, 16, D2H)     # through both blocks' wrappers
         line = sys._getframe().f_lineno + 1
         X.tolist()
     assert vals == [0, 1, 2, 3, 4]
-    assert (inner.calls, inner.bytes) == (5, 40)
-    assert (outer.calls, outer.bytes) == (7, 96 + 40 + 96)
+    assert (inner.calls, inner.bytes) == (6, 56)
+    assert (outer.calls, outer.bytes) == (8, 96 + 56 + 96)
     site, kind, calls, nbytes = [s for s in outer.sites() if s[1] == "tolist"][0]
     assert site.startswith(f"{__file__}:{line} ") and (calls, nbytes) == (1, 96)
-    assert "232 bytes in 7 device -> host reads" in outer.report()
+    assert all(s.startswith(__file__) for s, *_ in outer.sites()), outer.report()
+    assert "248 bytes in 8 device -> host reads" in outer.report()
 
 
 @needs_monitoring
