@@ -284,7 +284,8 @@ def _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, fine_free, coarse_free):
         ok &= xp.take(fine_free, r)
     if coarse_free is not None:
         ok &= xp.take(be.asarray(coarse_free), c)
-    C = be.sparse.coo_matrix((v[ok], (r[ok], c[ok])), shape=(nf, ncn)).tocsr()
+    it = xp.int32 if max(nf, ncn) < 2**31 - 1 else xp.int64      # cuSPARSE's usual indices
+    C = be.sparse.coo_matrix((v[ok], (r[ok].astype(it), c[ok].astype(it))), shape=(nf, ncn)).tocsr()
     C.sum_duplicates()                                 # sorted, summed (positive: no zeros)
     return C, xp.concatenate([rr for rr, _, _ in cplx])
 
