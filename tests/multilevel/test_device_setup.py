@@ -166,3 +166,34 @@ def test_device_code_run_on_numpy_matches_host_assembly(degree, components):
               lambda x: (x[..., :1] ** 2 * np.ones(tail or (1,))).reshape(x.shape[:-1] + tail)):
         a, b = load_on_device(CPU, info, f, xi, w, phi), assemble.load(space, f)
         assert np.max(np.abs(a - b)) <= 16 * eps * np.max(np.abs(b))
+
+
+def test_galerkin_device_branch_equals_the_host_branch(monkeypatch):
+    """The Galerkin coarse matrices' device branch (``hierarchy._galerkin``: products of the
+    backend's matrices, the fixed DoFs' diagonal as a COO matrix, zeros dropped by the
+    device masking) run on the stand-in CuPy of ``tests/distributed/fake_cupy.py`` (SciPy
+    matrices that claim to be cupyx ones): the host branch's matrices, on every level of an
+    adaptive hierarchy with Dirichlet and hanging nodes."""
+    import pathlib
+    import scipy.sparse as sp
+    import adaptmg.backend as B
+    from adaptmg.multilevel.hierarchy import _galerkin
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "distributed"))
+    import fake_cupy
+    space = adaptmg.Space(_mesh(2, 3, 2), degree=1)
+    ml = adaptmg.multigrid(space, assemble.stiffness, galerkin=True, backend="cpu", coarse_max_rows=None)
+    monkeypatch.setattr(B, "_cupy_status", lambda: (fake_cupy.xp, fake_cupy.csp, ""))
+    assert len(ml.levels) >= 3 and space.mesh.num_hanging_nodes > 0
+    for l in range(len(ml.levels) - 1):
+        fine = ml.levels[l + 1]
+        free = ml.constraints[l].free
+        assert not free.all()
+        dev = [fake_cupy.csr_matrix(M) for M in (fine.R, fine.A, fine.P)]
+        assert all(is_device_sparse(M) for M in dev)
+        K = sp.csr_matrix(_galerkin(*dev, free))
+        ref = sp.csr_matrix(ml.levels[l].A, copy=True)      # the host branch's, in multigrid()
+        K.sort_indices()                                    # SciPy's product leaves rows unsorted
+        ref.sort_indices()
+        np.testing.assert_array_equal(K.indptr, ref.indptr)
+        np.testing.assert_array_equal(K.indices, ref.indices)
+        np.testing.assert_allclose(K.data, ref.data, rtol=4 * np.finfo(float).eps, atol=0)

@@ -170,3 +170,20 @@ def test_load_constrain_and_solve_read_back_scalars_only():
     assert solve.bytes <= PER_ITERATION * its + BASE, f"{its} iterations:\n{solve.report()}"
     r = b - ml.levels[-1].A @ x
     assert float(be.xp.linalg.norm(r)) <= 1e-7 * float(be.xp.linalg.norm(b))
+
+
+def test_galerkin_setup_stays_on_the_device_and_equals_the_host_one():
+    """``galerkin=True``: the coarse matrices R K P by cuSPARSE on the device (no host copy of
+    each level's matrix), equal to the host's SciPy products to rounding."""
+    mesh = _adaptive(3, *CASES[3])
+    space = adaptmg.Space(mesh, degree=1)
+    cpu = adaptmg.multigrid(space, assemble.stiffness, galerkin=True, backend="cpu", coarse_max_rows=None)
+    with count_host_reads() as reads:
+        gpu = adaptmg.multigrid(space, assemble.stiffness, galerkin=True, backend="gpu",
+                                coarse_max_rows=None)
+    assert reads.bytes <= _bound(gpu), reads.report()
+    assert len(cpu.levels) == len(gpu.levels)
+    for lc, lg in zip(cpu.levels, gpu.levels):
+        Ac, Ag = to_host(lc.A).tocsr(), to_host(lg.A).tocsr()
+        assert Ac.shape == Ag.shape
+        assert abs(Ac - Ag).max() <= 1e3 * np.finfo(np.float64).eps * abs(Ac).max()
