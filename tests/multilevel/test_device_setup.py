@@ -168,19 +168,6 @@ def test_device_code_run_on_numpy_matches_host_assembly(degree, components):
         assert np.max(np.abs(a - b)) <= 16 * eps * np.max(np.abs(b))
 
 
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    """The stand-in CuPy of ``tests/distributed/fake_cupy.py`` as the GPU backend: SciPy
-    matrices and NumPy arrays that claim to be cupyx / CuPy ones, so that the device
-    branches of the set-up run with NumPy (their arithmetic, not CUDA)."""
-    import pathlib
-    import adaptmg.backend as B
-    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "distributed"))
-    import fake_cupy
-    monkeypatch.setattr(B, "_cupy_status", lambda: (fake_cupy.xp, fake_cupy.csp, ""))
-    return fake_cupy
-
-
 def test_galerkin_device_branch_equals_the_host_branch(fake_gpu):
     """The Galerkin coarse matrices' device branch (``hierarchy._galerkin``: products of the
     backend's matrices, the fixed DoFs' diagonal as a COO matrix, zeros dropped by the
