@@ -26,6 +26,10 @@ own time of the ``multigrid()`` set-up (cProfile); ``--timeline`` the warm run's
 
     python scripts/bench_setup.py --backend gpu --cases uniform,adaptive --cold
     python scripts/bench_setup.py --backend cpu --cases uniform --refine 5
+
+``--host-reads N`` (GPU, Python 3.12+) then counts the device -> host bytes of each case's
+set-up, load + constrain and solve (:mod:`adaptmg.device.host_reads`) and prints the set-up's
+N call sites with the most bytes: what the GPU set-up still reads back.
 """
 import argparse
 import json
@@ -149,6 +153,35 @@ def warm_cache(folder):
     return time.perf_counter() - t
 
 
+def host_reads(case, args, top):
+    """Device -> host bytes of ``case``'s ``multigrid()`` set-up, load + constrain and a (second)
+    solve, counted by :mod:`adaptmg.device.host_reads` (GPU, Python 3.12+; the counting slows
+    the set-up: no times here), with the set-up's ``top`` call sites by bytes."""
+    import numpy as np
+    import adaptmg
+    from adaptmg import assemble
+    from adaptmg.backend import get_backend
+    from adaptmg.device.host_reads import count_host_reads
+    be = get_backend(args.backend)
+    space = adaptmg.Space(make_mesh(case, args), degree=1)
+    with count_host_reads() as setup:
+        ml = adaptmg.multigrid(space, assemble.stiffness, dirichlet="all", backend=be)
+        be.synchronize()
+    dev = be if args.load == "device" else None
+    with count_host_reads() as load:
+        b = be.asarray(ml.constrain(assemble.load(space, lambda x: 1.0 + 0.0 * x[..., 0], device=dev)))
+        be.synchronize()
+    ml.solve(b, rtol=1e-8, accel="cg")
+    with count_host_reads() as solve:
+        ml.solve(b, rtol=1e-8, accel="cg")
+        be.synchronize()
+    its = int(np.max(ml.last_iterations))
+    print(f"{case} device -> host: dofs {space.num_dofs:,} levels {len(ml.levels)} | set-up "
+          f"{setup.bytes:,} B in {setup.calls} reads | load+constrain {load.bytes:,} B in "
+          f"{load.calls} | solve {solve.bytes:,} B in {solve.calls} ({its} its)", flush=True)
+    print("    " + setup.report(top).replace("\n", "\n    "), flush=True)
+
+
 COLS = ("mesh", "space", "multigrid", "load", "solve1", "solve2", "total", "amg_setup", "amg_solve",
         "pyamg_setup")
 
@@ -179,6 +212,9 @@ def main():
     ap.add_argument("--profile", type=int, default=0, help="cProfile the set-up (top N)")
     ap.add_argument("--timeline", action="store_true",
                     help="print the warm run's multigrid() tasks: thread, start and end (host clock)")
+    ap.add_argument("--host-reads", type=int, default=0, metavar="N",
+                    help="GPU: also count the device -> host bytes of the set-up, load and solve "
+                         "(Python 3.12+) and print the set-up's N largest call sites")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -207,6 +243,8 @@ def main():
         if args.timeline:
             for task, thread, a, b in r["timeline"]:
                 print(f"    {task:<58} {thread:<26} {a:7.3f} -> {b:7.3f}  ({b - a:.3f} s)")
+        if args.host_reads and be.is_gpu:
+            host_reads(case, args, args.host_reads)
 
 
 if __name__ == "__main__":

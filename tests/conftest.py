@@ -32,3 +32,17 @@ def host_gpu(monkeypatch, tmp_path):
     real = backend.get_backend
     monkeypatch.setattr(backend, "get_backend", lambda name="auto": fake if name == "gpu" else real(name))
     return fake
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """``get_backend("gpu")`` answers the stand-in CuPy of ``tests/distributed/fake_cupy.py``
+    (SciPy matrices and NumPy arrays that claim to be cupyx / CuPy ones, whose ``get`` is
+    counted): the device branches of the set-up run with NumPy -- their arithmetic and their
+    device -> host copies, not CUDA.  Returns the ``fake_cupy`` module."""
+    import pathlib
+    import adaptmg.backend as backend
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parent / "distributed"))
+    import fake_cupy
+    monkeypatch.setattr(backend, "_cupy_status", lambda: (fake_cupy.xp, fake_cupy.csp, ""))
+    return fake_cupy

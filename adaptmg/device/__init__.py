@@ -9,6 +9,9 @@
   that the replay reproduces the eager call).
 * :mod:`.pdl` -- programmatic dependent launch of the recorded CSR/CG kernels (Hopper+):
   a kernel's launch and its reads of set-up data overlap the previous kernel's tail.
+* :mod:`.host_reads` -- the device -> host bytes of a block of code (every ``get``,
+  ``int()``, ``tolist``, NumPy conversion and device-to-host memcpy, by call site;
+  Python 3.12's sys.monitoring): what a GPU set-up still reads back.
 
 Kernels come from memoised factories with names in the ``adaptmg_`` namespace; on
 the host the same algorithm runs in NumPy, so one test body checks both.

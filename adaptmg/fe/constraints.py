@@ -133,7 +133,9 @@ class Constraints:
         ``A``: SciPy sparse (result SciPy CSR), a CuPy sparse matrix (the products run on the
         device by cuSPARSE SpGEMM, the result is CuPy CSR; see :func:`_device_matrix`) or a
         :class:`~adaptmg.fe.csr_ops.NodeBlockMatrix` (the congruence on its scalar node
-        pattern, expanded once; see :meth:`_matrix_blocks`).
+        pattern, expanded once; see :meth:`_matrix_blocks`; with a GPU backend and a free mask
+        that differs between a node's components, expanded on the device and constrained as
+        a CuPy matrix).
         """
         if isinstance(A, NodeBlockMatrix):
             return self._matrix_blocks(A)
@@ -171,11 +173,13 @@ class Constraints:
         if c != self.space.components:
             raise ValueError(f"the block matrix has {c} components, the space {self.space.components}")
         fr = self.free.reshape(n, c)
+        be = getattr(A, "backend", None)
         if not np.array_equal(fr, np.repeat(fr[:, :1], c, axis=1)):
+            if be is not None and be.is_gpu:           # expanded on the device, constrained there
+                return self.matrix(expand_node_blocks(be, A.indptr, A.indices, A.data, A.coef, n))
             return self.matrix(A.tocsr())
         fn = fr[:, 0]
         fixed = np.flatnonzero(~fn)
-        be = getattr(A, "backend", None)
         if be is not None and be.is_gpu:
             return self._matrix_blocks_on(be, A, fn, fixed)
         ip, ind, T = congruence_map(A.indptr, A.indices, self.space.H_nodes, fn, extra_diagonal=fixed)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import is_device_sparse, to_host
+from ..backend import backend_of, is_device_sparse, to_host
 from ..device import kernels as K
-from .smoother_base import Jacobi, Smoother, _check_square, _host_diagonal, _note, _validate_sweeps, _validate_vectors
+from .smoother_base import Jacobi, Smoother, _check_square, _diagonal, _note, _validate_sweeps, _validate_vectors
 from .start_vector import start_vector
 
 __all__ = ["Chebyshev", "estimate_lambda_max", "lanczos_lambda_max"]
@@ -18,38 +18,54 @@ __all__ = ["Chebyshev", "estimate_lambda_max", "lanczos_lambda_max"]
 def estimate_lambda_max(A, dinv=None, steps=20, seed=0):
     r"""Largest eigenvalue of ``D^{-1} A`` (``A`` SPD) by ``steps`` Lanczos steps.
 
-    Runs on the host on the symmetric ``D^{-1/2} A D^{-1/2}`` with full
-    re-orthogonalisation (``steps`` is small); returns the largest Ritz value,
-    a lower bound that converges quickly for the top of the spectrum.
+    Runs on the symmetric ``D^{-1/2} A D^{-1/2}`` with full re-orthogonalisation
+    (``steps`` is small), where ``A`` lives: on the host, or on the device for a cupyx
+    matrix (the Lanczos vectors there, two scalars read back per step: nothing of O(n)
+    comes to the host); returns the largest Ritz value, a lower bound that converges
+    quickly for the top of the spectrum.  Both backends start from the same vector
+    (:func:`~.start_vector.start_vector`) and agree to rounding.
     """
     n = _check_square(A, "estimate_lambda_max")
     if dinv is None:
-        dinv = 1.0 / _host_diagonal(A, "estimate_lambda_max")
-    s = np.sqrt(np.asarray(dinv, dtype=np.float64))
+        dinv = 1.0 / _diagonal(A, "estimate_lambda_max")
+    if is_device_sparse(A):
+        xp = backend_of(A).xp
+        if A.dtype != np.float64:                  # the estimate in float64, as on the host
+            A = A.astype(np.float64)
+        s = xp.sqrt(xp.asarray(dinv, dtype=xp.float64))
+        return lanczos_lambda_max(lambda v: s * (A @ (s * v)), start_vector(n, seed, xp=xp),
+                                  int(min(steps, n)))
+    s = np.sqrt(np.asarray(to_host(dinv), dtype=np.float64))
     v0 = start_vector(n, seed)
     return lanczos_lambda_max(lambda v: s * np.asarray(A @ (s * v)).ravel(), v0, int(min(steps, n)))
 
 
 def lanczos_lambda_max(matvec, v0, m, reduce=None):
     """Largest Ritz value of the symmetric ``matvec`` after ``m`` Lanczos steps from ``v0``
-    (full re-orthogonalisation, twice).  ``reduce``: sums a local array of partial inner
-    products over all ranks (None: one process); :mod:`adaptmg.distributed` passes an
-    Allreduce, so the distributed estimate runs this same iteration on owned entries."""
+    (full re-orthogonalisation, twice), on ``v0``'s backend (the coefficients are host
+    numbers: two scalar reads per step on the device).  ``reduce``: sums a local array of
+    partial inner products over all ranks (None: one process); :mod:`adaptmg.distributed`
+    passes an Allreduce, so the distributed estimate runs this same iteration on owned
+    entries (host vectors)."""
     red = (lambda a: a) if reduce is None else reduce
+    xp = backend_of(v0).xp
 
     def norm(w):
         if reduce is None:
-            return np.linalg.norm(w)
+            return float(xp.linalg.norm(w))
         return float(np.sqrt(max(red(np.array([w @ w]))[0], 0.0)))
 
-    V = np.zeros((m + 1, v0.size))
+    def dot(u, w):
+        return float(u @ w) if reduce is None else red(np.array([u @ w]))[0]
+
+    V = xp.zeros((m + 1, v0.size))
     alpha = np.zeros(m)
     beta = np.zeros(m)
     V[0] = v0 / norm(v0)
     k = m
     for j in range(m):
         w = matvec(V[j])
-        alpha[j] = red(np.array([V[j] @ w]))[0]
+        alpha[j] = dot(V[j], w)
         w -= V[: j + 1].T @ red(V[: j + 1] @ w)
         w -= V[: j + 1].T @ red(V[: j + 1] @ w)
         beta[j] = norm(w)
@@ -111,16 +127,15 @@ class Chebyshev(Smoother):
         if self.scaling == "none":
             self._dinv_host = np.ones(self.n)
         else:
-            d = _host_diagonal(self.A_host, "Chebyshev")
-            if np.any(d <= 0) or not np.all(np.isfinite(d)):
-                i = int(np.flatnonzero(~(d > 0) | ~np.isfinite(d))[0])
-                raise ValueError(f"Chebyshev needs an SPD matrix: diagonal entry {i} is {d[i]!r}")
+            # where A lives (a device array for the GPU set-up: one scalar read)
+            d = _diagonal(self.A_host, "Chebyshev")
+            bad = ~(d > 0) | ~backend_of(d).xp.isfinite(d)
+            if bool(bad.any()):
+                i = int(np.flatnonzero(to_host(bad))[0])
+                raise ValueError(f"Chebyshev needs an SPD matrix: diagonal entry {i} is {float(d[i])!r}")
             self._dinv_host = 1.0 / d
-        if self.lmax is None:     # the host copy of a device matrix only when lmax must be estimated
-            A = self.A_host
-            if is_device_sparse(A):
-                A = to_host(A)
-            self.lmax = 1.1 * estimate_lambda_max(A, self._dinv_host)
+        if self.lmax is None:     # on A's backend: a device matrix stays there
+            self.lmax = 1.1 * estimate_lambda_max(self.A_host, self._dinv_host)
         b = float(self.lmax)
         a = self.lower * b
         theta, delta = 0.5 * (b + a), 0.5 * (b - a)

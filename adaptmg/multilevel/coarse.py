@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import is_sparse, to_host
+from ..backend import is_device_sparse, is_sparse, to_host
 
 __all__ = ["dense_inverse", "CoarseOperator"]
 
@@ -49,6 +49,14 @@ def _wide(dt):
     return np.complex128 if np.dtype(dt).kind == "c" else np.float64
 
 
+def _dense(A0, backend):
+    """``A0`` dense in float64/complex128: on the device for a cupyx matrix on the GPU
+    backend (the coarse matrix never comes to the host), else on the host."""
+    if backend.is_gpu and is_device_sparse(A0):
+        return A0.toarray().astype(_wide(A0.dtype))
+    return _dense_host(A0)
+
+
 def _dense_host(A0):
     if is_sparse(A0):
         A0 = to_host(A0)
@@ -70,10 +78,10 @@ def dense_inverse(A0, backend, dtype, max_direct):
         raise ValueError(f"coarse='direct' refused: the coarse matrix has {n0} rows "
                          f"(> max_direct={max_direct}); use more levels, "
                          "coarse_max_rows, or coarse='smoother'")
-    Ad = _dense_host(A0)
+    Ad = _dense(A0, backend)
     xp = backend.xp
     if backend.is_gpu:        # cuSOLVER: no host LAPACK call at set-up
-        Ad = xp.asarray(Ad)
+        Ad = xp.asarray(Ad)                    # up, unless built there
         sym = bool(xp.allclose(Ad, Ad.conj().T, rtol=1e-12, atol=0))    # there too (1089^2: ~15 ms on a host)
         inv = xp.linalg.inv(Ad)
         finite = bool(xp.isfinite(inv).all())

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..backend import get_backend, is_device_sparse, to_host
-from ..fe.csr_ops import add_to_diagonal, canonical_known
+from ..backend import backend_of, get_backend, is_device_sparse, to_host
+from ..fe.csr_ops import add_to_diagonal, canonical_known, mask_rows_cols
 from ..fe import Constraints, Space
 from ..threads import Done, InlineExecutor, default_threads
 from ..mesh import Mesh
@@ -177,6 +177,35 @@ def _level_prolongation(coarse, fine, cons_coarse, cons_fine, be=None, device_id
     if canonical_known(P):
         R.has_canonical_format = True     # the transpose of a canonical CSR is canonical (no re-scan)
     return P, R
+
+
+def _galerkin(R, K, P, free):
+    r"""The Galerkin coarse matrix :math:`R K P + s (I - Z)` (``s`` the mean of
+    :math:`|(R K P)_{ii}|` over the ``free`` DoFs, a host mask), zeros dropped: on the device
+    (cuSPARSE SpGEMM, no download) when ``K``, ``P`` and ``R`` are device matrices, else by
+    SciPy's products of host copies."""
+    if not (is_device_sparse(K) and is_device_sparse(P) and is_device_sparse(R)):
+        P, R = to_host(P), to_host(R)
+        Kc = (R @ to_host(K) @ P).tocsr()
+        dvals = np.abs(Kc.diagonal()[free])
+        s = float(dvals.mean()) if dvals.size else 1.0
+        Kc = add_to_diagonal(Kc, np.where(free, 0.0, s))
+        Kc.eliminate_zeros()
+        return Kc
+    be = backend_of(K)
+    xp = be.xp
+    Kc = (R @ K @ P).tocsr()
+    Kc.sum_duplicates()
+    z = xp.asarray(free)
+    dvals = xp.abs(Kc.diagonal())[z]
+    s = float(dvals.mean()) if dvals.shape[0] else 1.0
+    fixed = np.flatnonzero(~np.asarray(free))
+    if fixed.size:
+        f = xp.asarray(fixed.astype(Kc.indices.dtype))
+        D = be.sparse.coo_matrix((xp.full(fixed.size, s), (f, f)), shape=Kc.shape).tocsr()
+        Kc = (Kc + D).tocsr()
+    keep = np.ones(Kc.shape[0], dtype=bool)
+    return mask_rows_cols(Kc, keep, keep, drop_zeros=True)     # eliminate_zeros, on the device
 
 
 class _Timeline:
@@ -415,9 +444,11 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         cons_f = [None] * (L - 1) + [fine_cons]
         for l in range(L - 2, -1, -1):
             cons_f[l] = pool.submit(tl.wrap(f"constraints {l}", _level_constraints), spaces[l], dirichlet)
-        # on the GPU the transfers are built on the device (rediscretised levels; the Galerkin
-        # products below run on the host)
-        on_dev = (be, int(be.xp.cuda.Device().id)) if be.is_gpu and not galerkin else (None, None)
+        # on the GPU the transfers are built on the device; with Galerkin products when the
+        # finest matrix is built there too (a library form: the products then run there)
+        on_device_forms = be.is_gpu and _on_backend(assemble, be) is not assemble
+        on_dev = ((be, int(be.xp.cuda.Device().id)) if be.is_gpu and (not galerkin or on_device_forms)
+                  else (None, None))
         P_f = [None] * L
         for l in range(L - 1, 0, -1):
             P_f[l] = pool.submit(tl.wrap(f"transfer {l}", _level_prolongation), spaces[l - 1],
@@ -447,13 +478,7 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         for l in range(L - 2, -1, -1):
             if galerkin:
                 P, R = PRs[l + 1]
-                Kc = (R @ to_host(Ks[l + 1]) @ P).tocsr()
-                free = cons[l].free
-                dvals = np.abs(Kc.diagonal()[free])
-                s = float(dvals.mean()) if dvals.size else 1.0
-                Kc = add_to_diagonal(Kc, np.where(free, 0.0, s))
-                Kc.eliminate_zeros()
-                Ks[l] = Kc
+                Ks[l] = _galerkin(R, Ks[l + 1], P, cons[l].free)
             else:
                 Ks[l] = K_f[l].result()
     alg = []

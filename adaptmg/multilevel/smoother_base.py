@@ -15,7 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..device import kernels as K
-from ..backend import backend_of, get_backend, is_sparse, to_host
+from ..backend import backend_of, get_backend, is_device_sparse, is_sparse, to_host
 from .start_vector import start_vector
 
 __all__ = ["Smoother", "Jacobi", "power_lambda_max"]
@@ -33,14 +33,35 @@ def _check_square(A, who):
 
 def _host_diagonal(A, who):
     """Diagonal of ``A`` as a host NumPy array (sparse, dense or ``.diagonal()``)."""
+    return np.asarray(to_host(_diagonal(A, who)))
+
+
+def _diagonal(A, who):
+    """Diagonal of ``A`` where ``A`` lives: a device array for a cupyx matrix (the GPU
+    set-up never reads it back), else a host NumPy array."""
     if sp.issparse(A) or hasattr(A, "diagonal"):
-        d = to_host(A.diagonal())
-    elif isinstance(A, np.ndarray):
-        d = np.diag(A)
-    else:
-        raise TypeError(f"{who}: cannot take the diagonal of {type(A).__name__}; "
-                        "pass a sparse matrix or an operator with .diagonal()")
-    return np.asarray(d)
+        d = A.diagonal()
+        return d if is_device_sparse(A) else np.asarray(to_host(d))
+    if isinstance(A, np.ndarray):
+        return np.diag(A)
+    raise TypeError(f"{who}: cannot take the diagonal of {type(A).__name__}; "
+                    "pass a sparse matrix or an operator with .diagonal()")
+
+
+def _inverse_diagonal(d, who, singular="raise"):
+    """``1 / d`` on ``d``'s backend; a zero or non-finite entry is a ``ValueError`` naming its
+    row (``singular="pinv"``: a zero entry gets 0 when all are finite, as pyamg's
+    relaxation).  One scalar read on the device; the rows come down only for the error."""
+    xp = backend_of(d).xp
+    zero = d == 0
+    if singular == "pinv" and bool(xp.isfinite(d).all()):
+        return xp.where(zero, 0.0, 1.0 / xp.where(zero, 1.0, d))
+    bad = ~xp.isfinite(d) | zero
+    if bool(bad.any()):
+        bad = np.flatnonzero(to_host(bad))
+        raise ValueError(f"{who}: zero or non-finite diagonal entry in row {int(bad[0])} "
+                         f"({bad.size} rows in all)")
+    return 1.0 / d
 
 
 def power_lambda_max(apply, v, norm, iterations=12, who="smoother"):
@@ -224,15 +245,10 @@ class Jacobi(Smoother):
         return K.csr_jacobi_sweep(self.A, src, b, self.dinv, self.omega, dst)
 
     def _setup_host(self):
-        d = _host_diagonal(self.A_host, "Jacobi")
-        if getattr(self, "singular", "raise") == "pinv" and np.isfinite(d).all():
-            self._dinv_host = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
-            return
-        bad = np.flatnonzero(~np.isfinite(d) | (d == 0))
-        if bad.size:
-            raise ValueError(f"Jacobi: zero or non-finite diagonal entry in row {int(bad[0])} "
-                             f"({bad.size} rows in all)")
-        self._dinv_host = 1.0 / d
+        # D^{-1} where A lives: for a device matrix (the GPU set-up) a device array -- the
+        # diagonal never comes to the host (``_dinv_host`` is then a device array)
+        d = _diagonal(self.A_host, "Jacobi")
+        self._dinv_host = _inverse_diagonal(d, "Jacobi", getattr(self, "singular", "raise"))
 
     def _apply_S(self, r):
         return self.dinv * r
@@ -354,22 +370,21 @@ def _block_inverses(A, c, who="BlockJacobi", singular="raise"):
         inv = None
         s = np.linalg.svd(to_host(safe), compute_uv=False)
         bad = ~to_host(finite) | (s[:, 0] == 0) | (s[:, -1] <= c * np.finfo(np.float64).eps * s[:, 0])
+    # one scalar read each on the device; the node numbers come down only for an error
     if singular == "pinv":
-        fin = to_host(finite)
-        if not fin.all():
-            bad = np.flatnonzero(~fin)
+        if not bool(finite.all()):
+            bad = np.flatnonzero(~to_host(finite))
             raise ValueError(f"{who}: diagonal block of node {int(bad[0])} is not finite "
                              f"({bad.size} blocks in all)")
-        bad = np.flatnonzero(to_host(bad))
-        if bad.size:                               # pyamg: pseudo-inverses of those blocks
-            idx = xp.asarray(bad)
+        if bool(bad.any()):                        # pyamg: pseudo-inverses of those blocks
+            idx = xp.flatnonzero(xp.asarray(bad))
             fixed = xp.linalg.pinv(blocks[idx])
             if inv is None:
                 inv = xp.linalg.pinv(blocks)
             inv[idx] = fixed
         bad = bad[:0]
-    bad = np.flatnonzero(to_host(bad))
-    if bad.size:
+    if bool(bad.any()):
+        bad = np.flatnonzero(to_host(bad))
         raise ValueError(f"{who}: diagonal block of node {int(bad[0])} (rows "
                          f"{int(bad[0]) * c}..{int(bad[0]) * c + c - 1}) is singular "
                          f"({bad.size} singular blocks in all)")

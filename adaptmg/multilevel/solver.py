@@ -413,7 +413,7 @@ class MultilevelSolver(SolveDriver):
                     dinv = self.backend.asarray(sm.dinv if dinv is None else dinv, np.float64)
                 else:
                     A, R = _host_csr(lev.A, copy=False), _host_csr(lev.R, copy=False)
-                    dinv = to_host(sm.dinv) if dinv is None else dinv
+                    dinv = to_host(sm.dinv if dinv is None else dinv)
                 S = K.smooth_restrict_matrix(A, R, dinv, sm.omega, self.presmooth)
                 if max_nnz is not None and S.nnz > max_nnz:
                     d.sfused = False            # not moved to the backend: never used

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, get_backend, is_device_array, to_host
+from ..backend import CPU, get_backend, is_device_array
 from ..fe.csr_ops import expand_node_blocks, mask_rows_cols
 from ..fe.space import Space
 from ..mesh import reference as ref
@@ -184,10 +184,12 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     entries compressed in row-major order and written to the entries of their rows
     (one boolean selection per kind over the entries: the kinds interleave along the node
     numbering).  Rows with a hanging coarse parent (few: hanging nodes lie on the
-    refinement front) are expanded through H's rows and summed by SciPy's COO -> CSR on
-    the host (their row indices come down, their entries go up); the sums are of dyadic
-    weights, exact in any order, so the result equals ``chi @ H`` followed by the masks bit
-    for bit, on either backend."""
+    refinement front) are expanded through the rows of H of the hanging coarse nodes
+    (:func:`_hanging_parent_rows`; a hanging node's column code is ``ncn + 1 + node``, so
+    it keeps its identity through the sort) and summed by the backend's COO -> CSR:
+    nothing comes back to the host, only those rows of H go up.  The sums are of positive
+    dyadic weights, exact in any order, so the result equals ``chi @ H`` followed by the
+    masks bit for bit, on either backend."""
     res = _q1_forest_groups(coarse, fine)
     if res is None:
         return None
@@ -195,13 +197,14 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     xp = be.xp
     groups, cmap = res
     nf, ncn = fine.num_nodes, coarse.num_nodes
-    it = np.int32 if max(nf, ncn) + 1 < np.iinfo(np.int32).max else np.int64
-    # one gather per column maps it to itself (kept), ncn (masked out) or ncn + 1 (hanging)
+    it = np.int32 if max(nf, 2 * ncn) + 2 < np.iinfo(np.int32).max else np.int64
+    # one gather per column maps it to itself (kept), ncn (masked out) or ncn + 1 + node
+    # (hanging: expanded through H below)
+    hanging = coarse.hanging_nodes if H is not None else np.zeros(0, dtype=np.int64)
     colmap = np.arange(ncn, dtype=it)
     if coarse_free is not None:
         colmap[~coarse_free] = ncn
-    if H is not None and coarse.hanging_nodes.size:
-        colmap[coarse.hanging_nodes] = ncn + 1
+    colmap[hanging] = ncn + 1 + hanging
     # forest id -> column code (-1: no coarse node; the extra last entry serves the -1 padding)
     fmap = np.full(cmap.size + 1, -1, dtype=it)
     isc = np.flatnonzero(cmap >= 0)
@@ -222,32 +225,19 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
         valid = cm < ncn
         if ffree is not None:
             valid &= xp.take(ffree, rows_b)[:, None]
-        hr = xp.flatnonzero(cm[:, -1] > ncn)          # rows with a hanging parent
-        if hr.size:
-            hh = to_host(hr)                          # few: the refinement front
-            cplx.append((rows[hh], np.take(cmap, par[hh]), 0.5 ** k))
-            valid[hr] = False
+        if hanging.size:
+            hr = xp.flatnonzero(cm[:, -1] > ncn)      # rows with a hanging parent
+            if hr.shape[0]:
+                cplx.append((rows_b[hr], cm[hr], 0.5 ** k))
+                valid[hr] = False
         cnt[rows_b] = _row_counts(valid)
         tag[rows_b] = k
         parts.append(cm[valid])
     C = None
     if cplx:
-        r = np.concatenate([np.repeat(rr, cp.shape[1]) for rr, cp, _ in cplx])
-        j = np.concatenate([cp.ravel() for _, cp, _ in cplx])
-        w = np.concatenate([np.full(cp.size, wk) for _, cp, wk in cplx])
-        H = H.tocsr()
-        lens = np.diff(H.indptr)[j]
-        e = np.repeat(H.indptr[j] - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
-        r, c, v = np.repeat(r, lens), H.indices[e], np.repeat(w, lens) * H.data[e]
-        keep = np.ones(r.size, dtype=bool) if fine_free is None else np.take(fine_free, r)
-        if coarse_free is not None:
-            keep &= np.take(coarse_free, c)
-        C = sp.coo_matrix((v[keep], (r[keep], c[keep])), shape=(nf, ncn)).tocsr()
-        C.sum_duplicates()                           # sorted, summed
-        C.eliminate_zeros()
-        rows = np.concatenate([rr for rr, _, _ in cplx])
-        cnt[be.asarray(rows)] = be.asarray(np.diff(C.indptr)[rows])
-        tag[be.asarray(rows)] = len(groups)
+        C, rows_c = _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, ffree, coarse_free)
+        cnt[rows_c] = (C.indptr[1:] - C.indptr[:-1])[rows_c]
+        tag[rows_c] = len(groups)
     indptr = xp.zeros(nf + 1, dtype=xp.int64)
     indptr[1:] = xp.cumsum(cnt)
     nnz = int(indptr[-1])
@@ -259,14 +249,45 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
             indices[et == k] = part
     if C is not None and C.nnz:
         m = et == len(groups)
-        indices[m] = be.asarray(C.indices.astype(it, copy=False))
-        data[m] = be.asarray(C.data)
+        indices[m] = C.indices.astype(it, copy=False)
+        data[m] = C.data
     if nnz > np.iinfo(it).max:                        # row pointers beyond int32: all int64
         indices = indices.astype(xp.int64)
     A = be.sparse.csr_matrix((data, indices, indptr.astype(indices.dtype)), shape=(nf, ncn), copy=False)
     if not be.is_gpu:
         A.has_canonical_format = True                 # distinct parents, sorted
     return A
+
+
+def _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, fine_free, coarse_free):
+    r"""The rows of :math:`Z_f \chi H Z_c` whose coarse parents include hanging nodes, as a
+    canonical CSR matrix (nf x ncn) on ``be`` (the other rows empty), and those rows.
+
+    ``cplx``: per kind k, (the rows, their sorted column codes (n, 2^k) -- ``ncn``: masked
+    out, ``ncn + 1 + node``: hanging --, the weight 2^-k); every parent is expanded to its
+    parents in H (a regular node to itself, weight 1: :func:`~adaptmg.fe.congruence._parents`
+    on the hanging rows of ``H``), the masks applied and the duplicates summed by COO -> CSR.
+    ``fine_free``: a mask on ``be`` or None; ``coarse_free``: a host mask or None."""
+    from ..fe.congruence import _hanging_rows, _parents
+    xp = be.xp
+    r = xp.concatenate([xp.repeat(rr, cc.shape[1]) for rr, cc, _ in cplx])
+    code = xp.concatenate([cc.ravel() for _, cc, _ in cplx])
+    w = xp.concatenate([xp.full(cc.size, wk) for _, cc, wk in cplx])
+    keep = code != ncn                                 # masked-out regular parents: nothing
+    r, code, w = r[keep], code[keep], w[keep]
+    node = xp.where(code > ncn, code - (ncn + 1), code).astype(xp.int64)
+    (hp_ptr, hp_idx, hp_w), _, rank = _hanging_rows(be, H, np.asarray(hanging, dtype=np.int64), ncn)
+    own, c, wh = _parents(be, node, rank, hp_ptr, hp_idx, hp_w)
+    r, v = r[own], w[own] * wh
+    ok = v != 0
+    if fine_free is not None:
+        ok &= xp.take(fine_free, r)
+    if coarse_free is not None:
+        ok &= xp.take(be.asarray(coarse_free), c)
+    it = xp.int32 if max(nf, ncn) < 2**31 - 1 else xp.int64      # cuSPARSE's usual indices
+    C = be.sparse.coo_matrix((v[ok], (r[ok].astype(it), c[ok].astype(it))), shape=(nf, ncn)).tocsr()
+    C.sum_duplicates()                                 # sorted, summed (positive: no zeros)
+    return C, xp.concatenate([rr for rr, _, _ in cplx])
 
 
 def _interpolation_q1_conforming(coarse: Space, fine: Space):

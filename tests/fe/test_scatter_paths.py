@@ -155,3 +155,21 @@ def test_row_grouping_by_counting_sort_is_the_stable_argsort():
         ids, by_slot = _row_grouped(rc, nrows)
         assert not by_slot
         np.testing.assert_array_equal(ids, np.argsort(rc.reshape(-1), kind="stable"))
+
+
+def test_block_constraints_device_branch_with_per_component_dirichlet():
+    """Dirichlet on one component only (the free mask differs inside a node): the device
+    branch expands the fields on its backend (no host CSR of a device matrix) and gives
+    the host branch's matrix."""
+    m = _hanging_mesh(3)
+    c, F = 2, 3
+    s1, Ms, data, coef, rng = _random_node_fields(m, c, F, 12)
+    coef[0] += np.eye(c)
+    space = Space(m, 1, components=c)
+    cons = Constraints(space, space.boundary_dofs(components=[0]))
+    assert not np.array_equal(cons.free[0::c], cons.free[1::c])
+    K0 = cons.matrix(NodeBlockMatrix(Ms.indptr, Ms.indices, data, coef, s1.num_nodes))
+    K1 = cons.matrix(NodeBlockMatrix(Ms.indptr, Ms.indices, data, coef, s1.num_nodes, backend=_HostAsDevice()))
+    np.testing.assert_array_equal(K1.indptr, K0.indptr)
+    np.testing.assert_array_equal(K1.indices, K0.indices)
+    np.testing.assert_allclose(K1.data, K0.data, rtol=4 * np.finfo(float).eps, atol=0)

@@ -79,7 +79,7 @@ def test_gpu_setup_builds_the_cpu_levels(dim, n, local, degree):
             sm = d.smoother
             dinv = getattr(sm, "_dinv_host", None)
             S = smooth_restrict_matrix(to_host(lg.A), to_host(lg.R),
-                                       to_host(sm.dinv) if dinv is None else dinv, sm.omega,
+                                       to_host(sm.dinv if dinv is None else dinv), sm.omega,
                                        gpu.presmooth)
             assert _rel_diff(S, d.S) <= 64 * eps
         if hasattr(lc.smoother, "omega"):
@@ -166,3 +166,49 @@ def test_device_code_run_on_numpy_matches_host_assembly(degree, components):
               lambda x: (x[..., :1] ** 2 * np.ones(tail or (1,))).reshape(x.shape[:-1] + tail)):
         a, b = load_on_device(CPU, info, f, xi, w, phi), assemble.load(space, f)
         assert np.max(np.abs(a - b)) <= 16 * eps * np.max(np.abs(b))
+
+
+def test_galerkin_device_branch_equals_the_host_branch(fake_gpu):
+    """The Galerkin coarse matrices' device branch (``hierarchy._galerkin``: products of the
+    backend's matrices, the fixed DoFs' diagonal as a COO matrix, zeros dropped by the
+    device masking) on the stand-in: the host branch's matrices, on every level of an
+    adaptive hierarchy with Dirichlet and hanging nodes."""
+    import scipy.sparse as sp
+    from adaptmg.multilevel.hierarchy import _galerkin
+    fake_cupy = fake_gpu
+    space = adaptmg.Space(_mesh(2, 3, 2), degree=1)
+    ml = adaptmg.multigrid(space, assemble.stiffness, galerkin=True, backend="cpu", coarse_max_rows=None)
+    assert len(ml.levels) >= 3 and space.mesh.num_hanging_nodes > 0
+    for l in range(len(ml.levels) - 1):
+        fine = ml.levels[l + 1]
+        free = ml.constraints[l].free
+        assert not free.all()
+        dev = [fake_cupy.csr_matrix(M) for M in (fine.R, fine.A, fine.P)]
+        assert all(is_device_sparse(M) for M in dev)
+        K = sp.csr_matrix(_galerkin(*dev, free))
+        ref = sp.csr_matrix(ml.levels[l].A, copy=True)      # the host branch's, in multigrid()
+        K.sort_indices()                                    # SciPy's product leaves rows unsorted
+        ref.sort_indices()
+        np.testing.assert_array_equal(K.indptr, ref.indptr)
+        np.testing.assert_array_equal(K.indices, ref.indices)
+        np.testing.assert_allclose(K.data, ref.data, rtol=4 * np.finfo(float).eps, atol=0)
+
+
+def test_smoother_and_coarse_device_branches_equal_the_host_ones(fake_gpu):
+    """Chebyshev's Lanczos estimate on a device matrix (vectors on the device, the same start
+    vector), Jacobi's D^{-1} and the dense coarse inverse built from a device matrix, on the
+    stand-in: the host branches' numbers."""
+    import pyamg
+    from adaptmg.backend import get_backend
+    from adaptmg.multilevel.chebyshev import estimate_lambda_max
+    from adaptmg.multilevel.coarse import dense_inverse
+    from adaptmg.multilevel.smoother_base import _diagonal, _inverse_diagonal
+    A = pyamg.gallery.poisson((20, 20), format="csr")
+    Ad = fake_gpu.csr_matrix(A)
+    eps = np.finfo(np.float64).eps
+    lam, lam_d = estimate_lambda_max(A), estimate_lambda_max(Ad)
+    assert 1.9 < lam < 2.0 and abs(lam - lam_d) <= 8 * eps * lam
+    np.testing.assert_array_equal(np.asarray(_inverse_diagonal(_diagonal(Ad, "t"), "t")), 1.0 / A.diagonal())
+    inv, inv_d = dense_inverse(A, get_backend("cpu"), np.float64, 2000), \
+        dense_inverse(Ad, get_backend("gpu"), np.float64, 2000)
+    np.testing.assert_allclose(np.asarray(inv_d), inv, rtol=0, atol=64 * eps * abs(inv).max())

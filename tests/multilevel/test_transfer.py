@@ -231,3 +231,33 @@ def test_sort_rows_and_row_counts():
         assert np.array_equal(_sort_rows(a), np.sort(a, axis=1))
         m = a < 3
         assert np.array_equal(_row_counts(m), m.sum(axis=1))
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_q1_transfer_on_the_device_reads_back_no_arrays(dim, fake_gpu):
+    """The Q1 forest transfer built on the GPU backend (here the fake-CuPy stand-in: NumPy
+    under CuPy's names) equals the host one bit for bit -- rows with hanging coarse parents
+    included, expanded through H on the backend -- and copies no array back to the host
+    (the stand-in counts every ``get``: the refinement front's rows used to come down)."""
+    from adaptmg.multilevel import transfer
+    from adaptmg.multilevel.transfer import prolongation
+    rng = np.random.default_rng(5)
+    H = _adaptive(dim).hierarchy()
+    front = []
+    hang = transfer._hanging_parent_rows
+    try:
+        transfer._hanging_parent_rows = lambda *a: front.append(1) or hang(*a)
+        for mc, mf in zip(H[:-1], H[1:]):
+            sc, sf = Space(mc, 1), Space(mf, 1)
+            for kind in ("default", "dirichlet", "random"):
+                zc, zf = _masks(sc, sf, kind, rng)
+                P = prolongation(sc, sf, zc, zf)
+                gets = fake_gpu.device_to_host()
+                Pd = prolongation(sc, sf, zc, zf, backend="gpu")
+                assert fake_gpu.device_to_host() == gets
+                assert type(Pd) is fake_gpu.csr_matrix
+                for a, b in ((P.indptr, Pd.indptr), (P.indices, Pd.indices), (P.data, Pd.data)):
+                    np.testing.assert_array_equal(np.asarray(b), a)
+    finally:
+        transfer._hanging_parent_rows = hang
+    assert front                                         # coarse hanging nodes were met
