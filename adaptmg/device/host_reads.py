@@ -11,8 +11,12 @@ the calls that copy device data to the host are recorded with their bytes and ca
   ``__bool__``, ``__index__``, ``__array__``, ``__repr__``, ``__str__``, ``__format__``,
   ``__bytes__``, ``__reduce__`` of a device array (called as ``x.get()``, as
   ``f = x.get; f()`` or as ``cupy.ndarray.get(x)``): ``x.nbytes`` (``item``: one element);
-* ``int(x)``, ``float(x)``, ``complex(x)``, ``bool(x)``, ``operator.index(x)``, ``str(x)``,
-  ``repr(x)``, ``format(x)`` of a device array ``x``: ``x.nbytes``;
+* ``int(x)``, ``float(x)``, ``complex(x)``, ``str(x)``, ``repr(x)``, ``format(x)`` of a
+  device array ``x``: ``x.nbytes`` (CuPy copies the whole array, then converts);
+  ``bool(x)``: one element, and only for a one-element array (CuPy raises for more without
+  copying); ``operator.index(x)``: ``x.nbytes``, and only for an array type that has an
+  ``__index__`` (CuPy's has none: the ``TypeError`` copies nothing -- cupyx's ``isintlike``
+  probes every array handed to a sparse constructor this way);
 * NumPy conversions ``numpy.asarray / array / asanyarray / ascontiguousarray /
   asfortranarray (x)`` of a device array (CuPy refuses them with a ``TypeError``; the
   attempt is counted all the same: a caught one usually means a host fallback follows);
@@ -66,6 +70,11 @@ _METHODS = {"get": None, "item": "itemsize", "tolist": None, "__int__": None, "_
             "__reduce__": None}
 #: builtins that convert their first argument
 _BUILTINS = (int, float, complex, bool, operator.index, str, repr, format)
+#: builtins that copy only in some cases: ``bool(x)`` one element of a one-element array
+#: (CuPy raises for more without a copy), ``operator.index(x)`` only for a type with an
+#: ``__index__`` (CuPy's ndarray has none: TypeError, no copy -- SciPy-style ``isintlike``
+#: probes call it on whole arrays)
+_BUILTIN_UNITS = {bool: "scalar", operator.index: "index"}
 #: NumPy's conversions (C functions; one written in Python is not counted, its inner call is)
 _NUMPY = ("asarray", "array", "asanyarray", "ascontiguousarray", "asfortranarray")
 #: runtime copies: name -> (position of ``kind``, positions of the sizes whose product is the bytes)
@@ -119,7 +128,7 @@ class HostReads:
         for name, unit in _METHODS.items():
             route(getattr(self.base, name, None), name, unit)
         for f in _BUILTINS:
-            route(f, getattr(f, "__name__", str(f)), None)
+            route(f, getattr(f, "__name__", str(f)), _BUILTIN_UNITS.get(f))
         for name in _NUMPY:
             f = getattr(np, name, None)
             if f is not None and not hasattr(f, "__code__"):
@@ -173,7 +182,11 @@ class HostReads:
 
     def _add(self, route, x, code, offset):
         kind, unit = route
-        n = int(x.itemsize if unit == "itemsize" else x.nbytes)
+        if unit == "scalar" and x.size != 1:
+            return                                       # raises before any copy
+        if unit == "index" and getattr(type(x), "__index__", None) is None:
+            return                                       # TypeError, nothing copied
+        n = int(x.itemsize if unit in ("itemsize", "scalar") else x.nbytes)
         self.records.append((kind, n, code, offset))     # list.append: atomic across threads
 
     def _wrap_memcpy(self):

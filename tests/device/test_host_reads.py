@@ -78,6 +78,11 @@ class _Runtime:
         return types.SimpleNamespace(type=2 if ptr in self.device else 1)
 
 
+class _NoIndex(Dev):
+    """A device array type without ``__index__``, as CuPy's."""
+    __index__ = None
+
+
 def _xp():
     rt = _Runtime()
     return types.SimpleNamespace(ndarray=Dev, asnumpy=lambda a: a.get(),
@@ -242,6 +247,9 @@ def test_routing_of_what_the_interpreter_delivers():
              (Dev.tolist, X, ("tolist", 96)), (X1.__float__, missing, ("__float__", 8)),
              (int, X1, ("int", 8)), (bool, X1, ("bool", 8)), (np.asarray, X, ("numpy.asarray", 96)),
              (Dev.get, h, None), (int, h[:1], None), (np.asarray, h, None), (h.tolist, missing, None),
+             # CuPy copies nothing for these: bool of a many-element array raises first, and its
+             # ndarray has no __index__ (cupyx's isintlike probes whole arrays with it)
+             (bool, X, None), (operator.index, X.view(_NoIndex), None), (operator.index, I0, ("index", 4)),
              (len, X, None), (X.reshape, missing, None), ({}.get, X, None), (print, X, None)]
     for fn, arg0, want in cases:
         reads.records.clear()
