@@ -75,26 +75,47 @@ def level_jumps(cells: np.ndarray, num_nodes: int, levels: np.ndarray):
     sorted cells having a vertex that a cell off the most common level touches -- every cell
     with a jump vertex is one of them -- or None (all cells).
 
-    Mostly one level dominates (a local refinement, its hierarchy): only the vertices of the
-    other cells can jump, so those are marked (a boolean scatter of few cells), the cells
-    touching them found by one boolean gather of the vertex slots (8 bytes a cell), and the
-    minimum and maximum taken over those cells only, instead of ``ufunc.at`` over every
-    (cell, vertex) pair (still the way without a dominant level).  The same mask either way."""
+    A node jumps iff the cells of at least two levels have it as a vertex: per level ``L``
+    the boolean mask of its cells' vertices (one boolean scatter of those cells), summed
+    over the levels (O(levels) steps; every cell scattered once) -- no ``ufunc.at`` over
+    every (cell, vertex) pair.  Mostly one level dominates (a local refinement, its
+    hierarchy): only the vertices of the other cells can jump, so those are marked (the
+    minor levels' masks), the cells touching them found by one boolean gather of the
+    vertex slots (8 bytes a cell), and the major level's mask scattered from those cells
+    only.  The same mask either way."""
     nc, nv = cells.shape
     lv = np.asarray(levels)
-    rows = None
-    if nc:
-        low = int(lv.min())
-        major = low + int(np.argmax(np.bincount(lv - low)))
-        minor = np.flatnonzero(lv != major)
-        if minor.size * SPARSE <= nc:
-            mark = np.zeros(num_nodes, dtype=bool)
-            mark[np.take(cells, minor, axis=0)] = True
-            rows = cells_with_vertex_in(cells, mark)
-            cells, lv = np.take(cells, rows, axis=0), lv.take(rows)
-    lv = np.repeat(lv, nv)
-    lo = np.full(num_nodes, np.iinfo(lv.dtype).max, dtype=lv.dtype)
-    hi = np.full(num_nodes, -1, dtype=lv.dtype)
-    np.minimum.at(lo, cells.ravel(), lv)
-    np.maximum.at(hi, cells.ravel(), lv)
-    return hi > lo, rows
+    if nc == 0:
+        return np.zeros(num_nodes, dtype=bool), None
+    low = int(lv.min())
+    per_level = np.bincount(lv - low) if lv.dtype.itemsize <= 2 else np.bincount((lv - low).astype(np.intp))
+    major = int(np.argmax(per_level))
+    rest = np.flatnonzero(lv != low + major) if per_level[major] < nc else np.zeros(0, dtype=np.intp)
+    if rest.size * SPARSE > nc:                    # no dominant level: every cell, by level
+        return _distinct_levels(cells, num_nodes, np.arange(nc), lv) >= 2, None
+    count = _distinct_levels(cells, num_nodes, rest, lv)      # the minor levels' vertices
+    rows = cells_with_vertex_in(cells, count > 0)
+    on_major = rows.take(np.flatnonzero(lv.take(rows) == low + major))
+    mark = np.zeros(num_nodes, dtype=bool)
+    mark[np.take(cells, on_major, axis=0)] = True
+    count += mark
+    return count >= 2, rows
+
+
+def _distinct_levels(cells, num_nodes, which, lv) -> np.ndarray:
+    """uint8 (num_nodes,): how many distinct levels the cells ``which`` (rows of ``cells``)
+    with vertex ``i`` have, by one boolean scatter of each level's cells (cells grouped by
+    a stable sort of their small-integer levels: a radix sort)."""
+    count = np.zeros(num_nodes, dtype=np.uint8)
+    if which.size == 0:
+        return count
+    wl = lv.take(which)
+    order = np.argsort(wl, kind="stable")
+    wl = wl.take(order)
+    cut = np.flatnonzero(wl[1:] != wl[:-1]) + 1
+    mark = np.empty(num_nodes, dtype=bool)
+    for a, b in zip(np.concatenate([[0], cut]), np.concatenate([cut, [wl.size]])):
+        mark.fill(False)
+        mark[np.take(cells, which.take(order[a:b]), axis=0)] = True
+        count += mark
+    return count
