@@ -51,7 +51,9 @@ def _as_index(marked, n: int, what: str = "marked") -> np.ndarray:
         raise ValueError(f"{what}: index array must be 1-D, got shape {a.shape}")
     if a.min() < 0 or a.max() >= n:
         raise ValueError(f"{what}: indices must lie in [0, {n}), got range [{a.min()}, {a.max()}]")
-    return np.unique(a.astype(np.int64))
+    mark = np.zeros(n, dtype=bool)              # sorted and distinct, in O(n) (no sort or hash)
+    mark[a] = True
+    return np.flatnonzero(mark)
 
 
 def _sorted(a: np.ndarray) -> np.ndarray:
