@@ -646,8 +646,14 @@ class Mesh:
             cell_in = members(start)
             # a family is blocked if any of its children (level l) touches a cell of new level
             # >= l + 1: by the 2:1 rule only a cell of level l + 1 that stays, so the maximum
-            # runs over the staying cells (few: touch_max's sparse path)
-            mx = self.touch_max(np.where(cell_in, -1, lv))
+            # runs over the staying cells (few: touch_max's sparse path), and only over those
+            # finer than the coarsest child in a family -- none, e.g., when a local refinement
+            # of a uniform mesh is taken back: then no touch_max pass at all
+            src = ~cell_in
+            src &= lv > int(lv[cell_in].min())
+            if not src.any():
+                break
+            mx = self.touch_max(np.where(src, lv, -1))
             bad = np.flatnonzero(cell_in & (mx >= lv + 1))
             if bad.size == 0:
                 break
