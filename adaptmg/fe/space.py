@@ -50,17 +50,26 @@ def constraint_matrix(n: int, hanging, cols, W) -> sp.csr_matrix:
     is_h = np.zeros(n, dtype=bool)
     is_h[hanging] = True
     nz = W != 0
-    if not is_h[cols[nz]].any() and np.unique(hanging).size == hanging.size:
+    # distinct hanging rows: ascending ones are (the meshes give them so; no hash of them all)
+    ascending = hanging.size < 2 or bool((hanging[1:] > hanging[:-1]).all())
+    if not is_h[cols[nz]].any() and (ascending or np.unique(hanging).size == hanging.size):
+        if not ascending:
+            order = np.argsort(hanging)
+            hanging, cols, W, nz = hanging[order], cols[order], W[order], nz[order]
         it = np.int32 if n + int(nz.sum()) < np.iinfo(np.int32).max else np.int64
-        cnt = np.ones(n, dtype=it)
-        cnt[hanging] = nz.sum(axis=1)
-        indptr = np.zeros(n + 1, dtype=it)
-        np.cumsum(cnt, out=indptr[1:])
-        indices = np.empty(int(indptr[-1]), dtype=it)
-        data = np.empty(indices.size)
-        reg = np.flatnonzero(~is_h)
-        indices[indptr[reg]] = reg
-        data[indptr[reg]] = 1.0
+        # the rows between two hanging rows are identity rows, one entry each: indptr is
+        # i + extra_j there (extra_j: the entries the j hanging rows before row i add beyond
+        # one each) and the column of entry p is p - extra_j -- runs of a few hanging rows'
+        # values repeated, instead of a count per row, its cumulative sum and scatters of
+        # the n regular rows (2.7M rows: 67 -> 27 ms)
+        extra = np.zeros(hanging.size + 1, dtype=it)
+        np.cumsum(nz.sum(axis=1) - 1, out=extra[1:])
+        indptr = np.arange(n + 1, dtype=it)
+        indptr += np.repeat(extra, np.diff(np.concatenate([[0], hanging + 1, [n + 1]])))
+        nnz = int(indptr[-1])
+        indices = np.arange(nnz, dtype=it)
+        indices -= np.repeat(extra, np.diff(np.concatenate([[0], indptr[hanging], [nnz]])))
+        data = np.ones(nnz)
         if hanging.size:
             # each hanging row's nonzero weights sorted by column (zeros last, then dropped)
             key = np.where(nz, cols, n)
@@ -161,9 +170,16 @@ class Space:
         d = self.dim
         cor = ref.corners(d).astype(float)
         # reference coordinates of h in its owner cell of the carrier mesh: mean of its parents' corners
-        hit = C.cells[owner][:, :, None] == par[:, None, :]              # (nh, nv, 4)
+        # (the parents are distinct vertices of the owner and -1 matches none: a vertex is hit
+        # by at most one parent, so the sum over the parents is an "any", and the mean of the
+        # hit corners one small matrix product of 0/1 values -- exact, as the einsum over the
+        # (nh, nv, 4) floats it replaces, which took 64 ms at 2.6M cells)
+        owner_cells = np.take(C.cells, owner, axis=0)
+        hit = owner_cells == par[:, 0:1]                                  # (nh, nv)
+        for p in range(1, par.shape[1]):
+            hit |= owner_cells == par[:, p:p + 1]
         cnt = (par >= 0).sum(1)
-        xi = np.einsum("hvp,vd->hd", hit.astype(float), cor) / cnt[:, None]
+        xi = (hit.astype(float) @ cor) / cnt[:, None]
         if self.degree == 1:
             K = owner
         else:

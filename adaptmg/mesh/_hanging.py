@@ -53,9 +53,14 @@ def hanging_in_forest(F, cells: np.ndarray, levels: np.ndarray):
     cand, gpar, valid = cand[ok], gpar[ok], valid[ok]
     npar = np.where(F.node_kind[cand] == 1, 2, 4)
     rows_h = np.repeat(np.arange(cand.size), valid.sum(1))
-    r, c = cells_holding(sub, rows_h, gpar[valid], npar, nf)
-    if rows is not None:
-        c = rows.take(c).astype(np.int32 if nc <= np.iinfo(np.int32).max else np.int64)
+    # the holder of a hanging node's parents is coarser than the cells with the node as a
+    # vertex, which are among these cells too: none of their finest level holds one (after a
+    # local refinement of a uniform mesh: the join runs over the few coarse cells beside it)
+    lsub = levels if rows is None else levels.take(rows)
+    own = np.flatnonzero(lsub < lsub.max())
+    r, c = cells_holding(np.take(sub, own, axis=0), rows_h, gpar[valid], npar, nf)
+    c = own.take(c) if rows is None else rows.take(own.take(c))
+    c = c.astype(np.int32 if nc <= np.iinfo(np.int32).max else np.int64)
     first = np.ones(r.size, dtype=bool)
     first[1:] = r[1:] != r[:-1]
     rows_h = r[first]

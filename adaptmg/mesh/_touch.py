@@ -75,26 +75,47 @@ def level_jumps(cells: np.ndarray, num_nodes: int, levels: np.ndarray):
     sorted cells having a vertex that a cell off the most common level touches -- every cell
     with a jump vertex is one of them -- or None (all cells).
 
-    Mostly one level dominates (a local refinement, its hierarchy): only the vertices of the
-    other cells can jump, so those are marked (a boolean scatter of few cells), the cells
-    touching them found by one boolean gather of the vertex slots (8 bytes a cell), and the
-    minimum and maximum taken over those cells only, instead of ``ufunc.at`` over every
-    (cell, vertex) pair (still the way without a dominant level).  The same mask either way."""
+    The cells are taken level by level (:func:`_stamp_levels`): each node keeps the last
+    level that had it as a vertex, and a node that a second level reaches jumps -- a gather
+    and two scatters of each cell's vertices, no ``ufunc.at`` over every (cell, vertex) pair
+    and no pass over all nodes per level (the forest's nodes: a small coarse level of a large
+    forest paid them).  Mostly one level dominates (a local refinement, its hierarchy): only
+    the vertices of the other cells can jump, so those are stamped first, the cells touching
+    them found by one boolean gather of the vertex slots (8 bytes a cell), and of the
+    dominant level only those cells stamped.  The same mask either way."""
     nc, nv = cells.shape
     lv = np.asarray(levels)
-    rows = None
-    if nc:
-        low = int(lv.min())
-        major = low + int(np.argmax(np.bincount(lv - low)))
-        minor = np.flatnonzero(lv != major)
-        if minor.size * SPARSE <= nc:
-            mark = np.zeros(num_nodes, dtype=bool)
-            mark[np.take(cells, minor, axis=0)] = True
-            rows = cells_with_vertex_in(cells, mark)
-            cells, lv = np.take(cells, rows, axis=0), lv.take(rows)
-    lv = np.repeat(lv, nv)
-    lo = np.full(num_nodes, np.iinfo(lv.dtype).max, dtype=lv.dtype)
-    hi = np.full(num_nodes, -1, dtype=lv.dtype)
-    np.minimum.at(lo, cells.ravel(), lv)
-    np.maximum.at(hi, cells.ravel(), lv)
-    return hi > lo, rows
+    jump = np.zeros(num_nodes, dtype=bool)
+    if nc == 0:
+        return jump, None
+    low = int(lv.min())
+    major = low + int(np.argmax(np.bincount((lv - low).astype(np.intp, copy=False))))
+    last = np.full(num_nodes, -1, dtype=np.int16 if int(lv.max()) < np.iinfo(np.int16).max else np.int64)
+    rest = np.flatnonzero(lv != major)
+    if rest.size * SPARSE > nc:                    # no dominant level: every cell
+        _stamp_levels(cells, np.arange(nc), lv, last, jump)
+        return jump, None
+    _stamp_levels(cells, rest, lv, last, jump)     # the other levels' vertices: last >= 0
+    rows = cells_with_vertex_in(cells, last >= 0)
+    _stamp_levels(cells, rows.take(np.flatnonzero(lv.take(rows) == major)), lv, last, jump)
+    return jump, rows
+
+
+def _stamp_levels(cells, which, lv, last, jump) -> None:
+    """For the cells ``which`` (rows of ``cells``), level by level (grouped by a stable sort of
+    their small-integer levels: a radix sort): set ``jump`` on the vertices whose ``last``
+    level is another one, then ``last`` to this level (every write of a scatter the same
+    value: no order of repeated indices is relied on)."""
+    if which.size == 0:
+        return
+    wl = lv.take(which)
+    order = np.argsort(wl, kind="stable")
+    wl = wl.take(order)
+    cut = np.flatnonzero(wl[1:] != wl[:-1]) + 1
+    for a in np.concatenate([[0], cut]).tolist():
+        L = wl[a]
+        b = int(np.searchsorted(wl, L, side="right"))
+        nodes = np.take(cells, which.take(order[a:b]), axis=0).reshape(-1)
+        seen = last.take(nodes)
+        jump[nodes[(seen >= 0) & (seen != L)]] = True
+        last[nodes] = L

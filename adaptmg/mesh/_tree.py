@@ -263,13 +263,19 @@ class Forest:
                 old_k, old_v = face_keys, face_nodes
             lo, hi = lo.ravel(), hi.ravel()
             if may_exist:
-                nodes = lookup(old_k, old_v, pack(lo, hi))
-                new = nodes < 0
-                ukeys, first, inv = unique_pairs(lo[new], hi[new])
-                _check_nodes(n_next + ukeys.size)    # before the (int32) inverse is shifted
-                inv += n_next                        # = created[inv]
-                nodes[new] = inv
-                first = np.flatnonzero(new)[first]
+                # the distinct keys first (one sort of the packed keys), then those looked up
+                # in the registry: sorted queries, each a binary search near the last one,
+                # instead of one search per (cell, entity) slot in random order -- cache
+                # misses over the whole registry (2-D, 247k cells split in a 1.5M-edge
+                # registry: 0.2 s).  The new keys, their first slots and node ids as before
+                akeys, afirst, ainv = unique_pairs(lo, hi)
+                val = lookup(old_k, old_v, akeys)
+                new = np.flatnonzero(val < 0)
+                ukeys, first = akeys.take(new), afirst.take(new)
+                _check_nodes(n_next + ukeys.size)
+                val[new] = np.arange(n_next, n_next + ukeys.size)
+                nodes = val.take(ainv)
+                del akeys, afirst, ainv, val, new
             else:                                    # nothing registered: all new
                 ukeys, first, nodes = unique_pairs(lo, hi)
                 _check_nodes(n_next + ukeys.size)

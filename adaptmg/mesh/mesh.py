@@ -51,7 +51,9 @@ def _as_index(marked, n: int, what: str = "marked") -> np.ndarray:
         raise ValueError(f"{what}: index array must be 1-D, got shape {a.shape}")
     if a.min() < 0 or a.max() >= n:
         raise ValueError(f"{what}: indices must lie in [0, {n}), got range [{a.min()}, {a.max()}]")
-    return np.unique(a.astype(np.int64))
+    mark = np.zeros(n, dtype=bool)              # sorted and distinct, in O(n) (no sort or hash)
+    mark[a] = True
+    return np.flatnonzero(mark)
 
 
 def _sorted(a: np.ndarray) -> np.ndarray:
@@ -609,40 +611,60 @@ class Mesh:
     # ------------------------------------------------------------------ global coarsening
     def coarsen_once(self) -> "Mesh":
         """Take back every refinement whose 2^d children are all active (seed 001 §2.2),
-        except those whose removal would break the 2:1 rule."""
+        except those whose removal would break the 2:1 rule.
+
+        The children of a cell are 2^d consecutive forest ids and the active ids are sorted,
+        so a family is complete iff a first child stands at a position ``i`` of the active
+        cells with ``active[i + 2^d - 1] = active[i] + 2^d - 1``: families are found as
+        position windows of this mesh (O(cells)), not by counting children over the whole
+        forest (O(forest) a level: a hierarchy of an adaptive loop's mesh, 20+ levels over
+        a forest of every cell ever made, paid that per level)."""
         F, nv = self._forest, 2 ** self.dim
+        act = self._active
+        n = act.size
+        if n < nv:
+            return self
         par = self.parents
         has = par >= 0
-        cnt = np.bincount(par[has], minlength=F.num_cells)
-        fam = np.flatnonzero(cnt == nv)                 # forest ids of coarsenable parents
-        if fam.size == 0:
+        c0 = np.where(has, F.cell_child0.take(np.maximum(par, 0)), -1)
+        w = n - nv + 1
+        start = np.flatnonzero(has[:w] & (act[:w] == c0[:w]) & (act[nv - 1:] == act[:w] + (nv - 1)))
+        if start.size == 0:
             return self
-        lv = self.levels
-        in_fam = np.zeros(F.num_cells, dtype=bool)
-        in_fam[fam] = True
-        if (has & in_fam[np.where(has, par, 0)]).all():
+        if start.size * nv == n:
             # every cell goes back one level: level differences, hence the 2:1 rule, are kept
-            return Mesh(F, fam)                   # flatnonzero: already sorted
-        while fam.size:
-            in_fam[:] = False
-            in_fam[fam] = True
-            cell_in = has & in_fam[np.where(has, par, 0)]
+            return Mesh(F, _sorted(par.take(start)))
+
+        def members(starts):                      # positions of the families' children
+            m = np.zeros(n, dtype=bool)
+            for k in range(nv):
+                m[starts + k] = True
+            return m
+
+        lv = self.levels
+        while True:
+            cell_in = members(start)
             # a family is blocked if any of its children (level l) touches a cell of new level
             # >= l + 1: by the 2:1 rule only a cell of level l + 1 that stays, so the maximum
-            # runs over the staying cells (few: touch_max's sparse path)
-            mx = self.touch_max(np.where(cell_in, -1, lv))
-            bad_child = cell_in & (mx >= lv + 1)
-            blocked = np.unique(par[bad_child])
-            if blocked.size == 0:
+            # runs over the staying cells (few: touch_max's sparse path), and only over those
+            # finer than the coarsest child in a family -- none, e.g., when a local refinement
+            # of a uniform mesh is taken back: then no touch_max pass at all
+            src = ~cell_in
+            src &= lv > int(lv[cell_in].min())
+            if not src.any():
                 break
-            fam = np.setdiff1d(fam, blocked)
-        if fam.size == 0:
-            return self
-        in_fam[:] = False
-        in_fam[fam] = True
-        gone = has & in_fam[np.where(has, par, 0)]
-        active = np.sort(np.concatenate([self._active[~gone], fam]))
-        return Mesh(F, active)
+            mx = self.touch_max(np.where(src, lv, -1))
+            bad = np.flatnonzero(cell_in & (mx >= lv + 1))
+            if bad.size == 0:
+                break
+            blocked = np.zeros(n, dtype=bool)
+            blocked[bad - (act.take(bad) - c0.take(bad))] = True      # their families' starts
+            start = start[~blocked.take(start)]
+            if start.size == 0:
+                return self
+        fam = np.sort(par.take(start))
+        # two sorted runs: the stable sort (timsort) merges them in linear time
+        return Mesh(F, np.sort(np.concatenate([act[~cell_in], fam]), kind="stable"))
 
     def hierarchy(self, max_levels: int | None = None, min_cells: int = 1) -> list["Mesh"]:
         """Global-coarsening hierarchy [Omega_0, ..., Omega_L = self], coarse to fine.

@@ -130,6 +130,21 @@ def test_direct_constraint_csr_equals_the_coo_construction(dim, degree):
     assert A.has_canonical_format
     assert np.array_equal(A.indptr, B.indptr) and np.array_equal(A.indices, B.indices)
     assert np.array_equal(A.data, B.data)
+    # hanging rows given out of order, one of them with no nonzero weight (an empty row),
+    # one at the last index: the same matrix as the COO construction
+    perm = rng.permutation(hn.size)
+    W2 = W.copy()
+    W2[perm[0]] = 0.0
+    for h, c, w in ((hn[perm], cols[perm], W2[perm]), (np.append(hn, s.num_nodes), None, None)):
+        if c is None:                              # one more node, hanging on node 0 alone
+            n2 = s.num_nodes + 1
+            c = np.vstack([cols, np.zeros((1, cols.shape[1]), dtype=cols.dtype)])
+            w = np.vstack([W, np.eye(1, W.shape[1])])
+        else:
+            n2 = s.num_nodes
+        A, B = constraint_matrix(n2, h, c, w), _coo_constraint_matrix(n2, h, c, w)
+        assert np.array_equal(A.indptr, B.indptr) and np.array_equal(A.indices, B.indices)
+        assert np.array_equal(A.data, B.data)
     # a chain: node 0 hangs on node 1, which hangs on nodes 2 and 3
     C = constraint_matrix(4, np.array([0, 1]), np.array([[1, 2], [2, 3]]), np.array([[1.0, 0.0], [0.5, 0.5]]))
     assert np.allclose(C.toarray(), [[0, 0, 0.5, 0.5], [0, 0, 0.5, 0.5], [0, 0, 1, 0], [0, 0, 0, 1]])

@@ -32,6 +32,25 @@ def test_sparse_touch_max_matches_touch_graph(dim, seed, nsrc):
     assert np.array_equal(out > -1, _graph_max(m, (vals > -1).astype(int)) > 0)
 
 
+@settings(max_examples=10, deadline=None)
+@given(dim=st.sampled_from([2, 3]), seed=st.integers(0, 10 ** 6), wide=st.booleans())
+def test_dense_touch_max_matches_touch_graph(dim, seed, wide):
+    """touch_max with many sources (its dense path: values scattered value by value, or by
+    np.maximum.at for a range beyond int16) equals the maximum over touch_graph, through the
+    shared vertices and through the hanging-node links alike."""
+    rng = np.random.default_rng(seed)
+    m = Mesh.box([0] * dim, [1] * dim, [3] * dim)
+    for _ in range(2):
+        m = m.refine(rng.random(m.num_cells) < 0.3)
+    vals = rng.integers(-3, 10 ** 6 if wide else 9, m.num_cells)
+    vals[rng.random(m.num_cells) < 0.3] = vals.min()
+    assert (vals > vals.min()).sum() * _touch.SPARSE > m.num_cells         # the dense path runs
+    ref = _graph_max(m, vals)
+    assert np.array_equal(m.touch_max(vals), ref)
+    out = _touch.touch_max(m.cells, m.num_nodes, m._hanging[3], vals)
+    assert out.dtype == np.int64 and np.array_equal(out, ref)
+
+
 def _closure_by_graph(m, idx):
     """The 2:1 closure as its definition reads: add every cell that touches a marked cell of a
     higher level (touch_graph), until nothing changes."""
