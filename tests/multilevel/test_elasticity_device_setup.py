@@ -175,7 +175,6 @@ def test_multigrid_levels_on_the_device_equal_the_cpu_ones(fake_gpu, congruence,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("congruence", ["products", "expansion"], indirect=True)
 def test_gpu_elasticity_setup_equals_the_cpu_one(congruence):
     """On the GPU: the partial's levels are built and constrained on the device (cupyx
     matrices throughout, either device congruence) and equal the CPU's; CG with the V-cycle
