@@ -18,10 +18,18 @@ Two parts (``--parts``):
             - the V(2,2) contraction factor ``(||r_k|| / ||r_0||)^(1/k)`` of the stationary
               cycle on ``A x = 0`` from a random start, ``k = --cycles``;
             - CG iterations (``accel="cg"``) to ``rtol = --rtol`` (issue 4's 1e-8);
-            - set-up time of ``adaptmg.multigrid`` (assembly + hierarchy + smoothers) and of the
+            - set-up time of ``adaptmg.multigrid`` (assembly + hierarchy + smoothers; median
+              of ``--repeat`` after a warm-up) with its split by task (``setup_timeline``:
+              host wall clock of the finest level's assembly and constraining, all levels'
+              assemblies, constrainings and transfers, the solver's own set-up), of the
               finest level's smoother alone (and of its colouring), and the solve time
               (median of ``--repeat`` after a warm-up; on the GPU the device is synchronised
               around each timed region).
+            The form is ``functools.partial(assemble.elasticity, lam=.., mu=..)``: it takes
+            ``device`` and ``keep_on_device``, so on the GPU every level is assembled and
+            constrained on the device; ``--form lambda`` passes ``lambda s:
+            assemble.elasticity(s, lam, mu)`` instead, which multigrid calls as is (the host
+            assembly and constraining, moved up afterwards: the figures before issue 36).
 ``system``  issue 4's time-stepping system ([[M, -dt M], [dt A, M]], 6 components per node,
             GMRES + V-cycle, ``adaptmg_problems.elasticity.run``) with the smoother swapped:
             init / rhs / solve times and GMRES iterations of ``--steps`` backward-Euler steps
@@ -35,12 +43,14 @@ Run on the CPU at a small size (about ten seconds)::
 and on the GPU (the issue's device figures)::
 
     python scripts/bench_elasticity_gs.py --backend gpu --size 6 --out elasticity_gs.json
+    python scripts/bench_elasticity_gs.py --backend gpu --size 10 --parts static --repeat 3
     python scripts/bench_elasticity_gs.py --backend gpu --case face --size 5 --parts system
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -89,6 +99,31 @@ def contraction(ml, cycles, seed=7):
     return float((res[-1] / res[0]) ** (1.0 / cycles))
 
 
+#: ``setup_timeline`` task kinds summed over the levels (the name up to the level number)
+SPLIT_KINDS = ("assemble", "constrain", "transfer", "constraints", "space")
+
+
+def setup_split(ml):
+    """Seconds of the set-up's tasks from ``ml.setup_timeline`` (host wall clock, spans of
+    tasks on other threads overlap): the finest level's assembly and constraining, each kind
+    of :data:`SPLIT_KINDS` summed over its levels, and the solver's own set-up."""
+    rows = getattr(ml, "setup_timeline", [])
+    out = {}
+    tasks = [(*task.rpartition(" ")[::2], a, b) for task, _, a, b in rows]
+    fine = max((int(lev) for kind, lev, _, _ in tasks if kind == "assemble" and lev.isdigit()), default=-1)
+    for kind, lev, a, b in tasks:
+        if lev.isdigit() and kind in SPLIT_KINDS:
+            out[f"{kind}_s"] = out.get(f"{kind}_s", 0.0) + (b - a)
+            if int(lev) == fine and kind in ("assemble", "constrain"):
+                out[f"{kind}_fine_s"] = b - a
+    for task, _, a, b in rows:
+        if task.startswith("solver set-up"):
+            out["solver_s"] = b - a
+        elif task == "algebraic levels":
+            out["algebraic_s"] = b - a
+    return out
+
+
 def levels_of(mesh, levels):
     return None if levels == "all" else (len(mesh.hierarchy()) - 1 if levels is None else int(levels))
 
@@ -98,13 +133,23 @@ def part_static(args, be, log):
     el = _el()
     mesh = el.make_mesh(args.case, args.size)
     space = Space(mesh, 1, components=3)
-    form = lambda s: assemble.elasticity(s, el.LAMBDA, el.MU)          # noqa: E731
+    if args.form == "partial":      # takes device/keep_on_device: built and constrained on the GPU
+        form = functools.partial(assemble.elasticity, lam=el.LAMBDA, mu=el.MU)
+    else:                           # called as is: the host path
+        form = lambda s: assemble.elasticity(s, el.LAMBDA, el.MU)          # noqa: E731
     rows = []
     for name in SMOOTHERS:
         build = lambda: adaptmg.multigrid(space, form, dirichlet="all", smoother=name,  # noqa: E731
                                           backend=be, max_levels=levels_of(mesh, args.levels),
                                           near_nullspace="rigid_body")
-        ml, t_setup = timed(be, build)
+        ml = build()                                                    # warm-up (kernels compiled)
+        runs = []
+        for _ in range(args.repeat):                                    # one hierarchy alive at a time
+            ml = None
+            ml, t = timed(be, build)
+            runs.append((t, setup_split(ml)))
+        t_setup = float(np.median([t for t, _ in runs]))
+        split = min(runs, key=lambda r: abs(r[0] - t_setup))[1]         # the run nearest the median
         fine = ml._dev[-1]
         kw = smoother_setup_kwargs(name, None, block_size=3, auto_omega=True)
         sm_setup = timed(be, lambda: make_smoother(name, fine.A, backend=be, **kw))[1]
@@ -123,7 +168,7 @@ def part_static(args, be, log):
         sm = fine.smoother
         row = dict(smoother=name, dofs=int(n), levels=len(ml.levels), colors=getattr(sm, "ncolors", None),
                    setup_s=t_setup, smoother_setup_s=sm_setup, coloring_s=col_s, factor=rho, cg_iters=len(its),
-                   rel_residual=r, solve_s=float(np.median(ts)))
+                   rel_residual=r, solve_s=float(np.median(ts)), **split)
         rows.append(row)
         log(f"  static {name}: {row}")
     return rows
@@ -187,6 +232,9 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=5, help="mesh level of make_mesh (issue 4: edge <= 6, face <= 5)")
     ap.add_argument("--levels", default=None, help="multigrid levels ('all' or a number; default as issue 4)")
     ap.add_argument("--parts", default="static,system")
+    ap.add_argument("--form", default="partial", choices=("partial", "lambda"),
+                    help="static part: the elasticity form as a partial (device set-up on the GPU) "
+                         "or a lambda (host set-up)")
     ap.add_argument("--cycles", type=int, default=10, help="V-cycles for the contraction factor")
     ap.add_argument("--rtol", type=float, default=1e-8, help="CG tolerance of the static part")
     ap.add_argument("--steps", type=int, default=100, help="time steps of the system part")
@@ -213,6 +261,9 @@ def main(argv=None):
         out["static"] = part_static(args, be, log)
         log(table(out["static"], ["smoother", "dofs", "colors", "factor", "cg_iters", "setup_s",
                                   "smoother_setup_s", "coloring_s", "solve_s"]))
+        log("set-up split (host wall clock of the tasks; kinds summed over the levels):")
+        log(table(out["static"], ["smoother", "setup_s", "assemble_fine_s", "constrain_fine_s", "assemble_s",
+                                  "constrain_s", "transfer_s", "constraints_s", "solver_s"]))
     if "system" in parts:
         out["system"] = part_system(args, be, log)
         log(table(out["system"], ["smoother", "dofs", "colors", "factor", "gmres_iters_total",

@@ -9,6 +9,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import to_host
+from ..fe.csr_ops import expand_node_blocks
 from ..fe.geometry import matmul_serial
 from ._device import get_device_pattern
 from .forms import _SpaceInfo, _assembly_device, _coefficient, _keep_backend, _ref_tables, _square_pattern
@@ -86,15 +87,23 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
     geometry and the element matrices (:func:`~adaptmg.assemble.on_device.elasticity_entries`:
     the full quadrature rule on every cell, one GEMM per chunk) and their sums; only the
     summed fields come down (equal to the host result to rounding: other products and
-    summation order).  ``keep_on_device=True`` (with ``format="fields"`` and a GPU device)
-    returns the device arrays ``(d_indptr, d_indices, data)`` instead, nothing copied down.
+    summation order).  ``keep_on_device=True`` (with a GPU device) keeps the result there,
+    nothing of O(n) copied down: with ``format="fields"`` the device arrays ``(d_indptr,
+    d_indices, data)``; with ``format="csr"`` a cupyx CSR matrix (canonical; ``return_mass``:
+    ``(A, Ms)``, both cupyx), the fields expanded on the device as the node-block matrix
+    :math:`\sum_{r,s} A_{rs} \otimes e_r e_s^T` (:func:`~adaptmg.fe.csr_ops.expand_node_blocks`:
+    the same pattern and values as the host CSR, explicit zeros included), so that
+    :func:`adaptmg.multigrid` on the GPU -- which passes ``device`` and ``keep_on_device`` to a
+    callable that takes them, e.g. ``functools.partial(elasticity, lam=.., mu=..)`` --
+    constrains every level there.  ``format="bsr"`` cannot be kept (cupyx has no BSR matrix).
     Meshes with fewer than ``MIN_DEVICE_ENTRIES`` element entries stay on the host (then a
     kept result is the host one moved up).
     """
     if format not in ("csr", "bsr", "fields"):
         raise ValueError(f"elasticity: format must be 'csr', 'bsr' or 'fields', got {format!r}")
-    if keep_on_device and format != "fields":
-        raise ValueError(f"elasticity: keep_on_device=True needs format='fields', got {format!r}")
+    if keep_on_device and format == "bsr":
+        raise ValueError("elasticity: keep_on_device=True takes format='csr' or 'fields', got 'bsr' "
+                         "(cupyx has no BSR matrix)")
     keep = _keep_backend("elasticity", device, keep_on_device)
     info = _SpaceInfo(space)
     d = info.dim
@@ -128,14 +137,15 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
         pat = get_device_pattern(dev, info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
         fdata = _device_fields(dev, pat, info, xi, w, lam, mu, T_full, Tm_full, nfld)
         if keep is not None:
-            return pat.d_indptr, pat.d_indices, fdata
+            return _kept_result(keep, pat.d_indptr, pat.d_indices, fdata, format, return_mass, info)
         fdata = to_host(fdata)
     else:
         pat = _square_pattern(info)
         fdata = np.zeros((pat.nnz, nfld))
         _host_fields(info, pat, xi, w, Tq, T_full, Tm_full, (ev_l, const_l, lam), (ev_m, const_m, mu), fdata)
         if keep is not None:
-            return keep.asarray(pat.indptr), keep.asarray(pat.indices), keep.asarray(fdata)
+            return _kept_result(keep, *(keep.asarray(a) for a in (pat.indptr, pat.indices, fdata)),
+                                format, return_mass, info)
     if format == "fields":
         return pat.indptr, pat.indices, fdata
     blocks = np.ascontiguousarray(fdata[:, moff:])   # (nnz, d*d): the BSR data
@@ -147,6 +157,28 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
         return (B, Ms) if return_mass else B
     A = pat.block_csr(blocks, d, d)
     return (A, Ms) if return_mass else A
+
+
+def _kept_result(be, indptr, indices, fdata, format, return_mass, info):
+    r"""The ``keep_on_device`` result of :func:`elasticity` from the summed fields on the device
+    ``be`` (the scalar node pattern ``(indptr, indices)``, ``fdata`` (nnz, [1 +] d*d)): the
+    fields themselves, or the cupyx CSR of :math:`\sum_{r,s} A_{rs} \otimes E_{rs}`
+    (:math:`E_{rs} = e_r e_s^T`) expanded there -- each node block's d x d entries in its
+    rows' column order, the host ``format="csr"`` pattern -- and with ``return_mass`` the
+    scalar mass CSR on the node pattern."""
+    if format == "fields":
+        return indptr, indices, fdata
+    d, n = info.dim, info.num_nodes
+    moff = fdata.shape[1] - d * d
+    unit = np.eye(d * d).reshape(d * d, d, d)               # field r*d + s -> block entry (r, s)
+    A = expand_node_blocks(be, indptr, indices, fdata[:, moff:], unit, n)
+    A.has_canonical_format = True                            # sorted node columns, sorted blocks
+    if not return_mass:
+        return A
+    M = be.sparse.csr_matrix((be.xp.ascontiguousarray(fdata[:, 0]), indices.copy(), indptr.copy()),
+                             shape=(n, n))
+    M.has_canonical_format = True
+    return A, M
 
 
 def _device_fields(dev, pat, info, xi, w, lam, mu, T_full, Tm_full, nfld):

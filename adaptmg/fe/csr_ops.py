@@ -598,7 +598,8 @@ def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zer
     # backend.asarray: large host arrays go up page-locked (one DMA), see adaptmg.backend
     ip = backend.asarray(indptr).astype(xp.int64)
     ind = backend.asarray(indices).astype(it)
-    D = backend.asarray(np.ascontiguousarray(data, dtype=np.float64) if isinstance(data, np.ndarray) else data)
+    # host fields go up contiguous; device fields (also a strided view) stay where they are
+    D = backend.asarray(data if is_device_array(data) else np.ascontiguousarray(data, dtype=np.float64))
     k = ip[1:] - ip[:-1]
     optr = xp.zeros(n * c + 1, dtype=xp.int64)
     optr[1:] = xp.cumsum((k[:, None] * xp.asarray(widths, dtype=xp.int64)[None, :]).ravel())

@@ -350,8 +350,10 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         keep_on_device=True)``): that level's constraints are then applied on the device
         and its matrix never goes through the host (no download, host masking and upload).
         On the GPU a callable that accepts the keywords ``device`` and ``keep_on_device``
-        -- ``assemble.stiffness``, ``assemble.mass``, ``assemble.scalar_form`` -- is called
-        with ``device=<the GPU backend>, keep_on_device=True``, so every level is built so.
+        -- ``assemble.stiffness``, ``assemble.mass``, ``assemble.scalar_form``, a
+        ``functools.partial(assemble.elasticity, lam=.., mu=..)`` (not a ``lambda s: ...``,
+        whose signature has neither) -- is called with ``device=<the GPU backend>,
+        keep_on_device=True``, so every level is built so.
     dirichlet : see :func:`dirichlet_dofs` (default: homogeneous on the whole boundary).  A
         dict boundary -> value (``{"inlet": g, "wall": 0.0}``, ids or names) also sets the
         finest level's Dirichlet values, applied by ``constrain(b)``.
