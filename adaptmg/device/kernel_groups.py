@@ -38,6 +38,7 @@ _INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b.*$", re.M)
 _DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)", re.M)
 _BOUNDS = re.compile(r"__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)")
 _EXTERN_C = re.compile(r'extern\s+"C"[^(;{]*?(\w+)\s*\(')
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _UNSAFE = re.compile(r'\bnamespace\b|\btemplate\s*<\s*>|extern\s+"C"\s*\{')
 GROUP_SIZE = 16
 
@@ -54,7 +55,7 @@ def includes(source):
 
 def kernel_names(entry):
     """The ``extern "C"`` names an entry defines, or None when it must be compiled alone."""
-    src = entry.get("source", "")
+    src = _COMMENT.sub(" ", entry.get("source", ""))
     if entry.get("name_expressions") or entry.get("jitify") or not includes(src) or _UNSAFE.search(src):
         return None
     names = _EXTERN_C.findall(_BOUNDS.sub(" ", src))

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import types
 
+import numpy as np
 import pytest
 
 from adaptmg.device import kernel_groups as kg
@@ -224,9 +225,12 @@ def test_prefetch_hands_the_workers_units_and_precompiled_headers(monkeypatch, t
 
 @pytest.mark.gpu
 def test_prefetch_fills_empty_caches(tmp_path):
-    """Record one RawKernel in a process with empty caches, replay the manifest into new
-    empty caches in worker processes; a third process then runs it without NVRTC (NVRTC
-    programs with a body counted; the recording process's count shows the counter counts)."""
+    """Record a RawKernel and a few CuPy element-wise kernels (sin and cos among them: they
+    read the module's address table, which merging lays out differently) in a process with
+    empty caches, replay the manifest into new empty caches in worker processes, merged
+    programs included; a third process then runs them without NVRTC and gets the right
+    numbers (NVRTC programs with a body counted; the recording process's count shows the
+    counter counts)."""
     name = f"adaptmg_manifest_probe_{os.getpid()}"
     src = f'extern "C" __global__ void {name}(double* x) {{ x[0] += 1.0; }}'
     script = tmp_path / "probe.py"
@@ -247,9 +251,11 @@ from adaptmg.device import kernel_manifest as km
         C.nvrtc.createProgram = counted
         mode, where = sys.argv[1], sys.argv[2]
         def probe():
-            x = cupy.zeros(1)
+            x = cupy.arange(5, dtype=cupy.float64)
             cupy.RawKernel({src!r}, {name!r})((1,), (1,), (x,))
-            return float(x[0])
+            y = cupy.sqrt(x * 3.0 + 1.0)
+            z = cupy.sin(x) + cupy.cos(x) * 2.0
+            return [float(x[0]), float(y[4]), float(z[2]), int((x > 1.5).sum())]
         if mode == "record":
             with km.record(os.path.join(where, "t.json")):
                 probe()
@@ -270,9 +276,15 @@ from adaptmg.device import kernel_manifest as km
         assert p.returncode == 0, p.stderr[-3000:]
         return [json.loads(line) for line in p.stdout.strip().splitlines()[-2:]]
 
-    assert run("record", "first")[-1] >= 1                  # NVRTC ran (empty caches)
+    assert run("record", "first")[-1] >= 5                  # NVRTC ran (empty caches)
+    doc = km.load(str(tmp_path / "m.json.gz"))
+    units = kg.groups(km._ordered(doc))
+    assert any(len(u) >= 3 for u in units), units            # merged programs in the replay
     codes, _ = run("replay", "second", prefetch="1")
     assert codes and all(c == 0 for c in codes)
     files = os.listdir(tmp_path / "second" / "adaptmg")
     assert any(f.startswith("prefetched-") for f in files), files
-    assert run("use", "second") == [1.0, 0]                 # right answer, nothing compiled
+    got, compiled = run("use", "second")
+    assert compiled == 0                                      # every kernel loaded, none compiled
+    want = [1.0, np.sqrt(13.0), np.sin(2.0) + 2 * np.cos(2.0), 3]
+    assert np.allclose(got, want, rtol=4 * np.finfo(float).eps, atol=0), (got, want)
