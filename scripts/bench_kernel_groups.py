@@ -13,9 +13,14 @@ NVRTC: CuPy's (``--nvrtc cupy``, needs a GPU) or a ``libnvrtc.so`` through ctype
 (``--nvrtc PATH``, no GPU needed; ``--cupy-include`` then names the folder holding CuPy's
 ``cupy/_core/include``, e.g. an unpacked ``cupy_cuda13x`` wheel).
 
+The last column is the time the units would take on ``--jobs`` workers that each take the
+next unit when free, at this one process's speed (no contention; the precompiled headers'
+reuse as in one process, more than in a worker that compiles a few units).
+
 ``--prefetch`` (GPU) instead times :func:`adaptmg.device.kernel_manifest.prefetch` into empty
-kernel caches, the whole manifest, with merged programs and with one program per kernel
-(``ADAPTMG_PREFETCH_MERGE=0``), ``--jobs`` workers (default: CPU count - 1).
+kernel caches, the whole manifest: merged programs with and without precompiled headers,
+and one program per kernel without them (the previous workers; ``ADAPTMG_PREFETCH_MERGE=0
+CUPY_NVRTC_USE_PCH=0``), ``--jobs`` workers (default: CPU count - 1).
 
     python scripts/bench_kernel_groups.py --nvrtc /path/libnvrtc.so.13 --cupy-include /path/cupy --verify
     python scripts/bench_kernel_groups.py --backend gpu --prefetch
@@ -87,17 +92,27 @@ def kind(entry):
 
 
 def timed_compiles(entries, units, compile_, pch):
-    """Seconds per kind of the units, each compiled as one program."""
-    out = {}
+    """Seconds per kind of the units, each compiled as one program, and per unit."""
+    out, each = {}, []
     for unit in units:
         src = (entries[unit[0]]["source"] if len(unit) == 1 else
                kg.merged_source([entries[i]["source"] for i in unit]))
         t = time.perf_counter()
         compile_(src, entries[unit[0]]["options"], pch)
+        each.append(time.perf_counter() - t)
         k = kind(entries[unit[0]])
         n, s = out.get(k, (0, 0.0))
-        out[k] = (n + len(unit), s + time.perf_counter() - t)
-    return out
+        out[k] = (n + len(unit), s + each[-1])
+    return out, each
+
+
+def makespan(seconds, jobs):
+    """The last finish when ``jobs`` workers take the units in order, each the next one when
+    free (what the claim files do), at the one-process speed (no contention)."""
+    free = [0.0] * jobs
+    for s in seconds:
+        free[free.index(min(free))] += s
+    return max(free)
 
 
 def compile_table(args):
@@ -111,13 +126,15 @@ def compile_table(args):
     alone = [[i] for i in range(len(entries))]
     print(f"{len(entries)} kernels, {len(merged)} compile units "
           f"({sum(len(u) > 1 for u in merged)} merged programs); seconds in one process")
-    print(f"{'':<26}" + "".join(f"{k:>16}" for k in ("element-wise", "CUB", "adaptmg/raw", "all")))
+    print(f"{'':<16}" + "".join(f"{k:>16}" for k in ("element-wise", "CUB", "adaptmg/raw", "all"))
+          + f"   {args.jobs} workers, no contention")
     for label, units, pch in (("alone", alone, False), ("alone, --pch", alone, True),
                               ("merged", merged, False), ("merged, --pch", merged, True)):
-        r = timed_compiles(entries, units, compile_, pch)
+        r, each = timed_compiles(entries, units, compile_, pch)
         cells = [r.get(k, (0, 0.0)) for k in ("element-wise", "CUB", "adaptmg/raw")]
         cells.append((sum(c[0] for c in cells), sum(c[1] for c in cells)))
-        print(f"{label:<26}" + "".join(f"{s:9.1f} ({n:3d})" for n, s in cells), flush=True)
+        print(f"{label:<16}" + "".join(f"{s:9.1f} ({n:3d})" for n, s in cells)
+              + f"   {makespan(each, args.jobs):8.1f}", flush=True)
     if args.verify:
         v = kg.verify(entries, merged, lambda s, o: compile_(s, o, True))
         print(f"verify (merged, --pch vs alone, --pch): {v['same']} kernels the same, "
@@ -125,18 +142,20 @@ def compile_table(args):
 
 
 def prefetch_table(args):
-    for merge in ("1", "0"):
+    """The whole manifest into empty caches by :func:`prefetch`'s workers, per setting."""
+    for merge, pch in (("1", "1"), ("1", "0"), ("0", "0")):
         with tempfile.TemporaryDirectory() as tmp:
             env = dict(os.environ, CUPY_CACHE_DIR=os.path.join(tmp, "cupy"), ADAPTMG_KERNEL_CACHE=os.path.join(tmp, "a"),
-                       ADAPTMG_PREFETCH="1", ADAPTMG_PREFETCH_MERGE=merge)
-            code = ("import sys, time; from adaptmg.device import kernel_manifest as km; t = time.perf_counter(); "
-                    f"p = km.prefetch(jobs={args.jobs}, wait=True); "
+                       ADAPTMG_PREFETCH="1", ADAPTMG_PREFETCH_MERGE=merge, CUPY_NVRTC_USE_PCH=pch)
+            code = ("import time; from adaptmg.device import kernel_manifest as km; t = time.perf_counter(); "
+                    f"p = km.prefetch(jobs={args.jobs if args.jobs_given else None}, wait=True); "
                     "print(time.perf_counter() - t, len(p), [q.returncode for q in p])")
             out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
             secs, n, codes = out.stdout.split(maxsplit=2)
-            files = len(os.listdir(os.path.join(tmp, "cupy")))
-            print(f"prefetch, {'merged programs' if merge == '1' else 'one program per kernel':<24}: "
-                  f"{float(secs):6.1f} s, {n} workers (exit codes {codes.strip()}), {files} cache files", flush=True)
+            files = sum(f.endswith(".cubin") for f in os.listdir(os.path.join(tmp, "cupy")))
+            label = ("merged programs" if merge == "1" else "one program per kernel") + (", --pch" if pch == "1" else "")
+            print(f"prefetch, {label:<31}: {float(secs):6.1f} s, {n} workers (exit codes {codes.strip()}), "
+                  f"{files} cubins cached", flush=True)
 
 
 def main():
@@ -148,8 +167,9 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="only the first N kernels (priority order)")
     ap.add_argument("--verify", action="store_true")
     ap.add_argument("--prefetch", action="store_true", help="time the parallel prefetch (GPU)")
-    ap.add_argument("--jobs", default="None")
+    ap.add_argument("--jobs", type=int, default=15, help="workers (--prefetch: default CPU count - 1)")
     args = ap.parse_args()
+    args.jobs_given = "--jobs" in " ".join(sys.argv)
     if args.nvrtc is None:
         args.nvrtc = "cupy" if args.backend == "gpu" else None
     if args.prefetch:

@@ -426,13 +426,18 @@ def _worker(order, index, jobs, arch):
                 raise
 
     units = doc.get("units") or [[i] for i in range(len(doc["entries"]))]
+    try:                         # PTX (CuPy's CUPY_COMPILE_WITH_PTX, an arch beyond NVRTC's):
+        ptx = bool(getattr(compiler, "_use_ptx", False)) or int(arch) > int(compiler._get_max_compute_capability())
+    except Exception:            # noqa: BLE001 - a merged module would be JIT-compiled whole
+        ptx = True               # at each load: one program per entry
     for u, unit in enumerate(units):
         if not _claim(doc.get("claims"), u, index, jobs):
             continue
         entries = [doc["entries"][i] for i in unit]
         kws = [call(e) for e in entries]
-        if len(kws) == 1:
-            compile_one(kws[0])
+        if len(kws) == 1 or ptx:
+            for kw in kws:
+                compile_one(kw)
             continue
         names = [n for e in entries for n in (kg.kernel_names(e) or ())]
         with _merged(compiler, [kw["source"] for kw in kws], names, kg):

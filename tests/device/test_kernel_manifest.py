@@ -140,6 +140,7 @@ def _nvrtc_fake(monkeypatch, root, programs, saved, fail=lambda src: False, drop
 
     comp._compile_with_cache_cuda = compile_with_cache
     comp._compile_using_nvrtc_no_warning = nvrtc
+    comp._get_max_compute_capability = lambda: "121"
     return comp
 
 
@@ -173,6 +174,9 @@ def test_worker_compiles_a_unit_once_and_saves_it_under_every_key(monkeypatch, t
     saved.clear()
     km._worker(_order(tmp_path, entries, units, claims=str(tmp_path)), 1, 2, "90")
     assert saved == []                                         # a second worker finds them claimed
+    programs.clear()
+    km._worker(_order(tmp_path, entries, units), 0, 1, "200")  # beyond NVRTC's archs: PTX, unmerged
+    assert [p[0] for p in programs] == [e["source"] for e in entries]
 
 
 @pytest.mark.parametrize("how", ["nvrtc fails", "kernel missing"])
