@@ -243,8 +243,7 @@ def test_prefetch_fills_empty_caches(tmp_path):
         import cupy
         import cupy.cuda.compiler as C
         from adaptmg.backend import get_backend
-        from adaptmg.device import kernel_groups as kg
-from adaptmg.device import kernel_manifest as km
+        from adaptmg.device import kernel_manifest as km
         km._STATE["started"] = []              # not the package's manifest: only this test's
         get_backend("gpu")
         count = [0]
@@ -291,4 +290,5 @@ from adaptmg.device import kernel_manifest as km
     got, compiled = run("use", "second")
     assert compiled == 0                                      # every kernel loaded, none compiled
     want = [1.0, np.sqrt(13.0), np.sin(2.0) + 2 * np.cos(2.0), 3]
-    assert np.allclose(got, want, rtol=4 * np.finfo(float).eps, atol=0), (got, want)
+    eps = np.finfo(float).eps                                 # sin, cos: CUDA's vs the host's libm
+    assert np.allclose(got, want, rtol=4 * eps, atol=8 * eps), (got, want)
