@@ -43,8 +43,9 @@ element-wise kernels 33 -> 12 s, its CUB reduction passes 73 -> 11 s, adaptmg's 
 without headers 12 s either way); a unit whose merged program fails, or lacks one of its
 kernels, is compiled entry by entry.  The precompiled headers live in ``$TMPDIR`` while a
 worker runs (NVRTC's ``__nvrtc_auto_pch_<pid>_0``: 14 MB for CuPy's element-wise headers,
-170 MB per option set for CUB's).  The units go out in priority order to whichever
-worker is free (a claim file per unit).  ``ADAPTMG_PREFETCH_MERGE=0`` compiles one program
+170 MB per option set for CUB's).  Every worker forms the same units from the order file
+(the calling process does not spend the time) and takes them in priority order, each the
+first one no other worker has claimed (a claim file per unit).  ``ADAPTMG_PREFETCH_MERGE=0`` compiles one program
 per entry; ``CUPY_NVRTC_USE_PCH=0`` in the environment keeps the precompiled headers off.
 
 The workers import only CuPy's compiler, :mod:`.kernel_cache` and :mod:`.kernel_groups`
@@ -222,7 +223,7 @@ def prefetch(first=(), jobs=None, path=MANIFEST, wait=False):
     warm-up task names whose kernels go first.  Returns the list of worker processes (empty
     when nothing was started); ``wait=True`` waits for them."""
     from .kernel_cache import cache_dir
-    from .kernel_groups import GROUP_SIZE, groups
+    from .kernel_groups import GROUP_SIZE
     folder = cache_dir()
     if folder is None or os.environ.get("ADAPTMG_PREFETCH", "1").strip().lower() in _OFF:
         return []
@@ -260,12 +261,10 @@ def prefetch(first=(), jobs=None, path=MANIFEST, wait=False):
         return []
     order = os.path.join(folder, f"prefetch-order-{os.getpid()}.json")
     claims = os.path.join(folder, f"prefetch-claims-{os.getpid()}")
-    entries = _ordered(doc, first)
     merge = os.environ.get("ADAPTMG_PREFETCH_MERGE", "1").strip().lower() not in _OFF
-    units = groups(entries, GROUP_SIZE if merge else 1)
     os.makedirs(claims, exist_ok=True)
-    with open(order, "w") as f:
-        json.dump({"entries": entries, "units": units, "claims": claims,
+    with open(order, "w") as f:         # the workers group the entries (not this process's time)
+        json.dump({"entries": _ordered(doc, first), "group_size": GROUP_SIZE if merge else 1, "claims": claims,
                    "extra_sources": doc["extra_sources"]}, f)
     if jobs is None:
         jobs = max(1, (os.cpu_count() or 2) - 1)
@@ -429,7 +428,7 @@ def _worker(order, index, jobs, arch):
             else:
                 raise
 
-    units = doc.get("units") or [[i] for i in range(len(doc["entries"]))]
+    units = doc.get("units") or kg.groups(doc["entries"], doc.get("group_size", 1))
     try:                         # PTX (CuPy's CUPY_COMPILE_WITH_PTX, an arch beyond NVRTC's):
         ptx = bool(getattr(compiler, "_use_ptx", False)) or int(arch) > int(compiler._get_max_compute_capability())
     except Exception:            # noqa: BLE001 - a merged module would be JIT-compiled whole

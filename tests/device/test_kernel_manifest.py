@@ -149,9 +149,12 @@ def _ew(name, t="int"):
             "options": ["-I{CUPY}/_core/include"], "backend": "nvrtc", "extra_source": 0}
 
 
-def _order(tmp_path, entries, units, claims=None):
+def _order(tmp_path, entries, units=None, claims=None, group_size=16):
     order = tmp_path / "order.json"
-    order.write_text(json.dumps({"entries": entries, "units": units, "claims": claims, "extra_sources": ["H"]}))
+    doc = {"entries": entries, "claims": claims, "extra_sources": ["H"], "group_size": group_size}
+    if units is not None:
+        doc["units"] = units
+    order.write_text(json.dumps(doc))
     return str(order)
 
 
@@ -162,7 +165,7 @@ def test_worker_compiles_a_unit_once_and_saves_it_under_every_key(monkeypatch, t
     assert units == [[0, 1], [2], [3]]
     programs, saved = [], []
     _nvrtc_fake(monkeypatch, str(tmp_path / "m"), programs, saved)
-    km._worker(_order(tmp_path, entries, units, claims=str(tmp_path)), 0, 1, "90")
+    km._worker(_order(tmp_path, entries, claims=str(tmp_path)), 0, 1, "90")   # groups them itself
     assert len(programs) == 3                                  # 4 kernels, 3 NVRTC programs
     merged = programs[0][0]
     assert merged == kg.merged_source([e["source"] for e in entries[:2]])
@@ -176,6 +179,9 @@ def test_worker_compiles_a_unit_once_and_saves_it_under_every_key(monkeypatch, t
     assert saved == []                                         # a second worker finds them claimed
     programs.clear()
     km._worker(_order(tmp_path, entries, units), 0, 1, "200")  # beyond NVRTC's archs: PTX, unmerged
+    assert [p[0] for p in programs] == [e["source"] for e in entries]
+    programs.clear()
+    km._worker(_order(tmp_path, entries, group_size=1), 0, 1, "90")    # ADAPTMG_PREFETCH_MERGE=0
     assert [p[0] for p in programs] == [e["source"] for e in entries]
 
 
@@ -220,7 +226,7 @@ def test_prefetch_hands_the_workers_units_and_precompiled_headers(monkeypatch, t
         assert len(km.prefetch(path=path, jobs=2, wait=True)) == 2
         doc, env = seen[-1]
         assert env["CUPY_NVRTC_USE_PCH"] == "1"
-        assert doc["units"] == kg.groups(doc["entries"], kg.GROUP_SIZE if merge == "1" else 1)
+        assert doc["group_size"] == (kg.GROUP_SIZE if merge == "1" else 1)
         assert os.path.isdir(doc["claims"]) is False               # removed when the workers are done
         files = os.listdir(tmp_path / "cache")
         assert len(files) == 1 and files[0].startswith("prefetched-")       # the marker only
