@@ -7,13 +7,16 @@ declines where it must.  The GPU test replays a real manifest into empty caches 
 that the kernel is then loaded, not compiled."""
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import types
 
+import numpy as np
 import pytest
 
+from adaptmg.device import kernel_groups as kg
 from adaptmg.device import kernel_manifest as km
 
 
@@ -115,11 +118,129 @@ def test_prefetch_declines(monkeypatch, tmp_path):
     assert not (tmp_path / "cache").exists()
 
 
+def _nvrtc_fake(monkeypatch, root, programs, saved, fail=lambda src: False, drop=()):
+    """A fake CuPy whose compile-with-cache does what CuPy 14's does around NVRTC: options +
+    -ftz, the NVRTC call, the fresh module's mapping set, the payload saved under the
+    entry's own key (here: its source).  The fake NVRTC's "cubin" names a code section per
+    ``extern "C"`` kernel of the program, less those in ``drop``."""
+    comp = _fake_cupy(monkeypatch, root, [])
+
+    def nvrtc(source, options, arch, filename, *rest):
+        programs.append((source, tuple(options), arch))
+        if fail(source):
+            raise RuntimeError("nvrtc: error: something the merge broke")
+        names = [n for n in re.findall(r'extern "C" __global__ void (\w+)', source) if n not in drop]
+        return b"\0" + b"".join(b".text." + n.encode() + b"\0" for n in names), None
+
+    def compile_with_cache(source, options, arch, extra_source=None, backend="nvrtc", **kw):
+        cubin, mapping = comp._compile_using_nvrtc_no_warning(source, tuple(options) + ("-ftz=true",), arch,
+                                                             "key.cu", None, None, False, False, None)
+        comp.function.Module()._set_mapping(mapping)
+        saved.append((source, cubin))
+
+    comp._compile_with_cache_cuda = compile_with_cache
+    comp._compile_using_nvrtc_no_warning = nvrtc
+    comp._get_max_compute_capability = lambda: "121"
+    return comp
+
+
+def _ew(name, t="int"):
+    return {"source": f'#include <cupy/carray.cuh>\ntypedef {t} T;\nextern "C" __global__ void {name}(T* x) {{}}\n',
+            "options": ["-I{CUPY}/_core/include"], "backend": "nvrtc", "extra_source": 0}
+
+
+def _order(tmp_path, entries, units=None, claims=None, group_size=16):
+    order = tmp_path / "order.json"
+    doc = {"entries": entries, "claims": claims, "extra_sources": ["H"], "group_size": group_size}
+    if units is not None:
+        doc["units"] = units
+    order.write_text(json.dumps(doc))
+    return str(order)
+
+
+def test_worker_compiles_a_unit_once_and_saves_it_under_every_key(monkeypatch, tmp_path):
+    entries = [_ew("ka"), _ew("kb"), _ew("ka", "long"), {"source": 'extern "C" __global__ void raw() {}',
+                                                          "options": [], "backend": "nvrtc"}]
+    units = kg.groups(entries)
+    assert units == [[0, 1], [2], [3]]
+    programs, saved = [], []
+    _nvrtc_fake(monkeypatch, str(tmp_path / "m"), programs, saved)
+    km._worker(_order(tmp_path, entries, claims=str(tmp_path)), 0, 1, "90")   # groups them itself
+    assert len(programs) == 3                                  # 4 kernels, 3 NVRTC programs
+    merged = programs[0][0]
+    assert merged == kg.merged_source([e["source"] for e in entries[:2]])
+    assert programs[0][1] == (f"-I{tmp_path}/m/cupy/_core/include", "-ftz=true") and programs[0][2] == "90"
+    assert [s for s, _ in saved] == [e["source"] for e in entries]    # every entry under its own key
+    assert saved[0][1] == saved[1][1] and kg.has_kernels(saved[0][1], ["ka", "kb"])
+    assert programs[1][0] == entries[2]["source"]              # the unit of one: its own source
+    assert sorted(os.listdir(tmp_path))[:3] == ["0", "1", "2"]  # each unit claimed once
+    saved.clear()
+    km._worker(_order(tmp_path, entries, units, claims=str(tmp_path)), 1, 2, "90")
+    assert saved == []                                         # a second worker finds them claimed
+    programs.clear()
+    km._worker(_order(tmp_path, entries, units), 0, 1, "200")  # beyond NVRTC's archs: PTX, unmerged
+    assert [p[0] for p in programs] == [e["source"] for e in entries]
+    programs.clear()
+    km._worker(_order(tmp_path, entries, group_size=1), 0, 1, "90")    # ADAPTMG_PREFETCH_MERGE=0
+    assert [p[0] for p in programs] == [e["source"] for e in entries]
+
+
+@pytest.mark.parametrize("how", ["nvrtc fails", "kernel missing"])
+def test_worker_falls_back_to_one_program_per_kernel(monkeypatch, tmp_path, capfd, how):
+    entries = [_ew("ka"), _ew("kb"), _ew("kc")]
+    programs, saved = [], []
+    if how == "nvrtc fails":
+        _nvrtc_fake(monkeypatch, str(tmp_path / "m"), programs, saved, fail=lambda src: "adaptmg_merged" in src)
+    else:
+        _nvrtc_fake(monkeypatch, str(tmp_path / "m"), programs, saved, drop=("kb",))
+    km._worker(_order(tmp_path, entries, [[0, 1, 2]]), 0, 1, "90")
+    assert [p[0] for p in programs[1:]] == [e["source"] for e in entries]    # then each one alone
+    assert [s for s, _ in saved] == [e["source"] for e in entries]
+    for (src, cubin), e in zip(saved, entries):
+        name = kg.kernel_names(e)[0]
+        assert cubin == b"\0.text." + name.encode() + b"\0" or (how == "kernel missing" and name == "kb")
+    assert ("compiling them alone" in capfd.readouterr().err) == (how == "nvrtc fails")
+
+
+def test_prefetch_hands_the_workers_units_and_precompiled_headers(monkeypatch, tmp_path):
+    _, parts = _record_two_tasks(monkeypatch, tmp_path)
+    path = km.merge(parts, tmp_path / "m.json.gz")
+    monkeypatch.setenv("ADAPTMG_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ADAPTMG_PREFETCH", "1")
+    monkeypatch.delenv("CUPY_NVRTC_USE_PCH", raising=False)
+    seen = []
+
+    class Worker:
+        returncode = 0
+
+        def __init__(self, cmd, env, **kw):
+            with open(cmd[4]) as f:
+                seen.append((json.load(f), env))
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(km.subprocess, "Popen", Worker)
+    for merge in ("1", "0"):
+        monkeypatch.setenv("ADAPTMG_PREFETCH_MERGE", merge)
+        assert len(km.prefetch(path=path, jobs=2, wait=True)) == 2
+        doc, env = seen[-1]
+        assert env["CUPY_NVRTC_USE_PCH"] == "1"
+        assert doc["group_size"] == (kg.GROUP_SIZE if merge == "1" else 1)
+        assert os.path.isdir(doc["claims"]) is False               # removed when the workers are done
+        files = os.listdir(tmp_path / "cache")
+        assert len(files) == 1 and files[0].startswith("prefetched-")       # the marker only
+        os.remove(tmp_path / "cache" / files[0])
+
+
 @pytest.mark.gpu
 def test_prefetch_fills_empty_caches(tmp_path):
-    """Record one RawKernel in a process with empty caches, replay the manifest into new
-    empty caches in worker processes; a third process then runs it without NVRTC (NVRTC
-    programs with a body counted; the recording process's count shows the counter counts)."""
+    """Record a RawKernel and a few CuPy element-wise kernels (sin and cos among them: they
+    read the module's address table, which merging lays out differently) in a process with
+    empty caches, replay the manifest into new empty caches in worker processes, merged
+    programs included; a third process then runs them without NVRTC and gets the right
+    numbers (NVRTC programs with a body counted; the recording process's count shows the
+    counter counts)."""
     name = f"adaptmg_manifest_probe_{os.getpid()}"
     src = f'extern "C" __global__ void {name}(double* x) {{ x[0] += 1.0; }}'
     script = tmp_path / "probe.py"
@@ -139,9 +260,11 @@ def test_prefetch_fills_empty_caches(tmp_path):
         C.nvrtc.createProgram = counted
         mode, where = sys.argv[1], sys.argv[2]
         def probe():
-            x = cupy.zeros(1)
+            x = cupy.arange(5, dtype=cupy.float64)
             cupy.RawKernel({src!r}, {name!r})((1,), (1,), (x,))
-            return float(x[0])
+            y = cupy.sqrt(x * 3.0 + 1.0)
+            z = cupy.sin(x) + cupy.cos(x) * 2.0
+            return [float(x[0]), float(y[4]), float(z[2]), int((x > 1.5).sum())]
         if mode == "record":
             with km.record(os.path.join(where, "t.json")):
                 probe()
@@ -162,9 +285,16 @@ def test_prefetch_fills_empty_caches(tmp_path):
         assert p.returncode == 0, p.stderr[-3000:]
         return [json.loads(line) for line in p.stdout.strip().splitlines()[-2:]]
 
-    assert run("record", "first")[-1] >= 1                  # NVRTC ran (empty caches)
+    assert run("record", "first")[-1] >= 5                  # NVRTC ran (empty caches)
+    doc = km.load(str(tmp_path / "m.json.gz"))
+    units = kg.groups(km._ordered(doc))
+    assert any(len(u) >= 3 for u in units), units            # merged programs in the replay
     codes, _ = run("replay", "second", prefetch="1")
     assert codes and all(c == 0 for c in codes)
     files = os.listdir(tmp_path / "second" / "adaptmg")
     assert any(f.startswith("prefetched-") for f in files), files
-    assert run("use", "second") == [1.0, 0]                 # right answer, nothing compiled
+    got, compiled = run("use", "second")
+    assert compiled == 0                                      # every kernel loaded, none compiled
+    want = [1.0, np.sqrt(13.0), np.sin(2.0) + 2 * np.cos(2.0), 3]
+    eps = np.finfo(float).eps                                 # sin, cos: CUDA's vs the host's libm
+    assert np.allclose(got, want, rtol=4 * eps, atol=8 * eps), (got, want)
