@@ -4,7 +4,8 @@ Compiles the shipped manifest's kernels (``adaptmg/device/kernel_manifest.json.g
 this one process, first each entry alone (what CuPy does), then the compile units of
 :func:`adaptmg.device.kernel_groups.groups` (up to 16 entries that share options and
 ``#include`` lines in one NVRTC program), each with and without NVRTC's automatic
-precompiled headers (``--pch``, what the prefetch workers turn on), and prints the
+precompiled headers (``--pch``; the prefetch workers use them only with
+``CUPY_NVRTC_USE_PCH=1``), and prints the
 seconds per kind of kernel (CuPy element-wise, CUB reductions, adaptmg's own sources) and
 in all.  ``--verify`` also checks every merged kernel against the one compiled alone
 (:func:`adaptmg.device.kernel_groups.same_kernel`).

@@ -36,17 +36,20 @@ options and ``#include`` lines as one NVRTC program, whose cubin CuPy stores und
 entry's own cache key (the worker swaps the source CuPy hands NVRTC for the merged one and
 lets CuPy do the rest: the key, the payload, the save); every other entry alone.  CuPy's
 headers are most of a kernel's compile, so this and NVRTC's automatic precompiled headers
-(``CUPY_NVRTC_USE_PCH=1`` in the workers' environment, CuPy's own switch: not part of the
-cache key) cut the manifest's compile in one process from 106-117 s to 30-43 s (NVRTC 13.0.88
-through ctypes, sm_90, a shared 2-core machine, ``scripts/bench_kernel_groups.py``: CuPy's
-element-wise kernels 33 -> 12 s, its CUB reduction passes 73 -> 11 s, adaptmg's 39 sources
-without headers 12 s either way); a unit whose merged program fails, or lacks one of its
-kernels, is compiled entry by entry.  The precompiled headers live in ``$TMPDIR`` while a
-worker runs (NVRTC's ``__nvrtc_auto_pch_<pid>_0``: 14 MB for CuPy's element-wise headers,
-170 MB per option set for CUB's).  Every worker forms the same units from the order file
+(``CUPY_NVRTC_USE_PCH=1``, CuPy's own switch: not part of the cache key) cut the manifest's
+compile in one process from 106-117 s to 30-43 s (NVRTC 13.0.88 through ctypes, sm_90, a
+shared 2-core machine, ``scripts/bench_kernel_groups.py``: CuPy's element-wise kernels 33 ->
+12 s, its CUB reduction passes 73 -> 11 s, adaptmg's 39 sources without headers 12 s either
+way); a unit whose merged program fails, or lacks one of its kernels, is compiled entry by
+entry.  On the 16-core H200 host, 15 workers compile the whole manifest in 5.6 s with the
+merged units, 5.7 s with the precompiled headers as well, and 9.8 s one program per kernel
+(``python scripts/bench_kernel_groups.py --prefetch``; 21.5 s before the workers got CuPy's
+``_set_mapping``): the workers leave the headers as the environment has them (off unless
+``CUPY_NVRTC_USE_PCH=1``), which spares ``$TMPDIR`` NVRTC's ``__nvrtc_auto_pch_<pid>_0``
+files (14 MB for CuPy's element-wise headers, 170 MB per option set for CUB's, per worker).  Every worker forms the same units from the order file
 (the calling process does not spend the time) and takes them in priority order, each the
 first one no other worker has claimed (a claim file per unit).  ``ADAPTMG_PREFETCH_MERGE=0`` compiles one program
-per entry; ``CUPY_NVRTC_USE_PCH=0`` in the environment keeps the precompiled headers off.
+per entry; ``CUPY_NVRTC_USE_PCH=1`` in the environment turns the precompiled headers on.
 
 The workers import only CuPy's compiler, :mod:`.kernel_cache` and :mod:`.kernel_groups`
 (this file run as a script) and hand CuPy a stand-in for its module loader, so that they
@@ -268,8 +271,11 @@ def prefetch(first=(), jobs=None, path=MANIFEST, wait=False):
                    "extra_sources": doc["extra_sources"]}, f)
     if jobs is None:
         jobs = max(1, (os.cpu_count() or 2) - 1)
+    # NVRTC's automatic precompiled headers stay as the caller's environment has them (CuPy's
+    # CUPY_NVRTC_USE_PCH, off by default): with the merged units 15 workers took 5.7 s for the
+    # whole manifest with them and 5.6 s without (H200 host), and they need up to ~170 MB of
+    # $TMPDIR per worker and CUB option set
     env = dict(os.environ)
-    env.setdefault("CUPY_NVRTC_USE_PCH", "1")     # NVRTC's automatic precompiled headers
     # run as a script by path (runpy: the package folder is not put on sys.path): the
     # workers import neither adaptmg nor anything but CuPy's compiler
     boot = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
