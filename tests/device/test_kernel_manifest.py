@@ -298,3 +298,30 @@ def test_prefetch_fills_empty_caches(tmp_path):
     want = [1.0, np.sqrt(13.0), np.sin(2.0) + 2 * np.cos(2.0), 3]
     eps = np.finfo(float).eps                                 # sin, cos: CUDA's vs the host's libm
     assert np.allclose(got, want, rtol=4 * eps, atol=8 * eps), (got, want)
+
+
+def test_cli_warmup_manifest_waits_for_the_workers_and_reports_failures(monkeypatch, capsys):
+    """``adaptmg warmup --manifest``: the prefetch waited for, exit 1 when a worker failed, 0
+    with a reason when nothing was started; --tasks/--record are refused with it."""
+    from adaptmg import backend, cli
+    monkeypatch.setattr(backend, "gpu_available", lambda: True)
+    calls = []
+
+    def fake_prefetch(codes):
+        def run(jobs=None, wait=False, **kw):
+            calls.append((jobs, wait))
+            return [types.SimpleNamespace(returncode=c) for c in codes]
+        return run
+
+    monkeypatch.setattr(km, "versions", lambda compiler=None: ("x", [13, 0]))
+    for codes, rc in (([0, 0], 0), ([0, 3], 1), ([], 0)):
+        monkeypatch.setattr(km, "prefetch", fake_prefetch(codes))
+        assert cli.main(["warmup", "--manifest", "--jobs", "2"]) == rc
+        assert calls[-1] == (2, True)
+        out = capsys.readouterr()
+        if codes:
+            assert "2 worker processes" in out.out and (("1 failed" in out.out) == (rc == 1))
+        else:
+            assert "nothing started" in out.err
+    with pytest.raises(SystemExit):
+        cli.main(["warmup", "--manifest", "--tasks", "q1-2d"])
