@@ -39,10 +39,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import backend_of, to_host
+from ..multilevel.coloring import csr_row_positions
 from .kernels import _ctype as ctype_of
 
 __all__ = ["make_colored_sweep", "ColoredSweep", "MAX_GPU_BLOCK", "SLICED", "kernel_name",
-           "gs_threads_per_row"]
+           "gs_threads_per_row", "colour_slices", "colour_rows"]
 
 #: largest block size with a device kernel (the node's residual lives in registers)
 MAX_GPU_BLOCK = 16
@@ -154,26 +155,66 @@ class ColoredSweep:
         return x
 
 
+def colour_slices(A, groups, block_size=1):
+    r"""The rows of each colour as a CSR matrix of their own, cut from CSR ``A`` on its backend.
+
+    With ``C_k`` the rows of the nodes ``groups[k]`` (``c p .. c p + c - 1`` for node ``p``,
+    ``c = block_size``, in node order), the slices are the row blocks of the colour-ordered
+    matrix ``P A`` (``P`` the permutation that lists ``C_1, C_2, ...``): one gather of all of
+    ``A``'s entries (:func:`~adaptmg.multilevel.coloring.csr_row_positions`: row lengths, a
+    running sum, a segmented expansion -- whole-array operations on ``A``'s backend, no copy of
+    ``A`` to the host), then one view per colour.  Returns a list of ``(rows, indptr,
+    indices, data)``: ``rows`` (int64) the matrix rows ``C_k``; ``indptr`` (int32, rebased to
+    0) and views ``indices``, ``data`` of the gathered arrays, so that row ``t`` of the slice
+    is matrix row ``rows[t]``.  Host reads: the ``K + 1`` colour boundaries.
+    """
+    be = backend_of(A)
+    xp = be.xp
+    c = int(block_size)
+    if not groups:
+        return []
+    nodes = xp.concatenate([be.asarray(g).astype(xp.int64, copy=False) for g in groups])
+    rows = nodes if c == 1 else (nodes[:, None] * c + xp.arange(c, dtype=xp.int64)[None, :]).reshape(-1)
+    nnz = int(A.indices.shape[0])
+    if nnz >= 2**31 - 1:
+        raise ValueError(f"colour slices: {nnz} stored entries do not fit int32 row pointers")
+    ptr, pos = csr_row_positions(be, A.indptr, rows, nnz)
+    indices, data = A.indices[pos], A.data[pos]
+    bounds = np.concatenate([[0], np.cumsum([int(g.shape[0]) for g in groups])]) * c
+    ends = to_host(ptr[be.asarray(bounds)]) if be.is_gpu else ptr[bounds]
+    out = []
+    for k in range(len(groups)):
+        r0, r1, s, e = int(bounds[k]), int(bounds[k + 1]), int(ends[k]), int(ends[k + 1])
+        out.append((rows[r0:r1], (ptr[r0:r1 + 1] - s).astype(xp.int32), indices[s:e], data[s:e]))
+    return out
+
+
+def colour_rows(A, groups, inv, block_size=1):
+    """Per colour, on ``A``'s backend: the matrix rows ``C_k``, the slice ``A[C_k, :]`` as a
+    CSR matrix (SciPy or cupyx; :func:`colour_slices`) and ``D^{-1}`` of the colour --
+    ``inv[C_k]`` (``block_size = 1``) or the inverse blocks ``inv[groups[k]]``.  Three lists."""
+    be = backend_of(A)
+    rows_, mats, invs = [], [], []
+    for g, (rows, ptr, idx, dat) in zip(groups, colour_slices(A, groups, block_size)):
+        rows_.append(rows)
+        mats.append(be.sparse.csr_matrix((dat, idx, ptr), shape=(int(rows.shape[0]), A.shape[1])))
+        invs.append(inv[rows] if block_size == 1 else be.xp.ascontiguousarray(inv[g]))
+    return rows_, mats, invs
+
+
 class _CpuColoredSweep(ColoredSweep):
-    """NumPy/SciPy twin: per colour the CSR row slice ``A[C, :]`` and ``D_CC^{-1}``.
+    """The ``xp`` twin: per colour the CSR row slice ``A[C, :]`` (:func:`colour_slices`) and
+    ``D_CC^{-1}``, on ``A``'s backend.
 
-    With ``be`` the GPU backend (``A`` given on the host) the same code runs on CuPy
-    arrays and cupyx slices: the fallback for complex matrices, which the RawKernels
-    do not cover (one SpMV and a few element-wise launches per colour)."""
+    On the host this is the CPU plan (one compiled SciPy product per colour); on the GPU
+    (a cupyx ``A``) the same code runs on CuPy arrays and cupyx slices: the path of complex
+    matrices, which the RawKernels do not cover (one SpMV and a few element-wise launches
+    per colour)."""
 
-    def __init__(self, A, groups, inv, block_size, be=None):
+    def __init__(self, A, groups, inv, block_size):
         super().__init__(A, groups, block_size)
-        c = self.block_size
-        self._xp = np if be is None else be.xp
-        mv = (lambda M: M) if be is None else be.asmatrix
-        av = (lambda v: v) if be is None else be.asarray
-        self._rows, self._A, self._inv = [], [], []
-        for g in groups:
-            g = np.asarray(g, dtype=np.int64)
-            rows = g if c == 1 else (g[:, None] * c + np.arange(c)[None, :]).ravel()
-            self._rows.append(av(rows))
-            self._A.append(mv(A[rows]))                 # CSR row slice, same dtype as A
-            self._inv.append(av(inv[rows] if c == 1 else np.ascontiguousarray(inv[g])))
+        self._xp = backend_of(A).xp
+        self._rows, self._A, self._inv = colour_rows(A, groups, inv, self.block_size)
 
     def color(self, k, x, b, omega):
         rows = self._rows[k]
@@ -214,11 +255,12 @@ def gs_threads_per_row(nnz_per_row: float) -> int:
 
 
 class _GpuColoredSweep(ColoredSweep):
-    """CuPy: one RawKernel launch per colour over a preallocated int32 node index array."""
+    """CuPy: one RawKernel launch per colour over a preallocated int32 node index array.
+    Everything is built on the device from the device ``A``, ``groups`` and ``inv``."""
 
     _THREADS = 128
 
-    def __init__(self, A, groups, inv, block_size, be, A_host=None, sliced=None):
+    def __init__(self, A, groups, inv, block_size, be, sliced=None):
         super().__init__(A, groups, block_size)
         c = self.block_size
         if c > MAX_GPU_BLOCK:
@@ -226,30 +268,23 @@ class _GpuColoredSweep(ColoredSweep):
                              f"got {c}")
         if A.indices.dtype != np.int32 or A.indptr.dtype != np.int32:
             raise TypeError("the Gauss-Seidel kernels need int32 CSR indices")
+        xp = be.xp
         dt = np.dtype(A.dtype)
         self._t = dt.type
-        self._fn = _gs_module(be.xp, _ctype(dt), c).get_function(kernel_name(c, dt))
-        self._inv = be.asarray(np.ascontiguousarray(inv, dtype=dt).reshape(-1))
+        self._fn = _gs_module(xp, _ctype(dt), c).get_function(kernel_name(c, dt))
+        self._inv = xp.ascontiguousarray(inv.astype(dt, copy=False)).reshape(-1)
         nnz_row = A.nnz / max(A.shape[0], 1)
         self._tpr = gs_threads_per_row(nnz_row)
         tpr = self._tpr
         sliced = SLICED if sliced is None else bool(sliced)
-        if sliced:
-            A_host = to_host(A) if A_host is None else A_host
-            A_host = sp.csr_matrix(A_host)
         self.sliced = sliced
+        slices = colour_slices(A, groups, c) if sliced else [None] * len(groups)
         self._launch = []
-        for g in groups:
-            idx = be.asarray(np.asarray(g, dtype=np.int32))
-            m = int(g.size)
+        for g, sl in zip(groups, slices):
+            idx = g.astype(xp.int32)
+            m = int(g.shape[0])
             grid = ((m * tpr + self._THREADS - 1) // self._THREADS,)
-            if sliced:
-                rows = g if c == 1 else (np.asarray(g)[:, None] * c + np.arange(c)).ravel()
-                S = A_host[rows]
-                csr = (be.asarray(S.indptr.astype(np.int32)), be.asarray(S.indices.astype(np.int32)),
-                       be.asarray(S.data.astype(dt)))
-            else:
-                csr = (A.indptr, A.indices, A.data)
+            csr = (A.indptr, A.indices, A.data) if sl is None else sl[1:]
             self._launch.append((grid, np.int32(m), idx, csr))
         self._tpr32 = np.int32(tpr)
         self._sliced32 = np.int32(1 if sliced else 0)
@@ -261,29 +296,29 @@ class _GpuColoredSweep(ColoredSweep):
         return x
 
 
-def make_colored_sweep(A, groups, inv, block_size=1, A_host=None, sliced=None):
-    """Plan of the colour updates of ``A`` on ``A``'s backend.
+def make_colored_sweep(A, groups, inv, block_size=1, sliced=None):
+    """Plan of the colour updates of ``A`` on ``A``'s backend, built there.
 
     ``A``: CSR matrix on its backend (SciPy or cupyx, the smoother's dtype);
-    ``groups``: host int arrays, the nodes of each colour; ``inv``: host
-    ``D^{-1}`` -- the inverse diagonal (length ``n``) for ``block_size = 1``,
-    else the inverse node blocks, shape ``(n / c, c, c)``.  GPU only:
-    ``sliced`` (default :data:`SLICED`) stores each colour's rows as a CSR slice
-    of their own, cut from ``A_host`` (the host copy of ``A``; copied from the
-    device when not given).
+    ``groups``: int arrays, the nodes of each colour; ``inv``: ``D^{-1}`` -- the
+    inverse diagonal (length ``n``) for ``block_size = 1``, else the inverse node
+    blocks, shape ``(n / c, c, c)``.  ``groups`` and ``inv`` are moved to ``A``'s
+    backend when they live elsewhere (given on the device for a cupyx ``A``, nothing is
+    copied to the host).  GPU only: ``sliced`` (default :data:`SLICED`) stores each
+    colour's rows as a CSR slice of their own (:func:`colour_slices`, cut on the device).
     """
     c = int(block_size)
     n = A.shape[0]
-    inv = np.asarray(to_host(inv))
     want = (n,) if c == 1 else (n // c, c, c)
-    if inv.shape != want:
-        raise ValueError(f"make_colored_sweep: inverse diagonal must have shape {want}, got {inv.shape}")
+    if tuple(inv.shape) != want:
+        raise ValueError(f"make_colored_sweep: inverse diagonal must have shape {want}, "
+                         f"got {tuple(inv.shape)}")
     be = backend_of(A)
-    if be.is_gpu and np.dtype(A.dtype).kind == "c":       # no complex RawKernel: cupyx
-        A_host = sp.csr_matrix(to_host(A) if A_host is None else A_host).astype(A.dtype)
-        return _CpuColoredSweep(A_host, groups, inv.astype(A.dtype), c, be)
-    if be.is_gpu:
-        return _GpuColoredSweep(A, groups, inv, c, be, A_host=A_host, sliced=sliced)
-    if not (sp.issparse(A) and A.format == "csr"):
+    if not be.is_gpu and not (sp.issparse(A) and A.format == "csr"):
         raise TypeError(f"make_colored_sweep: A must be a CSR matrix, got {type(A).__name__}")
+    groups = [be.asarray(g) for g in groups]
+    inv = be.asarray(inv)
+    if be.is_gpu and np.dtype(A.dtype).kind != "c":
+        return _GpuColoredSweep(A, groups, inv, c, be, sliced=sliced)
+    # the twin: the host plan, and the GPU's for complex matrices (no complex RawKernel)
     return _CpuColoredSweep(A, groups, inv.astype(A.dtype, copy=False), c)

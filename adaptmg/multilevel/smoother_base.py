@@ -354,22 +354,22 @@ def _block_inverses(A, c, who="BlockJacobi", singular="raise"):
         inv = None
         s = np.linalg.svd(to_host(safe), compute_uv=False)
         bad = ~to_host(finite) | (s[:, 0] == 0) | (s[:, -1] <= c * np.finfo(np.float64).eps * s[:, 0])
+    # one device reduction each; the indices of the bad blocks come to the host only when
+    # there are some (no O(N) read on the device otherwise)
     if singular == "pinv":
-        fin = to_host(finite)
-        if not fin.all():
-            bad = np.flatnonzero(~fin)
+        if not bool(finite.all()):
+            bad = np.flatnonzero(~to_host(finite))
             raise ValueError(f"{who}: diagonal block of node {int(bad[0])} is not finite "
                              f"({bad.size} blocks in all)")
-        bad = np.flatnonzero(to_host(bad))
-        if bad.size:                               # pyamg: pseudo-inverses of those blocks
-            idx = xp.asarray(bad)
+        if bool(bad.any()):                        # pyamg: pseudo-inverses of those blocks
+            idx = xp.flatnonzero(xp.asarray(bad))
             fixed = xp.linalg.pinv(blocks[idx])
             if inv is None:
                 inv = xp.linalg.pinv(blocks)
             inv[idx] = fixed
         bad = bad[:0]
-    bad = np.flatnonzero(to_host(bad))
-    if bad.size:
+    if bool(bad.any()):
+        bad = np.flatnonzero(to_host(bad))
         raise ValueError(f"{who}: diagonal block of node {int(bad[0])} (rows "
                          f"{int(bad[0]) * c}..{int(bad[0]) * c + c - 1}) is singular "
                          f"({bad.size} singular blocks in all)")
