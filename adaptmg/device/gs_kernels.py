@@ -25,9 +25,13 @@ result is exactly sequential Gauss-Seidel over ``C``.
   residual is computed in registers and ``x`` is updated in place: no
   temporaries, no allocation, no host synchronisation, so a sweep can be
   recorded in a CUDA graph.
-* CPU (the twin, also the reference of the tests): the rows of colour ``k``
-  as a SciPy CSR row slice prepared at setup; ``r = b_C - A_C x`` is one
-  compiled product and the update one vectorised NumPy expression.
+* CPU (the twin): the rows of colour ``k`` as a SciPy CSR row slice prepared at
+  setup; ``r = b_C - A_C x`` is one compiled product and the update one vectorised
+  NumPy expression.
+
+The slices are cut where ``A`` lives (:func:`colour_slices`: one gather of every entry
+into colour order and one view per colour, the same ``xp`` code on both backends), so a
+device matrix is never copied to the host to build a plan.
 
 GPU and CPU results differ by the order of the row sums only (round-off).
 """

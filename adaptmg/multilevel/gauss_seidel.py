@@ -41,9 +41,12 @@ default smoothers mapped by :func:`adaptmg.from_pyamg`, CUDA graph): V-cycle
 with one symmetric multicolour GS sweep pre and post 0.98 ms for 2-D Poisson
 1.05M DoFs (damped Jacobi: 0.26 ms), 2.37 ms for 3-D Poisson 2.1M DoFs (Jacobi
 0.50 ms); CG iterations 10 / 11 (2-D with Jacobi: 16).  Setup then (host colouring
-and row slices) 2.4 s / 15.6 s.  The colouring now runs where the matrix lives (on the
-device for a cupyx matrix, no host copy for it; same colours as on the host); the
-inverse diagonal blocks and the colours' row slices are still cut on the host.
+and row slices) 2.4 s / 15.6 s.  The whole set-up now runs where the matrix lives: for a
+cupyx matrix the colouring (same colours as on the host), the inverse (block) diagonal,
+the l1 splitting and the colours' CSR row slices
+(:func:`~adaptmg.device.gs_kernels.colour_slices`: one gather of all entries into colour
+order) are built on the device, and nothing of size ``n`` is copied to the host (the
+colour counts and, for a bad matrix, the offending row are read).
 ``symmetric`` with ``omega = 1`` skips the repeated
 update of the turning colour (the second one is a no-op: after the first, the
 residual on that colour is zero).
@@ -276,13 +279,13 @@ class L1GaussSeidel(GaussSeidel):
         idx = A.indices.astype(xp.int64)
         rows = xp.searchsorted(A.indptr, xp.arange(idx.shape[0], dtype=A.indptr.dtype), side="right") - 1
         inside = (rows // P) == (idx // P)
+        nz = A.data != 0                                  # stored zeros couple nothing
 
-        def part(keep):
-            M = be.sparse.csr_matrix((xp.where(keep, A.data, 0), A.indices.copy(), A.indptr.copy()),
-                                     shape=A.shape)
-            M.eliminate_zeros()
-            return M
-        self._Ain, self._Aoff = part(inside), part(~inside)
+        def part(keep):                                   # the kept entries, compressed
+            ptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(keep, dtype=xp.int64)])
+            return be.sparse.csr_matrix((A.data[keep], A.indices[keep],
+                                         ptr[A.indptr].astype(A.indptr.dtype)), shape=A.shape)
+        self._Ain, self._Aoff = part(inside & nz), part(~inside & nz)
         self._groups = color_groups(color_graph(self._Ain, 1, seed=self.seed))
         off = xp.bincount(rows, weights=xp.where(inside, 0, xp.abs(A.data)), minlength=n)
         self._inv = _inverse_of_diagonal(A.diagonal() + off, "L1GaussSeidel", positive=True,
