@@ -165,9 +165,9 @@ def colour_slices(A, groups, block_size=1):
     With ``C_k`` the rows of the nodes ``groups[k]`` (``c p .. c p + c - 1`` for node ``p``,
     ``c = block_size``, in node order), the slices are the row blocks of the colour-ordered
     matrix ``P A`` (``P`` the permutation that lists ``C_1, C_2, ...``): one gather of all of
-    ``A``'s entries (:func:`~adaptmg.multilevel.coloring.csr_row_positions`: row lengths, a
-    running sum, a segmented expansion -- whole-array operations on ``A``'s backend, no copy of
-    ``A`` to the host), then one view per colour.  Returns a list of ``(rows, indptr,
+    ``A``'s entries -- on the device :func:`~adaptmg.multilevel.coloring.csr_row_positions`
+    (row lengths, a running sum, a segmented expansion: whole-array operations, no copy of
+    ``A`` to the host), on the host SciPy's row indexing -- then one view per colour.  Returns a list of ``(rows, indptr,
     indices, data)``: ``rows`` (int64) the matrix rows ``C_k``; ``indptr`` (int32, rebased to
     0) and views ``indices``, ``data`` of the gathered arrays, so that row ``t`` of the slice
     is matrix row ``rows[t]``.  Host reads: the ``K + 1`` colour boundaries.
@@ -182,8 +182,12 @@ def colour_slices(A, groups, block_size=1):
     nnz = int(A.indices.shape[0])
     if nnz >= 2**31 - 1:
         raise ValueError(f"colour slices: {nnz} stored entries do not fit int32 row pointers")
-    ptr, pos = csr_row_positions(be, A.indptr, rows, nnz)
-    indices, data = A.indices[pos], A.data[pos]
+    if be.is_gpu:
+        ptr, pos = csr_row_positions(be, A.indptr, rows, nnz)
+        indices, data = A.indices[pos], A.data[pos]
+    else:                              # SciPy's compiled row gather (3x faster than the above)
+        P = A[rows]
+        ptr, indices, data = P.indptr, P.indices, P.data
     bounds = np.concatenate([[0], np.cumsum([int(g.shape[0]) for g in groups])]) * c
     ends = to_host(ptr[be.asarray(bounds)]) if be.is_gpu else ptr[bounds]
     out = []
