@@ -32,7 +32,8 @@ Run on the CPU at a small size (about ten seconds)::
 
     python scripts/bench_elasticity_gs.py --backend cpu --size 2 --steps 3 --repeat 1
 
-and on the GPU (the issue's device figures)::
+and on the GPU (the issue's device figures; ``--gs-layout csr,bsr`` adds a block-GS row with
+the node rows stored as c x c blocks, :data:`adaptmg.device.gs_kernels.BLOCK_LAYOUT`)::
 
     python scripts/bench_elasticity_gs.py --backend gpu --size 6 --out elasticity_gs.json
     python scripts/bench_elasticity_gs.py --backend gpu --case face --size 5 --parts system
@@ -56,6 +57,7 @@ if ROOT not in sys.path:
 import adaptmg  # noqa: E402
 from adaptmg import Space, assemble  # noqa: E402
 from adaptmg.backend import get_backend, to_host  # noqa: E402
+from adaptmg.device import gs_kernels  # noqa: E402
 from adaptmg.multilevel.coloring import color_graph  # noqa: E402
 from adaptmg.multilevel.smoothers import make_smoother, smoother_setup_kwargs  # noqa: E402
 
@@ -93,14 +95,20 @@ def levels_of(mesh, levels):
     return None if levels == "all" else (len(mesh.hierarchy()) - 1 if levels is None else int(levels))
 
 
+def runs_of(args):
+    """(smoother, GPU block layout) of each row: block Jacobi, then block GS per ``--gs-layout``."""
+    return [("block_jacobi", "csr")] + [("block_gauss_seidel", lay) for lay in args.gs_layout]
+
+
 # --------------------------------------------------------------------------- static (SPD, CG)
 def part_static(args, be, log):
     el = _el()
     mesh = el.make_mesh(args.case, args.size)
     space = Space(mesh, 1, components=3)
     form = lambda s: assemble.elasticity(s, el.LAMBDA, el.MU)          # noqa: E731
-    rows = []
-    for name in SMOOTHERS:
+    rows, default = [], gs_kernels.BLOCK_LAYOUT
+    for name, layout in runs_of(args):
+        gs_kernels.BLOCK_LAYOUT = layout
         build = lambda: adaptmg.multigrid(space, form, dirichlet="all", smoother=name,  # noqa: E731
                                           backend=be, max_levels=levels_of(mesh, args.levels),
                                           near_nullspace="rigid_body")
@@ -121,11 +129,13 @@ def part_static(args, be, log):
         ml.solve(bd, rtol=args.rtol, accel="cg")                        # warm-up (graph capture)
         ts = [timed(be, lambda: ml.solve(bd, rtol=args.rtol, accel="cg"))[1] for _ in range(args.repeat)]
         sm = fine.smoother
-        row = dict(smoother=name, dofs=int(n), levels=len(ml.levels), colors=getattr(sm, "ncolors", None),
+        label = name if name == "block_jacobi" or layout == "csr" else f"{name}[{layout}]"
+        row = dict(smoother=label, dofs=int(n), levels=len(ml.levels), colors=getattr(sm, "ncolors", None),
                    setup_s=t_setup, smoother_setup_s=sm_setup, coloring_s=col_s, factor=rho, cg_iters=len(its),
                    rel_residual=r, solve_s=float(np.median(ts)))
         rows.append(row)
-        log(f"  static {name}: {row}")
+        log(f"  static {label}: {row}")
+    gs_kernels.BLOCK_LAYOUT = default
     return rows
 
 
@@ -194,10 +204,16 @@ def main(argv=None):
                     help="GMRES stopping test of the system part (see elasticity.run)")
     ap.add_argument("--system-rtol", type=float, default=1e-6)
     ap.add_argument("--repeat", type=int, default=3, help="timed repetitions (median)")
+    ap.add_argument("--gs-layout", default="csr",
+                    help="block GS kernel layout(s) on the GPU, comma-separated: csr (default), bsr "
+                         "(adaptmg.device.gs_kernels.BLOCK_LAYOUT); each gets a static row")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
     if args.size < 1 or args.repeat < 1 or args.cycles < 1 or args.steps < 1:
         ap.error("--size, --repeat, --cycles and --steps must be positive")
+    args.gs_layout = [g.strip() for g in args.gs_layout.split(",") if g.strip()]
+    if not args.gs_layout or set(args.gs_layout) - {"csr", "bsr"}:
+        ap.error("--gs-layout: a comma-separated list of csr, bsr")
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     bad = set(parts) - {"static", "system"}
     if bad:

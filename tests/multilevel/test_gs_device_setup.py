@@ -55,11 +55,13 @@ def lap2d(m, nine=False):
 
 
 def vector_spd(m, c, seed=0):
-    """SPD with c x c node blocks (non-symmetric-looking values inside a node block)."""
+    """Symmetric with c x c node blocks; the off-diagonal blocks are not symmetric (a kernel
+    that transposed a block would be seen)."""
     rng = np.random.default_rng(seed)
-    G = rng.standard_normal((c, c))
+    G, M = rng.standard_normal((c, c)), rng.standard_normal((c, c))
+    U = sp.kron(sp.triu(lap2d(m, nine=True), 1), M)
     return sp.csr_matrix(sp.kron(lap2d(m), G @ G.T + c * np.eye(c))
-                         + 0.1 * sp.kron(lap2d(m, nine=True), np.ones((c, c))))
+                         + 0.1 * sp.kron(lap2d(m, nine=True), np.ones((c, c))) + 0.05 * (U + U.T))
 
 
 @pytest.fixture
@@ -182,10 +184,31 @@ def test_colour_slices_equal_scipy_row_slices(request, case, where):
         np.testing.assert_array_equal(to_host(dat), S.data)
 
 
+@pytest.mark.parametrize("where", ["host", "stand_in_device"])
+@pytest.mark.parametrize("case", ["block-3", "block-2"])
+def test_colour_blocks_equal_scipy_bsr_of_the_row_slices(request, case, where):
+    """The BSR layout of each colour's node rows: block row pointers, block columns and the
+    c x c blocks exactly those of SciPy's ``A[rows].tobsr((c, c))``."""
+    make, c = CASES[case]
+    A = make()
+    be = request.getfixturevalue("device") if where != "host" else CPU
+    perm = np.random.default_rng(3).permutation(A.shape[0] // c)
+    groups = [np.sort(g) for g in np.array_split(perm, 3)]
+    got = gs_kernels.colour_blocks(be.asmatrix(A), [be.asarray(g) for g in groups], c)
+    for g, (nodes, bptr, bcol, bval), (_, S) in zip(groups, got, reference_rows(A, groups, c)):
+        B = S.tobsr(blocksize=(c, c))
+        B.sort_indices()
+        np.testing.assert_array_equal(to_host(nodes), g)
+        np.testing.assert_array_equal(to_host(bptr), B.indptr)
+        np.testing.assert_array_equal(to_host(bcol), B.indices)
+        np.testing.assert_array_equal(to_host(bval), B.data.reshape(-1))
+        assert np.dtype(bptr.dtype) == np.dtype(bcol.dtype) == np.int32
+
+
 # --------------------------------------------------------------------------- device = host
 def _launch_slices(plan):
     """The (row pointer, columns, values) each colour launch of the GPU plan reads."""
-    return [tuple(to_host(a) for a in csr) for _, _, _, csr in plan._launch]
+    return [tuple(to_host(a) for a in sl) for sl in plan.slices]
 
 
 @pytest.mark.parametrize("case", list(CASES) + ["l1", "complex"])
@@ -222,11 +245,12 @@ def test_device_setup_equals_host_setup_and_reads_no_array_of_size_n(device, mon
         np.testing.assert_array_equal(dat, S.data)
 
 
-@pytest.mark.parametrize("case", ["point-27", "block-3", "l1"])
+@pytest.mark.parametrize("case", ["point-27", "block-3", "block-3-bsr", "block-2-bsr", "l1"])
 def test_device_sweep_equals_the_scipy_colour_updates(device, case, monkeypatch):
-    """The forward / symmetric sweeps of the device plan (kernel source on host threads: 16
-    and 32 threads a row with the shuffle reduction, and one) equal the colour updates written
-    with SciPy row slices, within 100 eps; the l1 sweep equals the host smoother's."""
+    """The forward / symmetric sweeps of the device plan (kernel source on host threads: 8 to
+    32 threads a row with the shuffle reduction, and one; the CSR and the BSR block kernels)
+    equal the colour updates written with SciPy row slices, within 100 eps; the l1 sweep
+    equals the host smoother's."""
     if case == "l1":
         A = lap2d(12, nine=True)
         host = L1GaussSeidel(A, sweep="forward", partition_rows=40)
@@ -238,7 +262,9 @@ def test_device_sweep_equals_the_scipy_colour_updates(device, case, monkeypatch)
         dev.smooth(xd, device.asarray(b), 2)
         assert np.abs(to_host(xd) - xh).max() <= 100 * EPS * np.abs(xh).max()
         return
-    make, c = CASES[case]
+    layout = "bsr" if case.endswith("-bsr") else "csr"
+    monkeypatch.setattr(gs_kernels, "BLOCK_LAYOUT", layout)
+    make, c = CASES[case.removesuffix("-bsr")]
     A = make()
     kw = {"block_size": c} if c > 1 else {}
     rng = np.random.default_rng(4)
@@ -249,6 +275,7 @@ def test_device_sweep_equals_the_scipy_colour_updates(device, case, monkeypatch)
         for sweep, omega in (("forward", 1.0), ("symmetric", 1.3)):
             dev = GaussSeidel(device.asmatrix(A), sweep=sweep, omega=omega, backend=device, **kw)
             assert dev._plan.sliced and (dev._plan._tpr == 1) == (tpr == 1)
+            assert dev._plan.layout == (layout if c > 1 else "csr")
             xd = device.asarray(x0)
             dev.smooth(xd, device.asarray(b), 1)
             ref = reference_sweep(A, dev._groups, dev._inv, c, omega, dev._orders(sweep, 1), x0.copy(), b)
@@ -316,3 +343,32 @@ def test_gpu_setup_equals_host_setup_without_host_copies(case):
         dev.smooth(xd, gpu.asarray(b), 1)
         ref = reference_sweep(A, host._groups, host._inv, c, 1.0, dev._orders("symmetric", 1), x0.copy(), b)
         assert np.abs(cupy.asnumpy(xd) - ref).max() <= 1e3 * EPS * np.abs(ref).max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e3 * EPS), (np.float32, 1e3 * np.finfo(np.float32).eps)])
+def test_gpu_bsr_block_layout_equals_the_csr_layout(dtype, tol, monkeypatch):
+    """On a real device: block GS with the node rows as c x c blocks (BLOCK_LAYOUT "bsr") gives
+    SciPy's BSR of each colour's rows and the same sweeps as the CSR layout (c = 2, 3, 6)."""
+    import cupy
+    from adaptmg.backend import get_backend
+    gpu = get_backend("gpu")
+    for c in (2, 3, 6):
+        A = vector_spd(9, c, seed=c)
+        rng = np.random.default_rng(c)
+        x0, b = rng.standard_normal(A.shape[0]).astype(dtype), rng.standard_normal(A.shape[0]).astype(dtype)
+        out = {}
+        for layout in ("csr", "bsr"):
+            monkeypatch.setattr(gs_kernels, "BLOCK_LAYOUT", layout)
+            sm = GaussSeidel(gpu.asmatrix(A), block_size=c, backend=gpu, dtype=dtype)
+            assert sm._plan.layout == layout
+            x = gpu.asarray(x0)
+            sm.smooth(x, gpu.asarray(b), 2)
+            out[layout] = cupy.asnumpy(x)
+        for (bptr, bcol, bval), (_, S) in zip(_launch_slices(sm._plan), reference_rows(A, sm._groups, c)):
+            B = S.astype(dtype).tobsr(blocksize=(c, c))
+            B.sort_indices()
+            np.testing.assert_array_equal(bptr, B.indptr)
+            np.testing.assert_array_equal(bcol, B.indices)
+            np.testing.assert_array_equal(bval, B.data.reshape(-1))
+        assert np.abs(out["bsr"] - out["csr"]).max() <= tol * np.abs(out["csr"]).max(), c
