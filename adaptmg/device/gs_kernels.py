@@ -230,12 +230,21 @@ def colour_slices(A, groups, block_size=1):
     else:                              # SciPy's compiled row gather (3x faster than the above)
         P = A[rows]
         ptr, indices, data = P.indptr, P.indices, P.data
+    return _per_colour(be, groups, c, ptr, rows, (indices, 1), (data, 1))
+
+
+def _per_colour(be, groups, c, ptr, rows, *entries):
+    """Cut a colour-ordered gather into one piece per colour: ``(rows, indptr, *entries)`` with
+    ``rows[r0:r1]`` (``c`` rows a node), the row pointer rebased to 0 (int32) and, for each
+    ``(array, w)`` of ``entries``, the view ``array[w s:w e]`` of the colour's entries
+    ``s..e`` (``w`` values an entry).  Reads the ``K + 1`` colour boundaries to the host."""
     bounds = np.concatenate([[0], np.cumsum([int(g.shape[0]) for g in groups])]) * c
     ends = to_host(ptr[be.asarray(bounds)]) if be.is_gpu else ptr[bounds]
     out = []
     for k in range(len(groups)):
         r0, r1, s, e = int(bounds[k]), int(bounds[k + 1]), int(ends[k]), int(ends[k + 1])
-        out.append((rows[r0:r1], (ptr[r0:r1 + 1] - s).astype(xp.int32), indices[s:e], data[s:e]))
+        out.append((rows[r0:r1], (ptr[r0:r1 + 1] - s).astype(be.xp.int32))
+                   + tuple(a[w * s:w * e] for a, w in entries))
     return out
 
 
@@ -331,14 +340,7 @@ def colour_blocks(A, groups, block_size):
     nodes = xp.concatenate([be.asarray(g).astype(xp.int64, copy=False) for g in groups])
     ptr, pos = csr_row_positions(be, bptr, nodes, nb)
     bcol, bval = (ukey % N)[pos].astype(xp.int32), bval[pos].reshape(-1)
-    bounds = np.concatenate([[0], np.cumsum([int(g.shape[0]) for g in groups])])
-    ends = to_host(ptr[be.asarray(bounds)]) if be.is_gpu else ptr[bounds]
-    out = []
-    for k in range(len(groups)):
-        r0, r1, s, e = int(bounds[k]), int(bounds[k + 1]), int(ends[k]), int(ends[k + 1])
-        out.append((nodes[r0:r1], (ptr[r0:r1 + 1] - s).astype(xp.int32), bcol[s:e],
-                    bval[s * c * c:e * c * c]))
-    return out
+    return _per_colour(be, groups, 1, ptr, nodes, (bcol, 1), (bval, c * c))
 
 
 #: GPU block Gauss-Seidel (``block_size > 1``): "csr" -- each colour's rows as a CSR slice,
