@@ -29,6 +29,10 @@ result is exactly sequential Gauss-Seidel over ``C``.
   setup; ``r = b_C - A_C x`` is one compiled product and the update one vectorised
   NumPy expression.
 
+Block GS can instead read each colour's node rows as ``c x c`` blocks (BSR,
+:data:`BLOCK_LAYOUT` = "bsr", kernel ``adaptmg_gs_bsr<c>_<type>``: one column index and
+``c`` contiguous ``x`` entries per block); opt-in until measured against the CSR kernel.
+
 The slices are cut where ``A`` lives (:func:`colour_slices`: one gather of every entry
 into colour order and one view per colour, the same ``xp`` code on both backends), so a
 device matrix is never copied to the host to build a plan.
