@@ -52,7 +52,7 @@ from .kernels import _ctype as ctype_of
 
 __all__ = ["make_colored_sweep", "ColoredSweep", "MAX_GPU_BLOCK", "SLICED", "kernel_name",
            "gs_threads_per_row", "colour_slices", "colour_rows",
-           "colour_blocks", "BLOCK_LAYOUT"]
+           "colour_blocks", "BLOCK_LAYOUT", "THREADS_PER_ROW"]
 
 #: largest block size with a device kernel (the node's residual lives in registers)
 MAX_GPU_BLOCK = 16
@@ -354,6 +354,10 @@ def colour_blocks(A, groups, block_size):
 #: (``scripts/bench_elasticity_gs.py --gs-layout bsr``)
 BLOCK_LAYOUT = "csr"
 
+#: threads per row (node row for blocks) of the GPU colour kernels: None = :func:`gs_threads_per_row`,
+#: else a power of two <= 32 (for tuning: ``scripts/bench_elasticity_gs.py --parts sweep --gs-tpr``)
+THREADS_PER_ROW = None
+
 
 class _GpuColoredSweep(ColoredSweep):
     """CuPy: one RawKernel launch per colour over a preallocated int32 node index array.
@@ -389,7 +393,7 @@ class _GpuColoredSweep(ColoredSweep):
             slices = colour_slices(A, groups, c) if sliced else \
                 [(None, A.indptr, A.indices, A.data)] * len(groups)
             per_row = A.nnz / max(A.shape[0], 1)
-        self._tpr = tpr = gs_threads_per_row(per_row)
+        self._tpr = tpr = THREADS_PER_ROW or gs_threads_per_row(per_row)
         self.slices = [sl[1:] for sl in slices]
         flag = () if bsr else (np.int32(1 if sliced else 0),)
         self._launch = []
