@@ -12,7 +12,7 @@ the node-block smoother swapped:
   (:mod:`adaptmg.multilevel.gauss_seidel`, colouring of the node graph on the solver's
   backend).
 
-Two parts (``--parts``):
+Three parts (``--parts``):
 
 ``static``  the SPD elasticity operator (3 components per node):
             - the V(2,2) contraction factor ``(||r_k|| / ||r_0||)^(1/k)`` of the stationary
@@ -30,6 +30,9 @@ Two parts (``--parts``):
             constrained on the device; ``--form lambda`` passes ``lambda s:
             assemble.elasticity(s, lam, mu)`` instead, which multigrid calls as is (the host
             assembly and constraining, moved up afterwards: the figures before issue 36).
+``sweep``   the finest level alone: ``smooth(x, b, 2)`` of block Jacobi and of block GS for
+            each ``--gs-layout`` (csr, bsr) and ``--gs-tpr`` (threads per node row), and each
+            smoother's set-up on the device matrix (the GS kernels' tuning table);
 ``system``  issue 4's time-stepping system ([[M, -dt M], [dt A, M]], 6 components per node,
             GMRES + V-cycle, ``adaptmg_problems.elasticity.run``) with the smoother swapped:
             init / rhs / solve times and GMRES iterations of ``--steps`` backward-Euler steps
@@ -40,7 +43,8 @@ Run on the CPU at a small size (about ten seconds)::
 
     python scripts/bench_elasticity_gs.py --backend cpu --size 2 --steps 3 --repeat 1
 
-and on the GPU (the issue's device figures)::
+and on the GPU (the issue's device figures; ``--gs-layout csr,bsr`` adds a block-GS row with
+the node rows stored as c x c blocks, :data:`adaptmg.device.gs_kernels.BLOCK_LAYOUT`)::
 
     python scripts/bench_elasticity_gs.py --backend gpu --size 6 --out elasticity_gs.json
     python scripts/bench_elasticity_gs.py --backend gpu --size 10 --parts static --repeat 3
@@ -66,6 +70,7 @@ if ROOT not in sys.path:
 import adaptmg  # noqa: E402
 from adaptmg import Space, assemble  # noqa: E402
 from adaptmg.backend import get_backend, to_host  # noqa: E402
+from adaptmg.device import gs_kernels  # noqa: E402
 from adaptmg.multilevel.coloring import color_graph  # noqa: E402
 from adaptmg.multilevel.smoothers import make_smoother, smoother_setup_kwargs  # noqa: E402
 
@@ -128,6 +133,11 @@ def levels_of(mesh, levels):
     return None if levels == "all" else (len(mesh.hierarchy()) - 1 if levels is None else int(levels))
 
 
+def runs_of(args):
+    """(smoother, GPU block layout) of each row: block Jacobi, then block GS per ``--gs-layout``."""
+    return [("block_jacobi", "csr")] + [("block_gauss_seidel", lay) for lay in args.gs_layout]
+
+
 # --------------------------------------------------------------------------- static (SPD, CG)
 def part_static(args, be, log):
     el = _el()
@@ -137,8 +147,9 @@ def part_static(args, be, log):
         form = functools.partial(assemble.elasticity, lam=el.LAMBDA, mu=el.MU)
     else:                           # called as is: the host path
         form = lambda s: assemble.elasticity(s, el.LAMBDA, el.MU)          # noqa: E731
-    rows = []
-    for name in SMOOTHERS:
+    rows, default = [], gs_kernels.BLOCK_LAYOUT
+    for name, layout in runs_of(args):
+        gs_kernels.BLOCK_LAYOUT = layout
         build = lambda: adaptmg.multigrid(space, form, dirichlet="all", smoother=name,  # noqa: E731
                                           backend=be, max_levels=levels_of(mesh, args.levels),
                                           near_nullspace="rigid_body")
@@ -166,11 +177,47 @@ def part_static(args, be, log):
         ml.solve(bd, rtol=args.rtol, accel="cg")                        # warm-up (graph capture)
         ts = [timed(be, lambda: ml.solve(bd, rtol=args.rtol, accel="cg"))[1] for _ in range(args.repeat)]
         sm = fine.smoother
-        row = dict(smoother=name, dofs=int(n), levels=len(ml.levels), colors=getattr(sm, "ncolors", None),
+        label = name if name == "block_jacobi" or layout == "csr" else f"{name}[{layout}]"
+        row = dict(smoother=label, dofs=int(n), levels=len(ml.levels), colors=getattr(sm, "ncolors", None),
                    setup_s=t_setup, smoother_setup_s=sm_setup, coloring_s=col_s, factor=rho, cg_iters=len(its),
                    rel_residual=r, solve_s=float(np.median(ts)), **split)
         rows.append(row)
-        log(f"  static {name}: {row}")
+        log(f"  static {label}: {row}")
+    gs_kernels.BLOCK_LAYOUT = default
+    return rows
+
+
+# --------------------------------------------------------------------------- sweep (one level)
+def part_sweep(args, be, log):
+    """The finest level's smoothing alone: ``smooth(x, b, 2)`` (V(2,2)'s pre-smoothing) of block
+    Jacobi and of symmetric block GS per ``--gs-layout`` x ``--gs-tpr``, median of ``--repeat``
+    x 5 calls, and each smoother's set-up on the device matrix."""
+    el = _el()
+    space = Space(el.make_mesh(args.case, args.size), 1, components=3)
+    form = functools.partial(assemble.elasticity, lam=el.LAMBDA, mu=el.MU)   # the device set-up
+    ml = adaptmg.multigrid(space, form, dirichlet="all", smoother="block_jacobi", backend=be,
+                           max_levels=1, max_coarse=None, coarse="smoother")
+    A = ml._dev[-1].A
+    n = A.shape[0]
+    b = be.asarray(np.random.default_rng(3).standard_normal(n))
+    x = be.xp.zeros(n)
+    cases = [("block_jacobi", "csr", None)] + [("block_gauss_seidel", lay, tpr) for lay in args.gs_layout
+                                               for tpr in args.gs_tpr]
+    rows, default = [], (gs_kernels.BLOCK_LAYOUT, gs_kernels.THREADS_PER_ROW)
+    for name, layout, tpr in cases:
+        gs_kernels.BLOCK_LAYOUT, gs_kernels.THREADS_PER_ROW = layout, tpr
+        kw = smoother_setup_kwargs(name, None, block_size=3, auto_omega=True)
+        sm, t_setup = timed(be, lambda: make_smoother(name, A, backend=be, **kw))
+        sm.smooth(x, b, 2)                                              # warm-up (compiles)
+        ts = [timed(be, lambda: [sm.smooth(x, b, 2) for _ in range(5)])[1] / 5 for _ in range(args.repeat)]
+        plan = getattr(sm, "_plan", None)
+        rows.append(dict(smoother=name if plan is None else f"{name}[{layout}]", dofs=int(n),
+                         tpr=getattr(plan, "_tpr", None), colors=getattr(sm, "ncolors", None),
+                         setup_s=t_setup, smooth2_ms=1e3 * float(np.median(ts))))
+        log(f"  sweep {rows[-1]}")
+    gs_kernels.BLOCK_LAYOUT, gs_kernels.THREADS_PER_ROW = default
+    for r in rows:
+        r["vs_bj"] = r["smooth2_ms"] / rows[0]["smooth2_ms"]
     return rows
 
 
@@ -242,14 +289,29 @@ def main(argv=None):
                     help="GMRES stopping test of the system part (see elasticity.run)")
     ap.add_argument("--system-rtol", type=float, default=1e-6)
     ap.add_argument("--repeat", type=int, default=3, help="timed repetitions (median)")
+    ap.add_argument("--gs-layout", default="csr",
+                    help="block GS kernel layout(s) on the GPU, comma-separated: csr (default), bsr "
+                         "(adaptmg.device.gs_kernels.BLOCK_LAYOUT); each gets a static row")
+    ap.add_argument("--gs-tpr", default="auto",
+                    help="part sweep: GPU threads per (node) row of the block GS kernels, comma-separated "
+                         "(auto = gs_threads_per_row, or 1, 2, 4, 8, 16, 32)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
     if args.size < 1 or args.repeat < 1 or args.cycles < 1 or args.steps < 1:
         ap.error("--size, --repeat, --cycles and --steps must be positive")
+    args.gs_layout = [g.strip() for g in args.gs_layout.split(",") if g.strip()]
+    if not args.gs_layout or set(args.gs_layout) - {"csr", "bsr"}:
+        ap.error("--gs-layout: a comma-separated list of csr, bsr")
+    try:
+        args.gs_tpr = [None if t.strip() == "auto" else int(t) for t in args.gs_tpr.split(",") if t.strip()]
+    except ValueError:
+        ap.error("--gs-tpr: a comma-separated list of auto, 1, 2, 4, 8, 16, 32")
+    if not args.gs_tpr or set(args.gs_tpr) - {None, 1, 2, 4, 8, 16, 32}:
+        ap.error("--gs-tpr: a comma-separated list of auto, 1, 2, 4, 8, 16, 32")
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    bad = set(parts) - {"static", "system"}
+    bad = set(parts) - {"static", "system", "sweep"}
     if bad:
-        ap.error(f"unknown parts {sorted(bad)}; choose from static, system")
+        ap.error(f"unknown parts {sorted(bad)}; choose from static, system, sweep")
     be = get_backend(args.backend)
     log = lambda s: print(s, flush=True)                                # noqa: E731
     dev = be.name
@@ -264,6 +326,9 @@ def main(argv=None):
         log("set-up split (host wall clock of the tasks; kinds summed over the levels):")
         log(table(out["static"], ["smoother", "setup_s", "assemble_fine_s", "constrain_fine_s", "assemble_s",
                                   "constrain_s", "transfer_s", "constraints_s", "solver_s"]))
+    if "sweep" in parts:
+        out["sweep"] = part_sweep(args, be, log)
+        log(table(out["sweep"], ["smoother", "dofs", "colors", "tpr", "setup_s", "smooth2_ms", "vs_bj"]))
     if "system" in parts:
         out["system"] = part_system(args, be, log)
         log(table(out["system"], ["smoother", "dofs", "colors", "factor", "gmres_iters_total",

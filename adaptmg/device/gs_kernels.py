@@ -25,9 +25,17 @@ result is exactly sequential Gauss-Seidel over ``C``.
   residual is computed in registers and ``x`` is updated in place: no
   temporaries, no allocation, no host synchronisation, so a sweep can be
   recorded in a CUDA graph.
-* CPU (the twin, also the reference of the tests): the rows of colour ``k``
-  as a SciPy CSR row slice prepared at setup; ``r = b_C - A_C x`` is one
-  compiled product and the update one vectorised NumPy expression.
+* CPU (the twin): the rows of colour ``k`` as a SciPy CSR row slice prepared at
+  setup; ``r = b_C - A_C x`` is one compiled product and the update one vectorised
+  NumPy expression.
+
+Block GS can instead read each colour's node rows as ``c x c`` blocks (BSR,
+:data:`BLOCK_LAYOUT` = "bsr", kernel ``adaptmg_gs_bsr<c>_<type>``: one column index and
+``c`` contiguous ``x`` entries per block); opt-in until measured against the CSR kernel.
+
+The slices are cut where ``A`` lives (:func:`colour_slices`: one gather of every entry
+into colour order and one view per colour, the same ``xp`` code on both backends), so a
+device matrix is never copied to the host to build a plan.
 
 GPU and CPU results differ by the order of the row sums only (round-off).
 """
@@ -39,10 +47,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import backend_of, to_host
+from ..multilevel.coloring import csr_row_positions
 from .kernels import _ctype as ctype_of
 
 __all__ = ["make_colored_sweep", "ColoredSweep", "MAX_GPU_BLOCK", "SLICED", "kernel_name",
-           "gs_threads_per_row"]
+           "gs_threads_per_row", "colour_slices", "colour_rows",
+           "colour_blocks", "BLOCK_LAYOUT", "THREADS_PER_ROW"]
 
 #: largest block size with a device kernel (the node's residual lives in registers)
 MAX_GPU_BLOCK = 16
@@ -110,6 +120,41 @@ extern "C" __global__ void adaptmg_gs_block{C}_{T}(
 }
 """
 
+# Block Gauss-Seidel on node blocks stored as BSR (``bptr``/``bcol`` over the colour's node rows,
+# ``bval`` the c x c blocks row-major): a lane reads one block column index and c contiguous x
+# entries per c*c values, where the CSR kernel reads c indices and c x entries per c values
+# (elasticity, c = 3: 76 bytes a block, 8.4 instead of 12 an entry; a third of the dependent loads).
+# The residual's tail (lane 0 applies the inverse block) is the CSR block kernel's, verbatim.
+_GS_BSR_HEAD = r"""
+extern "C" __global__ void adaptmg_gs_bsr{C}_{T}(
+    const int m, const int tpr, const int* __restrict__ nodes,
+    const int* __restrict__ bptr, const int* __restrict__ bcol, const {T}* __restrict__ bval,
+    const {T}* __restrict__ b, const {T}* __restrict__ binv, const {T} omega, {T}* x)
+{
+    const int tid = blockDim.x * blockIdx.x + threadIdx.x;
+    const int t = tid / tpr, lane = tid % tpr;
+    const int p = t < m ? nodes[t] : 0;
+    {T} r[{C}];
+#pragma unroll
+    for (int q = 0; q < {C}; ++q) r[q] = 0;
+    if (t < m)
+        for (int k = bptr[t] + lane; k < bptr[t + 1]; k += tpr) {
+            const {T}* Ak = bval + (size_t)k * ({C} * {C});
+            const {T}* xj = x + (size_t)bcol[k] * {C};
+            {T} xv[{C}];
+#pragma unroll
+            for (int l = 0; l < {C}; ++l) xv[l] = xj[l];
+#pragma unroll
+            for (int q = 0; q < {C}; ++q)
+#pragma unroll
+                for (int l = 0; l < {C}; ++l) r[q] += Ak[q * {C} + l] * xv[l];
+        }
+#pragma unroll
+    for (int q = 0; q < {C}; ++q)
+        for (int off = tpr / 2; off > 0; off >>= 1) r[q] += __shfl_down_sync(0xffffffffu, r[q], off, tpr);
+"""
+_GS_BSR_SRC = _GS_BSR_HEAD + _GS_BLOCK_SRC[_GS_BLOCK_SRC.index("    if (t < m && lane == 0) {"):]
+
 
 def _ctype(dtype):
     return ctype_of(dtype, "Gauss-Seidel kernels")
@@ -121,13 +166,19 @@ def kernel_name(block_size, dtype):
     return f"adaptmg_gs_point_{ct}" if block_size == 1 else f"adaptmg_gs_block{int(block_size)}_{ct}"
 
 
+def bsr_kernel_name(block_size, dtype):
+    """Name of the BSR block kernel (``adaptmg_gs_bsr<c>_<type>``, :data:`BLOCK_LAYOUT`)."""
+    return f"adaptmg_gs_bsr{int(block_size)}_{_ctype(dtype)}"
+
+
 @functools.lru_cache(maxsize=None)
-def _gs_module(xp, ctype, block_size):
-    """The RawModule holding ``kernel_name(block_size, ctype)`` (built once per key)."""
+def _gs_module(xp, ctype, block_size, bsr=False):
+    """The RawModule holding ``kernel_name(block_size, ctype)`` (``bsr``: the BSR kernel's)
+    (built once per key)."""
     if block_size == 1:
         code = _GS_SRC.replace("{T}", ctype)
     else:
-        code = _GS_BLOCK_SRC.replace("{T}", ctype).replace("{C}", str(int(block_size)))
+        code = (_GS_BSR_SRC if bsr else _GS_BLOCK_SRC).replace("{T}", ctype).replace("{C}", str(int(block_size)))
     return xp.RawModule(code=code)
 
 
@@ -154,26 +205,79 @@ class ColoredSweep:
         return x
 
 
+def colour_slices(A, groups, block_size=1):
+    r"""The rows of each colour as a CSR matrix of their own, cut from CSR ``A`` on its backend.
+
+    With ``C_k`` the rows of the nodes ``groups[k]`` (``c p .. c p + c - 1`` for node ``p``,
+    ``c = block_size``, in node order), the slices are the row blocks of the colour-ordered
+    matrix ``P A`` (``P`` the permutation that lists ``C_1, C_2, ...``): one gather of all of
+    ``A``'s entries -- on the device :func:`~adaptmg.multilevel.coloring.csr_row_positions`
+    (row lengths, a running sum, a segmented expansion: whole-array operations, no copy of
+    ``A`` to the host), on the host SciPy's row indexing -- then one view per colour.  Returns a list of ``(rows, indptr,
+    indices, data)``: ``rows`` (int64) the matrix rows ``C_k``; ``indptr`` (int32, rebased to
+    0) and views ``indices``, ``data`` of the gathered arrays, so that row ``t`` of the slice
+    is matrix row ``rows[t]``.  Host reads: the ``K + 1`` colour boundaries.
+    """
+    be = backend_of(A)
+    xp = be.xp
+    c = int(block_size)
+    if not groups:
+        return []
+    nodes = xp.concatenate([be.asarray(g).astype(xp.int64, copy=False) for g in groups])
+    rows = nodes if c == 1 else (nodes[:, None] * c + xp.arange(c, dtype=xp.int64)[None, :]).reshape(-1)
+    nnz = int(A.indices.shape[0])
+    if nnz >= 2**31 - 1:
+        raise ValueError(f"colour slices: {nnz} stored entries do not fit int32 row pointers")
+    if be.is_gpu:
+        ptr, pos = csr_row_positions(be, A.indptr, rows, nnz)
+        indices, data = A.indices[pos], A.data[pos]
+    else:                              # SciPy's compiled row gather (3x faster than the above)
+        P = A[rows]
+        ptr, indices, data = P.indptr, P.indices, P.data
+    return _per_colour(be, groups, c, ptr, rows, (indices, 1), (data, 1))
+
+
+def _per_colour(be, groups, c, ptr, rows, *entries):
+    """Cut a colour-ordered gather into one piece per colour: ``(rows, indptr, *entries)`` with
+    ``rows[r0:r1]`` (``c`` rows a node), the row pointer rebased to 0 (int32) and, for each
+    ``(array, w)`` of ``entries``, the view ``array[w s:w e]`` of the colour's entries
+    ``s..e`` (``w`` values an entry).  Reads the ``K + 1`` colour boundaries to the host."""
+    bounds = np.concatenate([[0], np.cumsum([int(g.shape[0]) for g in groups])]) * c
+    ends = to_host(ptr[be.asarray(bounds)]) if be.is_gpu else ptr[bounds]
+    out = []
+    for k in range(len(groups)):
+        r0, r1, s, e = int(bounds[k]), int(bounds[k + 1]), int(ends[k]), int(ends[k + 1])
+        out.append((rows[r0:r1], (ptr[r0:r1 + 1] - s).astype(be.xp.int32))
+                   + tuple(a[w * s:w * e] for a, w in entries))
+    return out
+
+
+def colour_rows(A, groups, inv, block_size=1):
+    """Per colour, on ``A``'s backend: the matrix rows ``C_k``, the slice ``A[C_k, :]`` as a
+    CSR matrix (SciPy or cupyx; :func:`colour_slices`) and ``D^{-1}`` of the colour --
+    ``inv[C_k]`` (``block_size = 1``) or the inverse blocks ``inv[groups[k]]``.  Three lists."""
+    be = backend_of(A)
+    rows_, mats, invs = [], [], []
+    for g, (rows, ptr, idx, dat) in zip(groups, colour_slices(A, groups, block_size)):
+        rows_.append(rows)
+        mats.append(be.sparse.csr_matrix((dat, idx, ptr), shape=(int(rows.shape[0]), A.shape[1])))
+        invs.append(inv[rows] if block_size == 1 else be.xp.ascontiguousarray(inv[g]))
+    return rows_, mats, invs
+
+
 class _CpuColoredSweep(ColoredSweep):
-    """NumPy/SciPy twin: per colour the CSR row slice ``A[C, :]`` and ``D_CC^{-1}``.
+    """The ``xp`` twin: per colour the CSR row slice ``A[C, :]`` (:func:`colour_slices`) and
+    ``D_CC^{-1}``, on ``A``'s backend.
 
-    With ``be`` the GPU backend (``A`` given on the host) the same code runs on CuPy
-    arrays and cupyx slices: the fallback for complex matrices, which the RawKernels
-    do not cover (one SpMV and a few element-wise launches per colour)."""
+    On the host this is the CPU plan (one compiled SciPy product per colour); on the GPU
+    (a cupyx ``A``) the same code runs on CuPy arrays and cupyx slices: the path of complex
+    matrices, which the RawKernels do not cover (one SpMV and a few element-wise launches
+    per colour)."""
 
-    def __init__(self, A, groups, inv, block_size, be=None):
+    def __init__(self, A, groups, inv, block_size):
         super().__init__(A, groups, block_size)
-        c = self.block_size
-        self._xp = np if be is None else be.xp
-        mv = (lambda M: M) if be is None else be.asmatrix
-        av = (lambda v: v) if be is None else be.asarray
-        self._rows, self._A, self._inv = [], [], []
-        for g in groups:
-            g = np.asarray(g, dtype=np.int64)
-            rows = g if c == 1 else (g[:, None] * c + np.arange(c)[None, :]).ravel()
-            self._rows.append(av(rows))
-            self._A.append(mv(A[rows]))                 # CSR row slice, same dtype as A
-            self._inv.append(av(inv[rows] if c == 1 else np.ascontiguousarray(inv[g])))
+        self._xp = backend_of(A).xp
+        self._rows, self._A, self._inv = colour_rows(A, groups, inv, self.block_size)
 
     def color(self, k, x, b, omega):
         rows = self._rows[k]
@@ -213,12 +317,56 @@ def gs_threads_per_row(nnz_per_row: float) -> int:
     return t
 
 
+def colour_blocks(A, groups, block_size):
+    """The node rows of each colour in BSR form (``c x c`` blocks, ``c = block_size``), cut
+    from CSR ``A`` on its backend: a list of ``(nodes, bptr, bcol, bval)`` -- the colour's
+    nodes, int32 block row pointer (rebased to 0), block columns (int32) and the blocks
+    (row-major, flattened), views of one gather in colour order.
+
+    Every stored entry ``(i, j)`` lands in block ``(i // c, j // c)`` at ``(i % c, j % c)``:
+    one sort of the block keys (``unique``), a weighted ``bincount`` into the blocks (sums
+    duplicates; entries a block does not store are zeros), then the node rows gathered in
+    colour order as in :func:`colour_slices`.  Host reads: the colour boundaries."""
+    be = backend_of(A)
+    xp = be.xp
+    c = int(block_size)
+    N, nnz = A.shape[0] // c, int(A.indices.shape[0])
+    rows = xp.searchsorted(A.indptr, xp.arange(nnz, dtype=A.indptr.dtype), side="right") - 1
+    cols = A.indices.astype(xp.int64)
+    ukey, which = xp.unique((rows // c) * N + cols // c, return_inverse=True)
+    nb = int(ukey.shape[0])
+    if nb >= 2**31 - 1:
+        raise ValueError(f"colour blocks: {nb} stored blocks do not fit int32 row pointers")
+    flat = which.reshape(-1) * (c * c) + (rows % c) * c + cols % c
+    bval = xp.bincount(flat, weights=A.data, minlength=nb * c * c).astype(A.dtype).reshape(nb, c * c)
+    bptr = xp.zeros(N + 1, dtype=xp.int64)
+    bptr[1:] = xp.cumsum(xp.bincount(ukey // N, minlength=N))
+    nodes = xp.concatenate([be.asarray(g).astype(xp.int64, copy=False) for g in groups])
+    ptr, pos = csr_row_positions(be, bptr, nodes, nb)
+    bcol, bval = (ukey % N)[pos].astype(xp.int32), bval[pos].reshape(-1)
+    return _per_colour(be, groups, 1, ptr, nodes, (bcol, 1), (bval, c * c))
+
+
+#: GPU block Gauss-Seidel (``block_size > 1``): "csr" -- each colour's rows as a CSR slice,
+#: ``c`` row loops per node (the default, measured); "bsr" -- each colour's node rows as
+#: ``c x c`` blocks (:func:`colour_blocks`, kernel ``adaptmg_gs_bsr<c>_<type>``): fewer bytes
+#: and dependent loads per entry, to be measured against "csr" on the large elasticity case
+#: (``scripts/bench_elasticity_gs.py --gs-layout bsr``)
+BLOCK_LAYOUT = "csr"
+
+#: threads per row (node row for blocks) of the GPU colour kernels: None = :func:`gs_threads_per_row`,
+#: else a power of two <= 32 (for tuning: ``scripts/bench_elasticity_gs.py --parts sweep --gs-tpr``)
+THREADS_PER_ROW = None
+
+
 class _GpuColoredSweep(ColoredSweep):
-    """CuPy: one RawKernel launch per colour over a preallocated int32 node index array."""
+    """CuPy: one RawKernel launch per colour over a preallocated int32 node index array.
+    Everything is built on the device from the device ``A``, ``groups`` and ``inv``.
+    ``slices``: per colour the (row pointer, columns, values) its launch reads."""
 
     _THREADS = 128
 
-    def __init__(self, A, groups, inv, block_size, be, A_host=None, sliced=None):
+    def __init__(self, A, groups, inv, block_size, be, sliced=None, layout=None):
         super().__init__(A, groups, block_size)
         c = self.block_size
         if c > MAX_GPU_BLOCK:
@@ -226,64 +374,63 @@ class _GpuColoredSweep(ColoredSweep):
                              f"got {c}")
         if A.indices.dtype != np.int32 or A.indptr.dtype != np.int32:
             raise TypeError("the Gauss-Seidel kernels need int32 CSR indices")
+        layout = (BLOCK_LAYOUT if layout is None else layout) if c > 1 else "csr"
+        if layout not in ("csr", "bsr"):
+            raise ValueError(f"Gauss-Seidel block layout must be 'csr' or 'bsr', got {layout!r}")
+        xp = be.xp
         dt = np.dtype(A.dtype)
         self._t = dt.type
-        self._fn = _gs_module(be.xp, _ctype(dt), c).get_function(kernel_name(c, dt))
-        self._inv = be.asarray(np.ascontiguousarray(inv, dtype=dt).reshape(-1))
-        nnz_row = A.nnz / max(A.shape[0], 1)
-        self._tpr = gs_threads_per_row(nnz_row)
-        tpr = self._tpr
-        sliced = SLICED if sliced is None else bool(sliced)
-        if sliced:
-            A_host = to_host(A) if A_host is None else A_host
-            A_host = sp.csr_matrix(A_host)
-        self.sliced = sliced
+        self.layout = layout
+        bsr = layout == "bsr"
+        name = bsr_kernel_name(c, dt) if bsr else kernel_name(c, dt)
+        self._fn = _gs_module(xp, _ctype(dt), c, bsr).get_function(name)
+        self._inv = xp.ascontiguousarray(inv.astype(dt, copy=False)).reshape(-1)
+        self.sliced = sliced = bsr or (SLICED if sliced is None else bool(sliced))
+        if bsr:
+            slices = colour_blocks(A, groups, c)
+            per_row = sum(int(sl[2].shape[0]) for sl in slices) / max(A.shape[0] // c, 1)
+        else:
+            slices = colour_slices(A, groups, c) if sliced else \
+                [(None, A.indptr, A.indices, A.data)] * len(groups)
+            per_row = A.nnz / max(A.shape[0], 1)
+        self._tpr = tpr = THREADS_PER_ROW or gs_threads_per_row(per_row)
+        self.slices = [sl[1:] for sl in slices]
+        flag = () if bsr else (np.int32(1 if sliced else 0),)
         self._launch = []
-        for g in groups:
-            idx = be.asarray(np.asarray(g, dtype=np.int32))
-            m = int(g.size)
+        for g, sl in zip(groups, self.slices):
+            m = int(g.shape[0])
             grid = ((m * tpr + self._THREADS - 1) // self._THREADS,)
-            if sliced:
-                rows = g if c == 1 else (np.asarray(g)[:, None] * c + np.arange(c)).ravel()
-                S = A_host[rows]
-                csr = (be.asarray(S.indptr.astype(np.int32)), be.asarray(S.indices.astype(np.int32)),
-                       be.asarray(S.data.astype(dt)))
-            else:
-                csr = (A.indptr, A.indices, A.data)
-            self._launch.append((grid, np.int32(m), idx, csr))
-        self._tpr32 = np.int32(tpr)
-        self._sliced32 = np.int32(1 if sliced else 0)
+            self._launch.append((grid, (np.int32(m), np.int32(tpr)) + flag + (g.astype(xp.int32),) + sl))
 
     def color(self, k, x, b, omega):
-        grid, m, idx, (indptr, indices, data) = self._launch[k]
-        self._fn(grid, (self._THREADS,), (m, self._tpr32, self._sliced32, idx, indptr, indices, data,
-                                           b, self._inv, self._t(omega), x))
+        grid, head = self._launch[k]
+        self._fn(grid, (self._THREADS,), head + (b, self._inv, self._t(omega), x))
         return x
 
 
-def make_colored_sweep(A, groups, inv, block_size=1, A_host=None, sliced=None):
-    """Plan of the colour updates of ``A`` on ``A``'s backend.
+def make_colored_sweep(A, groups, inv, block_size=1, sliced=None):
+    """Plan of the colour updates of ``A`` on ``A``'s backend, built there.
 
     ``A``: CSR matrix on its backend (SciPy or cupyx, the smoother's dtype);
-    ``groups``: host int arrays, the nodes of each colour; ``inv``: host
-    ``D^{-1}`` -- the inverse diagonal (length ``n``) for ``block_size = 1``,
-    else the inverse node blocks, shape ``(n / c, c, c)``.  GPU only:
-    ``sliced`` (default :data:`SLICED`) stores each colour's rows as a CSR slice
-    of their own, cut from ``A_host`` (the host copy of ``A``; copied from the
-    device when not given).
+    ``groups``: int arrays, the nodes of each colour; ``inv``: ``D^{-1}`` -- the
+    inverse diagonal (length ``n``) for ``block_size = 1``, else the inverse node
+    blocks, shape ``(n / c, c, c)``.  ``groups`` and ``inv`` are moved to ``A``'s
+    backend when they live elsewhere (given on the device for a cupyx ``A``, nothing is
+    copied to the host).  GPU only: ``sliced`` (default :data:`SLICED`) stores each
+    colour's rows as a CSR slice of their own (:func:`colour_slices`, cut on the device).
     """
     c = int(block_size)
     n = A.shape[0]
-    inv = np.asarray(to_host(inv))
     want = (n,) if c == 1 else (n // c, c, c)
-    if inv.shape != want:
-        raise ValueError(f"make_colored_sweep: inverse diagonal must have shape {want}, got {inv.shape}")
+    if tuple(inv.shape) != want:
+        raise ValueError(f"make_colored_sweep: inverse diagonal must have shape {want}, "
+                         f"got {tuple(inv.shape)}")
     be = backend_of(A)
-    if be.is_gpu and np.dtype(A.dtype).kind == "c":       # no complex RawKernel: cupyx
-        A_host = sp.csr_matrix(to_host(A) if A_host is None else A_host).astype(A.dtype)
-        return _CpuColoredSweep(A_host, groups, inv.astype(A.dtype), c, be)
-    if be.is_gpu:
-        return _GpuColoredSweep(A, groups, inv, c, be, A_host=A_host, sliced=sliced)
-    if not (sp.issparse(A) and A.format == "csr"):
+    if not be.is_gpu and not (sp.issparse(A) and A.format == "csr"):
         raise TypeError(f"make_colored_sweep: A must be a CSR matrix, got {type(A).__name__}")
+    groups = [be.asarray(g) for g in groups]
+    inv = be.asarray(inv)
+    if be.is_gpu and np.dtype(A.dtype).kind != "c":
+        return _GpuColoredSweep(A, groups, inv, c, be, sliced=sliced)
+    # the twin: the host plan, and the GPU's for complex matrices (no complex RawKernel)
     return _CpuColoredSweep(A, groups, inv.astype(A.dtype, copy=False), c)

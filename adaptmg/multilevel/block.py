@@ -35,6 +35,7 @@ import scipy.sparse as sp
 from ..backend import is_sparse, to_host
 from ..device import block_kernels as BK
 from ..device import kernels as K
+from ..device.gs_kernels import colour_rows
 from ..device.spmm import block_order, make_spmm, scale_rows
 from .chebyshev import Chebyshev
 from .gauss_seidel import GaussSeidel, L1GaussSeidel
@@ -208,21 +209,15 @@ class _BlockGaussSeidel(_BlockSmoother):
 
     def __init__(self, sm, be, dtype, order):
         super().__init__(sm, be, dtype, order)
-        xp = self.xp
         self.l1 = isinstance(sm, L1GaussSeidel)
-        Ain = sm._Ain if self.l1 else sm._Acsr
+        Ain = be.asmatrix(sm._Ain if self.l1 else sm._Acsr, dtype=dtype)
         if self.l1:
             self.Aoff = make_spmm(sm._Aoff_b)
         c = self.c = sm.block_size
-        inv = np.asarray(to_host(sm._inv_host))
-        self.rows, self.Arows, self.inv = [], [], []
-        for g in sm._groups:
-            g = np.asarray(to_host(g), dtype=np.int64)
-            rows = g if c == 1 else (g[:, None] * c + np.arange(c)[None, :]).ravel()
-            self.rows.append(xp.asarray(rows))
-            self.Arows.append(make_spmm(be.asmatrix(Ain[rows], dtype=dtype)))
-            blk = inv[rows][:, None] if c == 1 else inv[g]
-            self.inv.append(be.asarray(np.ascontiguousarray(blk).astype(dtype)))
+        groups = [be.asarray(g) for g in sm._groups]
+        self.rows, Arows, inv = colour_rows(Ain, groups, be.asarray(sm._inv).astype(dtype), c)
+        self.Arows = [make_spmm(M) for M in Arows]
+        self.inv = [v[:, None] if c == 1 else v for v in inv]
 
     def _color(self, k, X, B):
         rows = self.rows[k]

@@ -62,10 +62,11 @@ import functools
 
 import numpy as np
 
-from ..backend import backend_of, is_sparse, to_host
+from ..backend import backend_of, is_sparse, stable_argsort, to_host
 from .aggregation import csr_row_reduce, csr_rowmax, node_hash
 
-__all__ = ["node_graph", "color_graph", "color_groups", "check_coloring", "csr_rowor"]
+__all__ = ["node_graph", "color_graph", "color_groups", "check_coloring", "csr_rowor",
+           "csr_row_positions"]
 
 _IDX_BITS = 31          # keys: hash (32 bits) above the node index (31 bits)
 
@@ -119,22 +120,36 @@ def _expand(be, counts, total):
     return _repeat(be, be.xp.arange(counts.shape[0], dtype=be.xp.int64), counts, total)
 
 
-def _take_rows(be, indptr, indices, rows):
-    """CSR ``(indptr, indices)`` of the rows ``rows`` of a CSR pattern, in that order
-    (``indptr`` int64)."""
+def csr_row_positions(be, indptr, rows, nnz):
+    """Gather plan of the rows ``rows`` (in that order) of a CSR matrix with row pointer
+    ``indptr`` (``nnz`` stored entries), on ``be``: ``(ptr, pos)`` with ``ptr`` (int64, ``len(rows) + 1``) the new row
+    pointer and ``pos`` the old position of every new entry, so that ``indices[pos]`` and
+    ``data[pos]`` are the rows' entries.
+
+    Entry ``t`` of new row ``q`` is old entry ``t + (indptr[rows[q]] - ptr[q])``: the row
+    lengths, their running sum, and that shift repeated over each row's entries (one segmented
+    expansion, :func:`segment_owner` on the device) -- whole-array operations, no loop over
+    rows, and no host copy of any array (one scalar read: the number of entries)."""
     xp = be.xp
     start = indptr[rows]
     cnt = indptr[rows + 1] - start
     ptr = xp.zeros(rows.shape[0] + 1, dtype=xp.int64)
     ptr[1:] = xp.cumsum(cnt)
     total = int(ptr[-1])
+    # int32 positions when they fit: less traffic
+    it = xp.int32 if max(int(nnz), total) < 2**31 - 1 else xp.int64
     if total == 0:
-        return ptr, indices[:0]
-    # entry t of new row q is old entry t + shift_q (int32 positions when they fit: less traffic)
-    it = xp.int32 if max(int(indices.shape[0]), total) < 2**31 - 1 else xp.int64
+        return ptr, xp.zeros(0, dtype=it)
     shift = (start - ptr[:-1]).astype(it)
     pos = _repeat(be, shift, cnt, total)
     pos += xp.arange(total, dtype=it)
+    return ptr, pos
+
+
+def _take_rows(be, indptr, indices, rows):
+    """CSR ``(indptr, indices)`` of the rows ``rows`` of a CSR pattern, in that order
+    (``indptr`` int64)."""
+    ptr, pos = csr_row_positions(be, indptr, rows, indices.shape[0])
     return ptr, indices[pos]
 
 
@@ -313,14 +328,17 @@ def color_graph(A, block_size=1, seed=0, passes=4):
 
 
 def color_groups(colors):
-    """The nodes of each colour (sorted ascending, host int64 arrays), a list indexed by
-    colour; ``colors`` may be a NumPy or a CuPy array."""
-    colors = np.asarray(to_host(colors))
-    if colors.size == 0:
+    """The nodes of each colour (sorted ascending, int64), a list indexed by colour, on the
+    backend of ``colors`` (a NumPy or a CuPy array): views into one stable sort of the
+    colours.  Only the colour counts (one per colour) are read to the host."""
+    be = backend_of(colors)
+    xp = be.xp
+    if colors.shape[0] == 0:
         return []
-    order = np.argsort(colors, kind="stable")
-    counts = np.bincount(colors)
-    return [g for g in np.split(order, np.cumsum(counts)[:-1]) if g.size]
+    order = stable_argsort(colors).astype(xp.int64, copy=False)
+    ends = np.cumsum(to_host(xp.bincount(colors)))
+    starts = np.concatenate([[0], ends[:-1]])
+    return [order[int(s):int(e)] for s, e in zip(starts, ends) if e > s]
 
 
 def check_coloring(A, colors, block_size=1):

@@ -41,9 +41,12 @@ default smoothers mapped by :func:`adaptmg.from_pyamg`, CUDA graph): V-cycle
 with one symmetric multicolour GS sweep pre and post 0.98 ms for 2-D Poisson
 1.05M DoFs (damped Jacobi: 0.26 ms), 2.37 ms for 3-D Poisson 2.1M DoFs (Jacobi
 0.50 ms); CG iterations 10 / 11 (2-D with Jacobi: 16).  Setup then (host colouring
-and row slices) 2.4 s / 15.6 s.  The colouring now runs where the matrix lives (on the
-device for a cupyx matrix, no host copy for it; same colours as on the host); the
-inverse diagonal blocks and the colours' row slices are still cut on the host.
+and row slices) 2.4 s / 15.6 s.  The whole set-up now runs where the matrix lives: for a
+cupyx matrix the colouring (same colours as on the host), the inverse (block) diagonal,
+the l1 splitting and the colours' CSR row slices
+(:func:`~adaptmg.device.gs_kernels.colour_slices`: one gather of all entries into colour
+order) are built on the device, and nothing of size ``n`` is copied to the host (the
+colour counts and, for a bad matrix, the offending row are read).
 ``symmetric`` with ``omega = 1`` skips the repeated
 update of the turning colour (the second one is a no-op: after the first, the
 residual on that colour is zero).
@@ -75,7 +78,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import is_sparse, to_host
+from ..backend import backend_of, is_sparse
 from ..device import kernels as K
 from ..device.gs_kernels import make_colored_sweep
 from .coloring import color_graph, color_groups
@@ -87,14 +90,43 @@ SWEEPS = ("forward", "backward", "symmetric")
 _ADJOINT = {"forward": "backward", "backward": "forward", "symmetric": "symmetric"}
 
 
-def _host_csr(A, who):
+def _canonical_csr(A, who):
+    """``A`` as CSR without duplicates and with sorted columns, on its own backend: a SciPy
+    matrix is copied (as before); a cupyx one stays on the device and is copied only when
+    it is not canonical (never to the host)."""
     if not is_sparse(A):
         raise TypeError(f"{who} needs an assembled sparse matrix (SciPy or cupyx), "
                         f"got {type(A).__name__}")
-    A = sp.csr_matrix(to_host(A), copy=True)
-    A.sum_duplicates()
-    A.sort_indices()
-    return A
+    if backend_of(A).is_gpu:
+        C = A.tocsr()
+        if C is A and not C.has_canonical_format:
+            C = C.copy()
+    else:
+        C = sp.csr_matrix(A, copy=True)
+    if not C.has_canonical_format:
+        C.sum_duplicates()
+    C.sort_indices()
+    return C
+
+
+def _inverse_of_diagonal(d, who, singular="raise", positive=False, what="diagonal entry"):
+    """``1 / d`` on ``d``'s backend.  A zero or non-finite entry (``positive``: one that is not
+    > 0) is a ``ValueError`` naming its row -- one reduction on the device and, only when
+    something is wrong, a few scalar reads; ``singular="pinv"`` leaves zero entries' rows
+    alone (``D^{-1}`` entry 0, as pyamg's relaxation) when every entry is finite."""
+    xp = backend_of(d).xp
+    fin = xp.isfinite(d)
+    if singular == "pinv" and bool(fin.all()):
+        nz = d != 0
+        return xp.where(nz, 1.0 / xp.where(nz, d, 1), 0).astype(d.dtype, copy=False)
+    bad = ~fin | ((d.real <= 0) if positive else (d == 0))
+    if bool(bad.any()):
+        first, count = int(xp.argmax(bad)), int(bad.sum())
+        if positive:
+            raise ValueError(f"{who}: {what} is not positive in row {first} ({d[first].item()!r}; "
+                             f"{count} rows in all): A must be SPD")
+        raise ValueError(f"{who}: zero or non-finite {what} in row {first} ({count} rows in all)")
+    return 1.0 / d
 
 
 class GaussSeidel(Smoother):
@@ -120,7 +152,7 @@ class GaussSeidel(Smoother):
     """
 
     name = "gauss_seidel"
-    _host_attrs = ("_Acsr", "_groups", "_inv_host", "block_size", "sweep", "seed", "singular")
+    _host_attrs = ("_Acsr", "_groups", "_inv", "block_size", "sweep", "seed", "singular")
 
     def __init__(self, A, sweep="symmetric", omega=1.0, block_size=1, seed=0, backend=None,
                  dtype=None, singular="raise"):
@@ -146,32 +178,27 @@ class GaussSeidel(Smoother):
 
     # ------------------------------------------------------------------ setup
     def _setup_host(self):
+        """Colours, inverse (block) diagonal: on ``A``'s backend (the device for a cupyx
+        matrix; nothing of size ``n`` comes to the host)."""
         who = type(self).__name__
-        A = self._Acsr = _host_csr(self.A_host, who)
+        A = self._Acsr = _canonical_csr(self.A_host, who)
         c = self.block_size
         if A.shape[0] % c:
             raise ValueError(f"{who}: matrix size {A.shape[0]} is not a multiple of "
                              f"block_size {c}")
-        # the colouring runs where the matrix lives (on the device for a cupyx matrix)
-        self._groups = color_groups(color_graph(self.A_host, c, seed=self.seed))
-        self._inv_host = self._inverse_diagonal(A)
+        self._groups = color_groups(color_graph(A, c, seed=self.seed))
+        self._inv = self._inverse_diagonal(A)
 
     def _inverse_diagonal(self, A):
         who = type(self).__name__
         if self.block_size > 1:
+            if np.dtype(A.dtype).kind == "c":
+                raise TypeError(f"{who}: block_size > 1 needs a real matrix, got {A.dtype}")
             return _block_inverses(A, self.block_size, who, self.singular)
-        d = A.diagonal()
-        if self.singular == "pinv" and np.isfinite(d).all():
-            return np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)   # pyamg: skip row
-        bad = np.flatnonzero(~np.isfinite(d) | (d == 0))
-        if bad.size:
-            raise ValueError(f"{who}: zero or non-finite diagonal entry in row {int(bad[0])} "
-                             f"({bad.size} rows in all)")
-        return 1.0 / d
+        return _inverse_of_diagonal(A.diagonal(), who, self.singular)
 
     def _move(self):
-        self._plan = make_colored_sweep(self.A, self._groups, self._inv_host, self.block_size,
-                                        A_host=self._Acsr)
+        self._plan = make_colored_sweep(self.A, self._groups, self._inv, self.block_size)
 
     @property
     def ncolors(self):
@@ -244,32 +271,31 @@ class L1GaussSeidel(GaussSeidel):
                          dtype=dtype)
 
     def _setup_host(self):
-        A = self._Acsr = _host_csr(self.A_host, "L1GaussSeidel")
-        n = A.shape[0]
-        part = np.arange(n) // self.partition_rows
-        rows = np.repeat(np.arange(n), np.diff(A.indptr))
-        inside = part[rows] == part[A.indices]
-        Ain = A.copy()
-        Ain.data = np.where(inside, A.data, 0)
-        Ain.eliminate_zeros()
-        Aoff = A.copy()
-        Aoff.data = np.where(inside, 0, A.data)
-        Aoff.eliminate_zeros()
-        self._Ain, self._Aoff = Ain, Aoff
-        self._groups = color_groups(color_graph(Ain, 1, seed=self.seed))
-        d = A.diagonal() + np.asarray(abs(Aoff).sum(axis=1)).ravel()
-        bad = np.flatnonzero(~np.isfinite(d) | (d <= 0))
-        if bad.size:
-            raise ValueError(f"L1GaussSeidel: l1 diagonal is not positive in row {int(bad[0])} "
-                             f"({d[bad[0]]!r}; {bad.size} rows in all): A must be SPD")
-        self._inv_host = 1.0 / d
+        """``A_in``, ``A_off`` and the l1 diagonal, on ``A``'s backend (masks of the stored
+        entries: row and column partition equal or not)."""
+        A = self._Acsr = _canonical_csr(self.A_host, "L1GaussSeidel")
+        be = backend_of(A)
+        xp, n, P = be.xp, A.shape[0], self.partition_rows
+        idx = A.indices.astype(xp.int64)
+        rows = xp.searchsorted(A.indptr, xp.arange(idx.shape[0], dtype=A.indptr.dtype), side="right") - 1
+        inside = (rows // P) == (idx // P)
+        nz = A.data != 0                                  # stored zeros couple nothing
+
+        def part(keep):                                   # the kept entries, compressed
+            ptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(keep, dtype=xp.int64)])
+            return be.sparse.csr_matrix((A.data[keep], A.indices[keep],
+                                         ptr[A.indptr].astype(A.indptr.dtype)), shape=A.shape)
+        self._Ain, self._Aoff = part(inside & nz), part(~inside & nz)
+        self._groups = color_groups(color_graph(self._Ain, 1, seed=self.seed))
+        off = xp.bincount(rows, weights=xp.where(inside, 0, xp.abs(A.data)), minlength=n)
+        self._inv = _inverse_of_diagonal(A.diagonal() + off, "L1GaussSeidel", positive=True,
+                                         what="l1 diagonal")
 
     def _move(self):
         be, dt = self.backend, self.dtype
         self._Ain_b = be.asmatrix(self._Ain, dtype=dt)
         self._Aoff_b = be.asmatrix(self._Aoff, dtype=dt)
-        self._plan = make_colored_sweep(self._Ain_b, self._groups, self._inv_host, 1,
-                                        A_host=self._Ain)
+        self._plan = make_colored_sweep(self._Ain_b, self._groups, self._inv, 1)
 
     def _run(self, x, b, sweep, sweeps, work, zero_initial, who):
         sweeps = _validate_sweeps(sweeps)

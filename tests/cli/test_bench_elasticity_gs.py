@@ -1,7 +1,12 @@
-"""Smoke test of scripts/bench_elasticity_gs.py's static part on the CPU: both smoothers'
-rows with the set-up split (``setup_timeline``).  (On the CPU the two ``--form`` choices run the
-same host path: multigrid passes ``device`` only on the GPU.)"""
+"""Smoke tests of scripts/bench_elasticity_gs.py on the CPU: the static part's rows with the
+set-up split (``setup_timeline``; on the CPU the two ``--form`` choices run the same host path:
+multigrid passes ``device`` only on the GPU), and the sweep part's table (block Jacobi against
+block GS per layout: GS does more work per smoothing than block Jacobi, the layout /
+threads-per-row choices are restored afterwards, bad choices are refused)."""
+import pytest
 from script_loader import load_script
+
+from adaptmg.device import gs_kernels
 
 
 def test_bench_elasticity_gs_static_prints_its_split(capsys):
@@ -16,3 +21,21 @@ def test_bench_elasticity_gs_static_prints_its_split(capsys):
         # the finest level's tasks are part of their kinds' sums, which run inside the set-up
         assert 0 < r["assemble_fine_s"] <= r["assemble_s"] and 0 < r["constrain_fine_s"] <= r["constrain_s"]
         assert r["solver_s"] < r["setup_s"]
+
+
+def test_bench_elasticity_gs_sweep_part_prints_its_table(capsys):
+    out = load_script("bench_elasticity_gs").main(["--backend", "cpu", "--size", "1", "--parts", "sweep",
+                                                   "--repeat", "1", "--gs-layout", "csr,bsr", "--gs-tpr", "auto,8"])
+    text = capsys.readouterr().out
+    rows = out["sweep"]
+    assert "smooth2_ms" in text and "block_gauss_seidel[bsr]" in text
+    assert [r["smoother"] for r in rows] == ["block_jacobi"] + ["block_gauss_seidel[csr]"] * 2 \
+        + ["block_gauss_seidel[bsr]"] * 2
+    assert all(r["colors"] >= 8 and r["vs_bj"] > 1 for r in rows[1:])
+    assert gs_kernels.BLOCK_LAYOUT == "csr" and gs_kernels.THREADS_PER_ROW is None
+
+
+@pytest.mark.parametrize("bad", [["--gs-layout", "ell"], ["--gs-tpr", "3"], ["--parts", "sweeps"]])
+def test_bench_elasticity_gs_refuses_bad_choices(bad):
+    with pytest.raises(SystemExit):
+        load_script("bench_elasticity_gs").main(["--backend", "cpu"] + bad)
