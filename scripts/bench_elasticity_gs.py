@@ -43,8 +43,9 @@ Run on the CPU at a small size (about ten seconds)::
 
     python scripts/bench_elasticity_gs.py --backend cpu --size 2 --steps 3 --repeat 1
 
-and on the GPU (the issue's device figures; ``--gs-layout csr,bsr`` adds a block-GS row with
-the node rows stored as c x c blocks, :data:`adaptmg.device.gs_kernels.BLOCK_LAYOUT`)::
+and on the GPU (the issue's device figures; ``--gs-layout bsr,csr`` gives a block-GS row per
+layout of its colour kernels: the node rows stored as c x c blocks, the default
+:data:`adaptmg.device.gs_kernels.BLOCK_LAYOUT`, or as CSR slices)::
 
     python scripts/bench_elasticity_gs.py --backend gpu --size 6 --out elasticity_gs.json
     python scripts/bench_elasticity_gs.py --backend gpu --size 10 --parts static --repeat 3
@@ -177,7 +178,7 @@ def part_static(args, be, log):
         ml.solve(bd, rtol=args.rtol, accel="cg")                        # warm-up (graph capture)
         ts = [timed(be, lambda: ml.solve(bd, rtol=args.rtol, accel="cg"))[1] for _ in range(args.repeat)]
         sm = fine.smoother
-        label = name if name == "block_jacobi" or layout == "csr" else f"{name}[{layout}]"
+        label = name if name == "block_jacobi" or layout == default else f"{name}[{layout}]"
         row = dict(smoother=label, dofs=int(n), levels=len(ml.levels), colors=getattr(sm, "ncolors", None),
                    setup_s=t_setup, smoother_setup_s=sm_setup, coloring_s=col_s, factor=rho, cg_iters=len(its),
                    rel_residual=r, solve_s=float(np.median(ts)), **split)
@@ -289,9 +290,9 @@ def main(argv=None):
                     help="GMRES stopping test of the system part (see elasticity.run)")
     ap.add_argument("--system-rtol", type=float, default=1e-6)
     ap.add_argument("--repeat", type=int, default=3, help="timed repetitions (median)")
-    ap.add_argument("--gs-layout", default="csr",
-                    help="block GS kernel layout(s) on the GPU, comma-separated: csr (default), bsr "
-                         "(adaptmg.device.gs_kernels.BLOCK_LAYOUT); each gets a static row")
+    ap.add_argument("--gs-layout", default=gs_kernels.BLOCK_LAYOUT,
+                    help="block GS kernel layout(s) on the GPU, comma-separated: bsr, csr (default: "
+                         "adaptmg.device.gs_kernels.BLOCK_LAYOUT, the library's); each gets a static row")
     ap.add_argument("--gs-tpr", default="auto",
                     help="part sweep: GPU threads per (node) row of the block GS kernels, comma-separated "
                          "(auto = gs_threads_per_row, or 1, 2, 4, 8, 16, 32)")

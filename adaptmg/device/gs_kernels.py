@@ -31,7 +31,10 @@ result is exactly sequential Gauss-Seidel over ``C``.
 
 Block GS can instead read each colour's node rows as ``c x c`` blocks (BSR,
 :data:`BLOCK_LAYOUT` = "bsr", kernel ``adaptmg_gs_bsr<c>_<type>``: one column index and
-``c`` contiguous ``x`` entries per block); opt-in until measured against the CSR kernel.
+``c`` contiguous ``x`` entries per block), the default: on the H200, 3-D elasticity with
+1,683,867 DoFs (``scripts/bench_elasticity_gs.py --size 10 --gs-layout csr,bsr --parts
+static,sweep``), two block GS sweeps of the finest level take 1.55 ms against 2.46 ms with
+the CSR slices (block Jacobi 0.83 ms) and the CG solve 55.8 ms against 84.0 ms.
 
 The slices are cut where ``A`` lives (:func:`colour_slices`: one gather of every entry
 into colour order and one view per colour, the same ``xp`` code on both backends), so a
@@ -347,12 +350,12 @@ def colour_blocks(A, groups, block_size):
     return _per_colour(be, groups, 1, ptr, nodes, (bcol, 1), (bval, c * c))
 
 
-#: GPU block Gauss-Seidel (``block_size > 1``): "csr" -- each colour's rows as a CSR slice,
-#: ``c`` row loops per node (the default, measured); "bsr" -- each colour's node rows as
-#: ``c x c`` blocks (:func:`colour_blocks`, kernel ``adaptmg_gs_bsr<c>_<type>``): fewer bytes
-#: and dependent loads per entry, to be measured against "csr" on the large elasticity case
-#: (``scripts/bench_elasticity_gs.py --gs-layout bsr``)
-BLOCK_LAYOUT = "csr"
+#: GPU block Gauss-Seidel (``block_size > 1``): "bsr" (the default) -- each colour's node rows
+#: as ``c x c`` blocks (:func:`colour_blocks`, kernel ``adaptmg_gs_bsr<c>_<type>``): fewer bytes
+#: and dependent loads per entry, 1.6x faster sweeps than "csr" on the H200 (module docstring);
+#: "csr" -- each colour's rows as a CSR slice, ``c`` row loops per node
+#: (``scripts/bench_elasticity_gs.py --gs-layout csr,bsr`` compares them)
+BLOCK_LAYOUT = "bsr"
 
 #: threads per row (node row for blocks) of the GPU colour kernels: None = :func:`gs_threads_per_row`,
 #: else a power of two <= 32 (for tuning: ``scripts/bench_elasticity_gs.py --parts sweep --gs-tpr``)

@@ -32,7 +32,7 @@ def test_bench_elasticity_gs_sweep_part_prints_its_table(capsys):
     assert [r["smoother"] for r in rows] == ["block_jacobi"] + ["block_gauss_seidel[csr]"] * 2 \
         + ["block_gauss_seidel[bsr]"] * 2
     assert all(r["colors"] >= 8 and r["vs_bj"] > 1 for r in rows[1:])
-    assert gs_kernels.BLOCK_LAYOUT == "csr" and gs_kernels.THREADS_PER_ROW is None
+    assert gs_kernels.BLOCK_LAYOUT == "bsr" and gs_kernels.THREADS_PER_ROW is None   # restored
 
 
 @pytest.mark.parametrize("bad", [["--gs-layout", "ell"], ["--gs-tpr", "3"], ["--parts", "sweeps"]])
