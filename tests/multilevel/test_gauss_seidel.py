@@ -485,6 +485,7 @@ def test_device_colour_sweep_equals_numpy_twin(block, dtype, tol, sliced, monkey
     from adaptmg.backend import get_backend
     from adaptmg.device import gs_kernels
     monkeypatch.setattr(gs_kernels, "SLICED", sliced)
+    monkeypatch.setattr(gs_kernels, "BLOCK_LAYOUT", "csr")      # SLICED is the CSR layout's choice
     gpu = get_backend("gpu")
     A = vector_spd(12, block) if block > 1 else tensor_q1_stiffness(10, 3)     # 27-point: 4 thr/row
     n = A.shape[0]

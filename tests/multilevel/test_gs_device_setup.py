@@ -311,10 +311,12 @@ def test_bad_matrices_get_the_same_errors_on_both_backends(request, where):
 # --------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", list(CASES) + ["l1"])
-def test_gpu_setup_equals_host_setup_without_host_copies(case):
+def test_gpu_setup_equals_host_setup_without_host_copies(case, monkeypatch):
     """On a real device: the set-up of a cupyx matrix equals the host one (groups exactly,
     inverses within 4 eps, each colour's slice exactly ``A[rows]``), its host reads are no longer
-    than the colour counts, and the device sweep equals the SciPy updates within 1e3 eps."""
+    than the colour counts, and the device sweep equals the SciPy updates within 1e3 eps.
+    Block cases with the CSR layout (the BSR one: test_gpu_bsr_block_layout_equals_the_csr_layout)."""
+    monkeypatch.setattr(gs_kernels, "BLOCK_LAYOUT", "csr")
     import cupy
     from adaptmg.backend import get_backend
     gpu = get_backend("gpu")
