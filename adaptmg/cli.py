@@ -367,6 +367,9 @@ def _cmd_warmup(args, parser):
     from .device.warmup import TASKS, warmup
     if args.manifest and (args.tasks or args.record):
         parser.error("--manifest compiles the shipped manifest: it takes neither --tasks nor --record")
+    if args.manifest:                          # the GPU check below must not start them in the background
+        from .device import kernel_manifest as km
+        km.hold_background()
     if not gpu_available():
         print("adaptmg warmup: no GPU visible (nothing to compile)", file=sys.stderr)
         return 1

@@ -311,6 +311,14 @@ def prefetch(first=(), jobs=None, path=MANIFEST, wait=False):
     return procs
 
 
+def hold_background():
+    """Keep :func:`start_once` from starting workers in this process: for a caller that runs
+    :func:`prefetch` itself and waits for it (``adaptmg warmup --manifest``; otherwise its own
+    GPU check would start a background set first, holding the lock its prefetch then meets)."""
+    if _STATE["started"] is None:
+        _STATE["started"] = []
+
+
 def start_once(first=()):
     """:func:`prefetch` at most once per process (errors are swallowed: a prefetch is only an
     optimisation, the kernels then compile on first use as without it)."""

@@ -304,7 +304,12 @@ def test_cli_warmup_manifest_waits_for_the_workers_and_reports_failures(monkeypa
     """``adaptmg warmup --manifest``: the prefetch waited for, exit 1 when a worker failed, 0
     with a reason when nothing was started; --tasks/--record are refused with it."""
     from adaptmg import backend, cli
-    monkeypatch.setattr(backend, "gpu_available", lambda: True)
+    monkeypatch.setitem(km._STATE, "started", None)
+
+    def gpu_check():          # as backend's: the first GPU use calls start_once
+        km.start_once()
+        return True
+    monkeypatch.setattr(backend, "gpu_available", gpu_check)
     calls = []
 
     def fake_prefetch(codes):
@@ -316,8 +321,11 @@ def test_cli_warmup_manifest_waits_for_the_workers_and_reports_failures(monkeypa
     monkeypatch.setattr(km, "versions", lambda compiler=None: ("x", [13, 0]))
     for codes, rc in (([0, 0], 0), ([0, 3], 1), ([], 0)):
         monkeypatch.setattr(km, "prefetch", fake_prefetch(codes))
+        km._STATE["started"] = None
         assert cli.main(["warmup", "--manifest", "--jobs", "2"]) == rc
-        assert calls[-1] == (2, True)
+        # one prefetch, the command's own (waited for): the GPU check started none in the background
+        assert calls[-1] == (2, True) and len(calls) == 1
+        calls.clear()
         out = capsys.readouterr()
         if codes:
             assert "2 worker processes" in out.out and (("1 failed" in out.out) == (rc == 1))
