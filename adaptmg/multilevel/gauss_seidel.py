@@ -82,7 +82,8 @@ from ..backend import backend_of, is_sparse
 from ..device import kernels as K
 from ..device.gs_kernels import make_colored_sweep
 from .coloring import color_graph, color_groups
-from .smoother_base import Smoother, _block_inverses, _note, _validate_sweeps, _validate_vectors
+from .smoother_base import Smoother, _block_inverses, _inverse_diagonal as _inverse_of_diagonal, _note, \
+    _validate_sweeps, _validate_vectors
 
 __all__ = ["GaussSeidel", "BlockGaussSeidel", "L1GaussSeidel", "SWEEPS"]
 
@@ -107,26 +108,6 @@ def _canonical_csr(A, who):
         C.sum_duplicates()
     C.sort_indices()
     return C
-
-
-def _inverse_of_diagonal(d, who, singular="raise", positive=False, what="diagonal entry"):
-    """``1 / d`` on ``d``'s backend.  A zero or non-finite entry (``positive``: one that is not
-    > 0) is a ``ValueError`` naming its row -- one reduction on the device and, only when
-    something is wrong, a few scalar reads; ``singular="pinv"`` leaves zero entries' rows
-    alone (``D^{-1}`` entry 0, as pyamg's relaxation) when every entry is finite."""
-    xp = backend_of(d).xp
-    fin = xp.isfinite(d)
-    if singular == "pinv" and bool(fin.all()):
-        nz = d != 0
-        return xp.where(nz, 1.0 / xp.where(nz, d, 1), 0).astype(d.dtype, copy=False)
-    bad = ~fin | ((d.real <= 0) if positive else (d == 0))
-    if bool(bad.any()):
-        first, count = int(xp.argmax(bad)), int(bad.sum())
-        if positive:
-            raise ValueError(f"{who}: {what} is not positive in row {first} ({d[first].item()!r}; "
-                             f"{count} rows in all): A must be SPD")
-        raise ValueError(f"{who}: zero or non-finite {what} in row {first} ({count} rows in all)")
-    return 1.0 / d
 
 
 class GaussSeidel(Smoother):

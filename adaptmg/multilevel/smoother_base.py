@@ -48,19 +48,23 @@ def _diagonal(A, who):
                     "pass a sparse matrix or an operator with .diagonal()")
 
 
-def _inverse_diagonal(d, who, singular="raise"):
-    """``1 / d`` on ``d``'s backend; a zero or non-finite entry is a ``ValueError`` naming its
-    row (``singular="pinv"``: a zero entry gets 0 when all are finite, as pyamg's
-    relaxation).  One scalar read on the device; the rows come down only for the error."""
+def _inverse_diagonal(d, who, singular="raise", positive=False, what="diagonal entry"):
+    """``1 / d`` on ``d``'s backend.  A zero or non-finite entry (``positive``: one that is not
+    > 0) is a ``ValueError`` naming its row -- one reduction on the device and, only when
+    something is wrong, a few scalar reads; ``singular="pinv"`` leaves zero entries' rows
+    alone (``D^{-1}`` entry 0, as pyamg's relaxation) when every entry is finite."""
     xp = backend_of(d).xp
-    zero = d == 0
-    if singular == "pinv" and bool(xp.isfinite(d).all()):
-        return xp.where(zero, 0.0, 1.0 / xp.where(zero, 1.0, d))
-    bad = ~xp.isfinite(d) | zero
+    fin = xp.isfinite(d)
+    if singular == "pinv" and bool(fin.all()):
+        nz = d != 0
+        return xp.where(nz, 1.0 / xp.where(nz, d, 1), 0)
+    bad = ~fin | ((d.real <= 0) if positive else (d == 0))
     if bool(bad.any()):
-        bad = np.flatnonzero(to_host(bad))
-        raise ValueError(f"{who}: zero or non-finite diagonal entry in row {int(bad[0])} "
-                         f"({bad.size} rows in all)")
+        first, count = int(xp.argmax(bad)), int(bad.sum())
+        if positive:
+            raise ValueError(f"{who}: {what} is not positive in row {first} ({d[first].item()!r}; "
+                             f"{count} rows in all): A must be SPD")
+        raise ValueError(f"{who}: zero or non-finite {what} in row {first} ({count} rows in all)")
     return 1.0 / d
 
 
