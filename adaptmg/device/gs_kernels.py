@@ -50,6 +50,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import backend_of, to_host
+from ..fe.csr_ops import csr_entry_rows
 from ..multilevel.coloring import csr_row_positions
 from .kernels import _ctype as ctype_of
 
@@ -334,7 +335,7 @@ def colour_blocks(A, groups, block_size):
     xp = be.xp
     c = int(block_size)
     N, nnz = A.shape[0] // c, int(A.indices.shape[0])
-    rows = xp.searchsorted(A.indptr, xp.arange(nnz, dtype=A.indptr.dtype), side="right") - 1
+    rows = csr_entry_rows(A.indptr, nnz)
     cols = A.indices.astype(xp.int64)
     ukey, which = xp.unique((rows // c) * N + cols // c, return_inverse=True)
     nb = int(ukey.shape[0])

@@ -8,6 +8,13 @@ from ..backend import backend_of, is_device_array, is_device_sparse, to_host
 from .sparsity import Pattern, _index_dtype
 
 
+def csr_entry_rows(indptr, nnz):
+    """The row of each of the ``nnz`` stored entries of a CSR matrix with row pointer ``indptr``,
+    on ``indptr``'s backend (one binary search per entry; dtype of ``indptr``)."""
+    xp = backend_of(indptr).xp
+    return xp.searchsorted(indptr, xp.arange(nnz, dtype=indptr.dtype), side="right") - 1
+
+
 def _count_before(indptr: np.ndarray, p: np.ndarray) -> np.ndarray:
     """For each ``indptr[r]``, how many of the sorted entry positions ``p`` lie before it
     (= ``np.searchsorted(p, indptr)``): through the rows of the positions when they are fewer
@@ -88,7 +95,7 @@ def _mask_device(A, rows, cols, drop_zeros, diagonal=None):
     rows, cols = np.asarray(rows, dtype=bool), np.asarray(cols, dtype=bool)
     keep = xp.asarray(cols)[indices]
     if not rows.all():
-        row_of = xp.searchsorted(indptr, xp.arange(indices.size, dtype=indptr.dtype), side="right") - 1
+        row_of = csr_entry_rows(indptr, indices.size)
         kept_row = xp.asarray(rows)[row_of]
         keep &= kept_row
     if drop_zeros:

@@ -81,6 +81,7 @@ import scipy.sparse as sp
 from ..backend import backend_of, is_sparse
 from ..device import kernels as K
 from ..device.gs_kernels import make_colored_sweep
+from ..fe.csr_ops import csr_entry_rows
 from .coloring import color_graph, color_groups
 from .smoother_base import Smoother, _block_inverses, _inverse_diagonal as _inverse_of_diagonal, _note, \
     _validate_sweeps, _validate_vectors
@@ -258,7 +259,7 @@ class L1GaussSeidel(GaussSeidel):
         be = backend_of(A)
         xp, n, P = be.xp, A.shape[0], self.partition_rows
         idx = A.indices.astype(xp.int64)
-        rows = xp.searchsorted(A.indptr, xp.arange(idx.shape[0], dtype=A.indptr.dtype), side="right") - 1
+        rows = csr_entry_rows(A.indptr, idx.shape[0])
         inside = (rows // P) == (idx // P)
         nz = A.data != 0                                  # stored zeros couple nothing
 

@@ -16,6 +16,7 @@ import scipy.sparse as sp
 
 from ..device import kernels as K
 from ..backend import backend_of, get_backend, is_device_sparse, is_sparse, to_host
+from ..fe.csr_ops import csr_entry_rows
 from .start_vector import start_vector
 
 __all__ = ["Smoother", "Jacobi", "power_lambda_max"]
@@ -356,8 +357,7 @@ def _block_inverses(A, c, who="BlockJacobi", singular="raise"):
     N = n // c
     xp = backend_of(A).xp
     indptr, indices = A.indptr, A.indices.astype(np.int64)
-    rows = xp.searchsorted(indptr, xp.arange(indices.size, dtype=indptr.dtype), side="right") - 1
-    rows = rows.astype(np.int64)
+    rows = csr_entry_rows(indptr, indices.size).astype(np.int64)
     keep = (rows // c) == (indices // c)
     flat = (rows[keep] // c) * (c * c) + (rows[keep] % c) * c + indices[keep] % c
     dt = np.result_type(A.dtype, np.float64)
