@@ -23,6 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import CPU, get_backend, is_device_array
+from ..fe.congruence import _hanging_rows, _parents
 from ..fe.csr_ops import expand_node_blocks, mask_rows_cols
 from ..fe.space import Space
 from ..mesh import reference as ref
@@ -268,7 +269,6 @@ def _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, fine_free, coarse_free):
     parents in H (a regular node to itself, weight 1: :func:`~adaptmg.fe.congruence._parents`
     on the hanging rows of ``H``), the masks applied and the duplicates summed by COO -> CSR.
     ``fine_free``: a mask on ``be`` or None; ``coarse_free``: a host mask or None."""
-    from ..fe.congruence import _hanging_rows, _parents
     xp = be.xp
     r = xp.concatenate([xp.repeat(rr, cc.shape[1]) for rr, cc, _ in cplx])
     code = xp.concatenate([cc.ravel() for _, cc, _ in cplx])
