@@ -448,14 +448,15 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
             cons_f[l] = pool.submit(tl.wrap(f"constraints {l}", _level_constraints), spaces[l], dirichlet)
         # on the GPU the transfers are built on the device; with Galerkin products when the
         # finest matrix is built there too (a library form: the products then run there)
-        on_device_forms = be.is_gpu and _on_backend(assemble, be) is not assemble
+        wrapped = _on_backend(assemble, be)
+        on_device_forms = be.is_gpu and wrapped is not assemble
         on_dev = ((be, int(be.xp.cuda.Device().id)) if be.is_gpu and (not galerkin or on_device_forms)
                   else (None, None))
         P_f = [None] * L
         for l in range(L - 1, 0, -1):
             P_f[l] = pool.submit(tl.wrap(f"transfer {l}", _level_prolongation), spaces[l - 1],
                                  spaces[l], cons_f[l - 1], cons_f[l], *on_dev)
-        assemble = _on_backend(assemble, be)
+        assemble = wrapped
         Afine = tl.wrap(f"assemble {L - 1}", assemble)(space)
         n = space.num_dofs
         if getattr(Afine, "shape", None) != (n, n):
