@@ -85,12 +85,15 @@ def _cupy_status() -> tuple[Any, Any, str]:
     if n < 1:
         return None, None, "CuPy sees no CUDA device (device count 0)"
     # adaptmg's own kernel cache under CuPy's (compiled kernels found again in a process
-    # whose CuPy cache is empty; see adaptmg.device.kernel_cache)
+    # whose CuPy cache is empty; see adaptmg.device.kernel_cache), the cubins the package
+    # ships under both (adaptmg.device.kernel_bundle)
     import cupy.cuda.compiler as compiler
+    from .device import kernel_bundle
     from .device.kernel_cache import install
     from .device.kernel_manifest import start_once
     install(compiler)
-    start_once()       # a machine's first run: its kernels compiled ahead, in parallel processes
+    kernel_bundle.install(compiler)
+    start_once()       # a machine's first run: what the bundle lacks compiled ahead, in parallel processes
     return cupy, csp, ""
 
 

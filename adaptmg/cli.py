@@ -367,6 +367,10 @@ def _cmd_warmup(args, parser):
     from .device.warmup import TASKS, warmup
     if args.manifest and (args.tasks or args.record):
         parser.error("--manifest compiles the shipped manifest: it takes neither --tasks nor --record")
+    if args.bundle is not None:
+        return _warmup_bundle(args, parser)
+    if args.out is not None:
+        parser.error("--out goes with --bundle")
     if args.manifest:                          # the GPU check below must not start them in the background
         from .device import kernel_manifest as km
         km.hold_background()
@@ -385,6 +389,28 @@ def _cmd_warmup(args, parser):
     return 0 if all(ok for ok, _, _ in res.values()) else 1
 
 
+def _warmup_bundle(args, parser):
+    """``adaptmg warmup --bundle 80,90``: the shipped manifest compiled for each architecture and
+    written as the package's cubin files (:func:`adaptmg.device.kernel_bundle.build`)."""
+    if args.manifest or args.tasks or args.record:
+        parser.error("--bundle builds from the shipped manifest: it takes no --manifest, --tasks or --record")
+    archs = [a.strip().removeprefix("sm_") for a in args.bundle.split(",") if a.strip()]
+    if not archs or not all(a.isdigit() and 50 <= int(a) < 1000 for a in archs):
+        parser.error(f"--bundle takes comma-separated compute capabilities such as 80,90,120, got {args.bundle!r}")
+    try:
+        import cupy.cuda.compiler  # noqa: F401 - NVRTC is what builds them; no GPU needed
+    except ImportError as exc:
+        print(f"adaptmg warmup --bundle: CuPy is needed ({exc})", file=sys.stderr)
+        return 1
+    from .device import kernel_bundle, kernel_manifest as km
+    km.hold_background()
+    folder = args.out or os.path.dirname(os.path.abspath(kernel_bundle.__file__))
+    os.makedirs(folder, exist_ok=True)
+    res = kernel_bundle.build(archs, folder=folder, jobs=args.jobs,
+                              log=(lambda *a: None) if args.quiet else print)
+    return 0 if all(missing == 0 for _, missing in res.values()) else 1
+
+
 def _warmup_manifest(jobs, quiet):
     """``adaptmg warmup --manifest``: the shipped kernel manifest compiled by parallel worker
     processes (:func:`adaptmg.device.kernel_manifest.prefetch`, waited for)."""
@@ -394,6 +420,7 @@ def _warmup_manifest(jobs, quiet):
     procs = km.prefetch(jobs=jobs, wait=True)
     if not procs:
         print("adaptmg warmup --manifest: nothing started -- compiled before on this machine, "
+              "shipped compiled for this GPU (adaptmg.device.kernel_bundle), "
               "adaptmg's kernel cache off (ADAPTMG_KERNEL_CACHE=off), ADAPTMG_PREFETCH=0, or a "
               f"manifest of another CuPy/NVRTC (this one: {km.versions()})", file=sys.stderr)
         return 0
@@ -467,6 +494,12 @@ def build_parser():
                     help="compile the shipped kernel manifest in parallel worker processes instead "
                          "of running the tasks (what a machine's first GPU run starts by itself; "
                          "5.6 s on a 16-core H200 host against 43 s for the tasks)")
+    pw.add_argument("--bundle", default=None, metavar="ARCHS",
+                    help="build the package's cubin files (adaptmg.device.kernel_bundle) of the shipped "
+                         "manifest for these compute capabilities, e.g. 80,86,89,90,100,120 (needs CuPy "
+                         "and NVRTC, not a GPU of each)")
+    pw.add_argument("--out", default=None, metavar="DIR",
+                    help="with --bundle: write the files here (default: the package's adaptmg/device)")
     pw.set_defaults(func=_cmd_warmup)
     return parser
 

@@ -4,7 +4,9 @@ Issue 36's cold-start target for the project's own algebraic multigrid: a proces
 GPU work is ``adaptmg.amg(A)`` on a host-built matrix (3-D Q1 Poisson, the adaptive mesh of
 ``scripts/bench_distributed.py``, about ``--dofs`` DoFs, constrained on the CPU).  The parent
 runs a child process with ``CUPY_CACHE_DIR`` and ``ADAPTMG_KERNEL_CACHE`` set to empty folders
-(the first run on a machine: the kernel manifest's workers start beside it, as they would);
+(the first run on a machine: the package's shipped cubins serve what they hold, the kernel
+manifest's workers start beside it for the rest, as they would; ``--no-bundle`` leaves the
+shipped cubins out, as on an architecture the package has none for);
 the child times ``amg`` set-up and CG solve to rtol 1e-8 twice: first (cold) and again (warm).
 
     python scripts/bench_cold_amg.py --dofs 3e5
@@ -42,12 +44,14 @@ def child(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dofs", type=float, default=3e5)
+    ap.add_argument("--no-bundle", action="store_true", help="without the package's shipped cubins")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
     with tempfile.TemporaryDirectory() as cupy_cache, tempfile.TemporaryDirectory() as ours:
-        env = dict(os.environ, CUPY_CACHE_DIR=cupy_cache, ADAPTMG_KERNEL_CACHE=ours)
+        env = dict(os.environ, CUPY_CACHE_DIR=cupy_cache, ADAPTMG_KERNEL_CACHE=ours,
+                   ADAPTMG_KERNEL_BUNDLE="0" if args.no_bundle else "1")
         return subprocess.call([sys.executable, os.path.abspath(__file__), "--child",
                                 "--dofs", str(args.dofs)], env=env)
 

@@ -149,7 +149,7 @@ def prefetch_table(args):
             env = dict(os.environ, CUPY_CACHE_DIR=os.path.join(tmp, "cupy"), ADAPTMG_KERNEL_CACHE=os.path.join(tmp, "a"),
                        ADAPTMG_PREFETCH="1", ADAPTMG_PREFETCH_MERGE=merge, CUPY_NVRTC_USE_PCH=pch)
             code = ("import time; from adaptmg.device import kernel_manifest as km; t = time.perf_counter(); "
-                    f"p = km.prefetch(jobs={args.jobs if args.jobs_given else None}, wait=True); "
+                    f"p = km.prefetch(jobs={args.jobs if args.jobs_given else None}, wait=True, bundled='compile'); "
                     "print(time.perf_counter() - t, len(p), [q.returncode for q in p])")
             out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
             secs, n, codes = out.stdout.split(maxsplit=2)

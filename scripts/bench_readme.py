@@ -508,7 +508,8 @@ def row_coldstart(ctx):
         after = bs.cold("adaptive", args, warmed)
     bs.run_case("adaptive", args)
     warm = bs.run_case("adaptive", args)
-    return ctx.mark(f"first run on a machine {first['total']:.2f} s to x ({first['kernels']} kernels compiled; "
+    return ctx.mark(f"first run on a machine {first['total']:.2f} s to x ({first['kernels']} kernels loaded, "
+                    f"{first['compiled']} of them compiled by NVRTC; "
                     f"`adaptmg.amg` set-up {first['amg_setup']:.1f} s); after `adaptmg warmup` "
                     f"({t_warmup:.0f} s once) {after['total']:.2f} s (`adaptmg.amg` set-up "
                     f"{after['amg_setup']:.2f} s); warm process {warm['total']:.2f} s (amg {warm['amg_setup']:.2f} s)")

@@ -16,9 +16,10 @@ Cases (3-D Q1 Poisson, homogeneous Dirichlet, f = 1):
 
 ``--cold`` runs every case first in a fresh process whose kernel caches (CuPy's
 ``CUPY_CACHE_DIR`` and adaptmg's ``ADAPTMG_KERNEL_CACHE``) are empty folders -- what the
-first run on a new machine meets, the kernel manifest's parallel compilation included
-(:mod:`adaptmg.device.kernel_manifest`; ``ADAPTMG_BENCH_PREFETCH=0`` leaves it out) -- and reports how many kernels it loaded and how many it
-compiled; on the GPU then ``adaptmg warmup`` into an adaptmg cache and each case again in
+first run on a new machine meets, the package's shipped cubins and the kernel manifest's
+parallel compilation included (:mod:`adaptmg.device.kernel_bundle`,
+:mod:`adaptmg.device.kernel_manifest`; ``ADAPTMG_BENCH_BUNDLE=0`` / ``ADAPTMG_BENCH_PREFETCH=0``
+leave them out) -- and reports how many kernels it loaded and how many NVRTC compiled; on the GPU then ``adaptmg warmup`` into an adaptmg cache and each case again in
 a fresh process with an empty CuPy cache (what every run after the warm-up meets); then
 the same case warm in this process (after one untimed run).  ``--profile N`` prints the N functions with the most
 own time of the ``multigrid()`` set-up (cProfile); ``--timeline`` the warm run's set-up tasks
@@ -109,12 +110,32 @@ def run_case(case, args, profile=0):
     return out
 
 
+def _count_nvrtc():
+    """A counter of the NVRTC programs with a body this process compiles (CuPy also compiles
+    an empty one per option set: its version probe), or None without CuPy."""
+    try:
+        import cupy.cuda.compiler as C
+    except ImportError:
+        return None
+    count, real = [0], C.nvrtc.createProgram
+
+    def counted(src, *a, **k):
+        count[0] += bool(src.strip())
+        return real(src, *a, **k)
+
+    C.nvrtc.createProgram = counted
+    return count
+
+
 def child(args):
     t = time.perf_counter()
     import adaptmg  # noqa: F401
     imp = time.perf_counter() - t
+    nvrtc = _count_nvrtc() if args.backend == "gpu" else None
     r = run_case(args.cases, args)
     r.update(import_s=imp, process_s=time.perf_counter() - T_START)
+    if nvrtc is not None:
+        r["nvrtc"] = nvrtc[0]
     print("RESULT " + json.dumps(r))
 
 
@@ -127,7 +148,8 @@ def cold(case, args, adaptmg_cache):
     adaptmg kernel cache is ``adaptmg_cache`` (an empty one: the first run on a machine)."""
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, CUPY_CACHE_DIR=cache, ADAPTMG_KERNEL_CACHE=adaptmg_cache,
-                   ADAPTMG_PREFETCH=os.environ.get("ADAPTMG_BENCH_PREFETCH", "1"))
+                   ADAPTMG_PREFETCH=os.environ.get("ADAPTMG_BENCH_PREFETCH", "1"),
+                   ADAPTMG_KERNEL_BUNDLE=os.environ.get("ADAPTMG_BENCH_BUNDLE", "1"))
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cases", case,
                "--backend", args.backend, "--load", args.load, "--refine", str(args.refine), "--dofs", str(args.dofs)]
         if args.amg:
@@ -139,7 +161,7 @@ def cold(case, args, adaptmg_cache):
             raise RuntimeError(f"cold run of {case} failed:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
         r = json.loads(lines[-1][7:])
         r["kernels"] = _files(cache)
-        r["compiled"] = _files(adaptmg_cache) - before
+        r["compiled"] = r.get("nvrtc", _files(adaptmg_cache) - before)
         return r
 
 

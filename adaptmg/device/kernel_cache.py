@@ -11,7 +11,9 @@ compiles every kernel again: tens of seconds for one multigrid set-up (measured 
 :func:`install` puts a :class:`LayeredKernelCache` in front of CuPy's cache backend:
 
 * ``load(name)``: CuPy's own cache first; on a miss adaptmg's cache
-  (:func:`cache_dir`), and a hit there is copied into CuPy's cache;
+  (:func:`cache_dir`), and a hit there is copied into CuPy's cache; on a miss there too
+  the cubin the package ships for the call in progress (:mod:`.kernel_bundle`), stored
+  into both caches;
 * ``save(name, cubin, source)``: into both.
 
 Since the file names are CuPy's hashes, a cubin is only ever found for the exact source,
@@ -67,6 +69,13 @@ def _layered_class(base_cls, disk_cls):
                     self.primary.save(name, payload, "")
                 except OSError:                # a read-only CuPy cache: still usable
                     pass
+                return payload
+            payload = _shipped()               # the package's cubin of the call in progress
+            if payload is not None:
+                try:
+                    self.save(name, payload, "")
+                except OSError:
+                    pass
             return payload
 
         def save(self, name, cubin, source):
@@ -80,6 +89,18 @@ def _layered_class(base_cls, disk_cls):
 
 
 LayeredKernelCache = None      # the class, made by install() from CuPy's base class
+
+
+def _shipped():
+    """The shipped cubin of the compile call in progress (:mod:`.kernel_bundle`), or None."""
+    try:
+        from .kernel_bundle import payload
+    except ImportError:                        # the manifest's workers load this file by path
+        return None
+    try:
+        return payload()
+    except Exception:                          # noqa: BLE001 - a bundle only saves time
+        return None
 
 
 def install(compiler) -> bool:

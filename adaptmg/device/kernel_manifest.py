@@ -119,6 +119,40 @@ def versions(compiler=None):
 _SKIP = ("log_stream", "cache_in_memory")     # not part of what is compiled (nor folders: "dir")
 
 
+def call_entry(arguments, paths):
+    """A call of CuPy's compile-with-cache function (its bound ``arguments`` by name) as a
+    manifest entry: this machine's ``paths`` in the source and options as placeholders, the
+    arguments that do not change what is compiled (and None/False ones) left out, tuples
+    kept as ``{"tuple": [...]}``, the ``extra_source`` text as it is."""
+    entry = {}
+    for name, v in arguments.items():
+        if name in _SKIP or "dir" in name or (name not in ("source", "options") and v in (None, False)):
+            continue
+        if name == "source":
+            v = _generic(v, paths)
+        elif name == "options":
+            v = [_generic(o, paths) for o in v]
+        elif isinstance(v, tuple):                 # kept a tuple on replay
+            v = {"tuple": list(v)}
+        entry[name] = v
+    return entry
+
+
+def call_kwargs(e, paths, extras, arch, folders=None):
+    """The keyword arguments of CuPy's compile-with-cache function for manifest entry ``e``
+    on this machine (``paths``: :func:`_paths`; ``extras``: the manifest's ``extra_sources``;
+    ``arch``: the architecture of entries recorded without one; ``folders``: the cache-folder
+    arguments, None for CuPy's default)."""
+    kw = {k: (tuple(v["tuple"]) if isinstance(v, dict) else v) for k, v in e.items()}
+    kw["source"] = _specific(e["source"], paths)
+    kw["options"] = tuple(_specific(o, paths) for o in e["options"])
+    kw["arch"] = e.get("arch") or arch
+    kw.update(folders or {})
+    if "extra_source" in e:
+        kw["extra_source"] = extras[e["extra_source"]]
+    return kw
+
+
 @contextmanager
 def record(path):
     """Within the block, log every call of CuPy's compile-with-cache function (hits
@@ -133,20 +167,9 @@ def record(path):
     here_arch = compiler._get_arch()            # not stored: the replay uses its machine's
 
     def logged(*args, **kw):
-        bound = sig.bind(*args, **kw)
-        entry = {}
-        for name, v in bound.arguments.items():
-            if name in _SKIP or "dir" in name or (name not in ("source", "options") and v in (None, False)):
-                continue
-            if name == "arch" and str(v) == str(here_arch):
-                continue
-            if name == "source":
-                v = _generic(v, paths)
-            elif name == "options":
-                v = [_generic(o, paths) for o in v]
-            elif isinstance(v, tuple):                 # kept a tuple on replay
-                v = {"tuple": list(v)}
-            entry[name] = v
+        entry = call_entry(sig.bind(*args, **kw).arguments, paths)
+        if str(entry.get("arch")) == str(here_arch):
+            del entry["arch"]
         with lock:
             log.append(entry)
         return orig(*args, **kw)
@@ -220,11 +243,14 @@ def _marker(folder, doc_bytes, arch):
     return os.path.join(folder, f"prefetched-{hashlib.md5(doc_bytes).hexdigest()[:16]}-sm{arch}")
 
 
-def prefetch(first=(), jobs=None, path=MANIFEST, wait=False):
+def prefetch(first=(), jobs=None, path=MANIFEST, wait=False, arch=None, bundled="skip"):
     """Start compiling the manifest's kernels in ``jobs`` worker processes (default: CPU
     count - 1) unless done before on this machine; see the module docstring.  ``first``:
-    warm-up task names whose kernels go first.  Returns the list of worker processes (empty
-    when nothing was started); ``wait=True`` waits for them."""
+    warm-up task names whose kernels go first.  ``arch``: compile for this architecture
+    (default: the visible device's).  ``bundled="skip"``: start nothing when the package's
+    cubins of ``arch`` (:mod:`.kernel_bundle`) cover the manifest ("compile" to compile
+    anyway).  Returns the list of worker processes (empty when nothing was started);
+    ``wait=True`` waits for them."""
     from .kernel_cache import cache_dir
     from .kernel_groups import GROUP_SIZE
     folder = cache_dir()
@@ -241,10 +267,14 @@ def prefetch(first=(), jobs=None, path=MANIFEST, wait=False):
         return []
     if not hasattr(compiler, "_compile_with_cache_cuda"):
         return []
-    arch = compiler._get_arch()
+    arch = str(arch or compiler._get_arch())
     marker = _marker(folder, raw, arch)
     if os.path.exists(marker):                # done on this machine: the manifest not even parsed
         return []
+    if bundled == "skip" and __package__:     # not in a worker (a script): no package to ask
+        from .kernel_bundle import covers
+        if covers(hashlib.md5(raw).hexdigest(), arch):
+            return []                         # every manifest kernel ships compiled
     doc = load(path)
     if doc is None:
         return []
@@ -420,16 +450,6 @@ def _worker(order, index, jobs, arch):
     folders = {n: None for n, p in inspect.signature(compiler._compile_with_cache_cuda).parameters.items()
                if "dir" in n}
 
-    def call(e):
-        kw = {k: (tuple(v["tuple"]) if isinstance(v, dict) else v) for k, v in e.items()}
-        kw["source"] = _specific(e["source"], paths)
-        kw["options"] = tuple(_specific(o, paths) for o in e["options"])
-        kw["arch"] = e.get("arch") or arch
-        kw.update(folders)
-        if "extra_source" in e:
-            kw["extra_source"] = extras[e["extra_source"]]
-        return kw
-
     def compile_one(kw):
         try:
             compiler._compile_with_cache_cuda(**kw)
@@ -451,7 +471,7 @@ def _worker(order, index, jobs, arch):
         if not _claim(doc.get("claims"), u, index, jobs):
             continue
         entries = [doc["entries"][i] for i in unit]
-        kws = [call(e) for e in entries]
+        kws = [call_kwargs(e, paths, extras, arch, folders) for e in entries]
         if len(kws) == 1 or ptx:
             for kw in kws:
                 compile_one(kw)
