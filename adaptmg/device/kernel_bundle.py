@@ -284,11 +284,12 @@ def build(archs, folder=None, jobs=None, manifest=None, log=print):
         raise ValueError(f"the manifest was recorded with CuPy {doc['cupy']} / NVRTC {doc['nvrtc']}, this process "
                          f"has {cupy_v} / {nvrtc_v}: re-record it (adaptmg warmup --record) first")
     paths, extras, out = km._paths(), doc["extra_sources"], {}
-    saved = {k: os.environ.get(k) for k in ("ADAPTMG_KERNEL_CACHE", "CUPY_CACHE_DIR")}
+    saved = {k: os.environ.get(k) for k in ("ADAPTMG_KERNEL_CACHE", "CUPY_CACHE_DIR", "ADAPTMG_PREFETCH")}
     for arch in (str(a) for a in archs):
         with tempfile.TemporaryDirectory(prefix=f"adaptmg-bundle-sm{arch}-") as tmp:
             os.environ["ADAPTMG_KERNEL_CACHE"] = os.path.join(tmp, "adaptmg")
             os.environ["CUPY_CACHE_DIR"] = os.path.join(tmp, "cupy")
+            os.environ["ADAPTMG_PREFETCH"] = "1"         # asked for: whatever the environment says
             try:
                 procs = km.prefetch(jobs=jobs, path=manifest, wait=True, arch=arch, bundled="compile")
             finally:

@@ -71,6 +71,7 @@ import numpy as np
 
 from ..backend import get_backend, is_device_sparse, is_sparse, to_host
 from . import aggregation as agg
+from .rap import rap
 from .smoothers import make_smoother, normalize_smoother_name
 from .solver import Level, MultilevelSolver
 
@@ -264,7 +265,7 @@ def _device_hierarchy(be, A, B, block_size, theta, max_coarse, max_levels, seed,
         P = (T - AT).tocsr()
         P.sum_duplicates()
         R = P.T.tocsr()
-        Ac = (R @ (A @ P)).tocsr()
+        Ac = rap(R, A, P)                 # in row blocks where cuSPARSE's int32 would overflow
         Ac.sum_duplicates()
         Ps.append((P, R))
         rhos.append(rho)

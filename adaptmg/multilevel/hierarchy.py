@@ -25,6 +25,7 @@ from ..threads import Done, InlineExecutor, default_threads
 from ..mesh import Mesh
 from .amg import sa_levels
 from .nullspace import NEAR_NULLSPACES, near_nullspace as _near_nullspace
+from .rap import rap
 from .smoothers import smoother_setup_kwargs
 from .solver import Level, MultilevelSolver
 from .transfer import prolongation
@@ -182,11 +183,12 @@ def _level_prolongation(coarse, fine, cons_coarse, cons_fine, be=None, device_id
 def _galerkin(R, K, P, free):
     r"""The Galerkin coarse matrix :math:`R K P + s (I - Z)` (``s`` the mean of
     :math:`|(R K P)_{ii}|` over the ``free`` DoFs, a host mask), zeros dropped: on the device
-    (cuSPARSE SpGEMM, no download) when ``K``, ``P`` and ``R`` are device matrices, else by
-    SciPy's products of host copies."""
+    (cuSPARSE SpGEMM, no download; in row blocks past 32-bit counts: :mod:`.rap`) when ``K``,
+    ``P`` and ``R`` are device matrices, else by SciPy's products of host copies -- both as
+    :math:`R (K P)`."""
     if not (is_device_sparse(K) and is_device_sparse(P) and is_device_sparse(R)):
         P, R = to_host(P), to_host(R)
-        Kc = (R @ to_host(K) @ P).tocsr()
+        Kc = rap(R, to_host(K), P)
         dvals = np.abs(Kc.diagonal()[free])
         s = float(dvals.mean()) if dvals.size else 1.0
         Kc = add_to_diagonal(Kc, np.where(free, 0.0, s))
@@ -194,7 +196,7 @@ def _galerkin(R, K, P, free):
         return Kc
     be = backend_of(K)
     xp = be.xp
-    Kc = (R @ K @ P).tocsr()
+    Kc = rap(R, K, P)
     Kc.sum_duplicates()
     z = xp.asarray(free)
     dvals = xp.abs(Kc.diagonal())[z]

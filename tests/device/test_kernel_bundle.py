@@ -33,9 +33,11 @@ class _Base:
 
 
 class _Disk(_Base):
+    folders = {}                                  # folder -> its files, shared like a disk
+
     def __init__(self, folder=None):
         self.folder = folder
-        self.files = {}
+        self.files = {} if folder is None else self.folders.setdefault(folder, {})
 
     def load(self, name):
         return self.files.get(name)
@@ -234,6 +236,47 @@ def test_prefetch_starts_no_workers_when_the_files_cover_the_manifest(monkeypatc
     assert len(km.prefetch(path=path, jobs=2, wait=True, bundled="compile")) == 2  # building one
     monkeypatch.setenv("ADAPTMG_KERNEL_BUNDLE", "off")
     assert not kb.covers(mhash, "90")
+
+
+def test_build_compiles_the_manifest_per_architecture_and_serves_it(monkeypatch, tmp_path, fresh):
+    """build(): the manifest's workers (here a stand-in that compiles every entry into the
+    temporary caches the build hands them, whatever ADAPTMG_PREFETCH says) per architecture,
+    then each entry's cubin under its key; a process on another install is then served."""
+    root = str(tmp_path / "machine_a")
+    comp = _fake_cupy(monkeypatch, root, [])
+    with km.record(tmp_path / "a.json"):
+        _calls(comp, root)
+    path = km.merge({"t": str(tmp_path / "a.json")}, tmp_path / "m.json.gz")
+    monkeypatch.setenv("ADAPTMG_PREFETCH", "0")
+    seen = []
+
+    def workers(jobs=None, path=None, wait=False, arch=None, bundled="skip"):
+        assert os.environ["ADAPTMG_PREFETCH"] == "1" and bundled == "compile" and wait
+        seen.append(arch)
+        doc, prev = km.load(path), comp._kernel_cache_backend
+        comp._kernel_cache_backend = _Disk(os.environ["ADAPTMG_KERNEL_CACHE"])
+        try:
+            for e in doc["entries"][:2 if arch == "80" else None]:       # sm_80: one fails
+                comp._compile_with_cache_cuda(**km.call_kwargs(e, km._paths(), doc["extra_sources"], arch))
+        finally:
+            comp._kernel_cache_backend = prev
+        return [object()]
+
+    monkeypatch.setattr(km, "prefetch", workers)
+    out = kb.build(["90", "80"], folder=str(tmp_path / "bundle"), manifest=str(path), log=lambda *a: None)
+    assert seen == ["90", "80"] and out == {"90": (3, 0), "80": (2, 1)}
+    assert os.environ["ADAPTMG_PREFETCH"] == "0"                          # put back
+    with open(path, "rb") as f:
+        mhash = hashlib.md5(f.read()).hexdigest()
+    assert kb.covers(mhash, "90") and not kb.covers(mhash, "80")          # sm_80 lacks one kernel
+    compiled = []
+    root = str(tmp_path / "machine_b")
+    comp = _fake_cupy(monkeypatch, root, compiled)
+    kernel_cache.install(comp)
+    kb.install(comp)
+    _calls(comp, root)
+    assert compiled == []
+    assert sorted(comp._kernel_cache_backend.primary.files.values())[0].startswith(b"NVRTC:")   # A's bytes
 
 
 def test_shipped_files_match_the_shipped_manifest():

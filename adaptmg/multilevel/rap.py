@@ -1,0 +1,78 @@
+r"""Galerkin triple products :math:`R A P` that stay inside cuSPARSE's 32-bit indices.
+
+cupyx's sparse product (cuSPARSE SpGEMM) counts the entries of a product in 32-bit
+integers: when :math:`A P` has more than :math:`2^{31} - 1` of them, the result comes back
+wrong without an error (measured on an H200: ``adaptmg.amg`` on the 3-D Q1 matrix of
+20,984,719 rows, 567M entries, got a first coarse level with 993,675 zero diagonal entries).
+On the device the product is therefore summed over row blocks :math:`I_b` of :math:`A`,
+
+.. math::  R A P = \sum_b R_{:, I_b} \, (A_{I_b, :} P),
+
+with each block's work bounded: row :math:`k` of :math:`A` costs at most
+
+.. math::  w_k = \Big(\sum_{j \in A_k} \mathrm{nnz}(P_{j,:})\Big) \max(1, \mathrm{nnz}(R_{:,k}))
+
+multiply-adds in either product (and its entries of :math:`A P` are at most the first
+factor), and a block holds rows whose :math:`w_k` sum to at most ``limit`` (default
+:math:`2^{30}`).  Below the limit it is the one product ``R @ (A @ P)`` as before.  SciPy
+switches to 64-bit indices by itself, so host matrices are multiplied directly unless a
+``limit`` is given (the tests run the blocked path so).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..backend import backend_of, is_device_sparse, to_host
+
+__all__ = ["rap", "LIMIT"]
+
+#: work per block of rows (multiply-adds, an upper bound) on the device
+LIMIT = 2 ** 30
+
+
+def _row_work(R, A, P, xp):
+    """:math:`w_k` of the module docstring, per row of ``A`` (int64)."""
+    p_row = xp.diff(P.indptr).astype(xp.int64)
+    acc = xp.zeros(A.indices.size + 1, dtype=xp.int64)
+    xp.cumsum(p_row[A.indices], out=acc[1:])
+    per_row = acc[A.indptr[1:]] - acc[A.indptr[:-1]]
+    r_col = xp.bincount(R.indices, minlength=R.shape[1])[:A.shape[0]].astype(xp.int64)
+    return per_row * xp.maximum(r_col, 1)
+
+
+def rap(R, A, P, limit=None):
+    """:math:`R A P` as a CSR matrix of ``A``'s backend (see the module docstring).
+
+    ``limit``: the bound on a block's work; default :data:`LIMIT` for device matrices and no
+    blocking for host ones."""
+    if R.shape[1] != A.shape[0] or A.shape[1] != P.shape[0]:
+        raise ValueError(f"rap: shapes do not chain: R {R.shape}, A {A.shape}, P {P.shape}")
+    device = is_device_sparse(A)
+    if limit is None:
+        if not device:
+            return (R @ (A @ P)).tocsr()
+        limit = LIMIT
+    xp = backend_of(A).xp if device else np
+    A, P, R = A.tocsr(), P.tocsr(), R.tocsr()
+    w = _row_work(R, A, P, xp)
+    total = int(w.sum())
+    if total <= limit:
+        return (R @ (A @ P)).tocsr()
+    # cut the rows where the running work passes multiples of total / nb (nb blocks of at
+    # most ~limit each; one block per row at worst, whatever a single row costs)
+    nb = math.ceil(2 * total / limit)
+    run = xp.cumsum(w)
+    marks = xp.asarray(np.arange(1, nb, dtype=np.int64) * (total // nb))
+    cuts = np.unique(np.concatenate([[0], to_host(xp.searchsorted(run, marks, side="right")),
+                                     [A.shape[0]]]))
+    Rc = R.tocsc()
+    out = None
+    for r0, r1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):        # O(blocks): a handful
+        if r1 <= r0:
+            continue
+        part = (Rc[:, r0:r1].tocsr() @ (A[r0:r1] @ P)).tocsr()
+        out = part if out is None else (out + part).tocsr()
+    return out
+
