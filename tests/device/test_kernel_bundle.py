@@ -130,6 +130,17 @@ def _generic(source, root):
     return source.replace(root, "{ROOT}").encode()
 
 
+def _machine_b(monkeypatch, tmp_path, **fake):
+    """Another install (other paths) with the layered cache and the bundle hook in place:
+    (its compiler, the list of sources it compiles, its root)."""
+    compiled = []
+    root = str(tmp_path / "machine_b")
+    comp = _fake_cupy(monkeypatch, root, compiled, **fake)
+    kernel_cache.install(comp)
+    kb.install(comp)
+    return comp, compiled, root
+
+
 def test_a_call_recorded_on_one_machine_is_served_on_another(monkeypatch, tmp_path, fresh):
     _, _, header = _bundle_from_machine_a(monkeypatch, tmp_path)
     assert len(header["keys"]) == 4
@@ -154,11 +165,7 @@ def test_a_call_recorded_on_one_machine_is_served_on_another(monkeypatch, tmp_pa
 @pytest.mark.parametrize("change", ["source", "options", "arch", "extra", "names"])
 def test_a_call_that_differs_in_anything_compiled_is_not_served(monkeypatch, tmp_path, fresh, change):
     _bundle_from_machine_a(monkeypatch, tmp_path)
-    compiled = []
-    root = str(tmp_path / "machine_b")
-    comp = _fake_cupy(monkeypatch, root, compiled)
-    kernel_cache.install(comp)
-    kb.install(comp)
+    comp, compiled, root = _machine_b(monkeypatch, tmp_path)
     inc = f"-I{root}/cupy/_core/include"
     args = dict(source="k2 src", options=(inc,), arch="90", extra_source="HEADERS",
                 name_expressions=("f<double>", "f<float>"), jitify=True)
@@ -174,11 +181,7 @@ def test_a_call_that_differs_in_anything_compiled_is_not_served(monkeypatch, tmp
 @pytest.mark.parametrize("other", [dict(version="14.3.0"), dict(nvrtc=(13, 1)), dict(ptx=True)])
 def test_another_cupy_nvrtc_or_target_gets_nothing(monkeypatch, tmp_path, fresh, other):
     _bundle_from_machine_a(monkeypatch, tmp_path)
-    compiled = []
-    root = str(tmp_path / "machine_b")
-    comp = _fake_cupy(monkeypatch, root, compiled, **other)
-    kernel_cache.install(comp)
-    kb.install(comp)
+    comp, compiled, root = _machine_b(monkeypatch, tmp_path, **other)
     _calls(comp, root)
     assert len(compiled) == 3
 
@@ -190,11 +193,7 @@ def test_a_damaged_file_serves_nothing(monkeypatch, tmp_path, fresh):
     head = data.index(b"\n") + 1
     data[head:] = __import__("lzma").compress(b"X" * 40)                   # right format, wrong bytes
     open(path, "wb").write(bytes(data))
-    compiled = []
-    root = str(tmp_path / "machine_b")
-    comp = _fake_cupy(monkeypatch, root, compiled)
-    kernel_cache.install(comp)
-    kb.install(comp)
+    comp, compiled, root = _machine_b(monkeypatch, tmp_path)
     _calls(comp, root)
     assert len(compiled) == 3 and kb._BUNDLES["90"] is False
 
@@ -269,11 +268,7 @@ def test_build_compiles_the_manifest_per_architecture_and_serves_it(monkeypatch,
     with open(path, "rb") as f:
         mhash = hashlib.md5(f.read()).hexdigest()
     assert kb.covers(mhash, "90") and not kb.covers(mhash, "80")          # sm_80 lacks one kernel
-    compiled = []
-    root = str(tmp_path / "machine_b")
-    comp = _fake_cupy(monkeypatch, root, compiled)
-    kernel_cache.install(comp)
-    kb.install(comp)
+    comp, compiled, root = _machine_b(monkeypatch, tmp_path)
     _calls(comp, root)
     assert compiled == []
     assert sorted(comp._kernel_cache_backend.primary.files.values())[0].startswith(b"NVRTC:")   # A's bytes
