@@ -9,10 +9,10 @@ omegas of a pure block-Jacobi hierarchy; the mixed V-cycle contracts like its pa
 CG preconditioner; bad sequences and keyword arguments raise naming the problem.
 """
 import functools
-import warnings
 
 import numpy as np
 import pytest
+from test_gauss_seidel import elasticity_factor      # V(2,2) factor, 3-D elasticity, 5,793 DoFs
 
 import adaptmg
 from adaptmg import assemble
@@ -31,7 +31,7 @@ GS_BJ = ("block_gauss_seidel", "block_jacobi")
 @functools.lru_cache(maxsize=None)
 def _elasticity_mesh(L=2):
     """3-D box, ``L`` uniform refinements and one local one (hanging nodes): L=2 5,793 DoFs
-    on 4 levels (81, 252, 954, 5793), the mesh of test_gauss_seidel's elasticity factor."""
+    on 4 levels (81, 252, 954, 5793), the mesh of test_gauss_seidel's ``elasticity_factor``."""
     m = Mesh.box([0] * 3, [1] * 3, [2] * 3)
     for _ in range(L):
         m = m.refine()
@@ -42,19 +42,6 @@ def _elasticity(smoother, smoother_kwargs=None, backend="cpu", **kw):
     form = functools.partial(assemble.elasticity, lam=LAM, mu=MU)
     return adaptmg.multigrid(adaptmg.Space(_elasticity_mesh(), 1, 3), form, dirichlet=0,
                              smoother=smoother, smoother_kwargs=smoother_kwargs, backend=backend, **kw)
-
-
-def _factor(ml, cycles=10):
-    """V(2,2) residual contraction ``(||r_k|| / ||r_0||)^(1/k)`` on ``A x = 0`` from a random
-    start (zero on the constrained DoFs)."""
-    n = ml.A.shape[0]
-    x0 = np.random.default_rng(7).standard_normal(n)
-    x0[~ml.constraints[-1].free] = 0.0
-    res = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ml.solve(np.zeros(n), x0=x0, rtol=1e-300, maxiter=cycles, residuals=res)
-    return (res[-1] / res[0]) ** (1.0 / cycles)
 
 
 def _smoothers(ml):
@@ -109,7 +96,7 @@ def test_mixed_cycle_contracts_between_block_jacobi_and_block_gs():
     the CPU: block Jacobi 0.449, block GS 0.182, GS on the finest level and block Jacobi below
     0.246, GS on the two finest 0.183 (CG iterations to 1e-8: 16, 9, 11, 9).  The coarse
     levels' smoother costs little contraction; the finest level's sets most of it."""
-    f = {name: _factor(_elasticity(sm)) for name, sm in
+    f = {name: elasticity_factor(sm, None) for name, sm in
          (("bj", "block_jacobi"), ("gs", "block_gauss_seidel"), ("mixed", GS_BJ),
           ("mixed2", ("block_gauss_seidel",) * 2 + ("block_jacobi",)))}
     assert 0.40 <= f["bj"] <= 0.50 and 0.15 <= f["gs"] <= 0.21, f
