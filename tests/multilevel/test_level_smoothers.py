@@ -163,7 +163,7 @@ def test_gpu_mixed_hierarchy_matches_the_cpu_and_captures_a_graph():
     sc, sg = _smoothers(mc), _smoothers(mg)
     assert [type(s) for s in sg] == [type(s) for s in sc]
     for a, b in zip(sc[1:-1], sg[1:-1]):
-        assert abs(a.omega - b.omega) <= 1e-8 * a.omega
+        assert abs(a.omega - b.omega) <= 1e-6 * a.omega         # power iterations, as elsewhere
     n = mc.A.shape[0]
     b = np.random.default_rng(3).standard_normal(n)
     b[~mc.constraints[-1].free] = 0.0
