@@ -10,14 +10,24 @@ the node-block smoother swapped:
   per level (the hierarchy default);
 * ``block_gauss_seidel``: symmetric multicolour block Gauss-Seidel over the node blocks
   (:mod:`adaptmg.multilevel.gauss_seidel`, colouring of the node graph on the solver's
-  backend).
+  backend);
+* ``gs_fine_bj_coarse`` / ``gs_fine2_bj_coarse``: block GS on the finest one / two levels and
+  block Jacobi (omega auto per level) below -- ``smoother=("block_gauss_seidel",
+  "block_jacobi")``: on the GPU a GS sweep is one launch per colour, which the small,
+  launch-bound levels pay in full.
+
+``--smoothers`` picks the rows (default all four).
 
 Three parts (``--parts``):
 
 ``static``  the SPD elasticity operator (3 components per node):
             - the V(2,2) contraction factor ``(||r_k|| / ||r_0||)^(1/k)`` of the stationary
               cycle on ``A x = 0`` from a random start, ``k = --cycles``;
-            - CG iterations (``accel="cg"``) to ``rtol = --rtol`` (issue 4's 1e-8);
+            - CG iterations (``accel="cg"``) to ``rtol = --rtol`` (issue 4's 1e-8), the solve
+              time per CG iteration and one V-cycle alone (the preconditioner's application,
+              a CUDA graph on the GPU; mean of 10, median of ``--repeat``), each also as a
+              ratio to the block-Jacobi row; the levels smoothed by GS and the colour-kernel
+              launches per V-cycle;
             - set-up time of ``adaptmg.multigrid`` (assembly + hierarchy + smoothers; median
               of ``--repeat`` after a warm-up) with its split by task (``setup_timeline``:
               host wall clock of the finest level's assembly and constraining, all levels'
@@ -49,6 +59,7 @@ layout of its colour kernels: the node rows stored as c x c blocks, the default
 
     python scripts/bench_elasticity_gs.py --backend gpu --size 6 --out elasticity_gs.json
     python scripts/bench_elasticity_gs.py --backend gpu --size 10 --parts static --repeat 3
+    python scripts/bench_elasticity_gs.py --backend gpu --size 6 --parts static --repeat 3
     python scripts/bench_elasticity_gs.py --backend gpu --case face --size 5 --parts system
 """
 from __future__ import annotations
@@ -75,7 +86,14 @@ from adaptmg.device import gs_kernels  # noqa: E402
 from adaptmg.multilevel.coloring import color_graph  # noqa: E402
 from adaptmg.multilevel.smoothers import make_smoother, smoother_setup_kwargs  # noqa: E402
 
-SMOOTHERS = ("block_jacobi", "block_gauss_seidel")
+#: the rows ``--smoothers`` selects: label -> ``multigrid``'s ``smoother`` (a sequence: finest
+#: level first, the last entry for all coarser levels)
+SMOOTHERS = {
+    "block_jacobi": "block_jacobi",
+    "block_gauss_seidel": "block_gauss_seidel",
+    "gs_fine_bj_coarse": ("block_gauss_seidel", "block_jacobi"),
+    "gs_fine2_bj_coarse": ("block_gauss_seidel", "block_gauss_seidel", "block_jacobi"),
+}
 
 
 def _el():
@@ -135,8 +153,36 @@ def levels_of(mesh, levels):
 
 
 def runs_of(args):
-    """(smoother, GPU block layout) of each row: block Jacobi, then block GS per ``--gs-layout``."""
-    return [("block_jacobi", "csr")] + [("block_gauss_seidel", lay) for lay in args.gs_layout]
+    """(row label, GPU block layout) of each row: each of ``--smoothers``, those with block GS on
+    a level once per ``--gs-layout``."""
+    return [(name, lay) for name in args.smoothers
+            for lay in (args.gs_layout if uses_gs(name) else ["csr"])]
+
+
+def uses_gs(name):
+    spec = SMOOTHERS[name]
+    return "block_gauss_seidel" in ((spec,) if isinstance(spec, str) else spec)
+
+
+def finest_spec(name):
+    spec = SMOOTHERS[name]
+    return spec if isinstance(spec, str) else spec[0]
+
+
+def colour_launches(ml):
+    """Per V-cycle: the levels smoothed by (block) Gauss-Seidel and the colour-kernel launches of
+    their pre- and post-smoothing (``presmooth`` sweeps forward-backward, ``postsmooth``
+    adjoint sweeps; the no-op repeats of the turning colour skipped as the smoother does)."""
+    gs = [d.smoother for d in ml._dev if hasattr(d.smoother, "_orders")]
+    n = sum(len(sm._orders(sm.sweep, ml.presmooth)) + len(sm._orders(sm.sweep, ml.postsmooth)) for sm in gs)
+    return len(gs), n
+
+
+def add_ratios(rows, key, ref="block_jacobi"):
+    """``{key}_vs_bj``: each row's ``key`` over the block-Jacobi row's (None without that row)."""
+    base = next((r[key] for r in rows if r["smoother"] == ref), None)
+    for r in rows:
+        r[f"{key}_vs_bj"] = r[key] / base if base else None
 
 
 # --------------------------------------------------------------------------- static (SPD, CG)
@@ -151,7 +197,8 @@ def part_static(args, be, log):
     rows, default = [], gs_kernels.BLOCK_LAYOUT
     for name, layout in runs_of(args):
         gs_kernels.BLOCK_LAYOUT = layout
-        build = lambda: adaptmg.multigrid(space, form, dirichlet="all", smoother=name,  # noqa: E731
+        fine_name = finest_spec(name)
+        build = lambda: adaptmg.multigrid(space, form, dirichlet="all", smoother=SMOOTHERS[name],  # noqa: E731
                                           backend=be, max_levels=levels_of(mesh, args.levels),
                                           near_nullspace="rigid_body")
         ml = build()                                                    # warm-up (kernels compiled)
@@ -163,10 +210,10 @@ def part_static(args, be, log):
         t_setup = float(np.median([t for t, _ in runs]))
         split = min(runs, key=lambda r: abs(r[0] - t_setup))[1]         # the run nearest the median
         fine = ml._dev[-1]
-        kw = smoother_setup_kwargs(name, None, block_size=3, auto_omega=True)
-        sm_setup = timed(be, lambda: make_smoother(name, fine.A, backend=be, **kw))[1]
+        kw = smoother_setup_kwargs(fine_name, None, block_size=3, auto_omega=True)
+        sm_setup = timed(be, lambda: make_smoother(fine_name, fine.A, backend=be, **kw))[1]
         # the node-graph colouring alone, on the solver's backend (kernels compiled above)
-        col_s = timed(be, lambda: color_graph(fine.A, 3))[1] if name.endswith("seidel") else None
+        col_s = timed(be, lambda: color_graph(fine.A, 3))[1] if fine_name.endswith("seidel") else None
         rho = contraction(ml, args.cycles)
         n = ml.A.shape[0]
         b = np.random.default_rng(3).standard_normal(n)
@@ -177,14 +224,24 @@ def part_static(args, be, log):
         r = float(np.linalg.norm(to_host(bd) - ml.A @ to_host(x)) / np.linalg.norm(b))
         ml.solve(bd, rtol=args.rtol, accel="cg")                        # warm-up (graph capture)
         ts = [timed(be, lambda: ml.solve(bd, rtol=args.rtol, accel="cg"))[1] for _ in range(args.repeat)]
+        # one V-cycle alone: the preconditioner that solve() applies (a CUDA graph on the GPU)
+        M = ml.aspreconditioner()
+        M.matvec(bd)                                                    # warm-up (capture)
+        tv = [timed(be, lambda: [M.matvec(bd) for _ in range(10)])[1] / 10 for _ in range(args.repeat)]
         sm = fine.smoother
-        label = name if name == "block_jacobi" or layout == default else f"{name}[{layout}]"
+        label = name if not uses_gs(name) or layout == default else f"{name}[{layout}]"
+        gs_levels, launches = colour_launches(ml)
+        solve_s = float(np.median(ts))
         row = dict(smoother=label, dofs=int(n), levels=len(ml.levels), colors=getattr(sm, "ncolors", None),
+                   gs_levels=gs_levels, colour_launches=launches,
                    setup_s=t_setup, smoother_setup_s=sm_setup, coloring_s=col_s, factor=rho, cg_iters=len(its),
-                   rel_residual=r, solve_s=float(np.median(ts)), **split)
+                   rel_residual=r, solve_s=solve_s, it_ms=1e3 * solve_s / max(len(its), 1),
+                   vcycle_ms=1e3 * float(np.median(tv)), **split)
         rows.append(row)
         log(f"  static {label}: {row}")
     gs_kernels.BLOCK_LAYOUT = default
+    for key in ("solve_s", "it_ms", "vcycle_ms"):
+        add_ratios(rows, key)
     return rows
 
 
@@ -242,8 +299,8 @@ def smoother_in_run(name):
 
 def part_system(args, be, log):
     rows = []
-    for name in SMOOTHERS:
-        with smoother_in_run(name) as el:
+    for name in args.smoothers:
+        with smoother_in_run(SMOOTHERS[name]) as el:
             kw = dict(backend=be, quiet=True, tol=args.tol, rtol=args.system_rtol, levels=args.levels)
             el.run(args.case, args.size, steps=2, **kw)                 # warm-up
             runs = [el.run(args.case, args.size, steps=args.steps, **kw) for _ in range(args.repeat)]
@@ -290,6 +347,9 @@ def main(argv=None):
                     help="GMRES stopping test of the system part (see elasticity.run)")
     ap.add_argument("--system-rtol", type=float, default=1e-6)
     ap.add_argument("--repeat", type=int, default=3, help="timed repetitions (median)")
+    ap.add_argument("--smoothers", default=",".join(SMOOTHERS),
+                    help="rows of the static and system parts, comma-separated: " + ", ".join(SMOOTHERS)
+                    + " (gs_fine*_bj_coarse: block GS on the finest one / two levels, block Jacobi below)")
     ap.add_argument("--gs-layout", default=gs_kernels.BLOCK_LAYOUT,
                     help="block GS kernel layout(s) on the GPU, comma-separated: bsr, csr (default: "
                          "adaptmg.device.gs_kernels.BLOCK_LAYOUT, the library's); each gets a static row")
@@ -301,6 +361,9 @@ def main(argv=None):
     if args.size < 1 or args.repeat < 1 or args.cycles < 1 or args.steps < 1:
         ap.error("--size, --repeat, --cycles and --steps must be positive")
     args.gs_layout = [g.strip() for g in args.gs_layout.split(",") if g.strip()]
+    args.smoothers = [g.strip() for g in args.smoothers.split(",") if g.strip()]
+    if not args.smoothers or set(args.smoothers) - set(SMOOTHERS):
+        ap.error(f"--smoothers: a comma-separated list of {', '.join(SMOOTHERS)}")
     if not args.gs_layout or set(args.gs_layout) - {"csr", "bsr"}:
         ap.error("--gs-layout: a comma-separated list of csr, bsr")
     try:
@@ -322,8 +385,12 @@ def main(argv=None):
     out = dict(case=args.case, size=args.size, backend=be.name, args=vars(args))
     if "static" in parts:
         out["static"] = part_static(args, be, log)
-        log(table(out["static"], ["smoother", "dofs", "colors", "factor", "cg_iters", "setup_s",
-                                  "smoother_setup_s", "coloring_s", "solve_s"]))
+        log(table(out["static"], ["smoother", "dofs", "levels", "colors", "gs_levels", "colour_launches",
+                                  "factor", "cg_iters", "setup_s", "smoother_setup_s", "coloring_s"]))
+        log("solve (CG to --rtol), one CG iteration and one V-cycle (preconditioner application), "
+            "and each over block Jacobi's:")
+        log(table(out["static"], ["smoother", "cg_iters", "solve_s", "solve_s_vs_bj", "it_ms", "it_ms_vs_bj",
+                                  "vcycle_ms", "vcycle_ms_vs_bj"]))
         log("set-up split (host wall clock of the tasks; kinds summed over the levels):")
         log(table(out["static"], ["smoother", "setup_s", "assemble_fine_s", "constrain_fine_s", "assemble_s",
                                   "constrain_s", "transfer_s", "constraints_s", "solver_s"]))

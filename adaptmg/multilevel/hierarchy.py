@@ -362,11 +362,18 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
     galerkin : bool
         Coarse operators R A P instead of rediscretisation (``assemble`` is then
         called only on the finest space).
-    smoother : "jacobi", "block_jacobi" (blocks of ``components``), "chebyshev", or a factory.
-        Jacobi-type smoothers get ``omega="auto"`` unless ``smoother_kwargs`` sets it:
-        omega_l = 4 / (3 lambda_max(S_l A_l)) per level (measured: V(2,2) factors 0.05 for
-        2-D Q1 Poisson, 0.03 in 3-D, 0.44 for 3-D elasticity with lambda/mu = 4, where
-        the fixed omega = 2/3 diverges).
+    smoother : "jacobi", "block_jacobi" (blocks of ``components``), "chebyshev",
+        "block_gauss_seidel", any name of :data:`~adaptmg.multilevel.smoothers.SMOOTHERS`, or
+        a factory.  Jacobi-type smoothers get ``omega="auto"`` unless ``smoother_kwargs``
+        sets it: omega_l = 4 / (3 lambda_max(S_l A_l)) per level (measured: V(2,2) factors
+        0.05 for 2-D Q1 Poisson, 0.03 in 3-D, 0.44 for 3-D elasticity with lambda/mu = 4,
+        where the fixed omega = 2/3 diverges).  A sequence smooths the levels differently,
+        finest level first, the last entry for all coarser geometric levels
+        (:func:`~adaptmg.multilevel.smoothers.level_smoothers`): ``smoother=
+        ("block_gauss_seidel", "block_jacobi")`` is block GS on the finest level and block
+        Jacobi (``omega="auto"`` per level) below, where on the GPU each GS sweep would
+        cost one launch per colour on a launch-bound level; ``smoother_kwargs`` is then
+        None or one dict per entry.  Algebraic levels keep ``amg_kwargs``' smoother.
     coarse : "direct" (dense factorisation on the device) or "smoother".
     threads : worker threads for the per-level set-up (constraints, prolongations,
         constrained matrices; default :func:`default_threads`, 1 = all in this thread).

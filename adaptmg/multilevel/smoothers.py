@@ -29,7 +29,9 @@ multicolour), "gauss_seidel_forward", "gauss_seidel_backward",
 "block_gauss_seidel", "sor", "l1_gauss_seidel"); :func:`normalize_smoother_name`
 is the one place where a user's spelling is turned into a registry key, and
 :func:`smoother_setup_kwargs` fills in the hierarchy defaults (block size,
-``omega="auto"``).
+``omega="auto"``).  A hierarchy may smooth its levels with different smoothers: a
+sequence of names, finest level first, the last entry for all coarser levels
+(:func:`level_smoothers`; e.g. block Gauss-Seidel on the finest level, block Jacobi below).
 
 Contract (all smoothers, and anything plugged into the multigrid driver)::
 
@@ -60,6 +62,8 @@ importable from this module too.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -75,7 +79,9 @@ from .smoother_base import (Jacobi, Smoother, _block_diagonal_csr, _block_invers
 
 __all__ = ["Smoother", "Jacobi", "Richardson", "BlockJacobi", "Chebyshev", "PrePostSmoother",
            "CFJacobi", "GaussSeidel", "BlockGaussSeidel", "L1GaussSeidel", "make_smoother",
-           "normalize_smoother_name", "smoother_setup_kwargs", "estimate_lambda_max", "SMOOTHERS"]
+           "normalize_smoother_name", "smoother_setup_kwargs", "level_smoothers",
+           "describe_level_smoothers", "estimate_lambda_max",
+           "SMOOTHERS"]
 
 
 class Richardson(Jacobi):
@@ -309,15 +315,70 @@ def normalize_smoother_name(spec):
     return key
 
 
+def level_smoothers(spec, smoother_kwargs=None):
+    """The smoothers of a hierarchy's levels as a list of ``(spec, kwargs)``, finest level first.
+
+    ``spec`` is one smoother for every level (a registry name, a factory, an object with
+    ``.smooth``) with one dict ``smoother_kwargs``, or a *sequence* (tuple or list) of
+    names / factories from the finest level down: the finest level gets ``spec[0]``, the next
+    ``spec[1]``, ..., and the last entry every coarser level.  ``("block_gauss_seidel",
+    "block_jacobi")`` is block Gauss-Seidel on the finest level and block Jacobi below it
+    (the coarse levels are launch-bound on the GPU, where one GS sweep is one launch per
+    colour); ``("block_gauss_seidel",) * 2 + ("block_jacobi",)`` GS on the two finest.
+    With a sequence, ``smoother_kwargs`` is None or a sequence of the same length (each a
+    dict or None): one set of arguments per entry, as the entries take different ones.
+    """
+    if not isinstance(spec, (tuple, list)):
+        if smoother_kwargs is not None and not isinstance(smoother_kwargs, Mapping):
+            raise TypeError(f"smoother_kwargs must be a dict or None for one smoother {spec!r}, "
+                            f"got {type(smoother_kwargs).__name__}")
+        return [(spec, dict(smoother_kwargs or {}))]
+    if not spec:
+        raise ValueError("smoother: an empty sequence; give one name or factory per level "
+                         "group, finest first, e.g. ('block_gauss_seidel', 'block_jacobi')")
+    for i, s in enumerate(spec):
+        if isinstance(s, str):
+            normalize_smoother_name(s)                 # an unknown name raises here
+        elif not callable(s) or (hasattr(s, "smooth") and not isinstance(s, type)):
+            raise TypeError(f"smoother[{i}] must be a registry name or a factory f(A, **kw) (a "
+                            f"built smoother serves one matrix only), got {type(s).__name__}")
+    kws = [None] * len(spec) if smoother_kwargs is None else smoother_kwargs
+    if not isinstance(kws, (tuple, list)) or len(kws) != len(spec):
+        raise ValueError(f"smoother is a sequence of {len(spec)} smoothers, so smoother_kwargs "
+                         f"must be None or a sequence of {len(spec)} dicts (one per entry, "
+                         f"finest first), got {smoother_kwargs!r}")
+    for i, k in enumerate(kws):
+        if k is not None and not isinstance(k, Mapping):
+            raise TypeError(f"smoother_kwargs[{i}] must be a dict or None, got {type(k).__name__}")
+    return [(s, dict(k or {})) for s, k in zip(spec, kws)]
+
+
+def describe_level_smoothers(smoothers):
+    """One line for ``print(ml)``: the finest level's smoother and, where coarser levels run
+    other smoothers, their classes (``smoothers`` finest first, None entries skipped)."""
+    sms = [s for s in smoothers if s is not None]
+    if not sms:
+        return "None"
+    k = next((i for i, s in enumerate(sms) if type(s) is not type(sms[0])), len(sms))
+    if k == len(sms):
+        return repr(sms[0])
+    below = ", ".join(dict.fromkeys(type(s).__name__ for s in sms[k:]))
+    return f"{sms[0]!r} on the finest {k} level{'s' if k > 1 else ''}, below {below}"
+
+
 def smoother_setup_kwargs(spec, smoother_kwargs=None, *, block_size=None, auto_omega=False):
     """Keyword arguments for ``make_smoother(spec, A, **kw)`` with the hierarchy defaults filled in.
 
     ``block_size`` is set for the block smoothers ("block_jacobi",
     "block_gauss_seidel") and ``omega="auto"`` for the Jacobi-type ones when
     ``auto_omega`` -- unless ``smoother_kwargs`` already says otherwise.  A
-    factory or smoother object gets ``smoother_kwargs`` unchanged.
+    factory or smoother object gets ``smoother_kwargs`` unchanged.  For a sequence of
+    smoothers (:func:`level_smoothers`) a tuple of such dicts, one per entry.
     """
-    kw = dict(smoother_kwargs or {})
+    if isinstance(spec, (tuple, list)):
+        return tuple(smoother_setup_kwargs(s, k, block_size=block_size, auto_omega=auto_omega)
+                     for s, k in level_smoothers(spec, smoother_kwargs))
+    kw = level_smoothers(spec, smoother_kwargs)[0][1]                  # a copy, checked
     key = normalize_smoother_name(spec)
     if key in _BLOCK_SMOOTHERS and block_size is not None:
         kw.setdefault("block_size", block_size)

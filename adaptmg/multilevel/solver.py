@@ -45,7 +45,7 @@ from . import coarse as _coarse
 from .amli import amli_correction
 from .level import Level
 from .preconditioner import BufferedCycle, make_preconditioner
-from .smoothers import make_smoother, smoother_setup_kwargs
+from .smoothers import describe_level_smoothers, level_smoothers, make_smoother, smoother_setup_kwargs
 from .solve_driver import CYCLES, SolveDriver, _check_cycle
 
 __all__ = ["Level", "MultilevelSolver", "ConvergenceWarning", "CYCLES"]
@@ -122,7 +122,8 @@ class MultilevelSolver(SolveDriver):
     backend : "auto" | "cpu" | "gpu" | Backend
     dtype : float or complex dtype of all level data (float32 for mixed precision; the
         fine matrix is also kept in its own precision for ``solve``).
-    smoother, smoother_kwargs : default smoother for levels without one.
+    smoother, smoother_kwargs : default smoother for levels without one, or a sequence (finest
+        level first, the last for all coarser levels; :func:`~.smoothers.level_smoothers`).
     coarse_max_rows : int, optional
         Drop all levels coarser than the finest level with at most this many
         rows (keeps the coarse problem small but not tiny).  On the GPU a
@@ -233,8 +234,8 @@ class MultilevelSolver(SolveDriver):
         self.last_iterations = None      # iterations of the last solve()
         self.last_info = None            # per-column info of the last block solve()
         self._preconditioners = {}       # cycle kind -> preconditioner reused by solve()
-        self._smoother_spec = smoother
-        self._smoother_kwargs = dict(smoother_kwargs or {})
+        self._level_smoothers = level_smoothers(smoother, smoother_kwargs)   # finest first
+        self._smoother_spec, self._smoother_kwargs = self._level_smoothers[0]
         fineA = levels[-1].A
         fdt = np.dtype(getattr(fineA, "dtype", np.float64))
         self.outer_dtype = np.promote_types(fdt, dtype) if fdt.kind in "fc" else dtype
@@ -268,12 +269,13 @@ class MultilevelSolver(SolveDriver):
             sm = lev.smoother
             if sm is None or isinstance(sm, str):
                 if need_smoother:
-                    spec = sm if isinstance(sm, str) else self._smoother_spec
+                    specs = self._level_smoothers
+                    spec, kw = ((sm, self._smoother_kwargs) if isinstance(sm, str) else
+                                specs[min(len(self.levels) - 1 - l, len(specs) - 1)])
                     # built on the level's backend matrix, so the smoother shares it
                     # (no second device copy of A)
                     src = d.A if _is_sparse(d.A) else lev.A
-                    sm = make_smoother(spec, src, backend=be, dtype=dt,
-                                       **self._smoother_kwargs)
+                    sm = make_smoother(spec, src, backend=be, dtype=dt, **kw)
             if sm is None:
                 pass
             elif getattr(sm, "_adaptmg_smoother", False) and hasattr(sm, "to"):
@@ -442,10 +444,7 @@ class MultilevelSolver(SolveDriver):
         if zero:
             d.x.fill(0)
         if sweeps:
-            if post and hasattr(sm, "smooth_adjoint"):
-                sm.smooth_adjoint(d.x, d.b, sweeps)
-            else:
-                sm.smooth(d.x, d.b, sweeps)
+            (sm.smooth_adjoint if post and hasattr(sm, "smooth_adjoint") else sm.smooth)(d.x, d.b, sweeps)
 
     def _coarse_solve(self, zero, kind="V"):
         d = self._dev[0]
@@ -632,7 +631,7 @@ class MultilevelSolver(SolveDriver):
 
     def __repr__(self):
         L = len(self.levels)
-        sm = self._dev[-1].smoother if L > 1 else self._dev[0].smoother
+        sm = describe_level_smoothers([d.smoother for d in self._dev[:0:-1]] or [self._dev[0].smoother])
         coarse = (f"direct (dense inverse, {self.levels[0].n} rows)"
                   if isinstance(self.coarse, str) and self.coarse == "direct" else
                   f"smoother x {self.coarse_sweeps}" if isinstance(self.coarse, str) else
@@ -642,7 +641,7 @@ class MultilevelSolver(SolveDriver):
             f"Number of levels:    {L}",
             f"Operator complexity: {self.operator_complexity():.3f}",
             f"Grid complexity:     {self.grid_complexity():.3f}",
-            f"Cycle smoothing:     pre {self.presmooth} / post {self.postsmooth}, smoother {sm!r}",
+            f"Cycle smoothing:     pre {self.presmooth} / post {self.postsmooth}, smoother {sm}",
             f"Coarse solver:       {coarse}",
             "  level  kind          cells        DoFs         nnz   hanging",
         ]
@@ -668,8 +667,8 @@ class MultilevelSolver(SolveDriver):
         prolongates level ``l-1`` to level ``l`` (``len(Ps) == len(As) - 1``).
         With ``galerkin=True`` only the finest matrix is used (``As`` may be a
         single matrix) and ``A_{l-1} = R_l A_l P_l`` is computed on the host.
-        ``smoother``: "jacobi", "block_jacobi" (with ``block_size``),
-        "chebyshev", a factory ``f(A)`` or an object with ``.smooth``.
+        ``smoother``: "jacobi", "block_jacobi" (with ``block_size``), "chebyshev", a factory
+        ``f(A)``, an object with ``.smooth``, or a sequence of names (finest level first).
         """
         Ps = list(Ps)
         if galerkin:

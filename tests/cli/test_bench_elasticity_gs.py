@@ -1,6 +1,8 @@
-"""Smoke tests of scripts/bench_elasticity_gs.py on the CPU: the static part's rows with the
-set-up split (``setup_timeline``; on the CPU the two ``--form`` choices run the same host path:
-multigrid passes ``device`` only on the GPU), and the sweep part's table (block Jacobi against
+"""Smoke tests of scripts/bench_elasticity_gs.py on the CPU: the static part's rows (block Jacobi,
+block GS, GS on the finest one / two levels with block Jacobi below: GS levels, colour launches,
+contraction in that order, the ratios to block Jacobi) with the set-up split
+(``setup_timeline``; on the CPU the two ``--form`` choices run the same host path: multigrid
+passes ``device`` only on the GPU), and the sweep part's table (block Jacobi against
 block GS per layout: GS does more work per smoothing than block Jacobi, the layout /
 threads-per-row choices are restored afterwards, bad choices are refused)."""
 import pytest
@@ -10,13 +12,23 @@ from adaptmg.device import gs_kernels
 
 
 def test_bench_elasticity_gs_static_prints_its_split(capsys):
-    out = load_script("bench_elasticity_gs").main(["--backend", "cpu", "--size", "1", "--parts", "static",
+    out = load_script("bench_elasticity_gs").main(["--backend", "cpu", "--size", "2", "--parts", "static",
                                                    "--repeat", "1", "--cycles", "3"])
     text = capsys.readouterr().out
     assert "set-up split" in text and "constrain_fine_s" in text
     rows = out["static"]
-    assert [r["smoother"] for r in rows] == ["block_jacobi", "block_gauss_seidel"]
+    assert [r["smoother"] for r in rows] == ["block_jacobi", "block_gauss_seidel", "gs_fine_bj_coarse",
+                                             "gs_fine2_bj_coarse"]
+    assert "vcycle_ms_vs_bj" in text and "it_ms_vs_bj" in text
+    bj, gs, mixed, mixed2 = rows
+    assert bj["vcycle_ms_vs_bj"] == bj["it_ms_vs_bj"] == 1.0 and bj["gs_levels"] == bj["colour_launches"] == 0
+    # GS on every smoothed level (3 levels, direct coarse solve), on the finest only, on the
+    # two finest: fewer colour launches
+    assert gs["levels"] == 3 and gs["gs_levels"] == 2 and (mixed["gs_levels"], mixed2["gs_levels"]) == (1, 2)
+    assert 0 < mixed["colour_launches"] < mixed2["colour_launches"] <= gs["colour_launches"]
+    assert mixed["colors"] == gs["colors"] >= 8 and bj["factor"] > mixed["factor"] >= gs["factor"]
     for r in rows:
+        assert r["vcycle_ms"] > 0 and r["it_ms"] == pytest.approx(1e3 * r["solve_s"] / r["cg_iters"])
         assert r["cg_iters"] <= 30 and r["rel_residual"] <= 1e-7
         # the finest level's tasks are part of their kinds' sums, which run inside the set-up
         assert 0 < r["assemble_fine_s"] <= r["assemble_s"] and 0 < r["constrain_fine_s"] <= r["constrain_s"]
@@ -35,7 +47,8 @@ def test_bench_elasticity_gs_sweep_part_prints_its_table(capsys):
     assert gs_kernels.BLOCK_LAYOUT == "bsr" and gs_kernels.THREADS_PER_ROW is None   # restored
 
 
-@pytest.mark.parametrize("bad", [["--gs-layout", "ell"], ["--gs-tpr", "3"], ["--parts", "sweeps"]])
+@pytest.mark.parametrize("bad", [["--gs-layout", "ell"], ["--gs-tpr", "3"], ["--parts", "sweeps"],
+                                 ["--smoothers", "block_jacobi,gs_everywhere"]])
 def test_bench_elasticity_gs_refuses_bad_choices(bad):
     with pytest.raises(SystemExit):
         load_script("bench_elasticity_gs").main(["--backend", "cpu"] + bad)
