@@ -16,15 +16,18 @@ multiply-adds in either product (and its entries of :math:`A P` are at most the 
 factor), and a block holds rows whose :math:`w_k` sum to at most ``limit`` (default
 :math:`2^{30}`).  Below the limit it is the one product ``R @ (A @ P)`` as before.  SciPy
 switches to 64-bit indices by itself, so host matrices are multiplied directly unless a
-``limit`` is given (the tests run the blocked path so).
+``limit`` is given (the tests run the blocked path so).  The blocks' products are summed in
+one pass (their entries stacked, duplicates summed); a block the device refuses
+(cuSPARSE's own buffers beside CuPy's memory pool) is split in halves.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import scipy.sparse as sp
 
-from ..backend import backend_of, is_device_sparse, to_host
+from ..backend import backend_of, is_device_error, is_device_sparse, to_host
 
 __all__ = ["rap", "LIMIT"]
 
@@ -54,7 +57,8 @@ def rap(R, A, P, limit=None):
         if not device:
             return (R @ (A @ P)).tocsr()
         limit = LIMIT
-    xp = backend_of(A).xp if device else np
+    be = backend_of(A) if device else None
+    xp, sparse = (be.xp, be.sparse) if device else (np, sp)
     A, P, R = A.tocsr(), P.tocsr(), R.tocsr()
     w = _row_work(R, A, P, xp)
     total = int(w.sum())
@@ -65,14 +69,32 @@ def rap(R, A, P, limit=None):
     nb = math.ceil(2 * total / limit)
     run = xp.cumsum(w)
     marks = xp.asarray(np.arange(1, nb, dtype=np.int64) * (total // nb))
-    cuts = np.unique(np.concatenate([[0], to_host(xp.searchsorted(run, marks, side="right")),
-                                     [A.shape[0]]]))
+    cuts = np.unique(np.concatenate([[0], to_host(xp.searchsorted(run, marks, side="right")), [A.shape[0]]]))
     Rc = R.tocsc()
-    out = None
+    parts = []
     for r0, r1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):        # O(blocks): a handful
-        if r1 <= r0:
-            continue
-        part = (Rc[:, r0:r1].tocsr() @ (A[r0:r1] @ P)).tocsr()
-        out = part if out is None else (out + part).tocsr()
-    return out
+        if r1 > r0:
+            parts.extend(_block(Rc, A, P, r0, r1, xp))
+    if len(parts) == 1:
+        return parts[0]
+    # the blocks' sum in one pass: their entries stacked, duplicates summed by the conversion
+    coo = [p.tocoo() for p in parts]
+    out = sparse.coo_matrix((xp.concatenate([c.data for c in coo]),
+                             (xp.concatenate([c.row for c in coo]), xp.concatenate([c.col for c in coo]))),
+                            shape=(R.shape[0], P.shape[1]))
+    out.sum_duplicates()
+    return out.tocsr()
 
+
+def _block(Rc, A, P, r0, r1, xp, depth=0):
+    """The products of rows ``r0:r1`` of ``A``: ``[R[:, r0:r1] (A[r0:r1] P)]``, or those of its
+    halves when the device refuses (cuSPARSE reports INSUFFICIENT_RESOURCES where its own
+    buffers do not fit beside CuPy's memory pool: the pool's cached blocks are freed first)."""
+    try:
+        return [(Rc[:, r0:r1].tocsr() @ (A[r0:r1] @ P)).tocsr()]
+    except Exception as exc:                              # noqa: BLE001 - device errors only
+        if xp is np or not is_device_error(exc) or r1 - r0 < 2 or depth >= 8:
+            raise
+    xp.get_default_memory_pool().free_all_blocks()
+    mid = (r0 + r1) // 2
+    return _block(Rc, A, P, r0, mid, xp, depth + 1) + _block(Rc, A, P, mid, r1, xp, depth + 1)

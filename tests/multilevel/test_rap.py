@@ -55,3 +55,36 @@ def test_device_blocked_product_equals_the_host_product():
     for limit in (None, 5000, 1):
         got = to_host(rap(gpu.asmatrix(R), gpu.asmatrix(A), gpu.asmatrix(P), limit=limit)).toarray()
         assert np.abs(got - want).max() <= 64 * np.finfo(float).eps * np.abs(want).max()
+
+
+def test_a_block_the_device_refuses_is_split_in_halves():
+    """cuSPARSE's INSUFFICIENT_RESOURCES on a block: the memory pool's cached blocks are freed
+    and the halves multiplied; the sum is the same product.  Emulated: a device error (its
+    class from ``cupy_backends``) for any block of more than 40 rows."""
+    import types
+
+    class CuSparseError(RuntimeError):
+        pass
+    CuSparseError.__module__ = "cupy_backends.cuda.libs.cusparse"
+    R, A, P = _q1_pair()
+    freed = []
+    xp = types.SimpleNamespace(get_default_memory_pool=lambda: types.SimpleNamespace(
+        free_all_blocks=lambda: freed.append(1)))
+
+    class Refusing:
+        def __init__(self, M):
+            self.M = M
+
+        def __getitem__(self, rows):
+            if rows.stop - rows.start > 40:
+                raise CuSparseError("CUSPARSE_STATUS_INSUFFICIENT_RESOURCES")
+            return self.M[rows]
+
+    n = A.shape[0]
+    parts = rapmod._block(R.tocsc(), Refusing(A), P, 0, n, xp)
+    assert len(parts) >= n // 40 and freed
+    got = sum(p.toarray() for p in parts)
+    want = (R @ (A @ P)).toarray()
+    assert np.abs(got - want).max() <= 64 * np.finfo(float).eps * np.abs(want).max()
+    with pytest.raises(CuSparseError):                       # on the host: raised as it is
+        rapmod._block(R.tocsc(), Refusing(A), P, 0, n, np)
