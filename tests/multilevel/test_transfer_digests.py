@@ -1,0 +1,112 @@
+"""The Q1 prolongation P = Z_f (chi kron I_c) H_c Z_c is bit-identical to the one built before
+issue 36"s rewrite of its index work: SHA-1 digests of P"s (indptr, indices, data) -- dtypes,
+shapes and bytes -- for every level pair of a few hierarchies, recorded with the old code
+(commit 6ca4b53).  The weights are dyadic and the sums of the hanging rows exact, so the
+arrays are exact on any machine and either backend (the GPU test uploads nothing else)."""
+import hashlib
+
+import numpy as np
+import pytest
+
+from adaptmg import Mesh, Space
+from adaptmg.multilevel.hierarchy import _level_constraints
+from adaptmg.multilevel.transfer import interpolation_matrix, prolongation
+
+
+def _lshape(h0):
+    """The L-shape of problems/lshape.py (12 squares of side 1/2) graded towards the re-entrant
+    corner: cells with h > 40 h0 (r + h)^(2/3) refined until none is left (hanging nodes on
+    every level of the hierarchy)."""
+    m = Mesh.box([-1.0, -1.0], [1.0, 1.0], [4, 4])
+    c = m.cell_vertices().mean(1)
+    m = Mesh.from_cells(m.points, m.cells[~((c[:, 0] > 0) & (c[:, 1] < 0))])
+    while True:
+        v = m.cell_vertices()
+        h = v[:, -1, 0] - v[:, 0, 0]
+        r = np.linalg.norm(v.mean(1), axis=1)
+        mk = np.flatnonzero(h > 40 * h0 * (r + h) ** (2 / 3))
+        if mk.size == 0:
+            return m
+        m = m.refine(mk)
+
+
+def _adaptive3d():
+    """scripts/bench_distributed.py"s family: a box refined uniformly plus one local refinement."""
+    m = Mesh.box([0.0] * 3, [1.0] * 3, [2] * 3).refine().refine().refine()
+    c = m.cell_vertices().mean(1)
+    return m.refine(np.linalg.norm(c - 0.3, axis=1) < 0.2)
+
+
+MESHES = {
+    "box2": lambda: Mesh.box([0.0, 0.0], [1.0, 1.0], [2, 3]).refine().refine().refine().refine().refine(),
+    "lshape": lambda: _lshape(4e-4),
+    "adapt3": _adaptive3d,
+}
+
+DIRICHLET = {"all": "all", "none": None, "left": lambda x: x[:, 0] < -0.99,
+             "comp0": {"ids": [1], "components": [0]}}    # comp0: masks that are not whole nodes
+
+# (mesh, components, dirichlet) -> digest of every level's P, fine to coarse
+CASES = {
+    ("box2", 1, "all"): "62a3a8ca322d26063b62100a3c1b36c80fc53407",
+    ("box2", 3, "all"): "780b188d975d7190b60c819c4ff587d027e1a3ae",
+    ("box2", 1, "none"): "ade725f33eda4b36a94e3fa0f500ce2407210984",
+    ("lshape", 1, "all"): "0ed38a66ffa89608c7dd8e08a9078577834daa5a",
+    ("lshape", 2, "all"): "f8c44aa1ad446487eb4bcf2825c06b074ce5ced8",
+    ("lshape", 1, "left"): "1926a01a0f73a1bab8e5649d7fa2b3a4d4037cb4",
+    ("lshape", 2, "comp0"): "e7caaffc681621c653f85f0fe5a180204bddf179",
+    ("adapt3", 1, "all"): "121f5a62eac112d975b452a425ecd69aae2f76e4",
+    ("adapt3", 3, "all"): "6f0b18e2da627ae44b158d9386afcefb2c02a544",
+    ("adapt3", 1, "none"): "e0725e801590820eaff15a9ba385731fbef0c704",
+}
+CHI = {"box2": "ade725f33eda4b36a94e3fa0f500ce2407210984",     # interpolation_matrix, every level pair
+       "lshape": "0e19e7f60cbed189fa8af8f50359a0c68baeadcb",
+       "adapt3": "7550c2a36c2a156d771f28633e3b554389932b14"}
+
+
+def _digest(mats):
+    h = hashlib.sha1()
+    for M in mats:
+        for a in (M.indptr, M.indices, M.data):
+            a = np.ascontiguousarray(a.get() if hasattr(a, "get") else a)
+            h.update(str((a.dtype.str, a.shape)).encode())
+            h.update(a.tobytes())
+    return h.hexdigest()
+
+
+_SPACES = {}
+
+
+def _spaces(name, c):
+    if (name, c) not in _SPACES:
+        if name not in _SPACES:
+            _SPACES[name] = MESHES[name]().hierarchy()
+        _SPACES[name, c] = [Space(m, 1, c) for m in _SPACES[name]]
+    return _SPACES[name, c]
+
+
+def _prolongations(name, c, dirichlet, backend=None):
+    spaces = _spaces(name, c)
+    spec = DIRICHLET[dirichlet]
+    free = [_level_constraints(s, spec).free if spec is not None else None for s in spaces]
+    return [prolongation(spaces[l - 1], spaces[l], free[l - 1], free[l], backend=backend)
+            for l in range(len(spaces) - 1, 0, -1)]
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=lambda c: "-".join(map(str, c)))
+def test_prolongation_is_bit_identical_to_the_old_build(case):
+    assert _digest(_prolongations(*case)) == CASES[case]
+
+
+@pytest.mark.parametrize("name", list(CHI))
+def test_interpolation_matrix_is_bit_identical_to_the_old_build(name):
+    spaces = _spaces(name, 1)
+    assert _digest(interpolation_matrix(spaces[l - 1], spaces[l])
+                   for l in range(len(spaces) - 1, 0, -1)) == CHI[name]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [k for k in CASES if k[2] == "all"], ids=lambda c: "-".join(map(str, c)))
+def test_prolongation_on_the_device_is_bit_identical_to_the_old_host_build(case):
+    from adaptmg.backend import get_backend
+    assert _digest(_prolongations(*case, backend=get_backend("gpu"))) == CASES[case]
