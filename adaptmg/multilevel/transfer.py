@@ -24,7 +24,7 @@ import scipy.sparse as sp
 
 from ..backend import CPU, get_backend, is_device_array
 from ..fe.congruence import _hanging_rows, _parents
-from ..fe.csr_ops import expand_node_blocks, mask_rows_cols
+from ..fe.csr_ops import csr_entry_rows, mask_rows_cols
 from ..fe.space import Space
 from ..mesh import reference as ref
 from .coloring import _repeat
@@ -130,11 +130,13 @@ def _row_counts(mask):
 
 
 def _q1_forest_groups(coarse: Space, fine: Space):
-    """The rows of the Q1 embedding chi from the forest's node parents, by kind: (a list over
-    k = 0..d of (fine nodes of kind k (sorted), the forest ids of their 2^k parents
-    (n_k, 2^k), -1 padded)), kind 0 being the coarse nodes themselves (parent: the node),
-    and the map forest id -> coarse node (-1: none); None when that does not apply.  The
-    caller checks that the parents are coarse nodes (one gather through its column map).
+    """The rows of the Q1 embedding chi from the forest's node parents, by kind: a list over
+    k = 0..d of (fine nodes of kind k (sorted), the coarse nodes of their 2^k parents
+    (n_k, 2^k), -1 where a parent is no coarse node), kind 0 being the coarse nodes
+    themselves (parent: the node); None when that does not apply.  The caller checks that
+    the parents are coarse nodes (the -1 entries).  Host work, O(fine nodes + entries): one
+    gather of the coarse mesh's forest map per fine node and per parent, no temporary the
+    size of the forest (a level of an adaptive hierarchy may be much smaller than it).
 
     Every fine node is a coarse node (chi row: weight 1 on itself) or was created by
     splitting a coarse cell K: then it is the midpoint of an edge, face or of K, and its
@@ -156,71 +158,72 @@ def _q1_forest_groups(coarse: Space, fine: Space):
     fid = fm.node_ids
     cmap = cm._node_numbering[1]                       # forest id -> coarse node, -1 if absent
     pos = np.take(cmap, fid)
-    new = np.flatnonzero(pos < 0)
-    if fine.num_nodes - new.size != coarse.num_nodes:
+    old = pos >= 0
+    rows = np.flatnonzero(old)
+    if rows.size != coarse.num_nodes:
         return None
-    fnew = fid[new]
-    kind = F.node_kind[fnew]
+    kind = np.take(F.node_kind, fid)
+    kind *= ~old                                       # 0 on the coarse nodes
+    groups = [(rows, pos[rows][:, None])]
     d = fine.dim
-    if new.size and (kind.min() < 1 or kind.max() > d):
-        return None
-    old = np.flatnonzero(pos >= 0)
-    groups = [(old, fid[old][:, None])]
     for k in range(1, d + 1):
-        sel = np.flatnonzero(kind == k)
-        groups.append((new[sel], np.take(F.node_par, fnew[sel], axis=0)[:, :1 << k]))
-    return groups, cmap
+        rows = np.flatnonzero(kind == k)
+        par = np.take(F.node_par, np.take(fid, rows), axis=0)[:, :1 << k]
+        groups.append((rows, np.take(cmap, par)))
+    if sum(r.size for r, _ in groups) != fine.num_nodes:    # a new node of kind 0 (or > d)
+        return None
+    return groups
 
 
 def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None, H=None,
-                   backend=None):
-    r"""``Z_f chi H Z_c`` (node level, ``*_free`` boolean host masks over nodes, None: all;
-    ``H`` the coarse hanging-node matrix or None: I) built straight as canonical CSR from
-    :func:`_q1_forest_groups`; None when those do not apply.  ``backend`` (default: the
-    CPU): where the matrix is built and lives -- on the GPU the node tables go up once and
-    the rows are written by CuPy (no host CSR, no upload of P).
+                   backend=None, components=1):
+    r"""``(Z_f chi H Z_c) (x) I_c`` (``components`` c; ``*_free`` boolean host masks over
+    nodes, None: all; ``H`` the coarse hanging-node matrix (nodes) or None: I) built straight
+    as canonical CSR from :func:`_q1_forest_groups`; None when those do not apply.
+    ``backend`` (default: the CPU): where the matrix is built and lives -- on the GPU the
+    node tables go up once and the rows are written by CuPy (no host CSR, no upload of P).
 
     Per kind k the rows have 2^k entries 2^-k: the masked-out columns are replaced by a
-    sentinel (``ncn``), each row sorted by a sorting network (sentinels last), the kept
-    entries compressed in row-major order and written to the entries of their rows
-    (one boolean selection per kind over the entries: the kinds interleave along the node
-    numbering).  Rows with a hanging coarse parent (few: hanging nodes lie on the
-    refinement front) are expanded through the rows of H of the hanging coarse nodes
-    (:func:`_hanging_parent_rows`; a hanging node's column code is ``ncn + 1 + node``, so
-    it keeps its identity through the sort) and summed by the backend's COO -> CSR:
-    nothing comes back to the host, only those rows of H go up.  The sums are of positive
-    dyadic weights, exact in any order, so the result equals ``chi @ H`` followed by the
-    masks bit for bit, on either backend."""
-    res = _q1_forest_groups(coarse, fine)
-    if res is None:
+    sentinel (``ncn``), each row sorted by a sorting network (sentinels last), so that the
+    kept entries of node row i are its first ``cnt_i``.  With the node row pointer ``ip``
+    (the running sum of ``cnt``), entry j of DoF row i c + r lies at
+    ``c ip_i + r cnt_i + j`` with column ``c col + r`` (the node rows' c copies are
+    consecutive): one scatter per kind and component, the masked-out entries sent to a
+    spare slot past the end; the weights are the rows' 2^-k repeated ``c cnt_i`` times.
+    Rows with a hanging coarse parent (few: hanging nodes lie on the refinement front) are
+    expanded through the rows of H of the hanging coarse nodes (:func:`_hanging_parent_rows`;
+    a hanging node's column code is ``ncn + 1 + node``, so it keeps its identity through the
+    sort) and summed by the backend's COO -> CSR: nothing comes back to the host, only those
+    rows of H go up.  The sums are of positive dyadic weights, exact in any order, so the
+    result equals ``chi @ H`` followed by the masks bit for bit, on either backend."""
+    groups = _q1_forest_groups(coarse, fine)
+    if groups is None:
         return None
     be = CPU if backend is None else get_backend(backend)
     xp = be.xp
-    groups, cmap = res
+    c = int(components)
     nf, ncn = fine.num_nodes, coarse.num_nodes
-    it = np.int32 if max(nf, 2 * ncn) + 2 < np.iinfo(np.int32).max else np.int64
+    it = np.int32 if max(nf, 2 * ncn) * c + 2 < np.iinfo(np.int32).max else np.int64
     # one gather per column maps it to itself (kept), ncn (masked out) or ncn + 1 + node
-    # (hanging: expanded through H below)
+    # (hanging: expanded through H below); the extra last entry maps a parent that is no
+    # coarse node (-1) to -1
     hanging = coarse.hanging_nodes if H is not None else np.zeros(0, dtype=np.int64)
-    colmap = np.arange(ncn, dtype=it)
+    colmap = np.empty(ncn + 1, dtype=it)
+    colmap[:ncn] = np.arange(ncn, dtype=it)
+    colmap[ncn] = -1
     if coarse_free is not None:
-        colmap[~coarse_free] = ncn
+        colmap[:ncn][~coarse_free] = ncn
     colmap[hanging] = ncn + 1 + hanging
-    # forest id -> column code (-1: no coarse node; the extra last entry serves the -1 padding)
-    fmap = np.full(cmap.size + 1, -1, dtype=it)
-    isc = np.flatnonzero(cmap >= 0)
-    fmap[isc] = colmap[cmap[isc]]
-    fmap = be.asarray(fmap)
+    colmap = be.asarray(colmap)
     ffree = None if fine_free is None else be.asarray(fine_free)
-    cnt = xp.zeros(nf, dtype=xp.int64)
-    tag = xp.zeros(nf, dtype=xp.int8)                 # kind of each row; d + 1: expanded through H
+    cnt = xp.zeros(nf, dtype=it)
+    w_row = xp.empty(nf, dtype=xp.float64)            # 2^-k of each row (exact)
     parts, cplx = [], []
     for k, (rows, par) in enumerate(groups):
         if rows.size == 0:
-            parts.append(None)
             continue
-        rows_b = be.asarray(rows)
-        cm = _sort_rows(xp.take(fmap, be.asarray(par)), xp)   # sorted: row minimum first, maximum last
+        rows_b = be.asarray(rows.astype(it, copy=False))
+        cm = _sort_rows(xp.take(colmap, be.asarray(par)), xp)   # sorted: row minimum first
         if int(cm[:, 0].min()) < 0:                   # a parent that is no coarse node
             return None
         valid = cm < ncn
@@ -232,29 +235,51 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
                 cplx.append((rows_b[hr], cm[hr], 0.5 ** k))
                 valid[hr] = False
         cnt[rows_b] = _row_counts(valid)
-        tag[rows_b] = k
-        parts.append(cm[valid])
+        w_row[rows_b] = 0.5 ** k
+        parts.append((rows_b, cm, valid))
     C = None
     if cplx:
         C, rows_c = _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, ffree, coarse_free)
         cnt[rows_c] = (C.indptr[1:] - C.indptr[:-1])[rows_c]
-        tag[rows_c] = len(groups)
-    indptr = xp.zeros(nf + 1, dtype=xp.int64)
-    indptr[1:] = xp.cumsum(cnt)
-    nnz = int(indptr[-1])
-    et = _repeat(be, tag, cnt, nnz)                   # kind of the row of each entry
-    indices = xp.empty(nnz, dtype=it)
-    data = xp.ldexp(1.0, -et.astype(xp.int32))        # 2^-k (exact); the expanded rows below
-    for k, part in enumerate(parts):
-        if part is not None and part.size:
-            indices[et == k] = part
-    if C is not None and C.nnz:
-        m = et == len(groups)
-        indices[m] = C.indices.astype(it, copy=False)
-        data[m] = C.data
+    # the node row pointer; in int64 where the bound on the entries does not fit int32
+    wide = nf * (1 << fine.dim) * c > np.iinfo(np.int32).max
+    ip = xp.zeros(nf + 1, dtype=xp.int64 if wide else it)
+    xp.cumsum(cnt, out=ip[1:])
+    nnz = int(ip[-1]) * c
     if nnz > np.iinfo(it).max:                        # row pointers beyond int32: all int64
-        indices = indices.astype(xp.int64)
-    A = be.sparse.csr_matrix((data, indices, indptr.astype(indices.dtype)), shape=(nf, ncn), copy=False)
+        it = np.int64
+        cnt = cnt.astype(it)
+    ip = ip.astype(it, copy=False)
+    buf = xp.empty(nnz + 1, dtype=it)                 # the last entry: the masked-out ones' slot
+    for rows_b, cm, valid in parts:
+        base = xp.take(ip, rows_b) * it(c)
+        step = xp.take(cnt, rows_b) if c > 1 else None
+        off = xp.arange(cm.shape[1], dtype=it)
+        for r in range(c):
+            if r:
+                base += step
+            dest = xp.where(valid, base[:, None] + off, it(nnz))
+            buf[dest] = cm if c == 1 else cm * it(c) + it(r)
+    indices = buf[:nnz]
+    data = _repeat(be, w_row, cnt * it(c) if c > 1 else cnt, nnz)
+    if C is not None and C.nnz:
+        e_row = csr_entry_rows(C.indptr, C.nnz)
+        at = xp.take(ip, e_row) * it(c) + (xp.arange(C.nnz, dtype=it) - xp.take(C.indptr, e_row))
+        for r in range(c):
+            if r:
+                at += xp.take(cnt, e_row)
+            indices[at] = C.indices.astype(it, copy=False) * it(c) + it(r)
+            data[at] = C.data
+    if c == 1:
+        indptr = ip
+    else:
+        indptr = xp.empty(nf * c + 1, dtype=it)
+        D = indptr[:-1].reshape(nf, c)
+        D[:, 0] = ip[:-1] * it(c)
+        for r in range(1, c):
+            D[:, r] = D[:, r - 1] + cnt
+        indptr[-1] = nnz
+    A = be.sparse.csr_matrix((data, indices, indptr), shape=(nf * c, ncn * c), copy=False)
     if not be.is_gpu:
         A.has_canonical_format = True                 # distinct parents, sorted
     return A
@@ -302,18 +327,6 @@ def _interpolation_q1_conforming(coarse: Space, fine: Space):
     return _q1_forest_csr(coarse, fine)
 
 
-def _components(P, c, backend):
-    r""":math:`P \otimes I_c` (rows and columns node * c + component) of a node-level CSR ``P``
-    on its backend: :func:`~adaptmg.fe.csr_ops.expand_node_blocks` with the one field ``P`` and
-    the coefficient :math:`I_c` (written against ``xp``: on the GPU no host CSR)."""
-    be = CPU if backend is None else get_backend(backend)
-    nf, ncn = P.shape
-    out = expand_node_blocks(be, P.indptr, P.indices, P.data[:, None], np.eye(c)[None], nf, num_cols=ncn)
-    if not be.is_gpu:
-        out.has_canonical_format = True              # sorted columns, no duplicates (as P)
-    return out
-
-
 def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, nodes=None,
                  cells=None, backend=None):
     """P = Z_f (chi kron I_c) H_c Z_c on DoFs; ``*_free`` are boolean masks of free DoFs
@@ -335,9 +348,10 @@ def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, n
         # masks of whole nodes (Dirichlet on all components): P = (Z_f chi H_n Z_c)_nodes (x) I_c
         if c == 1 or ((zfn == zfn[:, :1]).all() and (zcn == zcn[:, :1]).all()):
             P = _q1_forest_csr(coarse, fine, zfn[:, 0], zcn[:, 0],
-                               coarse.H_nodes if coarse.hanging_nodes.size else None, backend=backend)
+                               coarse.H_nodes if coarse.hanging_nodes.size else None, backend=backend,
+                               components=c)
             if P is not None:                        # Z_f chi H Z_c in one pass: no product, no mask
-                return P if c == 1 else _components(P, c, backend)
+                return P
     be = None if backend is None else get_backend(backend)
     if be is not None and be.is_gpu:
         return be.asmatrix(prolongation(coarse, fine, zc, zf, nodes, cells))
