@@ -104,19 +104,25 @@ _NETWORK = {2: ((0, 1),),
                 (4, 5), (6, 7), (2, 4), (3, 5), (1, 4), (3, 6), (1, 2), (3, 4), (5, 6))}
 
 
+def _sort_columns(c, xp=np):
+    """The 1, 2, 4 or 8 equal-length arrays ``c`` sorted elementwise (``c[0] <= c[1] <= ...``
+    at every position) by a min/max sorting network (8: the 19-comparator network), each
+    comparator two whole-array operations; a new list."""
+    c = list(c)
+    for i, j in _NETWORK.get(len(c), ()):
+        c[i], c[j] = xp.minimum(c[i], c[j]), xp.maximum(c[i], c[j])
+    return c
+
+
 def _sort_rows(a, xp=np):
-    """``sort(a, axis=1)`` for 1, 2, 4 or 8 columns by a min/max sorting network (a row-wise
-    ``np.sort`` pays a call per row; 8 columns: the 19-comparator network); other widths by
-    ``xp.sort``."""
+    """``sort(a, axis=1)`` for 1, 2, 4 or 8 columns by :func:`_sort_columns` on the columns (a
+    row-wise ``np.sort`` pays a call per row); other widths by ``xp.sort``."""
     w = a.shape[1]
     if w == 1:
         return a
     if w not in _NETWORK:
         return xp.sort(a, axis=1)
-    c = [a[:, j] for j in range(w)]
-    for i, j in _NETWORK[w]:
-        c[i], c[j] = xp.minimum(c[i], c[j]), xp.maximum(c[i], c[j])
-    return xp.stack(c, axis=1)
+    return xp.stack(_sort_columns([a[:, j] for j in range(w)], xp), axis=1)
 
 
 def _row_counts(mask):
@@ -129,14 +135,18 @@ def _row_counts(mask):
     return np.bitwise_count(mask.view(f"u{w}").reshape(-1))
 
 
-def _q1_forest_groups(coarse: Space, fine: Space):
-    """The rows of the Q1 embedding chi from the forest's node parents, by kind: a list over
+def _q1_forest_groups(coarse: Space, fine: Space, fine_free=None):
+    """The rows of the Q1 embedding chi from the forest's node parents, by kind: (a list over
     k = 0..d of (fine nodes of kind k (sorted), the coarse nodes of their 2^k parents
-    (n_k, 2^k), -1 where a parent is no coarse node), kind 0 being the coarse nodes
-    themselves (parent: the node); None when that does not apply.  The caller checks that
-    the parents are coarse nodes (the -1 entries).  Host work, O(fine nodes + entries): one
-    gather of the coarse mesh's forest map per fine node and per parent, no temporary the
-    size of the forest (a level of an adaptive hierarchy may be much smaller than it).
+    (2^k, n_k): parent-major, -1 where a parent is no coarse node), the kind of every fine
+    node (int8)),
+    kind 0 being the coarse nodes themselves (parent: the node); only the rows of
+    ``fine_free`` (a host mask over the fine nodes, None: all), the others of kind -1 and in
+    no list; None when that does not apply.  The caller checks that the parents are coarse
+    nodes (the -1 entries).  Host work, O(fine nodes + entries): one gather of the coarse
+    mesh's forest map per fine node and per parent, no temporary the size of the forest (a
+    level of an adaptive hierarchy may be much smaller than it), no parents gathered for
+    rows that the mask drops.
 
     Every fine node is a coarse node (chi row: weight 1 on itself) or was created by
     splitting a coarse cell K: then it is the midpoint of an edge, face or of K, and its
@@ -159,20 +169,19 @@ def _q1_forest_groups(coarse: Space, fine: Space):
     cmap = cm._node_numbering[1]                       # forest id -> coarse node, -1 if absent
     pos = np.take(cmap, fid)
     old = pos >= 0
-    rows = np.flatnonzero(old)
-    if rows.size != coarse.num_nodes:
-        return None
     kind = np.take(F.node_kind, fid)
     kind *= ~old                                       # 0 on the coarse nodes
-    groups = [(rows, pos[rows][:, None])]
-    d = fine.dim
-    for k in range(1, d + 1):
+    if np.count_nonzero(old) != coarse.num_nodes or np.count_nonzero(kind) != fine.num_nodes - coarse.num_nodes:
+        return None                                    # a coarse node missing, or a new node of kind 0
+    if fine_free is not None:
+        kind[~fine_free] = -1
+    rows = np.flatnonzero(kind == 0)
+    groups = [(rows, pos[rows][None, :])]
+    for k in range(1, fine.dim + 1):
         rows = np.flatnonzero(kind == k)
         par = np.take(F.node_par, np.take(fid, rows), axis=0)[:, :1 << k]
-        groups.append((rows, np.take(cmap, par)))
-    if sum(r.size for r, _ in groups) != fine.num_nodes:    # a new node of kind 0 (or > d)
-        return None
-    return groups
+        groups.append((rows, np.take(cmap, par.T)))       # (2^k, n_k): a row per parent
+    return groups, kind
 
 
 def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None, H=None,
@@ -196,9 +205,10 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     sort) and summed by the backend's COO -> CSR: nothing comes back to the host, only those
     rows of H go up.  The sums are of positive dyadic weights, exact in any order, so the
     result equals ``chi @ H`` followed by the masks bit for bit, on either backend."""
-    groups = _q1_forest_groups(coarse, fine)
-    if groups is None:
+    res = _q1_forest_groups(coarse, fine, fine_free)
+    if res is None:
         return None
+    groups, kind = res
     be = CPU if backend is None else get_backend(backend)
     xp = be.xp
     c = int(components)
@@ -215,32 +225,28 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
         colmap[:ncn][~coarse_free] = ncn
     colmap[hanging] = ncn + 1 + hanging
     colmap = be.asarray(colmap)
-    ffree = None if fine_free is None else be.asarray(fine_free)
     cnt = xp.zeros(nf, dtype=it)
-    w_row = xp.empty(nf, dtype=xp.float64)            # 2^-k of each row (exact)
     parts, cplx = [], []
     for k, (rows, par) in enumerate(groups):
         if rows.size == 0:
             continue
         rows_b = be.asarray(rows.astype(it, copy=False))
-        cm = _sort_rows(xp.take(colmap, be.asarray(par)), xp)   # sorted: row minimum first
-        if int(cm[:, 0].min()) < 0:                   # a parent that is no coarse node
+        # parent-major (2^k, n_k): every row operation below runs along n_k
+        cm = xp.stack(_sort_columns(list(xp.take(colmap, be.asarray(par))), xp))
+        if int(cm[0].min()) < 0:                      # a parent that is no coarse node
             return None
         valid = cm < ncn
-        if ffree is not None:
-            valid &= xp.take(ffree, rows_b)[:, None]
         if hanging.size:
-            hr = xp.flatnonzero(cm[:, -1] > ncn)      # rows with a hanging parent
+            hr = xp.flatnonzero(cm[-1] > ncn)         # rows with a hanging parent
             if hr.shape[0]:
-                cplx.append((rows_b[hr], cm[hr], 0.5 ** k))
-                valid[hr] = False
-        cnt[rows_b] = _row_counts(valid)
-        w_row[rows_b] = 0.5 ** k
-        parts.append((rows_b, cm, valid))
+                cplx.append((rows_b[hr], cm[:, hr].T, 0.5 ** k))
+                valid[:, hr] = False
+        cnt[rows_b] = valid.sum(axis=0, dtype=it)
+        parts.append((rows_b, cm, None if bool(valid.all()) else valid))
     C = None
-    if cplx:
-        C, rows_c = _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, ffree, coarse_free)
-        cnt[rows_c] = (C.indptr[1:] - C.indptr[:-1])[rows_c]
+    if cplx:                                          # (their rows are free: no fine mask)
+        C, rows_c = _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, None, coarse_free)
+        cnt[rows_c] = C.indptr[rows_c + 1] - C.indptr[rows_c]
     # the node row pointer; in int64 where the bound on the entries does not fit int32
     wide = nf * (1 << fine.dim) * c > np.iinfo(np.int32).max
     ip = xp.zeros(nf + 1, dtype=xp.int64 if wide else it)
@@ -252,15 +258,18 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     ip = ip.astype(it, copy=False)
     buf = xp.empty(nnz + 1, dtype=it)                 # the last entry: the masked-out ones' slot
     for rows_b, cm, valid in parts:
-        base = xp.take(ip, rows_b) * it(c)
+        base = xp.take(ip, rows_b).astype(xp.int64) * c     # int64 positions: NumPy's own index type
         step = xp.take(cnt, rows_b) if c > 1 else None
-        off = xp.arange(cm.shape[1], dtype=it)
+        off = xp.arange(cm.shape[0], dtype=xp.int64)[:, None]
         for r in range(c):
             if r:
                 base += step
-            dest = xp.where(valid, base[:, None] + off, it(nnz))
+            dest = base + off
+            if valid is not None:
+                dest = xp.where(valid, dest, nnz)
             buf[dest] = cm if c == 1 else cm * it(c) + it(r)
     indices = buf[:nnz]
+    w_row = xp.ldexp(1.0, -be.asarray(kind))          # 2^-k of each row (exact; dropped rows: no entries)
     data = _repeat(be, w_row, cnt * it(c) if c > 1 else cnt, nnz)
     if C is not None and C.nnz:
         e_row = csr_entry_rows(C.indptr, C.nnz)
