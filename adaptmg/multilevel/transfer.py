@@ -19,6 +19,9 @@ R_l = P_l^T is stored explicitly (a transposed SpMV is 2-3x slower on a GPU).
 """
 from __future__ import annotations
 
+import threading
+import weakref
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -135,18 +138,59 @@ def _row_counts(mask):
     return np.bitwise_count(mask.view(f"u{w}").reshape(-1))
 
 
-def _q1_forest_groups(coarse: Space, fine: Space, fine_free=None):
-    """The rows of the Q1 embedding chi from the forest's node parents, by kind: (a list over
-    k = 0..d of (fine nodes of kind k (sorted), the coarse nodes of their 2^k parents
-    (2^k, n_k): parent-major, -1 where a parent is no coarse node), the kind of every fine
-    node (int8)),
-    kind 0 being the coarse nodes themselves (parent: the node); only the rows of
-    ``fine_free`` (a host mask over the fine nodes, None: all), the others of kind -1 and in
-    no list; None when that does not apply.  The caller checks that the parents are coarse
-    nodes (the -1 entries).  Host work, O(fine nodes + entries): one gather of the coarse
-    mesh's forest map per fine node and per parent, no temporary the size of the forest (a
-    level of an adaptive hierarchy may be much smaller than it), no parents gathered for
-    rows that the mask drops.
+_FOREST_TABLES: dict = {}          # id(forest) -> {device id: (node_kind, node_par) there}
+_FOREST_LOCK = threading.Lock()
+
+
+def _forest_tables(F, be):
+    """The forest's ``(node_kind, node_par)`` on ``be``: the host arrays on the CPU; on the GPU
+    a copy uploaded once per forest and device and kept while the forest lives (every level
+    of a hierarchy shares its forest: one upload serves all transfers; the worker threads
+    that build them wait for the first one's upload instead of repeating it)."""
+    if not be.is_gpu:
+        return F.node_kind, F.node_par
+    dev = int(be.xp.cuda.Device().id)
+    with _FOREST_LOCK:
+        per = _FOREST_TABLES.get(id(F))
+        if per is None:
+            per = _FOREST_TABLES[id(F)] = {}
+            weakref.finalize(F, _FOREST_TABLES.pop, id(F), None)
+        if dev not in per:
+            per[dev] = (be.asarray(F.node_kind), be.asarray(F.node_par))
+        return per[dev]
+
+
+def _scatter_map(xp, ids, size):
+    """The inverse of the distinct ``ids`` as a table of length ``size``: ``m[ids[i]] = i``,
+    -1 elsewhere (int32 when that holds every index)."""
+    m = xp.full(size, -1, dtype=xp.int32 if ids.shape[0] < 2**31 - 1 else xp.int64)
+    m[ids] = xp.arange(ids.shape[0], dtype=m.dtype)
+    return m
+
+
+def _forest_map(mesh, be):
+    """Forest id -> node of ``mesh`` (-1: none) on ``be``: the mesh's own cached map on the
+    host; on the GPU scattered there from the mesh's node ids (an O(level) upload; the
+    O(forest) table is written by the device)."""
+    if not be.is_gpu:
+        return mesh._node_numbering[1]
+    return _scatter_map(be.xp, be.asarray(mesh.node_ids), mesh._forest.num_nodes)
+
+
+def _q1_forest_groups(coarse: Space, fine: Space, fine_free=None, backend=None):
+    """The rows of the Q1 embedding chi from the forest's node parents, by kind, on
+    ``backend`` (default: the CPU): (a list over k = 0..d of (fine nodes of kind k (sorted),
+    the coarse nodes of their 2^k parents (2^k, n_k): parent-major, -1 where a parent is no
+    coarse node), the kind of every fine node (int8)), kind 0 being the coarse nodes
+    themselves (parent: the node); only the rows of ``fine_free`` (a host mask over the
+    fine nodes, None: all), the others of kind -1 and in no list; None when that does not
+    apply.  The caller checks that the parents are coarse nodes (the -1 entries).
+
+    One code against ``xp``: O(fine nodes + entries) gathers from the forest tables
+    (:func:`_forest_tables`) and the forest -> coarse node map (:func:`_forest_map`), no
+    host temporary the size of the forest (a level of an adaptive hierarchy may be much
+    smaller than it), no parents gathered for rows that the mask drops; on the GPU the host
+    only uploads the two meshes' node ids and the mask (the forest tables once).
 
     Every fine node is a coarse node (chi row: weight 1 on itself) or was created by
     splitting a coarse cell K: then it is the midpoint of an edge, face or of K, and its
@@ -165,22 +209,26 @@ def _q1_forest_groups(coarse: Space, fine: Space, fine_free=None):
     F = fm._forest
     if cm._forest is not F:
         return None
-    fid = fm.node_ids
-    cmap = cm._node_numbering[1]                       # forest id -> coarse node, -1 if absent
-    pos = np.take(cmap, fid)
+    be = CPU if backend is None else get_backend(backend)
+    xp = be.xp
+    node_kind, node_par = _forest_tables(F, be)
+    fid = be.asarray(fm.node_ids)
+    cmap = _forest_map(cm, be)                         # forest id -> coarse node, -1 if absent
+    pos = xp.take(cmap, fid)
     old = pos >= 0
-    kind = np.take(F.node_kind, fid)
+    kind = xp.take(node_kind, fid)
     kind *= ~old                                       # 0 on the coarse nodes
-    if np.count_nonzero(old) != coarse.num_nodes or np.count_nonzero(kind) != fine.num_nodes - coarse.num_nodes:
+    if (int(xp.count_nonzero(old)) != coarse.num_nodes
+            or int(xp.count_nonzero(kind)) != fine.num_nodes - coarse.num_nodes):
         return None                                    # a coarse node missing, or a new node of kind 0
     if fine_free is not None:
-        kind[~fine_free] = -1
-    rows = np.flatnonzero(kind == 0)
+        kind[~be.asarray(fine_free)] = -1
+    rows = xp.flatnonzero(kind == 0)
     groups = [(rows, pos[rows][None, :])]
     for k in range(1, fine.dim + 1):
-        rows = np.flatnonzero(kind == k)
-        par = np.take(F.node_par, np.take(fid, rows), axis=0)[:, :1 << k]
-        groups.append((rows, np.take(cmap, par.T)))       # (2^k, n_k): a row per parent
+        rows = xp.flatnonzero(kind == k)
+        par = xp.take(node_par, xp.take(fid, rows), axis=0)[:, :1 << k]
+        groups.append((rows, xp.take(cmap, par.T)))       # (2^k, n_k): a row per parent
     return groups, kind
 
 
@@ -205,12 +253,12 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     sort) and summed by the backend's COO -> CSR: nothing comes back to the host, only those
     rows of H go up.  The sums are of positive dyadic weights, exact in any order, so the
     result equals ``chi @ H`` followed by the masks bit for bit, on either backend."""
-    res = _q1_forest_groups(coarse, fine, fine_free)
+    be = CPU if backend is None else get_backend(backend)
+    xp = be.xp
+    res = _q1_forest_groups(coarse, fine, fine_free, be)
     if res is None:
         return None
     groups, kind = res
-    be = CPU if backend is None else get_backend(backend)
-    xp = be.xp
     c = int(components)
     nf, ncn = fine.num_nodes, coarse.num_nodes
     it = np.int32 if max(nf, 2 * ncn) * c + 2 < np.iinfo(np.int32).max else np.int64
@@ -218,21 +266,21 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     # (hanging: expanded through H below); the extra last entry maps a parent that is no
     # coarse node (-1) to -1
     hanging = coarse.hanging_nodes if H is not None else np.zeros(0, dtype=np.int64)
-    colmap = np.empty(ncn + 1, dtype=it)
-    colmap[:ncn] = np.arange(ncn, dtype=it)
+    colmap = xp.empty(ncn + 1, dtype=it)
+    colmap[:ncn] = xp.arange(ncn, dtype=it)
     colmap[ncn] = -1
     if coarse_free is not None:
-        colmap[:ncn][~coarse_free] = ncn
-    colmap[hanging] = ncn + 1 + hanging
-    colmap = be.asarray(colmap)
+        colmap[:ncn][~be.asarray(coarse_free)] = ncn
+    if hanging.size:
+        h = be.asarray(hanging)
+        colmap[h] = (h + (ncn + 1)).astype(it)
     cnt = xp.zeros(nf, dtype=it)
     parts, cplx = [], []
-    for k, (rows, par) in enumerate(groups):
-        if rows.size == 0:
+    for k, (rows_b, par) in enumerate(groups):
+        if rows_b.size == 0:
             continue
-        rows_b = be.asarray(rows.astype(it, copy=False))
         # parent-major (2^k, n_k): every row operation below runs along n_k
-        cm = xp.stack(_sort_columns(list(xp.take(colmap, be.asarray(par))), xp))
+        cm = xp.stack(_sort_columns(list(xp.take(colmap, par)), xp))
         if int(cm[0].min()) < 0:                      # a parent that is no coarse node
             return None
         valid = cm < ncn
@@ -269,7 +317,7 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
                 dest = xp.where(valid, dest, nnz)
             buf[dest] = cm if c == 1 else cm * it(c) + it(r)
     indices = buf[:nnz]
-    w_row = xp.ldexp(1.0, -be.asarray(kind))          # 2^-k of each row (exact; dropped rows: no entries)
+    w_row = xp.ldexp(1.0, -kind.astype(xp.int32))          # 2^-k of each row (exact; dropped rows: no entries)
     data = _repeat(be, w_row, cnt * it(c) if c > 1 else cnt, nnz)
     if C is not None and C.nnz:
         e_row = csr_entry_rows(C.indptr, C.nnz)

@@ -110,3 +110,49 @@ def test_interpolation_matrix_is_bit_identical_to_the_old_build(name):
 def test_prolongation_on_the_device_is_bit_identical_to_the_old_host_build(case):
     from adaptmg.backend import get_backend
     assert _digest(_prolongations(*case, backend=get_backend("gpu"))) == CASES[case]
+
+
+@pytest.mark.parametrize("case", [k for k in CASES if k[2] != "comp0"], ids=lambda c: "-".join(map(str, c)))
+def test_device_branch_with_a_stand_in_device_is_bit_identical(case, fake_gpu):
+    """The GPU branch (forest tables uploaded once, the forest -> coarse map scattered on the
+    device, every index step on the backend) run with the stand-in CuPy of the conftest:
+    the same digests, and no array copied back to the host."""
+    from adaptmg.backend import get_backend
+    from adaptmg.multilevel import transfer
+    be = get_backend("gpu")
+    spaces = _spaces(*case[:2])
+    gets = fake_gpu.device_to_host()
+    Ps = _prolongations(*case, backend=be)
+    assert fake_gpu.device_to_host() == gets
+    assert all(type(P) is fake_gpu.csr_matrix for P in Ps)
+    assert _digest(Ps) == CASES[case]
+    # the forest path ran: one upload of the forest tables, shared by every level
+    F = spaces[-1].mesh._forest
+    assert id(F) in transfer._FOREST_TABLES
+    kind, par = transfer._forest_tables(F, be)
+    assert transfer._forest_tables(F, be)[1] is par and np.array_equal(np.asarray(par), F.node_par)
+
+
+def test_forest_tables_are_dropped_with_the_forest(fake_gpu):
+    import gc
+    from adaptmg.backend import get_backend
+    from adaptmg.multilevel import transfer
+    m = Mesh.box([0.0, 0.0], [1.0, 1.0], [2, 2]).refine()
+    m = m.refine(np.arange(3))
+    sc, sf = Space(m.hierarchy()[-2], 1), Space(m, 1)
+    P = prolongation(sc, sf, backend=get_backend("gpu"))
+    key = id(m._forest)
+    assert P.shape == (sf.num_nodes, sc.num_nodes) and key in transfer._FOREST_TABLES
+    del m, sc, sf
+    gc.collect()
+    assert key not in transfer._FOREST_TABLES
+
+
+def test_forest_map_scattered_on_the_backend_equals_the_mesh_map():
+    """_forest_map's device form (the inverse of the node ids, written by the backend) is the
+    mesh's own cached forest -> node map, on every mesh of an adaptive hierarchy."""
+    from adaptmg.multilevel.transfer import _scatter_map
+    for m in _spaces("lshape", 1)[::4]:
+        m = m.mesh
+        got = _scatter_map(np, m.node_ids, m._forest.num_nodes)
+        assert got.dtype == np.int32 and np.array_equal(got, m._node_numbering[1])
