@@ -25,7 +25,7 @@ import weakref
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, get_backend, is_device_array
+from ..backend import CPU, get_backend
 from ..fe.congruence import _hanging_rows, _parents
 from ..fe.csr_ops import csr_entry_rows, mask_rows_cols
 from ..fe.space import Space
@@ -110,32 +110,12 @@ _NETWORK = {2: ((0, 1),),
 def _sort_columns(c, xp=np):
     """The 1, 2, 4 or 8 equal-length arrays ``c`` sorted elementwise (``c[0] <= c[1] <= ...``
     at every position) by a min/max sorting network (8: the 19-comparator network), each
-    comparator two whole-array operations; a new list."""
+    comparator two whole-array operations (a row-wise ``np.sort`` of the (n, w) table pays a
+    call per row); a new list."""
     c = list(c)
     for i, j in _NETWORK.get(len(c), ()):
         c[i], c[j] = xp.minimum(c[i], c[j]), xp.maximum(c[i], c[j])
     return c
-
-
-def _sort_rows(a, xp=np):
-    """``sort(a, axis=1)`` for 1, 2, 4 or 8 columns by :func:`_sort_columns` on the columns (a
-    row-wise ``np.sort`` pays a call per row); other widths by ``xp.sort``."""
-    w = a.shape[1]
-    if w == 1:
-        return a
-    if w not in _NETWORK:
-        return xp.sort(a, axis=1)
-    return xp.stack(_sort_columns([a[:, j] for j in range(w)], xp), axis=1)
-
-
-def _row_counts(mask):
-    """``mask.sum(axis=1)`` of a boolean (n, w) array; on the host, for a C-contiguous one of
-    1, 2, 4 or 8 columns, each row read as one integer and its bits counted (a reduction
-    along a short axis is slow in NumPy)."""
-    w = mask.shape[1]
-    if is_device_array(mask) or w not in (1, 2, 4, 8) or not mask.flags.c_contiguous:
-        return mask.sum(axis=1)
-    return np.bitwise_count(mask.view(f"u{w}").reshape(-1))
 
 
 _FOREST_TABLES: dict = {}          # id(forest) -> {device id: (node_kind, node_par) there}
@@ -237,8 +217,9 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     r"""``(Z_f chi H Z_c) (x) I_c`` (``components`` c; ``*_free`` boolean host masks over
     nodes, None: all; ``H`` the coarse hanging-node matrix (nodes) or None: I) built straight
     as canonical CSR from :func:`_q1_forest_groups`; None when those do not apply.
-    ``backend`` (default: the CPU): where the matrix is built and lives -- on the GPU the
-    node tables go up once and the rows are written by CuPy (no host CSR, no upload of P).
+    ``backend`` (default: the CPU): where the matrix is built and lives -- on the GPU only
+    node ids, masks and the hanging rows of H go up (the forest tables once per forest) and
+    every index step runs on the device (no host CSR, no upload of P).
 
     Per kind k the rows have 2^k entries 2^-k: the masked-out columns are replaced by a
     sentinel (``ncn``), each row sorted by a sorting network (sentinels last), so that the
@@ -293,20 +274,20 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
         parts.append((rows_b, cm, None if bool(valid.all()) else valid))
     C = None
     if cplx:                                          # (their rows are free: no fine mask)
-        C, rows_c = _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, None, coarse_free)
+        C, rows_c = _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, coarse_free)
         cnt[rows_c] = C.indptr[rows_c + 1] - C.indptr[rows_c]
-    # the node row pointer; in int64 where the bound on the entries does not fit int32
-    wide = nf * (1 << fine.dim) * c > np.iinfo(np.int32).max
-    ip = xp.zeros(nf + 1, dtype=xp.int64 if wide else it)
+    # the node row pointer, int64 (NumPy's own index type: the scatters below take it as is)
+    ip = xp.zeros(nf + 1, dtype=xp.int64)
     xp.cumsum(cnt, out=ip[1:])
     nnz = int(ip[-1]) * c
     if nnz > np.iinfo(it).max:                        # row pointers beyond int32: all int64
         it = np.int64
         cnt = cnt.astype(it)
-    ip = ip.astype(it, copy=False)
     buf = xp.empty(nnz + 1, dtype=it)                 # the last entry: the masked-out ones' slot
     for rows_b, cm, valid in parts:
-        base = xp.take(ip, rows_b).astype(xp.int64) * c     # int64 positions: NumPy's own index type
+        base = xp.take(ip, rows_b)
+        if c > 1:
+            base *= c
         step = xp.take(cnt, rows_b) if c > 1 else None
         off = xp.arange(cm.shape[0], dtype=xp.int64)[:, None]
         for r in range(c):
@@ -328,11 +309,11 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
             indices[at] = C.indices.astype(it, copy=False) * it(c) + it(r)
             data[at] = C.data
     if c == 1:
-        indptr = ip
+        indptr = ip.astype(it)
     else:
         indptr = xp.empty(nf * c + 1, dtype=it)
         D = indptr[:-1].reshape(nf, c)
-        D[:, 0] = ip[:-1] * it(c)
+        D[:, 0] = ip[:-1] * c
         for r in range(1, c):
             D[:, r] = D[:, r - 1] + cnt
         indptr[-1] = nnz
@@ -342,15 +323,16 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     return A
 
 
-def _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, fine_free, coarse_free):
+def _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, coarse_free):
     r"""The rows of :math:`Z_f \chi H Z_c` whose coarse parents include hanging nodes, as a
     canonical CSR matrix (nf x ncn) on ``be`` (the other rows empty), and those rows.
 
     ``cplx``: per kind k, (the rows, their sorted column codes (n, 2^k) -- ``ncn``: masked
     out, ``ncn + 1 + node``: hanging --, the weight 2^-k); every parent is expanded to its
     parents in H (a regular node to itself, weight 1: :func:`~adaptmg.fe.congruence._parents`
-    on the hanging rows of ``H``), the masks applied and the duplicates summed by COO -> CSR.
-    ``fine_free``: a mask on ``be`` or None; ``coarse_free``: a host mask or None."""
+    on the hanging rows of ``H``), the coarse mask applied (the rows are free: the fine mask
+    dropped the others before) and the duplicates summed by COO -> CSR.  ``coarse_free``: a
+    host mask or None."""
     xp = be.xp
     r = xp.concatenate([xp.repeat(rr, cc.shape[1]) for rr, cc, _ in cplx])
     code = xp.concatenate([cc.ravel() for _, cc, _ in cplx])
@@ -362,8 +344,6 @@ def _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, fine_free, coarse_free):
     own, c, wh = _parents(be, node, rank, hp_ptr, hp_idx, hp_w)
     r, v = r[own], w[own] * wh
     ok = v != 0
-    if fine_free is not None:
-        ok &= xp.take(fine_free, r)
     if coarse_free is not None:
         ok &= xp.take(be.asarray(coarse_free), c)
     it = xp.int32 if max(nf, ncn) < 2**31 - 1 else xp.int64      # cuSPARSE's usual indices
