@@ -18,7 +18,8 @@ Cases:
   hanging nodes on most levels) -- an adaptive loop's final-type mesh.
 * ``adapt3``: ``make_mesh(3, 1, 2.6e6)`` of ``scripts/bench_distributed.py`` (2,657,684 nodes).
 
-``--profile N`` prints cProfile's N functions with the most own time per case.
+``--profile N`` prints cProfile's N functions with the most own time per case; ``--small`` runs
+meshes of about 1e4 nodes (the test of this script).
 
     OPENBLAS_NUM_THREADS=1 python scripts/bench_transfer.py
     python scripts/bench_transfer.py --backend gpu
@@ -36,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# SHA-1 of every P of a case (fine to coarse) with the code of commit 6ca4b53
+# SHA-1 of every P of a case (fine to coarse) with the code of commit 6ca4b53 ("small": --small)
 DIGESTS = {
            ("uni2", 1): "9eb11a63cda3f3db74a11c3a814e733a4a024df8",
            ("uni2", 3): "28c0bb726f479f535f7b31591c09a2939795efb3",
@@ -44,6 +45,12 @@ DIGESTS = {
            ("lshape", 3): "4425499cff7d5949088de44cefe128d9d049f274",
            ("adapt3", 1): "8be60fdf4ed43477923346b92d7891f7452715fd",
            ("adapt3", 3): "38b581b322cee95c74ad217224ab3941812f0914",
+           ("uni2", 1, "small"): "423c5ba4eca8ef69cb01a56143f64bb127e57386",
+           ("uni2", 3, "small"): "6c57e8e65754459413ecfdb1a34b25f4588cd5d6",
+           ("lshape", 1, "small"): "b52547db631bb4bc36af61cfb60948ac61ceb01c",
+           ("lshape", 3, "small"): "9647ca8057cb04e8ea07cbf7bb92a6f313a0af8f",
+           ("adapt3", 1, "small"): "121f5a62eac112d975b452a425ecd69aae2f76e4",
+           ("adapt3", 3, "small"): "6f0b18e2da627ae44b158d9386afcefb2c02a544",
 }
 
 
@@ -64,18 +71,19 @@ def lshape_mesh(h0):
         m = m.refine(marked)
 
 
-def build(case):
+def build(case, small=False):
+    """The mesh of ``case``; ``small``: a version of about 1e4 nodes (for the tests)."""
     from adaptmg import Mesh
     if case == "uni2":
         m = Mesh.box([0.0, 0.0], [1.0, 1.0], [2, 2])
-        for _ in range(9):
+        for _ in range(5 if small else 9):
             m = m.refine()
         return m
     if case == "lshape":
-        return lshape_mesh(8e-5)
+        return lshape_mesh(2e-3 if small else 8e-5)
     if case == "adapt3":
         from bench_distributed import make_mesh
-        return make_mesh(3, 1, 2.6e6)
+        return make_mesh(3, 1, 2e4 if small else 2.6e6)
     raise ValueError(f"unknown case {case!r}: uni2, lshape, adapt3")
 
 
@@ -90,19 +98,20 @@ def digest(mats):
 
 
 def run_case(spaces, free, be, repeat, prof):
-    from adaptmg.multilevel.transfer import prolongation
+    from adaptmg.multilevel import transfer
     sync = be.xp.cuda.Device().synchronize if be.is_gpu else (lambda: None)
     L = len(spaces)
     best_all, best_fine, Ps = np.inf, np.inf, None
     for r in range(repeat + (1 if be.is_gpu else 0)):
         out, t_fine = [], 0.0
+        transfer._FOREST_TABLES.clear()               # each run uploads the forest once, as multigrid() does
         sync()
         t0 = time.perf_counter()
         if prof is not None and r == repeat - 1:
             prof.enable()
         for l in range(L - 1, 0, -1):
             ta = time.perf_counter()
-            out.append(prolongation(spaces[l - 1], spaces[l], free[l - 1], free[l], backend=be))
+            out.append(transfer.prolongation(spaces[l - 1], spaces[l], free[l - 1], free[l], backend=be))
             sync()
             if l == L - 1:
                 t_fine = time.perf_counter() - ta
@@ -122,6 +131,7 @@ def main():
     ap.add_argument("--components", default="1,3")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, metavar="N")
+    ap.add_argument("--small", action="store_true", help="meshes of about 1e4 nodes (a smoke test)")
     a = ap.parse_args()
     from adaptmg import Space
     from adaptmg.backend import get_backend
@@ -132,7 +142,7 @@ def main():
           f"{'P all':>7s} {'P fine':>7s}  digest")
     for case in a.cases.split(","):
         t0 = time.perf_counter()
-        meshes = build(case).hierarchy()
+        meshes = build(case, a.small).hierarchy()
         t_mesh = time.perf_counter() - t0
         for c in map(int, a.components.split(",")):
             spaces = [Space(m, 1, c) for m in meshes]
@@ -140,7 +150,7 @@ def main():
             prof = cProfile.Profile() if a.profile else None
             t_all, t_fine, Ps = run_case(spaces, free, be, a.repeat, prof)
             dg = digest(Ps)
-            ref = DIGESTS.get((case, c))
+            ref = DIGESTS.get((case, c) + (("small",) if a.small else ()))
             same = "same" if dg == ref else ("DIFFERS " + dg if ref else "(none recorded) " + dg)
             print(f"{case:8s} {c:2d} {spaces[-1].num_dofs:10d} {len(spaces):6d} {Ps[0].nnz:10d} "
                   f"{t_mesh:6.2f} {t_all:7.3f} {t_fine:7.3f}  {same}", flush=True)
