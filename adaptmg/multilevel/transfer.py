@@ -255,7 +255,7 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     if hanging.size:
         h = be.asarray(hanging)
         colmap[h] = (h + (ncn + 1)).astype(it)
-    cnt = xp.zeros(nf, dtype=it)
+    cnt = xp.zeros(nf, dtype=xp.int64)                # int64: NumPy's running sums and repeats take it as is
     parts, cplx = [], []
     for k, (rows_b, par) in enumerate(groups):
         if rows_b.size == 0:
@@ -270,19 +270,18 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
             if hr.shape[0]:
                 cplx.append((rows_b[hr], cm[:, hr].T, 0.5 ** k))
                 valid[:, hr] = False
-        cnt[rows_b] = valid.sum(axis=0, dtype=it)
+        cnt[rows_b] = valid.sum(axis=0)
         parts.append((rows_b, cm, None if bool(valid.all()) else valid))
     C = None
     if cplx:                                          # (their rows are free: no fine mask)
-        C, rows_c = _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, coarse_free)
-        cnt[rows_c] = C.indptr[rows_c + 1] - C.indptr[rows_c]
+        rows_c, C = _hanging_parent_rows(be, cplx, H, hanging, ncn, coarse_free)
+        cnt[rows_c] = C.indptr[1:] - C.indptr[:-1]
     # the node row pointer, int64 (NumPy's own index type: the scatters below take it as is)
     ip = xp.zeros(nf + 1, dtype=xp.int64)
-    xp.cumsum(cnt, out=ip[1:])
+    ip[1:] = xp.cumsum(cnt)
     nnz = int(ip[-1]) * c
     if nnz > np.iinfo(it).max:                        # row pointers beyond int32: all int64
         it = np.int64
-        cnt = cnt.astype(it)
     buf = xp.empty(nnz + 1, dtype=it)                 # the last entry: the masked-out ones' slot
     for rows_b, cm, valid in parts:
         base = xp.take(ip, rows_b)
@@ -299,13 +298,14 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
             buf[dest] = cm if c == 1 else cm * it(c) + it(r)
     indices = buf[:nnz]
     w_row = xp.ldexp(1.0, -kind.astype(xp.int32))          # 2^-k of each row (exact; dropped rows: no entries)
-    data = _repeat(be, w_row, cnt * it(c) if c > 1 else cnt, nnz)
+    data = _repeat(be, w_row, cnt * c if c > 1 else cnt, nnz)
     if C is not None and C.nnz:
-        e_row = csr_entry_rows(C.indptr, C.nnz)
-        at = xp.take(ip, e_row) * it(c) + (xp.arange(C.nnz, dtype=it) - xp.take(C.indptr, e_row))
+        e_row = csr_entry_rows(C.indptr, C.nnz)      # C's row of each entry
+        fr = xp.take(rows_c, e_row)                   # its fine row
+        at = xp.take(ip, fr) * c + (xp.arange(C.nnz, dtype=xp.int64) - xp.take(C.indptr, e_row))
         for r in range(c):
             if r:
-                at += xp.take(cnt, e_row)
+                at += xp.take(cnt, fr)
             indices[at] = C.indices.astype(it, copy=False) * it(c) + it(r)
             data[at] = C.data
     if c == 1:
@@ -323,9 +323,10 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     return A
 
 
-def _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, coarse_free):
-    r"""The rows of :math:`Z_f \chi H Z_c` whose coarse parents include hanging nodes, as a
-    canonical CSR matrix (nf x ncn) on ``be`` (the other rows empty), and those rows.
+def _hanging_parent_rows(be, cplx, H, hanging, ncn, coarse_free):
+    r"""The rows of :math:`Z_f \chi H Z_c` whose coarse parents include hanging nodes, on
+    ``be``: those fine rows (sorted) and their entries as a canonical CSR matrix with one row
+    each (``len(rows) x ncn``: no work or memory in the number of fine rows).
 
     ``cplx``: per kind k, (the rows, their sorted column codes (n, 2^k) -- ``ncn``: masked
     out, ``ncn + 1 + node``: hanging --, the weight 2^-k); every parent is expanded to its
@@ -334,6 +335,7 @@ def _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, coarse_free):
     dropped the others before) and the duplicates summed by COO -> CSR.  ``coarse_free``: a
     host mask or None."""
     xp = be.xp
+    rows = xp.sort(xp.concatenate([rr for rr, _, _ in cplx]))       # distinct
     r = xp.concatenate([xp.repeat(rr, cc.shape[1]) for rr, cc, _ in cplx])
     code = xp.concatenate([cc.ravel() for _, cc, _ in cplx])
     w = xp.concatenate([xp.full(cc.size, wk) for _, cc, wk in cplx])
@@ -346,10 +348,11 @@ def _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, coarse_free):
     ok = v != 0
     if coarse_free is not None:
         ok &= xp.take(be.asarray(coarse_free), c)
-    it = xp.int32 if max(nf, ncn) < 2**31 - 1 else xp.int64      # cuSPARSE's usual indices
-    C = be.sparse.coo_matrix((v[ok], (r[ok].astype(it), c[ok].astype(it))), shape=(nf, ncn)).tocsr()
+    it = xp.int32 if max(rows.shape[0], ncn) < 2**31 - 1 else xp.int64      # cuSPARSE's usual indices
+    q = xp.searchsorted(rows, r[ok]).astype(it)       # compact row
+    C = be.sparse.coo_matrix((v[ok], (q, c[ok].astype(it))), shape=(rows.shape[0], ncn)).tocsr()
     C.sum_duplicates()                                 # sorted, summed (positive: no zeros)
-    return C, xp.concatenate([rr for rr, _, _ in cplx])
+    return rows, C
 
 
 def _interpolation_q1_conforming(coarse: Space, fine: Space):
