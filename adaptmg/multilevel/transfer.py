@@ -373,8 +373,9 @@ def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, n
     (default: all non-hanging DoFs).  ``nodes``, ``cells``: only the rows of the DoFs of the
     fine nodes ``nodes`` (node-major, as the DoF numbering), from the fine cells ``cells``
     (:func:`interpolation_matrix`).  ``backend`` (default: the CPU): the backend of the
-    result; Q1 with one component between meshes of one forest is built there (on the GPU
-    without a host CSR), the other cases on the host and moved."""
+    result; Q1 between meshes of one forest, with masks that free or fix whole nodes, is built
+    there (:func:`_q1_forest_csr`: on the GPU without a host CSR, the components written
+    straight into ``P``), the other cases on the host and moved."""
     if coarse.components != fine.components:
         raise ValueError(f"component counts differ: {coarse.components} vs {fine.components}")
     c = fine.components
