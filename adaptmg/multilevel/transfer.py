@@ -19,6 +19,7 @@ R_l = P_l^T is stored explicitly (a transposed SpMV is 2-3x slower on a GPU).
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
@@ -118,26 +119,32 @@ def _sort_columns(c, xp=np):
     return c
 
 
-_FOREST_TABLES: dict = {}          # id(forest) -> {device id: (node_kind, node_par) there}
+_FOREST_TABLES: dict = {}   # device id -> (weak reference to a forest, its (node_kind, node_par) there)
 _FOREST_LOCK = threading.Lock()
 
 
 def _forest_tables(F, be):
     """The forest's ``(node_kind, node_par)`` on ``be``: the host arrays on the CPU; on the GPU
-    a copy uploaded once per forest and device and kept while the forest lives (every level
-    of a hierarchy shares its forest: one upload serves all transfers; the worker threads
-    that build them wait for the first one's upload instead of repeating it)."""
+    a copy uploaded once and kept for the latest forest per device (every level of a
+    hierarchy shares its forest: one upload serves all its transfers, the worker threads
+    that build them waiting for the first one's upload instead of repeating it; the next
+    forest -- the next step of an adaptive loop -- replaces it, and it goes with its forest)."""
     if not be.is_gpu:
         return F.node_kind, F.node_par
     dev = int(be.xp.cuda.Device().id)
     with _FOREST_LOCK:
-        per = _FOREST_TABLES.get(id(F))
-        if per is None:
-            per = _FOREST_TABLES[id(F)] = {}
-            weakref.finalize(F, _FOREST_TABLES.pop, id(F), None)
-        if dev not in per:
-            per[dev] = (be.asarray(F.node_kind), be.asarray(F.node_par))
-        return per[dev]
+        hit = _FOREST_TABLES.get(dev)
+        if hit is None or hit[0]() is not F:
+            ref = weakref.ref(F, functools.partial(_drop_tables, dev))
+            hit = _FOREST_TABLES[dev] = (ref, (be.asarray(F.node_kind), be.asarray(F.node_par)))
+        return hit[1]
+
+
+def _drop_tables(dev, ref):
+    """Weak-reference callback: the forest of ``ref`` died, its device tables go (if they are
+    still the cached ones; no lock: it may run inside a collection on any thread)."""
+    if _FOREST_TABLES.get(dev, (None,))[0] is ref:
+        _FOREST_TABLES.pop(dev, None)
 
 
 def _scatter_map(xp, ids, size):

@@ -96,12 +96,15 @@ def test_device_branch_with_a_stand_in_device_is_bit_identical(case, fake_gpu):
     assert bench.digest(Ps) == CASES[case]
     # the forest path ran: one upload of the forest tables, shared by every level
     F = spaces[-1].mesh._forest
-    assert id(F) in transfer._FOREST_TABLES
+    dev = fake_gpu.xp.cuda.Device().id
+    assert transfer._FOREST_TABLES[dev][0]() is F
     kind, par = transfer._forest_tables(F, be)
     assert transfer._forest_tables(F, be)[1] is par and np.array_equal(np.asarray(par), F.node_par)
 
 
-def test_forest_tables_are_dropped_with_the_forest(fake_gpu):
+def test_forest_tables_are_kept_for_the_latest_forest_only(fake_gpu):
+    """The device copy of the forest tables: one per device, the latest forest's, dropped when
+    that forest dies (an adaptive loop's old forests hold no device memory)."""
     import gc
     from adaptmg.backend import get_backend
     from adaptmg.multilevel import transfer
@@ -109,11 +112,15 @@ def test_forest_tables_are_dropped_with_the_forest(fake_gpu):
     m = m.refine(np.arange(3))
     sc, sf = Space(m.hierarchy()[-2], 1), Space(m, 1)
     P = prolongation(sc, sf, backend=get_backend("gpu"))
-    key = id(m._forest)
-    assert P.shape == (sf.num_nodes, sc.num_nodes) and key in transfer._FOREST_TABLES
-    del m, sc, sf
+    dev = fake_gpu.xp.cuda.Device().id
+    assert P.shape == (sf.num_nodes, sc.num_nodes) and transfer._FOREST_TABLES[dev][0]() is m._forest
+    # the next forest replaces it
+    m2 = m.refine(np.arange(2))
+    prolongation(Space(m2.hierarchy()[-2], 1), Space(m2, 1), backend=get_backend("gpu"))
+    assert transfer._FOREST_TABLES[dev][0]() is m2._forest
+    del m2
     gc.collect()
-    assert key not in transfer._FOREST_TABLES
+    assert dev not in transfer._FOREST_TABLES
 
 
 def test_forest_map_scattered_on_the_backend_equals_the_mesh_map():
