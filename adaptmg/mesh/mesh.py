@@ -279,6 +279,27 @@ class Mesh:
         acn = self._active_cell_nodes()
         flat = acn.ravel()                                  # (cell, vertex) occurrences, in order
         nn = F.num_nodes
+        # the coarse mesh's vertices (kind 0) are the forest's first nodes: refinement
+        # only appends nodes, so a comparison replaces a gather of node_kind
+        nk = F.node_kind
+        n_root = nn if nn == 0 or nk[-1] == 0 else int(np.argmax(nk != 0))
+        if 8 * flat.size < nn:      # a coarse level of a large forest: no forest-size table,
+            u, first = np.unique(flat, return_index=True)      # a sort (first occurrences)
+            ids = np.concatenate([u[u < n_root], u[u >= n_root][np.argsort(first[u >= n_root])]])
+        else:
+            ids = self._first_occurrences(flat, nn, n_root)
+        pos = np.full(nn, -1, dtype=np.int64)
+        pos[ids] = np.arange(ids.size)
+        # the cells (see there) while the gathered vertices are at hand: one gather less
+        c = np.take(pos, acn)
+        c.flags.writeable = False
+        self.__dict__["cells"] = c
+        return ids, pos
+
+    @staticmethod
+    def _first_occurrences(flat, nn, n_root):
+        """The nodes of the occurrences ``flat``: the roots (ids below ``n_root``) by id, then
+        the others by first occurrence, through a forest-size (``nn``) table."""
         it = np.int32 if max(flat.size, nn) <= np.iinfo(np.int32).max else np.int64
         occ = np.arange(flat.size, dtype=it)
         # the first occurrence of each node: written in reverse, so that the earliest write
@@ -288,26 +309,13 @@ class Mesh:
         first = np.full(nn, -1, dtype=it)                  # -1: the node is no vertex here
         first[flat[::-1]] = occ[::-1]
         del occ
-        # the coarse mesh's vertices (kind 0) are the forest's first nodes: refinement
-        # only appends nodes, so a comparison replaces a gather of node_kind
-        nk = F.node_kind
-        n_root = nn if nn == 0 or nk[-1] == 0 else int(np.argmax(nk != 0))
         root_ids = np.flatnonzero(first[:n_root] >= 0)      # numbered first, in their order
         # the other nodes in the order of their first occurrences: those sorted (one per
         # node; a SIMD sort of int32) instead of a gather over all occurrences
         fn = first[n_root:]
         fn = fn[fn >= 0]
         fn.sort()
-        ids = np.concatenate([root_ids, flat.take(fn)])
-        pos = np.full(nn, -1, dtype=np.int64)
-        pos[ids] = np.arange(ids.size)
-        # the cells (see there) while the gathered vertices are at hand: one gather less
-        # (after the temporaries are freed: no higher peak memory than computing them apart)
-        del first, fn
-        c = np.take(pos, acn)
-        c.flags.writeable = False
-        self.__dict__["cells"] = c
-        return ids, pos
+        return np.concatenate([root_ids, flat.take(fn)])
 
     def _active_cell_nodes(self) -> np.ndarray:
         """(num_cells, 2^dim) forest node ids of the active cells: a view when the active

@@ -19,12 +19,16 @@ R_l = P_l^T is stored explicitly (a transposed SpMV is 2-3x slower on a GPU).
 """
 from __future__ import annotations
 
+import functools
+import threading
+import weakref
+
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, get_backend, is_device_array
+from ..backend import CPU, get_backend
 from ..fe.congruence import _hanging_rows, _parents
-from ..fe.csr_ops import expand_node_blocks, mask_rows_cols
+from ..fe.csr_ops import csr_entry_rows, mask_rows_cols
 from ..fe.space import Space
 from ..mesh import reference as ref
 from .coloring import _repeat
@@ -104,37 +108,76 @@ _NETWORK = {2: ((0, 1),),
                 (4, 5), (6, 7), (2, 4), (3, 5), (1, 4), (3, 6), (1, 2), (3, 4), (5, 6))}
 
 
-def _sort_rows(a, xp=np):
-    """``sort(a, axis=1)`` for 1, 2, 4 or 8 columns by a min/max sorting network (a row-wise
-    ``np.sort`` pays a call per row; 8 columns: the 19-comparator network); other widths by
-    ``xp.sort``."""
-    w = a.shape[1]
-    if w == 1:
-        return a
-    if w not in _NETWORK:
-        return xp.sort(a, axis=1)
-    c = [a[:, j] for j in range(w)]
-    for i, j in _NETWORK[w]:
+def _sort_columns(c, xp=np):
+    """The 1, 2, 4 or 8 equal-length arrays ``c`` sorted elementwise (``c[0] <= c[1] <= ...``
+    at every position) by a min/max sorting network (8: the 19-comparator network), each
+    comparator two whole-array operations (a row-wise ``np.sort`` of the (n, w) table pays a
+    call per row); a new list."""
+    c = list(c)
+    for i, j in _NETWORK.get(len(c), ()):
         c[i], c[j] = xp.minimum(c[i], c[j]), xp.maximum(c[i], c[j])
-    return xp.stack(c, axis=1)
+    return c
 
 
-def _row_counts(mask):
-    """``mask.sum(axis=1)`` of a boolean (n, w) array; on the host, for a C-contiguous one of
-    1, 2, 4 or 8 columns, each row read as one integer and its bits counted (a reduction
-    along a short axis is slow in NumPy)."""
-    w = mask.shape[1]
-    if is_device_array(mask) or w not in (1, 2, 4, 8) or not mask.flags.c_contiguous:
-        return mask.sum(axis=1)
-    return np.bitwise_count(mask.view(f"u{w}").reshape(-1))
+_FOREST_TABLES: dict = {}   # device id -> (weak reference to a forest, its (node_kind, node_par) there)
+_FOREST_LOCK = threading.Lock()
 
 
-def _q1_forest_groups(coarse: Space, fine: Space):
-    """The rows of the Q1 embedding chi from the forest's node parents, by kind: (a list over
-    k = 0..d of (fine nodes of kind k (sorted), the forest ids of their 2^k parents
-    (n_k, 2^k), -1 padded)), kind 0 being the coarse nodes themselves (parent: the node),
-    and the map forest id -> coarse node (-1: none); None when that does not apply.  The
-    caller checks that the parents are coarse nodes (one gather through its column map).
+def _forest_tables(F, be):
+    """The forest's ``(node_kind, node_par)`` on ``be``: the host arrays on the CPU; on the GPU
+    a copy uploaded once and kept for the latest forest per device (every level of a
+    hierarchy shares its forest: one upload serves all its transfers, the worker threads
+    that build them waiting for the first one's upload instead of repeating it; the next
+    forest -- the next step of an adaptive loop -- replaces it, and it goes with its forest)."""
+    if not be.is_gpu:
+        return F.node_kind, F.node_par
+    dev = int(be.xp.cuda.Device().id)
+    with _FOREST_LOCK:
+        hit = _FOREST_TABLES.get(dev)
+        if hit is None or hit[0]() is not F:
+            ref = weakref.ref(F, functools.partial(_drop_tables, dev))
+            hit = _FOREST_TABLES[dev] = (ref, (be.asarray(F.node_kind), be.asarray(F.node_par)))
+        return hit[1]
+
+
+def _drop_tables(dev, ref):
+    """Weak-reference callback: the forest of ``ref`` died, its device tables go (if they are
+    still the cached ones; no lock: it may run inside a collection on any thread)."""
+    if _FOREST_TABLES.get(dev, (None,))[0] is ref:
+        _FOREST_TABLES.pop(dev, None)
+
+
+def _scatter_map(xp, ids, size):
+    """The inverse of the distinct ``ids`` as a table of length ``size``: ``m[ids[i]] = i``,
+    -1 elsewhere (int32 when that holds every index)."""
+    m = xp.full(size, -1, dtype=xp.int32 if ids.shape[0] < 2**31 - 1 else xp.int64)
+    m[ids] = xp.arange(ids.shape[0], dtype=m.dtype)
+    return m
+
+
+def _forest_map(mesh, be):
+    """Forest id -> node of ``mesh`` (-1: none) on ``be``: the mesh's own cached map on the
+    host; on the GPU scattered there from the mesh's node ids (an O(level) upload; the
+    O(forest) table is written by the device)."""
+    if not be.is_gpu:
+        return mesh._node_numbering[1]
+    return _scatter_map(be.xp, be.asarray(mesh.node_ids), mesh._forest.num_nodes)
+
+
+def _q1_forest_groups(coarse: Space, fine: Space, fine_free=None, backend=None):
+    """The rows of the Q1 embedding chi from the forest's node parents, by kind, on
+    ``backend`` (default: the CPU): (a list over k = 0..d of (fine nodes of kind k (sorted),
+    the coarse nodes of their 2^k parents (2^k, n_k): parent-major, -1 where a parent is no
+    coarse node), the kind of every fine node (int8)), kind 0 being the coarse nodes
+    themselves (parent: the node); only the rows of ``fine_free`` (a host mask over the
+    fine nodes, None: all), the others of kind -1 and in no list; None when that does not
+    apply.  The caller checks that the parents are coarse nodes (the -1 entries).
+
+    One code against ``xp``: O(fine nodes + entries) gathers from the forest tables
+    (:func:`_forest_tables`) and the forest -> coarse node map (:func:`_forest_map`), no
+    host temporary the size of the forest (a level of an adaptive hierarchy may be much
+    smaller than it), no parents gathered for rows that the mask drops; on the GPU the host
+    only uploads the two meshes' node ids and the mask (the forest tables once).
 
     Every fine node is a coarse node (chi row: weight 1 on itself) or was created by
     splitting a coarse cell K: then it is the midpoint of an edge, face or of K, and its
@@ -153,123 +196,153 @@ def _q1_forest_groups(coarse: Space, fine: Space):
     F = fm._forest
     if cm._forest is not F:
         return None
-    fid = fm.node_ids
-    cmap = cm._node_numbering[1]                       # forest id -> coarse node, -1 if absent
-    pos = np.take(cmap, fid)
-    new = np.flatnonzero(pos < 0)
-    if fine.num_nodes - new.size != coarse.num_nodes:
-        return None
-    fnew = fid[new]
-    kind = F.node_kind[fnew]
-    d = fine.dim
-    if new.size and (kind.min() < 1 or kind.max() > d):
-        return None
-    old = np.flatnonzero(pos >= 0)
-    groups = [(old, fid[old][:, None])]
-    for k in range(1, d + 1):
-        sel = np.flatnonzero(kind == k)
-        groups.append((new[sel], np.take(F.node_par, fnew[sel], axis=0)[:, :1 << k]))
-    return groups, cmap
+    be = CPU if backend is None else get_backend(backend)
+    xp = be.xp
+    node_kind, node_par = _forest_tables(F, be)
+    fid = be.asarray(fm.node_ids)
+    cmap = _forest_map(cm, be)                         # forest id -> coarse node, -1 if absent
+    pos = xp.take(cmap, fid)
+    old = pos >= 0
+    kind = xp.take(node_kind, fid)
+    kind *= ~old                                       # 0 on the coarse nodes
+    if (int(xp.count_nonzero(old)) != coarse.num_nodes
+            or int(xp.count_nonzero(kind)) != fine.num_nodes - coarse.num_nodes):
+        return None                                    # a coarse node missing, or a new node of kind 0
+    if fine_free is not None:
+        kind[~be.asarray(fine_free)] = -1
+    rows = xp.flatnonzero(kind == 0)
+    groups = [(rows, pos[rows][None, :])]
+    for k in range(1, fine.dim + 1):
+        rows = xp.flatnonzero(kind == k)
+        par = xp.take(node_par, xp.take(fid, rows), axis=0)[:, :1 << k]
+        groups.append((rows, xp.take(cmap, par.T)))       # (2^k, n_k): a row per parent
+    return groups, kind
 
 
 def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None, H=None,
-                   backend=None):
-    r"""``Z_f chi H Z_c`` (node level, ``*_free`` boolean host masks over nodes, None: all;
-    ``H`` the coarse hanging-node matrix or None: I) built straight as canonical CSR from
-    :func:`_q1_forest_groups`; None when those do not apply.  ``backend`` (default: the
-    CPU): where the matrix is built and lives -- on the GPU the node tables go up once and
-    the rows are written by CuPy (no host CSR, no upload of P).
+                   backend=None, components=1):
+    r"""``(Z_f chi H Z_c) (x) I_c`` (``components`` c; ``*_free`` boolean host masks over
+    nodes, None: all; ``H`` the coarse hanging-node matrix (nodes) or None: I) built straight
+    as canonical CSR from :func:`_q1_forest_groups`; None when those do not apply.
+    ``backend`` (default: the CPU): where the matrix is built and lives -- on the GPU only
+    node ids, masks and the hanging rows of H go up (the forest tables once per forest) and
+    every index step runs on the device (no host CSR, no upload of P).
 
     Per kind k the rows have 2^k entries 2^-k: the masked-out columns are replaced by a
-    sentinel (``ncn``), each row sorted by a sorting network (sentinels last), the kept
-    entries compressed in row-major order and written to the entries of their rows
-    (one boolean selection per kind over the entries: the kinds interleave along the node
-    numbering).  Rows with a hanging coarse parent (few: hanging nodes lie on the
-    refinement front) are expanded through the rows of H of the hanging coarse nodes
-    (:func:`_hanging_parent_rows`; a hanging node's column code is ``ncn + 1 + node``, so
-    it keeps its identity through the sort) and summed by the backend's COO -> CSR:
-    nothing comes back to the host, only those rows of H go up.  The sums are of positive
-    dyadic weights, exact in any order, so the result equals ``chi @ H`` followed by the
-    masks bit for bit, on either backend."""
-    res = _q1_forest_groups(coarse, fine)
-    if res is None:
-        return None
+    sentinel (``ncn``), each row sorted by a sorting network (sentinels last), so that the
+    kept entries of node row i are its first ``cnt_i``.  With the node row pointer ``ip``
+    (the running sum of ``cnt``), entry j of DoF row i c + r lies at
+    ``c ip_i + r cnt_i + j`` with column ``c col + r`` (the node rows' c copies are
+    consecutive): one scatter per kind and component, the masked-out entries sent to a
+    spare slot past the end; the weights are the rows' 2^-k repeated ``c cnt_i`` times.
+    Rows with a hanging coarse parent (few: hanging nodes lie on the refinement front) are
+    expanded through the rows of H of the hanging coarse nodes (:func:`_hanging_parent_rows`;
+    a hanging node's column code is ``ncn + 1 + node``, so it keeps its identity through the
+    sort) and summed by the backend's COO -> CSR: nothing comes back to the host, only those
+    rows of H go up.  The sums are of positive dyadic weights, exact in any order, so the
+    result equals ``chi @ H`` followed by the masks bit for bit, on either backend."""
     be = CPU if backend is None else get_backend(backend)
     xp = be.xp
-    groups, cmap = res
+    res = _q1_forest_groups(coarse, fine, fine_free, be)
+    if res is None:
+        return None
+    groups, kind = res
+    c = int(components)
     nf, ncn = fine.num_nodes, coarse.num_nodes
-    it = np.int32 if max(nf, 2 * ncn) + 2 < np.iinfo(np.int32).max else np.int64
+    it = np.int32 if max(nf, 2 * ncn) * c + 2 < np.iinfo(np.int32).max else np.int64
     # one gather per column maps it to itself (kept), ncn (masked out) or ncn + 1 + node
-    # (hanging: expanded through H below)
+    # (hanging: expanded through H below); the extra last entry maps a parent that is no
+    # coarse node (-1) to -1
     hanging = coarse.hanging_nodes if H is not None else np.zeros(0, dtype=np.int64)
-    colmap = np.arange(ncn, dtype=it)
+    colmap = xp.empty(ncn + 1, dtype=it)
+    colmap[:ncn] = xp.arange(ncn, dtype=it)
+    colmap[ncn] = -1
     if coarse_free is not None:
-        colmap[~coarse_free] = ncn
-    colmap[hanging] = ncn + 1 + hanging
-    # forest id -> column code (-1: no coarse node; the extra last entry serves the -1 padding)
-    fmap = np.full(cmap.size + 1, -1, dtype=it)
-    isc = np.flatnonzero(cmap >= 0)
-    fmap[isc] = colmap[cmap[isc]]
-    fmap = be.asarray(fmap)
-    ffree = None if fine_free is None else be.asarray(fine_free)
-    cnt = xp.zeros(nf, dtype=xp.int64)
-    tag = xp.zeros(nf, dtype=xp.int8)                 # kind of each row; d + 1: expanded through H
+        colmap[:ncn][~be.asarray(coarse_free)] = ncn
+    if hanging.size:
+        h = be.asarray(hanging)
+        colmap[h] = (h + (ncn + 1)).astype(it)
+    cnt = xp.zeros(nf, dtype=xp.int64)                # int64: NumPy's running sums and repeats take it as is
     parts, cplx = [], []
-    for k, (rows, par) in enumerate(groups):
-        if rows.size == 0:
-            parts.append(None)
+    for k, (rows_b, par) in enumerate(groups):
+        if rows_b.size == 0:
             continue
-        rows_b = be.asarray(rows)
-        cm = _sort_rows(xp.take(fmap, be.asarray(par)), xp)   # sorted: row minimum first, maximum last
-        if int(cm[:, 0].min()) < 0:                   # a parent that is no coarse node
+        # parent-major (2^k, n_k): every row operation below runs along n_k
+        cm = xp.stack(_sort_columns(list(xp.take(colmap, par)), xp))
+        if int(cm[0].min()) < 0:                      # a parent that is no coarse node
             return None
         valid = cm < ncn
-        if ffree is not None:
-            valid &= xp.take(ffree, rows_b)[:, None]
         if hanging.size:
-            hr = xp.flatnonzero(cm[:, -1] > ncn)      # rows with a hanging parent
+            hr = xp.flatnonzero(cm[-1] > ncn)         # rows with a hanging parent
             if hr.shape[0]:
-                cplx.append((rows_b[hr], cm[hr], 0.5 ** k))
-                valid[hr] = False
-        cnt[rows_b] = _row_counts(valid)
-        tag[rows_b] = k
-        parts.append(cm[valid])
+                cplx.append((rows_b[hr], cm[:, hr].T, 0.5 ** k))
+                valid[:, hr] = False
+        cnt[rows_b] = valid.sum(axis=0)
+        parts.append((rows_b, cm, None if bool(valid.all()) else valid))
     C = None
-    if cplx:
-        C, rows_c = _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, ffree, coarse_free)
-        cnt[rows_c] = (C.indptr[1:] - C.indptr[:-1])[rows_c]
-        tag[rows_c] = len(groups)
-    indptr = xp.zeros(nf + 1, dtype=xp.int64)
-    indptr[1:] = xp.cumsum(cnt)
-    nnz = int(indptr[-1])
-    et = _repeat(be, tag, cnt, nnz)                   # kind of the row of each entry
-    indices = xp.empty(nnz, dtype=it)
-    data = xp.ldexp(1.0, -et.astype(xp.int32))        # 2^-k (exact); the expanded rows below
-    for k, part in enumerate(parts):
-        if part is not None and part.size:
-            indices[et == k] = part
-    if C is not None and C.nnz:
-        m = et == len(groups)
-        indices[m] = C.indices.astype(it, copy=False)
-        data[m] = C.data
+    if cplx:                                          # (their rows are free: no fine mask)
+        rows_c, C = _hanging_parent_rows(be, cplx, H, hanging, ncn, coarse_free)
+        cnt[rows_c] = C.indptr[1:] - C.indptr[:-1]
+    # the node row pointer, int64 (NumPy's own index type: the scatters below take it as is)
+    ip = xp.zeros(nf + 1, dtype=xp.int64)
+    ip[1:] = xp.cumsum(cnt)
+    nnz = int(ip[-1]) * c
     if nnz > np.iinfo(it).max:                        # row pointers beyond int32: all int64
-        indices = indices.astype(xp.int64)
-    A = be.sparse.csr_matrix((data, indices, indptr.astype(indices.dtype)), shape=(nf, ncn), copy=False)
+        it = np.int64
+    buf = xp.empty(nnz + 1, dtype=it)                 # the last entry: the masked-out ones' slot
+    for rows_b, cm, valid in parts:
+        base = xp.take(ip, rows_b)
+        if c > 1:
+            base *= c
+        step = xp.take(cnt, rows_b) if c > 1 else None
+        off = xp.arange(cm.shape[0], dtype=xp.int64)[:, None]
+        for r in range(c):
+            if r:
+                base += step
+            dest = base + off
+            if valid is not None:
+                dest = xp.where(valid, dest, nnz)
+            buf[dest] = cm if c == 1 else cm * it(c) + it(r)
+    indices = buf[:nnz]
+    w_row = xp.ldexp(1.0, -kind.astype(xp.int32))          # 2^-k of each row (exact; dropped rows: no entries)
+    data = _repeat(be, w_row, cnt * c if c > 1 else cnt, nnz)
+    if C is not None and C.nnz:
+        e_row = csr_entry_rows(C.indptr, C.nnz)      # C's row of each entry
+        fr = xp.take(rows_c, e_row)                   # its fine row
+        at = xp.take(ip, fr) * c + (xp.arange(C.nnz, dtype=xp.int64) - xp.take(C.indptr, e_row))
+        for r in range(c):
+            if r:
+                at += xp.take(cnt, fr)
+            indices[at] = C.indices.astype(it, copy=False) * it(c) + it(r)
+            data[at] = C.data
+    if c == 1:
+        indptr = ip.astype(it)
+    else:
+        indptr = xp.empty(nf * c + 1, dtype=it)
+        D = indptr[:-1].reshape(nf, c)
+        D[:, 0] = ip[:-1] * c
+        for r in range(1, c):
+            D[:, r] = D[:, r - 1] + cnt
+        indptr[-1] = nnz
+    A = be.sparse.csr_matrix((data, indices, indptr), shape=(nf * c, ncn * c), copy=False)
     if not be.is_gpu:
         A.has_canonical_format = True                 # distinct parents, sorted
     return A
 
 
-def _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, fine_free, coarse_free):
-    r"""The rows of :math:`Z_f \chi H Z_c` whose coarse parents include hanging nodes, as a
-    canonical CSR matrix (nf x ncn) on ``be`` (the other rows empty), and those rows.
+def _hanging_parent_rows(be, cplx, H, hanging, ncn, coarse_free):
+    r"""The rows of :math:`Z_f \chi H Z_c` whose coarse parents include hanging nodes, on
+    ``be``: those fine rows (sorted) and their entries as a canonical CSR matrix with one row
+    each (``len(rows) x ncn``: no work or memory in the number of fine rows).
 
     ``cplx``: per kind k, (the rows, their sorted column codes (n, 2^k) -- ``ncn``: masked
     out, ``ncn + 1 + node``: hanging --, the weight 2^-k); every parent is expanded to its
     parents in H (a regular node to itself, weight 1: :func:`~adaptmg.fe.congruence._parents`
-    on the hanging rows of ``H``), the masks applied and the duplicates summed by COO -> CSR.
-    ``fine_free``: a mask on ``be`` or None; ``coarse_free``: a host mask or None."""
+    on the hanging rows of ``H``), the coarse mask applied (the rows are free: the fine mask
+    dropped the others before) and the duplicates summed by COO -> CSR.  ``coarse_free``: a
+    host mask or None."""
     xp = be.xp
+    rows = xp.sort(xp.concatenate([rr for rr, _, _ in cplx]))       # distinct
     r = xp.concatenate([xp.repeat(rr, cc.shape[1]) for rr, cc, _ in cplx])
     code = xp.concatenate([cc.ravel() for _, cc, _ in cplx])
     w = xp.concatenate([xp.full(cc.size, wk) for _, cc, wk in cplx])
@@ -280,14 +353,13 @@ def _hanging_parent_rows(be, cplx, H, hanging, nf, ncn, fine_free, coarse_free):
     own, c, wh = _parents(be, node, rank, hp_ptr, hp_idx, hp_w)
     r, v = r[own], w[own] * wh
     ok = v != 0
-    if fine_free is not None:
-        ok &= xp.take(fine_free, r)
     if coarse_free is not None:
         ok &= xp.take(be.asarray(coarse_free), c)
-    it = xp.int32 if max(nf, ncn) < 2**31 - 1 else xp.int64      # cuSPARSE's usual indices
-    C = be.sparse.coo_matrix((v[ok], (r[ok].astype(it), c[ok].astype(it))), shape=(nf, ncn)).tocsr()
+    it = xp.int32 if max(rows.shape[0], ncn) < 2**31 - 1 else xp.int64      # cuSPARSE's usual indices
+    q = xp.searchsorted(rows, r[ok]).astype(it)       # compact row
+    C = be.sparse.coo_matrix((v[ok], (q, c[ok].astype(it))), shape=(rows.shape[0], ncn)).tocsr()
     C.sum_duplicates()                                 # sorted, summed (positive: no zeros)
-    return C, xp.concatenate([rr for rr, _, _ in cplx])
+    return rows, C
 
 
 def _interpolation_q1_conforming(coarse: Space, fine: Space):
@@ -302,26 +374,15 @@ def _interpolation_q1_conforming(coarse: Space, fine: Space):
     return _q1_forest_csr(coarse, fine)
 
 
-def _components(P, c, backend):
-    r""":math:`P \otimes I_c` (rows and columns node * c + component) of a node-level CSR ``P``
-    on its backend: :func:`~adaptmg.fe.csr_ops.expand_node_blocks` with the one field ``P`` and
-    the coefficient :math:`I_c` (written against ``xp``: on the GPU no host CSR)."""
-    be = CPU if backend is None else get_backend(backend)
-    nf, ncn = P.shape
-    out = expand_node_blocks(be, P.indptr, P.indices, P.data[:, None], np.eye(c)[None], nf, num_cols=ncn)
-    if not be.is_gpu:
-        out.has_canonical_format = True              # sorted columns, no duplicates (as P)
-    return out
-
-
 def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, nodes=None,
                  cells=None, backend=None):
     """P = Z_f (chi kron I_c) H_c Z_c on DoFs; ``*_free`` are boolean masks of free DoFs
     (default: all non-hanging DoFs).  ``nodes``, ``cells``: only the rows of the DoFs of the
     fine nodes ``nodes`` (node-major, as the DoF numbering), from the fine cells ``cells``
     (:func:`interpolation_matrix`).  ``backend`` (default: the CPU): the backend of the
-    result; Q1 with one component between meshes of one forest is built there (on the GPU
-    without a host CSR), the other cases on the host and moved."""
+    result; Q1 between meshes of one forest, with masks that free or fix whole nodes, is built
+    there (:func:`_q1_forest_csr`: on the GPU without a host CSR, the components written
+    straight into ``P``), the other cases on the host and moved."""
     if coarse.components != fine.components:
         raise ValueError(f"component counts differ: {coarse.components} vs {fine.components}")
     c = fine.components
@@ -335,9 +396,10 @@ def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, n
         # masks of whole nodes (Dirichlet on all components): P = (Z_f chi H_n Z_c)_nodes (x) I_c
         if c == 1 or ((zfn == zfn[:, :1]).all() and (zcn == zcn[:, :1]).all()):
             P = _q1_forest_csr(coarse, fine, zfn[:, 0], zcn[:, 0],
-                               coarse.H_nodes if coarse.hanging_nodes.size else None, backend=backend)
+                               coarse.H_nodes if coarse.hanging_nodes.size else None, backend=backend,
+                               components=c)
             if P is not None:                        # Z_f chi H Z_c in one pass: no product, no mask
-                return P if c == 1 else _components(P, c, backend)
+                return P
     be = None if backend is None else get_backend(backend)
     if be is not None and be.is_gpu:
         return be.asmatrix(prolongation(coarse, fine, zc, zf, nodes, cells))
