@@ -284,6 +284,7 @@ def build(archs, folder=None, jobs=None, manifest=None, log=print):
         raise ValueError(f"the manifest was recorded with CuPy {doc['cupy']} / NVRTC {doc['nvrtc']}, this process "
                          f"has {cupy_v} / {nvrtc_v}: re-record it (adaptmg warmup --record) first")
     paths, extras, out = km._paths(), doc["extra_sources"], {}
+    os.makedirs(folder or os.path.dirname(bundle_path("0")), exist_ok=True)
     saved = {k: os.environ.get(k) for k in ("ADAPTMG_KERNEL_CACHE", "CUPY_CACHE_DIR", "ADAPTMG_PREFETCH")}
     for arch in (str(a) for a in archs):
         with tempfile.TemporaryDirectory(prefix=f"adaptmg-bundle-sm{arch}-") as tmp:
