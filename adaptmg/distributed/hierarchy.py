@@ -253,7 +253,7 @@ def _distributed_smoother(ml, A: DistCSR, components):
     ``omega="auto"`` / Chebyshev's ``lmax`` estimated with distributed products, its SpMV
     the distributed ``A``.  A rank without rows builds it on the host (empty data, moved by
     :func:`_smoother_on`) and only joins the estimates' reductions."""
-    spec, kw = ml._smoother_spec, dict(ml._smoother_kwargs)
+    spec = ml._smoother_spec
     key = spec if isinstance(spec, str) else None
     if key is not None:
         from ..multilevel.smoothers import normalize_smoother_name
@@ -261,7 +261,8 @@ def _distributed_smoother(ml, A: DistCSR, components):
     cls = {"jacobi": Jacobi, "chebyshev": Chebyshev, "block_jacobi": BlockJacobi}.get(key)
     if cls is None:
         raise ValueError(f"distributed multigrid supports the smoothers jacobi, chebyshev and "
-                         f"block_jacobi, got {spec!r}")
+                         f"block_jacobi, one for every level, got {spec!r}")
+    kw = dict(ml._smoother_kwargs)
     comm, N, be = A.comm, A.global_shape[0], A.backend
     blk = A.owned_block()
     on = be if (A.rows.n and is_device_sparse(blk)) or not be.is_gpu else CPU

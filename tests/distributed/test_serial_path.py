@@ -73,3 +73,16 @@ def test_level_sizes_auto_per_backend():
     assert level_sizes("auto", "auto", gpu=False) == CPU_LEVEL_SIZES == (1000, 2000)
     assert level_sizes("auto", "auto", gpu=True) == GPU_LEVEL_SIZES == (2 ** 19, 2 ** 18)
     assert level_sizes(5, None, gpu=True) == (5, None)            # explicit values win
+
+
+@pytest.mark.parametrize("spec", [("block_gauss_seidel", "block_jacobi"), "gauss_seidel"])
+def test_distributed_smoother_names_what_it_supports(spec):
+    """A per-level smoother sequence (or a smoother it lacks) gets the distributed levels' own
+    message, not an error from unpacking the per-level keyword list."""
+    from types import SimpleNamespace
+    from adaptmg.distributed.hierarchy import _distributed_smoother
+    from adaptmg.multilevel.smoothers import smoother_setup_kwargs
+    ml = SimpleNamespace(_smoother_spec=spec, _smoother_kwargs=smoother_setup_kwargs(
+        spec, None, block_size=1, auto_omega=True))
+    with pytest.raises(ValueError, match="supports the smoothers jacobi, chebyshev and block_jacobi"):
+        _distributed_smoother(ml, None, 1)
