@@ -33,11 +33,11 @@ from ..backend import backend_of, is_device_error, is_device_sparse, to_host
 
 __all__ = ["rap", "LIMIT"]
 
-#: work per block of rows (multiply-adds, an upper bound) on the device
+#: work per block of rows on the device (multiply-adds of its rows of A P)
 LIMIT = 2 ** 30
 
 
-def _row_work(R, A, P, xp):
+def _row_work(A, P, xp):
     """:math:`w_k` of the module docstring, per row of ``A`` (int64)."""
     p_row = xp.diff(P.indptr).astype(xp.int64)
     acc = xp.zeros(A.indices.size + 1, dtype=xp.int64)
@@ -60,7 +60,7 @@ def rap(R, A, P, limit=None):
     be = backend_of(A) if device else None
     xp, sparse = (be.xp, be.sparse) if device else (np, sp)
     A, P, R = A.tocsr(), P.tocsr(), R.tocsr()
-    w = _row_work(R, A, P, xp)
+    w = _row_work(A, P, xp)
     total = int(w.sum())
     if total <= limit:
         return (R @ (A @ P)).tocsr()

@@ -23,7 +23,7 @@ def _q1_pair(dim=3):
 def test_blocked_product_equals_the_product(limit):
     R, A, P = _q1_pair()
     want = (R @ (A @ P)).toarray()
-    w = rapmod._row_work(R, A, P, np)
+    w = rapmod._row_work(A, P, np)
     got = rap(R, A, P, limit=limit)
     assert sp.issparse(got) and got.format == "csr" and got.shape == want.shape
     eps = np.finfo(float).eps
