@@ -20,7 +20,8 @@ are multiplied directly unless a ``limit`` is given (the tests run the blocked p
 The blocks' products are summed in one pass (their entries stacked, duplicates summed); a
 block the device refuses (cuSPARSE's own buffers beside CuPy's memory pool) is split in
 halves.  Known limit: on the 21M-row matrix the blocked products still stopped with
-cuSPARSE's INSUFFICIENT_RESOURCES (H200, CuPy 14.2): an error, no longer a wrong matrix.
+cuSPARSE's INSUFFICIENT_RESOURCES (H200, CuPy 14.2): a RuntimeError that says so and
+names ``setup='pyamg'``, no longer a wrong matrix.
 """
 from __future__ import annotations
 
@@ -93,8 +94,14 @@ def _block(Rc, A, P, r0, r1, xp, depth=0):
     try:
         return [(Rc[:, r0:r1].tocsr() @ (A[r0:r1] @ P)).tocsr()]
     except Exception as exc:                              # noqa: BLE001 - device errors only
-        if xp is np or not is_device_error(exc) or r1 - r0 < 2 or depth >= 8:
+        if xp is np or not is_device_error(exc):
             raise
+        if r1 - r0 < 2 or depth >= 8:
+            raise RuntimeError(
+                f"rap: the device's sparse library could not form rows {r0}:{r1} of the Galerkin "
+                f"product R (A P) ({A.shape[1]:,} columns of A), not even after {depth} halvings "
+                f"({type(exc).__name__}: {exc}); known for adaptmg.amg's device set-up of a 3-D Q1 "
+                f"matrix of 21M rows (H200, CuPy 14.2): use setup='pyamg' there") from exc
     xp.get_default_memory_pool().free_all_blocks()
     mid = (r0 + r1) // 2
     return _block(Rc, A, P, r0, mid, xp, depth + 1) + _block(Rc, A, P, mid, r1, xp, depth + 1)

@@ -88,3 +88,25 @@ def test_a_block_the_device_refuses_is_split_in_halves():
     assert np.abs(got - want).max() <= 64 * np.finfo(float).eps * np.abs(want).max()
     with pytest.raises(CuSparseError):                       # on the host: raised as it is
         rapmod._block(R.tocsc(), Refusing(A), P, 0, n, np)
+
+
+def test_a_block_the_device_refuses_at_every_size_gets_a_clear_error():
+    """Refused down to single rows (or 8 halvings): a RuntimeError that names the product and
+    the way around it, with the device's error as its cause."""
+    import types
+
+    class CuSparseError(RuntimeError):
+        pass
+    CuSparseError.__module__ = "cupy_backends.cuda.libs.cusparse"
+    R, A, P = _q1_pair()
+    xp = types.SimpleNamespace(get_default_memory_pool=lambda: types.SimpleNamespace(free_all_blocks=lambda: None))
+
+    class Refusing:
+        shape = A.shape
+
+        def __getitem__(self, rows):
+            raise CuSparseError("CUSPARSE_STATUS_INSUFFICIENT_RESOURCES")
+
+    with pytest.raises(RuntimeError, match="could not form rows .* Galerkin product .* setup='pyamg'") as e:
+        rapmod._block(R.tocsc(), Refusing(), P, 0, A.shape[0], xp)
+    assert isinstance(e.value.__cause__, CuSparseError)
