@@ -15,8 +15,9 @@ with each block's work bounded: row :math:`k` of :math:`A` costs
 multiply-adds in :math:`A P` (an upper bound on its entries in row :math:`k`), and a block
 holds rows whose :math:`w_k` sum to at most ``limit`` (default :math:`2^{30}`).  Below the
 limit it is the one product ``R @ (A @ P)`` as before (a 3-D Q1 matrix of 2.66M rows and its
-smoothed-aggregation P: about 6e8 by this count, estimated from its row lengths).  SciPy switches to 64-bit indices by itself, so host matrices
-are multiplied directly unless a ``limit`` is given (the tests run the blocked path so).
+smoothed-aggregation P: about 6e8 by this count, estimated from its row lengths).  SciPy
+switches to 64-bit indices by itself, so host matrices are multiplied directly unless a
+``limit`` is given (the tests run the blocked path so).
 The blocks' products are summed in one pass (their entries stacked, duplicates summed); a
 block the device refuses (cuSPARSE's own buffers beside CuPy's memory pool) is split in
 halves.  Known limit: on the 21M-row matrix the blocked products still stopped with
