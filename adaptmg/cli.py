@@ -405,7 +405,6 @@ def _warmup_bundle(args, parser):
     from .device import kernel_bundle, kernel_manifest as km
     km.hold_background()
     folder = args.out or os.path.dirname(os.path.abspath(kernel_bundle.__file__))
-    os.makedirs(folder, exist_ok=True)
     res = kernel_bundle.build(archs, folder=folder, jobs=args.jobs,
                               log=(lambda *a: None) if args.quiet else print)
     return 0 if all(missing == 0 for _, missing in res.values()) else 1

@@ -55,7 +55,6 @@ _LOCK = threading.Lock()
 _LOCAL = threading.local()
 _BUNDLES = {}                   # arch -> (header, blob bytes or None) | False (no usable file)
 _MD5 = {}                       # extra_source text -> its MD5 (CuPy's headers: hashed once)
-_OFF = ("0", "off", "no", "false")
 
 
 def bundle_path(arch, folder=None) -> str:
@@ -124,10 +123,10 @@ def read_header(path):
     return header if isinstance(header, dict) and header.get("format") == FORMAT else None
 
 
-def _versions():
-    import cupy
-    import cupy.cuda.compiler as compiler
-    return cupy.__version__, list(compiler._get_nvrtc_version())
+def _enabled() -> bool:
+    """Whether the shipped cubins are in use (``ADAPTMG_KERNEL_BUNDLE``, on unless 0/off/...)."""
+    from .kernel_manifest import _OFF
+    return os.environ.get("ADAPTMG_KERNEL_BUNDLE", "1").strip().lower() not in _OFF
 
 
 def _bundle(arch):
@@ -138,7 +137,8 @@ def _bundle(arch):
         header = read_header(bundle_path(arch))
         ok = header is not None and header.get("arch") == str(arch)
         if ok:
-            cupy_v, nvrtc_v = _versions()
+            from .kernel_manifest import versions
+            cupy_v, nvrtc_v = versions()
             ok = header["cupy"] == cupy_v and list(header["nvrtc"]) == nvrtc_v
         got = _BUNDLES[arch] = [header, None] if ok else False
     return got
@@ -194,7 +194,7 @@ def payload():
 def covers(manifest_hash: str, arch) -> bool:
     """Whether ``arch``'s file was built from the manifest with this hash (MD5 of its bytes)
     with this process's CuPy and NVRTC: then every manifest kernel is served from it."""
-    if os.environ.get("ADAPTMG_KERNEL_BUNDLE", "1").strip().lower() in _OFF:
+    if not _enabled():
         return False
     with _LOCK:
         bundle = _bundle(str(arch))
@@ -207,7 +207,7 @@ def install(compiler) -> bool:
     installed."""
     if _STATE["installed"]:
         return True
-    if os.environ.get("ADAPTMG_KERNEL_BUNDLE", "1").strip().lower() in _OFF:
+    if not _enabled():
         return False
     orig = getattr(compiler, "_compile_with_cache_cuda", None)
     if orig is None:
@@ -279,7 +279,7 @@ def build(archs, folder=None, jobs=None, manifest=None, log=print):
     doc = km.load(manifest)
     if doc is None:
         raise ValueError(f"no kernel manifest of this format at {manifest}")
-    cupy_v, nvrtc_v = _versions()
+    cupy_v, nvrtc_v = km.versions(compiler)
     if doc["cupy"] != cupy_v or list(doc["nvrtc"]) != nvrtc_v:
         raise ValueError(f"the manifest was recorded with CuPy {doc['cupy']} / NVRTC {doc['nvrtc']}, this process "
                          f"has {cupy_v} / {nvrtc_v}: re-record it (adaptmg warmup --record) first")

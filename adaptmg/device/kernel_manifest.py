@@ -239,8 +239,8 @@ def _ordered(doc, first=()):
     return out
 
 
-def _marker(folder, doc_bytes, arch):
-    return os.path.join(folder, f"prefetched-{hashlib.md5(doc_bytes).hexdigest()[:16]}-sm{arch}")
+def _marker(folder, doc_hash, arch):
+    return os.path.join(folder, f"prefetched-{doc_hash[:16]}-sm{arch}")
 
 
 def prefetch(first=(), jobs=None, path=MANIFEST, wait=False, arch=None, bundled="skip"):
@@ -268,12 +268,13 @@ def prefetch(first=(), jobs=None, path=MANIFEST, wait=False, arch=None, bundled=
     if not hasattr(compiler, "_compile_with_cache_cuda"):
         return []
     arch = str(arch or compiler._get_arch())
-    marker = _marker(folder, raw, arch)
+    doc_hash = hashlib.md5(raw).hexdigest()
+    marker = _marker(folder, doc_hash, arch)
     if os.path.exists(marker):                # done on this machine: the manifest not even parsed
         return []
     if bundled == "skip" and __package__:     # not in a worker (a script): no package to ask
         from .kernel_bundle import covers
-        if covers(hashlib.md5(raw).hexdigest(), arch):
+        if covers(doc_hash, arch):
             return []                         # every manifest kernel ships compiled
     doc = load(path)
     if doc is None:
