@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..backend import backend_of
 from ..threads import InlineExecutor, default_threads
 from . import reference as ref
 from ._grow import grown
@@ -132,6 +133,11 @@ def merge_registry(keys, values, new_keys, new_values):
     return k.take(order), np.concatenate([values, new_values]).take(order)
 
 
+#: the forest's array fields (what :meth:`Forest.to` moves)
+ARRAYS = ("X", "node_kind", "node_par", "cell_nodes", "cell_parent", "cell_child0", "cell_level",
+          "cell_bface", "edge_keys", "edge_nodes", "face_keys", "face_nodes", "cell_region")
+
+
 @dataclass(frozen=True)
 class Forest:
     dim: int
@@ -157,6 +163,11 @@ class Forest:
     @property
     def num_nodes(self) -> int:
         return self.X.shape[0]
+
+    @property
+    def backend(self):
+        """The backend holding the tables (:func:`adaptmg.backend.backend_of`)."""
+        return backend_of(self.cell_nodes)
 
     @property
     def num_cells(self) -> int:
@@ -189,6 +200,14 @@ class Forest:
 
     def with_points(self, X: np.ndarray) -> "Forest":
         return replace(self, X=X)
+
+    def to(self, be) -> "Forest":
+        """This forest with every table on the backend ``be`` (copied where it moves; the
+        forest itself when all tables are there already)."""
+        moved = {f: be.asarray(getattr(self, f)) for f in ARRAYS if getattr(self, f) is not None}
+        if all(moved[f] is getattr(self, f) for f in moved):
+            return self
+        return replace(self, **moved)
 
     def split(self, cells: np.ndarray) -> "Forest":
         """Return a forest in which every cell of ``cells`` (all without children) has 2^d children."""

@@ -26,10 +26,12 @@ from typing import Callable, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import get_backend
 from . import reference as ref
 from . import tags
 from . import _parents, _touch
 from ._hanging import hanging_in_forest
+from ._numbering import number_nodes
 from ._tree import Forest
 
 __all__ = ["Mesh"]
@@ -118,18 +120,36 @@ class Mesh:
         # active: the forest ids of the active cells, sorted and distinct (every constructor
         # and refinement keeps them so; the node numbering and _active_cell_nodes rely on it)
         self._forest = forest
-        self._active = np.asarray(active, dtype=np.int64)
+        xp = forest.backend.xp
+        self._active = xp.asarray(active, dtype=xp.int64)
+
+    @property
+    def backend(self):
+        """The backend (:class:`adaptmg.backend.Backend`) whose arrays hold this mesh: the
+        CPU for meshes built on the host, the GPU after ``to("gpu")`` or ``box(...,
+        backend="gpu")``.  The mesh's arrays are of its ``backend.xp``."""
+        return self._forest.backend
+
+    def to(self, backend) -> "Mesh":
+        """This mesh with its refinement forest on ``backend`` ("cpu", "gpu" or a
+        :class:`~adaptmg.backend.Backend`): a copy of the forest's tables (one transfer
+        each), or ``self`` when it is there already."""
+        be = get_backend(backend)
+        if be.name == self.backend.name:
+            return self
+        return Mesh(self._forest.to(be), be.asarray(self._active))
 
     # ------------------------------------------------------------------ constructors
     @classmethod
     def box(cls, lower: Sequence[float], upper: Sequence[float], cells: Sequence[int],
-            map: Callable[[np.ndarray], np.ndarray] | None = None) -> "Mesh":
+            map: Callable[[np.ndarray], np.ndarray] | None = None, backend="cpu") -> "Mesh":
         """Structured mesh of the box [lower, upper] with ``cells[i]`` cells along axis i.
 
         Quads for ``len(cells) == 2``, hexahedra for 3.  Boundary id of the face
         ``x_i = lower_i`` is ``2 i``, of ``x_i = upper_i`` is ``2 i + 1``.
         ``map`` (optional) maps the node coordinates (n, d) -> (n, d), e.g. for
-        graded meshes; see :meth:`map`.
+        graded meshes; see :meth:`map`.  ``backend`` ("cpu" or "gpu"): where the mesh's
+        arrays live (:meth:`to`).
         """
         lower = np.asarray(lower, dtype=float)
         upper = np.asarray(upper, dtype=float)
@@ -159,7 +179,7 @@ class Mesh:
             bface[ijk[:, i] == 0, 2 * i] = 2 * i
             bface[ijk[:, i] == n[i] - 1, 2 * i + 1] = 2 * i + 1
         mesh = cls(Forest.from_coarse(pts, cell_nodes, bface), np.arange(cell_nodes.shape[0]))
-        return mesh.map(map) if map is not None else mesh
+        return (mesh.map(map) if map is not None else mesh).to(backend)
 
     @classmethod
     def from_cells(cls, points: np.ndarray, cells: np.ndarray, boundary_ids: np.ndarray | None = None, *,
@@ -261,61 +281,12 @@ class Mesh:
 
     @functools.cached_property
     def _node_numbering(self):
-        """(forest ids of the mesh nodes, forest id -> mesh node index or -1), in O(n).
-
-        The coarse mesh's vertices come first, in their given order (an unrefined mesh
-        keeps the numbering of the points it was built from).  The nodes that refinement
-        created follow in the order in which the active cells first touch them: cell by
-        cell in forest order (the children of a cell are consecutive, so this is a
-        space-filling curve inside each root cell) and, within a cell, in its vertex
-        order.  Nodes that share a cell then get close numbers, and so do the column
-        indices of each row of an assembled matrix: the vectors a sparse product gathers
-        stay in cache.  (Numbered by forest id -- creation order, one refinement after
-        the other -- a row of a uniformly refined mesh's matrix reached a quarter of the
-        mesh away, and the fine-level Jacobi kernels of a 1M-DoF V-cycle read 1.2-1.7x
-        the bytes of their operands from DRAM (ncu, H100).)
-        """
-        F = self._forest
-        acn = self._active_cell_nodes()
-        flat = acn.ravel()                                  # (cell, vertex) occurrences, in order
-        nn = F.num_nodes
-        # the coarse mesh's vertices (kind 0) are the forest's first nodes: refinement
-        # only appends nodes, so a comparison replaces a gather of node_kind
-        nk = F.node_kind
-        n_root = nn if nn == 0 or nk[-1] == 0 else int(np.argmax(nk != 0))
-        if 8 * flat.size < nn:      # a coarse level of a large forest: no forest-size table,
-            u, first = np.unique(flat, return_index=True)      # a sort (first occurrences)
-            ids = np.concatenate([u[u < n_root], u[u >= n_root][np.argsort(first[u >= n_root])]])
-        else:
-            ids = self._first_occurrences(flat, nn, n_root)
-        pos = np.full(nn, -1, dtype=np.int64)
-        pos[ids] = np.arange(ids.size)
-        # the cells (see there) while the gathered vertices are at hand: one gather less
-        c = np.take(pos, acn)
-        c.flags.writeable = False
-        self.__dict__["cells"] = c
+        """(forest ids of the mesh nodes, forest id -> mesh node index or -1): the numbering of
+        :func:`._numbering.number_nodes` (coarse vertices first, then the refinement's nodes in
+        the order in which the active cells first touch them)."""
+        ids, pos, c = number_nodes(self._forest, self._active_cell_nodes())
+        self.__dict__["cells"] = c        # the cells, numbered on the way (see there)
         return ids, pos
-
-    @staticmethod
-    def _first_occurrences(flat, nn, n_root):
-        """The nodes of the occurrences ``flat``: the roots (ids below ``n_root``) by id, then
-        the others by first occurrence, through a forest-size (``nn``) table."""
-        it = np.int32 if max(flat.size, nn) <= np.iinfo(np.int32).max else np.int64
-        occ = np.arange(flat.size, dtype=it)
-        # the first occurrence of each node: written in reverse, so that the earliest write
-        # lands last (NumPy does not promise an order for repeated indices; another order
-        # would give another permutation, still a valid numbering).  np.minimum.at did the
-        # same more slowly and holding the GIL (1M cells: 54 -> 39 ms with the view below)
-        first = np.full(nn, -1, dtype=it)                  # -1: the node is no vertex here
-        first[flat[::-1]] = occ[::-1]
-        del occ
-        root_ids = np.flatnonzero(first[:n_root] >= 0)      # numbered first, in their order
-        # the other nodes in the order of their first occurrences: those sorted (one per
-        # node; a SIMD sort of int32) instead of a gather over all occurrences
-        fn = first[n_root:]
-        fn = fn[fn >= 0]
-        fn.sort()
-        return np.concatenate([root_ids, flat.take(fn)])
 
     def _active_cell_nodes(self) -> np.ndarray:
         """(num_cells, 2^dim) forest node ids of the active cells: a view when the active
