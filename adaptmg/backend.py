@@ -21,7 +21,8 @@ import scipy.sparse as sp
 
 __all__ = ["Backend", "get_backend", "gpu_available", "backend_of", "is_device_array",
            "is_device_sparse", "is_device_linear_operator", "is_device_error", "is_sparse",
-           "to_device", "to_host", "host_copies", "call_points", "stable_argsort", "CPU", "nccl_module"]
+           "to_device", "to_host", "host_copies", "call_points", "stable_argsort", "CPU", "nccl_module",
+           "scatter_max", "scatter_min", "scatter_add", "repeat"]
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,45 @@ def stable_argsort(a):
     ``kind="stable"`` on the host, CuPy's argsort (a stable radix sort, its only kind) on the
     device."""
     return a.argsort() if _is_cupy_array(a) else np.argsort(a, kind="stable")
+
+
+def _scatter(name, out, idx, vals):
+    if _is_cupy_array(out):
+        import cupyx
+        getattr(cupyx, f"scatter_{name}")(out, idx, vals)
+    else:
+        getattr(np, {"add": "add", "max": "maximum", "min": "minimum"}[name]).at(out, idx, vals)
+    return out
+
+
+def scatter_max(out, idx, vals):
+    """``out[idx[k]] = max(out[idx[k]], vals[k])`` for every k, repeated indices included
+    (``np.maximum.at`` / ``cupyx.scatter_max``: a plain ``out[idx] = vals`` keeps an
+    unspecified one of the repeated writes on the device); ``out`` returned."""
+    return _scatter("max", out, idx, vals)
+
+
+def scatter_min(out, idx, vals):
+    """``out[idx[k]] = min(out[idx[k]], vals[k])`` for every k (see :func:`scatter_max`)."""
+    return _scatter("min", out, idx, vals)
+
+
+def scatter_add(out, idx, vals):
+    """``out[idx[k]] += vals[k]`` for every k, repeated indices summed (see
+    :func:`scatter_max`)."""
+    return _scatter("add", out, idx, vals)
+
+
+def repeat(a, counts):
+    """``np.repeat(a, counts)`` for a 1-D ``a`` and integer ``counts`` of its array module
+    (CuPy's ``repeat`` takes no device array of counts: there a ``searchsorted`` of the
+    running sum of ``counts``)."""
+    if not _is_cupy_array(a):
+        return np.repeat(a, counts)
+    import cupy
+    ends = cupy.cumsum(counts)
+    total = int(ends[-1]) if ends.size else 0
+    return a[cupy.searchsorted(ends, cupy.arange(total, dtype=ends.dtype), side="right")]
 
 
 def call_points(fn, *args, xp=np):
