@@ -249,10 +249,11 @@ def repeat(a, counts):
     return a[cupy.searchsorted(ends, cupy.arange(total, dtype=ends.dtype), side="right")]
 
 
-def call_points(fn, *args, xp=np):
-    """``fn(*args)`` (a user callable of point arrays) as a float array of the array module ``xp``.
+def call_points(fn, *args, xp=np, dtype=float):
+    """``fn(*args)`` (a user callable of point arrays) as a float array of the array module ``xp``
+    (of ``dtype``; None: the dtype ``fn`` returns, e.g. a predicate's bool).
 
-    With ``xp = numpy`` this is ``np.asarray(fn(*args), dtype=float)``.  On the device the
+    With ``xp = numpy`` this is ``np.asarray(fn(*args), dtype=dtype)``.  On the device the
     arguments are CuPy arrays (NumPy ufuncs and most NumPy functions dispatch to CuPy); if
     ``fn`` raises :class:`TypeError` on them, e.g. because it converts them with
     ``np.asarray`` or writes them into a NumPy array, it is called again with host copies
@@ -260,16 +261,16 @@ def call_points(fn, *args, xp=np):
     and then called on the host directly (a copy both ways per call: write ``xp``-generic
     callables for speed)."""
     if xp is np:
-        return np.asarray(fn(*args), dtype=float)
+        return np.asarray(fn(*args), dtype=dtype)
     if not _host_only(fn):
         try:
-            return xp.asarray(fn(*args), dtype=float)
+            return xp.asarray(fn(*args), dtype=dtype)
         except TypeError:
             try:
                 _HOST_ONLY.add(fn)
             except TypeError:                  # not weak-referenceable: retried next time
                 pass
-    return xp.asarray(np.asarray(fn(*(to_host(a) for a in args)), dtype=float))
+    return xp.asarray(np.asarray(fn(*(to_host(a) for a in args)), dtype=dtype))
 
 
 def _host_only(fn):

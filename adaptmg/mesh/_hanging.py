@@ -14,29 +14,32 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import backend_of, repeat, stable_argsort
 from . import _touch
 from ._join import cells_holding
 
-__all__ = ["hanging_in_forest"]
+__all__ = ["hanging_in_forest", "number_hanging", "hanging_weights"]
 
 
-def hanging_in_forest(F, cells: np.ndarray, levels: np.ndarray):
+def hanging_in_forest(F, cells, levels):
     """``(nodes, parents (nh, 4) -1 padded, owner cell, (node, cell) pairs)`` of the hanging
     nodes of the mesh whose active cells have the forest vertex ids ``cells`` (nc, 2^d) and
     the refinement ``levels``: forest node ids, nodes ascending; the owner is the first
     active cell (index into ``cells``) holding all the node's parents, the pairs list every
     such cell.  A mesh whose cells all have one level has none (returned at once: uniform
-    meshes, e.g. every level of a global-coarsening hierarchy of a uniform mesh)."""
-    if levels.size == 0 or levels.min() == levels.max():
-        e64, e32 = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
-        return e64, np.zeros((0, 4), dtype=np.int64), e32, (e64.copy(), e32.copy())
+    meshes, e.g. every level of a global-coarsening hierarchy of a uniform mesh).  Arrays of
+    the forest's backend (NumPy or CuPy; the same integers), O(levels) scalars to the host."""
+    xp = F.backend.xp
+    if levels.size == 0 or bool(levels.min() == levels.max()):
+        e64, e32 = xp.zeros(0, dtype=np.int64), xp.zeros(0, dtype=np.int32)
+        return e64, xp.zeros((0, 4), dtype=np.int64), e32, (e64.copy(), e32.copy())
     d, nf, nc = F.dim, F.num_nodes, cells.shape[0]
     jump, rows = _touch.level_jumps(cells, nf, levels.astype(F.cell_level.dtype))
-    sub = cells if rows is None else np.take(cells, rows, axis=0)
+    sub = cells if rows is None else xp.take(cells, rows, axis=0)
     # candidates: edge midpoints and face centres among the vertices of those cells
-    seen = np.zeros(nf, dtype=bool)
+    seen = xp.zeros(nf, dtype=bool)
     seen[sub] = True
-    cand = np.flatnonzero(seen)
+    cand = xp.flatnonzero(seen)
     kind = F.node_kind.take(cand)
     cand = cand[(kind >= 1) & (kind < d)]
     # first by their first two parents (every candidate has them): flat gathers of two
@@ -44,24 +47,47 @@ def hanging_in_forest(F, cells: np.ndarray, levels: np.ndarray):
     flat_par = F.node_par.reshape(-1)
     at = cand * F.node_par.shape[1]
     for j in range(2):
-        sel = np.flatnonzero(jump.take(flat_par.take(at + j)))
+        sel = xp.flatnonzero(jump.take(flat_par.take(at + j)))
         cand, at = cand.take(sel), at.take(sel)
     gpar = F.node_par[cand, :4].astype(np.int64)
     valid = gpar >= 0
     # every parent a jump node (a jump node is a vertex of an active cell)
-    ok = (jump[np.where(valid, gpar, 0)] | ~valid).all(axis=1)
+    ok = (jump[xp.where(valid, gpar, 0)] | ~valid).all(axis=1)
     cand, gpar, valid = cand[ok], gpar[ok], valid[ok]
-    npar = np.where(F.node_kind[cand] == 1, 2, 4)
-    rows_h = np.repeat(np.arange(cand.size), valid.sum(1))
+    npar = xp.where(F.node_kind[cand] == 1, 2, 4)
+    rows_h = repeat(xp.arange(cand.size), valid.sum(1))
     # the holder of a hanging node's parents is coarser than the cells with the node as a
     # vertex, which are among these cells too: none of their finest level holds one (after a
     # local refinement of a uniform mesh: the join runs over the few coarse cells beside it)
     lsub = levels if rows is None else levels.take(rows)
-    own = np.flatnonzero(lsub < lsub.max())
-    r, c = cells_holding(np.take(sub, own, axis=0), rows_h, gpar[valid], npar, nf)
+    own = xp.flatnonzero(lsub < lsub.max())
+    r, c = cells_holding(xp.take(sub, own, axis=0), rows_h, gpar[valid], npar, nf)
     c = own.take(c) if rows is None else rows.take(own.take(c))
     c = c.astype(np.int32 if nc <= np.iinfo(np.int32).max else np.int64)
-    first = np.ones(r.size, dtype=bool)
+    first = xp.ones(r.size, dtype=bool)
     first[1:] = r[1:] != r[:-1]
     rows_h = r[first]
-    return cand[rows_h], np.where(valid[rows_h], gpar[rows_h], -1), c[first], (cand[r], c)
+    return cand[rows_h], xp.where(valid[rows_h], gpar[rows_h], -1), c[first], (cand[r], c)
+
+
+def number_hanging(found, pos):
+    """:func:`hanging_in_forest`'s ``found`` in the mesh's node numbering ``pos`` (forest id
+    -> mesh node): nodes ascending, the parents and owners with them, the (node, cell) pairs
+    by node then cell (O(hanging nodes); the arrays' module)."""
+    nodes, parents, owner, (pn, pc) = found
+    if nodes.size == 0:
+        return found
+    xp = backend_of(pos).xp
+    ln = pos.take(nodes)
+    order = stable_argsort(ln)
+    lp = xp.where(parents >= 0, pos.take(xp.maximum(parents, 0)), -1)
+    qn = pos.take(pn)
+    po = xp.lexsort(xp.stack([pc.astype(qn.dtype), qn]))   # pairs by (node, cell)
+    return ln.take(order), lp.take(order, axis=0), owner.take(order), (qn.take(po), pc.take(po))
+
+
+def hanging_weights(parents):
+    """(nh, 4) Q1 interpolation weights of the hanging nodes with the -1 padded ``parents``:
+    1/2 for the 2 ends of an edge, 1/4 for the 4 corners of a face, 0 in the padding."""
+    n = (parents >= 0).sum(1, keepdims=True)
+    return backend_of(parents).xp.where(parents >= 0, 1.0 / n, 0.0)

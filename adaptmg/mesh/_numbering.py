@@ -15,29 +15,42 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["number_nodes", "first_occurrences"]
+from ..backend import scatter_min, stable_argsort
+
+__all__ = ["number_nodes", "first_occurrences", "first_occurrences_xp"]
 
 
 def number_nodes(F, acn):
     """``(ids, pos, cells)`` for the active cells with forest vertex ids ``acn`` (nc, 2^d) of
     the forest ``F``: the forest ids of the mesh nodes in mesh order, the map forest id ->
     mesh node (-1: none; forest size) and the cells in mesh node numbers (read-only), in
-    O(n)."""
+    O(n).
+
+    The same code runs on the device (``F.backend.xp`` CuPy, ``acn`` a CuPy array): there the
+    first occurrences are a ``scatter_min`` of the occurrence positions
+    (:func:`first_occurrences_xp`), and the arrays stay writeable (CuPy has no flags); the
+    same integers as on the host."""
+    be = F.backend
+    xp = be.xp
     flat = acn.ravel()                                  # (cell, vertex) occurrences, in order
     nn = F.num_nodes
     # the coarse mesh's vertices (kind 0) are the forest's first nodes: refinement
     # only appends nodes, so a comparison replaces a gather of node_kind
     nk = F.node_kind
-    n_root = nn if nn == 0 or nk[-1] == 0 else int(np.argmax(nk != 0))
+    n_root = nn if nn == 0 or bool(nk[-1] == 0) else int(xp.argmax(nk != 0))
     if 8 * flat.size < nn:      # a coarse level of a large forest: no forest-size table,
-        u, first = np.unique(flat, return_index=True)      # a sort (first occurrences)
-        ids = np.concatenate([u[u < n_root], u[u >= n_root][np.argsort(first[u >= n_root])]])
-    else:
+        u, first = xp.unique(flat, return_index=True)      # a sort (first occurrences)
+        late = u >= n_root
+        ids = xp.concatenate([u[~late], u[late][stable_argsort(first[late])]])
+    elif not be.is_gpu:
         ids = first_occurrences(flat, nn, n_root)
-    pos = np.full(nn, -1, dtype=np.int64)
-    pos[ids] = np.arange(ids.size)
-    c = np.take(pos, acn)
-    c.flags.writeable = False
+    else:
+        ids = first_occurrences_xp(flat, nn, n_root, xp)
+    pos = xp.full(nn, -1, dtype=np.int64)
+    pos[ids] = xp.arange(ids.size)                      # ids distinct: one write per entry
+    c = xp.take(pos, acn)
+    if not be.is_gpu:
+        c.flags.writeable = False
     return ids, pos, c
 
 
@@ -60,3 +73,18 @@ def first_occurrences(flat, nn, n_root):
     fn = fn[fn >= 0]
     fn.sort()
     return np.concatenate([root_ids, flat.take(fn)])
+
+
+def first_occurrences_xp(flat, nn, n_root, xp):
+    """:func:`first_occurrences` for any array module ``xp`` (the device's): the first
+    occurrence of each node is the minimum of its occurrence positions, a ``scatter_min``
+    (a plain scatter keeps an unspecified one of the repeated writes on the device).  The
+    same array as :func:`first_occurrences` (tested with NumPy)."""
+    it = np.int32 if max(flat.size, nn) <= np.iinfo(np.int32).max else np.int64
+    none = np.iinfo(it).max                             # the node is no vertex here
+    first = xp.full(nn, none, dtype=it)
+    scatter_min(first, flat, xp.arange(flat.size, dtype=it))
+    root_ids = xp.flatnonzero(first[:n_root] != none)
+    fn = first[n_root:]
+    fn = xp.sort(fn[fn != none])
+    return xp.concatenate([root_ids, flat.take(fn)])

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import backend_of, stable_argsort, to_host
+
 SPARSE = 4           # the sparse path when at most num_cells / SPARSE cells exceed the minimum
 
 
@@ -69,7 +71,7 @@ def touch_max_vertices(cells: np.ndarray, num_nodes: int, values: np.ndarray) ->
     return touch_max(cells, num_nodes, _NO_LINKS, values)
 
 
-def level_jumps(cells: np.ndarray, num_nodes: int, levels: np.ndarray):
+def level_jumps(cells, num_nodes: int, levels):
     """``(jump, rows)``: ``jump[i]`` whether cells of two levels share node ``i`` (the maximum
     minus the minimum of ``levels`` over the cells with vertex ``i`` is positive), and the
     sorted cells having a vertex that a cell off the most common level touches -- every cell
@@ -82,22 +84,28 @@ def level_jumps(cells: np.ndarray, num_nodes: int, levels: np.ndarray):
     forest paid them).  Mostly one level dominates (a local refinement, its hierarchy): only
     the vertices of the other cells can jump, so those are stamped first, the cells touching
     them found by one boolean gather of the vertex slots (8 bytes a cell), and of the
-    dominant level only those cells stamped.  The same mask either way."""
+    dominant level only those cells stamped.  The same mask either way.  NumPy or CuPy
+    arrays (every scatter writes one value per level pass: no order of repeated writes is
+    relied on), O(levels) scalars to the host."""
+    be = backend_of(cells)
+    xp = be.xp
     nc, nv = cells.shape
-    lv = np.asarray(levels)
-    jump = np.zeros(num_nodes, dtype=bool)
+    jump = xp.zeros(num_nodes, dtype=bool)
     if nc == 0:
         return jump, None
-    low = int(lv.min())
-    major = low + int(np.argmax(np.bincount((lv - low).astype(np.intp, copy=False))))
-    last = np.full(num_nodes, -1, dtype=np.int16 if int(lv.max()) < np.iinfo(np.int16).max else np.int64)
-    rest = np.flatnonzero(lv != major)
+    low = int(levels.min())
+    major = low + int(xp.argmax(xp.bincount((levels - low).astype(np.intp, copy=False))))
+    last = xp.full(num_nodes, -1, dtype=np.int16 if int(levels.max()) < np.iinfo(np.int16).max else np.int64)
+    rest = xp.flatnonzero(levels != major)
     if rest.size * SPARSE > nc:                    # no dominant level: every cell
-        _stamp_levels(cells, np.arange(nc), lv, last, jump)
+        _stamp_levels(cells, xp.arange(nc), levels, last, jump)
         return jump, None
-    _stamp_levels(cells, rest, lv, last, jump)     # the other levels' vertices: last >= 0
-    rows = cells_with_vertex_in(cells, last >= 0)
-    _stamp_levels(cells, rows.take(np.flatnonzero(lv.take(rows) == major)), lv, last, jump)
+    _stamp_levels(cells, rest, levels, last, jump)     # the other levels' vertices: last >= 0
+    if be.is_gpu:
+        rows = xp.flatnonzero(xp.take(last >= 0, cells).any(axis=1))
+    else:
+        rows = cells_with_vertex_in(cells, last >= 0)
+    _stamp_levels(cells, rows.take(xp.flatnonzero(levels.take(rows) == major)), levels, last, jump)
     return jump, rows
 
 
@@ -105,17 +113,20 @@ def _stamp_levels(cells, which, lv, last, jump) -> None:
     """For the cells ``which`` (rows of ``cells``), level by level (grouped by a stable sort of
     their small-integer levels: a radix sort): set ``jump`` on the vertices whose ``last``
     level is another one, then ``last`` to this level (every write of a scatter the same
-    value: no order of repeated indices is relied on)."""
+    value: no order of repeated indices is relied on).  The levels' bounds come to the host
+    at once (O(levels) integers)."""
     if which.size == 0:
         return
+    xp = backend_of(cells).xp
     wl = lv.take(which)
-    order = np.argsort(wl, kind="stable")
+    order = stable_argsort(wl)
     wl = wl.take(order)
-    cut = np.flatnonzero(wl[1:] != wl[:-1]) + 1
-    for a in np.concatenate([[0], cut]).tolist():
-        L = wl[a]
-        b = int(np.searchsorted(wl, L, side="right"))
-        nodes = np.take(cells, which.take(order[a:b]), axis=0).reshape(-1)
+    cut = xp.flatnonzero(wl[1:] != wl[:-1]) + 1
+    bounds = to_host(xp.concatenate([xp.zeros(1, dtype=cut.dtype), cut,
+                                     xp.full(1, wl.size, dtype=cut.dtype)])).tolist()
+    values = to_host(wl.take(xp.asarray(bounds[:-1]))).tolist()
+    for a, b, L in zip(bounds[:-1], bounds[1:], values):
+        nodes = xp.take(cells, which.take(order[a:b]), axis=0).reshape(-1)
         seen = last.take(nodes)
         jump[nodes[(seen >= 0) & (seen != L)]] = True
         last[nodes] = L

@@ -24,12 +24,12 @@ import functools
 from typing import Callable, Sequence
 
 import numpy as np
-import scipy.sparse as sp
 
-from ..backend import get_backend
+from ..backend import backend_of, get_backend
 from . import reference as ref
 from . import tags
-from . import _parents, _touch
+from . import _boundary, _hanging, _incidence, _parents, _touch
+from ._boundary import select_where   # noqa: F401  (adaptmg.fe.space imports it from here)
 from ._hanging import hanging_in_forest
 from ._numbering import number_nodes
 from ._tree import Forest
@@ -67,8 +67,10 @@ def _sorted(a: np.ndarray) -> np.ndarray:
     return np.sort(a)
 
 
-def jacobian_determinants(X: np.ndarray, dim: int, xi: np.ndarray) -> np.ndarray:
-    """det J of the multilinear maps of cells with vertex coordinates X (nc, 2^d, d) at points xi (nq, d)."""
+def jacobian_determinants(X, dim: int, xi: np.ndarray):
+    """det J of the multilinear maps of cells with vertex coordinates X (nc, 2^d, d) at points xi
+    (nq, d, host): the shape derivatives at xi on the host, the product and the determinants
+    with X's array module."""
     cor = ref.corners(dim)
     # dN_v/dxi_k = prod_{i != k} (cor_vi ? xi_i : 1 - xi_i) * (2 cor_vk - 1)
     f = np.where(cor[None, :, :] == 1, xi[:, None, :], 1.0 - xi[:, None, :])      # (nq, nv, d)
@@ -76,8 +78,9 @@ def jacobian_determinants(X: np.ndarray, dim: int, xi: np.ndarray) -> np.ndarray
     for k in range(dim):
         others = np.prod(np.delete(f, k, axis=2), axis=2) if dim > 1 else 1.0
         dN[:, :, k] = others * (2 * cor[None, :, k] - 1)
-    J = np.einsum("cvi,qvk->cqik", X, dN)
-    return np.linalg.det(J)
+    be = backend_of(X)
+    J = be.xp.einsum("cvi,qvk->cqik", X, be.asarray(dN))
+    return be.xp.linalg.det(J)
 
 
 def check_cells(X: np.ndarray, dim: int, what: str = "mesh") -> None:
@@ -90,23 +93,6 @@ def check_cells(X: np.ndarray, dim: int, what: str = "mesh") -> None:
                          f"(first: cell {bad[0]}, det {det[bad[0]].min():.3g}); check the vertex order "
                          "(adaptmg uses lexicographic order; VTK order is converted by from_meshio) "
                          "and that no cell is degenerate or inverted")
-
-
-def select_where(nodes: np.ndarray, points, where: Callable | None) -> np.ndarray:
-    """``nodes`` whose points satisfy the predicate ``where(x)`` (vectorised over (n, d)); all if None.
-    ``points``: the (num_nodes, d) coordinates, or a function returning them (not called when
-    ``where`` is None: the coordinates of every node are a gather over the whole mesh)."""
-    if where is None:
-        return nodes
-    if callable(points):
-        points = points()
-    if not callable(where):
-        raise TypeError(f"where must be a callable where(x) -> bool array, got {type(where).__name__}")
-    keep = np.asarray(where(points[nodes]))
-    if keep.shape != nodes.shape or keep.dtype != bool:
-        raise ValueError(f"where(x) must return a boolean array of shape {nodes.shape}, "
-                         f"got {keep.dtype} {keep.shape}")
-    return nodes[keep]
 
 
 class Mesh:
@@ -295,7 +281,7 @@ class Mesh:
         cn = self._forest.cell_nodes
         if a.size and a[-1] - a[0] == a.size - 1:        # sorted and distinct: one range
             return cn[int(a[0]):int(a[-1]) + 1]
-        return np.take(cn, a, axis=0)
+        return cn.take(a, axis=0)
 
     @property
     def node_ids(self) -> np.ndarray:
@@ -311,8 +297,9 @@ class Mesh:
     @functools.cached_property
     def points(self) -> np.ndarray:
         """(num_nodes, dim) node coordinates."""
-        p = np.take(self._forest.X, self.node_ids, axis=0)     # take: rows gathered ~8x faster than [ ]
-        p.flags.writeable = False
+        p = self._forest.X.take(self.node_ids, axis=0)     # take: rows gathered ~8x faster than [ ]
+        if not self.backend.is_gpu:                         # (CuPy arrays have no such flag)
+            p.flags.writeable = False
         return p
 
     @functools.cached_property
@@ -339,14 +326,15 @@ class Mesh:
     @functools.cached_property
     def boundary_ids(self) -> np.ndarray:
         """(num_cells, 2 dim) boundary id of each cell face (face 2i+s: x_i side s), -1 inside."""
-        return np.take(self._forest.cell_bface, self._active, axis=0)
+        return self._forest.cell_bface.take(self._active, axis=0)
 
     @functools.cached_property
     def regions(self) -> np.ndarray:
         """(num_cells,) region id of each cell (a cell physical group on import; default 0),
         inherited from the coarse cell it was refined from."""
         reg = self._forest.cell_region
-        return np.zeros(self.num_cells, dtype=np.int64) if reg is None else np.take(reg, self._active).astype(np.int64)
+        return (self.backend.xp.zeros(self.num_cells, dtype=np.int64) if reg is None
+                else reg.take(self._active).astype(np.int64))
 
     @property
     def boundary_names(self) -> dict:
@@ -371,7 +359,8 @@ class Mesh:
 
     def region_cells(self, ids) -> np.ndarray:
         """Indices of the cells whose region is in ``ids`` (ids or names of :attr:`region_names`)."""
-        return np.flatnonzero(np.isin(self.regions, tags.resolve(ids, self.region_names, "region")))
+        be = self.backend
+        return be.xp.flatnonzero(be.xp.isin(self.regions, be.asarray(tags.resolve(ids, self.region_names, "region"))))
 
     def __repr__(self) -> str:
         kind = "quad" if self.dim == 2 else "hex"
@@ -381,11 +370,10 @@ class Mesh:
 
     # ------------------------------------------------------------------ connectivity
     @functools.cached_property
-    def incidence(self) -> sp.csr_matrix:
-        """(num_cells, num_nodes) 0/1 CSR: node j is a vertex of cell i."""
-        nc, nv = self.cells.shape
-        return sp.csr_matrix((np.ones(nc * nv, dtype=np.int32), self.cells.ravel(),
-                              np.arange(0, nc * nv + 1, nv)), shape=(nc, self.num_nodes))
+    def incidence(self):
+        """(num_cells, num_nodes) 0/1 CSR of the mesh's backend: node j is a vertex of cell i
+        (:func:`._incidence.incidence`: int32 values on the host, float64 on the device)."""
+        return _incidence.incidence(self.cells, self.num_nodes, self.backend)
 
     @functools.cached_property
     def _hanging_forest(self):
@@ -399,16 +387,7 @@ class Mesh:
         """(nodes, parents (nh, 4) -1 padded, owner cell, (node, cell) pairs) of the hanging nodes
         in the mesh's node numbering, nodes ascending: :attr:`_hanging_forest` mapped through
         the numbering (O(hanging nodes))."""
-        nodes, parents, owner, (pn, pc) = self._hanging_forest
-        if nodes.size == 0:
-            return nodes, parents, owner, (pn, pc)
-        pos = self._node_numbering[1]
-        ln = pos.take(nodes)
-        order = np.argsort(ln, kind="stable")
-        lp = np.where(parents >= 0, pos.take(np.maximum(parents, 0)), -1)
-        qn = pos.take(pn)
-        po = np.lexsort((pc, qn))                   # pairs by (node, cell), as numbered meshes had them
-        return ln.take(order), lp.take(order, axis=0), owner.take(order), (qn.take(po), pc.take(po))
+        return _hanging.number_hanging(self._hanging_forest, self._node_numbering[1])
 
     @property
     def hanging_nodes(self) -> np.ndarray:
@@ -427,9 +406,7 @@ class Mesh:
     @property
     def hanging_weights(self) -> np.ndarray:
         """(num_hanging, 4) Q1 interpolation weights matching :attr:`hanging_parents`."""
-        p = self._hanging[1]
-        n = (p >= 0).sum(1, keepdims=True)
-        return np.where(p >= 0, 1.0 / n, 0.0)
+        return _hanging.hanging_weights(self._hanging[1])
 
     @property
     def hanging_owner(self) -> np.ndarray:
@@ -438,24 +415,18 @@ class Mesh:
 
     @functools.cached_property
     def is_hanging(self) -> np.ndarray:
-        m = np.zeros(self.num_nodes, dtype=bool)
+        m = self.backend.xp.zeros(self.num_nodes, dtype=bool)
         m[self.hanging_nodes] = True
         return m
 
     @functools.cached_property
-    def touch_graph(self) -> sp.csr_matrix:
-        """(num_cells, num_cells) boolean CSR: cells that share at least one point.
+    def touch_graph(self):
+        """(num_cells, num_cells) 0/1 CSR of the mesh's backend: cells that share at least one point.
 
         Two active cells touch iff they share a vertex or a vertex of one hangs
         on an edge/face of the other (exact on 2:1-balanced meshes).
         """
-        hn, hc = self._hanging[3]
-        Q = sp.csr_matrix((np.ones(hn.size, dtype=np.int32), (hc, hn)), shape=self.incidence.shape)
-        N = self.incidence
-        G = N + Q
-        T = (N @ G.T) + (G @ N.T)
-        T.data[:] = 1
-        return T.tocsr()
+        return _incidence.touch_graph(self.incidence, self._hanging[3], self.backend)
 
     def touch_max(self, values: np.ndarray) -> np.ndarray:
         """For each active cell, the maximum of ``values`` over the cells touching it (itself included).
@@ -501,22 +472,12 @@ class Mesh:
     def boundary_faces(self, ids=None):
         """(cells, local faces, boundary ids) of the boundary faces, optionally only those with ``ids``
         (ids or names, :meth:`resolve_boundary`)."""
-        b = self.boundary_ids
-        at = np.flatnonzero(b.reshape(-1) >= 0)        # = np.nonzero(b >= 0), row-major
-        c, f = np.divmod(at, b.shape[1])
-        bid = b.reshape(-1).take(at)
-        ids = self.resolve_boundary(ids)
-        if ids is not None:
-            keep = np.isin(bid, ids)
-            c, f, bid = c[keep], f[keep], bid[keep]
-        return c, f, bid
+        return _boundary.boundary_faces(self.boundary_ids, self.resolve_boundary(ids))
 
     def boundary_nodes(self, ids=None, where: Callable | None = None) -> np.ndarray:
         """Sorted indices of nodes on boundary faces (with boundary id in ``ids``) where ``where(x)`` holds."""
         c, f, _ = self.boundary_faces(ids)
-        nodes = np.unique(np.take(self.cells, c, axis=0)[np.arange(c.size)[:, None],
-                                                         ref.face_vertices(self.dim)[f]])
-        return select_where(nodes, lambda: self.points, where)
+        return select_where(_boundary.boundary_nodes(self.cells, c, f, self.dim), lambda: self.points, where)
 
     # ------------------------------------------------------------------ refinement
     def refine(self, marked=None) -> "Mesh":
