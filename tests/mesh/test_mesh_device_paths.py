@@ -1,0 +1,168 @@
+"""The device path of the node numbering, the hanging nodes and the boundary data (issue 36),
+run on the host: under a strict stand-in for CuPy (``strict_cupy.py``: refuses NumPy-only
+calls, host/device mixing and scatters with repeated indices) a mesh moved with
+``to("gpu")`` gives the host mesh's integers exactly, device arrays throughout, and copies
+O(levels) values to the host, not O(cells); the generic first occurrences (a scatter_min)
+equal the host's tuned ones."""
+import numpy as np
+import pytest
+
+import strict_cupy
+from adaptmg import Mesh
+from adaptmg.backend import backend_of
+from adaptmg.mesh import _touch
+from adaptmg.mesh._join import cells_holding
+from adaptmg.mesh._numbering import first_occurrences, first_occurrences_xp
+
+EPS = np.finfo(float).eps
+
+
+def _random(dim, n, steps, seed, frac=0.3):
+    rng = np.random.default_rng(seed)
+    m = Mesh.box([0] * dim, [1] * dim, [n] * dim)
+    for _ in range(steps):
+        m = m.refine(rng.random(m.num_cells) < frac)
+    return m
+
+
+def _unstructured():
+    """A from_cells mesh (permuted, perturbed nodes; regions, named boundaries), refined twice."""
+    rng = np.random.default_rng(5)
+    b = Mesh.box([0, 0], [1, 1], [4, 3])
+    perm = rng.permutation(b.num_nodes)
+    inv = np.argsort(perm)
+    pts = b.points[perm] + 0.04 * rng.uniform(-1, 1, b.points.shape) * (b.points[perm] % 1 != 0).all(1)[:, None]
+    bid = np.where(b.boundary_ids >= 0, b.boundary_ids + 1, -1)
+    m = Mesh.from_cells(pts, inv[b.cells], bid, regions=np.arange(b.num_cells) % 3,
+                        boundary_names={"left": 1, "right": 2}, region_names={"steel": 2})
+    return m.refine([0, 5]).refine(np.arange(3))
+
+
+MESHES = {
+    "2d-uniform": lambda: Mesh.box([0, 0], [1, 2], [3, 2]).refine(),
+    "2d-3levels": lambda: _random(2, 3, 3, 1),
+    "3d-local": lambda: Mesh.box([0] * 3, [1] * 3, [2] * 3).refine([0, 3]).refine([1, 2]),
+    "3d-random": lambda: _random(3, 2, 2, 2, 0.4),
+    "from_cells": _unstructured,
+}
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    return strict_cupy.install(monkeypatch)
+
+
+def _h(a):
+    """A host copy of a stand-in device array (asserting it is one)."""
+    assert isinstance(a, strict_cupy.ndarray), type(a)
+    return a.get()
+
+
+def _same(dev, host):
+    d = _h(dev)
+    assert d.shape == host.shape and np.array_equal(d, host), (d, host)
+
+
+@pytest.mark.parametrize("name", sorted(MESHES))
+def test_first_occurrences_generic_equal_the_host_ones(name):
+    m = MESHES[name]()
+    for h in m.hierarchy():
+        flat = h._active_cell_nodes().ravel()
+        F = h._forest
+        nk = F.node_kind
+        n_root = F.num_nodes if nk[-1] == 0 else int(np.argmax(nk != 0))
+        want = first_occurrences(flat, F.num_nodes, n_root)
+        got = first_occurrences_xp(flat, F.num_nodes, n_root, np)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", sorted(MESHES))
+def test_device_mesh_equals_the_host_mesh(name, gpu):
+    host = MESHES[name]()
+    assert host.num_hanging_nodes > 0 or name == "2d-uniform"
+    def where(x):
+        return x[:, 0] < 0.5
+
+    def outputs(mesh):
+        out = [mesh.node_ids, mesh.cells, mesh.points, mesh.hanging_nodes, mesh.hanging_parents,
+               mesh.hanging_weights, mesh.hanging_owner, *mesh._hanging[3], mesh.is_hanging,
+               mesh.cell_vertices(), mesh.region_cells([0, 2]), mesh.boundary_nodes(where=where)]
+        for ids in (None, 0, [1, 2]):
+            out += [*mesh.boundary_faces(ids), mesh.boundary_nodes(ids)]
+        return out, mesh.volumes(), (mesh.num_nodes, mesh.num_hanging_nodes)
+
+    for m in host.hierarchy():                   # coarse levels of a large forest: the sort branch
+        g = m.to("gpu")
+        assert g.backend.is_gpu
+        before = strict_cupy.host_values()
+        dev, vol_d, counts = outputs(g)
+        moved, calls = np.subtract(strict_cupy.host_values(), before)
+        # O(levels) scalars, not O(cells): a few per call
+        assert moved <= 40 + 4 * int(m.levels.max()) and calls <= 60, (moved, calls, m.num_cells)
+        want, vol_h, counts_h = outputs(m)
+        assert counts == counts_h
+        for d, h in zip(dev, want):
+            _same(d, h)                          # points: a gather, exact
+        vol_d, vol_h = _h(vol_d), vol_h
+        assert np.abs(vol_d - vol_h).max() <= 8 * EPS * vol_h.max()
+        N = g.incidence
+        assert backend_of(N).is_gpu and N.dtype == np.float64
+        assert (abs(N.get() - m.incidence) > 0).nnz == 0
+        T = g.touch_graph
+        Th = T.get() if hasattr(T, "get") else T
+        assert (abs(Th - m.touch_graph) > 0).nnz == 0
+
+
+def test_device_where_must_be_a_bool_predicate(gpu):
+    g = _random(2, 2, 1, 3).to("gpu")
+    with pytest.raises(ValueError, match="boolean"):
+        g.boundary_nodes(where=lambda x: x[:, 0])
+    with pytest.raises(TypeError, match="callable"):
+        g.boundary_nodes(where=0.5)
+    host_only = g.boundary_nodes(where=lambda x: np.asarray(x)[:, 1] > 0.5)       # refuses device points
+    _same(host_only, g.to("cpu").boundary_nodes(where=lambda x: x[:, 1] > 0.5))
+
+
+@pytest.mark.parametrize("dense", [False, True])        # the sparse (dominant level) and dense paths
+@pytest.mark.parametrize("dim", [2, 3])
+def test_level_jumps_on_the_device_path(dim, dense, gpu):
+    if dense:
+        m = Mesh.box([0] * dim, [1] * dim, [3] * dim).refine([0, 4, 8] if dim == 2 else [0, 5, 13, 20, 26])
+    else:                                                 # three levels, level 0 dominant
+        m = Mesh.box([0] * dim, [1] * dim, [8 if dim == 2 else 5] * dim).refine([0, 30]).refine([0])
+    cells, lv = m.cells, m.levels
+    jump, rows = _touch.level_jumps(cells, m.num_nodes, lv)
+    dj, dr = _touch.level_jumps(gpu.asarray(cells), m.num_nodes, gpu.asarray(lv))
+    _same(dj, jump)
+    assert (rows is None) == (dr is None) and (rows is None) == dense
+    if rows is not None:
+        _same(dr, rows)
+
+
+def test_cells_holding_on_the_device_path(gpu):
+    m = _random(3, 2, 2, 4)
+    rng = np.random.default_rng(0)
+    rows = np.repeat(np.arange(20), 2)
+    nodes = m.cells[rng.integers(m.num_cells, size=20)][:, :2].ravel()
+    need = np.full(20, 2)
+    r, c = cells_holding(m.cells, rows, nodes, need, m.num_nodes)
+    dr, dc = cells_holding(*(gpu.asarray(a) for a in (m.cells, rows, nodes, need)), m.num_nodes)
+    assert r.size >= 20
+    _same(dr, r)
+    _same(dc, c)
+
+
+def test_the_stand_in_refuses_what_the_device_refuses(gpu):
+    a = gpu.arange(6)
+    with pytest.raises(TypeError, match="numpy.take"):
+        np.take(a, [0, 1])
+    with pytest.raises(TypeError, match="at"):
+        np.minimum.at(a, gpu.asarray([0, 0]), gpu.asarray([1, 2]))
+    with pytest.raises(TypeError, match="repeated"):
+        a[gpu.asarray([0, 0])] = gpu.asarray([1, 2])
+    with pytest.raises(TypeError, match="host"):
+        a + np.arange(6)
+    with pytest.raises(AttributeError):
+        a.flags.writeable = False
+    a[gpu.asarray([0, 0])] = 7                                 # one value: fine on the device
+    assert a.get()[0] == 7
