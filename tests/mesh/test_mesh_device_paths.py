@@ -166,3 +166,21 @@ def test_the_stand_in_refuses_what_the_device_refuses(gpu):
         a.flags.writeable = False
     a[gpu.asarray([0, 0])] = 7                                 # one value: fine on the device
     assert a.get()[0] == 7
+
+
+def test_bench_mesh_setup_device_mesh_table(gpu, capsys, monkeypatch):
+    """``bench_mesh_setup.py --backend gpu --device-mesh`` prints the device rows, with the
+    device's integers equal to the host's (here on the stand-in)."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_mesh_setup.py"
+    spec = importlib.util.spec_from_file_location("bench_mesh_setup_device_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr("sys.argv", ["bench_mesh_setup.py", "--backend", "gpu", "--device-mesh",
+                                     "--cases", "adaptive", "--targets", "3e3"])
+    bench.main()
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("adaptive")]
+    phases = {r[3]: r for r in rows if len(r) > 3}
+    assert {"numbering", "hanging", "hierarchy", "to(gpu)"} <= set(phases)
+    assert phases["numbering"][-1] == "True" and phases["hanging"][-1] == "True"
