@@ -6,36 +6,11 @@ stand-in for CuPy in ``test_mesh_device_paths.py``; this file is for the real de
 import numpy as np
 import pytest
 
-from adaptmg import Mesh
 from adaptmg.backend import is_device_array, is_device_sparse
+from device_meshes import MESHES
+from test_mesh import random_mesh
 
 pytestmark = pytest.mark.gpu
-
-
-def _random(dim, n, steps, seed, frac=0.3):
-    rng = np.random.default_rng(seed)
-    m = Mesh.box([0] * dim, [1] * dim, [n] * dim)
-    for _ in range(steps):
-        m = m.refine(rng.random(m.num_cells) < frac)
-    return m
-
-
-def _from_cells():
-    rng = np.random.default_rng(5)
-    b = Mesh.box([0, 0], [1, 1], [4, 3])
-    perm = rng.permutation(b.num_nodes)
-    bid = np.where(b.boundary_ids >= 0, b.boundary_ids + 1, -1)
-    m = Mesh.from_cells(b.points[perm], np.argsort(perm)[b.cells], bid, regions=np.arange(b.num_cells) % 3)
-    return m.refine([0, 5]).refine(np.arange(3))
-
-
-MESHES = {
-    "2d-uniform": lambda: Mesh.box([0, 0], [1, 2], [3, 2]).refine(),
-    "2d-3levels": lambda: _random(2, 3, 3, 1),
-    "3d-local": lambda: Mesh.box([0] * 3, [1] * 3, [2] * 3).refine([0, 3]).refine([1, 2]),
-    "3d-random": lambda: _random(3, 2, 2, 2, 0.4),
-    "from_cells": _from_cells,
-}
 
 
 def _same(dev, host):
@@ -71,7 +46,7 @@ def test_device_mesh_numbering_hanging_boundary_equal_the_host(name):
 
 def test_device_numbering_of_a_larger_adaptive_mesh():
     """A mesh large enough that the scatter_min of the first occurrences runs over many blocks."""
-    m = _random(3, 6, 2, 3, 0.15)
+    m = random_mesh(3, 2, 3, n0=6, frac=0.15)
     g = m.to("gpu")
     _same(g.cells, m.cells)
     _same(g.node_ids, m.node_ids)

@@ -9,42 +9,14 @@ import pytest
 
 import strict_cupy
 from adaptmg import Mesh
+from device_meshes import MESHES
 from adaptmg.backend import backend_of
 from adaptmg.mesh import _touch
 from adaptmg.mesh._join import cells_holding
 from adaptmg.mesh._numbering import first_occurrences, first_occurrences_xp
+from test_mesh import random_mesh
 
 EPS = np.finfo(float).eps
-
-
-def _random(dim, n, steps, seed, frac=0.3):
-    rng = np.random.default_rng(seed)
-    m = Mesh.box([0] * dim, [1] * dim, [n] * dim)
-    for _ in range(steps):
-        m = m.refine(rng.random(m.num_cells) < frac)
-    return m
-
-
-def _unstructured():
-    """A from_cells mesh (permuted, perturbed nodes; regions, named boundaries), refined twice."""
-    rng = np.random.default_rng(5)
-    b = Mesh.box([0, 0], [1, 1], [4, 3])
-    perm = rng.permutation(b.num_nodes)
-    inv = np.argsort(perm)
-    pts = b.points[perm] + 0.04 * rng.uniform(-1, 1, b.points.shape) * (b.points[perm] % 1 != 0).all(1)[:, None]
-    bid = np.where(b.boundary_ids >= 0, b.boundary_ids + 1, -1)
-    m = Mesh.from_cells(pts, inv[b.cells], bid, regions=np.arange(b.num_cells) % 3,
-                        boundary_names={"left": 1, "right": 2}, region_names={"steel": 2})
-    return m.refine([0, 5]).refine(np.arange(3))
-
-
-MESHES = {
-    "2d-uniform": lambda: Mesh.box([0, 0], [1, 2], [3, 2]).refine(),
-    "2d-3levels": lambda: _random(2, 3, 3, 1),
-    "3d-local": lambda: Mesh.box([0] * 3, [1] * 3, [2] * 3).refine([0, 3]).refine([1, 2]),
-    "3d-random": lambda: _random(3, 2, 2, 2, 0.4),
-    "from_cells": _unstructured,
-}
 
 
 @pytest.fixture
@@ -114,7 +86,7 @@ def test_device_mesh_equals_the_host_mesh(name, gpu):
 
 
 def test_device_where_must_be_a_bool_predicate(gpu):
-    g = _random(2, 2, 1, 3).to("gpu")
+    g = random_mesh(2, 1, 3).to("gpu")
     with pytest.raises(ValueError, match="boolean"):
         g.boundary_nodes(where=lambda x: x[:, 0])
     with pytest.raises(TypeError, match="callable"):
@@ -140,7 +112,7 @@ def test_level_jumps_on_the_device_path(dim, dense, gpu):
 
 
 def test_cells_holding_on_the_device_path(gpu):
-    m = _random(3, 2, 2, 4)
+    m = random_mesh(3, 2, 4)
     rng = np.random.default_rng(0)
     rows = np.repeat(np.arange(20), 2)
     nodes = m.cells[rng.integers(m.num_cells, size=20)][:, :2].ravel()
