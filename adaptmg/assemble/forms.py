@@ -288,6 +288,8 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
     host or copied up but the mesh itself.
     """
     nq, m, per = Tq.shape
+    if info.device is not None and not device_elements:
+        info.chunks(xi, per)                      # a ValueError: these elements are host code
     if device is not None:
         pat = get_device_pattern(device, info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
         nent = info.num_cells * per
@@ -375,8 +377,7 @@ def _kept(M, keep):
 
 
 def _keep_backend(name, device, keep_on_device, info=None):
-    """The GPU backend of ``keep_on_device=True`` (a mesh on the GPU: always its own), None when
-    False; ValueError without one."""
+    """The GPU backend of ``keep_on_device=True`` or of a mesh on the GPU, else None (ValueError without one)."""
     if info is not None and info.device is not None:
         return info.device
     if not keep_on_device:
@@ -392,8 +393,7 @@ def _assembly_device(device, info, per_cell):
 
     ``device``: None / "cpu" (host), "gpu" / "auto" or a :class:`~adaptmg.backend.Backend`.
     Small problems (fewer than ``MIN_DEVICE_ENTRIES`` element entries) stay on the host,
-    where they are cheaper than the copies and launches.  A mesh on the GPU: its backend
-    (``device`` None or a GPU; "cpu" is a ValueError).
+    where they are cheaper than the copies and launches.  A mesh on the GPU: its backend.
     """
     if info.device is not None:
         if device is not None and not get_backend(device).is_gpu:
