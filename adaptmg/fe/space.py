@@ -29,7 +29,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..mesh import Mesh
-from ..mesh.mesh import select_where
 from ..mesh import reference as ref
 from .element import LagrangeQ
 from . import space_xp
@@ -243,38 +242,15 @@ class Space:
     # ------------------------------------------------------------------ boundary
     def boundary_nodes(self, ids=None, where=None) -> np.ndarray:
         """Sorted DoF nodes on boundary faces with boundary id in ``ids`` (all if None),
-        restricted to nodes x with ``where(x)`` true (``where`` vectorised over (n, d) points)."""
-        if self._on_device:
-            return space_xp.boundary_nodes(self.backend.xp, self, ids, where)
-        c, f, _ = self.mesh.boundary_faces(ids)
-        k, d = self.degree, self.dim
-        lat = ref.lattice(d, k + 1)
-        local = np.array([np.flatnonzero(lat[:, a] == k * s) for a in range(d) for s in (0, 1)])
-        mark = np.zeros(self.num_nodes, dtype=bool)     # sorted distinct nodes without a sort
-        mark[self.cell_dofs[c[:, None], local[f]]] = True
-        return select_where(np.flatnonzero(mark).astype(self.cell_dofs.dtype, copy=False),
-                            lambda: self.points, where)
+        restricted to nodes x with ``where(x)`` true (``where`` vectorised over (n, d) points;
+        on a device mesh it gets CuPy points and the nodes are a CuPy array)."""
+        return space_xp.boundary_nodes(self.backend.xp, self, ids, where)
 
     def boundary_dofs(self, ids=None, where=None, components=None) -> np.ndarray:
         """DoF indices node*c + comp of :meth:`boundary_nodes`, for the given components (all if None)."""
-        if self._on_device:
-            return space_xp.boundary_dofs(self.backend.xp, self, ids, where, components)
-        nodes = self.boundary_nodes(ids, where)
-        comps = np.arange(self.components) if components is None else np.atleast_1d(components)
-        if comps.size and (comps.min() < 0 or comps.max() >= self.components):
-            raise ValueError(f"components must lie in [0, {self.components}), got {list(comps)}")
-        dofs = (nodes[:, None] * self.components + comps[None, :]).ravel()
-        return dofs if components is None else np.sort(dofs)     # all components: sorted already
+        return space_xp.boundary_dofs(self.backend.xp, self, ids, where, components)
 
     def interpolate(self, f) -> np.ndarray:
         """Nodal interpolant: vector of f at the DoF nodes (f(x): (n, d) -> (n,) or (n, c));
         on a device mesh ``f`` gets CuPy points and the result is a CuPy array."""
-        if self._on_device:
-            return space_xp.interpolate(self.backend.xp, self, f)
-        if not callable(f):
-            raise TypeError(f"interpolate: f must be a callable f(x) -> values, got {type(f).__name__}")
-        vals = np.asarray(f(self.points), dtype=float)
-        n, c = self.num_nodes, self.components
-        if vals.shape not in ((n,), (n, c)) or (vals.shape == (n,) and c != 1):
-            raise ValueError(f"f must return shape ({n},) or ({n}, {c}), got {vals.shape}")
-        return vals.reshape(-1)
+        return space_xp.interpolate(self.backend.xp, self, f)

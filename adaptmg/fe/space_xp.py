@@ -3,10 +3,11 @@ the array module of the mesh (``xp = mesh.backend.xp``: NumPy, or CuPy for a mes
 device), so that a space on a device mesh builds its hanging-node matrix, boundary DoFs and
 nodal interpolants there, with nothing of O(cells) read back to the host.
 
-The host keeps the NumPy-tuned code of :mod:`.space` (views, ``flags.writeable``,
-``np.repeat`` with count arrays, a direct canonical CSR); these functions give the same
-integers and the same floats (every weight here is a product of dyadic numbers, exact in any
-order), and the CPU tests run them with NumPy against the host code.
+The boundary DoFs and the interpolant are this code on the host too (``xp = numpy``).  For
+the hanging rows and ``H`` the host keeps the NumPy-tuned code of :mod:`.space` (a direct
+canonical CSR, ``np.repeat`` with count arrays); these functions give the same integers and
+the same floats (every weight here is a product of dyadic numbers, exact in any order), and
+the CPU tests run them with NumPy against the host code.
 
 Hanging rows (seed 001 §2.2).  A hanging node h with parents :math:`p_1..p_m` (m = 2 on an
 edge, 4 on a face) on an edge or face of its owner cell K has the reference coordinates
@@ -134,7 +135,8 @@ def csr_rows(be, A, rows):
 
 def boundary_nodes(xp, space, ids=None, where=None):
     """:meth:`Space.boundary_nodes` on the mesh's array module: the sorted DoF nodes on the
-    boundary faces with ids ``ids`` where ``where(x)`` holds (``where`` gets ``xp`` points)."""
+    boundary faces with ids ``ids`` where ``where(x)`` holds (``where`` gets ``xp`` points;
+    the points are gathered only then)."""
     c, f, _ = space.mesh.boundary_faces(ids)
     k, d = space.degree, space.dim
     lat = ref.lattice(d, k + 1)
