@@ -137,3 +137,18 @@ def test_device_mesh_with_a_host_backend_or_q2_is_a_clear_error():
         Space(md, degree=2)
     with pytest.raises(ValueError, match=r"mesh.to\('cpu'\)"):
         assemble.load(Space(md), 1.0, device="cpu")
+
+
+def test_device_mesh_without_a_hierarchy_gets_algebraic_levels_there():
+    """A fine box never refined: the coarsest geometric level is large, smoothed-aggregation
+    levels follow, their near-nullspace built from the device mask (and points); the same
+    iterations and solution as the host mesh's GPU set-up."""
+    out = []
+    for backend in ("cpu", "gpu"):
+        space = Space(Mesh.box([0.0] * 3, [1.0] * 3, [24] * 3, backend=backend), 1, 3)
+        ml, b, x, its = _run(space, "gpu")
+        assert ml.num_algebraic > 0
+        out.append((to_host(x), its))
+    (xh, ih), (xd, idv) = out
+    assert abs(ih - idv) <= 1 and 0 < idv <= 40
+    assert np.linalg.norm(xh - xd) <= 1e-6 * np.linalg.norm(xh)
