@@ -202,12 +202,11 @@ def _galerkin(R, K, P, free):
     z = xp.asarray(free)
     dvals = xp.abs(Kc.diagonal())[z]
     s = float(dvals.mean()) if dvals.shape[0] else 1.0
-    fixed = np.flatnonzero(~np.asarray(free))
-    if fixed.size:
-        f = xp.asarray(fixed.astype(Kc.indices.dtype))
-        D = be.sparse.coo_matrix((xp.full(fixed.size, s), (f, f)), shape=Kc.shape).tocsr()
+    f = xp.flatnonzero(~z).astype(Kc.indices.dtype)        # on the device (a device mesh's mask)
+    if f.shape[0]:
+        D = be.sparse.coo_matrix((xp.full(f.shape[0], s), (f, f)), shape=Kc.shape).tocsr()
         Kc = (Kc + D).tocsr()
-    keep = np.ones(Kc.shape[0], dtype=bool)
+    keep = xp.ones(Kc.shape[0], dtype=bool)
     return mask_rows_cols(Kc, keep, keep, drop_zeros=True)     # eliminate_zeros, on the device
 
 
