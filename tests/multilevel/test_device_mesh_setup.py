@@ -152,3 +152,14 @@ def test_device_mesh_without_a_hierarchy_gets_algebraic_levels_there():
     (xh, ih), (xd, idv) = out
     assert abs(ih - idv) <= 1 and 0 < idv <= 40
     assert np.linalg.norm(xh - xd) <= 1e-6 * np.linalg.norm(xh)
+
+
+def test_device_mesh_galerkin_levels_equal_the_host_mesh_ones():
+    """``galerkin=True``: R K P on the device from the device mesh's transfers and masks."""
+    mls = [adaptmg.multigrid(Space(_mesh(3, 3, (0.35, 0.15), backend)), assemble.stiffness,
+                             galerkin=True, backend="gpu", coarse_max_rows=None) for backend in ("cpu", "gpu")]
+    assert len(mls[0].levels) == len(mls[1].levels) >= 3
+    for l, (lh, ld) in enumerate(zip(*(ml.levels for ml in mls))):
+        Ah, Ad = to_host(lh.A).tocsr(), to_host(ld.A).tocsr()
+        assert Ah.shape == Ad.shape
+        assert abs(Ah - Ad).max() <= 1e3 * EPS * abs(Ah).max(), f"level {l}"
