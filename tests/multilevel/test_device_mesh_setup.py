@@ -41,7 +41,7 @@ def _mesh(dim, refine, radii, backend):
     return m
 
 
-CASES = {"uniform-3d": (3, 4, (), 1), "local-2d": (2, 7, (0.3, 0.15), 1),
+CASES = {"uniform-3d": (3, 4, (), 1), "local-2d": (2, 6, (0.3, 0.15), 1),
          "local-3d": (3, 3, (0.35, 0.15), 1), "local-3d-c3": (3, 3, (0.35, 0.15), 3)}
 
 
