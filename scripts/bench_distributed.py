@@ -45,9 +45,10 @@ import time
 import numpy as np
 
 
-def make_mesh(dim, px, target):
+def make_mesh(dim, px, target, backend="cpu"):
+    """``backend`` ("cpu"/"gpu"): where the mesh is built (``Mesh.box(..., backend=)``)."""
     from adaptmg.mesh import Mesh
-    m = Mesh.box([0.0] * dim, [float(px)] + [1.0] * (dim - 1), [2 * px] + [2] * (dim - 1))
+    m = Mesh.box([0.0] * dim, [float(px)] + [1.0] * (dim - 1), [2 * px] + [2] * (dim - 1), backend=backend)
     while True:
         n_next = (m.num_nodes * 2 ** dim)
         if n_next > target:
@@ -57,8 +58,11 @@ def make_mesh(dim, px, target):
     # over the vertices) from per-vertex row gathers: no (cells, 2^d, d) fancy-index gather
     from adaptmg.mesh._tree import _mean_of
     cells = m.cells
-    c = _mean_of(m.points, [cells[:, j] for j in range(cells.shape[1])])
-    return m.refine(np.linalg.norm(c - 0.3, axis=1) < 0.2)
+    if m.backend.is_gpu:                      # the same means: sums of dyadic coordinates, exact
+        c = m.points[cells].mean(axis=1)
+    else:
+        c = _mean_of(m.points, [cells[:, j] for j in range(cells.shape[1])])
+    return m.refine(m.backend.xp.linalg.norm(c - 0.3, axis=1) < 0.2)
 
 
 def make_forest(dim, px, target, comm):

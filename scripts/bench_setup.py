@@ -27,6 +27,10 @@ own time of the ``multigrid()`` set-up (cProfile); ``--timeline`` the warm run's
 
     python scripts/bench_setup.py --backend gpu --cases uniform,adaptive --cold
     python scripts/bench_setup.py --backend cpu --cases uniform --refine 5
+    python scripts/bench_setup.py --backend gpu --mesh-backend gpu --cases uniform,adaptive
+
+``--mesh-backend gpu`` builds each case's mesh on the device (``Mesh.box(..., backend="gpu")``,
+refined there), so that mesh / space / multigrid / load / solve run mesh -> x on the device.
 
 ``--host-reads N`` (GPU, Python 3.12+) then counts the device -> host bytes of each case's
 set-up, load + constrain and solve (:mod:`adaptmg.device.host_reads`) and prints the set-up's
@@ -47,14 +51,14 @@ T_START = time.perf_counter()
 def make_mesh(case, args):
     from adaptmg import Mesh
     if case == "uniform":
-        m = Mesh.box([0.0] * 3, [1.0] * 3, [2] * 3)
+        m = Mesh.box([0.0] * 3, [1.0] * 3, [2] * 3, backend=args.mesh_backend)
         for _ in range(args.refine):
             m = m.refine()
         return m
     if case == "adaptive":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from bench_distributed import make_mesh as family
-        return family(3, 1, args.dofs)
+        return family(3, 1, args.dofs, backend=args.mesh_backend)
     raise ValueError(f"unknown case {case!r}")
 
 
@@ -151,7 +155,8 @@ def cold(case, args, adaptmg_cache):
                    ADAPTMG_PREFETCH=os.environ.get("ADAPTMG_BENCH_PREFETCH", "1"),
                    ADAPTMG_KERNEL_BUNDLE=os.environ.get("ADAPTMG_BENCH_BUNDLE", "1"))
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cases", case,
-               "--backend", args.backend, "--load", args.load, "--refine", str(args.refine), "--dofs", str(args.dofs)]
+               "--backend", args.backend, "--mesh-backend", args.mesh_backend, "--load", args.load,
+               "--refine", str(args.refine), "--dofs", str(args.dofs)]
         if args.amg:
             cmd.append("--amg")
         before = _files(adaptmg_cache)
@@ -231,6 +236,9 @@ def main():
     ap.add_argument("--amg", dest="amg", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--load", choices=("host", "device"), default="device",
                     help="the load vector: assemble.load on the host, or with device=<backend>")
+    ap.add_argument("--mesh-backend", choices=("cpu", "gpu"), default="cpu",
+                    help="where the mesh is built and lives (Mesh.box(..., backend=)); gpu: mesh -> x "
+                         "on the device (with --backend gpu)")
     ap.add_argument("--profile", type=int, default=0, help="cProfile the set-up (top N)")
     ap.add_argument("--timeline", action="store_true",
                     help="print the warm run's multigrid() tasks: thread, start and end (host clock)")
@@ -246,7 +254,9 @@ def main():
     from adaptmg.backend import get_backend
     be = get_backend(args.backend)
     args.backend = be.name
-    print(f"backend {be.name}; seconds per phase (after a synchronize)")
+    if args.mesh_backend == "gpu" and not be.is_gpu:
+        ap.error("--mesh-backend gpu needs --backend gpu")
+    print(f"backend {be.name}, mesh on {args.mesh_backend}; seconds per phase (after a synchronize)")
     cases = args.cases.split(",")
     if args.cold:
         with tempfile.TemporaryDirectory() as empty, tempfile.TemporaryDirectory() as warmed:

@@ -57,6 +57,7 @@ from ..fe.geometry import CellGeometry, affine_mask, jacobian_error, matmul_seri
 from ..fe.quadrature import default_num_points, tensor_gauss
 from ._device import MIN_DEVICE_ENTRIES, get_device_pattern
 from ..fe.sparsity import componentwise, get_pattern
+from ..fe.space_xp import kron_identity
 from ..threads import default_threads, ordered_map
 
 __all__ = ["mass", "lumped_mass", "stiffness", "convection", "scalar_form", "load"]
@@ -85,8 +86,10 @@ class _SpaceInfo:
         self.dim = int(mesh.dim)
         if self.dim not in (2, 3):
             raise ValueError(f"{name}.mesh.dim must be 2 or 3, got {self.dim}")
-        self.points = np.asarray(mesh.points, dtype=np.float64)
-        self.cells = np.asarray(mesh.cells)
+        be = getattr(mesh, "backend", None)
+        self.device = be if be is not None and be.is_gpu else None      # a mesh on the GPU: its arrays
+        xp = np if self.device is None else self.device.xp
+        self.points, self.cells = xp.asarray(mesh.points, dtype=np.float64), xp.asarray(mesh.cells)
         if self.points.ndim != 2 or self.points.shape[1] != self.dim:
             raise ValueError(f"{name}.mesh.points must have shape (num_nodes, {self.dim}), got {self.points.shape}")
         if self.cells.ndim != 2 or self.cells.shape[1] != 2 ** self.dim:
@@ -99,7 +102,7 @@ class _SpaceInfo:
             raise ValueError(f"{name}.components must be >= 1, got {self.components}")
         self.num_nodes = int(space.num_nodes)
         self.num_cells = self.cells.shape[0]
-        self.cell_dofs = space.cell_dofs if isinstance(space.cell_dofs, np.ndarray) else np.asarray(space.cell_dofs)
+        self.cell_dofs = space.cell_dofs if isinstance(space.cell_dofs, np.ndarray) else xp.asarray(space.cell_dofs)
         nloc = (self.degree + 1) ** self.dim
         if self.cell_dofs.shape != (self.num_cells, nloc):
             raise ValueError(f"{name}.cell_dofs must have shape (num_cells, (degree+1)**dim) = "
@@ -141,6 +144,8 @@ class _SpaceInfo:
         as one (fewer, larger products; same temporaries, the geometry having one point);
         otherwise they are taken one by one exactly as with ``group=1``.
         """
+        if self.device is not None:
+            raise ValueError("mesh on the GPU: forms take constant coefficients there; use mesh.to('cpu')")
         nc = self.num_cells
         step = self.chunk_size(xi, per_cell_floats)
         group = max(1, int(group)) if affine else 1
@@ -283,6 +288,8 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
     host or copied up but the mesh itself.
     """
     nq, m, per = Tq.shape
+    if info.device is not None and not device_elements:
+        info.chunks(xi, per)                      # a ValueError: these elements are host code
     if device is not None:
         pat = get_device_pattern(device, info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
         nent = info.num_cells * per
@@ -309,8 +316,8 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
 
         def finish(dst):
             broadcast_rows()
-            if keep is not None and info.components == 1:
-                return pat.device_csr(pat.sum(dst, on_device=True))
+            if keep is not None and (info.components == 1 or info.device is not None):
+                return kron_identity(device, pat.device_csr(pat.sum(dst, on_device=True)), info.components)
             return componentwise(pat.csr(pat.sum(dst)), info.components)
     else:
         pat = _square_pattern(info)
@@ -369,8 +376,10 @@ def _kept(M, keep):
     return M if keep is None or is_device_sparse(M) else keep.asmatrix(M)
 
 
-def _keep_backend(name, device, keep_on_device):
-    """The GPU backend of ``keep_on_device=True`` (None when False); ValueError without one."""
+def _keep_backend(name, device, keep_on_device, info=None):
+    """The GPU backend of ``keep_on_device=True`` or of a mesh on the GPU, else None (ValueError without one)."""
+    if info is not None and info.device is not None:
+        return info.device
     if not keep_on_device:
         return None
     keep = get_backend(device) if isinstance(device, (str, Backend)) else None
@@ -384,8 +393,12 @@ def _assembly_device(device, info, per_cell):
 
     ``device``: None / "cpu" (host), "gpu" / "auto" or a :class:`~adaptmg.backend.Backend`.
     Small problems (fewer than ``MIN_DEVICE_ENTRIES`` element entries) stay on the host,
-    where they are cheaper than the copies and launches.
+    where they are cheaper than the copies and launches.  A mesh on the GPU: its backend.
     """
+    if info.device is not None:
+        if device is not None and not get_backend(device).is_gpu:
+            raise ValueError(f"device={device!r}, but the mesh lives on the GPU: use mesh.to('cpu')")
+        return info.device
     if device is None:
         return None
     if not isinstance(device, (str, Backend)):
@@ -438,7 +451,7 @@ def mass(space, coef=1.0, *, quad_points=None, device=None, keep_on_device=False
 
     def factor(sl, g, wdet):
         return wdet * ev(sl, g)
-    keep = _keep_backend("mass", device, keep_on_device)
+    keep = _keep_backend("mass", device, keep_on_device, info)
     const = keep is not None and np.ndim(coef) == 0 and not callable(coef)
     return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(coef),
                             device=_assembly_device(device, info, T.shape[-1]),
@@ -500,7 +513,7 @@ def stiffness(space, coef=1.0, *, quad_points=None, device=None, keep_on_device=
         wc = wdet / g.detJ
         wc = wc * ev(sl, g)
         return metric_factor(g.J, g.detJ, wc, packed=True)   # w kappa det J J^{-1} J^{-T}
-    keep = _keep_backend("stiffness", device, keep_on_device)
+    keep = _keep_backend("stiffness", device, keep_on_device, info)
     const = keep is not None and np.ndim(coef) == 0 and not callable(coef)
     return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(coef),
                             device=_assembly_device(device, info, T.shape[-1]),
@@ -645,7 +658,7 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
     const = {"mass": const_m, "diffusion": const_k, "convection": convection is not None and const_b}
     uniform = all(const[nm] for nm in active)
     extra = (parts[0][0], blocks[0]) if return_mass else None
-    keep = _keep_backend("scalar_form", device, keep_on_device)
+    keep = _keep_backend("scalar_form", device, keep_on_device, info)
     # a kept matrix with constant coefficients: the element matrices too on the device
     return _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=extra,
                             device=_assembly_device(device, info, L), uniform=uniform,
@@ -670,10 +683,10 @@ def load(space, f, *, quad_points=None, device=None):
     xi, w = info.quadrature(quad_points)
     ev, _ = _coefficient("f", f, info.num_cells, info.dim, tail=tail)
     phi, _ = _ref_tables(info, xi)
-    if device is not None:
-        if not isinstance(device, (str, Backend)):
+    if device is not None or info.device is not None:         # a mesh on the GPU: there
+        if device is not None and not isinstance(device, (str, Backend)):
             raise TypeError(f"device must be None, 'cpu', 'gpu', 'auto' or a Backend, got {type(device).__name__}")
-        be = get_backend(device)
+        be = get_backend(device) if info.device is None else _assembly_device(device, info, 0)
         if be.is_gpu:
             from .on_device import load_on_device
             return load_on_device(be, info, f, xi, w, phi)

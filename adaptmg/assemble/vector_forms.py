@@ -106,6 +106,8 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
                          "(cupyx has no BSR matrix)")
     keep = _keep_backend("elasticity", device, keep_on_device)
     info = _SpaceInfo(space)
+    if info.device is not None:
+        raise ValueError("elasticity: not built from a mesh on the GPU yet; use mesh.to('cpu')")
     d = info.dim
     if info.components != d:
         raise ValueError(f"elasticity needs space.components == dim == {d}, got {info.components}")

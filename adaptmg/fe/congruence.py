@@ -34,7 +34,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, is_device_error, stable_argsort
+from ..backend import backend_of, is_device_array, is_device_error, is_device_sparse, stable_argsort
+from .space_xp import csr_rows
 
 __all__ = ["congruence_by_expansion", "congruence_by_products", "congruence_on_device",
            "congruence_map_on", "SPGEMM_MAX_NNZ"]
@@ -85,14 +86,25 @@ def _parents(be, nodes, rank, hp_ptr, hp_idx, hp_w):
     return own, par, w
 
 
+def _index_array(a):
+    """An int64 index array where it lives: a device array stays on the device."""
+    return a.astype(backend_of(a).xp.int64) if is_device_array(a) else np.asarray(a, dtype=np.int64)
+
+
 def _hanging_rows(be, H, hanging, n):
-    """The hanging rows of the host CSR ``H`` on ``be`` -- ``(ptr, parents, weights)``, int64 /
-    float64 -- and ``rank`` (length ``n``: a DoF's position among ``hanging``, -1 if regular)."""
+    """The hanging rows of the CSR ``H`` on ``be`` -- ``(ptr, parents, weights)``, int64 /
+    float64 -- and ``rank`` (length ``n``: a DoF's position among ``hanging``, -1 if regular).
+    ``H`` and ``hanging`` on the host (moved: O(|h|)) or, for a space on a device mesh, both
+    on the device (the rows gathered there: :func:`~.space_xp.csr_rows`)."""
     xp = be.xp
-    Hh = sp.csr_matrix(H)[hanging]                           # the hanging rows: O(|h|), moved
-    hp = (xp.asarray(Hh.indptr.astype(np.int64)), xp.asarray(Hh.indices.astype(np.int64)),
-          xp.asarray(Hh.data.astype(np.float64)))
-    h = xp.asarray(hanging)
+    if is_device_sparse(H):                                  # a device mesh's H: rows gathered there
+        h = xp.asarray(hanging).astype(xp.int64)
+        hp = csr_rows(be, H, h)
+    else:
+        Hh = sp.csr_matrix(H)[hanging]                       # the hanging rows: O(|h|), moved
+        hp = (xp.asarray(Hh.indptr.astype(np.int64)), xp.asarray(Hh.indices.astype(np.int64)),
+              xp.asarray(Hh.data.astype(np.float64)))
+        h = xp.asarray(hanging)
     rank = xp.full(n, -1, dtype=xp.int64)
     rank[h] = xp.arange(h.shape[0], dtype=xp.int64)
     return hp, h, rank
@@ -109,8 +121,8 @@ def congruence_by_products(A, H, hanging):
     xp, xs = be.xp, be.sparse
     A = A.tocsr()
     n = A.shape[0]
-    hanging = np.asarray(hanging, dtype=np.int64)
-    if hanging.size == 0:
+    hanging = _index_array(hanging)
+    if hanging.shape[0] == 0:
         return A
     (hp_ptr, hp_idx, hp_w), h, rank = _hanging_rows(be, H, hanging, n)
     reg = xp.flatnonzero(rank < 0)
@@ -151,8 +163,8 @@ def congruence_by_expansion(A, H, hanging):
     A = A.tocsr()
     A.sum_duplicates()
     n = A.shape[0]
-    hanging = np.asarray(hanging, dtype=np.int64)
-    if hanging.size == 0:
+    hanging = _index_array(hanging)
+    if hanging.shape[0] == 0:
         return A
     (hp_ptr, hp_idx, hp_w), h, rank = _hanging_rows(be, H, hanging, n)
     is_h = rank >= 0

@@ -53,20 +53,23 @@ class Constraints:
             raise TypeError(f"Constraints expects a Space, got {type(space).__name__}")
         self.space = space
         n = space.num_dofs
-        D = np.zeros(0, dtype=np.int64) if dirichlet is None else np.asarray(dirichlet)
+        # the space's array module: NumPy, or CuPy for a space on a device mesh (the DoF lists,
+        # masks and values then live there; O(1) scalars are read back)
+        xp = space.backend.xp
+        D = xp.zeros(0, dtype=np.int64) if dirichlet is None else xp.asarray(dirichlet)
         if D.size and not np.issubdtype(D.dtype, np.integer):
             raise ValueError(f"dirichlet must be an integer array of DoF indices, got dtype {D.dtype}")
-        if D.size and (D.min() < 0 or D.max() >= n):
+        if D.size and (int(D.min()) < 0 or int(D.max()) >= n):
             raise ValueError(f"dirichlet DoF indices must lie in [0, {n}), got range [{D.min()}, {D.max()}]")
         hang = space.is_hanging
-        fixed = np.zeros(n, dtype=bool)
+        fixed = xp.zeros(n, dtype=bool)
         fixed[D] = True
         fixed &= ~hang
-        self.dirichlet = np.flatnonzero(fixed)
+        self.dirichlet = xp.flatnonzero(fixed)
         self.free = ~(fixed | hang)
         self.g = self._values(values)
         self._scale = None
-        if hang.any() and build_H:
+        if build_H and bool(hang.any()):
             space.H             # built now (as before); without hanging nodes only when used
 
     @property
@@ -78,17 +81,18 @@ class Constraints:
     def _values(self, values):
         """The Dirichlet value vector g (zero off the Dirichlet DoFs) of ``values``."""
         space, n = self.space, self.space.num_dofs
-        g = np.zeros(n)
+        xp = space.backend.xp
+        g = xp.zeros(n)
         if values is not None and self.dirichlet.size:
             if callable(values):
                 full = space.interpolate(values)
             else:
-                full = np.broadcast_to(np.asarray(values, dtype=float), (n,)) if np.ndim(values) == 0 \
-                    else np.asarray(values, dtype=float)
+                full = xp.broadcast_to(xp.asarray(values, dtype=float), (n,)) if np.ndim(values) == 0 \
+                    else xp.asarray(values, dtype=float)
                 if full.shape != (n,):
                     raise ValueError(f"values must be a scalar, an array of shape ({n},) or a callable, "
                                      f"got shape {full.shape}")
-            if not np.isfinite(full[self.dirichlet]).all():
+            if not bool(xp.isfinite(full[self.dirichlet]).all()):
                 raise ValueError("Dirichlet values contain NaN or Inf")
             g[self.dirichlet] = full[self.dirichlet]
         return g
@@ -107,6 +111,14 @@ class Constraints:
     def num_free(self) -> int:
         return int(self.free.sum())
 
+    def _check_backend(self, a, what):
+        """A host ``a`` (matrix or vector) for a space on a device mesh is a ValueError: the
+        constraints live on the device, and nothing is moved silently."""
+        if self.space._on_device:
+            raise ValueError(f"Constraints: the space's mesh lives on the GPU, so the {what} must be a "
+                             f"CuPy/cupyx array (e.g. assemble.load(space, f, device='gpu')), got "
+                             f"{type(a).__module__}.{type(a).__name__}; or use mesh.to('cpu')")
+
     def _check_square(self, A):
         n = self.space.num_dofs
         if A.shape != (n, n):
@@ -121,6 +133,7 @@ class Constraints:
         if is_device_sparse(A):
             self._check_square(A)
             return _device_project(self, A)
+        self._check_backend(A, "matrix")
         A = as_csr(A)                              # a csr_matrix stays itself (flags kept)
         self._check_square(A)
         if self.space.hanging_nodes.size == 0:
@@ -138,10 +151,15 @@ class Constraints:
         a CuPy matrix).
         """
         if isinstance(A, NodeBlockMatrix):
+            if self.space._on_device:
+                raise ValueError("Constraints.matrix: a node-block matrix (e.g. assemble.elasticity) on a "
+                                 "space on a device mesh is not supported; use a mesh on the host "
+                                 "(mesh.to('cpu')) or a scalar form")
             return self._matrix_blocks(A)
         if is_device_sparse(A):
             self._check_square(A)
             return _device_matrix(self, A)
+        self._check_backend(A, "matrix")
         # without hanging nodes H = I: project() returns A itself (no product, no copy), and
         # K = Z A Z + s (I - Z) is one masking pass over A (zeros dropped in the same pass)
         B = self.project(A)
@@ -221,6 +239,7 @@ class Constraints:
         ``assemble.load(..., device="gpu")``) a CuPy result computed on the device."""
         dev = backend_of(b) if is_device_array(b) else None
         if dev is None:
+            self._check_backend(b, "right-hand side")
             b = np.asarray(b, dtype=float)
         if b.shape != (self.space.num_dofs,):
             raise ValueError(f"right-hand side has shape {b.shape}, expected ({self.space.num_dofs},)")
@@ -230,7 +249,7 @@ class Constraints:
         else:
             HT, H, free, dirichlet, g = self._device_parts(dev)
             r = b.astype(float, copy=False)
-        if self.dirichlet.size and np.any(self.g):
+        if self.dirichlet.size and bool(self.space.backend.xp.any(self.g)):
             if A is None:
                 raise ValueError("rhs needs the assembled matrix A to lift non-zero Dirichlet values")
             r = r - _product_on(A, H @ g, dev)
@@ -267,6 +286,7 @@ class Constraints:
             if getattr(self, "_H_dev", None) is None:
                 self._H_dev = be.asmatrix(self.H)
             return self._H_dev @ x
+        self._check_backend(x, "vector")
         x = np.asarray(x)
         if x.shape != (self.space.num_dofs,):
             raise ValueError(f"x has shape {x.shape}, expected ({self.space.num_dofs},)")
@@ -295,7 +315,7 @@ def _device_project(cons, A, be=None):
     A = A.tocsr()
     if cons.space.hanging_nodes.size == 0:
         return A
-    return congruence_with_constraints(A, cons.H, np.flatnonzero(cons.space.is_hanging))
+    return congruence_with_constraints(A, cons.H, cons.space.backend.xp.flatnonzero(cons.space.is_hanging))
 
 
 def _device_matrix(cons, A, be=None):

@@ -92,16 +92,17 @@ def _mask_device(A, rows, cols, drop_zeros, diagonal=None):
     xp = be.xp
     A = A.tocsr()
     indptr, indices, data = A.indptr, A.indices, A.data
-    rows, cols = np.asarray(rows, dtype=bool), np.asarray(cols, dtype=bool)
-    keep = xp.asarray(cols)[indices]
-    if not rows.all():
+    rows, cols = xp.asarray(rows).astype(bool, copy=False), xp.asarray(cols).astype(bool, copy=False)
+    all_rows = bool(rows.all())
+    keep = cols[indices]
+    if not all_rows:
         row_of = csr_entry_rows(indptr, indices.size)
-        kept_row = xp.asarray(rows)[row_of]
+        kept_row = rows[row_of]
         keep &= kept_row
     if drop_zeros:
         keep &= data != 0
     diag = None
-    if diagonal is not None and not rows.all():
+    if diagonal is not None and not all_rows:
         diag = ~kept_row
         diag &= indices == row_of
         del row_of, kept_row

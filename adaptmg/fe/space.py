@@ -29,9 +29,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..mesh import Mesh
-from ..mesh.mesh import select_where
 from ..mesh import reference as ref
 from .element import LagrangeQ
+from . import space_xp
 
 __all__ = ["Space", "constraint_matrix"]
 
@@ -110,6 +110,9 @@ class Space:
             raise ValueError(f"degree must be 1 or 2, got {degree!r}")
         if not isinstance(components, (int, np.integer)) or isinstance(components, bool) or components < 1:
             raise ValueError(f"components must be a positive integer, got {components!r}")
+        if mesh.backend.is_gpu and int(degree) != 1:
+            raise ValueError(f"Space: Q{degree} on a mesh on the GPU is not supported (Q1 is); "
+                             "build it on a host mesh: Space(mesh.to('cpu'), ...)")
         self.mesh = mesh
         self.degree = int(degree)
         self.components = int(components)
@@ -128,6 +131,16 @@ class Space:
             self._carrier = fine
             self._fine_parent = (cidx, child)
             self._cell_dofs = cd
+
+    @property
+    def backend(self):
+        """The backend whose arrays hold the mesh, and so this space's index arrays, ``H`` and
+        masks (:attr:`adaptmg.Mesh.backend`)."""
+        return self.mesh.backend
+
+    @property
+    def _on_device(self) -> bool:
+        return self.mesh.backend.is_gpu
 
     def find_hanging_nodes(self) -> None:
         """Find the hanging nodes of the DoF carrier mesh (the mesh for Q1, its refinement for
@@ -167,6 +180,8 @@ class Space:
         """(hanging nodes, (nh, nloc) columns, (nh, nloc) weights) before chain resolution."""
         C = self._carrier
         hn, par, owner = C.hanging_nodes, C.hanging_parents, C.hanging_owner
+        if self._on_device:                    # the same rows on the device (Q1 only there)
+            return space_xp.hanging_rows(self.backend.xp, C.cells, hn, par, owner)
         d = self.dim
         cor = ref.corners(d).astype(float)
         # reference coordinates of h in its owner cell of the carrier mesh: mean of its parents' corners
@@ -195,6 +210,8 @@ class Space:
         """Node-level hanging-node matrix (num_nodes x num_nodes), chains resolved."""
         n = self.num_nodes
         hn, cols, W = self._hanging_rows
+        if self._on_device:
+            return space_xp.constraint_matrix_on(self.backend, n, hn, cols, W)
         if hn.size == 0:                       # H = I, built directly (no COO -> CSR conversion)
             it = np.int32 if n < np.iinfo(np.int32).max else np.int64
             H = sp.csr_matrix((np.ones(n), np.arange(n, dtype=it), np.arange(n + 1, dtype=it)),
@@ -208,6 +225,8 @@ class Space:
         """DoF-level hanging-node matrix kron(H_nodes, I_c) (num_dofs x num_dofs)."""
         if self.components == 1:
             return self.H_nodes
+        if self._on_device:
+            return space_xp.kron_identity(self.backend, self.H_nodes, self.components)
         return sp.kron(self.H_nodes, sp.identity(self.components), format="csr")
 
     @property
@@ -218,36 +237,20 @@ class Space:
     @functools.cached_property
     def is_hanging(self) -> np.ndarray:
         """Boolean mask over DoFs: True for hanging (constrained) DoFs."""
-        return np.repeat(self._carrier.is_hanging, self.components)
+        return self.backend.xp.repeat(self._carrier.is_hanging, self.components)
 
     # ------------------------------------------------------------------ boundary
     def boundary_nodes(self, ids=None, where=None) -> np.ndarray:
         """Sorted DoF nodes on boundary faces with boundary id in ``ids`` (all if None),
-        restricted to nodes x with ``where(x)`` true (``where`` vectorised over (n, d) points)."""
-        c, f, _ = self.mesh.boundary_faces(ids)
-        k, d = self.degree, self.dim
-        lat = ref.lattice(d, k + 1)
-        local = np.array([np.flatnonzero(lat[:, a] == k * s) for a in range(d) for s in (0, 1)])
-        mark = np.zeros(self.num_nodes, dtype=bool)     # sorted distinct nodes without a sort
-        mark[self.cell_dofs[c[:, None], local[f]]] = True
-        return select_where(np.flatnonzero(mark).astype(self.cell_dofs.dtype, copy=False),
-                            lambda: self.points, where)
+        restricted to nodes x with ``where(x)`` true (``where`` vectorised over (n, d) points;
+        on a device mesh it gets CuPy points and the nodes are a CuPy array)."""
+        return space_xp.boundary_nodes(self.backend.xp, self, ids, where)
 
     def boundary_dofs(self, ids=None, where=None, components=None) -> np.ndarray:
         """DoF indices node*c + comp of :meth:`boundary_nodes`, for the given components (all if None)."""
-        nodes = self.boundary_nodes(ids, where)
-        comps = np.arange(self.components) if components is None else np.atleast_1d(components)
-        if comps.size and (comps.min() < 0 or comps.max() >= self.components):
-            raise ValueError(f"components must lie in [0, {self.components}), got {list(comps)}")
-        dofs = (nodes[:, None] * self.components + comps[None, :]).ravel()
-        return dofs if components is None else np.sort(dofs)     # all components: sorted already
+        return space_xp.boundary_dofs(self.backend.xp, self, ids, where, components)
 
     def interpolate(self, f) -> np.ndarray:
-        """Nodal interpolant: vector of f at the DoF nodes (f(x): (n, d) -> (n,) or (n, c))."""
-        if not callable(f):
-            raise TypeError(f"interpolate: f must be a callable f(x) -> values, got {type(f).__name__}")
-        vals = np.asarray(f(self.points), dtype=float)
-        n, c = self.num_nodes, self.components
-        if vals.shape not in ((n,), (n, c)) or (vals.shape == (n,) and c != 1):
-            raise ValueError(f"f must return shape ({n},) or ({n}, {c}), got {vals.shape}")
-        return vals.reshape(-1)
+        """Nodal interpolant: vector of f at the DoF nodes (f(x): (n, d) -> (n,) or (n, c));
+        on a device mesh ``f`` gets CuPy points and the result is a CuPy array."""
+        return space_xp.interpolate(self.backend.xp, self, f)

@@ -37,6 +37,8 @@ import weakref
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import is_device_array
+
 __all__ = ["Pattern", "FieldSums", "get_pattern", "componentwise", "clear_cache"]
 
 _INT32_MAX = np.iinfo(np.int32).max
@@ -82,8 +84,8 @@ def _row_grouped(row_cells, nrows):
 
 def cell_tables(row_cells, col_cells, nrows, ncols):
     """Checked (row_cells, col_cells, (ncells, nr, ncl), (nrows, ncols)) of a pattern's input."""
-    row_cells = np.asarray(row_cells)
-    col_cells = np.asarray(col_cells)
+    if not (is_device_array(row_cells) and is_device_array(col_cells)):   # a device mesh's stay there
+        row_cells, col_cells = np.asarray(row_cells), np.asarray(col_cells)
     nc, nr = row_cells.shape
     ncl = col_cells.shape[1]
     if col_cells.shape[0] != nc:

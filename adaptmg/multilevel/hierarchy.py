@@ -94,21 +94,22 @@ def dirichlet_values(space: Space, dirichlet):
     if not _value_dict(dirichlet):
         return None
     c = space.components
-    g = np.zeros(space.num_dofs)
+    xp = space.backend.xp                         # CuPy for a space on a device mesh
+    g = xp.zeros(space.num_dofs)
     for key, value in dirichlet.items():          # one vectorised step per named boundary
         nodes = space.boundary_nodes(ids=[key] if isinstance(key, str) else key)
         if callable(value):
-            v = np.asarray(value(space.points[nodes]), dtype=float)
+            v = xp.asarray(value(space.points[nodes]), dtype=float)
         else:
-            v = np.asarray(value, dtype=float)
+            v = xp.asarray(value, dtype=float)
         if v.shape in ((), (c,)):
-            v = np.broadcast_to(v.reshape(-1)[None, :] if v.ndim else v, (nodes.size, c))
+            v = xp.broadcast_to(v.reshape(-1)[None, :] if v.ndim else v, (nodes.size, c))
         elif c == 1 and v.shape == (nodes.size,):
             v = v[:, None]
         elif v.shape != (nodes.size, c):
             raise ValueError(f"dirichlet value of {key!r} must be a number, shape ({c},) or a callable "
                              f"g(x) returning ({nodes.size},) or ({nodes.size}, {c}), got shape {v.shape}")
-        if not np.isfinite(v).all():
+        if not bool(xp.isfinite(v).all()):
             raise ValueError(f"dirichlet value of {key!r} contains NaN or Inf")
         g.reshape(-1, c)[nodes] = v
     return g
@@ -201,12 +202,11 @@ def _galerkin(R, K, P, free):
     z = xp.asarray(free)
     dvals = xp.abs(Kc.diagonal())[z]
     s = float(dvals.mean()) if dvals.shape[0] else 1.0
-    fixed = np.flatnonzero(~np.asarray(free))
-    if fixed.size:
-        f = xp.asarray(fixed.astype(Kc.indices.dtype))
-        D = be.sparse.coo_matrix((xp.full(fixed.size, s), (f, f)), shape=Kc.shape).tocsr()
+    f = xp.flatnonzero(~z).astype(Kc.indices.dtype)        # on the device (a device mesh's mask)
+    if f.shape[0]:
+        D = be.sparse.coo_matrix((xp.full(f.shape[0], s), (f, f)), shape=Kc.shape).tocsr()
         Kc = (Kc + D).tocsr()
-    keep = np.ones(Kc.shape[0], dtype=bool)
+    keep = xp.ones(Kc.shape[0], dtype=bool)
     return mask_rows_cols(Kc, keep, keep, drop_zeros=True)     # eliminate_zeros, on the device
 
 
@@ -316,6 +316,20 @@ def _algebraic_levels(K0, space, cons, near_nullspace, be, dtype, coarse, max_co
     return levels
 
 
+def _check_mesh_backend(space, be):
+    """True when ``space``'s mesh lives on the GPU (then the set-up runs there: ``be`` must be
+    the GPU, and the space Q1); a ValueError that says what to do otherwise."""
+    if not space.mesh.backend.is_gpu:
+        return False
+    if not be.is_gpu:
+        raise ValueError(f"multigrid: the space's mesh lives on the GPU but backend={be.name!r}; "
+                         "pass backend='gpu', or move the mesh to the host first (mesh.to('cpu'))")
+    if space.degree != 1:
+        raise ValueError(f"multigrid: Q{space.degree} on a mesh on the GPU is not supported; "
+                         "use mesh.to('cpu')")
+    return True
+
+
 #: ``multigrid(coarse_max_rows="auto")`` on the GPU: the direct coarse solve takes the finest
 #: level with at most this many rows (2-D Q1 boxes: 1089 rows, 3-D: 729)
 GPU_COARSE_MAX_ROWS = 2000
@@ -419,6 +433,9 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
     if isinstance(near_nullspace, str) and near_nullspace not in NEAR_NULLSPACES:
         raise ValueError(f"near_nullspace must be one of {NEAR_NULLSPACES} or an array, got {near_nullspace!r}")
     be = get_backend(backend)
+    on_device_mesh = _check_mesh_backend(space, be)
+    if on_device_mesh:
+        threads = 1          # CuPy's current device is per thread: the device set-up runs inline
     coarse_max_rows = _coarse_max_rows(coarse_max_rows, be, coarse)
     tl = _Timeline()
     with _setup_pool(threads) as pool:
@@ -459,8 +476,8 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         # finest matrix is built there too (a library form: the products then run there)
         wrapped = _on_backend(assemble, be)
         on_device_forms = be.is_gpu and wrapped is not assemble
-        on_dev = ((be, int(be.xp.cuda.Device().id)) if be.is_gpu and (not galerkin or on_device_forms)
-                  else (None, None))
+        on_dev = ((be, int(be.xp.cuda.Device().id))
+                  if be.is_gpu and (not galerkin or on_device_forms or on_device_mesh) else (None, None))
         P_f = [None] * L
         for l in range(L - 1, 0, -1):
             P_f[l] = pool.submit(tl.wrap(f"transfer {l}", _level_prolongation), spaces[l - 1],

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import backend_of
+
 __all__ = ["constant_modes", "rigid_body_modes", "near_nullspace", "NEAR_NULLSPACES"]
 
 NEAR_NULLSPACES = ("constant", "rigid_body")
@@ -43,7 +45,8 @@ def rigid_body_modes(points, components=None) -> np.ndarray:
     components + k``.  Returns ``(num_nodes * components, r * components / dim)`` with
     ``r = 3`` (2-D) or 6 (3-D) modes per group of ``dim`` components.
     """
-    X = np.asarray(points, dtype=np.float64)
+    xp = backend_of(points).xp                 # CuPy points (a mesh on the device): built there
+    X = xp.asarray(points, dtype=np.float64)
     if X.ndim != 2 or X.shape[1] not in (2, 3):
         raise ValueError(f"rigid_body_modes: points must have shape (num_nodes, 2 or 3), got {X.shape}")
     nn, dim = X.shape
@@ -54,17 +57,17 @@ def rigid_body_modes(points, components=None) -> np.ndarray:
     X = X - X.mean(axis=0) if nn else X
     if dim == 2:
         x, y = X.T
-        one, zero = np.ones(nn), np.zeros(nn)
-        modes = [np.stack([one, zero], 1), np.stack([zero, one], 1), np.stack([-y, x], 1)]
+        one, zero = xp.ones(nn), xp.zeros(nn)
+        modes = [xp.stack([one, zero], 1), xp.stack([zero, one], 1), xp.stack([-y, x], 1)]
     else:
         x, y, z = X.T
-        one, zero = np.ones(nn), np.zeros(nn)
-        modes = [np.stack([one, zero, zero], 1), np.stack([zero, one, zero], 1),
-                 np.stack([zero, zero, one], 1), np.stack([zero, -z, y], 1),
-                 np.stack([z, zero, -x], 1), np.stack([-y, x, zero], 1)]
+        one, zero = xp.ones(nn), xp.zeros(nn)
+        modes = [xp.stack([one, zero, zero], 1), xp.stack([zero, one, zero], 1),
+                 xp.stack([zero, zero, one], 1), xp.stack([zero, -z, y], 1),
+                 xp.stack([z, zero, -x], 1), xp.stack([-y, x, zero], 1)]
     groups = c // dim
     r = len(modes)
-    B = np.zeros((nn, c, r * groups))
+    B = xp.zeros((nn, c, r * groups))
     for g in range(groups):
         for j, M in enumerate(modes):
             B[:, g * dim:(g + 1) * dim, g * r + j] = M
@@ -93,8 +96,10 @@ def near_nullspace(space, kind="constant", free=None) -> np.ndarray:
             raise ValueError(f"near_nullspace array must have shape ({n}, k), got {B.shape}")
         B = B.copy()
     if free is not None:
-        free = np.asarray(free, dtype=bool)
+        xp = backend_of(free).xp                   # a device mask (a mesh on the GPU): B goes there
+        free = xp.asarray(free).astype(bool, copy=False)
         if free.shape != (n,):
             raise ValueError(f"free must be a boolean mask of shape ({n},), got {free.shape}")
+        B = xp.asarray(B)
         B[~free] = 0.0
     return B

@@ -27,7 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import CPU, get_backend
-from ..fe.congruence import _hanging_rows, _parents
+from ..fe.congruence import _hanging_rows, _index_array, _parents
 from ..fe.csr_ops import csr_entry_rows, mask_rows_cols
 from ..fe.space import Space
 from ..mesh import reference as ref
@@ -349,7 +349,7 @@ def _hanging_parent_rows(be, cplx, H, hanging, ncn, coarse_free):
     keep = code != ncn                                 # masked-out regular parents: nothing
     r, code, w = r[keep], code[keep], w[keep]
     node = xp.where(code > ncn, code - (ncn + 1), code).astype(xp.int64)
-    (hp_ptr, hp_idx, hp_w), _, rank = _hanging_rows(be, H, np.asarray(hanging, dtype=np.int64), ncn)
+    (hp_ptr, hp_idx, hp_w), _, rank = _hanging_rows(be, H, _index_array(hanging), ncn)
     own, c, wh = _parents(be, node, rank, hp_ptr, hp_idx, hp_w)
     r, v = r[own], w[own] * wh
     ok = v != 0
@@ -382,24 +382,36 @@ def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, n
     (:func:`interpolation_matrix`).  ``backend`` (default: the CPU): the backend of the
     result; Q1 between meshes of one forest, with masks that free or fix whole nodes, is built
     there (:func:`_q1_forest_csr`: on the GPU without a host CSR, the components written
-    straight into ``P``), the other cases on the host and moved."""
+    straight into ``P``), the other cases on the host and moved.  Spaces on a mesh on the GPU
+    (:attr:`adaptmg.Mesh.backend`): masks on the device, ``P`` built there (default backend:
+    the mesh's), the host fallback a ValueError."""
     if coarse.components != fine.components:
         raise ValueError(f"component counts differ: {coarse.components} vs {fine.components}")
     c = fine.components
-    zf = ~fine.is_hanging if fine_free is None else np.asarray(fine_free, dtype=bool)
-    zc = ~coarse.is_hanging if coarse_free is None else np.asarray(coarse_free, dtype=bool)
+    on_dev = fine.mesh.backend.is_gpu                 # a device mesh: masks and P live there
+    xp = fine.mesh.backend.xp
+    if on_dev:                                        # default: the mesh's backend
+        backend = fine.mesh.backend if backend is None else get_backend(backend)
+        if not backend.is_gpu:
+            raise ValueError("prolongation: the spaces' mesh lives on the GPU; pass backend='gpu' "
+                             "or use spaces on mesh.to('cpu')")
+    zf = ~fine.is_hanging if fine_free is None else xp.asarray(fine_free).astype(bool, copy=False)
+    zc = ~coarse.is_hanging if coarse_free is None else xp.asarray(coarse_free).astype(bool, copy=False)
     if fine.degree == 1 and nodes is None and cells is None:
         if zf.shape != (fine.num_dofs,) or zc.shape != (coarse.num_dofs,):
             raise ValueError(f"free masks must have shapes ({fine.num_dofs},) and ({coarse.num_dofs},), "
                              f"got {zf.shape} and {zc.shape}")
         zfn, zcn = zf.reshape(-1, c), zc.reshape(-1, c)
         # masks of whole nodes (Dirichlet on all components): P = (Z_f chi H_n Z_c)_nodes (x) I_c
-        if c == 1 or ((zfn == zfn[:, :1]).all() and (zcn == zcn[:, :1]).all()):
+        if c == 1 or (bool((zfn == zfn[:, :1]).all()) and bool((zcn == zcn[:, :1]).all())):
             P = _q1_forest_csr(coarse, fine, zfn[:, 0], zcn[:, 0],
                                coarse.H_nodes if coarse.hanging_nodes.size else None, backend=backend,
                                components=c)
             if P is not None:                        # Z_f chi H Z_c in one pass: no product, no mask
                 return P
+    if on_dev:
+        raise ValueError("prolongation: on a mesh on the GPU only Q1 between meshes of one forest "
+                         "(a hierarchy() pair) with masks of whole nodes is built; use mesh.to('cpu')")
     be = None if backend is None else get_backend(backend)
     if be is not None and be.is_gpu:
         return be.asmatrix(prolongation(coarse, fine, zc, zf, nodes, cells))

@@ -772,7 +772,7 @@ def test_scalar_form_device_elements_run_on_numpy(d, monkeypatch):
     monkeypatch.setattr(on_device, "element_entries_on_device",
                         lambda *a, **k: calls.append(k["extra"] is not None) or entries(*a, **k))
     monkeypatch.setattr(forms, "_assembly_device", lambda device, info, per: CPU if device == "np" else None)
-    monkeypatch.setattr(forms, "_keep_backend", lambda name, device, keep: CPU if keep else None)
+    monkeypatch.setattr(forms, "_keep_backend", lambda name, device, keep, info=None: CPU if keep else None)
     monkeypatch.setattr(forms, "get_device_pattern", lambda be, r, c, nr, nc: DevicePattern(be, r, c, nr, nc))
     for s, (A0, M0) in zip(spaces, ref):
         A1, M1 = asm.scalar_form(s, return_mass=True, device="np", keep_on_device=True, **kw)
