@@ -24,36 +24,41 @@ from ..backend import scatter_max
 from ._xp import tuned, xp_of
 
 SPARSE = 4           # the sparse path when at most num_cells / SPARSE cells exceed the minimum
+_I32 = np.iinfo(np.int32)
 
 
 def touch_max(cells: np.ndarray, num_nodes: int, links, values: np.ndarray) -> np.ndarray:
     """int64 (nc,): ``out(K)`` above for ``cells`` (nc, nv) node ids, the hanging ``links``
     (nodes, coarse cells) and ``values`` (nc,) (cast to int64), on the backend of ``cells``
-    (``values`` and ``links`` are moved there)."""
+    (``values`` and ``links`` are moved there).  The generic (device) variant scatters int32
+    where the values fit (cupyx.scatter_max takes int64 only from CuPy's 2026 versions on);
+    the maxima are the same integers."""
     xp = xp_of(cells)
     values = xp.asarray(values)
     nc, nv = cells.shape
     hn, hc = (xp.asarray(a) for a in links)
     low = int(values.min()) if values.size and values.dtype.kind in "iub" else None
+    wt = np.int64
+    if low is not None and not tuned(cells) and low > _I32.min and int(values.max()) <= _I32.max:
+        wt = np.int32
     src = None if low is None else xp.flatnonzero(values > low)
     if src is None or src.size * SPARSE > nc:
-        node = xp.full(num_nodes, np.iinfo(np.int64).min, dtype=np.int64)
-        scatter_max(node, cells.ravel(), xp.repeat(values.astype(np.int64), nv))
+        node = xp.full(num_nodes, np.iinfo(wt).min, dtype=wt)
+        scatter_max(node, cells.ravel(), xp.repeat(values.astype(wt), nv))
         if hn.size:                                                 # coarse side -> hanging node
-            scatter_max(node, hn, values[hc].astype(np.int64))
+            scatter_max(node, hn, values[hc].astype(wt))
         out = node[cells].max(axis=1)
     else:
-        node = xp.full(num_nodes, low, dtype=np.int64)
-        scatter_max(node, xp.take(cells, src, axis=0).ravel(),
-                    xp.repeat(values[src].astype(np.int64), nv))
+        node = xp.full(num_nodes, low, dtype=wt)
+        scatter_max(node, xp.take(cells, src, axis=0).ravel(), xp.repeat(values[src].astype(wt), nv))
         if hn.size:
-            scatter_max(node, hn, values[hc].astype(np.int64))
+            scatter_max(node, hn, values[hc].astype(wt))
         rows = cells_with_vertex_in(cells, node > low)
-        out = xp.full(nc, low, dtype=np.int64)
+        out = xp.full(nc, low, dtype=wt)
         out[rows] = xp.take(node, xp.take(cells, rows, axis=0)).max(axis=1)
     if hn.size:
         scatter_max(out, hc, node[hn])                              # hanging node -> coarse side
-    return out
+    return out.astype(np.int64, copy=False)
 
 
 def cells_with_vertex_in(cells: np.ndarray, mask: np.ndarray) -> np.ndarray:

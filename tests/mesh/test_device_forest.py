@@ -15,7 +15,7 @@ import pytest
 
 from adaptmg import Mesh
 from adaptmg.backend import to_host
-from adaptmg.mesh import _xp
+from adaptmg.mesh import _touch, _xp
 from adaptmg.mesh._tree import ARRAYS, merge_registry, unique_pairs
 
 
@@ -134,7 +134,20 @@ def test_generic_split_of_a_large_refinement_equals_the_threaded_one():
                  {f: getattr(want._forest, f) for f in ARRAYS[:-1]})
 
 
-def test_unique_pairs_and_registry_merge_generic():
+def test_touch_max_with_hanging_links_generic():
+    """touch_max through the hanging-node links (its int32 scatters in the generic variant),
+    dense and sparse, equals the tuned int64 one."""
+    m = _build("2d", "cpu")
+    links, rng = m._hanging[3], np.random.default_rng(5)
+    for vals in (rng.integers(-3, 9, m.num_cells), np.where(rng.random(m.num_cells) < 0.05, 4, -2)):
+        want = _touch.touch_max(m.cells, m.num_nodes, links, vals)
+        with _xp.generic():
+            got = _touch.touch_max(m.cells, m.num_nodes, links, vals)
+        assert got.dtype == want.dtype == np.int64 and np.array_equal(got, want)
+        assert (want > vals).any()
+
+
+def test_unique_pairs_and_registry_merge():
     rng = np.random.default_rng(0)
     a, b = rng.integers(0, 50, 300), rng.integers(0, 50, 300)
     lo, hi = np.minimum(a, b), np.maximum(a, b)
