@@ -252,3 +252,34 @@ def test_device_box_with_a_map_and_host_marks():
     _assert_points_close(to_host(d._forest.X), h._forest.X)
     assert np.array_equal(to_host(d.cell_ids), h.cell_ids)
     assert np.array_equal(to_host(d._forest.cell_nodes), h._forest.cell_nodes)
+
+
+# ------------------------------------------------------------------ scripts/bench_mesh_device.py
+
+def _script(name):
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_family_is_bench_distributed_make_mesh():
+    """The bench's backend-built adaptive family (closed-form node counts, centres from the
+    forest) is the mesh of bench_distributed.make_mesh, cell for cell."""
+    bench = _script("bench_mesh_device")
+    want = _script("bench_distributed").make_mesh(3, 1, 3e4)
+    got = bench.make_mesh("cpu", 3, 1, 3e4)
+    assert want.num_hanging_nodes > 0
+    assert np.array_equal(got.cell_ids, want.cell_ids) and np.array_equal(got.cells, want.cells)
+
+
+def test_bench_mesh_device_on_a_stand_in_device(fake_device, capsys):
+    rows = _script("bench_mesh_device").main(["--backend", "gpu", "--refine", "2", "--targets", "3e3",
+                                              "--repeat", "1"])
+    out = capsys.readouterr().out
+    assert [r["case"] for r in rows] == ["uniform", "adaptive"] and all(r["same"] for r in rows)
+    assert "mesh gpu s" in out and out.count(" yes") == 2
+    assert rows[0]["cells"] == 8 * 64 and rows[0]["levels"] == 3
