@@ -15,7 +15,6 @@ import numpy as np
 
 from . import reference as ref
 from ._tree import Forest
-from ._xp import index_array
 
 
 def box_forest(lower: np.ndarray, upper: np.ndarray, n: np.ndarray, be) -> Forest:
@@ -29,7 +28,7 @@ def box_forest(lower: np.ndarray, upper: np.ndarray, n: np.ndarray, be) -> Fores
     k = xp.arange(int(np.prod(npt)), dtype=np.int64)
     pts = xp.empty((k.size, dim), dtype=np.float64)
     for i in range(dim):
-        axis = index_array(xp, np.linspace(lower[i], upper[i], npt[i]))
+        axis = xp.asarray(np.linspace(lower[i], upper[i], npt[i]))
         pts[:, i] = axis[(k // s[i]) % npt[i]]
     c = xp.arange(int(np.prod(n)), dtype=np.int64)
     q = [(c // t[i]) % int(n[i]) for i in range(dim)]
@@ -37,7 +36,7 @@ def box_forest(lower: np.ndarray, upper: np.ndarray, n: np.ndarray, be) -> Fores
     for i in range(1, dim):
         base += q[i] * s[i]
     offs = (ref.corners(dim) * np.array(s)).sum(1)
-    cell_nodes = base[:, None] + index_array(xp, offs)[None, :]
+    cell_nodes = base[:, None] + xp.asarray(offs)[None, :]
     bface = xp.empty((c.size, 2 * dim), dtype=np.int32)
     for i in range(dim):
         bface[:, 2 * i] = xp.where(q[i] == 0, 2 * i, -1)

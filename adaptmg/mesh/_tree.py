@@ -32,7 +32,7 @@ from ..backend import backend_of, stable_argsort
 from ..threads import InlineExecutor, default_threads
 from . import reference as ref
 from ._grow import grown
-from ._xp import index_array, tuned, xp_of
+from ._xp import tuned, xp_of
 
 MAX_NODES = 2 ** 31 - 1
 # node ids in the forest's (nodes, 2^d) parent table: they are < MAX_NODES, and half of
@@ -295,7 +295,7 @@ class Forest:
                 pv.append(np.flatnonzero(np.all(mask, axis=0)))
             pv = np.array(pv)                        # (npos, 2^k)
             # parent j of every entity: one contiguous (m, npos) array each (cell-major order)
-            C = [xp.take(CN, index_array(xp, pv[:, j]), axis=1) for j in range(2 ** k)]
+            C = [xp.take(CN, xp.asarray(pv[:, j]), axis=1) for j in range(2 ** k)]
             if k == 1:
                 swap = C[0] > C[1]                   # orientation: the parents are rebuilt from the keys
                 lo, hi = xp.minimum(C[0], C[1]), xp.maximum(C[0], C[1], out=C[1])
@@ -355,7 +355,7 @@ class Forest:
         if tuned(L):
             np.take(L, cli, axis=1, mode="clip", out=cell_nodes[nc:].reshape(m, nv * nv))
         else:
-            cell_nodes[nc:] = xp.take(L, index_array(xp, cli), axis=1).reshape(m * nv, nv)
+            cell_nodes[nc:] = xp.take(L, xp.asarray(cli), axis=1).reshape(m * nv, nv)
         X, kind, par = nodes.result()
         return replace(self, X=X, node_kind=kind, node_par=par, cell_nodes=cell_nodes,
                        edge_keys=edge_keys, edge_nodes=edge_nodes, face_keys=face_keys,
@@ -438,8 +438,8 @@ class Forest:
         if bnd is None and tuned(pbx):
             np.take(pbx, cols, axis=1, mode="clip", out=tail)
         elif bnd is None:
-            tail[...] = xp.take(pbx, index_array(xp, cols), axis=1)
+            tail[...] = xp.take(pbx, xp.asarray(cols), axis=1)
         else:
-            tail[bnd] = xp.take(pbx, index_array(xp, cols), axis=1)
+            tail[bnd] = xp.take(pbx, xp.asarray(cols), axis=1)
         return dict(cell_parent=cell_parent, cell_child0=cell_child0, cell_level=cell_level,
                     cell_bface=cell_bface, cell_region=cell_region)
