@@ -246,9 +246,12 @@ def test_device_box_with_a_map_and_host_marks():
     f = lambda x: x * x + x                                                        # noqa: E731
     h = Mesh.box([0, 0, 0], [1, 1, 1], [3, 2, 2], map=f).refine()
     d = Mesh.box([0, 0, 0], [1, 1, 1], [3, 2, 2], map=f, backend="gpu").refine()
+    import cupy
     mk = _centres(h)[:, 0] < 0.4                                                    # a host mask
     h, d = h.refine(mk), d.refine(mk)
-    assert d.backend.is_gpu
+    mk = _centres(h)[:, 1] > 0.7
+    h, d = h.refine(cupy.asarray(mk)), d.refine(np.flatnonzero(mk))     # and the other way round
+    assert d.backend.is_gpu and h.backend.name == "cpu"
     _assert_points_close(to_host(d._forest.X), h._forest.X)
     assert np.array_equal(to_host(d.cell_ids), h.cell_ids)
     assert np.array_equal(to_host(d._forest.cell_nodes), h._forest.cell_nodes)
