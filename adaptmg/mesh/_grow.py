@@ -10,6 +10,9 @@ rows shared, not copied -- if ``a`` is the longest prefix handed out of ``buf`` 
 rows of ``a`` copied and room for ``slack`` times more.  The rows of ``a`` are never
 written, so every forest that holds a prefix sees the same values for ever; a second
 refinement of the same forest finds the tail taken and copies.
+
+On the device (and in the generic variant, :mod:`._xp`) every call makes a fresh array of
+``n`` rows and copies ``a`` into it (one device copy; no buffer bookkeeping by address).
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import threading
 import weakref
 
 import numpy as np
+
+from ._xp import tuned, xp_of
 
 SLACK = 0.5                   # spare rows of a fresh buffer, relative to the rows asked for
 _ends: dict = {}              # id(buffer) -> rows handed out (the end of the longest prefix)
@@ -33,6 +38,11 @@ def grown(a: np.ndarray, n: int) -> np.ndarray:
     k = a.shape[0]
     if n < k:
         raise ValueError(f"grown: {n} rows asked for an array of {k}")
+    if not tuned(a):
+        xp = xp_of(a)
+        out = xp.empty((n,) + a.shape[1:], dtype=a.dtype)
+        out[:k] = a
+        return out
     buf = a.base
     with _lock:
         if (isinstance(buf, np.ndarray) and _ends.get(id(buf)) == k and buf.shape[0] >= n

@@ -12,49 +12,65 @@ coarsening) raise few cells above the smallest value m: then only those *sources
 scattered, ``node = m`` elsewhere, and only the cells with a vertex above m are gathered
 (found by one boolean gather of the vertex slots, read 8 bytes per cell), instead of a
 scatter and a gather over every (cell, vertex) pair.  Same result, element for element.
+
+:func:`touch_max` runs on the backend of ``cells`` (the scatters through
+:func:`adaptmg.backend.scatter_max`: ``np.maximum.at`` / ``cupyx.scatter_max``).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..backend import backend_of, stable_argsort, to_host
+from ..backend import backend_of, scatter_max, stable_argsort, to_host
+from ._xp import tuned, xp_of
 
 SPARSE = 4           # the sparse path when at most num_cells / SPARSE cells exceed the minimum
+_I32 = np.iinfo(np.int32)
 
 
 def touch_max(cells: np.ndarray, num_nodes: int, links, values: np.ndarray) -> np.ndarray:
     """int64 (nc,): ``out(K)`` above for ``cells`` (nc, nv) node ids, the hanging ``links``
-    (nodes, coarse cells) and ``values`` (nc,) (cast to int64)."""
-    values = np.asarray(values)
+    (nodes, coarse cells) and ``values`` (nc,) (cast to int64), on the backend of ``cells``
+    (``values`` and ``links`` are moved there).  The generic (device) variant scatters int32
+    where the values fit (cupyx.scatter_max takes int64 only from CuPy's 2026 versions on);
+    the maxima are the same integers."""
+    xp = xp_of(cells)
+    values = xp.asarray(values)
     nc, nv = cells.shape
-    hn, hc = links
+    hn, hc = (xp.asarray(a) for a in links)
     low = int(values.min()) if values.size and values.dtype.kind in "iub" else None
-    src = None if low is None else np.flatnonzero(values > low)
+    wt = np.int64
+    if low is not None and not tuned(cells) and low > _I32.min and int(values.max()) <= _I32.max:
+        wt = np.int32
+    src = None if low is None else xp.flatnonzero(values > low)
     if src is None or src.size * SPARSE > nc:
-        node = np.full(num_nodes, np.iinfo(np.int64).min, dtype=np.int64)
-        np.maximum.at(node, cells.ravel(), np.repeat(values.astype(np.int64), nv))
-        np.maximum.at(node, hn, values[hc].astype(np.int64))          # coarse side -> hanging node
+        node = xp.full(num_nodes, np.iinfo(wt).min, dtype=wt)
+        scatter_max(node, cells.ravel(), xp.repeat(values.astype(wt), nv))
+        if hn.size:                                                 # coarse side -> hanging node
+            scatter_max(node, hn, values[hc].astype(wt))
         out = node[cells].max(axis=1)
     else:
-        node = np.full(num_nodes, low, dtype=np.int64)
-        np.maximum.at(node, np.take(cells, src, axis=0).ravel(),
-                      np.repeat(values[src].astype(np.int64), nv))
-        np.maximum.at(node, hn, values[hc].astype(np.int64))
+        node = xp.full(num_nodes, low, dtype=wt)
+        scatter_max(node, xp.take(cells, src, axis=0).ravel(), xp.repeat(values[src].astype(wt), nv))
+        if hn.size:
+            scatter_max(node, hn, values[hc].astype(wt))
         rows = cells_with_vertex_in(cells, node > low)
-        out = np.full(nc, low, dtype=np.int64)
-        out[rows] = np.take(node, np.take(cells, rows, axis=0)).max(axis=1)
-    np.maximum.at(out, hc, node[hn])                                # hanging node -> coarse side
-    return out
+        out = xp.full(nc, low, dtype=wt)
+        out[rows] = xp.take(node, xp.take(cells, rows, axis=0)).max(axis=1)
+    if hn.size:
+        scatter_max(out, hc, node[hn])                              # hanging node -> coarse side
+    return out.astype(np.int64, copy=False)
 
 
 def cells_with_vertex_in(cells: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Sorted rows of ``cells`` (nc, nv) node ids with a vertex in the node mask ``mask``: one
-    boolean gather of the vertex slots, 4 or 8 of them read as one word per cell."""
-    hit = np.take(mask, cells)
+    boolean gather of the vertex slots, on the host 4 or 8 of them read as one word per
+    cell."""
+    xp = xp_of(cells)
+    hit = xp.take(mask, cells)
     nv = cells.shape[1]
-    if nv in (4, 8):
+    if nv in (4, 8) and tuned(hit):
         return np.flatnonzero(hit.view(f"u{nv}").ravel())
-    return np.flatnonzero(hit.any(axis=1))
+    return xp.flatnonzero(hit.any(axis=1))
 
 
 #: no hanging-node links: what :func:`touch_max_vertices` passes

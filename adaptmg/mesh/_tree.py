@@ -5,6 +5,10 @@ are the cells of the coarse mesh).  A :class:`~adaptmg.mesh.Mesh` is a set of
 *active* (leaf) cells of such a forest.  The forest is only ever extended by
 copying, so a mesh that holds an older forest never changes.
 
+The tables live on the forest's backend (NumPy or CuPy arrays): one body against ``xp``
+builds them on either, with a NumPy-tuned variant at a few places on the host (see
+:mod:`._xp`; the same integers and coordinates either way).
+
 Nodes created by refinement remember what they are:
 
 * kind 1, edge midpoint: 2 parents (the edge end points);
@@ -24,10 +28,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..backend import backend_of
+from ..backend import backend_of, stable_argsort
 from ..threads import InlineExecutor, default_threads
 from . import reference as ref
 from ._grow import grown
+from ._xp import tuned, xp_of
 
 MAX_NODES = 2 ** 31 - 1
 # node ids in the forest's (nodes, 2^d) parent table: they are < MAX_NODES, and half of
@@ -44,19 +49,21 @@ SPLIT_THREAD_CELLS = 1 << 15
 
 def pack(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Order-independent int64 key of two node ids (< 2^31)."""
-    lo = np.minimum(a, b).astype(np.int64)
-    hi = np.maximum(a, b).astype(np.int64)
+    xp = xp_of(a, b)
+    lo = xp.minimum(a, b).astype(np.int64)
+    hi = xp.maximum(a, b).astype(np.int64)
     return (lo << 32) | hi
 
 
 def lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarray:
     """values[keys == query] for each query (keys sorted), -1 where absent."""
+    xp = xp_of(keys, query)
     if keys.size == 0:
-        return np.full(query.shape, -1, dtype=np.int64)
-    idx = np.searchsorted(keys, query)
-    idx = np.minimum(idx, keys.size - 1)
+        return xp.full(query.shape, -1, dtype=np.int64)
+    idx = xp.searchsorted(keys, query)
+    idx = xp.minimum(idx, keys.size - 1)
     found = keys[idx] == query
-    return np.where(found, values[idx], -1)
+    return xp.where(found, values[idx], -1)
 
 
 def unique_pairs(lo: np.ndarray, hi: np.ndarray):
@@ -70,15 +77,18 @@ def unique_pairs(lo: np.ndarray, hi: np.ndarray):
     element.  Bit fields rather than ``lo * base + hi``: the keys come back by shifts and
     masks instead of an integer division (~9 ms per 1M pairs on the H100's host).  The
     inverse (ranks of the keys) is int32 where ``n`` fits: a cumulative sum and a scatter of
-    half the bytes (the split writes it into its int32 tables anyway).
+    half the bytes (the split writes it into its int32 tables anyway).  On the device the
+    same: CuPy's in-place sort of the packed keys (a radix sort); the scatter of the ranks
+    has distinct indices.
     """
+    xp = xp_of(lo, hi)
     n = lo.size
     hb = int(hi.max()).bit_length() if n else 1
     ib = max(n - 1, 1).bit_length()
     if n == 0 or int(lo.max()).bit_length() + hb + ib > 63:
-        return np.unique(pack(lo, hi), return_index=True, return_inverse=True)
+        return xp.unique(pack(lo, hi), return_index=True, return_inverse=True)
     it = np.int32 if n <= np.iinfo(np.int32).max else np.intp
-    inv = np.arange(n, dtype=it)             # the index bits; its memory is reused for inv
+    inv = xp.arange(n, dtype=it)             # the index bits; its memory is reused for inv
     s = lo.astype(np.int64)
     s <<= hb
     s |= hi
@@ -87,16 +97,16 @@ def unique_pairs(lo: np.ndarray, hi: np.ndarray):
     s.sort()
     perm = s & ((1 << ib) - 1)
     s >>= ib
-    mask = np.empty(n, dtype=bool)
+    mask = xp.empty(n, dtype=bool)
     mask[0] = True
-    np.not_equal(s[1:], s[:-1], out=mask[1:])
-    idx = np.flatnonzero(mask)               # + take: much faster than boolean indexing twice
+    xp.not_equal(s[1:], s[:-1], out=mask[1:])
+    idx = xp.flatnonzero(mask)               # + take: much faster than boolean indexing twice
     ulo = s.take(idx)
     uhi = ulo & ((1 << hb) - 1)
     ulo >>= hb
     ulo <<= 32
     ulo |= uhi
-    rank = np.cumsum(mask, dtype=it)
+    rank = xp.cumsum(mask, dtype=it)
     rank -= 1
     inv[perm] = rank
     return ulo, perm.take(idx), inv
@@ -110,13 +120,16 @@ def _check_nodes(n: int) -> None:
 def _mean_of(X: np.ndarray, cols, out: np.ndarray | None = None) -> np.ndarray:
     """``X[np.stack(cols, 1)].mean(axis=1)`` for the parent columns ``cols`` (same rounding:
     sequential sum, then division) without the (n, p, d) gather; into ``out`` (contiguous
-    (n, d)) if given."""
+    (n, d)) if given.  The same additions in the same order on the device."""
+    xp = xp_of(X)
     if out is None:
-        out = np.take(X, cols[0], axis=0)
-    else:
+        out = xp.take(X, cols[0], axis=0)
+    elif tuned(X):
         np.take(X, cols[0], axis=0, out=out, mode="clip")
+    else:
+        out[...] = xp.take(X, cols[0], axis=0)
     for c in cols[1:]:
-        out += np.take(X, c, axis=0)
+        out += xp.take(X, c, axis=0)
     out /= len(cols)
     return out
 
@@ -127,10 +140,13 @@ def merge_registry(keys, values, new_keys, new_values):
     A stable argsort of the two concatenated sorted runs is NumPy's timsort for int64 keys,
     which finds the two runs and merges them in linear time: 3x faster than placing each
     new key by a binary search among the old ones (1M-cell refinement: 18.5 -> 5.8 ms here,
-    the binary searches' cache misses cost 33 ms on the H100's host)."""
-    k = np.concatenate([keys, new_keys])
-    order = np.argsort(k, kind="stable")
-    return k.take(order), np.concatenate([values, new_values]).take(order)
+    the binary searches' cache misses cost 33 ms on the H100's host).  On the device: CuPy's
+    (radix) argsort of the concatenation; the keys are distinct, so any sort gives the same
+    order."""
+    xp = xp_of(keys, new_keys)
+    k = xp.concatenate([keys, new_keys])
+    order = stable_argsort(k)
+    return k.take(order), xp.concatenate([values, new_values]).take(order)
 
 
 #: the forest's array fields (what :meth:`Forest.to` moves)
@@ -176,23 +192,29 @@ class Forest:
     @staticmethod
     def from_coarse(points: np.ndarray, cells: np.ndarray, bface: np.ndarray, region=None,
                     boundary_names=(), region_names=()) -> "Forest":
+        """The forest of the coarse mesh ``points`` (nn, d), ``cells`` (nc, 2^d), boundary ids
+        ``bface`` (nc, 2d) and regions (nc,) or None: on the backend of ``points`` and
+        ``cells`` (the other arrays are moved there)."""
+        xp = xp_of(points, cells)
         dim = points.shape[1]
         nn, nc = points.shape[0], cells.shape[0]
         if nn > MAX_NODES:
             raise ValueError(f"a mesh of {nn} points: at most {MAX_NODES} are supported")
         nv = 2 ** dim
-        e = np.zeros(0, dtype=np.int64)
-        return Forest(dim=dim, X=np.ascontiguousarray(points, dtype=np.float64),
-                      node_kind=np.zeros(nn, dtype=np.int8),
-                      node_par=np.full((nn, nv), -1, dtype=NODE),
-                      cell_nodes=np.ascontiguousarray(cells, dtype=CELL),
-                      cell_parent=np.full(nc, -1, dtype=np.int64),
-                      cell_child0=np.full(nc, -1, dtype=np.int64),
-                      cell_level=np.zeros(nc, dtype=np.int16),
-                      cell_bface=np.ascontiguousarray(bface, dtype=np.int32),
+        e = xp.zeros(0, dtype=np.int64)
+        if region is not None:
+            region = xp.asarray(region)
+        return Forest(dim=dim, X=xp.ascontiguousarray(xp.asarray(points), dtype=np.float64),
+                      node_kind=xp.zeros(nn, dtype=np.int8),
+                      node_par=xp.full((nn, nv), -1, dtype=NODE),
+                      cell_nodes=xp.ascontiguousarray(xp.asarray(cells), dtype=CELL),
+                      cell_parent=xp.full(nc, -1, dtype=np.int64),
+                      cell_child0=xp.full(nc, -1, dtype=np.int64),
+                      cell_level=xp.zeros(nc, dtype=np.int16),
+                      cell_bface=xp.ascontiguousarray(xp.asarray(bface), dtype=np.int32),
                       edge_keys=e, edge_nodes=e, face_keys=e, face_nodes=e,
-                      cell_region=(None if region is None or not np.any(region)
-                                   else np.ascontiguousarray(region, dtype=np.int32)),
+                      cell_region=(None if region is None or not bool(xp.any(region))
+                                   else xp.ascontiguousarray(region, dtype=np.int32)),
                       boundary_names=tuple(boundary_names), region_names=tuple(region_names))
 
     def with_names(self, boundary_names, region_names) -> "Forest":
@@ -210,8 +232,10 @@ class Forest:
         return replace(self, **moved)
 
     def split(self, cells: np.ndarray) -> "Forest":
-        """Return a forest in which every cell of ``cells`` (all without children) has 2^d children."""
-        cells = np.asarray(cells, dtype=np.int64)
+        """Return a forest in which every cell of ``cells`` (all without children) has 2^d children.
+
+        On the forest's backend; on the device (and in the generic variant) in this thread."""
+        cells = self.backend.asarray(cells, dtype=np.int64)
         m = cells.size
         if m == 0:
             return self
@@ -219,7 +243,7 @@ class Forest:
         # the children's cell arrays but their vertices (they depend on ``cells`` alone) while
         # this thread creates the nodes, then the node arrays while this thread writes the
         # children's vertices; the same arrays either way
-        if m < SPLIT_THREAD_CELLS or default_threads() < 2:
+        if m < SPLIT_THREAD_CELLS or default_threads() < 2 or not tuned(cells):
             return self._split(cells, InlineExecutor())
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="adaptmg-split") as pool:
             return self._split(cells, pool)
@@ -228,16 +252,17 @@ class Forest:
         """:meth:`split`, the independent parts on ``pool`` (an executor; inline: all in this
         thread)."""
         kids = pool.submit(self._child_cells, cells)
+        xp = xp_of(cells)
         m = cells.size
         d = self.dim
         nv = 2 ** d
         lat = ref.lattice(d, 3)                      # (3^d, d)
         cor = ref.corners(d)
-        CN = np.take(self.cell_nodes, cells, axis=0)  # (m, nv)
+        CN = xp.take(self.cell_nodes, cells, axis=0)  # (m, nv)
         # node ids of the 3^d lattice points of each split cell; every column is written below
         # (corners here, then one column per new node), so no fill is needed.  As (m, 3, .., 3)
         # with axes p_{d-1}, .., p_0 the corners are the even points: one strided copy.
-        L = np.empty((m, 3 ** d), dtype=CELL)
+        L = xp.empty((m, 3 ** d), dtype=CELL)
         L.reshape((m,) + (3,) * d)[(slice(None),) + (slice(None, None, 2),) * d] = \
             CN.reshape((m,) + (2,) * d)
 
@@ -251,16 +276,16 @@ class Forest:
         # dyadic level-k sub-edges/faces of its root, so cells of other levels never share
         # one exactly); without such a cell (e.g. a uniform refinement) every lookup would miss.
         # Levels are small: a table over them instead of np.unique/np.isin (two sorts)
-        was_split = np.zeros(int(self.cell_level.max()) + 1, dtype=bool)
+        was_split = xp.zeros(int(self.cell_level.max()) + 1, dtype=bool)
         was_split[self.cell_level[self.cell_child0 >= 0]] = True
         may_exist = bool(was_split[self.cell_level[cells]].any())
         nodd = (lat == 1).sum(1)
         for k in range(1, d + 1):
             pos = np.flatnonzero(nodd == k)          # lattice points with k odd coordinates
             if k == d:                               # cell centre: always new, parents = all corners
-                nodes = np.arange(n_next, n_next + m, dtype=np.int64)
+                nodes = xp.arange(n_next, n_next + m, dtype=np.int64)
                 n_next += m
-                L[:, pos[0]] = nodes
+                L[:, int(pos[0])] = nodes
                 new_par.append((k, [CN[:, j] for j in range(nv)]))
                 continue
             # parents: the corners of the entity, in lexicographic order over its odd axes
@@ -270,15 +295,15 @@ class Forest:
                 pv.append(np.flatnonzero(np.all(mask, axis=0)))
             pv = np.array(pv)                        # (npos, 2^k)
             # parent j of every entity: one contiguous (m, npos) array each (cell-major order)
-            C = [np.take(CN, pv[:, j], axis=1) for j in range(2 ** k)]
+            C = [xp.take(CN, xp.asarray(pv[:, j]), axis=1) for j in range(2 ** k)]
             if k == 1:
                 swap = C[0] > C[1]                   # orientation: the parents are rebuilt from the keys
-                lo, hi = np.minimum(C[0], C[1]), np.maximum(C[0], C[1], out=C[1])
+                lo, hi = xp.minimum(C[0], C[1]), xp.maximum(C[0], C[1], out=C[1])
                 old_k, old_v = edge_keys, edge_nodes
             else:                                    # quadrilateral face, k == 2: smallest vertex
-                lo = np.minimum(np.minimum(C[0], C[1]), np.minimum(C[2], C[3]))
+                lo = xp.minimum(xp.minimum(C[0], C[1]), xp.minimum(C[2], C[3]))
                 # and the one diagonally opposite to it (vertex 3 - j of vertex j)
-                hi = np.where(C[0] == lo, C[3], np.where(C[1] == lo, C[2], np.where(C[2] == lo, C[1], C[0])))
+                hi = xp.where(C[0] == lo, C[3], xp.where(C[1] == lo, C[2], xp.where(C[2] == lo, C[1], C[0])))
                 old_k, old_v = face_keys, face_nodes
             lo, hi = lo.ravel(), hi.ravel()
             if may_exist:
@@ -289,17 +314,17 @@ class Forest:
                 # registry: 0.2 s).  The new keys, their first slots and node ids as before
                 akeys, afirst, ainv = unique_pairs(lo, hi)
                 val = lookup(old_k, old_v, akeys)
-                new = np.flatnonzero(val < 0)
+                new = xp.flatnonzero(val < 0)
                 ukeys, first = akeys.take(new), afirst.take(new)
                 _check_nodes(n_next + ukeys.size)
-                val[new] = np.arange(n_next, n_next + ukeys.size)
+                val[new] = xp.arange(n_next, n_next + ukeys.size)
                 nodes = val.take(ainv)
                 del akeys, afirst, ainv, val, new
             else:                                    # nothing registered: all new
                 ukeys, first, nodes = unique_pairs(lo, hi)
                 _check_nodes(n_next + ukeys.size)
                 nodes += n_next                      # = created[inv]
-            created = np.arange(n_next, n_next + ukeys.size, dtype=np.int64)
+            created = xp.arange(n_next, n_next + ukeys.size, dtype=np.int64)
             n_next += ukeys.size
             if k == 1:
                 edge_keys, edge_nodes = merge_registry(edge_keys, edge_nodes, ukeys, created)
@@ -307,15 +332,15 @@ class Forest:
                 face_keys, face_nodes = merge_registry(face_keys, face_nodes, ukeys, created)
             nodes = nodes.reshape(m, pos.size)
             for j, p in enumerate(pos):              # column copies: cheaper than L[:, pos] = nodes
-                L[:, p] = nodes[:, j]
+                L[:, int(p)] = nodes[:, j]
             if k == 1:
                 # parents (a, b) of each new midpoint where it first occurs: its key (lo, hi),
                 # swapped where a > b there (one bool gather instead of two int64 gathers)
                 plo, phi = ukeys >> 32, ukeys & 0xFFFFFFFF
                 sw = swap.ravel()[first]
-                new_par.append((k, [np.where(sw, phi, plo), np.where(sw, plo, phi)]))
+                new_par.append((k, [xp.where(sw, phi, plo), xp.where(sw, plo, phi)]))
             else:
-                new_par.append((k, [np.take(c.ravel(), first) for c in C]))
+                new_par.append((k, [c.ravel().take(first) for c in C]))
         _check_nodes(n_next)
         nodes = pool.submit(self._new_nodes, new_par, n_next, CN)
 
@@ -326,8 +351,11 @@ class Forest:
         ncn = nc + m * nv
         # children: child c takes lattice points c + e for its vertices e
         cell_nodes = grown(self.cell_nodes, ncn)
-        np.take(L, ref.child_lattice_index(d).reshape(-1), axis=1, mode="clip",
-                out=cell_nodes[nc:].reshape(m, nv * nv))
+        cli = ref.child_lattice_index(d).reshape(-1)
+        if tuned(L):
+            np.take(L, cli, axis=1, mode="clip", out=cell_nodes[nc:].reshape(m, nv * nv))
+        else:
+            cell_nodes[nc:] = xp.take(L, xp.asarray(cli), axis=1).reshape(m * nv, nv)
         X, kind, par = nodes.result()
         return replace(self, X=X, node_kind=kind, node_par=par, cell_nodes=cell_nodes,
                        edge_keys=edge_keys, edge_nodes=edge_nodes, face_keys=face_keys,
@@ -364,6 +392,7 @@ class Forest:
         cells, 2^d consecutive per split cell, in the order of ``cells``).  cell_child0 changes
         for old cells: always a copy."""
         m, d = cells.size, self.dim
+        xp = xp_of(cells)
         nv = 2 ** d
         cor = ref.corners(d)
         nc = self.num_cells
@@ -371,9 +400,9 @@ class Forest:
         cell_parent = grown(self.cell_parent, ncn)
         for j in range(nv):                          # column copies: faster than one (m, nv) broadcast
             cell_parent[nc + j::nv] = cells
-        cell_child0 = np.empty(ncn, dtype=np.result_type(self.cell_child0, np.int64))
+        cell_child0 = xp.empty(ncn, dtype=np.result_type(self.cell_child0.dtype, np.int64))
         cell_child0[:nc] = self.cell_child0
-        cell_child0[cells] = nc + nv * np.arange(m, dtype=np.int64)
+        cell_child0[cells] = nc + nv * xp.arange(m, dtype=np.int64)
         cell_child0[nc:] = -1
         cell_level = grown(self.cell_level, ncn)
         child_level = (self.cell_level[cells] + 1).astype(np.int16)
@@ -389,26 +418,28 @@ class Forest:
         faces = np.arange(2 * d)
         axis, side = faces // 2, faces % 2
         on_parent = cor[:, axis] == side[None, :]                         # (nv, 2d)
-        pb = np.take(self.cell_bface, cells, axis=0)                      # (m, 2d)
+        pb = xp.take(self.cell_bface, cells, axis=0)                      # (m, 2d)
         cell_bface = grown(self.cell_bface, ncn)
         tail = cell_bface[nc:].reshape(m, nv * 2 * d)
         # only the cells with a boundary face (few, near the surface) give their children ids:
         # the others' children are all -1 (one fill instead of a gather of every row)
-        bnd = np.flatnonzero(pb.max(axis=1) >= 0)
+        bnd = xp.flatnonzero(pb.max(axis=1) >= 0)
         if bnd.size * 2 > m:
             bnd = None                               # mostly boundary (coarse meshes): all rows
         else:
             tail.fill(-1)
             pb = pb.take(bnd, axis=0)
         # one gather of the columns of [pb | -1] (faster than a broadcast where/masked write)
-        pbx = np.empty((pb.shape[0], 2 * d + 1), dtype=np.int32)
+        pbx = xp.empty((pb.shape[0], 2 * d + 1), dtype=np.int32)
         for f in range(2 * d):                       # column copies: faster than pbx[:, :2d] = pb
             pbx[:, f] = pb[:, f]
         pbx[:, 2 * d] = -1
         cols = np.where(on_parent, faces, 2 * d).reshape(-1)
-        if bnd is None:
+        if bnd is None and tuned(pbx):
             np.take(pbx, cols, axis=1, mode="clip", out=tail)
+        elif bnd is None:
+            tail[...] = xp.take(pbx, xp.asarray(cols), axis=1)
         else:
-            tail[bnd] = np.take(pbx, cols, axis=1)
+            tail[bnd] = xp.take(pbx, xp.asarray(cols), axis=1)
         return dict(cell_parent=cell_parent, cell_child0=cell_child0, cell_level=cell_level,
                     cell_bface=cell_bface, cell_region=cell_region)

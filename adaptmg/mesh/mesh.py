@@ -25,37 +25,41 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..backend import backend_of, get_backend
+from ..backend import CPU, call_points, get_backend
 from . import reference as ref
 from . import tags
 from . import _boundary, _hanging, _incidence, _parents, _touch
 from ._boundary import select_where   # noqa: F401  (adaptmg.fe.space imports it from here)
+from ._box import box_forest
 from ._hanging import hanging_in_forest
 from ._numbering import number_nodes
 from ._tree import Forest
+from ._xp import tuned, xp_of
 
 __all__ = ["Mesh"]
 
 
-def _as_index(marked, n: int, what: str = "marked") -> np.ndarray:
-    """Turn a boolean mask over ``n`` items or an index array into sorted unique indices."""
-    a = np.asarray(marked)
+def _as_index(marked, n: int, what: str = "marked", be=CPU) -> np.ndarray:
+    """Turn a boolean mask over ``n`` items or an index array into sorted unique indices, on
+    the backend ``be`` (``marked`` is moved there)."""
+    a, xp = be.asarray(marked), be.xp
     if a.dtype == bool:
         if a.shape != (n,):
             raise ValueError(f"{what}: boolean mask must have shape ({n},) (one entry per active cell), got {a.shape}")
-        return np.flatnonzero(a)
+        return xp.flatnonzero(a)
     if a.size == 0:
-        return np.zeros(0, dtype=np.int64)
+        return xp.zeros(0, dtype=np.int64)
     if not np.issubdtype(a.dtype, np.integer):
         raise ValueError(f"{what}: expected a boolean mask of length {n} or an integer index array, "
                          f"got dtype {a.dtype}")
     if a.ndim != 1:
         raise ValueError(f"{what}: index array must be 1-D, got shape {a.shape}")
-    if a.min() < 0 or a.max() >= n:
-        raise ValueError(f"{what}: indices must lie in [0, {n}), got range [{a.min()}, {a.max()}]")
-    mark = np.zeros(n, dtype=bool)              # sorted and distinct, in O(n) (no sort or hash)
+    lo, hi = int(a.min()), int(a.max())
+    if lo < 0 or hi >= n:
+        raise ValueError(f"{what}: indices must lie in [0, {n}), got range [{lo}, {hi}]")
+    mark = xp.zeros(n, dtype=bool)              # sorted and distinct, in O(n) (no sort or hash)
     mark[a] = True
-    return np.flatnonzero(mark)
+    return xp.flatnonzero(mark)
 
 
 def _sorted(a: np.ndarray) -> np.ndarray:
@@ -64,7 +68,7 @@ def _sorted(a: np.ndarray) -> np.ndarray:
     check is one comparison pass, a sort of sorted data costs many."""
     if a.size < 2 or bool((a[1:] >= a[:-1]).all()):
         return a
-    return np.sort(a)
+    return xp_of(a).sort(a)
 
 
 def jacobian_determinants(X, dim: int, xi: np.ndarray):
@@ -78,19 +82,20 @@ def jacobian_determinants(X, dim: int, xi: np.ndarray):
     for k in range(dim):
         others = np.prod(np.delete(f, k, axis=2), axis=2) if dim > 1 else 1.0
         dN[:, :, k] = others * (2 * cor[None, :, k] - 1)
-    be = backend_of(X)
-    J = be.xp.einsum("cvi,qvk->cqik", X, be.asarray(dN))
-    return be.xp.linalg.det(J)
+    xp = xp_of(X)
+    J = xp.einsum("cvi,qvk->cqik", X, xp.asarray(dN))
+    return xp.linalg.det(J)
 
 
 def check_cells(X: np.ndarray, dim: int, what: str = "mesh") -> None:
     """Raise ValueError if some cell's Jacobian is non-positive at a corner or the centre."""
     pts = np.vstack([ref.corners(dim).astype(float), np.full((1, dim), 0.5)])
     det = jacobian_determinants(X, dim, pts)
-    bad = np.flatnonzero((det <= 0).any(axis=1) | ~np.isfinite(det).all(axis=1))
+    xp = xp_of(det)
+    bad = xp.flatnonzero((det <= 0).any(axis=1) | ~xp.isfinite(det).all(axis=1))
     if bad.size:
         raise ValueError(f"{what}: {bad.size} cell(s) have a non-positive Jacobian determinant "
-                         f"(first: cell {bad[0]}, det {det[bad[0]].min():.3g}); check the vertex order "
+                         f"(first: cell {int(bad[0])}, det {float(det[bad[0]].min()):.3g}); check the vertex order "
                          "(adaptmg uses lexicographic order; VTK order is converted by from_meshio) "
                          "and that no cell is degenerate or inverted")
 
@@ -106,8 +111,7 @@ class Mesh:
         # active: the forest ids of the active cells, sorted and distinct (every constructor
         # and refinement keeps them so; the node numbering and _active_cell_nodes rely on it)
         self._forest = forest
-        xp = forest.backend.xp
-        self._active = xp.asarray(active, dtype=xp.int64)
+        self._active = forest.backend.asarray(active, dtype=np.int64)
 
     @property
     def backend(self):
@@ -135,7 +139,7 @@ class Mesh:
         ``x_i = lower_i`` is ``2 i``, of ``x_i = upper_i`` is ``2 i + 1``.
         ``map`` (optional) maps the node coordinates (n, d) -> (n, d), e.g. for
         graded meshes; see :meth:`map`.  ``backend`` ("cpu" or "gpu"): where the mesh's
-        arrays live (:meth:`to`).
+        arrays live (:meth:`to`); built there (:mod:`._box`), ``map`` called there.
         """
         lower = np.asarray(lower, dtype=float)
         upper = np.asarray(upper, dtype=float)
@@ -150,22 +154,9 @@ class Mesh:
             raise ValueError(f"box: cells must be positive integers, got {list(np.asarray(cells))}")
         if not (upper > lower).all() or not np.isfinite(lower).all() or not np.isfinite(upper).all():
             raise ValueError(f"box: need finite lower < upper in every direction, got {lower} and {upper}")
-        axes = [np.linspace(lower[i], upper[i], n[i] + 1) for i in range(dim)]
-        grid = np.meshgrid(*axes, indexing="ij")
-        # lexicographic node numbering with x fastest
-        pts = np.stack([g.ravel(order="F") for g in grid], axis=1)
-        strides = np.cumprod(np.concatenate([[1], n[:-1] + 1]))
-        idx = np.meshgrid(*[np.arange(k) for k in n], indexing="ij")
-        base = sum(idx[i].ravel(order="F") * strides[i] for i in range(dim))
-        cor = ref.corners(dim)
-        cell_nodes = base[:, None] + (cor * strides).sum(1)[None, :]
-        ijk = np.stack([idx[i].ravel(order="F") for i in range(dim)], axis=1)
-        bface = np.full((cell_nodes.shape[0], 2 * dim), -1, dtype=np.int32)
-        for i in range(dim):
-            bface[ijk[:, i] == 0, 2 * i] = 2 * i
-            bface[ijk[:, i] == n[i] - 1, 2 * i + 1] = 2 * i + 1
-        mesh = cls(Forest.from_coarse(pts, cell_nodes, bface), np.arange(cell_nodes.shape[0]))
-        return (mesh.map(map) if map is not None else mesh).to(backend)
+        F = box_forest(lower, upper, n, get_backend(backend))
+        mesh = cls(F, F.backend.xp.arange(F.num_cells))
+        return mesh.map(map) if map is not None else mesh
 
     @classmethod
     def from_cells(cls, points: np.ndarray, cells: np.ndarray, boundary_ids: np.ndarray | None = None, *,
@@ -279,9 +270,11 @@ class Mesh:
         cells are one range of forest ids (a uniform refinement), else a gathered copy."""
         a = self._active
         cn = self._forest.cell_nodes
-        if a.size and a[-1] - a[0] == a.size - 1:        # sorted and distinct: one range
-            return cn[int(a[0]):int(a[-1]) + 1]
-        return cn.take(a, axis=0)
+        if a.size:
+            a0, a1 = int(a[0]), int(a[-1])
+            if a1 - a0 == a.size - 1:                    # sorted and distinct: one range
+                return cn[a0:a1 + 1]
+        return xp_of(cn).take(cn, a, axis=0)
 
     @property
     def node_ids(self) -> np.ndarray:
@@ -326,15 +319,14 @@ class Mesh:
     @functools.cached_property
     def boundary_ids(self) -> np.ndarray:
         """(num_cells, 2 dim) boundary id of each cell face (face 2i+s: x_i side s), -1 inside."""
-        return self._forest.cell_bface.take(self._active, axis=0)
+        return self.backend.xp.take(self._forest.cell_bface, self._active, axis=0)
 
     @functools.cached_property
     def regions(self) -> np.ndarray:
         """(num_cells,) region id of each cell (a cell physical group on import; default 0),
         inherited from the coarse cell it was refined from."""
-        reg = self._forest.cell_region
-        return (self.backend.xp.zeros(self.num_cells, dtype=np.int64) if reg is None
-                else reg.take(self._active).astype(np.int64))
+        reg, xp = self._forest.cell_region, self.backend.xp
+        return xp.zeros(self.num_cells, dtype=np.int64) if reg is None else xp.take(reg, self._active).astype(np.int64)
 
     @property
     def boundary_names(self) -> dict:
@@ -366,7 +358,7 @@ class Mesh:
         kind = "quad" if self.dim == 2 else "hex"
         lv = self.levels
         return (f"Mesh({kind}, cells={self.num_cells}, nodes={self.num_nodes}, "
-                f"hanging={self.num_hanging_nodes}, levels={lv.min()}..{lv.max()})")
+                f"hanging={self.num_hanging_nodes}, levels={int(lv.min())}..{int(lv.max())})")
 
     # ------------------------------------------------------------------ connectivity
     @functools.cached_property
@@ -446,14 +438,16 @@ class Mesh:
         """Mesh with every node x moved to f(x) (f vectorised: (n, d) -> (n, d)).
 
         The map is applied to all nodes of the refinement forest, so a mesh refined
-        later places its new nodes by multilinear interpolation of the mapped cells.
+        later places its new nodes by multilinear interpolation of the mapped cells.  On the
+        device ``f`` gets CuPy arrays (:func:`adaptmg.backend.call_points`).
         """
         if not callable(f):
             raise TypeError(f"map expects a callable f(points) -> points, got {type(f).__name__}")
-        X = np.asarray(f(self._forest.X.copy()), dtype=float)
+        xp = self.backend.xp
+        X = call_points(f, self._forest.X.copy(), xp=xp)
         if X.shape != self._forest.X.shape:
             raise ValueError(f"map: f must return an array of shape {self._forest.X.shape}, got {X.shape}")
-        if not np.isfinite(X).all():
+        if not bool(xp.isfinite(X).all()):
             raise ValueError("map: f returned NaN or Inf")
         check_cells(X[self._forest.cell_nodes[self._active]], self.dim, "map")
         return Mesh(self._forest.with_points(X), self._active)
@@ -488,9 +482,9 @@ class Mesh:
         refined too (repeatedly).  Returns a new mesh; ``self`` is unchanged.
         """
         if marked is None:
-            idx = np.arange(self.num_cells)
+            idx = self.backend.xp.arange(self.num_cells)
         else:
-            idx = _as_index(marked, self.num_cells)
+            idx = _as_index(marked, self.num_cells, be=self.backend)
         if idx.size == 0:
             return self
         idx = self._close(idx)
@@ -507,24 +501,24 @@ class Mesh:
         """
         if idx.size == self.num_cells:
             return idx
-        lv = self.levels
-        marked = np.zeros(self.num_cells, dtype=bool)
+        lv, xp = self.levels, self.backend.xp
+        marked = xp.zeros(self.num_cells, dtype=bool)
         marked[idx] = True
         # a marked cell of the lowest level forces no cell (it touches none of a lower
         # level): without marked cells above it (e.g. a local refinement of a uniform
         # mesh) the set is closed already, and no touch_max pass over the cells is needed
         low = lv.min()
         src = marked
-        while (lv[src] > low).any():
-            need = self.touch_max(np.where(src, lv, -1)) > lv
+        while bool((lv[src] > low).any()):
+            need = self.touch_max(xp.where(src, lv, -1)) > lv
             src = need & ~marked
-            if not src.any():
+            if not bool(src.any()):
                 break
             marked |= src
-        return np.flatnonzero(marked)
+        return xp.flatnonzero(marked)
 
     def _refine_exact(self, idx: np.ndarray) -> "Mesh":
-        F = self._forest
+        F, xp = self._forest, self.backend.xp
         tree_ids = self._active[idx]
         fresh = tree_ids[F.cell_child0[tree_ids] < 0]
         F2 = F.split(fresh)
@@ -532,14 +526,14 @@ class Mesh:
         if fresh.size == tree_ids.size:
             # all split just now: split numbers their children consecutively after the old
             # cells, in order, so the children are this range (sorted, above every old cell)
-            kids = np.arange(F.num_cells, F2.num_cells, dtype=np.int64)
+            kids = xp.arange(F.num_cells, F2.num_cells, dtype=np.int64)
             if idx.size == self.num_cells:       # nothing kept (uniform refinement)
                 return Mesh(F2, kids)
         else:
-            kids = (F2.cell_child0[tree_ids][:, None] + np.arange(nv)).ravel()
-        keep = np.ones(self.num_cells, dtype=bool)
+            kids = (F2.cell_child0[tree_ids][:, None] + xp.arange(nv)).ravel()
+        keep = xp.ones(self.num_cells, dtype=bool)
         keep[idx] = False
-        active = _sorted(np.concatenate([self._active[keep], kids]))
+        active = _sorted(xp.concatenate([self._active[keep], kids]))
         return Mesh(F2, active)
 
     def parent_of(self, coarse: "Mesh"):
@@ -559,16 +553,16 @@ class Mesh:
         position windows of this mesh (O(cells)), not by counting children over the whole
         forest (O(forest) a level: a hierarchy of an adaptive loop's mesh, 20+ levels over
         a forest of every cell ever made, paid that per level)."""
-        F, nv = self._forest, 2 ** self.dim
+        F, nv, xp = self._forest, 2 ** self.dim, self.backend.xp
         act = self._active
         n = act.size
         if n < nv:
             return self
         par = self.parents
         has = par >= 0
-        c0 = np.where(has, F.cell_child0.take(np.maximum(par, 0)), -1)
+        c0 = xp.where(has, F.cell_child0.take(xp.maximum(par, 0)), -1)
         w = n - nv + 1
-        start = np.flatnonzero(has[:w] & (act[:w] == c0[:w]) & (act[nv - 1:] == act[:w] + (nv - 1)))
+        start = xp.flatnonzero(has[:w] & (act[:w] == c0[:w]) & (act[nv - 1:] == act[:w] + (nv - 1)))
         if start.size == 0:
             return self
         if start.size * nv == n:
@@ -576,7 +570,7 @@ class Mesh:
             return Mesh(F, _sorted(par.take(start)))
 
         def members(starts):                      # positions of the families' children
-            m = np.zeros(n, dtype=bool)
+            m = xp.zeros(n, dtype=bool)
             for k in range(nv):
                 m[starts + k] = True
             return m
@@ -591,20 +585,21 @@ class Mesh:
             # of a uniform mesh is taken back: then no touch_max pass at all
             src = ~cell_in
             src &= lv > int(lv[cell_in].min())
-            if not src.any():
+            if not bool(src.any()):
                 break
-            mx = self.touch_max(np.where(src, lv, -1))
-            bad = np.flatnonzero(cell_in & (mx >= lv + 1))
+            mx = self.touch_max(xp.where(src, lv, -1))
+            bad = xp.flatnonzero(cell_in & (mx >= lv + 1))
             if bad.size == 0:
                 break
-            blocked = np.zeros(n, dtype=bool)
+            blocked = xp.zeros(n, dtype=bool)
             blocked[bad - (act.take(bad) - c0.take(bad))] = True      # their families' starts
             start = start[~blocked.take(start)]
             if start.size == 0:
                 return self
-        fam = np.sort(par.take(start))
-        # two sorted runs: the stable sort (timsort) merges them in linear time
-        return Mesh(F, np.sort(np.concatenate([act[~cell_in], fam]), kind="stable"))
+        fam = xp.sort(par.take(start))
+        # two sorted runs: on the host the stable sort (timsort) merges them in linear time
+        act = xp.concatenate([act[~cell_in], fam])
+        return Mesh(F, np.sort(act, kind="stable") if tuned(act) else xp.sort(act))
 
     def hierarchy(self, max_levels: int | None = None, min_cells: int = 1) -> list["Mesh"]:
         """Global-coarsening hierarchy [Omega_0, ..., Omega_L = self], coarse to fine.
