@@ -22,7 +22,7 @@ import scipy.sparse as sp
 __all__ = ["Backend", "get_backend", "gpu_available", "backend_of", "is_device_array",
            "is_device_sparse", "is_device_linear_operator", "is_device_error", "is_sparse",
            "to_device", "to_host", "host_copies", "call_points", "stable_argsort", "CPU", "nccl_module",
-           "scatter_max", "scatter_min", "scatter_add", "repeat"]
+           "scatter_max", "scatter_min", "scatter_add", "repeat", "unique_first"]
 
 
 @dataclass(frozen=True)
@@ -235,6 +235,20 @@ def scatter_add(out, idx, vals):
     """``out[idx[k]] += vals[k]`` for every k, repeated indices summed (see
     :func:`scatter_max`)."""
     return _scatter("add", out, idx, vals)
+
+
+def unique_first(a):
+    """``np.unique(a, return_index=True, return_inverse=True)`` of a 1-D array of either
+    module: the sorted distinct values, the index of each one's *first* occurrence and the
+    inverse.  CuPy's ``unique`` does not promise the first occurrence's index (its sort need
+    not keep equal keys in order): there the index is a ``scatter_min`` of the positions."""
+    if not _is_cupy_array(a):
+        return np.unique(a, return_index=True, return_inverse=True)
+    import cupy
+    u, inv = cupy.unique(a, return_inverse=True)
+    inv = inv.ravel()
+    first = scatter_min(cupy.full(u.size, a.size, dtype=np.int64), inv, cupy.arange(a.size, dtype=np.int64))
+    return u, first, inv
 
 
 def repeat(a, counts):

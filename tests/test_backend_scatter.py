@@ -39,3 +39,18 @@ def test_device_scatter_and_repeat_match_the_host(name, ufunc, start):
     assert np.array_equal(got.get(), want)
     a, c = np.arange(7) * 3, np.array([0, 2, 1, 0, 4, 1, 3])
     assert np.array_equal(B.repeat(cupy.asarray(a), cupy.asarray(c)).get(), np.repeat(a, c))
+
+
+def test_unique_first_is_numpys_unique():
+    a = np.random.default_rng(4).integers(0, 30, 500)
+    for got, want in zip(B.unique_first(a), np.unique(a, return_index=True, return_inverse=True)):
+        assert np.array_equal(got, want)
+
+
+@pytest.mark.gpu
+def test_device_unique_first_gives_first_occurrences():
+    import cupy
+    a = np.random.default_rng(4).integers(0, 300, 200000)
+    got = [to.get() for to in B.unique_first(cupy.asarray(a))]
+    for g, w in zip(got, np.unique(a, return_index=True, return_inverse=True)):
+        assert np.array_equal(g, w.ravel())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import scatter_min, stable_argsort
+from ..backend import scatter_min, stable_argsort, unique_first
 
 __all__ = ["number_nodes", "first_occurrences", "first_occurrences_xp"]
 
@@ -39,7 +39,7 @@ def number_nodes(F, acn):
     nk = F.node_kind
     n_root = nn if nn == 0 or bool(nk[-1] == 0) else int(xp.argmax(nk != 0))
     if 8 * flat.size < nn:      # a coarse level of a large forest: no forest-size table,
-        u, first = xp.unique(flat, return_index=True)      # a sort (first occurrences)
+        u, first, _ = unique_first(flat)                 # a sort (first occurrences)
         late = u >= n_root
         ids = xp.concatenate([u[~late], u[late][stable_argsort(first[late])]])
     elif not be.is_gpu:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..backend import backend_of, stable_argsort
+from ..backend import backend_of, stable_argsort, unique_first
 from ..threads import InlineExecutor, default_threads
 from . import reference as ref
 from ._grow import grown
@@ -86,7 +86,7 @@ def unique_pairs(lo: np.ndarray, hi: np.ndarray):
     hb = int(hi.max()).bit_length() if n else 1
     ib = max(n - 1, 1).bit_length()
     if n == 0 or int(lo.max()).bit_length() + hb + ib > 63:
-        return xp.unique(pack(lo, hi), return_index=True, return_inverse=True)
+        return unique_first(pack(lo, hi))
     it = np.int32 if n <= np.iinfo(np.int32).max else np.intp
     inv = xp.arange(n, dtype=it)             # the index bits; its memory is reused for inv
     s = lo.astype(np.int64)
