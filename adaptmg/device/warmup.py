@@ -26,14 +26,15 @@ def _ones(x):
     return 1.0 + 0.0 * x[..., 0]
 
 
-def _mesh(dim, n, local):
+def _mesh(dim, n, local, backend="cpu"):
     from ..mesh import Mesh
-    m = Mesh.box([0.0] * dim, [1.0] * dim, [2] * dim)
+    m = Mesh.box([0.0] * dim, [1.0] * dim, [2] * dim, backend=backend)
+    xp = m.backend.xp
     for _ in range(n):
         m = m.refine()
     for _ in range(local):
         c = m.points[m.cells].mean(axis=1)
-        m = m.refine(np.linalg.norm(c - 0.3, axis=1) < 0.25)
+        m = m.refine(xp.linalg.norm(c - 0.3, axis=1) < 0.25)
     return m
 
 
@@ -45,10 +46,10 @@ def _solve_all(ml, b, accels=("cg", "gmres", "fgmres")):
 
 
 def _geometric(backend, dim, degree, n, local, dtypes=("float64", "float32"), smoothers=("jacobi",),
-               components=1):
+               components=1, mesh_on_backend=False):
     from .. import assemble, multigrid
     from ..fe import Space
-    mesh = _mesh(dim, n, local)
+    mesh = _mesh(dim, n, local, backend if mesh_on_backend else "cpu")
     space = Space(mesh, degree=degree, components=components)
     if components == 1:
         form, f = assemble.stiffness, _ones
@@ -116,6 +117,12 @@ TASKS = {
     "q1-3d-large": (_geometric, (3, 1, 5, 0, ("float64",))),
     "q1-2d": (_geometric, (2, 1, 4, 2)),
     "q1-2d-large": (_geometric, (2, 1, 9, 1, ("float64",))),
+    # the mesh on the device (Mesh.box(..., backend="gpu")): refinement, numbering, hanging
+    # nodes and the set-up's index work on CuPy arrays -- their sorts and reductions, also at a
+    # larger size (CuPy's reduction kernels follow the array sizes, see amg-3d-large)
+    "q1-3d-device-mesh": (_geometric, (3, 1, 3, 1, ("float64",), ("jacobi",), 1, True)),
+    "q1-3d-device-mesh-large": (_geometric, (3, 1, 5, 1, ("float64",), ("jacobi",), 1, True)),
+    "q1-2d-device-mesh": (_geometric, (2, 1, 5, 2, ("float64",), ("jacobi",), 1, True)),
     "amg-3d": (_amg, (3, 4)),
     # CuPy's reduction kernels are compiled per block shape, which follows the array sizes:
     # larger problems too (measured: a 340k-DoF adaptive matrix needed 5 more than amg-3d's)

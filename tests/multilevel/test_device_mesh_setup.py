@@ -64,15 +64,28 @@ def _exact(a, b, what):
     assert a.shape == b.shape and np.array_equal(a, b), what
 
 
-def _same_matrix(A, B, what):
+def _same_matrix(A, B, what, exact_pattern=True):
+    """Equal patterns (``exact_pattern``) and values within 64 eps of the largest entry; else
+    the difference within 64 eps and the entries above that in the same places -- for the
+    constrained matrices, whose congruence sums cancel to exactly 0 on one path (an entry
+    then dropped) and to ~1e-16 on the other (H200: 21 such entries of 6,460 on the 2-D
+    local case's coarsest level)."""
     A, B = to_host(A).tocsr(), to_host(B).tocsr()
     A.sort_indices()
     B.sort_indices()
     assert A.shape == B.shape, what
+    scale = max(np.max(np.abs(A.data)), 1e-300) if A.nnz else 1.0
+    tol = 64 * EPS * scale
+    if not exact_pattern:
+        assert np.max(np.abs((A - B).data), initial=0.0) <= tol, what
+        A, B = A.copy(), B.copy()
+        A.data[np.abs(A.data) <= tol] = 0
+        B.data[np.abs(B.data) <= tol] = 0
+        A.eliminate_zeros()
+        B.eliminate_zeros()
     _exact(A.indptr, B.indptr, f"{what}: indptr")
     _exact(A.indices, B.indices, f"{what}: indices")
-    scale = max(np.max(np.abs(A.data)), 1e-300) if A.nnz else 1.0
-    assert np.max(np.abs(A.data - B.data), initial=0.0) <= 64 * EPS * scale, what
+    assert np.max(np.abs(A.data - B.data), initial=0.0) <= tol, what
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -88,7 +101,7 @@ def test_device_mesh_gives_the_host_mesh_levels_and_solution(case):
     assert type(b_d).__module__.startswith("cupy") and type(sd.H).__module__.startswith("cupyx")
     assert len(ml_h.levels) == len(ml_d.levels) >= 3
     for l, (lh, ld) in enumerate(zip(ml_h.levels, ml_d.levels)):
-        _same_matrix(lh.A, ld.A, f"A level {l}")
+        _same_matrix(lh.A, ld.A, f"A level {l}", exact_pattern=False)
         if lh.P is not None:
             _same_matrix(lh.P, ld.P, f"P level {l}")
             _same_matrix(lh.R, ld.R, f"R level {l}")
