@@ -53,7 +53,7 @@ def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=
                              f"there: backend must be None or 'gpu', got {backend!r}; or use mesh.to('cpu')")
         be = mb
     xp = be.xp
-    if tuple(getattr(u, "shape", np.shape(u))) != (space.num_dofs,):
+    if tuple(u.shape if hasattr(u, "shape") else np.shape(u)) != (space.num_dofs,):
         raise ValueError(f"u must have shape ({space.num_dofs},), got {np.shape(to_host(u))}")
     c = space.components
     U = be.asarray(u, dtype=np.float64).reshape(space.num_nodes, c)
