@@ -64,7 +64,7 @@ def solve(mesh, backend="cpu", rtol=1e-9):
     x = ml.solve(ml.constrain(b), rtol=rtol, accel="cg")
     ml.backend.synchronize()
     t_mg = time.perf_counter() - t0
-    u = ml.expand(x) if mesh.backend.is_gpu else to_host(ml.expand(x))
+    u = ml.expand(mesh.backend.asarray(x)) if mesh.backend.is_gpu else to_host(ml.expand(x))
     return space, u, {"iterations": ml.last_iterations, "levels": len(ml.spaces), "t_mg": t_mg, "J": float(b @ u),
                       "backend": ml.backend}
 

@@ -224,3 +224,23 @@ def test_gpu_indicators_marks_and_norms_on_a_device_mesh(name):
     e_h = errors(s, u, lambda x: x[..., 0] ** 2)
     e_d = errors(sd, ud, lambda x: x[..., 0] ** 2)
     assert abs(e_d["L2"] - e_h["L2"]) <= 64 * EPS * e_h["L2"]
+
+
+def test_fichera_and_vtu_output_with_the_mesh_on_the_device(fake, tmp_path):
+    """Fichera (3-D, load vector on the device) the same on both meshes; the VTU files of a
+    device-mesh loop are written from a host copy with the same numbering."""
+    import meshio
+    from adaptmg_problems import fichera
+    host = fichera.run(steps=2, backend="gpu", mesh_backend="cpu", quiet=True)
+    dev = fichera.run(steps=2, backend="gpu", quiet=True)
+    assert dev["mesh"].backend.is_gpu
+    for a, b in zip(dev["history"], host["history"]):
+        assert (a["dofs"], a["hanging"], a["iterations"]) == (b["dofs"], b["hanging"], b["iterations"])
+        assert abs(a["estimate"] - b["estimate"]) <= 1e-12 * b["estimate"]
+        assert abs(a["J"] - b["J"]) <= 64 * EPS * b["J"]
+    res = _lshape().run(steps=2, backend="gpu", quiet=True, out=str(tmp_path))
+    m = meshio.read(tmp_path / "lshape_002.vtu")
+    u = _host(res["u"])
+    assert m.points.shape[0] == u.size
+    assert np.abs(m.point_data["u"] - u).max() == 0.0
+    assert np.abs(m.point_data["error"]).max() < 0.1
