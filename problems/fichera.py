@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from adaptmg import Mesh, Space, assemble, multigrid
-from adaptmg.backend import to_host
+from adaptmg.backend import get_backend, to_host
 from adaptmg.estimate import AdaptiveProblem, adaptive_loop, residual_indicators
 
 # J(u) = ||grad u||^2 extrapolated from an adaptive Q1 run (Doerfler theta = 0.5, 15 steps, up to
@@ -36,8 +36,9 @@ J_REF = 0.39803
 J_REF_UNCERTAINTY = 2e-4
 
 
-def coarse_mesh() -> Mesh:
-    """7 unit cubes: the cube (-1,1)^3 without the octant x, y, z > 0."""
+def coarse_mesh(backend="cpu") -> Mesh:
+    """7 unit cubes: the cube (-1,1)^3 without the octant x, y, z > 0 (on ``backend``, "cpu"
+    or "gpu")."""
     g = np.array([-1.0, 0.0, 1.0])
     X, Y, Z = np.meshgrid(g, g, g, indexing="ij")
     pts = np.stack([X.ravel(order="F"), Y.ravel(order="F"), Z.ravel(order="F")], axis=1)
@@ -49,10 +50,13 @@ def coarse_mesh() -> Mesh:
                     continue
                 b = i + 3 * j + 9 * k
                 cells.append([b, b + 1, b + 3, b + 4, b + 9, b + 10, b + 12, b + 13])
-    return Mesh.from_cells(pts, np.array(cells))
+    mesh = Mesh.from_cells(pts, np.array(cells))
+    return mesh if get_backend(backend).name == "cpu" else mesh.to(backend)
 
 
 def solve(mesh, backend="cpu", rtol=1e-9):
+    """Q1 solution of -Laplace u = 1, u = 0 on the boundary; on a mesh on the GPU the load
+    vector and ``u`` stay on the device."""
     space = Space(mesh, 1)
     ml = multigrid(space, assemble.stiffness, dirichlet="all", backend=backend)
     b = assemble.load(space, 1.0)
@@ -60,12 +64,12 @@ def solve(mesh, backend="cpu", rtol=1e-9):
     x = ml.solve(ml.constrain(b), rtol=rtol, accel="cg")
     ml.backend.synchronize()
     t_mg = time.perf_counter() - t0
-    u = to_host(ml.expand(x))
+    u = ml.expand(mesh.backend.asarray(x)) if mesh.backend.is_gpu else to_host(ml.expand(x))
     return space, u, {"iterations": ml.last_iterations, "levels": len(ml.spaces), "t_mg": t_mg, "J": float(b @ u),
                       "backend": ml.backend}
 
 
-def problem() -> AdaptiveProblem:
+def problem(mesh_backend="cpu") -> AdaptiveProblem:
     def estimate(space, u, info):
         eta = residual_indicators(space, u, f=1.0, backend=info.get("backend"))
         return eta, float(np.sqrt((eta ** 2).sum())), {"J": info["J"]}
@@ -75,12 +79,16 @@ def problem() -> AdaptiveProblem:
             return {}
         return {"energy": float(np.sqrt(max(J_REF - info["J"], 0.0)))}
 
-    return AdaptiveProblem("fichera", coarse_mesh(), solve, estimate, error)
+    return AdaptiveProblem("fichera", coarse_mesh(mesh_backend), solve, estimate, error)
 
 
-def run(steps=6, backend="cpu", quiet=False, out=None, *, strategy="doerfler", theta=0.5, max_dofs=None):
-    """Adaptive Q1 solution; returns the dict of :func:`adaptmg.estimate.adaptive_loop`."""
-    return adaptive_loop(problem(), steps=steps, strategy=strategy, theta=theta, backend=backend,
+def run(steps=6, backend="cpu", quiet=False, out=None, *, strategy="doerfler", theta=0.5, max_dofs=None,
+        mesh_backend=None):
+    """Adaptive Q1 solution; returns the dict of :func:`adaptmg.estimate.adaptive_loop`
+    (``mesh_backend`` as in :func:`adaptmg_problems.lshape.run`: by default the mesh lives
+    on the GPU when ``backend`` is the GPU)."""
+    from .lshape import mesh_backend_for
+    return adaptive_loop(problem(mesh_backend_for(backend, mesh_backend)), steps=steps, strategy=strategy, theta=theta, backend=backend,
                          quiet=quiet, out=out, max_dofs=max_dofs)
 
 

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from adaptmg import Mesh, Space, assemble, multigrid
-from adaptmg.backend import to_host
+from adaptmg.backend import get_backend, to_host
 from adaptmg.estimate import AdaptiveProblem, adaptive_loop, dwr_indicators, residual_indicators
 from adaptmg.fe.norms import errors
 
@@ -31,8 +31,9 @@ GOAL_CENTER = np.array([0.25, 0.25])
 GOAL_RADIUS = 0.2
 
 
-def coarse_mesh(n: int = 2) -> Mesh:
-    """L-shaped mesh of 3 n^2 squares of side 1/n (default 12 cells)."""
+def coarse_mesh(n: int = 2, backend="cpu") -> Mesh:
+    """L-shaped mesh of 3 n^2 squares of side 1/n (default 12 cells), on ``backend`` ("cpu" or
+    "gpu": then the mesh, its refinements and everything built from them live on the device)."""
     if not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
     g = np.linspace(-1, 1, 2 * n + 1)
@@ -45,7 +46,20 @@ def coarse_mesh(n: int = 2) -> Mesh:
     s = 2 * n + 1
     base = i + s * j
     cells = np.stack([base, base + 1, base + s, base + s + 1], axis=1)
-    return Mesh.from_cells(pts, cells)
+    mesh = Mesh.from_cells(pts, cells)
+    return mesh if get_backend(backend).name == "cpu" else mesh.to(backend)
+
+
+def mesh_backend_for(backend, mesh_backend=None) -> str:
+    """Where the loop's mesh lives: ``mesh_backend`` ("cpu" or "gpu"), by default the solver's
+    backend ("gpu" when ``backend`` resolves to the GPU)."""
+    if mesh_backend is None:
+        return get_backend(backend).name
+    if mesh_backend not in ("cpu", "gpu"):
+        raise ValueError(f"mesh_backend must be 'cpu', 'gpu' or None, got {mesh_backend!r}")
+    if mesh_backend == "gpu" and not get_backend(backend).is_gpu:
+        raise ValueError(f"a mesh on the GPU needs backend 'gpu', got {backend!r}")
+    return mesh_backend
 
 
 def exact(x):
@@ -137,24 +151,31 @@ def goal_exact() -> float:
 
 
 def solve(mesh, backend="cpu", rtol=1e-9, accel="cg"):
-    """Q1 solution with exact Dirichlet data by geometric multigrid (V(2,2) Jacobi) + CG."""
+    """Q1 solution with exact Dirichlet data by geometric multigrid (V(2,2) Jacobi) + CG.
+    On a mesh on the GPU the Dirichlet values (``exact`` at device points), the right-hand
+    side and ``u`` stay on the device; otherwise ``u`` is a NumPy array."""
     space = Space(mesh, 1)
     ml = multigrid(space, assemble.stiffness, dirichlet="all", backend=backend)
     con = ml.constraints[-1].with_values(exact)    # the hierarchy's constraints (and row scale)
     A = ml.assembled
-    rhs = con.rhs(np.zeros(space.num_dofs), A)
+    on_device = mesh.backend.is_gpu
+    rhs = con.rhs(mesh.backend.xp.zeros(space.num_dofs), A)
     t0 = time.perf_counter()
     x = ml.solve(rhs, rtol=rtol, accel=accel)
     ml.backend.synchronize()
     t_mg = time.perf_counter() - t0
-    u = con.expand(to_host(x))
+    u = con.expand(mesh.backend.asarray(x) if on_device else to_host(x))
     return space, u, {"iterations": ml.last_iterations, "levels": len(ml.spaces), "t_mg": t_mg, "ml": ml}
 
 
-def problem(estimator="residual", n=2, backend_dual=None) -> AdaptiveProblem:
-    """The L-shape as an :class:`AdaptiveProblem` (estimator "residual" or "dwr")."""
+def problem(estimator="residual", n=2, backend_dual=None, mesh_backend="cpu") -> AdaptiveProblem:
+    """The L-shape as an :class:`AdaptiveProblem` (estimator "residual" or "dwr"; the coarse
+    mesh on ``mesh_backend``: on "gpu" the whole loop runs on the device, residual estimator
+    only -- the DWR estimator's Q2 dual space needs a host mesh)."""
     if estimator not in ("residual", "dwr"):
         raise ValueError(f"estimator must be 'residual' or 'dwr', got {estimator!r}")
+    if estimator == "dwr" and mesh_backend != "cpu":
+        raise ValueError("the DWR estimator (a Q2 dual space) needs mesh_backend='cpu'")
     Jex = goal_exact()
 
     def estimate(space, u, info):
@@ -170,13 +191,18 @@ def problem(estimator="residual", n=2, backend_dual=None) -> AdaptiveProblem:
         e = errors(space, u, exact, grad, backend=info["ml"].backend)
         return {"H1": e["H1"], "L2": e["L2"]}
 
-    return AdaptiveProblem("lshape", coarse_mesh(n), solve, estimate, error,
+    return AdaptiveProblem("lshape", coarse_mesh(n, mesh_backend), solve, estimate, error,
                            lambda s, u, i: {"exact": s.interpolate(exact), "error": s.interpolate(exact) - u})
 
 
 def run(steps=12, backend="cpu", quiet=False, out=None, *, estimator="residual", strategy="doerfler",
-        theta=0.5, max_dofs=None):
+        theta=0.5, max_dofs=None, mesh_backend=None, tie_rtol=None):
     """Adaptive (or ``strategy="uniform"``) Q1 solution; returns the dict of
-    :func:`adaptmg.estimate.adaptive_loop` (history, mesh, space, u, eta)."""
-    return adaptive_loop(problem(estimator), steps=steps, strategy=strategy, theta=theta,
-                         backend=backend, quiet=quiet, out=out, max_dofs=max_dofs)
+    :func:`adaptmg.estimate.adaptive_loop` (history, mesh, space, u, eta).  ``mesh_backend``:
+    where the mesh lives (:func:`mesh_backend_for`: by default on the GPU when ``backend``
+    is the GPU, with the residual estimator; "cpu" keeps the host mesh)."""
+    if mesh_backend is None and estimator == "dwr":
+        mesh_backend = "cpu"
+    mb = mesh_backend_for(backend, mesh_backend)
+    return adaptive_loop(problem(estimator, mesh_backend=mb), steps=steps, strategy=strategy, theta=theta,
+                         backend=backend, quiet=quiet, out=out, max_dofs=max_dofs, tie_rtol=tie_rtol)

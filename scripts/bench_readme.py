@@ -77,9 +77,10 @@ README = {
     "latency": ("`ml.solve` on small problems", "`python scripts/bench_solve_latency.py`"),
     "gs": ("block multicolour Gauss-Seidel vs block Jacobi, 3-D elasticity (edge 6)",
            "`python scripts/bench_elasticity_gs.py --backend gpu --size 6`"),
-    "adaptive": ("adaptive L-shape loop (solve, estimate, mark, refine) to >= 1M DoFs, GPU vs CPU backend",
+    "adaptive": ("adaptive L-shape loop (solve, estimate, mark, refine) to >= 1M DoFs, GPU (mesh on the "
+                 "GPU; and on the host) vs CPU backend",
                  "`python scripts/adaptive.py --problem lshape --backend gpu --max-dofs 1000000` "
-                 "(and `--backend cpu`)"),
+                 "(and `--mesh-backend cpu`, `--backend cpu`)"),
     "setup": ("time to solution, mesh -> x (mesh, `multigrid()`, load + constrain, solve), 3-D Q1 "
               "uniform 2.15M / adaptive 2.66M DoFs, warm",
               "`python scripts/bench_setup.py --cases uniform,adaptive --mesh-backend gpu` (and `--mesh-backend cpu`)"),
@@ -446,12 +447,13 @@ def row_adaptive(ctx):
     mod = importlib.import_module("adaptmg_problems.lshape")
     max_dofs = 20_000 if ctx.quick else 1_000_000
 
-    def run(backend):
-        # what `adaptive.py --problem lshape --backend B --max-dofs N` runs (steps 200: stop at N),
-        # after a short warm-up loop on the same backend: the two backends share this process, so
-        # neither pays the first calls' compilation and caches in its timed run
+    def run(backend, mesh_backend=None):
+        # what `adaptive.py --problem lshape --backend B [--mesh-backend M] --max-dofs N` runs (steps
+        # 200: stop at N; the mesh on the GPU with the GPU backend unless M says cpu), after a short
+        # warm-up loop on the same backends: the runs share this process, so none pays the first
+        # calls' compilation and caches in its timed run
         kw = dict(steps=200, backend=backend, quiet=True, out=None, strategy="doerfler", theta=0.5,
-                  max_dofs=max_dofs, estimator="residual")
+                  max_dofs=max_dofs, estimator="residual", mesh_backend=mesh_backend)
         _quiet_call(lambda: ad.timed_run(mod, **dict(kw, max_dofs=min(max_dofs, 5_000))))
         res, rows, total = _quiet_call(lambda: ad.timed_run(mod, **kw))
         sums = {k: sum(r[k] for r in rows) for k in ad.BREAKDOWN}
@@ -459,14 +461,17 @@ def row_adaptive(ctx):
 
     def parts(d):
         return ", ".join(f"{k} {d['sums'][k]:.2f}" for k in ("refine", "setup", "solve", "estimate", "error")) + " s"
-    g = run(ctx.backend) if ctx.backend is not None else None
+    g = run(ctx.backend) if ctx.backend is not None else None             # mesh on the GPU
+    h = run(ctx.backend, "cpu") if ctx.backend is not None else None      # host mesh, GPU solve
     _free_gpu(ctx)
     c = run("cpu")
     if g is None:
         return ctx.mark(f"GPU {NA}; CPU backend {c['total']:.2f} s to {c['dofs']:,} DoFs ({c['solves']} solves; "
                         f"{parts(c)})")
-    return ctx.mark(f"GPU {g['total']:.2f} s vs CPU backend {c['total']:.2f} s to {g['dofs']:,} DoFs "
-                    f"({g['solves']} solves): {fmt_x(c['total'] / g['total'])}; GPU breakdown {parts(g)}")
+    return ctx.mark(f"GPU, mesh on the GPU {g['total']:.2f} s (host mesh {h['total']:.2f} s, {h['dofs']:,} DoFs) "
+                    f"vs CPU backend {c['total']:.2f} s to {g['dofs']:,} DoFs ({g['solves']} solves): "
+                    f"{fmt_x(c['total'] / g['total'])}; GPU breakdown, mesh on the GPU: {parts(g)}; host mesh: "
+                    f"{parts(h)}")
 
 
 def _setup_args(ctx, **kw):

@@ -77,6 +77,9 @@ class _Writer:
         from ..backend import to_host
         pd = {k: to_host(v) for k, v in point_data.items()}
         cd = {k: to_host(v) for k, v in cell_data.items()}
+        if space.mesh.backend.is_gpu:        # a mesh on the GPU: written from a host copy (same numbering)
+            from ..fe.space import Space
+            space = Space(space.mesh.to("cpu"), space.degree, space.components)
         self._jobs.append(self._pool.submit(write_vtu, path, space, pd, cd))
 
     def close(self, raise_errors=True):
@@ -98,7 +101,10 @@ def adaptive_loop(problem: AdaptiveProblem, *, steps=10, strategy="doerfler", th
     Returns a dict with ``history`` (one dict per step: step, cells, dofs, hanging,
     levels, estimate, errors, iterations, times: ``t_solve`` = ``t_setup`` (space, hierarchy,
     assembly, transfer to the device) + ``t_mg`` (the multigrid solve), ``t_estimate``),
-    ``mesh``, ``space``, ``u``, ``eta``.  A progress bar (:mod:`adaptmg.progress`) is shown
+    ``mesh``, ``space``, ``u``, ``eta``.  On a mesh on the GPU (``problem.mesh.to("gpu")``,
+    solve/estimate returning device arrays) marking and refinement run on the device too
+    (:mod:`.marking`), with O(1) host reads per step; the files are written from host copies.
+    A progress bar (:mod:`adaptmg.progress`) is shown
     on a terminal unless ``quiet``.
     """
     from ..progress import progress

@@ -110,7 +110,7 @@ def mesh_arrays(mesh, backend=None) -> MeshArrays:
     be = _resolve(backend)
     hit = _cache_get(_MESH_CACHE, mesh, be)
     if hit is None:
-        hit = MeshArrays(be.asarray(mesh.cells), be.asarray(np.ascontiguousarray(mesh.points.T)))
+        hit = MeshArrays(be.asarray(mesh.cells), be.xp.ascontiguousarray(be.asarray(mesh.points).T))
         _cache_put(_MESH_CACHE, mesh, be, hit)
     return hit
 

@@ -10,22 +10,29 @@ r"""Marking: which cells to refine, given the cell indicators :math:`\eta_K`.
 
 Refinement is then ``mesh.refine(marked)``, which closes the marked set under the
 2:1 rule.
+
+The indicators may be NumPy or CuPy arrays (e.g. those of a mesh on the GPU); the mask is of
+the same module, computed there: a stable sort of :math:`-\eta_K^2`, a cumulative sum and a
+``searchsorted`` for Doerfler (one host read of the count), a sort for the fixed fraction.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .inputs import to_host
+from ..backend import backend_of, is_device_array, stable_argsort
 
 
 def _check_eta(eta):
-    eta = to_host(eta)
+    """``eta`` as a float array of its module (NumPy, or CuPy for a device array) and that
+    module; one host read of a flag on the device."""
+    xp = backend_of(eta).xp if is_device_array(eta) else np
+    eta = None if eta is None else xp.asarray(eta)
     if eta is None or eta.ndim != 1 or eta.size == 0:
         raise ValueError(f"eta must be a non-empty 1-D array of cell indicators, got shape "
                          f"{None if eta is None else eta.shape}")
-    if not np.isfinite(eta).all() or (eta < 0).any():
+    if not bool(xp.isfinite(eta).all() & (eta >= 0).all()):
         raise ValueError("eta must be finite and non-negative")
-    return np.asarray(eta, dtype=float)
+    return xp.asarray(eta, dtype=float), xp
 
 
 def check_tie_rtol(tie_rtol):
@@ -47,20 +54,22 @@ def doerfler(eta, theta=0.5, tie_rtol=None):
     :math:`\eta^2` of the minimal set: a symmetric problem's twin cells, whose indicators
     differ by round-off only, are marked together, so the marks do not depend on round-off
     (nor on the cell order)."""
-    eta = _check_eta(eta)
+    eta, xp = _check_eta(eta)
     if not (np.isscalar(theta) and 0 < theta <= 1):
         raise ValueError(f"theta must lie in (0, 1], got {theta!r}")
     msg = check_tie_rtol(tie_rtol)
     if msg:
         raise ValueError(msg)
     e2 = eta ** 2
-    order = np.argsort(-e2, kind="stable")
-    cum = np.cumsum(e2[order])
+    order = stable_argsort(-e2)
+    cum = xp.cumsum(e2[order])
     total = cum[-1]
-    marked = np.zeros(eta.size, dtype=bool)
-    if total <= 0:
+    marked = xp.zeros(eta.size, dtype=bool)
+    # one read: the count (0 when every indicator is 0)
+    n = int(xp.where(total > 0, xp.searchsorted(cum, theta * total * (1 - 1e-12)) + 1, 0))
+    if n == 0:
         return marked
-    n = min(int(np.searchsorted(cum, theta * total * (1 - 1e-12))) + 1, eta.size)
+    n = min(n, eta.size)
     if tie_rtol is not None:
         return e2 >= e2[order[n - 1]] * (1 - tie_rtol)
     marked[order[:n]] = True
@@ -69,12 +78,12 @@ def doerfler(eta, theta=0.5, tie_rtol=None):
 
 def fixed_fraction(eta, fraction=0.2):
     """Mark the ``fraction`` of cells (by count, at least one) with the largest indicators."""
-    eta = _check_eta(eta)
+    eta, xp = _check_eta(eta)
     if not (np.isscalar(fraction) and 0 < fraction <= 1):
         raise ValueError(f"fraction must lie in (0, 1], got {fraction!r}")
     n = max(1, int(np.ceil(fraction * eta.size)))
-    order = np.argsort(-eta, kind="stable")
-    marked = np.zeros(eta.size, dtype=bool)
+    order = stable_argsort(-eta)
+    marked = xp.zeros(eta.size, dtype=bool)
     marked[order[:n]] = True
     return marked
 
@@ -86,5 +95,6 @@ def mark(eta, strategy="doerfler", param=0.5, tie_rtol=None):
     if strategy == "fixed_fraction":
         return fixed_fraction(eta, param)
     if strategy == "uniform":
-        return np.ones(_check_eta(eta).size, dtype=bool)
+        e, xp = _check_eta(eta)
+        return xp.ones(e.size, dtype=bool)
     raise ValueError(f"strategy must be 'doerfler', 'fixed_fraction' or 'uniform', got {strategy!r}")

@@ -37,16 +37,16 @@ None = NumPy).  On the GPU the numeric work runs on CuPy arrays (:class:`_Data`)
 the cells' vertices and nodal values, the geometry, gradients and Hessians at the points,
 the coefficients, fluxes, jumps, the integrals and the accumulations per cell, and the
 interior face topology (:func:`.faces.face_runs`: matching, run grouping, face diameters;
-cached per mesh and backend, as the mesh tables, :func:`.faces.mesh_arrays`); the boundary
-faces with their diameters and the reference tables are computed on the host and copied
-once per call.  The result is a NumPy array
-either way.
+cached per mesh and backend, as the mesh tables, :func:`.faces.mesh_arrays`); the reference
+tables are computed on the host and copied once per call.  The result is a NumPy array either
+way, unless the mesh itself lives on the GPU (``mesh.to("gpu")``): then its tables are used
+where they are and the indicators stay on the device, for :mod:`.marking` and ``refine``.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..backend import CPU, call_points, get_backend, is_device_array, to_host
+from ..backend import CPU, call_points, get_backend, is_device_array, stable_argsort, to_host
 from ..fe.quadrature import tensor_gauss
 from .evaluation import (check_determinants, device_chunk, gather_cells, hessian, laplacian,
                          max_vertex_distance, point_fields, ref_tables, serial_chunk, tables_on)
@@ -56,8 +56,10 @@ from .inputs import (check_coefficient, check_space, chunks, coefficient_at,
 
 
 def cell_diameters(mesh) -> np.ndarray:
-    """Diameter h_K of every active cell (largest distance between two of its vertices)."""
-    return max_vertex_distance(np.ascontiguousarray(mesh.points.T)[:, mesh.cells.T])   # (d, nv, nc)
+    """Diameter h_K of every active cell (largest distance between two of its vertices), an
+    array of the mesh's backend."""
+    xp = mesh.backend.xp
+    return max_vertex_distance(xp.ascontiguousarray(mesh.points.T)[:, mesh.cells.T])   # (d, nv, nc)
 
 
 def _dot(a, b):
@@ -260,20 +262,20 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
         out += xp.bincount(fnb, weights=val, minlength=nc)
     if neumann_ids is not None:
         cN, fN, _ = mesh.boundary_faces(neumann_ids)
-        order = np.argsort(np.asarray(fN), kind="stable")          # grouped by local face
-        cN, fN = np.asarray(cN)[order], np.asarray(fN)[order]
-        if cN.size == 0:
+        cNd, fN = dat.array(cN), dat.array(fN)                      # on the backend
+        order = stable_argsort(fN)                                  # grouped by local face
+        cNd, fN = cNd[order], fN[order]
+        if cNd.size == 0:
             return out
         need_xn = need_x or callable(neumann)
         gconst = None
         if neumann is not None and not callable(neumann):
             gconst = dat.array(np.asarray(to_host(neumann), dtype=float).reshape(-1, 1, 1))
-        bounds = np.searchsorted(fN, np.arange(2 * d + 1))
+        bounds = to_host(xp.searchsorted(fN, xp.arange(2 * d + 1)))   # 2d + 1 values read
         groups = [(int(bounds[f]), int(bounds[f + 1]), f) for f in range(2 * d) if bounds[f + 1] > bounds[f]]
-        hF = dat.array(face_diameters(mesh, cN, fN))                # mesh only: on the host
-        cNd = dat.array(cN)
-        valN = xp.empty(cN.size)
-        for sl in chunks(cN.size, dat.chunk(own[0], components=c)):
+        hF = face_diameters(mesh, cNd, fN, dat.be)
+        valN = xp.empty(cNd.size)
+        for sl in chunks(cNd.size, dat.chunk(own[0], components=c)):
             cells = cNd[sl]
             ea, nrm, da = _own_side(dat, own, _clip(groups, sl), cells, need_xn)
             r = -flux_n(ea.grad, nrm, ea.x, cells)
@@ -286,8 +288,23 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
     return out
 
 
-def _resolve(backend):
-    return CPU if backend is None else get_backend(backend)
+def _resolve(backend, space):
+    """The backend of an indicator call: ``backend`` (None: the CPU); for a space on a device
+    mesh the mesh's own backend (``backend`` None or a GPU one: the data is there already)."""
+    on = space.mesh.backend
+    if not on.is_gpu:
+        return CPU if backend is None else get_backend(backend)
+    if backend is not None and not get_backend(backend).is_gpu:
+        raise ValueError(f"the space's mesh lives on the GPU, so the indicators are computed there: "
+                         f"backend must be None or 'gpu', got {backend!r}; or use mesh.to('cpu')")
+    return on
+
+
+def _result(space, *arrays):
+    """The indicator arrays as returned: NumPy, or for a space on a device mesh arrays of the
+    mesh's backend (marked and refined there, no copy)."""
+    out = tuple(a if space.mesh.backend.is_gpu else to_host(a) for a in arrays)
+    return out if len(out) > 1 else out[0]
 
 
 def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
@@ -318,13 +335,15 @@ def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
         full indicator.
 
     Returns eta (num_cells,) with :math:`\eta = (\sum_K\eta_K^2)^{1/2}` the global estimate
-    (NumPy arrays, also on the GPU).
+    -- NumPy arrays (also with ``backend="gpu"``), but for a space on a mesh on the GPU
+    (``mesh.to("gpu")``) arrays on the device, computed from the mesh's own arrays (the
+    default backend is then the mesh's; ``"cpu"`` is a ValueError).
     """
     check_space(space)
     if space.components != 1:
         raise ValueError(f"residual_indicators is for scalar spaces, got {space.components} components "
                          "(use elasticity_indicators for vector problems)")
-    be = _resolve(backend)
+    be = _resolve(backend, space)
     U = nodal_values(space, u, backend=be)
     mesh, d = space.mesh, space.dim
     nc = mesh.num_cells
@@ -367,8 +386,8 @@ def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
     eta = xp.sqrt(cell_part + face_part)
     dat.check()
     if parts:
-        return to_host(eta), to_host(cell_part), to_host(face_part)
-    return to_host(eta)
+        return _result(space, eta, cell_part, face_part)
+    return _result(space, eta)
 
 
 def _diagonal_sum(H):
@@ -393,7 +412,7 @@ def elasticity_indicators(space, u, lam, mu, *, f=None, traction=None, neumann_i
         raise ValueError(f"elasticity_indicators needs space.components == dim == {d}, got {space.components}")
     if not (np.isscalar(lam) and np.isscalar(mu)):
         raise TypeError(f"lam and mu must be constants, got {type(lam).__name__}, {type(mu).__name__}")
-    be = _resolve(backend)
+    be = _resolve(backend, space)
     U = nodal_values(space, u, backend=be)
     mesh = space.mesh
     nc = mesh.num_cells
@@ -428,4 +447,4 @@ def elasticity_indicators(space, u, lam, mu, *, f=None, traction=None, neumann_i
     face_part = jump_terms(space, U, flux_n, space.degree + 1, traction, neumann_ids, data=dat)
     eta = xp.sqrt(cell_part + face_part)
     dat.check()
-    return to_host(eta)
+    return _result(space, eta)

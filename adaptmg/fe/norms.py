@@ -33,7 +33,8 @@ def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=
 
     ``exact(x)``: (..., d) -> (...) or (..., c); ``grad(x)``: (..., d) -> (..., d) or (..., c, d).
     ``u``: the full nodal vector (host or device array).  ``backend``: where to compute
-    (default: where ``u`` lives); on the GPU the callables receive CuPy arrays (NumPy
+    (default: where ``u`` lives; for a space on a mesh on the GPU, ``mesh.to("gpu")``, the
+    mesh's backend, ``"cpu"`` a ValueError); on the GPU the callables receive CuPy arrays (NumPy
     ufuncs such as ``np.sin`` dispatch to CuPy); one that raises TypeError on them is
     evaluated on host copies of the points (:func:`adaptmg.backend.call_points`).  ``points``: Gauss points per direction
     (default degree + 3); ``chunk``: cells per batch (default 2^16 on the CPU; on the GPU
@@ -45,8 +46,14 @@ def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=
         if fn is not None and not callable(fn):
             raise TypeError(f"errors: {name} must be a callable of the points x (..., d), got {type(fn).__name__}")
     be = get_backend(backend) if backend is not None else backend_of(u)
+    mb = space.mesh.backend
+    if mb.is_gpu:                  # a mesh on the device: its arrays are read where they are
+        if not be.is_gpu:
+            raise ValueError(f"errors: the space's mesh lives on the GPU, so the norms are computed "
+                             f"there: backend must be None or 'gpu', got {backend!r}; or use mesh.to('cpu')")
+        be = mb
     xp = be.xp
-    if tuple(getattr(u, "shape", np.shape(u))) != (space.num_dofs,):
+    if tuple(u.shape if hasattr(u, "shape") else np.shape(u)) != (space.num_dofs,):
         raise ValueError(f"u must have shape ({space.num_dofs},), got {np.shape(to_host(u))}")
     c = space.components
     U = be.asarray(u, dtype=np.float64).reshape(space.num_nodes, c)
@@ -61,7 +68,7 @@ def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=
     dNm = xp.asarray(np.ascontiguousarray(dN.transpose(1, 0, 2).reshape(nv, nq * d)))
     NT = xp.asarray(np.ascontiguousarray(N.T))
     wq = xp.asarray(w)
-    P = be.asarray(np.asarray(space.mesh.points, dtype=np.float64))
+    P = be.asarray(space.mesh.points, dtype=np.float64)
     nc = space.mesh.num_cells
     if cells is None:
         sel = None
@@ -70,8 +77,10 @@ def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=
         if sel.ndim != 1 or sel.dtype.kind not in "iu" or (sel.size and (sel.min() < 0 or sel.max() >= nc)):
             raise ValueError(f"errors: cells must be a 1-D array of cell indices in [0, {nc}), got "
                              f"{sel.dtype} array of shape {sel.shape}")
-    cells = be.asarray(space.mesh.cells if sel is None else space.mesh.cells[sel])
-    cdofs = be.asarray(space.cell_dofs if sel is None else np.asarray(to_host(space.cell_dofs))[sel])
+    cells, cdofs = be.asarray(space.mesh.cells), be.asarray(space.cell_dofs)
+    if sel is not None:
+        sel = be.asarray(sel)
+        cells, cdofs = cells[sel], cdofs[sel]
     # CPU: 2^16 cells; GPU: the largest batch whose Jacobians take <= 2^24 numbers (128 MB)
     size = int(chunk) if chunk else (max(1, (1 << 24) // (nq * d * d)) if be.is_gpu else 1 << 16)
     e2 = h2 = 0.0
