@@ -76,7 +76,7 @@ def q2_cell_dofs(xp, fine_cells, cidx, child, num_cells):
 
 
 def hanging_rows(xp, cells, hanging, parents, owner, fine_parent=None, cell_dofs=None):
-    """``(hanging nodes, (nh, 2^d) columns, (nh, 2^d) weights)`` of a Q1 space on a mesh with
+    r"""``(hanging nodes, (nh, 2^d) columns, (nh, 2^d) weights)`` of a Q1 space on a mesh with
     ``cells`` and the hanging nodes' ``parents`` (-1 padded) and ``owner`` cells (module
     doc); the arrays of ``xp``.  Equals :attr:`Space._hanging_rows` of a Q1 space.
 

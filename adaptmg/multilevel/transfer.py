@@ -100,7 +100,7 @@ def interpolation_matrix(coarse: Space, fine: Space, nodes=None, cells=None) -> 
 
 @functools.lru_cache(maxsize=None)
 def _embedding_tables(el):
-    """The compressed nonzero pattern of the weights table of :func:`interpolation_matrix` for
+    r"""The compressed nonzero pattern of the weights table of :func:`interpolation_matrix` for
     the element ``el``: rows (table, j) for the 2^d children and the identity (a fine cell that
     is a coarse cell), the weights :math:`\hat\phi_k((b + \hat x_j) / 2)` of local fine node j;
     ``(columns, weights, count per row, start per row)`` in row-major order (host, small)."""
