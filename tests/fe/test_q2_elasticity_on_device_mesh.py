@@ -98,6 +98,9 @@ def test_q2_space_and_stiffness_equal_the_host_ones(name, monkeypatch):
         Ah, Ad = assemble.stiffness(h), assemble.stiffness(d)
         assert np.array_equal(Ah.indptr, Ad.indptr) and np.array_equal(Ah.indices, Ad.indices)
         assert np.max(np.abs(Ah.data - Ad.data)) <= 64 * EPS * np.max(np.abs(Ah.data))
+        f = (lambda x: 1.0 + x[..., 0] * x[..., 1]) if c == 1 else np.array([1.0, -2.0, 0.5])
+        bh, bd = assemble.load(h, f), assemble.load(d, f)
+        assert np.max(np.abs(bd - bh)) <= 64 * EPS * np.max(np.abs(bh))
 
 
 @pytest.mark.parametrize("name", ["local-2d", "local-3d", "from_cells"])
