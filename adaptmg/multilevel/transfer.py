@@ -29,6 +29,7 @@ import scipy.sparse as sp
 from ..backend import CPU, get_backend, scatter_min
 from ..fe.congruence import _hanging_rows, _index_array, _parents
 from ..fe.csr_ops import csr_entry_rows, mask_rows_cols
+from ..fe.element import LagrangeQ
 from ..fe.space import Space
 from ..fe.space_xp import kron_identity
 from ..mesh import reference as ref
@@ -68,7 +69,7 @@ def interpolation_matrix(coarse: Space, fine: Space, nodes=None, cells=None) -> 
             return chi
     cidx, child = fine.mesh.parent_of(coarse.mesh)
     nloc = fine.element.num_local
-    kc, wv, cnt_tab, start_tab = _embedding_tables(fine.element)
+    kc, wv, cnt_tab, start_tab = _embedding_tables(fine.degree, fine.dim)
     sel = np.where(child < 0, 2 ** fine.dim, child)
     rows = fine.cell_dofs.ravel() if cells is None else fine.cell_dofs[cells].ravel()
     nf, ncn = fine.num_nodes, coarse.num_nodes
@@ -99,11 +100,12 @@ def interpolation_matrix(coarse: Space, fine: Space, nodes=None, cells=None) -> 
 
 
 @functools.lru_cache(maxsize=None)
-def _embedding_tables(el):
+def _embedding_tables(degree, dim):
     r"""The compressed nonzero pattern of the weights table of :func:`interpolation_matrix` for
-    the element ``el``: rows (table, j) for the 2^d children and the identity (a fine cell that
+    Q``degree`` in ``dim`` dimensions: rows (table, j) for the 2^d children and the identity (a fine cell that
     is a coarse cell), the weights :math:`\hat\phi_k((b + \hat x_j) / 2)` of local fine node j;
     ``(columns, weights, count per row, start per row)`` in row-major order (host, small)."""
+    el = LagrangeQ(degree, dim)
     d, nloc = el.dim, el.num_local
     cor = ref.corners(d).astype(float)
     tables = [el.values((cor[b] + el.nodes) / 2.0) for b in range(2 ** d)] + [np.eye(nloc)]
@@ -111,7 +113,10 @@ def _embedding_tables(el):
     W[np.abs(W) < 1e-13] = 0.0
     kr, kc = np.nonzero(W)                                  # table row-major: row, then column
     cnt_tab = np.bincount(kr, minlength=W.shape[0])
-    return kc, W[kr, kc], cnt_tab, np.cumsum(cnt_tab) - cnt_tab
+    out = (kc, W[kr, kc], cnt_tab, np.cumsum(cnt_tab) - cnt_tab)
+    for a in out:
+        a.flags.writeable = False                           # shared by every call
+    return out
 
 
 def _interpolation_on(be, coarse, fine):
@@ -123,7 +128,7 @@ def _interpolation_on(be, coarse, fine):
     xp = be.xp
     cidx, child = fine.mesh.parent_of(coarse.mesh)
     d, nloc = fine.dim, fine.element.num_local
-    kc, wv, cnt_tab, start_tab = (be.asarray(a) for a in _embedding_tables(fine.element))
+    kc, wv, cnt_tab, start_tab = (be.asarray(a) for a in _embedding_tables(fine.degree, fine.dim))
     sel = xp.where(child < 0, 2 ** d, child)
     rows = fine.cell_dofs.ravel()
     nf, ncn = fine.num_nodes, coarse.num_nodes
