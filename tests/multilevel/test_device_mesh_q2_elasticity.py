@@ -16,22 +16,14 @@ import pytest
 import adaptmg
 from adaptmg import Space, assemble
 from adaptmg.backend import get_backend, to_host
-from test_device_mesh_setup import _exact, _mesh, _same_matrix
+from test_device_mesh_setup import _exact, _mesh, same_levels
 
 pytestmark = pytest.mark.gpu
 
 
 def _compare(ml_h, ml_d):
     assert len(ml_h.levels) == len(ml_d.levels) >= 2
-    for l, (lh, ld) in enumerate(zip(ml_h.levels, ml_d.levels)):
-        _same_matrix(lh.A, ld.A, f"A level {l}", exact_pattern=False)
-        if lh.P is not None:
-            _same_matrix(lh.P, ld.P, f"P level {l}")
-            _same_matrix(lh.R, ld.R, f"R level {l}")
-    for l, (ch, cd) in enumerate(zip(ml_h.constraints, ml_d.constraints)):
-        _exact(ch.free, cd.free, f"free level {l}")
-        _exact(ch.dirichlet, cd.dirichlet, f"dirichlet level {l}")
-        _same_matrix(ch.H, cd.H, f"H level {l}")
+    same_levels(ml_h, ml_d)
 
 
 def _solve_both(spaces, form, f, **kw):
