@@ -1,4 +1,4 @@
-r"""The parts of a Q1 :class:`~adaptmg.fe.space.Space` that read its mesh, written once against
+r"""The parts of a :class:`~adaptmg.fe.space.Space` that read its mesh, written once against
 the array module of the mesh (``xp = mesh.backend.xp``: NumPy, or CuPy for a mesh on the
 device), so that a space on a device mesh builds its hanging-node matrix, boundary DoFs and
 nodal interpolants there, with nothing of O(cells) read back to the host.
@@ -15,6 +15,10 @@ edge, 4 on a face) on an edge or face of its owner cell K has the reference coor
 the row :math:`H_{h,j} = \hat\phi_j(\hat x_h)` over K's vertices j; for Q1
 :math:`\hat\phi_j(\hat x) = \prod_a (\hat x_a \text{ if } b_{j,a} = 1 \text{ else } 1 - \hat x_a)`
 with :math:`b_j` the corner bits of vertex j: the weights 1/2 (edges) and 1/4 (faces).
+Q2: the DoF nodes are those of the uniform refinement (the carrier, refined on the mesh's
+backend); ``cell_dofs`` is gathered from its cells (:func:`q2_cell_dofs`) and a hanging
+carrier node's row holds the Q2 weights (products of 3/8, 3/4, -1/8) over the 3^d nodes of
+the coarse cell that contains its owner (:func:`hanging_rows`, :func:`lagrange_values`).
 """
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def test_elasticity_problem_system_on_a_device_mesh_gives_the_host_mesh_levels()
     constrained by the node-block congruence map) from a device mesh."""
     from adaptmg_problems.elasticity import make_mesh, system_matrix
     be = get_backend("gpu")
-    mh = make_mesh("face", 2, (4, 4, 4))
+    mh = make_mesh("face", 2)                                 # 8^3 box + one face layer: 3 GPU levels
     md = mh.to("gpu")
     mls = [adaptmg.multigrid(Space(m, 1, 6), system_matrix(0.025, backend=be), dirichlet="all",
                              smoother="block_jacobi", backend=be) for m in (mh, md)]
