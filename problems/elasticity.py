@@ -73,9 +73,10 @@ def _region_axes(case: str) -> int:
         raise ValueError(f"case must be one of {CASES}, got {case!r}") from None
 
 
-def make_mesh(case: str, level: int, coarse=(8, 8, 8)) -> Mesh:
+def make_mesh(case: str, level: int, coarse=(8, 8, 8), backend="cpu") -> Mesh:
     """The adaptive mesh of ``level`` (1 = the coarse ``coarse`` box) refined towards a face,
-    an edge or a vertex of the unit cube (see the module docstring)."""
+    an edge or a vertex of the unit cube (see the module docstring); ``backend="gpu"``: built
+    and refined on the device (the marks from the mesh's own arrays)."""
     k = _region_axes(case)
     if not isinstance(level, (int, np.integer)) or level < 1:
         raise ValueError(f"level must be an integer >= 1, got {level!r}")
@@ -89,13 +90,13 @@ def make_mesh(case: str, level: int, coarse=(8, 8, 8)) -> Mesh:
     while np.all(coarse % 2 == 0) and np.all(coarse > 2):
         coarse //= 2
         pre += 1
-    mesh = Mesh.box([0.0] * 3, [1.0] * 3, coarse.tolist())
+    mesh = Mesh.box([0.0] * 3, [1.0] * 3, coarse.tolist(), backend=backend)
     for _ in range(pre):
         mesh = mesh.refine()
     for l in range(2, int(level) + 1):
         a = 2.0 ** -(l - 1)
         X = mesh.points[mesh.cells]                        # (nc, 8, 3)
-        inside = np.all(X[:, :, :k].max(axis=1) <= a + 1e-12, axis=1)
+        inside = (X[:, :, :k].max(axis=1) <= a + 1e-12).all(axis=1)
         mesh = mesh.refine(inside)
     return mesh
 
@@ -264,7 +265,7 @@ def run(case: str = "edge", level: int = 3, *, dt: float = 0.025, T: float = 2.5
     res = {} if out is None else out
 
     with timer("init"):
-        mesh = make_mesh(case, level, coarse)
+        mesh = make_mesh(case, level, coarse, backend=be.name)      # on the GPU: built there
         space = Space(mesh, 1, components=6)
         S = system_matrix(dt, lam, mu, backend=be if be.is_gpu else None)
         # hierarchy down to the 4x4x4 box (750 rows, direct coarse solve) by default
@@ -288,9 +289,12 @@ def run(case: str = "edge", level: int = 3, *, dt: float = 0.025, T: float = 2.5
         Msc = Ms if s1.hanging_nodes.size == 0 else congruence_with_constraints(Ms, s1.H, s1.hanging_nodes)
         free = cons.free
         nn = mesh.num_nodes
-        ones = np.asarray(to_host(Ms.sum(axis=1))).ravel()                 # (1, phi_i)
-        Fv = np.zeros((nn, 6))
-        Fv[:, 3:] = ones[:, None] * f[None, :]                             # F_(i,r) = f_r (1, phi_i)
+        if mesh.backend.is_gpu:                  # a device mesh: H and the masks live there
+            ones = Ms @ xp.ones(nn)                                        # (1, phi_i)
+        else:
+            ones = np.asarray(to_host(Ms.sum(axis=1))).ravel()
+        Fv = mesh.backend.xp.zeros((nn, 6))
+        Fv[:, 3:] = ones[:, None] * mesh.backend.xp.asarray(f)[None, :]    # F_(i,r) = f_r (1, phi_i)
         Fc = free * (cons.H.T @ Fv.ravel())
         Mscd = be.asmatrix(Msc)
         zd = be.asarray(free.astype(np.float64))

@@ -104,10 +104,11 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
     if keep_on_device and format == "bsr":
         raise ValueError("elasticity: keep_on_device=True takes format='csr' or 'fields', got 'bsr' "
                          "(cupyx has no BSR matrix)")
-    keep = _keep_backend("elasticity", device, keep_on_device)
     info = _SpaceInfo(space)
-    if info.device is not None:
-        raise ValueError("elasticity: not built from a mesh on the GPU yet; use mesh.to('cpu')")
+    if info.device is not None and format == "bsr":
+        raise ValueError("elasticity: the mesh lives on the GPU and cupyx has no BSR matrix: take "
+                         "format='csr' or 'fields', or use mesh.to('cpu')")
+    keep = _keep_backend("elasticity", device, keep_on_device, info)     # a device mesh: its backend
     d = info.dim
     if info.components != d:
         raise ValueError(f"elasticity needs space.components == dim == {d}, got {info.components}")

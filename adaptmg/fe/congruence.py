@@ -227,7 +227,34 @@ def congruence_by_expansion(A, H, hanging):
     return B
 
 
-def congruence_map_on(be, indptr, indices, Hn, keep, extra_diagonal=None):
+def _kept_parent_rows_on(be, Hn, keep, n):
+    """The rows of :func:`congruence_map_on` for ``Hn`` and ``keep`` of a space on a device mesh
+    (both on ``be``): :func:`~adaptmg.fe.csr_ops.kept_parents` there -- ``Hn``'s columns masked
+    to the kept nodes, a node its own only parent where its one entry is (i, i) with weight 1
+    -- and the other nodes' rows gathered (:func:`~.space_xp.csr_rows`), with the empty row and
+    dummy entry of the host branch; ``(ptr, parents, weights, rank)``."""
+    from .csr_ops import mask_rows_cols
+    xp = be.xp
+    keep = xp.asarray(keep).astype(bool)
+    if keep.shape != (n,) or Hn.shape != (n, n):
+        raise ValueError(f"keep must have shape ({n},) and Hn ({n}, {n}), got {keep.shape} and {Hn.shape}")
+    Hk = mask_rows_cols(Hn, xp.ones(n, dtype=bool), keep)          # parents restricted to kept nodes
+    hp = Hk.indptr.astype(xp.int64)
+    one = (hp[1:] - hp[:-1]) == 1
+    if int(Hk.nnz):
+        at = xp.where(one, hp[:-1], 0)
+        own = one & (Hk.indices[at] == xp.arange(n, dtype=Hk.indices.dtype)) & (Hk.data[at] == 1.0)
+    else:
+        own = xp.zeros(n, dtype=bool)
+    special = xp.flatnonzero(~own)
+    ptr, idx, w = csr_rows(be, Hk, special)
+    rank = xp.full(n, -1, dtype=xp.int64)
+    rank[special] = xp.arange(special.shape[0], dtype=xp.int64)
+    return (xp.concatenate([ptr, ptr[-1:]]), xp.concatenate([idx, xp.zeros(1, dtype=xp.int64)]),
+            xp.concatenate([w, xp.zeros(1)]), rank)
+
+
+def congruence_map_on(be, indptr, indices, Hn, keep, extra_diagonal=None, on_mesh_device=False):
     r""":func:`~adaptmg.fe.csr_ops.congruence_map` on the backend ``be``: the pattern of
     :math:`Z H_n^T S H_n Z` (``Z = diag(keep)``) and the map T (nnz' x nnz, a CSR matrix of
     ``be``) from the values of any S on the scalar pattern ``(indptr, indices)`` (host or
@@ -240,22 +267,26 @@ def congruence_map_on(be, indptr, indices, Hn, keep, extra_diagonal=None):
     of the keys p n + q groups equal pairs (their sources in increasing order: T's columns
     sorted in each row) and gives the canonical pattern.  Returns ``(indptr', indices', T)``
     on ``be`` with the same pattern as the host map's and the same T up to the order of its
-    stored entries.
+    stored entries.  ``on_mesh_device``: ``Hn`` and ``keep`` belong to a space on a device mesh
+    and are used where they are (:func:`_kept_parent_rows_on`), nothing of them on the host.
     """
-    from .csr_ops import kept_parents
     xp, xs = be.xp, be.sparse
     n = int(indptr.shape[0]) - 1
-    Hk, own = kept_parents(Hn, keep, n)
-    special = np.flatnonzero(~own)                                  # O(n) host work, no entries
-    Hs = Hk[special]
-    # one empty row and one dummy entry more: _parents' gathers stay in range also without
-    # special nodes or without any parent (e.g. no hanging nodes, only fixed ones)
-    hp_ptr = be.asarray(np.append(Hs.indptr, Hs.nnz).astype(np.int64))
-    hp_idx = be.asarray(np.append(Hs.indices, 0).astype(np.int64))
-    hp_w = be.asarray(np.append(Hs.data, 0.0).astype(np.float64))
-    rank_h = np.full(n, -1, dtype=np.int64)
-    rank_h[special] = np.arange(special.size)
-    rank = be.asarray(rank_h)
+    if on_mesh_device:
+        hp_ptr, hp_idx, hp_w, rank = _kept_parent_rows_on(be, Hn, keep, n)
+    else:
+        from .csr_ops import kept_parents
+        Hk, own = kept_parents(Hn, keep, n)
+        special = np.flatnonzero(~own)                              # O(n) host work, no entries
+        Hs = Hk[special]
+        # one empty row and one dummy entry more: _parents' gathers stay in range also without
+        # special nodes or without any parent (e.g. no hanging nodes, only fixed ones)
+        hp_ptr = be.asarray(np.append(Hs.indptr, Hs.nnz).astype(np.int64))
+        hp_idx = be.asarray(np.append(Hs.indices, 0).astype(np.int64))
+        hp_w = be.asarray(np.append(Hs.data, 0.0).astype(np.float64))
+        rank_h = np.full(n, -1, dtype=np.int64)
+        rank_h[special] = np.arange(special.size)
+        rank = be.asarray(rank_h)
     ip = be.asarray(indptr).astype(xp.int64)
     ind = be.asarray(indices).astype(xp.int64)
     nse = int(ind.shape[0])
@@ -265,8 +296,8 @@ def congruence_map_on(be, indptr, indices, Hn, keep, extra_diagonal=None):
     o2, q, wq = _parents(be, ind[o1], rank, hp_ptr, hp_idx, hp_w)
     src, P, W = o1[o2], p[o2], wp[o2] * wq
     del o1, p, wp, o2
-    if extra_diagonal is not None and np.size(extra_diagonal):     # zero-weight pairs first
-        xd = be.asarray(np.asarray(extra_diagonal, dtype=np.int64))
+    xd = None if extra_diagonal is None else be.asarray(extra_diagonal).astype(xp.int64).ravel()
+    if xd is not None and int(xd.shape[0]):                        # zero-weight pairs first
         src = xp.concatenate([xp.zeros(xd.shape[0], dtype=src.dtype), src])
         P, q = xp.concatenate([xd, P]), xp.concatenate([xd, q])
         W = xp.concatenate([xp.zeros(xd.shape[0]), W])

@@ -151,10 +151,11 @@ class Constraints:
         a CuPy matrix).
         """
         if isinstance(A, NodeBlockMatrix):
-            if self.space._on_device:
-                raise ValueError("Constraints.matrix: a node-block matrix (e.g. assemble.elasticity) on a "
-                                 "space on a device mesh is not supported; use a mesh on the host "
-                                 "(mesh.to('cpu')) or a scalar form")
+            if self.space._on_device and not getattr(getattr(A, "backend", None), "is_gpu", False):
+                raise ValueError("Constraints.matrix: the space's mesh lives on the GPU, so the node-block "
+                                 "matrix must be one of the GPU (NodeBlockMatrix(..., backend=gpu), e.g. "
+                                 "the fields of assemble.elasticity(..., format='fields') on that mesh); "
+                                 "or use mesh.to('cpu')")
             return self._matrix_blocks(A)
         if is_device_sparse(A):
             self._check_square(A)
@@ -192,12 +193,12 @@ class Constraints:
             raise ValueError(f"the block matrix has {c} components, the space {self.space.components}")
         fr = self.free.reshape(n, c)
         be = getattr(A, "backend", None)
-        if not np.array_equal(fr, np.repeat(fr[:, :1], c, axis=1)):
+        if not bool((fr == fr[:, :1]).all()):
             if be is not None and be.is_gpu:           # expanded on the device, constrained there
                 return self.matrix(expand_node_blocks(be, A.indptr, A.indices, A.data, A.coef, n))
             return self.matrix(A.tocsr())
         fn = fr[:, 0]
-        fixed = np.flatnonzero(~fn)
+        fixed = self.space.backend.xp.flatnonzero(~fn)
         if be is not None and be.is_gpu:
             return self._matrix_blocks_on(be, A, fn, fixed)
         ip, ind, T = congruence_map(A.indptr, A.indices, self.space.H_nodes, fn, extra_diagonal=fixed)
@@ -218,9 +219,11 @@ class Constraints:
         ``T @ data`` by one sparse-times-dense product, ``s`` from the free nodes' diagonal
         blocks (one scalar read back) and the expansion to CSR there with ``s (I - Z)`` on the
         fixed nodes' diagonal blocks.  Only the rows of ``H_n`` of the hanging and fixed nodes
-        and the free mask travel (and the fields, when they are on the host)."""
+        and the free mask travel (and the fields, when they are on the host); for a space on a
+        device mesh nothing travels (``H_n`` and the mask are there)."""
         n, c = self.space.num_nodes, A.c
-        ip, ind, T = congruence_map_on(be, A.indptr, A.indices, self.space.H_nodes, fn, extra_diagonal=fixed)
+        ip, ind, T = congruence_map_on(be, A.indptr, A.indices, self.space.H_nodes, fn, extra_diagonal=fixed,
+                                       on_mesh_device=self.space._on_device)
         data = T @ be.asarray(A.data)
         dp = diagonal_positions(ip, ind, n)
         self._scale = _block_scale(data, dp[be.asarray(fn)], A.coef)

@@ -110,9 +110,6 @@ class Space:
             raise ValueError(f"degree must be 1 or 2, got {degree!r}")
         if not isinstance(components, (int, np.integer)) or isinstance(components, bool) or components < 1:
             raise ValueError(f"components must be a positive integer, got {components!r}")
-        if mesh.backend.is_gpu and int(degree) != 1:
-            raise ValueError(f"Space: Q{degree} on a mesh on the GPU is not supported (Q1 is); "
-                             "build it on a host mesh: Space(mesh.to('cpu'), ...)")
         self.mesh = mesh
         self.degree = int(degree)
         self.components = int(components)
@@ -124,10 +121,13 @@ class Space:
         else:
             fine = mesh.refine()
             cidx, child = fine.parent_of(mesh)
-            table = ref.child_lattice_index(self.dim)            # (children, vertices) -> lattice index
-            cd = np.empty((mesh.num_cells, 3 ** self.dim), dtype=np.int64)
-            cd[cidx[:, None], table[child]] = fine.cells
-            cd.flags.writeable = False
+            if mesh.backend.is_gpu:              # the carrier's table on the device (space_xp)
+                cd = space_xp.q2_cell_dofs(mesh.backend.xp, fine.cells, cidx, child, mesh.num_cells)
+            else:
+                table = ref.child_lattice_index(self.dim)        # (children, vertices) -> lattice index
+                cd = np.empty((mesh.num_cells, 3 ** self.dim), dtype=np.int64)
+                cd[cidx[:, None], table[child]] = fine.cells
+                cd.flags.writeable = False
             self._carrier = fine
             self._fine_parent = (cidx, child)
             self._cell_dofs = cd
@@ -180,8 +180,11 @@ class Space:
         """(hanging nodes, (nh, nloc) columns, (nh, nloc) weights) before chain resolution."""
         C = self._carrier
         hn, par, owner = C.hanging_nodes, C.hanging_parents, C.hanging_owner
-        if self._on_device:                    # the same rows on the device (Q1 only there)
-            return space_xp.hanging_rows(self.backend.xp, C.cells, hn, par, owner)
+        if self._on_device:                    # the same rows on the device
+            if self.degree == 1:
+                return space_xp.hanging_rows(self.backend.xp, C.cells, hn, par, owner)
+            return space_xp.hanging_rows(self.backend.xp, C.cells, hn, par, owner,
+                                         fine_parent=self._fine_parent, cell_dofs=self.cell_dofs)
         d = self.dim
         cor = ref.corners(d).astype(float)
         # reference coordinates of h in its owner cell of the carrier mesh: mean of its parents' corners

@@ -1,4 +1,4 @@
-r"""The parts of a Q1 :class:`~adaptmg.fe.space.Space` that read its mesh, written once against
+r"""The parts of a :class:`~adaptmg.fe.space.Space` that read its mesh, written once against
 the array module of the mesh (``xp = mesh.backend.xp``: NumPy, or CuPy for a mesh on the
 device), so that a space on a device mesh builds its hanging-node matrix, boundary DoFs and
 nodal interpolants there, with nothing of O(cells) read back to the host.
@@ -15,6 +15,10 @@ edge, 4 on a face) on an edge or face of its owner cell K has the reference coor
 the row :math:`H_{h,j} = \hat\phi_j(\hat x_h)` over K's vertices j; for Q1
 :math:`\hat\phi_j(\hat x) = \prod_a (\hat x_a \text{ if } b_{j,a} = 1 \text{ else } 1 - \hat x_a)`
 with :math:`b_j` the corner bits of vertex j: the weights 1/2 (edges) and 1/4 (faces).
+Q2: the DoF nodes are those of the uniform refinement (the carrier, refined on the mesh's
+backend); ``cell_dofs`` is gathered from its cells (:func:`q2_cell_dofs`) and a hanging
+carrier node's row holds the Q2 weights (products of 3/8, 3/4, -1/8) over the 3^d nodes of
+the coarse cell that contains its owner (:func:`hanging_rows`, :func:`lagrange_values`).
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from ..backend import repeat
 from ..mesh import reference as ref
 
 __all__ = ["hanging_rows", "constraint_matrix_on", "kron_identity", "boundary_nodes",
-           "boundary_dofs", "interpolate", "csr_rows", "q1_values"]
+           "boundary_dofs", "interpolate", "csr_rows", "q1_values", "lagrange_values", "q2_cell_dofs"]
 
 
 def q1_values(xp, xi):
@@ -40,12 +44,54 @@ def q1_values(xp, xi):
     return out
 
 
-def hanging_rows(xp, cells, hanging, parents, owner):
-    """``(hanging nodes, (nh, 2^d) columns, (nh, 2^d) weights)`` of a Q1 space on a mesh with
+def lagrange_values(xp, xi, k):
+    r"""Q_k basis values :math:`\hat\phi_j(\hat x_q) = \prod_a \ell_{j_a}(\hat x_{q,a})` (nq, (k+1)^d)
+    at the reference points ``xi`` (nq, d) of ``xp``, k = 1 or 2, lexicographic (axis 0
+    fastest, as :class:`~adaptmg.fe.element.LagrangeQ`): Q1 :math:`\ell_0 = 1 - x,\ \ell_1 = x`;
+    Q2 :math:`\ell_0 = 2 (x - \tfrac12)(x - 1),\ \ell_1 = -4 x (x - 1),\ \ell_2 = 2 x (x - \tfrac12)`
+    (at the quarter points of the hanging nodes: 3/8, 3/4, -1/8, exact in any order)."""
+    if k == 1:
+        return q1_values(xp, xi)
+    d = xi.shape[1]
+    idx = ref.lattice(d, 3)                                  # (3^d, d): j_a, axis 0 fastest
+    out = xp.ones((xi.shape[0], idx.shape[0]))
+    for a in range(d):                                       # a loop over dimensions only
+        x = xi[:, a]
+        ell = xp.stack([2.0 * (x - 0.5) * (x - 1.0), -4.0 * x * (x - 1.0), 2.0 * x * (x - 0.5)], axis=1)
+        out *= ell[:, xp.asarray(idx[:, a])]
+    return out
+
+
+def q2_cell_dofs(xp, fine_cells, cidx, child, num_cells):
+    """The (num_cells, 3^d) Q2 ``cell_dofs`` of a mesh from its uniform refinement (``fine_cells``
+    and ``parent_of``'s ``(cidx, child)``, every fine cell a child): lattice point p of cell K is
+    vertex ``e = p - b`` of K's child ``b = p // 2`` (per axis; child b's vertex e sits at
+    lattice point b + e, :func:`~adaptmg.mesh.reference.child_lattice_index`) -- one gather per
+    lattice point instead of a scatter of every child's vertices (whose shared points are
+    written several times)."""
+    d = int(round(np.log2(fine_cells.shape[1])))
+    lat = ref.lattice(d, 3)                                  # lattice point of each index (axis 0 fastest)
+    b = lat // 2
+    w = 1 << np.arange(d)
+    bi, ei = (b * w).sum(axis=1), ((lat - b) * w).sum(axis=1)
+    row = xp.empty((num_cells, 1 << d), dtype=xp.int64)      # fine row of (cell, child): distinct pairs
+    row[cidx, child] = xp.arange(cidx.shape[0], dtype=xp.int64)
+    return fine_cells[row[:, xp.asarray(bi)], xp.asarray(ei)[None, :]]
+
+
+def hanging_rows(xp, cells, hanging, parents, owner, fine_parent=None, cell_dofs=None):
+    r"""``(hanging nodes, (nh, 2^d) columns, (nh, 2^d) weights)`` of a Q1 space on a mesh with
     ``cells`` and the hanging nodes' ``parents`` (-1 padded) and ``owner`` cells (module
-    doc); the arrays of ``xp``.  Equals :attr:`Space._hanging_rows` of a Q1 space."""
+    doc); the arrays of ``xp``.  Equals :attr:`Space._hanging_rows` of a Q1 space.
+
+    Q2 (``fine_parent = (cidx, child)`` of the carrier -- the uniform refinement whose
+    ``cells``, ``hanging``, ... these are -- and the space's ``cell_dofs``): the owner's
+    reference point mapped into its parent cell K, :math:`(b + \hat x_h) / 2` with b the
+    child bits, and the Q2 weights over K's 3^d DoF nodes (columns ``cell_dofs[K]``)."""
     d = int(round(np.log2(cells.shape[1])))
     nv = cells.shape[1]
+    if fine_parent is not None:
+        nv = 3 ** d
     if hanging.shape[0] == 0:
         return hanging, xp.zeros((0, nv), dtype=cells.dtype), xp.zeros((0, nv))
     cor = xp.asarray(ref.corners(d).astype(float))
@@ -55,9 +101,14 @@ def hanging_rows(xp, cells, hanging, parents, owner):
         hit |= owner_cells == parents[:, p:p + 1]
     cnt = (parents >= 0).sum(axis=1)
     xi = (hit.astype(float) @ cor) / cnt[:, None]
-    W = q1_values(xp, xi)
+    if fine_parent is None:
+        W, cols = q1_values(xp, xi), owner_cells
+    else:
+        cidx, child = fine_parent
+        xi = (cor[xp.take(child, owner)] + xi) / 2.0
+        W, cols = lagrange_values(xp, xi, 2), xp.take(cell_dofs, xp.take(cidx, owner), axis=0)
     W[xp.abs(W) < 1e-13] = 0.0
-    return hanging, owner_cells, W
+    return hanging, cols, W
 
 
 def constraint_matrix_on(be, n, hanging, cols, W):

@@ -318,15 +318,12 @@ def _algebraic_levels(K0, space, cons, near_nullspace, be, dtype, coarse, max_co
 
 def _check_mesh_backend(space, be):
     """True when ``space``'s mesh lives on the GPU (then the set-up runs there: ``be`` must be
-    the GPU, and the space Q1); a ValueError that says what to do otherwise."""
+    the GPU); a ValueError that says what to do otherwise."""
     if not space.mesh.backend.is_gpu:
         return False
     if not be.is_gpu:
         raise ValueError(f"multigrid: the space's mesh lives on the GPU but backend={be.name!r}; "
                          "pass backend='gpu', or move the mesh to the host first (mesh.to('cpu'))")
-    if space.degree != 1:
-        raise ValueError(f"multigrid: Q{space.degree} on a mesh on the GPU is not supported; "
-                         "use mesh.to('cpu')")
     return True
 
 

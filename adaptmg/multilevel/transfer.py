@@ -26,10 +26,12 @@ import weakref
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, get_backend
+from ..backend import CPU, get_backend, scatter_min
 from ..fe.congruence import _hanging_rows, _index_array, _parents
 from ..fe.csr_ops import csr_entry_rows, mask_rows_cols
+from ..fe.element import LagrangeQ
 from ..fe.space import Space
+from ..fe.space_xp import kron_identity
 from ..mesh import reference as ref
 from .coloring import _repeat
 
@@ -57,23 +59,18 @@ def interpolation_matrix(coarse: Space, fine: Space, nodes=None, cells=None) -> 
         raise TypeError("interpolation_matrix expects two Space objects")
     if coarse.degree != fine.degree or coarse.dim != fine.dim:
         raise ValueError(f"spaces differ: Q{coarse.degree} in {coarse.dim}D vs Q{fine.degree} in {fine.dim}D")
+    if fine.mesh.backend.is_gpu:
+        if nodes is not None or cells is not None:
+            raise ValueError("interpolation_matrix: nodes= / cells= take spaces on a host mesh; use mesh.to('cpu')")
+        return _interpolation_on(fine.mesh.backend, coarse, fine)
     if fine.degree == 1 and nodes is None and cells is None:
         chi = _interpolation_q1_conforming(coarse, fine)
         if chi is not None:
             return chi
     cidx, child = fine.mesh.parent_of(coarse.mesh)
-    el = fine.element
-    d, nloc = fine.dim, el.num_local
-    cor = ref.corners(d).astype(float)
-    # weights table: [child 0..2^d-1, identity], row (table, j) = weights of local fine node j
-    tables = [el.values((cor[b] + el.nodes) / 2.0) for b in range(2 ** d)] + [np.eye(nloc)]
-    W = np.stack(tables).reshape(-1, nloc)                  # ((2^d + 1) * nloc, nloc)
-    W[np.abs(W) < 1e-13] = 0.0
-    kr, kc = np.nonzero(W)                                  # table row-major: row, then column
-    wv = W[kr, kc]
-    cnt_tab = np.bincount(kr, minlength=W.shape[0])
-    start_tab = np.cumsum(cnt_tab) - cnt_tab
-    sel = np.where(child < 0, 2 ** d, child)
+    nloc = fine.element.num_local
+    kc, wv, cnt_tab, start_tab = _embedding_tables(fine.degree, fine.dim)
+    sel = np.where(child < 0, 2 ** fine.dim, child)
     rows = fine.cell_dofs.ravel() if cells is None else fine.cell_dofs[cells].ravel()
     nf, ncn = fine.num_nodes, coarse.num_nodes
     # one (cell, local index) occurrence per fine node: later writes win, so write in reverse
@@ -99,6 +96,60 @@ def interpolation_matrix(coarse: Space, fine: Space, nodes=None, cells=None) -> 
     A = sp.csr_matrix((wv[t], coarse.cell_dofs.ravel()[flat].astype(idx_t, copy=False),
                        indptr.astype(idx_t, copy=False)), shape=(nf, ncn))
     A.sort_indices()                                        # rows are distinct coarse nodes: no duplicates
+    return A
+
+
+@functools.lru_cache(maxsize=None)
+def _embedding_tables(degree, dim):
+    r"""The compressed nonzero pattern of the weights table of :func:`interpolation_matrix` for
+    Q``degree`` in ``dim`` dimensions: rows (table, j) for the 2^d children and the identity (a fine cell that
+    is a coarse cell), the weights :math:`\hat\phi_k((b + \hat x_j) / 2)` of local fine node j;
+    ``(columns, weights, count per row, start per row)`` in row-major order (host, small)."""
+    el = LagrangeQ(degree, dim)
+    d, nloc = el.dim, el.num_local
+    cor = ref.corners(d).astype(float)
+    tables = [el.values((cor[b] + el.nodes) / 2.0) for b in range(2 ** d)] + [np.eye(nloc)]
+    W = np.stack(tables).reshape(-1, nloc)                  # ((2^d + 1) * nloc, nloc)
+    W[np.abs(W) < 1e-13] = 0.0
+    kr, kc = np.nonzero(W)                                  # table row-major: row, then column
+    cnt_tab = np.bincount(kr, minlength=W.shape[0])
+    out = (kc, W[kr, kc], cnt_tab, np.cumsum(cnt_tab) - cnt_tab)
+    for a in out:
+        a.flags.writeable = False                           # shared by every call
+    return out
+
+
+def _interpolation_on(be, coarse, fine):
+    """:func:`interpolation_matrix` (all rows) for spaces on a mesh on the device ``be``: the
+    same CSR built there -- ``parent_of`` on the device, each fine node's first occurrence in
+    ``fine.cell_dofs`` by a scatter-min of positions (no "last write wins" scatter), the rows'
+    entries by the backend's repeat; only the small weights table goes up.  The weights are
+    the host table's: the result equals the host CSR exactly."""
+    xp = be.xp
+    cidx, child = fine.mesh.parent_of(coarse.mesh)
+    d, nloc = fine.dim, fine.element.num_local
+    kc, wv, cnt_tab, start_tab = (be.asarray(a) for a in _embedding_tables(fine.degree, fine.dim))
+    sel = xp.where(child < 0, 2 ** d, child)
+    rows = fine.cell_dofs.ravel()
+    nf, ncn = fine.num_nodes, coarse.num_nodes
+    first = xp.full(nf, rows.shape[0], dtype=xp.int64)
+    scatter_min(first, rows, xp.arange(rows.shape[0], dtype=xp.int64))
+    if bool((first == rows.shape[0]).any()):
+        raise RuntimeError("fine space has DoF nodes outside its cells")
+    cell = first // nloc
+    key = xp.take(sel, cell) * nloc + (first - cell * nloc)     # table row of each fine node
+    cnt = xp.take(cnt_tab, key)
+    indptr = xp.zeros(nf + 1, dtype=xp.int64)
+    indptr[1:] = xp.cumsum(cnt)
+    total = int(indptr[-1])
+    own = _repeat(be, xp.arange(nf, dtype=xp.int64), cnt, total)  # fine node of each entry
+    t = xp.take(start_tab, xp.take(key, own)) + (xp.arange(total, dtype=xp.int64) - xp.take(indptr, own))
+    flat = xp.take(cidx, xp.take(cell, own)) * nloc + xp.take(kc, t)
+    it = xp.int32 if max(nf, ncn, total) <= np.iinfo(np.int32).max else xp.int64
+    A = be.sparse.csr_matrix((xp.take(wv, t), xp.take(coarse.cell_dofs.ravel(), flat).astype(it),
+                              indptr.astype(it)), shape=(nf, ncn))
+    A.sort_indices()                                        # distinct coarse nodes per row
+    A.has_canonical_format = True
     return A
 
 
@@ -409,9 +460,15 @@ def prolongation(coarse: Space, fine: Space, coarse_free=None, fine_free=None, n
                                components=c)
             if P is not None:                        # Z_f chi H Z_c in one pass: no product, no mask
                 return P
-    if on_dev:
-        raise ValueError("prolongation: on a mesh on the GPU only Q1 between meshes of one forest "
-                         "(a hierarchy() pair) with masks of whole nodes is built; use mesh.to('cpu')")
+    if on_dev:                                        # the general path on the device
+        if nodes is not None or cells is not None:
+            raise ValueError("prolongation: nodes= / cells= take spaces on a host mesh; use mesh.to('cpu')")
+        chi = kron_identity(backend, _interpolation_on(backend, coarse, fine), c)
+        P = (chi @ coarse.H).tocsr() if coarse.hanging_nodes.shape[0] else chi
+        P.sum_duplicates()                             # canonical (SpGEMM's flags unknown)
+        P = mask_rows_cols(P, zf, zc, drop_zeros=True)
+        P.sort_indices()
+        return P
     be = None if backend is None else get_backend(backend)
     if be is not None and be.is_gpu:
         return be.asmatrix(prolongation(coarse, fine, zc, zf, nodes, cells))
