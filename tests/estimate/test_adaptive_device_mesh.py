@@ -181,7 +181,7 @@ def test_lshape_loop_with_the_mesh_on_the_device(fake):
     assert np.array_equal(_host(dev["mesh"].cells), host["mesh"].cells)
     for a, b in zip(hd, hh):
         for k in ("err_H1", "err_L2", "estimate"):        # (L2: |u - u_h| << |u|, round-off of u)
-            assert abs(a[k] - b[k]) <= 1e-10 * b[k], (k, a[k], b[k])
+            assert abs(a[k] - b[k]) <= 1e-8 * b[k], (k, a[k], b[k])
     with pytest.raises(ValueError, match="backend 'gpu'"):
         ls.run(steps=1, backend="cpu", mesh_backend="gpu", quiet=True)
 
@@ -190,8 +190,9 @@ def test_lshape_loop_with_the_mesh_on_the_device(fake):
 @pytest.mark.gpu
 def test_gpu_lshape_loop_device_mesh_equals_host_mesh():
     """A short L-shape loop (to 2e4 DoFs) with the mesh on the GPU against the host mesh, both
-    solved on the GPU: the same DoFs, marks (final cells) and iterations per step, errors
-    within 1e-10.  ``tie_rtol``: the L-shape is symmetric about y = -x, so twin cells' indicators
+    solved on the GPU: the same DoFs, marks (final cells) and iterations per step, errors and
+    estimates within 1e-8 relative (the solves stop at rtol 1e-9, and the two set-ups' matrices
+    differ by round-off: the H200 gave 3.2e-10 in the L2 error).  ``tie_rtol``: the L-shape is symmetric about y = -x, so twin cells' indicators
     differ by round-off only, which differs between the two set-ups -- marked together, the
     marks do not depend on it."""
     ls = _lshape()
@@ -205,7 +206,7 @@ def test_gpu_lshape_loop_device_mesh_equals_host_mesh():
     assert np.array_equal(dev["mesh"].cells.get(), host["mesh"].cells)
     for a, b in zip(hd, hh):
         for k in ("err_H1", "err_L2", "estimate"):
-            assert abs(a[k] - b[k]) <= 1e-10 * b[k], (k, a[k], b[k])
+            assert abs(a[k] - b[k]) <= 1e-8 * b[k], (k, a[k], b[k])
 
 
 @pytest.mark.gpu
