@@ -57,13 +57,14 @@ def gpu(monkeypatch):
     return xp
 
 
-def _close(Ad, Ah):
-    """Patterns equal after dropping entries below 64 eps of the largest; values within 64 eps."""
+def _close(Ad, Ah, scale=1.0):
+    """Patterns equal after dropping entries below 64 eps of the largest; values within 64 eps
+    (times ``scale``)."""
     assert is_device_sparse(Ad), type(Ad)
     Ad = sp.csr_matrix(to_host(Ad), copy=True)      # copies: the host CSR shares the memoised pattern
     Ah = sp.csr_matrix(Ah, copy=True)
     assert Ad.shape == Ah.shape
-    tol = 64 * EPS * abs(Ah).max()
+    tol = 64 * EPS * scale * abs(Ah).max()
     assert tol > 0
     for M in (Ad, Ah):
         M.data[abs(M.data) <= tol] = 0.0
