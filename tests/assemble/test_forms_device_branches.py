@@ -45,11 +45,12 @@ MESHES = _meshes()
 
 @pytest.fixture
 def gpu(monkeypatch):
-    from adaptmg.assemble import _device, forms
+    from adaptmg.assemble import _device, forms, vector_forms
     from adaptmg.assemble._device import DevicePattern
     xp = strict_cupy.install(monkeypatch)
     # not memoised (the stand-in has no device id); the pattern itself is the device code
-    monkeypatch.setattr(forms, "get_device_pattern", lambda be, r, c, nr, nc: DevicePattern(be, r, c, nr, nc))
+    for mod in (forms, vector_forms):
+        monkeypatch.setattr(mod, "get_device_pattern", lambda be, r, c, nr, nc: DevicePattern(be, r, c, nr, nc))
     # the segment-sum CUDA kernel: its NumPy twin on the arrays' host views
     base = lambda a: a.view(np.ndarray)                               # noqa: E731
     monkeypatch.setattr(_device, "segment_sum", lambda seg, order, K, out: _device._np_segment_sum(
@@ -122,6 +123,17 @@ def test_convection_and_scalar_form_equal_the_host_mesh(name, gpu):
         Ah, Mh = assemble.scalar_form(h, return_mass=True, **kw)
         _close(Ad, Ah)
         _close(Md, Mh)
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_derivative_matrices_equal_the_host_mesh(name, gpu):
+    """The C_k of the interpolated convection (Navier-Stokes) from a device mesh."""
+    m = MESHES[name]
+    Ch = assemble.derivative_matrices(Space(m, 1))
+    Cd = assemble.derivative_matrices(Space(m.to("gpu"), 1))
+    assert len(Cd) == len(Ch) == m.dim
+    for a, b in zip(Cd, Ch):
+        _close(a, b)
 
 
 @pytest.mark.parametrize("name", list(MESHES))

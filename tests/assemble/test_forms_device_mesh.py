@@ -1,6 +1,7 @@
 """GPU: the forms with coefficients on a mesh on the device (issue 36) equal the host mesh's.
 
-Mass, stiffness, convection, scalar_form (with ``return_mass``) and the lumped mass, with
+Mass, stiffness, convection, scalar_form (with ``return_mass``), the lumped mass and the
+derivative matrices C_k of the interpolated convection, with
 constant, callable (CuPy-generic and NumPy-only), per-cell (NumPy and CuPy) and per-node
 coefficients, on 2-D/3-D meshes with hanging nodes and on a distorted mesh: cupyx results
 whose patterns equal the host's once entries below 64 eps of the largest are dropped, and
@@ -60,6 +61,8 @@ def test_convection_scalar_form_and_lumped_mass_on_a_device_mesh(name, cp):
         md = assemble.lumped_mass(Space(g, 1, c))
         assert is_device_array(md)
         assert np.abs(to_host(md) - mh).max() <= 64 * EPS * mh.max()
+    for a, b in zip(assemble.derivative_matrices(d), assemble.derivative_matrices(h)):
+        _close(a, b)
 
 
 def test_a_larger_device_mesh_form_equals_the_host_one(cp):
