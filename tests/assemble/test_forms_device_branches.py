@@ -89,30 +89,26 @@ def _coefficients(m, space, gpu):
     }
 
 
-@pytest.mark.parametrize("name", list(MESHES))
-def test_mass_and_stiffness_with_coefficients_equal_the_host_mesh(name, gpu):
-    m = MESHES[name]
+def check_mass_and_stiffness(m, xp, components=(1,)):
+    """mass and stiffness of every kind of coefficient on ``m.to("gpu")`` equal the host mesh's."""
     g = m.to("gpu")
-    # scalar spaces: the stand-in's cupyx matrices hold host index arrays, which the strict
-    # xp refuses in kron_identity's device code (c > 1: the GPU tests)
-    h, d = Space(m, 1), Space(g, 1)
-    for kind, (ch, cd) in _coefficients(m, h, gpu).items():
-        for form in (assemble.mass, assemble.stiffness):
-            _close(form(d, cd), form(h, ch))
+    for c in components:
+        h, d = Space(m, 1, c), Space(g, 1, c)
+        for kind, (ch, cd) in _coefficients(m, h, xp).items():
+            for form in (assemble.mass, assemble.stiffness):
+                _close(form(d, cd), form(h, ch))
 
 
-@pytest.mark.parametrize("name", list(MESHES))
-def test_convection_and_scalar_form_equal_the_host_mesh(name, gpu):
-    m = MESHES[name]
-    g = m.to("gpu")
+def check_convection_and_scalar_form(m, xp):
+    """convection (constant, per-cell device, per-node, callable velocities) and scalar_form with
+    return_mass (transport-diffusion's constants and mixed coefficients) equal the host mesh's."""
     dim = m.dim
-    h, d = Space(m, 1), Space(g, 1)
+    h, d = Space(m, 1), Space(m.to("gpu"), 1)
     rng = np.random.default_rng(3)
     bc = rng.standard_normal((m.num_cells, dim))
     bn = rng.standard_normal((h.num_nodes, dim))
     bconst = np.linspace(-1.0, 1.0, dim)
-    for bh, bd in ((bconst, bconst), (bc, gpu.asarray(bc)), (bn, bn),
-                   ((lambda x: 0.5 - x,) * 2)):
+    for bh, bd in ((bconst, bconst), (bc, xp.asarray(bc)), (bn, bn), ((lambda x: 0.5 - x,) * 2)):
         _close(assemble.convection(d, bd), assemble.convection(h, bh))
     kap = lambda x: 1.0 + x[..., 0] ** 2                              # noqa: E731
     rho = rng.random(m.num_cells) + 1.0
@@ -125,21 +121,15 @@ def test_convection_and_scalar_form_equal_the_host_mesh(name, gpu):
         _close(Md, Mh)
 
 
-@pytest.mark.parametrize("name", list(MESHES))
-def test_derivative_matrices_equal_the_host_mesh(name, gpu):
-    """The C_k of the interpolated convection (Navier-Stokes) from a device mesh."""
-    m = MESHES[name]
+def check_derivatives_and_lumped_mass(m):
+    """The C_k of the interpolated convection (Navier-Stokes) and the lumped mass (rowsum, HRZ;
+    c = 1, 3) from a device mesh equal the host mesh's."""
+    g = m.to("gpu")
     Ch = assemble.derivative_matrices(Space(m, 1))
-    Cd = assemble.derivative_matrices(Space(m.to("gpu"), 1))
+    Cd = assemble.derivative_matrices(Space(g, 1))
     assert len(Cd) == len(Ch) == m.dim
     for a, b in zip(Cd, Ch):
         _close(a, b)
-
-
-@pytest.mark.parametrize("name", list(MESHES))
-def test_lumped_mass_equals_the_host_mesh(name, gpu):
-    m = MESHES[name]
-    g = m.to("gpu")
     for c in (1, 3):
         mh = assemble.lumped_mass(Space(m, 1, c))
         md = assemble.lumped_mass(Space(g, 1, c))
@@ -149,6 +139,23 @@ def test_lumped_mass_equals_the_host_mesh(name, gpu):
         assert abs(mh.sum() - c) <= 64 * EPS * c * mh.size
     md = assemble.lumped_mass(Space(g, 1), method="hrz")
     assert np.abs(to_host(md) - assemble.lumped_mass(Space(m, 1), method="hrz")).max() <= 64 * EPS
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_mass_and_stiffness_with_coefficients_equal_the_host_mesh(name, gpu):
+    # scalar spaces: the stand-in's cupyx matrices hold host index arrays, which the strict
+    # xp refuses in kron_identity's device code (c > 1: the GPU tests)
+    check_mass_and_stiffness(MESHES[name], gpu)
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_convection_and_scalar_form_equal_the_host_mesh(name, gpu):
+    check_convection_and_scalar_form(MESHES[name], gpu)
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_derivative_matrices_and_lumped_mass_equal_the_host_mesh(name, gpu):
+    check_derivatives_and_lumped_mass(MESHES[name])
 
 
 def test_the_device_forms_copy_no_cells_to_the_host(gpu):

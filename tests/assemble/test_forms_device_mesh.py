@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from adaptmg import Mesh, Space, assemble
-from adaptmg.backend import is_device_array, to_host
-from test_forms_device_branches import EPS, MESHES, _close, _coefficients
+from test_forms_device_branches import (MESHES, _close, check_convection_and_scalar_form,
+                                        check_derivatives_and_lumped_mass, check_mass_and_stiffness)
 
 pytestmark = pytest.mark.gpu
 
@@ -25,44 +25,11 @@ def cp():
 
 
 @pytest.mark.parametrize("name", list(MESHES))
-def test_mass_and_stiffness_on_a_device_mesh_equal_the_host_mesh(name, cp):
+def test_forms_on_a_device_mesh_equal_the_host_mesh(name, cp):
     m = MESHES[name]
-    g = m.to("gpu")
-    for c in (1, 2):
-        h, d = Space(m, 1, c), Space(g, 1, c)
-        for kind, (ch, cd) in _coefficients(m, h, cp).items():
-            for form in (assemble.mass, assemble.stiffness):
-                _close(form(d, cd), form(h, ch))
-
-
-@pytest.mark.parametrize("name", list(MESHES))
-def test_convection_scalar_form_and_lumped_mass_on_a_device_mesh(name, cp):
-    m = MESHES[name]
-    g = m.to("gpu")
-    dim = m.dim
-    h, d = Space(m, 1), Space(g, 1)
-    rng = np.random.default_rng(3)
-    bc = rng.standard_normal((m.num_cells, dim))
-    bn = rng.standard_normal((h.num_nodes, dim))
-    bconst = np.linspace(-1.0, 1.0, dim)
-    for bh, bd in ((bconst, bconst), (bc, cp.asarray(bc)), (bn, cp.asarray(bn)), ((lambda x: 0.5 - x,) * 2)):
-        _close(assemble.convection(d, bd), assemble.convection(h, bh))
-    kap = lambda x: 1.0 + x[..., 0] ** 2                              # noqa: E731
-    rho = rng.random(m.num_cells) + 1.0
-    for kw in (dict(mass=1.0, diffusion=0.02, convection=bconst),
-               dict(mass=rho, diffusion=kap, convection=bn),
-               dict(mass=kap, diffusion=0.5)):
-        Ad, Md = assemble.scalar_form(d, return_mass=True, **kw)
-        Ah, Mh = assemble.scalar_form(h, return_mass=True, **kw)
-        _close(Ad, Ah)
-        _close(Md, Mh)
-    for c in (1, 3):
-        mh = assemble.lumped_mass(Space(m, 1, c))
-        md = assemble.lumped_mass(Space(g, 1, c))
-        assert is_device_array(md)
-        assert np.abs(to_host(md) - mh).max() <= 64 * EPS * mh.max()
-    for a, b in zip(assemble.derivative_matrices(d), assemble.derivative_matrices(h)):
-        _close(a, b)
+    check_mass_and_stiffness(m, cp, components=(1, 2))
+    check_convection_and_scalar_form(m, cp)
+    check_derivatives_and_lumped_mass(m)
 
 
 def test_a_larger_device_mesh_form_equals_the_host_one(cp):
