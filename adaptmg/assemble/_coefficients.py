@@ -129,7 +129,7 @@ def coefficient(name, coef, num_cells, dim, tail=(), nodal=None):
         def ev(sl, g):
             vals = held.like(g)[dofs.like(g)[sl].astype(np.int64)]            # (n, nloc) + tail
             xp = backend_of(g.detJ).xp
-            return xp.einsum("cj...,qj->cq...", vals, phi.like(g))
+            return xp.einsum("cjt,qj->cqt" if tail else "cj,qj->cq", vals, phi.like(g))
         ev.pointwise = True
         return ev, False
     const_shape = tail if tail else "()"

@@ -182,3 +182,18 @@ def test_bad_coefficients_on_a_device_mesh_raise(gpu):
         assemble.mass(d, gpu.full(m.num_cells, np.nan))
     with pytest.raises(ValueError, match=r"must return shape"):
         assemble.convection(d, lambda x: x[..., 0])
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_per_node_coefficients_interpolate_exactly(name):
+    """A per-node coefficient holding a linear function's nodal values is that
+    function at the quadrature points (Q1 and Q2 reproduce it on any multilinear cell), so the
+    matrices equal those of the callable."""
+    m = MESHES[name]
+    for s in (Space(m, 1), Space(m, 2)):
+        P = s.points
+        lin = lambda x: 1.5 + x[..., 0] - 0.5 * x[..., -1]              # noqa: E731
+        vel = lambda x: np.stack([1.0 + x[..., -1]] + [x[..., 0]] * (m.dim - 1), axis=-1)   # noqa: E731
+        for form, f in ((assemble.mass, lin), (assemble.stiffness, lin), (assemble.convection, vel)):
+            A, B = form(s, f(P)), form(s, f)
+            assert abs(A - B).max() <= 64 * EPS * abs(B).max()
