@@ -255,11 +255,12 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
     device without the host round trip when ``device`` is set and the space is scalar, else
     the host result moved there.
 
-    ``device_elements`` (with ``device``; a factor that reads only ``g.J``/``g.detJ``/``g.invJ``,
-    i.e. constant coefficients, written against the backend of ``wdet``): the element matrices
-    too -- and ``extra``'s -- are computed on the device, with the full quadrature rule on every
-    cell (:func:`.on_device.element_entries_on_device`): nothing of O(cells) is computed on the
-    host or copied up but the mesh itself.
+    ``device_elements`` (with ``device``; a factor written against the backend of ``wdet``):
+    the element matrices too -- and ``extra``'s -- are computed on the device, with the full
+    quadrature rule on every cell (:func:`.on_device.element_entries_on_device`): nothing of
+    O(cells) is computed on the host or copied up but the mesh itself.  Asked for constant
+    coefficients on a host mesh; always taken on a mesh on the GPU, where the coefficients are
+    evaluated on the device too (:mod:`._coefficients`).
     """
     nq, m, per = Tq.shape
     device_elements = device_elements or info.device is not None      # a mesh on the GPU: there
@@ -496,7 +497,8 @@ def convection(space, b, *, quad_points=None, device=None):
 
     ``b`` is a constant vector (dim,), per-cell (num_cells, dim) or a callable
     b(x) -> (..., dim). :math:`C u` is the vector of :math:`(b\cdot\nabla u_h, \phi_i)`.
-    Acts component-wise for c > 1. ``device``: see :func:`scalar_form`.
+    Acts component-wise for c > 1. ``device``: see :func:`scalar_form` (a mesh on the GPU:
+    computed there, cupyx CSR).
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
@@ -556,7 +558,9 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
     included): the full quadrature rule on every cell instead of the host's affine and
     congruent-cell shortcuts, so the entries agree with the host path's to a few ulps (not
     bit for bit), and the host does nothing of O(cells) (issue 36: the host chunk loop was
-    most of the transport-diffusion assembly's time on the GPU).
+    most of the transport-diffusion assembly's time on the GPU).  On a mesh on the GPU every
+    coefficient kind takes that path (callables on CuPy points, arrays moved there once:
+    :mod:`._coefficients`) and the result is cupyx CSR.
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
