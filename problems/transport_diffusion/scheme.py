@@ -45,7 +45,8 @@ combine (:func:`adaptmg_problems._stepping.constrain_combine`), all on the backe
 on the GPU one CUDA-graph launch per step (:class:`.rhs.StepRHS`).
 
 Timings follow Table 1: ``init`` (mesh, hierarchy, spaces, assembly of all
-levels, multigrid setup, transfer to the device, initial value), ``rhs`` and
+levels, multigrid setup, transfer to the device, initial value; on the GPU the mesh is built
+and refined there, so the whole init runs on the device: ``run(mesh_backend=...)``), ``rhs`` and
 ``solve`` summed over all steps, and ``sum``.
 """
 from __future__ import annotations
@@ -189,8 +190,8 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         nd = space.num_dofs
         # Dirichlet row scale s of the constrained matrix (rows s * I on fixed DoFs)
         s = cons.scale if cons.dirichlet.size else 1.0
-        mask_h = xp.zeros(nd)                  # on the device for a device mesh's Dirichlet DoFs
-        mask_h[be.asarray(cons.dirichlet)] = 1.0
+        mask = xp.zeros(nd)                    # 0/1 Dirichlet mask on the backend
+        mask[be.asarray(cons.dirichlet)] = 1.0
         # device data (moved once)
         Kd = getattr(ml, "_A_outer", None)
         if Kd is None:
@@ -202,7 +203,7 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         # finest level was assembled there)
         A_fine = ml.assembled
         hx = np if not is_device_sparse(A_fine) else xp      # the masks where A_fine lives
-        cols = to_host(mask_h != 0) if hx is np else mask_h != 0
+        cols = to_host(mask != 0) if hx is np else mask != 0
         Ad = be.asmatrix(mask_rows_cols(A_fine, hx.ones(nd, dtype=bool), cols, drop_zeros=True))
         has_hanging = space.hanging_nodes.size > 0
         HT_plan = H_plan = None
@@ -212,7 +213,7 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         Pd = be.asarray(space.points)       # one upload; the coordinates and theta^0 there
         xd, yd = xp.ascontiguousarray(Pd[:, 0]), xp.ascontiguousarray(Pd[:, 1])
         # the step's right-hand side from rhs_of.u (on the GPU one CUDA graph per step)
-        rhs_of = StepRHS(be, xd, yd, mask_h, be.asarray(cons.free).astype(np.float64), s,
+        rhs_of = StepRHS(be, xd, yd, mask, be.asarray(cons.free).astype(np.float64), s,
                          _K.make_spmv(Md), _K.make_spmv(Ad), HT_plan, lam, b, dt)
         u = rhs_of.u
         u[...] = td_exact(0.0, Pd)          # = space.interpolate(exact(0.0)), on the backend
