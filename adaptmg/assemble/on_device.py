@@ -13,6 +13,12 @@ into the DoF vector by ``xp.bincount``.  Only the mesh's points and cells and th
 table are copied up (they live on the host); nothing of O(cells) comes back.  The sums run
 in another order than on the host: results agree to rounding.
 
+Scalar forms (:func:`element_entries_on_device`): the element matrices
+:math:`K_c = \sum_q F_{c,q,:} T_{q,:,:}` of a geometric factor computed from the device
+geometry (and the coefficients at the device points, :mod:`._coefficients`).  Lumped mass
+(:func:`lumped_mass_on_device`): the per-cell masses of :func:`lumped_local` summed into the
+nodes by ``xp.bincount``.
+
 Elasticity element matrices (:func:`elasticity_entries`): with :math:`V = J^{-1}` at a
 point and :math:`X_{af} = V_{:,a} V_{:,f}^T` (the outer products of its columns),
 
