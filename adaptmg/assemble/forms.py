@@ -43,6 +43,12 @@ Coefficients ``coef`` may be
 * a per-cell array of shape (num_cells,),
 * a callable ``coef(x)`` vectorised over points: ``x`` has shape (..., dim) and
   the result shape (...).
+* a per-node array of shape (num_nodes,) (the forms; not ``load``), interpolated in the
+  space at the quadrature points.
+
+On a mesh on the GPU the forms compute everything there and return cupyx matrices (the
+lumped mass a CuPy array); where array coefficients and callables are evaluated on each
+backend, and which copies are made, is said in :mod:`._coefficients`.
 
 Bad input (wrong shapes, non-finite values) raises ``ValueError``/``TypeError``
 naming the argument and the shapes involved.
@@ -55,7 +61,9 @@ from ..backend import Backend, backend_of, get_backend, is_device_array, is_devi
 from ..fe.element import LagrangeQ
 from ..fe.geometry import CellGeometry, affine_mask, jacobian_error, matmul_serial, metric_factor, sym_pairs
 from ..fe.quadrature import default_num_points, tensor_gauss
+from ._coefficients import coefficient as _coefficient, is_zero as _is_zero
 from ._device import MIN_DEVICE_ENTRIES, get_device_pattern
+from .on_device import lumped_local, lumped_mass_on_device
 from ..fe.sparsity import componentwise, get_pattern
 from ..fe.space_xp import kron_identity
 from ..threads import default_threads, ordered_map
@@ -113,6 +121,10 @@ class _SpaceInfo:
         self.element = LagrangeQ(self.degree, self.dim)
         self.nloc = nloc
 
+    def nodal(self, phi):
+        """What a per-node coefficient needs: (cell_dofs, num_nodes, phi (nq, nloc))."""
+        return self.cell_dofs, self.num_nodes, phi
+
     def quadrature(self, quad_points):
         n = default_num_points(self.degree) if quad_points is None else int(quad_points)
         return tensor_gauss(self.dim, n)
@@ -145,7 +157,7 @@ class _SpaceInfo:
         otherwise they are taken one by one exactly as with ``group=1``.
         """
         if self.device is not None:
-            raise ValueError("mesh on the GPU: forms take constant coefficients there; use mesh.to('cpu')")
+            raise ValueError("mesh on the GPU: this form is host code; use mesh.to('cpu')")
         nc = self.num_cells
         step = self.chunk_size(xi, per_cell_floats)
         group = max(1, int(group)) if affine else 1
@@ -199,44 +211,6 @@ class _SpaceInfo:
         return out
 
 
-def _finite(name, a):
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"{name} contains non-finite values (NaN or inf); shape {np.shape(a)}")
-
-
-def _coefficient(name, coef, num_cells, dim, tail=()):
-    """Normalise a coefficient to a function (slice, geometry) -> array broadcastable to (n, nq) + tail."""
-    if callable(coef):
-        def ev(sl, g):
-            val = np.asarray(coef(g.x), dtype=np.float64)
-            want = g.x.shape[:2] + tuple(tail)
-            if val.shape != want:
-                raise ValueError(f"{name}(x) must return shape (...){'+' + str(tuple(tail)) if tail else ''} for "
-                                 f"points x of shape {g.x.shape}, i.e. {want}; got {val.shape}")
-            _finite(f"{name}(x)", val)
-            return val
-        return ev, False
-    if isinstance(coef, (str, bytes)) or coef is None:
-        raise TypeError(f"{name} must be a number, an array or a callable, got {type(coef).__name__}")
-    try:
-        arr = np.asarray(coef, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a number, an array or a callable, got {type(coef).__name__}") from exc
-    tail = tuple(tail)
-    if arr.shape == tail:
-        _finite(name, arr)
-        if not tail:                   # a Python float: also multiplies device factors
-            val = float(arr)
-            return (lambda sl, g: val), True
-        return (lambda sl, g: arr.reshape((1, 1) + tail)), True
-    if arr.shape == (num_cells,) + tail:
-        _finite(name, arr)
-        return (lambda sl, g: arr[sl].reshape((-1, 1) + tail)), False
-    const_shape = tail if tail else "()"
-    raise ValueError(f"{name} must be a constant of shape {const_shape}, a per-cell array of shape "
-                     f"{(num_cells,) + tail} or a callable; got an array of shape {arr.shape}")
-
-
 # ----------------------------------------------------------------------------- reference tensors
 
 def _ref_tables(info, xi):
@@ -281,15 +255,15 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
     device without the host round trip when ``device`` is set and the space is scalar, else
     the host result moved there.
 
-    ``device_elements`` (with ``device``; a factor that reads only ``g.J``/``g.detJ``/``g.invJ``,
-    i.e. constant coefficients, written against the backend of ``wdet``): the element matrices
-    too -- and ``extra``'s -- are computed on the device, with the full quadrature rule on every
-    cell (:func:`.on_device.element_entries_on_device`): nothing of O(cells) is computed on the
-    host or copied up but the mesh itself.
+    ``device_elements`` (with ``device``; a factor written against the backend of ``wdet``):
+    the element matrices too -- and ``extra``'s -- are computed on the device, with the full
+    quadrature rule on every cell (:func:`.on_device.element_entries_on_device`): nothing of
+    O(cells) is computed on the host or copied up but the mesh itself.  Asked for constant
+    coefficients on a host mesh; always taken on a mesh on the GPU, where the coefficients are
+    evaluated on the device too (:mod:`._coefficients`).
     """
     nq, m, per = Tq.shape
-    if info.device is not None and not device_elements:
-        info.chunks(xi, per)                      # a ValueError: these elements are host code
+    device_elements = device_elements or info.device is not None      # a mesh on the GPU: there
     if device is not None:
         pat = get_device_pattern(device, info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
         nent = info.num_cells * per
@@ -445,15 +419,15 @@ def mass(space, coef=1.0, *, quad_points=None, device=None, keep_on_device=False
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
-    ev, _ = _coefficient("coef", coef, info.num_cells, info.dim)
     phi, _ = _ref_tables(info, xi)
+    ev, const = _coefficient("coef", coef, info.num_cells, info.dim, nodal=info.nodal(phi))
     T = (phi[:, :, None] * phi[:, None, :]).reshape(len(w), 1, -1)    # (nq, 1, nloc*nloc)
 
     def factor(sl, g, wdet):
         return wdet * ev(sl, g)
     keep = _keep_backend("mass", device, keep_on_device, info)
-    const = keep is not None and np.ndim(coef) == 0 and not callable(coef)
-    return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(coef),
+    const = keep is not None and const
+    return _assemble_scalar(info, xi, w, factor, T, affine_ok=not ev.pointwise,
                             device=_assembly_device(device, info, T.shape[-1]),
                             uniform=const, keep=keep, device_elements=const)
 
@@ -470,7 +444,8 @@ def lumped_mass(space, method="auto", *, quad_points=None):
     Hinton-Rock-Zienkiewicz: per cell T, :math:`m^T_i = M^T_{ii}\,|T| / \sum_l M^T_{ll}`,
     then summed over cells. Every :math:`m_i > 0` and :math:`\sum_i m_i = |\Omega|`.
 
-    The value of node n is repeated for its c components (DoF n*c + r).
+    The value of node n is repeated for its c components (DoF n*c + r).  On a mesh on the
+    GPU the diagonal is computed there and returned as a CuPy array (:mod:`.on_device`).
     """
     info = _SpaceInfo(space)
     if method == "auto":
@@ -479,14 +454,11 @@ def lumped_mass(space, method="auto", *, quad_points=None):
         raise ValueError(f"method must be 'auto', 'rowsum' or 'hrz', got {method!r}")
     xi, w = info.quadrature(quad_points)
     phi, _ = _ref_tables(info, xi)
+    if info.device is not None:                 # a mesh on the GPU: there, a CuPy array
+        return lumped_mass_on_device(info.device, info, xi, w, phi, method)
     loc = np.empty((info.num_cells, info.nloc))
     for sl, g in info.chunks(xi, info.nloc):
-        wdet = g.detJ * w
-        if method == "rowsum":
-            loc[sl] = wdet @ phi
-        else:
-            diag = wdet @ (phi * phi)
-            loc[sl] = diag * (wdet.sum(1) / diag.sum(1))[:, None]
+        loc[sl] = lumped_local(g.detJ * w, phi, method)
     m = np.bincount(info.cell_dofs.reshape(-1), weights=loc.reshape(-1), minlength=info.num_nodes)
     return np.repeat(m, info.components) if info.components > 1 else m
 
@@ -505,8 +477,8 @@ def stiffness(space, coef=1.0, *, quad_points=None, device=None, keep_on_device=
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
-    ev, _ = _coefficient("coef", coef, info.num_cells, info.dim)
-    _, dphi = _ref_tables(info, xi)
+    phi, dphi = _ref_tables(info, xi)
+    ev, const = _coefficient("coef", coef, info.num_cells, info.dim, nodal=info.nodal(phi))
     T = _stiffness_tensor(dphi)
 
     def factor(sl, g, wdet):
@@ -514,8 +486,8 @@ def stiffness(space, coef=1.0, *, quad_points=None, device=None, keep_on_device=
         wc = wc * ev(sl, g)
         return metric_factor(g.J, g.detJ, wc, packed=True)   # w kappa det J J^{-1} J^{-T}
     keep = _keep_backend("stiffness", device, keep_on_device, info)
-    const = keep is not None and np.ndim(coef) == 0 and not callable(coef)
-    return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(coef),
+    const = keep is not None and const
+    return _assemble_scalar(info, xi, w, factor, T, affine_ok=not ev.pointwise,
                             device=_assembly_device(device, info, T.shape[-1]),
                             uniform=const, keep=keep, device_elements=const)
 
@@ -525,24 +497,21 @@ def convection(space, b, *, quad_points=None, device=None):
 
     ``b`` is a constant vector (dim,), per-cell (num_cells, dim) or a callable
     b(x) -> (..., dim). :math:`C u` is the vector of :math:`(b\cdot\nabla u_h, \phi_i)`.
-    Acts component-wise for c > 1. ``device``: see :func:`scalar_form`.
+    Acts component-wise for c > 1. ``device``: see :func:`scalar_form` (a mesh on the GPU:
+    computed there, cupyx CSR).
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
     d = info.dim
-    ev, _ = _coefficient("b", b, info.num_cells, d, tail=(d,))
     phi, dphi = _ref_tables(info, xi)
+    ev, _ = _coefficient("b", b, info.num_cells, d, tail=(d,), nodal=info.nodal(phi))
     T = _convection_tensor(phi, dphi)
 
     def factor(sl, g, wdet):
         return _convection_factor(g, ev(sl, g), wdet)
-    return _assemble_scalar(info, xi, w, factor, T, affine_ok=not callable(b),
-                            device=_assembly_device(device, info, T.shape[-1]))
-
-
-def _is_zero(coef):
-    """True for a (validated) non-callable coefficient whose values are all zero."""
-    return coef is not None and not callable(coef) and not np.any(np.asarray(coef, dtype=np.float64))
+    return _assemble_scalar(info, xi, w, factor, T, affine_ok=not ev.pointwise,
+                            device=_assembly_device(device, info, T.shape[-1]),
+                            keep=_keep_backend("convection", device, False, info))
 
 
 def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=None, return_mass=False,
@@ -589,15 +558,21 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
     included): the full quadrature rule on every cell instead of the host's affine and
     congruent-cell shortcuts, so the entries agree with the host path's to a few ulps (not
     bit for bit), and the host does nothing of O(cells) (issue 36: the host chunk loop was
-    most of the transport-diffusion assembly's time on the GPU).
+    most of the transport-diffusion assembly's time on the GPU).  On a mesh on the GPU every
+    coefficient kind takes that path (callables on CuPy points, arrays moved there once:
+    :mod:`._coefficients`) and the result is cupyx CSR.
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
     d, nc = info.dim, info.num_cells
-    ev_m, const_m = _coefficient("mass", mass, nc, d)
-    ev_k, const_k = _coefficient("diffusion", diffusion, nc, d)
+    phi, dphi = _ref_tables(info, xi)
+    nodal = info.nodal(phi)
+    ev_m, const_m = _coefficient("mass", mass, nc, d, nodal=nodal)
+    ev_k, const_k = _coefficient("diffusion", diffusion, nc, d, nodal=nodal)
+    evs = [ev_m, ev_k]
     if convection is not None:
-        ev_b, const_b = _coefficient("convection", convection, nc, d, tail=(d,))
+        ev_b, const_b = _coefficient("convection", convection, nc, d, tail=(d,), nodal=nodal)
+        evs.append(ev_b)
     active = [nm for nm, c in (("mass", mass), ("diffusion", diffusion), ("convection", convection))
               if c is not None and not _is_zero(c)]
     if not active:
@@ -605,7 +580,6 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
                          "give at least one nonzero term")
     if return_mass and "mass" not in active:
         raise ValueError("scalar_form: return_mass=True needs a nonzero mass coefficient, got mass=0")
-    phi, dphi = _ref_tables(info, xi)
     nq, nloc = phi.shape
     L = nloc * nloc
     blocks, parts = [], []     # reference tensors (nq, m_t, L) and factor writers of each term
@@ -622,13 +596,15 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
         if const_m:
             def fm(sl, g, wdet, out):
                 out[..., 0] = wdet                          # host or device arrays
-            add(Tm * float(np.asarray(mass)), fm)
+            add(Tm * ev_m(None, None), fm)
         else:
-            add(Tm, lambda sl, g, wdet, out: np.multiply(wdet, ev_m(sl, g), out=out[..., 0]))
+            def fm(sl, g, wdet, out):
+                out[..., 0] = wdet * ev_m(sl, g)
+            add(Tm, fm)
     if "diffusion" in active:
         Tk = _stiffness_tensor(dphi)
         if const_k:
-            Tk = Tk * float(np.asarray(diffusion))
+            Tk = Tk * ev_k(None, None)
 
         def fk(sl, g, wdet, out):
             wc = wdet / g.detJ                              # quadrature weights (1 on affine chunks)
@@ -653,7 +629,7 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
         for cols, fn in parts:
             fn(sl, g, wdet, F[:, :, cols])
         return F
-    affine_ok = not any(callable(c) for c in (mass, diffusion, convection))
+    affine_ok = not any(ev.pointwise for ev in evs)
     # constant coefficients: the factor depends on the geometry only (congruent-cell path)
     const = {"mass": const_m, "diffusion": const_k, "convection": convection is not None and const_b}
     uniform = all(const[nm] for nm in active)

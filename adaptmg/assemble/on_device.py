@@ -13,6 +13,12 @@ into the DoF vector by ``xp.bincount``.  Only the mesh's points and cells and th
 table are copied up (they live on the host); nothing of O(cells) comes back.  The sums run
 in another order than on the host: results agree to rounding.
 
+Scalar forms (:func:`element_entries_on_device`): the element matrices
+:math:`K_c = \sum_q F_{c,q,:} T_{q,:,:}` of a geometric factor computed from the device
+geometry (and the coefficients at the device points, :mod:`._coefficients`).  Lumped mass
+(:func:`lumped_mass_on_device`): the per-cell masses of :func:`lumped_local` summed into the
+nodes by ``xp.bincount``.
+
 Elasticity element matrices (:func:`elasticity_entries`): with :math:`V = J^{-1}` at a
 point and :math:`X_{af} = V_{:,a} V_{:,f}^T` (the outer products of its columns),
 
@@ -28,10 +34,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import call_points, is_device_array, to_host
+from ..backend import backend_of, call_points, is_device_array, to_host
 from ..fe.geometry import _det, _det_inv, jacobian_error, q1_tables
 
-__all__ = ["load_on_device", "element_entries_on_device", "elasticity_entries", "elastic_factor",
+__all__ = ["load_on_device", "lumped_mass_on_device", "lumped_local", "element_entries_on_device", "elasticity_entries", "elastic_factor",
            "DEVICE_CHUNK_CELLS"]
 
 #: cells per chunk: the Jacobians of a chunk (cells, nq, d, d) stay below ~0.6 GB in 3-D
@@ -62,15 +68,23 @@ def _values(be, f, sl, x, num_cells, n, nq, c):
 
 
 class _DeviceGeometry:
-    """``J`` (n, nq, d, d), ``detJ`` (n, nq) and, computed on first access, ``invJ`` of a chunk
-    on the device: what the constant-coefficient factors of the forms read (see
-    :func:`element_entries_on_device`); ``num_cells``, ``num_points``, ``dim`` as
+    """``J`` (n, nq, d, d), ``detJ`` (n, nq) and, computed on first access, ``invJ`` and the
+    physical points ``x`` (n, nq, d) of a chunk on the device (``X`` its cells' vertices, ``N``
+    the Q1 values at the quadrature points): what the factors and coefficients of the forms
+    read (see :func:`element_entries_on_device`); ``num_cells``, ``num_points``, ``dim`` as
     :class:`~adaptmg.fe.geometry.CellGeometry`'s."""
 
-    def __init__(self, J, detJ):
+    def __init__(self, J, detJ, X=None, N=None):
         self.J, self.detJ = J, detJ
         self.num_cells, self.num_points, self.dim = J.shape[0], J.shape[1], J.shape[-1]
         self._invJ = None
+        self._X, self._N, self._x = X, N, None
+
+    @property
+    def x(self):
+        if self._x is None:
+            self._x = backend_of(self.detJ).xp.einsum("qv,cva->cqa", self._N, self._X)
+        return self._x
 
     @property
     def invJ(self):
@@ -84,7 +98,7 @@ def _chunks(be, info, xi, step=DEVICE_CHUNK_CELLS):
     ``be`` (ValueError after the sweep for cells with det J <= 0)."""
     xp = be.xp
     N, dN = q1_tables(info.dim, xi)
-    dN = xp.asarray(dN)
+    N, dN = xp.asarray(N), xp.asarray(dN)
     pts, cells = xp.asarray(info.points), xp.asarray(info.cells)
     nc = info.num_cells
     bad = xp.zeros(nc, dtype=bool)
@@ -94,7 +108,7 @@ def _chunks(be, info, xi, step=DEVICE_CHUNK_CELLS):
         J = xp.einsum("cva,qvb->cqab", X, dN)
         detJ = _det(J)
         bad[sl] = ~(detJ > 0).all(axis=1)
-        yield sl, X, _DeviceGeometry(J, detJ)
+        yield sl, X, _DeviceGeometry(J, detJ, X, N)
     if bool(bad.any()):
         raise jacobian_error(to_host(bad))
 
@@ -104,7 +118,9 @@ def element_entries_on_device(be, info, xi, w, factor, T_full, out, extra=None):
     (cells * nloc^2, cell-major), the geometric factor ``F = factor(sl, g, w det J)``
     (n, nq, m) computed from the device geometry ``g`` (``J``, ``detJ``, ``invJ``) and
     contracted with the reference tensor ``T_full`` (nq * m, nloc^2) in one GEMM per chunk.
-    Only for factors that read nothing but the geometry (constant coefficients).
+    The factor reads the geometry (``J``, ``detJ``, ``invJ``) and, for coefficients that are
+    not constants, the points ``g.x`` (callables, :mod:`._coefficients`) or the chunk ``sl``
+    (per-cell and per-node arrays), all on the device.
 
     ``extra = (cols, Te_full, out_e)``: also the element matrices of a part of the form, the
     factor columns ``cols`` (a slice of the m axis) against ``Te_full`` (nq * m_e, nloc^2),
@@ -193,14 +209,13 @@ def elasticity_entries(be, info, xi, w, lam, mu, T_full, Tm_full, out):
     Tm_d = None if Tm_full is None else xp.asarray(Tm_full)
     ev_l, x_l = _coefficient_on(be, "lam", lam, info.num_cells)
     ev_m, x_m = _coefficient_on(be, "mu", mu, info.num_cells)
-    N = xp.asarray(q1_tables(d, xi)[0]) if (x_l or x_m) else None
     per_cell = 8 * (3 * nk * nq * d * d + (nk + moff) * L + 4 * nq * d * d)
     step = int(max(1, min(DEVICE_CHUNK_CELLS, ELASTIC_CHUNK_BYTES // per_cell)))
-    for sl, Xv, g in _chunks(be, info, xi, step):
+    for sl, _, g in _chunks(be, info, xi, step):
         n = g.num_cells
         wdet = g.detJ * w_d                                        # (n, nq)
         V = xp.ascontiguousarray(_det_inv(g.J)[1].transpose(3, 0, 1, 2))
-        x = xp.einsum("qv,cva->cqa", N, Xv) if N is not None else None
+        x = g.x if (x_l or x_m) else None
         wl = (wdet * ev_l(sl, x))[:, :, None, None]
         wm = (wdet * ev_m(sl, x))[:, :, None, None]
         shape = (d, d, n, nq, d, d)
@@ -210,6 +225,32 @@ def elasticity_entries(be, info, xi, w, lam, mu, T_full, Tm_full, out):
         if moff:
             out[0, lo:hi] = (wdet @ Tm_d).reshape(-1)
     return out
+
+
+def lumped_local(wdet, phi, method):
+    r"""Per-cell lumped masses (n, nloc) from ``wdet`` (n, nq) = :math:`w_q \det J` and ``phi``
+    (nq, nloc), host or device arrays: row sums :math:`m^T_i = \sum_q w_q \det J\,\hat\phi_i`
+    (``"rowsum"``) or the HRZ scaling :math:`m^T_i = M^T_{ii}\,|T| / \sum_l M^T_{ll}` (``"hrz"``)
+    of :func:`adaptmg.assemble.lumped_mass`."""
+    if method == "rowsum":
+        return wdet @ phi
+    diag = wdet @ (phi * phi)
+    return diag * (wdet.sum(1) / diag.sum(1))[:, None]
+
+
+def lumped_mass_on_device(be, info, xi, w, phi, method):
+    """The diagonal of :func:`adaptmg.assemble.lumped_mass` for a mesh on the GPU backend ``be``
+    (a CuPy array of length ``num_dofs``): :func:`lumped_local` of every chunk on the device,
+    summed into the nodes by ``xp.bincount`` (sums in another order than the host's: equal to
+    rounding)."""
+    xp = be.xp
+    w_d, phi_d = xp.asarray(w), xp.asarray(phi)
+    dofs = xp.asarray(info.cell_dofs).astype(xp.int64)
+    m = xp.zeros(info.num_nodes, dtype=xp.float64)
+    for sl, _, g in _chunks(be, info, xi):
+        loc = lumped_local(g.detJ * w_d, phi_d, method)
+        m += xp.bincount(dofs[sl].reshape(-1), weights=loc.reshape(-1), minlength=info.num_nodes)
+    return xp.repeat(m, info.components) if info.components > 1 else m
 
 
 def load_on_device(be, info, f, xi, w, phi):

@@ -29,7 +29,9 @@ def derivative_matrices(space, *, quad_points=None):
     Note :math:`C_k^T` is the convection matrix of :math:`b = e_k`.
 
     Built on the scalar node numbering: each C_k is (num_nodes x num_nodes)
-    regardless of ``space.components``. Returns a list [C_0, ..., C_{d-1}].
+    regardless of ``space.components``. Returns a list [C_0, ..., C_{d-1}]: SciPy CSR, or
+    cupyx CSR on a mesh on the GPU (element matrices, pattern and sums there:
+    :func:`_device_derivatives`).
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
@@ -38,6 +40,8 @@ def derivative_matrices(space, *, quad_points=None):
     L = nloc * nloc
     Tq = np.einsum("qie,qj->qeij", dphi, phi).reshape(nq, d, L)
     T_full = np.ascontiguousarray(Tq.reshape(nq * d, L))
+    if info.device is not None:
+        return _device_derivatives(info, xi, w, T_full)
     T_aff = np.tensordot(w, Tq, axes=1)                   # (d, L)
     pat = _square_pattern(info)
     data = [pat.new_data() for _ in range(d)]
@@ -54,6 +58,23 @@ def derivative_matrices(space, *, quad_points=None):
             K = matmul_serial(F.reshape(n, -1), T, out=kbuf[:n])
             pat.add(data[k], sl, K)
     return [pat.csr(data[k]) for k in range(d)]
+
+
+def _device_derivatives(info, xi, w, T_full):
+    r"""The :math:`C_k` of :func:`derivative_matrices` for a mesh on the GPU, as cupyx CSR: per
+    direction k the factor :math:`F_{c,q,e} = w_q \det J\,(J^{-1})_{ek}` of every cell on the
+    device (:func:`~.on_device.element_entries_on_device`, the full rule on every cell), summed
+    on the device pattern."""
+    from .on_device import element_entries_on_device
+    be = info.device
+    pat = get_device_pattern(be, info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
+    out = []
+    for k in range(info.dim):
+        data = be.xp.empty(info.num_cells * T_full.shape[1])
+        element_entries_on_device(be, info, xi, w, lambda sl, g, wdet: g.invJ[..., k] * wdet[:, :, None],
+                                  T_full, data)
+        out.append(pat.device_csr(pat.sum(data, on_device=True)))
+    return out
 
 
 def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=False, device=None,

@@ -45,7 +45,8 @@ combine (:func:`adaptmg_problems._stepping.constrain_combine`), all on the backe
 on the GPU one CUDA-graph launch per step (:class:`.rhs.StepRHS`).
 
 Timings follow Table 1: ``init`` (mesh, hierarchy, spaces, assembly of all
-levels, multigrid setup, transfer to the device, initial value), ``rhs`` and
+levels, multigrid setup, transfer to the device, initial value; on the GPU the mesh is built
+and refined there, so the whole init runs on the device: ``run(mesh_backend=...)``), ``rhs`` and
 ``solve`` summed over all steps, and ``sum``.
 """
 from __future__ import annotations
@@ -53,7 +54,7 @@ from __future__ import annotations
 import numpy as np
 
 from adaptmg import Mesh, Space, assemble, multigrid
-from adaptmg.backend import get_backend, to_host
+from adaptmg.backend import get_backend, is_device_sparse, to_host
 from adaptmg.device import kernels as _K
 from adaptmg.fe.csr_ops import mask_rows_cols
 from adaptmg.fe.norms import errors
@@ -81,11 +82,12 @@ def source(t: float, lam: float = LAMBDA, b=B):
     return lambda X: td_source(t, X, lam, b)
 
 
-def make_mesh(n: int) -> Mesh:
-    """Uniform mesh with h = 2^-n: the 4x4 box refined n-2 times (n >= 2)."""
+def make_mesh(n: int, backend="cpu") -> Mesh:
+    """Uniform mesh with h = 2^-n: the 4x4 box refined n-2 times (n >= 2), its arrays and the
+    refinement on ``backend`` ("cpu" or "gpu", see :meth:`adaptmg.Mesh.box`)."""
     if not isinstance(n, (int, np.integer)) or n < 2:
         raise ValueError(f"n must be an integer >= 2 (h = 2^-n), got {n!r}")
-    mesh = Mesh.box([0.0, 0.0], [1.0, 1.0], [4, 4])
+    mesh = Mesh.box([0.0, 0.0], [1.0, 1.0], [4, 4], backend=backend)
     for _ in range(int(n) - 2):
         mesh = mesh.refine()
     return mesh
@@ -126,7 +128,7 @@ def system_matrix(dt: float, lam: float = LAMBDA, b=B, device=None):
 def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = None,
         lam: float = LAMBDA, b=B, backend="auto", rtol: float = 1e-8, maxiter: int = 50, tol: str = "rhs",
         quiet: bool = False, out=None, compute_error: bool = True, levels=None,
-        predictor: str = "linear"):
+        predictor: str = "linear", mesh_backend=None):
     """Run the transport-diffusion problem on the uniform mesh h = 2^-n.
 
     Parameters
@@ -147,13 +149,17 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         the L2 error at T moves by ~1e-5 of itself).
     quiet : no progress bar.
     out : optional dict to fill (and return) instead of a new one.
+    mesh_backend : where the mesh is built and refined: None (default) on the backend, so on
+        the GPU the whole init runs mesh -> levels on the device (mesh, Space, assembly of every
+        level, constraints, transfers: issue 36); "cpu" a host mesh (the GPU set-up then starts
+        from host tables; the CPU backend always takes the host mesh).
 
     Returns
     -------
     dict with ``u`` (host nodal values at T), ``mesh``, ``space``, ``timings``
     ({"init", "rhs", "solve", "sum"}), ``iterations`` (GMRES iterations per
     step), ``l2`` (L2 error at T against theta_ex, host quadrature), ``dofs``,
-    ``n``, ``steps``, ``T``, ``backend``, ``gmres_mode`` ("cuda-graph" or "host", see
+    ``n``, ``steps``, ``T``, ``backend``, ``mesh_backend``, ``gmres_mode`` ("cuda-graph" or "host", see
     :class:`~adaptmg_problems._stepping.StepGMRES`), ``rhs_mode`` ("cuda-graph" or
     "launches", see :class:`~adaptmg_problems.transport_diffusion.rhs.StepRHS`).
     """
@@ -162,11 +168,14 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         raise ValueError(f"predictor must be 'linear' or 'previous', got {predictor!r}")
     be = get_backend(backend)
     xp = be.xp
+    mb = be if mesh_backend is None else get_backend(mesh_backend)
+    if mb.is_gpu and not be.is_gpu:
+        raise ValueError(f"mesh_backend={mesh_backend!r} needs backend='gpu', got backend={be.name!r}")
     timer = Timer(be)
     res = {} if out is None else out
 
     with timer("init"):
-        mesh = make_mesh(n)
+        mesh = make_mesh(n, backend=mb)
         space = Space(mesh, 1)
         Asys = system_matrix(dt, lam, b, device=be)
         # global-coarsening hierarchy down to 32x32 cells (1089 rows, direct coarse solve) for
@@ -181,8 +190,8 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         nd = space.num_dofs
         # Dirichlet row scale s of the constrained matrix (rows s * I on fixed DoFs)
         s = cons.scale if cons.dirichlet.size else 1.0
-        mask_h = np.zeros(nd)
-        mask_h[cons.dirichlet] = 1.0
+        mask = xp.zeros(nd)                    # 0/1 Dirichlet mask on the backend
+        mask[be.asarray(cons.dirichlet)] = 1.0
         # device data (moved once)
         Kd = getattr(ml, "_A_outer", None)
         if Kd is None:
@@ -192,8 +201,10 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         # only the Dirichlet columns of A act on the lifting g: A_D = A diag(mask), built from
         # the few entries in those columns (no copy of the whole matrix; on the device when the
         # finest level was assembled there)
-        Ad = be.asmatrix(mask_rows_cols(ml.assembled, np.ones(nd, dtype=bool), mask_h != 0,
-                                        drop_zeros=True))
+        A_fine = ml.assembled
+        hx = np if not is_device_sparse(A_fine) else xp      # the masks where A_fine lives
+        cols = to_host(mask != 0) if hx is np else mask != 0
+        Ad = be.asmatrix(mask_rows_cols(A_fine, hx.ones(nd, dtype=bool), cols, drop_zeros=True))
         has_hanging = space.hanging_nodes.size > 0
         HT_plan = H_plan = None
         if has_hanging:
@@ -202,7 +213,7 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
         Pd = be.asarray(space.points)       # one upload; the coordinates and theta^0 there
         xd, yd = xp.ascontiguousarray(Pd[:, 0]), xp.ascontiguousarray(Pd[:, 1])
         # the step's right-hand side from rhs_of.u (on the GPU one CUDA graph per step)
-        rhs_of = StepRHS(be, xd, yd, be.asarray(mask_h), be.asarray(cons.free.astype(np.float64)), s,
+        rhs_of = StepRHS(be, xd, yd, mask, be.asarray(cons.free).astype(np.float64), s,
                          _K.make_spmv(Md), _K.make_spmv(Ad), HT_plan, lam, b, dt)
         u = rhs_of.u
         u[...] = td_exact(0.0, Pd)          # = space.interpolate(exact(0.0)), on the backend
@@ -237,10 +248,13 @@ def run(n: int = 7, *, dt: float = 0.02, T: float = 2.0, steps: int | None = Non
 
     timings = timer.as_dict(["init", "rhs", "solve"])
     u_h = to_host(u)
+    if mb.is_gpu:                           # the results (output, error) on the host mesh
+        mesh = mesh.to("cpu")
+        space = Space(mesh, 1)
     res.update(u=u_h, mesh=mesh, space=space, solver=ml, gmres_mode=stepper.mode,
                rhs_mode=rhs_of.mode, timings=timings, iterations=iters, not_converged=not_converged,
                dofs=space.num_dofs, n=int(n), steps=int(steps), T=steps * dt, dt=dt,
-               backend=be.name, fields={"theta": u_h})
+               backend=be.name, mesh_backend=mb.name, fields={"theta": u_h})
     if compute_error:
         res["l2"] = float(errors(space, u_h, exact(steps * dt))["L2"])
     if not quiet:

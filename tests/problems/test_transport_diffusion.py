@@ -289,3 +289,16 @@ def test_step_rhs_graph_reads_each_steps_time():
         if prev is not None:
             assert np.abs(outs[0] - prev).max() > 1e-6      # the time moved the vector
         prev = outs[0]
+
+
+@pytest.mark.gpu
+def test_gpu_run_with_the_mesh_on_the_device_equals_the_host_mesh_run():
+    """Issue 36: the init from a device mesh (mesh, levels, assembly, constraints, transfers on
+    the GPU) gives the host-mesh GPU run's solution to 1e-12 and the same iterations."""
+    rh = td.run(6, steps=5, backend="gpu", mesh_backend="cpu", quiet=True)
+    rd = td.run(6, steps=5, backend="gpu", quiet=True)
+    assert rh["mesh_backend"] == "cpu" and rd["mesh_backend"] == "gpu"
+    assert rd["iterations"] == rh["iterations"]
+    assert np.abs(rd["u"] - rh["u"]).max() <= 1e-12 * np.abs(rh["u"]).max()
+    assert rd["l2"] == pytest.approx(rh["l2"], rel=1e-10)
+    assert rd["mesh"].num_cells == 64 * 64          # the results on the host mesh
