@@ -244,7 +244,7 @@ def row_patch(ctx):
 # ----------------------------------------------------------------------------- application problems
 def _problems_args(ctx, **kw):
     a = argparse.Namespace(repeat=ctx.repeat, el_tol="residual", el_rtol=1e-6, el_rhs_extra=False,
-                           td_n=[10], el_edge=[6], el_face=[5])
+                           td_n=[10], el_edge=[6], el_face=[5], td_mesh="gpu")
     for k, v in kw.items():
         setattr(a, k, v)
     return a
@@ -278,7 +278,8 @@ def row_td(ctx):
     else:
         return NA
     total = t['init'] + t['rhs'] + t['solve']
-    return ctx.mark(f"init {t['init']:.2f} s, rhs {t['rhs']:.2f} s, solve {t['solve']:.2f} s, "
+    where = ", mesh on the device" if ctx.gpu else ""
+    return ctx.mark(f"init {t['init']:.2f} s{where}, rhs {t['rhs']:.2f} s, solve {t['solve']:.2f} s, "
                     f"total {total:.2f} s{paper}")
 
 
