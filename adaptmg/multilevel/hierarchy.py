@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..backend import backend_of, get_backend, is_device_sparse, to_host
+from ..backend import backend_of, call_points, get_backend, is_device_sparse, to_host
 from ..fe.csr_ops import add_to_diagonal, canonical_known, mask_rows_cols
 from ..fe import Constraints, Space
 from ..threads import Done, InlineExecutor, default_threads
@@ -99,7 +99,7 @@ def dirichlet_values(space: Space, dirichlet):
     for key, value in dirichlet.items():          # one vectorised step per named boundary
         nodes = space.boundary_nodes(ids=[key] if isinstance(key, str) else key)
         if callable(value):
-            v = xp.asarray(value(space.points[nodes]), dtype=float)
+            v = call_points(value, space.points[nodes], xp=xp)   # a host-only g: evaluated on the host
         else:
             v = xp.asarray(value, dtype=float)
         if v.shape in ((), (c,)):
