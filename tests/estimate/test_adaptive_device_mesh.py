@@ -165,7 +165,10 @@ def test_lshape_loop_with_the_mesh_on_the_device(fake):
     device against the host mesh with the same solver backend: the same DoFs, hanging nodes,
     levels, iterations and final cells; errors and estimates within round-off."""
     ls = _lshape()
-    kw = dict(steps=200, max_dofs=2500, backend="gpu", quiet=True)
+    # tie_rtol: twin cells of the symmetric L-shape have indicators equal up to round-off, which
+    # differs between the two set-ups (and between BLAS kernels): marked together, the marks do
+    # not depend on it (without it, OPENBLAS_CORETYPE=Haswell gave another final mesh)
+    kw = dict(steps=200, max_dofs=2500, backend="gpu", quiet=True, tie_rtol=1e-8)
     host = ls.run(mesh_backend="cpu", **kw)
     before = fake.device_to_host()
     dev = ls.run(**kw)                                    # default: the mesh on the GPU
@@ -177,7 +180,7 @@ def test_lshape_loop_with_the_mesh_on_the_device(fake):
     assert hh[-1]["dofs"] >= 2500 and hh[-1]["levels"] >= 2
     for k in ("cells", "hanging", "levels", "iterations"):
         assert [r[k] for r in hd] == [r[k] for r in hh], k
-    assert gets <= 8 * len(hd), gets                       # O(1) copies per step (7.3), not O(cells)
+    assert gets <= 10 * len(hd), gets                      # O(1) copies per step (8.6 with the tie rule), not O(cells)
     assert np.array_equal(_host(dev["mesh"].cells), host["mesh"].cells)
     for a, b in zip(hd, hh):
         for k in ("err_H1", "err_L2", "estimate"):        # (L2: |u - u_h| << |u|, round-off of u)
