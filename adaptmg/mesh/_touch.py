@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import backend_of, scatter_max, stable_argsort, to_host
+from ..backend import backend_of, scatter_max, scatter_min, stable_argsort, to_host
 from ._xp import tuned, xp_of
 
 SPARSE = 4           # the sparse path when at most num_cells / SPARSE cells exceed the minimum
@@ -100,9 +100,9 @@ def level_jumps(cells, num_nodes: int, levels):
     forest paid them).  Mostly one level dominates (a local refinement, its hierarchy): only
     the vertices of the other cells can jump, so those are stamped first, the cells touching
     them found by one boolean gather of the vertex slots (8 bytes a cell), and of the
-    dominant level only those cells stamped.  The same mask either way.  NumPy or CuPy
-    arrays (every scatter writes one value per level pass: no order of repeated writes is
-    relied on), O(levels) scalars to the host."""
+    dominant level only those cells stamped.  The same mask either way.  On the device
+    (CuPy arrays) two atomic scatters instead (:func:`_jumps_by_scatter`); O(1) scalars to
+    the host there, O(levels) on the host."""
     be = backend_of(cells)
     xp = be.xp
     nc, nv = cells.shape
@@ -111,18 +111,37 @@ def level_jumps(cells, num_nodes: int, levels):
         return jump, None
     low = int(levels.min())
     major = low + int(xp.argmax(xp.bincount((levels - low).astype(np.intp, copy=False))))
-    last = xp.full(num_nodes, -1, dtype=np.int16 if int(levels.max()) < np.iinfo(np.int16).max else np.int64)
     rest = xp.flatnonzero(levels != major)
+    if be.is_gpu:
+        return _jumps_by_scatter(cells, num_nodes, levels, rest)
+    last = xp.full(num_nodes, -1, dtype=np.int16 if int(levels.max()) < np.iinfo(np.int16).max else np.int64)
     if rest.size * SPARSE > nc:                    # no dominant level: every cell
         _stamp_levels(cells, xp.arange(nc), levels, last, jump)
         return jump, None
     _stamp_levels(cells, rest, levels, last, jump)     # the other levels' vertices: last >= 0
-    if be.is_gpu:
-        rows = xp.flatnonzero(xp.take(last >= 0, cells).any(axis=1))
-    else:
-        rows = cells_with_vertex_in(cells, last >= 0)
+    rows = cells_with_vertex_in(cells, last >= 0)
     _stamp_levels(cells, rows.take(xp.flatnonzero(levels.take(rows) == major)), levels, last, jump)
     return jump, rows
+
+
+def _jumps_by_scatter(cells, num_nodes, levels, rest):
+    """:func:`level_jumps` on the device: the minimum and the maximum level at every node by
+    two atomic scatters over all (cell, vertex) slots -- no loop over the mesh's levels with a
+    few launches and a host read each (an adaptive loop's mesh has 10-20 levels, and every
+    level of its hierarchy asks); ``rows`` the cells with a vertex of a cell off the dominant
+    level (``rest``), None when that level does not dominate.  The host's mask and rows."""
+    xp = backend_of(cells).xp
+    nc, nv = cells.shape
+    flat = cells.reshape(-1)
+    lv = xp.repeat(levels.astype(np.int32), nv)
+    lo = scatter_min(xp.full(num_nodes, np.iinfo(np.int32).max, dtype=np.int32), flat, lv)
+    hi = scatter_max(xp.full(num_nodes, -1, dtype=np.int32), flat, lv)
+    jump = hi > lo                                 # not a vertex: -1 > max is False
+    if rest.size * SPARSE > nc:
+        return jump, None
+    touched = xp.zeros(num_nodes, dtype=bool)
+    touched[xp.take(cells, rest, axis=0).reshape(-1)] = True       # one value written
+    return jump, xp.flatnonzero(xp.take(touched, cells).any(axis=1))
 
 
 def _stamp_levels(cells, which, lv, last, jump) -> None:
