@@ -22,7 +22,7 @@ import scipy.sparse as sp
 __all__ = ["Backend", "get_backend", "gpu_available", "backend_of", "is_device_array",
            "is_device_sparse", "is_device_linear_operator", "is_device_error", "is_sparse",
            "to_device", "to_host", "host_copies", "call_points", "stable_argsort", "CPU", "nccl_module",
-           "scatter_max", "scatter_min", "scatter_add", "repeat", "unique_first"]
+           "scatter_max", "scatter_min", "scatter_add", "repeat", "segment_index", "unique_first"]
 
 
 @dataclass(frozen=True)
@@ -251,16 +251,29 @@ def unique_first(a):
     return u, first, inv
 
 
-def repeat(a, counts):
+def segment_index(xp, counts, total):
+    """``repeat(arange(m), counts)`` (``total = sum(counts)`` entries) with whole-array
+    operations that CuPy has (its ``repeat`` takes no array of repeats): a 1 at the start of
+    every non-empty segment, a running sum, and the segment's index."""
+    nz = xp.flatnonzero(counts)
+    starts = xp.cumsum(counts)[nz] - counts[nz]
+    flag = xp.zeros(total, dtype=xp.int64)
+    flag[starts] = 1
+    return nz[xp.cumsum(flag) - 1]
+
+
+def repeat(a, counts, total=None, xp=None):
     """``np.repeat(a, counts)`` for a 1-D ``a`` and integer ``counts`` of its array module
-    (CuPy's ``repeat`` takes no device array of counts: there a ``searchsorted`` of the
-    running sum of ``counts``)."""
-    if not _is_cupy_array(a):
+    ``xp`` (default: CuPy for a CuPy ``a``, else NumPy): on the device :func:`segment_index`
+    (CuPy's ``repeat`` takes no device array of counts); ``total``, the sum of ``counts`` if
+    known, saves reading it back from the device."""
+    if xp is None:
+        if not _is_cupy_array(a):
+            return np.repeat(a, counts)
+        import cupy as xp
+    elif xp is np:
         return np.repeat(a, counts)
-    import cupy
-    ends = cupy.cumsum(counts)
-    total = int(ends[-1]) if ends.size else 0
-    return a[cupy.searchsorted(ends, cupy.arange(total, dtype=ends.dtype), side="right")]
+    return a[segment_index(xp, counts, int(counts.sum()) if total is None else int(total))]
 
 
 def call_points(fn, *args, xp=np, dtype=float):

@@ -62,7 +62,7 @@ import functools
 
 import numpy as np
 
-from ..backend import backend_of, is_sparse, stable_argsort, to_host
+from ..backend import backend_of, is_sparse, repeat, stable_argsort, to_host
 from .aggregation import csr_row_reduce, csr_rowmax, node_hash
 
 __all__ = ["node_graph", "color_graph", "color_groups", "check_coloring", "csr_rowor",
@@ -96,28 +96,9 @@ def csr_rowor(be, indptr, vals, init):
     return csr_row_reduce(be, indptr, vals, init, np.bitwise_or, _rowor_kernel, np.uint64)
 
 
-def segment_owner(xp, counts, total):
-    """``repeat(arange(m), counts)`` with whole-array operations that CuPy has (its
-    ``repeat`` takes no array of repeats): a 1 at the start of every non-empty
-    segment, a running sum, and the segment's index."""
-    nz = xp.flatnonzero(counts)
-    starts = xp.cumsum(counts)[nz] - counts[nz]
-    flag = xp.zeros(total, dtype=xp.int64)
-    flag[starts] = 1
-    return nz[xp.cumsum(flag) - 1]
-
-
-def _repeat(be, values, counts, total):
-    """``repeat(values, counts)`` (``total = sum(counts)`` entries): NumPy's on the host,
-    :func:`segment_owner` on the device."""
-    if be.is_gpu:
-        return values[segment_owner(be.xp, counts, total)]
-    return np.repeat(values, counts)
-
-
 def _expand(be, counts, total):
     """Owner (segment index) of each of the ``total = sum(counts)`` entries."""
-    return _repeat(be, be.xp.arange(counts.shape[0], dtype=be.xp.int64), counts, total)
+    return repeat(be.xp.arange(counts.shape[0], dtype=be.xp.int64), counts, total, xp=be.xp)
 
 
 def csr_row_positions(be, indptr, rows, nnz):
@@ -128,7 +109,7 @@ def csr_row_positions(be, indptr, rows, nnz):
 
     Entry ``t`` of new row ``q`` is old entry ``t + (indptr[rows[q]] - ptr[q])``: the row
     lengths, their running sum, and that shift repeated over each row's entries (one segmented
-    expansion, :func:`segment_owner` on the device) -- whole-array operations, no loop over
+    expansion, :func:`adaptmg.backend.repeat`) -- whole-array operations, no loop over
     rows, and no host copy of any array (one scalar read: the number of entries)."""
     xp = be.xp
     start = indptr[rows]
@@ -141,7 +122,7 @@ def csr_row_positions(be, indptr, rows, nnz):
     if total == 0:
         return ptr, xp.zeros(0, dtype=it)
     shift = (start - ptr[:-1]).astype(it)
-    pos = _repeat(be, shift, cnt, total)
+    pos = repeat(shift, cnt, total, xp=xp)
     pos += xp.arange(total, dtype=it)
     return ptr, pos
 

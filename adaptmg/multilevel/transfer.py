@@ -26,14 +26,13 @@ import weakref
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, get_backend, scatter_min
+from ..backend import CPU, get_backend, repeat, scatter_min
 from ..fe.congruence import _hanging_rows, _index_array, _parents
 from ..fe.csr_ops import csr_entry_rows, mask_rows_cols
 from ..fe.element import LagrangeQ
 from ..fe.space import Space
 from ..fe.space_xp import kron_identity
 from ..mesh import reference as ref
-from .coloring import _repeat
 
 __all__ = ["interpolation_matrix", "prolongation"]
 
@@ -142,7 +141,7 @@ def _interpolation_on(be, coarse, fine):
     indptr = xp.zeros(nf + 1, dtype=xp.int64)
     indptr[1:] = xp.cumsum(cnt)
     total = int(indptr[-1])
-    own = _repeat(be, xp.arange(nf, dtype=xp.int64), cnt, total)  # fine node of each entry
+    own = repeat(xp.arange(nf, dtype=xp.int64), cnt, total, xp=xp)  # fine node of each entry
     t = xp.take(start_tab, xp.take(key, own)) + (xp.arange(total, dtype=xp.int64) - xp.take(indptr, own))
     flat = xp.take(cidx, xp.take(cell, own)) * nloc + xp.take(kc, t)
     it = xp.int32 if max(nf, ncn, total) <= np.iinfo(np.int32).max else xp.int64
@@ -356,7 +355,7 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
             buf[dest] = cm if c == 1 else cm * it(c) + it(r)
     indices = buf[:nnz]
     w_row = xp.ldexp(1.0, -kind.astype(xp.int32))          # 2^-k of each row (exact; dropped rows: no entries)
-    data = _repeat(be, w_row, cnt * c if c > 1 else cnt, nnz)
+    data = repeat(w_row, cnt * c if c > 1 else cnt, nnz, xp=be.xp)
     if C is not None and C.nnz:
         e_row = csr_entry_rows(C.indptr, C.nnz)      # C's row of each entry
         fr = xp.take(rows_c, e_row)                   # its fine row

@@ -147,13 +147,14 @@ def test_coloring_device_formulation_on_the_host(monkeypatch):
     """The device branch of the index expansion (no ``repeat`` with array counts in CuPy) gives
     the same arrays and the same colouring as NumPy's ``repeat``; every step is integer
     arithmetic, so the device colouring equals the host one exactly."""
+    from adaptmg.backend import segment_index
     from adaptmg.multilevel import coloring
     counts = np.array([2, 0, 3, 0, 0, 1, 4])
-    np.testing.assert_array_equal(coloring.segment_owner(np, counts, counts.sum()),
+    np.testing.assert_array_equal(segment_index(np, counts, counts.sum()),
                                   np.repeat(np.arange(counts.size), counts))
     cases = [(lap2d(30, nine=True), 1), (vector_spd(8, 3), 3), (pattern27(8), 1)]
     ref = [color_graph(A, c, seed=5) for A, c in cases]
-    monkeypatch.setattr(coloring, "_repeat", lambda be, v, cnt, tot: v[coloring.segment_owner(np, cnt, tot)])
+    monkeypatch.setattr(coloring, "repeat", lambda v, cnt, tot, xp: v[segment_index(np, cnt, tot)])
     for (A, c), r in zip(cases, ref):
         np.testing.assert_array_equal(color_graph(A, c, seed=5), r)
 
