@@ -141,7 +141,7 @@ def _jumps_by_scatter(cells, num_nodes, levels, rest):
         return jump, None
     touched = xp.zeros(num_nodes, dtype=bool)
     touched[xp.take(cells, rest, axis=0).reshape(-1)] = True       # one value written
-    return jump, xp.flatnonzero(xp.take(touched, cells).any(axis=1))
+    return jump, cells_with_vertex_in(cells, touched)
 
 
 def _stamp_levels(cells, which, lv, last, jump) -> None:
