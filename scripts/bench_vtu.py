@@ -9,7 +9,7 @@ A ``Mesh.box`` of ``--cells`` quads (default 1,000,000: 1000 x 1000) with three 
 * ``raw``: ``adaptmg.io.write(path, ..., compression=None)`` (:mod:`adaptmg.io.vtu_raw`);
 
 timed alone (``write``), then started in a background thread beside a loop-thread stand-in
-(NumPy rounds ``x = x * 1.0000001`` on a 100k vector, about 1 s of them when alone):
+(pure Python rounds, which need the GIL as kernel launches do; about 1 s of them alone):
 ``loop beside`` is that loop's time over its time alone (1.0 = the writer does not slow the
 loop; the GIL a writer holds shows here).  With ``--backend gpu`` the mesh and the
 fields live on the device and the figures include ``copy``: the loop thread's part of the
@@ -31,16 +31,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _work(rounds):
-    """Seconds of ``rounds`` NumPy rounds on a 100k vector in this thread (the loop's stand-in)."""
-    x, t0 = np.ones(100_000), time.perf_counter()
+    """Seconds of ``rounds`` rounds of pure Python work in this thread: the loop's stand-in
+    (launching kernels is Python and driver calls that hold the GIL)."""
+    t0 = time.perf_counter()
     for _ in range(rounds):
-        x = x * 1.0000001
+        sum(i * i for i in range(1000))
     return time.perf_counter() - t0
 
 
 def beside(fn, rounds):
-    """Seconds of ``rounds`` NumPy rounds in this thread while ``fn`` runs in a background
-    thread (started first)."""
+    """Seconds of ``rounds`` rounds of :func:`_work` in this thread while ``fn`` runs in a
+    background thread (started first)."""
     th = threading.Thread(target=fn)
     th.start()
     t = _work(rounds)

@@ -12,8 +12,8 @@ byte ``offset`` of its block, followed by one ``<AppendedData encoding="raw">_``
 
 where block ``k`` is its byte count :math:`n_k` (UInt64) and the array's little-endian bytes,
 and ``offset_k = \sum_{j<k} (8 + n_j)``.  The arrays are handed to the file as NumPy buffers
-(no encoding, no compression: the write releases the GIL, so a writer thread hardly slows the
-thread that runs the solver), the names (:func:`~adaptmg.io.groups.vtu_field_data`) are
+(no base64 encoding or compression in Python: the buffer writes release the GIL, which
+the thread that runs the solver needs to launch its kernels), the names (:func:`~adaptmg.io.groups.vtu_field_data`) are
 inline ASCII, and nothing is read back or rewritten.  The content is that of the zlib file
 :func:`adaptmg.io.write` writes through meshio: points padded to 3-D (float64), connectivity
 in VTK vertex order (:data:`~adaptmg.io.convert.PERM`, Int64), end offsets (Int64), cell types
