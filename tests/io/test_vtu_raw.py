@@ -129,8 +129,8 @@ def test_device_mesh_gives_the_host_mesh_file_bytes(name, strict, tmp_path, monk
         assert d.read_bytes() == h.read_bytes(), suffix
         # each mesh array (points, cells, levels, boundary ids, regions, hanging nodes) and each
         # field (u, grad, flag; eta, vec) copied once, nothing else
-        n, nc, d = host.num_nodes, host.num_cells, host.dim
-        assert values == n * (2 * d + 2) + nc * (2 ** d + 2 * d + 6) + host.num_hanging_nodes
+        n, nc, dim = host.num_nodes, host.num_cells, host.dim
+        assert values == n * (2 * dim + 2) + nc * (2 ** dim + 2 * dim + 6) + host.num_hanging_nodes
         assert calls == 11, calls
     h = io.write(tmp_path / "h.msh", host, {"u": pd["u"]}, {"eta": cd["eta"]})     # Gmsh 4.1
     d = io.write(tmp_path / "d.msh", dev, {"u": pdd["u"]}, {"eta": cdd["eta"]})
