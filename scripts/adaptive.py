@@ -13,6 +13,8 @@ Examples::
     python scripts/adaptive.py --problem lshape --backend cpu --max-dofs 100000   # to 1e5 DoFs
     python scripts/adaptive.py --problem lshape --backend gpu --max-dofs 1000000  # mesh on the GPU
     python scripts/adaptive.py --problem lshape --backend gpu --mesh-backend cpu  # host mesh, GPU solve
+    python scripts/adaptive.py --problem lshape --backend gpu --max-dofs 1000000 --repeat 2 --out DIR
+                                                     # the second (warm) loop, a VTU file per step
 
 With ``--backend gpu`` the L-shape and Fichera problems build their mesh on the device
 (``--mesh-backend``, default: the solver's backend): refinement, set-up, Dirichlet values,
@@ -23,7 +25,8 @@ Prints one line per step (cells, DoFs, hanging nodes, multigrid levels, estimate
 true error where known, multigrid iterations, solve and estimate times), then the
 total wall time and a per-step breakdown table (refine, set-up, solve, estimate,
 true error, other; see :func:`timed_run`), writes
-one VTU file per step to ``--out`` (solution, indicators, cell levels) and a PNG
+one VTU file per step to ``--out`` (solution, indicators, cell levels; raw appended VTU written
+by a background thread, :mod:`adaptmg.io.vtu_raw`) and a PNG
 convergence plot (``convergence.png``; skipped with a message when matplotlib is not
 installed), and a ``history.csv``.
 """
@@ -224,12 +227,17 @@ def main(argv=None):
                     help="where the mesh lives (lshape, fichera): default gpu with --backend gpu, else cpu")
     ap.add_argument("--max-dofs", type=int, default=None)
     ap.add_argument("--out", default=None, help="directory for VTU files, history.csv and convergence.png")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the whole loop N times in this process and report the last run "
+                         "(the earlier ones, quiet, compile the kernels: a warm loop's figures)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     if a.steps is None:
         a.steps = 200 if a.max_dofs is not None else 10
     if a.steps < 0:
         ap.error("--steps must be >= 0")
+    if a.repeat < 1:
+        ap.error("--repeat must be >= 1")
     if a.max_dofs is not None and a.max_dofs < 1:
         ap.error("--max-dofs must be a positive integer")
     if a.backend == "gpu":
@@ -252,6 +260,9 @@ def main(argv=None):
         kw["mesh_backend"] = a.mesh_backend
     elif a.estimator != "residual":
         ap.error("--estimator dwr is available for --problem lshape only")
+    for r in range(a.repeat - 1):                   # warm-up runs: same loop, same output
+        t_w = timed_run(mod, **{**kw, "quiet": True})[2]
+        out(f"warm-up run {r + 1} of {a.repeat - 1}: {t_w:.2f} s")
     res, rows, total = timed_run(mod, **kw)
     hist = res["history"]
     out(f"total {total:.2f} s for {len(hist)} solves; final DoFs {hist[-1]['dofs']}, "

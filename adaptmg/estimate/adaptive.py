@@ -49,20 +49,28 @@ def fitted_slope(n, e):
     return float(np.polyfit(np.log(n), np.log(e), 1)[0])
 
 
-def write_vtu(path, space, point_data=None, cell_data=None):
+def write_vtu(path, space, point_data=None, cell_data=None, *, compression="zlib"):
     """Write the mesh of ``space`` with nodal fields (num_dofs,) and cell fields (num_cells,)
     to VTU through :func:`adaptmg.io.write` (Q2 fields: vertex values; the mesh's ``level``,
-    ``hanging`` and ``boundary_ids`` are written too, so a ``level`` cell field is dropped)."""
+    ``hanging`` and ``boundary_ids`` are written too, so a ``level`` cell field is dropped).
+    ``space`` may also be the :func:`adaptmg.io.convert.host_mesh` of a space's mesh;
+    ``compression=None``: raw appended data (:mod:`adaptmg.io.vtu_raw`)."""
     from .. import io
+    from ..io.convert import HostMesh
     cd = {k: v for k, v in (cell_data or {}).items() if k != "level"}
-    return io.write(path, space.mesh, point_data or {}, cd, space=space, mesh_data=True)
+    mesh, space = (space, None) if isinstance(space, HostMesh) else (space.mesh, space)
+    return io.write(path, mesh, point_data or {}, cd, space=space, mesh_data=True,
+                    compression=compression)
 
 
 class _Writer:
-    """VTU output off the critical path: the host copies of a step's fields are made in the
-    loop's thread, the files are written by one background thread while the next steps run
-    (meshio's encoding and compression of a 1M-DoF step took seconds); :meth:`close` waits
-    for every file and re-raises the first error."""
+    """VTU output off the critical path.  In the loop's thread :meth:`submit` makes only the
+    device -> host copies of what the step writes (the fields, and for a mesh on the GPU the
+    arrays of :func:`adaptmg.io.convert.host_mesh`: O(cells) bytes once, no host numbering);
+    one background thread collects the fields and writes the raw VTU
+    (:mod:`adaptmg.io.vtu_raw`, ``compression=None``: plain buffer writes, which release the
+    GIL the loop's thread needs to launch its kernels) while the next steps run.
+    :meth:`close` waits for every file and re-raises the first error."""
 
     def __init__(self, out, every):
         from concurrent.futures import ThreadPoolExecutor
@@ -75,12 +83,19 @@ class _Writer:
 
     def submit(self, path, space, point_data, cell_data):
         from ..backend import to_host
+        from ..io.convert import host_mesh
         pd = {k: to_host(v) for k, v in point_data.items()}
         cd = {k: to_host(v) for k, v in cell_data.items()}
-        if space.mesh.backend.is_gpu:        # a mesh on the GPU: written from a host copy (same numbering)
-            from ..fe.space import Space
-            space = Space(space.mesh.to("cpu"), space.degree, space.components)
-        self._jobs.append(self._pool.submit(write_vtu, path, space, pd, cd))
+        # a host mesh's arrays are read by the writer thread; a device mesh's are copied here
+        snap = host_mesh(space.mesh, space) if space.mesh.backend.is_gpu else None
+        self._jobs.append(self._pool.submit(self._write, path, snap or space, pd, cd))
+
+    @staticmethod
+    def _write(path, space, pd, cd):
+        from ..io.convert import HostMesh, host_mesh
+        if not isinstance(space, HostMesh):
+            space = host_mesh(space.mesh, space)
+        return write_vtu(path, space, pd, cd, compression=None)
 
     def close(self, raise_errors=True):
         self._pool.shutdown(wait=True)
@@ -95,15 +110,21 @@ def adaptive_loop(problem: AdaptiveProblem, *, steps=10, strategy="doerfler", th
     """Run solve -> estimate -> mark -> refine ``steps`` times (``steps + 1`` solves).
 
     ``strategy``: "doerfler" (parameter ``theta``), "fixed_fraction" (fraction ``theta``)
-    or "uniform"; ``tie_rtol``: Doerfler's tie rule (:func:`~.marking.doerfler`).  ``out``: directory for a VTU file per step (``<name>_<step>.vtu``),
-    written by a background thread while the next steps run; ``write_every=k`` writes only
-    the steps 0, k, 2k, ... and the last one.
+    or "uniform"; ``tie_rtol``: Doerfler's tie rule (:func:`~.marking.doerfler`).
+    ``out``: directory for a VTU file per step (``<name>_<step>.vtu``: the solution ``u``,
+    the problem's ``fields``, the indicators ``eta``, the mesh's ``hanging``, ``level``,
+    ``boundary_ids``, ``region``), uncompressed raw appended VTU (:mod:`adaptmg.io.vtu_raw`;
+    ParaView and :func:`adaptmg.io.read` read it).  The loop's thread only copies what a
+    step writes to the host (for a mesh on the GPU: its fields and the mesh arrays of
+    :func:`adaptmg.io.convert.host_mesh`, no host numbering); a background thread builds
+    and writes the file while the next steps run.  ``write_every=k`` writes only the steps
+    0, k, 2k, ... and the last one.  A failed write is raised when the loop ends.
     Returns a dict with ``history`` (one dict per step: step, cells, dofs, hanging,
     levels, estimate, errors, iterations, times: ``t_solve`` = ``t_setup`` (space, hierarchy,
     assembly, transfer to the device) + ``t_mg`` (the multigrid solve), ``t_estimate``),
     ``mesh``, ``space``, ``u``, ``eta``.  On a mesh on the GPU (``problem.mesh.to("gpu")``,
     solve/estimate returning device arrays) marking and refinement run on the device too
-    (:mod:`.marking`), with O(1) host reads per step; the files are written from host copies.
+    (:mod:`.marking`), with O(1) host reads per step (and the copies of the steps written).
     A progress bar (:mod:`adaptmg.progress`) is shown
     on a terminal unless ``quiet``.
     """

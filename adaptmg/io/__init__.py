@@ -6,7 +6,11 @@ Modules
     :func:`write` and :func:`read` for any format meshio knows (format from the suffix).
 :mod:`~adaptmg.io.convert`
     adaptmg ``Mesh`` <-> ``meshio.Mesh``: VTK vertex order (:func:`vtk_permutation`),
-    point/cell fields to write, checks of a mesh read back.
+    point/cell fields to write (``host_mesh``: a mesh on the GPU as host copies of the
+    arrays a file holds), checks of a mesh read back.
+:mod:`~adaptmg.io.vtu_raw`
+    the uncompressed VTU writer of ``write(..., compression=None)`` (raw appended data,
+    plain buffer writes; what the adaptive loop writes).
 :mod:`~adaptmg.io.xdmf`
     adaptmg's own XDMF writer and reader (inline XML, exact float64),
     :class:`TimeSeriesWriter`, :func:`read_time_series`.

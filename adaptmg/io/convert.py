@@ -55,26 +55,86 @@ def _host_array(a, name):
     return arr
 
 
-def _vertex_dof_nodes(space, mesh):
-    """DoF node of each mesh vertex in ``space`` (vectorised over cells)."""
-    k = space.degree
-    d = mesh.dim
-    cor = np.array([[(v >> i) & 1 for i in range(d)] for v in range(2 ** d)])
-    lattice_idx = (cor * k * (k + 1) ** np.arange(d)).sum(1)     # lexicographic over {0..k}^d
-    out = np.empty(mesh.num_nodes, dtype=np.int64)
-    out[np.asarray(mesh.cells).ravel()] = np.asarray(space.cell_dofs)[:, lattice_idx].ravel()
-    return out
+class HostSpace:
+    """What :func:`collect_fields` needs of a :class:`~adaptmg.Space`: its sizes and, for
+    degree > 1, the DoF nodes at each cell's vertices (``vertex_dofs``, (num_cells, 2^d),
+    a host copy)."""
+
+    def __init__(self, space, xp):
+        self.degree, self.components = space.degree, space.components
+        self.num_nodes, self.num_dofs = int(space.num_nodes), int(space.num_dofs)
+        self.vertex_dofs = None
+        if space.degree != 1:
+            d, k = space.mesh.dim, space.degree
+            cor = np.array([[(v >> i) & 1 for i in range(d)] for v in range(2 ** d)])
+            lattice = (cor * k * (k + 1) ** np.arange(d)).sum(1)   # lexicographic over {0..k}^d
+            self.vertex_dofs = to_host(xp.take(space.cell_dofs, xp.asarray(lattice), axis=1))
+
+
+class HostMesh:
+    """The arrays of a :class:`~adaptmg.Mesh` that a file holds, as NumPy arrays under the
+    mesh's own attribute names (:data:`MESH_ARRAYS`, ``dim``, ``num_nodes``, ``num_cells``, the
+    name tables) plus ``space`` (a :class:`HostSpace` or None).  Built by :func:`host_mesh`:
+    copies of a device mesh's arrays, or a host mesh's own ones read when asked (so a writer
+    computes nothing the file does not hold)."""
+
+    def __init__(self, mesh, space, **arrays):
+        self._mesh, self.space = (None if arrays else mesh), space    # no device mesh kept alive
+        self.dim, self.num_nodes, self.num_cells = mesh.dim, mesh.num_nodes, mesh.num_cells
+        self.boundary_names, self.region_names = mesh.boundary_names, mesh.region_names
+        self.__dict__.update(arrays)
+
+    def __getattr__(self, name):                 # a host mesh's arrays, on first use
+        if name in MESH_ARRAYS:
+            return getattr(self.__dict__["_mesh"], name)
+        raise AttributeError(f"HostMesh has no attribute {name!r}")
+
+
+MESH_ARRAYS = ("points", "cells", "levels", "hanging_nodes", "boundary_ids", "regions")
+
+
+def host_mesh(mesh, space=None) -> HostMesh:
+    """The :class:`HostMesh` of ``mesh`` (and ``space``, a Space on it, or None).
+
+    A mesh on the GPU gives device -> host copies (:func:`adaptmg.backend.to_host`) of the
+    arrays it already has, the integers the files hold as int32 (``level``,
+    ``boundary_ids``, ``region``) narrowed on the device first -- no host numbering, no host
+    ``Space``.  A host mesh copies nothing; a ``HostMesh`` is returned as it is."""
+    if isinstance(mesh, HostMesh):
+        if space is not None:
+            raise ValueError("a HostMesh carries its space: pass space= to host_mesh, not beside it")
+        return mesh
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be an adaptmg Mesh, got {type(mesh).__name__}")
+    if space is not None:
+        from ..fe import Space
+        if not isinstance(space, Space):
+            raise TypeError(f"space must be an adaptmg Space, got {type(space).__name__}")
+        if space.mesh is not mesh:
+            raise ValueError("space must be defined on the mesh being written (space.mesh is not mesh)")
+    hs = None if space is None else HostSpace(space, mesh.backend.xp)
+    if not mesh.backend.is_gpu:
+        return HostMesh(mesh, hs)
+
+    def narrow(a):                               # half the bytes through the bus
+        return to_host(a.astype(np.int32) if a.dtype.itemsize > 4 else a)
+
+    return HostMesh(mesh, hs, points=to_host(mesh.points), cells=to_host(mesh.cells),
+                    levels=narrow(mesh.levels), hanging_nodes=to_host(mesh.hanging_nodes),
+                    boundary_ids=narrow(mesh.boundary_ids), regions=narrow(mesh.regions))
 
 
 def _point_array(name, value, mesh, space):
-    """Normalise one point field to (num_nodes,) or (num_nodes, c)."""
+    """Normalise one point field to (num_nodes,) or (num_nodes, c) (``space``: a HostSpace)."""
     a = _host_array(value, f"point_data[{name!r}]")
     n = mesh.num_nodes
     if space is not None and a.ndim == 1 and a.shape[0] == space.num_dofs:
         c = space.components
         a = a.reshape(space.num_nodes, c)
-        if space.degree != 1:
-            a = a[_vertex_dof_nodes(space, mesh)]
+        if space.vertex_dofs is not None:             # DoF node of each mesh vertex
+            at = np.empty(n, dtype=np.int64)
+            at[np.asarray(mesh.cells).ravel()] = space.vertex_dofs.ravel()
+            a = a[at]
         return a[:, 0] if c == 1 else a
     if a.ndim == 1 and a.shape[0] == n:
         return a
@@ -99,17 +159,13 @@ def _cell_array(name, value, mesh):
 def collect_fields(mesh, point_data, cell_data, space, mesh_data):
     """Checked point and cell fields to write, as host arrays: ``(pd, cd)``.
 
-    Also checks ``mesh`` and ``space``; with ``mesh_data`` adds the
-    :data:`RESERVED` arrays ``hanging``, ``level``, ``boundary_ids`` and ``region``.
+    ``mesh``: a :class:`~adaptmg.Mesh` (host or device; ``space`` a Space on it) or a
+    :class:`HostMesh` (``space`` None); checks both (:func:`host_mesh`).  With
+    ``mesh_data`` adds the :data:`RESERVED` arrays ``hanging``, ``level``, ``boundary_ids``
+    and ``region``.
     """
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"mesh must be an adaptmg Mesh, got {type(mesh).__name__}")
-    if space is not None:
-        from ..fe import Space
-        if not isinstance(space, Space):
-            raise TypeError(f"space must be an adaptmg Space, got {type(space).__name__}")
-        if space.mesh is not mesh:
-            raise ValueError("space must be defined on the mesh being written (space.mesh is not mesh)")
+    mesh = host_mesh(mesh, space)
+    space = mesh.space
     pd, cd = {}, {}
     for label, data, out, conv in (("point_data", point_data, pd, lambda k, v: _point_array(k, v, mesh, space)),
                                    ("cell_data", cell_data, cd, lambda k, v: _cell_array(k, v, mesh))):

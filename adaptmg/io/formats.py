@@ -11,10 +11,11 @@ import struct
 import warnings
 from pathlib import Path
 
-from .convert import collect_fields, import_meshio, to_adaptmg, to_meshio
+from .convert import collect_fields, host_mesh, import_meshio, to_adaptmg, to_meshio
 from .groups import add_vtu_field_data
 from .sandbox import (UNSAFE_READERS, check_path, file_error, limits, parse_errors, precheck,
                       read_isolated)
+from .vtu_raw import write_raw_vtu
 from .xdmf import NotInline, parse_xdmf, write_xdmf
 
 # What meshio's writers raise for data a format cannot hold, besides OSError and
@@ -43,7 +44,7 @@ def format_of(p: Path, file_format):
 
 
 def write(path, mesh, point_data=None, cell_data=None, *, space=None, file_format=None,
-          mesh_data=True):
+          mesh_data=True, compression="zlib"):
     """Write ``mesh`` and fields to ``path`` (format from the suffix: .vtu, .xdmf, .msh, ...).
 
     Parameters
@@ -51,6 +52,8 @@ def write(path, mesh, point_data=None, cell_data=None, *, space=None, file_forma
     path : str or PathLike
         Output file; missing parent folders are created.
     mesh : Mesh
+        On the host or the GPU (the arrays a file holds are copied to the host,
+        :func:`~adaptmg.io.convert.host_mesh`), or such a ``HostMesh`` (then no ``space=``).
     point_data : dict name -> array, optional
         One entry per mesh node: shape ``(num_nodes,)``, ``(num_nodes, c)``,
         or a flat DoF vector ``(num_nodes * c,)`` (DoF ``= node * c + comp``),
@@ -67,14 +70,26 @@ def write(path, mesh, point_data=None, cell_data=None, *, space=None, file_forma
         (:mod:`adaptmg.io.groups`); VTU and XDMF hold the arrays and the names.
     file_format : str, optional
         meshio format name, overriding the suffix.
+    compression : "zlib" or None
+        VTU only: "zlib" (default) writes binary zlib-compressed data through meshio;
+        None writes the same arrays uncompressed as raw appended data
+        (:mod:`adaptmg.io.vtu_raw`: larger files, written several times faster).
 
     XDMF is written with inline XML data (17 significant digits, exact for
-    float64; no h5py needed).  VTU is written binary, zlib-compressed.
+    float64; no h5py needed).
     """
     p = check_path(path)
     fmt = format_of(p, file_format)
-    pd, cd = collect_fields(mesh, point_data, cell_data, space, mesh_data)
+    if compression is not None and (not isinstance(compression, str) or compression != "zlib"):
+        raise ValueError(f"compression must be 'zlib' or None, got {compression!r}")
+    if compression is None and fmt != "vtu":
+        raise ValueError(f"{p}: compression=None (raw appended data) is for VTU files only, "
+                         f"not format {fmt!r}")
+    mesh = host_mesh(mesh, space)
+    pd, cd = collect_fields(mesh, point_data, cell_data, None, mesh_data)
     p.parent.mkdir(parents=True, exist_ok=True)
+    if compression is None:
+        return write_raw_vtu(p, mesh, pd, cd, names=mesh_data)
     if fmt == "xdmf":
         write_xdmf(p, mesh, pd, cd, names=mesh_data)
         return p

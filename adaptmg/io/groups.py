@@ -116,19 +116,27 @@ def _dim_tags(mesh, parts, verts, fparts):
     return np.stack([dims, tags], axis=1)
 
 
+def vtu_field_data(fd) -> str:
+    """The names ``fd`` as a VTK ``<FieldData>`` element (one ascii Int64 pair ``id dim`` per
+    name); empty text for no names."""
+    if not fd:
+        return ""
+    items = "".join(f'<DataArray type="Int64" Name={quoteattr(k)} NumberOfTuples="2" format="ascii">'
+                    f"{int(v[0])} {int(v[1])}</DataArray>" for k, v in fd.items())
+    return f"<FieldData>{items}</FieldData>"
+
+
 def add_vtu_field_data(p, fd):
     """Insert the names ``fd`` as a ``FieldData`` element into the VTU file ``p`` (meshio's
     writer leaves field data out; its reader reads it)."""
     if not fd:
         return
-    items = "".join(f'<DataArray type="Int64" Name={quoteattr(k)} NumberOfTuples="2" format="ascii">'
-                    f"{int(v[0])} {int(v[1])}</DataArray>" for k, v in fd.items())
     raw = p.read_bytes()
     i = raw.find(b"<UnstructuredGrid>")
     if i < 0:
         raise ValueError(f"{p}: no <UnstructuredGrid> element to hold the names")
     i += len(b"<UnstructuredGrid>")
-    p.write_bytes(raw[:i] + f"<FieldData>{items}</FieldData>".encode() + raw[i:])
+    p.write_bytes(raw[:i] + vtu_field_data(fd).encode() + raw[i:])
 
 
 def names_json(fd) -> str:

@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 
-from .convert import PERM, collect_fields, import_meshio, to_adaptmg
+from .convert import PERM, collect_fields, host_mesh, import_meshio, to_adaptmg
 from .groups import field_data, names_from_json, names_json
 from .sandbox import check_path, file_error, limits, parse_errors, precheck
 
@@ -195,9 +195,8 @@ class TimeSeriesWriter:
         self.path = check_path(path)
         if self.path.suffix.lower() not in (".xdmf", ".xmf"):
             raise ValueError(f"path must end in .xdmf or .xmf, got {str(self.path)!r}")
-        self.mesh = mesh
+        self.mesh = host_mesh(mesh, space)     # validates mesh/space; a device mesh copied once
         self.space = space
-        collect_fields(mesh, None, None, space, mesh_data)     # validates mesh/space
         self._mesh_data = mesh_data
         self._writer = None
         self._last_t = None
@@ -235,7 +234,7 @@ class TimeSeriesWriter:
         t = float(t)
         if self._last_t is not None and t <= self._last_t:
             raise ValueError(f"t must increase: got t={t} after t={self._last_t}")
-        pd, cd = collect_fields(self.mesh, point_data, cell_data, self.space, self._mesh_data)
+        pd, cd = collect_fields(self.mesh, point_data, cell_data, None, self._mesh_data)
         grid = ET.SubElement(self._collection, "Grid", Name=f"step{self.steps}", GridType="Uniform")
         ET.SubElement(grid, "{http://www.w3.org/2003/XInclude}include",
                       xpointer='xpointer(//Grid[@Name="mesh"]/*[self::Topology or self::Geometry])')

@@ -133,9 +133,10 @@ def test_fichera_3d_adaptive():
 def test_script_writes_vtu_csv_and_plot(tmp_path, capsys):
     out = tmp_path / "run"
     mod = runpy.run_path(os.path.join(ROOT, "scripts", "adaptive.py"), run_name="adaptive_test")
-    res = mod["main"](["--problem", "lshape", "--steps", "3", "--out", str(out)])
+    res = mod["main"](["--problem", "lshape", "--steps", "3", "--out", str(out), "--repeat", "2"])
     text = capsys.readouterr().out
-    assert "fitted slope" in text and "mg it" in text
+    assert "fitted slope" in text and "mg it" in text and "warm-up run 1 of 1" in text
+    assert text.count("per-step breakdown") == 1
     files = sorted(os.listdir(out))
     assert [f for f in files if f.endswith(".vtu")] == [f"lshape_{i:03d}.vtu" for i in range(4)]
     assert "history.csv" in files
@@ -145,6 +146,7 @@ def test_script_writes_vtu_csv_and_plot(tmp_path, capsys):
     m = meshio.read(out / "lshape_003.vtu")
     assert m.cells[0].data.shape[0] == res["history"][-1]["cells"]
     assert set(m.point_data) >= {"u", "exact", "error"} and set(m.cell_data) >= {"eta", "level"}
+    assert b'<AppendedData encoding="raw">' in (out / "lshape_003.vtu").read_bytes()    # the raw writer
 
 
 def test_output_is_written_in_the_background_for_the_steps_asked(tmp_path):
