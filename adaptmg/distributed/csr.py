@@ -87,7 +87,8 @@ class Layout:
     position among them (-1 elsewhere)."""
 
     def __init__(self, owner: np.ndarray, comm):
-        owner = np.asarray(owner, dtype=np.int64)
+        dev = owner if is_device_array(owner) else None      # a device mesh's owners: kept there too
+        owner = np.asarray(to_host(owner), dtype=np.int64)
         size = comm.Get_size()
         if owner.ndim != 1 or (owner.size and (owner.min() < 0 or owner.max() >= size)):
             raise ValueError(f"owner must be a 1-D array of ranks in [0, {size}), got shape "
@@ -102,6 +103,16 @@ class Layout:
         self.local = np.full(self.N, -1, dtype=np.int64)
         self.local[self.rows] = np.arange(self.n)
         self.counts = np.bincount(owner, minlength=size)
+        self._owner_dev = dev
+
+    def owner_on(self, xp):
+        """``owner`` as an ``xp`` array (a device mesh's device owners as given; else one copy
+        up, kept)."""
+        if xp is np:
+            return self.owner
+        if self._owner_dev is None:
+            self._owner_dev = xp.asarray(self.owner)
+        return self._owner_dev
 
     def local_on(self, xp):
         """``local`` as an ``xp`` array, int32 where ``N`` fits (the device copy made once)."""

@@ -98,7 +98,7 @@ from types import SimpleNamespace
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, is_device_sparse, to_host
+from ..backend import CPU, backend_of, is_device_sparse, to_host
 from ..device import kernels as K
 from ..multilevel.chebyshev import lanczos_lambda_max
 from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi, power_lambda_max
@@ -121,7 +121,8 @@ def level_owners(ml, fine_cell_ranks, size, agglomerate_below=1000, min_dofs_per
     nalg = ml.num_algebraic
     spaces = ml.spaces
     cell_ranks = [None] * len(spaces)
-    cell_ranks[-1] = np.asarray(fine_cell_ranks, dtype=np.int64)
+    xp = spaces[-1].mesh.backend.xp                  # a device mesh: ranks and owners stay there
+    cell_ranks[-1] = xp.asarray(fine_cell_ranks).astype(np.int64, copy=False)
     if cell_ranks[-1].shape != (spaces[-1].mesh.num_cells,):
         raise ValueError(f"fine_cell_ranks must have one rank per cell ({spaces[-1].mesh.num_cells}), "
                          f"got shape {cell_ranks[-1].shape}")
@@ -478,11 +479,12 @@ class DistributedHierarchy:
             be.synchronize()
             return time.perf_counter()
         t0 = now()
-        K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner, self.comm,
+        xp = space.mesh.backend.xp                   # a device mesh: its owners on the device
+        K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner_on(xp), self.comm,
                                                   backend=be)
         t1 = now()
-        P_o, R_o, ncells_t = local_transfer_rows(cspace, space, cfree, free, clay.owner,
-                                                 lay.owner, self.rank)
+        P_o, R_o, ncells_t = local_transfer_rows(cspace, space, cfree, free, clay.owner_on(xp),
+                                                 lay.owner_on(xp), self.rank)
         t2 = now()
         d = level_from_rows(K_o, P_o, R_o, lay, clay, self.timer, kw)
         t3 = now()
@@ -496,7 +498,7 @@ class DistributedHierarchy:
             st[key] = st.get(key, 0.0) + v
         if fine:
             self.HT_o = HT_o
-            self.free_o = free[lay.rows]
+            self.free_o = free[xp.asarray(lay.rows)]
             st.update(fine_cells=space.mesh.num_cells, fine_cells_assembled=int(cells.size),
                       fine_cells_transfer=ncells_t)
         return d
@@ -506,7 +508,9 @@ class DistributedHierarchy:
         Dirichlet values) on the finest level, from the global load vector ``b``."""
         if self.HT_o is None:                        # replicated set-up: the serial hierarchy's
             return self.layout.scatter(self.ml.constrain(np.asarray(b, dtype=float)))
-        f = self.HT_o @ np.asarray(b, dtype=float)
+        # a device mesh: HT_o, the free mask and f on the device (b moved there)
+        xp = backend_of(self.HT_o).xp
+        f = self.HT_o @ (xp.asarray(b, dtype=float) if xp is not np else np.asarray(b, dtype=float))
         f[~self.free_o] = 0.0
         return f
 
