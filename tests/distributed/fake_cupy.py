@@ -302,15 +302,29 @@ nccl.groupStart = _group_start
 nccl.groupEnd = _group_end
 
 
-def install(devices=1, with_nccl=False):
+def install(devices=1, with_nccl=False, mesh=False):
     """Route ``adaptmg.backend``'s CuPy look-up to this module (this process only).  The
     Krylov solve, :func:`adaptmg.linalg.cg` on "device" vectors, launches its fused updates
-    through :class:`ElementwiseKernel` (NumPy twins)."""
+    through :class:`ElementwiseKernel` (NumPy twins).  ``mesh``: also ``import cupy`` /
+    ``import cupyx`` (its ``scatter_*`` by ``ufunc.at``, its sparse module this one's) for a
+    mesh on the stand-in device, and no CUDA graphs in the serial solver."""
     import sys
 
     import adaptmg.backend as B
     B._cupy_status = lambda: (xp, csp, "")
     _STATE["count"] = int(devices)
+    if mesh:
+        import scipy.sparse.linalg as ssl
+        from adaptmg.multilevel.solver import MultilevelSolver
+        cx = types.ModuleType("cupyx")
+        for name, uf in (("scatter_add", np.add), ("scatter_max", np.maximum), ("scatter_min", np.minimum)):
+            setattr(cx, name, lambda out, idx, vals, uf=uf: uf.at(out.view(np.ndarray), idx, vals))
+        cx.scipy = types.ModuleType("cupyx.scipy")
+        cx.scipy.sparse = csp
+        sys.modules.update({"cupy": xp, "cupyx": cx, "cupyx.scipy": cx.scipy, "cupyx.scipy.sparse": csp,
+                            "cupyx.scipy.sparse.linalg": ssl})
+        MultilevelSolver._capturable = lambda self: False
+        xp.cuda.runtime.getDevice = lambda: _STATE["device"] or 0
     if with_nccl:       # ``from cupy.cuda import nccl`` finds the stand-in (this process only)
         top, sub = types.ModuleType("cupy"), types.ModuleType("cupy.cuda")
         top.cuda, sub.nccl = sub, nccl

@@ -1,0 +1,54 @@
+"""Worker run under ``mpiexec -n P`` by tests/distributed/test_device_mesh_rows.py (not a test
+module): the distributed solve on a mesh on the stand-in device (``fake_cupy``, host staging)
+against the same solve on the host mesh, both with ``backend="gpu"``.
+
+``python device_mesh_cases.py OUT.json``: per case rank 0 writes iterations, the relative
+difference of the solutions, the type of the owned solution and of the finest level's blocks,
+the set-up phases of every rank and the device -> host copies of each rank's set-up.
+"""
+import json
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import fake_cupy
+
+COMM = MPI.COMM_WORLD
+
+
+def case(dim, L, degree, kw):
+    from mpi_cases import poisson
+    from adaptmg import assemble
+    from adaptmg.distributed import solve
+    from adaptmg.fe import Space
+    hspace, A, b, base = poisson(dim, L, degree)
+    kw = {"min_dofs_per_rank": 0, "rtol": 1e-10, "agglomerate_below": 50, **base, **kw}
+    host = solve(hspace, A, b, comm=COMM, backend="gpu", coarse_max_rows=None, **kw)
+    dspace = Space(hspace.mesh.to("gpu"), degree)
+    db = assemble.load(dspace, lambda x: 1.0 + x[..., 0])
+    g0 = fake_cupy.device_to_host()
+    dev = solve(dspace, A, db, comm=COMM, backend="gpu", coarse_max_rows=None, **kw)
+    gets = fake_cupy.device_to_host() - g0
+    mg = dev.mg
+    fine = mg.levels[-1]
+    return dict(its=dev.iterations, its_host=host.iterations, info=dev.info,
+                rel=float(np.linalg.norm(dev.u - host.u) / np.linalg.norm(host.u)),
+                x_local=type(dev.x_local).__name__, u=type(dev.u).__name__,
+                blocks=[type(B).__module__ for B in (fine.A.Aoo_dev, fine.P.Aoo_dev, fine.R.Aoo_dev)],
+                smoother=type(mg.solver._dev[-1].smoother.dinv).__module__,
+                rhs=type(mg.HT_o).__module__, gets=COMM.allgather(gets),
+                cells=hspace.mesh.num_cells)
+
+
+CASES = {"q1-2d": (2, 3, 1, {}), "q2-3d": (3, 1, 2, {}), "q1-2d-folded": (2, 3, 1, dict(min_dofs_per_rank=300))}
+
+
+if __name__ == "__main__":
+    from adaptmg.distributed import install_excepthook
+    install_excepthook()
+    fake_cupy.install(devices=1, mesh=True)
+    recs = {name: case(*args) for name, args in CASES.items()}
+    if COMM.rank == 0:
+        with open(sys.argv[1], "w") as fh:
+            json.dump(recs, fh)
