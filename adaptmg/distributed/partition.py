@@ -246,7 +246,9 @@ def fold_cell_ranks(mesh, cell_ranks: np.ndarray, size_l: int) -> np.ndarray:
         return xp.zeros(n, dtype=np.int64)
     pos = xp.empty(n, dtype=np.int64)
     pos[curve_order(mesh)] = xp.arange(n)
-    order = stable_argsort(cell_ranks * n + pos)   # distinct keys: = lexsort((pos, cell_ranks))
+    # the device has no lexsort of a tuple: one sort of the distinct keys (rank, position), the
+    # same permutation (the host keeps lexsort: 2x faster than that sort there)
+    order = np.lexsort((pos, cell_ranks)) if xp is np else (cell_ranks * n + pos).argsort()
     out = xp.empty(n, dtype=np.int64)
     out[order] = (xp.arange(n, dtype=np.int64) * size_l) // n
     return out

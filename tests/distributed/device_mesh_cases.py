@@ -37,11 +37,12 @@ def case(dim, L, degree, kw):
                 x_local=type(dev.x_local).__name__, u=type(dev.u).__name__,
                 blocks=[type(B).__module__ for B in (fine.A.Aoo_dev, fine.P.Aoo_dev, fine.R.Aoo_dev)],
                 smoother=type(mg.solver._dev[-1].smoother.dinv).__module__,
-                rhs=type(mg.HT_o).__module__, gets=COMM.allgather(gets),
+                rhs=type(mg.HT_o).__module__ if mg.HT_o is not None else None, gets=COMM.allgather(gets),
                 cells=hspace.mesh.num_cells)
 
 
-CASES = {"q1-2d": (2, 3, 1, {}), "q2-3d": (3, 1, 2, {}), "q1-2d-folded": (2, 3, 1, dict(min_dofs_per_rank=300))}
+CASES = {"q1-2d": (2, 3, 1, {}), "q2-3d": (3, 1, 2, {}), "q1-2d-folded": (2, 3, 1, dict(min_dofs_per_rank=300)),
+         "q1-2d-replicated": (2, 3, 1, dict(local_setup=False))}
 
 
 if __name__ == "__main__":
