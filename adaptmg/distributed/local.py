@@ -152,10 +152,13 @@ def constraint_blocks(space, rows, dofs, free):
     local[rows] = xp.arange(n)
     hk, hp, hw = _hanging_rows_coo(space, xp.flatnonzero(hang))
     m = (local[hp] >= 0) & free[hp]                      # hanging k with an owned free parent
-    HZT_o = be.sparse.coo_matrix((xp.concatenate([xp.ones(reg.size), hw[m]]),
-                                  (xp.concatenate([local[reg], local[hp[m]]]),
-                                   xp.concatenate([reg, hk[m]]))), shape=(n, N)).tocsr()
-    HZT_o.sum_duplicates()
+    if xp is not np and reg.size + int(m.sum()) == 0:   # no device COO of no entries
+        HZT_o = be.sparse.csr_matrix((n, N))
+    else:
+        HZT_o = be.sparse.coo_matrix((xp.concatenate([xp.ones(reg.size), hw[m]]),
+                                      (xp.concatenate([local[reg], local[hp[m]]]),
+                                       xp.concatenate([reg, hk[m]]))), shape=(n, N)).tocsr()
+        HZT_o.sum_duplicates()
     if dofs is None:
         return HZT_o, None
     dreg = dofs[~hang[dofs] & free[dofs]]
@@ -328,7 +331,10 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, wh
         frow = xp.flatnonzero(xp.asarray(owner_f) == rank)
         crow = xp.flatnonzero(xp.asarray(owner_c) == rank)
         be = fine.mesh.backend
-        return be.asmatrix(P[frow]), be.asmatrix(P.T.tocsr()[crow]), fine.mesh.num_cells
+
+        def rows_of(M, idx):                  # (a rank without rows: an empty host block)
+            return be.asmatrix(M[idx]) if idx.size else sp.csr_matrix((0, M.shape[1]))
+        return rows_of(P, frow), rows_of(P.T.tocsr(), crow), fine.mesh.num_cells
     frow = np.flatnonzero(owner_f == rank)
     crow = np.flatnonzero(owner_c == rank)
     if whole is None:

@@ -3,8 +3,10 @@ module): the distributed solve on a mesh on the stand-in device (``fake_cupy``, 
 against the same solve on the host mesh, both with ``backend="gpu"``.
 
 ``python device_mesh_cases.py OUT.json``: per case rank 0 writes iterations, the relative
-difference of the solutions, the type of the owned solution and of the finest level's blocks,
-the set-up phases of every rank and the device -> host copies of each rank's set-up.
+difference of the solutions, the type of the owned solution and of the finest level's blocks
+and the device -> host copies of each rank's solve (set-up and CG).  ``--real``: on the real
+CuPy (a GPU machine; ranks on one GPU share it), copies counted by
+:func:`adaptmg.backend.host_copies`.
 """
 import json
 import sys
@@ -12,9 +14,16 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-import fake_cupy
-
 COMM = MPI.COMM_WORLD
+REAL = "--real" in sys.argv[2:]
+
+
+def _copies():
+    if REAL:
+        from adaptmg.backend import host_copies
+        return host_copies()
+    import fake_cupy
+    return fake_cupy.device_to_host()
 
 
 def case(dim, L, degree, kw):
@@ -27,9 +36,9 @@ def case(dim, L, degree, kw):
     host = solve(hspace, A, b, comm=COMM, backend="gpu", coarse_max_rows=None, **kw)
     dspace = Space(hspace.mesh.to("gpu"), degree)
     db = assemble.load(dspace, lambda x: 1.0 + x[..., 0])
-    g0 = fake_cupy.device_to_host()
+    g0 = _copies()
     dev = solve(dspace, A, db, comm=COMM, backend="gpu", coarse_max_rows=None, **kw)
-    gets = fake_cupy.device_to_host() - g0
+    gets = _copies() - g0
     mg = dev.mg
     fine = mg.levels[-1]
     return dict(its=dev.iterations, its_host=host.iterations, info=dev.info,
@@ -48,7 +57,12 @@ CASES = {"q1-2d": (2, 3, 1, {}), "q2-3d": (3, 1, 2, {}), "q1-2d-folded": (2, 3, 
 if __name__ == "__main__":
     from adaptmg.distributed import install_excepthook
     install_excepthook()
-    fake_cupy.install(devices=1, mesh=True)
+    if REAL:
+        from adaptmg.distributed.comm import select_device
+        select_device(COMM)                  # before the device meshes are made
+    else:
+        import fake_cupy
+        fake_cupy.install(devices=1, mesh=True)
     recs = {name: case(*args) for name, args in CASES.items()}
     if COMM.rank == 0:
         with open(sys.argv[1], "w") as fh:
