@@ -84,38 +84,79 @@ class Layout:
 
     ``owner`` (length N, replicated) gives the rank of every global entry; ``rows`` are
     this rank's entries (sorted global indices), ``local`` maps a global index to its
-    position among them (-1 elsewhere)."""
+    position among them (-1 elsewhere).
+
+    Device owners (a device mesh's, :func:`~.partition.dof_owners` on CuPy arrays): ``rows``,
+    ``local`` and ``counts`` are computed on the device and kept there (``rows_on``,
+    ``local_on``); the host arrays ``owner``, ``rows``, ``local`` are copies made on first
+    use (the set-up asks the host only for the owners and positions of ghost and send
+    entries, O(halo): :meth:`owner_of`, :meth:`local_index`)."""
 
     def __init__(self, owner: np.ndarray, comm):
-        dev = owner if is_device_array(owner) else None      # a device mesh's owners: kept there too
-        owner = np.asarray(to_host(owner), dtype=np.int64)
         size = comm.Get_size()
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self._dev = None
+        if is_device_array(owner):                       # the device-native layout
+            from ..backend import backend_of
+            xp = backend_of(owner).xp
+            dev = owner.astype(np.int64, copy=False)
+            lo, hi = (int(dev.min()), int(dev.max())) if dev.size else (0, 0)
+            if dev.ndim != 1 or lo < 0 or hi >= size:
+                raise ValueError(f"owner must be a 1-D array of ranks in [0, {size}), got shape "
+                                 f"{dev.shape}, range [{lo}, {hi}]")
+            self.N = int(dev.size)
+            rows = xp.flatnonzero(dev == self.rank)
+            self.n = int(rows.size)
+            it = np.int32 if self.N < np.iinfo(np.int32).max else np.int64
+            local = xp.full(self.N, -1, dtype=it)
+            local[rows] = xp.arange(self.n, dtype=it)
+            self.counts = to_host(xp.bincount(dev, minlength=size)).astype(np.int64)
+            self._dev = {"xp": xp, "owner": dev, "rows": rows, "local": local}
+            return
+        owner = np.asarray(owner, dtype=np.int64)
         if owner.ndim != 1 or (owner.size and (owner.min() < 0 or owner.max() >= size)):
             raise ValueError(f"owner must be a 1-D array of ranks in [0, {size}), got shape "
                              f"{owner.shape}, range [{owner.min() if owner.size else '-'}, "
                              f"{owner.max() if owner.size else '-'}]")
-        self.comm = comm
         self.owner = owner
         self.N = owner.size
-        self.rank = comm.Get_rank()
         self.rows = np.flatnonzero(owner == self.rank)
         self.n = self.rows.size
         self.local = np.full(self.N, -1, dtype=np.int64)
         self.local[self.rows] = np.arange(self.n)
         self.counts = np.bincount(owner, minlength=size)
-        self._owner_dev = dev
+
+    def __getattr__(self, name):
+        # a device-native layout's host arrays, copied on first use
+        if name in ("owner", "rows", "local") and self.__dict__.get("_dev") is not None:
+            v = to_host(self._dev[name]).astype(np.int64)
+            setattr(self, name, v)
+            return v
+        raise AttributeError(name)
+
+    def _on_device(self, xp):
+        return xp is not np and self._dev is not None
 
     def owner_on(self, xp):
-        """``owner`` as an ``xp`` array (a device mesh's device owners as given; else one copy
-        up, kept)."""
+        """``owner`` as an ``xp`` array (a device layout's own; else one copy up, kept)."""
         if xp is np:
             return self.owner
-        if self._owner_dev is None:
-            self._owner_dev = xp.asarray(self.owner)
-        return self._owner_dev
+        if self._dev is not None:
+            return self._dev["owner"]
+        dev = self.__dict__.get("_dev_owner")
+        if dev is None:
+            dev = self._dev_owner = xp.asarray(self.owner)
+        return dev
+
+    def rows_on(self, xp):
+        """``rows`` as an ``xp`` array (a device layout's own; else a copy up)."""
+        return self._dev["rows"] if self._on_device(xp) else (self.rows if xp is np else xp.asarray(self.rows))
 
     def local_on(self, xp):
         """``local`` as an ``xp`` array, int32 where ``N`` fits (the device copy made once)."""
+        if self._on_device(xp):
+            return self._dev["local"]
         key = "_local_" + ("np" if xp is np else "dev")
         dev = self.__dict__.get(key)
         if dev is None or dev[0] is not xp:
@@ -125,12 +166,20 @@ class Layout:
         return dev[1]
 
     def owner_of(self, g: np.ndarray) -> np.ndarray:
-        """Owner rank of the global indices ``g`` (host array)."""
+        """Owner rank of the global indices ``g`` (host array; a device layout gathers them
+        there: O(g) copied)."""
+        if self._dev is not None and "owner" not in self.__dict__:
+            xp = self._dev["xp"]
+            return to_host(self._dev["owner"][xp.asarray(np.asarray(g, dtype=np.int64))]).astype(np.int64)
         return self.owner[g]
 
     def local_index(self, xp, g):
         """Position of each global index ``g`` (an ``xp`` array) among this rank's entries, -1
-        where another rank owns it (one gather of the compact ``local``)."""
+        where another rank owns it (one gather of the compact ``local``; host ``g`` of a device
+        layout: gathered there, O(g) copied)."""
+        if xp is np and self._dev is not None and "local" not in self.__dict__:
+            d = self._dev["xp"]
+            return to_host(self._dev["local"][d.asarray(np.asarray(g, dtype=np.int64))]).astype(np.int64)
         return self.local_on(xp)[g]
 
     def scatter(self, x_global: np.ndarray) -> np.ndarray:
@@ -183,6 +232,10 @@ class RangeLayout:
     def rows(self) -> np.ndarray:
         """This rank's entries (sorted global indices)."""
         return np.arange(self.lo, self.hi, dtype=np.int64)
+
+    def rows_on(self, xp):
+        """``rows`` as an ``xp`` array (made there)."""
+        return xp.arange(self.lo, self.hi, dtype=np.int64)
 
     def owner_of(self, g: np.ndarray) -> np.ndarray:
         """Owner rank of the global indices ``g`` (host array)."""

@@ -224,7 +224,8 @@ def _power_lambda(comm, A, apply_S, N, iterations=12, seed=0):
     (:func:`~adaptmg.multilevel.smoothers.power_lambda_max`) from the serial start vector
     (its owned entries only, on ``A``'s backend), norms by Allreduce; returns 1.05 lambda.
     A rank without rows only joins the reductions."""
-    v = A.backend.asarray(start_vector(N, seed, rows=A.rows.rows))
+    xp = A.backend.xp                 # computed where it is used (bit for bit the host's)
+    v = start_vector(N, seed, rows=A.rows.rows_on(xp), xp=xp)
     S = apply_S if A.rows.n else (lambda u: u)
     return power_lambda_max(lambda u: S(A @ u), v, lambda u: norm(comm, u), iterations,
                             "distributed smoother")
@@ -498,7 +499,7 @@ class DistributedHierarchy:
             st[key] = st.get(key, 0.0) + v
         if fine:
             self.HT_o = HT_o
-            self.free_o = free[xp.asarray(lay.rows)]
+            self.free_o = free[lay.rows_on(xp)]
             st.update(fine_cells=space.mesh.num_cells, fine_cells_assembled=int(cells.size),
                       fine_cells_transfer=ncells_t)
         return d

@@ -47,7 +47,9 @@ def case(dim, L, degree, kw):
                 blocks=[type(B).__module__ for B in (fine.A.Aoo_dev, fine.P.Aoo_dev, fine.R.Aoo_dev)],
                 smoother=type(mg.solver._dev[-1].smoother.dinv).__module__,
                 rhs=type(mg.HT_o).__module__ if mg.HT_o is not None else None, gets=COMM.allgather(gets),
-                cells=hspace.mesh.num_cells)
+                cells=hspace.mesh.num_cells,
+                # the distributed levels' layouts computed and kept on the device
+                device_layouts=[lay._dev is not None for lay in mg.layouts[mg.c:]])
 
 
 CASES = {"q1-2d": (2, 3, 1, {}), "q2-3d": (3, 1, 2, {}), "q1-2d-folded": (2, 3, 1, dict(min_dofs_per_rank=300)),

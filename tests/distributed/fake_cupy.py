@@ -175,6 +175,7 @@ class _XP(types.ModuleType):
     arange = staticmethod(lambda *a, **k: _dev(np.arange(*a, **k)))
     stack = staticmethod(lambda *a, **k: _dev(np.stack(*a, **k)))
     ascontiguousarray = staticmethod(lambda *a, **k: _dev(np.ascontiguousarray(*a, **k)))
+    repeat = staticmethod(lambda *a, **k: _dev(np.repeat(*a, **k)))
 
     @staticmethod
     def take(a, indices, axis=None, out=None):

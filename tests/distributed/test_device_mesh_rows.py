@@ -14,6 +14,7 @@ import scipy.sparse as sp
 
 from adaptmg import assemble, multigrid
 from adaptmg.distributed import dof_owners, partition_cells
+from adaptmg.distributed.csr import Layout
 from adaptmg.distributed.local import local_constrained_rows, local_transfer_rows
 from adaptmg.distributed.partition import coarse_cell_ranks, curve_order, fold_cell_ranks
 from adaptmg.fe import Constraints, Space
@@ -85,6 +86,29 @@ def test_partition_and_owners_on_a_device_mesh_equal_the_host_ones(strict, dim, 
     assert np.array_equal(_h(do), dof_owners(hf, hr)) and np.array_equal(_h(dco), dof_owners(hc, hcr))
 
 
+def test_layout_of_device_owners_equals_the_host_layout(strict):
+    """A :class:`Layout` of device owners keeps rows / local positions on the device, equal to
+    the host layout's; its owners and positions of a few (ghost) indices come to the host
+    through gathers of those only, and its host arrays are copies made on first use."""
+    rng = np.random.default_rng(3)
+    owner = rng.integers(0, 3, 5000)
+    g = rng.choice(5000, 40, replace=False)
+    for r in range(3):
+        h, d = Layout(owner, RankOf(r, 3)), Layout(strict.xp.asarray(owner), RankOf(r, 3))
+        assert d.n == h.n and np.array_equal(d.counts, h.counts)
+        assert isinstance(d.rows_on(strict.xp), strict.ndarray)
+        assert np.array_equal(_h(d.rows_on(strict.xp)), h.rows)
+        assert np.array_equal(_h(d.local_on(strict.xp)), h.local)
+        before = strict.host_values()
+        assert np.array_equal(d.owner_of(g), h.owner_of(g))
+        assert np.array_equal(d.local_index(np, g), h.local_index(np, g))
+        assert np.subtract(strict.host_values(), before)[0] <= 2 * g.size       # O(g), not O(N)
+        assert np.array_equal(d.rows, h.rows) and np.array_equal(d.local, h.local)
+        assert np.array_equal(d.owner, h.owner)
+    with pytest.raises(ValueError, match="ranks in"):
+        Layout(strict.xp.asarray(owner), RankOf(0, 2))
+
+
 @pytest.mark.parametrize("dim,L,degree", CASES, ids=IDS)
 @pytest.mark.parametrize("size", [2, 3])
 def test_rank_rows_on_a_device_mesh_equal_the_host_rows(fake, dim, L, degree, size):
@@ -140,7 +164,7 @@ def test_distributed_solve_on_a_device_mesh_equals_the_host_mesh_solve(tmp_path)
     for name, rec in recs.items():
         assert rec["info"] == 0 and rec["its"] == rec["its_host"], (name, rec)
         assert rec["rel"] <= 1e-11, (name, rec["rel"])
-        assert rec["blocks"] == ["cupyx.scipy.sparse._csr"] * 3
+        assert rec["blocks"] == ["cupyx.scipy.sparse._csr"] * 3 and all(rec["device_layouts"])
         # the local set-up's rhs rows Z H^T on the device (the replicated one: the serial constrain)
         assert rec["rhs"] == (None if name.endswith("replicated") else "cupyx.scipy.sparse._csr")
         assert rec["smoother"].startswith("cupy") and rec["u"] == "ndarray"
