@@ -83,6 +83,14 @@ fuses a Jacobi smoother through them, ``DistCSR.fused_kernels``); transfer fusio
 graphs stay off on distributed levels (their matrices are DistCSR, not CSR:
 :meth:`~adaptmg.multilevel.MultilevelSolver.set_fuse_below` and ``_capturable`` see that).
 
+A mesh on the GPU (``Mesh.box(..., backend="gpu")``, ``mesh.to("gpu")``; every rank selects
+its device before making it): the cell ranks, the coarse votes, the folds and the DoF
+owners are computed on the device (:mod:`.partition`), each level's :class:`~.csr.Layout`
+keeps its rows and local positions there (the host sees the owners of ghost and send
+entries only), and the local levels' rows are built from the mesh's device arrays
+(:mod:`.local`): the set-up runs on CuPy arrays end to end, the host doing O(levels)
+Python plus the O(halo) communication pattern.
+
 Limits (stated plainly): the mesh is **replicated** on every rank (like deal.II's
 ``parallel::shared::Triangulation``) together with its O(cells) derived arrays; without
 ``local`` (``solve(..., local_setup=False)``) the whole serial hierarchy is replicated and

@@ -49,6 +49,16 @@ joins the one ``Allreduce``.
 
 The mesh (and the hanging-node matrices H, built from it) stay replicated on every
 rank; what scales is the assembly, the Galerkin-free congruence and the transfer rows.
+
+A mesh on the GPU (``space.mesh.backend``): the same functions run on its device arrays
+through ``xp`` -- the owned rows and nodes, the needed cells, the cell-subset view (whose
+``mesh.backend`` makes the library's forms assemble on the device), ``Z H^T``'s owned rows
+(a device COO of the hanging rows of ``H``), the congruence and the Dirichlet rows -- and
+the transfer rows are the owned rows of the whole ``P`` built on the device
+(:func:`~adaptmg.multilevel.transfer.prolongation`; it costs milliseconds per million rows
+there, so per-cell selection does not pay) and of its device transpose.  Nothing of
+O(cells) comes to the host; the results equal the host mesh's (integers exactly, floats to
+round-off: ``tests/distributed/test_device_mesh_rows.py``).
 The contract for ``assemble``: it must accept the cell-subset view (a duck-typed space
 with ``mesh.points``, ``mesh.cells``, ``mesh.dim``, ``mesh.num_cells``, ``degree``,
 ``components``, ``cell_dofs``, ``num_nodes``, ``num_dofs``) -- the library's vectorised

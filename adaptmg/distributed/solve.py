@@ -24,6 +24,9 @@ serial hierarchy is built on it by every rank with :func:`adaptmg.multigrid`'s G
 (rank 0 runs its cycle), the distributed levels are set up on the device from the rank's
 cells (:mod:`.hierarchy`: rows assembled and constrained there, :class:`~.csr.DistCSR` split
 there, smoothers built on the device blocks);
+a space on a mesh on the GPU (the mesh made after :func:`.comm.select_device`, on the
+rank's device) keeps the whole set-up on the device (:mod:`.hierarchy`; ``b`` may then be
+the CuPy load vector of :func:`adaptmg.assemble.load`);
 the Krylov vectors and the cycle are CuPy arrays, halo exchanges go through host-staged MPI
 (or NCCL when every rank has its own GPU; ``transport=``), reductions through one host
 ``Allreduce`` (host staging) or one ``ncclAllReduce`` on the device (NCCL: the inner
