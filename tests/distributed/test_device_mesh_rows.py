@@ -22,7 +22,7 @@ from adaptmg.mesh import Mesh
 from adaptmg.multilevel.hierarchy import dirichlet_dofs
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "estimate"))
+sys.path.append(str(HERE.parent / "estimate"))      # (appended: no shadowing of other basenames)
 from test_adaptive_device_mesh import fake, strict  # noqa: E402,F401  (the stand-in fixtures)
 from test_local_setup import RankOf, _mesh  # noqa: E402
 

@@ -22,7 +22,6 @@ from adaptmg.fe import Constraints, Space
 from adaptmg.multilevel.hierarchy import dirichlet_dofs
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 from test_local_setup import RankOf, _mesh  # noqa: E402
 
 EPS = np.finfo(float).eps
