@@ -59,6 +59,7 @@ the transfer rows are the owned rows of the whole ``P`` built on the device
 there, so per-cell selection does not pay) and of its device transpose.  Nothing of
 O(cells) comes to the host; the results equal the host mesh's (integers exactly, floats to
 round-off: ``tests/distributed/test_device_mesh_rows.py``).
+
 The contract for ``assemble``: it must accept the cell-subset view (a duck-typed space
 with ``mesh.points``, ``mesh.cells``, ``mesh.dim``, ``mesh.num_cells``, ``degree``,
 ``components``, ``cell_dofs``, ``num_nodes``, ``num_dofs``) -- the library's vectorised
@@ -198,7 +199,8 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
 
     Returns ``(K_o, HZT_o, cells)``: ``K_o`` the owned rows (n_o x N, sorted columns) on
     ``backend`` (host CSR for a rank without rows), ``HZT_o`` the owned rows of ``Z H^T``
-    (host; ``HZT_o @ b`` is the owned part of ``Z H^T b``) and the assembled cell ids."""
+    (``HZT_o @ b`` is the owned part of ``Z H^T b``) and the assembled cell ids -- both on
+    the mesh's backend (host arrays for a host mesh)."""
     be = get_backend(backend)
     on_dev = space.mesh.backend.is_gpu               # a device mesh: everything on its arrays
     if on_dev and not be.is_gpu:
