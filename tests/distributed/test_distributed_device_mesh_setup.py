@@ -41,8 +41,9 @@ def _rel(dev, host):
 @pytest.mark.parametrize("dim,L,degree", [(2, 3, 1), (3, 1, 1), (3, 1, 2)], ids=["q1-2d", "q1-3d", "q2-3d"])
 def test_gpu_rank_rows_on_a_device_mesh_equal_the_host_rows(dim, L, degree):
     """Two ranks, played in turn: cell ranks, coarse votes, folds and owners are the host's
-    integers; K's rows within 16 eps (the device congruence sums in another order), Z H^T's,
-    P's and R's within 4 eps of their largest entry (they are products of exact table weights),
+    integers; K's rows within 64 eps of their largest entry (device assembly and congruence sum
+    in other orders; the serial device set-up's tests allow the same), Z H^T's, P's and R's
+    within 4 eps (products of dyadic weights: exact in any order),
     the assembled cells the same; all of it cupyx / CuPy."""
     import cupy
     import cupyx.scipy.sparse as csp
@@ -67,7 +68,7 @@ def test_gpu_rank_rows_on_a_device_mesh_equal_the_host_rows(dim, L, degree):
         dK, dHT, dcells = local_constrained_rows(df, assemble.stiffness, dfree, do, comm, backend="gpu")
         assert csp.isspmatrix_csr(dK) and csp.isspmatrix_csr(dHT)
         assert np.array_equal(dcells.get(), hcells)
-        assert _rel(dK, hK) <= 16 * EPS and _rel(dHT, hHT) <= 4 * EPS
+        assert _rel(dK, hK) <= 64 * EPS and _rel(dHT, hHT) <= 4 * EPS
         hP, hR, _ = local_transfer_rows(hc, hf, hcfree, hfree, hco, ho, r)
         dP, dR, _ = local_transfer_rows(dc, df, dcfree, dfree, dco, do, r)
         assert csp.isspmatrix_csr(dP) and csp.isspmatrix_csr(dR)
