@@ -54,9 +54,10 @@ A mesh on the GPU (``space.mesh.backend``): the same functions run on its device
 through ``xp`` -- the owned rows and nodes, the needed cells, the cell-subset view (whose
 ``mesh.backend`` makes the library's forms assemble on the device), ``Z H^T``'s owned rows
 (a device COO of the hanging rows of ``H``), the congruence and the Dirichlet rows -- and
-the transfer rows are the owned rows of the whole ``P`` built on the device
-(:func:`~adaptmg.multilevel.transfer.prolongation`; it costs milliseconds per million rows
-there, so per-cell selection does not pay) and of its device transpose.  Nothing of
+the transfer rows come from ``P`` built on the device by
+:func:`~adaptmg.multilevel.transfer.prolongation` with the rows this rank does not need
+masked out (their nodes as above, :func:`_transfer_nodes`), and from its device transpose.
+Nothing of
 O(cells) comes to the host; the results equal the host mesh's (integers exactly, floats to
 round-off: ``tests/distributed/test_device_mesh_rows.py``).
 
@@ -327,10 +328,12 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, wh
     :func:`~adaptmg.multilevel.transfer.prolongation`'s forest path (the same rows, entry
     for entry, in a third of the time per row).
 
-    Spaces on a mesh on the GPU: always the whole ``P`` on the device
-    (:func:`~adaptmg.multilevel.transfer.prolongation`'s device paths, any degree and
-    components: milliseconds at millions of rows), the owned rows of ``P`` and of ``P^T``
-    selected there; ``whole=False`` is then a ValueError.
+    Spaces on a mesh on the GPU: ``P`` built on the device by
+    :func:`~adaptmg.multilevel.transfer.prolongation`'s device paths (any degree and
+    components) with every fine row this rank does not need masked out (the fine free mask
+    restricted to the nodes of :func:`_transfer_nodes`: rows are independent, so the kept
+    ones equal the whole ``P``'s), its owned rows and those of its transpose selected there;
+    ``whole=False`` is then a ValueError.
 
     Returns ``(P_o, R_o, nfine_cells)``: the two blocks and how many fine cells were used."""
     c = fine.components
@@ -338,11 +341,15 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, wh
         if whole is False:
             raise ValueError("local_transfer_rows: on a mesh on the GPU the rows come from the whole P "
                              "(whole=False takes spaces on mesh.to('cpu'))")
-        xp = fine.mesh.backend.xp
-        P = prolongation(coarse, fine, xp.asarray(free_c), xp.asarray(free_f))
+        be = fine.mesh.backend
+        xp = be.xp
         frow = xp.flatnonzero(xp.asarray(owner_f) == rank)
         crow = xp.flatnonzero(xp.asarray(owner_c) == rank)
-        be = fine.mesh.backend
+        # only the rows this rank needs (the others masked out of Z_f: no entries): the owned
+        # fine DoFs and the fine DoFs of R's rows (module doc), the same nodes as the host path
+        need = _transfer_nodes(coarse, fine, frow, crow)[0]
+        zf = xp.asarray(free_f) & xp.repeat(need, c)
+        P = prolongation(coarse, fine, xp.asarray(free_c), zf)
 
         def rows_of(M, idx):                  # (a rank without rows: an empty host block)
             return be.asmatrix(M[idx]) if idx.size else sp.csr_matrix((0, M.shape[1]))
@@ -354,20 +361,8 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, wh
     if whole:
         P = prolongation(coarse, fine, free_c, free_f)
         return P[frow], _transposed_rows(P, crow, None, fine.num_dofs), fine.mesh.num_cells
-    parent = fine.mesh.parent_of(coarse.mesh)
-    cidx = parent[0]
-    # P rows: owned fine nodes (each in an owned fine cell); R rows: the fine nodes of the coarse
-    # cells around owned coarse nodes (and coarse hanging nodes with an owned parent)
-    fown = np.zeros(fine.num_nodes, dtype=bool)
-    fown[frow // c] = True
+    nmask, fown, rcells = _transfer_nodes(coarse, fine, frow, crow)
     fcells = cells_with_vertex_in(fine.cell_dofs, fown)
-    cown = np.zeros(coarse.num_nodes, dtype=bool)
-    cown[crow // c] = True
-    cmask = np.zeros(coarse.mesh.num_cells, dtype=bool)
-    cmask[needed_cells(coarse, cown)] = True
-    rcells = np.flatnonzero(cmask[cidx])
-    nmask = fown.copy()
-    nmask[np.take(fine.cell_dofs, rcells, axis=0)] = True
     used = np.zeros(fine.mesh.num_cells, dtype=bool)
     used[fcells] = True
     used[rcells] = True
@@ -377,6 +372,25 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, wh
     P_all = prolongation(coarse, fine, free_c, free_f, nodes=nodes, cells=cells)
     P_o = P_all[np.flatnonzero(owner_f[dofs] == rank)]
     return P_o, _transposed_rows(P_all, crow, dofs, fine.num_dofs), int(cells.size)
+
+
+def _transfer_nodes(coarse, fine, frow, crow):
+    """The fine nodes whose rows of P a rank needs (a mask), on the mesh's backend: P's rows
+    are its owned fine nodes ``frow // c`` (the second mask); R's rows (owned coarse DoFs
+    ``crow``) need the fine nodes of the coarse cells around the owned coarse nodes and the
+    coarse hanging nodes with an owned parent (the fine cells inside them: the third result)."""
+    xp, c = fine.mesh.backend.xp, fine.components
+    cidx = fine.mesh.parent_of(coarse.mesh)[0]
+    fown = xp.zeros(fine.num_nodes, dtype=bool)
+    fown[frow // c] = True
+    cown = xp.zeros(coarse.num_nodes, dtype=bool)
+    cown[crow // c] = True
+    cmask = xp.zeros(coarse.mesh.num_cells, dtype=bool)
+    cmask[needed_cells(coarse, cown)] = True
+    rcells = xp.flatnonzero(cmask[cidx])
+    nmask = fown.copy()
+    nmask[xp.take(fine.cell_dofs, rcells, axis=0)] = True
+    return nmask, fown, rcells
 
 
 def _transposed_rows(P, rows, cols, ncols):
