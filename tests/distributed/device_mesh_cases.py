@@ -39,6 +39,7 @@ def case(dim, L, degree, kw):
     g0 = _copies()
     dev = solve(dspace, A, db, comm=COMM, backend="gpu", coarse_max_rows=None, **kw)
     gets = _copies() - g0
+    setup_values = getattr(dev.mg, "d2h_values", None)
     mg = dev.mg
     fine = mg.levels[-1]
     return dict(its=dev.iterations, its_host=host.iterations, info=dev.info,
@@ -47,7 +48,8 @@ def case(dim, L, degree, kw):
                 blocks=[type(B).__module__ for B in (fine.A.Aoo_dev, fine.P.Aoo_dev, fine.R.Aoo_dev)],
                 smoother=type(mg.solver._dev[-1].smoother.dinv).__module__,
                 rhs=type(mg.HT_o).__module__ if mg.HT_o is not None else None, gets=COMM.allgather(gets),
-                cells=hspace.mesh.num_cells,
+                cells=hspace.mesh.num_cells, dofs=hspace.num_dofs,
+                setup_values=COMM.allgather(setup_values),
                 # the distributed levels' layouts computed and kept on the device
                 device_layouts=[lay._dev is not None for lay in mg.layouts[mg.c:]])
 
@@ -65,6 +67,16 @@ if __name__ == "__main__":
     else:
         import fake_cupy
         fake_cupy.install(devices=1, mesh=True)
+        from adaptmg.distributed import hierarchy
+        init = hierarchy.DistributedHierarchy.__init__
+
+        def counted(self, *a, **k):          # entries copied device -> host by the set-up
+            v0 = fake_cupy.device_to_host_values()
+            init(self, *a, **k)
+            # ... less the send buffers of the set-up's halo exchanges (host staging: each one
+            # copies O(halo) values down)
+            self.d2h_values = fake_cupy.device_to_host_values() - v0 - self.timer.bytes // 8
+        hierarchy.DistributedHierarchy.__init__ = counted
     names = ["q1-2d", "q2-3d"] if REAL else list(CASES)          # (the GPU run kept short)
     recs = {name: case(*CASES[name]) for name in names}
     if COMM.rank == 0:

@@ -35,6 +35,7 @@ class ndarray(np.ndarray):
 
     def get(self, stream=None, order="C", out=None, blocking=True):
         _STATE["gets"] += 1                      # a device -> host copy
+        _STATE["get_values"] += self.size
         host = self.view(np.ndarray)
         if out is None:
             return np.array(host, copy=True)
@@ -62,6 +63,7 @@ class csr_matrix(sp.csr_matrix):
     """A SciPy CSR matrix that reports itself as a cupyx one."""
 
     def get(self, stream=None):
+        _STATE["get_values"] += self.nnz
         return sp.csr_matrix((np.asarray(self.data).view(np.ndarray).copy(),
                               np.asarray(self.indices).view(np.ndarray).copy(),
                               np.asarray(self.indptr).view(np.ndarray).copy()), shape=self.shape)
@@ -133,7 +135,7 @@ class _Device:
 
 
 _STATE = {"device": None, "pinned": 0, "count": 1, "nccl_calls": 0, "stream_waits": 0, "gets": 0,
-          "nccl_allreduces": 0}
+          "get_values": 0, "nccl_allreduces": 0}
 
 
 def _pinned(nbytes):
@@ -343,6 +345,11 @@ def nccl_calls():
 
 def stream_waits():
     return _STATE["stream_waits"]
+
+
+def device_to_host_values():
+    """Entries (array elements, sparse nonzeros) copied by ``get`` so far."""
+    return _STATE["get_values"]
 
 
 def device_to_host():
