@@ -187,7 +187,11 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
         t0, c0 = time.perf_counter(), time.process_time()
         multigrid_kwargs.setdefault("backend", "cpu")
         if get_backend(multigrid_kwargs["backend"]).is_gpu:
-            select_device(comm)        # local_rank % device_count, before any CuPy allocation
+            dev = select_device(comm)  # local_rank % device_count, before any CuPy allocation
+            on = getattr(getattr(space.mesh.points, "device", None), "id", None)
+            agree(comm, on is None or on == dev,
+                  f"the mesh lives on GPU {on}, but this rank works on GPU {dev}: make the mesh "
+                  f"after adaptmg.distributed.comm.select_device(comm)")
         if size > 1:                   # ranks already share the node's cores: no set-up threads
             multigrid_kwargs.setdefault("threads", 1)
         local = size > 1 and local_setup and not multigrid_kwargs.get("galerkin", False)
