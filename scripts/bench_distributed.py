@@ -34,6 +34,13 @@ than ranks the ranks share cores and the numbers mean nothing.
 ``--backend gpu``: every rank takes the device of its node-local rank; the halo exchange is
 NCCL when every rank has its own GPU, host-staged MPI otherwise (ranks sharing a GPU: then
 the numbers mean nothing either); times are taken after a device synchronisation.
+``--mesh-backend`` (default: the backend): where every rank builds the (replicated) mesh --
+``gpu``: ``Mesh.box(..., backend="gpu")`` and the device refinement, and then the whole
+per-rank set-up (hierarchy, owners, assembly, constraints, transfers, DistCSR blocks,
+smoothers) runs on the device arrays; ``cpu``: the host mesh (the set-up on the host, moved
+up).  ``mesh_s`` in the phases is the mesh and the load vector, not part of the set-up;
+with ``--phases`` one row per rank, P = 1 included (its serial ``multigrid()`` set-up as
+``multigrid_s``).
 """
 import argparse
 import json
@@ -120,9 +127,18 @@ def worker(args):
         return report(args, comm, *forest_worker(args, comm))
     px = P if args.mode == "weak" else 1
     target = args.dofs_per_rank * P if args.mode == "weak" else args.strong_dofs
-    mesh = make_mesh(args.dim, px, target)
+    if args.mesh_backend == "gpu":           # the rank's device current before the mesh is made
+        from adaptmg.distributed.comm import select_device
+        select_device(comm)
+    from adaptmg.backend import get_backend
+    mbe = get_backend(args.mesh_backend)
+    comm.Barrier()
+    tm = time.perf_counter()
+    mesh = make_mesh(args.dim, px, target, backend=args.mesh_backend)
     space = Space(mesh, 1)
     b = assemble.load(space, 1.0)
+    mbe.synchronize()
+    t_mesh = time.perf_counter() - tm
     comm.Barrier()
     t0 = time.perf_counter()
     sizes = level_size_args(args)
@@ -132,7 +148,10 @@ def worker(args):
     setup = comm.allgather(r.timings["setup"])            # per rank, before the first barrier
     assembled = comm.allgather(r.timings.get("fine_cells_assembled", mesh.num_cells))
     cpu = comm.allgather(r.timings.get("setup_cpu", setup[comm.Get_rank()]))
-    phases = comm.allgather({k: round(v, 3) for k, v in r.timings.items() if k.endswith("_s")})
+    ph = {"mesh_s": t_mesh, **{k: v for k, v in r.timings.items() if k.endswith("_s")}}
+    if P == 1:                                             # the serial path: its one phase
+        ph["multigrid_s"] = r.timings["setup"]
+    phases = comm.allgather({k: round(v, 3) for k, v in ph.items()})
     timed(args, comm, r, b, t0, dict(dofs=space.num_dofs, cells=mesh.num_cells, setup=max(setup),
                                      setup_per_rank=setup, setup_cpu=cpu, phases=phases, assembled=assembled))
 
@@ -258,7 +277,7 @@ def driver(args):
                    "--dofs-per-rank", str(args.dofs_per_rank), "--strong-dofs", str(args.strong_dofs),
                    "--agglomerate-below", str(args.agglomerate_below),
                    "--min-dofs-per-rank", str(args.min_dofs_per_rank),
-                   "--setup", mode, "--profile", str(args.profile)]
+                   "--setup", mode, "--profile", str(args.profile), "--mesh-backend", args.mesh_backend]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
             if out.returncode != 0:
                 sys.exit(f"P={P} failed:\n{out.stderr[-4000:]}")
@@ -269,7 +288,7 @@ def driver(args):
     t1 = rows[0]["solve"] if rows[0]["P"] == 1 else None
     print(f"{args.mode} scaling, {args.dim}-D Q1 Poisson, multigrid-CG to rtol 1e-8 "
           f"({'CPU/MPI' if args.backend == 'cpu' else 'GPU, transport ' + str(rows[-1].get('transport'))}, "
-          f"{os.cpu_count()} cores)")
+          f"mesh on the {args.mesh_backend}, {os.cpu_count()} cores)")
     print(f"{'P':>3} {'set-up':>10} {'DoFs':>10} {'setup s':>9} {'solve s':>9} {'its':>4} {'halo %':>7} "
           f"{'coarse %':>8} {'eff %':>6} {'D2H':>4}  set-up s per rank / finest cells assembled per rank (of all)")
     for r in rows:
@@ -319,12 +338,18 @@ def main():
     ap.add_argument("--min-dofs-per-rank", default="auto",
                     help="DoFs per rank of a coarser distributed level (auto: 2000 CPU, 2^18 GPU; none: all ranks)")
     ap.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--mesh-backend", choices=["cpu", "gpu"], default=None,
+                    help="where each rank builds the mesh and runs the set-up (default: the backend)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.mode is None:
         args.mode = "strong" if args.strong_dofs else "weak"
     if args.strong_dofs is None:
         args.strong_dofs = 1e6
+    if args.mesh_backend is None:
+        args.mesh_backend = args.backend
+    if args.mesh_backend == "gpu" and args.backend != "gpu":
+        ap.error("--mesh-backend gpu needs --backend gpu")
     args.dofs_per_rank, args.strong_dofs = int(args.dofs_per_rank), int(args.strong_dofs)
     if args.worker:
         worker(args)

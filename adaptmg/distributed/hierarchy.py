@@ -83,6 +83,14 @@ fuses a Jacobi smoother through them, ``DistCSR.fused_kernels``); transfer fusio
 graphs stay off on distributed levels (their matrices are DistCSR, not CSR:
 :meth:`~adaptmg.multilevel.MultilevelSolver.set_fuse_below` and ``_capturable`` see that).
 
+A mesh on the GPU (``Mesh.box(..., backend="gpu")``, ``mesh.to("gpu")``; every rank selects
+its device before making it): the cell ranks, the coarse votes, the folds and the DoF
+owners are computed on the device (:mod:`.partition`), each level's :class:`~.csr.Layout`
+keeps its rows and local positions there (the host sees the owners of ghost and send
+entries only), and the local levels' rows are built from the mesh's device arrays
+(:mod:`.local`): the set-up runs on CuPy arrays end to end, the host doing O(levels)
+Python plus the O(halo) communication pattern.
+
 Limits (stated plainly): the mesh is **replicated** on every rank (like deal.II's
 ``parallel::shared::Triangulation``) together with its O(cells) derived arrays; without
 ``local`` (``solve(..., local_setup=False)``) the whole serial hierarchy is replicated and
@@ -98,7 +106,7 @@ from types import SimpleNamespace
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, is_device_sparse, to_host
+from ..backend import CPU, backend_of, is_device_sparse, to_host
 from ..device import kernels as K
 from ..multilevel.chebyshev import lanczos_lambda_max
 from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi, power_lambda_max
@@ -121,7 +129,8 @@ def level_owners(ml, fine_cell_ranks, size, agglomerate_below=1000, min_dofs_per
     nalg = ml.num_algebraic
     spaces = ml.spaces
     cell_ranks = [None] * len(spaces)
-    cell_ranks[-1] = np.asarray(fine_cell_ranks, dtype=np.int64)
+    xp = spaces[-1].mesh.backend.xp                  # a device mesh: ranks and owners stay there
+    cell_ranks[-1] = xp.asarray(fine_cell_ranks).astype(np.int64, copy=False)
     if cell_ranks[-1].shape != (spaces[-1].mesh.num_cells,):
         raise ValueError(f"fine_cell_ranks must have one rank per cell ({spaces[-1].mesh.num_cells}), "
                          f"got shape {cell_ranks[-1].shape}")
@@ -223,7 +232,8 @@ def _power_lambda(comm, A, apply_S, N, iterations=12, seed=0):
     (:func:`~adaptmg.multilevel.smoothers.power_lambda_max`) from the serial start vector
     (its owned entries only, on ``A``'s backend), norms by Allreduce; returns 1.05 lambda.
     A rank without rows only joins the reductions."""
-    v = A.backend.asarray(start_vector(N, seed, rows=A.rows.rows))
+    xp = A.backend.xp                 # computed where it is used (bit for bit the host's)
+    v = start_vector(N, seed, rows=A.rows.rows_on(xp), xp=xp)
     S = apply_S if A.rows.n else (lambda u: u)
     return power_lambda_max(lambda u: S(A @ u), v, lambda u: norm(comm, u), iterations,
                             "distributed smoother")
@@ -478,11 +488,12 @@ class DistributedHierarchy:
             be.synchronize()
             return time.perf_counter()
         t0 = now()
-        K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner, self.comm,
+        xp = space.mesh.backend.xp                   # a device mesh: its owners on the device
+        K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner_on(xp), self.comm,
                                                   backend=be)
         t1 = now()
-        P_o, R_o, ncells_t = local_transfer_rows(cspace, space, cfree, free, clay.owner,
-                                                 lay.owner, self.rank)
+        P_o, R_o, ncells_t = local_transfer_rows(cspace, space, cfree, free, clay.owner_on(xp),
+                                                 lay.owner_on(xp), self.rank)
         t2 = now()
         d = level_from_rows(K_o, P_o, R_o, lay, clay, self.timer, kw)
         t3 = now()
@@ -496,7 +507,7 @@ class DistributedHierarchy:
             st[key] = st.get(key, 0.0) + v
         if fine:
             self.HT_o = HT_o
-            self.free_o = free[lay.rows]
+            self.free_o = free[lay.rows_on(xp)]
             st.update(fine_cells=space.mesh.num_cells, fine_cells_assembled=int(cells.size),
                       fine_cells_transfer=ncells_t)
         return d
@@ -506,7 +517,9 @@ class DistributedHierarchy:
         Dirichlet values) on the finest level, from the global load vector ``b``."""
         if self.HT_o is None:                        # replicated set-up: the serial hierarchy's
             return self.layout.scatter(self.ml.constrain(np.asarray(b, dtype=float)))
-        f = self.HT_o @ np.asarray(b, dtype=float)
+        # a device mesh: HT_o, the free mask and f on the device (b moved there)
+        xp = backend_of(self.HT_o).xp
+        f = self.HT_o @ (xp.asarray(b, dtype=float) if xp is not np else np.asarray(b, dtype=float))
         f[~self.free_o] = 0.0
         return f
 

@@ -49,6 +49,18 @@ joins the one ``Allreduce``.
 
 The mesh (and the hanging-node matrices H, built from it) stay replicated on every
 rank; what scales is the assembly, the Galerkin-free congruence and the transfer rows.
+
+A mesh on the GPU (``space.mesh.backend``): the same functions run on its device arrays
+through ``xp`` -- the owned rows and nodes, the needed cells, the cell-subset view (whose
+``mesh.backend`` makes the library's forms assemble on the device), ``Z H^T``'s owned rows
+(a device COO of the hanging rows of ``H``), the congruence and the Dirichlet rows -- and
+the transfer rows come from ``P`` built on the device by
+:func:`~adaptmg.multilevel.transfer.prolongation` with the rows this rank does not need
+masked out (their nodes as above, :func:`_transfer_nodes`), and from its device transpose.
+Nothing of
+O(cells) comes to the host; the results equal the host mesh's (integers exactly, floats to
+round-off: ``tests/distributed/test_device_mesh_rows.py``).
+
 The contract for ``assemble``: it must accept the cell-subset view (a duck-typed space
 with ``mesh.points``, ``mesh.cells``, ``mesh.dim``, ``mesh.num_cells``, ``degree``,
 ``components``, ``cell_dofs``, ``num_nodes``, ``num_dofs``) -- the library's vectorised
@@ -62,7 +74,7 @@ from types import SimpleNamespace
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, get_backend
+from ..backend import CPU, get_backend, repeat
 from ..fe.csr_ops import congruence_with_constraints, mask_rows_cols
 from ..mesh._touch import cells_with_vertex_in
 from ..multilevel.hierarchy import _on_backend
@@ -77,14 +89,15 @@ class CellSubset:
     ``assemble(space)`` in every row whose node touches only cells of ``cells``."""
 
     def __init__(self, space, cells):
-        cells = np.asarray(cells, dtype=np.int64)
         m = space.mesh
+        xp = m.backend.xp
+        cells = xp.asarray(cells).astype(np.int64, copy=False)
         self.space = space
         self.cell_ids = cells
         # row gathers by take (Q1: the DoF table is the mesh's cell table, gathered once)
-        self.cell_dofs = np.take(space.cell_dofs, cells, axis=0)
-        mc = self.cell_dofs if space.cell_dofs is m.cells else np.take(m.cells, cells, axis=0)
-        self.mesh = SimpleNamespace(dim=m.dim, points=m.points, cells=mc,
+        self.cell_dofs = xp.take(space.cell_dofs, cells, axis=0)
+        mc = self.cell_dofs if space.cell_dofs is m.cells else xp.take(m.cells, cells, axis=0)
+        self.mesh = SimpleNamespace(dim=m.dim, points=m.points, cells=mc, backend=m.backend,
                                     num_cells=int(cells.size), num_nodes=m.num_nodes)
         self.dim = space.dim
         self.degree = space.degree
@@ -102,9 +115,10 @@ def _hanging_with_parent_in(space, node_mask):
     hn = space.hanging_nodes
     if not hn.size:
         return hn
+    xp = space.mesh.backend.xp
     Hh = space.H_nodes[hn]
-    rid = np.repeat(np.arange(hn.size), np.diff(Hh.indptr))
-    hit = np.bincount(rid, weights=node_mask[Hh.indices], minlength=hn.size)
+    rid = repeat(xp.arange(hn.size), xp.diff(Hh.indptr), total=Hh.indices.size, xp=xp)
+    hit = xp.bincount(rid, weights=node_mask[Hh.indices].astype(float), minlength=hn.size)
     return hn[hit > 0]
 
 
@@ -116,11 +130,14 @@ def needed_cells(space, node_mask):
 
 
 def _hanging_rows_coo(space, dofs):
-    """(row, column, value) of the rows ``dofs`` (sorted hanging DoFs) of ``H``."""
+    """(row, column, value) of the rows ``dofs`` (sorted hanging DoFs) of ``H`` (on the mesh's
+    backend)."""
+    xp = space.mesh.backend.xp
     if not dofs.size:
-        z = np.zeros(0, dtype=np.int64)
-        return z, z, np.zeros(0)
-    Hh = sp.csr_matrix(space.H)[dofs].tocoo()
+        z = xp.zeros(0, dtype=np.int64)
+        return z, z, xp.zeros(0)
+    H = space.H if xp is not np else sp.csr_matrix(space.H)
+    Hh = H[dofs].tocoo()
     return dofs[Hh.row], Hh.col.astype(np.int64), Hh.data
 
 
@@ -136,18 +153,26 @@ def constraint_blocks(space, rows, dofs, free):
       regular DoF, the free parents of a hanging one; the other rows are empty.
 
     Only the hanging rows of ``H`` are read (a regular DoF's row of H is its unit row): no
-    O(N) transpose or product of the global H."""
+    O(N) transpose or product of the global H.  On a mesh on the GPU (``dofs`` None) only
+    ``HZT_o``, built there (``HZ`` None: the device congruence needs it not)."""
+    be = space.mesh.backend
+    xp = be.xp
     N, n = space.num_dofs, rows.size
     hang = space.is_hanging
     reg = rows[~hang[rows] & free[rows]]
-    local = np.full(N, -1, dtype=np.int64)
-    local[rows] = np.arange(n)
-    hk, hp, hw = _hanging_rows_coo(space, np.flatnonzero(hang))
+    local = xp.full(N, -1, dtype=np.int64)
+    local[rows] = xp.arange(n)
+    hk, hp, hw = _hanging_rows_coo(space, xp.flatnonzero(hang))
     m = (local[hp] >= 0) & free[hp]                      # hanging k with an owned free parent
-    HZT_o = sp.csr_matrix((np.concatenate([np.ones(reg.size), hw[m]]),
-                           (np.concatenate([local[reg], local[hp[m]]]),
-                            np.concatenate([reg, hk[m]]))), shape=(n, N))
-    HZT_o.sum_duplicates()
+    if xp is not np and reg.size + int(m.sum()) == 0:   # no device COO of no entries
+        HZT_o = be.sparse.csr_matrix((n, N))
+    else:
+        HZT_o = be.sparse.coo_matrix((xp.concatenate([xp.ones(reg.size), hw[m]]),
+                                      (xp.concatenate([local[reg], local[hp[m]]]),
+                                       xp.concatenate([reg, hk[m]]))), shape=(n, N)).tocsr()
+        HZT_o.sum_duplicates()
+    if dofs is None:
+        return HZT_o, None
     dreg = dofs[~hang[dofs] & free[dofs]]
     hk, hp, hw = _hanging_rows_coo(space, dofs[hang[dofs]])
     m = free[hp]
@@ -175,20 +200,29 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
 
     Returns ``(K_o, HZT_o, cells)``: ``K_o`` the owned rows (n_o x N, sorted columns) on
     ``backend`` (host CSR for a rank without rows), ``HZT_o`` the owned rows of ``Z H^T``
-    (host; ``HZT_o @ b`` is the owned part of ``Z H^T b``) and the assembled cell ids."""
+    (``HZT_o @ b`` is the owned part of ``Z H^T b``) and the assembled cell ids -- both on
+    the mesh's backend (host arrays for a host mesh)."""
     be = get_backend(backend)
+    on_dev = space.mesh.backend.is_gpu               # a device mesh: everything on its arrays
+    if on_dev and not be.is_gpu:
+        raise ValueError("local_constrained_rows: the space's mesh lives on the GPU; pass "
+                         "backend='gpu' or use a space on mesh.to('cpu')")
+    xp = space.mesh.backend.xp
     rank = comm.Get_rank()
     c = space.components
-    rows = np.flatnonzero(owner == rank)
-    node_own = np.zeros(space.num_nodes, dtype=bool)
+    owner, free = xp.asarray(owner), xp.asarray(free)
+    rows = xp.flatnonzero(owner == rank)
+    node_own = xp.zeros(space.num_nodes, dtype=bool)
     node_own[rows // c] = True
     cells = needed_cells(space, node_own)
     view = CellSubset(space, cells)
     N = space.num_dofs
-    mark = np.zeros(space.num_nodes, dtype=bool)
-    mark[view.cell_dofs] = True
-    nodes = np.flatnonzero(mark)
-    dofs = (nodes[:, None] * c + np.arange(c)).ravel()
+    dofs = None
+    if not on_dev:                                   # the DoFs of the assembled cells (host products)
+        mark = np.zeros(space.num_nodes, dtype=bool)
+        mark[view.cell_dofs] = True
+        nodes = np.flatnonzero(mark)
+        dofs = (nodes[:, None] * c + np.arange(c)).ravel()
     HZT_o, HZ = constraint_blocks(space, rows, dofs, free)
     if not rows.size:
         # a rank owning no DoF of the level (a coarse level folded onto fewer ranks) needs no
@@ -200,7 +234,7 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
         raise ValueError(f"assemble(view) must return a {N} x {N} matrix, got shape {getattr(A, 'shape', None)}")
     # products on ``be`` -- on the host when a factor is empty (every owned row or every
     # column non-free: no device product of an empty matrix), the result moved there
-    wb = be if (HZT_o.nnz and HZ.nnz) else CPU
+    wb = be if on_dev or (HZT_o.nnz and HZ.nnz) else CPU
     if wb.is_gpu:                                # no cuSPARSE SpGEMM of the level's matrix
         B = _device_owned_rows(space, wb.asmatrix(A), rows, free, wb)    # zeros dropped there
         B.sum_duplicates()                       # canonical: sorted, one entry per (row, column)
@@ -209,15 +243,16 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
         B.sum_duplicates()
         B = _drop_zeros(wb, B)
     fo = free[rows]
-    xp = wb.xp
+    xw = wb.xp
     d = 0.0
     if B.nnz:
-        pos = _row_positions(xp, B.indptr, B.indices, xp.asarray(rows))
-        d = float((xp.abs(B.data[xp.maximum(pos, 0)]) * ((pos >= 0) & xp.asarray(fo))).sum())
+        pos = _row_positions(xw, B.indptr, B.indices, xw.asarray(rows))
+        d = float((xw.abs(B.data[xw.maximum(pos, 0)]) * ((pos >= 0) & xw.asarray(fo))).sum())
     s = _row_scale(comm, d, int(fo.sum()))
-    fixed = np.flatnonzero(~fo)
+    fixed = xp.flatnonzero(~fo)
     if fixed.size:                               # s on the (empty) non-free rows' diagonal
-        S = sp.csr_matrix((np.full(fixed.size, s), (fixed, rows[fixed])), shape=B.shape)
+        S = space.mesh.backend.sparse.coo_matrix((xp.full(fixed.size, s), (fixed, rows[fixed])),
+                                                 shape=B.shape).tocsr()
         B = (B + wb.asmatrix(S)).tocsr()
         B.sort_indices()
     return be.asmatrix(B), HZT_o, cells
@@ -229,10 +264,11 @@ def _device_owned_rows(space, A, rows, free, be):
     which falls back from cuSPARSE's products to the expansion of the hanging entries where
     cuSPARSE refuses them -- it does for :func:`constraint_blocks`' factors at millions of
     rows), its owned rows, then the free rows and columns (zeros dropped)."""
-    hanging = np.flatnonzero(space.is_hanging)
+    hang = space.is_hanging
+    hanging = space.mesh.backend.xp.flatnonzero(hang)
     B = congruence_with_constraints(A, space.H, hanging) if hanging.size else A.tocsr()
     B = B[be.asarray(rows)].tocsr()
-    return mask_rows_cols(B, free[rows], free, drop_zeros=True)
+    return mask_rows_cols(B, be.asarray(free[rows]), be.asarray(free), drop_zeros=True)
 
 
 def _drop_zeros(be, B):
@@ -292,8 +328,32 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, wh
     :func:`~adaptmg.multilevel.transfer.prolongation`'s forest path (the same rows, entry
     for entry, in a third of the time per row).
 
+    Spaces on a mesh on the GPU: ``P`` built on the device by
+    :func:`~adaptmg.multilevel.transfer.prolongation`'s device paths (any degree and
+    components) with every fine row this rank does not need masked out (the fine free mask
+    restricted to the nodes of :func:`_transfer_nodes`: rows are independent, so the kept
+    ones equal the whole ``P``'s), its owned rows and those of its transpose selected there;
+    ``whole=False`` is then a ValueError.
+
     Returns ``(P_o, R_o, nfine_cells)``: the two blocks and how many fine cells were used."""
     c = fine.components
+    if fine.mesh.backend.is_gpu:
+        if whole is False:
+            raise ValueError("local_transfer_rows: on a mesh on the GPU the rows come from the whole P "
+                             "(whole=False takes spaces on mesh.to('cpu'))")
+        be = fine.mesh.backend
+        xp = be.xp
+        frow = xp.flatnonzero(xp.asarray(owner_f) == rank)
+        crow = xp.flatnonzero(xp.asarray(owner_c) == rank)
+        # only the rows this rank needs (the others masked out of Z_f: no entries): the owned
+        # fine DoFs and the fine DoFs of R's rows (module doc), the same nodes as the host path
+        need = _transfer_nodes(coarse, fine, frow, crow)[0]
+        zf = xp.asarray(free_f) & xp.repeat(need, c)
+        P = prolongation(coarse, fine, xp.asarray(free_c), zf)
+
+        def rows_of(M, idx):                  # (a rank without rows: an empty host block)
+            return be.asmatrix(M[idx]) if idx.size else sp.csr_matrix((0, M.shape[1]))
+        return rows_of(P, frow), rows_of(P.T.tocsr(), crow), fine.mesh.num_cells
     frow = np.flatnonzero(owner_f == rank)
     crow = np.flatnonzero(owner_c == rank)
     if whole is None:
@@ -301,20 +361,8 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, wh
     if whole:
         P = prolongation(coarse, fine, free_c, free_f)
         return P[frow], _transposed_rows(P, crow, None, fine.num_dofs), fine.mesh.num_cells
-    parent = fine.mesh.parent_of(coarse.mesh)
-    cidx = parent[0]
-    # P rows: owned fine nodes (each in an owned fine cell); R rows: the fine nodes of the coarse
-    # cells around owned coarse nodes (and coarse hanging nodes with an owned parent)
-    fown = np.zeros(fine.num_nodes, dtype=bool)
-    fown[frow // c] = True
+    nmask, fown, rcells = _transfer_nodes(coarse, fine, frow, crow)
     fcells = cells_with_vertex_in(fine.cell_dofs, fown)
-    cown = np.zeros(coarse.num_nodes, dtype=bool)
-    cown[crow // c] = True
-    cmask = np.zeros(coarse.mesh.num_cells, dtype=bool)
-    cmask[needed_cells(coarse, cown)] = True
-    rcells = np.flatnonzero(cmask[cidx])
-    nmask = fown.copy()
-    nmask[np.take(fine.cell_dofs, rcells, axis=0)] = True
     used = np.zeros(fine.mesh.num_cells, dtype=bool)
     used[fcells] = True
     used[rcells] = True
@@ -324,6 +372,25 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, wh
     P_all = prolongation(coarse, fine, free_c, free_f, nodes=nodes, cells=cells)
     P_o = P_all[np.flatnonzero(owner_f[dofs] == rank)]
     return P_o, _transposed_rows(P_all, crow, dofs, fine.num_dofs), int(cells.size)
+
+
+def _transfer_nodes(coarse, fine, frow, crow):
+    """The fine nodes whose rows of P a rank needs (a mask), on the mesh's backend: P's rows
+    are its owned fine nodes ``frow // c`` (the second mask); R's rows (owned coarse DoFs
+    ``crow``) need the fine nodes of the coarse cells around the owned coarse nodes and the
+    coarse hanging nodes with an owned parent (the fine cells inside them: the third result)."""
+    xp, c = fine.mesh.backend.xp, fine.components
+    cidx = fine.mesh.parent_of(coarse.mesh)[0]
+    fown = xp.zeros(fine.num_nodes, dtype=bool)
+    fown[frow // c] = True
+    cown = xp.zeros(coarse.num_nodes, dtype=bool)
+    cown[crow // c] = True
+    cmask = xp.zeros(coarse.mesh.num_cells, dtype=bool)
+    cmask[needed_cells(coarse, cown)] = True
+    rcells = xp.flatnonzero(cmask[cidx])
+    nmask = fown.copy()
+    nmask[xp.take(fine.cell_dofs, rcells, axis=0)] = True
+    return nmask, fown, rcells
 
 
 def _transposed_rows(P, rows, cols, ncols):

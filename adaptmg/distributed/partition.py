@@ -31,10 +31,17 @@ into rank ``k``).
 DoF ownership.  A DoF node belongs to the lowest rank among the cells that have it in
 their ``cell_dofs`` (for a hanging node: the fine cells it is a vertex of); all
 components of a node share its owner.
+
+A mesh on the GPU (``mesh.backend``): every function here runs on its device arrays through
+the backend's ``xp`` (the curve keys, the votes, the fold, the owners by a scatter-min) and
+returns device arrays -- the same integers as on the host mesh.  Only the walk fallback of
+:func:`curve_order` (keys beyond 63 bits) runs on a host copy of the mesh.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from ..backend import scatter_min, stable_argsort
 
 __all__ = ["curve_order", "partition_cells", "coarse_cell_ranks", "dof_owners", "imbalance",
            "level_ranks", "fold_cell_ranks"]
@@ -50,11 +57,18 @@ _SPREAD = {2: ((16, 0x0000FFFF0000FFFF), (8, 0x00FF00FF00FF00FF), (4, 0x0F0F0F0F
                (4, 0x10C30C30C30C30C3), (2, 0x1249249249249249))}
 
 
+def _xp(a):
+    """The array module of ``a`` (NumPy or CuPy, :mod:`adaptmg.backend` tells)."""
+    from ..backend import backend_of
+    return backend_of(a).xp
+
+
 def _morton(q: np.ndarray) -> np.ndarray:
     """Interleave the bits of quantised coordinates q (n, d) (x lowest) into uint64 keys:
     bit ``b`` of axis ``a`` goes to bit ``d b + a`` (the low ``_BITS[d]`` bits of each axis)."""
     n, d = q.shape
-    key = np.zeros(n, dtype=np.uint64)
+    xp = _xp(q)
+    key = xp.zeros(n, dtype=np.uint64)
     for a in range(d):
         x = q[:, a].astype(np.uint64) & np.uint64((1 << _BITS[d]) - 1)
         for shift, mask in _SPREAD[d]:
@@ -66,13 +80,14 @@ def _morton(q: np.ndarray) -> np.ndarray:
 def _root_ranks(F, roots: np.ndarray) -> np.ndarray:
     """Rank of each root cell (sorted forest ids ``roots``) in the Morton order of the root
     centroids (quantised over their bounding box), ties by root id."""
-    d = F.dim
+    d, xp = F.dim, _xp(roots)
     cen = F.X[F.cell_nodes[roots]].mean(axis=1)
     lo, hi = cen.min(axis=0), cen.max(axis=0)
-    span = np.where(hi > lo, hi - lo, 1.0)
-    q = np.floor((cen - lo) / span * (2 ** _BITS[d] - 1) + 0.5)
-    rank = np.empty(roots.size, dtype=np.int64)
-    rank[np.lexsort((roots, _morton(q)))] = np.arange(roots.size)
+    span = xp.where(hi > lo, hi - lo, 1.0)
+    q = xp.floor((cen - lo) / span * (2 ** _BITS[d] - 1) + 0.5)
+    rank = xp.empty(roots.size, dtype=np.int64)
+    # roots ascend: the stable sort of the Morton keys is lexsort((roots, keys))
+    rank[stable_argsort(_morton(q))] = xp.arange(roots.size)
     return rank
 
 
@@ -88,20 +103,20 @@ def _curve_keys(mesh):
     ancestor).  A cell reached that is not active has 2^d children (they tile it), which are
     visited next.  If that fails (a forest cell without children under no active cell) or not
     every active cell is reached, None."""
-    F, d = mesh._forest, mesh.dim
-    ids = np.asarray(mesh.cell_ids, dtype=np.int64)
+    F, d, xp = mesh._forest, mesh.dim, mesh.backend.xp
+    ids = mesh.cell_ids.astype(np.int64, copy=False)
     n = ids.size
     if n == 0:
         return None
     L = int(F.cell_level[ids].max())
-    roots = np.flatnonzero(F.cell_level == 0)
+    roots = xp.flatnonzero(F.cell_level == 0)
     if (max(roots.size - 1, 1).bit_length() + d * L > 63):
         return None
-    active = np.zeros(F.num_cells, dtype=bool)
+    active = xp.zeros(F.num_cells, dtype=bool)
     active[ids] = True
-    fkey = np.zeros(F.num_cells, dtype=np.int64)   # the key of every active cell, by forest id
+    fkey = xp.zeros(F.num_cells, dtype=np.int64)   # the key of every active cell, by forest id
     front, key = roots, _root_ranks(F, roots)
-    kids = np.arange(2 ** d, dtype=np.int64)
+    kids = xp.arange(2 ** d, dtype=np.int64)
     found = 0
     for k in range(L + 1):
         act = active[front]
@@ -112,7 +127,7 @@ def _curve_keys(mesh):
         if not front.size:
             break
         c0 = F.cell_child0[front]
-        if k == L or (c0 < 0).any():           # a dead end: the mesh does not tile the forest
+        if k == L or bool((c0 < 0).any()):     # a dead end: the mesh does not tile the forest
             return None
         front = (c0[:, None] + kids).ravel()
         key = ((key << d)[:, None] | kids).ravel()
@@ -126,10 +141,12 @@ def curve_order(mesh) -> np.ndarray:
     refinement paths (``mesh.cells[order]`` is the curve order)."""
     keys = _curve_keys(mesh)
     if keys is None:
+        if mesh.backend.is_gpu:                # the rare walk on a host copy
+            return mesh.backend.asarray(_curve_order_walk(mesh.to("cpu")))
         return _curve_order_walk(mesh)
     # distinct keys: any sort gives this permutation; the stable one (timsort) profits from the
     # runs of the forest order (the children of a cell are consecutive ids)
-    return np.argsort(keys, kind="stable")
+    return stable_argsort(keys)
 
 
 def _curve_order_walk(mesh) -> np.ndarray:
@@ -162,19 +179,19 @@ def partition_cells(mesh, size: int, weights=None) -> np.ndarray:
     """Rank (0..size-1) of every active cell: contiguous curve ranges of equal weight."""
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
         raise ValueError(f"size must be a positive integer, got {size!r}")
-    n = mesh.num_cells
+    n, xp = mesh.num_cells, mesh.backend.xp
     order = curve_order(mesh)
     if weights is None:
-        rank_sorted = (np.arange(n, dtype=np.int64) * size) // max(n, 1)
+        rank_sorted = (xp.arange(n, dtype=np.int64) * size) // max(n, 1)
     else:
-        w = np.asarray(weights, dtype=float)
-        if w.shape != (n,) or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        w = mesh.backend.asarray(weights, dtype=float)
+        if w.shape != (n,) or not bool(xp.isfinite(w).all()) or bool((w < 0).any()) or float(w.sum()) <= 0:
             raise ValueError(f"weights must be {n} finite non-negative numbers with a positive sum, "
                              f"got shape {w.shape}")
         ws = w[order]
-        before = np.cumsum(ws) - ws
-        rank_sorted = np.minimum((before * size / ws.sum()).astype(np.int64), size - 1)
-    ranks = np.empty(n, dtype=np.int64)
+        before = xp.cumsum(ws) - ws
+        rank_sorted = xp.minimum((before * size / ws.sum()).astype(np.int64), size - 1)
+    ranks = xp.empty(n, dtype=np.int64)
     ranks[order] = rank_sorted
     return ranks
 
@@ -183,7 +200,8 @@ def coarse_cell_ranks(fine_mesh, coarse_mesh, fine_ranks: np.ndarray, size: int)
     """Ranks of the cells of ``coarse_mesh`` (one global-coarsening step below ``fine_mesh``):
     the rank holding most of a coarse cell's fine cells (ties: the lowest rank)."""
     cidx, _ = fine_mesh.parent_of(coarse_mesh)
-    votes = np.bincount(cidx * size + fine_ranks, minlength=coarse_mesh.num_cells * size)
+    xp = _xp(cidx)
+    votes = xp.bincount(cidx * size + xp.asarray(fine_ranks), minlength=coarse_mesh.num_cells * size)
     return votes.reshape(coarse_mesh.num_cells, size).argmax(axis=1)
 
 
@@ -217,38 +235,44 @@ def fold_cell_ranks(mesh, cell_ranks: np.ndarray, size_l: int) -> np.ndarray:
     """``cell_ranks`` (a partition of ``mesh`` over any number of ranks) folded onto ranks
     ``0 .. size_l - 1``: cells sorted by (rank, curve position), equal contiguous pieces
     (module doc).  Unchanged when every rank is already below ``size_l``."""
-    cell_ranks = np.asarray(cell_ranks, dtype=np.int64)
+    xp = mesh.backend.xp
+    cell_ranks = xp.asarray(cell_ranks).astype(np.int64, copy=False)
     n = cell_ranks.size
     if size_l < 1:
         raise ValueError(f"size_l must be a positive integer, got {size_l!r}")
-    if n == 0 or cell_ranks.max() < size_l:
+    if n == 0 or int(cell_ranks.max()) < size_l:
         return cell_ranks.copy()
     if size_l == 1:
-        return np.zeros(n, dtype=np.int64)
-    pos = np.empty(n, dtype=np.int64)
-    pos[curve_order(mesh)] = np.arange(n)
-    order = np.lexsort((pos, cell_ranks))
-    out = np.empty(n, dtype=np.int64)
-    out[order] = (np.arange(n, dtype=np.int64) * size_l) // n
+        return xp.zeros(n, dtype=np.int64)
+    pos = xp.empty(n, dtype=np.int64)
+    pos[curve_order(mesh)] = xp.arange(n)
+    # the device has no lexsort of a tuple: one sort of the distinct keys (rank, position), the
+    # same permutation (the host keeps lexsort: 2x faster than that sort there)
+    order = np.lexsort((pos, cell_ranks)) if xp is np else (cell_ranks * n + pos).argsort()
+    out = xp.empty(n, dtype=np.int64)
+    out[order] = (xp.arange(n, dtype=np.int64) * size_l) // n
     return out
 
 
 def dof_owners(space, cell_ranks: np.ndarray) -> np.ndarray:
     """Owner rank of every DoF of ``space``: the lowest rank among the cells touching its node
-    (one ``np.minimum.at`` over the (cell, node) slots, in int16 where the ranks fit: a
-    quarter of int64's bytes for the repeated ranks and the scattered minima)."""
+    (one scatter-min over the (cell, node) slots, :func:`adaptmg.backend.scatter_min`, in
+    int16 where the ranks fit on the host: a quarter of int64's bytes for the repeated ranks
+    and the scattered minima; int32 on the device, whose atomic minimum has no int16)."""
     cd = space.cell_dofs
-    ranks = np.asarray(cell_ranks, dtype=np.int64)
-    vt = np.int16 if ranks.size == 0 or ranks.max() < np.iinfo(np.int16).max else np.int64
+    xp = _xp(cd)
+    ranks = xp.asarray(cell_ranks).astype(np.int64, copy=False)
+    small = ranks.size == 0 or int(ranks.max()) < np.iinfo(np.int16).max
+    vt = (np.int16 if xp is np else np.int32) if small else np.int64
     top = np.iinfo(vt).max
-    owner = np.full(space.num_nodes, top, dtype=vt)
-    np.minimum.at(owner, cd.ravel(), np.repeat(ranks.astype(vt), cd.shape[1]))
-    if (owner == top).any():
+    owner = xp.full(space.num_nodes, top, dtype=vt)
+    scatter_min(owner, cd.ravel(), xp.repeat(ranks.astype(vt), cd.shape[1]))
+    if bool((owner == top).any()):
         raise RuntimeError("dof_owners: some DoF nodes belong to no cell")
-    return np.repeat(owner.astype(np.int64), space.components)
+    return xp.repeat(owner.astype(np.int64), space.components)
 
 
 def imbalance(cell_ranks: np.ndarray, size: int) -> float:
     """max over ranks of (cells on the rank) / (mean cells per rank) - 1."""
-    cnt = np.bincount(cell_ranks, minlength=size)
+    cnt = _xp(cell_ranks).bincount(cell_ranks, minlength=size)
     return float(cnt.max() / cnt.mean() - 1.0)

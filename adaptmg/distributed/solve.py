@@ -24,6 +24,9 @@ serial hierarchy is built on it by every rank with :func:`adaptmg.multigrid`'s G
 (rank 0 runs its cycle), the distributed levels are set up on the device from the rank's
 cells (:mod:`.hierarchy`: rows assembled and constrained there, :class:`~.csr.DistCSR` split
 there, smoothers built on the device blocks);
+a space on a mesh on the GPU (the mesh made after :func:`.comm.select_device`, on the
+rank's device) keeps the whole set-up on the device (:mod:`.hierarchy`; ``b`` may then be
+the CuPy load vector of :func:`adaptmg.assemble.load`);
 the Krylov vectors and the cycle are CuPy arrays, halo exchanges go through host-staged MPI
 (or NCCL when every rank has its own GPU; ``transport=``), reductions through one host
 ``Allreduce`` (host staging) or one ``ncclAllReduce`` on the device (NCCL: the inner
@@ -126,10 +129,11 @@ def _check(space, b, rtol, maxiter, accel, min_dofs_per_rank=None, agglomerate_b
         return msg
     if not isinstance(space, Space):
         return f"space must be an adaptmg Space, got {type(space).__name__}"
-    b = np.asarray(b)
+    xp = space.mesh.backend.xp                       # a device mesh: b may be a device vector
+    b = xp.asarray(b) if xp is not np else np.asarray(b)
     if b.shape != (space.num_dofs,):
         return f"right-hand side must have shape ({space.num_dofs},), got {b.shape}"
-    if not np.isfinite(b).all():
+    if not bool(xp.isfinite(b).all()):
         return "right-hand side contains NaN or Inf"
     return ""
 
@@ -183,7 +187,11 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
         t0, c0 = time.perf_counter(), time.process_time()
         multigrid_kwargs.setdefault("backend", "cpu")
         if get_backend(multigrid_kwargs["backend"]).is_gpu:
-            select_device(comm)        # local_rank % device_count, before any CuPy allocation
+            dev = select_device(comm)  # local_rank % device_count, before any CuPy allocation
+            on = getattr(getattr(space.mesh.points, "device", None), "id", None)
+            agree(comm, on is None or on == dev,
+                  f"the mesh lives on GPU {on}, but this rank works on GPU {dev}: make the mesh "
+                  f"after adaptmg.distributed.comm.select_device(comm)")
         if size > 1:                   # ranks already share the node's cores: no set-up threads
             multigrid_kwargs.setdefault("threads", 1)
         local = size > 1 and local_setup and not multigrid_kwargs.get("galerkin", False)
@@ -192,7 +200,7 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
                                 agglomerate_below, weights, callback, (t0, c0), multigrid_kwargs,
                                 min_dofs_per_rank, transport)
         ml = multigrid(space, assemble, dirichlet=dirichlet, **multigrid_kwargs)
-        f = ml.constrain(np.asarray(b, dtype=float))
+        f = ml.constrain(_on_mesh(space, b))
         if size == 1:                                     # the serial code path
             t1 = time.perf_counter()
             its = [0]
@@ -214,8 +222,9 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
         ranks = partition_cells(space.mesh, size, weights)
         mg = DistributedHierarchy(ml, ranks, comm, agglomerate_below,
                                   min_dofs_per_rank=min_dofs_per_rank, transport=transport)
-        return _krylov_solve(comm, mg, mg.layout.scatter(f), ranks, (t0, c0), accel, cycle, rtol,
-                             maxiter, callback, ml.expand, ml, stacklevel=3)
+        return _krylov_solve(comm, mg, mg.layout.scatter(to_host(f)), ranks, (t0, c0), accel, cycle, rtol,
+                             maxiter, callback, lambda x: to_host(ml.expand(_on_mesh(space, x))), ml,
+                             stacklevel=3)
 
 
 def resolve(mg, f_loc, *, accel="cg", cycle="V", rtol=1e-8, maxiter=200, callback=None,
@@ -289,7 +298,7 @@ def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, ca
     x = mg.layout.allgather(to_host(x_loc))
     size = comm.Get_size()
     return DistributedResult(u=expand(x), x=x, x_local=x_loc, iterations=its, info=info,
-                             residuals=res, size=size, cell_ranks=ranks, imbalance=imbalance(ranks, size),
+                             residuals=res, size=size, cell_ranks=ranks, imbalance=float(imbalance(ranks, size)),
                              timings={**timings, **(extra_timings or {})},
                              ml=ml, mg=mg, active_ranks=list(mg.active_ranks))
 
@@ -440,9 +449,16 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     phases = {"coarse_hierarchy_s": t_coarse, "mesh_hierarchy_s": t_split, "frees_s": t2 - t1,
               "partition_s": t3 - t2, "rhs_s": time.perf_counter() - t4}
     return _krylov_solve(comm, mg, f_loc, ranks, (t0, c0), accel, cycle, rtol,
-                         maxiter, callback, lambda x: space.H @ x, ml,
+                         maxiter, callback, lambda x: to_host(space.H @ _on_mesh(space, x)), ml,
                          extra_timings={**phases, **mg.setup_stats},
                          stacklevel=4)
+
+
+def _on_mesh(space, v):
+    """``v`` as a float vector of the array module of ``space``'s mesh (moved to a device mesh's
+    device; a host mesh takes a host copy)."""
+    be = space.mesh.backend
+    return be.asarray(v, dtype=float) if be.is_gpu else np.asarray(to_host(v), dtype=float)
 
 
 def solve_poisson(mesh, f=1.0, *, degree=1, comm=None, **kwargs) -> DistributedResult:

@@ -35,6 +35,7 @@ class ndarray(np.ndarray):
 
     def get(self, stream=None, order="C", out=None, blocking=True):
         _STATE["gets"] += 1                      # a device -> host copy
+        _STATE["get_values"] += self.size
         host = self.view(np.ndarray)
         if out is None:
             return np.array(host, copy=True)
@@ -62,6 +63,7 @@ class csr_matrix(sp.csr_matrix):
     """A SciPy CSR matrix that reports itself as a cupyx one."""
 
     def get(self, stream=None):
+        _STATE["get_values"] += self.nnz
         return sp.csr_matrix((np.asarray(self.data).view(np.ndarray).copy(),
                               np.asarray(self.indices).view(np.ndarray).copy(),
                               np.asarray(self.indptr).view(np.ndarray).copy()), shape=self.shape)
@@ -133,7 +135,7 @@ class _Device:
 
 
 _STATE = {"device": None, "pinned": 0, "count": 1, "nccl_calls": 0, "stream_waits": 0, "gets": 0,
-          "nccl_allreduces": 0}
+          "get_values": 0, "nccl_allreduces": 0}
 
 
 def _pinned(nbytes):
@@ -175,6 +177,7 @@ class _XP(types.ModuleType):
     arange = staticmethod(lambda *a, **k: _dev(np.arange(*a, **k)))
     stack = staticmethod(lambda *a, **k: _dev(np.stack(*a, **k)))
     ascontiguousarray = staticmethod(lambda *a, **k: _dev(np.ascontiguousarray(*a, **k)))
+    repeat = staticmethod(lambda *a, **k: _dev(np.repeat(*a, **k)))
 
     @staticmethod
     def take(a, indices, axis=None, out=None):
@@ -302,15 +305,29 @@ nccl.groupStart = _group_start
 nccl.groupEnd = _group_end
 
 
-def install(devices=1, with_nccl=False):
+def install(devices=1, with_nccl=False, mesh=False):
     """Route ``adaptmg.backend``'s CuPy look-up to this module (this process only).  The
     Krylov solve, :func:`adaptmg.linalg.cg` on "device" vectors, launches its fused updates
-    through :class:`ElementwiseKernel` (NumPy twins)."""
+    through :class:`ElementwiseKernel` (NumPy twins).  ``mesh``: also ``import cupy`` /
+    ``import cupyx`` (its ``scatter_*`` by ``ufunc.at``, its sparse module this one's) for a
+    mesh on the stand-in device, and no CUDA graphs in the serial solver."""
     import sys
 
     import adaptmg.backend as B
     B._cupy_status = lambda: (xp, csp, "")
     _STATE["count"] = int(devices)
+    if mesh:
+        import scipy.sparse.linalg as ssl
+        from adaptmg.multilevel.solver import MultilevelSolver
+        cx = types.ModuleType("cupyx")
+        for name, uf in (("scatter_add", np.add), ("scatter_max", np.maximum), ("scatter_min", np.minimum)):
+            setattr(cx, name, lambda out, idx, vals, uf=uf: uf.at(out.view(np.ndarray), idx, vals))
+        cx.scipy = types.ModuleType("cupyx.scipy")
+        cx.scipy.sparse = csp
+        sys.modules.update({"cupy": xp, "cupyx": cx, "cupyx.scipy": cx.scipy, "cupyx.scipy.sparse": csp,
+                            "cupyx.scipy.sparse.linalg": ssl})
+        MultilevelSolver._capturable = lambda self: False
+        xp.cuda.runtime.getDevice = lambda: _STATE["device"] or 0
     if with_nccl:       # ``from cupy.cuda import nccl`` finds the stand-in (this process only)
         top, sub = types.ModuleType("cupy"), types.ModuleType("cupy.cuda")
         top.cuda, sub.nccl = sub, nccl
@@ -328,6 +345,11 @@ def nccl_calls():
 
 def stream_waits():
     return _STATE["stream_waits"]
+
+
+def device_to_host_values():
+    """Entries (array elements, sparse nonzeros) copied by ``get`` so far."""
+    return _STATE["get_values"]
 
 
 def device_to_host():

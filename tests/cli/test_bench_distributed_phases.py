@@ -1,0 +1,42 @@
+"""Smoke test of scripts/bench_distributed.py on the CPU with mpich: P = 1 and P = 2 run, the
+table says where the mesh lives, and ``--phases`` prints one row of set-up phases per rank
+(P = 1 too: its mesh and its serial ``multigrid()``); ``--mesh-backend gpu`` needs the GPU
+backend."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("mpi4py")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "bench_distributed.py"
+
+
+def _run(*args):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True,
+                          timeout=240, cwd=ROOT)
+
+
+def test_bench_distributed_prints_phases_per_rank():
+    from adaptmg.distributed.comm import find_mpiexec
+    if find_mpiexec() is None:
+        pytest.skip("no mpiexec")
+    r = _run("--backend", "cpu", "--ranks", "1", "2", "--dofs-per-rank", "4e3", "--setup", "local",
+             "--phases", "--repeat", "1", "--dim", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "mesh on the cpu" in out
+    ranks = [ln for ln in out.splitlines() if ln.strip().startswith("rank ")]
+    assert len(ranks) == 3, out                          # 1 row at P = 1, 2 at P = 2
+    assert "mesh_s" in ranks[0] and "multigrid_s" in ranks[0]
+    assert all("matrix_s" in ln and "transfer_s" in ln and "owners_s" in ln for ln in ranks[1:])
+    its = [ln.split()[5] for ln in out.splitlines() if ln.split()[:1] in (["1"], ["2"])]
+    assert len(its) == 2 and its[0] == its[1], out       # the same CG iterations
+
+
+def test_bench_distributed_mesh_backend_gpu_needs_the_gpu_backend():
+    r = _run("--backend", "cpu", "--mesh-backend", "gpu", "--ranks", "1")
+    assert r.returncode != 0 and "--mesh-backend gpu needs --backend gpu" in r.stderr
