@@ -253,13 +253,13 @@ def unique_first(a):
 
 def segment_index(xp, counts, total):
     """``repeat(arange(m), counts)`` (``total = sum(counts)`` entries) with whole-array
-    operations that CuPy has (its ``repeat`` takes no array of repeats): a 1 at the start of
-    every non-empty segment, a running sum, and the segment's index."""
-    nz = xp.flatnonzero(counts)
-    starts = xp.cumsum(counts)[nz] - counts[nz]
-    flag = xp.zeros(total, dtype=xp.int64)
-    flag[starts] = 1
-    return nz[xp.cumsum(flag) - 1]
+    operations that CuPy has (its ``repeat`` takes no array of repeats): with the inclusive
+    running sum ``e = cumsum(counts)`` (segment i covers ``[e_i - counts_i, e_i)``), entry p
+    belongs to the first segment with ``e_i > p``, ``searchsorted(e, p, side="right")``;
+    empty segments (``e_i = e_{i-1}``) are skipped by it.  Three launches (a scan, an arange
+    and a binary search), no ``nonzero`` and so no synchronising read of its size."""
+    ends = xp.cumsum(counts)
+    return xp.searchsorted(ends, xp.arange(int(total), dtype=ends.dtype), side="right")
 
 
 def repeat(a, counts, total=None, xp=None):
