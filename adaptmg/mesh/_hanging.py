@@ -52,8 +52,8 @@ def hanging_in_forest(F, cells, levels):
     gpar = F.node_par[cand, :4].astype(np.int64)
     valid = gpar >= 0
     # every parent a jump node (a jump node is a vertex of an active cell)
-    ok = (jump[xp.where(valid, gpar, 0)] | ~valid).all(axis=1)
-    cand, gpar, valid = cand[ok], gpar[ok], valid[ok]
+    ok = xp.flatnonzero((jump[xp.where(valid, gpar, 0)] | ~valid).all(axis=1))
+    cand, gpar, valid = cand.take(ok), gpar.take(ok, axis=0), valid.take(ok, axis=0)   # one read, not 3
     npar = xp.where(F.node_kind[cand] == 1, 2, 4)
     rows_h = repeat(xp.arange(cand.size), valid.sum(1))
     # the holder of a hanging node's parents is coarser than the cells with the node as a
