@@ -173,10 +173,11 @@ def face_pairs(mesh, backend=None, partial=False) -> FacePairs:
     pos = xp.full(cnt.size, -1, dtype=np.int64)
     pos[lab[single]] = single
     # fine sub-faces: not conforming, with a centre vertex whose parents' key is a (single) face key
-    fine_rows = hidx[~conf[hidx]]
-    target = pos[clab[~conf[hidx]]]
-    ok = target >= 0
-    fine_rows, target = fine_rows[ok], target[ok]
+    nc = xp.flatnonzero(~conf[hidx])                       # one read per mask, not per array
+    fine_rows = hidx.take(nc)
+    target = pos[clab.take(nc)]
+    ok = xp.flatnonzero(target >= 0)
+    fine_rows, target = fine_rows.take(ok), target.take(ok)
     is_coarse = xp.zeros(nF, dtype=bool)
     is_coarse[target] = True
     is_fine = xp.zeros(nF, dtype=bool)
@@ -192,7 +193,7 @@ def face_pairs(mesh, backend=None, partial=False) -> FacePairs:
     conf_rows = xp.flatnonzero(conf)
     nconf = conf_rows.size
     rows = xp.concatenate([conf_rows, fine_rows])
-    nbrow = xp.concatenate([partner[conf], target])
+    nbrow = xp.concatenate([partner.take(conf_rows), target])
     hanging = xp.concatenate([xp.zeros(nconf, dtype=bool), xp.ones(fine_rows.size, dtype=bool)])
     cell, face, nb = c_all[rows], f_all[rows], c_all[nbrow]
     Vs = V[rows]                                                   # (np, nfv)

@@ -121,9 +121,10 @@ def constraint_matrix_on(be, n, hanging, cols, W):
     is_h[hanging] = True                                      # one value: repeats are harmless
     nz = W != 0
     reg = xp.flatnonzero(~is_h)
-    rows = xp.concatenate([reg, repeat(hanging.astype(xp.int64), nz.sum(axis=1))])
-    cc = xp.concatenate([reg, cols[nz].astype(reg.dtype)])
-    vv = xp.concatenate([xp.ones(reg.shape[0]), W[nz]])
+    at = xp.flatnonzero(nz.ravel())                           # one read for the weights' gathers
+    rows = xp.concatenate([reg, repeat(hanging.astype(xp.int64), nz.sum(axis=1), at.size)])
+    cc = xp.concatenate([reg, cols.ravel().take(at).astype(reg.dtype)])
+    vv = xp.concatenate([xp.ones(reg.shape[0]), W.ravel().take(at)])
     it = xp.int32 if n + int(cc.shape[0]) < np.iinfo(np.int32).max else xp.int64
     H = be.sparse.coo_matrix((vv, (rows.astype(it), cc.astype(it))), shape=(n, n)).tocsr()
     H.sum_duplicates()
