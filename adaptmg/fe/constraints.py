@@ -59,7 +59,7 @@ class Constraints:
         D = xp.zeros(0, dtype=np.int64) if dirichlet is None else xp.asarray(dirichlet)
         if D.size and not np.issubdtype(D.dtype, np.integer):
             raise ValueError(f"dirichlet must be an integer array of DoF indices, got dtype {D.dtype}")
-        if D.size and (int(D.min()) < 0 or int(D.max()) >= n):
+        if D.size and bool(((D < 0) | (D >= n)).any()):      # one read (the range: on error only)
             raise ValueError(f"dirichlet DoF indices must lie in [0, {n}), got range [{D.min()}, {D.max()}]")
         hang = space.is_hanging
         fixed = xp.zeros(n, dtype=bool)

@@ -43,12 +43,10 @@ def hanging_in_forest(F, cells, levels):
     kind = F.node_kind.take(cand)
     cand = cand[(kind >= 1) & (kind < d)]
     # first by their first two parents (every candidate has them): flat gathers of two
-    # columns instead of the (candidates, 4) parent rows
+    # columns instead of the (candidates, 4) parent rows, one flatnonzero for both
     flat_par = F.node_par.reshape(-1)
     at = cand * F.node_par.shape[1]
-    for j in range(2):
-        sel = xp.flatnonzero(jump.take(flat_par.take(at + j)))
-        cand, at = cand.take(sel), at.take(sel)
+    cand = cand.take(xp.flatnonzero(jump.take(flat_par.take(at)) & jump.take(flat_par.take(at + 1))))
     gpar = F.node_par[cand, :4].astype(np.int64)
     valid = gpar >= 0
     # every parent a jump node (a jump node is a vertex of an active cell)

@@ -84,7 +84,9 @@ def first_occurrences_xp(flat, nn, n_root, xp):
     none = np.iinfo(it).max                             # the node is no vertex here
     first = xp.full(nn, none, dtype=it)
     scatter_min(first, flat, xp.arange(flat.size, dtype=it))
-    root_ids = xp.flatnonzero(first[:n_root] != none)
-    fn = first[n_root:]
-    fn = xp.sort(fn[fn != none])
-    return xp.concatenate([root_ids, flat.take(fn)])
+    # the vertices (one flatnonzero: one read of its size), the roots first by id, then the
+    # others by first occurrence: keys id - n_root < 0 and first[id] >= 0, all distinct
+    # (flat[first[id]] == id, so no gather of flat is needed)
+    ids = xp.flatnonzero(first != none)
+    key = xp.where(ids < n_root, ids - n_root, first.take(ids).astype(ids.dtype))
+    return ids.take(xp.argsort(key))
