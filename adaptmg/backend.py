@@ -276,6 +276,37 @@ def repeat(a, counts, total=None, xp=None):
     return a[segment_index(xp, counts, int(counts.sum()) if total is None else int(total))]
 
 
+# small host constants already on a device: (module, device, dtype, shape, bytes) -> array
+_CONSTANTS: dict = {}
+CONSTANT_MAX_ENTRIES = 1 << 16
+
+
+def constant(a, xp, dtype=None):
+    """``xp.asarray(a, dtype)`` for a small host constant ``a`` (a reference table, quadrature
+    weights, corner bits; at most :data:`CONSTANT_MAX_ENTRIES` entries): on the device made
+    once per content and device and then shared -- every copy from pageable host memory is a
+    synchronising transfer, and the set-up and estimators ask for the same tables on every
+    level and step.  READ-ONLY: never write into the result.  On the host ``np.asarray``."""
+    if xp is np or not _is_cupy_module(xp):
+        return np.asarray(a, dtype=dtype)
+    h = np.ascontiguousarray(a, dtype=dtype)
+    if h.size > CONSTANT_MAX_ENTRIES:
+        return xp.asarray(h)
+    runtime = getattr(xp.cuda, "runtime", None)
+    dev = runtime.getDevice() if hasattr(runtime, "getDevice") else 0
+    key = (id(xp), dev, h.dtype.str, h.shape, h.tobytes())
+    hit = _CONSTANTS.get(key)
+    if hit is None:
+        if len(_CONSTANTS) > 512:
+            _CONSTANTS.clear()
+        hit = _CONSTANTS[key] = xp.asarray(h)
+    return hit
+
+
+def _is_cupy_module(xp) -> bool:
+    return getattr(xp, "__name__", "").startswith("cupy")
+
+
 def call_points(fn, *args, xp=np, dtype=float):
     """``fn(*args)`` (a user callable of point arrays) as a float array of the array module ``xp``
     (of ``dtype``; None: the dtype ``fn`` returns, e.g. a predicate's bool).
