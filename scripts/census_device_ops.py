@@ -356,23 +356,39 @@ def _scatter(ufunc):
     return scatter
 
 
-def install():
-    """Route adaptmg's CuPy look-up here (this process; as the ``fake`` fixture)."""
+class _Direct:
+    """What :func:`install` needs of pytest's ``monkeypatch``, for good (this process)."""
+
+    @staticmethod
+    def setattr(obj, name, value, raising=True):
+        setattr(obj, name, value)
+
+    @staticmethod
+    def setitem(mapping, key, value):
+        mapping[key] = value
+
+
+def install(monkeypatch=None):
+    """Route adaptmg's CuPy look-up here, as the ``fake`` fixture does: for good, or for one
+    test with pytest's ``monkeypatch``."""
     import scipy.sparse.linalg as ssl
 
     import adaptmg.backend as B
     from adaptmg.estimate import evaluation
     from adaptmg.multilevel.solver import MultilevelSolver
+    mp = monkeypatch or _Direct
     cx = types.ModuleType("cupyx")
     cx.scatter_add, cx.scatter_max, cx.scatter_min = _scatter(np.add), _scatter(np.maximum), _scatter(np.minimum)
     cx.scipy = types.ModuleType("cupyx.scipy")
     cx.scipy.sparse = csp
-    B._cupy_status = lambda: (xp, csp, "")
-    sys.modules.update({"cupy": xp, "cupyx": cx, "cupyx.scipy": cx.scipy, "cupyx.scipy.sparse": csp,
-                        "cupyx.scipy.sparse.linalg": ssl})
-    fake_cupy.cuda.runtime.getDevice = lambda: 0
-    MultilevelSolver._capturable = lambda self: False          # no CUDA graphs
-    evaluation._DEVICE_TABLES.clear()
+    mp.setattr(B, "_cupy_status", lambda: (xp, csp, ""))
+    mp.setattr(B, "PIN_MIN_BYTES", 1 << 62)                   # no page-locked uploads
+    for name, mod in (("cupy", xp), ("cupyx", cx), ("cupyx.scipy", cx.scipy), ("cupyx.scipy.sparse", csp),
+                      ("cupyx.scipy.sparse.linalg", ssl)):
+        mp.setitem(sys.modules, name, mod)
+    mp.setattr(fake_cupy.cuda.runtime, "getDevice", lambda: 0, raising=False)
+    mp.setattr(MultilevelSolver, "_capturable", lambda self: False)          # no CUDA graphs
+    mp.setattr(evaluation, "_DEVICE_TABLES", {})
 
 
 # ------------------------------------------------------------------ the loop, by phases
