@@ -102,6 +102,8 @@ def _base(a):
 def _dev(a):
     if isinstance(a, np.ndarray) and not isinstance(a, ndarray):
         return a.view(ndarray)
+    if isinstance(a, np.generic):              # CuPy: a 0-d device array (int() of it: a read)
+        return np.asarray(a).view(ndarray)
     if isinstance(a, tuple):
         return tuple(_dev(b) for b in a)
     if isinstance(a, list):
@@ -160,7 +162,7 @@ class ndarray(fake_cupy.ndarray):
             mask = any(k.dtype == bool for k in arrays)
             _record("sync" if mask else "launch", "getitem[mask]" if mask else "getitem[gather]")
         with _nested():
-            return super().__getitem__(key)
+            return _dev(super().__getitem__(key))
 
     def __setitem__(self, key, value):
         keys = key if isinstance(key, tuple) else (key,)

@@ -34,10 +34,7 @@ def number_nodes(F, acn):
     xp = be.xp
     flat = acn.ravel()                                  # (cell, vertex) occurrences, in order
     nn = F.num_nodes
-    # the coarse mesh's vertices (kind 0) are the forest's first nodes: refinement
-    # only appends nodes, so a comparison replaces a gather of node_kind
-    nk = F.node_kind
-    n_root = nn if nn == 0 or bool(nk[-1] == 0) else int(xp.argmax(nk != 0))
+    n_root = F.n_root                                   # the coarse mesh's vertices
     if 8 * flat.size < nn:      # a coarse level of a large forest: no forest-size table,
         u, first, _ = unique_first(flat)                 # a sort (first occurrences)
         late = u >= n_root

@@ -270,10 +270,16 @@ class Mesh:
         cells are one range of forest ids (a uniform refinement), else a gathered copy."""
         a = self._active
         cn = self._forest.cell_nodes
-        if a.size:
-            a0, a1 = int(a[0]), int(a[-1])
-            if a1 - a0 == a.size - 1:                    # sorted and distinct: one range
-                return cn[a0:a1 + 1]
+        rng = self.__dict__.get("_active_range", False)
+        if rng is False:                                 # two reads, once per mesh
+            rng = None
+            if a.size:
+                a0, a1 = int(a[0]), int(a[-1])
+                if a1 - a0 == a.size - 1:                # sorted and distinct: one range
+                    rng = (a0, a1)
+            self.__dict__["_active_range"] = rng
+        if rng is not None:
+            return cn[rng[0]:rng[1] + 1]
         return xp_of(cn).take(cn, a, axis=0)
 
     @property
