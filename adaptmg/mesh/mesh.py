@@ -515,7 +515,7 @@ class Mesh:
         # mesh) the set is closed already, and no touch_max pass over the cells is needed
         low = lv.min()
         src = marked
-        while bool((lv[src] > low).any()):
+        while bool((src & (lv > low)).any()):           # (no boolean gather: one read, not two)
             need = self.touch_max(xp.where(src, lv, -1)) > lv
             src = need & ~marked
             if not bool(src.any()):
@@ -590,7 +590,7 @@ class Mesh:
             # finer than the coarsest child in a family -- none, e.g., when a local refinement
             # of a uniform mesh is taken back: then no touch_max pass at all
             src = ~cell_in
-            src &= lv > int(lv[cell_in].min())
+            src &= lv > int(xp.where(cell_in, lv, np.iinfo(lv.dtype).max).min())    # no boolean gather
             if not bool(src.any()):
                 break
             mx = self.touch_max(xp.where(src, lv, -1))
