@@ -223,52 +223,34 @@ def _wrap_fn(name, fn):
     return call
 
 
-def _is_dev(a):
-    return isinstance(a, ndarray) or (isinstance(a, (list, tuple)) and any(isinstance(b, ndarray) for b in a))
+def _namespace(name, mod):
+    """A module whose functions are ``mod``'s wrapped by :func:`_wrap_fn` (PEP 562 look-up)."""
+    ns = types.ModuleType(name)
+
+    def lookup(attr):
+        obj = getattr(mod, attr)
+        return obj if isinstance(obj, type) or not callable(obj) else _wrap_fn(attr, obj)
+    ns.__getattr__ = lookup
+    return ns
 
 
-class _Namespace(types.ModuleType):
-    def __init__(self, name, mod):
-        super().__init__(name)
-        self._mod = mod
-
-    def __getattr__(self, name):
-        obj = getattr(self._mod, name)
-        if isinstance(obj, type) or not callable(obj):
-            return obj
-        return _wrap_fn(name, obj)
-
-
-class _XP(_Namespace):
-    ndarray = ndarray
-    cuda = fake_cupy.cuda
-    ElementwiseKernel = fake_cupy.ElementwiseKernel
-
-    def __init__(self):
-        super().__init__("cupy", np)
-        self.linalg = _Namespace("cupy.linalg", np.linalg)
-
-    def asarray(self, a, dtype=None, order=None):
-        if isinstance(a, ndarray):
-            if dtype is None or a.dtype == np.dtype(dtype):
-                return a
-            _record("launch", "asarray(astype)")
-        elif isinstance(a, (np.ndarray, list, tuple)) and np.size(a) > 1:
-            _record("h2d", "asarray(host)")
-        elif not np.isscalar(a) and np.ndim(a) > 0:
-            _record("h2d", "asarray(host)")
-        else:
-            _record("h2d", "asarray(scalar)")
-        with _nested():
-            return np.array(_base(a), dtype=dtype, copy=True).view(ndarray)
-
-    array = asarray
-
-    def asnumpy(self, a):
-        return a.get() if isinstance(a, ndarray) else np.asarray(a)
+def _asarray(a, dtype=None, order=None):
+    """``cupy.asarray``: a host -> device copy unless ``a`` is on the device already."""
+    if isinstance(a, ndarray):
+        if dtype is None or a.dtype == np.dtype(dtype):
+            return a
+        _record("launch", "asarray(astype)")
+    else:
+        _record("h2d", "asarray(host)" if np.ndim(a) > 0 else "asarray(scalar)")
+    with _nested():
+        return np.array(_base(a), dtype=dtype, copy=True).view(ndarray)
 
 
-xp = _XP()
+xp = _namespace("cupy", np)
+xp.ndarray, xp.cuda, xp.ElementwiseKernel = ndarray, fake_cupy.cuda, fake_cupy.ElementwiseKernel
+xp.linalg = _namespace("cupy.linalg", np.linalg)
+xp.asarray = xp.array = _asarray
+xp.asnumpy = lambda a: a.get() if isinstance(a, ndarray) else np.asarray(a)
 
 
 # ------------------------------------------------------------------ sparse (cupyx.scipy.sparse)
