@@ -253,13 +253,13 @@ def unique_first(a):
 
 def segment_index(xp, counts, total):
     """``repeat(arange(m), counts)`` (``total = sum(counts)`` entries) with whole-array
-    operations that CuPy has (its ``repeat`` takes no array of repeats): a 1 at the start of
-    every non-empty segment, a running sum, and the segment's index."""
-    nz = xp.flatnonzero(counts)
-    starts = xp.cumsum(counts)[nz] - counts[nz]
-    flag = xp.zeros(total, dtype=xp.int64)
-    flag[starts] = 1
-    return nz[xp.cumsum(flag) - 1]
+    operations that CuPy has (its ``repeat`` takes no array of repeats): with the inclusive
+    running sum ``e = cumsum(counts)`` (segment i covers ``[e_i - counts_i, e_i)``), entry p
+    belongs to the first segment with ``e_i > p``, ``searchsorted(e, p, side="right")``;
+    empty segments (``e_i = e_{i-1}``) are skipped by it.  Three launches (a scan, an arange
+    and a binary search), no ``nonzero`` and so no synchronising read of its size."""
+    ends = xp.cumsum(counts)
+    return xp.searchsorted(ends, xp.arange(int(total), dtype=ends.dtype), side="right")
 
 
 def repeat(a, counts, total=None, xp=None):
@@ -274,6 +274,37 @@ def repeat(a, counts, total=None, xp=None):
     elif xp is np:
         return np.repeat(a, counts)
     return a[segment_index(xp, counts, int(counts.sum()) if total is None else int(total))]
+
+
+# small host constants already on a device: (module, device, dtype, shape, bytes) -> array
+_CONSTANTS: dict = {}
+CONSTANT_MAX_ENTRIES = 1 << 16
+
+
+def constant(a, xp, dtype=None):
+    """``xp.asarray(a, dtype)`` for a small host constant ``a`` (a reference table, quadrature
+    weights, corner bits; at most :data:`CONSTANT_MAX_ENTRIES` entries): on the device made
+    once per content and device and then shared -- every copy from pageable host memory is a
+    synchronising transfer, and the set-up and estimators ask for the same tables on every
+    level and step.  READ-ONLY: never write into the result.  On the host ``np.asarray``."""
+    if xp is np or not _is_cupy_module(xp):
+        return np.asarray(a, dtype=dtype)
+    h = np.ascontiguousarray(a, dtype=dtype)
+    if h.size > CONSTANT_MAX_ENTRIES:
+        return xp.asarray(h)
+    runtime = getattr(xp.cuda, "runtime", None)
+    dev = runtime.getDevice() if hasattr(runtime, "getDevice") else 0
+    key = (id(xp), dev, h.dtype.str, h.shape, h.tobytes())
+    hit = _CONSTANTS.get(key)
+    if hit is None:
+        if len(_CONSTANTS) > 512:
+            _CONSTANTS.clear()
+        hit = _CONSTANTS[key] = xp.asarray(h)
+    return hit
+
+
+def _is_cupy_module(xp) -> bool:
+    return getattr(xp, "__name__", "").startswith("cupy")
 
 
 def call_points(fn, *args, xp=np, dtype=float):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import backend_of, call_points, is_device_array, to_host
+from ..backend import backend_of, call_points, constant, is_device_array, to_host
 from ..fe.geometry import _det, _det_inv, jacobian_error, q1_tables
 
 __all__ = ["load_on_device", "lumped_mass_on_device", "lumped_local", "element_entries_on_device", "elasticity_entries", "elastic_factor",
@@ -98,7 +98,7 @@ def _chunks(be, info, xi, step=DEVICE_CHUNK_CELLS):
     ``be`` (ValueError after the sweep for cells with det J <= 0)."""
     xp = be.xp
     N, dN = q1_tables(info.dim, xi)
-    N, dN = xp.asarray(N), xp.asarray(dN)
+    N, dN = constant(N, xp), constant(dN, xp)
     pts, cells = xp.asarray(info.points), xp.asarray(info.cells)
     nc = info.num_cells
     bad = xp.zeros(nc, dtype=bool)
@@ -127,7 +127,7 @@ def element_entries_on_device(be, info, xi, w, factor, T_full, out, extra=None):
     into ``out_e`` (e.g. the mass term of :func:`~adaptmg.assemble.scalar_form`'s
     ``return_mass``), from the same factor."""
     xp = be.xp
-    w_d, T_d = xp.asarray(w), xp.asarray(T_full)
+    w_d, T_d = constant(w, xp), constant(T_full, xp)
     per = T_full.shape[1]
     if extra is not None:
         cols, Te_d, out_e = extra[0], xp.asarray(extra[1]), extra[2]
@@ -205,7 +205,7 @@ def elasticity_entries(be, info, xi, w, lam, mu, T_full, Tm_full, out):
     d, nq = info.dim, len(w)
     nk, L = d * d, T_full.shape[1]
     moff = 0 if Tm_full is None else 1
-    w_d, T_d = xp.asarray(w), xp.asarray(T_full)
+    w_d, T_d = constant(w, xp), constant(T_full, xp)
     Tm_d = None if Tm_full is None else xp.asarray(Tm_full)
     ev_l, x_l = _coefficient_on(be, "lam", lam, info.num_cells)
     ev_m, x_m = _coefficient_on(be, "mu", mu, info.num_cells)
@@ -244,7 +244,7 @@ def lumped_mass_on_device(be, info, xi, w, phi, method):
     summed into the nodes by ``xp.bincount`` (sums in another order than the host's: equal to
     rounding)."""
     xp = be.xp
-    w_d, phi_d = xp.asarray(w), xp.asarray(phi)
+    w_d, phi_d = constant(w, xp), constant(phi, xp)
     dofs = xp.asarray(info.cell_dofs).astype(xp.int64)
     m = xp.zeros(info.num_nodes, dtype=xp.float64)
     for sl, _, g in _chunks(be, info, xi):
@@ -260,8 +260,8 @@ def load_on_device(be, info, f, xi, w, phi):
     xp = be.xp
     c, nc = info.components, info.num_cells
     nq = len(w)
-    N = xp.asarray(q1_tables(info.dim, xi)[0])
-    w_d, phi_d = xp.asarray(w), xp.asarray(phi)
+    N = constant(q1_tables(info.dim, xi)[0], xp)
+    w_d, phi_d = constant(w, xp), constant(phi, xp)
     dofs = xp.asarray(info.cell_dofs).astype(xp.int64)
     b = xp.zeros(info.num_dofs, dtype=xp.float64)
     comp = xp.arange(c, dtype=xp.int64)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import is_device_array
+from ..backend import constant, is_device_array
 from ..fe.element import LagrangeQ, lagrange_1d, lagrange_1d_derivative
 from ..fe.geometry import _det_inv
 
@@ -207,7 +207,8 @@ def tables_on(tab: RefTables, xp) -> RefTables:
     if hit is None or hit[0] is not tab:
         if len(_DEVICE_TABLES) > 256:
             _DEVICE_TABLES.clear()
-        hit = (tab, RefTables(*(xp.asarray(getattr(tab, f)) for f in ("N", "dN", "phi", "dphi", "hess"))))
+        hit = (tab, RefTables(*(None if getattr(tab, f) is None else constant(getattr(tab, f), xp)
+                                for f in ("N", "dN", "phi", "dphi", "hess"))))
         _DEVICE_TABLES[key] = hit
     return hit[1]
 
@@ -235,7 +236,7 @@ def max_vertex_distance(X):
     d, k, n = X.shape
     if k < 2:
         return xp.zeros(n)
-    i, j = (xp.asarray(t) for t in np.triu_indices(k, 1))
+    i, j = (constant(t, xp) for t in np.triu_indices(k, 1))
     diff = X[:, i] - X[:, j]
     s2 = diff[0] * diff[0]
     for a in range(1, d):                 # loop over the d axes only

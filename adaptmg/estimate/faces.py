@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import CPU, get_backend, to_host
+from ..backend import CPU, constant, get_backend, to_host
 from ..fe.element import LagrangeQ
 from ..fe.quadrature import tensor_gauss
 from ..mesh import reference as ref
@@ -141,9 +141,9 @@ def face_pairs(mesh, backend=None, partial=False) -> FacePairs:
     xp = be.xp
     d = mesh.dim
     nfv = 2 ** (d - 1)
-    fv = be.asarray(ref.face_vertices(d))                          # no-ops on the host
-    cor = be.asarray(ref.corners(d).astype(float))
-    cor_i = be.asarray(ref.corners(d))
+    fv = constant(ref.face_vertices(d), xp)                        # no-ops on the host
+    cor = constant(ref.corners(d).astype(float), xp)
+    cor_i = constant(ref.corners(d), xp)
     cells = mesh_arrays(mesh, be).cells
     bid = be.asarray(mesh.boundary_ids)
     c_all, f_all = xp.nonzero(bid < 0)
@@ -173,10 +173,11 @@ def face_pairs(mesh, backend=None, partial=False) -> FacePairs:
     pos = xp.full(cnt.size, -1, dtype=np.int64)
     pos[lab[single]] = single
     # fine sub-faces: not conforming, with a centre vertex whose parents' key is a (single) face key
-    fine_rows = hidx[~conf[hidx]]
-    target = pos[clab[~conf[hidx]]]
-    ok = target >= 0
-    fine_rows, target = fine_rows[ok], target[ok]
+    nc = xp.flatnonzero(~conf[hidx])                       # one read per mask, not per array
+    fine_rows = hidx.take(nc)
+    target = pos[clab.take(nc)]
+    ok = xp.flatnonzero(target >= 0)
+    fine_rows, target = fine_rows.take(ok), target.take(ok)
     is_coarse = xp.zeros(nF, dtype=bool)
     is_coarse[target] = True
     is_fine = xp.zeros(nF, dtype=bool)
@@ -192,7 +193,7 @@ def face_pairs(mesh, backend=None, partial=False) -> FacePairs:
     conf_rows = xp.flatnonzero(conf)
     nconf = conf_rows.size
     rows = xp.concatenate([conf_rows, fine_rows])
-    nbrow = xp.concatenate([partner[conf], target])
+    nbrow = xp.concatenate([partner.take(conf_rows), target])
     hanging = xp.concatenate([xp.zeros(nconf, dtype=bool), xp.ones(fine_rows.size, dtype=bool)])
     cell, face, nb = c_all[rows], f_all[rows], c_all[nbrow]
     Vs = V[rows]                                                   # (np, nfv)
@@ -390,7 +391,7 @@ def face_diameters(mesh, cells, faces, backend=None):
     ``backend`` as in :func:`face_pairs`: on the GPU ``cells``/``faces`` (host or device) and the
     mesh tables are copied to the device and the result is a CuPy array."""
     be = _resolve(backend)
-    fv = be.asarray(ref.face_vertices(mesh.dim))                    # no-ops on the host
+    fv = constant(ref.face_vertices(mesh.dim), be.xp)               # no-ops on the host
     cells, faces = be.asarray(cells), be.asarray(faces)
     ma = mesh_arrays(mesh, be)
     vid = ma.cells[cells[:, None], fv[faces]]                       # (n, nfv)

@@ -59,7 +59,7 @@ class Constraints:
         D = xp.zeros(0, dtype=np.int64) if dirichlet is None else xp.asarray(dirichlet)
         if D.size and not np.issubdtype(D.dtype, np.integer):
             raise ValueError(f"dirichlet must be an integer array of DoF indices, got dtype {D.dtype}")
-        if D.size and (int(D.min()) < 0 or int(D.max()) >= n):
+        if D.size and bool(((D < 0) | (D >= n)).any()):      # one read (the range: on error only)
             raise ValueError(f"dirichlet DoF indices must lie in [0, {n}), got range [{D.min()}, {D.max()}]")
         hang = space.is_hanging
         fixed = xp.zeros(n, dtype=bool)
@@ -328,7 +328,9 @@ def _device_matrix(cons, A, be=None):
     mean of :math:`|B_{ii}|` over the free DoFs, then the entries of B in free rows and
     columns (zeros dropped, as :meth:`Constraints.matrix` does) and ``s`` in the diagonal
     entry of the others: one masking pass (:func:`~.csr_ops.mask_rows_cols`), or, where a
-    removed row stores no diagonal entry, assembled as COO -> canonical CSR.
+    removed row stores no diagonal entry, assembled as COO -> canonical CSR -- at once with
+    hanging nodes (their rows of :math:`H^T A H` are empty: the masking pass would fail after
+    a dozen launches and two reads).
     """
     be = backend_of(A) if be is None else be
     xp, spm = be.xp, be.sparse
@@ -338,16 +340,17 @@ def _device_matrix(cons, A, be=None):
     d = xp.abs(B.diagonal())[z]
     mean = float(d.mean()) if d.size else 0.0
     cons._scale = mean if mean > 0 else 1.0
-    try:
-        return mask_rows_cols(B, cons.free, cons.free, diagonal=cons._scale, drop_zeros=True)
-    except ValueError:                         # a removed row without a stored diagonal entry
-        pass
+    if cons.space.hanging_nodes.size == 0:     # (H^T A H stores no entry in a hanging row)
+        try:
+            return mask_rows_cols(B, cons.free, cons.free, diagonal=cons._scale, drop_zeros=True)
+        except ValueError:                     # a removed row without a stored diagonal entry
+            pass
     C = B.tocoo()
-    keep = z[C.row] & z[C.col] & (C.data != 0)
+    keep = xp.flatnonzero(z[C.row] & z[C.col] & (C.data != 0))      # one read for 3 gathers
     fixed = xp.flatnonzero(~z).astype(C.row.dtype)
-    rows = xp.concatenate([C.row[keep], fixed])
-    cols = xp.concatenate([C.col[keep], fixed])
-    vals = xp.concatenate([C.data[keep], xp.full(fixed.size, cons._scale, dtype=C.data.dtype)])
+    rows = xp.concatenate([C.row.take(keep), fixed])
+    cols = xp.concatenate([C.col.take(keep), fixed])
+    vals = xp.concatenate([C.data.take(keep), xp.full(fixed.size, cons._scale, dtype=C.data.dtype)])
     K = spm.coo_matrix((vals, (rows, cols)), shape=B.shape).tocsr()
     K.sum_duplicates()
     return K

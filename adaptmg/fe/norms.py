@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import backend_of, call_points, get_backend, to_host
+from ..backend import backend_of, call_points, constant, get_backend, to_host
 from .geometry import _det_inv, jacobian_error, q1_tables
 from .quadrature import tensor_gauss
 
@@ -62,12 +62,12 @@ def errors(space, u, exact=None, grad=None, *, points=None, chunk=None, backend=
     xi, w = tensor_gauss(d, n)
     N, dN = q1_tables(d, xi)                                  # (nq, nv), (nq, nv, d)
     nq, nv = N.shape
-    phi = xp.asarray(space.element.values(xi))                # (nq, nloc)
-    dphiT = xp.asarray(np.ascontiguousarray(space.element.gradients(xi).transpose(0, 2, 1)))
+    phi = constant(space.element.values(xi), xp)              # (nq, nloc); the tables: once per device
+    dphiT = constant(np.ascontiguousarray(space.element.gradients(xi).transpose(0, 2, 1)), xp)
     # J[c, q, a, b] = sum_v X[c, v, a] dN[q, v, b]: (c, d, nv) @ (nv, nq*d)
-    dNm = xp.asarray(np.ascontiguousarray(dN.transpose(1, 0, 2).reshape(nv, nq * d)))
-    NT = xp.asarray(np.ascontiguousarray(N.T))
-    wq = xp.asarray(w)
+    dNm = constant(np.ascontiguousarray(dN.transpose(1, 0, 2).reshape(nv, nq * d)), xp)
+    NT = constant(np.ascontiguousarray(N.T), xp)
+    wq = constant(w, xp)
     P = be.asarray(space.mesh.points, dtype=np.float64)
     nc = space.mesh.num_cells
     if cells is None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import repeat
+from ..backend import constant, repeat
 from ..mesh import reference as ref
 
 __all__ = ["hanging_rows", "constraint_matrix_on", "kron_identity", "boundary_nodes",
@@ -39,7 +39,7 @@ def q1_values(xp, xi):
     out = xp.ones((xi.shape[0], bits.shape[0]))
     for a in range(d):                                       # a loop over dimensions only
         x = xi[:, a:a + 1]
-        sel = xp.asarray(bits[:, a][None, :] == 1)
+        sel = constant(bits[:, a][None, :] == 1, xp)
         out *= xp.where(sel, x, 1.0 - x)
     return out
 
@@ -94,7 +94,7 @@ def hanging_rows(xp, cells, hanging, parents, owner, fine_parent=None, cell_dofs
         nv = 3 ** d
     if hanging.shape[0] == 0:
         return hanging, xp.zeros((0, nv), dtype=cells.dtype), xp.zeros((0, nv))
-    cor = xp.asarray(ref.corners(d).astype(float))
+    cor = constant(ref.corners(d).astype(float), xp)
     owner_cells = xp.take(cells, owner, axis=0)
     hit = owner_cells == parents[:, 0:1]                     # parents are distinct vertices: an "any"
     for p in range(1, parents.shape[1]):                     # a loop over the <= 4 parents
@@ -121,9 +121,10 @@ def constraint_matrix_on(be, n, hanging, cols, W):
     is_h[hanging] = True                                      # one value: repeats are harmless
     nz = W != 0
     reg = xp.flatnonzero(~is_h)
-    rows = xp.concatenate([reg, repeat(hanging.astype(xp.int64), nz.sum(axis=1))])
-    cc = xp.concatenate([reg, cols[nz].astype(reg.dtype)])
-    vv = xp.concatenate([xp.ones(reg.shape[0]), W[nz]])
+    at = xp.flatnonzero(nz.ravel())                           # one read for the weights' gathers
+    rows = xp.concatenate([reg, repeat(hanging.astype(xp.int64), nz.sum(axis=1), at.size)])
+    cc = xp.concatenate([reg, cols.ravel().take(at).astype(reg.dtype)])
+    vv = xp.concatenate([xp.ones(reg.shape[0]), W.ravel().take(at)])
     it = xp.int32 if n + int(cc.shape[0]) < np.iinfo(np.int32).max else xp.int64
     H = be.sparse.coo_matrix((vv, (rows.astype(it), cc.astype(it))), shape=(n, n)).tocsr()
     H.sum_duplicates()
@@ -214,7 +215,7 @@ def boundary_dofs(xp, space, ids=None, where=None, components=None):
     comps = np.arange(c) if components is None else np.atleast_1d(np.asarray(components))
     if comps.size and (comps.min() < 0 or comps.max() >= c):
         raise ValueError(f"components must lie in [0, {c}), got {list(comps)}")
-    dofs = (nodes[:, None] * c + xp.asarray(comps)[None, :]).ravel()
+    dofs = (nodes[:, None] * c + constant(comps, xp)[None, :]).ravel()
     return dofs if components is None else xp.sort(dofs)
 
 

@@ -43,31 +43,31 @@ def hanging_in_forest(F, cells, levels):
     kind = F.node_kind.take(cand)
     cand = cand[(kind >= 1) & (kind < d)]
     # first by their first two parents (every candidate has them): flat gathers of two
-    # columns instead of the (candidates, 4) parent rows
+    # columns instead of the (candidates, 4) parent rows, one flatnonzero for both
     flat_par = F.node_par.reshape(-1)
     at = cand * F.node_par.shape[1]
-    for j in range(2):
-        sel = xp.flatnonzero(jump.take(flat_par.take(at + j)))
-        cand, at = cand.take(sel), at.take(sel)
+    cand = cand.take(xp.flatnonzero(jump.take(flat_par.take(at)) & jump.take(flat_par.take(at + 1))))
     gpar = F.node_par[cand, :4].astype(np.int64)
     valid = gpar >= 0
     # every parent a jump node (a jump node is a vertex of an active cell)
-    ok = (jump[xp.where(valid, gpar, 0)] | ~valid).all(axis=1)
-    cand, gpar, valid = cand[ok], gpar[ok], valid[ok]
+    ok = xp.flatnonzero((jump[xp.where(valid, gpar, 0)] | ~valid).all(axis=1))
+    cand, gpar, valid = cand.take(ok), gpar.take(ok, axis=0), valid.take(ok, axis=0)   # one read, not 3
     npar = xp.where(F.node_kind[cand] == 1, 2, 4)
-    rows_h = repeat(xp.arange(cand.size), valid.sum(1))
+    vat = xp.flatnonzero(valid.ravel())                   # the parents, row by row: gpar[valid]
+    rows_h = repeat(xp.arange(cand.size), valid.sum(1), vat.size)
     # the holder of a hanging node's parents is coarser than the cells with the node as a
     # vertex, which are among these cells too: none of their finest level holds one (after a
     # local refinement of a uniform mesh: the join runs over the few coarse cells beside it)
     lsub = levels if rows is None else levels.take(rows)
     own = xp.flatnonzero(lsub < lsub.max())
-    r, c = cells_holding(xp.take(sub, own, axis=0), rows_h, gpar[valid], npar, nf)
+    r, c = cells_holding(xp.take(sub, own, axis=0), rows_h, gpar.ravel().take(vat), npar, nf)
     c = own.take(c) if rows is None else rows.take(own.take(c))
     c = c.astype(np.int32 if nc <= np.iinfo(np.int32).max else np.int64)
     first = xp.ones(r.size, dtype=bool)
     first[1:] = r[1:] != r[:-1]
-    rows_h = r[first]
-    return cand[rows_h], xp.where(valid[rows_h], gpar[rows_h], -1), c[first], (cand[r], c)
+    first = xp.flatnonzero(first)                         # one read for both gathers
+    rows_h = r.take(first)
+    return cand[rows_h], xp.where(valid[rows_h], gpar[rows_h], -1), c.take(first), (cand[r], c)
 
 
 def number_hanging(found, pos):

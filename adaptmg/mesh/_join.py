@@ -35,9 +35,10 @@ def cells_holding(cells, rows, nodes, need, num_nodes: int):
     start = xp.searchsorted(occ_node, nodes, side="left")
     cnt = xp.searchsorted(occ_node, nodes, side="right") - start
     first = xp.cumsum(cnt) - cnt
-    slot = repeat(start - first, cnt)
+    total = int(cnt.sum())                                 # one read for both expansions
+    slot = repeat(start - first, cnt, total)
     slot += xp.arange(slot.size, dtype=slot.dtype)
-    key = repeat(rows.astype(np.int64), cnt) * nc + occ_cell.take(slot)
+    key = repeat(rows.astype(np.int64), cnt, total) * nc + occ_cell.take(slot)
     key.sort()
     new = xp.empty(key.size, dtype=bool)
     new[:1] = True
@@ -46,6 +47,6 @@ def cells_holding(cells, rows, nodes, need, num_nodes: int):
     count = xp.diff(xp.concatenate([at, xp.full(1, key.size, dtype=at.dtype)]))
     uk = key.take(at)
     r, K = uk // nc, uk % nc
-    hit = count == need.take(r)
-    K = K[hit]                                             # int32 where it fits, as scipy's indices
-    return r[hit], (K.astype(np.int32) if nc <= np.iinfo(np.int32).max else K)
+    hit = xp.flatnonzero(count == need.take(r))            # one read for both gathers
+    K = K.take(hit)                                        # int32 where it fits, as scipy's indices
+    return r.take(hit), (K.astype(np.int32) if nc <= np.iinfo(np.int32).max else K)

@@ -34,10 +34,7 @@ def number_nodes(F, acn):
     xp = be.xp
     flat = acn.ravel()                                  # (cell, vertex) occurrences, in order
     nn = F.num_nodes
-    # the coarse mesh's vertices (kind 0) are the forest's first nodes: refinement
-    # only appends nodes, so a comparison replaces a gather of node_kind
-    nk = F.node_kind
-    n_root = nn if nn == 0 or bool(nk[-1] == 0) else int(xp.argmax(nk != 0))
+    n_root = F.n_root                                   # the coarse mesh's vertices
     if 8 * flat.size < nn:      # a coarse level of a large forest: no forest-size table,
         u, first, _ = unique_first(flat)                 # a sort (first occurrences)
         late = u >= n_root
@@ -84,7 +81,9 @@ def first_occurrences_xp(flat, nn, n_root, xp):
     none = np.iinfo(it).max                             # the node is no vertex here
     first = xp.full(nn, none, dtype=it)
     scatter_min(first, flat, xp.arange(flat.size, dtype=it))
-    root_ids = xp.flatnonzero(first[:n_root] != none)
-    fn = first[n_root:]
-    fn = xp.sort(fn[fn != none])
-    return xp.concatenate([root_ids, flat.take(fn)])
+    # the vertices (one flatnonzero: one read of its size), the roots first by id, then the
+    # others by first occurrence: keys id - n_root < 0 and first[id] >= 0, all distinct
+    # (flat[first[id]] == id, so no gather of flat is needed)
+    ids = xp.flatnonzero(first != none)
+    key = xp.where(ids < n_root, ids - n_root, first.take(ids).astype(ids.dtype))
+    return ids.take(xp.argsort(key))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import backend_of, scatter_max, scatter_min, stable_argsort, to_host
+from ..backend import backend_of, scatter_add, scatter_max, scatter_min, stable_argsort, to_host
 from ._xp import tuned, xp_of
 
 SPARSE = 4           # the sparse path when at most num_cells / SPARSE cells exceed the minimum
@@ -109,11 +109,11 @@ def level_jumps(cells, num_nodes: int, levels):
     jump = xp.zeros(num_nodes, dtype=bool)
     if nc == 0:
         return jump, None
+    if be.is_gpu:
+        return _jumps_by_scatter(cells, num_nodes, levels)
     low = int(levels.min())
     major = low + int(xp.argmax(xp.bincount((levels - low).astype(np.intp, copy=False))))
     rest = xp.flatnonzero(levels != major)
-    if be.is_gpu:
-        return _jumps_by_scatter(cells, num_nodes, levels, rest)
     last = xp.full(num_nodes, -1, dtype=np.int16 if int(levels.max()) < np.iinfo(np.int16).max else np.int64)
     if rest.size * SPARSE > nc:                    # no dominant level: every cell
         _stamp_levels(cells, xp.arange(nc), levels, last, jump)
@@ -124,21 +124,31 @@ def level_jumps(cells, num_nodes: int, levels):
     return jump, rows
 
 
-def _jumps_by_scatter(cells, num_nodes, levels, rest):
+def _jumps_by_scatter(cells, num_nodes, levels):
     """:func:`level_jumps` on the device: the minimum and the maximum level at every node by
     two atomic scatters over all (cell, vertex) slots -- no loop over the mesh's levels with a
     few launches and a host read each (an adaptive loop's mesh has 10-20 levels, and every
     level of its hierarchy asks); ``rows`` the cells with a vertex of a cell off the dominant
-    level (``rest``), None when that level does not dominate.  The host's mask and rows."""
+    level (the first most common one, as the host's ``argmax`` of its ``bincount``), None when
+    that level does not dominate.  The levels' histogram by an atomic scatter (no
+    ``bincount``: CuPy's reads the maximum first), sized by the levels' dtype where it is at
+    most 16 bits (the forest's int16 levels: no read), and one read, the dominant level's
+    size; the cells off it (a ``flatnonzero``) only when it dominates.  The host's mask and
+    rows."""
     xp = backend_of(cells).xp
     nc, nv = cells.shape
+    bins = (int(np.iinfo(levels.dtype).max) if levels.dtype.itemsize <= 2 else int(levels.max())) + 1
+    hist = scatter_add(xp.full(bins, 0, dtype=np.int64), levels.astype(np.intp), 1)
+    major = xp.argmax(hist)
+    rest_size = nc - int(hist.max())
     flat = cells.reshape(-1)
     lv = xp.repeat(levels.astype(np.int32), nv)
     lo = scatter_min(xp.full(num_nodes, np.iinfo(np.int32).max, dtype=np.int32), flat, lv)
     hi = scatter_max(xp.full(num_nodes, -1, dtype=np.int32), flat, lv)
     jump = hi > lo                                 # not a vertex: -1 > max is False
-    if rest.size * SPARSE > nc:
+    if rest_size * SPARSE > nc:
         return jump, None
+    rest = xp.flatnonzero(levels != major)
     touched = xp.zeros(num_nodes, dtype=bool)
     touched[xp.take(cells, rest, axis=0).reshape(-1)] = True       # one value written
     return jump, cells_with_vertex_in(cells, touched)

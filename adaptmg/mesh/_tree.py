@@ -23,6 +23,7 @@ mesh never share a diagonal).
 """
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -179,6 +180,14 @@ class Forest:
     @property
     def num_nodes(self) -> int:
         return self.X.shape[0]
+
+    @functools.cached_property
+    def n_root(self) -> int:
+        """The coarse mesh's vertices (kind 0): the forest's first nodes (refinement only
+        appends nodes, so a comparison replaces a gather of node_kind); read once per forest
+        (every level of a hierarchy shares it), not per numbering."""
+        nk, nn = self.node_kind, self.num_nodes
+        return nn if nn == 0 or bool(nk[-1] == 0) else int(self.backend.xp.argmax(nk != 0))
 
     @property
     def backend(self):

@@ -270,10 +270,16 @@ class Mesh:
         cells are one range of forest ids (a uniform refinement), else a gathered copy."""
         a = self._active
         cn = self._forest.cell_nodes
-        if a.size:
-            a0, a1 = int(a[0]), int(a[-1])
-            if a1 - a0 == a.size - 1:                    # sorted and distinct: one range
-                return cn[a0:a1 + 1]
+        rng = self.__dict__.get("_active_range", False)
+        if rng is False:                                 # two reads, once per mesh
+            rng = None
+            if a.size:
+                a0, a1 = int(a[0]), int(a[-1])
+                if a1 - a0 == a.size - 1:                # sorted and distinct: one range
+                    rng = (a0, a1)
+            self.__dict__["_active_range"] = rng
+        if rng is not None:
+            return cn[rng[0]:rng[1] + 1]
         return xp_of(cn).take(cn, a, axis=0)
 
     @property
@@ -509,7 +515,7 @@ class Mesh:
         # mesh) the set is closed already, and no touch_max pass over the cells is needed
         low = lv.min()
         src = marked
-        while bool((lv[src] > low).any()):
+        while bool((src & (lv > low)).any()):           # (no boolean gather: one read, not two)
             need = self.touch_max(xp.where(src, lv, -1)) > lv
             src = need & ~marked
             if not bool(src.any()):
@@ -584,7 +590,7 @@ class Mesh:
             # finer than the coarsest child in a family -- none, e.g., when a local refinement
             # of a uniform mesh is taken back: then no touch_max pass at all
             src = ~cell_in
-            src &= lv > int(lv[cell_in].min())
+            src &= lv > int(xp.where(cell_in, lv, np.iinfo(lv.dtype).max).min())    # no boolean gather
             if not bool(src.any()):
                 break
             mx = self.touch_max(xp.where(src, lv, -1))

@@ -448,8 +448,11 @@ def multigrid(space, assemble, *, dirichlet="all", degree=1, components=1, galer
         # its H on a worker of its own: the finest transfer needs only the free DoFs, the
         # finest constrain (in this thread, after the assembly) the H
         fine_H = pool.submit(tl.wrap("H (finest)", _after), fine_cons, _space_H, space)
-        meshes = tl.wrap("mesh hierarchy", space.mesh.hierarchy)(
-            max_levels=max_levels, min_cells=_hierarchy_min_cells(space, coarse_max_rows, max_coarse))
+        if coarse_max_rows is not None and isinstance(numbered, Done) and space.num_dofs <= coarse_max_rows:
+            meshes = [space.mesh]            # the direct coarse solve takes the finest level: no coarsening
+        else:
+            meshes = tl.wrap("mesh hierarchy", space.mesh.hierarchy)(
+                max_levels=max_levels, min_cells=_hierarchy_min_cells(space, coarse_max_rows, max_coarse))
         sp_f = [pool.submit(tl.wrap(f"space {l}", Space), m, space.degree, space.components)
                 for l, m in enumerate(meshes[:-1])]
         spaces = [f.result() for f in sp_f] + [space]

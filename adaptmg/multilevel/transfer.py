@@ -396,8 +396,8 @@ def _hanging_parent_rows(be, cplx, H, hanging, ncn, coarse_free):
     r = xp.concatenate([xp.repeat(rr, cc.shape[1]) for rr, cc, _ in cplx])
     code = xp.concatenate([cc.ravel() for _, cc, _ in cplx])
     w = xp.concatenate([xp.full(cc.size, wk) for _, cc, wk in cplx])
-    keep = code != ncn                                 # masked-out regular parents: nothing
-    r, code, w = r[keep], code[keep], w[keep]
+    keep = xp.flatnonzero(code != ncn)                 # masked-out regular parents: nothing
+    r, code, w = r.take(keep), code.take(keep), w.take(keep)      # (one read, not one per array)
     node = xp.where(code > ncn, code - (ncn + 1), code).astype(xp.int64)
     (hp_ptr, hp_idx, hp_w), _, rank = _hanging_rows(be, H, _index_array(hanging), ncn)
     own, c, wh = _parents(be, node, rank, hp_ptr, hp_idx, hp_w)
@@ -406,8 +406,9 @@ def _hanging_parent_rows(be, cplx, H, hanging, ncn, coarse_free):
     if coarse_free is not None:
         ok &= xp.take(be.asarray(coarse_free), c)
     it = xp.int32 if max(rows.shape[0], ncn) < 2**31 - 1 else xp.int64      # cuSPARSE's usual indices
-    q = xp.searchsorted(rows, r[ok]).astype(it)       # compact row
-    C = be.sparse.coo_matrix((v[ok], (q, c[ok].astype(it))), shape=(rows.shape[0], ncn)).tocsr()
+    ok = xp.flatnonzero(ok)
+    q = xp.searchsorted(rows, r.take(ok)).astype(it)  # compact row
+    C = be.sparse.coo_matrix((v.take(ok), (q, c.take(ok).astype(it))), shape=(rows.shape[0], ncn)).tocsr()
     C.sum_duplicates()                                 # sorted, summed (positive: no zeros)
     return rows, C
 
