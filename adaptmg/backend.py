@@ -259,6 +259,8 @@ def segment_index(xp, counts, total):
     empty segments (``e_i = e_{i-1}``) are skipped by it.  Three launches (a scan, an arange
     and a binary search), no ``nonzero`` and so no synchronising read of its size."""
     ends = xp.cumsum(counts)
+    if int(total) == 0:             # no entries (CuPy's searchsorted refuses an empty ``ends``)
+        return xp.zeros(0, dtype=ends.dtype)
     return xp.searchsorted(ends, xp.arange(int(total), dtype=ends.dtype), side="right")
 
 

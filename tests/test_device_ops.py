@@ -116,7 +116,9 @@ def test_gpu_formulations_equal_the_host():
                               np.repeat(np.arange(n), c))
     m = Mesh.box([0, 0], [1, 1], [4, 4]).refine()
     x = m.points[m.cells].mean(axis=1)
-    m = m.refine(np.linalg.norm(x, axis=1) < 0.4).refine(np.linalg.norm(x, axis=1) < 0.2)
+    m = m.refine(np.linalg.norm(x, axis=1) < 0.4)
+    x = m.points[m.cells].mean(axis=1)                  # the refined mesh's cell centres
+    m = m.refine(np.linalg.norm(x, axis=1) < 0.2)
     F, acn = m._forest, m._active_cell_nodes()
     want = first_occurrences(acn.ravel(), F.num_nodes, F.n_root)
     got = first_occurrences_xp(cp.asarray(acn.ravel()), F.num_nodes, F.n_root, cp)
