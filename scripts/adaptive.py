@@ -15,6 +15,8 @@ Examples::
     python scripts/adaptive.py --problem lshape --backend gpu --mesh-backend cpu  # host mesh, GPU solve
     python scripts/adaptive.py --problem lshape --backend gpu --max-dofs 1000000 --repeat 2 --out DIR
                                                      # the second (warm) loop, a VTU file per step
+    python scripts/adaptive.py --problem lshape --backend gpu --max-dofs 1000000 --repeat 3 --cold
+                                                     # first run on a machine (empty kernel caches)
 
 With ``--backend gpu`` the L-shape and Fichera problems build their mesh on the device
 (``--mesh-backend``, default: the solver's backend): refinement, set-up, Dirichlet values,
@@ -212,6 +214,22 @@ def write_csv(history, path):
             w.writerow(h)
 
 
+def _cold(argv):
+    """This command again, without ``--cold``, in a child process with empty kernel caches."""
+    import subprocess
+    import sys
+    import tempfile
+    args = [x for x in (sys.argv[1:] if argv is None else argv) if x != "--cold"]
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, CUPY_CACHE_DIR=os.path.join(tmp, "cupy"),
+                   ADAPTMG_KERNEL_CACHE=os.path.join(tmp, "adaptmg"))
+        print(f"cold run: empty kernel caches in {tmp}", flush=True)
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), *args], env=env)
+    if p.returncode:
+        raise SystemExit(p.returncode)
+    return None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--problem", choices=PROBLEMS, default="lshape")
@@ -230,8 +248,14 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the whole loop N times in this process and report the last run "
                          "(the earlier ones, quiet, compile the kernels: a warm loop's figures)")
+    ap.add_argument("--cold", action="store_true",
+                    help="run in a fresh child process whose kernel caches (CUPY_CACHE_DIR, "
+                         "ADAPTMG_KERNEL_CACHE) are empty folders: the first run on a machine "
+                         "(with --repeat N its first loop is the cold one, the others warm)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
+    if a.cold:
+        return _cold(argv)
     if a.steps is None:
         a.steps = 200 if a.max_dofs is not None else 10
     if a.steps < 0:

@@ -149,6 +149,30 @@ def test_script_writes_vtu_csv_and_plot(tmp_path, capsys):
     assert b'<AppendedData encoding="raw">' in (out / "lshape_003.vtu").read_bytes()    # the raw writer
 
 
+def test_script_cold_runs_itself_with_empty_kernel_caches(monkeypatch):
+    """``--cold``: the same command without it, in a child process whose CuPy and adaptmg
+    kernel caches are empty folders; a failing child is the script's exit status."""
+    import subprocess
+    mod = runpy.run_path(os.path.join(ROOT, "scripts", "adaptive.py"), run_name="adaptive_test")
+    seen = {}
+
+    def fake_run(cmd, env):
+        seen["cmd"], seen["env"] = cmd, env
+        seen["empty"] = [not os.path.exists(env[k]) or not os.listdir(env[k])
+                         for k in ("CUPY_CACHE_DIR", "ADAPTMG_KERNEL_CACHE")]
+        return subprocess.CompletedProcess(cmd, seen.get("rc", 0))
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert mod["main"](["--problem", "lshape", "--steps", "1", "--cold", "--repeat", "3"]) is None
+    assert seen["cmd"][1].endswith("adaptive.py") and "--cold" not in seen["cmd"]
+    assert seen["cmd"][2:] == ["--problem", "lshape", "--steps", "1", "--repeat", "3"]
+    assert seen["empty"] == [True, True]
+    assert seen["env"]["CUPY_CACHE_DIR"] != os.environ.get("CUPY_CACHE_DIR")
+    seen["rc"] = 3
+    with pytest.raises(SystemExit) as exc:
+        mod["main"](["--problem", "lshape", "--steps", "1", "--cold"])
+    assert exc.value.code == 3
+
+
 def test_output_is_written_in_the_background_for_the_steps_asked(tmp_path):
     """write_every=2: steps 0, 2, 4 and the last one; each file holds that step's solution."""
     from adaptmg.estimate import adaptive_loop
