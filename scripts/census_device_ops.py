@@ -374,6 +374,28 @@ def install(monkeypatch=None):
     mp.setattr(fake_cupy.cuda.runtime, "getDevice", lambda: 0, raising=False)
     mp.setattr(MultilevelSolver, "_capturable", lambda self: False)          # no CUDA graphs
     mp.setattr(evaluation, "_DEVICE_TABLES", {})
+    # the fused index kernels: their device path, each kernel one launch (its NumPy twin inside)
+    from adaptmg.device import index_kernels
+    mp.setattr(index_kernels, "_twin", lambda a: type(a) is np.ndarray)
+    mp.setattr(index_kernels, "_kernel", _fused_kernel)
+
+
+def _fused_kernel(name):
+    """A stand-in for :mod:`adaptmg.device.index_kernels`' kernel ``name``: one launch whose
+    output mask is the twin's result (the twin runs on the host arrays, not counted)."""
+    from adaptmg.device import index_kernels
+
+    def launch(*args):
+        _record("launch", f"kernel:{name}")
+        with _nested():
+            host = [_base(a) for a in args]
+            if name == "hanging_candidates":
+                seen, kind, par, jump, _, d = host
+                ok = np.zeros(seen.shape, dtype=bool)
+                ok[index_kernels.hanging_candidates(seen, kind, par, jump, int(d))] = True
+                return ok.view(ndarray)
+            raise NotImplementedError(f"census: no stand-in of the fused kernel {name!r}")
+    return launch
 
 
 # ------------------------------------------------------------------ the loop, by phases

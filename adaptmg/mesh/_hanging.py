@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import backend_of, repeat, stable_argsort
+from ..device.index_kernels import hanging_candidates
 from . import _touch
 from ._join import cells_holding
 
@@ -39,22 +40,12 @@ def hanging_in_forest(F, cells, levels):
     # candidates: edge midpoints and face centres among the vertices of those cells
     seen = xp.zeros(nf, dtype=bool)
     seen[sub] = True
-    cand = xp.flatnonzero(seen)
-    kind = F.node_kind.take(cand)
-    cand = cand[(kind >= 1) & (kind < d)]
-    # first by their first two parents (every candidate has them): flat gathers of two
-    # columns instead of the (candidates, 4) parent rows, one flatnonzero for both
-    flat_par = F.node_par.reshape(-1)
-    at = cand * F.node_par.shape[1]
-    cand = cand.take(xp.flatnonzero(jump.take(flat_par.take(at)) & jump.take(flat_par.take(at + 1))))
+    cand = hanging_candidates(seen, F.node_kind, F.node_par, jump, d)
     gpar = F.node_par[cand, :4].astype(np.int64)
     valid = gpar >= 0
-    # every parent a jump node (a jump node is a vertex of an active cell)
-    ok = xp.flatnonzero((jump[xp.where(valid, gpar, 0)] | ~valid).all(axis=1))
-    cand, gpar, valid = cand.take(ok), gpar.take(ok, axis=0), valid.take(ok, axis=0)   # one read, not 3
-    npar = xp.where(F.node_kind[cand] == 1, 2, 4)
+    npar = valid.sum(1)                                   # 2 for an edge midpoint, 4 for a face centre
     vat = xp.flatnonzero(valid.ravel())                   # the parents, row by row: gpar[valid]
-    rows_h = repeat(xp.arange(cand.size), valid.sum(1), vat.size)
+    rows_h = repeat(xp.arange(cand.size), npar, vat.size)
     # the holder of a hanging node's parents is coarser than the cells with the node as a
     # vertex, which are among these cells too: none of their finest level holds one (after a
     # local refinement of a uniform mesh: the join runs over the few coarse cells beside it)
