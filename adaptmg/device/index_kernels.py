@@ -25,6 +25,16 @@ Kernels
 
     .. math::  C = \{ i : s_i \wedge 1 \le k_i < d \wedge
                \forall j < 4:\ P_{ij} < 0 \vee J_{P_{ij}} \}.
+
+``face_corners``
+    The reference coordinates, in the neighbour cell, of the vertices ``v`` of matched faces
+    (``estimate/faces.py``): a vertex of the neighbour (row ``W`` of its vertex ids) is its
+    corner :math:`\hat c_k`; a hanging node is the mean of its parents' corners,
+
+    .. math::  \hat R = \frac{1}{n_p} \sum_{p \in \mathrm{par}(v)} \hat c_{k(p)},
+
+    and ``ok`` says that each parent is a vertex of the neighbour (exact: sums of 0/1 and one
+    division, the same bits on both sides).
 """
 from __future__ import annotations
 
@@ -34,10 +44,10 @@ import numpy as np
 
 from ..backend import backend_of, get_backend
 
-__all__ = ["hanging_candidates", "FUSED", "KERNEL_NAMES"]
+__all__ = ["hanging_candidates", "face_corners", "FUSED", "KERNEL_NAMES"]
 
 #: the fused functions of this module (the census counts a call as one launch)
-FUSED = ("hanging_candidates",)
+FUSED = ("hanging_candidates", "face_corners")
 
 _SPECS = {
     # one thread per forest node; par (nn, stride) row-major, -1 padded; jump by node
@@ -49,6 +59,28 @@ _SPECS = {
         "   if (p >= 0 && !jump[p]) r = false;"
         " }"
         " ok = r;"),
+    # one thread per (face, face vertex): its corner in the neighbour, or its parents' mean
+    "face_corners": (
+        "V v, raw V W, raw P par, raw F cor, int32 nfv, int32 nv, int32 d", "bool ok, raw float64 R",
+        "long long row = i / nfv; int c = -1;"
+        " for (int k = 0; k < nv; ++k) if (W[row * nv + k] == v) { c = k; break; }"
+        " if (c >= 0) {"
+        "   for (int a = 0; a < d; ++a) R[i * d + a] = (double)cor[c * d + a];"
+        "   ok = true;"
+        " } else {"
+        "   double acc[3] = {0.0, 0.0, 0.0}; int cnt = 0, found = 0;"
+        "   for (int k = 0; k < 4; ++k) {"
+        "     long long p = (long long)par[(long long)v * 4 + k];"
+        "     if (p < 0) continue;"
+        "     ++cnt;"
+        "     for (int q = 0; q < nv; ++q) if ((long long)W[row * nv + q] == p) {"
+        "       for (int a = 0; a < d; ++a) acc[a] += (double)cor[q * d + a];"
+        "       ++found; break; }"
+        "   }"
+        "   double den = cnt > 0 ? (double)cnt : 1.0;"
+        "   for (int a = 0; a < d; ++a) R[i * d + a] = acc[a] / den;"
+        "   ok = found == cnt && cnt > 0;"
+        " }"),
 }
 
 KERNEL_NAMES = tuple(f"adaptmg_{n}" for n in _SPECS)
@@ -89,3 +121,47 @@ def hanging_candidates(seen, kind, par, jump, dim: int):
     gpar = par[cand, :4]
     valid = gpar >= 0
     return cand.take(xp.flatnonzero((jump[xp.where(valid, gpar, 0)] | ~valid).all(axis=1)))
+
+
+def face_corners(Vs, W, par, cor, cor_i):
+    """``(R, ok)``: ``R`` (n, nfv, d) float64 reference coordinates in the neighbour of the
+    face vertices ``Vs`` (n, nfv) node ids, the neighbour's vertex ids ``W`` (n, nv) (distinct
+    per row), the hanging parents ``par`` (num_nodes, 4) -1 padded, the corners ``cor``
+    (nv, d) float (``cor_i`` the same as integers); ``ok`` (host bool): every vertex is a
+    vertex of the neighbour or a hanging node whose parents all are.  One kernel and one
+    reduction on the device; the twin runs a loop over the 2^d corners and 4 parent slots."""
+    xp = backend_of(Vs).xp
+    n, nfv = Vs.shape
+    nv, d = cor.shape
+    if not _twin(Vs):
+        R = xp.empty((n, nfv, d), dtype=np.float64)
+        ok = xp.empty((n, nfv), dtype=bool)
+        _kernel("face_corners")(Vs, W, par, cor, np.int32(nfv), np.int32(nv), np.int32(d), ok, R)
+        return R, bool(ok.all())
+    corner = xp.zeros(Vs.shape, dtype=np.intp)
+    isd = xp.zeros(Vs.shape, dtype=bool)
+    eq = xp.empty(Vs.shape, dtype=bool)
+    vals = xp.arange(nv, dtype=np.intp)                            # corner numbers as array scalars
+    for v in range(nv):                                            # loop over the 2^d corners only
+        xp.equal(Vs, W[:, v, None], out=eq)
+        xp.copyto(corner, vals[v], where=eq)
+        isd |= eq
+    R = cor[corner]                                                # (n, nfv, d)
+    # hanging vertices of fine sub-faces: mean of their parents' corners in the neighbour
+    h_rows = xp.flatnonzero(~isd.all(1))
+    if not h_rows.size:
+        return R, True
+    P = par[Vs[h_rows]]                                            # (nh, nfv, 4)
+    Wh = W[h_rows][:, None, :]
+    acc = xp.zeros((h_rows.size, nfv, d))
+    cnt_p = (P >= 0).sum(-1)
+    found = xp.zeros(P.shape[:2], dtype=np.int64)
+    for k in range(P.shape[2]):                                    # 4 parent slots
+        hit = (P[:, :, k, None] == Wh) & (P[:, :, k, None] >= 0)
+        ok = hit.any(-1)
+        acc += ok[..., None] * cor_i[xp.argmax(hit, axis=-1)]
+        found += ok
+    Rp = acc / xp.maximum(cnt_p, 1)[..., None]
+    ok = isd[h_rows] | ((found == cnt_p) & (cnt_p > 0))
+    R[h_rows] = xp.where(isd[h_rows][..., None], R[h_rows], Rp)
+    return R, bool(ok.all())

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend import CPU, constant, get_backend, to_host
+from ..device.index_kernels import face_corners
 from ..fe.element import LagrangeQ
 from ..fe.quadrature import tensor_gauss
 from ..mesh import reference as ref
@@ -198,37 +199,11 @@ def face_pairs(mesh, backend=None, partial=False) -> FacePairs:
     cell, face, nb = c_all[rows], f_all[rows], c_all[nbrow]
     Vs = V[rows]                                                   # (np, nfv)
     W = cells[nb]                                                  # (np, nv)
-    # vertices shared with the neighbour: their corner in the neighbour
-    corner = xp.zeros(Vs.shape, dtype=np.intp)
-    isd = xp.zeros(Vs.shape, dtype=bool)
-    eq = xp.empty(Vs.shape, dtype=bool)
-    vals = xp.arange(W.shape[1], dtype=np.intp)                   # corner numbers as array scalars
-    for v in range(W.shape[1]):                                    # loop over the 2^d corners only
-        xp.equal(Vs, W[:, v, None], out=eq)
-        xp.copyto(corner, vals[v], where=eq)
-        isd |= eq
-    R = cor[corner]                                                # (np, nfv, d)
-    # hanging vertices of fine sub-faces: mean of their parents' corners in the neighbour
-    h_rows = xp.flatnonzero(~isd.all(1))
-    if h_rows.size:
-        P = par[Vs[h_rows]]                                        # (nh, nfv, 4)
-        Wh = W[h_rows][:, None, :]
-        acc = xp.zeros((h_rows.size, nfv, d))
-        cnt_p = (P >= 0).sum(-1)
-        found = xp.zeros(P.shape[:2], dtype=np.int64)
-        for k in range(P.shape[2]):                                # 4 parent slots
-            hit = (P[:, :, k, None] == Wh) & (P[:, :, k, None] >= 0)
-            ok = hit.any(-1)
-            acc += ok[..., None] * cor_i[xp.argmax(hit, axis=-1)]
-            found += ok
-        Rp = acc / xp.maximum(cnt_p, 1)[..., None]
-        ok = isd[h_rows] | ((found == cnt_p) & (cnt_p > 0))
-        if not ok.all():
-            raise RuntimeError("face matching: a sub-face vertex is neither a vertex of the neighbour "
-                               "nor a hanging node on its face")
-        R[h_rows] = xp.where(isd[h_rows][..., None], R[h_rows], Rp)
-    elif not isd.all():
-        raise RuntimeError("face matching: a face vertex is not a vertex of the neighbour")
+    # the face vertices' corners in the neighbour (a hanging node: its parents' mean)
+    R, ok = face_corners(Vs, W, par, cor, cor_i)
+    if not ok:
+        raise RuntimeError("face matching: a sub-face vertex is neither a vertex of the neighbour "
+                           "nor a hanging node on its face")
     once = xp.concatenate([rows[:nconf] < nbrow[:nconf], xp.ones(fine_rows.size, dtype=bool)])
     out = FacePairs(cell, face, nb, R, hanging, once)
     _cache_put(_FACE_CACHE, mesh, be, out, tag)

@@ -31,6 +31,17 @@ def _inputs(m):
     return seen, F.node_kind, F.node_par, jump, F.dim
 
 
+def _census_module(monkeypatch):
+    """scripts/census_device_ops.py, installed for this test (its stand-in device)."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("census_device_ops", root / "scripts" / "census_device_ops.py")
+    census = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(census)
+    monkeypatch.setattr(census, "RECORDS", type(census.RECORDS)())
+    census.install(monkeypatch)
+    return census
+
+
 @pytest.mark.parametrize("dim", [2, 3])
 def test_hanging_candidates_twin_is_the_formula(dim):
     seen, kind, par, jump, d = _inputs(_mesh(dim))
@@ -50,14 +61,9 @@ def m_hanging_forest(dim):
 def test_census_runs_each_fused_kernel_once_per_call(monkeypatch):
     """The census's stand-in runs the device path (kernel, then flatnonzero) with the same
     integers as the twin, so its operation counts are those of the device."""
-    root = pathlib.Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("census_device_ops", root / "scripts" / "census_device_ops.py")
-    census = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(census)
-    monkeypatch.setattr(census, "RECORDS", type(census.RECORDS)())
+    census = _census_module(monkeypatch)
     host = _inputs(_mesh(2))
     want = index_kernels.hanging_candidates(*host)
-    census.install(monkeypatch)
     dev = [census.xp.asarray(a) if isinstance(a, np.ndarray) else a for a in host]
     census.RECORDS.clear()
     got = index_kernels.hanging_candidates(*dev)
@@ -79,3 +85,69 @@ def test_hanging_candidates_kernel_equals_twin(dim):
     np.testing.assert_array_equal(to_host(got), want)
     m = _mesh(dim, backend="gpu")
     np.testing.assert_array_equal(to_host(m.hanging_nodes), _mesh(dim).hanging_nodes)
+
+
+def _face_inputs(dim, backend="cpu"):
+    """(Vs, W, par, cor, cor_i) of the matched faces of a refined mesh, as face_pairs has them."""
+    from adaptmg.estimate import faces
+    from adaptmg.mesh import reference as ref
+    m = _mesh(dim, backend)
+    xp = m.backend.xp
+    fp = faces.face_pairs(m, m.backend)
+    cells = m.cells
+    Vs = cells[fp.cell[:, None], xp.asarray(ref.face_vertices(dim))[fp.face]]
+    par = xp.full((m.num_nodes, 4), -1, dtype=np.int64)
+    par[m.hanging_nodes] = m.hanging_parents
+    cor_i = xp.asarray(ref.corners(dim))
+    return Vs, cells[fp.nb], par, cor_i.astype(float), cor_i
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_face_corners_twin_is_the_formula(dim):
+    Vs, W, par, cor, cor_i = _face_inputs(dim)
+    R, ok = index_kernels.face_corners(Vs, W, par, cor, cor_i)
+    assert ok and R.shape == Vs.shape + (dim,)
+    hanging = 0
+    for r in range(Vs.shape[0]):
+        where = {int(w): k for k, w in enumerate(W[r])}
+        for j, v in enumerate(Vs[r]):
+            if v in where:
+                want = cor[where[v]]
+            else:
+                hanging += 1
+                want = np.mean([cor[where[p]] for p in par[v] if p >= 0], axis=0)
+            np.testing.assert_array_equal(R[r, j], want)        # sums of 0/1 and one division: exact
+    assert hanging > 10
+    # a vertex that is neither the neighbour's nor a hanging node on its face: not ok
+    bad = W.copy()
+    bad[0] = W.max() + 1 + np.arange(W.shape[1])
+    assert not index_kernels.face_corners(Vs, bad, par, cor, cor_i)[1]
+
+
+def test_census_face_corners_is_one_kernel(monkeypatch):
+    census = _census_module(monkeypatch)
+    host = _face_inputs(2)
+    R0, ok0 = index_kernels.face_corners(*host)
+    dev = [census.xp.asarray(a) for a in host]
+    census.RECORDS.clear()
+    R, ok = index_kernels.face_corners(*dev)
+    assert ok == ok0 and np.array_equal(R.view(np.ndarray), R0)
+    names = sorted(k[3] for k, n in census.RECORDS.items() for _ in range(n) if k[2] != "alloc")
+    assert names == ["__bool__", "all", "kernel:face_corners"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim", [2, 3])
+def test_face_corners_kernel_equals_twin(dim):
+    from adaptmg.backend import to_host
+    dev = _face_inputs(dim, backend="gpu")
+    host = [to_host(a) for a in dev]
+    R, ok = index_kernels.face_corners(*dev)
+    assert not isinstance(R, np.ndarray)                    # the kernel ran
+    R0, ok0 = index_kernels.face_corners(*host)
+    assert ok and ok0
+    np.testing.assert_array_equal(to_host(R), R0)           # exact: the same float bits
+    from adaptmg.backend import get_backend
+    bad = dev[1].copy()
+    bad[0] = bad.max() + 1 + get_backend("gpu").xp.arange(bad.shape[1], dtype=bad.dtype)
+    assert not index_kernels.face_corners(dev[0], bad, *dev[2:])[1]
