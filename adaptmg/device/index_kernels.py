@@ -1,4 +1,4 @@
-r"""Fused index kernels of the device mesh set-up, each with a NumPy twin.
+r"""Fused kernels of the device mesh set-up and the estimator, each with a NumPy twin.
 
 On the GPU the set-up of a level is bound by CuPy's per-call host overhead (an elementwise
 op ~10 us, a boolean mask or ``flatnonzero`` ~100 us: it reads its size back), not by
@@ -35,6 +35,17 @@ Kernels
 
     and ``ok`` says that each parent is a vertex of the neighbour (exact: sums of 0/1 and one
     division, the same bits on both sides).
+
+``grouped_table_product``
+    The product of basis tables :math:`T_g` (R, K) with cells-last data B (L, K, n) where
+    column j uses the table of its group :math:`g(j)` (groups of consecutive columns):
+
+    .. math::  O_{l r j} = \sum_{k < K} (T_{g(j)})_{r k} B_{l k j}.
+
+    One thread per output entry (its table from the column's table id, an array already on
+    the device: :class:`ColumnGroups`) instead of a matmul and a copy per group; the twin is
+    that loop (sums of K products in another order than cuBLAS's: the same numbers to
+    round-off).
 """
 from __future__ import annotations
 
@@ -44,10 +55,10 @@ import numpy as np
 
 from ..backend import backend_of, get_backend
 
-__all__ = ["hanging_candidates", "face_corners", "FUSED", "KERNEL_NAMES"]
+__all__ = ["hanging_candidates", "face_corners", "grouped_table_product", "ColumnGroups", "FUSED", "KERNEL_NAMES"]
 
 #: the fused functions of this module (the census counts a call as one launch)
-FUSED = ("hanging_candidates", "face_corners")
+FUSED = ("hanging_candidates", "face_corners", "grouped_table_product")
 
 _SPECS = {
     # one thread per forest node; par (nn, stride) row-major, -1 padded; jump by node
@@ -81,6 +92,14 @@ _SPECS = {
         "   for (int a = 0; a < d; ++a) R[i * d + a] = acc[a] / den;"
         "   ok = found == cnt && cnt > 0;"
         " }"),
+    # one thread per output entry (l, r, j); tid: the table of column j
+    "grouped_table_product": (
+        "raw T tab, raw T B, raw I tid, int32 R, int32 K, int64 n", "T out",
+        "long long j = i % n, lr = i / n; long long r = lr % R, l = lr / R;"
+        " long long t0 = ((long long)tid[j] * R + r) * K, b0 = l * K * n + j;"
+        " T s = 0;"
+        " for (int k = 0; k < K; ++k) s += tab[t0 + k] * B[b0 + k * n];"
+        " out = s;"),
 }
 
 KERNEL_NAMES = tuple(f"adaptmg_{n}" for n in _SPECS)
@@ -165,3 +184,31 @@ def face_corners(Vs, W, par, cor, cor_i):
     ok = isd[h_rows] | ((found == cnt_p) & (cnt_p > 0))
     R[h_rows] = xp.where(isd[h_rows][..., None], R[h_rows], Rp)
     return R, bool(ok.all())
+
+
+class ColumnGroups(list):
+    """Table groups ``(start, stop, i)`` (a list, host ints) with ``ids``: the table id of
+    every column (an int array of the data's module, or None) for the one-kernel product."""
+
+    def __init__(self, groups, ids=None):
+        super().__init__(groups)
+        self.ids = ids
+
+
+def grouped_table_product(tables, B, groups):
+    """``out[..., :, s:e] = tables[i] @ B[..., :, s:e]`` for every group ``(s, e, i)`` (host
+    ints) of ``groups``; ``tables`` a sequence of (R, K) arrays of ``B``'s module and dtype, B
+    (..., K, n).  On the device with :class:`ColumnGroups` ``ids``: one kernel (and the
+    stack of the tables); otherwise (the twin) the loop over the groups, one matmul each."""
+    xp = backend_of(B).xp
+    R, K = tables[0].shape
+    n = B.shape[-1]
+    out = xp.empty(B.shape[:-2] + (R, n), dtype=B.dtype)
+    ids = getattr(groups, "ids", None)
+    if ids is not None and not _twin(B):
+        _kernel("grouped_table_product")(xp.stack(tables), xp.ascontiguousarray(B), ids,
+                                         np.int32(R), np.int32(K), np.int64(n), out)
+        return out
+    for s, e, i in groups:            # loop over the few table groups only
+        out[..., s:e] = xp.matmul(tables[i], B[..., s:e])
+    return out

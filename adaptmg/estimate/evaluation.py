@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend import constant, is_device_array
+from ..device.index_kernels import grouped_table_product
 from ..fe.element import LagrangeQ, lagrange_1d, lagrange_1d_derivative
 from ..fe.geometry import _det_inv
 
@@ -337,10 +338,7 @@ def _table_product(tab, name, B, groups=None):
     n = B.shape[-1]
     if len(groups) == 1 and groups[0][0] == 0 and groups[0][1] == n:
         return xp.matmul(tables[groups[0][2]], B)
-    out = xp.empty(B.shape[:-2] + (tables[0].shape[0], n), dtype=B.dtype)
-    for s, e, i in groups:            # loop over the few table groups only
-        out[..., s:e] = xp.matmul(tables[i], B[..., s:e])
-    return out
+    return grouped_table_product(tables, B, groups)     # one kernel on the device
 
 
 def point_fields(tab, cd: CellData, *, groups=None, x=False, value=False, grad=False,

@@ -275,7 +275,8 @@ class FaceRuns:
 
     ``cell``/``face``/``nb``/``hanging`` as in :class:`FacePairs`, ``h`` the face diameters,
     ``R_sets`` (G, 2^(d-1), d) the distinct neighbour vertex coordinates and ``runs`` a list
-    of ``(start, stop, face, set)``."""
+    of ``(start, stop, face, set)``; ``sets`` (on the GPU) the set of every face, the
+    neighbour's table id of the run products (:class:`~adaptmg.device.index_kernels.ColumnGroups`)."""
     cell: np.ndarray
     face: np.ndarray
     nb: np.ndarray
@@ -283,6 +284,7 @@ class FaceRuns:
     h: np.ndarray
     R_sets: np.ndarray
     runs: list
+    sets: object = None
 
 
 _RUNS_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # mesh -> {backend: FaceRuns}
@@ -345,7 +347,8 @@ def face_runs(mesh, backend=None, partial=False) -> FaceRuns:
     else:
         runs = [(int(a), int(b), int(key[a] // G), int(key[a] % G)) for a, b in zip(starts, stops) if b > a]
     cell, face = fp.cell[sel], fp.face[sel]
-    out = FaceRuns(cell, face, fp.nb[sel], fp.hanging[sel], face_diameters(mesh, cell, face, be), R_sets, runs)
+    out = FaceRuns(cell, face, fp.nb[sel], fp.hanging[sel], face_diameters(mesh, cell, face, be), R_sets, runs,
+                   key % G if gpu else None)
     _cache_put(_RUNS_CACHE, mesh, be, out, tag)
     return out
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import CPU, call_points, get_backend, is_device_array, stable_argsort, to_host
+from ..device.index_kernels import ColumnGroups
 from ..fe.quadrature import tensor_gauss
 from .evaluation import (check_determinants, device_chunk, gather_cells, hessian, laplacian,
                          max_vertex_distance, point_fields, ref_tables, serial_chunk, tables_on)
@@ -254,8 +255,12 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
         val = xp.empty(fr.cell.size)
         for sl in chunks(fr.cell.size, dat.chunk(own[0], components=c)):
             a, b = fcell[sl], fnb[sl]
-            ea, nrm, da = _own_side(dat, own, _clip(own_groups, sl), a, need_x)
-            eb, _ = dat.fields(nbt, b, groups=_clip(nb_groups, sl), grad=True)
+            # the table of every face on the device (own: its local face; neighbour: its
+            # set): the run products there are one kernel each
+            ga = ColumnGroups(_clip(own_groups, sl), None if fr.sets is None else fr.face[sl])
+            gb = ColumnGroups(_clip(nb_groups, sl), None if fr.sets is None else fr.sets[sl])
+            ea, nrm, da = _own_side(dat, own, ga, a, need_x)
+            eb, _ = dat.fields(nbt, b, groups=gb, grad=True)
             jump = flux_n(ea.grad, nrm, ea.x, a) - flux_n(eb.grad, nrm, ea.x, b)    # (c, m, n)
             val[sl] = 0.5 * fh[sl] * (wf @ (da * _dot(jump, jump)))
         out += xp.bincount(fcell, weights=val, minlength=nc)

@@ -151,3 +151,59 @@ def test_face_corners_kernel_equals_twin(dim):
     bad = dev[1].copy()
     bad[0] = bad.max() + 1 + get_backend("gpu").xp.arange(bad.shape[1], dtype=bad.dtype)
     assert not index_kernels.face_corners(dev[0], bad, *dev[2:])[1]
+
+
+def _grouped_case(rng, xp=np):
+    """Tables, cells-last data and groups as the estimator's face runs have them (unsorted),
+    with the table id of every column."""
+    tables = [rng.standard_normal((6, 4)) for _ in range(5)]
+    B = rng.standard_normal((3, 4, 50))
+    groups = [(20, 31, 3), (0, 7, 1), (7, 20, 4), (31, 50, 1)]
+    ids = np.zeros(50, dtype=np.int64)
+    for s, e, i in groups:
+        ids[s:e] = i
+    return ([xp.asarray(t) for t in tables], xp.asarray(B),
+            index_kernels.ColumnGroups(groups, xp.asarray(ids)))
+
+
+def test_grouped_table_product_twin_is_the_formula():
+    tables, B, groups = _grouped_case(np.random.default_rng(1))
+    got = index_kernels.grouped_table_product(tables, B, groups)
+    for s, e, i in groups:
+        for j in range(s, e):
+            np.testing.assert_allclose(got[:, :, j], np.einsum("rk,lk->lr", tables[i], B[:, :, j]),
+                                       rtol=0, atol=8 * np.finfo(float).eps * np.abs(B).max() * 4)
+
+
+def test_census_grouped_table_product_is_one_kernel(monkeypatch):
+    census = _census_module(monkeypatch)
+    tables, B, groups = _grouped_case(np.random.default_rng(2))
+    want = index_kernels.grouped_table_product(tables, B, groups)
+    dt, dB = [census.xp.asarray(t) for t in tables], census.xp.asarray(B)
+    dg = index_kernels.ColumnGroups(groups, census.xp.asarray(groups.ids))
+    census.RECORDS.clear()
+    got = index_kernels.grouped_table_product(dt, dB, dg)
+    np.testing.assert_allclose(got.view(np.ndarray), want, rtol=0, atol=32 * np.finfo(float).eps)
+    launches = sorted(k[3] for k, n in census.RECORDS.items() for _ in range(n) if k[2] == "launch")
+    assert "kernel:grouped_table_product" in launches and "matmul" not in launches
+
+
+@pytest.mark.gpu
+def test_grouped_table_product_kernel_equals_twin():
+    from adaptmg.backend import get_backend, to_host
+    cp = get_backend("gpu").xp
+    tables, B, groups = _grouped_case(np.random.default_rng(3), cp)
+    got = index_kernels.grouped_table_product(tables, B, groups)
+    twin = index_kernels.grouped_table_product(tables, B, list(groups))      # no ids: the loop
+    out = cp.empty_like(got)
+    for s, e, i in groups:                                  # the twin's loop on the device
+        out[..., s:e] = cp.matmul(tables[i], B[..., s:e])
+    scale = float(cp.abs(B).max()) * 4 * 3.0
+    assert float(cp.abs(got - out).max()) <= 8 * np.finfo(float).eps * scale
+    assert cp.array_equal(twin, out)
+    # a single-precision copy goes through the same kernel (T = float32)
+    got32 = index_kernels.grouped_table_product([t.astype(cp.float32) for t in tables],
+                                                B.astype(cp.float32), groups)
+    assert got32.dtype == cp.float32
+    assert float(cp.abs(got32 - out).max()) <= 64 * np.finfo(np.float32).eps * scale
+    assert to_host(got).shape == (3, 6, 50)
