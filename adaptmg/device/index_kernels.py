@@ -46,6 +46,13 @@ Kernels
     the device: :class:`ColumnGroups`) instead of a matmul and a copy per group; the twin is
     that loop (sums of K products in another order than cuBLAS's: the same numbers to
     round-off).
+
+``csr_row_entries``
+    The entries of chosen rows of a CSR matrix, packed: with the new row pointer ``ptr``
+    (m + 1) and the rows' first entries ``start`` (m) in the matrix, entry p of the packed
+    rows is the matrix entry :math:`\mathrm{start}_r + p - \mathrm{ptr}_r`,
+    :math:`r = \max\{r : \mathrm{ptr}_r \le p\}` (a binary search; empty rows are skipped),
+    its column as int64 and its value as float64 (copies: exact).
 """
 from __future__ import annotations
 
@@ -55,10 +62,11 @@ import numpy as np
 
 from ..backend import backend_of, get_backend
 
-__all__ = ["hanging_candidates", "face_corners", "grouped_table_product", "ColumnGroups", "FUSED", "KERNEL_NAMES"]
+__all__ = ["hanging_candidates", "face_corners", "grouped_table_product", "ColumnGroups",
+           "csr_row_entries", "FUSED", "KERNEL_NAMES"]
 
 #: the fused functions of this module (the census counts a call as one launch)
-FUSED = ("hanging_candidates", "face_corners", "grouped_table_product")
+FUSED = ("hanging_candidates", "face_corners", "grouped_table_product", "csr_row_entries")
 
 _SPECS = {
     # one thread per forest node; par (nn, stride) row-major, -1 padded; jump by node
@@ -100,6 +108,13 @@ _SPECS = {
         " T s = 0;"
         " for (int k = 0; k < K; ++k) s += tab[t0 + k] * B[b0 + k * n];"
         " out = s;"),
+    # one thread per packed entry p: its row r by a binary search of ptr, then two copies
+    "csr_row_entries": (
+        "raw int64 ptr, raw int64 start, raw I col, raw F val, int64 m", "int64 ind, float64 dat",
+        "long long lo = 0, hi = m - 1;"
+        " while (lo < hi) { long long mid = (lo + hi + 1) / 2; if (ptr[mid] <= i) lo = mid; else hi = mid - 1; }"
+        " long long pos = start[lo] + i - ptr[lo];"
+        " ind = (long long)col[pos]; dat = (double)val[pos];"),
 }
 
 KERNEL_NAMES = tuple(f"adaptmg_{n}" for n in _SPECS)
@@ -212,3 +227,20 @@ def grouped_table_product(tables, B, groups):
     for s, e, i in groups:            # loop over the few table groups only
         out[..., s:e] = xp.matmul(tables[i], B[..., s:e])
     return out
+
+
+def csr_row_entries(ptr, start, indices, data, total: int):
+    """``(indices, data)`` (int64, float64) of the packed rows (the module's formula): ``ptr``
+    (m + 1) int64 the packed row pointer (``ptr[-1] == total``), ``start`` (m) int64 the rows'
+    first entries in the matrix's ``indices``/``data``.  One kernel on the device; the twin
+    gathers through a search of every entry's row."""
+    xp = backend_of(ptr).xp
+    if not _twin(ptr):
+        ind = xp.empty(total, dtype=np.int64)
+        dat = xp.empty(total, dtype=np.float64)
+        if total:
+            _kernel("csr_row_entries")(ptr, start, indices, data, np.int64(start.shape[0]), ind, dat)
+        return ind, dat
+    own = xp.searchsorted(ptr, xp.arange(total, dtype=xp.int64), side="right") - 1
+    pos = start[own] + xp.arange(total, dtype=xp.int64) - ptr[own]
+    return indices[pos].astype(xp.int64), data[pos].astype(xp.float64)

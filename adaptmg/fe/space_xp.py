@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import constant, repeat
+from ..device.index_kernels import csr_row_entries
 from ..mesh import reference as ref
 
 __all__ = ["hanging_rows", "constraint_matrix_on", "kron_identity", "boundary_nodes",
@@ -179,10 +180,7 @@ def csr_rows(be, A, rows):
     cnt = ip[rows + 1] - start
     ptr = xp.zeros(rows.shape[0] + 1, dtype=xp.int64)
     ptr[1:] = xp.cumsum(cnt)
-    total = int(ptr[-1])
-    own = xp.searchsorted(ptr, xp.arange(total, dtype=xp.int64), side="right") - 1
-    pos = start[own] + xp.arange(total, dtype=xp.int64) - ptr[own]
-    return ptr, A.indices[pos].astype(xp.int64), A.data[pos].astype(xp.float64)
+    return (ptr,) + csr_row_entries(ptr, start, A.indices, A.data, int(ptr[-1]))   # one kernel on the device
 
 
 def boundary_nodes(xp, space, ids=None, where=None):

@@ -207,3 +207,54 @@ def test_grouped_table_product_kernel_equals_twin():
     assert got32.dtype == cp.float32
     assert float(cp.abs(got32 - out).max()) <= 64 * np.finfo(np.float32).eps * scale
     assert to_host(got).shape == (3, 6, 50)
+
+
+def _rows_case(xp=np):
+    """A random CSR (some empty rows) and rows to pack (repeats, an empty row), as csr_rows."""
+    import scipy.sparse as sp
+    A = sp.random(40, 30, density=0.15, format="csr", random_state=4)
+    A.data[:] = np.random.default_rng(4).standard_normal(A.nnz)
+    A = sp.csr_matrix(A.multiply(np.arange(40)[:, None] != 17))       # row 17 empty
+    A.eliminate_zeros()
+    rows = np.array([3, 0, 17, 3, 39, 21, 8], dtype=np.int64)
+    assert (np.diff(A.indptr)[rows] == 0).any() and (np.diff(A.indptr)[rows] > 0).sum() >= 4
+    ip = A.indptr.astype(np.int64)
+    start, cnt = ip[rows], ip[rows + 1] - ip[rows]
+    ptr = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+    return A, rows, [xp.asarray(a) for a in (ptr, start, A.indices, A.data)], int(ptr[-1])
+
+
+def test_csr_row_entries_twin_is_the_row_slice():
+    A, rows, args, total = _rows_case()
+    ind, dat = index_kernels.csr_row_entries(*args, total)
+    S = A[rows]
+    assert ind.dtype == np.int64 and dat.dtype == np.float64 and total == S.nnz > 10
+    np.testing.assert_array_equal(ind, S.indices)
+    np.testing.assert_array_equal(dat, S.data)
+
+
+def test_census_csr_row_entries_is_one_kernel(monkeypatch):
+    census = _census_module(monkeypatch)
+    A, rows, args, total = _rows_case()
+    want = index_kernels.csr_row_entries(*args, total)
+    dev = [census.xp.asarray(a) for a in args]
+    census.RECORDS.clear()
+    got = index_kernels.csr_row_entries(*dev, total)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.view(np.ndarray), w)
+    launches = [k[3] for k, n in census.RECORDS.items() if k[2] == "launch"]
+    assert launches == ["kernel:csr_row_entries"]
+
+
+@pytest.mark.gpu
+def test_csr_row_entries_kernel_equals_twin():
+    from adaptmg.backend import get_backend, to_host
+    A, rows, args, total = _rows_case()
+    cp = get_backend("gpu").xp
+    got = index_kernels.csr_row_entries(*[cp.asarray(a) for a in args], total)
+    assert not isinstance(got[0], np.ndarray)
+    want = index_kernels.csr_row_entries(*args, total)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(to_host(g), w)                # copies: exact
+    none = index_kernels.csr_row_entries(*[cp.asarray(a) for a in args], 0)
+    assert none[0].size == 0 and none[1].size == 0
