@@ -406,6 +406,14 @@ def _fused_kernel(name):
                 ptr, start, col, val, _, ind, dat = host
                 ind[...], dat[...] = index_kernels.csr_row_entries(ptr, start, col, val, ind.size)
                 return None
+            if name in ("constrained_csr_count", "constrained_csr_fill"):
+                z, ip, col, val = host[:4]
+                K = index_kernels.constrained_csr(sp.csr_matrix((val, col, ip), shape=(z.size, z.size)), z,
+                                                  host[6] if len(host) > 6 else 1.0)
+                if name == "constrained_csr_count":
+                    return np.diff(K.indptr).astype(np.int64).view(ndarray)
+                host[-2][...], host[-1][...] = K.indices, K.data
+                return None
             raise NotImplementedError(f"census: no stand-in of the fused kernel {name!r}")
     return launch
 

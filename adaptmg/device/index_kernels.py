@@ -53,6 +53,13 @@ Kernels
     rows is the matrix entry :math:`\mathrm{start}_r + p - \mathrm{ptr}_r`,
     :math:`r = \max\{r : \mathrm{ptr}_r \le p\}` (a binary search; empty rows are skipped),
     its column as int64 and its value as float64 (copies: exact).
+
+``constrained_csr``
+    :math:`K = Z B Z + s (I - Z)` of a canonical CSR ``B`` and the free mask ``z``: a free row
+    keeps its entries in free columns that are not zero, any other row is the single
+    diagonal entry ``s``.  Row r has :math:`c_r = \#\{p : z_{j_p} \wedge b_p \ne 0\}` entries
+    (free) or 1; the row pointer is their running sum and a second pass writes the entries
+    in place: canonical CSR without a COO -> CSR sort (the host's twin: the COO path).
 """
 from __future__ import annotations
 
@@ -63,10 +70,11 @@ import numpy as np
 from ..backend import backend_of, get_backend
 
 __all__ = ["hanging_candidates", "face_corners", "grouped_table_product", "ColumnGroups",
-           "csr_row_entries", "FUSED", "KERNEL_NAMES"]
+           "csr_row_entries", "constrained_csr", "FUSED", "KERNEL_NAMES"]
 
 #: the fused functions of this module (the census counts a call as one launch)
-FUSED = ("hanging_candidates", "face_corners", "grouped_table_product", "csr_row_entries")
+FUSED = ("hanging_candidates", "face_corners", "grouped_table_product", "csr_row_entries",
+         "constrained_csr_count", "constrained_csr_fill")
 
 _SPECS = {
     # one thread per forest node; par (nn, stride) row-major, -1 padded; jump by node
@@ -115,6 +123,20 @@ _SPECS = {
         " while (lo < hi) { long long mid = (lo + hi + 1) / 2; if (ptr[mid] <= i) lo = mid; else hi = mid - 1; }"
         " long long pos = start[lo] + i - ptr[lo];"
         " ind = (long long)col[pos]; dat = (double)val[pos];"),
+    # one thread per row: the entries K keeps there (a free row) or 1 (its diagonal)
+    "constrained_csr_count": (
+        "bool z, raw I ip, raw I col, raw F val, raw bool zc", "int64 cnt",
+        "if (!z) { cnt = 1; } else {"
+        "   long long c = 0;"
+        "   for (long long p = ip[i]; p < ip[i + 1]; ++p) if (zc[col[p]] && val[p] != (F)0) ++c;"
+        "   cnt = c; }"),
+    # one thread per row: its entries written from its offset in the new row pointer
+    "constrained_csr_fill": (
+        "bool z, raw I ip, raw I col, raw F val, raw bool zc, raw I ptr, F s", "raw I kcol, raw F kval",
+        "long long o = ptr[i];"
+        " if (!z) { kcol[o] = (I)i; kval[o] = s; } else {"
+        "   for (long long p = ip[i]; p < ip[i + 1]; ++p) if (zc[col[p]] && val[p] != (F)0) {"
+        "     kcol[o] = col[p]; kval[o] = val[p]; ++o; } }"),
 }
 
 KERNEL_NAMES = tuple(f"adaptmg_{n}" for n in _SPECS)
@@ -244,3 +266,33 @@ def csr_row_entries(ptr, start, indices, data, total: int):
     own = xp.searchsorted(ptr, xp.arange(total, dtype=xp.int64), side="right") - 1
     pos = start[own] + xp.arange(total, dtype=xp.int64) - ptr[own]
     return indices[pos].astype(xp.int64), data[pos].astype(xp.float64)
+
+
+def constrained_csr(B, z, scale):
+    """``K = Z B Z + scale (I - Z)`` (the module's formula) of the CSR ``B`` in canonical form
+    (sorted, no duplicates) and the free mask ``z`` (bool, of ``B.data``'s module), zeros of
+    free rows dropped; ``K`` canonical CSR of ``B``'s module.  On the device two row kernels
+    and a running sum (one read: the entry count); the twin goes through COO."""
+    be = backend_of(B)
+    xp, spm = be.xp, be.sparse
+    if not _twin(B.data):
+        n = B.shape[0]
+        ip, col, val = B.indptr, B.indices, B.data
+        cnt = _kernel("constrained_csr_count")(z, ip, col, val, z)
+        ptr = xp.zeros(n + 1, dtype=ip.dtype)
+        ptr[1:] = xp.cumsum(cnt)
+        nnz = int(ptr[-1])
+        kcol, kval = xp.empty(nnz, dtype=col.dtype), xp.empty(nnz, dtype=val.dtype)
+        _kernel("constrained_csr_fill")(z, ip, col, val, z, ptr, val.dtype.type(scale), kcol, kval)
+        K = spm.csr_matrix((kval, kcol, ptr), shape=B.shape)
+        K.has_canonical_format = True
+        return K
+    C = B.tocoo()
+    keep = xp.flatnonzero(z[C.row] & z[C.col] & (C.data != 0))      # one read for 3 gathers
+    fixed = xp.flatnonzero(~z).astype(C.row.dtype)
+    rows = xp.concatenate([C.row.take(keep), fixed])
+    cols = xp.concatenate([C.col.take(keep), fixed])
+    vals = xp.concatenate([C.data.take(keep), xp.full(fixed.size, scale, dtype=C.data.dtype)])
+    K = spm.coo_matrix((vals, (rows, cols)), shape=B.shape).tocsr()
+    K.sum_duplicates()
+    return K

@@ -24,6 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import backend_of, is_device_array, is_device_sparse, to_host
+from ..device.index_kernels import constrained_csr
 from .congruence import congruence_map_on
 from .csr_ops import (NodeBlockMatrix, as_csr, congruence_map, congruence_with_constraints, diagonal_positions,
                       expand_node_blocks, mask_rows_cols)
@@ -328,12 +329,13 @@ def _device_matrix(cons, A, be=None):
     mean of :math:`|B_{ii}|` over the free DoFs, then the entries of B in free rows and
     columns (zeros dropped, as :meth:`Constraints.matrix` does) and ``s`` in the diagonal
     entry of the others: one masking pass (:func:`~.csr_ops.mask_rows_cols`), or, where a
-    removed row stores no diagonal entry, assembled as COO -> canonical CSR -- at once with
+    removed row stores no diagonal entry, written row by row as canonical CSR
+    (:func:`~adaptmg.device.index_kernels.constrained_csr`; the host via COO) -- at once with
     hanging nodes (their rows of :math:`H^T A H` are empty: the masking pass would fail after
     a dozen launches and two reads).
     """
     be = backend_of(A) if be is None else be
-    xp, spm = be.xp, be.sparse
+    xp = be.xp
     B = _device_project(cons, A, be)
     B.sum_duplicates()
     z = xp.asarray(cons.free)
@@ -345,15 +347,7 @@ def _device_matrix(cons, A, be=None):
             return mask_rows_cols(B, cons.free, cons.free, diagonal=cons._scale, drop_zeros=True)
         except ValueError:                     # a removed row without a stored diagonal entry
             pass
-    C = B.tocoo()
-    keep = xp.flatnonzero(z[C.row] & z[C.col] & (C.data != 0))      # one read for 3 gathers
-    fixed = xp.flatnonzero(~z).astype(C.row.dtype)
-    rows = xp.concatenate([C.row.take(keep), fixed])
-    cols = xp.concatenate([C.col.take(keep), fixed])
-    vals = xp.concatenate([C.data.take(keep), xp.full(fixed.size, cons._scale, dtype=C.data.dtype)])
-    K = spm.coo_matrix((vals, (rows, cols)), shape=B.shape).tocsr()
-    K.sum_duplicates()
-    return K
+    return constrained_csr(B, z, cons._scale)              # two row kernels on the device
 
 
 def _product_on(A, v, dev):

@@ -258,3 +258,40 @@ def test_csr_row_entries_kernel_equals_twin():
         np.testing.assert_array_equal(to_host(g), w)                # copies: exact
     none = index_kernels.csr_row_entries(*[cp.asarray(a) for a in args], 0)
     assert none[0].size == 0 and none[1].size == 0
+
+
+def _constrained_case():
+    """A canonical CSR with explicit zeros, a fixed row without a diagonal entry and an empty
+    free row, and its free mask."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(5)
+    D = rng.standard_normal((30, 30)) * (rng.random((30, 30)) < 0.25)
+    D[4, :] = 0.0                                             # an empty (free) row
+    D[7, 7] = 0.0                                             # a fixed row without a diagonal entry
+    B = sp.csr_matrix(D)
+    B.data[::5] = 0.0                                         # stored zeros (dropped in free rows)
+    z = np.ones(30, dtype=bool)
+    z[[7, 11, 12, 25]] = False
+    return B, z
+
+
+def test_constrained_csr_twin_is_the_formula():
+    B, z = _constrained_case()
+    K = index_kernels.constrained_csr(B, z, 2.5)
+    Z = np.diag(z.astype(float))
+    np.testing.assert_array_equal(K.toarray(), Z @ B.toarray() @ Z + 2.5 * (np.eye(30) - Z))
+    assert K.has_canonical_format and (K.data != 0).all()
+    assert np.diff(K.indptr)[4] == 0 and np.diff(K.indptr)[~z].tolist() == [1, 1, 1, 1]
+
+
+@pytest.mark.gpu
+def test_constrained_csr_kernel_equals_twin():
+    from adaptmg.backend import get_backend, to_host
+    B, z = _constrained_case()
+    be = get_backend("gpu")
+    Bd = be.asmatrix(B)
+    K = index_kernels.constrained_csr(Bd, be.xp.asarray(z), 2.5)
+    W = index_kernels.constrained_csr(B, z, 2.5)
+    for a in ("indptr", "indices", "data"):                   # the same canonical CSR, exactly
+        np.testing.assert_array_equal(to_host(getattr(K, a)), getattr(W, a))
+    assert K.has_canonical_format
