@@ -383,6 +383,7 @@ def install(monkeypatch=None):
 def _fused_kernel(name):
     """A stand-in for :mod:`adaptmg.device.index_kernels`' kernel ``name``: one launch whose
     output mask is the twin's result (the twin runs on the host arrays, not counted)."""
+    from adaptmg.backend import CPU
     from adaptmg.device import index_kernels
 
     def launch(*args):
@@ -413,6 +414,18 @@ def _fused_kernel(name):
                 if name == "constrained_csr_count":
                     return np.diff(K.indptr).astype(np.int64).view(ndarray)
                 host[-2][...], host[-1][...] = K.indices, K.data
+                return None
+            if name == "weight_rows_count":
+                h, W = host[0], host[1]
+                cnt = np.ones(h.size, dtype=np.int64)
+                cnt[h >= 0] = (W[h[h >= 0]] != 0).sum(1)
+                return cnt.view(ndarray)
+            if name == "weight_rows_fill":
+                h, W, cols = host[0], host[1], host[2]
+                hanging = np.flatnonzero(h >= 0)
+                hanging = hanging[np.argsort(h[hanging])]
+                H = index_kernels.weight_rows_csr(CPU, h.size, h >= 0, hanging, cols, W)
+                host[-2][...], host[-1][...] = H.indices, H.data
                 return None
             raise NotImplementedError(f"census: no stand-in of the fused kernel {name!r}")
     return launch

@@ -60,6 +60,12 @@ Kernels
     diagonal entry ``s``.  Row r has :math:`c_r = \#\{p : z_{j_p} \wedge b_p \ne 0\}` entries
     (free) or 1; the row pointer is their running sum and a second pass writes the entries
     in place: canonical CSR without a COO -> CSR sort (the host's twin: the COO path).
+
+``weight_rows_csr``
+    The hanging-node matrix before its chains are resolved: identity rows on the regular
+    nodes, and on hanging node :math:`h_k` the weights :math:`W_{kj} \ne 0` in the columns
+    :math:`C_{kj}` (distinct per row; sorted by an insertion sort in the row's thread):
+    canonical CSR by a count kernel, a running sum and a fill kernel.
 """
 from __future__ import annotations
 
@@ -67,14 +73,14 @@ import functools
 
 import numpy as np
 
-from ..backend import backend_of, get_backend
+from ..backend import backend_of, get_backend, repeat
 
 __all__ = ["hanging_candidates", "face_corners", "grouped_table_product", "ColumnGroups",
-           "csr_row_entries", "constrained_csr", "FUSED", "KERNEL_NAMES"]
+           "csr_row_entries", "constrained_csr", "weight_rows_csr", "FUSED", "KERNEL_NAMES"]
 
 #: the fused functions of this module (the census counts a call as one launch)
 FUSED = ("hanging_candidates", "face_corners", "grouped_table_product", "csr_row_entries",
-         "constrained_csr_count", "constrained_csr_fill")
+         "constrained_csr_count", "constrained_csr_fill", "weight_rows_count", "weight_rows_fill")
 
 _SPECS = {
     # one thread per forest node; par (nn, stride) row-major, -1 padded; jump by node
@@ -137,6 +143,26 @@ _SPECS = {
         " if (!z) { kcol[o] = (I)i; kval[o] = s; } else {"
         "   for (long long p = ip[i]; p < ip[i + 1]; ++p) if (zc[col[p]] && val[p] != (F)0) {"
         "     kcol[o] = col[p]; kval[o] = val[p]; ++o; } }"),
+    # one thread per node: 1 (a regular node) or its nonzero weights (hanging: row h of W)
+    "weight_rows_count": (
+        "int64 h, raw F W, int32 nv", "int64 cnt",
+        "if (h < 0) { cnt = 1; } else {"
+        "   long long c = 0;"
+        "   for (int k = 0; k < nv; ++k) if (W[h * nv + k] != (F)0) ++c;"
+        "   cnt = c; }"),
+    # one thread per node: its entries from its offset, columns sorted in place
+    "weight_rows_fill": (
+        "int64 h, raw F W, raw C cols, raw I ptr, int32 nv", "raw I kcol, raw F kval",
+        "long long o = ptr[i];"
+        " if (h < 0) { kcol[o] = (I)i; kval[o] = (F)1; } else {"
+        "   int m = 0;"
+        "   for (int k = 0; k < nv; ++k) {"
+        "     F w = W[h * nv + k];"
+        "     if (w == (F)0) continue;"
+        "     I c = (I)cols[h * nv + k];"
+        "     int j = m;"
+        "     while (j > 0 && kcol[o + j - 1] > c) { kcol[o + j] = kcol[o + j - 1]; kval[o + j] = kval[o + j - 1]; --j; }"
+        "     kcol[o + j] = c; kval[o + j] = w; ++m; } }"),
 }
 
 KERNEL_NAMES = tuple(f"adaptmg_{n}" for n in _SPECS)
@@ -296,3 +322,37 @@ def constrained_csr(B, z, scale):
     K = spm.coo_matrix((vals, (rows, cols)), shape=B.shape).tocsr()
     K.sum_duplicates()
     return K
+
+
+def weight_rows_csr(be, n, is_h, hanging, cols, W):
+    """The (n x n) canonical CSR of the module's ``weight_rows_csr``: identity rows on the nodes
+    not ``is_h``, the nonzero weights ``W`` (nh, nv) in the columns ``cols`` on the
+    ``hanging`` rows (distinct nodes; distinct columns per row); arrays of ``be``.  On the
+    device two node kernels and a running sum (one read: the entry count); the twin goes
+    through COO."""
+    xp = be.xp
+    if not _twin(W):
+        h = xp.full(n, -1, dtype=np.int64)
+        h[hanging] = xp.arange(hanging.shape[0], dtype=np.int64)
+        nv = np.int32(W.shape[1])
+        cnt = _kernel("weight_rows_count")(h, W, nv)
+        ptr = xp.zeros(n + 1, dtype=np.int64)
+        ptr[1:] = xp.cumsum(cnt)
+        nnz = int(ptr[-1])
+        it = xp.int32 if n + nnz < np.iinfo(np.int32).max else xp.int64
+        ptr = ptr.astype(it)
+        kcol, kval = xp.empty(nnz, dtype=it), xp.empty(nnz, dtype=W.dtype)
+        _kernel("weight_rows_fill")(h, W, cols, ptr, nv, kcol, kval)
+        H = be.sparse.csr_matrix((kval, kcol, ptr), shape=(n, n))
+        H.has_canonical_format = True
+        return H
+    nz = W != 0
+    reg = xp.flatnonzero(~is_h)
+    at = xp.flatnonzero(nz.ravel())                           # one read for the weights' gathers
+    rows = xp.concatenate([reg, repeat(hanging.astype(xp.int64), nz.sum(axis=1), at.size)])
+    cc = xp.concatenate([reg, cols.ravel().take(at).astype(reg.dtype)])
+    vv = xp.concatenate([xp.ones(reg.shape[0]), W.ravel().take(at)])
+    it = xp.int32 if n + int(cc.shape[0]) < np.iinfo(np.int32).max else xp.int64
+    H = be.sparse.coo_matrix((vv, (rows.astype(it), cc.astype(it))), shape=(n, n)).tocsr()
+    H.sum_duplicates()
+    return H

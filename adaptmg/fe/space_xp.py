@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import constant, repeat
-from ..device.index_kernels import csr_row_entries
+from ..backend import constant
+from ..device.index_kernels import csr_row_entries, weight_rows_csr
 from ..mesh import reference as ref
 
 __all__ = ["hanging_rows", "constraint_matrix_on", "kron_identity", "boundary_nodes",
@@ -120,15 +120,7 @@ def constraint_matrix_on(be, n, hanging, cols, W):
     xp = be.xp
     is_h = xp.zeros(n, dtype=bool)
     is_h[hanging] = True                                      # one value: repeats are harmless
-    nz = W != 0
-    reg = xp.flatnonzero(~is_h)
-    at = xp.flatnonzero(nz.ravel())                           # one read for the weights' gathers
-    rows = xp.concatenate([reg, repeat(hanging.astype(xp.int64), nz.sum(axis=1), at.size)])
-    cc = xp.concatenate([reg, cols.ravel().take(at).astype(reg.dtype)])
-    vv = xp.concatenate([xp.ones(reg.shape[0]), W.ravel().take(at)])
-    it = xp.int32 if n + int(cc.shape[0]) < np.iinfo(np.int32).max else xp.int64
-    H = be.sparse.coo_matrix((vv, (rows.astype(it), cc.astype(it))), shape=(n, n)).tocsr()
-    H.sum_duplicates()
+    H = weight_rows_csr(be, n, is_h, hanging, cols, W)        # two node kernels on the device
     for _ in range(8):
         if not bool(is_h[H.indices].any()):
             break

@@ -295,3 +295,35 @@ def test_constrained_csr_kernel_equals_twin():
     for a in ("indptr", "indices", "data"):                   # the same canonical CSR, exactly
         np.testing.assert_array_equal(to_host(getattr(K, a)), getattr(W, a))
     assert K.has_canonical_format
+
+
+def _weight_rows_case():
+    """12 nodes, 3 hanging (not first, not last) with unsorted columns and a zero weight."""
+    hanging = np.array([2, 5, 11], dtype=np.int64)
+    cols = np.array([[9, 1, 4, 0], [7, 3, 8, 6], [10, 0, 1, 3]], dtype=np.int32)
+    W = np.array([[0.25, 0.25, 0.25, 0.25], [0.5, 0.0, 0.5, 0.0], [0.25, 0.5, 0.125, 0.125]])
+    is_h = np.zeros(12, dtype=bool)
+    is_h[hanging] = True
+    return 12, is_h, hanging, cols, W
+
+
+def test_weight_rows_csr_twin_is_the_formula():
+    from adaptmg.backend import CPU
+    n, is_h, hanging, cols, W = _weight_rows_case()
+    H = index_kernels.weight_rows_csr(CPU, n, is_h, hanging, cols, W)
+    D = np.diag((~is_h).astype(float))
+    for k, h in enumerate(hanging):
+        D[h, cols[k]] = W[k]
+    np.testing.assert_array_equal(H.toarray(), D)
+    assert H.has_canonical_format and H.nnz == 9 + 4 + 2 + 4
+
+
+@pytest.mark.gpu
+def test_weight_rows_csr_kernel_equals_twin():
+    from adaptmg.backend import CPU, get_backend, to_host
+    be = get_backend("gpu")
+    n, is_h, hanging, cols, W = _weight_rows_case()
+    H = index_kernels.weight_rows_csr(be, n, *[be.xp.asarray(a) for a in (is_h, hanging, cols, W)])
+    want = index_kernels.weight_rows_csr(CPU, n, is_h, hanging, cols, W)
+    for a in ("indptr", "indices", "data"):                   # the same canonical CSR, exactly
+        np.testing.assert_array_equal(to_host(getattr(H, a)), getattr(want, a))
