@@ -22,7 +22,8 @@ import scipy.sparse as sp
 __all__ = ["Backend", "get_backend", "gpu_available", "backend_of", "is_device_array",
            "is_device_sparse", "is_device_linear_operator", "is_device_error", "is_sparse",
            "to_device", "to_host", "host_copies", "call_points", "stable_argsort", "CPU", "nccl_module",
-           "scatter_max", "scatter_min", "scatter_add", "repeat", "segment_index", "unique_first"]
+           "scatter_max", "scatter_min", "scatter_add", "repeat", "segment_index", "unique_first",
+           "in_host_memory"]
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,14 @@ def _is_cupy_sparse(a) -> bool:
 def is_device_array(a) -> bool:
     """True for a CuPy array or cupyx sparse matrix (tested without importing CuPy)."""
     return a is not None and _is_cupy_array(a)
+
+
+def in_host_memory(a) -> bool:
+    """True for an array NumPy code runs on: a NumPy array, also the tests' NumPy-subclass
+    stand-ins for CuPy arrays (``tests/mesh/strict_cupy.py``).  The dispatch of a custom
+    kernel and its NumPy twin (:mod:`adaptmg.device`): the kernel for device memory, the twin
+    here."""
+    return isinstance(a, np.ndarray)
 
 
 def is_device_sparse(a) -> bool:

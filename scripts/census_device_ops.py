@@ -378,7 +378,7 @@ def install(monkeypatch=None):
     mp.setattr(evaluation, "_DEVICE_TABLES", {})
     # the fused index kernels: their device path, each kernel one launch (its NumPy twin inside)
     from adaptmg.device import index_kernels
-    mp.setattr(index_kernels, "_twin", lambda a: type(a) is np.ndarray)
+    mp.setattr(index_kernels, "in_host_memory", lambda a: type(a) is np.ndarray)
     mp.setattr(index_kernels, "_kernel", _fused_kernel)
 
 

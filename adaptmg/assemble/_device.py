@@ -30,7 +30,7 @@ import functools
 
 import numpy as np
 
-from ..backend import get_backend, stable_argsort, to_host
+from ..backend import get_backend, in_host_memory, stable_argsort, to_host
 from ..fe.sparsity import Pattern, _index_dtype, cell_tables, memoised
 
 __all__ = ["DevicePattern", "get_device_pattern", "segment_sum", "MIN_DEVICE_ENTRIES"]
@@ -65,7 +65,7 @@ def _np_segment_sum(seg, order, K, out):
 
 def segment_sum(seg, order, K, out):
     """out[k] = sum_{t = seg[k]}^{seg[k+1]-1} K[order[t]] (in t order); NumPy or CuPy arrays."""
-    if isinstance(out, np.ndarray):
+    if in_host_memory(out):
         return _np_segment_sum(seg, order, K, out)
     _segment_sum_kernel()(seg, order, K, out)
     return out

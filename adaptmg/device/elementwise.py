@@ -34,7 +34,7 @@ import functools
 
 import numpy as np
 
-from ..backend import get_backend
+from ..backend import get_backend, in_host_memory
 
 __all__ = [
     "get_kernel", "axpby", "jacobi_update", "jacobi_residual_update",
@@ -191,10 +191,6 @@ def get_kernel(name: str, backend="cpu"):
     return _NUMPY_TWINS[name]
 
 
-def _is_numpy(a) -> bool:
-    return isinstance(a, np.ndarray)
-
-
 def _scalar(v, like):
     """Host scalar of the array's dtype (CuPy ElementwiseKernel needs matching T)."""
     return like.dtype.type(v)
@@ -206,7 +202,7 @@ def _scalar(v, like):
 def axpby(a, x, b, y):
     """``y <- a x + b y`` in place (a, b host scalars); ``y`` is not read when ``b == 0``
     (NaN or garbage there does not propagate), on both backends."""
-    if _is_numpy(y):
+    if in_host_memory(y):
         return _np_axpby(a, x, b, y)
     if b == 0:
         return get_backend("gpu").xp.multiply(x, _scalar(a, y), out=y)
@@ -215,42 +211,42 @@ def axpby(a, x, b, y):
 
 def jacobi_update(x, dinv, r, omega):
     """``x <- x + omega * dinv * r`` (damped point-Jacobi correction), in place."""
-    if _is_numpy(x):
+    if in_host_memory(x):
         return _np_jacobi_update(dinv, r, omega, x)
     return _cupy_kernel("jacobi_update")(dinv, r, _scalar(omega, x), x)
 
 
 def jacobi_residual_update(x, dinv, b, Ax, omega):
     """``x <- x + omega * dinv * (b - Ax)`` with ``Ax`` precomputed, in place."""
-    if _is_numpy(x):
+    if in_host_memory(x):
         return _np_jacobi_residual_update(dinv, b, Ax, omega, x)
     return _cupy_kernel("jacobi_residual_update")(dinv, b, Ax, _scalar(omega, x), x)
 
 
 def jacobi_zero(x, dinv, b, omega):
     """``x <- omega * dinv * b``: one Jacobi sweep from a zero initial guess."""
-    if _is_numpy(x):
+    if in_host_memory(x):
         return _np_jacobi_zero(dinv, b, omega, x)
     return _cupy_kernel("jacobi_zero")(dinv, b, _scalar(omega, x), x)
 
 
 def chebyshev_start(x, d, dinv, b, Ax, c):
     """``d <- c dinv (b - Ax); x <- x + d`` (first Chebyshev step)."""
-    if _is_numpy(x):
+    if in_host_memory(x):
         return _np_chebyshev_start(dinv, b, Ax, c, x, d)
     return _cupy_kernel("chebyshev_start")(dinv, b, Ax, _scalar(c, x), x, d)
 
 
 def chebyshev_start_zero(x, d, dinv, b, c):
     """``d <- c dinv b; x <- d`` (first Chebyshev step from x = 0)."""
-    if _is_numpy(x):
+    if in_host_memory(x):
         return _np_chebyshev_start_zero(dinv, b, c, x, d)
     return _cupy_kernel("chebyshev_start_zero")(dinv, b, _scalar(c, x), x, d)
 
 
 def chebyshev_update(x, d, dinv, b, Ax, c1, c2):
     """``d <- c1 d + c2 dinv (b - Ax); x <- x + d`` (three-term Chebyshev step)."""
-    if _is_numpy(x):
+    if in_host_memory(x):
         return _np_chebyshev_update(dinv, b, Ax, c1, c2, x, d)
     return _cupy_kernel("chebyshev_update")(dinv, b, Ax, _scalar(c1, x),
                                             _scalar(c2, x), x, d)
@@ -258,16 +254,15 @@ def chebyshev_update(x, d, dinv, b, Ax, c1, c2):
 
 def add_cast(y, x):
     """``y <- y + x`` where ``x`` may have another float dtype (mixed precision)."""
-    if _is_numpy(y):
+    if in_host_memory(y):
         return _np_add_cast(x, y)
     return _cupy_kernel("add_cast")(x, y)
-
 
 
 def indexed_jacobi_update(x, idx, s, b, Ax, omega):
     """``x[idx] <- x[idx] + omega * s * (b[idx] - Ax)`` in place: a damped Jacobi update of
     the rows ``idx`` only (``Ax`` = those rows of ``A x``, ``s`` their ``D^{-1}``); ``idx``
     must not repeat a row."""
-    if _is_numpy(x):
+    if in_host_memory(x):
         return _np_indexed_jacobi_update(idx, s, b, Ax, omega, x)
     return _cupy_kernel("indexed_jacobi_update")(idx, s, b, Ax, _scalar(omega, x), x)

@@ -73,7 +73,7 @@ import functools
 
 import numpy as np
 
-from ..backend import backend_of, get_backend, repeat
+from ..backend import backend_of, get_backend, in_host_memory, repeat
 
 __all__ = ["hanging_candidates", "face_corners", "grouped_table_product", "ColumnGroups",
            "csr_row_entries", "constrained_csr", "weight_rows_csr", "FUSED", "KERNEL_NAMES"]
@@ -176,11 +176,6 @@ def _kernel(name: str):
     return xp.ElementwiseKernel(ins, outs, op, f"adaptmg_{name}")
 
 
-def _twin(a) -> bool:
-    """Whether ``a`` runs the NumPy twin (NumPy arrays and the tests' NumPy-subclass stand-ins)."""
-    return isinstance(a, np.ndarray)
-
-
 def hanging_candidates(seen, kind, par, jump, dim: int):
     """Ascending forest node ids ``i`` with ``seen[i]``, ``1 <= kind[i] < dim`` and each of
     ``par[i, :4]`` negative (padding) or a ``jump`` node (the module's formula).  ``seen``,
@@ -188,7 +183,7 @@ def hanging_candidates(seen, kind, par, jump, dim: int):
     two valid for every edge midpoint / face centre.  One kernel and one ``flatnonzero`` on
     the device; the twin filters step by step (few candidates survive each step)."""
     xp = backend_of(seen).xp
-    if not _twin(seen):
+    if not in_host_memory(seen):
         ok = _kernel("hanging_candidates")(seen, kind, par, jump, np.int32(par.shape[1]),
                                            np.int32(dim))
         return xp.flatnonzero(ok)
@@ -215,7 +210,7 @@ def face_corners(Vs, W, par, cor, cor_i):
     xp = backend_of(Vs).xp
     n, nfv = Vs.shape
     nv, d = cor.shape
-    if not _twin(Vs):
+    if not in_host_memory(Vs):
         R = xp.empty((n, nfv, d), dtype=np.float64)
         ok = xp.empty((n, nfv), dtype=bool)
         _kernel("face_corners")(Vs, W, par, cor, np.int32(nfv), np.int32(nv), np.int32(d), ok, R)
@@ -268,7 +263,7 @@ def grouped_table_product(tables, B, groups):
     n = B.shape[-1]
     out = xp.empty(B.shape[:-2] + (R, n), dtype=B.dtype)
     ids = getattr(groups, "ids", None)
-    if ids is not None and not _twin(B):
+    if ids is not None and not in_host_memory(B):
         _kernel("grouped_table_product")(xp.stack(tables), xp.ascontiguousarray(B), ids,
                                          np.int32(R), np.int32(K), np.int64(n), out)
         return out
@@ -283,7 +278,7 @@ def csr_row_entries(ptr, start, indices, data, total: int):
     first entries in the matrix's ``indices``/``data``.  One kernel on the device; the twin
     gathers through a search of every entry's row."""
     xp = backend_of(ptr).xp
-    if not _twin(ptr):
+    if not in_host_memory(ptr):
         ind = xp.empty(total, dtype=np.int64)
         dat = xp.empty(total, dtype=np.float64)
         if total:
@@ -301,7 +296,7 @@ def constrained_csr(B, z, scale):
     and a running sum (one read: the entry count); the twin goes through COO."""
     be = backend_of(B)
     xp, spm = be.xp, be.sparse
-    if not _twin(B.data):
+    if not in_host_memory(B.data):
         n = B.shape[0]
         ip, col, val = B.indptr, B.indices, B.data
         cnt = _kernel("constrained_csr_count")(z, ip, col, val, z)
@@ -331,7 +326,7 @@ def weight_rows_csr(be, n, is_h, hanging, cols, W):
     device two node kernels and a running sum (one read: the entry count); the twin goes
     through COO."""
     xp = be.xp
-    if not _twin(W):
+    if not in_host_memory(W):
         h = xp.full(n, -1, dtype=np.int64)
         h[hanging] = xp.arange(hanging.shape[0], dtype=np.int64)
         nv = np.int32(W.shape[1])

@@ -38,10 +38,10 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, get_backend, is_device_sparse, to_host
+from ..backend import backend_of, get_backend, in_host_memory, is_device_sparse, to_host
 from . import pdl
 from .csr_source import _CSR_SRC
-from .elementwise import (KERNEL_NAMES, _is_numpy, add_cast, axpby, chebyshev_start,  # noqa: F401
+from .elementwise import (KERNEL_NAMES, add_cast, axpby, chebyshev_start,  # noqa: F401
                           chebyshev_start_zero, chebyshev_update, get_kernel,
                           indexed_jacobi_update, jacobi_residual_update, jacobi_update,
                           jacobi_zero)
@@ -76,7 +76,7 @@ def dense_matvec(M, b, out):
     gained nothing, although ncu shows ``M`` read from DRAM in every iteration; ``M``
     stored in float32 with float64 sums gained 2 us there and lost 0.3-1.2 us at 16,641.
     """
-    if _is_numpy(out):
+    if in_host_memory(out):
         return np.dot(M, b, out=out)
     xp = get_backend("gpu").xp
     if xp.cuda.get_current_stream().is_capturing():
@@ -181,7 +181,7 @@ def csr_jacobi_sweep(A, x, b, dinv, omega, out):
     dinv``, writes ``out`` -- versus SpMV + fused update, which also writes
     and re-reads ``Ax`` and costs two launches.
     """
-    if _is_numpy(out):
+    if in_host_memory(out):
         _np_residual(A, x, b, out)
         out *= dinv
         out *= omega
@@ -199,7 +199,7 @@ def csr_chebyshev_step(A, x, b, dinv, d, c1, c2, out):
     :func:`csr_jacobi_sweep`); it replaces an SpMV and the element-wise
     ``chebyshev_update`` (two launches, ``A x`` written and read back).
     """
-    if _is_numpy(out):
+    if in_host_memory(out):
         _np_residual(A, x, b, out)
         out *= dinv
         out *= c2
@@ -214,7 +214,7 @@ def csr_chebyshev_step(A, x, b, dinv, d, c1, c2, out):
 
 def csr_residual(A, x, b, out):
     """``out <- b - A x`` in one pass over CSR ``A`` (GPU RawKernel ``adaptmg_csr_residual_<type>``)."""
-    if _is_numpy(out):
+    if in_host_memory(out):
         _np_residual(A, x, b, out)
         return out
     return _launch_csr("csr_residual", A, out, (A.indptr, A.indices, A.data, x, b, out))
@@ -233,7 +233,7 @@ def csr_rows_add(indptr, indices, data, rows, x, out, alpha=1.0, scale=None):
     m = rows.size
     if m == 0:
         return out
-    if _is_numpy(out):
+    if in_host_memory(out):
         s = sp.csr_matrix((np.asarray(data), np.asarray(indices), np.asarray(indptr)),
                           shape=(m, x.size)) @ np.asarray(x)
         c = alpha if scale is None else alpha * scale[rows]
@@ -272,7 +272,7 @@ def csr_jacobi_zero_sweeps(A, b, dinv, omega, out):
     ``jacobi_zero`` + :func:`csr_jacobi_sweep`.  Same operations as those two;
     on the GPU the row sums may take another order (``tpr`` lanes).
     """
-    if _is_numpy(out):
+    if in_host_memory(out):
         x1 = omega * dinv * b
         _np_residual(A, x1, b, out)
         out *= dinv
@@ -333,7 +333,7 @@ def csr_smooth_restrict(A, dinv, omega, sweeps, S, b, y, c):
     """
     if sweeps not in (1, 2):
         raise ValueError(f"csr_smooth_restrict: sweeps must be 1 or 2, got {sweeps!r}")
-    if _is_numpy(y):
+    if in_host_memory(y):
         if sweeps == 2:
             csr_jacobi_zero_sweeps(A, b, dinv, omega, y)
         else:
@@ -362,7 +362,7 @@ def csr_restricted_residual(R, RA, b, x, out):
     matrices CSR with int32 indices on the GPU.  Equal to ``R (b - A x)`` up to
     round-off (another grouping of the same sums).
     """
-    if _is_numpy(out):
+    if in_host_memory(out):
         np.subtract(R @ b, RA @ x, out=out)
         return out
     n = out.shape[0]
@@ -381,7 +381,7 @@ def csr_correct_jacobi(A, AP, P, x, e, b, dinv, omega, out):
     ``x``).  One launch instead of the prolongation SpMV and a Jacobi sweep; equal to
     them up to round-off.
     """
-    if _is_numpy(out):
+    if in_host_memory(out):
         xc = x + P @ e
         np.subtract(b, A @ x + AP @ e, out=out)
         out *= dinv

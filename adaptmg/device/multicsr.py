@@ -39,17 +39,13 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import get_backend
+from ..backend import get_backend, in_host_memory
 
 __all__ = ["MultiCSR", "ell_from_csr", "KERNEL_NAMES"]
 
 #: the kernels of this module
 KERNEL_NAMES = ("adaptmg_multicsr_ell_vec", "adaptmg_multicsr_ell_conv", "adaptmg_multicsr_ell_grad",
                 "adaptmg_multicsr_ell_div")
-
-
-def _is_numpy(a) -> bool:
-    return isinstance(a, np.ndarray)
 
 
 def _check(name, a, shape, like=None):
@@ -280,7 +276,7 @@ class MultiCSR:
         NO = x.shape[0]
         _check("x", x, (NO, nc))
         _check("y", y, (NO, nr), x)
-        if _is_numpy(y):
+        if in_host_memory(y):
             return self._finish(y, (self.matrix(0) @ np.ascontiguousarray(x.T)).T, alpha, beta)
         return self._gpu("vec", NO, x, y, alpha, beta)
 
@@ -290,7 +286,7 @@ class MultiCSR:
         NO = W.shape[0]
         _check("W", W, (NO, self.K, nc))
         _check("y", y, (NO, nr), W)
-        if _is_numpy(y):
+        if in_host_memory(y):
             Wt = np.ascontiguousarray(W.reshape(NO, -1).T)           # (K*nc, NO) for csr_matvecs
             return self._finish(y, (self._hstack() @ Wt).T, alpha, beta)
         return self._gpu("conv", NO, W, y, alpha, beta)
@@ -300,7 +296,7 @@ class MultiCSR:
         nr, nc = self.shape
         _check("x", x, (nc,))
         _check("y", y, (self.K, nr), x)
-        if _is_numpy(y):
+        if in_host_memory(y):
             if "grad" not in self._host._cache:
                 self._host._cache["grad"] = self.block("grad", self.K)
             return self._finish(y, (self._host._cache["grad"] @ x).reshape(self.K, nr), alpha, beta)
@@ -311,6 +307,6 @@ class MultiCSR:
         nr, nc = self.shape
         _check("x", x, (self.K, nc))
         _check("y", y, (nr,), x)
-        if _is_numpy(y):
+        if in_host_memory(y):
             return self._finish(y, self._hstack() @ x.reshape(-1), alpha, beta)
         return self._gpu("div", 1, x, y, alpha, beta)
