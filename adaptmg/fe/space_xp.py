@@ -59,7 +59,7 @@ def lagrange_values(xp, xi, k):
     for a in range(d):                                       # a loop over dimensions only
         x = xi[:, a]
         ell = xp.stack([2.0 * (x - 0.5) * (x - 1.0), -4.0 * x * (x - 1.0), 2.0 * x * (x - 0.5)], axis=1)
-        out *= ell[:, xp.asarray(idx[:, a])]
+        out *= ell[:, constant(idx[:, a], xp)]
     return out
 
 
@@ -77,7 +77,7 @@ def q2_cell_dofs(xp, fine_cells, cidx, child, num_cells):
     bi, ei = (b * w).sum(axis=1), ((lat - b) * w).sum(axis=1)
     row = xp.empty((num_cells, 1 << d), dtype=xp.int64)      # fine row of (cell, child): distinct pairs
     row[cidx, child] = xp.arange(cidx.shape[0], dtype=xp.int64)
-    return fine_cells[row[:, xp.asarray(bi)], xp.asarray(ei)[None, :]]
+    return fine_cells[row[:, constant(bi, xp)], constant(ei, xp)[None, :]]
 
 
 def hanging_rows(xp, cells, hanging, parents, owner, fine_parent=None, cell_dofs=None):
