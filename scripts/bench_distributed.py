@@ -117,14 +117,47 @@ def forest_worker(args, comm):
 
 def worker(args):
     from mpi4py import MPI
-    from adaptmg import assemble
-    from adaptmg.distributed import install_excepthook, solve
-    from adaptmg.fe import Space
+    from adaptmg.distributed import install_excepthook
     install_excepthook()
     comm = MPI.COMM_WORLD
     P = comm.Get_size()
     if args.setup == "forest":
+        if args.warm_setup:
+            forest_worker(args, comm)
+            _release(args)
         return report(args, comm, *forest_worker(args, comm))
+    if args.warm_setup:                      # one untimed set-up: first-use kernel loads out of the figures
+        _local_setup(args, comm)
+        _release(args)
+    _local_setup(args, comm, report_figures=True)
+
+
+def _release(args):
+    """Drop the untimed run's device blocks (the pool keeps them otherwise: memory peak)."""
+    import gc
+    gc.collect()
+    if args.backend == "gpu":
+        import cupy
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+def device_mb():
+    """This rank's device memory held by CuPy's pool, MiB: the pool keeps freed blocks, so
+    after the solve it is the run's high-water mark (up to fragmentation); 0 on the CPU."""
+    try:
+        import cupy
+    except ImportError:
+        return 0.0
+    return round(cupy.get_default_memory_pool().total_bytes() / 2 ** 20, 1)
+
+
+def _local_setup(args, comm, report_figures=False):
+    """Mesh, space, load and :func:`adaptmg.distributed.solve`'s set-up (local or replicated);
+    with ``report_figures`` the timed solves and rank 0's JSON line."""
+    from adaptmg import assemble
+    from adaptmg.distributed import solve
+    from adaptmg.fe import Space
+    P = comm.Get_size()
     px = P if args.mode == "weak" else 1
     target = args.dofs_per_rank * P if args.mode == "weak" else args.strong_dofs
     if args.mesh_backend == "gpu":           # the rank's device current before the mesh is made
@@ -152,6 +185,8 @@ def worker(args):
     if P == 1:                                             # the serial path: its one phase
         ph["multigrid_s"] = r.timings["setup"]
     phases = comm.allgather({k: round(v, 3) for k, v in ph.items()})
+    if not report_figures:
+        return
     timed(args, comm, r, b, t0, dict(dofs=space.num_dofs, cells=mesh.num_cells, setup=max(setup),
                                      setup_per_rank=setup, setup_cpu=cpu, phases=phases, assembled=assembled))
 
@@ -192,6 +227,7 @@ def timed(args, comm, r, b, t0, fields):
     halo_max = comm.allreduce(halo, op=MPI.MAX)
     t_max = comm.allreduce(t, op=MPI.MAX)
     coarse = coarse_share(r, b, comm)
+    fields["device_mb"] = comm.allgather(device_mb() if args.backend == "gpu" else 0.0)
     if args.profile:
         profile_solve(r, b, comm, args.profile)
     if comm.Get_rank() == 0:
@@ -277,7 +313,8 @@ def driver(args):
                    "--dofs-per-rank", str(args.dofs_per_rank), "--strong-dofs", str(args.strong_dofs),
                    "--agglomerate-below", str(args.agglomerate_below),
                    "--min-dofs-per-rank", str(args.min_dofs_per_rank),
-                   "--setup", mode, "--profile", str(args.profile), "--mesh-backend", args.mesh_backend]
+                   "--setup", mode, "--profile", str(args.profile), "--mesh-backend", args.mesh_backend] + \
+                  (["--warm-setup"] if args.warm_setup else [])
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
             if out.returncode != 0:
                 sys.exit(f"P={P} failed:\n{out.stderr[-4000:]}")
@@ -307,6 +344,10 @@ def driver(args):
         d2h = r.get("host_copies", "-")
         print(f"{r['P']:>3} {mode:>10} {r['dofs']:>10} {r['setup']:>9.3f} {r['solve']:>9.4f} {r['its']:>4} "
               f"{100 * r['halo'] / r['solve']:>7.1f} {coarse:>8} {eff:>6} {d2h:>4}  [{per}] cpu [{cpu}] / [{cells}] ({r['cells']})")
+        if args.backend == "gpu" and r.get("device_mb"):
+            mb = r["device_mb"]
+            print(f"      device memory per rank (CuPy pool after the solves) [{' '.join(f'{m:.0f}' for m in mb)}] MiB, "
+                  f"{2 ** 20 * sum(mb) / r['dofs']:.0f} B per DoF")
         if "forest_mb" in r:
             print(f"      forest: built in {r['forest_s']:.3f} s, local arrays per rank "
                   f"[{' '.join(f'{m:.1f}' for m in r['forest_mb'])}] MB; active ranks per level "
@@ -340,6 +381,9 @@ def main():
     ap.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--mesh-backend", choices=["cpu", "gpu"], default=None,
                     help="where each rank builds the mesh and runs the set-up (default: the backend)")
+    ap.add_argument("--warm-setup", action="store_true",
+                    help="run the mesh and set-up once untimed first (the set-up figures then leave out "
+                         "first-use kernel loads and the allocator's growth)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.mode is None:
