@@ -129,13 +129,28 @@ class Layout:
             raise ValueError(f"global vector must have shape ({self.N},), got {x_global.shape}")
         return np.ascontiguousarray(x_global[self.rows])
 
-    def allgather(self, x_local: np.ndarray) -> np.ndarray:
-        """The global vector on every rank (one ``Allgatherv``)."""
+    def allgather(self, x_local: np.ndarray, device: bool = False):
+        """The global vector on every rank (one ``Allgatherv`` of host buffers).
+
+        The received buffer is rank-major (rank 0's entries, then rank 1's, ...); global
+        entry ``i`` sits at position ``perm^{-1}[i]`` with ``perm`` the stable argsort of
+        ``owner``.  A device layout reorders on its device (``perm`` sorted there once and
+        kept; keys ``owner * N + i``, so any sort gives it: no host copy of the owners, no host sort of N entries) and returns the device
+        vector with ``device=True`` (else a host copy); a host layout returns a host array."""
         if x_local.shape != (self.n,):
             raise ValueError(f"local vector must have shape ({self.n},), got {x_local.shape}")
         buf = np.empty(self.N, dtype=x_local.dtype)
         displ = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
         self.comm.Allgatherv(np.ascontiguousarray(x_local), [buf, (self.counts, displ)])
+        if self._dev is not None and "owner" not in self.__dict__:
+            xp = self._dev["xp"]
+            perm = self._dev.get("perm")
+            if perm is None:                               # unique keys: any sort gives perm
+                own = self._dev["owner"]
+                perm = self._dev["perm"] = (own * self.N + xp.arange(self.N, dtype=own.dtype)).argsort()
+            out = xp.empty(self.N, dtype=buf.dtype)
+            out[perm] = xp.asarray(buf)                    # rank-major -> global order
+            return out if device else to_host(out)
         out = np.empty_like(buf)
         out[np.argsort(self.owner, kind="stable")] = buf     # rank-major -> global order
         return out

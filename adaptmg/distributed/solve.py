@@ -295,9 +295,10 @@ def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, ca
     ``f_loc`` (host) is moved to the hierarchy's backend, the gathered ``x`` is on the host."""
     x_loc, info, its, res, timings = _timed_resolve(comm, mg, f_loc, start, accel, cycle, rtol, maxiter,
                                                     callback, stacklevel)
-    x = mg.layout.allgather(to_host(x_loc))
+    x = mg.layout.allgather(to_host(x_loc), device=True)    # a device layout's: on its device
+    u, x = expand(x), to_host(x)
     size = comm.Get_size()
-    return DistributedResult(u=expand(x), x=x, x_local=x_loc, iterations=its, info=info,
+    return DistributedResult(u=u, x=x, x_local=x_loc, iterations=its, info=info,
                              residuals=res, size=size, cell_ranks=ranks, imbalance=float(imbalance(ranks, size)),
                              timings={**timings, **(extra_timings or {})},
                              ml=ml, mg=mg, active_ranks=list(mg.active_ranks))
