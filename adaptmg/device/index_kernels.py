@@ -61,6 +61,12 @@ Kernels
     (free) or 1; the row pointer is their running sum and a second pass writes the entries
     in place: canonical CSR without a COO -> CSR sort (the host's twin: the COO path).
 
+``constrained_rows``
+    Chosen rows :math:`r_k` of the same :math:`K` (a rank's owned rows of a distributed
+    level): row k is row :math:`r_k` of :math:`Z B Z` when :math:`r_k` is free, else the single
+    entry ``s`` in column :math:`r_k`; the count pass also returns :math:`|B_{r_k r_k}|` of the
+    free rows, so ``s`` (the mean over every rank's free rows) needs no second pass.
+
 ``weight_rows_csr``
     The hanging-node matrix before its chains are resolved: identity rows on the regular
     nodes, and on hanging node :math:`h_k` the weights :math:`W_{kj} \ne 0` in the columns
@@ -73,14 +79,16 @@ import functools
 
 import numpy as np
 
-from ..backend import backend_of, get_backend, in_host_memory, repeat
+from ..backend import backend_of, get_backend, in_host_memory, repeat, to_host
 
 __all__ = ["hanging_candidates", "face_corners", "grouped_table_product", "ColumnGroups",
-           "csr_row_entries", "constrained_csr", "weight_rows_csr", "FUSED", "KERNEL_NAMES"]
+           "csr_row_entries", "constrained_csr", "constrained_rows", "weight_rows_csr", "FUSED",
+           "KERNEL_NAMES"]
 
 #: the fused functions of this module (the census counts a call as one launch)
 FUSED = ("hanging_candidates", "face_corners", "grouped_table_product", "csr_row_entries",
-         "constrained_csr_count", "constrained_csr_fill", "weight_rows_count", "weight_rows_fill")
+         "constrained_csr_count", "constrained_csr_fill", "constrained_rows_count", "constrained_rows_fill",
+         "weight_rows_count", "weight_rows_fill")
 
 _SPECS = {
     # one thread per forest node; par (nn, stride) row-major, -1 padded; jump by node
@@ -142,6 +150,23 @@ _SPECS = {
         "long long o = ptr[i];"
         " if (!z) { kcol[o] = (I)i; kval[o] = s; } else {"
         "   for (long long p = ip[i]; p < ip[i + 1]; ++p) if (zc[col[p]] && val[p] != (F)0) {"
+        "     kcol[o] = col[p]; kval[o] = val[p]; ++o; } }"),
+    # one thread per chosen row k (matrix row r): its entry count and |B_rr| (a free row)
+    "constrained_rows_count": (
+        "int64 r, raw I ip, raw I col, raw F val, raw bool zc", "int64 cnt, float64 ad",
+        "if (!zc[r]) { cnt = 1; ad = 0.0; } else {"
+        "   long long c = 0; double a = 0.0;"
+        "   for (long long p = ip[r]; p < ip[r + 1]; ++p) {"
+        "     long long j = (long long)col[p];"
+        "     if (zc[j] && val[p] != (F)0) ++c;"
+        "     if (j == r) a = fabs((double)val[p]); }"
+        "   cnt = c; ad = a; }"),
+    # one thread per chosen row k: its entries from its offset in the new row pointer
+    "constrained_rows_fill": (
+        "int64 r, raw I ip, raw I col, raw F val, raw bool zc, raw J ptr, F s", "raw I kcol, raw F kval",
+        "long long o = (long long)ptr[i];"
+        " if (!zc[r]) { kcol[o] = (I)r; kval[o] = s; } else {"
+        "   for (long long p = ip[r]; p < ip[r + 1]; ++p) if (zc[col[p]] && val[p] != (F)0) {"
         "     kcol[o] = col[p]; kval[o] = val[p]; ++o; } }"),
     # one thread per node: 1 (a regular node) or its nonzero weights (hanging: row h of W)
     "weight_rows_count": (
@@ -317,6 +342,47 @@ def constrained_csr(B, z, scale):
     K = spm.coo_matrix((vals, (rows, cols)), shape=B.shape).tocsr()
     K.sum_duplicates()
     return K
+
+
+def constrained_rows(B, rows, z, scale):
+    """Rows ``rows`` of ``K = Z B Z + s (I - Z)`` (the module's formula) of the canonical CSR
+    ``B`` (n x N) with the free mask ``z`` (bool, N), as a canonical CSR (len(rows) x N) of
+    ``B``'s module: a free row's entries in free columns that are not zero, a fixed row the
+    single entry ``s`` in its own column.  ``s = scale(d, m)``, ``d`` the sum of
+    :math:`|B_{rr}|` over the m free rows among ``rows`` (a callable: e.g. the mean over
+    every rank's rows by one allreduce).  On the device a count kernel (which also yields
+    the diagonals), one read of the sums, a running sum and a fill kernel; the twin selects
+    the rows and goes through COO."""
+    be = backend_of(B)
+    xp, spm = be.xp, be.sparse
+    m, N = int(rows.shape[0]), B.shape[1]
+    rows = rows.astype(xp.int64, copy=False)
+    if not in_host_memory(B.data):
+        ip, col, val = B.indptr, B.indices, B.data
+        cnt, ad = _kernel("constrained_rows_count")(rows, ip, col, val, z)
+        d, nf = to_host(xp.stack([ad.sum(), z.take(rows).sum().astype(ad.dtype)])) if m else (0.0, 0)
+        s = scale(float(d), int(nf))                  # one read for both numbers
+        ptr = xp.zeros(m + 1, dtype=ip.dtype)
+        if m:
+            ptr[1:] = xp.cumsum(cnt)
+        nnz = int(ptr[-1])
+        kcol, kval = xp.empty(nnz, dtype=col.dtype), xp.empty(nnz, dtype=val.dtype)
+        if m:
+            _kernel("constrained_rows_fill")(rows, ip, col, val, z, ptr, val.dtype.type(s), kcol, kval)
+        K = spm.csr_matrix((kval, kcol, ptr), shape=(m, N))
+        K.has_canonical_format = True
+        return K, s
+    zr = z[rows]
+    d = float((xp.abs(B.diagonal()[rows]) * zr).sum()) if m else 0.0
+    s = scale(d, int(zr.sum()))
+    C = B[rows].tocoo() if m else spm.coo_matrix((0, N))
+    keep = xp.flatnonzero(zr[C.row] & z[C.col] & (C.data != 0))
+    fixed = xp.flatnonzero(~zr)
+    K = spm.coo_matrix((xp.concatenate([C.data[keep], xp.full(fixed.size, s, dtype=B.data.dtype)]),
+                        (xp.concatenate([C.row[keep], fixed]), xp.concatenate([C.col[keep], rows[fixed]]))),
+                       shape=(m, N)).tocsr()
+    K.sum_duplicates()
+    return K, s
 
 
 def weight_rows_csr(be, n, is_h, hanging, cols, W):

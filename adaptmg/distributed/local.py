@@ -75,7 +75,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import CPU, get_backend, repeat
-from ..fe.csr_ops import congruence_with_constraints, mask_rows_cols
+from ..device.index_kernels import constrained_rows
+from ..fe.csr_ops import congruence_with_constraints
 from ..mesh._touch import cells_with_vertex_in
 from ..multilevel.hierarchy import _on_backend
 from ..multilevel.transfer import prolongation
@@ -194,9 +195,10 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
     ``backend``: where the rows are built -- the same code through ``xp``.  On the GPU
     ``assemble`` is called as :func:`adaptmg.multigrid` calls it there
     (:func:`~adaptmg.multilevel.hierarchy._on_backend`: ``device=, keep_on_device=True``
-    when it takes them) and constrained there by :func:`_device_owned_rows` (the hanging
-    rows of ``H`` go up, two numbers (for ``s``) cross); on the host the products of the
-    two constraint blocks.
+    when it takes them) and constrained there: :math:`H^T A H` (:func:`_device_projected`),
+    then its owned rows of :math:`Z H^T A H Z + s (I - Z)` by one count and one fill kernel
+    (:func:`adaptmg.device.index_kernels.constrained_rows`; two numbers (for ``s``) cross);
+    on the host the products of the two constraint blocks.
 
     Returns ``(K_o, HZT_o, cells)``: ``K_o`` the owned rows (n_o x N, sorted columns) on
     ``backend`` (host CSR for a rank without rows), ``HZT_o`` the owned rows of ``Z H^T``
@@ -236,12 +238,12 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
     # column non-free: no device product of an empty matrix), the result moved there
     wb = be if on_dev or (HZT_o.nnz and HZ.nnz) else CPU
     if wb.is_gpu:                                # no cuSPARSE SpGEMM of the level's matrix
-        B = _device_owned_rows(space, wb.asmatrix(A), rows, free, wb)    # zeros dropped there
-        B.sum_duplicates()                       # canonical: sorted, one entry per (row, column)
-    else:
-        B = ((HZT_o @ sp.csr_matrix(A)) @ HZ).tocsr()
-        B.sum_duplicates()
-        B = _drop_zeros(wb, B)
+        B = _device_projected(space, wb.asmatrix(A))
+        K_o, _ = constrained_rows(B, wb.asarray(rows), wb.asarray(free), lambda d, m: _row_scale(comm, d, m))
+        return be.asmatrix(K_o), HZT_o, cells
+    B = ((HZT_o @ sp.csr_matrix(A)) @ HZ).tocsr()
+    B.sum_duplicates()
+    B = _drop_zeros(wb, B)
     fo = free[rows]
     xw = wb.xp
     d = 0.0
@@ -258,17 +260,17 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
     return be.asmatrix(B), HZT_o, cells
 
 
-def _device_owned_rows(space, A, rows, free, be):
-    r"""The owned rows ``rows`` of :math:`Z H^T A H Z` for a device ``A``: the congruence of
-    the whole local matrix on the device (:func:`adaptmg.fe.csr_ops.congruence_with_constraints`,
-    which falls back from cuSPARSE's products to the expansion of the hanging entries where
-    cuSPARSE refuses them -- it does for :func:`constraint_blocks`' factors at millions of
-    rows), its owned rows, then the free rows and columns (zeros dropped)."""
-    hang = space.is_hanging
-    hanging = space.mesh.backend.xp.flatnonzero(hang)
+def _device_projected(space, A):
+    r""":math:`H^T A H` of a device ``A``, canonical: the congruence of the whole local matrix on
+    the device (:func:`adaptmg.fe.csr_ops.congruence_with_constraints`, which falls back from
+    cuSPARSE's products to the expansion of the hanging entries where cuSPARSE refuses them --
+    it does for :func:`constraint_blocks`' factors at millions of rows); the owned rows of
+    :math:`Z H^T A H Z + s (I - Z)` are then one count and one fill kernel
+    (:func:`adaptmg.device.index_kernels.constrained_rows`)."""
+    hanging = space.mesh.backend.xp.flatnonzero(space.is_hanging)
     B = congruence_with_constraints(A, space.H, hanging) if hanging.size else A.tocsr()
-    B = B[be.asarray(rows)].tocsr()
-    return mask_rows_cols(B, be.asarray(free[rows]), be.asarray(free), drop_zeros=True)
+    B.sum_duplicates()
+    return B
 
 
 def _drop_zeros(be, B):

@@ -297,6 +297,44 @@ def test_constrained_csr_kernel_equals_twin():
     assert K.has_canonical_format
 
 
+_ROWS = np.array([25, 3, 7, 4, 11, 0, 29], dtype=np.int64)      # unsorted, fixed and free rows
+
+
+def test_constrained_rows_twin_is_the_formula():
+    """The chosen rows of K, and s from the sum of |B_rr| over the free rows among them."""
+    B, z = _constrained_case()
+    seen = []
+
+    def scale(d, m):
+        seen.append((d, m))
+        return 2.5
+    K, s = index_kernels.constrained_rows(B, _ROWS, z, scale)
+    Z = np.diag(z.astype(float))
+    full = Z @ B.toarray() @ Z + 2.5 * (np.eye(30) - Z)
+    np.testing.assert_array_equal(K.toarray(), full[_ROWS])
+    assert s == 2.5 and K.has_canonical_format and (K.data != 0).all()
+    free = _ROWS[z[_ROWS]]
+    assert seen == [(float(np.abs(B.diagonal()[free]).sum()), free.size)]
+    none, _ = index_kernels.constrained_rows(B, _ROWS[:0], z, lambda d, m: 1.0)
+    assert none.shape == (0, 30) and none.nnz == 0
+
+
+@pytest.mark.gpu
+def test_constrained_rows_kernel_equals_twin():
+    from adaptmg.backend import get_backend, to_host
+    B, z = _constrained_case()
+    be = get_backend("gpu")
+    got, want = [], []
+    K, _ = index_kernels.constrained_rows(be.asmatrix(B), be.xp.asarray(_ROWS), be.xp.asarray(z),
+                                          lambda d, m: got.append((d, m)) or 2.5)
+    W, _ = index_kernels.constrained_rows(B, _ROWS, z, lambda d, m: want.append((d, m)) or 2.5)
+    for a in ("indptr", "indices", "data"):                   # copies of the same entries: exact
+        np.testing.assert_array_equal(to_host(getattr(K, a)), getattr(W, a))
+    assert K.has_canonical_format
+    # |B_rr| summed in another order: within a few eps of the total
+    assert got[0][1] == want[0][1] and abs(got[0][0] - want[0][0]) <= 8 * np.finfo(float).eps * want[0][0]
+
+
 def _weight_rows_case():
     """12 nodes, 3 hanging (not first, not last) with unsorted columns and a zero weight."""
     hanging = np.array([2, 5, 11], dtype=np.int64)
