@@ -505,15 +505,16 @@ def _split(be, Ml, cols, rank):
 
 def _block(be, data, col, indptr, shape, sorted_):
     """CSR ``(data, col, indptr)`` with ``shape`` on ``be``, sorted rows (``sorted_``: known
-    sorted already); 32-bit indices where they fit.  On the GPU a block without entries (or
-    columns) is an empty host matrix: there is no device matrix without entries."""
+    sorted already: the owned block of sorted rows); 32-bit indices where they fit.  On the
+    GPU a block without entries (or columns) is an empty host matrix: there is no device
+    matrix without entries."""
     nk = int(data.size)
     it = np.int32 if max(shape[1], nk) < np.iinfo(np.int32).max else np.int64
     if be.is_gpu and (nk == 0 or shape[1] == 0):
         return sp.csr_matrix(shape)
     A = be.sparse.csr_matrix((data, col.astype(it, copy=False), indptr.astype(it, copy=False)),
                              shape=shape)
-    if sorted_ and not be.is_gpu:
+    if sorted_:                          # no re-sort (on the device a sort of every entry)
         A.has_sorted_indices = True
     else:
         A.sort_indices()

@@ -490,7 +490,7 @@ class DistributedHierarchy:
         t0 = now()
         xp = space.mesh.backend.xp                   # a device mesh: its owners on the device
         K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner_on(xp), self.comm,
-                                                  backend=be)
+                                                  backend=be, rhs_rows=fine)
         t1 = now()
         P_o, R_o, ncells_t = local_transfer_rows(cspace, space, cfree, free, clay.owner_on(xp),
                                                  lay.owner_on(xp), self.rank)

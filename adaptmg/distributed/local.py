@@ -183,7 +183,7 @@ def constraint_blocks(space, rows, dofs, free):
     return HZT_o, HZ
 
 
-def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
+def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_rows=True):
     r"""Owned rows of ``K = Z H^T A H Z + s (I - Z)`` from the needed cells only (module doc).
 
     :math:`B_o = (Z H^T)_{o,:} A (H Z)` by two sparse products (:func:`constraint_blocks`:
@@ -202,8 +202,9 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
 
     Returns ``(K_o, HZT_o, cells)``: ``K_o`` the owned rows (n_o x N, sorted columns) on
     ``backend`` (host CSR for a rank without rows), ``HZT_o`` the owned rows of ``Z H^T``
-    (``HZT_o @ b`` is the owned part of ``Z H^T b``) and the assembled cell ids -- both on
-    the mesh's backend (host arrays for a host mesh)."""
+    (``HZT_o @ b`` is the owned part of ``Z H^T b``; None on a device mesh with
+    ``rhs_rows=False``: a level that takes no right-hand side) and the assembled cell ids --
+    both on the mesh's backend (host arrays for a host mesh)."""
     be = get_backend(backend)
     on_dev = space.mesh.backend.is_gpu               # a device mesh: everything on its arrays
     if on_dev and not be.is_gpu:
@@ -225,7 +226,7 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU):
         mark[view.cell_dofs] = True
         nodes = np.flatnonzero(mark)
         dofs = (nodes[:, None] * c + np.arange(c)).ravel()
-    HZT_o, HZ = constraint_blocks(space, rows, dofs, free)
+    HZT_o, HZ = constraint_blocks(space, rows, dofs, free) if (rhs_rows or not on_dev) else (None, None)
     if not rows.size:
         # a rank owning no DoF of the level (a coarse level folded onto fewer ranks) needs no
         # cell; it still takes part in the Allreduce of s
