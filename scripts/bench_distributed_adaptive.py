@@ -82,7 +82,8 @@ def worker(args):
     t0 = time.perf_counter()
     tie = None if args.tie_rtol == "none" else float(args.tie_rtol)
     out = adaptive_loop_forest(F, **pkw, steps=args.steps, max_dofs=int(args.max_dofs), theta=args.theta,
-                               tie_rtol=tie, rtol=args.rtol, backend=args.backend, **kw)
+                               tie_rtol=tie, rtol=args.rtol, backend=args.backend, quiet=not args.progress,
+                               printer=lambda line: print(line, file=sys.stderr, flush=True), **kw)
     total = time.perf_counter() - t0
     if comm.Get_rank() == 0:
         res = out["result"]
@@ -103,14 +104,15 @@ def driver(args):
                                     "--backend", args.backend, "--max-dofs", str(args.max_dofs),
                                     "--steps", str(args.steps), "--theta", str(args.theta), "--rtol", str(args.rtol),
                                     "--uniform", str(args.uniform), "--tie-rtol", str(args.tie_rtol)] \
-            + (["--no-errors"] if args.no_errors else [])
+            + (["--no-errors"] if args.no_errors else []) + (["--progress"] if args.progress else [])
         if args.agglomerate_below is not None:
             cmd += ["--agglomerate-below", str(args.agglomerate_below)]
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=None if args.progress else subprocess.PIPE,
+                           text=True, timeout=args.timeout)
         wall = time.perf_counter() - t0
         if r.returncode != 0:
-            sys.exit(f"P={P} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+            sys.exit(f"P={P} failed:\n{r.stdout[-2000:]}\n{(r.stderr or '')[-4000:]}")
         rec = json.loads(r.stdout.strip().splitlines()[-1])
         print(f"\nP = {P}, backend {rec['backend']}"
               + (f" (halo transport {rec['transport']})" if rec["backend"] == "gpu" else "")
@@ -152,6 +154,8 @@ def main():
     ap.add_argument("--no-errors", action="store_true",
                     help="skip the errors (host quadrature of the exact solution; Fichera's goal)")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--progress", action="store_true",
+                    help="rank 0 prints each step's line as it finishes (to stderr)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.uniform is None:
