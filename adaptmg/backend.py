@@ -219,19 +219,28 @@ def stable_argsort(a):
     return a.argsort() if _is_cupy_array(a) else np.argsort(a, kind="stable")
 
 
+_UFUNC = {"add": "add", "max": "maximum", "min": "minimum"}
+
+
 def _scatter(name, out, idx, vals):
     if _is_cupy_array(out):
-        import cupyx
-        getattr(cupyx, f"scatter_{name}")(out, idx, vals)
+        import cupy
+        at = getattr(getattr(cupy, _UFUNC[name]), "at", None)
+        if at is not None:                   # CuPy 14 deprecates cupyx.scatter_* for ufunc.at
+            at(out, idx, vals)
+        else:
+            import cupyx
+            getattr(cupyx, f"scatter_{name}")(out, idx, vals)
     else:
-        getattr(np, {"add": "add", "max": "maximum", "min": "minimum"}[name]).at(out, idx, vals)
+        getattr(np, _UFUNC[name]).at(out, idx, vals)
     return out
 
 
 def scatter_max(out, idx, vals):
     """``out[idx[k]] = max(out[idx[k]], vals[k])`` for every k, repeated indices included
-    (``np.maximum.at`` / ``cupyx.scatter_max``: a plain ``out[idx] = vals`` keeps an
-    unspecified one of the repeated writes on the device); ``out`` returned."""
+    (``np.maximum.at`` / ``cupy.maximum.at``, ``cupyx.scatter_max`` on older CuPy: a plain
+    ``out[idx] = vals`` keeps an unspecified one of the repeated writes on the device);
+    ``out`` returned."""
     return _scatter("max", out, idx, vals)
 
 
