@@ -204,7 +204,7 @@ class GaussSeidel(Smoother):
         _validate_vectors(x, b, self.n, self.dtype, who)
         if zero_initial:
             x.fill(0)
-        self._plan.sweep(x, b, self.omega, self._orders(sweep, sweeps))
+        self._plan.sweep(x, b, self.omega, self._orders(sweep, sweeps), zero_initial=zero_initial)
         return x
 
     def smooth(self, x, b, sweeps=1, work=None, zero_initial=False):

@@ -1,0 +1,220 @@
+"""The split Gauss-Seidel plan (adaptmg/device/gs_split.py, BLOCK_LAYOUT "split"): each colour's
+node rows split into the couplings to lower and to higher colours, and a half-product stored by
+one update of a colour and read back by its next one.
+
+Checked: the split layout is SciPy's BSR of the colour's rows, partitioned by the colour of the
+column node (host and stand-in device); every sweep kind, omega, sweep count and start equals
+the reference colour updates (SciPy row slices, the same colour order) within 100 eps, on the
+host twin and with the kernel's CUDA source on host threads; a half that is read back equals
+the product computed afresh at that update (the schedule never reuses a stale half); the
+schedule's reads of A: a symmetric sweep 1.5 passes, from zero 1; the multigrid V-cycle and CG
+with the split plan equal the full-row plan's (iterations, contraction).
+"""
+import os
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from adaptmg.backend import CPU, to_host
+from adaptmg.device import gs_kernels, gs_split
+from adaptmg.device.gs_split import COMPUTE, READ, ZERO, SplitColoredSweep
+from adaptmg.multilevel.gauss_seidel import _ADJOINT, GaussSeidel
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_gs_device_setup import CASES, EPS, device, reference_rows, reference_sweep  # noqa: E402,F401
+
+
+def _setup(case, be, **kw):
+    make, c = CASES[case]
+    A = make()
+    sm = GaussSeidel(be.asmatrix(A) if be.is_gpu else A, block_size=c, backend=be, **kw)
+    return A, c, sm
+
+
+@pytest.fixture
+def split(monkeypatch):
+    monkeypatch.setattr(gs_kernels, "BLOCK_LAYOUT", "split")
+
+
+@pytest.mark.parametrize("where", ["host", "stand_in_device"])
+@pytest.mark.parametrize("case", ["point-9", "block-3"])
+def test_split_blocks_are_the_rows_bsr_by_column_colour(request, split, case, where):
+    """Per colour: lower blocks (column colour < k) first, then higher ones, each in column
+    order; with the diagonal blocks they are exactly SciPy's BSR of ``A[rows]``."""
+    be = request.getfixturevalue("device") if where != "host" else CPU
+    A, c, sm = _setup(case, be)
+    colour = np.empty(A.shape[0] // c, dtype=np.int64)
+    for k, g in enumerate(sm._groups):
+        colour[to_host(g)] = k
+    parts = gs_split.split_blocks(be.asmatrix(A) if be.is_gpu else A, sm._groups, c)
+    for k, (g, (nodes, bptr, nlow, bcol, bval, dval), (_, S)) in enumerate(
+            zip(sm._groups, parts, reference_rows(A, sm._groups, c))):
+        nodes, bptr, nlow, bcol, bval, dval = map(to_host, (nodes, bptr, nlow, bcol, bval, dval))
+        assert bptr.dtype == nlow.dtype == bcol.dtype == np.int32
+        np.testing.assert_array_equal(nodes, to_host(g))
+        B = S.tobsr(blocksize=(c, c))
+        B.sort_indices()
+        vals = bval.reshape(-1, c, c)
+        for t in range(nodes.shape[0]):
+            cols, lo = bcol[bptr[t]:bptr[t + 1]], nlow[t]
+            assert (colour[cols[:lo]] < k).all() and (colour[cols[lo:]] > k).all()
+            assert (np.diff(cols[:lo]) > 0).all() and (np.diff(cols[lo:]) > 0).all()
+            ref = dict(zip(B.indices[B.indptr[t]:B.indptr[t + 1]], B.data[B.indptr[t]:B.indptr[t + 1]]))
+            np.testing.assert_array_equal(dval.reshape(-1, c, c)[t], ref.pop(nodes[t]))
+            assert sorted(ref) == sorted(cols)
+            for j, v in zip(cols, vals[bptr[t]:bptr[t + 1]]):
+                np.testing.assert_array_equal(v, ref[j])
+
+
+@pytest.mark.parametrize("where", ["host", "stand_in_device"])
+@pytest.mark.parametrize("case", ["point-27", "block-3", "block-2"])
+def test_split_sweeps_equal_the_colour_updates(request, split, monkeypatch, case, where):
+    """smooth / smooth_adjoint of every sweep kind, omega 1 and 1.3, 1-3 sweeps, from x0 and
+    from zero: the colour updates with SciPy row slices in the same order, within 100 eps
+    (device: the kernel source on host threads, the default threads per row and one)."""
+    be = request.getfixturevalue("device") if where != "host" else CPU
+    make, c = CASES[case]
+    A = make()
+    kw = {"block_size": c}
+    rng = np.random.default_rng(4)
+    x0, b = rng.standard_normal(A.shape[0]), rng.standard_normal(A.shape[0])
+    tprs = (None, 1) if be.is_gpu else (None,)
+    for tpr in tprs:
+        monkeypatch.setattr(gs_kernels, "THREADS_PER_ROW", tpr)
+        kinds = (("forward", 1.0), ("symmetric", 1.0), ("backward", 1.3), ("symmetric", 1.3))
+        for sweep, omega in kinds[1::2] if be.is_gpu else kinds:        # host threads are slow
+            sm = GaussSeidel(be.asmatrix(A) if be.is_gpu else A, sweep=sweep, omega=omega, backend=be, **kw)
+            assert isinstance(sm._plan, SplitColoredSweep) and sm._plan._host == (not be.is_gpu)
+            for sweeps in (1, 2, 3) if not be.is_gpu else (2,):
+                for zero in (False, True):
+                    for f, kind in ((sm.smooth, sweep), (sm.smooth_adjoint, _ADJOINT[sweep])):
+                        x = be.asarray(x0.copy())
+                        f(x, be.asarray(b), sweeps, zero_initial=zero)
+                        start = np.zeros_like(x0) if zero else x0.copy()
+                        ref = reference_sweep(A, sm._groups, sm._inv, c, omega, sm._orders(kind, sweeps), start, b)
+                        err = np.abs(to_host(x) - ref).max() / np.abs(ref).max()
+                        assert err <= 100 * EPS, (tpr, sweep, omega, sweeps, zero, err / EPS)
+
+
+def test_a_half_read_back_equals_the_product_afresh(split, monkeypatch):
+    """Each update that reads a half from the store: the stored values equal ``L_k x`` /
+    ``U_k x`` of the x at that update within 20 eps, and a ZERO half is the product of zeros
+    (symmetric and forward sweeps, omega 1 and 1.3, from zero and not)."""
+    A, c, _ = _setup("block-3", CPU)
+    rng = np.random.default_rng(8)
+    x0, b = rng.standard_normal(A.shape[0]), rng.standard_normal(A.shape[0])
+    seen = {READ: 0, ZERO: 0}
+    for sweep, omega in (("symmetric", 1.0), ("symmetric", 1.3), ("forward", 1.0)):
+        sm = GaussSeidel(A, sweep=sweep, omega=omega, block_size=c)
+        plan = sm._plan
+        run = SplitColoredSweep.color
+
+        def checked(self, k, x, b, omega, lo=COMPUTE, up=COMPUTE, save=0):
+            for mode, M in ((lo, self._L[k]), (up, self._U[k])):
+                fresh = M @ x
+                scale = np.abs(M).max() * np.abs(x).max() * M.shape[1] / M.shape[0] + 1e-300
+                if mode == READ:
+                    assert np.abs(self._h[self._rows[k]] - fresh).max() <= 20 * EPS * scale
+                elif mode == ZERO:
+                    assert not fresh.any()
+                if mode != COMPUTE:
+                    seen[mode] += 1
+            return run(self, k, x, b, omega, lo, up, save)
+        monkeypatch.setattr(SplitColoredSweep, "color", checked)
+        for zero in (False, True):
+            x = x0.copy()
+            sm.smooth(x, b, 3, zero_initial=zero)
+        monkeypatch.setattr(SplitColoredSweep, "color", run)
+        assert plan.ncolors >= 4
+    assert seen[READ] > 0 and seen[ZERO] > 0
+
+
+def test_schedule_reads_half_passes_after_the_first_sweep():
+    """The schedule of K colours (integers, exact): a symmetric sweep (turning colour merged)
+    computes 2K - 2 halves less than two full one-way sweeps: every update after the first K
+    computes one half; from zero the first forward sweep computes only lower halves; repeated
+    forward sweeps reuse nothing (between two updates of a colour both halves change)."""
+    K = 6
+    fwd = tuple(range(K))
+    sym = fwd + fwd[::-1][1:]
+    steps = gs_split._schedule(sym + sym[1:], K, False)
+    assert [s[0] for s in steps] == list(sym + sym[1:])
+    computed = [(lo == COMPUTE) + (up == COMPUTE) for _, lo, up, _ in steps]
+    # first sweep: both halves (colour 0 and K - 1 have one each), then one per update
+    assert computed[:K] == [1] + [2] * (K - 2) + [1]
+    assert computed[K:] == [1] * (len(steps) - K)
+    zero = gs_split._schedule(sym, K, True)
+    assert [(lo, up) for _, lo, up, _ in zero[:K]] == [(ZERO, ZERO)] + [(COMPUTE, ZERO)] * (K - 1)
+    assert all(sum(m == COMPUTE for m in s[1:3]) == 1 for s in zero[K:])
+    assert all(m != READ for s in gs_split._schedule(fwd * 3, K, False) for m in s[1:3])
+    # every read half was saved by the colour's previous update, which computed it
+    for order, z in ((sym * 2, False), (sym, True), (fwd + fwd[::-1], False)):
+        prev = {}
+        for k, lo, up, save in gs_split._schedule(order, K, z):
+            for h, mode in enumerate((lo, up)):
+                if mode == READ:
+                    assert prev[k] == h + 1
+            if save:
+                prev[k] = save
+            assert save == 0 or (lo, up)[save - 1] == COMPUTE
+
+
+def test_reads_of_a_symmetric_v22_fine_level(split):
+    """Blocks of A read by V(2,2)'s fine-level smoothing with symmetric sweeps (pre from zero,
+    post from the corrected x), in passes over A: the full-row plan about 2 (4K - 3) / K, the
+    split plan 2 + 2.5 passes of the off-diagonal blocks (each one-way sweep after the first
+    reads half of them: every coupling is the lower half of one colour and the upper of another)
+    and the diagonal blocks of every update."""
+    A, c, sm = _setup("block-3", CPU)
+    plan, K = sm._plan, sm.ncolors
+    full = sum(nb for nb, _ in plan.blocks) + sum(plan.sizes)
+    order = sm._orders("symmetric", 2)
+    pre, post = plan.reads(order, True) / full, plan.reads(order, False) / full
+    off = sum(nb for nb, _ in plan.blocks) / full
+    assert len(order) == 4 * K - 3
+    # every update reads its diagonal blocks; the off-diagonal ones: half a pass per one-way
+    # sweep, one more half for the first sweep when it does not start from zero
+    diag = sum(plan.sizes[k] for k in order) / full
+    assert pre == pytest.approx(diag + 2 * off, rel=1e-12)
+    assert post == pytest.approx(diag + 2.5 * off, rel=1e-12)
+    rows = sum(plan.blocks[k][0] + plan.sizes[k] for k in order) / full     # the full-row plan
+    assert rows == pytest.approx(diag + (4 * K - 3) / K * off, rel=0.1)
+    assert pre + post < 0.7 * 2 * rows
+
+
+def test_multigrid_with_split_gs_equals_full_rows(monkeypatch):
+    """3-D elasticity-like block system: the V(2,2) preconditioned CG with split block GS takes
+    the same iterations as with the full-row plan, and one V-cycle agrees within 1e3 eps."""
+    import adaptmg
+    from adaptmg import Space, assemble
+    from adaptmg.mesh import Mesh
+    m = Mesh.box([0] * 3, [1] * 3, [2] * 3).refine()
+    m = m.refine(np.flatnonzero(m.points[m.cells].mean(1)[:, 0] < 0.25))      # hanging nodes
+    space = Space(m, 1, components=3)
+    form = lambda s: assemble.elasticity(s, 8e4, 2e4)        # noqa: E731
+    out = {}
+    for layout in ("bsr", "split"):
+        monkeypatch.setattr(gs_kernels, "BLOCK_LAYOUT", layout)
+        ml = adaptmg.multigrid(space, form, dirichlet="all", smoother="block_gauss_seidel",
+                               near_nullspace="rigid_body")
+        assert isinstance(ml._dev[-1].smoother._plan, SplitColoredSweep) == (layout == "split")
+        n = ml.A.shape[0]
+        b = np.random.default_rng(3).standard_normal(n)
+        b[~ml.constraints[-1].free] = 0.0
+        its = []
+        x = ml.solve(b, rtol=1e-8, accel="cg", callback=lambda xk: its.append(1))
+        out[layout] = (len(its), ml.aspreconditioner().matvec(b), x)
+    assert out["split"][0] == out["bsr"][0] and out["bsr"][0] <= 30
+    v, w = out["split"][1], out["bsr"][1]
+    assert np.abs(v - w).max() <= 1e3 * EPS * np.abs(w).max()
+
+
+def test_split_layout_refuses_what_it_cannot_do(split):
+    A = sp.identity(4, format="csr") * 2.0
+    with pytest.raises(ValueError, match="layout must be one of"):
+        gs_kernels.make_colored_sweep(A, [np.arange(4)], 0.5 * np.ones(4), layout="ell")
+    # complex matrices keep the xp twin of the full-row plan
+    sm = GaussSeidel((A * (1 + 1j)).tocsr())
+    assert not isinstance(sm._plan, SplitColoredSweep)
