@@ -218,3 +218,70 @@ def test_split_layout_refuses_what_it_cannot_do(split):
     # complex matrices keep the xp twin of the full-row plan
     sm = GaussSeidel((A * (1 + 1j)).tocsr())
     assert not isinstance(sm._plan, SplitColoredSweep)
+
+
+# --------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e3 * EPS), (np.float32, 1e3 * np.finfo(np.float32).eps)])
+def test_gpu_split_sweeps_equal_the_host_twin_and_the_bsr_plan(dtype, tol, monkeypatch):
+    """On a real device: the split kernel (c = 1, 2, 3, 6) gives the host twin's and the full-row
+    BSR plan's sweeps (forward / symmetric, omega 1 / 1.3, from x0 and from zero) within tol."""
+    from adaptmg.assemble.testing import tensor_q1_stiffness
+    from adaptmg.backend import get_backend
+    from test_gs_device_setup import vector_spd
+    gpu = get_backend("gpu")
+    for c in (1, 2, 3, 6):
+        A = tensor_q1_stiffness(10, 3) if c == 1 else vector_spd(9, c, seed=c)
+        rng = np.random.default_rng(c)
+        x0, b = rng.standard_normal(A.shape[0]).astype(dtype), rng.standard_normal(A.shape[0]).astype(dtype)
+        for sweep, omega in (("forward", 1.0), ("symmetric", 1.0), ("symmetric", 1.3)):
+            out = {}
+            for layout, be in (("split", gpu), ("split", CPU), ("bsr", gpu)):
+                monkeypatch.setattr(gs_kernels, "BLOCK_LAYOUT", layout)
+                sm = GaussSeidel(be.asmatrix(A) if be.is_gpu else A, sweep=sweep, omega=omega, block_size=c,
+                                 backend=be, dtype=dtype)
+                assert isinstance(sm._plan, SplitColoredSweep) == (layout == "split")
+                for zero in (False, True):
+                    x = be.asarray(x0.copy())
+                    sm.smooth(x, be.asarray(b), 2, zero_initial=zero)
+                    out[layout, be.name, zero] = to_host(x)
+            for zero in (False, True):
+                ref = out["split", "cpu", zero]
+                for key in (("split", "gpu", zero), ("bsr", "gpu", zero)):
+                    err = np.abs(out[key] - ref).max() / np.abs(ref).max()
+                    assert err <= tol, (c, sweep, omega, key, err)
+
+
+@pytest.mark.gpu
+def test_gpu_split_cycle_is_a_graph_with_the_cpu_iterations_and_never_synchronises(monkeypatch):
+    """On a real device, BLOCK_LAYOUT "split": the V-cycle with symmetric GS is captured as a CUDA
+    graph, CG takes the CPU's iterations, the graph equals the eager cycle, and no cycle syncs."""
+    cupyx = pytest.importorskip("cupyx")
+    from adaptmg.backend import get_backend
+    from adaptmg.linalg import cg
+    from adaptmg.multilevel import MultilevelSolver
+    from test_gauss_seidel import _tensor_hierarchy
+    monkeypatch.setattr(gs_kernels, "BLOCK_LAYOUT", "split")
+    gpu = get_backend("gpu")
+    As, Ps = _tensor_hierarchy(3, 2, 4)
+    n = As[-1].shape[0]
+    b = np.random.default_rng(9).standard_normal(n)
+    mc = MultilevelSolver.from_matrices(As, Ps, backend="cpu", smoother="gauss_seidel")
+    mg = MultilevelSolver.from_matrices(As, Ps, backend=gpu, smoother="gauss_seidel")
+    assert isinstance(mg._dev[-1].smoother._plan, SplitColoredSweep)
+    its_c, its_g = [], []
+    cg(As[-1], b, rtol=1e-8, M=mc.aspreconditioner(), callback=lambda xk: its_c.append(1))
+    Mg = mg.aspreconditioner()
+    assert Mg.graph, mg.graph_error
+    _, info = cg(gpu.asmatrix(As[-1]), gpu.asarray(b), rtol=1e-8, M=Mg, callback=lambda xk: its_g.append(1))
+    assert info == 0 and len(its_g) == len(its_c)
+    r = gpu.asarray(np.random.default_rng(10).standard_normal(n))
+    ze, zg = to_host(mg.aspreconditioner(graph=False).matvec(r)), to_host(Mg.matvec(r))
+    assert np.abs(zg - ze).max() <= 1e-12 * np.abs(ze).max()
+    if hasattr(cupyx, "allow_synchronize"):
+        x = gpu.xp.zeros(n)
+        gpu.synchronize()
+        with cupyx.allow_synchronize(False):
+            for cyc in ("V", "W"):
+                mg.cycle(r, x, cycle=cyc)
+        gpu.synchronize()
