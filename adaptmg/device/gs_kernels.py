@@ -438,14 +438,25 @@ def make_colored_sweep(A, groups, inv, block_size=1, sliced=None, layout=None):
     blocks, shape ``(n / c, c, c)``.  ``groups`` and ``inv`` are moved to ``A``'s
     backend when they live elsewhere (given on the device for a cupyx ``A``, nothing is
     copied to the host).  GPU only: ``sliced`` (default :data:`SLICED`) stores each
-    colour's rows as a CSR slice of their own (:func:`colour_slices`, cut on the device).
-    ``layout`` (default :data:`BLOCK_LAYOUT`): "split" builds the plan of
-    :mod:`adaptmg.device.gs_split` on either backend (real matrices); "csr" / "bsr" choose the
-    GPU kernels of block Gauss-Seidel.
+    colour's rows as a CSR slice of their own (:func:`colour_slices`, cut on the device);
+    ``layout`` "csr" / "bsr" (default :data:`BLOCK_LAYOUT`) chooses the block kernels.  The
+    "split" layout's plan is built by :func:`adaptmg.device.gs_split.make_colored_sweep`
+    (the one the smoothers call); here it reads full rows as "bsr".
     """
     layout = BLOCK_LAYOUT if layout is None else layout
     if layout not in LAYOUTS:
         raise ValueError(f"make_colored_sweep: layout must be one of {LAYOUTS}, got {layout!r}")
+    be, groups, inv = plan_inputs(A, groups, inv, block_size)
+    c = int(block_size)
+    if be.is_gpu and np.dtype(A.dtype).kind != "c":
+        return _GpuColoredSweep(A, groups, inv, c, be, sliced=sliced, layout="bsr" if layout == "split" else layout)
+    # the twin: the host plan, and the GPU's for complex matrices (no complex RawKernel)
+    return _CpuColoredSweep(A, groups, inv.astype(A.dtype, copy=False), c)
+
+
+def plan_inputs(A, groups, inv, block_size):
+    """``(backend, groups, inv)`` of a colour plan: the shape of ``inv`` checked, ``A`` a CSR
+    matrix, ``groups`` and ``inv`` on ``A``'s backend."""
     c = int(block_size)
     n = A.shape[0]
     want = (n,) if c == 1 else (n // c, c, c)
@@ -455,12 +466,4 @@ def make_colored_sweep(A, groups, inv, block_size=1, sliced=None, layout=None):
     be = backend_of(A)
     if not be.is_gpu and not (sp.issparse(A) and A.format == "csr"):
         raise TypeError(f"make_colored_sweep: A must be a CSR matrix, got {type(A).__name__}")
-    groups = [be.asarray(g) for g in groups]
-    inv = be.asarray(inv)
-    if layout == "split" and np.dtype(A.dtype).kind == "f":
-        from .gs_split import SplitColoredSweep
-        return SplitColoredSweep(A, groups, inv, c)
-    if be.is_gpu and np.dtype(A.dtype).kind != "c":
-        return _GpuColoredSweep(A, groups, inv, c, be, sliced=sliced, layout="bsr" if layout == "split" else layout)
-    # the twin: the host plan, and the GPU's for complex matrices (no complex RawKernel)
-    return _CpuColoredSweep(A, groups, inv.astype(A.dtype, copy=False), c)
+    return be, [be.asarray(g) for g in groups], be.asarray(inv)

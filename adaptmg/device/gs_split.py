@@ -49,9 +49,10 @@ import scipy.sparse as sp
 
 from ..backend import backend_of, repeat, to_host
 from ..fe.csr_ops import csr_entry_rows
-from .gs_kernels import MAX_GPU_BLOCK, ColoredSweep, _ctype, gs_threads_per_row, node_blocks
+from . import gs_kernels
+from .gs_kernels import MAX_GPU_BLOCK, ColoredSweep, _ctype, gs_threads_per_row, node_blocks, plan_inputs
 
-__all__ = ["SplitColoredSweep", "split_blocks", "split_kernel_name", "ZERO", "COMPUTE", "READ"]
+__all__ = ["make_colored_sweep", "SplitColoredSweep", "split_blocks", "split_kernel_name", "ZERO", "COMPUTE", "READ"]
 
 #: a half of an update: zero (x = 0 on its colours), computed from A, or read from the store
 ZERO, COMPUTE, READ = 0, 1, 2
@@ -196,6 +197,18 @@ def split_blocks(A, groups, block_size):
     return out
 
 
+def make_colored_sweep(A, groups, inv, block_size=1, sliced=None, layout=None):
+    """The colour plan the Gauss-Seidel smoothers use: with ``layout`` (default
+    :data:`adaptmg.device.gs_kernels.BLOCK_LAYOUT`) "split" and a real ``A`` a
+    :class:`SplitColoredSweep`, else :func:`adaptmg.device.gs_kernels.make_colored_sweep`'s plan
+    (the same arguments)."""
+    layout = gs_kernels.BLOCK_LAYOUT if layout is None else layout
+    if layout == "split" and np.dtype(A.dtype).kind == "f":
+        _, groups, inv = plan_inputs(A, groups, inv, block_size)
+        return SplitColoredSweep(A, groups, inv, int(block_size))
+    return gs_kernels.make_colored_sweep(A, groups, inv, block_size, sliced, layout)
+
+
 class SplitColoredSweep(ColoredSweep):
     """Plan of the split colour updates of one matrix (module docstring), on ``A``'s backend:
     the RawKernel on the device, SciPy products on the host.  ``sweep(x, b, omega, order,
@@ -230,7 +243,6 @@ class SplitColoredSweep(ColoredSweep):
         self._fn = _split_module(xp, _ctype(dt), c).get_function(split_kernel_name(c, dt))
         self._inv = xp.ascontiguousarray(inv).reshape(-1)
         per_row = sum(nb for nb, _ in self.blocks) / max(A.shape[0] // c, 1)
-        from . import gs_kernels
         self._tpr = tpr = gs_kernels.THREADS_PER_ROW or gs_threads_per_row(per_row)
         self._launch = []
         for nodes, bptr, nlow, bcol, bval, dval in parts:

@@ -80,7 +80,7 @@ import scipy.sparse as sp
 
 from ..backend import backend_of, is_sparse
 from ..device import kernels as K
-from ..device.gs_kernels import make_colored_sweep
+from ..device.gs_split import make_colored_sweep
 from ..fe.csr_ops import csr_entry_rows
 from .coloring import color_graph, color_groups
 from .smoother_base import Smoother, _block_inverses, _inverse_diagonal as _inverse_of_diagonal, _note, \
