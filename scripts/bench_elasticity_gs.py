@@ -27,8 +27,9 @@ Three parts (``--parts``):
               time per CG iteration and one V-cycle alone (the preconditioner's application,
               a CUDA graph on the GPU; mean of 10, median of ``--repeat``), each also as a
               ratio to the block-Jacobi row; the levels smoothed by GS, the colour-kernel
-              launches per V-cycle and the passes over the finest ``A`` its GS smoothing reads
-              (``fine_passes``: the split layout reuses half-products, :func:`fine_passes`);
+              launches per V-cycle and the passes over the finest ``A`` its GS smoothing and
+              residual read (``fine_passes``: the split layout reuses half-products,
+              :func:`fine_passes`);
             - set-up time of ``adaptmg.multigrid`` (assembly + hierarchy + smoothers; median
               of ``--repeat`` after a warm-up) with its split by task (``setup_timeline``:
               host wall clock of the finest level's assembly and constraining, all levels'
@@ -184,11 +185,12 @@ def colour_launches(ml):
 
 
 def fine_passes(ml):
-    """Passes over the finest level's ``A`` that its (block) Gauss-Seidel smoothing reads per
-    V-cycle (pre-smoothing from zero, post-smoothing from the corrected ``x``; the no-op repeats
-    of the turning colour skipped): stored blocks read over stored blocks.  The split layout
-    (:mod:`adaptmg.device.gs_split`) reads only the halves it does not reuse; the others read
-    every row of each colour they update.  None when the finest level is not smoothed by GS."""
+    """Passes over the finest level's ``A`` that its (block) Gauss-Seidel smoothing and the
+    restriction's residual read per V-cycle (pre-smoothing from zero, post-smoothing from the
+    corrected ``x``; the no-op repeats of the turning colour skipped): stored blocks read over
+    stored blocks.  The split layout (:mod:`adaptmg.device.gs_split`) reads only the halves it
+    does not reuse, and forms the residual from them; the others read every row of each colour
+    they update, and the residual is one pass.  None when the finest level is not smoothed by GS."""
     sm = ml._dev[-1].smoother
     plan = getattr(sm, "_plan", None)
     if plan is None or not hasattr(sm, "_orders"):
@@ -196,11 +198,12 @@ def fine_passes(ml):
     pre, post = sm._orders(sm.sweep, ml.presmooth), sm._orders(sm.sweep, ml.postsmooth)
     if hasattr(plan, "reads"):
         full = sum(nb for nb, _ in plan.blocks) + sum(plan.sizes)
-        return (plan.reads(pre, True) + plan.reads(post, False)) / full
+        return (plan.reads(pre, True, residual=sm.forms_residual) + plan.reads(post, False)) / full \
+            + (0 if sm.forms_residual else 1)
     ptr = np.asarray(to_host(sm._Acsr.indptr), dtype=np.int64)
     c = sm.block_size
     per = [float(np.sum(ptr[to_host(g) * c + c] - ptr[to_host(g) * c])) / ptr[-1] for g in sm._groups]
-    return float(sum(per[k] for k in pre + post))
+    return float(sum(per[k] for k in pre + post)) + 1
 
 
 def add_ratios(rows, key, ref="block_jacobi"):

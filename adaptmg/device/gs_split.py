@@ -52,21 +52,25 @@ from ..fe.csr_ops import csr_entry_rows
 from . import gs_kernels
 from .gs_kernels import MAX_GPU_BLOCK, ColoredSweep, _ctype, gs_threads_per_row, node_blocks, plan_inputs
 
-__all__ = ["make_colored_sweep", "SplitColoredSweep", "split_blocks", "split_kernel_name", "ZERO", "COMPUTE", "READ"]
+__all__ = ["make_colored_sweep", "SplitColoredSweep", "split_blocks", "split_kernel_name", "ZERO", "COMPUTE",
+           "READ", "RESIDUAL"]
 
 #: a half of an update: zero (x = 0 on its colours), computed from A, or read from the store
 ZERO, COMPUTE, READ = 0, 1, 2
+#: ``save`` of a residual step: ``r_C = b_C - A_{C,:} x`` written out, ``x`` left as it is
+RESIDUAL = 3
 
 _SPLIT_SRC = r"""
 // Gauss-Seidel update of the nodes of one colour with the row's blocks split into couplings to
 // lower colours [bptr[t], bptr[t] + nlow[t]) and to higher ones [.., bptr[t + 1]):
 // x_P += omega Binv_p (b_P - l - D_p x_P - u), l / u each zero (0), computed (1) or read
-// from the store h (2); save = 1 / 2 stores the computed l / u in h.  tpr lanes a node row.
+// from the store h (2); save = 1 / 2 stores the computed l / u in h; save = 3 writes the
+// residual b_P - l - D_p x_P - u to out and leaves x alone.  tpr lanes a node row.
 extern "C" __global__ void adaptmg_gs_split{C}_{T}(
     const int m, const int tpr, const int* __restrict__ nodes, const int* __restrict__ bptr,
     const int* __restrict__ nlow, const int* __restrict__ bcol, const {T}* __restrict__ bval,
     const {T}* __restrict__ dval, const {T}* __restrict__ b, const {T}* __restrict__ binv,
-    const {T} omega, {T}* x, {T}* h, const int lo, const int up, const int save)
+    const {T} omega, {T}* x, {T}* h, {T}* out, const int lo, const int up, const int save)
 {
     const int tid = blockDim.x * blockIdx.x + threadIdx.x;
     const int t = tid / tpr, lane = tid % tpr;
@@ -120,7 +124,9 @@ extern "C" __global__ void adaptmg_gs_split{C}_{T}(
             r[q] = b[p * {C} + q] - l - d - u;
             if (save == 1) h[p * {C} + q] = l;
             else if (save == 2) h[p * {C} + q] = u;
+            else if (save == 3) out[p * {C} + q] = r[q];
         }
+        if (save == 3) return;
 #pragma unroll
         for (int q = 0; q < {C}; ++q) {
             {T} acc = 0;
@@ -217,6 +223,7 @@ class SplitColoredSweep(ColoredSweep):
     _THREADS = 128
     layout = "split"
     sliced = True
+    forms_residual = True       # sweep(..., residual=r)
 
     def __init__(self, A, groups, inv, block_size):
         super().__init__(A, groups, block_size)
@@ -271,33 +278,40 @@ class SplitColoredSweep(ColoredSweep):
             self._inv.append(inv[rows] if c == 1 else inv[nodes])
 
     # --------------------------------------------------------------- the schedule
-    def schedule(self, order, zero_initial=False):
+    def schedule(self, order, zero_initial=False, residual=False):
         """Steps ``(k, lo, up, save)`` of the colour sequence ``order``: each half of colour
         ``k``'s update :data:`ZERO`, :data:`COMPUTE` or :data:`READ`; ``save`` 0, 1 (store the
-        lower half) or 2 (the upper half).  Cached per ``(order, zero_initial)``."""
-        key = (tuple(int(k) for k in order), bool(zero_initial))
+        lower half) or 2 (the upper half).  ``residual``: then one step per colour ``(k, lo, up,
+        RESIDUAL)`` writing ``b - A x`` of its rows, with the halves still valid read back.
+        Cached per ``(order, zero_initial, residual)``."""
+        key = (tuple(int(k) for k in order), bool(zero_initial), bool(residual))
         if key not in self._plans:
-            self._plans[key] = _schedule(key[0], self.ncolors, key[1])
+            self._plans[key] = _schedule(key[0], self.ncolors, key[1], key[2])
         return self._plans[key]
 
-    def reads(self, order, zero_initial=False):
-        """Blocks of ``A`` the sweep ``order`` reads (diagonal blocks included), for the cost
-        counts of the benchmarks: the halves it computes."""
+    def reads(self, order, zero_initial=False, residual=False):
+        """Blocks of ``A`` the sweep ``order`` (and the residual) reads, diagonal blocks
+        included, for the cost counts of the benchmarks: the halves it computes."""
         total = 0
-        for k, lo, up, _ in self.schedule(order, zero_initial):
+        for k, lo, up, _ in self.schedule(order, zero_initial, residual):
             nb, nl = self.blocks[k]
             total += self.sizes[k] + (nl if lo == COMPUTE else 0) + (nb - nl if up == COMPUTE else 0)
         return total
 
-    def sweep(self, x, b, omega, order, zero_initial=False):
-        for k, lo, up, save in self.schedule(order, zero_initial):
-            self.color(k, x, b, omega, lo, up, save)
+    def sweep(self, x, b, omega, order, zero_initial=False, residual=None):
+        """The colour updates ``order`` on ``x`` in place; ``residual`` (a vector or None):
+        then ``residual <- b - A x`` of the final ``x``, each colour's halves that are still
+        valid read back from the store (after a backward sweep every colour's upper half: half a
+        pass over ``A`` instead of one)."""
+        for k, lo, up, save in self.schedule(order, zero_initial, residual is not None):
+            self.color(k, x, b, omega, lo, up, save, residual)
         return x
 
-    def color(self, k, x, b, omega, lo=COMPUTE, up=COMPUTE, save=0):
+    def color(self, k, x, b, omega, lo=COMPUTE, up=COMPUTE, save=0, out=None):
         if not self._host:
             grid, head = self._launch[k]
             self._fn(grid, (self._THREADS,), head + (b, self._inv, self._t(omega), x, self._h,
+                                                       self._h if out is None else out,
                                                        np.int32(lo), np.int32(up), np.int32(save)))
             return x
         rows, h, c = self._rows[k], self._h, self.block_size
@@ -306,6 +320,9 @@ class SplitColoredSweep(ColoredSweep):
         xo = x[rows]
         d = self._D[k][:, 0, 0] * xo if c == 1 else np.einsum("mkl,ml->mk", self._D[k], xo.reshape(-1, c)).reshape(-1)
         r = b[rows] - lower - d - upper
+        if save == RESIDUAL:
+            out[rows] = r
+            return x
         if save:
             h[rows] = lower if save == 1 else upper
         r = self._inv[k] * r if c == 1 else np.einsum("mkl,ml->mk", self._inv[k], r.reshape(-1, c)).reshape(-1)
@@ -313,26 +330,33 @@ class SplitColoredSweep(ColoredSweep):
         return x
 
 
-def _schedule(order, K, zero):
+def _schedule(order, K, zero, residual=False):
     """The steps of :meth:`SplitColoredSweep.schedule` (module docstring).  ``last[j]``: the
     step colour ``j`` was last updated at (-1: not in this sweep); ``store[k]``: ``(half, step)``
-    of colour ``k``'s stored half."""
+    of colour ``k``'s stored half.  The residual steps come after ``order`` and update nothing:
+    the next use of a colour's last update is its residual step."""
     last = [-1] * K
     store = [None] * K
     steps = []
-    for s, k in enumerate(order):
+
+    def modes(k):
         halves = (range(k), range(k + 1, K))
         changed = [max((last[j] for j in cols), default=-1) for cols in halves]
-        mode = []
+        out = []
         for h, cols in enumerate(halves):
             if not cols or (zero and changed[h] < 0):
-                mode.append(ZERO)
+                out.append(ZERO)
             elif store[k] is not None and store[k][0] == h and changed[h] < store[k][1]:
-                mode.append(READ)
+                out.append(READ)
             else:
-                mode.append(COMPUTE)
-        # the next update of k: which half is still valid there (nothing of it changes before)
-        nxt = next((t for t in range(s + 1, len(order)) if order[t] == k), None)
+                out.append(COMPUTE)
+        return halves, out
+
+    for s, k in enumerate(order):
+        halves, mode = modes(k)
+        # the next use of k (its next update, or its residual step): which half is still
+        # valid there (no colour of it is updated before)
+        nxt = next((t for t in range(s + 1, len(order)) if order[t] == k), len(order) if residual else None)
         save = 0
         if nxt is not None:
             between = set(order[s + 1:nxt])
@@ -343,4 +367,6 @@ def _schedule(order, K, zero):
                     break
         last[k] = s
         steps.append((k, mode[0], mode[1], save))
+    if residual:
+        steps.extend((k, *modes(k)[1], RESIDUAL) for k in range(K))
     return tuple(steps)

@@ -72,8 +72,9 @@ def test_split_blocks_are_the_rows_bsr_by_column_colour(request, split, case, wh
 @pytest.mark.parametrize("case", ["point-27", "block-3", "block-2"])
 def test_split_sweeps_equal_the_colour_updates(request, split, monkeypatch, case, where):
     """smooth / smooth_adjoint of every sweep kind, omega 1 and 1.3, 1-3 sweeps, from x0 and
-    from zero: the colour updates with SciPy row slices in the same order, within 100 eps
-    (device: the kernel source on host threads, the default threads per row and one)."""
+    from zero: the colour updates with SciPy row slices in the same order, within 100 eps, and
+    smooth's ``residual`` b - A x within 100 eps (device: the kernel source on host threads,
+    the default threads per row and one)."""
     be = request.getfixturevalue("device") if where != "host" else CPU
     make, c = CASES[case]
     A = make()
@@ -90,12 +91,16 @@ def test_split_sweeps_equal_the_colour_updates(request, split, monkeypatch, case
             for sweeps in (1, 2, 3) if not be.is_gpu else (2,):
                 for zero in (False, True):
                     for f, kind in ((sm.smooth, sweep), (sm.smooth_adjoint, _ADJOINT[sweep])):
-                        x = be.asarray(x0.copy())
-                        f(x, be.asarray(b), sweeps, zero_initial=zero)
+                        x, r = be.asarray(x0.copy()), be.asarray(np.full_like(x0, np.nan))
+                        res = {"residual": r} if f == sm.smooth else {}   # and r = b - A x
+                        f(x, be.asarray(b), sweeps, zero_initial=zero, **res)
                         start = np.zeros_like(x0) if zero else x0.copy()
                         ref = reference_sweep(A, sm._groups, sm._inv, c, omega, sm._orders(kind, sweeps), start, b)
                         err = np.abs(to_host(x) - ref).max() / np.abs(ref).max()
                         assert err <= 100 * EPS, (tpr, sweep, omega, sweeps, zero, err / EPS)
+                        if res:
+                            rerr = np.abs(to_host(r) - (b - A @ ref)).max() / (abs(A) @ np.abs(ref)).max()
+                            assert rerr <= 100 * EPS, (tpr, sweep, omega, sweeps, zero, rerr / EPS)
 
 
 def test_a_half_read_back_equals_the_product_afresh(split, monkeypatch):
@@ -111,7 +116,7 @@ def test_a_half_read_back_equals_the_product_afresh(split, monkeypatch):
         plan = sm._plan
         run = SplitColoredSweep.color
 
-        def checked(self, k, x, b, omega, lo=COMPUTE, up=COMPUTE, save=0):
+        def checked(self, k, x, b, omega, lo=COMPUTE, up=COMPUTE, save=0, out=None):
             for mode, M in ((lo, self._L[k]), (up, self._U[k])):
                 fresh = M @ x
                 scale = np.abs(M).max() * np.abs(x).max() * M.shape[1] / M.shape[0] + 1e-300
@@ -121,11 +126,11 @@ def test_a_half_read_back_equals_the_product_afresh(split, monkeypatch):
                     assert not fresh.any()
                 if mode != COMPUTE:
                     seen[mode] += 1
-            return run(self, k, x, b, omega, lo, up, save)
+            return run(self, k, x, b, omega, lo, up, save, out)
         monkeypatch.setattr(SplitColoredSweep, "color", checked)
         for zero in (False, True):
-            x = x0.copy()
-            sm.smooth(x, b, 3, zero_initial=zero)
+            x, r = x0.copy(), np.empty_like(x0)
+            sm.smooth(x, b, 3, zero_initial=zero, residual=r)
         monkeypatch.setattr(SplitColoredSweep, "color", run)
         assert plan.ncolors >= 4
     assert seen[READ] > 0 and seen[ZERO] > 0
@@ -161,6 +166,36 @@ def test_schedule_reads_half_passes_after_the_first_sweep():
             assert save == 0 or (lo, up)[save - 1] == COMPUTE
 
 
+def test_residual_from_the_stored_halves():
+    """smooth(..., residual=r): r = b - A x of the smoothed x within 20 eps, for the split plan
+    (from its stored halves: after a symmetric or backward sweep every colour's upper half is
+    read back, colour K-1 has none, colour 0 no lower one), for the full-row plan and l1 GS (one
+    residual pass after the sweeps); x is the same as without ``residual``."""
+    from adaptmg.multilevel.gauss_seidel import L1GaussSeidel
+    A, c, _ = _setup("block-3", CPU)
+    rng = np.random.default_rng(11)
+    x0, b = rng.standard_normal(A.shape[0]), rng.standard_normal(A.shape[0])
+    for layout in ("split", "bsr", "l1"):
+        for sweep, omega, zero in (("symmetric", 1.0, True), ("backward", 1.3, False), ("forward", 1.0, False)):
+            gs_kernels.BLOCK_LAYOUT = "bsr" if layout == "bsr" else "split"
+            try:
+                sm = (L1GaussSeidel(A, sweep=sweep, omega=omega, partition_rows=40) if layout == "l1" else
+                      GaussSeidel(A, sweep=sweep, omega=omega, block_size=c))
+            finally:
+                gs_kernels.BLOCK_LAYOUT = "bsr"
+            assert sm.forms_residual == (layout == "split")
+            x, y, r = x0.copy(), x0.copy(), np.full_like(x0, np.nan)
+            sm.smooth(x, b, 2, zero_initial=zero, residual=r)
+            sm.smooth(y, b, 2, zero_initial=zero)
+            np.testing.assert_array_equal(x, y)
+            ref = b - A @ x
+            assert np.abs(r - ref).max() <= 20 * EPS * (abs(A) @ np.abs(x)).max(), (layout, sweep)
+            if layout == "split" and sweep != "forward":
+                K = sm.ncolors
+                res = sm._plan.schedule(sm._orders(sweep, 2), zero, True)[-K:]
+                assert [s[1:] for s in res] == [(ZERO, READ, 3)] + [(COMPUTE, READ, 3)] * (K - 2) + [(COMPUTE, ZERO, 3)]
+
+
 def test_reads_of_a_symmetric_v22_fine_level(split):
     """Blocks of A read by V(2,2)'s fine-level smoothing with symmetric sweeps (pre from zero,
     post from the corrected x), in passes over A: the full-row plan about 2 (4K - 3) / K, the
@@ -182,6 +217,9 @@ def test_reads_of_a_symmetric_v22_fine_level(split):
     rows = sum(plan.blocks[k][0] + plan.sizes[k] for k in order) / full     # the full-row plan
     assert rows == pytest.approx(diag + (4 * K - 3) / K * off, rel=0.1)
     assert pre + post < 0.7 * 2 * rows
+    # the restriction's residual from the stored halves: the lower halves only
+    res = plan.reads(order, True, residual=True) / full - pre
+    assert res == pytest.approx(sum(plan.sizes) / full + off / 2, rel=1e-12)
 
 
 def test_multigrid_with_split_gs_equals_full_rows(monkeypatch):
