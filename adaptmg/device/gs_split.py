@@ -52,7 +52,7 @@ from ..fe.csr_ops import csr_entry_rows
 from . import gs_kernels
 from .gs_kernels import MAX_GPU_BLOCK, ColoredSweep, _ctype, gs_threads_per_row, node_blocks, plan_inputs
 
-__all__ = ["make_colored_sweep", "SplitColoredSweep", "split_blocks", "split_kernel_name", "ZERO", "COMPUTE",
+__all__ = ["make_colored_sweep", "SplitColoredSweep", "split_blocks", "split_gather", "split_kernel_name", "ZERO", "COMPUTE",
            "READ", "RESIDUAL"]
 
 #: a half of an update: zero (x = 0 on its colours), computed from A, or read from the store
@@ -65,7 +65,8 @@ _SPLIT_SRC = r"""
 // lower colours [bptr[t], bptr[t] + nlow[t]) and to higher ones [.., bptr[t + 1]):
 // x_P += omega Binv_p (b_P - l - D_p x_P - u), l / u each zero (0), computed (1) or read
 // from the store h (2); save = 1 / 2 stores the computed l / u in h; save = 3 writes the
-// residual b_P - l - D_p x_P - u to out and leaves x alone.  tpr lanes a node row.
+// residual b_P - l - D_p x_P - u to out and leaves x alone.  A row's empty half is zero in
+// every mode (one launch may then cover rows of several colours).  tpr lanes a node row.
 extern "C" __global__ void adaptmg_gs_split{C}_{T}(
     const int m, const int tpr, const int* __restrict__ nodes, const int* __restrict__ bptr,
     const int* __restrict__ nlow, const int* __restrict__ bcol, const {T}* __restrict__ bval,
@@ -78,9 +79,9 @@ extern "C" __global__ void adaptmg_gs_split{C}_{T}(
     {T} sl[{C}], su[{C}];
 #pragma unroll
     for (int q = 0; q < {C}; ++q) { sl[q] = 0; su[q] = 0; }
+    const int k0 = t < m ? bptr[t] : 0, k1 = t < m ? k0 + nlow[t] : 0, k2 = t < m ? bptr[t + 1] : 0;
     if (t < m) {
-        const int k0 = bptr[t], k1 = k0 + nlow[t];
-        const int s = lo == 1 ? k0 : k1, e = up == 1 ? bptr[t + 1] : k1;
+        const int s = lo == 1 ? k0 : k1, e = up == 1 ? k2 : k1;
         for (int k = s + lane; k < e; k += tpr) {
             const {T}* Ak = bval + (size_t)k * ({C} * {C});
             const {T}* xj = x + (size_t)bcol[k] * {C};
@@ -116,8 +117,8 @@ extern "C" __global__ void adaptmg_gs_split{C}_{T}(
         for (int q = 0; q < {C}; ++q) xo[q] = x[p * {C} + q];
 #pragma unroll
         for (int q = 0; q < {C}; ++q) {
-            const {T} l = lo == 2 ? h[p * {C} + q] : sl[q];
-            const {T} u = up == 2 ? h[p * {C} + q] : su[q];
+            const {T} l = lo == 2 && k1 > k0 ? h[p * {C} + q] : sl[q];     // an empty half is 0
+            const {T} u = up == 2 && k2 > k1 ? h[p * {C} + q] : su[q];
             {T} d = 0;
 #pragma unroll
             for (int j = 0; j < {C}; ++j) d += D[q * {C} + j] * xo[j];
@@ -150,13 +151,21 @@ def _split_module(xp, ctype, block_size):
 
 
 def split_blocks(A, groups, block_size):
-    r"""The node rows of each colour as blocks split by the colour of their column node, cut
-    from CSR ``A`` on its backend: a list (one per colour) of ``(nodes, bptr, nlow, bcol, bval,
-    dval)`` -- the colour's nodes (int64), the int32 block row pointer of its off-diagonal
-    blocks (rebased to 0), ``nlow`` (int32) the count of each row's blocks to lower colours
-    (they come first, in column order, then the higher colours'), the block columns (int32),
-    the blocks (row-major, flattened) and the diagonal blocks (``m c^2``, zero where ``A``
-    stores none).
+    """:func:`split_gather` cut into one piece per colour (views; see there)."""
+    be = backend_of(A)
+    whole, bounds, ends = split_gather(A, groups, block_size)
+    return _cut(be.xp, whole, bounds, ends, int(block_size) ** 2)
+
+
+def split_gather(A, groups, block_size):
+    r"""The node rows of every colour, in colour order, as blocks split by the colour of their
+    column node, gathered from CSR ``A`` on its backend: ``(whole, bounds, ends)`` with ``whole
+    = (nodes, bptr, nlow, bcol, bval, dval)`` -- the nodes (int32), the int32 block row pointer
+    of their off-diagonal blocks, ``nlow`` (int32) the count of each row's blocks to lower
+    colours (they come first, in column order, then the higher colours'), the block columns
+    (int32), the blocks (row-major, flattened) and the diagonal blocks (``c^2`` a node, zero
+    where ``A`` stores none); ``bounds`` / ``ends`` (host) the first node row / block of each
+    colour and the ends.
 
     One gather into colour order (:func:`~adaptmg.device.gs_kernels.node_blocks`), then each
     block's new place from two running sums (the lower and the higher blocks before it in its
@@ -195,11 +204,19 @@ def split_blocks(A, groups, block_size):
     dval[row[diag]] = bv[diag]
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     ends = to_host(nptr[be.asarray(bounds)]) if be.is_gpu else nptr[bounds]
+    whole = (nodes.astype(xp.int32), nptr.astype(xp.int32), nlow.astype(xp.int32), ocol, oval, dval.reshape(-1))
+    return whole, bounds, ends
+
+
+def _cut(xp, whole, bounds, ends, cc):
+    """One ``(nodes, bptr, nlow, bcol, bval, dval)`` per colour: views of the whole gather, the
+    block row pointer rebased to 0."""
+    nodes, nptr, nlow, ocol, oval, dval = whole
     out = []
-    for k in range(len(groups)):
+    for k in range(len(bounds) - 1):
         r0, r1, s, e = int(bounds[k]), int(bounds[k + 1]), int(ends[k]), int(ends[k + 1])
-        out.append((nodes[r0:r1], (nptr[r0:r1 + 1] - s).astype(xp.int32), nlow[r0:r1].astype(xp.int32),
-                    ocol[s:e], oval[cc * s:cc * e], dval[r0:r1].reshape(-1)))
+        out.append((nodes[r0:r1], nptr[r0:r1 + 1] - np.int32(s), nlow[r0:r1], ocol[s:e], oval[cc * s:cc * e],
+                    dval[cc * r0:cc * r1]))
     return out
 
 
@@ -234,7 +251,8 @@ class SplitColoredSweep(ColoredSweep):
         dt = np.dtype(A.dtype)
         self._t = dt.type
         self._host = not be.is_gpu
-        parts = split_blocks(A, groups, c)
+        whole, bounds, ends = split_gather(A, groups, c)
+        parts = _cut(xp, whole, bounds, ends, c * c)
         nlow = to_host(xp.stack([sl[2].sum(dtype=xp.int64) for sl in parts])) if parts else []
         #: per colour: (off-diagonal blocks, those to lower colours) -- the cost counts of :meth:`reads`
         self.blocks = [(int(sl[3].shape[0]), int(nl)) for sl, nl in zip(parts, nlow)]
@@ -251,12 +269,11 @@ class SplitColoredSweep(ColoredSweep):
         self._inv = xp.ascontiguousarray(inv).reshape(-1)
         per_row = sum(nb for nb, _ in self.blocks) / max(A.shape[0] // c, 1)
         self._tpr = tpr = gs_kernels.THREADS_PER_ROW or gs_threads_per_row(per_row)
-        self._launch = []
-        for nodes, bptr, nlow, bcol, bval, dval in parts:
+        def launch(nodes, *arrays):
             m = int(nodes.shape[0])
-            grid = ((m * tpr + self._THREADS - 1) // self._THREADS,)
-            self._launch.append((grid, (np.int32(m), np.int32(tpr), nodes.astype(xp.int32), bptr, nlow,
-                                        bcol, bval, dval)))
+            return ((m * tpr + self._THREADS - 1) // self._THREADS,), (np.int32(m), np.int32(tpr), nodes) + arrays
+        self._launch = [launch(*sl) for sl in parts]
+        self._launch_all = launch(*whole)           # every node row: the one-launch residual
 
     def _setup_twin(self, A, parts, inv):
         c = self.block_size
@@ -264,6 +281,7 @@ class SplitColoredSweep(ColoredSweep):
         self._rows, self._L, self._U, self._D, self._inv = [], [], [], [], []
         for nodes, bptr, nlow, bcol, bval, dval in parts:
             m = nodes.shape[0]
+            nodes = nodes.astype(np.int64)
             rows = nodes if c == 1 else (nodes[:, None] * c + np.arange(c)).reshape(-1)
             rank = np.arange(bcol.shape[0]) - np.repeat(bptr[:-1], np.diff(bptr))
             low = rank < np.repeat(nlow, np.diff(bptr))
@@ -303,9 +321,27 @@ class SplitColoredSweep(ColoredSweep):
         then ``residual <- b - A x`` of the final ``x``, each colour's halves that are still
         valid read back from the store (after a backward sweep every colour's upper half: half a
         pass over ``A`` instead of one)."""
-        for k, lo, up, save in self.schedule(order, zero_initial, residual is not None):
+        steps = self.schedule(order, zero_initial, residual is not None)
+        one = None if residual is None or self._host else self._one_residual(steps)
+        for k, lo, up, save in steps if one is None else steps[:-self.ncolors]:
             self.color(k, x, b, omega, lo, up, save, residual)
+        if one is not None:                     # the residual steps as one launch over every row
+            grid, head = self._launch_all
+            self._fn(grid, (self._THREADS,), head + (b, self._inv, self._t(omega), x, self._h, residual,
+                                                       np.int32(one[0]), np.int32(one[1]), np.int32(RESIDUAL)))
         return x
+
+    def _one_residual(self, steps):
+        """``(lo, up)`` when the residual steps (the last ``K``) share their modes -- up to the
+        empty lower half of colour 0 and upper half of colour ``K - 1``, which the kernel takes as
+        zero in any mode -- so that one launch over every row does them all; else None."""
+        K = self.ncolors
+        res = steps[-K:]
+        los = {lo for k, lo, _, _ in res if k > 0}
+        ups = {up for k, _, up, _ in res if k < K - 1}
+        if len(los) > 1 or len(ups) > 1:
+            return None
+        return (los.pop() if los else ZERO), (ups.pop() if ups else ZERO)
 
     def color(self, k, x, b, omega, lo=COMPUTE, up=COMPUTE, save=0, out=None):
         if not self._host:

@@ -196,6 +196,32 @@ def test_residual_from_the_stored_halves():
                 assert [s[1:] for s in res] == [(ZERO, READ, 3)] + [(COMPUTE, READ, 3)] * (K - 2) + [(COMPUTE, ZERO, 3)]
 
 
+def test_one_launch_residual_on_the_device(device, split):
+    """After a forward, backward or symmetric sweep (from x0 or zero) the residual steps share
+    their modes up to colour 0's empty lower and colour K-1's empty upper half, and the device
+    plan forms r = b - A x in one launch over every row (kernel source on host threads): equal
+    to the host twin's x and to b - A x within 100 eps.  A sequence whose residual modes differ
+    is not merged."""
+    A, c, _ = _setup("block-3", CPU)
+    rng = np.random.default_rng(12)
+    x0, b = rng.standard_normal(A.shape[0]), rng.standard_normal(A.shape[0])
+    for sweep in ("forward", "backward", "symmetric"):
+        host = GaussSeidel(A, sweep=sweep, block_size=c)
+        dev = GaussSeidel(device.asmatrix(A), sweep=sweep, block_size=c, backend=device)
+        for zero in (False, True):
+            steps = dev._plan.schedule(dev._orders(sweep, 1), zero, True)
+            assert dev._plan._one_residual(steps) is not None
+            xh, xd, r = x0.copy(), device.asarray(x0), device.asarray(np.full_like(x0, np.nan))
+            host.smooth(xh, b, 1, zero_initial=zero)
+            dev.smooth(xd, device.asarray(b), 1, zero_initial=zero, residual=r)
+            assert np.abs(to_host(xd) - xh).max() <= 100 * EPS * np.abs(xh).max()
+            ref = b - A @ xh
+            assert np.abs(to_host(r) - ref).max() <= 100 * EPS * (abs(A) @ np.abs(xh)).max(), (sweep, zero)
+    K = dev.ncolors
+    mixed = gs_split._schedule((0, K - 1, 1), K, False, True)        # colour 1: lower read, 2: computed
+    assert dev._plan._one_residual(mixed) is None
+
+
 def test_reads_of_a_symmetric_v22_fine_level(split):
     """Blocks of A read by V(2,2)'s fine-level smoothing with symmetric sweeps (pre from zero,
     post from the corrected x), in passes over A: the full-row plan about 2 (4K - 3) / K, the
