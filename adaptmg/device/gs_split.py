@@ -14,8 +14,8 @@ backward update needs ``U_k x`` alone; between a backward update of ``k`` and th
 one only colours ``< k`` change, so ``U_k x`` carries over.  Each update stores the half it
 computed and the next one reads it back: every one-way sweep of a run of alternating sweeps
 after the first reads *half* of ``A`` -- the symmetric sweep of SSOR at the cost of 1.5 passes
-over ``A`` instead of 2, two of them at 2 instead of 4 (the reuse of Conrad and Wallach's
-symmetric SOR; HPCG's SymGS stores the same halves).  From ``x = 0`` the first sweep's other
+over ``A`` instead of 2, two of them at 2 instead of 4 (SSOR at the cost of SOR, the
+alternating-direction reuse of Conrad and Wallach, 1979).  From ``x = 0`` the first sweep's other
 half is zero as well (``U_k x = 0`` in a forward sweep until the colours above ``k`` are
 updated).  Reuse is exact: the stored half is the product of the same ``x`` entries, summed in
 another order than a full row (round-off only); the ``A``-adjointness of forward and backward
@@ -27,6 +27,20 @@ from zero), *read* from the store (no colour of that half changed since it was s
 *computed*, and which computed half to store -- the one still valid at the colour's next update
 (a look-ahead over the sequence: the rule holds for any order and any ``omega``).  The store is
 one vector of length ``n`` (the colour's rows hold its last stored half), owned by the plan.
+
+The residual ``r = b - A x`` after the sweeps (the multigrid restriction's, through
+``GaussSeidel.smooth(..., residual=r)``) is one more step per colour that writes ``r`` and
+leaves ``x``: after a sweep that ends backward every colour's upper half is still valid (no
+colour above ``k`` changes after its last update), so the residual reads the lower halves
+only -- half a pass instead of the SpMV's one.  The kernel takes a row's empty half as zero in
+every mode, so these steps (the same modes for all colours but colour 0's empty lower and
+colour ``K``'s empty upper half) run as one launch over every node row.
+
+Cost per V(2,2) cycle with symmetric sweeps on the finest level (``K`` colours, passes over
+``A``; the CPU counts of ``scripts/bench_elasticity_gs.py``, ``fine_passes``): full rows
+``2 (4K - 3) / K`` for the smoothing and one for the residual, 8.72 on the bench's size-3 mesh
+(14 colours); split 2 + 2.5 for the smoothing (pre-smoothing from zero, post from the corrected
+``x``) and 0.56 for the residual (half the off-diagonal blocks and the diagonal ones), 5.21.
 
 Layout: the node rows of every colour as ``c x c`` blocks (BSR, as
 :func:`~adaptmg.device.gs_kernels.colour_blocks`), each row's blocks reordered *lower colours

@@ -49,7 +49,12 @@ order) are built on the device, and nothing of size ``n`` is copied to the host 
 colour counts and, for a bad matrix, the offending row are read).
 ``symmetric`` with ``omega = 1`` skips the repeated
 update of the turning colour (the second one is a no-op: after the first, the
-residual on that colour is zero).
+residual on that colour is zero).  With :data:`adaptmg.device.gs_kernels.BLOCK_LAYOUT`
+"split" the plan (:mod:`adaptmg.device.gs_split`, either backend) stores the half-product
+(couplings to lower or to higher colours) each update computed and the colour's next
+update reads it back: alternating sweeps read half of ``A`` each after the first, and
+``smooth(..., residual=r)`` (which the multigrid cycle uses for the restriction when the
+smoother ``forms_residual``) forms ``b - A x`` from the stored halves in half a pass.
 
 l1 Gauss-Seidel (hybrid, :class:`L1GaussSeidel`).  The rows are split into
 contiguous *partitions* of ``partition_rows`` rows (hypre's processor blocks;
