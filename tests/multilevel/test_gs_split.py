@@ -349,3 +349,22 @@ def test_gpu_split_cycle_is_a_graph_with_the_cpu_iterations_and_never_synchronis
             for cyc in ("V", "W"):
                 mg.cycle(r, x, cycle=cyc)
         gpu.synchronize()
+
+
+def test_colour_count_on_the_bench_mesh_family():
+    """The node-graph colouring of issue 4's elasticity meshes (scripts/bench_elasticity_gs.py,
+    make_mesh(case, 2)): 14 colours, seeds 0-2 (15 at size 10 on the H200: 15 launches a one-way
+    sweep); at least 8, the 2 x 2 x 2 node clique of a hexahedron."""
+    import adaptmg
+    from adaptmg import Space, assemble
+    from adaptmg.multilevel.coloring import check_coloring, color_graph
+    from adaptmg_problems import elasticity as el
+    for case in ("edge", "face", "vertex"):
+        space = Space(el.make_mesh(case, 2), 1, components=3)
+        ml = adaptmg.multigrid(space, lambda s: assemble.elasticity(s, el.LAMBDA, el.MU), dirichlet="all",
+                               smoother="block_jacobi", max_levels=1, max_coarse=None, coarse="smoother")
+        A = ml._dev[-1].A
+        for seed in range(3):
+            col = color_graph(A, 3, seed=seed)
+            assert check_coloring(A, col, 3)
+            assert 8 <= int(col.max()) + 1 <= 15, (case, seed, int(col.max()) + 1)
