@@ -23,7 +23,8 @@ from adaptmg.device.gs_split import COMPUTE, READ, ZERO, SplitColoredSweep
 from adaptmg.multilevel.gauss_seidel import _ADJOINT, GaussSeidel
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_gs_device_setup import CASES, EPS, device, reference_rows, reference_sweep  # noqa: E402,F401
+from test_gs_device_setup import (CASES, EPS, colour_bound, device, record_host_reads,  # noqa: E402,F401
+                                  reference_rows, reference_sweep)
 
 
 def _setup(case, be, **kw):
@@ -42,9 +43,14 @@ def split(monkeypatch):
 @pytest.mark.parametrize("case", ["point-9", "block-3"])
 def test_split_blocks_are_the_rows_bsr_by_column_colour(request, split, case, where):
     """Per colour: lower blocks (column colour < k) first, then higher ones, each in column
-    order; with the diagonal blocks they are exactly SciPy's BSR of ``A[rows]``."""
+    order; with the diagonal blocks they are exactly SciPy's BSR of ``A[rows]``.  On the
+    stand-in device the smoother's set-up copies no array of size n to the host."""
     be = request.getfixturevalue("device") if where != "host" else CPU
-    A, c, sm = _setup(case, be)
+    with pytest.MonkeyPatch.context() as mp:
+        sizes = record_host_reads(mp) if be.is_gpu else []
+        A, c, sm = _setup(case, be)
+    # the device set-up reads nothing longer than the colour counts (no array of size n)
+    assert max(sizes, default=0) <= colour_bound(A, c), sorted(sizes)[-5:]
     colour = np.empty(A.shape[0] // c, dtype=np.int64)
     for k, g in enumerate(sm._groups):
         colour[to_host(g)] = k
