@@ -26,8 +26,10 @@ Three parts (``--parts``):
             - CG iterations (``accel="cg"``) to ``rtol = --rtol`` (issue 4's 1e-8), the solve
               time per CG iteration and one V-cycle alone (the preconditioner's application,
               a CUDA graph on the GPU; mean of 10, median of ``--repeat``), each also as a
-              ratio to the block-Jacobi row; the levels smoothed by GS and the colour-kernel
-              launches per V-cycle;
+              ratio to the block-Jacobi row; the levels smoothed by GS, the colour-kernel
+              launches per V-cycle and the passes over the finest ``A`` its GS smoothing and
+              residual read (``fine_passes``: the split layout reuses half-products,
+              :func:`fine_passes`);
             - set-up time of ``adaptmg.multigrid`` (assembly + hierarchy + smoothers; median
               of ``--repeat`` after a warm-up) with its split by task (``setup_timeline``:
               host wall clock of the finest level's assembly and constraining, all levels'
@@ -41,7 +43,7 @@ Three parts (``--parts``):
             assemble.elasticity(s, lam, mu)`` instead, which multigrid calls as is (the host
             assembly and constraining, moved up afterwards: the figures before issue 36).
 ``sweep``   the finest level alone: ``smooth(x, b, 2)`` of block Jacobi and of block GS for
-            each ``--gs-layout`` (csr, bsr) and ``--gs-tpr`` (threads per node row), and each
+            each ``--gs-layout`` (csr, bsr, split) and ``--gs-tpr`` (threads per node row), and each
             smoother's set-up on the device matrix (the GS kernels' tuning table);
 ``system``  issue 4's time-stepping system ([[M, -dt M], [dt A, M]], 6 components per node,
             GMRES + V-cycle, ``adaptmg_problems.elasticity.run``) with the smoother swapped:
@@ -53,9 +55,13 @@ Run on the CPU at a small size (about ten seconds)::
 
     python scripts/bench_elasticity_gs.py --backend cpu --size 2 --steps 3 --repeat 1
 
-and on the GPU (the issue's device figures; ``--gs-layout bsr,csr`` gives a block-GS row per
-layout of its colour kernels: the node rows stored as c x c blocks, the default
-:data:`adaptmg.device.gs_kernels.BLOCK_LAYOUT`, or as CSR slices)::
+and on the GPU (the issue's device figures; ``--gs-layout bsr,csr,split`` gives a block-GS row
+per layout of its colour kernels: the node rows stored as c x c blocks, the default
+:data:`adaptmg.device.gs_kernels.BLOCK_LAYOUT`, as CSR slices, or as blocks split by the
+colour of their column with the half-products reused across alternating sweeps)::
+
+    python scripts/bench_elasticity_gs.py --backend gpu --size 10 --parts static --repeat 5 \
+        --smoothers block_jacobi,gs_fine_bj_coarse --gs-layout bsr,split
 
     python scripts/bench_elasticity_gs.py --backend gpu --size 6 --out elasticity_gs.json
     python scripts/bench_elasticity_gs.py --backend gpu --size 10 --parts static --repeat 3
@@ -178,6 +184,28 @@ def colour_launches(ml):
     return len(gs), n
 
 
+def fine_passes(ml):
+    """Passes over the finest level's ``A`` that its (block) Gauss-Seidel smoothing and the
+    restriction's residual read per V-cycle (pre-smoothing from zero, post-smoothing from the
+    corrected ``x``; the no-op repeats of the turning colour skipped): stored blocks read over
+    stored blocks.  The split layout (:mod:`adaptmg.device.gs_split`) reads only the halves it
+    does not reuse, and forms the residual from them; the others read every row of each colour
+    they update, and the residual is one pass.  None when the finest level is not smoothed by GS."""
+    sm = ml._dev[-1].smoother
+    plan = getattr(sm, "_plan", None)
+    if plan is None or not hasattr(sm, "_orders"):
+        return None
+    pre, post = sm._orders(sm.sweep, ml.presmooth), sm._orders(sm.sweep, ml.postsmooth)
+    if hasattr(plan, "reads"):
+        full = sum(nb for nb, _ in plan.blocks) + sum(plan.sizes)
+        return (plan.reads(pre, True, residual=sm.forms_residual) + plan.reads(post, False)) / full \
+            + (0 if sm.forms_residual else 1)
+    ptr = np.asarray(to_host(sm._Acsr.indptr), dtype=np.int64)
+    c = sm.block_size
+    per = [float(np.sum(ptr[to_host(g) * c + c] - ptr[to_host(g) * c])) / ptr[-1] for g in sm._groups]
+    return float(sum(per[k] for k in pre + post)) + 1
+
+
 def add_ratios(rows, key, ref="block_jacobi"):
     """``{key}_vs_bj``: each row's ``key`` over the block-Jacobi row's (None without that row)."""
     base = next((r[key] for r in rows if r["smoother"] == ref), None)
@@ -233,7 +261,7 @@ def part_static(args, be, log):
         gs_levels, launches = colour_launches(ml)
         solve_s = float(np.median(ts))
         row = dict(smoother=label, dofs=int(n), levels=len(ml.levels), colors=getattr(sm, "ncolors", None),
-                   gs_levels=gs_levels, colour_launches=launches,
+                   gs_levels=gs_levels, colour_launches=launches, fine_passes=fine_passes(ml),
                    setup_s=t_setup, smoother_setup_s=sm_setup, coloring_s=col_s, factor=rho, cg_iters=len(its),
                    rel_residual=r, solve_s=solve_s, it_ms=1e3 * solve_s / max(len(its), 1),
                    vcycle_ms=1e3 * float(np.median(tv)), **split)
@@ -351,8 +379,10 @@ def main(argv=None):
                     help="rows of the static and system parts, comma-separated: " + ", ".join(SMOOTHERS)
                     + " (gs_fine*_bj_coarse: block GS on the finest one / two levels, block Jacobi below)")
     ap.add_argument("--gs-layout", default=gs_kernels.BLOCK_LAYOUT,
-                    help="block GS kernel layout(s) on the GPU, comma-separated: bsr, csr (default: "
-                         "adaptmg.device.gs_kernels.BLOCK_LAYOUT, the library's); each gets a static row")
+                    help="block GS plan layout(s), comma-separated: bsr, csr (GPU kernels; the host "
+                         "reads full rows with both), split (halves reused across alternating sweeps, "
+                         "GPU and host) (default: adaptmg.device.gs_kernels.BLOCK_LAYOUT, the "
+                         "library's); each gets a static row")
     ap.add_argument("--gs-tpr", default="auto",
                     help="part sweep: GPU threads per (node) row of the block GS kernels, comma-separated "
                          "(auto = gs_threads_per_row, or 1, 2, 4, 8, 16, 32)")
@@ -364,8 +394,8 @@ def main(argv=None):
     args.smoothers = [g.strip() for g in args.smoothers.split(",") if g.strip()]
     if not args.smoothers or set(args.smoothers) - set(SMOOTHERS):
         ap.error(f"--smoothers: a comma-separated list of {', '.join(SMOOTHERS)}")
-    if not args.gs_layout or set(args.gs_layout) - {"csr", "bsr"}:
-        ap.error("--gs-layout: a comma-separated list of csr, bsr")
+    if not args.gs_layout or set(args.gs_layout) - set(gs_kernels.LAYOUTS):
+        ap.error(f"--gs-layout: a comma-separated list of {', '.join(gs_kernels.LAYOUTS)}")
     try:
         args.gs_tpr = [None if t.strip() == "auto" else int(t) for t in args.gs_tpr.split(",") if t.strip()]
     except ValueError:
@@ -386,7 +416,7 @@ def main(argv=None):
     if "static" in parts:
         out["static"] = part_static(args, be, log)
         log(table(out["static"], ["smoother", "dofs", "levels", "colors", "gs_levels", "colour_launches",
-                                  "factor", "cg_iters", "setup_s", "smoother_setup_s", "coloring_s"]))
+                                  "fine_passes", "factor", "cg_iters", "setup_s", "smoother_setup_s", "coloring_s"]))
         log("solve (CG to --rtol), one CG iteration and one V-cycle (preconditioner application), "
             "and each over block Jacobi's:")
         log(table(out["static"], ["smoother", "cg_iters", "solve_s", "solve_s_vs_bj", "it_ms", "it_ms_vs_bj",

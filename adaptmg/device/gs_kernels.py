@@ -36,6 +36,9 @@ Block GS can instead read each colour's node rows as ``c x c`` blocks (BSR,
 static,sweep``), two block GS sweeps of the finest level take 1.55 ms against 2.46 ms with
 the CSR slices (block Jacobi 0.83 ms) and the CG solve 55.8 ms against 84.0 ms.
 
+The "split" layout (:mod:`adaptmg.device.gs_split`) splits each node row by the colour of its
+couplings and reuses a stored half-product across alternating sweeps (fewer passes over ``A``).
+
 The slices are cut where ``A`` lives (:func:`colour_slices`: one gather of every entry
 into colour order and one view per colour, the same ``xp`` code on both backends), so a
 device matrix is never copied to the host to build a plan.
@@ -56,7 +59,7 @@ from .kernels import _ctype as ctype_of
 
 __all__ = ["make_colored_sweep", "ColoredSweep", "MAX_GPU_BLOCK", "SLICED", "kernel_name",
            "gs_threads_per_row", "colour_slices", "colour_rows",
-           "colour_blocks", "BLOCK_LAYOUT", "THREADS_PER_ROW"]
+           "colour_blocks", "node_blocks", "BLOCK_LAYOUT", "LAYOUTS", "THREADS_PER_ROW"]
 
 #: largest block size with a device kernel (the node's residual lives in registers)
 MAX_GPU_BLOCK = 16
@@ -203,7 +206,9 @@ class ColoredSweep:
     def color(self, k, x, b, omega):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def sweep(self, x, b, omega, order):
+    def sweep(self, x, b, omega, order, zero_initial=False):
+        """The colours ``order`` one after another (``zero_initial``: ``x`` is zero on entry, which
+        this plan does not use; :class:`~adaptmg.device.gs_split.SplitColoredSweep` does)."""
         for k in order:
             self.color(k, x, b, omega)
         return x
@@ -332,6 +337,17 @@ def colour_blocks(A, groups, block_size):
     duplicates; entries a block does not store are zeros), then the node rows gathered in
     colour order as in :func:`colour_slices`.  Host reads: the colour boundaries."""
     be = backend_of(A)
+    c = int(block_size)
+    ptr, nodes, bcol, bval = node_blocks(A, groups, c)
+    return _per_colour(be, groups, 1, ptr, nodes, (bcol, 1), (bval, c * c))
+
+
+def node_blocks(A, groups, block_size):
+    """The gather behind :func:`colour_blocks`, whole: ``(ptr, nodes, bcol, bval)`` -- the
+    int64 block row pointer of the node rows in colour order (``groups[0]``'s nodes first),
+    those nodes (int64), the block columns (int32) and the ``c x c`` blocks (row-major,
+    flattened), on ``A``'s backend."""
+    be = backend_of(A)
     xp = be.xp
     c = int(block_size)
     N, nnz = A.shape[0] // c, int(A.indices.shape[0])
@@ -347,16 +363,20 @@ def colour_blocks(A, groups, block_size):
     bptr[1:] = xp.cumsum(xp.bincount(ukey // N, minlength=N))
     nodes = xp.concatenate([be.asarray(g).astype(xp.int64, copy=False) for g in groups])
     ptr, pos = csr_row_positions(be, bptr, nodes, nb)
-    bcol, bval = (ukey % N)[pos].astype(xp.int32), bval[pos].reshape(-1)
-    return _per_colour(be, groups, 1, ptr, nodes, (bcol, 1), (bval, c * c))
+    return ptr, nodes, (ukey % N)[pos].astype(xp.int32), bval[pos].reshape(-1)
 
 
 #: GPU block Gauss-Seidel (``block_size > 1``): "bsr" (the default) -- each colour's node rows
 #: as ``c x c`` blocks (:func:`colour_blocks`, kernel ``adaptmg_gs_bsr<c>_<type>``): fewer bytes
 #: and dependent loads per entry, 1.6x faster sweeps than "csr" on the H200 (module docstring);
 #: "csr" -- each colour's rows as a CSR slice, ``c`` row loops per node
-#: (``scripts/bench_elasticity_gs.py --gs-layout csr,bsr`` compares them)
+#: (``scripts/bench_elasticity_gs.py --gs-layout csr,bsr`` compares them); "split" -- the node
+#: rows as blocks split into the couplings to lower and to higher colours, and a stored half
+#: reused by the next update of the colour (:mod:`adaptmg.device.gs_split`: a symmetric sweep
+#: reads 1.5 instead of 2 passes of ``A``, alternating sweeps half a pass each after the first);
+#: unlike the other two it applies to every block size (``c = 1`` too) and to the host plan
 BLOCK_LAYOUT = "bsr"
+LAYOUTS = ("csr", "bsr", "split")
 
 #: threads per row (node row for blocks) of the GPU colour kernels: None = :func:`gs_threads_per_row`,
 #: else a power of two <= 32 (for tuning: ``scripts/bench_elasticity_gs.py --parts sweep --gs-tpr``)
@@ -412,7 +432,7 @@ class _GpuColoredSweep(ColoredSweep):
         return x
 
 
-def make_colored_sweep(A, groups, inv, block_size=1, sliced=None):
+def make_colored_sweep(A, groups, inv, block_size=1, sliced=None, layout=None):
     """Plan of the colour updates of ``A`` on ``A``'s backend, built there.
 
     ``A``: CSR matrix on its backend (SciPy or cupyx, the smoother's dtype);
@@ -421,8 +441,25 @@ def make_colored_sweep(A, groups, inv, block_size=1, sliced=None):
     blocks, shape ``(n / c, c, c)``.  ``groups`` and ``inv`` are moved to ``A``'s
     backend when they live elsewhere (given on the device for a cupyx ``A``, nothing is
     copied to the host).  GPU only: ``sliced`` (default :data:`SLICED`) stores each
-    colour's rows as a CSR slice of their own (:func:`colour_slices`, cut on the device).
+    colour's rows as a CSR slice of their own (:func:`colour_slices`, cut on the device);
+    ``layout`` "csr" / "bsr" (default :data:`BLOCK_LAYOUT`) chooses the block kernels.  The
+    "split" layout's plan is built by :func:`adaptmg.device.gs_split.make_colored_sweep`
+    (the one the smoothers call); here it reads full rows as "bsr".
     """
+    layout = BLOCK_LAYOUT if layout is None else layout
+    if layout not in LAYOUTS:
+        raise ValueError(f"make_colored_sweep: layout must be one of {LAYOUTS}, got {layout!r}")
+    be, groups, inv = plan_inputs(A, groups, inv, block_size)
+    c = int(block_size)
+    if be.is_gpu and np.dtype(A.dtype).kind != "c":
+        return _GpuColoredSweep(A, groups, inv, c, be, sliced=sliced, layout="bsr" if layout == "split" else layout)
+    # the twin: the host plan, and the GPU's for complex matrices (no complex RawKernel)
+    return _CpuColoredSweep(A, groups, inv.astype(A.dtype, copy=False), c)
+
+
+def plan_inputs(A, groups, inv, block_size):
+    """``(backend, groups, inv)`` of a colour plan: the shape of ``inv`` checked, ``A`` a CSR
+    matrix, ``groups`` and ``inv`` on ``A``'s backend."""
     c = int(block_size)
     n = A.shape[0]
     want = (n,) if c == 1 else (n // c, c, c)
@@ -432,9 +469,4 @@ def make_colored_sweep(A, groups, inv, block_size=1, sliced=None):
     be = backend_of(A)
     if not be.is_gpu and not (sp.issparse(A) and A.format == "csr"):
         raise TypeError(f"make_colored_sweep: A must be a CSR matrix, got {type(A).__name__}")
-    groups = [be.asarray(g) for g in groups]
-    inv = be.asarray(inv)
-    if be.is_gpu and np.dtype(A.dtype).kind != "c":
-        return _GpuColoredSweep(A, groups, inv, c, be, sliced=sliced)
-    # the twin: the host plan, and the GPU's for complex matrices (no complex RawKernel)
-    return _CpuColoredSweep(A, groups, inv.astype(A.dtype, copy=False), c)
+    return be, [be.asarray(g) for g in groups], be.asarray(inv)

@@ -49,7 +49,12 @@ order) are built on the device, and nothing of size ``n`` is copied to the host 
 colour counts and, for a bad matrix, the offending row are read).
 ``symmetric`` with ``omega = 1`` skips the repeated
 update of the turning colour (the second one is a no-op: after the first, the
-residual on that colour is zero).
+residual on that colour is zero).  With :data:`adaptmg.device.gs_kernels.BLOCK_LAYOUT`
+"split" the plan (:mod:`adaptmg.device.gs_split`, either backend) stores the half-product
+(couplings to lower or to higher colours) each update computed and the colour's next
+update reads it back: alternating sweeps read half of ``A`` each after the first, and
+``smooth(..., residual=r)`` (which the multigrid cycle uses for the restriction when the
+smoother ``forms_residual``) forms ``b - A x`` from the stored halves in half a pass.
 
 l1 Gauss-Seidel (hybrid, :class:`L1GaussSeidel`).  The rows are split into
 contiguous *partitions* of ``partition_rows`` rows (hypre's processor blocks;
@@ -80,7 +85,7 @@ import scipy.sparse as sp
 
 from ..backend import backend_of, is_sparse
 from ..device import kernels as K
-from ..device.gs_kernels import make_colored_sweep
+from ..device.gs_split import make_colored_sweep
 from ..fe.csr_ops import csr_entry_rows
 from .coloring import color_graph, color_groups
 from .smoother_base import Smoother, _block_inverses, _inverse_diagonal as _inverse_of_diagonal, _note, \
@@ -199,17 +204,34 @@ class GaussSeidel(Smoother):
             seq = (seq[0],) + tuple(k for k, prev in zip(seq[1:], seq[:-1]) if k != prev)
         return seq
 
-    def _run(self, x, b, sweep, sweeps, work, zero_initial, who):
+    @property
+    def forms_residual(self):
+        """True when :meth:`smooth` forms ``residual = b - A x`` from the half-products its
+        plan stored (the split plan, :mod:`adaptmg.device.gs_split`: half a pass over ``A``
+        after a sweep that ends backward); the multigrid cycle then takes the restriction's
+        residual from the pre-smoothing."""
+        return getattr(self._plan, "forms_residual", False)
+
+    def _run(self, x, b, sweep, sweeps, work, zero_initial, who, residual=None):
         sweeps = _validate_sweeps(sweeps)
         _validate_vectors(x, b, self.n, self.dtype, who)
         if zero_initial:
             x.fill(0)
-        self._plan.sweep(x, b, self.omega, self._orders(sweep, sweeps))
+        if residual is not None and self.forms_residual:
+            _validate_vectors(residual, b, self.n, self.dtype, who)
+            self._plan.sweep(x, b, self.omega, self._orders(sweep, sweeps), zero_initial=zero_initial,
+                             residual=residual)
+            return x
+        self._plan.sweep(x, b, self.omega, self._orders(sweep, sweeps), zero_initial=zero_initial)
+        if residual is not None:
+            self._Aplan.residual(x, b, residual)
         return x
 
-    def smooth(self, x, b, sweeps=1, work=None, zero_initial=False):
-        """``sweeps`` multicolour sweeps (of kind ``self.sweep``) on ``A x = b``, in place."""
-        return self._run(x, b, self.sweep, sweeps, work, zero_initial, f"{type(self).__name__}.smooth")
+    def smooth(self, x, b, sweeps=1, work=None, zero_initial=False, residual=None):
+        """``sweeps`` multicolour sweeps (of kind ``self.sweep``) on ``A x = b``, in place;
+        ``residual`` (a vector or None): also ``residual <- b - A x`` of the result."""
+        return self._run(x, b, self.sweep, sweeps, work, zero_initial, f"{type(self).__name__}.smooth",
+                         residual)
 
     def smooth_adjoint(self, x, b, sweeps=1, work=None, zero_initial=False):
         """The ``A``-adjoint of :meth:`smooth` (colour order reversed), for post-smoothing."""
@@ -279,12 +301,14 @@ class L1GaussSeidel(GaussSeidel):
         self._Aoff_b = be.asmatrix(self._Aoff, dtype=dt)
         self._plan = make_colored_sweep(self._Ain_b, self._groups, self._inv, 1)
 
-    def _run(self, x, b, sweep, sweeps, work, zero_initial, who):
+    forms_residual = False           # its plan sweeps A_in: the halves are not A's
+
+    def _run(self, x, b, sweep, sweeps, work, zero_initial, who, residual=None):
         sweeps = _validate_sweeps(sweeps)
         _validate_vectors(x, b, self.n, self.dtype, who)
         if zero_initial:
             x.fill(0)
-        g = self._scratch(work)
+        g = self._scratch(work if work is not residual else None)
         fwd = tuple(range(self.ncolors))
         halves = {"forward": (fwd,), "backward": (fwd[::-1],),
                   "symmetric": (fwd, fwd[::-1])}[sweep]
@@ -292,6 +316,8 @@ class L1GaussSeidel(GaussSeidel):
             for order in halves:
                 K.csr_residual(self._Aoff_b, x, b, g)      # g = b - A_off x (one pass)
                 self._plan.sweep(x, g, self.omega, order)
+        if residual is not None:
+            self._Aplan.residual(x, b, residual)
         return x
 
     def __repr__(self):

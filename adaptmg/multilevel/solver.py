@@ -486,18 +486,20 @@ class MultilevelSolver(SolveDriver):
         self._smooth(d, self.postsmooth, False, post=True, defer=defer)
 
     def _pre_and_restrict(self, d, c, zero):
-        """Pre-smoothing on level ``d`` and ``c.b = R (b - A x)``."""
-        self._smooth(d, self.presmooth, zero, post=False)
-        if d.tfused:                           # b_c = R b - (R A) x in one launch
-            d.restricted_residual(c.b)
+        """Pre-smoothing on level ``d`` and ``c.b = R (b - A x)``; a smoother that ``forms_residual``
+        (split Gauss-Seidel, from its stored half-products) leaves ``r`` itself."""
+        own_r = d.own and not d.tfused and getattr(d.smoother, "forms_residual", False)
+        if own_r:
+            d.smoother.smooth(d.x, d.b, self.presmooth, zero_initial=zero, residual=d.r)
         else:
-            # r = b - A x  (the plan's residual: copy + SpMV with alpha=-1, beta=1, or
-            # the operator's one pass; or one fused CSR kernel)
-            if d.fused:
-                K.csr_residual(d.A, d.x, d.b, d.r)
-            else:
-                d.Aplan.residual(d.x, d.b, d.r)
-            d.Rplan(d.r, c.b, 1.0, 0.0)        # b_c = R r
+            self._smooth(d, self.presmooth, zero, post=False)
+        if d.tfused:                           # b_c = R b - (R A) x in one launch
+            return d.restricted_residual(c.b)
+        if d.fused and not own_r:              # r = b - A x: one fused CSR kernel, or the plan's
+            K.csr_residual(d.A, d.x, d.b, d.r)
+        elif not own_r:                        # residual (copy + SpMV, or the operator's one pass)
+            d.Aplan.residual(d.x, d.b, d.r)
+        d.Rplan(d.r, c.b, 1.0, 0.0)            # b_c = R r
 
     def _keep_deferred(self, d, src):
         """Note the top level's last post-sweep ``x <- src + omega D^{-1} (b - A src)`` that
