@@ -31,13 +31,15 @@ result is exactly sequential Gauss-Seidel over ``C``.
 
 Block GS can instead read each colour's node rows as ``c x c`` blocks (BSR,
 :data:`BLOCK_LAYOUT` = "bsr", kernel ``adaptmg_gs_bsr<c>_<type>``: one column index and
-``c`` contiguous ``x`` entries per block), the default: on the H200, 3-D elasticity with
+``c`` contiguous ``x`` entries per block), the host's default: on the H200, 3-D elasticity with
 1,683,867 DoFs (``scripts/bench_elasticity_gs.py --size 10 --gs-layout csr,bsr --parts
 static,sweep``), two block GS sweeps of the finest level take 1.55 ms against 2.46 ms with
 the CSR slices (block Jacobi 0.83 ms) and the CG solve 55.8 ms against 84.0 ms.
 
 The "split" layout (:mod:`adaptmg.device.gs_split`) splits each node row by the colour of its
-couplings and reuses a stored half-product across alternating sweeps (fewer passes over ``A``).
+couplings and reuses a stored half-product across alternating sweeps (fewer passes over ``A``):
+the GPU's default for node blocks (``BLOCK_LAYOUT = "auto"``), one V-cycle 3.25 ms against
+3.63 ms with "bsr" in the benchmark above.
 
 The slices are cut where ``A`` lives (:func:`colour_slices`: one gather of every entry
 into colour order and one view per colour, the same ``xp`` code on both backends), so a
@@ -59,7 +61,7 @@ from .kernels import _ctype as ctype_of
 
 __all__ = ["make_colored_sweep", "ColoredSweep", "MAX_GPU_BLOCK", "SLICED", "kernel_name",
            "gs_threads_per_row", "colour_slices", "colour_rows",
-           "colour_blocks", "node_blocks", "BLOCK_LAYOUT", "LAYOUTS", "THREADS_PER_ROW"]
+           "colour_blocks", "node_blocks", "BLOCK_LAYOUT", "LAYOUTS", "THREADS_PER_ROW", "resolve_layout"]
 
 #: largest block size with a device kernel (the node's residual lives in registers)
 MAX_GPU_BLOCK = 16
@@ -375,8 +377,24 @@ def node_blocks(A, groups, block_size):
 #: reused by the next update of the colour (:mod:`adaptmg.device.gs_split`: a symmetric sweep
 #: reads 1.5 instead of 2 passes of ``A``, alternating sweeps half a pass each after the first);
 #: unlike the other two it applies to every block size (``c = 1`` too) and to the host plan
-BLOCK_LAYOUT = "bsr"
-LAYOUTS = ("csr", "bsr", "split")
+#: "auto" (the default): "split" for node blocks (c > 1) on the GPU -- one V-cycle of 3-D
+#: elasticity with 1,683,867 DoFs, GS on the finest level, 3.25 ms against 3.63 ms with "bsr"
+#: (block Jacobi 1.77 ms; H200, ``bench_elasticity_gs.py --size 10 --gs-layout bsr,split``) --
+#: and "bsr" elsewhere (the host plan and scalar GS unchanged: :func:`resolve_layout`)
+BLOCK_LAYOUT = "auto"
+LAYOUTS = ("auto", "csr", "bsr", "split")
+
+
+def resolve_layout(layout, on_gpu: bool, block_size: int) -> str:
+    """The layout a colour plan takes: ``layout`` (None: :data:`BLOCK_LAYOUT`), "auto" resolved
+    to "split" for node blocks on the GPU and to "bsr" otherwise (checked against
+    :data:`LAYOUTS`)."""
+    layout = BLOCK_LAYOUT if layout is None else layout
+    if layout not in LAYOUTS:
+        raise ValueError(f"make_colored_sweep: layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "auto":
+        return "split" if on_gpu and int(block_size) > 1 else "bsr"
+    return layout
 
 #: threads per row (node row for blocks) of the GPU colour kernels: None = :func:`gs_threads_per_row`,
 #: else a power of two <= 32 (for tuning: ``scripts/bench_elasticity_gs.py --parts sweep --gs-tpr``)
@@ -398,7 +416,7 @@ class _GpuColoredSweep(ColoredSweep):
                              f"got {c}")
         if A.indices.dtype != np.int32 or A.indptr.dtype != np.int32:
             raise TypeError("the Gauss-Seidel kernels need int32 CSR indices")
-        layout = (BLOCK_LAYOUT if layout is None else layout) if c > 1 else "csr"
+        layout = resolve_layout(layout, True, c) if c > 1 else "csr"
         if layout not in ("csr", "bsr"):
             raise ValueError(f"Gauss-Seidel block layout must be 'csr' or 'bsr', got {layout!r}")
         xp = be.xp
@@ -442,13 +460,11 @@ def make_colored_sweep(A, groups, inv, block_size=1, sliced=None, layout=None):
     backend when they live elsewhere (given on the device for a cupyx ``A``, nothing is
     copied to the host).  GPU only: ``sliced`` (default :data:`SLICED`) stores each
     colour's rows as a CSR slice of their own (:func:`colour_slices`, cut on the device);
-    ``layout`` "csr" / "bsr" (default :data:`BLOCK_LAYOUT`) chooses the block kernels.  The
+    ``layout`` "csr" / "bsr" / "auto" (default :data:`BLOCK_LAYOUT`) chooses the block kernels.  The
     "split" layout's plan is built by :func:`adaptmg.device.gs_split.make_colored_sweep`
     (the one the smoothers call); here it reads full rows as "bsr".
     """
-    layout = BLOCK_LAYOUT if layout is None else layout
-    if layout not in LAYOUTS:
-        raise ValueError(f"make_colored_sweep: layout must be one of {LAYOUTS}, got {layout!r}")
+    layout = resolve_layout(layout, backend_of(A).is_gpu, block_size)
     be, groups, inv = plan_inputs(A, groups, inv, block_size)
     c = int(block_size)
     if be.is_gpu and np.dtype(A.dtype).kind != "c":

@@ -236,10 +236,11 @@ def _cut(xp, whole, bounds, ends, cc):
 
 def make_colored_sweep(A, groups, inv, block_size=1, sliced=None, layout=None):
     """The colour plan the Gauss-Seidel smoothers use: with ``layout`` (default
-    :data:`adaptmg.device.gs_kernels.BLOCK_LAYOUT`) "split" and a real ``A`` a
+    :data:`adaptmg.device.gs_kernels.BLOCK_LAYOUT`; "auto": "split" for node blocks on the GPU)
+    "split" and a real ``A`` a
     :class:`SplitColoredSweep`, else :func:`adaptmg.device.gs_kernels.make_colored_sweep`'s plan
     (the same arguments)."""
-    layout = gs_kernels.BLOCK_LAYOUT if layout is None else layout
+    layout = gs_kernels.resolve_layout(layout, backend_of(A).is_gpu, block_size)
     if layout == "split" and np.dtype(A.dtype).kind == "f":
         _, groups, inv = plan_inputs(A, groups, inv, block_size)
         return SplitColoredSweep(A, groups, inv, int(block_size))

@@ -44,7 +44,7 @@ def test_bench_elasticity_gs_sweep_part_prints_its_table(capsys):
     assert [r["smoother"] for r in rows] == ["block_jacobi"] + ["block_gauss_seidel[csr]"] * 2 \
         + ["block_gauss_seidel[bsr]"] * 2
     assert all(r["colors"] >= 8 and r["vs_bj"] > 1 for r in rows[1:])
-    assert gs_kernels.BLOCK_LAYOUT == "bsr" and gs_kernels.THREADS_PER_ROW is None   # restored
+    assert gs_kernels.BLOCK_LAYOUT == "auto" and gs_kernels.THREADS_PER_ROW is None   # restored
 
 
 @pytest.mark.parametrize("bad", [["--gs-layout", "ell"], ["--gs-tpr", "3"], ["--parts", "sweeps"],
@@ -62,11 +62,11 @@ def test_bench_elasticity_gs_split_layout_row():
                                                    "--repeat", "1", "--cycles", "3", "--smoothers",
                                                    "gs_fine_bj_coarse", "--gs-layout", "bsr,split"])
     full, split = out["static"]
-    assert (full["smoother"], split["smoother"]) == ("gs_fine_bj_coarse", "gs_fine_bj_coarse[split]")
+    assert (full["smoother"], split["smoother"]) == ("gs_fine_bj_coarse[bsr]", "gs_fine_bj_coarse[split]")
     assert split["colour_launches"] == full["colour_launches"] and split["cg_iters"] == full["cg_iters"]
     assert split["factor"] == pytest.approx(full["factor"], rel=1e-9)
     # full rows: 2 (4K - 3) / K passes (K colours) and the residual's; split: about 4.7 + 0.56
     K = full["colors"]
     assert full["fine_passes"] == pytest.approx(2 * (4 * K - 3) / K + 1, rel=0.1)
     assert 4.5 < split["fine_passes"] < 0.65 * full["fine_passes"]
-    assert gs_kernels.BLOCK_LAYOUT == "bsr"
+    assert gs_kernels.BLOCK_LAYOUT == "auto"

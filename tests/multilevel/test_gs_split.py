@@ -183,12 +183,12 @@ def test_residual_from_the_stored_halves():
     x0, b = rng.standard_normal(A.shape[0]), rng.standard_normal(A.shape[0])
     for layout in ("split", "bsr", "l1"):
         for sweep, omega, zero in (("symmetric", 1.0, True), ("backward", 1.3, False), ("forward", 1.0, False)):
-            gs_kernels.BLOCK_LAYOUT = "bsr" if layout == "bsr" else "split"
+            before, gs_kernels.BLOCK_LAYOUT = gs_kernels.BLOCK_LAYOUT, "bsr" if layout == "bsr" else "split"
             try:
                 sm = (L1GaussSeidel(A, sweep=sweep, omega=omega, partition_rows=40) if layout == "l1" else
                       GaussSeidel(A, sweep=sweep, omega=omega, block_size=c))
             finally:
-                gs_kernels.BLOCK_LAYOUT = "bsr"
+                gs_kernels.BLOCK_LAYOUT = before
             assert sm.forms_residual == (layout == "split")
             x, y, r = x0.copy(), x0.copy(), np.full_like(x0, np.nan)
             sm.smooth(x, b, 2, zero_initial=zero, residual=r)
@@ -268,7 +268,7 @@ def test_multigrid_with_split_gs_equals_full_rows(monkeypatch):
     for layout in ("bsr", "split"):
         monkeypatch.setattr(gs_kernels, "BLOCK_LAYOUT", layout)
         ml = adaptmg.multigrid(space, form, dirichlet="all", smoother="block_gauss_seidel",
-                               near_nullspace="rigid_body")
+                               near_nullspace="rigid_body", backend="cpu")   # the host path (GPU: below)
         assert isinstance(ml._dev[-1].smoother._plan, SplitColoredSweep) == (layout == "split")
         n = ml.A.shape[0]
         b = np.random.default_rng(3).standard_normal(n)
