@@ -13,7 +13,7 @@ into the DoF vector by ``xp.bincount``.  Only the mesh's points and cells and th
 table are copied up (they live on the host); nothing of O(cells) comes back.  The sums run
 in another order than on the host: results agree to rounding.
 
-Scalar forms (:func:`element_entries_on_device`): the element matrices
+Scalar forms (:func:`element_chunks`): the element matrices
 :math:`K_c = \sum_q F_{c,q,:} T_{q,:,:}` of a geometric factor computed from the device
 geometry (and the coefficients at the device points, :mod:`._coefficients`).  Lumped mass
 (:func:`lumped_mass_on_device`): the per-cell masses of :func:`lumped_local` summed into the
@@ -37,7 +37,8 @@ import numpy as np
 from ..backend import backend_of, call_points, constant, is_device_array, to_host
 from ..fe.geometry import _det, _det_inv, jacobian_error, q1_tables
 
-__all__ = ["load_on_device", "lumped_mass_on_device", "lumped_local", "element_entries_on_device", "elasticity_entries", "elastic_factor",
+__all__ = ["load_on_device", "lumped_mass_on_device", "lumped_local", "element_entries_on_device", "element_chunks",
+           "elasticity_entries", "elastic_factor",
            "DEVICE_CHUNK_CELLS"]
 
 #: cells per chunk: the Jacobians of a chunk (cells, nq, d, d) stay below ~0.6 GB in 3-D
@@ -113,31 +114,44 @@ def _chunks(be, info, xi, step=DEVICE_CHUNK_CELLS):
         raise jacobian_error(to_host(bad))
 
 
-def element_entries_on_device(be, info, xi, w, factor, T_full, out, extra=None):
-    r"""Element matrices :math:`K_c = F_c T` of every cell into the device array ``out``
-    (cells * nloc^2, cell-major), the geometric factor ``F = factor(sl, g, w det J)``
-    (n, nq, m) computed from the device geometry ``g`` (``J``, ``detJ``, ``invJ``) and
-    contracted with the reference tensor ``T_full`` (nq * m, nloc^2) in one GEMM per chunk.
-    The factor reads the geometry (``J``, ``detJ``, ``invJ``) and, for coefficients that are
-    not constants, the points ``g.x`` (callables, :mod:`._coefficients`) or the chunk ``sl``
+def element_chunks(be, info, xi, w, factor, T_full, extra=None, step=DEVICE_CHUNK_CELLS):
+    r"""``(sl, K, K_e)`` over chunks of at most ``step`` cells: the element matrices
+    :math:`K_c = F_c T` (n, nloc^2) of the chunk ``sl``, the geometric factor
+    ``F = factor(sl, g, w det J)`` (n, nq, m) computed from the device geometry ``g`` (``J``,
+    ``detJ``, ``invJ``) and contracted with the reference tensor ``T_full`` (nq * m, nloc^2)
+    in one GEMM.  The factor reads the geometry and, for coefficients that are not
+    constants, the points ``g.x`` (callables, :mod:`._coefficients`) or the chunk ``sl``
     (per-cell and per-node arrays), all on the device.
 
-    ``extra = (cols, Te_full, out_e)``: also the element matrices of a part of the form, the
-    factor columns ``cols`` (a slice of the m axis) against ``Te_full`` (nq * m_e, nloc^2),
-    into ``out_e`` (e.g. the mass term of :func:`~adaptmg.assemble.scalar_form`'s
-    ``return_mass``), from the same factor."""
+    ``extra = (cols, Te_full)``: ``K_e`` the element matrices of a part of the form, the
+    factor columns ``cols`` (a slice of the m axis) against ``Te_full`` (nq * m_e, nloc^2)
+    (e.g. the mass term of :func:`~adaptmg.assemble.scalar_form`'s ``return_mass``), from
+    the same factor; else ``K_e`` is None.  Only one chunk's matrices are alive at a time
+    when the caller sums them before the next (:meth:`._device.DevicePattern.add`)."""
     xp = be.xp
     w_d, T_d = constant(w, xp), constant(T_full, xp)
-    per = T_full.shape[1]
     if extra is not None:
-        cols, Te_d, out_e = extra[0], xp.asarray(extra[1]), extra[2]
-    for sl, _, g in _chunks(be, info, xi):
+        cols, Te_d = extra[0], xp.asarray(extra[1])
+    for sl, _, g in _chunks(be, info, xi, step):
         F = factor(sl, g, g.detJ * w_d)
         n = g.num_cells
+        K = F.reshape(n, -1) @ T_d
+        Ke = None if extra is None else xp.ascontiguousarray(F[:, :, cols]).reshape(n, -1) @ Te_d
+        del F
+        yield sl, K, Ke
+
+
+def element_entries_on_device(be, info, xi, w, factor, T_full, out, extra=None):
+    r"""Element matrices of every cell (:func:`element_chunks`) into the device array ``out``
+    (cells * nloc^2, cell-major); ``extra = (cols, Te_full, out_e)`` those of a part of the
+    form into ``out_e``."""
+    per = T_full.shape[1]
+    ext = None if extra is None else extra[:2]
+    for sl, K, Ke in element_chunks(be, info, xi, w, factor, T_full, ext):
         lo, hi = sl.start * per, sl.stop * per
-        out[lo:hi] = (F.reshape(n, -1) @ T_d).reshape(-1)
-        if extra is not None:
-            out_e[lo:hi] = (xp.ascontiguousarray(F[:, :, cols]).reshape(n, -1) @ Te_d).reshape(-1)
+        out[lo:hi] = K.reshape(-1)
+        if Ke is not None:
+            extra[2][lo:hi] = Ke.reshape(-1)
     return out
 
 

@@ -65,15 +65,14 @@ def _device_derivatives(info, xi, w, T_full):
     direction k the factor :math:`F_{c,q,e} = w_q \det J\,(J^{-1})_{ek}` of every cell on the
     device (:func:`~.on_device.element_entries_on_device`, the full rule on every cell), summed
     on the device pattern."""
-    from .on_device import element_entries_on_device
+    from .forms import _device_element_sums
     be = info.device
     pat = get_device_pattern(be, info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
     out = []
     for k in range(info.dim):
-        data = be.xp.empty(info.num_cells * T_full.shape[1])
-        element_entries_on_device(be, info, xi, w, lambda sl, g, wdet: g.invJ[..., k] * wdet[:, :, None],
-                                  T_full, data)
-        out.append(pat.device_csr(pat.sum(data, on_device=True)))
+        data, _ = _device_element_sums(be, pat, info, xi, w, lambda sl, g, wdet: g.invJ[..., k] * wdet[:, :, None],
+                                       T_full, None)
+        out.append(pat.device_csr(data))
     return out
 
 
