@@ -1,0 +1,134 @@
+"""The lean device pattern (adaptmg/assemble/_device.py): the pattern by row blocks and the
+one-thread-per-row sums, against the host Pattern and the sort-based SortedDevicePattern --
+integers equal, sums equal bit for bit (the same additions in the same order) -- on NumPy;
+the CUDA kernel against its twin under ``gpu``."""
+import numpy as np
+import pytest
+
+from adaptmg import assemble as asm
+from adaptmg.assemble import _device, forms
+from adaptmg.assemble._device import DevicePattern
+from adaptmg.assemble._device_sorted import SortedDevicePattern
+from adaptmg.backend import CPU
+from adaptmg.fe.sparsity import Pattern
+
+from test_assemble import _adaptive_mesh, _pattern_tables, space
+
+
+def _entries(P, seed):
+    """Element entries of the pattern's cells with many cancellations (sums depend on order)."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(P.cell_shape) * 10.0 ** rng.integers(-8, 9, P.cell_shape)
+
+
+@pytest.mark.parametrize("block", [7, 1 << 27])
+def test_pattern_and_sums_equal_host_and_sorted_patterns(block, monkeypatch):
+    """Row blocks of any size: indptr/indices of the host Pattern; the sums of all entries at
+    once, and of cell chunks added in ascending order, np.add.at's bit for bit (Q1/Q2, 2-D/3-D,
+    hanging nodes, rectangular transfer tables, a random table)."""
+    monkeypatch.setattr(_device, "PATTERN_CHUNK_ENTRIES", block)
+    for name, rows, cols, nrows, ncols, _ in _pattern_tables():
+        P = Pattern(rows, cols, nrows, ncols)
+        D = DevicePattern(CPU, rows, cols, nrows, ncols)
+        S = SortedDevicePattern(CPU, rows, cols, nrows, ncols)
+        assert D.nnz == P.nnz and D.shape == P.shape, name
+        assert np.array_equal(D.indptr, P.indptr) and np.array_equal(D.indices, P.indices), name
+        K = _entries(P, 1)
+        ref = np.zeros(P.nnz)
+        P.add(ref, slice(0, K.shape[0]), K)
+        assert np.array_equal(D.sum(K.reshape(-1)), ref), name
+        assert np.array_equal(S.sum(K.reshape(-1)), ref), name
+        nc = K.shape[0]
+        for step in (1, 3, nc // 2 + 1):
+            data = D.zeros()
+            for c0 in range(0, nc, step):
+                D.add(data, c0, K[c0:c0 + step].reshape(min(step, nc - c0), -1))
+            assert np.array_equal(data, ref), (name, step)
+
+
+def test_twin_search_in_small_steps(monkeypatch):
+    """The twin's entry chunks (_NP_TWIN_ENTRIES) do not change its sums."""
+    name, rows, cols, nrows, ncols, _ = _pattern_tables()[5]            # adaptive 3-D Q2
+    D = DevicePattern(CPU, rows, cols, nrows, ncols)
+    K = _entries(D, 2).reshape(-1)
+    ref = D.sum(K)
+    monkeypatch.setattr(_device, "_NP_TWIN_ENTRIES", 100)
+    assert np.array_equal(D.sum(K), ref)
+
+
+def test_bad_tables_and_chunks_raise():
+    rows = np.array([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match="outside a 2 x 3 matrix"):
+        DevicePattern(CPU, rows, rows, 2, 3)
+    with pytest.raises(ValueError, match="outside a 3 x 3 matrix"):
+        DevicePattern(CPU, rows, rows - 1, 3, 3)
+    with pytest.raises(ValueError, match="differ in length"):
+        DevicePattern(CPU, rows, rows[:1], 3, 3)
+    D = DevicePattern(CPU, rows, rows, 3, 3)
+    with pytest.raises(ValueError, match="do not fit 2 cells"):
+        D.add(D.zeros(), 1, np.ones((2, 4)))
+    with pytest.raises(ValueError, match="do not fit 2 cells"):
+        D.add(D.zeros(), 0, np.ones((1, 3)))
+    with pytest.raises(ValueError, match="expected 2 x 2 x 2"):
+        D.sum(np.ones(7))
+    assert _device.chunk_cells(64, 1 << 20) == 2048 and _device.chunk_cells(10 ** 9, 1) == 1
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_chunked_device_elements_equal_the_sorted_path(d, monkeypatch):
+    """scalar_form's device-element path (run on NumPy): with the default budget the same bits
+    as before (every element matrix into one (E,) array, summed by the sort-based pattern:
+    the geometry chunks are unchanged); with chunks of 5 cells the same matrices to a few ulps
+    (a GEMM of other row counts may round differently), summed chunk by chunk."""
+    from adaptmg.assemble import on_device
+    from adaptmg.fe import Space
+    eps = np.finfo(np.float64).eps
+    monkeypatch.setattr(forms, "_assembly_device", lambda device, info, per: CPU if device == "np" else None)
+    monkeypatch.setattr(forms, "_keep_backend", lambda name, device, keep, info=None: CPU if keep else None)
+    kw = dict(mass=1.5, diffusion=0.3, convection=np.arange(1.0, d + 1), return_mass=True)
+    for s in (space(d, 1, "distorted"), Space(_adaptive_mesh(d), 2, 1)):
+        with monkeypatch.context() as mp:          # the earlier path: all E entries, then sorted sums
+            mp.setattr(forms, "get_device_pattern", lambda be, r, c, nr, nc: SortedDevicePattern(be, r, c, nr, nc))
+
+            def sums(device, pat, info, xi, w, factor, T_full, extra):
+                nent = info.num_cells * T_full.shape[1]
+                out, out_e = np.empty(nent), np.empty(nent) if extra is not None else None
+                on_device.element_entries_on_device(device, info, xi, w, factor, T_full, out,
+                                                    extra=None if extra is None else (*extra, out_e))
+                return pat.sum(out, on_device=True), None if extra is None else pat.sum(out_e, on_device=True)
+            mp.setattr(forms, "_device_element_sums", sums)
+            A0, M0 = asm.scalar_form(s, device="np", keep_on_device=True, **kw)
+        monkeypatch.setattr(forms, "get_device_pattern", lambda be, r, c, nr, nc: DevicePattern(be, r, c, nr, nc))
+        A1, M1 = asm.scalar_form(s, device="np", keep_on_device=True, **kw)
+        nloc = s.cell_dofs.shape[1]
+        calls = []
+        add = DevicePattern.add
+        with monkeypatch.context() as mp:
+            mp.setattr(_device, "ASSEMBLY_CHUNK_BYTES", 8 * 2 * nloc * nloc * 5)      # 5 cells
+            mp.setattr(DevicePattern, "add", lambda self, data, c0, K: calls.append(K.shape[0])
+                       or add(self, data, c0, K))
+            A2, M2 = asm.scalar_form(s, device="np", keep_on_device=True, **kw)
+        assert max(calls) == 5 and sum(calls) == 2 * s.mesh.num_cells
+        for X, Y, Z in ((A0, A1, A2), (M0, M1, M2)):
+            for W in (Y, Z):
+                assert np.array_equal(X.indptr, W.indptr) and np.array_equal(X.indices, W.indices)
+            assert np.array_equal(X.data, Y.data)
+            assert np.max(np.abs(X.data - Z.data)) <= 8 * eps * np.max(np.abs(X.data))
+
+
+@pytest.mark.gpu
+def test_row_walk_kernel_equals_twin():
+    """adaptmg_row_walk_sum on the device: the pattern's integers and the sums (whole and in
+    chunks) bit for bit those of the NumPy twin, on every test table."""
+    import cupy
+    for name, rows, cols, nrows, ncols, _ in _pattern_tables():
+        H = DevicePattern(CPU, rows, cols, nrows, ncols)
+        G = DevicePattern("gpu", cupy.asarray(rows), cupy.asarray(cols), nrows, ncols)
+        assert np.array_equal(H.indptr, G.indptr) and np.array_equal(H.indices, G.indices), name
+        K = _entries(H, 3)
+        ref = H.sum(K.reshape(-1))
+        assert np.array_equal(G.sum(cupy.asarray(K.reshape(-1))), ref), name
+        data = G.zeros()
+        for c0 in range(0, K.shape[0], 5):
+            G.add(data, c0, cupy.asarray(K[c0:c0 + 5]))
+        assert np.array_equal(data.get(), ref), name
