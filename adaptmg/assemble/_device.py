@@ -10,10 +10,16 @@ Here no array of size E exists:
 1. **Incidence.**  The pairs (row node, cell) of the ``nc * nr`` incidences ``p = c nr + i``
    (``row_cells[c, i]``), sorted stably by row node: ``inc`` with row pointer ``inc_ptr``
    (for Q1 hex 8x smaller than E); within a row the incidences ascend in p, i.e. in (c, i).
-2. **Pattern.**  By blocks of whole rows with at most :data:`PATTERN_CHUNK_ENTRIES`
-   candidates: the keys ``row * ncols + col_cells[c, j]`` of the block's incidences, sorted,
-   their distinct values -> ``indices`` (columns ascending within rows) and the row counts ->
-   ``indptr``.  The same integers as :class:`~adaptmg.fe.sparsity.Pattern`.
+2. **Pattern.**  Row r's columns are the distinct values of its candidates
+   :math:`C_r = \{\mathrm{col\_cells}_{c,j} : (c, i) \in \mathrm{inc}(r),\ j < ncl\}`.
+   On the device one thread per row finds them in ascending order as iterated minima,
+   :math:`s_{k+1} = \min\{s \in C_r : s > s_k\}` (no buffer, any number of cells per
+   row; :math:`O(|C_r| \cdot nnz_r)` reads of a few cached cells): a count kernel
+   (``adaptmg_row_columns_count``), the running sum -> ``indptr``, a fill kernel
+   (``adaptmg_row_columns_fill``) -> ``indices``.  The NumPy twin sorts the keys
+   ``row * ncols + col`` of blocks of whole rows of at most :data:`PATTERN_CHUNK_ENTRIES`
+   candidates and keeps the distinct ones.  Both give the integers of
+   :class:`~adaptmg.fe.sparsity.Pattern` (columns ascending within rows).
 3. **Sums.**  For a chunk of cells :math:`[c_0, c_1)` and its element matrices K, one thread
    per row r (kernel ``adaptmg_row_walk_sum``) walks r's incidences (c, i) with
    :math:`c_0 \le c < c_1` in ascending order and for j = 0..ncl-1 adds
@@ -44,13 +50,13 @@ import numpy as np
 from ..backend import get_backend, in_host_memory, repeat, stable_argsort, to_host
 from ..fe.sparsity import Pattern, _index_dtype, cell_tables, memoised
 
-__all__ = ["DevicePattern", "get_device_pattern", "row_walk_sum", "MIN_DEVICE_ENTRIES",
+__all__ = ["DevicePattern", "get_device_pattern", "row_walk_sum", "MIN_DEVICE_ENTRIES", "KERNEL_NAMES",
            "PATTERN_CHUNK_ENTRIES", "ASSEMBLY_CHUNK_BYTES", "chunk_cells"]
 
 # below this many element entries the copies and launches cost more than the host pattern
 MIN_DEVICE_ENTRIES = 1 << 18
-#: candidate (row, column) keys sorted at once while building a pattern: 8 bytes each, plus
-#: the sort's scratch (about as much again) -- ~2-3 GiB of temporaries whatever the mesh size
+#: candidate (row, column) keys sorted at once by the NumPy twin of the pattern's row kernels
+#: (8 bytes each, and the sort's scratch): its temporaries are bounded whatever the mesh size
 PATTERN_CHUNK_ENTRIES = 1 << 27
 #: bytes of element matrices (float64) computed and summed at once by the device forms: the
 #: chunk's K (cells x nr x ncl) -- for 3-D Q1 2^21 cells, for 3-D Q2 ~184k cells
@@ -85,14 +91,47 @@ for (long long t = lo; t < end; ++t) {
 """
 
 
-@functools.lru_cache(maxsize=None)
-def _row_walk_kernel():
-    """CuPy kernel ``adaptmg_row_walk_sum`` (one thread per row; the module's step 3)."""
-    xp = get_backend("gpu").xp
-    return xp.ElementwiseKernel(
+# one thread per row: the smallest column above ``last`` among the row's candidates
+# col_cells[c, j] (its incidences (c, i), all j), again and again -- the distinct columns in
+# ascending order, without a buffer, whatever the number of cells at a node
+_NEXT_COLUMN = r"""
+  long long best = 0x7fffffffffffffffLL;
+  for (long long t = t0; t < t1; ++t) {
+    const long long cb = ((long long)inc[t] / nr) * ncl;
+    for (int j = 0; j < ncl; ++j) {
+      const long long s = cols[cb + j];
+      if (s > last && s < best) best = s;
+    }
+  }
+  if (best == 0x7fffffffffffffffLL) break;
+  last = best;
+"""
+
+_SPECS = {
+    "row_columns_count": (
+        "raw P inc, raw int64 inc_ptr, raw C cols, int32 nr, int32 ncl", "int64 cnt",
+        "const long long t0 = inc_ptr[i], t1 = inc_ptr[i + 1]; long long last = -1, k = 0;"
+        " while (true) {" + _NEXT_COLUMN + " ++k; }"
+        " cnt = k;"),
+    "row_columns_fill": (
+        "raw P inc, raw int64 inc_ptr, raw C cols, raw I ip, int32 nr, int32 ncl", "raw I ind",
+        "const long long t0 = inc_ptr[i], t1 = inc_ptr[i + 1]; long long last = -1, o = ip[i];"
+        " while (true) {" + _NEXT_COLUMN + " ind[o++] = (I)best; }"),
+    "row_walk_sum": (
         "raw P inc, raw int64 inc_ptr, raw I ip, raw J ind, raw C cols, raw float64 K, "
-        "int64 c0, int64 c1, int32 nr, int32 ncl", "raw float64 data",
-        _ROW_WALK_SUM, "adaptmg_row_walk_sum")
+        "int64 c0, int64 c1, int32 nr, int32 ncl", "raw float64 data", _ROW_WALK_SUM),
+}
+
+#: the CuPy kernels of this module (made once, on first use)
+KERNEL_NAMES = tuple(f"adaptmg_{n}" for n in _SPECS)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name):
+    """CuPy kernel ``adaptmg_<name>``: the pattern's row kernels (step 2), the row walk (step 3)."""
+    xp = get_backend("gpu").xp
+    ins, outs, op = _SPECS[name]
+    return xp.ElementwiseKernel(ins, outs, op, f"adaptmg_{name}")
 
 
 def _segment_search(ip, ind, rows, vals, steps):
@@ -138,7 +177,7 @@ def row_walk_sum(pat, data, c0, K):
         return _np_row_walk_sum(pat, data, c0, K)
     n = K.shape[0]
     if n and pat.shape[0]:
-        _row_walk_kernel()(pat.inc, pat.inc_ptr, pat.d_indptr, pat.d_indices, pat._col_cells,
+        _kernel("row_walk_sum")(pat.inc, pat.inc_ptr, pat.d_indptr, pat.d_indices, pat._col_cells,
                            K, np.int64(c0), np.int64(c0 + n), np.int32(pat.cell_shape[1]),
                            np.int32(pat.cell_shape[2]), data, size=pat.shape[0])
     return data
@@ -177,22 +216,54 @@ class DevicePattern:
         counts = xp.bincount(rc.reshape(-1), minlength=nrows) if ninc else xp.zeros(nrows, dtype=xp.int64)
         self.inc_ptr = xp.zeros(nrows + 1, dtype=xp.int64)
         xp.cumsum(counts[:nrows], out=self.inc_ptr[1:])
-        # 2. pattern by blocks of whole rows of at most PATTERN_CHUNK_ENTRIES candidates: the
-        # blocks' first rows and incidences, and the tables' ranges, in one read
+        ranges = xp.stack([rc.min(), rc.max(), cc.min(), cc.max()]).astype(xp.int64) if ninc and ncl \
+            else xp.asarray(np.array([0, max(nrows - 1, 0), 0, max(ncols - 1, 0)], dtype=np.int64))
+        # 2. the pattern: row kernels on the device, sorts of row blocks on NumPy (the twin)
+        if in_host_memory(rc):
+            lo_hi, rowcnt, indices = self._sorted_blocks(xp, counts, ranges)
+        else:
+            lo_hi = to_host(ranges)
+            if ninc and ncl and lo_hi[0] >= 0 and lo_hi[1] < nrows and lo_hi[2] >= 0 and lo_hi[3] < ncols:
+                rowcnt = _kernel("row_columns_count")(self.inc, self.inc_ptr, cc, np.int32(nr), np.int32(ncl),
+                                                       xp.empty(nrows, dtype=xp.int64))
+            else:
+                rowcnt = xp.zeros(nrows, dtype=xp.int64)
+        if lo_hi[0] < 0 or lo_hi[1] >= max(nrows, 1) or lo_hi[2] < 0 or lo_hi[3] >= max(ncols, 1):
+            raise ValueError(f"DevicePattern: cell tables index rows {lo_hi[0]}..{lo_hi[1]} "
+                             f"and columns {lo_hi[2]}..{lo_hi[3]}, outside a {nrows} x {ncols} matrix")
+        indptr = xp.zeros(nrows + 1, dtype=xp.int64)
+        xp.cumsum(rowcnt, out=indptr[1:])
+        self.nnz = nnz = int(indptr[-1])
+        idx_t = _index_dtype(max(nnz, nrows, ncols))
+        self.d_indptr = indptr.astype(idx_t)
+        del indptr, rowcnt
+        if in_host_memory(rc):
+            self.d_indices = indices.astype(idx_t, copy=False)
+        else:
+            self.d_indices = xp.empty(nnz, dtype=idx_t)
+            if nnz:
+                _kernel("row_columns_fill")(self.inc, self.inc_ptr, cc, self.d_indptr, np.int32(nr),
+                                            np.int32(ncl), self.d_indices, size=nrows)
+        self._host = None
+
+    def _sorted_blocks(self, xp, counts, ranges):
+        """NumPy twin of the row kernels: ``(ranges on the host, entries per row, indices)`` by
+        blocks of whole rows of at most :data:`PATTERN_CHUNK_ENTRIES` candidates: the keys
+        ``row * ncols + col`` of a block's incidences sorted, their distinct values.  Written
+        against ``xp`` (the tests' device stand-ins)."""
+        (nrows, ncols), (nc, nr, ncl) = self.shape, self.cell_shape
+        ninc, cc = nc * nr, self._col_cells
         per_block = max(1, PATTERN_CHUNK_ENTRIES // max(ncl, 1))
         cuts = xp.searchsorted(self.inc_ptr, xp.arange(per_block, ninc, per_block, dtype=xp.int64))
         bounds = xp.concatenate([xp.zeros(1, dtype=xp.int64), cuts.astype(xp.int64),
                                  xp.full(1, nrows, dtype=xp.int64)])
-        ranges = xp.stack([rc.min(), rc.max(), cc.min(), cc.max()]).astype(xp.int64) if ninc and ncl \
-            else xp.array([0, max(nrows - 1, 0), 0, max(ncols - 1, 0)], dtype=xp.int64)
-        got = to_host(xp.concatenate([bounds, self.inc_ptr[bounds], ranges]))
+        got = to_host(xp.concatenate([bounds, self.inc_ptr[bounds], ranges]))    # one read
         nb = bounds.shape[0]
         bounds, at, lo_hi = got[:nb], got[nb:2 * nb], got[2 * nb:]
-        if lo_hi[0] < 0 or lo_hi[1] >= max(nrows, 1) or lo_hi[2] < 0 or lo_hi[3] >= max(ncols, 1):
-            raise ValueError(f"DevicePattern: cell tables index rows {lo_hi[0]}..{lo_hi[1]} "
-                             f"and columns {lo_hi[2]}..{lo_hi[3]}, outside a {nrows} x {ncols} matrix")
         pieces, rowcnt = [], []
-        for k in range(bounds.size - 1):                          # loop over row blocks only
+        if lo_hi[0] < 0 or lo_hi[1] >= max(nrows, 1) or lo_hi[2] < 0 or lo_hi[3] >= max(ncols, 1):
+            return lo_hi, None, None                                # the caller raises
+        for k in range(bounds.size - 1):                            # loop over row blocks only
             r0, r1, t0, t1 = int(bounds[k]), int(bounds[k + 1]), int(at[k]), int(at[k + 1])
             if t1 == t0:
                 rowcnt.append(xp.zeros(r1 - r0, dtype=xp.int64))
@@ -208,18 +279,11 @@ class DevicePattern:
             uk = keys[xp.flatnonzero(head)]
             del keys, head
             rows = uk // ncols
-            pieces.append((uk - rows * ncols).astype(node_t))
+            pieces.append((uk - rows * ncols).astype(cc.dtype))
             rowcnt.append(xp.bincount(rows, minlength=r1 - r0))
             del uk, rows
         rowcnt = xp.concatenate(rowcnt) if rowcnt else xp.zeros(nrows, dtype=xp.int64)
-        indptr = xp.zeros(nrows + 1, dtype=xp.int64)
-        xp.cumsum(rowcnt, out=indptr[1:])
-        self.nnz = nnz = int(indptr[-1])
-        idx_t = _index_dtype(max(nnz, nrows, ncols))
-        self.d_indptr = indptr.astype(idx_t)
-        self.d_indices = (xp.concatenate(pieces) if pieces else xp.zeros(0, dtype=node_t)).astype(idx_t, copy=False)
-        del pieces
-        self._host = None
+        return lo_hi, rowcnt, (xp.concatenate(pieces) if pieces else xp.zeros(0, dtype=cc.dtype))
 
     @property
     def _steps(self):

@@ -94,10 +94,11 @@ class _DeviceGeometry:
         return self._invJ
 
 
-def _chunks(be, info, xi, step=DEVICE_CHUNK_CELLS):
+def _chunks(be, info, xi, step=None):
     """(slice, X (n, 2^d, d), geometry) over chunks of ``step`` cells, all on the backend
     ``be`` (ValueError after the sweep for cells with det J <= 0)."""
     xp = be.xp
+    step = DEVICE_CHUNK_CELLS if step is None else step
     N, dN = q1_tables(info.dim, xi)
     N, dN = constant(N, xp), constant(dN, xp)
     pts, cells = xp.asarray(info.points), xp.asarray(info.cells)
@@ -114,8 +115,9 @@ def _chunks(be, info, xi, step=DEVICE_CHUNK_CELLS):
         raise jacobian_error(to_host(bad))
 
 
-def element_chunks(be, info, xi, w, factor, T_full, extra=None, step=DEVICE_CHUNK_CELLS):
-    r"""``(sl, K, K_e)`` over chunks of at most ``step`` cells: the element matrices
+def element_chunks(be, info, xi, w, factor, T_full, extra=None, step=None):
+    r"""``(sl, K, K_e)`` over chunks of at most ``step`` (default :data:`DEVICE_CHUNK_CELLS`)
+    cells: the element matrices
     :math:`K_c = F_c T` (n, nloc^2) of the chunk ``sl``, the geometric factor
     ``F = factor(sl, g, w det J)`` (n, nq, m) computed from the device geometry ``g`` (``J``,
     ``detJ``, ``invJ``) and contracted with the reference tensor ``T_full`` (nq * m, nloc^2)
