@@ -257,7 +257,7 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
 
     ``device_elements`` (with ``device``; a factor written against the backend of ``wdet``):
     the element matrices too -- and ``extra``'s -- are computed on the device, with the full
-    quadrature rule on every cell (:func:`.on_device.element_entries_on_device`): nothing of
+    quadrature rule on every cell (:func:`.on_device.element_chunks`, summed chunk by chunk): nothing of
     O(cells) is computed on the host or copied up but the mesh itself.  Asked for constant
     coefficients on a host mesh; always taken on a mesh on the GPU, where the coefficients are
     evaluated on the device too (:mod:`._coefficients`).
@@ -564,7 +564,7 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
 
     ``device="gpu"`` (or a GPU :class:`~adaptmg.backend.Backend`; None/"cpu" = host)
     builds the sparsity pattern and sums the element matrices on the GPU
-    (:mod:`adaptmg.assemble._device`: one radix sort and one segmented-sum kernel
+    (:mod:`adaptmg.assemble._device`: row kernels for the pattern and the sums
     instead of the host row grouping and ``np.add.at``); the element matrices are still
     computed on the host and the result is the same host CSR, bit for bit. Meshes with
     fewer than ``MIN_DEVICE_ENTRIES`` element entries stay on the host.

@@ -63,8 +63,8 @@ def derivative_matrices(space, *, quad_points=None):
 def _device_derivatives(info, xi, w, T_full):
     r"""The :math:`C_k` of :func:`derivative_matrices` for a mesh on the GPU, as cupyx CSR: per
     direction k the factor :math:`F_{c,q,e} = w_q \det J\,(J^{-1})_{ek}` of every cell on the
-    device (:func:`~.on_device.element_entries_on_device`, the full rule on every cell), summed
-    on the device pattern."""
+    device (:func:`~.on_device.element_chunks`, the full rule on every cell), summed chunk by
+    chunk on the device pattern."""
     from .forms import _device_element_sums
     be = info.device
     pat = get_device_pattern(be, info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
@@ -149,7 +149,7 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
     # one product of the combined factor G_rs = lam F_rs + mu F_sr + ... (formed on the small
     # (cells, points, d, d) factors, no (cells, L) temporaries; on_device.elastic_factor); the
     # d*d fields and the scalar mass are summed in entry order by FieldSums (two adjacent block
-    # columns per complex add.at) on the host, by the device pattern's segment sums there.
+    # columns per complex add.at) on the host, by the device pattern's row sums there.
     Tq = np.einsum("qib,qje->qbeij", dphi, dphi).reshape(nq, d * d, L)
     T_full = np.ascontiguousarray(Tq.reshape(nq * d * d, L))
     Tm_full = np.ascontiguousarray((phi[:, :, None] * phi[:, None, :]).reshape(nq, L)) if return_mass else None
@@ -206,7 +206,7 @@ def _kept_result(be, indptr, indices, fdata, format, return_mass, info):
 
 def _device_fields(dev, pat, info, xi, w, lam, mu, T_full, Tm_full, nfld):
     """The summed fields (nnz, nfld) on the device: every cell's element matrices there
-    (:func:`~.on_device.elasticity_entries`), then one segment sum per field."""
+    (:func:`~.on_device.elasticity_entries`), then one row-walk sum per field."""
     from .on_device import elasticity_entries
     xp = dev.xp
     K = xp.empty((nfld, info.num_cells * T_full.shape[1]))
