@@ -76,7 +76,7 @@ for (long long t = lo; t < end; ++t) {
   const long long p = inc[t];
   if (p >= stop) break;
   const long long c = p / nrl;
-  const long long kb = (p - first) * ncll;   // K[c - c0, p - c nr, :]
+  const long long kb = (p - first) * ncll;   // K[f, c - c0, p - c nr, :]
   const long long cb = c * ncll;
   for (long long j = 0; j < ncll; ++j) {
     const long long s = cols[cb + j];
@@ -85,7 +85,7 @@ for (long long t = lo; t < end; ++t) {
       long long m = (l + h) >> 1;
       if ((long long)ind[m] < s) l = m + 1; else h = m;
     }
-    data[l] += K[kb + j];
+    for (int f = 0; f < nf; ++f) data[l * dpos + f * dfld] += K[f * kfld + kb + j];
   }
 }
 """
@@ -119,7 +119,8 @@ _SPECS = {
         " while (true) {" + _NEXT_COLUMN + " ind[o++] = (I)best; }"),
     "row_walk_sum": (
         "raw P inc, raw int64 inc_ptr, raw I ip, raw J ind, raw C cols, raw float64 K, "
-        "int64 c0, int64 c1, int32 nr, int32 ncl", "raw float64 data", _ROW_WALK_SUM),
+        "int64 c0, int64 c1, int32 nr, int32 ncl, int32 nf, int64 kfld, int64 dpos, int64 dfld",
+        "raw float64 data", _ROW_WALK_SUM),
 }
 
 #: the CuPy kernels of this module (made once, on first use)
@@ -149,11 +150,11 @@ def _segment_search(ip, ind, rows, vals, steps):
 
 def _np_row_walk_sum(pat, data, c0, K):
     """NumPy twin of ``adaptmg_row_walk_sum``: the entries' positions by a bisection of their
-    rows, then ``np.add.at`` in (c, i, j) order (the same sums, bit for bit)."""
+    rows, then ``np.add.at`` in (c, i, j) order per field (the same sums, bit for bit)."""
     nc, nr, ncl = pat.cell_shape
-    n = K.shape[0]
+    nf, n = K.shape[0], K.shape[1]
     h = lambda a: a.view(np.ndarray)          # noqa: E731  (the tests' device stand-ins: host views)
-    out, K = h(data), h(K)
+    out, K = h(data).reshape(pat.nnz, nf), h(K)
     ip, ind, rtab, ctab = h(pat.d_indptr), h(pat.d_indices), h(pat._row_cells), h(pat._col_cells)
     step = max(1, _NP_TWIN_ENTRIES // max(nr * ncl, 1))
     for s in range(0, n, step):              # cell chunks of bounded temporaries
@@ -163,7 +164,8 @@ def _np_row_walk_sum(pat, data, c0, K):
         rows = np.broadcast_to(rc[:, :, None], (m, nr, ncl)).reshape(-1).astype(np.int64)
         vals = np.broadcast_to(cc[:, None, :], (m, nr, ncl)).reshape(-1)
         pos = _segment_search(ip, ind, rows, vals, pat._steps)
-        np.add.at(out, pos, K[s:s + m].reshape(-1))
+        for f in range(nf):                  # loop over fields only
+            np.add.at(out[:, f], pos, K[f, s:s + m].reshape(-1))
     return data
 
 
@@ -171,15 +173,18 @@ _NP_TWIN_ENTRIES = 1 << 22        # entries per step of the twin (its index temp
 
 
 def row_walk_sum(pat, data, c0, K):
-    """``data`` += the element entries ``K`` (n, nr, ncl) of the cells ``c0 .. c0 + n - 1`` on
-    the pattern ``pat`` (the module's step 3): the kernel on the device, the twin on NumPy."""
+    """``data`` += the element entries ``K`` (nf, n, nr, ncl) of the cells ``c0 .. c0 + n - 1``
+    on the pattern ``pat`` (the module's step 3); ``data`` C-contiguous (nnz,) for nf = 1 or
+    (nnz, nf): the kernel on the device, the twin on NumPy."""
     if in_host_memory(data):
         return _np_row_walk_sum(pat, data, c0, K)
-    n = K.shape[0]
+    nf, n = K.shape[0], K.shape[1]
     if n and pat.shape[0]:
+        nr, ncl = pat.cell_shape[1:]
         _kernel("row_walk_sum")(pat.inc, pat.inc_ptr, pat.d_indptr, pat.d_indices, pat._col_cells,
-                           K, np.int64(c0), np.int64(c0 + n), np.int32(pat.cell_shape[1]),
-                           np.int32(pat.cell_shape[2]), data, size=pat.shape[0])
+                                K.reshape(-1), np.int64(c0), np.int64(c0 + n), np.int32(nr), np.int32(ncl),
+                                np.int32(nf), np.int64(n * nr * ncl), np.int64(nf), np.int64(1),
+                                data.reshape(-1), size=pat.shape[0])
     return data
 
 
@@ -311,15 +316,24 @@ class DevicePattern:
         return self.backend.xp.zeros(self.nnz, dtype=np.float64)
 
     def add(self, data, c0, K):
-        """``data`` += the element entries ``K`` (n, nr * ncl) or (n, nr, ncl) (device,
-        float64) of the cells ``c0 .. c0 + n - 1``.  Chunks added in ascending cell order give
-        the entries of :meth:`sum` of all of them, bit for bit."""
+        """``data`` += the element entries ``K`` (device, float64) of the cells
+        ``c0 .. c0 + n - 1``: ``data`` (nnz,) and ``K`` (n, nr * ncl) or (n, nr, ncl); or nf
+        fields, ``data`` (nnz, nf) and ``K`` (nf, n * nr * ncl) or (nf, n, nr, ncl).  Chunks
+        added in ascending cell order give the entries of :meth:`sum` of all of them, bit for
+        bit."""
         nc, nr, ncl = self.cell_shape
-        n = K.shape[0]
-        if c0 < 0 or c0 + n > nc or K.size != n * nr * ncl:
-            raise ValueError(f"DevicePattern.add: {tuple(K.shape)} entries at cell {c0} do not "
-                             f"fit {nc} cells of {nr} x {ncl} entries")
-        return row_walk_sum(self, data, int(c0), self.backend.xp.ascontiguousarray(K).reshape(n, nr, ncl))
+        xp = self.backend.xp
+        nf = 1 if data.ndim == 1 else data.shape[1]
+        per = nr * ncl
+        n = K.size // max(nf * per, 1) if per else 0
+        if (data.shape[0] != self.nnz or data.ndim > 2 or data.dtype != np.float64
+                or not data.flags.c_contiguous):
+            raise ValueError(f"DevicePattern.add: data must be C-contiguous float64 (nnz,) or "
+                             f"(nnz, fields) with nnz = {self.nnz}, got {data.dtype} {tuple(data.shape)}")
+        if c0 < 0 or c0 + n > nc or K.size != nf * n * per or (nf > 1 and K.shape[0] != nf):
+            raise ValueError(f"DevicePattern.add: {tuple(K.shape)} entries ({nf} field(s)) at cell {c0} "
+                             f"do not fit {nc} cells of {nr} x {ncl} entries")
+        return row_walk_sum(self, data, int(c0), xp.ascontiguousarray(K, dtype=np.float64).reshape(nf, n, nr, ncl))
 
     def sum(self, K, on_device=False):
         """Summed entries (nnz,) from all element entries ``K`` (device, (E,) float64, cell-major

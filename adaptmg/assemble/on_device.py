@@ -38,7 +38,7 @@ from ..backend import backend_of, call_points, constant, is_device_array, to_hos
 from ..fe.geometry import _det, _det_inv, jacobian_error, q1_tables
 
 __all__ = ["load_on_device", "lumped_mass_on_device", "lumped_local", "element_entries_on_device", "element_chunks",
-           "elasticity_entries", "elastic_factor",
+           "elasticity_entries", "elastic_step", "elastic_factor",
            "DEVICE_CHUNK_CELLS"]
 
 #: cells per chunk: the Jacobians of a chunk (cells, nq, d, d) stay below ~0.6 GB in 3-D
@@ -94,17 +94,18 @@ class _DeviceGeometry:
         return self._invJ
 
 
-def _chunks(be, info, xi, step=None):
-    """(slice, X (n, 2^d, d), geometry) over chunks of ``step`` cells, all on the backend
-    ``be`` (ValueError after the sweep for cells with det J <= 0)."""
+def _chunks(be, info, xi, step=None, window=None):
+    """(slice, X (n, 2^d, d), geometry) over chunks of ``step`` cells of the cells ``window``
+    (a slice; default all), all on the backend ``be`` (ValueError after the sweep for cells
+    with det J <= 0)."""
     xp = be.xp
     step = DEVICE_CHUNK_CELLS if step is None else step
     N, dN = q1_tables(info.dim, xi)
     N, dN = constant(N, xp), constant(dN, xp)
     pts, cells = xp.asarray(info.points), xp.asarray(info.cells)
-    nc = info.num_cells
-    bad = xp.zeros(nc, dtype=bool)
-    for s in range(0, nc, step):
+    a, nc = (0, info.num_cells) if window is None else (window.start, window.stop)
+    bad = xp.zeros(info.num_cells, dtype=bool)
+    for s in range(a, nc, step):
         sl = slice(s, min(s + step, nc))
         X = pts[cells[sl]]                                     # (n, 2^d, d)
         J = xp.einsum("cva,qvb->cqab", X, dN)
@@ -205,9 +206,18 @@ def _coefficient_on(be, name, coef, num_cells):
     return (lambda sl, x: a_d[sl][:, None]), False
 
 
-def elasticity_entries(be, info, xi, w, lam, mu, T_full, Tm_full, out):
-    r"""Element matrices of :func:`adaptmg.assemble.elasticity` for every cell, on the backend
-    ``be`` (NumPy or CuPy), into ``out`` (nfields, num_cells * nloc^2): row 0 the scalar mass
+def elastic_step(info, nq, L, mass):
+    """Cells per chunk of :func:`elasticity_entries` (temporaries within ELASTIC_CHUNK_BYTES)."""
+    d = info.dim
+    nk = d * d
+    per_cell = 8 * (3 * nk * nq * d * d + (nk + int(mass)) * L + 4 * nq * d * d)
+    return int(max(1, min(DEVICE_CHUNK_CELLS, ELASTIC_CHUNK_BYTES // per_cell)))
+
+
+def elasticity_entries(be, info, xi, w, lam, mu, T_full, Tm_full, out, window=None):
+    r"""Element matrices of :func:`adaptmg.assemble.elasticity` for every cell (or the cells
+    ``window``, a slice), on the backend ``be`` (NumPy or CuPy), into ``out`` (nfields,
+    cells * nloc^2): row 0 the scalar mass
     :math:`\sum_q w_q \det J\,\hat\phi_i\hat\phi_j` when ``Tm_full`` (nq, nloc^2) is
     given, then the block fields (r, s) row-major, cell-major entries (c, i, j) in each row.
 
@@ -225,9 +235,9 @@ def elasticity_entries(be, info, xi, w, lam, mu, T_full, Tm_full, out):
     Tm_d = None if Tm_full is None else xp.asarray(Tm_full)
     ev_l, x_l = _coefficient_on(be, "lam", lam, info.num_cells)
     ev_m, x_m = _coefficient_on(be, "mu", mu, info.num_cells)
-    per_cell = 8 * (3 * nk * nq * d * d + (nk + moff) * L + 4 * nq * d * d)
-    step = int(max(1, min(DEVICE_CHUNK_CELLS, ELASTIC_CHUNK_BYTES // per_cell)))
-    for sl, _, g in _chunks(be, info, xi, step):
+    step = elastic_step(info, nq, L, moff)
+    first = 0 if window is None else window.start
+    for sl, _, g in _chunks(be, info, xi, step, window):
         n = g.num_cells
         wdet = g.detJ * w_d                                        # (n, nq)
         V = xp.ascontiguousarray(_det_inv(g.J)[1].transpose(3, 0, 1, 2))
@@ -236,7 +246,7 @@ def elasticity_entries(be, info, xi, w, lam, mu, T_full, Tm_full, out):
         wm = (wdet * ev_m(sl, x))[:, :, None, None]
         shape = (d, d, n, nq, d, d)
         G = elastic_factor(xp, V, wl, wm, xp.empty(shape), xp.empty(shape), xp.empty(shape))
-        lo, hi = sl.start * L, sl.stop * L
+        lo, hi = (sl.start - first) * L, (sl.stop - first) * L
         out[moff:, lo:hi] = (G.reshape(nk * n, nq * d * d) @ T_d).reshape(nk, n * L)
         if moff:
             out[0, lo:hi] = (wdet @ Tm_d).reshape(-1)

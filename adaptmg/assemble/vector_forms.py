@@ -205,15 +205,23 @@ def _kept_result(be, indptr, indices, fdata, format, return_mass, info):
 
 
 def _device_fields(dev, pat, info, xi, w, lam, mu, T_full, Tm_full, nfld):
-    """The summed fields (nnz, nfld) on the device: every cell's element matrices there
-    (:func:`~.on_device.elasticity_entries`), then one row-walk sum per field."""
-    from .on_device import elasticity_entries
+    """The summed fields (nnz, nfld) on the device: the element matrices there
+    (:func:`~.on_device.elasticity_entries`) window by window of cells -- a whole number of
+    its chunks, at most :data:`._device.ASSEMBLY_CHUNK_BYTES` of entries -- each added into all
+    fields by one row-walk sum (:meth:`~._device.DevicePattern.add`)."""
+    from ._device import chunk_cells
+    from .on_device import elastic_step, elasticity_entries
     xp = dev.xp
-    K = xp.empty((nfld, info.num_cells * T_full.shape[1]))
-    elasticity_entries(dev, info, xi, w, lam, mu, T_full, Tm_full, K)
-    fdata = xp.empty((pat.nnz, nfld))
-    for f in range(nfld):                        # loop over fields only
-        fdata[:, f] = pat.sum(K[f], on_device=True)
+    L, nc = T_full.shape[1], info.num_cells
+    step = elastic_step(info, len(w), L, Tm_full is not None)
+    span = step * max(1, chunk_cells(nfld * L) // step)         # same chunks as one sweep
+    K = xp.empty((nfld, min(span, nc) * L))
+    fdata = xp.zeros((pat.nnz, nfld))
+    for a in range(0, nc, span):                 # loop over windows of cells
+        b = min(a + span, nc)
+        Kw = K[:, :(b - a) * L]
+        elasticity_entries(dev, info, xi, w, lam, mu, T_full, Tm_full, Kw, window=slice(a, b))
+        pat.add(fdata, a, Kw)
     return fdata
 
 

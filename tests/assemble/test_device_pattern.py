@@ -116,6 +116,47 @@ def test_chunked_device_elements_equal_the_sorted_path(d, monkeypatch):
             assert np.max(np.abs(X.data - Z.data)) <= 8 * eps * np.max(np.abs(X.data))
 
 
+def test_fields_added_together_equal_each_alone():
+    """add() of nf fields into (nnz, nf) data: each column the bits of its field summed alone."""
+    name, rows, cols, nrows, ncols, _ = _pattern_tables()[4]            # adaptive 3-D Q1
+    D = DevicePattern(CPU, rows, cols, nrows, ncols)
+    K = np.stack([_entries(D, s) for s in range(3)])                     # (3, nc, nr, ncl)
+    data = np.zeros((D.nnz, 3))
+    nc = K.shape[1]
+    for c0 in range(0, nc, 11):
+        D.add(data, c0, K[:, c0:c0 + 11])
+    for f in range(3):
+        assert np.array_equal(data[:, f], D.sum(K[f].reshape(-1))), f
+    with pytest.raises(ValueError, match="C-contiguous float64"):
+        D.add(np.zeros((3, D.nnz)).T, 0, K)
+    with pytest.raises(ValueError, match=r"\(3 field\(s\)\)"):
+        D.add(np.zeros((D.nnz, 3)), 0, K[:2])
+
+
+@pytest.mark.parametrize("dim, degree", [(2, 2), (3, 1)])
+def test_elasticity_windows_equal_one_sweep(dim, degree, monkeypatch):
+    """elasticity's device fields (run on NumPy) in windows of a few chunks: the bits of one
+    window over all cells (the same chunks of elasticity_entries, sums in cell order)."""
+    from adaptmg.assemble import on_device, vector_forms as vf
+    from adaptmg.fe import Space
+    from test_elasticity_device import _hanging_mesh
+    monkeypatch.setattr(vf, "_assembly_device", lambda device, info, per: CPU if device == "xp" else None)
+    monkeypatch.setattr(vf, "get_device_pattern", lambda be, r, c, nr, nc: DevicePattern(be, r, c, nr, nc))
+    s = Space(_hanging_mesh(dim, True), degree, components=dim)
+    lam = np.linspace(1.0, 3.0, s.mesh.num_cells)
+    L = s.cell_dofs.shape[1] ** 2
+    monkeypatch.setattr(on_device, "DEVICE_CHUNK_CELLS", 7)             # elasticity_entries' chunks
+    X = asm.elasticity(s, lam, 2.0, format="fields", return_mass=True, device="xp")
+    calls = []
+    add = DevicePattern.add
+    monkeypatch.setattr(DevicePattern, "add", lambda self, data, c0, K: calls.append(c0) or add(self, data, c0, K))
+    monkeypatch.setattr(_device, "ASSEMBLY_CHUNK_BYTES", 8 * (dim * dim + 1) * L * 20)   # 2 chunks
+    Y = asm.elasticity(s, lam, 2.0, format="fields", return_mass=True, device="xp")
+    assert calls == list(range(0, s.mesh.num_cells, 14))
+    for a, b in zip(X, Y):
+        assert np.array_equal(a, b)
+
+
 @pytest.mark.gpu
 def test_row_walk_kernel_equals_twin():
     """adaptmg_row_walk_sum on the device: the pattern's integers and the sums (whole and in
@@ -132,3 +173,8 @@ def test_row_walk_kernel_equals_twin():
         for c0 in range(0, K.shape[0], 5):
             G.add(data, c0, cupy.asarray(K[c0:c0 + 5]))
         assert np.array_equal(data.get(), ref), name
+        K3 = np.stack([K, -K, 2.0 * K])                       # three fields at once
+        d3 = cupy.zeros((G.nnz, 3))
+        for c0 in range(0, K.shape[0], 7):
+            G.add(d3, c0, cupy.asarray(K3[:, c0:c0 + 7]))
+        assert np.array_equal(d3.get(), np.stack([ref, -ref, H.sum(2.0 * K.reshape(-1))], axis=1)), name
