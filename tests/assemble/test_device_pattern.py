@@ -157,6 +157,69 @@ def test_elasticity_windows_equal_one_sweep(dim, degree, monkeypatch):
         assert np.array_equal(a, b)
 
 
+_HOST_CPP = r"""
+typedef int P; typedef int C; typedef int I; typedef int J;
+extern "C" {
+void count(const P* inc, const long long* inc_ptr, const C* cols, int nr, int ncl, long long* cnt_a, long long n) {
+  for (long long i = 0; i < n; ++i) { long long& cnt = cnt_a[i];
+%s
+  } }
+void fill(const P* inc, const long long* inc_ptr, const C* cols, const I* ip, int nr, int ncl, I* ind, long long n) {
+  for (long long i = 0; i < n; ++i) {
+%s
+  } }
+void walk(const P* inc, const long long* inc_ptr, const I* ip, const J* ind, const C* cols, const double* K,
+          long long c0, long long c1, int nr, int ncl, int nf, long long kfld, long long dpos, long long dfld,
+          double* data, long long n) {
+  for (long long i = 0; i < n; ++i) {
+%s
+  } }
+}
+"""
+
+
+def test_kernel_sources_compiled_for_the_host(tmp_path):
+    """The three CUDA kernel bodies, compiled as host C++ (the ElementwiseKernel loop over i
+    written out, raw arrays as pointers), against the twins on every test table: the same
+    pattern integers and the same sums, bit for bit (two fields, chunks of 5 cells).  The
+    logic of the device code on the CPU; the gpu tests run it under CUDA."""
+    import ctypes
+    import shutil
+    import subprocess
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    S = _device._SPECS
+    (tmp_path / "k.cpp").write_text(_HOST_CPP % tuple(S[k][2] for k in ("row_columns_count", "row_columns_fill",
+                                                                        "row_walk_sum")))
+    subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(tmp_path / "k.so"), str(tmp_path / "k.cpp")], check=True)
+    lib = ctypes.CDLL(str(tmp_path / "k.so"))
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    L = ctypes.c_longlong
+    for name, rows, cols, nrows, ncols, _ in _pattern_tables():
+        D = DevicePattern(CPU, rows, cols, nrows, ncols)
+        inc = np.ascontiguousarray(D.inc, dtype=np.int32)
+        cc = np.ascontiguousarray(D._col_cells, dtype=np.int32)
+        nc, nr, ncl = D.cell_shape
+        cnt = np.empty(nrows, dtype=np.int64)
+        lib.count(ptr(inc), ptr(D.inc_ptr), ptr(cc), nr, ncl, ptr(cnt), L(nrows))
+        ip = np.zeros(nrows + 1, dtype=np.int32)
+        ip[1:] = np.cumsum(cnt)
+        ind = np.full(int(ip[-1]), -1, dtype=np.int32)
+        lib.fill(ptr(inc), ptr(D.inc_ptr), ptr(cc), ptr(ip), nr, ncl, ptr(ind), L(nrows))
+        assert np.array_equal(ip, D.indptr) and np.array_equal(ind, D.indices), name
+        K = _entries(D, 4)
+        K2 = np.stack([K, 3.0 * K])
+        data = np.zeros((D.nnz, 2))
+        for c0 in range(0, nc, 5):
+            Kc = np.ascontiguousarray(K2[:, c0:c0 + 5])
+            m = Kc.shape[1]
+            lib.walk(ptr(inc), ptr(D.inc_ptr), ptr(ip), ptr(ind), ptr(cc), ptr(Kc), L(c0), L(c0 + m),
+                     nr, ncl, 2, L(m * nr * ncl), L(2), L(1), ptr(data), L(nrows))
+        assert np.array_equal(data[:, 0], D.sum(K.reshape(-1))), name
+        assert np.array_equal(data[:, 1], D.sum(3.0 * K.reshape(-1))), name
+
+
 @pytest.mark.gpu
 def test_row_walk_kernel_equals_twin():
     """adaptmg_row_walk_sum on the device: the pattern's integers and the sums (whole and in
