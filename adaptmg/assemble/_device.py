@@ -188,6 +188,17 @@ def row_walk_sum(pat, data, c0, K):
     return data
 
 
+def _int64_sparse(xp):
+    """Whether ``xp``'s sparse matrices keep 64-bit indices (CuPy >= 14.3; earlier versions cast
+    them to int32, which wraps above 2^31 - 1 entries)."""
+    v = getattr(xp, "__version__", "0")
+    try:
+        major, minor = (int(x) for x in v.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (14, 3)
+
+
 def chunk_cells(per_cell, budget=None):
     """Cells per chunk whose element entries (``per_cell`` float64 each) fit ``budget`` bytes
     (default :data:`ASSEMBLY_CHUNK_BYTES`); at least 1."""
@@ -349,6 +360,11 @@ class DevicePattern:
         sorted, no duplicates); its index arrays are copies, so the memoised pattern never
         changes through the matrix."""
         csp = self.backend.sparse
+        if max(self.nnz, *self.shape) > _INT32_MAX and not _int64_sparse(self.backend.xp):
+            raise ValueError(f"DevicePattern.device_csr: {self.nnz} entries in a {self.shape[0]} x "
+                             f"{self.shape[1]} matrix need 64-bit CSR indices, which cupyx.scipy.sparse "
+                             f"has from CuPy 14.3 on (this is {getattr(self.backend.xp, '__version__', '?')}): "
+                             "at most 2^31 - 1 entries per device matrix (split the mesh over ranks)")
         A = csp.csr_matrix((data, self.d_indices.copy(), self.d_indptr.copy()), shape=self.shape)
         A.has_canonical_format = True
         return A

@@ -157,6 +157,21 @@ def test_elasticity_windows_equal_one_sweep(dim, degree, monkeypatch):
         assert np.array_equal(a, b)
 
 
+def test_device_csr_above_int32_needs_64_bit_sparse(monkeypatch):
+    """A matrix of more than 2^31 - 1 entries cannot become a cupyx CSR before CuPy 14.3 (it
+    would cast the indices to int32): a clear ValueError instead of wrapped indices."""
+    from types import SimpleNamespace
+    rows = np.array([[0, 1], [1, 2]])
+    D = DevicePattern(CPU, rows, rows, 3, 3)
+    monkeypatch.setattr(_device, "_INT32_MAX", 5)
+    for version in ("14.2.0", "13.6.0"):
+        D.backend = SimpleNamespace(xp=SimpleNamespace(__version__=version), sparse=None)
+        with pytest.raises(ValueError, match="64-bit CSR indices.*from CuPy 14.3"):
+            D.device_csr(np.zeros(D.nnz))
+    assert _device._int64_sparse(SimpleNamespace(__version__="14.3.0"))
+    assert not _device._int64_sparse(SimpleNamespace(__version__="14.2.1"))
+
+
 _HOST_CPP = r"""
 typedef int P; typedef int C; typedef int I; typedef int J;
 extern "C" {
