@@ -225,7 +225,7 @@ class DevicePattern:
         ninc = nc * nr
         node_t = _index_dtype(max(nrows, ncols))
         rc = xp.ascontiguousarray(xp.asarray(row_cells), dtype=node_t)
-        cc = xp.ascontiguousarray(xp.asarray(col_cells), dtype=node_t)
+        cc = rc if col_cells is row_cells else xp.ascontiguousarray(xp.asarray(col_cells), dtype=node_t)
         self._row_cells, self._col_cells = rc, cc
         # 1. incidence: p = c*nr + i sorted stably by row node
         self.inc = stable_argsort(rc.reshape(-1)).astype(_index_dtype(ninc))
