@@ -105,7 +105,7 @@ def _use_sorted_pattern():
         del out
         return s, None if extra is None else pat.sum(out_e, on_device=True)
     forms.get_device_pattern = vector_forms.get_device_pattern = pattern
-    forms._device_element_sums = sums
+    forms.device_element_sums = sums
 
 
 if __name__ == "__main__":

@@ -62,8 +62,8 @@ from ..fe.element import LagrangeQ
 from ..fe.geometry import CellGeometry, affine_mask, jacobian_error, matmul_serial, metric_factor, sym_pairs
 from ..fe.quadrature import default_num_points, tensor_gauss
 from ._coefficients import coefficient as _coefficient, is_zero as _is_zero
-from ._device import MIN_DEVICE_ENTRIES, chunk_cells, get_device_pattern
-from .on_device import lumped_local, lumped_mass_on_device
+from ._device import MIN_DEVICE_ENTRIES, get_device_pattern
+from .on_device import device_element_sums, lumped_local, lumped_mass_on_device
 from ..fe.sparsity import componentwise, get_pattern
 from ..fe.space_xp import kron_identity
 from ..threads import default_threads, ordered_map
@@ -309,7 +309,7 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
         me = Te.shape[1]
         Te_full = np.ascontiguousarray(Te.reshape(nq * me, per))
     if device is not None and device_elements:      # no host chunk loop, no host buffers
-        return _finished(finish, *_device_element_sums(device, pat, info, xi, w, factor, T_full,
+        return _finished(finish, *device_element_sums(device, pat, info, xi, w, factor, T_full,
                                                        None if extra is None else (cols, Te_full)), keep)
     T_aff = np.tensordot(w, Tq, axes=1)
     group = info.affine_group(xi, per) if affine_ok else 1
@@ -336,24 +336,6 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
             K = matmul_serial(Fe, Te_aff if g.affine else Te_full, out=buf_e[:nf])
             add(data_e, sl, np.broadcast_to(K[:1], (n, per)) if one else K)
     return _finished(finish, data, data_e if extra is not None else None, keep)
-
-
-def _device_element_sums(device, pat, info, xi, w, factor, T_full, extra):
-    """``(data, data_e)``: the element matrices computed on the device chunk by chunk
-    (:func:`.on_device.element_chunks`, at most :data:`._device.ASSEMBLY_CHUNK_BYTES` of them at
-    once) and summed on the device pattern ``pat`` in ascending cell order (the same bits as
-    one sum of all of them); ``data_e`` those of ``extra = (cols, Te_full)`` or None."""
-    from .on_device import DEVICE_CHUNK_CELLS, element_chunks
-    per = T_full.shape[1] * (1 if extra is None else 2)
-    step = min(DEVICE_CHUNK_CELLS, chunk_cells(per))
-    data = pat.zeros()
-    data_e = None if extra is None else pat.zeros()
-    for sl, K, Ke in element_chunks(device, info, xi, w, factor, T_full, extra, step):
-        pat.add(data, sl.start, K)
-        if Ke is not None:
-            pat.add(data_e, sl.start, Ke)
-        del K, Ke
-    return data, data_e
 
 
 def _finished(finish, data, data_e, keep):

@@ -36,8 +36,10 @@ import numpy as np
 
 from ..backend import backend_of, call_points, constant, is_device_array, to_host
 from ..fe.geometry import _det, _det_inv, jacobian_error, q1_tables
+from ._device import chunk_cells
 
 __all__ = ["load_on_device", "lumped_mass_on_device", "lumped_local", "element_entries_on_device", "element_chunks",
+           "device_element_sums",
            "elasticity_entries", "elastic_step", "elastic_factor",
            "DEVICE_CHUNK_CELLS"]
 
@@ -142,6 +144,23 @@ def element_chunks(be, info, xi, w, factor, T_full, extra=None, step=None):
         Ke = None if extra is None else xp.ascontiguousarray(F[:, :, cols]).reshape(n, -1) @ Te_d
         del F
         yield sl, K, Ke
+
+
+def device_element_sums(device, pat, info, xi, w, factor, T_full, extra):
+    """``(data, data_e)``: the element matrices computed on the device chunk by chunk
+    (:func:`element_chunks`, at most :data:`._device.ASSEMBLY_CHUNK_BYTES` of them at
+    once) and summed on the device pattern ``pat`` in ascending cell order (the same bits as
+    one sum of all of them); ``data_e`` those of ``extra = (cols, Te_full)`` or None."""
+    per = T_full.shape[1] * (1 if extra is None else 2)
+    step = min(DEVICE_CHUNK_CELLS, chunk_cells(per))
+    data = pat.zeros()
+    data_e = None if extra is None else pat.zeros()
+    for sl, K, Ke in element_chunks(device, info, xi, w, factor, T_full, extra, step):
+        pat.add(data, sl.start, K)
+        if Ke is not None:
+            pat.add(data_e, sl.start, Ke)
+        del K, Ke
+    return data, data_e
 
 
 def element_entries_on_device(be, info, xi, w, factor, T_full, out, extra=None):

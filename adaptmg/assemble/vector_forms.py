@@ -65,12 +65,12 @@ def _device_derivatives(info, xi, w, T_full):
     direction k the factor :math:`F_{c,q,e} = w_q \det J\,(J^{-1})_{ek}` of every cell on the
     device (:func:`~.on_device.element_chunks`, the full rule on every cell), summed chunk by
     chunk on the device pattern."""
-    from .forms import _device_element_sums
+    from .on_device import device_element_sums
     be = info.device
     pat = get_device_pattern(be, info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
     out = []
     for k in range(info.dim):
-        data, _ = _device_element_sums(be, pat, info, xi, w, lambda sl, g, wdet: g.invJ[..., k] * wdet[:, :, None],
+        data, _ = device_element_sums(be, pat, info, xi, w, lambda sl, g, wdet: g.invJ[..., k] * wdet[:, :, None],
                                        T_full, None)
         out.append(pat.device_csr(data))
     return out

@@ -96,7 +96,7 @@ def test_chunked_device_elements_equal_the_sorted_path(d, monkeypatch):
                 on_device.element_entries_on_device(device, info, xi, w, factor, T_full, out,
                                                     extra=None if extra is None else (*extra, out_e))
                 return pat.sum(out, on_device=True), None if extra is None else pat.sum(out_e, on_device=True)
-            mp.setattr(forms, "_device_element_sums", sums)
+            mp.setattr(forms, "device_element_sums", sums)
             A0, M0 = asm.scalar_form(s, device="np", keep_on_device=True, **kw)
         monkeypatch.setattr(forms, "get_device_pattern", lambda be, r, c, nr, nc: DevicePattern(be, r, c, nr, nc))
         A1, M1 = asm.scalar_form(s, device="np", keep_on_device=True, **kw)
