@@ -235,24 +235,27 @@ class DevicePattern:
         ranges = xp.stack([rc.min(), rc.max(), cc.min(), cc.max()]).astype(xp.int64) if ninc and ncl \
             else xp.asarray(np.array([0, max(nrows - 1, 0), 0, max(ncols - 1, 0)], dtype=np.int64))
         # 2. the pattern: row kernels on the device, sorts of row blocks on NumPy (the twin)
+        indptr = xp.zeros(nrows + 1, dtype=xp.int64)
         if in_host_memory(rc):
             lo_hi, rowcnt, indices = self._sorted_blocks(xp, counts, ranges)
-        else:
-            lo_hi = to_host(ranges)
-            if ninc and ncl and lo_hi[0] >= 0 and lo_hi[1] < nrows and lo_hi[2] >= 0 and lo_hi[3] < ncols:
-                rowcnt = _kernel("row_columns_count")(self.inc, self.inc_ptr, cc, np.int32(nr), np.int32(ncl),
-                                                       xp.empty(nrows, dtype=xp.int64))
-            else:
-                rowcnt = xp.zeros(nrows, dtype=xp.int64)
+            if rowcnt is not None:
+                xp.cumsum(rowcnt, out=indptr[1:])
+            nnz = int(indptr[-1])
+        else:       # out-of-range table entries only miscount (no access out of bounds): checked after
+            if ninc and ncl and nrows:
+                cnt = _kernel("row_columns_count")(self.inc, self.inc_ptr, cc, np.int32(nr), np.int32(ncl),
+                                                    xp.empty(nrows, dtype=xp.int64))
+                xp.cumsum(cnt, out=indptr[1:])
+                del cnt
+            got = to_host(xp.concatenate([ranges, indptr[-1:]]))          # the one read
+            lo_hi, nnz = got[:4], int(got[4])
         if lo_hi[0] < 0 or lo_hi[1] >= max(nrows, 1) or lo_hi[2] < 0 or lo_hi[3] >= max(ncols, 1):
             raise ValueError(f"DevicePattern: cell tables index rows {lo_hi[0]}..{lo_hi[1]} "
                              f"and columns {lo_hi[2]}..{lo_hi[3]}, outside a {nrows} x {ncols} matrix")
-        indptr = xp.zeros(nrows + 1, dtype=xp.int64)
-        xp.cumsum(rowcnt, out=indptr[1:])
-        self.nnz = nnz = int(indptr[-1])
+        self.nnz = nnz
         idx_t = _index_dtype(max(nnz, nrows, ncols))
         self.d_indptr = indptr.astype(idx_t)
-        del indptr, rowcnt
+        del indptr
         if in_host_memory(rc):
             self.d_indices = indices.astype(idx_t, copy=False)
         else:

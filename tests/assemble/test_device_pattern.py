@@ -193,35 +193,46 @@ void walk(const P* inc, const long long* inc_ptr, const I* ip, const J* ind, con
 """
 
 
-def test_kernel_sources_compiled_for_the_host(tmp_path):
-    """The three CUDA kernel bodies, compiled as host C++ (the ElementwiseKernel loop over i
-    written out, raw arrays as pointers), against the twins on every test table: the same
-    pattern integers and the same sums, bit for bit (two fields, chunks of 5 cells).  The
-    logic of the device code on the CPU; the gpu tests run it under CUDA."""
+@pytest.fixture(scope="module")
+def host_kernels(tmp_path_factory):
+    """The three CUDA kernel bodies compiled as host C++ (the ElementwiseKernel loop over i
+    written out, raw arrays as pointers, every index type int32): a ctypes library."""
     import ctypes
     import shutil
     import subprocess
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler")
+    d = tmp_path_factory.mktemp("kernels")
     S = _device._SPECS
-    (tmp_path / "k.cpp").write_text(_HOST_CPP % tuple(S[k][2] for k in ("row_columns_count", "row_columns_fill",
-                                                                        "row_walk_sum")))
-    subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(tmp_path / "k.so"), str(tmp_path / "k.cpp")], check=True)
-    lib = ctypes.CDLL(str(tmp_path / "k.so"))
-    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-    L = ctypes.c_longlong
+    (d / "k.cpp").write_text(_HOST_CPP % tuple(S[k][2] for k in ("row_columns_count", "row_columns_fill",
+                                                                 "row_walk_sum")))
+    subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(d / "k.so"), str(d / "k.cpp")], check=True)
+    return ctypes.CDLL(str(d / "k.so"))
+
+
+def _p(a):
+    import ctypes
+    assert a.flags.c_contiguous and a.dtype in (np.int32, np.int64, np.float64), a.dtype
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def test_kernel_sources_compiled_for_the_host(host_kernels):
+    """The kernel bodies run on the CPU against the twins on every test table: the same
+    pattern integers and the same sums, bit for bit (two fields, chunks of 5 cells)."""
+    from ctypes import c_longlong as L
+    lib = host_kernels
     for name, rows, cols, nrows, ncols, _ in _pattern_tables():
         D = DevicePattern(CPU, rows, cols, nrows, ncols)
         inc = np.ascontiguousarray(D.inc, dtype=np.int32)
         cc = np.ascontiguousarray(D._col_cells, dtype=np.int32)
         nc, nr, ncl = D.cell_shape
         cnt = np.empty(nrows, dtype=np.int64)
-        lib.count(ptr(inc), ptr(D.inc_ptr), ptr(cc), nr, ncl, ptr(cnt), L(nrows))
+        lib.count(_p(inc), _p(D.inc_ptr), _p(cc), nr, ncl, _p(cnt), L(nrows))
         ip = np.zeros(nrows + 1, dtype=np.int32)
         ip[1:] = np.cumsum(cnt)
         ind = np.full(int(ip[-1]), -1, dtype=np.int32)
-        lib.fill(ptr(inc), ptr(D.inc_ptr), ptr(cc), ptr(ip), nr, ncl, ptr(ind), L(nrows))
+        lib.fill(_p(inc), _p(D.inc_ptr), _p(cc), _p(ip), nr, ncl, _p(ind), L(nrows))
         assert np.array_equal(ip, D.indptr) and np.array_equal(ind, D.indices), name
         K = _entries(D, 4)
         K2 = np.stack([K, 3.0 * K])
@@ -229,10 +240,50 @@ def test_kernel_sources_compiled_for_the_host(tmp_path):
         for c0 in range(0, nc, 5):
             Kc = np.ascontiguousarray(K2[:, c0:c0 + 5])
             m = Kc.shape[1]
-            lib.walk(ptr(inc), ptr(D.inc_ptr), ptr(ip), ptr(ind), ptr(cc), ptr(Kc), L(c0), L(c0 + m),
-                     nr, ncl, 2, L(m * nr * ncl), L(2), L(1), ptr(data), L(nrows))
+            lib.walk(_p(inc), _p(D.inc_ptr), _p(ip), _p(ind), _p(cc), _p(Kc), L(c0), L(c0 + m),
+                     nr, ncl, 2, L(m * nr * ncl), L(2), L(1), _p(data), L(nrows))
         assert np.array_equal(data[:, 0], D.sum(K.reshape(-1))), name
         assert np.array_equal(data[:, 1], D.sum(3.0 * K.reshape(-1))), name
+
+
+def test_device_branch_with_host_compiled_kernels(host_kernels, monkeypatch):
+    """DevicePattern's device branch (count kernel, running sum, the one read, fill kernel;
+    row_walk_sum's arguments) with the host-compiled kernels in place of CuPy's: the twin's
+    pattern and sums, bit for bit; out-of-range tables still a ValueError."""
+    from ctypes import c_longlong as L
+    lib = host_kernels
+
+    def kernel(name):
+        def count(inc, inc_ptr, cc, nr, ncl, out):
+            lib.count(_p(inc), _p(inc_ptr), _p(cc), int(nr), int(ncl), _p(out), L(out.size))
+            return out
+
+        def fill(inc, inc_ptr, cc, ip, nr, ncl, ind, size):
+            lib.fill(_p(inc), _p(inc_ptr), _p(cc), _p(ip), int(nr), int(ncl), _p(ind), L(size))
+
+        def walk(inc, inc_ptr, ip, ind, cc, K, c0, c1, nr, ncl, nf, kfld, dpos, dfld, data, size):
+            lib.walk(_p(inc), _p(inc_ptr), _p(ip), _p(ind), _p(cc), _p(K), L(c0), L(c1), int(nr), int(ncl),
+                     int(nf), L(kfld), L(dpos), L(dfld), _p(data), L(size))
+        return {"row_columns_count": count, "row_columns_fill": fill, "row_walk_sum": walk}[name]
+    for name, rows, cols, nrows, ncols, _ in _pattern_tables():
+        H = DevicePattern(CPU, rows, cols, nrows, ncols)
+        K = _entries(H, 6)
+        with monkeypatch.context() as mp:
+            mp.setattr(_device, "in_host_memory", lambda a: False)
+            mp.setattr(_device, "_kernel", kernel)
+            G = DevicePattern(CPU, rows.astype(np.int32), cols.astype(np.int32), nrows, ncols)
+            assert G.nnz == H.nnz, name
+            assert np.array_equal(G.indptr, H.indptr) and np.array_equal(G.indices, H.indices), name
+            data = G.zeros()
+            for c0 in range(0, K.shape[0], 4):
+                G.add(data, c0, K[c0:c0 + 4])
+            d2 = np.zeros((G.nnz, 2))
+            G.add(d2, 0, np.stack([K, -K]))
+            if name == "random":
+                with pytest.raises(ValueError, match="outside a 29 x 11 matrix"):
+                    DevicePattern(CPU, rows.astype(np.int32), cols.astype(np.int32), 29, 11)
+        ref = H.sum(K.reshape(-1))
+        assert np.array_equal(data, ref) and np.array_equal(d2, np.stack([ref, -ref], axis=1)), name
 
 
 @pytest.mark.gpu
