@@ -59,7 +59,9 @@ MIN_DEVICE_ENTRIES = 1 << 18
 #: (8 bytes each, and the sort's scratch): its temporaries are bounded whatever the mesh size
 PATTERN_CHUNK_ENTRIES = 1 << 27
 #: bytes of element matrices (float64) computed and summed at once by the device forms: the
-#: chunk's K (cells x nr x ncl) -- for 3-D Q1 2^21 cells, for 3-D Q2 ~184k cells
+#: chunk's K (cells x nr x ncl; the forms' chunks are also at most the geometry's
+#: DEVICE_CHUNK_CELLS = 2^20 cells): 3-D Q1 2^20 cells (512 MiB, 1 GiB with return_mass, the
+#: geometry's chunks unchanged), 3-D Q2 ~184k cells
 ASSEMBLY_CHUNK_BYTES = 1 << 30
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -304,7 +306,7 @@ class DevicePattern:
         rowcnt = xp.concatenate(rowcnt) if rowcnt else xp.zeros(nrows, dtype=xp.int64)
         return lo_hi, rowcnt, (xp.concatenate(pieces) if pieces else xp.zeros(0, dtype=cc.dtype))
 
-    @property
+    @functools.cached_property
     def _steps(self):
         """Bisection steps of the twin's search: ceil(log2(longest row)) + 1 (host only)."""
         ip = self.d_indptr.view(np.ndarray)
