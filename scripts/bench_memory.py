@@ -11,12 +11,15 @@ Per phase (mesh + load, multigrid set-up, solve) the high-water mark of CuPy's p
 (a memory hook on every allocation) in GB and bytes per DoF, the seconds (after a device
 synchronisation; the last repetition is warm), and the largest DoF count whose set-up peak
 (bytes per DoF, measured) fits the device's free memory at start:
-``N_max = free / max(peak per DoF)`` (the mesh phase included, and separately without it).
+``N_max = free / max(peak per DoF)`` (the mesh phase included, and separately without it),
+beside the DoFs at which the finest matrix reaches 2^31 - 1 entries (the most a cupyx CSR
+holds before CuPy 14.3).  ``--where``: the stack at each phase's peak.
 """
 import argparse
 import os
 import sys
 import time
+import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -28,6 +31,7 @@ def main():
     ap.add_argument("--reps", type=int, default=2, help="repetitions (the last one is reported warm)")
     ap.add_argument("--sorted", action="store_true", help="the sort-based device pattern (before)")
     ap.add_argument("--no-solve", action="store_true")
+    ap.add_argument("--where", action="store_true", help="print the stack at each phase's peak")
     a = ap.parse_args()
     import cupy
     from bench_distributed import make_mesh
@@ -41,9 +45,15 @@ def main():
     class Peak(cupy.cuda.MemoryHook):
         name = "peak"
         peak = 0
+        stack = ()
 
         def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
-            self.peak = max(self.peak, pool.used_bytes())
+            used = pool.used_bytes()
+            if used > self.peak:
+                if a.where and used > 1.01 * self.peak:       # where the peak is (the stack)
+                    self.stack = [f"{f.filename.split('adaptmg/')[-1]}:{f.lineno} {f.name}"
+                                  for f in traceback.extract_stack()[:-1] if "adaptmg" in f.filename][-6:]
+                self.peak = used
 
     free0, total = cupy.cuda.runtime.memGetInfo()
     print(f"device: {total / GB:.1f} GB, free {free0 / GB:.1f} GB; pattern: {'sorted' if a.sorted else 'lean'}")
@@ -58,28 +68,32 @@ def main():
             b = assemble.load(space, 1.0)
             cupy.cuda.Device().synchronize()
             n = space.num_dofs
-            rows.append(("mesh+load", time.perf_counter() - t, h.peak))
-            h.peak = pool.used_bytes()
+            rows.append(("mesh+load", time.perf_counter() - t, h.peak, h.stack))
+            h.peak, h.stack = pool.used_bytes(), ()
             t = time.perf_counter()
             ml = multigrid(space, assemble.stiffness, backend="gpu")
             cupy.cuda.Device().synchronize()
-            rows.append(("multigrid", time.perf_counter() - t, h.peak))
+            rows.append(("multigrid", time.perf_counter() - t, h.peak, h.stack))
             live = pool.used_bytes()
             if not a.no_solve:
-                h.peak = live
+                h.peak, h.stack = live, ()
                 t = time.perf_counter()
                 x = ml.solve(ml.constrain(b), rtol=1e-8, accel="cg")
                 cupy.cuda.Device().synchronize()
-                rows.append(("solve", time.perf_counter() - t, h.peak))
+                rows.append(("solve", time.perf_counter() - t, h.peak, h.stack))
                 del x
         print(f"rep {rep}: {mesh.num_cells} cells, {n} DoFs, finest nnz {ml.levels[-1].A.nnz}; "
               f"live after set-up {live / GB:.2f} GB = {live / n:.0f} B/DoF")
-        for name, s, p in rows:
+        for name, s, p, where in rows:
             print(f"  {name:10s} {s:7.3f} s   peak {p / GB:7.2f} GB = {p / n:6.0f} B/DoF")
-        peak_all = max(p for _, _, p in rows) / n
-        peak_setup = max(p for nm, _, p in rows if nm != "mesh+load") / n
+            for line in where:
+                print(f"      at {line}")
+        peak_all = max(r[2] for r in rows) / n
+        peak_setup = max(r[2] for r in rows if r[0] != "mesh+load") / n
+        nnz = int(ml.levels[-1].A.nnz)
         print(f"  largest fitting (free {free0 / GB:.0f} GB): {free0 / peak_all:.3g} DoFs; "
-              f"without the mesh phase {free0 / peak_setup:.3g} DoFs")
+              f"without the mesh phase {free0 / peak_setup:.3g} DoFs; a CSR of at most 2^31 - 1 "
+              f"entries (cupyx before CuPy 14.3): {(2 ** 31 - 1) * n / nnz:.3g} DoFs")
         del ml, b, space, mesh
         import gc
         gc.collect()
