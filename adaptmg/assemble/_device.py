@@ -12,9 +12,12 @@ Here no array of size E exists:
    (for Q1 hex 8x smaller than E); within a row the incidences ascend in p, i.e. in (c, i).
 2. **Pattern.**  Row r's columns are the distinct values of its candidates
    :math:`C_r = \{\mathrm{col\_cells}_{c,j} : (c, i) \in \mathrm{inc}(r),\ j < ncl\}`.
-   On the device one thread per row finds them in ascending order as iterated minima,
-   :math:`s_{k+1} = \min\{s \in C_r : s > s_k\}` (no buffer, any number of cells per
-   row; :math:`O(|C_r| \cdot nnz_r)` reads of a few cached cells): a count kernel
+   On the device one thread per row merges the sorted column lists of its cells (a copy of
+   the column table sorted within each cell, made for the build): with at most 16 cells a
+   head per list, :math:`s_{k+1} = \min_q \mathrm{head}_q` and every list whose head is
+   :math:`s_{k+1}` advances past it (:math:`O(16\,nnz_r)` reads); with more, iterated minima
+   :math:`s_{k+1} = \min\{s \in C_r : s > s_k\}` over all candidates -- no buffer, any
+   number of cells per row: a count kernel
    (``adaptmg_row_columns_count``), the running sum -> ``indptr``, a fill kernel
    (``adaptmg_row_columns_fill``) -> ``indices``.  The NumPy twin sorts the keys
    ``row * ncols + col`` of blocks of whole rows of at most :data:`PATTERN_CHUNK_ENTRIES`
@@ -93,32 +96,52 @@ for (long long t = lo; t < end; ++t) {
 """
 
 
-# one thread per row: the smallest column above ``last`` among the row's candidates
-# col_cells[c, j] (its incidences (c, i), all j), again and again -- the distinct columns in
-# ascending order, without a buffer, whatever the number of cells at a node
-_NEXT_COLUMN = r"""
-  long long best = 0x7fffffffffffffffLL;
-  for (long long t = t0; t < t1; ++t) {
-    const long long cb = ((long long)inc[t] / nr) * ncl;
-    for (int j = 0; j < ncl; ++j) {
-      const long long s = cols[cb + j];
-      if (s > last && s < best) best = s;
-    }
+# one thread per row: its distinct columns in ascending order, merged from the sorted
+# column lists scols[c, :] of its cells (incidences t0 .. t1-1): with at most 16 incidences a
+# head per list -- the next column is the smallest head, and every list whose head it is
+# advances past it (O(16 nnz_r) reads); with more, the smallest column above the last one found,
+# scanning all candidates again (O(|C_r| nnz_r)) -- no buffer, any number of cells at a node
+_ROW_COLUMNS = r"""
+const long long t0 = inc_ptr[i], t1 = inc_ptr[i + 1];
+const long long BIG = 0x7fffffffffffffffLL;
+const int k = (int)(t1 - t0);
+long long o = START, last = -1;
+if (k <= 16) {
+  long long base[16]; int pos[16];
+  for (int q = 0; q < k; ++q) { base[q] = ((long long)inc[t0 + q] / nr) * ncl; pos[q] = 0; }
+  while (true) {
+    long long best = BIG;
+    for (int q = 0; q < k; ++q)
+      if (pos[q] < ncl) { const long long s = scols[base[q] + pos[q]]; if (s < best) best = s; }
+    if (best == BIG) break;
+    EMIT;
+    for (int q = 0; q < k; ++q)       // past best (a list may hold it more than once)
+      while (pos[q] < ncl && (long long)scols[base[q] + pos[q]] == best) ++pos[q];
   }
-  if (best == 0x7fffffffffffffffLL) break;
-  last = best;
+} else {
+  while (true) {
+    long long best = BIG;
+    for (long long t = t0; t < t1; ++t) {
+      const long long cb = ((long long)inc[t] / nr) * ncl;
+      for (int j = 0; j < ncl; ++j) {
+        const long long s = scols[cb + j];
+        if (s > last && s < best) best = s;
+      }
+    }
+    if (best == BIG) break;
+    last = best;
+    EMIT;
+  }
+}
 """
 
 _SPECS = {
     "row_columns_count": (
-        "raw P inc, raw int64 inc_ptr, raw C cols, int32 nr, int32 ncl", "int64 cnt",
-        "const long long t0 = inc_ptr[i], t1 = inc_ptr[i + 1]; long long last = -1, k = 0;"
-        " while (true) {" + _NEXT_COLUMN + " ++k; }"
-        " cnt = k;"),
+        "raw P inc, raw int64 inc_ptr, raw C scols, int32 nr, int32 ncl", "int64 cnt",
+        _ROW_COLUMNS.replace("START", "0").replace("EMIT", "++o") + "cnt = o;"),
     "row_columns_fill": (
-        "raw P inc, raw int64 inc_ptr, raw C cols, raw I ip, int32 nr, int32 ncl", "raw I ind",
-        "const long long t0 = inc_ptr[i], t1 = inc_ptr[i + 1]; long long last = -1, o = ip[i];"
-        " while (true) {" + _NEXT_COLUMN + " ind[o++] = (I)best; }"),
+        "raw P inc, raw int64 inc_ptr, raw C scols, raw I ip, int32 nr, int32 ncl", "raw I ind",
+        _ROW_COLUMNS.replace("START", "ip[i]").replace("EMIT", "ind[o++] = (I)best")),
     "row_walk_sum": (
         "raw P inc, raw int64 inc_ptr, raw I ip, raw J ind, raw C cols, raw float64 K, "
         "int64 c0, int64 c1, int32 nr, int32 ncl, int32 nf, int64 kfld, int64 dpos, int64 dfld",
@@ -244,8 +267,9 @@ class DevicePattern:
                 xp.cumsum(rowcnt, out=indptr[1:])
             nnz = int(indptr[-1])
         else:       # out-of-range table entries only miscount (no access out of bounds): checked after
-            if ninc and ncl and nrows:
-                cnt = _kernel("row_columns_count")(self.inc, self.inc_ptr, cc, np.int32(nr), np.int32(ncl),
+            scols = xp.sort(cc, axis=1) if ninc and ncl and nrows else None    # each cell's columns
+            if scols is not None:
+                cnt = _kernel("row_columns_count")(self.inc, self.inc_ptr, scols, np.int32(nr), np.int32(ncl),
                                                     xp.empty(nrows, dtype=xp.int64))
                 xp.cumsum(cnt, out=indptr[1:])
                 del cnt
@@ -263,8 +287,9 @@ class DevicePattern:
         else:
             self.d_indices = xp.empty(nnz, dtype=idx_t)
             if nnz:
-                _kernel("row_columns_fill")(self.inc, self.inc_ptr, cc, self.d_indptr, np.int32(nr),
+                _kernel("row_columns_fill")(self.inc, self.inc_ptr, scols, self.d_indptr, np.int32(nr),
                                             np.int32(ncl), self.d_indices, size=nrows)
+            del scols
         self._host = None
 
     def _sorted_blocks(self, xp, counts, ranges):

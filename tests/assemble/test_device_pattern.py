@@ -15,6 +15,14 @@ from adaptmg.fe.sparsity import Pattern
 from test_assemble import _adaptive_mesh, _pattern_tables, space
 
 
+def _tables():
+    """The test tables of test_assemble and a fan: 40 cells at node 0 (more than the 16 lists
+    the row kernels merge by heads), one with node 0 twice, rectangular columns."""
+    fan = np.array([[0, i + 1, i + 2, 50 + i] for i in range(40)] + [[0, 0, 1, 2]])
+    fan_cols = (fan[:, [1, 0, 3]] * 7) % 61
+    return _pattern_tables() + [("fan", fan, fan, 90, 90, False), ("fan-rect", fan, fan_cols, 90, 61, False)]
+
+
 def _entries(P, seed):
     """Element entries of the pattern's cells with many cancellations (sums depend on order)."""
     rng = np.random.default_rng(seed)
@@ -27,7 +35,7 @@ def test_pattern_and_sums_equal_host_and_sorted_patterns(block, monkeypatch):
     once, and of cell chunks added in ascending order, np.add.at's bit for bit (Q1/Q2, 2-D/3-D,
     hanging nodes, rectangular transfer tables, a random table)."""
     monkeypatch.setattr(_device, "PATTERN_CHUNK_ENTRIES", block)
-    for name, rows, cols, nrows, ncols, _ in _pattern_tables():
+    for name, rows, cols, nrows, ncols, _ in _tables():
         P = Pattern(rows, cols, nrows, ncols)
         D = DevicePattern(CPU, rows, cols, nrows, ncols)
         S = SortedDevicePattern(CPU, rows, cols, nrows, ncols)
@@ -175,11 +183,11 @@ def test_device_csr_above_int32_needs_64_bit_sparse(monkeypatch):
 _HOST_CPP = r"""
 typedef int P; typedef int C; typedef int I; typedef int J;
 extern "C" {
-void count(const P* inc, const long long* inc_ptr, const C* cols, int nr, int ncl, long long* cnt_a, long long n) {
+void count(const P* inc, const long long* inc_ptr, const C* scols, int nr, int ncl, long long* cnt_a, long long n) {
   for (long long i = 0; i < n; ++i) { long long& cnt = cnt_a[i];
 %s
   } }
-void fill(const P* inc, const long long* inc_ptr, const C* cols, const I* ip, int nr, int ncl, I* ind, long long n) {
+void fill(const P* inc, const long long* inc_ptr, const C* scols, const I* ip, int nr, int ncl, I* ind, long long n) {
   for (long long i = 0; i < n; ++i) {
 %s
   } }
@@ -222,17 +230,18 @@ def test_kernel_sources_compiled_for_the_host(host_kernels):
     pattern integers and the same sums, bit for bit (two fields, chunks of 5 cells)."""
     from ctypes import c_longlong as L
     lib = host_kernels
-    for name, rows, cols, nrows, ncols, _ in _pattern_tables():
+    for name, rows, cols, nrows, ncols, _ in _tables():
         D = DevicePattern(CPU, rows, cols, nrows, ncols)
         inc = np.ascontiguousarray(D.inc, dtype=np.int32)
         cc = np.ascontiguousarray(D._col_cells, dtype=np.int32)
+        sc = np.sort(cc, axis=1)
         nc, nr, ncl = D.cell_shape
         cnt = np.empty(nrows, dtype=np.int64)
-        lib.count(_p(inc), _p(D.inc_ptr), _p(cc), nr, ncl, _p(cnt), L(nrows))
+        lib.count(_p(inc), _p(D.inc_ptr), _p(sc), nr, ncl, _p(cnt), L(nrows))
         ip = np.zeros(nrows + 1, dtype=np.int32)
         ip[1:] = np.cumsum(cnt)
         ind = np.full(int(ip[-1]), -1, dtype=np.int32)
-        lib.fill(_p(inc), _p(D.inc_ptr), _p(cc), _p(ip), nr, ncl, _p(ind), L(nrows))
+        lib.fill(_p(inc), _p(D.inc_ptr), _p(sc), _p(ip), nr, ncl, _p(ind), L(nrows))
         assert np.array_equal(ip, D.indptr) and np.array_equal(ind, D.indices), name
         K = _entries(D, 4)
         K2 = np.stack([K, 3.0 * K])
@@ -265,7 +274,7 @@ def test_device_branch_with_host_compiled_kernels(host_kernels, monkeypatch):
             lib.walk(_p(inc), _p(inc_ptr), _p(ip), _p(ind), _p(cc), _p(K), L(c0), L(c1), int(nr), int(ncl),
                      int(nf), L(kfld), L(dpos), L(dfld), _p(data), L(size))
         return {"row_columns_count": count, "row_columns_fill": fill, "row_walk_sum": walk}[name]
-    for name, rows, cols, nrows, ncols, _ in _pattern_tables():
+    for name, rows, cols, nrows, ncols, _ in _tables():
         H = DevicePattern(CPU, rows, cols, nrows, ncols)
         K = _entries(H, 6)
         with monkeypatch.context() as mp:
@@ -291,7 +300,7 @@ def test_row_walk_kernel_equals_twin():
     """adaptmg_row_walk_sum on the device: the pattern's integers and the sums (whole and in
     chunks) bit for bit those of the NumPy twin, on every test table."""
     import cupy
-    for name, rows, cols, nrows, ncols, _ in _pattern_tables():
+    for name, rows, cols, nrows, ncols, _ in _tables():
         H = DevicePattern(CPU, rows, cols, nrows, ncols)
         G = DevicePattern("gpu", cupy.asarray(rows), cupy.asarray(cols), nrows, ncols)
         assert np.array_equal(H.indptr, G.indptr) and np.array_equal(H.indices, G.indices), name
