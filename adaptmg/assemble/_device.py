@@ -13,7 +13,8 @@ Here no array of size E exists:
 2. **Pattern.**  Row r's columns are the distinct values of its candidates
    :math:`C_r = \{\mathrm{col\_cells}_{c,j} : (c, i) \in \mathrm{inc}(r),\ j < ncl\}`.
    On the device one thread per row merges the sorted column lists of its cells (a copy of
-   the column table sorted within each cell, made for the build): with at most 16 cells a
+   the column table sorted within each cell by ``adaptmg_sorted_cell_columns``, one thread a
+   cell, made for the build): with at most 16 cells a
    head per list, :math:`s_{k+1} = \min_q \mathrm{head}_q` and every list whose head is
    :math:`s_{k+1}` advances past it (:math:`O(16\,nnz_r)` reads); with more, iterated minima
    :math:`s_{k+1} = \min\{s \in C_r : s > s_k\}` over all candidates -- no buffer, any
@@ -136,6 +137,14 @@ if (k <= 16) {
 """
 
 _SPECS = {
+    # one thread per cell: its columns sorted (insertion sort of ncl values)
+    "sorted_cell_columns": (
+        "raw C cols, int32 ncl", "raw C out",
+        "const long long b = (long long)i * ncl;"
+        " for (int j = 0; j < ncl; ++j) {"
+        "   const C v = cols[b + j]; int q = j;"
+        "   while (q > 0 && out[b + q - 1] > v) { out[b + q] = out[b + q - 1]; --q; }"
+        "   out[b + q] = v; }"),
     "row_columns_count": (
         "raw P inc, raw int64 inc_ptr, raw C scols, int32 nr, int32 ncl", "int64 cnt",
         _ROW_COLUMNS.replace("START", "0").replace("EMIT", "++o") + "cnt = o;"),
@@ -267,8 +276,10 @@ class DevicePattern:
                 xp.cumsum(rowcnt, out=indptr[1:])
             nnz = int(indptr[-1])
         else:       # out-of-range table entries only miscount (no access out of bounds): checked after
-            scols = xp.sort(cc, axis=1) if ninc and ncl and nrows else None    # each cell's columns
-            if scols is not None:
+            scols = None
+            if ninc and ncl and nrows:                     # each cell's columns sorted
+                scols = xp.empty_like(cc)
+                _kernel("sorted_cell_columns")(cc, np.int32(ncl), scols, size=nc)
                 cnt = _kernel("row_columns_count")(self.inc, self.inc_ptr, scols, np.int32(nr), np.int32(ncl),
                                                     xp.empty(nrows, dtype=xp.int64))
                 xp.cumsum(cnt, out=indptr[1:])

@@ -183,6 +183,10 @@ def test_device_csr_above_int32_needs_64_bit_sparse(monkeypatch):
 _HOST_CPP = r"""
 typedef int P; typedef int C; typedef int I; typedef int J;
 extern "C" {
+void sortc(const C* cols, int ncl, C* out, long long n) {
+  for (long long i = 0; i < n; ++i) {
+%s
+  } }
 void count(const P* inc, const long long* inc_ptr, const C* scols, int nr, int ncl, long long* cnt_a, long long n) {
   for (long long i = 0; i < n; ++i) { long long& cnt = cnt_a[i];
 %s
@@ -203,7 +207,7 @@ void walk(const P* inc, const long long* inc_ptr, const I* ip, const J* ind, con
 
 @pytest.fixture(scope="module")
 def host_kernels(tmp_path_factory):
-    """The three CUDA kernel bodies compiled as host C++ (the ElementwiseKernel loop over i
+    """The four CUDA kernel bodies compiled as host C++ (the ElementwiseKernel loop over i
     written out, raw arrays as pointers, every index type int32): a ctypes library."""
     import ctypes
     import shutil
@@ -213,8 +217,8 @@ def host_kernels(tmp_path_factory):
         pytest.skip("no C++ compiler")
     d = tmp_path_factory.mktemp("kernels")
     S = _device._SPECS
-    (d / "k.cpp").write_text(_HOST_CPP % tuple(S[k][2] for k in ("row_columns_count", "row_columns_fill",
-                                                                 "row_walk_sum")))
+    (d / "k.cpp").write_text(_HOST_CPP % tuple(S[k][2] for k in ("sorted_cell_columns", "row_columns_count",
+                                                                 "row_columns_fill", "row_walk_sum")))
     subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(d / "k.so"), str(d / "k.cpp")], check=True)
     return ctypes.CDLL(str(d / "k.so"))
 
@@ -234,7 +238,9 @@ def test_kernel_sources_compiled_for_the_host(host_kernels):
         D = DevicePattern(CPU, rows, cols, nrows, ncols)
         inc = np.ascontiguousarray(D.inc, dtype=np.int32)
         cc = np.ascontiguousarray(D._col_cells, dtype=np.int32)
-        sc = np.sort(cc, axis=1)
+        sc = np.empty_like(cc)
+        lib.sortc(_p(cc), cc.shape[1], _p(sc), L(cc.shape[0]))
+        assert np.array_equal(sc, np.sort(cc, axis=1)), name
         nc, nr, ncl = D.cell_shape
         cnt = np.empty(nrows, dtype=np.int64)
         lib.count(_p(inc), _p(D.inc_ptr), _p(sc), nr, ncl, _p(cnt), L(nrows))
@@ -263,6 +269,9 @@ def test_device_branch_with_host_compiled_kernels(host_kernels, monkeypatch):
     lib = host_kernels
 
     def kernel(name):
+        def sortc(cc, ncl, out, size):
+            lib.sortc(_p(cc), int(ncl), _p(out), L(size))
+
         def count(inc, inc_ptr, cc, nr, ncl, out):
             lib.count(_p(inc), _p(inc_ptr), _p(cc), int(nr), int(ncl), _p(out), L(out.size))
             return out
@@ -273,7 +282,8 @@ def test_device_branch_with_host_compiled_kernels(host_kernels, monkeypatch):
         def walk(inc, inc_ptr, ip, ind, cc, K, c0, c1, nr, ncl, nf, kfld, dpos, dfld, data, size):
             lib.walk(_p(inc), _p(inc_ptr), _p(ip), _p(ind), _p(cc), _p(K), L(c0), L(c1), int(nr), int(ncl),
                      int(nf), L(kfld), L(dpos), L(dfld), _p(data), L(size))
-        return {"row_columns_count": count, "row_columns_fill": fill, "row_walk_sum": walk}[name]
+        return {"sorted_cell_columns": sortc, "row_columns_count": count, "row_columns_fill": fill,
+                "row_walk_sum": walk}[name]
     for name, rows, cols, nrows, ncols, _ in _tables():
         H = DevicePattern(CPU, rows, cols, nrows, ncols)
         K = _entries(H, 6)
