@@ -402,6 +402,17 @@ def _pattern_kernel(name):
         _record("launch", f"kernel:{name}")
         with _nested():
             host = [_base(a) for a in args]
+            if name == "incidence_count":
+                node, nrows, cnt = host[0], int(host[1]), host[-1]
+                ok = (node >= 0) & (node < nrows)
+                cnt += np.bincount(node[ok], minlength=nrows)
+                return None
+            if name == "incidence_scatter":                      # the sorted rows at once
+                node, inc = host[0], host[-1]
+                inc[...] = np.argsort(node, kind="stable")
+                return None
+            if name == "incidence_sort":
+                return None
             if name == "sorted_cell_columns":
                 host[-1][...] = np.sort(host[0], axis=1)
                 return None

@@ -10,6 +10,10 @@ Here no array of size E exists:
 1. **Incidence.**  The pairs (row node, cell) of the ``nc * nr`` incidences ``p = c nr + i``
    (``row_cells[c, i]``), sorted stably by row node: ``inc`` with row pointer ``inc_ptr``
    (for Q1 hex 8x smaller than E); within a row the incidences ascend in p, i.e. in (c, i).
+   On the device without a sort (its key/value buffers): counts and slots by atomics
+   (``adaptmg_incidence_count``, ``adaptmg_incidence_scatter``), then every row's few
+   incidences put in order by one thread (``adaptmg_incidence_sort``); the twin is the
+   stable argsort.
 2. **Pattern.**  Row r's columns are the distinct values of its candidates
    :math:`C_r = \{\mathrm{col\_cells}_{c,j} : (c, i) \in \mathrm{inc}(r),\ j < ncl\}`.
    On the device one thread per row merges the sorted column lists of its cells (a copy of
@@ -137,6 +141,23 @@ if (k <= 16) {
 """
 
 _SPECS = {
+    # one thread per incidence p (its row node): the row's incidence count
+    "incidence_count": (
+        "C node, int64 nrows", "raw int64 cnt",
+        "if (node >= 0 && node < nrows) atomicAdd((unsigned long long*)&cnt[node], 1ULL);"),
+    # one thread per incidence p: into a free slot of its row (in any order)
+    "incidence_scatter": (
+        "C node, raw int64 inc_ptr, int64 nrows", "raw int32 fill, raw P inc",
+        "if (node >= 0 && node < nrows) { const int s = atomicAdd(&fill[node], 1);"
+        " inc[inc_ptr[node] + s] = (P)i; }"),
+    # one thread per row: its incidences in ascending order (insertion sort)
+    "incidence_sort": (
+        "raw int64 inc_ptr", "raw P inc",
+        "const long long b = inc_ptr[i], e = inc_ptr[i + 1];"
+        " for (long long t = b + 1; t < e; ++t) {"
+        "   const P v = inc[t]; long long q = t;"
+        "   while (q > b && inc[q - 1] > v) { inc[q] = inc[q - 1]; --q; }"
+        "   inc[q] = v; }"),
     # one thread per cell: its columns sorted (insertion sort of ncl values)
     "sorted_cell_columns": (
         "raw C cols, int32 ncl", "raw C out",
@@ -262,10 +283,22 @@ class DevicePattern:
         cc = rc if col_cells is row_cells else xp.ascontiguousarray(xp.asarray(col_cells), dtype=node_t)
         self._row_cells, self._col_cells = rc, cc
         # 1. incidence: p = c*nr + i sorted stably by row node
-        self.inc = stable_argsort(rc.reshape(-1)).astype(_index_dtype(ninc))
-        counts = xp.bincount(rc.reshape(-1), minlength=nrows) if ninc else xp.zeros(nrows, dtype=xp.int64)
+        inc_t = _index_dtype(ninc)
         self.inc_ptr = xp.zeros(nrows + 1, dtype=xp.int64)
-        xp.cumsum(counts[:nrows], out=self.inc_ptr[1:])
+        if in_host_memory(rc):
+            self.inc = stable_argsort(rc.reshape(-1)).astype(inc_t)
+            counts = xp.bincount(rc.reshape(-1), minlength=nrows) if ninc else xp.zeros(nrows, dtype=xp.int64)
+            xp.cumsum(counts[:nrows], out=self.inc_ptr[1:])
+        else:       # counted and scattered by atomics, then each row's incidences sorted
+            counts = xp.zeros(nrows, dtype=xp.int64)
+            self.inc = xp.empty(ninc, dtype=inc_t)
+            if ninc and nrows:
+                flat = rc.reshape(-1)
+                _kernel("incidence_count")(flat, np.int64(nrows), counts)
+                xp.cumsum(counts, out=self.inc_ptr[1:])
+                _kernel("incidence_scatter")(flat, self.inc_ptr, np.int64(nrows), xp.zeros(nrows, dtype=xp.int32),
+                                             self.inc)
+                _kernel("incidence_sort")(self.inc_ptr, self.inc, size=nrows)
         ranges = xp.stack([rc.min(), rc.max(), cc.min(), cc.max()]).astype(xp.int64) if ninc and ncl \
             else xp.asarray(np.array([0, max(nrows - 1, 0), 0, max(ncols - 1, 0)], dtype=np.int64))
         # 2. the pattern: row kernels on the device, sorts of row blocks on NumPy (the twin)

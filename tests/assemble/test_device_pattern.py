@@ -182,7 +182,20 @@ def test_device_csr_above_int32_needs_64_bit_sparse(monkeypatch):
 
 _HOST_CPP = r"""
 typedef int P; typedef int C; typedef int I; typedef int J;
+template <class T> T atomicAdd(T* a, T v) { T o = *a; *a += v; return o; }
 extern "C" {
+void inc_count(const C* node_a, long long nrows, long long* cnt, long long n) {
+  for (long long i = 0; i < n; ++i) { const C node = node_a[i];
+%s
+  } }
+void inc_scatter(const C* node_a, const long long* inc_ptr, long long nrows, int* fill, P* inc, long long n) {
+  for (long long i = n - 1; i >= 0; --i) { const C node = node_a[i];     // atomics in another order
+%s
+  } }
+void inc_sort(const long long* inc_ptr, P* inc, long long n) {
+  for (long long i = 0; i < n; ++i) {
+%s
+  } }
 void sortc(const C* cols, int ncl, C* out, long long n) {
   for (long long i = 0; i < n; ++i) {
 %s
@@ -207,7 +220,7 @@ void walk(const P* inc, const long long* inc_ptr, const I* ip, const J* ind, con
 
 @pytest.fixture(scope="module")
 def host_kernels(tmp_path_factory):
-    """The four CUDA kernel bodies compiled as host C++ (the ElementwiseKernel loop over i
+    """The CUDA kernel bodies compiled as host C++ (the ElementwiseKernel loop over i
     written out, raw arrays as pointers, every index type int32): a ctypes library."""
     import ctypes
     import shutil
@@ -217,8 +230,9 @@ def host_kernels(tmp_path_factory):
         pytest.skip("no C++ compiler")
     d = tmp_path_factory.mktemp("kernels")
     S = _device._SPECS
-    (d / "k.cpp").write_text(_HOST_CPP % tuple(S[k][2] for k in ("sorted_cell_columns", "row_columns_count",
-                                                                 "row_columns_fill", "row_walk_sum")))
+    (d / "k.cpp").write_text(_HOST_CPP % tuple(S[k][2] for k in (
+        "incidence_count", "incidence_scatter", "incidence_sort", "sorted_cell_columns", "row_columns_count",
+        "row_columns_fill", "row_walk_sum")))
     subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(d / "k.so"), str(d / "k.cpp")], check=True)
     return ctypes.CDLL(str(d / "k.so"))
 
@@ -236,7 +250,14 @@ def test_kernel_sources_compiled_for_the_host(host_kernels):
     lib = host_kernels
     for name, rows, cols, nrows, ncols, _ in _tables():
         D = DevicePattern(CPU, rows, cols, nrows, ncols)
-        inc = np.ascontiguousarray(D.inc, dtype=np.int32)
+        flat = np.ascontiguousarray(D._row_cells, dtype=np.int32).reshape(-1)
+        cnt = np.zeros(nrows, dtype=np.int64)
+        lib.inc_count(_p(flat), L(nrows), _p(cnt), L(flat.size))
+        inc_ptr = np.concatenate([[0], np.cumsum(cnt)])
+        inc = np.empty(flat.size, dtype=np.int32)
+        lib.inc_scatter(_p(flat), _p(inc_ptr), L(nrows), _p(np.zeros(nrows, dtype=np.int32)), _p(inc), L(flat.size))
+        lib.inc_sort(_p(inc_ptr), _p(inc), L(nrows))
+        assert np.array_equal(inc_ptr, D.inc_ptr) and np.array_equal(inc, D.inc), name
         cc = np.ascontiguousarray(D._col_cells, dtype=np.int32)
         sc = np.empty_like(cc)
         lib.sortc(_p(cc), cc.shape[1], _p(sc), L(cc.shape[0]))
@@ -269,6 +290,15 @@ def test_device_branch_with_host_compiled_kernels(host_kernels, monkeypatch):
     lib = host_kernels
 
     def kernel(name):
+        def inc_count(node, nrows, cnt):
+            lib.inc_count(_p(node), L(nrows), _p(cnt), L(node.size))
+
+        def inc_scatter(node, inc_ptr, nrows, fill, inc):
+            lib.inc_scatter(_p(node), _p(inc_ptr), L(nrows), _p(fill), _p(inc), L(node.size))
+
+        def inc_sort(inc_ptr, inc, size):
+            lib.inc_sort(_p(inc_ptr), _p(inc), L(size))
+
         def sortc(cc, ncl, out, size):
             lib.sortc(_p(cc), int(ncl), _p(out), L(size))
 
@@ -282,7 +312,8 @@ def test_device_branch_with_host_compiled_kernels(host_kernels, monkeypatch):
         def walk(inc, inc_ptr, ip, ind, cc, K, c0, c1, nr, ncl, nf, kfld, dpos, dfld, data, size):
             lib.walk(_p(inc), _p(inc_ptr), _p(ip), _p(ind), _p(cc), _p(K), L(c0), L(c1), int(nr), int(ncl),
                      int(nf), L(kfld), L(dpos), L(dfld), _p(data), L(size))
-        return {"sorted_cell_columns": sortc, "row_columns_count": count, "row_columns_fill": fill,
+        return {"incidence_count": inc_count, "incidence_scatter": inc_scatter, "incidence_sort": inc_sort,
+                "sorted_cell_columns": sortc, "row_columns_count": count, "row_columns_fill": fill,
                 "row_walk_sum": walk}[name]
     for name, rows, cols, nrows, ncols, _ in _tables():
         H = DevicePattern(CPU, rows, cols, nrows, ncols)
