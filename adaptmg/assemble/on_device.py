@@ -114,6 +114,7 @@ def _chunks(be, info, xi, step=None, window=None):
         detJ = _det(J)
         bad[sl] = ~(detJ > 0).all(axis=1)
         yield sl, X, _DeviceGeometry(J, detJ, X, N)
+        del X, J, detJ                  # not alive beside the next chunk's
     if bool(bad.any()):
         raise jacobian_error(to_host(bad))
 
@@ -137,13 +138,14 @@ def element_chunks(be, info, xi, w, factor, T_full, extra=None, step=None):
     w_d, T_d = constant(w, xp), constant(T_full, xp)
     if extra is not None:
         cols, Te_d = extra[0], xp.asarray(extra[1])
-    for sl, _, g in _chunks(be, info, xi, step):
+    for sl, X, g in _chunks(be, info, xi, step):
         F = factor(sl, g, g.detJ * w_d)
         n = g.num_cells
         K = F.reshape(n, -1) @ T_d
         Ke = None if extra is None else xp.ascontiguousarray(F[:, :, cols]).reshape(n, -1) @ Te_d
         del F
         yield sl, K, Ke
+        del X, g, K, Ke                 # one chunk's geometry and matrices alive at a time
 
 
 def device_element_sums(device, pat, info, xi, w, factor, T_full, extra):
