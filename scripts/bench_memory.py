@@ -3,7 +3,7 @@ bytes per DoF of each phase, and the largest problem that fits.
 
     python scripts/bench_memory.py                      # 2.1e7 DoFs, the lean device pattern
     python scripts/bench_memory.py --sorted             # the same with the sort-based pattern
-    python scripts/bench_memory.py --dofs 1e8 --reps 1  # try a size
+    python scripts/bench_memory.py --px 3 --dofs 7e7 --reps 1   # ~5.6e7 DoFs (nnz < 2^31)
 
 The mesh is :func:`bench_distributed.make_mesh` (3-D, one box, a local refinement) built on
 the device; then ``multigrid(space, assemble.stiffness, backend="gpu")`` and CG to 1e-8.
@@ -28,6 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dofs", type=float, default=2.1e7)
+    ap.add_argument("--px", type=int, default=1, help="boxes along x (make_mesh's px): sizes between "
+                    "its 8x refinement steps, e.g. --px 3 --dofs 7e7 for ~5.6e7 DoFs")
     ap.add_argument("--reps", type=int, default=2, help="repetitions (the last one is reported warm)")
     ap.add_argument("--sorted", action="store_true", help="the sort-based device pattern (before)")
     ap.add_argument("--no-solve", action="store_true")
@@ -63,7 +65,7 @@ def main():
         rows = []
         with h:
             t = time.perf_counter()
-            mesh = make_mesh(3, 1, int(a.dofs), backend="gpu")
+            mesh = make_mesh(3, a.px, int(a.dofs), backend="gpu")
             space = Space(mesh, 1)
             b = assemble.load(space, 1.0)
             cupy.cuda.Device().synchronize()
