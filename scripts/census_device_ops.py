@@ -380,6 +380,69 @@ def install(monkeypatch=None):
     from adaptmg.device import index_kernels
     mp.setattr(index_kernels, "in_host_memory", lambda a: type(a) is np.ndarray)
     mp.setattr(index_kernels, "_kernel", _fused_kernel)
+    # the device pattern's row kernels and row-walk sums likewise
+    from adaptmg.assemble import _device
+    mp.setattr(_device, "in_host_memory", lambda a: type(a) is np.ndarray)
+    mp.setattr(_device, "_kernel", _pattern_kernel)
+
+
+def _row_candidates(inc, inc_ptr, cols, nr, ncl):
+    """(rows, columns) of every candidate of the device pattern's rows, host arrays: incidence
+    t of row r is p = inc[t] = c*nr + i, its candidates cols[c, :]."""
+    rows = np.repeat(np.arange(inc_ptr.size - 1), np.diff(inc_ptr))
+    c = inc.astype(np.int64) // nr
+    return np.repeat(rows, ncl), cols.reshape(-1, ncl)[c].reshape(-1)
+
+
+def _pattern_kernel(name):
+    """A stand-in for :mod:`adaptmg.assemble._device`'s kernel ``name``: one launch, its result
+    from host code (the distinct sorted columns of each row; the sums by np.add.at in (c, i, j)
+    order), not counted."""
+    def launch(*args, size=None):
+        _record("launch", f"kernel:{name}")
+        with _nested():
+            host = [_base(a) for a in args]
+            if name == "incidence_count":
+                node, nrows, cnt = host[0], int(host[1]), host[-1]
+                ok = (node >= 0) & (node < nrows)
+                cnt += np.bincount(node[ok], minlength=nrows)
+                return None
+            if name == "incidence_scatter":                      # the sorted rows at once
+                node, inc = host[0], host[-1]
+                inc[...] = np.argsort(node, kind="stable")
+                return None
+            if name == "incidence_sort":
+                return None
+            if name == "sorted_cell_columns":
+                host[-1][...] = np.sort(host[0], axis=1)
+                return None
+            if name in ("row_columns_count", "row_columns_fill"):
+                inc, inc_ptr, cols, nr, ncl = host[:3] + [int(host[3 if name == "row_columns_count" else 4]),
+                                                          int(host[4 if name == "row_columns_count" else 5])]
+                r, s = _row_candidates(inc, inc_ptr, cols, nr, ncl)
+                key = np.unique(r * (int(cols.max()) + 1) + s)
+                ur, us = np.divmod(key, int(cols.max()) + 1)
+                if name == "row_columns_count":
+                    host[-1][...] = np.bincount(ur, minlength=inc_ptr.size - 1)
+                    return args[-1]
+                host[-1][...] = us
+                return None
+            if name == "row_walk_sum":
+                from adaptmg.assemble._device import _segment_search
+                inc, inc_ptr, ip, ind, cols, K = host[:6]
+                c0, c1, nr, ncl, nf = (int(v) for v in host[6:11])
+                data = host[-1].reshape(-1, nf)
+                row_of = np.empty(inc.size, dtype=np.int64)          # incidence p -> its row
+                row_of[inc] = np.repeat(np.arange(inc_ptr.size - 1), np.diff(inc_ptr))
+                p = np.arange(c0 * nr, c1 * nr)                      # the chunk's incidences, (c, i) order
+                r = np.repeat(row_of[p], ncl)
+                s = cols.reshape(-1, ncl)[p // nr].reshape(-1)
+                pos = _segment_search(ip, ind, r, s, int(np.diff(ip).max()).bit_length() + 1)
+                for f in range(nf):                                  # loop over fields only
+                    np.add.at(data[:, f], pos, K.reshape(nf, -1)[f])
+                return None
+            raise NotImplementedError(f"census: no stand-in of the device pattern kernel {name!r}")
+    return launch
 
 
 def _fused_kernel(name):

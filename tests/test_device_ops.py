@@ -84,7 +84,8 @@ def test_census_of_the_lshape_loop_bounds_syncs_and_copies(monkeypatch):
     and the estimator's and error norms' copies within the counts measured after the cuts.
     (The constrained matrix and the hanging-node matrix written row by row read their entry
     counts, where the COO paths took them from flatnonzero's syncs: two reads more, seven
-    syncs fewer per level.)"""
+    syncs fewer per level; the device pattern reads its tables' ranges and entry count once,
+    where its sorts synchronised twice: a read more, two syncs fewer per assembly.)"""
     c = _census()
     c.install(monkeypatch)
     monkeypatch.setattr(c, "RECORDS", type(c.RECORDS)())
@@ -96,13 +97,13 @@ def test_census_of_the_lshape_loop_bounds_syncs_and_copies(monkeypatch):
         return sum(n for (p, _, k, _), n in counter.items() if p == phase and k == cat)
     for k, (dofs, lev, cnt) in enumerate(steps):
         syncs = count(cnt, "setup", "sync")
-        assert syncs <= (22 if lev == 1 else 71), (dofs, syncs)
+        assert syncs <= (20 if lev == 1 else 67), (dofs, syncs)
         assert count(cnt, "setup", "h2d") <= (3 if lev == 1 else 8) or k <= 1, dofs
         if k >= 2:                                            # the tables are on the device by now
             assert count(cnt, "estimate", "h2d") <= 2 and count(cnt, "error", "h2d") == 0, dofs
         reads = count(cnt, "setup", "read")
-        assert reads <= (17 if lev == 1 else 53), dofs
-        assert syncs + reads <= (39 if lev == 1 else 124), dofs          # 44 / 134 before
+        assert reads <= (18 if lev == 1 else 55), dofs
+        assert syncs + reads <= (38 if lev == 1 else 122), dofs          # 44 / 134 before
 
 
 # ----------------------------------------------------------------------------- on the GPU

@@ -57,13 +57,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import Backend, backend_of, get_backend, is_device_array, is_device_sparse
+from ..backend import Backend, backend_of, get_backend, is_device_array, is_device_sparse, to_host
 from ..fe.element import LagrangeQ
 from ..fe.geometry import CellGeometry, affine_mask, jacobian_error, matmul_serial, metric_factor, sym_pairs
 from ..fe.quadrature import default_num_points, tensor_gauss
 from ._coefficients import coefficient as _coefficient, is_zero as _is_zero
 from ._device import MIN_DEVICE_ENTRIES, get_device_pattern
-from .on_device import lumped_local, lumped_mass_on_device
+from .on_device import device_element_sums, lumped_local, lumped_mass_on_device
 from ..fe.sparsity import componentwise, get_pattern
 from ..fe.space_xp import kron_identity
 from ..threads import default_threads, ordered_map
@@ -257,7 +257,7 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
 
     ``device_elements`` (with ``device``; a factor written against the backend of ``wdet``):
     the element matrices too -- and ``extra``'s -- are computed on the device, with the full
-    quadrature rule on every cell (:func:`.on_device.element_entries_on_device`): nothing of
+    quadrature rule on every cell (:func:`.on_device.element_chunks`, summed chunk by chunk): nothing of
     O(cells) is computed on the host or copied up but the mesh itself.  Asked for constant
     coefficients on a host mesh; always taken on a mesh on the GPU, where the coefficients are
     evaluated on the device too (:mod:`._coefficients`).
@@ -266,9 +266,10 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
     device_elements = device_elements or info.device is not None      # a mesh on the GPU: there
     if device is not None:
         pat = get_device_pattern(device, info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
-        nent = info.num_cells * per
-        data = device.xp.empty(nent)
-        data_e = device.xp.empty(nent) if extra is not None else None
+        if not device_elements:     # the host's element entries, copied up into one (E,) array
+            nent = info.num_cells * per
+            data = device.xp.empty(nent)
+            data_e = device.xp.empty(nent) if extra is not None else None
 
         rows = []       # congruent chunks: (destination segment, its element matrix row)
 
@@ -288,11 +289,12 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
                     seg[...] = up[i]
                 rows.clear()
 
-        def finish(dst):
+        def finish(dst):            # dst: summed (device elements) or the (E,) entries
             broadcast_rows()
+            summed = dst if device_elements else pat.sum(dst, on_device=True)
             if keep is not None and (info.components == 1 or info.device is not None):
-                return kron_identity(device, pat.device_csr(pat.sum(dst, on_device=True)), info.components)
-            return componentwise(pat.csr(pat.sum(dst)), info.components)
+                return kron_identity(device, pat.device_csr(summed), info.components)
+            return componentwise(pat.csr(to_host(summed)), info.components)
     else:
         pat = _square_pattern(info)
         data = pat.new_data()
@@ -307,10 +309,8 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
         me = Te.shape[1]
         Te_full = np.ascontiguousarray(Te.reshape(nq * me, per))
     if device is not None and device_elements:      # no host chunk loop, no host buffers
-        from .on_device import element_entries_on_device
-        element_entries_on_device(device, info, xi, w, factor, T_full, data,
-                                  extra=None if extra is None else (cols, Te_full, data_e))
-        return _finished(finish, data, data_e, keep)
+        return _finished(finish, *device_element_sums(device, pat, info, xi, w, factor, T_full,
+                                                       None if extra is None else (cols, Te_full)), keep)
     T_aff = np.tensordot(w, Tq, axes=1)
     group = info.affine_group(xi, per) if affine_ok else 1
     step = info.chunk_size(xi, per) * group
@@ -546,7 +546,7 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
 
     ``device="gpu"`` (or a GPU :class:`~adaptmg.backend.Backend`; None/"cpu" = host)
     builds the sparsity pattern and sums the element matrices on the GPU
-    (:mod:`adaptmg.assemble._device`: one radix sort and one segmented-sum kernel
+    (:mod:`adaptmg.assemble._device`: row kernels for the pattern and the sums
     instead of the host row grouping and ``np.add.at``); the element matrices are still
     computed on the host and the result is the same host CSR, bit for bit. Meshes with
     fewer than ``MIN_DEVICE_ENTRIES`` element entries stay on the host.

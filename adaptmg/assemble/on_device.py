@@ -13,7 +13,7 @@ into the DoF vector by ``xp.bincount``.  Only the mesh's points and cells and th
 table are copied up (they live on the host); nothing of O(cells) comes back.  The sums run
 in another order than on the host: results agree to rounding.
 
-Scalar forms (:func:`element_entries_on_device`): the element matrices
+Scalar forms (:func:`element_chunks`): the element matrices
 :math:`K_c = \sum_q F_{c,q,:} T_{q,:,:}` of a geometric factor computed from the device
 geometry (and the coefficients at the device points, :mod:`._coefficients`).  Lumped mass
 (:func:`lumped_mass_on_device`): the per-cell masses of :func:`lumped_local` summed into the
@@ -36,8 +36,11 @@ import numpy as np
 
 from ..backend import backend_of, call_points, constant, is_device_array, to_host
 from ..fe.geometry import _det, _det_inv, jacobian_error, q1_tables
+from ._device import chunk_cells
 
-__all__ = ["load_on_device", "lumped_mass_on_device", "lumped_local", "element_entries_on_device", "elasticity_entries", "elastic_factor",
+__all__ = ["load_on_device", "lumped_mass_on_device", "lumped_local", "element_entries_on_device", "element_chunks",
+           "device_element_sums",
+           "elasticity_entries", "elastic_step", "elastic_factor",
            "DEVICE_CHUNK_CELLS"]
 
 #: cells per chunk: the Jacobians of a chunk (cells, nq, d, d) stay below ~0.6 GB in 3-D
@@ -93,51 +96,86 @@ class _DeviceGeometry:
         return self._invJ
 
 
-def _chunks(be, info, xi, step=DEVICE_CHUNK_CELLS):
-    """(slice, X (n, 2^d, d), geometry) over chunks of ``step`` cells, all on the backend
-    ``be`` (ValueError after the sweep for cells with det J <= 0)."""
+def _chunks(be, info, xi, step=None, window=None):
+    """(slice, X (n, 2^d, d), geometry) over chunks of ``step`` cells of the cells ``window``
+    (a slice; default all), all on the backend ``be`` (ValueError after the sweep for cells
+    with det J <= 0)."""
     xp = be.xp
+    step = DEVICE_CHUNK_CELLS if step is None else step
     N, dN = q1_tables(info.dim, xi)
     N, dN = constant(N, xp), constant(dN, xp)
     pts, cells = xp.asarray(info.points), xp.asarray(info.cells)
-    nc = info.num_cells
-    bad = xp.zeros(nc, dtype=bool)
-    for s in range(0, nc, step):
+    a, nc = (0, info.num_cells) if window is None else (window.start, window.stop)
+    bad = xp.zeros(info.num_cells, dtype=bool)
+    for s in range(a, nc, step):
         sl = slice(s, min(s + step, nc))
         X = pts[cells[sl]]                                     # (n, 2^d, d)
         J = xp.einsum("cva,qvb->cqab", X, dN)
         detJ = _det(J)
         bad[sl] = ~(detJ > 0).all(axis=1)
         yield sl, X, _DeviceGeometry(J, detJ, X, N)
+        del X, J, detJ                  # not alive beside the next chunk's
     if bool(bad.any()):
         raise jacobian_error(to_host(bad))
 
 
-def element_entries_on_device(be, info, xi, w, factor, T_full, out, extra=None):
-    r"""Element matrices :math:`K_c = F_c T` of every cell into the device array ``out``
-    (cells * nloc^2, cell-major), the geometric factor ``F = factor(sl, g, w det J)``
-    (n, nq, m) computed from the device geometry ``g`` (``J``, ``detJ``, ``invJ``) and
-    contracted with the reference tensor ``T_full`` (nq * m, nloc^2) in one GEMM per chunk.
-    The factor reads the geometry (``J``, ``detJ``, ``invJ``) and, for coefficients that are
-    not constants, the points ``g.x`` (callables, :mod:`._coefficients`) or the chunk ``sl``
+def element_chunks(be, info, xi, w, factor, T_full, extra=None, step=None):
+    r"""``(sl, K, K_e)`` over chunks of at most ``step`` (default :data:`DEVICE_CHUNK_CELLS`)
+    cells: the element matrices
+    :math:`K_c = F_c T` (n, nloc^2) of the chunk ``sl``, the geometric factor
+    ``F = factor(sl, g, w det J)`` (n, nq, m) computed from the device geometry ``g`` (``J``,
+    ``detJ``, ``invJ``) and contracted with the reference tensor ``T_full`` (nq * m, nloc^2)
+    in one GEMM.  The factor reads the geometry and, for coefficients that are not
+    constants, the points ``g.x`` (callables, :mod:`._coefficients`) or the chunk ``sl``
     (per-cell and per-node arrays), all on the device.
 
-    ``extra = (cols, Te_full, out_e)``: also the element matrices of a part of the form, the
-    factor columns ``cols`` (a slice of the m axis) against ``Te_full`` (nq * m_e, nloc^2),
-    into ``out_e`` (e.g. the mass term of :func:`~adaptmg.assemble.scalar_form`'s
-    ``return_mass``), from the same factor."""
+    ``extra = (cols, Te_full)``: ``K_e`` the element matrices of a part of the form, the
+    factor columns ``cols`` (a slice of the m axis) against ``Te_full`` (nq * m_e, nloc^2)
+    (e.g. the mass term of :func:`~adaptmg.assemble.scalar_form`'s ``return_mass``), from
+    the same factor; else ``K_e`` is None.  Only one chunk's matrices are alive at a time
+    when the caller sums them before the next (:meth:`._device.DevicePattern.add`)."""
     xp = be.xp
     w_d, T_d = constant(w, xp), constant(T_full, xp)
-    per = T_full.shape[1]
     if extra is not None:
-        cols, Te_d, out_e = extra[0], xp.asarray(extra[1]), extra[2]
-    for sl, _, g in _chunks(be, info, xi):
+        cols, Te_d = extra[0], xp.asarray(extra[1])
+    for sl, X, g in _chunks(be, info, xi, step):
         F = factor(sl, g, g.detJ * w_d)
         n = g.num_cells
+        K = F.reshape(n, -1) @ T_d
+        Ke = None if extra is None else xp.ascontiguousarray(F[:, :, cols]).reshape(n, -1) @ Te_d
+        del F
+        yield sl, K, Ke
+        del X, g, K, Ke                 # one chunk's geometry and matrices alive at a time
+
+
+def device_element_sums(device, pat, info, xi, w, factor, T_full, extra):
+    """``(data, data_e)``: the element matrices computed on the device chunk by chunk
+    (:func:`element_chunks`, at most :data:`._device.ASSEMBLY_CHUNK_BYTES` of them at
+    once) and summed on the device pattern ``pat`` in ascending cell order (the same bits as
+    one sum of all of them); ``data_e`` those of ``extra = (cols, Te_full)`` or None."""
+    per = T_full.shape[1] * (1 if extra is None else 2)
+    step = min(DEVICE_CHUNK_CELLS, chunk_cells(per))
+    data = pat.zeros()
+    data_e = None if extra is None else pat.zeros()
+    for sl, K, Ke in element_chunks(device, info, xi, w, factor, T_full, extra, step):
+        pat.add(data, sl.start, K)
+        if Ke is not None:
+            pat.add(data_e, sl.start, Ke)
+        del K, Ke
+    return data, data_e
+
+
+def element_entries_on_device(be, info, xi, w, factor, T_full, out, extra=None):
+    r"""Element matrices of every cell (:func:`element_chunks`) into the device array ``out``
+    (cells * nloc^2, cell-major); ``extra = (cols, Te_full, out_e)`` those of a part of the
+    form into ``out_e``."""
+    per = T_full.shape[1]
+    ext = None if extra is None else extra[:2]
+    for sl, K, Ke in element_chunks(be, info, xi, w, factor, T_full, ext):
         lo, hi = sl.start * per, sl.stop * per
-        out[lo:hi] = (F.reshape(n, -1) @ T_d).reshape(-1)
-        if extra is not None:
-            out_e[lo:hi] = (xp.ascontiguousarray(F[:, :, cols]).reshape(n, -1) @ Te_d).reshape(-1)
+        out[lo:hi] = K.reshape(-1)
+        if Ke is not None:
+            extra[2][lo:hi] = Ke.reshape(-1)
     return out
 
 
@@ -189,9 +227,18 @@ def _coefficient_on(be, name, coef, num_cells):
     return (lambda sl, x: a_d[sl][:, None]), False
 
 
-def elasticity_entries(be, info, xi, w, lam, mu, T_full, Tm_full, out):
-    r"""Element matrices of :func:`adaptmg.assemble.elasticity` for every cell, on the backend
-    ``be`` (NumPy or CuPy), into ``out`` (nfields, num_cells * nloc^2): row 0 the scalar mass
+def elastic_step(info, nq, L, mass):
+    """Cells per chunk of :func:`elasticity_entries` (temporaries within ELASTIC_CHUNK_BYTES)."""
+    d = info.dim
+    nk = d * d
+    per_cell = 8 * (3 * nk * nq * d * d + (nk + int(mass)) * L + 4 * nq * d * d)
+    return int(max(1, min(DEVICE_CHUNK_CELLS, ELASTIC_CHUNK_BYTES // per_cell)))
+
+
+def elasticity_entries(be, info, xi, w, lam, mu, T_full, Tm_full, out, window=None):
+    r"""Element matrices of :func:`adaptmg.assemble.elasticity` for every cell (or the cells
+    ``window``, a slice), on the backend ``be`` (NumPy or CuPy), into ``out`` (nfields,
+    cells * nloc^2): row 0 the scalar mass
     :math:`\sum_q w_q \det J\,\hat\phi_i\hat\phi_j` when ``Tm_full`` (nq, nloc^2) is
     given, then the block fields (r, s) row-major, cell-major entries (c, i, j) in each row.
 
@@ -209,9 +256,9 @@ def elasticity_entries(be, info, xi, w, lam, mu, T_full, Tm_full, out):
     Tm_d = None if Tm_full is None else xp.asarray(Tm_full)
     ev_l, x_l = _coefficient_on(be, "lam", lam, info.num_cells)
     ev_m, x_m = _coefficient_on(be, "mu", mu, info.num_cells)
-    per_cell = 8 * (3 * nk * nq * d * d + (nk + moff) * L + 4 * nq * d * d)
-    step = int(max(1, min(DEVICE_CHUNK_CELLS, ELASTIC_CHUNK_BYTES // per_cell)))
-    for sl, _, g in _chunks(be, info, xi, step):
+    step = elastic_step(info, nq, L, moff)
+    first = 0 if window is None else window.start
+    for sl, _, g in _chunks(be, info, xi, step, window):
         n = g.num_cells
         wdet = g.detJ * w_d                                        # (n, nq)
         V = xp.ascontiguousarray(_det_inv(g.J)[1].transpose(3, 0, 1, 2))
@@ -220,7 +267,7 @@ def elasticity_entries(be, info, xi, w, lam, mu, T_full, Tm_full, out):
         wm = (wdet * ev_m(sl, x))[:, :, None, None]
         shape = (d, d, n, nq, d, d)
         G = elastic_factor(xp, V, wl, wm, xp.empty(shape), xp.empty(shape), xp.empty(shape))
-        lo, hi = sl.start * L, sl.stop * L
+        lo, hi = (sl.start - first) * L, (sl.stop - first) * L
         out[moff:, lo:hi] = (G.reshape(nk * n, nq * d * d) @ T_d).reshape(nk, n * L)
         if moff:
             out[0, lo:hi] = (wdet @ Tm_d).reshape(-1)

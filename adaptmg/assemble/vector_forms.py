@@ -63,17 +63,16 @@ def derivative_matrices(space, *, quad_points=None):
 def _device_derivatives(info, xi, w, T_full):
     r"""The :math:`C_k` of :func:`derivative_matrices` for a mesh on the GPU, as cupyx CSR: per
     direction k the factor :math:`F_{c,q,e} = w_q \det J\,(J^{-1})_{ek}` of every cell on the
-    device (:func:`~.on_device.element_entries_on_device`, the full rule on every cell), summed
-    on the device pattern."""
-    from .on_device import element_entries_on_device
+    device (:func:`~.on_device.element_chunks`, the full rule on every cell), summed chunk by
+    chunk on the device pattern."""
+    from .on_device import device_element_sums
     be = info.device
     pat = get_device_pattern(be, info.cell_dofs, info.cell_dofs, info.num_nodes, info.num_nodes)
     out = []
     for k in range(info.dim):
-        data = be.xp.empty(info.num_cells * T_full.shape[1])
-        element_entries_on_device(be, info, xi, w, lambda sl, g, wdet: g.invJ[..., k] * wdet[:, :, None],
-                                  T_full, data)
-        out.append(pat.device_csr(pat.sum(data, on_device=True)))
+        data, _ = device_element_sums(be, pat, info, xi, w, lambda sl, g, wdet: g.invJ[..., k] * wdet[:, :, None],
+                                       T_full, None)
+        out.append(pat.device_csr(data))
     return out
 
 
@@ -150,7 +149,7 @@ def elasticity(space, lam, mu, *, quad_points=None, format="csr", return_mass=Fa
     # one product of the combined factor G_rs = lam F_rs + mu F_sr + ... (formed on the small
     # (cells, points, d, d) factors, no (cells, L) temporaries; on_device.elastic_factor); the
     # d*d fields and the scalar mass are summed in entry order by FieldSums (two adjacent block
-    # columns per complex add.at) on the host, by the device pattern's segment sums there.
+    # columns per complex add.at) on the host, by the device pattern's row sums there.
     Tq = np.einsum("qib,qje->qbeij", dphi, dphi).reshape(nq, d * d, L)
     T_full = np.ascontiguousarray(Tq.reshape(nq * d * d, L))
     Tm_full = np.ascontiguousarray((phi[:, :, None] * phi[:, None, :]).reshape(nq, L)) if return_mass else None
@@ -206,15 +205,23 @@ def _kept_result(be, indptr, indices, fdata, format, return_mass, info):
 
 
 def _device_fields(dev, pat, info, xi, w, lam, mu, T_full, Tm_full, nfld):
-    """The summed fields (nnz, nfld) on the device: every cell's element matrices there
-    (:func:`~.on_device.elasticity_entries`), then one segment sum per field."""
-    from .on_device import elasticity_entries
+    """The summed fields (nnz, nfld) on the device: the element matrices there
+    (:func:`~.on_device.elasticity_entries`) window by window of cells -- a whole number of
+    its chunks, at most :data:`._device.ASSEMBLY_CHUNK_BYTES` of entries -- each added into all
+    fields by one row-walk sum (:meth:`~._device.DevicePattern.add`)."""
+    from ._device import chunk_cells
+    from .on_device import elastic_step, elasticity_entries
     xp = dev.xp
-    K = xp.empty((nfld, info.num_cells * T_full.shape[1]))
-    elasticity_entries(dev, info, xi, w, lam, mu, T_full, Tm_full, K)
-    fdata = xp.empty((pat.nnz, nfld))
-    for f in range(nfld):                        # loop over fields only
-        fdata[:, f] = pat.sum(K[f], on_device=True)
+    L, nc = T_full.shape[1], info.num_cells
+    step = elastic_step(info, len(w), L, Tm_full is not None)
+    span = step * max(1, chunk_cells(nfld * L) // step)         # same chunks as one sweep
+    K = xp.empty((nfld, min(span, nc) * L))
+    fdata = xp.zeros((pat.nnz, nfld))
+    for a in range(0, nc, span):                 # loop over windows of cells
+        b = min(a + span, nc)
+        Kw = K[:, :(b - a) * L]
+        elasticity_entries(dev, info, xi, w, lam, mu, T_full, Tm_full, Kw, window=slice(a, b))
+        pat.add(fdata, a, Kw)
     return fdata
 
 

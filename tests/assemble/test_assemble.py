@@ -652,7 +652,7 @@ def test_scalar_form_bad_input():
 def test_segment_sum_twin_matches_add_at_on_pattern():
     """The NumPy twin of adaptmg_segment_sum, fed with runs sorted stably by matrix position,
     gives np.add.at's sums bit for bit (same entries, same order)."""
-    from adaptmg.assemble._device import segment_sum
+    from adaptmg.assemble._device_sorted import segment_sum
     for name, rows, cols, nrows, ncols, _ in _pattern_tables():
         P = Pattern(rows, cols, nrows, ncols)
         K = np.random.default_rng(5).standard_normal(P.pos.size)
@@ -768,9 +768,9 @@ def test_scalar_form_device_elements_run_on_numpy(d, monkeypatch):
               Space(_adaptive_mesh(d), 2, 1)]
     ref = [asm.scalar_form(s, return_mass=True, **kw) for s in spaces]
     calls = []
-    entries = on_device.element_entries_on_device
-    monkeypatch.setattr(on_device, "element_entries_on_device",
-                        lambda *a, **k: calls.append(k["extra"] is not None) or entries(*a, **k))
+    chunks = on_device.element_chunks
+    monkeypatch.setattr(on_device, "element_chunks",
+                        lambda *a, **k: calls.append(a[6] is not None) or chunks(*a, **k))
     monkeypatch.setattr(forms, "_assembly_device", lambda device, info, per: CPU if device == "np" else None)
     monkeypatch.setattr(forms, "_keep_backend", lambda name, device, keep, info=None: CPU if keep else None)
     monkeypatch.setattr(forms, "get_device_pattern", lambda be, r, c, nr, nc: DevicePattern(be, r, c, nr, nc))
