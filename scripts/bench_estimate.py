@@ -78,10 +78,15 @@ def device_path():
 
 def count_calls(fn, xp):
     """Run ``fn()`` counting the estimator's evaluations (:func:`point_fields` calls) and its
-    products with basis tables (``xp.matmul`` calls: the estimator has no other)."""
+    products with basis tables: ``xp.matmul`` calls (the estimator has no other) and, on the
+    device, the fused grouped products (one kernel for all groups of a table product:
+    :func:`adaptmg.device.index_kernels.grouped_table_product`, whose twin makes one matmul
+    per group)."""
+    import adaptmg.estimate.evaluation as ev
     import adaptmg.estimate.residual as res
+    from adaptmg.backend import in_host_memory
     counts = {"evaluations": 0, "products": 0}
-    real_pf, real_mm = res.point_fields, xp.matmul
+    real_pf, real_mm, real_gp = res.point_fields, xp.matmul, ev.grouped_table_product
 
     def pf(*a, **k):
         counts["evaluations"] += 1
@@ -90,11 +95,16 @@ def count_calls(fn, xp):
     def mm(*a, **k):
         counts["products"] += 1
         return real_mm(*a, **k)
-    res.point_fields, xp.matmul = pf, mm
+
+    def gp(tables, B, groups):
+        if getattr(groups, "ids", None) is not None and not in_host_memory(B):
+            counts["products"] += 1                  # the kernel; the twin's matmuls count above
+        return real_gp(tables, B, groups)
+    res.point_fields, xp.matmul, ev.grouped_table_product = pf, mm, gp
     try:
         fn()
     finally:
-        res.point_fields, xp.matmul = real_pf, real_mm
+        res.point_fields, xp.matmul, ev.grouped_table_product = real_pf, real_mm, real_gp
     return counts
 
 
