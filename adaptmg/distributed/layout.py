@@ -135,8 +135,9 @@ class Layout:
         The received buffer is rank-major (rank 0's entries, then rank 1's, ...); global
         entry ``i`` sits at position ``perm^{-1}[i]`` with ``perm`` the stable argsort of
         ``owner``.  A device layout reorders on its device (``perm`` sorted there once and
-        kept; keys ``owner * N + i``, so any sort gives it: no host copy of the owners, no host sort of N entries) and returns the device
-        vector with ``device=True`` (else a host copy); a host layout returns a host array."""
+        kept, from the distinct keys ``owner * N + i``, so any sort gives it: no host copy of
+        the owners, no host sort of N entries) and returns the device vector with
+        ``device=True`` (else a host copy); a host layout returns a host array."""
         if x_local.shape != (self.n,):
             raise ValueError(f"local vector must have shape ({self.n},), got {x_local.shape}")
         buf = np.empty(self.N, dtype=x_local.dtype)
