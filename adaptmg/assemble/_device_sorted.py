@@ -35,6 +35,7 @@ import numpy as np
 
 from ..backend import get_backend, in_host_memory, stable_argsort, to_host
 from ..fe.sparsity import Pattern, _index_dtype, cell_tables
+from ._device import DevicePattern
 
 __all__ = ["SortedDevicePattern", "segment_sum"]
 
@@ -122,21 +123,6 @@ class SortedDevicePattern:
         self.seg[nnz] = nent
         self.nnz = nnz
 
-    def _host_index(self):
-        if self._host is None:           # downloaded once, only for host results
-            self._host = (to_host(self.d_indptr), to_host(self.d_indices))
-        return self._host
-
-    @property
-    def indptr(self):
-        """Host copy of ``d_indptr`` (made on first use: device results never need it)."""
-        return self._host_index()[0]
-
-    @property
-    def indices(self):
-        """Host copy of ``d_indices`` (made on first use)."""
-        return self._host_index()[1]
-
     def sum(self, K, on_device=False):
         """Summed entries (nnz,) from all element entries ``K`` (device, (E,) float64): a host
         array, or with ``on_device`` the device array."""
@@ -145,16 +131,10 @@ class SortedDevicePattern:
         segment_sum(self.seg, self.order, K, out)
         return out if on_device else to_host(out)
 
-    def device_csr(self, data):
-        """cupyx CSR matrix of the summed device ``data`` (nnz,) on this pattern (canonical: rows
-        sorted, no duplicates); its index arrays are copies, so the memoised pattern never
-        changes through the matrix."""
-        csp = self.backend.sparse
-        A = csp.csr_matrix((data, self.d_indices.copy(), self.d_indptr.copy()), shape=self.shape)
-        A.has_canonical_format = True
-        return A
-
-    # scalar / node-block host CSR from summed data: the same host index arrays as Pattern's
+    # the host index copies, the device CSR and the host CSRs: DevicePattern's (the same attributes)
+    _host_index = DevicePattern._host_index
+    indptr = DevicePattern.indptr
+    indices = DevicePattern.indices
+    device_csr = DevicePattern.device_csr
     csr = Pattern.csr
     block_csr = Pattern.block_csr
-
