@@ -224,8 +224,8 @@ _UFUNC = {"add": "add", "max": "maximum", "min": "minimum"}
 
 def _scatter(name, out, idx, vals):
     if _is_cupy_array(out):
-        import cupy
-        at = getattr(getattr(cupy, _UFUNC[name]), "at", None)
+        cupy = _cupy_status()[0]             # the module the device arrays come from
+        at = getattr(getattr(cupy, _UFUNC[name], None), "at", None)
         if at is not None:                   # CuPy 14 deprecates cupyx.scatter_* for ufunc.at
             at(out, idx, vals)
         else:
