@@ -248,7 +248,7 @@ def face_corners(Vs, W, par, cor, cor_i):
         xp.equal(Vs, W[:, v, None], out=eq)
         xp.copyto(corner, vals[v], where=eq)
         isd |= eq
-    R = cor[corner]                                                # (n, nfv, d)
+    R = cor.take(corner, axis=0)                                   # (n, nfv, d)
     # hanging vertices of fine sub-faces: mean of their parents' corners in the neighbour
     h_rows = xp.flatnonzero(~isd.all(1))
     if not h_rows.size:

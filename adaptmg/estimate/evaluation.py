@@ -261,7 +261,9 @@ def gather_cells(space, Ut, cells, points_t=None, cell_nodes=None, cell_dofs=Non
     Pt = np.ascontiguousarray(mesh.points.T) if points_t is None else points_t
     cn = mesh.cells if cell_nodes is None else cell_nodes
     cdofs = space.cell_dofs if cell_dofs is None else cell_dofs
-    return CellData(Pt[:, cn[cells].T], Ut[:, cdofs[cells].T])
+    # gathers by ``take`` (a fancy index with a 2-D index array copies element by element:
+    # several times slower on the host; the same values)
+    return CellData(Pt.take(cn.take(cells, axis=0).T, axis=1), Ut.take(cdofs.take(cells, axis=0).T, axis=1))
 
 
 def inverse_cofactor(J, check=True):

@@ -139,6 +139,15 @@ def face_pairs(mesh, backend=None, partial=False) -> FacePairs:
     cache = _cache_get(_FACE_CACHE, mesh, be, tag)
     if cache is not None:
         return cache
+    out = _match_faces(mesh, be, partial, False)
+    _cache_put(_FACE_CACHE, mesh, be, out, tag)
+    return out
+
+
+def _match_faces(mesh, be, partial, once_only):
+    """:func:`face_pairs` (not memoised); ``once_only``: only the listings with ``once`` True
+    (every face once, in the same order: what :func:`face_runs` keeps), so that the neighbour
+    rows and corners of the second listing of a conforming face are never formed."""
     xp = be.xp
     d = mesh.dim
     nfv = 2 ** (d - 1)
@@ -148,7 +157,10 @@ def face_pairs(mesh, backend=None, partial=False) -> FacePairs:
     cells = mesh_arrays(mesh, be).cells
     bid = be.asarray(mesh.boundary_ids)
     c_all, f_all = xp.nonzero(bid < 0)
-    V = cells[c_all[:, None], fv[f_all]]                           # (nF, nfv), face-lexicographic
+    # (nF, nfv), face-lexicographic: every cell's faces by one gather along the vertex axis,
+    # then the interior ones as whole rows (row gathers by ``take``: a 2-D fancy index copies
+    # element by element, several times slower on the host)
+    V = cells.take(fv.reshape(-1), axis=1).reshape(-1, nfv).take(c_all * (2 * d) + f_all, axis=0)
     key = _sort_rows(V, xp)
     par = xp.full((mesh.num_nodes, 4), -1, dtype=np.int64)
     if mesh.num_hanging_nodes:
@@ -157,7 +169,7 @@ def face_pairs(mesh, backend=None, partial=False) -> FacePairs:
     cand = npar[V] == nfv                                          # vertex = centre of the coarse face
     hidx = xp.flatnonzero(cand.any(1))
     hv = V[hidx, xp.argmax(cand[hidx], axis=1)]
-    ckey = _sort_rows(par[hv][:, :nfv], xp)
+    ckey = _sort_rows(par.take(hv, axis=0)[:, :nfv], xp)
     nF = key.shape[0]
     inv, order = _row_labels(xp.concatenate([key, ckey]), mesh.num_nodes, xp)
     lab, clab = inv[:nF], inv[nF:]
@@ -192,22 +204,24 @@ def face_pairs(mesh, backend=None, partial=False) -> FacePairs:
     if (is_fine & is_coarse).any():
         raise RuntimeError("a face is both a fine sub-face and a coarse face; the mesh is not 2:1 balanced")
     conf_rows = xp.flatnonzero(conf)
+    conf_nb = partner.take(conf_rows)
+    if once_only:                     # the listing from the lower row of each conforming pair
+        keep = xp.flatnonzero(conf_rows < conf_nb)
+        conf_rows, conf_nb = conf_rows.take(keep), conf_nb.take(keep)
     nconf = conf_rows.size
     rows = xp.concatenate([conf_rows, fine_rows])
-    nbrow = xp.concatenate([partner.take(conf_rows), target])
+    nbrow = xp.concatenate([conf_nb, target])
     hanging = xp.concatenate([xp.zeros(nconf, dtype=bool), xp.ones(fine_rows.size, dtype=bool)])
-    cell, face, nb = c_all[rows], f_all[rows], c_all[nbrow]
-    Vs = V[rows]                                                   # (np, nfv)
-    W = cells[nb]                                                  # (np, nv)
+    cell, face, nb = c_all.take(rows), f_all.take(rows), c_all.take(nbrow)
+    Vs = V.take(rows, axis=0)                                      # (np, nfv)
+    W = cells.take(nb, axis=0)                                     # (np, nv)
     # the face vertices' corners in the neighbour (a hanging node: its parents' mean)
     R, ok = face_corners(Vs, W, par, cor, cor_i)
     if not ok:
         raise RuntimeError("face matching: a sub-face vertex is neither a vertex of the neighbour "
                            "nor a hanging node on its face")
     once = xp.concatenate([rows[:nconf] < nbrow[:nconf], xp.ones(fine_rows.size, dtype=bool)])
-    out = FacePairs(cell, face, nb, R, hanging, once)
-    _cache_put(_FACE_CACHE, mesh, be, out, tag)
-    return out
+    return FacePairs(cell, face, nb, R, hanging, once)
 
 
 def _sort_rows(V, xp=np):
@@ -304,10 +318,12 @@ def face_runs(mesh, backend=None, partial=False) -> FaceRuns:
     if hit is not None:
         return hit
     xp, gpu = be.xp, be.is_gpu
-    fp = face_pairs(mesh, be, partial)
+    fp = _cache_get(_FACE_CACHE, mesh, be, "partial" if partial else None)
+    if fp is None:                    # the listings kept below only (the same faces, same order)
+        fp = _match_faces(mesh, be, partial, True)
     d = mesh.dim
     sel = xp.flatnonzero(fp.once)
-    R = fp.R_nb[sel]
+    R = fp.R_nb.take(sel, axis=0)
     n, nfv = R.shape[:2]
     # vertex coordinates are in {0, 1/2, 1}: a base-3 code per face, labelled through a table
     ncode = 3 ** (nfv * d)
@@ -372,6 +388,7 @@ def face_diameters(mesh, cells, faces, backend=None):
     fv = constant(ref.face_vertices(mesh.dim), be.xp)               # no-ops on the host
     cells, faces = be.asarray(cells), be.asarray(faces)
     ma = mesh_arrays(mesh, be)
-    vid = ma.cells[cells[:, None], fv[faces]]                       # (n, nfv)
-    V = ma.points_t[:, vid.T]                                       # (d, nfv, n)
+    nv = ma.cells.shape[1]                                          # (n, nfv) by flat gathers
+    vid = ma.cells.reshape(-1).take(cells[:, None] * nv + fv.take(faces, axis=0))
+    V = ma.points_t.take(vid.T, axis=1)                             # (d, nfv, n)
     return max_vertex_distance(V)
