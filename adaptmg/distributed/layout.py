@@ -199,8 +199,10 @@ class RangeLayout:
 
     def local_index(self, xp, g):
         """``g - starts[rank]`` where this rank owns ``g``, else -1 (``xp`` arrays)."""
-        g = g.astype(xp.int64)
-        return xp.where((g >= self.lo) & (g < self.hi), g - self.lo, -1)
+        g = g.astype(xp.int64)                     # a copy: shifted in place
+        g -= self.lo
+        # lo <= g < hi as one unsigned comparison of g - lo (a negative one wraps above hi - lo)
+        return xp.where(g.view(xp.uint64) < xp.uint64(self.hi - self.lo), g, -1)
 
     def scatter(self, x_global: np.ndarray) -> np.ndarray:
         """This rank's part of a replicated global vector (a copy)."""
