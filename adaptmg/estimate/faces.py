@@ -41,6 +41,7 @@ from ..backend import CPU, constant, get_backend, to_host
 from ..device.index_kernels import face_corners
 from ..fe.element import LagrangeQ
 from ..fe.quadrature import tensor_gauss
+from ..fe.sparsity import counting_order
 from ..mesh import reference as ref
 from .evaluation import PointValues, max_vertex_distance
 
@@ -258,13 +259,38 @@ def _row_labels(keys, num_nodes, xp=np):
     k = keys.astype(np.int64)
     if k.shape[1] == 1:
         return _int_labels(k[:, 0], xp)
+    host = xp is np
     if k.shape[1] == 2:
+        if host:
+            return _pair_labels(k[:, 0], k[:, 1], num_nodes, num_nodes)
         return _int_labels((k[:, 0] << 32) | k[:, 1], xp)
     if num_nodes <= 2 ** 15:
         return _int_labels((k[:, 0] << 45) | (k[:, 1] << 30) | (k[:, 2] << 15) | k[:, 3], xp)
+    if host:
+        ab = _pair_labels(k[:, 0], k[:, 1], num_nodes, num_nodes)[0]
+        cd = _pair_labels(k[:, 2], k[:, 3], num_nodes, num_nodes)[0]
+        return _pair_labels(ab, cd, int(ab.max()) + 1, int(cd.max()) + 1)
     ab = _int_labels((k[:, 0] << 32) | k[:, 1], xp)[0]
     cd = _int_labels((k[:, 2] << 32) | k[:, 3], xp)[0]
     return _int_labels((ab << 32) | cd, xp)
+
+
+def _pair_labels(a, b, na, nb):
+    """Host :func:`_int_labels` of the pairs ``(a, b)`` (ints ``0 <= a < na``, ``0 <= b < nb``) in
+    lexicographic order -- the labels of the packed ``a << 32 | b`` -- through two stable
+    counting sorts (by ``b``, then by ``a``: O(n + na + nb), no comparison sort)."""
+    if a.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    order = counting_order(b, nb)
+    order = order.take(counting_order(a.take(order), na))
+    sa, sb = a.take(order), b.take(order)
+    new = np.empty(a.size, dtype=bool)
+    new[0] = True
+    np.not_equal(sa[1:], sa[:-1], out=new[1:])
+    new[1:] |= sb[1:] != sb[:-1]
+    lab = np.empty(a.size, dtype=np.int64)
+    lab[order] = np.cumsum(new, dtype=np.int64) - 1
+    return lab, order.astype(np.int64, copy=False)
 
 
 def face_quadrature(d, nq):

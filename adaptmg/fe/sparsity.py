@@ -39,7 +39,7 @@ import scipy.sparse as sp
 
 from ..backend import is_device_array
 
-__all__ = ["Pattern", "FieldSums", "get_pattern", "componentwise", "clear_cache"]
+__all__ = ["Pattern", "FieldSums", "get_pattern", "componentwise", "clear_cache", "counting_order"]
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -72,14 +72,19 @@ def _row_grouped(row_cells, nrows):
             return table[filled], True
     flat = row_cells.reshape(-1)
     if ninc and nrows and flat.min() >= 0 and flat.max() < nrows:
-        # the stable argsort of the row nodes as a counting sort: SciPy's C++ CSC -> CSR
-        # transposition of the (nrows x ninc) incidence matrix (one entry per column) lists
-        # every row's incidences in increasing order -- the same permutation
-        it = _index_dtype(max(ninc, nrows))
-        K = sp.csc_matrix((np.ones(ninc, dtype=np.int8), flat.astype(it, copy=False),
-                           np.arange(ninc + 1, dtype=it)), shape=(nrows, ninc), copy=False)
-        return K.tocsr().indices.astype(inc_t, copy=False), False
+        return counting_order(flat, nrows).astype(inc_t, copy=False), False
     return np.argsort(flat, kind="stable").astype(inc_t, copy=False), False
+
+
+def counting_order(x, n):
+    """The stable argsort of the host ints ``0 <= x < n`` as a counting sort, O(x.size + n):
+    SciPy's C++ CSC -> CSR transposition of the (n x x.size) incidence matrix (one entry per
+    column) lists every row's columns in increasing order -- the same permutation."""
+    m = x.size
+    it = _index_dtype(max(m, n))
+    K = sp.csc_matrix((np.ones(m, dtype=np.int8), x.astype(it, copy=False), np.arange(m + 1, dtype=it)),
+                      shape=(n, m), copy=False)
+    return K.tocsr().indices
 
 
 def cell_tables(row_cells, col_cells, nrows, ncols):
