@@ -143,7 +143,10 @@ def build_local(coarse: Forest, codec: KeyCodec, root_pos: np.ndarray, keys: np.
     key of every cell of its forest.  ``mesh.cell_ids`` are sorted forest ids, so the mesh's
     cell order is not the key order: ``fkey[mesh.cell_ids]`` are the cells' keys.  No keys: an
     empty mesh (a rank idle on a folded level)."""
-    keys = sorted_unique(np.sort(np.asarray(keys, dtype=np.int64)))
+    keys = np.asarray(keys, dtype=np.int64)
+    if keys.size > 1 and not bool((keys[1:] >= keys[:-1]).all()):   # often sorted already
+        keys = np.sort(keys)
+    keys = sorted_unique(keys)
     if keys.size == 0:
         none = np.zeros(0, dtype=np.int64)
         return Mesh(_sub_coarse(coarse, none), none), none
@@ -176,4 +179,6 @@ def build_local(coarse: Forest, codec: KeyCodec, root_pos: np.ndarray, keys: np.
             ids[sel] = base[lv] + np.searchsorted(lvl_keys[lv], keys[sel])
     if (fkey[ids] != keys).any() or (F.cell_child0[ids] >= 0).any():
         raise ValueError("build_local: the keys are not the leaves of one forest (nested or duplicate cells)")
-    return Mesh(F, np.sort(ids)), fkey
+    active = np.zeros(F.num_cells, dtype=bool)     # the distinct ids, sorted: a mask, no sort
+    active[ids] = True
+    return Mesh(F, np.flatnonzero(active)), fkey

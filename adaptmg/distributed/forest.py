@@ -331,7 +331,8 @@ class DistributedForest:
     @classmethod
     def _from_keys(cls, comm, coarse, codec, root_pos, keys, owners) -> "DistributedForest":
         """The rank's forest with local leaves ``keys`` (distinct) owned by ``owners``."""
-        o = np.argsort(keys)
+        o = np.argsort(keys, kind="stable")       # distinct keys: the one order; sorted runs (owned
+        #                                           leaves, ghosts) merged by timsort in O(n)
         keys, owners = keys[o], np.asarray(owners)[o]
         mesh, fkey = build_local(coarse, codec, root_pos, keys)
         own = owners[np.searchsorted(keys, fkey[mesh.cell_ids])]
@@ -342,7 +343,7 @@ class DistributedForest:
         c = np.flatnonzero(mask)
         k = self.keys.take(c)
         if k.size > 1 and not bool((k[1:] > k[:-1]).all()):   # e.g. a uniform refinement's order
-            c = c[np.argsort(k)]
+            c = c[np.argsort(k, kind="stable")]   # distinct keys; the cells of a level are a sorted run
         return c
 
     @functools.cached_property

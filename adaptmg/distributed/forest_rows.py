@@ -116,6 +116,21 @@ class Expansion:
         return mask_rows_cols(self.E, np.ones(self.E.shape[0], dtype=bool), self.free_u, drop_zeros=True)
 
 
+def _renamed_columns(cols, gid):
+    """``np.unique(gid[cols], return_inverse=True)`` for an injective ``gid`` (distinct local
+    nodes have distinct global ids): the distinct columns by a mask, their ids sorted (a stable
+    sort: the owned ones are one increasing run), each entry's rank by a scatter -- a sort of
+    the distinct columns instead of every entry."""
+    hit = np.zeros(gid.size, dtype=bool)
+    hit[cols] = True
+    used = np.flatnonzero(hit)
+    g = gid.take(used)
+    o = np.argsort(g, kind="stable")
+    rank = np.empty(gid.size, dtype=np.int64)
+    rank[used.take(o)] = np.arange(used.size)
+    return g.take(o), rank.take(cols)
+
+
 def prepare(forest, dirichlet):
     """``(space, gids, first, free_o, Expansion)`` of the forest's local mesh: the owned global
     ids, the first of them, the owned nodes' free mask (not hanging, not on a Dirichlet face:
@@ -130,8 +145,8 @@ def prepare(forest, dirichlet):
     fixed[dirichlet_dofs(space, dirichlet)] = True
     free_o = ~(fixed[own] | M.is_hanging[own])
     H = space.H_nodes
-    u, inv = np.unique(gid[H.indices], return_inverse=True)    # the global nodes H reaches
-    E = sp.csr_matrix((H.data, inv.reshape(-1), H.indptr), shape=(M.num_nodes, u.size))
+    u, inv = _renamed_columns(H.indices, gid)             # the global nodes H reaches
+    E = sp.csr_matrix((H.data, inv, H.indptr), shape=(M.num_nodes, u.size))
     starts = _owner_ranges(comm, int(gids.size))
     free_u = _pull(comm, starts, u, first, free_o)        # E's columns are never hanging
     return space, gids, first, free_o, Expansion(u, E, free_u, starts)
