@@ -234,3 +234,20 @@ def test_single_cell_mesh(dim):
     ref = reference_scalar(s, u, f=1.0, neumann=1.0, neumann_ids=[0])
     np.testing.assert_allclose(eta, ref[0], rtol=1e3 * EPS)
     assert fp[0] > 0 and residual_indicators(s, u, f=1.0, parts=True)[2][0] == 0.0
+
+
+@pytest.mark.parametrize("width", [2, 4])
+def test_row_labels_counting_path_equals_packed_argsort(width):
+    """The host's counting-sort labels (_pair_labels) equal the labels of the packed keys'
+    argsort, row for row, and the order sorts them; node ids above 2^15 take the pair path."""
+    from adaptmg.estimate.faces import _int_labels
+    rng = np.random.default_rng(7)
+    nn = 2 ** 16 + 5
+    keys = np.sort(rng.integers(0, nn, (6000, width)), axis=1)
+    keys[3000:] = keys[rng.integers(0, 3000, 3000)]            # every row about twice
+    lab, order = _row_labels(keys, nn)
+    _, ref = np.unique(keys, axis=0, return_inverse=True)
+    np.testing.assert_array_equal(lab, ref.ravel())             # dense labels in lexicographic order
+    assert (np.diff(lab[order]) >= 0).all() and np.unique(order).size == order.size
+    if width == 2:
+        np.testing.assert_array_equal(lab, _int_labels((keys[:, 0] << 32) | keys[:, 1])[0])
