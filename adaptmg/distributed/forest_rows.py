@@ -226,7 +226,10 @@ def owned_constrained_load(forest, f, dirichlet="all", prep=None, g_o=None, A=No
     lift = g_o is not None and bool(_allsum(comm, int(np.any(g_o))))
     if lift and s is None:
         raise ValueError("owned_constrained_load: non-zero Dirichlet values need the row scale s")
-    b = np.asarray(load(view, f), dtype=float)
+    if np.isscalar(f) and not isinstance(f, (bool, str)) and f == 0:
+        b = np.zeros(space.num_dofs)                      # no source: a zero load, no quadrature
+    else:
+        b = np.asarray(load(view, f), dtype=float)
     if lift:
         g_u = _pull(comm, ex.starts, ex.u, first, g_o)
         if A is None:
@@ -262,14 +265,9 @@ def _with_fixed_diagonal(B, fixed, gids, s):
     cnt[fx] = 1
     ptr = np.zeros(cnt.size + 1, dtype=np.int64)
     np.cumsum(cnt, out=ptr[1:])
-    slot = np.zeros(int(ptr[-1]), dtype=bool)
-    slot[ptr[fx]] = True                                 # the fixed rows' diagonal slots
-    ind = np.empty(slot.size, dtype=np.int64)
-    val = np.empty(slot.size)
-    ind[slot], val[slot] = gids[fx], s
-    keep = ~slot
-    ind[keep], val[keep] = B.indices, B.data             # B's entries, in order, fill the rest
-    K = sp.csr_matrix((val, ind, ptr), shape=B.shape)
+    at = B.indptr[fx]                                    # where each empty fixed row starts in B
+    ind = np.insert(B.indices.astype(np.int64, copy=False), at, gids[fx])   # equal positions: in order
+    K = sp.csr_matrix((np.insert(B.data, at, s), ind, ptr), shape=B.shape)
     K.has_sorted_indices = True
     return K
 
