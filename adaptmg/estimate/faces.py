@@ -345,8 +345,9 @@ def face_runs(mesh, backend=None, partial=False) -> FaceRuns:
         return hit
     xp, gpu = be.xp, be.is_gpu
     fp = _cache_get(_FACE_CACHE, mesh, be, "partial" if partial else None)
-    if fp is None:                    # the listings kept below only (the same faces, same order)
-        fp = _match_faces(mesh, be, partial, True)
+    if fp is None:                    # on the host the listings kept below only (the same faces, same
+        #                               order); on the device all (the selection would be one more sync)
+        fp = _match_faces(mesh, be, partial, True) if not gpu else face_pairs(mesh, be, partial)
     d = mesh.dim
     sel = xp.flatnonzero(fp.once)
     R = fp.R_nb.take(sel, axis=0)
