@@ -544,7 +544,7 @@ class DistributedForest:
         parents = np.flatnonzero(pown >= 0)
         active = np.concatenate([M.cell_ids[~in_fam], parents])
         own = np.concatenate([newown[~in_fam], pown[parents]])
-        o = np.argsort(active)
+        o = np.argsort(active, kind="stable")     # distinct ids, two sorted runs: merged in O(n)
         active, own = active[o], own[o]
         keys = self._fkey[active]
         n_own = int((own == self.rank).sum())
