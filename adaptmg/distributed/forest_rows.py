@@ -250,28 +250,6 @@ def owned_constrained_load(forest, f, dirichlet="all", prep=None, g_o=None, A=No
     return out, gids
 
 
-def _with_fixed_diagonal(B, fixed, gids, s):
-    r"""``B + s (I - Z)`` on the owned rows (``B`` CSR with sorted columns, no explicit zeros;
-    ``fixed`` the owned rows' non-free mask; row ``i`` is global row ``gids[i]``).  ``B`` is
-    ``Z``-masked, so its fixed rows are empty and the sum is a disjoint union: each fixed row
-    becomes the one entry ``s`` at its diagonal, the others are ``B``'s rows -- the entries a
-    sparse sum would give (no value is added to another), without its merge of two matrices."""
-    fx = np.flatnonzero(fixed)
-    cnt = np.diff(B.indptr)
-    if fx.size and cnt[fx].any():                        # not masked: the general sum
-        K = (B + sp.csr_matrix((np.full(fx.size, s), (fx, gids[fx])), shape=B.shape)).tocsr()
-        K.sort_indices()
-        return K
-    cnt[fx] = 1
-    ptr = np.zeros(cnt.size + 1, dtype=np.int64)
-    np.cumsum(cnt, out=ptr[1:])
-    at = B.indptr[fx]                                    # where each empty fixed row starts in B
-    ind = np.insert(B.indices.astype(np.int64, copy=False), at, gids[fx])   # equal positions: in order
-    K = sp.csr_matrix((np.insert(B.data, at, s), ind, ptr), shape=B.shape)
-    K.has_sorted_indices = True
-    return K
-
-
 def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=None, return_assembled=False):
     r"""The owned rows of ``K = Z H^T A H Z + s (I - Z)`` (module doc), ``A`` =
     ``assemble(Space(mesh))`` (Q1 scalar), ``dirichlet`` any spec of
@@ -313,5 +291,7 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
     d = B.diagonal(k=first)                              # B[i, gids[i]], gids = first + i
     tot = _allsum(comm, np.array([np.abs(d[free_o]).sum(), free_o.sum()], dtype=float))
     s = float(tot[0] / tot[1]) if tot[1] > 0 and tot[0] > 0 else 1.0    # local._row_scale's rule
-    K = _with_fixed_diagonal(B, ~free_o, gids, s)
+    fx = np.flatnonzero(~free_o)
+    K = (B + sp.csr_matrix((np.full(fx.size, s), (fx, gids[fx])), shape=B.shape)).tocsr()
+    K.sort_indices()
     return (K, gids, free_o, s, A) if return_assembled else (K, gids, free_o, s)

@@ -101,32 +101,3 @@ def test_renamed_columns_equal_unique():
     np.testing.assert_array_equal(u, ru)
     np.testing.assert_array_equal(inv, rinv.reshape(-1))
     assert inv.dtype.kind == "i" and u.size == np.unique(cols).size
-
-
-@pytest.mark.parametrize("masked", [True, False])
-def test_with_fixed_diagonal_equals_sparse_sum(masked):
-    """B + s (I - Z) on the owned rows: the disjoint insertion (B's fixed rows empty) and the
-    general sum (B has entries there) both equal the SciPy sum, entries and order."""
-    import scipy.sparse as sp
-    from adaptmg.distributed.forest_rows import _with_fixed_diagonal
-    rng = np.random.default_rng(4)
-    n, N, first = 50, 200, 70
-    gids = first + np.arange(n)
-    fixed = rng.random(n) < 0.3
-    B = sp.random(n, N, density=0.05, random_state=5, format="csr")
-    if masked:
-        B = sp.diags((~fixed).astype(float)) @ B
-    B = sp.csr_matrix(B)
-    B.eliminate_zeros()
-    B.sort_indices()
-    s = 2.5
-    fx = np.flatnonzero(fixed)
-    ref = (B + sp.csr_matrix((np.full(fx.size, s), (fx, gids[fx])), shape=B.shape)).tocsr()
-    ref.sort_indices()
-    K = _with_fixed_diagonal(B, fixed, gids, s)
-    np.testing.assert_array_equal(K.indptr, ref.indptr)
-    np.testing.assert_array_equal(K.indices, ref.indices)
-    np.testing.assert_array_equal(K.data, ref.data)
-    assert K.has_sorted_indices
-    if masked:                   # a fixed row is its diagonal s alone
-        assert (K.diagonal(k=first)[fixed] == s).all() and (np.diff(K.indptr)[fixed] == 1).all()
