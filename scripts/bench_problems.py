@@ -162,7 +162,9 @@ def probe():
     wrap(cmod, "congruence_map_on", "congruence.congruence_map_on (the same map on the device)")
     from adaptmg.assemble import on_device
     wrap(on_device, "elasticity_entries", "on_device.elasticity_entries (element matrices, device)")
-    wrap(on_device, "element_entries_on_device", "on_device.element_entries_on_device (scalar forms' element matrices, device)")
+    from adaptmg.assemble import forms as asm_forms          # imported by name there: patched there
+    wrap(asm_forms, "device_element_sums", "forms.device_element_sums (scalar forms' element matrices "
+         "and their sums, device)")
     from adaptmg.mesh import _tree
     from adaptmg.multilevel import transfer
     wrap(_tree.Forest, "split", "Forest.split (inside Mesh.refine)")

@@ -554,7 +554,7 @@ def scalar_form(space, *, mass=0.0, diffusion=0.0, convection=None, quad_points=
     scalar space the sums and the index arrays never leave the device (no download of the
     matrix, no upload by the solver later); otherwise, and for small meshes, the host result
     is moved there.  With constant coefficients the element matrices of a kept matrix are
-    computed on the device as well (:func:`.on_device.element_entries_on_device`, ``return_mass``
+    computed on the device as well (:func:`.on_device.element_chunks`, ``return_mass``
     included): the full quadrature rule on every cell instead of the host's affine and
     congruent-cell shortcuts, so the entries agree with the host path's to a few ulps (not
     bit for bit), and the host does nothing of O(cells) (issue 36: the host chunk loop was

@@ -74,7 +74,7 @@ class _DeviceGeometry:
     """``J`` (n, nq, d, d), ``detJ`` (n, nq) and, computed on first access, ``invJ`` and the
     physical points ``x`` (n, nq, d) of a chunk on the device (``X`` its cells' vertices, ``N``
     the Q1 values at the quadrature points): what the factors and coefficients of the forms
-    read (see :func:`element_entries_on_device`); ``num_cells``, ``num_points``, ``dim`` as
+    read (see :func:`element_chunks`); ``num_cells``, ``num_points``, ``dim`` as
     :class:`~adaptmg.fe.geometry.CellGeometry`'s."""
 
     def __init__(self, J, detJ, X=None, N=None):
