@@ -282,7 +282,8 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
         valN = xp.empty(cNd.size)
         for sl in chunks(cNd.size, dat.chunk(own[0], components=c)):
             cells = cNd[sl]
-            ea, nrm, da = _own_side(dat, own, _clip(groups, sl), cells, need_xn)
+            # the local face of every column: one kernel per table product on the device
+            ea, nrm, da = _own_side(dat, own, ColumnGroups(_clip(groups, sl), fN[sl]), cells, need_xn)
             r = -flux_n(ea.grad, nrm, ea.x, cells)
             if gconst is not None:
                 r = r + gconst
