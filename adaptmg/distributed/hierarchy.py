@@ -429,7 +429,10 @@ class DistributedHierarchy:
             d.layout = lay = self.layouts[l]
             d.A = d.P = d.R = d.smoother = None
             if l == c - 1:                   # the top of the levels on rank 0: the coarse level
-                d.A = DistCSR(to_host(lev.A), lay, lay, self.timer, **kw)
+                # rank 0 owns every row, in order: its rows are the serial matrix as it is (on
+                # the device there: no host round trip); the other ranks own none
+                A = lev.A if lay.n == lay.N else sp.csr_matrix((lay.n, lay.N))
+                d.A = DistCSR(A, lay, lay, self.timer, local_rows=True, **kw)
             if l >= c:
                 d.A = DistCSR(to_host(lev.A), lay, lay, self.timer, **kw)
                 d.P = DistCSR(lev.P, lay, self.layouts[l - 1], self.timer, **kw)
