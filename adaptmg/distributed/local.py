@@ -76,7 +76,7 @@ import scipy.sparse as sp
 
 from ..backend import CPU, get_backend, repeat
 from ..device.index_kernels import constrained_rows
-from ..fe.csr_ops import congruence_with_constraints
+from ..fe.csr_ops import congruence_with_constraints, row_positions
 from ..mesh._touch import cells_with_vertex_in
 from ..multilevel.hierarchy import _on_backend
 from ..multilevel.transfer import prolongation
@@ -249,7 +249,7 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_
     xw = wb.xp
     d = 0.0
     if B.nnz:
-        pos = _row_positions(xw, B.indptr, B.indices, xw.asarray(rows))
+        pos = row_positions(xw, B.indptr, B.indices, xw.asarray(rows))
         d = float((xw.abs(B.data[xw.maximum(pos, 0)]) * ((pos >= 0) & xw.asarray(fo))).sum())
     s = _row_scale(comm, d, int(fo.sum()))
     fixed = xp.flatnonzero(~fo)
@@ -287,26 +287,6 @@ def _drop_zeros(be, B):
                                shape=B.shape)
     out.has_canonical_format = True
     return out
-
-
-def _row_positions(xp, indptr, indices, cols):
-    """Position of the entry ``(i, cols[i])`` of every row ``i`` of a CSR matrix with sorted
-    rows (-1 where the row has none): one vectorised binary search over all rows at once,
-    ``ceil(log2(longest row + 1))`` steps of O(rows) work (no pass over the entries)."""
-    lo = indptr[:-1].astype(xp.int64)
-    end = indptr[1:].astype(xp.int64)
-    hi = end.copy()
-    n, nnz = lo.size, int(indices.size)
-    if n == 0 or nnz == 0:
-        return xp.full(n, -1, dtype=xp.int64)
-    longest = int((hi - lo).max())
-    for _ in range(longest.bit_length()):
-        mid = (lo + hi) // 2
-        less = (lo < hi) & (indices[xp.minimum(mid, nnz - 1)] < cols)
-        lo = xp.where(less, mid + 1, lo)
-        hi = xp.where(less | (lo >= hi), hi, mid)
-    at = xp.minimum(lo, nnz - 1)
-    return xp.where((lo < end) & (indices[at] == cols), lo, -1)
 
 
 def _row_scale(comm, absdiag_sum, count):

@@ -26,7 +26,8 @@ import scipy.sparse as sp
 from ..backend import backend_of, is_device_array, is_device_sparse, to_host
 from ..device.index_kernels import constrained_csr
 from .congruence import congruence_map_on
-from .csr_ops import (NodeBlockMatrix, as_csr, congruence_map, congruence_with_constraints, diagonal_positions,
+from .csr_ops import (NodeBlockMatrix, as_csr, congruence_map, congruence_with_constraints, csr_diagonal,
+                      diagonal_positions,
                       expand_node_blocks, mask_rows_cols)
 from .space import Space
 
@@ -339,7 +340,7 @@ def _device_matrix(cons, A, be=None):
     B = _device_project(cons, A, be)
     B.sum_duplicates()
     z = xp.asarray(cons.free)
-    d = xp.abs(B.diagonal())[z]
+    d = xp.abs(csr_diagonal(B))[z]
     mean = float(d.mean()) if d.size else 0.0
     cons._scale = mean if mean > 0 else 1.0
     if cons.space.hanging_nodes.size == 0:     # (H^T A H stores no entry in a hanging row)

@@ -57,6 +57,7 @@ import functools
 import numpy as np
 
 from ..backend import to_host
+from ..fe.csr_ops import csr_diagonal
 
 __all__ = ["csr_rowmax", "neighbour_max", "strength", "node_graph", "isolated_dofs", "aggregate", "tentative",
            "spectral_radius", "node_hash"]
@@ -166,7 +167,7 @@ def strength(be, A, theta=0.0):
     v = xp.abs(A.data)
     keep = (rows != cols) & (v != 0)
     if theta > 0:
-        d = xp.abs(A.diagonal())
+        d = xp.abs(csr_diagonal(A))
         keep &= v >= theta * xp.sqrt(d[rows] * d[cols])
     counts = xp.bincount(rows[keep], minlength=n)
     return _csr(be, v[keep], cols[keep].astype(xp.int32), _indptr_from_counts(be, counts), (n, n))

@@ -70,6 +70,7 @@ import time
 import numpy as np
 
 from ..backend import get_backend, is_device_sparse, is_sparse, to_host
+from ..fe.csr_ops import csr_diagonal
 from . import aggregation as agg
 from .rap import rap
 from .smoothers import make_smoother, normalize_smoother_name
@@ -192,7 +193,7 @@ def _level_smoother(spec, A, rho, be, dtype, kwargs):
 
 # ----------------------------------------------------------------------------- device path
 def _diag_inverse(be, A, where):
-    d = A.diagonal()
+    d = csr_diagonal(A)
     bad = ~(d > 0) | ~be.xp.isfinite(d)
     if bool(bad.any()):
         i = int(be.xp.flatnonzero(bad)[0])

@@ -46,6 +46,7 @@ import numpy as np
 
 from ..backend import backend_of, is_sparse, to_host
 from ..device import kernels as K
+from ..fe.csr_ops import csr_diagonal
 from .smoother_base import (Smoother, _block_diagonal_csr, _block_inverses, _check_square,
                             _host_diagonal, _note, _validate_sweeps, _validate_vectors)
 
@@ -132,7 +133,7 @@ class CFJacobi(Smoother):
             M = (S @ A).tocsr()
             s = None
         else:
-            d = xp.asarray(_host_diagonal(A, "CFJacobi") if xp is np else A.diagonal())
+            d = xp.asarray(_host_diagonal(A, "CFJacobi") if xp is np else csr_diagonal(A))
             if not bool(xp.isfinite(d).all()):
                 bad = int(to_host(xp.flatnonzero(~xp.isfinite(d)))[0])
                 raise ValueError(f"CFJacobi: non-finite diagonal entry in row {bad}")

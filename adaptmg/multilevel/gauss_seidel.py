@@ -86,7 +86,7 @@ import scipy.sparse as sp
 from ..backend import backend_of, is_sparse
 from ..device import kernels as K
 from ..device.gs_split import make_colored_sweep
-from ..fe.csr_ops import csr_entry_rows
+from ..fe.csr_ops import csr_diagonal, csr_entry_rows
 from .coloring import color_graph, color_groups
 from .smoother_base import Smoother, _block_inverses, _inverse_diagonal as _inverse_of_diagonal, _note, \
     _validate_sweeps, _validate_vectors
@@ -182,7 +182,7 @@ class GaussSeidel(Smoother):
             if np.dtype(A.dtype).kind == "c":
                 raise TypeError(f"{who}: block_size > 1 needs a real matrix, got {A.dtype}")
             return _block_inverses(A, self.block_size, who, self.singular)
-        return _inverse_of_diagonal(A.diagonal(), who, self.singular)
+        return _inverse_of_diagonal(csr_diagonal(A), who, self.singular)
 
     def _move(self):
         self._plan = make_colored_sweep(self.A, self._groups, self._inv, self.block_size)
@@ -292,7 +292,7 @@ class L1GaussSeidel(GaussSeidel):
         self._Ain, self._Aoff = part(inside & nz), part(~inside & nz)
         self._groups = color_groups(color_graph(self._Ain, 1, seed=self.seed))
         off = xp.bincount(rows, weights=xp.where(inside, 0, xp.abs(A.data)), minlength=n)
-        self._inv = _inverse_of_diagonal(A.diagonal() + off, "L1GaussSeidel", positive=True,
+        self._inv = _inverse_of_diagonal(csr_diagonal(A) + off, "L1GaussSeidel", positive=True,
                                          what="l1 diagonal")
 
     def _move(self):

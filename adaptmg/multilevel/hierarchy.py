@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..backend import backend_of, call_points, get_backend, is_device_sparse, to_host
-from ..fe.csr_ops import add_to_diagonal, canonical_known, mask_rows_cols
+from ..fe.csr_ops import add_to_diagonal, canonical_known, csr_diagonal, mask_rows_cols
 from ..fe import Constraints, Space
 from ..threads import Done, InlineExecutor, default_threads
 from ..mesh import Mesh
@@ -200,7 +200,7 @@ def _galerkin(R, K, P, free):
     Kc = rap(R, K, P)
     Kc.sum_duplicates()
     z = xp.asarray(free)
-    dvals = xp.abs(Kc.diagonal())[z]
+    dvals = xp.abs(csr_diagonal(Kc))[z]
     s = float(dvals.mean()) if dvals.shape[0] else 1.0
     f = xp.flatnonzero(~z).astype(Kc.indices.dtype)        # on the device (a device mesh's mask)
     if f.shape[0]:

@@ -16,7 +16,7 @@ import scipy.sparse as sp
 
 from ..device import kernels as K
 from ..backend import backend_of, get_backend, is_device_sparse, is_sparse, to_host
-from ..fe.csr_ops import csr_entry_rows
+from ..fe.csr_ops import csr_diagonal, csr_entry_rows
 from .start_vector import start_vector
 
 __all__ = ["Smoother", "Jacobi", "power_lambda_max"]
@@ -41,7 +41,7 @@ def _diagonal(A, who):
     """Diagonal of ``A`` where ``A`` lives: a device array for a cupyx matrix (the GPU
     set-up never reads it back), else a host NumPy array."""
     if sp.issparse(A) or hasattr(A, "diagonal"):
-        d = A.diagonal()
+        d = csr_diagonal(A)
         return d if is_device_sparse(A) else np.asarray(to_host(d))
     if isinstance(A, np.ndarray):
         return np.diag(A)

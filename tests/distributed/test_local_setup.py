@@ -159,32 +159,6 @@ def test_cell_subset_view_assembles_the_rows_it_covers():
     assert rows.size > 0 and _rel(sub[rows], A[rows]) <= 1e-14
 
 
-def test_row_positions_find_each_rows_entry_or_none():
-    """The vectorised per-row binary search finds (i, cols[i]) in sorted CSR rows exactly where
-    a linear scan does, -1 where the row lacks it (empty rows, missing diagonals, first and last
-    entries of rows)."""
-    from adaptmg.distributed.local import _row_positions
-    rng = np.random.default_rng(3)
-    A = sp.random(300, 500, density=0.03, format="csr", random_state=rng)
-    A = (sp.diags((np.arange(300) % 10 != 0).astype(float)) @ A).tocsr()   # every tenth row empty
-    A.eliminate_zeros()
-    A.sort_indices()
-    cols = rng.integers(0, 500, 300)
-    present = rng.random(300) < 0.6
-    for i in np.flatnonzero(present):          # put some targets on first/last/middle entries
-        row = A.indices[A.indptr[i]:A.indptr[i + 1]]
-        if row.size:
-            cols[i] = row[[0, -1, row.size // 2][i % 3]]
-    pos = _row_positions(np, A.indptr, A.indices, cols)
-    want = np.full(300, -1)
-    for i in range(300):
-        hit = np.flatnonzero(A.indices[A.indptr[i]:A.indptr[i + 1]] == cols[i])
-        if hit.size:
-            want[i] = A.indptr[i] + hit[0]
-    assert np.array_equal(pos, want)
-    assert (want >= 0).sum() > 100 and (want < 0).sum() > 50 and (np.diff(A.indptr) == 0).any()
-
-
 @pytest.mark.parametrize("components", [1, 2])
 def test_constraint_blocks_are_rows_of_ZHt_and_HZ(components):
     """constraint_blocks builds, from the hanging rows of H only, the owned rows of Z H^T and

@@ -4,7 +4,8 @@ import pytest
 import scipy.sparse as sp
 
 from adaptmg import assemble
-from adaptmg.fe.csr_ops import add_to_diagonal, congruence_with_constraints, mask_rows_cols
+from adaptmg.fe.csr_ops import (add_to_diagonal, congruence_with_constraints, csr_diagonal, diagonal_by_search,
+                                 mask_rows_cols, row_positions)
 from adaptmg.fe import Space
 from adaptmg.mesh import Mesh
 
@@ -286,3 +287,61 @@ def test_congruence_on_device_falls_back_to_the_expansion(monkeypatch):
     monkeypatch.setattr(cg, "congruence_by_products", broken)
     with pytest.raises(IndexError, match="a bug"):
         cg.congruence_on_device(A, s.H, h)
+
+
+def test_row_positions_find_each_rows_entry_or_none():
+    """The vectorised per-row binary search finds (i, cols[i]) in sorted CSR rows exactly where
+    a linear scan does, -1 where the row lacks it (empty rows, missing diagonals, first and last
+    entries of rows)."""
+    rng = np.random.default_rng(3)
+    A = sp.random(300, 500, density=0.03, format="csr", random_state=rng)
+    A = (sp.diags((np.arange(300) % 10 != 0).astype(float)) @ A).tocsr()   # every tenth row empty
+    A.eliminate_zeros()
+    A.sort_indices()
+    cols = rng.integers(0, 500, 300)
+    present = rng.random(300) < 0.6
+    for i in np.flatnonzero(present):          # put some targets on first/last/middle entries
+        row = A.indices[A.indptr[i]:A.indptr[i + 1]]
+        if row.size:
+            cols[i] = row[[0, -1, row.size // 2][i % 3]]
+    pos = row_positions(np, A.indptr, A.indices, cols)
+    want = np.full(300, -1)
+    for i in range(300):
+        hit = np.flatnonzero(A.indices[A.indptr[i]:A.indptr[i + 1]] == cols[i])
+        if hit.size:
+            want[i] = A.indptr[i] + hit[0]
+    assert np.array_equal(pos, want)
+    assert (want >= 0).sum() > 100 and (want < 0).sum() > 50 and (np.diff(A.indptr) == 0).any()
+
+
+@pytest.mark.parametrize("shape", [(40, 40), (30, 45), (45, 30)])
+def test_diagonal_by_search_equals_scipy(shape):
+    """The search path of csr_diagonal (taken on the device past 2^30 entries) gives the
+    stored diagonal, 0 where a row stores none, as SciPy does (the same values: copies)."""
+    rng = np.random.default_rng(sum(shape))
+    A = sp.random(*shape, density=0.2, format="csr", random_state=rng) + sp.eye(*shape, format="csr")
+    A = A.tocsr()
+    A.data[A.indices == np.repeat(np.arange(shape[0]), np.diff(A.indptr))] *= 3.0
+    A = (sp.diags((np.arange(shape[0]) % 7 != 0).astype(float)) @ A).tocsr()   # some empty rows
+    A.eliminate_zeros()
+    A.sort_indices()
+    d = diagonal_by_search(A)
+    assert np.array_equal(d, A.diagonal()) and (d == 0).sum() >= min(shape) // 7 and (d != 0).sum() > 20
+    assert np.array_equal(csr_diagonal(A), A.diagonal())      # host: SciPy's own
+
+
+@pytest.mark.gpu
+def test_device_diagonal_search_path_equals_cupyx(monkeypatch):
+    """On the device the search path (forced here below its 2^30-entry threshold) gives cupyx's
+    diagonal on a matrix small enough for cupyx's 32-bit bisection, unsorted rows included."""
+    from adaptmg.backend import get_backend
+    from adaptmg.fe import csr_ops
+    be = get_backend("gpu")
+    A = (sp.random(500, 500, density=0.05, format="csr", random_state=np.random.default_rng(1))
+         + sp.eye(500, format="csr")).tocsr()
+    A.data[::5] = 0.0                                 # stored zeros stay stored zeros
+    Ad = be.sparse.csr_matrix(A)
+    want = be.xp.asnumpy(Ad.diagonal())
+    monkeypatch.setattr(csr_ops, "DIAGONAL_SEARCH_NNZ", 0)
+    got = be.xp.asnumpy(csr_ops.csr_diagonal(Ad))
+    assert np.array_equal(got, want) and np.array_equal(got, A.diagonal())
