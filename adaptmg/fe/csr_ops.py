@@ -46,7 +46,8 @@ def row_positions(xp, indptr, indices, cols):
 def csr_diagonal(A):
     """The main diagonal of the sparse matrix ``A`` where it lives (``A.diagonal()``), except
     for a device CSR of :data:`DIAGONAL_SEARCH_NNZ` entries or more, whose diagonal comes
-    from :func:`row_positions` (its rows sorted first if they are not): the same values."""
+    from :func:`row_positions` (its rows sorted in place first if they are not: the same
+    matrix, its entries reordered): the same values."""
     if not is_device_sparse(A) or A.format != "csr" or A.nnz < DIAGONAL_SEARCH_NNZ:
         return A.diagonal()
     if not A.has_sorted_indices:
