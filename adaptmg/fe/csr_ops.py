@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, is_device_array, is_device_sparse, to_host
+from ..backend import backend_of, is_device_array, is_device_sparse, repeat, to_host
 from .sparsity import Pattern, _index_dtype
 
 
@@ -604,11 +604,10 @@ class NodeBlockMatrix:
 def diagonal_positions(indptr, indices, num_nodes):
     """Position of the entry (n, n) of a scalar CSR pattern for every row n, -1 where missing;
     on the arrays' backend (NumPy or CuPy)."""
-    from ..multilevel.coloring import _expand          # the project's backend repeat
-    be = backend_of(indices)
-    xp = be.xp
+    xp = backend_of(indices).xp
     n = int(num_nodes)
-    row = _expand(be, (indptr[1:] - indptr[:-1]).astype(xp.int64), int(indices.shape[0]))
+    counts = (indptr[1:] - indptr[:-1]).astype(xp.int64)
+    row = repeat(xp.arange(counts.shape[0], dtype=xp.int64), counts, int(indices.shape[0]), xp=xp)
     at = xp.flatnonzero(indices == row)
     out = xp.full(n, -1, dtype=xp.int64)
     out[row[at]] = at
