@@ -5,9 +5,24 @@ of levels is :class:`adaptmg.multilevel.MultilevelSolver`.
 """
 from __future__ import annotations
 
-from ..backend import is_sparse
+import numpy as np
+import scipy.sparse as sp
 
-__all__ = ["Level"]
+from ..backend import is_sparse, to_host
+
+__all__ = ["Level", "host_csr"]
+
+
+def host_csr(A, copy=True):
+    """Host CSR in canonical form (sorted, no duplicates); a copy unless ``copy=False``
+    and ``A`` is already canonical host CSR (then ``A`` itself)."""
+    A = to_host(A)
+    if not copy and sp.issparse(A) and A.format == "csr" and A.has_canonical_format:
+        return A
+    A = sp.csr_matrix(A, copy=True) if sp.issparse(A) else sp.csr_matrix(np.asarray(A))
+    A.sum_duplicates()
+    A.sort_indices()
+    return A
 
 
 def _shape2(M, what):

@@ -18,6 +18,7 @@ import numpy as np
 from ..backend import CPU
 from ..device import kernels as K
 from ..linalg import ConvergenceWarning
+from . import fusion as _fusion
 from .accel import resolve_accel, solve_with_function
 
 __all__ = ["SolveDriver", "CYCLES"]
@@ -91,6 +92,7 @@ class SolveDriver:
         if restart is not None and accel != "gmres":
             raise ValueError(f"restart={restart!r} applies to accel='gmres' only, got accel={accel!r}")
         kind = _check_cycle(cycle)
+        _fusion.note_use(self)          # the second solve builds the deferred fused products
         be, xp = self.backend, self.backend.xp
         n = self._dev[-1].n
         host_in = be.is_gpu and isinstance(b, np.ndarray)
@@ -204,7 +206,7 @@ class SolveDriver:
                 return None
             from ..linalg.graph_cg import GraphCG
             # the cycle's own graph serves z_0 = M r_0; the CG graph records the cycle inline
-            cyc = self.buffered_cycle(kind)
+            cyc = self._solve_buffered_cycle(kind)
             g = GraphCG(self.backend, A, cyc)
             if g.graph is None:
                 self.graph_error = g.graph_error

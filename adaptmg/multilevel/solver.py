@@ -42,8 +42,10 @@ from ..backend import get_backend, is_device_sparse, is_sparse, to_host
 from ..device import kernels as K
 from ..linalg import ConvergenceWarning
 from . import coarse as _coarse
+from . import fusion as _fusion
 from .amli import amli_correction
 from .level import Level
+from .level import host_csr as _host_csr
 from .preconditioner import BufferedCycle, make_preconditioner
 from .smoothers import describe_level_smoothers, level_smoothers, make_smoother, smoother_setup_kwargs
 from .solve_driver import CYCLES, SolveDriver, _check_cycle
@@ -53,18 +55,6 @@ __all__ = ["Level", "MultilevelSolver", "ConvergenceWarning", "CYCLES"]
 
 _is_device_sparse = is_device_sparse
 _is_sparse = is_sparse
-
-
-def _host_csr(A, copy=True):
-    """Host CSR in canonical form (sorted, no duplicates); a copy unless ``copy=False``
-    and ``A`` is already canonical host CSR (then ``A`` itself)."""
-    A = to_host(A)
-    if not copy and sp.issparse(A) and A.format == "csr" and A.has_canonical_format:
-        return A
-    A = sp.csr_matrix(A, copy=True) if sp.issparse(A) else sp.csr_matrix(np.asarray(A))
-    A.sum_duplicates()
-    A.sort_indices()
-    return A
 
 
 def coarse_visits(kind, l):
@@ -87,7 +77,7 @@ def coarse_visits(kind, l):
 class _Dev:
     """Device-side data of one level (built by MultilevelSolver)."""
     __slots__ = ("A", "Aplan", "P", "Pplan", "R", "Rplan", "smoother", "own",
-                 "x", "b", "r", "n", "fused", "RA", "AP", "tfused", "S", "sfused")
+                 "x", "b", "r", "n", "fused", "RA", "AP", "tfused", "S", "sfused", "want_t", "want_s")
 
     def restricted_residual(self, out):
         """``out <- R b - (R A) x`` in one launch (the ``tfused`` restriction; a block
@@ -170,12 +160,20 @@ class MultilevelSolver(SolveDriver):
         CUDA-graph CG iteration, Q1 Poisson, A/B in one process): 2-D 16,641 DoFs 43.3
         -> 36.8 us, 66,049 72.3 -> 66.2 us, 3-D 35,937 66.8 -> 63.0 us (fusing its
         35,937-row level too, whose ``S`` has 1.1M entries: 65.6 us).
+    defer_fused_products : bool
+        True (default): the products that the fused transfers and pre-smoothing read (``R
+        A``, ``A P``, ``S``: SpGEMMs) are built on the hierarchy's second use -- the second
+        :meth:`solve` or :meth:`cycle`, or at once by :meth:`aspreconditioner`,
+        :meth:`buffered_cycle` and :meth:`build_fused_products` --, so a hierarchy solved
+        once runs the unfused cycle (the same operator up to round-off) and does not pay for
+        them (:mod:`~adaptmg.multilevel.fusion`).  False: built at set-up.
     """
 
     def __init__(self, levels, *, coarse="direct", coarse_sweeps=10, presmooth=2,
                  postsmooth=2, backend="auto", dtype=np.float64, smoother="jacobi",
                  smoother_kwargs=None, max_direct=20000, coarse_max_rows=None,
-                 fuse_below="auto", fuse_transfers_below="auto", fuse_presmooth_below="auto"):
+                 fuse_below="auto", fuse_transfers_below="auto", fuse_presmooth_below="auto",
+                 defer_fused_products=True):
         levels = list(levels)
         if not levels:
             raise ValueError("MultilevelSolver needs at least one level")
@@ -228,6 +226,9 @@ class MultilevelSolver(SolveDriver):
         self.fuse_below = fuse_below
         self.fuse_transfers_below = fuse_transfers_below
         self.fuse_presmooth_below = fuse_presmooth_below
+        # the products of the fused transfers / pre-smoothing: built on the second use (fusion.py)
+        self._fused_products = not defer_fused_products
+        self._used = False
         self.graph_error = None          # why the last aspreconditioner(graph=...) capture was refused
         self._deferred = None            # the last _run(defer_last=True)'s deferred sweep
         self._defer_level = None
@@ -285,7 +286,7 @@ class MultilevelSolver(SolveDriver):
                                 f"method, got {type(sm).__name__}")
             d.smoother = sm
             d.own = bool(getattr(sm, "_adaptmg_smoother", False))
-            d.fused = d.tfused = d.sfused = False
+            d.fused = d.tfused = d.sfused = d.want_t = d.want_s = False
             d.RA = d.AP = d.S = None
             # the finest level's x and b are always the caller's arrays (swapped in by _run)
             fine = l == len(self.levels) - 1
@@ -321,108 +322,38 @@ class MultilevelSolver(SolveDriver):
         switched with it, also where ``A`` has one-pass kernels of its own (``A.fused_kernels``:
         a distributed ``DistCSR``, whose ``jacobi_sweep`` the smoother then calls).
         """
-        if isinstance(rows, str):
-            if rows != "auto":
-                raise ValueError(f"fuse_below must be an integer or 'auto', got {rows!r}")
-        elif not isinstance(rows, (int, np.integer)) or rows < 0:
-            raise ValueError(f"fuse_below must be a non-negative integer or 'auto', got {rows!r}")
-        self.fuse_below = rows
-        self._preconditioners = {}          # they were recorded with the old kernels
-        for lev, d in zip(self.levels, self._dev):
-            A = d.A
-            if rows == "auto":
-                small = self.backend.is_gpu
-            else:
-                small = lev.n < rows
-            real = self.dtype.kind == "f"                                    # real kernels
-            d.fused = small and K.is_int32_csr(A) and real
-            sm = d.smoother
-            if d.own and hasattr(sm, "fused") and hasattr(sm, "can_fuse"):   # DistCSR: its own kernels
-                sm.fused = d.fused or (small and real and bool(getattr(A, "fused_kernels", False)))
-        self.set_fuse_transfers_below(self.fuse_transfers_below)
-        self.set_fuse_presmooth_below(self.fuse_presmooth_below)
+        _fusion.set_fuse_below(self, rows)
 
     #: rows below which ``fuse_transfers_below="auto"`` fuses the transfers on the GPU
-    FUSE_TRANSFERS_AUTO = 40000
+    FUSE_TRANSFERS_AUTO = _fusion.FUSE_TRANSFERS_AUTO
 
     def set_fuse_transfers_below(self, rows):
         """Fuse the transfers into their neighbouring kernels on fused levels with fewer than
         ``rows`` rows (``"auto"``: :attr:`FUSE_TRANSFERS_AUTO` on the GPU, none on the CPU;
-        see the class docstring).  Builds ``R A`` (and ``A P`` for a Jacobi smoother) of
-        the levels that start fusing."""
-        if isinstance(rows, str):
-            if rows != "auto":
-                raise ValueError(f"fuse_transfers_below must be an integer or 'auto', got {rows!r}")
-            limit = self.FUSE_TRANSFERS_AUTO if self.backend.is_gpu else 0
-        elif not isinstance(rows, (int, np.integer)) or rows < 0:
-            raise ValueError(f"fuse_transfers_below must be a non-negative integer or 'auto', "
-                             f"got {rows!r}")
-        else:
-            limit = int(rows)
-        self.fuse_transfers_below = rows
-        self._preconditioners = {}
-        for l, (lev, d) in enumerate(zip(self.levels, self._dev)):
-            d.tfused = bool(l > 0 and d.fused and lev.n < limit and K.is_int32_csr(d.R)
-                            and K.is_int32_csr(d.P))
-            if not d.tfused:
-                continue
-            if d.RA is None:
-                d.RA = self._product(lev.R, lev.A)
-            sm = d.smoother
-            if (d.AP is None and d.own and hasattr(sm, "smooth_corrected")
-                    and not hasattr(sm, "smooth_adjoint")):
-                d.AP = self._product(lev.A, lev.P)
-            if not K.is_int32_csr(d.RA) or (d.AP is not None and not K.is_int32_csr(d.AP)):
-                d.tfused = False
+        see the class docstring).  ``R A`` (and ``A P`` for a Jacobi smoother) of the
+        levels that start fusing are built now, or on the second use while deferred
+        (``defer_fused_products``)."""
+        _fusion.set_fuse_transfers_below(self, rows)
 
     #: ``fuse_presmooth_below="auto"`` on the GPU: levels with fewer rows than this whose
     #: ``S`` has at most :attr:`FUSE_PRESMOOTH_MAX_NNZ` entries
-    FUSE_PRESMOOTH_AUTO = 40000
-    FUSE_PRESMOOTH_MAX_NNZ = 2 ** 19
+    FUSE_PRESMOOTH_AUTO = _fusion.FUSE_PRESMOOTH_AUTO
+    FUSE_PRESMOOTH_MAX_NNZ = _fusion.FUSE_PRESMOOTH_MAX_NNZ
 
     def set_fuse_presmooth_below(self, rows):
         """Run the pre-smoothing from zero and the restriction of its residual as one launch
         on fused levels with fewer than ``rows`` rows (``"auto"``: on the GPU the levels
         below :attr:`FUSE_PRESMOOTH_AUTO` rows whose ``S`` has at most
         :attr:`FUSE_PRESMOOTH_MAX_NNZ` entries, none on the CPU; see the class
-        docstring).  Needs a Jacobi smoother and ``presmooth`` 1 or 2; builds ``S = R (I -
-        A G)`` (:func:`~adaptmg.device.kernels.smooth_restrict_matrix`) of the levels
-        that start fusing."""
-        if isinstance(rows, str):
-            if rows != "auto":
-                raise ValueError(f"fuse_presmooth_below must be an integer or 'auto', got {rows!r}")
-            limit = self.FUSE_PRESMOOTH_AUTO if self.backend.is_gpu else 0
-            max_nnz = self.FUSE_PRESMOOTH_MAX_NNZ
-        elif not isinstance(rows, (int, np.integer)) or rows < 0:
-            raise ValueError(f"fuse_presmooth_below must be a non-negative integer or 'auto', "
-                             f"got {rows!r}")
-        else:
-            limit, max_nnz = int(rows), None
-        self.fuse_presmooth_below = rows
-        self._preconditioners = {}
-        for l, (lev, d) in enumerate(zip(self.levels, self._dev)):
-            sm = d.smoother
-            d.sfused = bool(l > 0 and d.fused and lev.n < limit and self.presmooth in (1, 2)
-                            and d.own and getattr(sm, "fused", False)
-                            and getattr(sm, "defers_last_sweep", False)
-                            and K.is_int32_csr(d.R))
-            if not d.sfused:
-                continue
-            if d.S is None:         # smoother and presmooth are fixed: S once per level
-                dinv = getattr(sm, "_dinv_host", None)
-                if _is_device_sparse(lev.A):    # built on the device: S by SpGEMMs there
-                    A, R = lev.A, (d.R if d.R.dtype == np.float64 else self.backend.asmatrix(lev.R, np.float64))
-                    dinv = self.backend.asarray(sm.dinv if dinv is None else dinv, np.float64)
-                else:
-                    A, R = _host_csr(lev.A, copy=False), _host_csr(lev.R, copy=False)
-                    dinv = to_host(sm.dinv if dinv is None else dinv)
-                S = K.smooth_restrict_matrix(A, R, dinv, sm.omega, self.presmooth)
-                if max_nnz is not None and S.nnz > max_nnz:
-                    d.sfused = False            # not moved to the backend: never used
-                    continue
-                d.S = self._move_matrix(S)
-            if not K.is_int32_csr(d.S) or (max_nnz is not None and d.S.nnz > max_nnz):
-                d.sfused = False
+        docstring).  Needs a Jacobi smoother and ``presmooth`` 1 or 2; ``S = R (I - A G)``
+        (:func:`~adaptmg.device.kernels.smooth_restrict_matrix`) of the levels that start
+        fusing is built now, or on the second use while deferred."""
+        _fusion.set_fuse_presmooth_below(self, rows)
+
+    def build_fused_products(self):
+        """Build the products that the fused transfer and pre-smoothing kernels read
+        (:mod:`~adaptmg.multilevel.fusion`) now instead of on the hierarchy's second use."""
+        _fusion.build_fused_products(self)
 
     def _product(self, X, Y):
         """The backend CSR matrix ``X Y``, formed in float64 where both live
@@ -559,6 +490,7 @@ class MultilevelSolver(SolveDriver):
             raise ValueError(f"level must be an integer in [0, {L - 1}], got {level!r}")
         self._check_vec(b, "b", level=level)
         self._check_vec(x, "x", level=level)
+        _fusion.note_use(self)
         return self._run(b, x, kind, False, level)
 
     # --------------------------------------------------------- preconditioner
@@ -581,7 +513,9 @@ class MultilevelSolver(SolveDriver):
         ``self.graph_error`` says why.  The graph freezes the cycle as it is now:
         after changing a smoother (e.g. its ``omega``) build a new preconditioner.
         """
-        return make_preconditioner(self, _check_cycle(cycle), dtype, graph)
+        kind = _check_cycle(cycle)
+        self.build_fused_products()           # an operator kept and applied many times
+        return make_preconditioner(self, kind, dtype, graph)
 
     def buffered_cycle(self, cycle="V", graph="auto"):
         """One cycle from ``x = 0`` on fixed buffers, as a CUDA graph on the GPU.
@@ -590,13 +524,20 @@ class MultilevelSolver(SolveDriver):
         ``cyc.b`` in place, call ``cyc()``, read ``cyc.x``.  For solvers that prepare the
         cycle's input with their own kernels (no copy in, no allocation out).
         """
-        return BufferedCycle(self, _check_cycle(cycle), graph)
+        kind = _check_cycle(cycle)
+        self.build_fused_products()
+        return BufferedCycle(self, kind, graph)
 
     def _cached_preconditioner(self, kind):
         M = self._preconditioners.get(kind)
         if M is None:
-            M = self._preconditioners[kind] = self.aspreconditioner(kind)
+            # (not aspreconditioner: a solve builds deferred products on its second call only)
+            M = self._preconditioners[kind] = make_preconditioner(self, kind, None, "auto")
         return M
+
+    def _solve_buffered_cycle(self, kind):
+        """:meth:`buffered_cycle` for :meth:`solve` (which builds deferred products itself)."""
+        return BufferedCycle(self, kind, "auto")
 
     def reset_preconditioners(self):
         """Forget the preconditioners that :meth:`solve` built and reuses.

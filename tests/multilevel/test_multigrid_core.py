@@ -304,7 +304,7 @@ def test_fused_small_levels_give_the_same_cycle(backend, smoother, kw, pre, post
     fus = MultilevelSolver.from_matrices(As, Ps, fuse_below=10 ** 9,
                                          fuse_transfers_below=10 ** 9 if transfers else 0,
                                          fuse_presmooth_below=10 ** 9 if presmooth_fused else 0,
-                                         **opts)
+                                         defer_fused_products=False, **opts)
     ref.set_fuse_below(0)
     assert all(d.fused for d in fus._dev) and not any(d.fused for d in ref._dev)
     assert all(d.smoother.fused for d in fus._dev[1:])
@@ -499,6 +499,44 @@ def test_singular_direct_coarse_matrix_is_refused(backend):
         MultilevelSolver.from_matrices([A0.tocsr()] + As[1:], Ps, backend=backend)
 
 
+def test_fused_products_wait_for_the_second_use(backend):
+    """``defer_fused_products`` (default): the first solve runs the unfused cycle and builds no
+    ``R A`` / ``A P`` / ``S``; the second solve builds them and takes the fused path; both
+    solves give the same iterations and, to round-off, the same solution.  ``cycle`` counts
+    as a use the same way; ``aspreconditioner`` and ``build_fused_products`` build at once."""
+    As, Ps = hierarchy(2, 4, 5)
+    opts = dict(backend=backend, fuse_below=10 ** 9, fuse_transfers_below=10 ** 9,
+                fuse_presmooth_below=10 ** 9)
+    ml = MultilevelSolver.from_matrices(As, Ps, **opts)
+    built = lambda: [(d.RA is not None, d.AP is not None, d.S is not None) for d in ml._dev[1:]]
+    assert built() == [(False, False, False)] * (len(As) - 1)
+    assert not any(d.tfused or d.sfused for d in ml._dev)
+    b = backend.asarray(np.random.default_rng(3).standard_normal(As[-1].shape[0]))
+    x1 = to_host(ml.solve(b, rtol=1e-10, accel="cg"))
+    its1 = ml.last_iterations
+    assert built() == [(False, False, False)] * (len(As) - 1)
+    x2 = to_host(ml.solve(b, rtol=1e-10, accel="cg"))
+    assert built() == [(True, True, True)] * (len(As) - 1)
+    assert all(d.tfused and d.sfused for d in ml._dev[1:])
+    assert ml.last_iterations == its1
+    assert np.linalg.norm(x2 - x1) <= 1e-9 * np.linalg.norm(x1)
+    # cycle(): the second call builds; aspreconditioner / build_fused_products: at once
+    ml = MultilevelSolver.from_matrices(As, Ps, **opts)
+    x = backend.xp.zeros_like(b)
+    ml.cycle(b, x)
+    assert not any(d.tfused for d in ml._dev)
+    ml.cycle(b, x)
+    assert all(d.tfused for d in ml._dev[1:])
+    ml = MultilevelSolver.from_matrices(As, Ps, **opts)
+    ml.aspreconditioner()
+    assert all(d.tfused and d.sfused for d in ml._dev[1:])
+    ml = MultilevelSolver.from_matrices(As, Ps, **opts)
+    ml.build_fused_products()
+    assert all(d.tfused and d.sfused for d in ml._dev[1:])
+    ml = MultilevelSolver.from_matrices(As, Ps, defer_fused_products=False, **opts)
+    assert built() == [(True, True, True)] * (len(As) - 1)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dim,n0,L,pre,post,transfers,presmooth", [
     (2, 4, 5, 2, 2, True, True), (3, 2, 4, 2, 2, True, False), (2, 4, 5, 2, 1, True, False),
@@ -519,7 +557,7 @@ def test_graph_cg_solve_equals_host_driven_cg(dim, n0, L, pre, post, transfers, 
                                         fuse_transfers_below="auto" if transfers else 0,
                                         fuse_presmooth_below=10 ** 9 if presmooth else 0)
     n = As[-1].shape[0]
-    assert ml._dev[-1].tfused == transfers
+    assert not ml._dev[-1].tfused            # the products wait for the second solve
     b = gpu.asarray(np.random.default_rng(7).standard_normal(n))
     its = []
     x_ref = to_host(ml.solve(b, rtol=1e-8, accel="cg", callback=its.append))
@@ -528,6 +566,7 @@ def test_graph_cg_solve_equals_host_driven_cg(dim, n0, L, pre, post, transfers, 
     assert g is not None, ml.graph_error
     assert g.fused_last_sweep == (post % 2 == 0)
     assert ml._dev[-1].sfused == (presmooth and pre in (1, 2))
+    assert ml._dev[-1].tfused == transfers
     assert g.iterations == len(its)
     assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
     A = As[-1]
