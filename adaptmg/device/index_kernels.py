@@ -72,6 +72,19 @@ Kernels
     nodes, and on hanging node :math:`h_k` the weights :math:`W_{kj} \ne 0` in the columns
     :math:`C_{kj}` (distinct per row; sorted by an insertion sort in the row's thread):
     canonical CSR by a count kernel, a running sum and a fill kernel.
+
+``q1_forest_rows`` / ``q1_forest_fill``
+    The rows of the Q1 embedding between two meshes of one forest
+    (:func:`adaptmg.multilevel.transfer._q1_forest_csr`).  Fine node i with forest id
+    :math:`f_i` is a coarse node (:math:`c_{f_i} \ge 0`: kind 0, its one parent itself) or
+    the midpoint of a coarse entity of kind :math:`k \ge 1` with the :math:`2^k` forest
+    parents :math:`P_{f_i j}`; each parent's column code is :math:`m_{c_p}` (``colmap``: the
+    coarse node, ``ncn`` for a masked-out one, ``ncn + 1 + node`` for a hanging one).  The
+    rows kernel writes a row's codes sorted (``ncn``-padded to ``W = 2^d``), its kept count
+    :math:`\#\{j : m_j < ncn\}`, its kind (-1 for a row the fine mask drops), whether a
+    parent hangs (the row then goes through H: count 0 here) and ``bad`` (a new node of
+    kind 0, or a parent that is no coarse node); the fill kernel writes a plain row's
+    entries at ``c ip_i + r cnt_i + j``: column ``c m_j + r``, weight :math:`2^{-k}`.
 """
 from __future__ import annotations
 
@@ -82,13 +95,13 @@ import numpy as np
 from ..backend import backend_of, get_backend, in_host_memory, repeat, to_host
 
 __all__ = ["hanging_candidates", "face_corners", "grouped_table_product", "ColumnGroups",
-           "csr_row_entries", "constrained_csr", "constrained_rows", "weight_rows_csr", "FUSED",
-           "KERNEL_NAMES"]
+           "csr_row_entries", "constrained_csr", "constrained_rows", "weight_rows_csr",
+           "q1_forest_rows", "q1_forest_fill", "FUSED", "KERNEL_NAMES"]
 
 #: the fused functions of this module (the census counts a call as one launch)
 FUSED = ("hanging_candidates", "face_corners", "grouped_table_product", "csr_row_entries",
          "constrained_csr_count", "constrained_csr_fill", "constrained_rows_count", "constrained_rows_fill",
-         "weight_rows_count", "weight_rows_fill")
+         "weight_rows_count", "weight_rows_fill", "q1_forest_rows", "q1_forest_fill")
 
 _SPECS = {
     # one thread per forest node; par (nn, stride) row-major, -1 padded; jump by node
@@ -188,6 +201,36 @@ _SPECS = {
         "     int j = m;"
         "     while (j > 0 && kcol[o + j - 1] > c) { kcol[o + j] = kcol[o + j - 1]; kval[o + j] = kval[o + j - 1]; --j; }"
         "     kcol[o + j] = c; kval[o + j] = w; ++m; } }"),
+    # one thread per fine node: its sorted parent codes, kept count, kind and flags
+    "q1_forest_rows": (
+        "int64 f, raw C cmap, raw K nkind, raw P npar, raw I colmap, raw bool free, int32 use_free,"
+        " int32 stride, int64 ncn, int32 W", "raw I codes, int64 cnt, int8 kind, bool hang, bool bad, bool old",
+        "long long p = (long long)cmap[f];"
+        " bool o = p >= 0; int k = o ? 0 : (int)nkind[f]; bool b = !o && k == 0;"
+        " old = o;"
+        " if (use_free && !free[i]) { kind = -1; cnt = 0; hang = false; bad = b; } else {"
+        "   I cc[8]; int m = 0;"
+        "   if (o) { cc[0] = colmap[p]; m = 1; }"
+        "   else if (k > 0) { m = 1 << k;"
+        "     for (int j = 0; j < m; ++j) {"
+        "       long long q = (long long)npar[f * stride + j];"
+        "       long long qc = q >= 0 ? (long long)cmap[q] : -1;"
+        "       if (qc < 0) { b = true; cc[j] = (I)ncn; } else cc[j] = colmap[qc]; } }"
+        "   for (int a = 1; a < m; ++a) { I v = cc[a]; int j = a;"
+        "     while (j > 0 && cc[j - 1] > v) { cc[j] = cc[j - 1]; --j; } cc[j] = v; }"
+        "   long long n0 = 0; bool h = false;"
+        "   for (int j = 0; j < m; ++j) { if ((long long)cc[j] < ncn) ++n0; else if ((long long)cc[j] > ncn) h = true; }"
+        "   for (int j = 0; j < W; ++j) codes[(long long)i * W + j] = j < m ? cc[j] : (I)ncn;"
+        "   kind = (signed char)k; cnt = h ? 0 : n0; hang = h; bad = b; }"),
+    # one thread per fine node: a plain row's c x cnt entries from its offset ip
+    "q1_forest_fill": (
+        "int64 cnt, int8 kind, bool hang, raw I codes, raw int64 ip, int32 W, int32 c",
+        "raw J indices, raw float64 data",
+        "if (!hang && kind >= 0 && cnt > 0) {"
+        "   double w = ldexp(1.0, -(int)kind); long long o = ip[i] * c;"
+        "   for (int r = 0; r < c; ++r) for (long long j = 0; j < cnt; ++j) {"
+        "     long long at = o + r * cnt + j;"
+        "     indices[at] = (J)((long long)codes[(long long)i * W + j] * c + r); data[at] = w; } }"),
 }
 
 KERNEL_NAMES = tuple(f"adaptmg_{n}" for n in _SPECS)
@@ -417,3 +460,61 @@ def weight_rows_csr(be, n, is_h, hanging, cols, W):
     H = be.sparse.coo_matrix((vv, (rows.astype(it), cc.astype(it))), shape=(n, n)).tocsr()
     H.sum_duplicates()
     return H
+
+
+def q1_forest_rows(fid, cmap, node_kind, node_par, colmap, fine_free, ncn: int, dim: int):
+    """The module's ``q1_forest_rows`` for the fine nodes with forest ids ``fid``: ``(codes
+    (nf, 2^dim) of colmap's dtype, cnt int64, kind int8, hang, bad, old)``.  ``cmap``: forest
+    id -> coarse node (-1: none); ``node_kind`` / ``node_par`` the forest's tables;
+    ``colmap`` (ncn,) the parents' column codes; ``fine_free`` a mask over the fine nodes
+    or None.  One kernel on the device; the twin works on (nf, 2^dim) arrays (rows sorted
+    whole: the same kept codes first, the same set of codes)."""
+    xp = backend_of(fid).xp
+    nf, W = fid.shape[0], 1 << dim
+    if not in_host_memory(fid):
+        codes = xp.empty((nf, W), dtype=colmap.dtype)
+        cnt, kind = xp.empty(nf, dtype=np.int64), xp.empty(nf, dtype=np.int8)
+        hang, bad, old = (xp.empty(nf, dtype=bool) for _ in range(3))
+        free = fine_free if fine_free is not None else xp.zeros(1, dtype=bool)
+        _kernel("q1_forest_rows")(fid, cmap, node_kind, node_par, colmap, free, np.int32(fine_free is not None),
+                                  np.int32(node_par.shape[1]), np.int64(ncn), np.int32(W),
+                                  codes, cnt, kind, hang, bad, old)
+        return codes, cnt, kind, hang, bad, old
+    p = cmap.take(fid).astype(np.int64)
+    old = p >= 0
+    k = np.where(old, 0, node_kind.take(fid)).astype(np.int64)
+    bad = ~old & (k == 0)
+    m = np.where(old, 1, np.where(k > 0, 1 << k, 0))
+    j = np.arange(W)
+    par = node_par[fid, :W].astype(np.int64)
+    qc = np.where(par >= 0, cmap.take(np.maximum(par, 0)), -1).astype(np.int64)
+    inside = (j < m[:, None]) & ~old[:, None]
+    codes = np.where(inside & (qc >= 0), colmap.take(np.maximum(qc, 0)), colmap.dtype.type(ncn))
+    codes = codes.astype(colmap.dtype)
+    codes[old, 0] = colmap.take(p[old])
+    fr = np.ones(nf, dtype=bool) if fine_free is None else np.asarray(fine_free, dtype=bool)
+    bad |= fr & (inside & (qc < 0)).any(axis=1)
+    codes.sort(axis=1)
+    hang = fr & (codes > ncn).any(axis=1)
+    cnt = np.where(fr & ~hang, (codes < ncn).sum(axis=1), 0).astype(np.int64)
+    kind = np.where(fr, k, -1).astype(np.int8)
+    return codes, cnt, kind, hang, bad, old
+
+
+def q1_forest_fill(cnt, kind, hang, codes, ip, c: int, indices, data):
+    """The module's ``q1_forest_fill``: the entries of the plain rows (not ``hang``, kind >= 0)
+    written into ``indices`` / ``data`` (the row pointer of node row i: ``c ip[i]``)."""
+    W = codes.shape[1]
+    if not in_host_memory(cnt):
+        _kernel("q1_forest_fill")(cnt, kind, hang, codes, ip, np.int32(W), np.int32(c), indices, data)
+        return
+    rows = np.flatnonzero(~hang & (kind >= 0) & (cnt > 0))
+    n = cnt[rows]
+    tot = int(n.sum())
+    r_of = np.repeat(rows, n)
+    j = np.arange(tot) - np.repeat(np.cumsum(n) - n, n)
+    w = np.ldexp(1.0, -kind[r_of].astype(np.int32))
+    for r in range(c):
+        at = ip[r_of] * c + r * n.repeat(n) + j
+        indices[at] = (codes[r_of, j].astype(np.int64) * c + r).astype(indices.dtype)
+        data[at] = w

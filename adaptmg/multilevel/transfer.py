@@ -27,6 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import CPU, get_backend, repeat, scatter_min
+from ..device import index_kernels as IK
 from ..fe.congruence import _hanging_rows, _index_array, _parents
 from ..fe.csr_ops import csr_entry_rows, mask_rows_cols
 from ..fe.element import LagrangeQ
@@ -270,7 +271,7 @@ def _q1_forest_groups(coarse: Space, fine: Space, fine_free=None, backend=None):
 
 
 def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None, H=None,
-                   backend=None, components=1):
+                   backend=None, components=1, fused=None):
     r"""``(Z_f chi H Z_c) (x) I_c`` (``components`` c; ``*_free`` boolean host masks over
     nodes, None: all; ``H`` the coarse hanging-node matrix (nodes) or None: I) built straight
     as canonical CSR from :func:`_q1_forest_groups`; None when those do not apply.
@@ -290,8 +291,14 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     a hanging node's column code is ``ncn + 1 + node``, so it keeps its identity through the
     sort) and summed by the backend's COO -> CSR: nothing comes back to the host, only those
     rows of H go up.  The sums are of positive dyadic weights, exact in any order, so the
-    result equals ``chi @ H`` followed by the masks bit for bit, on either backend."""
+    result equals ``chi @ H`` followed by the masks bit for bit, on either backend.
+
+    ``fused`` (default: on the GPU): the rows from the fused node kernels of
+    :func:`_q1_forest_csr_fused` instead of the groups by kind (the same matrix; on the host
+    their NumPy twins, for the tests)."""
     be = CPU if backend is None else get_backend(backend)
+    if be.is_gpu if fused is None else fused:
+        return _q1_forest_csr_fused(coarse, fine, fine_free, coarse_free, H, be, int(components))
     xp = be.xp
     res = _q1_forest_groups(coarse, fine, fine_free, be)
     if res is None:
@@ -304,14 +311,7 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     # (hanging: expanded through H below); the extra last entry maps a parent that is no
     # coarse node (-1) to -1
     hanging = coarse.hanging_nodes if H is not None else np.zeros(0, dtype=np.int64)
-    colmap = xp.empty(ncn + 1, dtype=it)
-    colmap[:ncn] = xp.arange(ncn, dtype=it)
-    colmap[ncn] = -1
-    if coarse_free is not None:
-        colmap[:ncn][~be.asarray(coarse_free)] = ncn
-    if hanging.size:
-        h = be.asarray(hanging)
-        colmap[h] = (h + (ncn + 1)).astype(it)
+    colmap = _colmap(be, ncn, it, coarse_free, hanging)
     cnt = xp.zeros(nf, dtype=xp.int64)                # int64: NumPy's running sums and repeats take it as is
     parts, cplx = [], []
     for k, (rows_b, par) in enumerate(groups):
@@ -357,27 +357,101 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     w_row = xp.ldexp(1.0, -kind.astype(xp.int32))          # 2^-k of each row (exact; dropped rows: no entries)
     data = repeat(w_row, cnt * c if c > 1 else cnt, nnz, xp=be.xp)
     if C is not None and C.nnz:
-        e_row = csr_entry_rows(C.indptr, C.nnz)      # C's row of each entry
-        fr = xp.take(rows_c, e_row)                   # its fine row
-        at = xp.take(ip, fr) * c + (xp.arange(C.nnz, dtype=xp.int64) - xp.take(C.indptr, e_row))
-        for r in range(c):
-            if r:
-                at += xp.take(cnt, fr)
-            indices[at] = C.indices.astype(it, copy=False) * it(c) + it(r)
-            data[at] = C.data
-    if c == 1:
-        indptr = ip.astype(it)
-    else:
-        indptr = xp.empty(nf * c + 1, dtype=it)
-        D = indptr[:-1].reshape(nf, c)
-        D[:, 0] = ip[:-1] * c
-        for r in range(1, c):
-            D[:, r] = D[:, r - 1] + cnt
-        indptr[-1] = nnz
-    A = be.sparse.csr_matrix((data, indices, indptr), shape=(nf * c, ncn * c), copy=False)
+        _write_hanging_entries(xp, C, rows_c, ip, cnt, c, it, indices, data)
+    A = be.sparse.csr_matrix((data, indices, _dof_indptr(xp, ip, cnt, nf, c, nnz, it)),
+                             shape=(nf * c, ncn * c), copy=False)
     if not be.is_gpu:
         A.has_canonical_format = True                 # distinct parents, sorted
     return A
+
+
+def _colmap(be, ncn, it, coarse_free, hanging):
+    """Coarse node -> column code: itself (kept), ``ncn`` (masked out) or ``ncn + 1 + node``
+    (hanging: expanded through H); the extra last entry maps a parent that is no coarse
+    node (-1) to -1."""
+    xp = be.xp
+    colmap = xp.empty(ncn + 1, dtype=it)
+    colmap[:ncn] = xp.arange(ncn, dtype=it)
+    colmap[ncn] = -1
+    if coarse_free is not None:
+        colmap[:ncn][~be.asarray(coarse_free)] = ncn
+    if hanging.size:
+        h = be.asarray(hanging)
+        colmap[h] = (h + (ncn + 1)).astype(it)
+    return colmap
+
+
+def _q1_forest_csr_fused(coarse, fine, fine_free, coarse_free, H, be, c):
+    """:func:`_q1_forest_csr` from one node kernel and one fill kernel
+    (:func:`~adaptmg.device.index_kernels.q1_forest_rows` / ``q1_forest_fill``): every fine
+    node's sorted parent codes, kept count, kind and flags at once, one read for the checks
+    (every coarse node a fine node, every other fine node a midpoint of coarse nodes) and
+    the count of rows with a hanging parent, which go through :func:`_hanging_parent_rows`
+    as before; the same matrix as the groups by kind (positive dyadic sums: exact)."""
+    fm, cm = fine.mesh, coarse.mesh
+    F = fm._forest
+    if cm._forest is not F:
+        return None
+    xp = be.xp
+    node_kind, node_par = _forest_tables(F, be)
+    fid = be.asarray(fm.node_ids)
+    cmap = _forest_map(cm, be)
+    nf, ncn = fine.num_nodes, coarse.num_nodes
+    it = np.int32 if max(nf, 2 * ncn) * c + 2 < np.iinfo(np.int32).max else np.int64
+    hanging = coarse.hanging_nodes if H is not None else np.zeros(0, dtype=np.int64)
+    colmap = _colmap(be, ncn, it, coarse_free, hanging)[:ncn]
+    free = None if fine_free is None else be.asarray(fine_free)
+    codes, cnt, kind, hang, bad, old = IK.q1_forest_rows(fid, cmap, node_kind, node_par, colmap, free,
+                                                         ncn, fine.dim)
+    # one read: -1 when a coarse node is missing, a new node has kind 0 or a parent is no
+    # coarse node (the forest path does not apply), else the rows with a hanging parent
+    n_hang = int(xp.where((xp.count_nonzero(old) != ncn) | bad.any(), -1, xp.count_nonzero(hang)))
+    if n_hang < 0:
+        return None
+    C = None
+    if n_hang:
+        rows_h = xp.flatnonzero(hang)
+        w_h = xp.ldexp(1.0, -kind.take(rows_h).astype(xp.int32))
+        rows_c, C = _hanging_parent_rows(be, [(rows_h, codes[rows_h], w_h)], H, hanging, ncn, coarse_free)
+        cnt[rows_c] = C.indptr[1:] - C.indptr[:-1]
+    ip = xp.zeros(nf + 1, dtype=xp.int64)
+    ip[1:] = xp.cumsum(cnt)
+    nnz = int(ip[-1]) * c
+    if nnz > np.iinfo(it).max:
+        it = np.int64
+    indices, data = xp.empty(nnz, dtype=it), xp.empty(nnz, dtype=np.float64)
+    IK.q1_forest_fill(cnt, kind, hang, codes, ip, c, indices, data)
+    if C is not None and C.nnz:
+        _write_hanging_entries(xp, C, rows_c, ip, cnt, c, it, indices, data)
+    return be.sparse.csr_matrix((data, indices, _dof_indptr(xp, ip, cnt, nf, c, nnz, it)),
+                                shape=(nf * c, ncn * c), copy=False)
+
+
+def _write_hanging_entries(xp, C, rows_c, ip, cnt, c, it, indices, data):
+    """The entries of the rows with a hanging parent (``C``: one row per fine row ``rows_c``)
+    written at their places in the DoF rows."""
+    e_row = csr_entry_rows(C.indptr, C.nnz)      # C's row of each entry
+    fr = xp.take(rows_c, e_row)                   # its fine row
+    at = xp.take(ip, fr) * c + (xp.arange(C.nnz, dtype=xp.int64) - xp.take(C.indptr, e_row))
+    for r in range(c):
+        if r:
+            at += xp.take(cnt, fr)
+        indices[at] = C.indices.astype(it, copy=False) * it(c) + it(r)
+        data[at] = C.data
+
+
+def _dof_indptr(xp, ip, cnt, nf, c, nnz, it):
+    """The DoF row pointer from the node row pointer ``ip`` and counts ``cnt`` (the c copies
+    of node row i: ``c ip_i + r cnt_i``)."""
+    if c == 1:
+        return ip.astype(it)
+    indptr = xp.empty(nf * c + 1, dtype=it)
+    D = indptr[:-1].reshape(nf, c)
+    D[:, 0] = ip[:-1] * c
+    for r in range(1, c):
+        D[:, r] = D[:, r - 1] + cnt
+    indptr[-1] = nnz
+    return indptr
 
 
 def _hanging_parent_rows(be, cplx, H, hanging, ncn, coarse_free):
@@ -386,7 +460,7 @@ def _hanging_parent_rows(be, cplx, H, hanging, ncn, coarse_free):
     each (``len(rows) x ncn``: no work or memory in the number of fine rows).
 
     ``cplx``: per kind k, (the rows, their sorted column codes (n, 2^k) -- ``ncn``: masked
-    out, ``ncn + 1 + node``: hanging --, the weight 2^-k); every parent is expanded to its
+    out, ``ncn + 1 + node``: hanging --, the weight 2^-k, or one weight per row); every parent is expanded to its
     parents in H (a regular node to itself, weight 1: :func:`~adaptmg.fe.congruence._parents`
     on the hanging rows of ``H``), the coarse mask applied (the rows are free: the fine mask
     dropped the others before) and the duplicates summed by COO -> CSR.  ``coarse_free``: a
@@ -395,7 +469,8 @@ def _hanging_parent_rows(be, cplx, H, hanging, ncn, coarse_free):
     rows = xp.sort(xp.concatenate([rr for rr, _, _ in cplx]))       # distinct
     r = xp.concatenate([xp.repeat(rr, cc.shape[1]) for rr, cc, _ in cplx])
     code = xp.concatenate([cc.ravel() for _, cc, _ in cplx])
-    w = xp.concatenate([xp.full(cc.size, wk) for _, cc, wk in cplx])
+    w = xp.concatenate([xp.full(cc.size, wk) if np.ndim(wk) == 0 else xp.repeat(wk, cc.shape[1])
+                        for _, cc, wk in cplx])
     keep = xp.flatnonzero(code != ncn)                 # masked-out regular parents: nothing
     r, code, w = r.take(keep), code.take(keep), w.take(keep)      # (one read, not one per array)
     node = xp.where(code > ncn, code - (ncn + 1), code).astype(xp.int64)

@@ -258,3 +258,37 @@ def test_q1_transfer_on_the_device_reads_back_no_arrays(dim, fake_gpu):
     finally:
         transfer._hanging_parent_rows = hang
     assert front                                         # coarse hanging nodes were met
+
+
+@pytest.mark.parametrize("dim,c", [(2, 1), (3, 1), (2, 2), (3, 3)])
+def test_fused_q1_forest_rows_equal_the_groups_by_kind(dim, c):
+    """The GPU's construction of the Q1 forest transfer (one node kernel, one fill kernel:
+    here their NumPy twins, ``fused=True`` on the host) gives the CSR arrays of the groups by
+    kind bit for bit, on every level of 2-D/3-D adaptive hierarchies with hanging nodes in
+    both spaces (H through the rows with hanging parents), for default, Dirichlet and random
+    node masks and c components; both paths refuse the same pairs (None)."""
+    from adaptmg.multilevel import transfer as tr
+    rng = np.random.default_rng(11)
+    H = _adaptive(dim).hierarchy()
+    hanging_rows = 0
+    for mc, mf in zip(H[:-1], H[1:]):
+        sc, sf = Space(mc, 1), Space(mf, 1)
+        Hc = sc.H_nodes if mc.num_hanging_nodes else None
+        for kind in ("default", "dirichlet", "random"):
+            zc, zf = _masks(sc, sf, kind, rng)
+            A = tr._q1_forest_csr(sc, sf, zf, zc, Hc, components=c, fused=False)
+            B = tr._q1_forest_csr(sc, sf, zf, zc, Hc, components=c, fused=True)
+            assert (A is None) == (B is None)
+            if A is None:
+                continue
+            assert A.shape == B.shape == (sf.num_nodes * c, sc.num_nodes * c)
+            assert A.indices.dtype == B.indices.dtype == A.indptr.dtype == B.indptr.dtype
+            assert np.array_equal(A.indptr, B.indptr) and np.array_equal(A.indices, B.indices)
+            assert np.array_equal(A.data, B.data)
+            hanging_rows += int(Hc is not None)
+    assert hanging_rows >= 3
+    # a pair that is not one refinement apart: refused by both
+    sc, sf = Space(H[0], 1), Space(H[-1], 1)
+    if len(H) > 2:
+        assert tr._q1_forest_csr(sc, sf, fused=True) is None
+        assert tr._q1_forest_csr(sc, sf, fused=False) is None
