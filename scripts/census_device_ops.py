@@ -492,6 +492,18 @@ def _fused_kernel(name):
                 H = index_kernels.weight_rows_csr(CPU, h.size, h >= 0, hanging, cols, W)
                 host[-2][...], host[-1][...] = H.indices, H.data
                 return None
+            if name == "q1_forest_rows":
+                fid, cmap, nkind, npar, colmap, free, use_free, _, ncn, W = host[:10]
+                outs = index_kernels.q1_forest_rows(fid, cmap, nkind, npar, colmap,
+                                                    free if int(use_free) else None, int(ncn),
+                                                    int(W).bit_length() - 1)
+                for dst, src in zip(host[10:], outs):
+                    dst[...] = src
+                return None
+            if name == "q1_forest_fill":
+                cnt, kind, hang, codes, ip, _, c, indices, data = host
+                index_kernels.q1_forest_fill(cnt, kind, hang, codes, ip, int(c), indices, data)
+                return None
             raise NotImplementedError(f"census: no stand-in of the fused kernel {name!r}")
     return launch
 

@@ -12,12 +12,13 @@ measurements behind the defaults):
   as one launch, ``b_c = S b`` with :math:`S = R (I - A G)` (``G b``: the sweeps from zero).
 
 The products cost SpGEMMs at set-up and save a launch or two per level and cycle, so they
-pay only over many cycles.  With ``defer`` (the solver's ``defer_fused_products``, default)
-they are built on the hierarchy's second use -- the second :meth:`solve` or :meth:`cycle`
-call, or at once for an explicit :meth:`aspreconditioner` / :meth:`buffered_cycle` (operators
-that are kept and applied many times) -- so a hierarchy that is solved once (an adaptive loop
-builds one per mesh) runs the unfused cycle and never pays for them.  Fused and unfused
-cycles are the same operator up to round-off.
+pay only over many cycles.  With the solver's ``defer_fused_products`` (default) they are
+built on the second :meth:`solve`, or at once for an explicit :meth:`aspreconditioner` /
+:meth:`buffered_cycle` (operators that are kept and applied many times) or
+:meth:`build_fused_products` -- never inside :meth:`cycle`, which does no set-up work and can
+be captured in a CUDA graph --, so a hierarchy that is solved once (an adaptive loop builds
+one per mesh) runs the unfused cycle and never pays for them.  Fused and unfused cycles are
+the same operator up to round-off.
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def set_fuse_below(ml, rows):
 
 def set_fuse_transfers_below(ml, rows):
     """Mark the fused levels with fewer than ``rows`` rows for the fused transfers; their
-    ``R A`` (and ``A P`` for a Jacobi smoother) are built now or, deferred, on the second use."""
+    ``R A`` (and ``A P`` for a Jacobi smoother) are built now or, deferred, on the second solve."""
     limit = _limit("fuse_transfers_below", rows, ml.FUSE_TRANSFERS_AUTO, ml.backend.is_gpu)
     ml.fuse_transfers_below = rows
     ml._preconditioners = {}
@@ -154,7 +155,7 @@ def build_fused_products(ml):
 
 
 def note_use(ml):
-    """A use of the hierarchy (a solve or a cycle): the second one builds the deferred products."""
+    """A solve with the hierarchy: the second one builds the deferred products."""
     if ml._fused_products:
         return
     if ml._used:

@@ -162,9 +162,9 @@ class MultilevelSolver(SolveDriver):
         35,937-row level too, whose ``S`` has 1.1M entries: 65.6 us).
     defer_fused_products : bool
         True (default): the products that the fused transfers and pre-smoothing read (``R
-        A``, ``A P``, ``S``: SpGEMMs) are built on the hierarchy's second use -- the second
-        :meth:`solve` or :meth:`cycle`, or at once by :meth:`aspreconditioner`,
-        :meth:`buffered_cycle` and :meth:`build_fused_products` --, so a hierarchy solved
+        A``, ``A P``, ``S``: SpGEMMs) are built on the second :meth:`solve`, or at once by
+        :meth:`aspreconditioner`, :meth:`buffered_cycle` and :meth:`build_fused_products`
+        (:meth:`cycle` never builds them), so a hierarchy solved
         once runs the unfused cycle (the same operator up to round-off) and does not pay for
         them (:mod:`~adaptmg.multilevel.fusion`).  False: built at set-up.
     """
@@ -226,7 +226,7 @@ class MultilevelSolver(SolveDriver):
         self.fuse_below = fuse_below
         self.fuse_transfers_below = fuse_transfers_below
         self.fuse_presmooth_below = fuse_presmooth_below
-        # the products of the fused transfers / pre-smoothing: built on the second use (fusion.py)
+        # the products of the fused transfers / pre-smoothing: built on the second solve (fusion.py)
         self._fused_products = not defer_fused_products
         self._used = False
         self.graph_error = None          # why the last aspreconditioner(graph=...) capture was refused
@@ -331,7 +331,7 @@ class MultilevelSolver(SolveDriver):
         """Fuse the transfers into their neighbouring kernels on fused levels with fewer than
         ``rows`` rows (``"auto"``: :attr:`FUSE_TRANSFERS_AUTO` on the GPU, none on the CPU;
         see the class docstring).  ``R A`` (and ``A P`` for a Jacobi smoother) of the
-        levels that start fusing are built now, or on the second use while deferred
+        levels that start fusing are built now, or on the second solve while deferred
         (``defer_fused_products``)."""
         _fusion.set_fuse_transfers_below(self, rows)
 
@@ -347,12 +347,12 @@ class MultilevelSolver(SolveDriver):
         :attr:`FUSE_PRESMOOTH_MAX_NNZ` entries, none on the CPU; see the class
         docstring).  Needs a Jacobi smoother and ``presmooth`` 1 or 2; ``S = R (I - A G)``
         (:func:`~adaptmg.device.kernels.smooth_restrict_matrix`) of the levels that start
-        fusing is built now, or on the second use while deferred."""
+        fusing is built now, or on the second solve while deferred."""
         _fusion.set_fuse_presmooth_below(self, rows)
 
     def build_fused_products(self):
         """Build the products that the fused transfer and pre-smoothing kernels read
-        (:mod:`~adaptmg.multilevel.fusion`) now instead of on the hierarchy's second use."""
+        (:mod:`~adaptmg.multilevel.fusion`) now instead of on the second solve."""
         _fusion.build_fused_products(self)
 
     def _product(self, X, Y):
@@ -481,6 +481,9 @@ class MultilevelSolver(SolveDriver):
         its backend.  ``level`` (index into ``levels``, 0 = coarsest; default the
         finest): run the cycle on ``A_level x = b`` with the levels below it, e.g. the
         per-level cycles of full multigrid, without a second solver.  Returns ``x``.
+        Never builds the deferred fused-kernel products (no set-up work, no synchronisation
+        inside a cycle, so a cycle can be captured in a CUDA graph): a loop of cycles takes
+        them after :meth:`build_fused_products`.
         """
         kind = _check_cycle(cycle)
         L = len(self._dev)
@@ -490,7 +493,6 @@ class MultilevelSolver(SolveDriver):
             raise ValueError(f"level must be an integer in [0, {L - 1}], got {level!r}")
         self._check_vec(b, "b", level=level)
         self._check_vec(x, "x", level=level)
-        _fusion.note_use(self)
         return self._run(b, x, kind, False, level)
 
     # --------------------------------------------------------- preconditioner
