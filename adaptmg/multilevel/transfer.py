@@ -423,8 +423,11 @@ def _q1_forest_csr_fused(coarse, fine, fine_free, coarse_free, H, be, c):
     IK.q1_forest_fill(cnt, kind, hang, codes, ip, c, indices, data)
     if C is not None and C.nnz:
         _write_hanging_entries(xp, C, rows_c, ip, cnt, c, it, indices, data)
-    return be.sparse.csr_matrix((data, indices, _dof_indptr(xp, ip, cnt, nf, c, nnz, it)),
-                                shape=(nf * c, ncn * c), copy=False)
+    A = be.sparse.csr_matrix((data, indices, _dof_indptr(xp, ip, cnt, nf, c, nnz, it)),
+                             shape=(nf * c, ncn * c), copy=False)
+    if not be.is_gpu:
+        A.has_canonical_format = True                 # distinct parents, sorted (the twins: tests)
+    return A
 
 
 def _write_hanging_entries(xp, C, rows_c, ip, cnt, c, it, indices, data):
