@@ -133,7 +133,8 @@ class MultilevelSolver(SolveDriver):
     fuse_transfers_below : int or "auto"
         Fused levels (see ``fuse_below``) with fewer rows than this also fuse the
         transfers into their neighbours, with the products ``R A`` and ``A P`` built
-        once at set-up (CSR, float64 on the host, then cast): the restricted residual
+        once (CSR in float64, then cast; on the second solve, see
+        ``defer_fused_products``): the restricted residual
         ``R (b - A x) = R b - (R A) x`` is one launch over the coarse rows
         (:func:`~adaptmg.device.kernels.csr_restricted_residual`; no fine residual
         pass), and with a Jacobi smoother the correction ``x + P e`` and the first
@@ -150,7 +151,8 @@ class MultilevelSolver(SolveDriver):
         Fused levels (Jacobi smoother, ``presmooth`` 1 or 2) with fewer rows than this run
         the pre-smoothing from zero and the restriction of its residual as one launch:
         ``x = G b`` (``G b`` the sweeps from zero) and ``b_c = S b`` with ``S = R (I - A
-        G)`` built once at set-up (float64 on the host, then cast;
+        G)`` built once (float64, then cast; on the second solve, see
+        ``defer_fused_products``;
         :func:`~adaptmg.device.kernels.csr_smooth_restrict`): one launch instead of two
         (three without fused transfers).  Later visits of a level in W/F-cycles start
         from a non-zero guess and take the usual path.  ``S`` has 49 entries per coarse
