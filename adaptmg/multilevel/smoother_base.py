@@ -146,8 +146,12 @@ class Smoother:
             raise TypeError(f"{type(self).__name__} has no omega='auto' rule")
         xp = self.backend.xp
         v = start_vector(self.n, seed, xp=xp).astype(self.dtype, copy=False)
-        return power_lambda_max(lambda u: self._apply_S(self.A @ u), v, xp.linalg.norm,
-                                iterations, type(self).__name__)
+        Av = xp.empty(self.n, self.dtype)
+
+        def apply(u):          # S A u, A u by the smoother's SpMV plan (cached descriptors)
+            self._Aplan(u, Av, 1.0, 0.0)
+            return self._apply_S(Av)
+        return power_lambda_max(apply, v, xp.linalg.norm, iterations, type(self).__name__)
 
     # subclasses: _setup_host() computes host data, _move() builds device data
     def _setup_host(self):  # pragma: no cover - abstract
