@@ -36,9 +36,8 @@ can record a whole cycle in a CUDA graph and replay it with one launch
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
 
-from ..backend import get_backend, is_device_sparse, is_sparse, to_host
+from ..backend import get_backend, is_device_sparse, is_sparse
 from ..device import kernels as K
 from ..linalg import ConvergenceWarning
 from . import coarse as _coarse
