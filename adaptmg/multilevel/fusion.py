@@ -90,7 +90,7 @@ def set_fuse_transfers_below(ml, rows):
 def set_fuse_presmooth_below(ml, rows):
     """Mark the fused Jacobi levels (``presmooth`` 1 or 2) with fewer than ``rows`` rows for the
     fused pre-smoothing and restriction; their ``S`` is built now or, deferred, on the second
-    use (``"auto"``: also at most :data:`FUSE_PRESMOOTH_MAX_NNZ` entries in ``S``)."""
+    solve (``"auto"``: also at most :data:`FUSE_PRESMOOTH_MAX_NNZ` entries in ``S``)."""
     limit = _limit("fuse_presmooth_below", rows, ml.FUSE_PRESMOOTH_AUTO, ml.backend.is_gpu)
     ml._presmooth_max_nnz = ml.FUSE_PRESMOOTH_MAX_NNZ if rows == "auto" else None
     ml.fuse_presmooth_below = rows
@@ -107,6 +107,7 @@ def set_fuse_presmooth_below(ml, rows):
 
 
 def _transfer_products(ml):
+    """``R A`` (and ``A P``) of the levels marked for the fused transfers, where missing."""
     for lev, d in zip(ml.levels, ml._dev):
         if not d.want_t:
             continue
@@ -120,6 +121,8 @@ def _transfer_products(ml):
 
 
 def _presmooth_products(ml):
+    """``S = R (I - A G)`` of the levels marked for the fused pre-smoothing, where missing
+    (a level whose ``S`` exceeds the ``"auto"`` entry bound is unmarked)."""
     max_nnz = ml._presmooth_max_nnz
     for lev, d in zip(ml.levels, ml._dev):
         if not d.want_s:
