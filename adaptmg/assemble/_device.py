@@ -56,6 +56,7 @@ import functools
 import numpy as np
 
 from ..backend import get_backend, in_host_memory, repeat, stable_argsort, to_host
+from ..fe.csr_ops import row_positions
 from ..fe.sparsity import Pattern, _index_dtype, cell_tables, memoised
 
 __all__ = ["DevicePattern", "get_device_pattern", "row_walk_sum", "MIN_DEVICE_ENTRIES", "KERNEL_NAMES",
@@ -190,22 +191,10 @@ def _kernel(name):
     return xp.ElementwiseKernel(ins, outs, op, f"adaptmg_{name}")
 
 
-def _segment_search(ip, ind, rows, vals, steps):
-    """Positions of the columns ``vals`` in the sorted rows ``rows`` of the CSR index
-    (``ip``, ``ind``), vectorised: ``steps`` >= ceil(log2(longest row)) bisection steps."""
-    lo = ip[rows].astype(np.int64)
-    hi = ip[rows + 1].astype(np.int64) - 1
-    for _ in range(steps):                   # loop over bisection steps only
-        mid = (lo + hi) >> 1
-        go = ind[mid] < vals
-        np.copyto(lo, mid + 1, where=go)
-        np.copyto(hi, mid, where=~go)
-    return lo
-
-
 def _np_row_walk_sum(pat, data, c0, K):
     """NumPy twin of ``adaptmg_row_walk_sum``: the entries' positions by a bisection of their
-    rows, then ``np.add.at`` in (c, i, j) order per field (the same sums, bit for bit)."""
+    rows (:func:`adaptmg.fe.csr_ops.row_positions`), then ``np.add.at`` in (c, i, j) order per
+    field (the same sums, bit for bit)."""
     nc, nr, ncl = pat.cell_shape
     nf, n = K.shape[0], K.shape[1]
     h = lambda a: a.view(np.ndarray)          # noqa: E731  (the tests' device stand-ins: host views)
@@ -218,7 +207,7 @@ def _np_row_walk_sum(pat, data, c0, K):
         cc = ctab[c0 + s:c0 + s + m]
         rows = np.broadcast_to(rc[:, :, None], (m, nr, ncl)).reshape(-1).astype(np.int64)
         vals = np.broadcast_to(cc[:, None, :], (m, nr, ncl)).reshape(-1)
-        pos = _segment_search(ip, ind, rows, vals, pat._steps)
+        pos = row_positions(np, ip, ind, vals, rows=rows)
         for f in range(nf):                  # loop over fields only
             np.add.at(out[:, f], pos, K[f, s:s + m].reshape(-1))
     return data
@@ -374,12 +363,6 @@ class DevicePattern:
             del uk, rows
         rowcnt = xp.concatenate(rowcnt) if rowcnt else xp.zeros(nrows, dtype=xp.int64)
         return lo_hi, rowcnt, (xp.concatenate(pieces) if pieces else xp.zeros(0, dtype=cc.dtype))
-
-    @functools.cached_property
-    def _steps(self):
-        """Bisection steps of the twin's search: ceil(log2(longest row)) + 1 (host only)."""
-        ip = self.d_indptr.view(np.ndarray)
-        return int(np.diff(ip).max() if ip.size > 1 else 0).bit_length() + 1
 
     def _host_index(self):
         if self._host is None:           # downloaded once, only for host results

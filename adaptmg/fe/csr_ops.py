@@ -22,13 +22,15 @@ def csr_entry_rows(indptr, nnz):
 DIAGONAL_SEARCH_NNZ = 2 ** 30
 
 
-def row_positions(xp, indptr, indices, cols):
+def row_positions(xp, indptr, indices, cols, rows=None):
     """Position of the entry ``(i, cols[i])`` of every row ``i`` of a CSR matrix with sorted
-    rows (-1 where the row has none): one vectorised binary search over all rows at once in
-    64-bit positions, ``ceil(log2(longest row + 1))`` steps of O(rows) work (no pass over
-    the entries)."""
-    lo = indptr[:-1].astype(xp.int64)
-    end = indptr[1:].astype(xp.int64)
+    rows (-1 where the row has none), or with ``rows`` of the entries ``(rows[k], cols[k])``:
+    one vectorised binary search over all of them at once in 64-bit positions,
+    ``ceil(log2(longest row + 1))`` steps of O(searches) work (no pass over the entries)."""
+    if rows is None:
+        lo, end = indptr[:-1].astype(xp.int64), indptr[1:].astype(xp.int64)
+    else:
+        lo, end = indptr[rows].astype(xp.int64), indptr[rows + 1].astype(xp.int64)
     hi = end.copy()
     n, nnz = lo.size, int(indices.size)
     if n == 0 or nnz == 0:
