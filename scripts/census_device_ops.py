@@ -428,7 +428,7 @@ def _pattern_kernel(name):
                 host[-1][...] = us
                 return None
             if name == "row_walk_sum":
-                from adaptmg.assemble._device import _segment_search
+                from adaptmg.fe.csr_ops import row_positions
                 inc, inc_ptr, ip, ind, cols, K = host[:6]
                 c0, c1, nr, ncl, nf = (int(v) for v in host[6:11])
                 data = host[-1].reshape(-1, nf)
@@ -437,7 +437,7 @@ def _pattern_kernel(name):
                 p = np.arange(c0 * nr, c1 * nr)                      # the chunk's incidences, (c, i) order
                 r = np.repeat(row_of[p], ncl)
                 s = cols.reshape(-1, ncl)[p // nr].reshape(-1)
-                pos = _segment_search(ip, ind, r, s, int(np.diff(ip).max()).bit_length() + 1)
+                pos = row_positions(np, ip, ind, s, rows=r)
                 for f in range(nf):                                  # loop over fields only
                     np.add.at(data[:, f], pos, K.reshape(nf, -1)[f])
                 return None
