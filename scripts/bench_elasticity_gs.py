@@ -11,6 +11,9 @@ the node-block smoother swapped:
 * ``block_gauss_seidel``: symmetric multicolour block Gauss-Seidel over the node blocks
   (:mod:`adaptmg.multilevel.gauss_seidel`, colouring of the node graph on the solver's
   backend);
+* ``gsfb_fine_bj_coarse``: as ``gs_fine_bj_coarse``, with forward sweeps before the coarse
+  correction and backward ones after it (``smoother_kwargs=({"sweep": "forward"}, {})``; the
+  others sweep symmetrically, forward then backward, twice the launches);
 * ``gs_fine_bj_coarse`` / ``gs_fine2_bj_coarse``: block GS on the finest one / two levels and
   block Jacobi (omega auto per level) below -- ``smoother=("block_gauss_seidel",
   "block_jacobi")``: on the GPU a GS sweep is one launch per colour, which the small,
@@ -99,7 +102,12 @@ SMOOTHERS = {
     "block_gauss_seidel": "block_gauss_seidel",
     "gs_fine_bj_coarse": ("block_gauss_seidel", "block_jacobi"),
     "gs_fine2_bj_coarse": ("block_gauss_seidel", "block_gauss_seidel", "block_jacobi"),
+    "gsfb_fine_bj_coarse": ("block_gauss_seidel", "block_jacobi"),
 }
+#: ``multigrid``'s ``smoother_kwargs`` of a row (None: the defaults, symmetric GS sweeps):
+#: ``gsfb_fine_bj_coarse`` pre-smooths with forward sweeps and post-smooths with their adjoint,
+#: backward sweeps (the cycle stays symmetric), as many one-way sweeps as block Jacobi's steps
+SMOOTHER_KWARGS = {"gsfb_fine_bj_coarse": ({"sweep": "forward"}, {})}
 
 
 def _el():
@@ -227,7 +235,7 @@ def part_static(args, be, log):
         gs_kernels.BLOCK_LAYOUT = layout
         fine_name = finest_spec(name)
         build = lambda: adaptmg.multigrid(space, form, dirichlet="all", smoother=SMOOTHERS[name],  # noqa: E731
-                                          backend=be, max_levels=levels_of(mesh, args.levels),
+                                          smoother_kwargs=SMOOTHER_KWARGS.get(name), backend=be, max_levels=levels_of(mesh, args.levels),
                                           near_nullspace="rigid_body")
         ml = build()                                                    # warm-up (kernels compiled)
         runs = []
@@ -238,7 +246,8 @@ def part_static(args, be, log):
         t_setup = float(np.median([t for t, _ in runs]))
         split = min(runs, key=lambda r: abs(r[0] - t_setup))[1]         # the run nearest the median
         fine = ml._dev[-1]
-        kw = smoother_setup_kwargs(fine_name, None, block_size=3, auto_omega=True)
+        kw = smoother_setup_kwargs(fine_name, (SMOOTHER_KWARGS.get(name) or (None,))[0], block_size=3,
+                                   auto_omega=True)
         sm_setup = timed(be, lambda: make_smoother(fine_name, fine.A, backend=be, **kw))[1]
         # the node-graph colouring alone, on the solver's backend (kernels compiled above)
         col_s = timed(be, lambda: color_graph(fine.A, 3))[1] if fine_name.endswith("seidel") else None
@@ -309,14 +318,16 @@ def part_sweep(args, be, log):
 
 # --------------------------------------------------------------------------- system (GMRES)
 @contextlib.contextmanager
-def smoother_in_run(name):
+def smoother_in_run(name, smoother_kwargs=None):
     """``adaptmg_problems.elasticity.run`` with its multigrid's smoother replaced by ``name``
-    (everything else -- levels, near-nullspace, dtype -- as the problem builds it)."""
+    (and ``smoother_kwargs``; everything else -- levels, near-nullspace, dtype -- as the problem
+    builds it)."""
     el = _el()
     orig = el.multigrid
 
     def mg(*a, **kw):
         kw["smoother"] = name
+        kw["smoother_kwargs"] = smoother_kwargs
         return orig(*a, **kw)
     el.multigrid = mg
     try:
@@ -328,7 +339,7 @@ def smoother_in_run(name):
 def part_system(args, be, log):
     rows = []
     for name in args.smoothers:
-        with smoother_in_run(SMOOTHERS[name]) as el:
+        with smoother_in_run(SMOOTHERS[name], SMOOTHER_KWARGS.get(name)) as el:
             kw = dict(backend=be, quiet=True, tol=args.tol, rtol=args.system_rtol, levels=args.levels)
             el.run(args.case, args.size, steps=2, **kw)                 # warm-up
             runs = [el.run(args.case, args.size, steps=args.steps, **kw) for _ in range(args.repeat)]

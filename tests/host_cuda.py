@@ -78,7 +78,7 @@ class HostFunction:
     def __init__(self, code, name, tmp):
         self.code, self.name, self.tmp = code, name, tmp
 
-    def __call__(self, grid, block, args):
+    def __call__(self, grid, block, args, shared_mem=0):
         grid = tuple(int(g) for g in grid) + (1,) * (2 - len(grid))
         assert len(grid) == 2 and min(grid) > 0, grid
         kinds = tuple("array" if isinstance(a, np.ndarray) else type(a) for a in args)

@@ -60,7 +60,7 @@ from ..multilevel.coloring import csr_row_positions
 from .kernels import _ctype as ctype_of
 
 __all__ = ["make_colored_sweep", "ColoredSweep", "MAX_GPU_BLOCK", "SLICED", "kernel_name",
-           "gs_threads_per_row", "colour_slices", "colour_rows",
+           "gs_threads_per_row", "GS_MIN_THREADS", "colour_slices", "colour_rows",
            "colour_blocks", "node_blocks", "BLOCK_LAYOUT", "LAYOUTS", "THREADS_PER_ROW", "resolve_layout"]
 
 #: largest block size with a device kernel (the node's residual lives in registers)
@@ -308,8 +308,15 @@ class _CpuColoredSweep(ColoredSweep):
 SLICED = True
 
 
-def gs_threads_per_row(nnz_per_row: float) -> int:
-    """Threads per row of the colour kernels: the power of two <= min(32, nnz_per_row).
+#: lanes a colour launch should fill before its rows get more lanes each (2^16: about half an
+#: H200's resident threads)
+GS_MIN_THREADS = 1 << 16
+
+
+def gs_threads_per_row(nnz_per_row: float, rows=None) -> int:
+    """Threads per row of the colour kernels: the power of two <= min(32, nnz_per_row), then
+    doubled (up to 32) while a launch of ``rows`` rows would have fewer than
+    :data:`GS_MIN_THREADS` lanes.
 
     A colour holds 1/K of the rows (K = 7-15 colours for 3-D Q1), so a colour launch has few
     rows and each thread's loop over its row is a chain of dependent loads (``indices[k]``,
@@ -321,10 +328,16 @@ def gs_threads_per_row(nnz_per_row: float) -> int:
     CG solve 83.9 -> 22.9 ms (block Jacobi: 0.23 ms and 4.3 ms).  Reading a node's c rows
     as one contiguous range in one strided loop instead of one loop per row measured
     the same (2.46 ms): what is left is launches and the load chain nodes -> indptr ->
-    indices -> x of each small launch."""
+    indices -> x of each small launch.  The split kernel's V-cycle with every colour at
+    8 / 16 / 32 lanes a node row (27 blocks a row; H200, ``dev``-style A/B): edge 6, 2.3k
+    nodes a colour, 0.84 / 0.73 / 0.67 ms; edge 10 (1,683,867 DoFs, 37k nodes a colour)
+    3.20 / 3.52 / 4.60 ms -- hence the lane floor ``rows``."""
     t = 1
     while t < 32 and 2 * t <= nnz_per_row:
         t *= 2
+    if rows is not None:
+        while t < 32 and int(rows) * t < GS_MIN_THREADS:
+            t *= 2
     return t
 
 
@@ -435,12 +448,13 @@ class _GpuColoredSweep(ColoredSweep):
             slices = colour_slices(A, groups, c) if sliced else \
                 [(None, A.indptr, A.indices, A.data)] * len(groups)
             per_row = A.nnz / max(A.shape[0], 1)
-        self._tpr = tpr = THREADS_PER_ROW or gs_threads_per_row(per_row)
+        self._tpr = THREADS_PER_ROW or gs_threads_per_row(per_row)
         self.slices = [sl[1:] for sl in slices]
         flag = () if bsr else (np.int32(1 if sliced else 0),)
         self._launch = []
         for g, sl in zip(groups, self.slices):
             m = int(g.shape[0])
+            tpr = THREADS_PER_ROW or gs_threads_per_row(per_row, m)     # more lanes for small colours
             grid = ((m * tpr + self._THREADS - 1) // self._THREADS,)
             self._launch.append((grid, (np.int32(m), np.int32(tpr)) + flag + (g.astype(xp.int32),) + sl))
 

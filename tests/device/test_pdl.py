@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from adaptmg.device import pdl
+from adaptmg.device import gs_split
 from adaptmg.device import kernels as K
 from adaptmg.linalg import graph_cg
 
@@ -13,7 +14,8 @@ from adaptmg.linalg import graph_cg
 # matrix, the rows of a row-compressed block (grow) -- never written by a kernel of a graph,
 # so a kernel may read them before the wait
 SETUP = {"indptr", "indices", "data", "ap", "ai", "ad", "sp", "si", "sd", "rp", "ri", "rd",
-         "qp", "qi", "qd", "pp", "pi", "pd", "dinv", "M", "grow"}
+         "qp", "qi", "qd", "pp", "pi", "pd", "dinv", "M", "grow",
+         "nodes", "bptr", "nlow", "bcol", "bval", "dval", "binv"}     # the split GS plan's
 
 
 def _kernels(src):
@@ -37,14 +39,17 @@ def test_grid_wait_inserted_where_missing():
     assert pdl.with_grid_wait("__device__ int f() { return 1; }").endswith("return 1; }")
 
 
-@pytest.mark.parametrize("src", [K._CSR_SRC, graph_cg._SRC], ids=["csr", "graph_cg"])
-def test_kernels_read_only_setup_data_before_the_wait(src):
+@pytest.mark.parametrize("src, count", [(K._CSR_SRC, 4), (graph_cg._SRC, 4),
+                                        (gs_split._SPLIT_SRC.replace("{C}", "3").replace("{PRE}", "true")
+                                         .replace("{SUFFIX}", "_pre"), 1)],
+                         ids=["csr", "graph_cg", "gs_split"])
+def test_kernels_read_only_setup_data_before_the_wait(src, count):
     """The PDL contract, read off the source: in every kernel, each path meets the wait,
     and the code before a wait (back to the kernel head, an earlier wait or an else
     branch) names no pointer argument but set-up data (vectors are written by the kernel
     before, which may still run)."""
     kernels = _kernels(pdl.with_grid_wait(src.replace("{T}", "double")))
-    assert len(kernels) >= 4
+    assert len(kernels) >= count
     for name, params, body in kernels:
         assert "ADAPTMG_GRID_WAIT()" in body, name
         lines = body.split("\n")

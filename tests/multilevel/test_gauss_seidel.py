@@ -614,3 +614,15 @@ def test_colour_kernel_threads_per_row():
     full warp, 3-D Q1 Poisson (27) 16 lanes, 2-D Q1 (9) 8, a diagonal matrix one."""
     from adaptmg.device.gs_kernels import gs_threads_per_row
     assert [gs_threads_per_row(v) for v in (0.5, 1, 3, 9, 27, 33, 81)] == [1, 1, 2, 8, 16, 32, 32]
+
+
+def test_small_colour_launches_get_more_lanes_a_row():
+    """A launch of few rows doubles its lanes a row until it fills GS_MIN_THREADS lanes (at most
+    a warp a row); a large one keeps the one-entry-a-lane rule."""
+    from adaptmg.device.gs_kernels import GS_MIN_THREADS, gs_threads_per_row
+    assert gs_threads_per_row(9, GS_MIN_THREADS // 8) == 8
+    assert gs_threads_per_row(9, GS_MIN_THREADS // 8 - 1) == 16
+    assert gs_threads_per_row(9, GS_MIN_THREADS // 32) == 32
+    assert gs_threads_per_row(9, 10) == 32
+    assert gs_threads_per_row(1, 10 * GS_MIN_THREADS) == 1
+    assert gs_threads_per_row(27, GS_MIN_THREADS) == 16

@@ -273,7 +273,7 @@ def test_device_sweep_equals_the_scipy_colour_updates(device, case, monkeypatch)
     x0, b = rng.standard_normal(A.shape[0]), rng.standard_normal(A.shape[0])
     for tpr in (None, 1):
         if tpr:
-            monkeypatch.setattr(gs_kernels, "gs_threads_per_row", lambda nnz: tpr)
+            monkeypatch.setattr(gs_kernels, "gs_threads_per_row", lambda nnz, rows=None: tpr)
         for sweep, omega in (("forward", 1.0), ("symmetric", 1.3)):
             dev = GaussSeidel(device.asmatrix(A), sweep=sweep, omega=omega, backend=device, **kw)
             assert dev._plan.sliced == gs_kernels.SLICED or layout == "bsr"

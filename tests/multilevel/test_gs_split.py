@@ -80,7 +80,7 @@ def test_split_sweeps_equal_the_colour_updates(request, split, monkeypatch, case
     """smooth / smooth_adjoint of every sweep kind, omega 1 and 1.3, 1-3 sweeps, from x0 and
     from zero: the colour updates with SciPy row slices in the same order, within 100 eps, and
     smooth's ``residual`` b - A x within 100 eps (device: the kernel source on host threads,
-    the default threads per row and one)."""
+    the default threads per row with the prefetching kernel, and one thread a row without it)."""
     be = request.getfixturevalue("device") if where != "host" else CPU
     make, c = CASES[case]
     A = make()
@@ -90,6 +90,7 @@ def test_split_sweeps_equal_the_colour_updates(request, split, monkeypatch, case
     tprs = (None, 1) if be.is_gpu else (None,)
     for tpr in tprs:
         monkeypatch.setattr(gs_kernels, "THREADS_PER_ROW", tpr)
+        monkeypatch.setattr(gs_split, "PREFETCH_MAX_THREADS", 0 if tpr == 1 else 1 << 17)
         kinds = (("forward", 1.0), ("symmetric", 1.0), ("backward", 1.3), ("symmetric", 1.3))
         for sweep, omega in kinds[1::2] if be.is_gpu else kinds:        # host threads are slow
             sm = GaussSeidel(be.asmatrix(A) if be.is_gpu else A, sweep=sweep, omega=omega, backend=be, **kw)
@@ -306,18 +307,19 @@ def test_gpu_split_sweeps_equal_the_host_twin_and_the_bsr_plan(dtype, tol, monke
         x0, b = rng.standard_normal(A.shape[0]).astype(dtype), rng.standard_normal(A.shape[0]).astype(dtype)
         for sweep, omega in (("forward", 1.0), ("symmetric", 1.0), ("symmetric", 1.3)):
             out = {}
-            for layout, be in (("split", gpu), ("split", CPU), ("bsr", gpu)):
-                monkeypatch.setattr(gs_kernels, "BLOCK_LAYOUT", layout)
+            for layout, be in (("split", gpu), ("split", CPU), ("bsr", gpu), ("split-noprefetch", gpu)):
+                monkeypatch.setattr(gs_kernels, "BLOCK_LAYOUT", layout.split("-")[0])
+                monkeypatch.setattr(gs_split, "PREFETCH_MAX_THREADS", 0 if "-" in layout else 1 << 17)
                 sm = GaussSeidel(be.asmatrix(A) if be.is_gpu else A, sweep=sweep, omega=omega, block_size=c,
                                  backend=be, dtype=dtype)
-                assert isinstance(sm._plan, SplitColoredSweep) == (layout == "split")
+                assert isinstance(sm._plan, SplitColoredSweep) == layout.startswith("split")
                 for zero in (False, True):
                     x = be.asarray(x0.copy())
                     sm.smooth(x, be.asarray(b), 2, zero_initial=zero)
                     out[layout, be.name, zero] = to_host(x)
             for zero in (False, True):
                 ref = out["split", "cpu", zero]
-                for key in (("split", "gpu", zero), ("bsr", "gpu", zero)):
+                for key in (("split", "gpu", zero), ("bsr", "gpu", zero), ("split-noprefetch", "gpu", zero)):
                     err = np.abs(out[key] - ref).max() / np.abs(ref).max()
                     assert err <= tol, (c, sweep, omega, key, err)
 
