@@ -451,15 +451,13 @@ def _fused_kernel(name):
     from adaptmg.backend import CPU
     from adaptmg.device import index_kernels
 
-    def launch(*args):
+    def launch(*args, size=None):
         _record("launch", f"kernel:{name}")
         with _nested():
             host = [_base(a) for a in args]
-            if name == "hanging_candidates":
-                seen, kind, par, jump, _, d = host
-                ok = np.zeros(seen.shape, dtype=bool)
-                ok[index_kernels.hanging_candidates(seen, kind, par, jump, int(d))] = True
-                return ok.view(ndarray)
+            if name == "registry_midpoints":
+                K, ent, ne, _, keys, _, vals, seen = host
+                return index_kernels.registry_midpoints(K, ent, keys, vals, seen).ravel().view(ndarray)
             if name == "face_corners":
                 Vs, W, par, cor, _, _, _, ok, R = host
                 R[...], ok[...] = index_kernels.face_corners(Vs, W, par, cor, cor.astype(np.int64))

@@ -17,14 +17,16 @@ the device.
 Kernels
 =======
 
-``hanging_candidates``
-    The forest nodes ``i`` (ascending) that can hang on the mesh: a vertex of one of the
-    cells looked at (``seen[i]``), an edge midpoint or a face centre
-    (:math:`1 \le \mathrm{kind}_i < d`), and every one of its (up to 4) parents
-    :math:`p` a node where cells of two levels meet (``jump[p]``):
+``registry_midpoints``
+    The registered midpoints of the edges (or centres of the faces) of cells, where they are
+    vertices of the cells looked at: for cell row ``r`` (forest vertex ids :math:`K_{r\cdot}`)
+    and entity ``e`` with local vertices :math:`v_{e0}, v_{e1}` (an edge) or
+    :math:`v_{e0..e3}` (a face, lexicographic), the key is :math:`(a \ll 32) | b` with
+    :math:`a, b` the edge's sorted ends, or the face's smallest corner and the corner
+    diagonally opposite (:math:`v_{e,3-j}` of :math:`v_{ej}`), as the forest registers them;
+    a binary search in the sorted registry ``keys`` gives the node :math:`n` (``vals``), and
 
-    .. math::  C = \{ i : s_i \wedge 1 \le k_i < d \wedge
-               \forall j < 4:\ P_{ij} < 0 \vee J_{P_{ij}} \}.
+    .. math::  M_{re} = n \text{ if the key is registered and } s_n, \text{ else } -1.
 
 ``face_corners``
     The reference coordinates, in the neighbour cell, of the vertices ``v`` of matched faces
@@ -92,27 +94,43 @@ import functools
 
 import numpy as np
 
-from ..backend import backend_of, get_backend, in_host_memory, repeat, to_host
+from ..backend import backend_of, constant, get_backend, in_host_memory, repeat, to_host
 
-__all__ = ["hanging_candidates", "face_corners", "grouped_table_product", "ColumnGroups",
+__all__ = ["registry_midpoints", "face_corners", "grouped_table_product", "ColumnGroups",
            "csr_row_entries", "constrained_csr", "constrained_rows", "weight_rows_csr",
            "q1_forest_rows", "q1_forest_fill", "FUSED", "KERNEL_NAMES"]
 
 #: the fused functions of this module (the census counts a call as one launch)
-FUSED = ("hanging_candidates", "face_corners", "grouped_table_product", "csr_row_entries",
+FUSED = ("registry_midpoints", "face_corners", "grouped_table_product", "csr_row_entries",
          "constrained_csr_count", "constrained_csr_fill", "constrained_rows_count", "constrained_rows_fill",
          "weight_rows_count", "weight_rows_fill", "q1_forest_rows", "q1_forest_fill")
 
 _SPECS = {
-    # one thread per forest node; par (nn, stride) row-major, -1 padded; jump by node
-    "hanging_candidates": (
-        "bool seen, int8 kind, raw P par, raw bool jump, int32 stride, int32 d", "bool ok",
-        "bool r = seen && kind >= 1 && kind < d;"
-        " for (int j = 0; r && j < 4; ++j) {"
-        "   long long p = (long long)par[(long long)i * stride + j];"
-        "   if (p >= 0 && !jump[p]) r = false;"
+    # one thread per (cell, entity); K (n, nv) row-major vertex ids, ent (ne, 4) local
+    # vertices (an edge: 2, -1 padded; a face: 4, lexicographic); keys sorted
+    "registry_midpoints": (
+        "raw C K, raw int32 ent, int32 ne, int32 nv, raw int64 keys, int64 nkeys, raw V vals,"
+        " raw bool seen", "int64 m",
+        "long long row = i / ne; int e = (int)(i % ne);"
+        " const int* t = &ent[e * 4];"
+        " long long a = (long long)K[row * nv + t[0]], b = (long long)K[row * nv + t[1]], lo, hi;"
+        " if (t[2] < 0) { lo = a < b ? a : b; hi = a < b ? b : a; }"
+        " else {"
+        "   long long c2 = (long long)K[row * nv + t[2]], c3 = (long long)K[row * nv + t[3]];"
+        "   lo = min(min(a, b), min(c2, c3));"
+        "   hi = a == lo ? c3 : (b == lo ? c2 : (c2 == lo ? b : a));"
         " }"
-        " ok = r;"),
+        " long long key = (lo << 32) | hi, first = 0, count = nkeys;"
+        " while (count > 0) {"
+        "   long long step = count / 2, mid = first + step;"
+        "   if (keys[mid] < key) { first = mid + 1; count -= step + 1; } else count = step;"
+        " }"
+        " long long n = -1;"
+        " if (first < nkeys && keys[first] == key) {"
+        "   long long v = (long long)vals[first];"
+        "   if (seen[v]) n = v;"
+        " }"
+        " m = n;"),
     # one thread per (face, face vertex): its corner in the neighbour, or its parents' mean
     "face_corners": (
         "V v, raw V W, raw P par, raw F cor, int32 nfv, int32 nv, int32 d", "bool ok, raw float64 R",
@@ -244,28 +262,32 @@ def _kernel(name: str):
     return xp.ElementwiseKernel(ins, outs, op, f"adaptmg_{name}")
 
 
-def hanging_candidates(seen, kind, par, jump, dim: int):
-    """Ascending forest node ids ``i`` with ``seen[i]``, ``1 <= kind[i] < dim`` and each of
-    ``par[i, :4]`` negative (padding) or a ``jump`` node (the module's formula).  ``seen``,
-    ``jump`` (nn,) bool, ``kind`` (nn,) int8, ``par`` (nn, >= 4) int node parents, the first
-    two valid for every edge midpoint / face centre.  One kernel and one ``flatnonzero`` on
-    the device; the twin filters step by step (few candidates survive each step)."""
-    xp = backend_of(seen).xp
-    if not in_host_memory(seen):
-        ok = _kernel("hanging_candidates")(seen, kind, par, jump, np.int32(par.shape[1]),
-                                           np.int32(dim))
-        return xp.flatnonzero(ok)
-    cand = xp.flatnonzero(seen)
-    k = kind.take(cand)
-    cand = cand[(k >= 1) & (k < dim)]
-    # first by their first two parents (every candidate has them): flat gathers of two
-    # columns instead of the (candidates, 4) parent rows, one flatnonzero for both
-    flat_par = par.reshape(-1)
-    at = cand * par.shape[1]
-    cand = cand.take(xp.flatnonzero(jump.take(flat_par.take(at)) & jump.take(flat_par.take(at + 1))))
-    gpar = par[cand, :4]
-    valid = gpar >= 0
-    return cand.take(xp.flatnonzero((jump[xp.where(valid, gpar, 0)] | ~valid).all(axis=1)))
+def registry_midpoints(K, ent, keys, vals, seen):
+    """The (n, ne) int64 registered midpoints / centres ``M`` of the entities ``ent`` (ne, 4)
+    int32 local vertices -- edges ``[a, b, -1, -1]`` or faces (4 corners, lexicographic), all
+    of one kind -- of the cells ``K`` (n, nv) forest vertex ids, in the sorted registry
+    ``keys`` -> ``vals`` (int64; :class:`adaptmg.mesh._tree.Forest`), -1 where the key is not
+    registered or its node is not ``seen`` (the module's formula).  One kernel on the device;
+    the twin: the keys by whole-array operations and one ``searchsorted``."""
+    xp = backend_of(K).xp
+    n, ne = int(K.shape[0]), int(ent.shape[0])
+    if not in_host_memory(K):
+        return _kernel("registry_midpoints")(K, constant(ent, xp, np.int32), np.int32(ne),
+                                             np.int32(K.shape[1]), keys, np.int64(keys.size), vals, seen,
+                                             size=n * ne).reshape(n, ne)
+    e = np.asarray(ent)
+    C = [xp.take(K, xp.asarray(e[:, j]), axis=1).astype(np.int64) for j in range(2 if e[0, 2] < 0 else 4)]
+    if len(C) == 2:
+        lo, hi = xp.minimum(C[0], C[1]), xp.maximum(C[0], C[1])
+    else:
+        lo = xp.minimum(xp.minimum(C[0], C[1]), xp.minimum(C[2], C[3]))
+        hi = xp.where(C[0] == lo, C[3], xp.where(C[1] == lo, C[2], xp.where(C[2] == lo, C[1], C[0])))
+    key = (lo << 32) | hi
+    if keys.size == 0:
+        return xp.full(key.shape, -1, dtype=np.int64)
+    at = xp.minimum(xp.searchsorted(keys, key), keys.size - 1)
+    node = vals.take(at).astype(np.int64)
+    return xp.where((keys.take(at) == key) & seen.take(node), node, -1)
 
 
 def face_corners(Vs, W, par, cor, cor_i):

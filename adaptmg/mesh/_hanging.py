@@ -1,64 +1,88 @@
 """Hanging nodes of a mesh of a refinement forest, in the forest's node ids.
 
 A vertex of an active cell hangs when it lies inside an edge (weights 1/2, 1/2) or a face (4 x
-1/4) of a coarser active cell.  Its parents (the edge's ends, the face's corners) are then
-vertices of active cells of two levels; on a 2:1 mesh of one forest the hanging node is a
-vertex of one of the fine cells beside the coarse edge/face, and each of those holds one of
-the parents.  So: the nodes where cells of two levels meet (:func:`._touch.level_jumps`), the
-cells touching them, the edge midpoints and face centres among those cells' vertices whose
-parents all are such nodes, and the active cell that holds all of a candidate's parents
-(:func:`._join.cells_holding`).  No numbering of the mesh's nodes is needed: this runs on the
-forest ids of the cells' vertices and can go beside the numbering.
+1/4) of a coarser active cell.  The forest registers the midpoint of every edge and the centre
+of every face it ever split, keyed by the edge's end points / the face's smallest corner and
+the corner diagonally opposite (:mod:`._tree`).  So the hanging nodes are the registered
+midpoints and centres of the edges and faces of active cells that are vertices of active
+cells: one lookup per (cell, edge) and (cell, face) in the sorted registries (one kernel on
+the device, :func:`~adaptmg.device.index_kernels.registry_midpoints`).  Only cells
+that can take part are looked at: on a 2:1 mesh a hanging node and its parents are vertices
+of cells beside a level jump (:func:`._touch.level_jumps`), and the cell whose edge/face
+holds it is coarser than the finest of those.  No numbering of the mesh's nodes is needed:
+this runs on the forest ids of the cells' vertices and can go beside the numbering.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from ..backend import backend_of, repeat, stable_argsort
-from ..device.index_kernels import hanging_candidates
+from ..backend import backend_of, stable_argsort
+from ..device.index_kernels import registry_midpoints
 from . import _touch
-from ._join import cells_holding
+from . import reference as ref
 
 __all__ = ["hanging_in_forest", "number_hanging", "hanging_weights"]
+
+
+@functools.lru_cache(maxsize=None)
+def _entities(dim):
+    """``[(ent, kind)]``: the local vertices (ne, 4) int32 of a cell's edges (``[a, b, -1, -1]``)
+    and, in 3-D, faces (4 corners, lexicographic), with the registry that keys them."""
+    e = ref.edges(dim)
+    out = [(np.concatenate([e, np.full((e.shape[0], 2), -1)], axis=1).astype(np.int32), "edge")]
+    if dim == 3:
+        out.append((ref.face_vertices(3).astype(np.int32), "face"))
+    return out
 
 
 def hanging_in_forest(F, cells, levels):
     """``(nodes, parents (nh, 4) -1 padded, owner cell, (node, cell) pairs)`` of the hanging
     nodes of the mesh whose active cells have the forest vertex ids ``cells`` (nc, 2^d) and
     the refinement ``levels``: forest node ids, nodes ascending; the owner is the first
-    active cell (index into ``cells``) holding all the node's parents, the pairs list every
-    such cell.  A mesh whose cells all have one level has none (returned at once: uniform
-    meshes, e.g. every level of a global-coarsening hierarchy of a uniform mesh).  Arrays of
-    the forest's backend (NumPy or CuPy; the same integers), O(levels) scalars to the host."""
+    active cell (index into ``cells``) whose edge/face holds the node, the pairs list every
+    such cell (by node, then cell).  A mesh whose cells all have one level has none (returned
+    at once: uniform meshes, e.g. every level of a global-coarsening hierarchy of a uniform
+    mesh).  Arrays of the forest's backend (NumPy or CuPy; the same integers), O(1) scalars
+    to the host."""
     xp = F.backend.xp
     if levels.size == 0 or bool(levels.min() == levels.max()):
         e64, e32 = xp.zeros(0, dtype=np.int64), xp.zeros(0, dtype=np.int32)
         return e64, xp.zeros((0, 4), dtype=np.int64), e32, (e64.copy(), e32.copy())
     d, nf, nc = F.dim, F.num_nodes, cells.shape[0]
-    jump, rows = _touch.level_jumps(cells, nf, levels.astype(F.cell_level.dtype))
+    _, rows = _touch.level_jumps(cells, nf, levels.astype(F.cell_level.dtype))
     sub = cells if rows is None else xp.take(cells, rows, axis=0)
-    # candidates: edge midpoints and face centres among the vertices of those cells
-    seen = xp.zeros(nf, dtype=bool)
+    seen = xp.zeros(nf, dtype=bool)                       # vertices of the cells beside a jump
     seen[sub] = True
-    cand = hanging_candidates(seen, F.node_kind, F.node_par, jump, d)
-    gpar = F.node_par[cand, :4].astype(np.int64)
-    valid = gpar >= 0
-    npar = valid.sum(1)                                   # 2 for an edge midpoint, 4 for a face centre
-    vat = xp.flatnonzero(valid.ravel())                   # the parents, row by row: gpar[valid]
-    rows_h = repeat(xp.arange(cand.size), npar, vat.size)
-    # the holder of a hanging node's parents is coarser than the cells with the node as a
-    # vertex, which are among these cells too: none of their finest level holds one (after a
-    # local refinement of a uniform mesh: the join runs over the few coarse cells beside it)
     lsub = levels if rows is None else levels.take(rows)
-    own = xp.flatnonzero(lsub < lsub.max())
-    r, c = cells_holding(xp.take(sub, own, axis=0), rows_h, gpar.ravel().take(vat), npar, nf)
-    c = own.take(c) if rows is None else rows.take(own.take(c))
-    c = c.astype(np.int32 if nc <= np.iinfo(np.int32).max else np.int64)
-    first = xp.ones(r.size, dtype=bool)
-    first[1:] = r[1:] != r[:-1]
-    first = xp.flatnonzero(first)                         # one read for both gathers
-    rows_h = r.take(first)
-    return cand[rows_h], xp.where(valid[rows_h], gpar[rows_h], -1), c.take(first), (cand[r], c)
+    own = xp.flatnonzero(lsub < lsub.max())               # the cells that may hold one
+    K = xp.take(sub, own, axis=0)
+    regs = {"edge": (F.edge_keys, F.edge_nodes), "face": (F.face_keys, F.face_nodes)}
+    # each (cell, edge / face): its registered midpoint / centre if that is a vertex here, else -1
+    M = [registry_midpoints(K, ent, *regs[kind], seen) for ent, kind in _entities(d)]
+    ne = [int(m.shape[1]) for m in M]
+    M = xp.concatenate(M, axis=1) if len(M) > 1 else M[0]
+    at = xp.flatnonzero(M.ravel() >= 0)
+    node, cell = M.ravel().take(at), own.take(at // sum(ne))
+    if rows is not None:
+        cell = rows.take(cell)
+    # by node, then cell (a cell holds a node on one edge/face at most: the pairs are distinct):
+    # one sort of the packed pairs (node ids < 2^31), unless the cells need more than 32 bits
+    if nc < 2 ** 32:
+        key = (node << 32) | cell
+        key.sort()
+        node, cell = key >> 32, key & 0xFFFFFFFF
+    else:
+        order = xp.lexsort(xp.stack([cell, node]))
+        node, cell = node.take(order), cell.take(order)
+    cell = cell.astype(np.int32 if nc <= np.iinfo(np.int32).max else np.int64)
+    first = xp.ones(node.size, dtype=bool)
+    first[1:] = node[1:] != node[:-1]
+    first = xp.flatnonzero(first)
+    nodes = node.take(first)
+    parents = F.node_par.take(nodes, axis=0)[:, :4].astype(np.int64)    # -1 padded past 2 (edges)
+    return nodes, parents, cell.take(first), (node, cell)
 
 
 def number_hanging(found, pos):

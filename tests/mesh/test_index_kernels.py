@@ -20,15 +20,17 @@ def _mesh(dim, backend="cpu"):
     return m
 
 
-def _inputs(m):
-    """(seen, kind, par, jump, dim) as ``hanging_in_forest`` hands them to the kernel."""
-    F, cells, levels = m._forest, m._active_cell_nodes(), m.levels
+def _inputs(m, face=False):
+    """(K, ent, keys, vals, seen) as ``hanging_in_forest`` hands them to the kernel: every
+    active cell, its edges (or faces) and the forest's registry, ``seen`` every vertex."""
+    from adaptmg.mesh._hanging import _entities
+    F, cells = m._forest, m._active_cell_nodes()
     xp = F.backend.xp
-    jump, rows = _touch.level_jumps(cells, F.num_nodes, levels.astype(F.cell_level.dtype))
-    sub = cells if rows is None else xp.take(cells, rows, axis=0)
     seen = xp.zeros(F.num_nodes, dtype=bool)
-    seen[sub] = True
-    return seen, F.node_kind, F.node_par, jump, F.dim
+    seen[cells] = True
+    ent = _entities(F.dim)[1 if face else 0][0]
+    keys, vals = (F.face_keys, F.face_nodes) if face else (F.edge_keys, F.edge_nodes)
+    return cells, ent, keys, vals, seen
 
 
 def _census_module(monkeypatch):
@@ -42,46 +44,87 @@ def _census_module(monkeypatch):
     return census
 
 
-@pytest.mark.parametrize("dim", [2, 3])
-def test_hanging_candidates_twin_is_the_formula(dim):
-    seen, kind, par, jump, d = _inputs(_mesh(dim))
-    got = index_kernels.hanging_candidates(seen, kind, par, jump, d)
-    want = [i for i in range(seen.size)
-            if seen[i] and 1 <= kind[i] < d and all(p < 0 or jump[p] for p in par[i, :4])]
-    assert len(want) > 10                                   # the mesh has candidates to find
+@pytest.mark.parametrize("dim, face", [(2, False), (3, False), (3, True)])
+def test_registry_midpoints_twin_is_the_formula(dim, face):
+    """Cell by cell and entity by entity: the registered midpoint (centre) of the edge (face),
+    found by comparing the key with every registry entry, where it is a vertex of the mesh."""
+    K, ent, keys, vals, seen = _inputs(_mesh(dim), face)
+    got = index_kernels.registry_midpoints(K, ent, keys, vals, seen)
+    reg = dict(zip(keys.tolist(), vals.tolist()))
+    want = np.full(got.shape, -1)
+    for r in range(K.shape[0]):
+        for e, loc in enumerate(ent):
+            v = [int(K[r, j]) for j in loc if j >= 0]
+            if len(v) == 2:
+                lo, hi = min(v), max(v)
+            else:                       # smallest corner and the one diagonally opposite
+                j = int(np.argmin(v))
+                lo, hi = v[j], v[3 - j]
+            n = reg.get((lo << 32) | hi, -1)
+            want[r, e] = n if n >= 0 and seen[n] else -1
+    assert (want >= 0).sum() > 10                           # the mesh has midpoints to find
     np.testing.assert_array_equal(got, want)
-    # every candidate of a 2:1 mesh's hanging nodes is among them
-    assert np.isin(m_hanging_forest(dim), got).all()
 
 
-def m_hanging_forest(dim):
-    return _mesh(dim)._hanging_forest[0]
+def _vertex_on_entity_interior(m):
+    """Brute force, by coordinates: the mesh nodes at the midpoint of an edge or the centre of a
+    face of an active cell (2:1 meshes: the hanging nodes), sorted."""
+    from adaptmg.mesh import reference as ref
+    X, C, d = m.points, m.cells, m.dim
+    mids = [X[C[:, list(e)]].mean(axis=1) for e in ref.edges(d)]
+    if d == 3:
+        mids += [X[C[:, list(f)]].mean(axis=1) for f in ref.face_vertices(3)]
+    P = np.concatenate(mids)
+    key = lambda Y: {tuple(np.round(y * 2 ** 20).astype(np.int64)) for y in Y}    # noqa: E731
+    inside = key(P)
+    return np.array(sorted(i for i, x in enumerate(X) if tuple(np.round(x * 2 ** 20).astype(np.int64)) in inside
+                           and i in set(C.ravel().tolist())))
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_hanging_nodes_are_the_vertices_inside_an_edge_or_face(dim):
+    """The registry path finds exactly the vertices of active cells lying at the midpoint of an
+    active cell's edge or the centre of its face (coordinates, cell by cell), on a graded mesh
+    and on each level of its global-coarsening hierarchy; the owner holds its node."""
+    rng = np.random.default_rng(dim)
+    m = adaptmg.Mesh.box([0.0] * dim, [1.0] * dim, [3] * dim)
+    for _ in range(3):
+        m = m.refine(rng.random(m.num_cells) < 0.25)
+    found = 0
+    for lev in m.hierarchy():
+        want = _vertex_on_entity_interior(lev)
+        np.testing.assert_array_equal(lev.hanging_nodes, want)
+        own = lev.cells[lev.hanging_owner]
+        par = lev.hanging_parents
+        assert all(set(p[p >= 0]) <= set(c) for p, c in zip(par, own))
+        found += want.size
+    assert found > 20
 
 
 def test_census_runs_each_fused_kernel_once_per_call(monkeypatch):
-    """The census's stand-in runs the device path (kernel, then flatnonzero) with the same
-    integers as the twin, so its operation counts are those of the device."""
+    """The census's stand-in runs the device path (one kernel) with the same integers as the
+    twin, so its operation counts are those of the device."""
     census = _census_module(monkeypatch)
     host = _inputs(_mesh(2))
-    want = index_kernels.hanging_candidates(*host)
-    dev = [census.xp.asarray(a) if isinstance(a, np.ndarray) else a for a in host]
+    want = index_kernels.registry_midpoints(*host)
+    dev = [census.xp.asarray(a) if isinstance(a, np.ndarray) and a is not host[1] else a for a in host]
     census.RECORDS.clear()
-    got = index_kernels.hanging_candidates(*dev)
+    got = index_kernels.registry_midpoints(*dev)
     np.testing.assert_array_equal(np.asarray(got.view(np.ndarray)), want)
     names = sorted(k[3] for k, n in census.RECORDS.items() for _ in range(n))
-    assert names == ["flatnonzero", "kernel:hanging_candidates"]
+    assert "kernel:registry_midpoints" in names and names.count("kernel:registry_midpoints") == 1
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dim", [2, 3])
-def test_hanging_candidates_kernel_equals_twin(dim):
+@pytest.mark.parametrize("dim, face", [(2, False), (3, False), (3, True)])
+def test_registry_midpoints_kernel_equals_twin(dim, face):
     from adaptmg.backend import to_host
-    dev = _inputs(_mesh(dim, backend="gpu"))
-    host = [to_host(a) if not isinstance(a, int) else a for a in dev]
-    got = index_kernels.hanging_candidates(*dev)
+    dev = _inputs(_mesh(dim, backend="gpu"), face)
+    host = [to_host(a) if not isinstance(a, np.ndarray) else a for a in dev]
+    got = index_kernels.registry_midpoints(*dev)
     assert not isinstance(got, np.ndarray)                  # the kernel ran
-    want = index_kernels.hanging_candidates(*host)
-    assert want.size > 10
+    want = index_kernels.registry_midpoints(*host)
+    assert (want >= 0).sum() > 10
     np.testing.assert_array_equal(to_host(got), want)
     m = _mesh(dim, backend="gpu")
     np.testing.assert_array_equal(to_host(m.hanging_nodes), _mesh(dim).hanging_nodes)

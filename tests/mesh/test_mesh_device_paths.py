@@ -12,7 +12,6 @@ from adaptmg import Mesh
 from device_meshes import MESHES
 from adaptmg.backend import backend_of
 from adaptmg.mesh import _touch
-from adaptmg.mesh._join import cells_holding
 from adaptmg.mesh._numbering import first_occurrences, first_occurrences_xp
 from test_mesh import random_mesh
 
@@ -109,19 +108,6 @@ def test_level_jumps_on_the_device_path(dim, dense, gpu):
     assert (rows is None) == (dr is None) and (rows is None) == dense
     if rows is not None:
         _same(dr, rows)
-
-
-def test_cells_holding_on_the_device_path(gpu):
-    m = random_mesh(3, 2, 4)
-    rng = np.random.default_rng(0)
-    rows = np.repeat(np.arange(20), 2)
-    nodes = m.cells[rng.integers(m.num_cells, size=20)][:, :2].ravel()
-    need = np.full(20, 2)
-    r, c = cells_holding(m.cells, rows, nodes, need, m.num_nodes)
-    dr, dc = cells_holding(*(gpu.asarray(a) for a in (m.cells, rows, nodes, need)), m.num_nodes)
-    assert r.size >= 20
-    _same(dr, r)
-    _same(dc, c)
 
 
 def test_the_stand_in_refuses_what_the_device_refuses(gpu):
