@@ -456,8 +456,8 @@ def _fused_kernel(name):
         with _nested():
             host = [_base(a) for a in args]
             if name == "registry_midpoints":
-                K, ent, ne, _, keys, _, vals, seen = host
-                return index_kernels.registry_midpoints(K, ent, keys, vals, seen).ravel().view(ndarray)
+                K, ent, ne, _, keys, _, vals, seen, jump = host
+                return index_kernels.registry_midpoints(K, ent, keys, vals, seen, jump).ravel().view(ndarray)
             if name == "face_corners":
                 Vs, W, par, cor, _, _, _, ok, R = host
                 R[...], ok[...] = index_kernels.face_corners(Vs, W, par, cor, cor.astype(np.int64))

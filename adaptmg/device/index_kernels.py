@@ -26,7 +26,8 @@ Kernels
     diagonally opposite (:math:`v_{e,3-j}` of :math:`v_{ej}`), as the forest registers them;
     a binary search in the sorted registry ``keys`` gives the node :math:`n` (``vals``), and
 
-    .. math::  M_{re} = n \text{ if the key is registered and } s_n, \text{ else } -1.
+    .. math::  M_{re} = n \text{ if the key is registered, } s_n
+               \text{ and } J_{K_{r v}} \text{ for every vertex } v \text{ of the entity, else } -1.
 
 ``face_corners``
     The reference coordinates, in the neighbour cell, of the vertices ``v`` of matched faces
@@ -110,15 +111,17 @@ _SPECS = {
     # vertices (an edge: 2, -1 padded; a face: 4, lexicographic); keys sorted
     "registry_midpoints": (
         "raw C K, raw int32 ent, int32 ne, int32 nv, raw int64 keys, int64 nkeys, raw V vals,"
-        " raw bool seen", "int64 m",
+        " raw bool seen, raw bool jump", "int64 m",
         "long long row = i / ne; int e = (int)(i % ne);"
         " const int* t = &ent[e * 4];"
         " long long a = (long long)K[row * nv + t[0]], b = (long long)K[row * nv + t[1]], lo, hi;"
+        " bool all_jump = jump[a] && jump[b];"
         " if (t[2] < 0) { lo = a < b ? a : b; hi = a < b ? b : a; }"
         " else {"
         "   long long c2 = (long long)K[row * nv + t[2]], c3 = (long long)K[row * nv + t[3]];"
         "   lo = min(min(a, b), min(c2, c3));"
         "   hi = a == lo ? c3 : (b == lo ? c2 : (c2 == lo ? b : a));"
+        "   all_jump = all_jump && jump[c2] && jump[c3];"
         " }"
         " long long key = (lo << 32) | hi, first = 0, count = nkeys;"
         " while (count > 0) {"
@@ -126,7 +129,7 @@ _SPECS = {
         "   if (keys[mid] < key) { first = mid + 1; count -= step + 1; } else count = step;"
         " }"
         " long long n = -1;"
-        " if (first < nkeys && keys[first] == key) {"
+        " if (all_jump && first < nkeys && keys[first] == key) {"
         "   long long v = (long long)vals[first];"
         "   if (seen[v]) n = v;"
         " }"
@@ -262,19 +265,20 @@ def _kernel(name: str):
     return xp.ElementwiseKernel(ins, outs, op, f"adaptmg_{name}")
 
 
-def registry_midpoints(K, ent, keys, vals, seen):
+def registry_midpoints(K, ent, keys, vals, seen, jump):
     """The (n, ne) int64 registered midpoints / centres ``M`` of the entities ``ent`` (ne, 4)
     int32 local vertices -- edges ``[a, b, -1, -1]`` or faces (4 corners, lexicographic), all
     of one kind -- of the cells ``K`` (n, nv) forest vertex ids, in the sorted registry
     ``keys`` -> ``vals`` (int64; :class:`adaptmg.mesh._tree.Forest`), -1 where the key is not
-    registered or its node is not ``seen`` (the module's formula).  One kernel on the device;
-    the twin: the keys by whole-array operations and one ``searchsorted``."""
+    registered, its node is not ``seen`` or a vertex of the entity is not a ``jump`` node (the
+    module's formula).  One kernel on the device; the twin: the keys by whole-array operations
+    and one ``searchsorted``."""
     xp = backend_of(K).xp
     n, ne = int(K.shape[0]), int(ent.shape[0])
     if not in_host_memory(K):
         return _kernel("registry_midpoints")(K, constant(ent, xp, np.int32), np.int32(ne),
                                              np.int32(K.shape[1]), keys, np.int64(keys.size), vals, seen,
-                                             size=n * ne).reshape(n, ne)
+                                             jump, size=n * ne).reshape(n, ne)
     e = np.asarray(ent)
     C = [xp.take(K, xp.asarray(e[:, j]), axis=1).astype(np.int64) for j in range(2 if e[0, 2] < 0 else 4)]
     if len(C) == 2:
@@ -287,7 +291,10 @@ def registry_midpoints(K, ent, keys, vals, seen):
         return xp.full(key.shape, -1, dtype=np.int64)
     at = xp.minimum(xp.searchsorted(keys, key), keys.size - 1)
     node = vals.take(at).astype(np.int64)
-    return xp.where((keys.take(at) == key) & seen.take(node), node, -1)
+    ok = (keys.take(at) == key) & seen.take(node)
+    for c in C:
+        ok &= jump.take(c)
+    return xp.where(ok, node, -1)
 
 
 def face_corners(Vs, W, par, cor, cor_i):

@@ -9,7 +9,12 @@ cells: one lookup per (cell, edge) and (cell, face) in the sorted registries (on
 the device, :func:`~adaptmg.device.index_kernels.registry_midpoints`).  Only cells
 that can take part are looked at: on a 2:1 mesh a hanging node and its parents are vertices
 of cells beside a level jump (:func:`._touch.level_jumps`), and the cell whose edge/face
-holds it is coarser than the finest of those.  No numbering of the mesh's nodes is needed:
+holds it is coarser than the finest of those.  The parents (the edge's ends, the face's
+corners) must be jump nodes too, where cells of two levels meet: on a whole mesh they always
+are (the fine cells on both halves of the edge, or all four quarters of the face, touch
+them); on a mesh of part of a forest's leaves -- a rank's owned cells and ghosts
+(:mod:`adaptmg.distributed.forest`) -- a midpoint on the rim whose other half's fine cells
+are not there does not hang on that mesh.  No numbering of the mesh's nodes is needed:
 this runs on the forest ids of the cells' vertices and can go beside the numbering.
 """
 from __future__ import annotations
@@ -51,7 +56,7 @@ def hanging_in_forest(F, cells, levels):
         e64, e32 = xp.zeros(0, dtype=np.int64), xp.zeros(0, dtype=np.int32)
         return e64, xp.zeros((0, 4), dtype=np.int64), e32, (e64.copy(), e32.copy())
     d, nf, nc = F.dim, F.num_nodes, cells.shape[0]
-    _, rows = _touch.level_jumps(cells, nf, levels.astype(F.cell_level.dtype))
+    jump, rows = _touch.level_jumps(cells, nf, levels.astype(F.cell_level.dtype))
     sub = cells if rows is None else xp.take(cells, rows, axis=0)
     seen = xp.zeros(nf, dtype=bool)                       # vertices of the cells beside a jump
     seen[sub] = True
@@ -60,7 +65,7 @@ def hanging_in_forest(F, cells, levels):
     K = xp.take(sub, own, axis=0)
     regs = {"edge": (F.edge_keys, F.edge_nodes), "face": (F.face_keys, F.face_nodes)}
     # each (cell, edge / face): its registered midpoint / centre if that is a vertex here, else -1
-    M = [registry_midpoints(K, ent, *regs[kind], seen) for ent, kind in _entities(d)]
+    M = [registry_midpoints(K, ent, *regs[kind], seen, jump) for ent, kind in _entities(d)]
     ne = [int(m.shape[1]) for m in M]
     M = xp.concatenate(M, axis=1) if len(M) > 1 else M[0]
     at = xp.flatnonzero(M.ravel() >= 0)

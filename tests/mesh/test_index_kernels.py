@@ -21,16 +21,18 @@ def _mesh(dim, backend="cpu"):
 
 
 def _inputs(m, face=False):
-    """(K, ent, keys, vals, seen) as ``hanging_in_forest`` hands them to the kernel: every
-    active cell, its edges (or faces) and the forest's registry, ``seen`` every vertex."""
+    """(K, ent, keys, vals, seen, jump) as ``hanging_in_forest`` hands them to the kernel: every
+    active cell, its edges (or faces) and the forest's registry, ``seen`` every vertex, the
+    level jumps."""
     from adaptmg.mesh._hanging import _entities
-    F, cells = m._forest, m._active_cell_nodes()
+    F, cells, levels = m._forest, m._active_cell_nodes(), m.levels
     xp = F.backend.xp
     seen = xp.zeros(F.num_nodes, dtype=bool)
     seen[cells] = True
+    jump, _ = _touch.level_jumps(cells, F.num_nodes, levels.astype(F.cell_level.dtype))
     ent = _entities(F.dim)[1 if face else 0][0]
     keys, vals = (F.face_keys, F.face_nodes) if face else (F.edge_keys, F.edge_nodes)
-    return cells, ent, keys, vals, seen
+    return cells, ent, keys, vals, seen, jump
 
 
 def _census_module(monkeypatch):
@@ -47,9 +49,10 @@ def _census_module(monkeypatch):
 @pytest.mark.parametrize("dim, face", [(2, False), (3, False), (3, True)])
 def test_registry_midpoints_twin_is_the_formula(dim, face):
     """Cell by cell and entity by entity: the registered midpoint (centre) of the edge (face),
-    found by comparing the key with every registry entry, where it is a vertex of the mesh."""
-    K, ent, keys, vals, seen = _inputs(_mesh(dim), face)
-    got = index_kernels.registry_midpoints(K, ent, keys, vals, seen)
+    found by comparing the key with every registry entry, where it is a vertex of the mesh and
+    the entity's vertices are jump nodes."""
+    K, ent, keys, vals, seen, jump = _inputs(_mesh(dim), face)
+    got = index_kernels.registry_midpoints(K, ent, keys, vals, seen, jump)
     reg = dict(zip(keys.tolist(), vals.tolist()))
     want = np.full(got.shape, -1)
     for r in range(K.shape[0]):
@@ -61,7 +64,7 @@ def test_registry_midpoints_twin_is_the_formula(dim, face):
                 j = int(np.argmin(v))
                 lo, hi = v[j], v[3 - j]
             n = reg.get((lo << 32) | hi, -1)
-            want[r, e] = n if n >= 0 and seen[n] else -1
+            want[r, e] = n if n >= 0 and seen[n] and all(jump[v]) else -1
     assert (want >= 0).sum() > 10                           # the mesh has midpoints to find
     np.testing.assert_array_equal(got, want)
 
