@@ -18,9 +18,13 @@ def test_bench_elasticity_gs_static_prints_its_split(capsys):
     assert "set-up split" in text and "constrain_fine_s" in text
     rows = out["static"]
     assert [r["smoother"] for r in rows] == ["block_jacobi", "block_gauss_seidel", "gs_fine_bj_coarse",
-                                             "gs_fine2_bj_coarse"]
+                                             "gs_fine2_bj_coarse", "gsfb_fine_bj_coarse"]
     assert "vcycle_ms_vs_bj" in text and "it_ms_vs_bj" in text
-    bj, gs, mixed, mixed2 = rows
+    bj, gs, mixed, mixed2, fb = rows
+    # forward sweeps before the coarse correction, backward after: half the colour launches of
+    # the symmetric sweeps, a contraction between block Jacobi's and symmetric GS's
+    assert fb["gs_levels"] == 1 and 0 < fb["colour_launches"] < mixed["colour_launches"]
+    assert bj["factor"] > fb["factor"] >= mixed["factor"]
     assert bj["vcycle_ms_vs_bj"] == bj["it_ms_vs_bj"] == 1.0 and bj["gs_levels"] == bj["colour_launches"] == 0
     # GS on every smoothed level (3 levels, direct coarse solve), on the finest only, on the
     # two finest: fewer colour launches
