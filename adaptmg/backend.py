@@ -22,7 +22,7 @@ import scipy.sparse as sp
 __all__ = ["Backend", "get_backend", "gpu_available", "backend_of", "is_device_array",
            "is_device_sparse", "is_device_linear_operator", "is_device_error", "is_sparse",
            "to_device", "to_host", "host_copies", "call_points", "stable_argsort", "CPU", "nccl_module",
-           "scatter_max", "scatter_min", "scatter_add", "repeat", "segment_index", "unique_first",
+           "scatter_max", "scatter_min", "scatter_add", "repeat", "segment_index", "segment_owner", "unique_first",
            "in_host_memory"]
 
 
@@ -294,6 +294,14 @@ def repeat(a, counts, total=None, xp=None):
     elif xp is np:
         return np.repeat(a, counts)
     return a[segment_index(xp, counts, int(counts.sum()) if total is None else int(total))]
+
+
+def segment_owner(counts, total=None, xp=None):
+    """The segment of each of the ``total = sum(counts)`` entries of consecutive segments of
+    lengths ``counts`` (int64: ``repeat(arange(len(counts)), counts)``, :func:`repeat`), on the
+    array module ``xp`` (default: that of ``counts``)."""
+    xp = backend_of(counts).xp if xp is None else xp
+    return repeat(xp.arange(counts.shape[0], dtype=xp.int64), counts, total, xp=xp)
 
 
 # small host constants already on a device: (module, device, dtype, shape, bytes) -> array

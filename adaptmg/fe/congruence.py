@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, is_device_array, is_device_error, is_device_sparse, repeat, stable_argsort
+from ..backend import backend_of, is_device_array, is_device_error, is_device_sparse, segment_owner, stable_argsort
 from .space_xp import csr_rows
 
 __all__ = ["congruence_by_expansion", "congruence_by_products", "congruence_on_device",
@@ -47,13 +47,13 @@ SPGEMM_MAX_NNZ = 2 ** 25
 
 def _segments(be, counts, total):
     """``(owner, offset)`` of the ``total = sum(counts)`` entries of consecutive segments of
-    lengths ``counts``: the segment index of each entry (:func:`adaptmg.backend.repeat` of the
-    segment numbers) and its position inside it."""
+    lengths ``counts``: the segment index of each entry (:func:`adaptmg.backend.segment_owner`)
+    and its position inside it."""
     xp = be.xp
     if total == 0:
         z = xp.zeros(0, dtype=xp.int64)
         return z, z
-    own = repeat(xp.arange(counts.shape[0], dtype=xp.int64), counts, total, xp=xp)
+    own = segment_owner(counts, total, xp=xp)
     start = xp.cumsum(counts) - counts
     return own, xp.arange(total, dtype=xp.int64) - start[own]
 

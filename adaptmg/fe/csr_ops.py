@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, is_device_array, is_device_sparse, repeat, to_host
+from ..backend import backend_of, is_device_array, is_device_sparse, segment_owner, to_host
 from .sparsity import Pattern, _index_dtype
 
 
@@ -608,8 +608,7 @@ def diagonal_positions(indptr, indices, num_nodes):
     on the arrays' backend (NumPy or CuPy)."""
     xp = backend_of(indices).xp
     n = int(num_nodes)
-    counts = (indptr[1:] - indptr[:-1]).astype(xp.int64)
-    row = repeat(xp.arange(counts.shape[0], dtype=xp.int64), counts, int(indices.shape[0]), xp=xp)
+    row = segment_owner((indptr[1:] - indptr[:-1]).astype(xp.int64), int(indices.shape[0]), xp=xp)
     at = xp.flatnonzero(indices == row)
     out = xp.full(n, -1, dtype=xp.int64)
     out[row[at]] = at

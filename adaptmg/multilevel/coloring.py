@@ -62,7 +62,7 @@ import functools
 
 import numpy as np
 
-from ..backend import backend_of, is_sparse, repeat, stable_argsort, to_host
+from ..backend import backend_of, is_sparse, repeat, segment_owner, stable_argsort, to_host
 from .aggregation import csr_row_reduce, csr_rowmax, node_hash
 
 __all__ = ["node_graph", "color_graph", "color_groups", "check_coloring", "csr_rowor",
@@ -94,11 +94,6 @@ def csr_rowor(be, indptr, vals, init):
     ``np.bitwise_or.reduceat`` over the non-empty rows.
     """
     return csr_row_reduce(be, indptr, vals, init, np.bitwise_or, _rowor_kernel, np.uint64)
-
-
-def _expand(be, counts, total):
-    """Owner (segment index) of each of the ``total = sum(counts)`` entries."""
-    return repeat(be.xp.arange(counts.shape[0], dtype=be.xp.int64), counts, total, xp=be.xp)
 
 
 def csr_row_positions(be, indptr, rows, nnz):
@@ -182,7 +177,7 @@ def node_graph(A, block_size=1):
     """
     be, N, indptr, indices = _graph(A, block_size)
     xp = be.xp
-    rows = _expand(be, xp.diff(indptr), int(indices.shape[0]))
+    rows = segment_owner(xp.diff(indptr), int(indices.shape[0]), xp=xp)
     return N, rows.astype(xp.int64), indices.astype(xp.int64)
 
 
