@@ -24,6 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import backend_of, is_device_array, is_device_sparse, to_host
+from ..device.congruence_rows import available as _rows_available, constrained_congruence
 from ..device.index_kernels import constrained_csr
 from .congruence import congruence_map_on
 from .csr_ops import (NodeBlockMatrix, as_csr, congruence_map, congruence_with_constraints, csr_diagonal,
@@ -274,10 +275,19 @@ class Constraints:
         parts = getattr(self, "_dev_parts", None)
         if parts is None or getattr(self, "_dev_g_host", None) is not self.g:
             self._dev_g_host = self.g
-            parts = (be.asmatrix(self.H.T.tocsr()), be.asmatrix(self.H), be.asarray(self.free),
+            parts = (self._HT_on(be), be.asmatrix(self.H), be.asarray(self.free),
                      be.asarray(self.dirichlet), be.asarray(self.g))
             self._dev_parts = parts
         return parts
+
+    def _HT_on(self, be):
+        """:math:`H^T` as CSR on the device ``be`` (made once; transposed there when ``H`` is)."""
+        HT = getattr(self, "_HT_dev", None)
+        if HT is None:
+            H = self.H
+            HT = H.T.tocsr() if is_device_sparse(H) else be.asmatrix(H.T.tocsr())
+            self._HT_dev = HT
+        return HT
 
     def apply(self, A, b):
         """(K, f): the constrained matrix and right-hand side."""
@@ -333,10 +343,18 @@ def _device_matrix(cons, A, be=None):
     removed row stores no diagonal entry, written row by row as canonical CSR
     (:func:`~adaptmg.device.index_kernels.constrained_csr`; the host via COO) -- at once with
     hanging nodes (their rows of :math:`H^T A H` are empty: the masking pass would fail after
-    a dozen launches and two reads).
+    a dozen launches and two reads).  With hanging nodes on a device mesh (``H`` there) K is
+    written row by row from A, H and :math:`H^T` without forming B
+    (:func:`~adaptmg.device.congruence_rows.constrained_congruence`: two kernels, one read).
     """
     be = backend_of(A) if be is None else be
     xp = be.xp
+    space = cons.space
+    if space.hanging_nodes.size and space._on_device and is_device_sparse(space.H):
+        H, HT = space.H, cons._HT_on(be)
+        if _rows_available(A, H, HT):          # K row by row: two kernels and one read
+            K, cons._scale = constrained_congruence(A, H, HT, cons.free)
+            return K
     B = _device_project(cons, A, be)
     B.sum_duplicates()
     z = xp.asarray(cons.free)

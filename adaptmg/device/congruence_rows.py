@@ -1,0 +1,234 @@
+r"""The constrained matrix :math:`K = Z H^T A H Z + s (I - Z)` in two row kernels (issue 36).
+
+For a device CSR ``A``, the hanging-node matrix ``H`` (identity rows on the regular DoFs,
+the parents' weights on the hanging ones) and its transpose, row ``p`` of
+:math:`B = H^T A H` is
+
+.. math::  B_{pq} = \sum_{i} (H^T)_{pi} \sum_{j} A_{ij} H_{jq} ,
+
+the terms :math:`(H^T)_{pi} A_{ij} H_{jq}` of the rows ``i`` of :math:`H^T`'s row ``p`` (``p``
+itself and the hanging DoFs it is a parent of), enumerated in a fixed order.  A free row
+(``z[p]``) of ``K`` keeps the columns ``q`` that are free and whose sum is not zero; any other
+row is the single diagonal entry ``s``, the mean of :math:`|B_{pp}|` over the free rows (1 when
+that is zero).  One thread per row: a column's sum is taken at its first term (the terms
+after it with the same column, in the same order in both kernels), so the two passes agree
+on which entries are kept without a buffer per row; the *count* kernel writes the row's entry
+count and :math:`|B_{pp}|`, a running sum gives the row pointer, the *fill* kernel writes the
+row's entries in first-term order and sorts them by column (insertion sort in place): canonical
+CSR, no SpGEMM, no COO -> CSR sort.
+
+Work per row is quadratic in its number of terms ``E`` (each term looks for an earlier one
+with its column): ``E`` ~ 9-45 for 2-D Q1, 27 far from the hanging nodes in 3-D and a few
+hundred at a coarse vertex of a refinement interface.  The sums run in another order than
+SciPy's or cuSPARSE's products: the same matrix to rounding (an entry that cancels may be
+dropped on one side and kept as a round-off-sized number on the other).
+
+Replaces, where it applies (:func:`available`), the device path's two cuSPARSE SpGEMMs of
+:func:`adaptmg.fe.congruence.congruence_by_products`, their ``H`` built from the hanging rows,
+the diagonal's mean and :func:`~.index_kernels.constrained_csr`: ~60 CuPy calls and 4 reads of
+the device a level become ~12 calls and one read.  The NumPy twin (host arrays, and the CPU
+tests' stand-ins) is that path's formula through SciPy: :func:`twin`.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..backend import backend_of, in_host_memory, to_host
+
+__all__ = ["constrained_congruence", "rows", "available", "twin", "KERNEL_NAMES"]
+
+KERNEL_NAMES = ("adaptmg_congruence_count", "adaptmg_congruence_fill")
+
+_SRC = r"""
+// the terms (column q, value) of row p of H^T A H in free columns, in a fixed order;
+// fn returns false to stop early
+template <class Fn>
+__device__ __forceinline__ void adaptmg_cong_terms(
+    long long p, const int* __restrict__ tp, const int* __restrict__ ti, const double* __restrict__ tv,
+    const int* __restrict__ ap, const int* __restrict__ ai, const double* __restrict__ av,
+    const int* __restrict__ hp, const int* __restrict__ hi, const double* __restrict__ hv,
+    const bool* __restrict__ z, Fn fn)
+{
+    for (int t = tp[p]; t < tp[p + 1]; ++t) {
+        const long long i = ti[t];
+        const double wi = tv[t];
+        for (int a = ap[i]; a < ap[i + 1]; ++a) {
+            const long long j = ai[a];
+            const double v = wi * av[a];
+            for (int b = hp[j]; b < hp[j + 1]; ++b) {
+                const long long q = hi[b];
+                if (z[q] && !fn(q, v * hv[b])) return;
+            }
+        }
+    }
+}
+
+#define ADAPTMG_CONG_ARGS tp, ti, tv, ap, ai, av, hp, hi, hv, z
+#define ADAPTMG_CONG_PARAMS \
+    long long n, const int* __restrict__ tp, const int* __restrict__ ti, const double* __restrict__ tv, \
+    const int* __restrict__ ap, const int* __restrict__ ai, const double* __restrict__ av, \
+    const int* __restrict__ hp, const int* __restrict__ hi, const double* __restrict__ hv, \
+    const bool* __restrict__ z
+
+// whether term k (column q) of row p is the first with its column; then *s is the column's sum
+__device__ __forceinline__ bool adaptmg_cong_first(
+    long long p, long long q, long long k, double* s,
+    const int* __restrict__ tp, const int* __restrict__ ti, const double* __restrict__ tv,
+    const int* __restrict__ ap, const int* __restrict__ ai, const double* __restrict__ av,
+    const int* __restrict__ hp, const int* __restrict__ hi, const double* __restrict__ hv,
+    const bool* __restrict__ z)
+{
+    long long m = 0;
+    bool first = true;
+    double acc = 0.0;
+    adaptmg_cong_terms(p, ADAPTMG_CONG_ARGS, [&](long long c, double v) {
+        if (c == q) {
+            if (m < k) { first = false; return false; }
+            acc += v;
+        }
+        ++m;
+        return true;
+    });
+    *s = acc;
+    return first;
+}
+
+extern "C" __global__ void adaptmg_congruence_count(ADAPTMG_CONG_PARAMS, long long* cnt, double* ad)
+{
+    const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= n) return;
+    if (!z[p]) { cnt[p] = 1; ad[p] = 0.0; return; }
+    long long k = 0, c = 0;
+    double d = 0.0;
+    adaptmg_cong_terms(p, ADAPTMG_CONG_ARGS, [&](long long q, double v) {
+        double s;
+        if (adaptmg_cong_first(p, q, k, &s, ADAPTMG_CONG_ARGS)) {
+            if (s != 0.0) ++c;
+            if (q == p) d = s;
+        }
+        ++k;
+        return true;
+    });
+    cnt[p] = c;
+    ad[p] = d < 0.0 ? -d : d;
+}
+
+extern "C" __global__ void adaptmg_congruence_fill(ADAPTMG_CONG_PARAMS, const int* __restrict__ ptr,
+                                                   double scale, int* kcol, double* kval)
+{
+    const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= n) return;
+    const long long o0 = ptr[p];
+    if (!z[p]) { kcol[o0] = (int)p; kval[o0] = scale; return; }
+    long long k = 0, o = o0;
+    adaptmg_cong_terms(p, ADAPTMG_CONG_ARGS, [&](long long q, double v) {
+        double s;
+        if (adaptmg_cong_first(p, q, k, &s, ADAPTMG_CONG_ARGS) && s != 0.0) {
+            kcol[o] = (int)q; kval[o] = s; ++o;
+        }
+        ++k;
+        return true;
+    });
+    for (long long a = o0 + 1; a < o; ++a) {             // the row's entries sorted by column
+        const int c = kcol[a];
+        const double v = kval[a];
+        long long b = a - 1;
+        while (b >= o0 && kcol[b] > c) { kcol[b + 1] = kcol[b]; kval[b + 1] = kval[b]; --b; }
+        kcol[b + 1] = c;
+        kval[b + 1] = v;
+    }
+}
+"""
+
+_BLOCK = 128
+
+
+@functools.lru_cache(maxsize=None)
+def _module(xp):
+    return xp.RawModule(code=_SRC)
+
+
+def _int32_csr(M):
+    return M.indptr.dtype == np.int32 and M.indices.dtype == np.int32
+
+
+def available(A, H, HT) -> bool:
+    """Whether the kernels take these matrices: device CSR, float64 values, int32 indices (what
+    cupyx holds), ``H`` and ``HT`` square of ``A``'s size."""
+    n = A.shape[0]
+    return (not in_host_memory(A.data) and A.dtype == np.float64 and H.dtype == np.float64
+            and HT.dtype == np.float64 and A.shape == H.shape == HT.shape == (n, n)
+            and _int32_csr(A) and _int32_csr(H) and _int32_csr(HT))
+
+
+def _launch(xp, name, n, args):
+    if n:
+        _module(xp).get_function(name)(((n + _BLOCK - 1) // _BLOCK,), (_BLOCK,), (np.int64(n),) + args)
+
+
+def constrained_congruence(A, H, HT, z):
+    r"""``(K, s)``: :math:`K = Z H^T A H Z + s (I - Z)` (the module's formula) and the row
+    scale ``s`` (a float), for CSR ``A`` (canonical: sorted, no duplicates), the hanging-node
+    matrix ``H``, its transpose ``HT`` (CSR) and the free mask ``z`` (bool, ``n``).  On the device
+    (:func:`available`) two row kernels, a running sum and one read; otherwise :func:`twin`."""
+    if in_host_memory(A.data):
+        return twin(A, H, z)
+    if not available(A, H, HT):
+        raise ValueError("constrained_congruence: the kernels take device CSR matrices of float64 with int32 "
+                         f"indices, all {A.shape[0]} x {A.shape[0]}; got A {A.dtype}/{A.indices.dtype}, "
+                         f"H {H.dtype}/{H.indices.dtype} {H.shape}, HT {HT.dtype}/{HT.indices.dtype} {HT.shape}")
+    be = backend_of(A.data)
+    ptr, kcol, kval, s = rows(be.xp, (A.indptr, A.indices, A.data), (H.indptr, H.indices, H.data),
+                              (HT.indptr, HT.indices, HT.data), z)
+    n = A.shape[0]
+    K = be.sparse.csr_matrix((kval, kcol, ptr), shape=(n, n))
+    K.has_canonical_format = True
+    return K, s
+
+
+def rows(xp, A, H, HT, z):
+    """The kernels' part of :func:`constrained_congruence` on the array module ``xp``, the
+    matrices as ``(indptr, indices, data)`` triples (int32, int32, float64): ``(indptr,
+    indices, data, s)`` of K (int32 / int32 / float64 arrays of ``xp``, ``s`` a float)."""
+    n = int(A[0].shape[0]) - 1
+    z = xp.ascontiguousarray(z, dtype=bool)
+    args = tuple(HT) + tuple(A) + tuple(H) + (z,)
+    cnt, ad = xp.empty(n, dtype=np.int64), xp.empty(n, dtype=np.float64)
+    _launch(xp, "adaptmg_congruence_count", n, args + (cnt, ad))
+    ptr = xp.zeros(n + 1, dtype=np.int64)
+    ptr[1:] = xp.cumsum(cnt)
+    # one read: the entry count, the sum of |B_pp| over the free rows and their number
+    nnz, dsum, nfree = (to_host(xp.stack([ptr[-1].astype(np.float64), ad.sum(), z.sum().astype(np.float64)]))
+                        if n else (0.0, 0.0, 0.0))
+    nnz, nfree = int(nnz), int(nfree)
+    if nnz >= 2 ** 31:
+        raise ValueError(f"constrained_congruence: {nnz} entries exceed the int32 indices of cupyx")
+    mean = float(dsum) / nfree if nfree else 0.0
+    s = mean if mean > 0 else 1.0
+    ptr32 = ptr.astype(np.int32)
+    kcol, kval = xp.empty(nnz, dtype=np.int32), xp.empty(nnz, dtype=np.float64)
+    _launch(xp, "adaptmg_congruence_fill", n, args + (ptr32, np.float64(s), kcol, kval))
+    return ptr32, kcol, kval, s
+
+
+def twin(A, H, z):
+    """The host formula of :func:`constrained_congruence`: ``H^T (A H)`` by SciPy products,
+    ``s`` from its diagonal and ``Z B Z + s (I - Z)`` by masking (zeros dropped); SciPy CSR."""
+    import scipy.sparse as sp
+    A, H = sp.csr_matrix(A), sp.csr_matrix(H)
+    z = np.asarray(z, dtype=bool)
+    B = (H.T @ (A @ H)).tocsr()
+    B.sum_duplicates()
+    d = np.abs(B.diagonal()[z])
+    mean = float(d.mean()) if d.size else 0.0
+    s = mean if mean > 0 else 1.0
+    C = B.tocoo()
+    keep = z[C.row] & z[C.col] & (C.data != 0)
+    fixed = np.flatnonzero(~z)
+    K = sp.coo_matrix((np.concatenate([C.data[keep], np.full(fixed.size, s)]),
+                       (np.concatenate([C.row[keep], fixed]), np.concatenate([C.col[keep], fixed]))),
+                      shape=A.shape).tocsr()
+    K.sum_duplicates()
+    return K, s
