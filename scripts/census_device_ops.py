@@ -380,6 +380,10 @@ def install(monkeypatch=None):
     from adaptmg.device import index_kernels
     mp.setattr(index_kernels, "in_host_memory", lambda a: type(a) is np.ndarray)
     mp.setattr(index_kernels, "_kernel", _fused_kernel)
+    # the constrained matrix's row kernels likewise
+    from adaptmg.device import congruence_rows
+    mp.setattr(congruence_rows, "in_host_memory", lambda a: type(a) is np.ndarray)
+    mp.setattr(congruence_rows, "_module", lambda xp: _CongruenceModule())
     # the device pattern's row kernels and row-walk sums likewise
     from adaptmg.assemble import _device
     mp.setattr(_device, "in_host_memory", lambda a: type(a) is np.ndarray)
@@ -443,6 +447,28 @@ def _pattern_kernel(name):
                 return None
             raise NotImplementedError(f"census: no stand-in of the device pattern kernel {name!r}")
     return launch
+
+
+class _CongruenceModule:
+    """A stand-in for :mod:`adaptmg.device.congruence_rows`' RawModule: each kernel one launch,
+    its outputs from the twin (SciPy's products), not counted."""
+
+    def get_function(self, name):
+        def launch(grid, block, args):
+            _record("launch", f"kernel:{name}")
+            with _nested():
+                from adaptmg.device import congruence_rows
+                host = [_base(a) for a in args]
+                n = int(host[0])
+                csr = lambda ip, ind, val: sp.csr_matrix((val, ind, ip), shape=(n, n))
+                HT, A, H, z = csr(*host[1:4]), csr(*host[4:7]), csr(*host[7:10]), host[10]
+                K, _ = congruence_rows.twin(A, H, z)
+                if name == "adaptmg_congruence_count":
+                    host[-2][...] = np.diff(K.indptr)
+                    host[-1][...] = np.where(z, np.abs((H.T @ A @ H).diagonal()), 0.0)
+                else:
+                    host[-2][...], host[-1][...] = K.indices, K.data
+        return launch
 
 
 def _fused_kernel(name):
