@@ -45,6 +45,8 @@ __all__ = ["constrained_congruence", "rows", "available", "twin", "KERNEL_NAMES"
 KERNEL_NAMES = ("adaptmg_congruence_count", "adaptmg_congruence_fill")
 
 _SRC = r"""
+#define ADAPTMG_CONG_BLOCK 32
+#define ADAPTMG_CONG_CAP 64
 // the terms (column q, value) of row p of H^T A H in free columns, in a fixed order;
 // fn returns false to stop early
 template <class Fn>
@@ -98,22 +100,69 @@ __device__ __forceinline__ bool adaptmg_cong_first(
     return first;
 }
 
+// the row's distinct columns and their sums, sorted by column, in the thread's slots of the
+// block's shared buffer (slot t of lane l at t * BLOCK + l); -1 past CAP columns
+__device__ __forceinline__ int adaptmg_cong_buffer(
+    long long p, int* __restrict__ sc, double* __restrict__ sv, int lane,
+    const int* __restrict__ tp, const int* __restrict__ ti, const double* __restrict__ tv,
+    const int* __restrict__ ap, const int* __restrict__ ai, const double* __restrict__ av,
+    const int* __restrict__ hp, const int* __restrict__ hi, const double* __restrict__ hv,
+    const bool* __restrict__ z)
+{
+    int u = 0;
+    bool over = false;
+    adaptmg_cong_terms(p, ADAPTMG_CONG_ARGS, [&](long long q, double v) {
+        int lo = 0, hi = u;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (sc[mid * ADAPTMG_CONG_BLOCK + lane] < q) lo = mid + 1; else hi = mid;
+        }
+        if (lo < u && sc[lo * ADAPTMG_CONG_BLOCK + lane] == q) {
+            sv[lo * ADAPTMG_CONG_BLOCK + lane] += v;
+            return true;
+        }
+        if (u == ADAPTMG_CONG_CAP) { over = true; return false; }
+        for (int t = u; t > lo; --t) {
+            sc[t * ADAPTMG_CONG_BLOCK + lane] = sc[(t - 1) * ADAPTMG_CONG_BLOCK + lane];
+            sv[t * ADAPTMG_CONG_BLOCK + lane] = sv[(t - 1) * ADAPTMG_CONG_BLOCK + lane];
+        }
+        sc[lo * ADAPTMG_CONG_BLOCK + lane] = (int)q;
+        sv[lo * ADAPTMG_CONG_BLOCK + lane] = v;
+        ++u;
+        return true;
+    });
+    return over ? -1 : u;
+}
+
 extern "C" __global__ void adaptmg_congruence_count(ADAPTMG_CONG_PARAMS, long long* cnt, double* ad)
 {
+    __shared__ int sc[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
+    __shared__ double sv[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
+    const int lane = threadIdx.x;
     const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= n) return;
     if (!z[p]) { cnt[p] = 1; ad[p] = 0.0; return; }
-    long long k = 0, c = 0;
+    long long c = 0;
     double d = 0.0;
-    adaptmg_cong_terms(p, ADAPTMG_CONG_ARGS, [&](long long q, double v) {
-        double s;
-        if (adaptmg_cong_first(p, q, k, &s, ADAPTMG_CONG_ARGS)) {
+    const int u = adaptmg_cong_buffer(p, sc, sv, lane, ADAPTMG_CONG_ARGS);
+    if (u >= 0) {
+        for (int t = 0; t < u; ++t) {
+            const double s = sv[t * ADAPTMG_CONG_BLOCK + lane];
             if (s != 0.0) ++c;
-            if (q == p) d = s;
+            if (sc[t * ADAPTMG_CONG_BLOCK + lane] == p) d = s;
         }
-        ++k;
-        return true;
-    });
+    } else {                                      // more than CAP columns: term by term
+        long long k = 0;
+        adaptmg_cong_terms(p, ADAPTMG_CONG_ARGS, [&](long long q, double v) {
+            double s;
+            if (adaptmg_cong_first(p, q, k, &s, ADAPTMG_CONG_ARGS)) {
+                if (s != 0.0) ++c;
+                if (q == p) d = s;
+            }
+            ++k;
+            return true;
+        });
+    }
     cnt[p] = c;
     ad[p] = d < 0.0 ? -d : d;
 }
@@ -121,11 +170,23 @@ extern "C" __global__ void adaptmg_congruence_count(ADAPTMG_CONG_PARAMS, long lo
 extern "C" __global__ void adaptmg_congruence_fill(ADAPTMG_CONG_PARAMS, const int* __restrict__ ptr,
                                                    double scale, int* kcol, double* kval)
 {
+    __shared__ int sc[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
+    __shared__ double sv[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
+    const int lane = threadIdx.x;
     const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= n) return;
     const long long o0 = ptr[p];
     if (!z[p]) { kcol[o0] = (int)p; kval[o0] = scale; return; }
-    long long k = 0, o = o0;
+    long long o = o0;
+    const int u = adaptmg_cong_buffer(p, sc, sv, lane, ADAPTMG_CONG_ARGS);
+    if (u >= 0) {
+        for (int t = 0; t < u; ++t) {
+            const double s = sv[t * ADAPTMG_CONG_BLOCK + lane];
+            if (s != 0.0) { kcol[o] = sc[t * ADAPTMG_CONG_BLOCK + lane]; kval[o] = s; ++o; }
+        }
+        return;
+    }
+    long long k = 0;                              // more than CAP columns: term by term
     adaptmg_cong_terms(p, ADAPTMG_CONG_ARGS, [&](long long q, double v) {
         double s;
         if (adaptmg_cong_first(p, q, k, &s, ADAPTMG_CONG_ARGS) && s != 0.0) {
@@ -145,7 +206,7 @@ extern "C" __global__ void adaptmg_congruence_fill(ADAPTMG_CONG_PARAMS, const in
 }
 """
 
-_BLOCK = 128
+_BLOCK = 32            # ADAPTMG_CONG_BLOCK: one lane a row, CAP slots each in shared memory
 
 
 @functools.lru_cache(maxsize=None)

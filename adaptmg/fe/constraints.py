@@ -352,7 +352,7 @@ def _device_matrix(cons, A, be=None):
     be = backend_of(A) if be is None else be
     xp = be.xp
     space = cons.space
-    if space.dim == 2 and space.hanging_nodes.size and space._on_device and is_device_sparse(space.H):
+    if space.hanging_nodes.size and space._on_device and is_device_sparse(space.H):
         H, HT = space.H, cons._HT_on(be)
         if _rows_available(A, H, HT):          # K row by row: two kernels and one read
             K, cons._scale = constrained_congruence(A, H, HT, cons.free)

@@ -78,9 +78,15 @@ class _HostXP:
         return getattr(np, name)
 
 
-@pytest.mark.parametrize("dim, q", [(2, 1), (3, 1), (2, 2)])
-def test_row_kernels_on_host_threads(host_gpu, dim, q):
+@pytest.mark.parametrize("dim, q, cap", [(2, 1, 64), (3, 1, 64), (2, 2, 64), (2, 2, 6), (3, 1, 12)])
+def test_row_kernels_on_host_threads(host_gpu, monkeypatch, dim, q, cap):
+    """cap: the columns a row keeps in shared memory (the kernels' 64, or fewer: the rows past
+    it take the term-by-term path)."""
     A, H, free, K_ref, s_ref = _problem(dim, q)
+    if cap != 64:
+        assert np.diff(K_ref.indptr).max() > cap                 # some rows take the other path
+        monkeypatch.setattr(CR, "_SRC", CR._SRC.replace("#define ADAPTMG_CONG_CAP 64",
+                                                        f"#define ADAPTMG_CONG_CAP {cap}"))
     xp = _HostXP(host_gpu.xp)
     CR._module.cache_clear()
     try:
