@@ -10,21 +10,21 @@ the terms :math:`(H^T)_{pi} A_{ij} H_{jq}` of the rows ``i`` of :math:`H^T`'s ro
 itself and the hanging DoFs it is a parent of), enumerated in a fixed order.  A free row
 (``z[p]``) of ``K`` keeps the columns ``q`` that are free and whose sum is not zero; any other
 row is the single diagonal entry ``s``, the mean of :math:`|B_{pp}|` over the free rows (1 when
-that is zero).  One thread per row: a column's sum is taken at its first term (the terms
-after it with the same column, in the same order in both kernels), so the two passes agree
-on which entries are kept without a buffer per row; the *count* kernel writes the row's entry
-count and :math:`|B_{pp}|`, a running sum gives the row pointer, the *fill* kernel writes the
-row's entries in first-term order and sorts them by column (insertion sort in place): canonical
-CSR, no SpGEMM, no COO -> CSR sort.
+that is zero).  One thread per row, the same terms in the same order in both kernels (so
+both keep the same entries): the *count* kernel writes the row's entry count and
+:math:`|B_{pp}|`, a running sum gives the row pointer, the *fill* kernel writes the row's
+entries sorted by column: canonical CSR, no SpGEMM, no COO -> CSR sort.
 
-Work per row is quadratic in its number of terms ``E`` (each term looks for an earlier one
-with its column): in 2-D ``E`` <= 29 for Q1 and <= 79 for Q2 (a box refined four times around
-a point), but in 3-D Q1 27 far from the hanging nodes and up to ~470 at a coarse vertex of a
-refinement interface (7 % of the rows of a box with a refined ball), where one thread's
-~2e5 steps made the constrained matrix of the 2.66M-DoF adaptive mesh take 150 ms against
-25 ms by SpGEMM (H200): :class:`adaptmg.Constraints` uses these kernels on 2-D meshes.  The sums run in another order than
-SciPy's or cuSPARSE's products: the same matrix to rounding (an entry that cancels may be
-dropped on one side and kept as a round-off-sized number on the other).
+A row's distinct columns and their sums are kept sorted in 64 slots of shared memory per
+lane (blocks of 32 lanes, 24 KB; a binary search per term): in 2-D a Q1 row of B has <= 11
+columns and a Q2 one <= 33, in 3-D Q1 <= 45 (from up to ~470 terms at a coarse vertex of a
+refinement interface), in 3-D Q2 up to ~270 (a box with a refined ball).  A row past 64
+columns is done term by term: a term is summed with the later ones of its column if no
+earlier term has that column (quadratic in the terms; then the row's entries are sorted in
+place).  Measured on an H200: the 2.66M-DoF 3-D adaptive mesh's finest constrained matrix
+9 ms against 25-29 ms by two SpGEMMs (the quadratic search alone took 150 ms).  The sums run
+in another order than SciPy's or cuSPARSE's products: the same matrix to rounding (an entry
+that cancels may be dropped on one side and kept as a round-off-sized number on the other).
 
 Replaces, where it applies (:func:`available`), the device path's two cuSPARSE SpGEMMs of
 :func:`adaptmg.fe.congruence.congruence_by_products`, their ``H`` built from the hanging rows,

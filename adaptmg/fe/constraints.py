@@ -343,11 +343,9 @@ def _device_matrix(cons, A, be=None):
     removed row stores no diagonal entry, written row by row as canonical CSR
     (:func:`~adaptmg.device.index_kernels.constrained_csr`; the host via COO) -- at once with
     hanging nodes (their rows of :math:`H^T A H` are empty: the masking pass would fail after
-    a dozen launches and two reads).  With hanging nodes on a 2-D device mesh (``H`` there) K
-    is written row by row from A, H and :math:`H^T` without forming B
-    (:func:`~adaptmg.device.congruence_rows.constrained_congruence`: two kernels, one read;
-    in 3-D its rows beside the hanging nodes have hundreds of terms, whose quadratic
-    deduplication made the 2.66M-DoF adaptive set-up's finest level 6x slower than the products).
+    a dozen launches and two reads).  With hanging nodes on a device mesh (``H`` there) K is
+    written row by row from A, H and :math:`H^T` without forming B
+    (:func:`~adaptmg.device.congruence_rows.constrained_congruence`: two kernels, one read).
     """
     be = backend_of(A) if be is None else be
     xp = be.xp
