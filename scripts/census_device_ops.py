@@ -384,6 +384,10 @@ def install(monkeypatch=None):
     from adaptmg.device import congruence_rows
     mp.setattr(congruence_rows, "in_host_memory", lambda a: type(a) is np.ndarray)
     mp.setattr(congruence_rows, "_module", lambda xp: _CongruenceModule())
+    # the transfer's rows with a hanging coarse parent likewise
+    from adaptmg.device import forest_hanging
+    mp.setattr(forest_hanging, "available", lambda H, codes, ind: H is not None and B.is_device_sparse(H))
+    mp.setattr(forest_hanging, "_module", lambda xp: _ForestHangModule())
     # the device pattern's row kernels and row-walk sums likewise
     from adaptmg.assemble import _device
     mp.setattr(_device, "in_host_memory", lambda a: type(a) is np.ndarray)
@@ -468,6 +472,34 @@ class _CongruenceModule:
                     host[-1][...] = np.where(z, np.abs((H.T @ A @ H).diagonal()), 0.0)
                 else:
                     host[-2][...], host[-1][...] = K.indices, K.data
+        return launch
+
+
+class _ForestHangModule:
+    """A stand-in for :mod:`adaptmg.device.forest_hanging`'s RawModule: each kernel one launch,
+    its outputs from the host path it replaces (``transfer._hanging_parent_rows``), not counted."""
+
+    def get_function(self, name):
+        def launch(grid, block, args):
+            _record("launch", f"kernel:{name}")
+            with _nested():
+                from adaptmg.backend import CPU
+                from adaptmg.multilevel import transfer
+                host = [_base(a) for a in args]
+                n, W, codes, kind, hang, ncn, hp, hi, hv, cf, use = host[:11]
+                ncn = int(ncn)
+                H = sp.csr_matrix((hv, hi, hp), shape=(hp.size - 1, hp.size - 1))
+                rows = np.flatnonzero(hang)
+                cd = codes.reshape(int(n), int(W))
+                hanging = np.unique(cd[cd > ncn]) - (ncn + 1)
+                rows_c, C = transfer._hanging_parent_rows(
+                    CPU, [(rows, cd[rows], np.ldexp(1.0, -kind[rows].astype(np.int32)))], H, hanging, ncn,
+                    cf if int(use) else None)
+                if name == "adaptmg_forest_hang_count":
+                    host[-1][rows_c] = np.diff(C.indptr)
+                    return
+                cnt, ip, c, indices, data = host[11:]
+                transfer._write_hanging_entries(np, C, rows_c, ip, cnt, int(c), indices.dtype.type, indices, data)
         return launch
 
 

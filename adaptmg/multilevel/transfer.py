@@ -27,6 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import CPU, get_backend, repeat, scatter_min
+from ..device import forest_hanging as FH
 from ..device import index_kernels as IK
 from ..fe.congruence import _hanging_rows, _index_array, _parents
 from ..fe.csr_ops import csr_entry_rows, mask_rows_cols
@@ -409,7 +410,13 @@ def _q1_forest_csr_fused(coarse, fine, fine_free, coarse_free, H, be, c):
     if n_hang < 0:
         return None
     C = None
-    if n_hang:
+    # the rows with a hanging parent: on the device two node kernels (forest_hanging), else
+    # (host arrays: the twins) the rows of H gathered and expanded
+    kernels = bool(n_hang) and FH.available(H, codes, None)
+    cfree = None if coarse_free is None else be.asarray(coarse_free)
+    if kernels:
+        FH.count(xp, codes, kind, hang, H, cfree, ncn, cnt)
+    elif n_hang:
         rows_h = xp.flatnonzero(hang)
         w_h = xp.ldexp(1.0, -kind.take(rows_h).astype(xp.int32))
         rows_c, C = _hanging_parent_rows(be, [(rows_h, codes[rows_h], w_h)], H, hanging, ncn, coarse_free)
@@ -421,6 +428,12 @@ def _q1_forest_csr_fused(coarse, fine, fine_free, coarse_free, H, be, c):
         it = np.int64
     indices, data = xp.empty(nnz, dtype=it), xp.empty(nnz, dtype=np.float64)
     IK.q1_forest_fill(cnt, kind, hang, codes, ip, c, indices, data)
+    if kernels and it == np.int32:
+        FH.fill(xp, codes, kind, hang, H, cfree, ncn, cnt, ip, c, indices, data)
+    elif kernels:                    # int64 entries past 2^31: the expansion as on the host
+        rows_h = xp.flatnonzero(hang)
+        w_h = xp.ldexp(1.0, -kind.take(rows_h).astype(xp.int32))
+        rows_c, C = _hanging_parent_rows(be, [(rows_h, codes[rows_h], w_h)], H, hanging, ncn, coarse_free)
     if C is not None and C.nnz:
         _write_hanging_entries(xp, C, rows_c, ip, cnt, c, it, indices, data)
     A = be.sparse.csr_matrix((data, indices, _dof_indptr(xp, ip, cnt, nf, c, nnz, it)),

@@ -292,3 +292,37 @@ def test_fused_q1_forest_rows_equal_the_groups_by_kind(dim, c):
     if len(H) > 2:
         assert tr._q1_forest_csr(sc, sf, fused=True) is None
         assert tr._q1_forest_csr(sc, sf, fused=False) is None
+
+
+@pytest.mark.parametrize("dim,c", [(2, 1), (3, 1), (2, 2)])
+def test_hanging_parent_rows_by_the_device_kernels_on_host_threads(host_gpu, monkeypatch, dim, c):
+    """The device path of the rows with a hanging coarse parent (``adaptmg.device.
+    forest_hanging``: its CUDA source on host threads, tests/host_cuda.py) inside the fused
+    construction gives the groups by kind's CSR arrays bit for bit (positive dyadic sums:
+    exact in any order), for default, Dirichlet and random masks and c components."""
+    from adaptmg.device import forest_hanging as FH
+    from adaptmg.multilevel import transfer as tr
+    rng = np.random.default_rng(5)
+    H = _adaptive(dim).hierarchy()
+    calls = []
+    monkeypatch.setattr(FH, "available", lambda Hc, codes, ind: Hc is not None)
+    monkeypatch.setattr(FH, "_module", lambda xp: calls.append(1) or host_gpu.xp.RawModule(FH._SRC))
+    checked = 0
+    for mc, mf in zip(H[:-1], H[1:]):
+        if not mc.num_hanging_nodes:
+            continue
+        sc, sf = Space(mc, 1), Space(mf, 1)
+        Hc = sp.csr_matrix(sc.H_nodes)
+        Hc.indptr, Hc.indices = Hc.indptr.astype(np.int32), Hc.indices.astype(np.int32)
+        for kind in ("default", "dirichlet", "random"):
+            zc, zf = _masks(sc, sf, kind, rng)
+            A = tr._q1_forest_csr(sc, sf, zf, zc, Hc, components=c, fused=False)
+            n0 = len(calls)
+            B = tr._q1_forest_csr(sc, sf, zf, zc, Hc, components=c, fused=True)
+            if A is None:
+                assert B is None
+                continue
+            checked += len(calls) > n0
+            assert np.array_equal(A.indptr, B.indptr) and np.array_equal(A.indices, B.indices)
+            assert np.array_equal(A.data, B.data)
+    assert checked >= 3                                   # the kernels ran (rows with hanging parents)
