@@ -133,7 +133,9 @@ def available(H, codes, indices) -> bool:
 def _args(xp, codes, kind, hang, H, cfree, ncn):
     n, W = int(codes.shape[0]), int(codes.shape[1])
     use = cfree is not None
-    cf = cfree if use else xp.zeros(1, dtype=bool)
+    # raw pointers: a strided mask (a component's column of a DoF mask) made contiguous
+    cf = xp.ascontiguousarray(cfree, dtype=bool) if use else xp.zeros(1, dtype=bool)
+    codes = xp.ascontiguousarray(codes)
     return n, (np.int64(n), np.int32(W), codes, kind, hang, np.int64(ncn), H.indptr, H.indices, H.data,
                cf, np.int32(use))
 
