@@ -410,6 +410,12 @@ def _q1_forest_csr_fused(coarse, fine, fine_free, coarse_free, H, be, c):
     if n_hang < 0:
         return None
     C = None
+
+    def expanded():              # the rows with a hanging parent through the rows of H
+        rows_h = xp.flatnonzero(hang)
+        w_h = xp.ldexp(1.0, -kind.take(rows_h).astype(xp.int32))
+        return _hanging_parent_rows(be, [(rows_h, codes[rows_h], w_h)], H, hanging, ncn, coarse_free)
+
     # the rows with a hanging parent: on the device two node kernels (forest_hanging), else
     # (host arrays: the twins) the rows of H gathered and expanded
     kernels = bool(n_hang) and FH.available(H, codes, None)
@@ -417,9 +423,7 @@ def _q1_forest_csr_fused(coarse, fine, fine_free, coarse_free, H, be, c):
     if kernels:
         FH.count(xp, codes, kind, hang, H, cfree, ncn, cnt)
     elif n_hang:
-        rows_h = xp.flatnonzero(hang)
-        w_h = xp.ldexp(1.0, -kind.take(rows_h).astype(xp.int32))
-        rows_c, C = _hanging_parent_rows(be, [(rows_h, codes[rows_h], w_h)], H, hanging, ncn, coarse_free)
+        rows_c, C = expanded()
         cnt[rows_c] = C.indptr[1:] - C.indptr[:-1]
     ip = xp.zeros(nf + 1, dtype=xp.int64)
     ip[1:] = xp.cumsum(cnt)
@@ -430,10 +434,8 @@ def _q1_forest_csr_fused(coarse, fine, fine_free, coarse_free, H, be, c):
     IK.q1_forest_fill(cnt, kind, hang, codes, ip, c, indices, data)
     if kernels and it == np.int32:
         FH.fill(xp, codes, kind, hang, H, cfree, ncn, cnt, ip, c, indices, data)
-    elif kernels:                    # int64 entries past 2^31: the expansion as on the host
-        rows_h = xp.flatnonzero(hang)
-        w_h = xp.ldexp(1.0, -kind.take(rows_h).astype(xp.int32))
-        rows_c, C = _hanging_parent_rows(be, [(rows_h, codes[rows_h], w_h)], H, hanging, ncn, coarse_free)
+    elif kernels:                    # int64 entries past 2^31 (the kernels write int32): as on the host
+        rows_c, C = expanded()
     if C is not None and C.nnz:
         _write_hanging_entries(xp, C, rows_c, ip, cnt, c, it, indices, data)
     A = be.sparse.csr_matrix((data, indices, _dof_indptr(xp, ip, cnt, nf, c, nnz, it)),
