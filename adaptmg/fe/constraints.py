@@ -72,7 +72,7 @@ class Constraints:
         self.free = ~(fixed | hang)
         self.g = self._values(values)
         self._scale = None
-        if build_H and bool(hang.any()):
+        if build_H and space.hanging_nodes.shape[0]:   # (its length: no read of the mask)
             space.H             # built now (as before); without hanging nodes only when used
 
     @property
