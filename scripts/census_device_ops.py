@@ -386,7 +386,7 @@ def install(monkeypatch=None):
     mp.setattr(congruence_rows, "_module", lambda xp: _CongruenceModule())
     # the transfer's rows with a hanging coarse parent likewise
     from adaptmg.device import forest_hanging
-    mp.setattr(forest_hanging, "available", lambda H, codes, ind: H is not None and B.is_device_sparse(H))
+    mp.setattr(forest_hanging, "available", lambda H, codes: H is not None and B.is_device_sparse(H))
     mp.setattr(forest_hanging, "_module", lambda xp: _ForestHangModule())
     # the device pattern's row kernels and row-walk sums likewise
     from adaptmg.assemble import _device

@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import scipy.sparse as sp
 
 from ..backend import backend_of, in_host_memory, to_host
 
@@ -234,9 +235,13 @@ def _launch(xp, name, n, args):
 
 def constrained_congruence(A, H, HT, z):
     r"""``(K, s)``: :math:`K = Z H^T A H Z + s (I - Z)` (the module's formula) and the row
-    scale ``s`` (a float), for CSR ``A`` (canonical: sorted, no duplicates), the hanging-node
-    matrix ``H``, its transpose ``HT`` (CSR) and the free mask ``z`` (bool, ``n``).  On the device
-    (:func:`available`) two row kernels, a running sum and one read; otherwise :func:`twin`."""
+    scale ``s`` (a float), for CSR ``A`` (duplicates and unsorted columns are summed and sorted
+    as any terms), the hanging-node matrix ``H``, its transpose ``HT`` (CSR) and the free mask
+    ``z`` (bool, ``n``).  On the device (:func:`available`) two row kernels, a running sum and one
+    read; otherwise :func:`twin`."""
+    if tuple(z.shape) != (A.shape[0],):
+        raise ValueError(f"constrained_congruence: the free mask has shape {tuple(z.shape)}, "
+                         f"the matrix {A.shape[0]} rows")
     if in_host_memory(A.data):
         return twin(A, H, z)
     if not available(A, H, HT):
@@ -280,7 +285,6 @@ def rows(xp, A, H, HT, z):
 def twin(A, H, z):
     """The host formula of :func:`constrained_congruence`: ``H^T (A H)`` by SciPy products,
     ``s`` from its diagonal and ``Z B Z + s (I - Z)`` by masking (zeros dropped); SciPy CSR."""
-    import scipy.sparse as sp
     A, H = sp.csr_matrix(A), sp.csr_matrix(H)
     z = np.asarray(z, dtype=bool)
     B = (H.T @ (A @ H)).tocsr()

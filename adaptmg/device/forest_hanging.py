@@ -122,12 +122,11 @@ def _module(xp):
     return xp.RawModule(code=_SRC)
 
 
-def available(H, codes, indices) -> bool:
+def available(H, codes) -> bool:
     """Whether the kernels take these arrays: the coarse ``H`` a device CSR of float64 with
-    int32 indices, int32 ``codes`` and int32 output ``indices``."""
+    int32 indices and device ``codes`` of int32 (the output indices must be int32 too)."""
     return (is_device_sparse(H) and not in_host_memory(codes) and H.dtype == np.float64
-            and H.indptr.dtype == np.int32 and H.indices.dtype == np.int32
-            and codes.dtype == np.int32 and (indices is None or indices.dtype == np.int32))
+            and H.indptr.dtype == np.int32 and H.indices.dtype == np.int32 and codes.dtype == np.int32)
 
 
 def _args(xp, codes, kind, hang, H, cfree, ncn):

@@ -418,7 +418,7 @@ def _q1_forest_csr_fused(coarse, fine, fine_free, coarse_free, H, be, c):
 
     # the rows with a hanging parent: on the device two node kernels (forest_hanging), else
     # (host arrays: the twins) the rows of H gathered and expanded
-    kernels = bool(n_hang) and FH.available(H, codes, None)
+    kernels = bool(n_hang) and FH.available(H, codes)
     cfree = None if coarse_free is None else be.asarray(coarse_free)
     if kernels:
         FH.count(xp, codes, kind, hang, H, cfree, ncn, cnt)

@@ -97,10 +97,12 @@ def test_row_kernels_on_host_threads(host_gpu, monkeypatch, dim, q, cap):
     _check(K, s, K_ref, s_ref)
 
 
-def test_refuses_what_the_kernels_do_not_take():
-    A, H, free, _, _ = _problem(2)
+def test_host_arrays_take_the_twin_and_a_wrong_mask_is_refused():
+    A, H, free, K_ref, s_ref = _problem(2)
     K, s = CR.constrained_congruence(A, H, H.T.tocsr(), free)       # host arrays: the twin
-    assert isinstance(K, sp.csr_matrix) and s > 0
+    _check(K, s, K_ref, s_ref)
+    with pytest.raises(ValueError, match="free mask has shape"):
+        CR.constrained_congruence(A, H, H.T.tocsr(), free[:-1])
 
 
 @pytest.mark.gpu

@@ -305,7 +305,7 @@ def test_hanging_parent_rows_by_the_device_kernels_on_host_threads(host_gpu, mon
     rng = np.random.default_rng(5)
     H = _adaptive(dim).hierarchy()
     calls = []
-    monkeypatch.setattr(FH, "available", lambda Hc, codes, ind: Hc is not None)
+    monkeypatch.setattr(FH, "available", lambda Hc, codes: Hc is not None)
     monkeypatch.setattr(FH, "_module", lambda xp: calls.append(1) or host_gpu.xp.RawModule(FH._SRC))
     checked = 0
     for mc, mf in zip(H[:-1], H[1:]):
