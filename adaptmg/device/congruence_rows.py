@@ -26,7 +26,9 @@ place).  Measured on an H200: the 2.66M-DoF 3-D adaptive mesh's finest constrain
 in another order than SciPy's or cuSPARSE's products: the same matrix to rounding (an entry
 that cancels may be dropped on one side and kept as a round-off-sized number on the other).
 
-Replaces, where it applies (:func:`available`), the device path's two cuSPARSE SpGEMMs of
+:class:`adaptmg.Constraints` calls them for spaces on a device mesh whose rows fit the slots
+(2-D, and scalar Q1 in 3-D; a vector or Q2 row in 3-D has ~130-270 columns); they replace
+there, where they apply (:func:`available`), the device path's two cuSPARSE SpGEMMs of
 :func:`adaptmg.fe.congruence.congruence_by_products`, their ``H`` built from the hanging rows,
 the diagonal's mean and :func:`~.index_kernels.constrained_csr`: ~60 CuPy calls and 4 reads of
 the device a level become ~12 calls and one read.  The NumPy twin (host arrays, and the CPU

@@ -345,12 +345,17 @@ def _device_matrix(cons, A, be=None):
     hanging nodes (their rows of :math:`H^T A H` are empty: the masking pass would fail after
     a dozen launches and two reads).  With hanging nodes on a device mesh (``H`` there) K is
     written row by row from A, H and :math:`H^T` without forming B
-    (:func:`~adaptmg.device.congruence_rows.constrained_congruence`: two kernels, one read).
+    (:func:`~adaptmg.device.congruence_rows.constrained_congruence`: two kernels, one read) in
+    2-D and for scalar Q1 in 3-D, whose rows have at most 64 distinct columns.
     """
     be = backend_of(A) if be is None else be
     xp = be.xp
     space = cons.space
-    if space.hanging_nodes.size and space._on_device and is_device_sparse(space.H):
+    # rows that fit the kernels' 64 column slots: 2-D (Q1 <= 11 columns a node row, Q2 <= 33),
+    # 3-D scalar Q1 (<= 45); 3-D Q2 and vector rows reach ~130-270, whose term-by-term path is
+    # quadratic in hundreds to thousands of terms: they keep the products
+    fits = space.dim == 2 or (space.degree == 1 and space.components == 1)
+    if fits and space.hanging_nodes.size and space._on_device and is_device_sparse(space.H):
         H, HT = space.H, cons._HT_on(be)
         if _rows_available(A, H, HT):          # K row by row: two kernels and one read
             K, cons._scale = constrained_congruence(A, H, HT, cons.free)
