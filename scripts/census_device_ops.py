@@ -18,8 +18,10 @@ reductions and scans 40 us, reads 50 us, host -> device copies 30 us, other laun
 allocations 3 us, sparse products 20 us (SpMV) / 150 us (SpGEMM: its nnz is read back),
 COO -> CSR and sum_duplicates 100 us, ``tocsr()`` of a CSR matrix (cupyx returns it) 1 us.  The result is a *census*, not a timing: it says which
 call sites a level or a step pays for most often.  The fused set-up and estimator kernels of
-``adaptmg/device/index_kernels.py`` run their device path here, each kernel one launch
-(``kernel:<name>``, its result from the NumPy twin, not counted).  (What it does not see: the
+``adaptmg/device/index_kernels.py``, the constrained matrix's row kernels
+(``device/congruence_rows.py``) and the transfer's hanging rows (``device/forest_hanging.py``)
+run their device path here, each kernel one launch (``kernel:<name>``, its result from the
+host path, not counted).  (What it does not see: the
 solver's fused ``ElementwiseKernel`` s run their NumPy twins here and count as their
 operations, and the stand-in's SpMV runs on the host.)
 
