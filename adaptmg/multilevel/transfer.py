@@ -387,8 +387,10 @@ def _q1_forest_csr_fused(coarse, fine, fine_free, coarse_free, H, be, c):
     (:func:`~adaptmg.device.index_kernels.q1_forest_rows` / ``q1_forest_fill``): every fine
     node's sorted parent codes, kept count, kind and flags at once, one read for the checks
     (every coarse node a fine node, every other fine node a midpoint of coarse nodes) and
-    the count of rows with a hanging parent, which go through :func:`_hanging_parent_rows`
-    as before; the same matrix as the groups by kind (positive dyadic sums: exact)."""
+    the count of rows with a hanging parent, which on the device two more node kernels expand
+    through the coarse H (:mod:`adaptmg.device.forest_hanging`) and on the host (the twins)
+    :func:`_hanging_parent_rows`; the same matrix as the groups by kind (positive dyadic sums:
+    exact)."""
     fm, cm = fine.mesh, coarse.mesh
     F = fm._forest
     if cm._forest is not F:
