@@ -55,11 +55,7 @@ def set_fuse_below(ml, rows):
     """The one-launch residual / Jacobi kernels on the levels of ``ml`` with fewer than
     ``rows`` rows (see :meth:`~adaptmg.multilevel.MultilevelSolver.set_fuse_below`); then the
     transfer and pre-smoothing switches again (they need it)."""
-    if isinstance(rows, str):
-        if rows != "auto":
-            raise ValueError(f"fuse_below must be an integer or 'auto', got {rows!r}")
-    elif not isinstance(rows, (int, np.integer)) or rows < 0:
-        raise ValueError(f"fuse_below must be a non-negative integer or 'auto', got {rows!r}")
+    _limit("fuse_below", rows, 0, False)            # the same checks as the other switches
     ml.fuse_below = rows
     ml._preconditioners = {}          # they were recorded with the old kernels
     real = ml.dtype.kind == "f"                                              # real kernels

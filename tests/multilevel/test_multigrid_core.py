@@ -275,6 +275,8 @@ def test_bad_input(backend):
                          backend=backend)
     with pytest.raises(ValueError, match="fuse_below"):
         MultilevelSolver.from_matrices(As, Ps, backend=backend, fuse_below="sometimes")
+    with pytest.raises(ValueError, match="fuse_below"):
+        MultilevelSolver.from_matrices(As, Ps, backend=backend, fuse_below=True)   # a bool is no row count
     with pytest.raises(ValueError, match="fuse_transfers_below"):
         MultilevelSolver.from_matrices(As, Ps, backend=backend, fuse_transfers_below=-1)
     with pytest.warns(UserWarning, match="did not reach"):
