@@ -44,9 +44,10 @@ def _check(K, s, K_ref, s_ref):
     """Same pattern and entries to rounding (sums in another order), same row scale."""
     assert abs(s - s_ref) <= 8 * EPS * s_ref
     K, K_ref = sp.csr_matrix(K), sp.csr_matrix(K_ref)
-    for i in range(K.shape[0]):                                  # canonical: columns strictly increasing
-        row = K.indices[K.indptr[i]:K.indptr[i + 1]]
-        assert np.all(np.diff(row) > 0)
+    inside = np.ones(max(K.nnz - 1, 0), dtype=bool)            # canonical: columns strictly
+    b = K.indptr[1:-1] - 1                                      # increasing inside every row
+    inside[b[(b >= 0) & (b < inside.size)]] = False
+    assert np.all(np.diff(K.indices)[inside] > 0)
     Kd, Rd = K.toarray(), K_ref.toarray()                   # small problems: dense
     scale = np.abs(Rd).max()
     assert np.abs(Kd - Rd).max() <= 64 * EPS * scale
