@@ -448,7 +448,6 @@ class _GpuColoredSweep(ColoredSweep):
             slices = colour_slices(A, groups, c) if sliced else \
                 [(None, A.indptr, A.indices, A.data)] * len(groups)
             per_row = A.nnz / max(A.shape[0], 1)
-        self._tpr = THREADS_PER_ROW or gs_threads_per_row(per_row)
         self.slices = [sl[1:] for sl in slices]
         flag = () if bsr else (np.int32(1 if sliced else 0),)
         self._launch = []
@@ -457,6 +456,11 @@ class _GpuColoredSweep(ColoredSweep):
             tpr = THREADS_PER_ROW or gs_threads_per_row(per_row, m)     # more lanes for small colours
             grid = ((m * tpr + self._THREADS - 1) // self._THREADS,)
             self._launch.append((grid, (np.int32(m), np.int32(tpr)) + flag + (g.astype(xp.int32),) + sl))
+
+    @property
+    def lanes(self):
+        """Threads a row of each colour's launch (:func:`gs_threads_per_row` of its size)."""
+        return [int(head[1]) for _, head in self._launch]
 
     def color(self, k, x, b, omega):
         grid, head = self._launch[k]

@@ -311,7 +311,6 @@ class SplitColoredSweep(ColoredSweep):
                for pre in (False, True)]
         self._inv = xp.ascontiguousarray(inv).reshape(-1)
         per_row = sum(nb for nb, _ in self.blocks) / max(A.shape[0] // c, 1)
-        self._tpr = gs_kernels.THREADS_PER_ROW or gs_threads_per_row(per_row)
         def launch(nodes, *arrays):
             m = int(nodes.shape[0])
             tpr = gs_kernels.THREADS_PER_ROW or gs_threads_per_row(per_row, m)   # more lanes for small colours
@@ -319,6 +318,11 @@ class SplitColoredSweep(ColoredSweep):
                     (np.int32(m), np.int32(tpr), nodes) + arrays)
         self._launch = [launch(*sl) for sl in parts]
         self._launch_all = launch(*whole)           # every node row: the one-launch residual
+
+    @property
+    def lanes(self):
+        """Threads a node row of each colour's launch (:func:`gs_threads_per_row` of its size)."""
+        return [int(head[1]) for _, _, head in self._launch]
 
     def _setup_twin(self, A, parts, inv):
         c = self.block_size

@@ -277,7 +277,7 @@ def test_device_sweep_equals_the_scipy_colour_updates(device, case, monkeypatch)
         for sweep, omega in (("forward", 1.0), ("symmetric", 1.3)):
             dev = GaussSeidel(device.asmatrix(A), sweep=sweep, omega=omega, backend=device, **kw)
             assert dev._plan.sliced == gs_kernels.SLICED or layout == "bsr"
-            assert (dev._plan._tpr == 1) == (tpr == 1)
+            assert (set(dev._plan.lanes) == {1}) == (tpr == 1)
             assert dev._plan.layout == (layout if c > 1 else "csr")
             xd = device.asarray(x0)
             dev.smooth(xd, device.asarray(b), 1)
