@@ -97,7 +97,7 @@ import numpy as np
 
 from ..backend import backend_of, constant, get_backend, in_host_memory, repeat, to_host
 
-__all__ = ["registry_midpoints", "face_corners", "grouped_table_product", "ColumnGroups",
+__all__ = ["registry_midpoints", "face_key_ends", "face_corners", "grouped_table_product", "ColumnGroups",
            "csr_row_entries", "constrained_csr", "constrained_rows", "weight_rows_csr",
            "q1_forest_rows", "q1_forest_fill", "FUSED", "KERNEL_NAMES"]
 
@@ -265,6 +265,16 @@ def _kernel(name: str):
     return xp.ElementwiseKernel(ins, outs, op, f"adaptmg_{name}")
 
 
+def face_key_ends(c0, c1, c2, c3):
+    """The registry key's ends ``(lo, hi)`` of quadrilateral faces with corners ``c0 .. c3``
+    (lexicographic): the smallest corner and the one diagonally opposite to it (corner
+    ``3 - j`` of corner ``j``) -- the rule by which the forest registers face centres
+    (:meth:`adaptmg.mesh._tree.Forest.split`) and :func:`registry_midpoints` looks them up."""
+    xp = backend_of(c0).xp
+    lo = xp.minimum(xp.minimum(c0, c1), xp.minimum(c2, c3))
+    return lo, xp.where(c0 == lo, c3, xp.where(c1 == lo, c2, xp.where(c2 == lo, c1, c0)))
+
+
 def registry_midpoints(K, ent, keys, vals, seen, jump):
     """The (n, ne) int64 registered midpoints / centres ``M`` of the entities ``ent`` (ne, 4)
     int32 local vertices -- edges ``[a, b, -1, -1]`` or faces (4 corners, lexicographic), all
@@ -284,8 +294,7 @@ def registry_midpoints(K, ent, keys, vals, seen, jump):
     if len(C) == 2:
         lo, hi = xp.minimum(C[0], C[1]), xp.maximum(C[0], C[1])
     else:
-        lo = xp.minimum(xp.minimum(C[0], C[1]), xp.minimum(C[2], C[3]))
-        hi = xp.where(C[0] == lo, C[3], xp.where(C[1] == lo, C[2], xp.where(C[2] == lo, C[1], C[0])))
+        lo, hi = face_key_ends(*C)
     key = (lo << 32) | hi
     if keys.size == 0:
         return xp.full(key.shape, -1, dtype=np.int64)

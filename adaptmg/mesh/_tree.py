@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..backend import backend_of, stable_argsort, unique_first
+from ..device.index_kernels import face_key_ends
 from ..threads import InlineExecutor, default_threads
 from . import reference as ref
 from ._grow import grown
@@ -310,9 +311,7 @@ class Forest:
                 lo, hi = xp.minimum(C[0], C[1]), xp.maximum(C[0], C[1], out=C[1])
                 old_k, old_v = edge_keys, edge_nodes
             else:                                    # quadrilateral face, k == 2: smallest vertex
-                lo = xp.minimum(xp.minimum(C[0], C[1]), xp.minimum(C[2], C[3]))
-                # and the one diagonally opposite to it (vertex 3 - j of vertex j)
-                hi = xp.where(C[0] == lo, C[3], xp.where(C[1] == lo, C[2], xp.where(C[2] == lo, C[1], C[0])))
+                lo, hi = face_key_ends(*C)           # and the one diagonally opposite to it
                 old_k, old_v = face_keys, face_nodes
             lo, hi = lo.ravel(), hi.ravel()
             if may_exist:
