@@ -465,14 +465,19 @@ class _CongruenceModule:
             with _nested():
                 from adaptmg.device import congruence_rows
                 host = [_base(a) for a in args]
-                n = int(host[0])
-                csr = lambda ip, ind, val: sp.csr_matrix((val, ind, ip), shape=(n, n))
-                HT, A, H, z = csr(*host[1:4]), csr(*host[4:7]), csr(*host[7:10]), host[10]
-                K, _ = congruence_rows.twin(A, H, z)
+                # (m, row map, mapped, H^T's rows, A, H, z, outputs...)
+                rows = host[1] if int(host[2]) else None
+                z = host[12]
+                N = z.size
+                csr = lambda ip, ind, val: sp.csr_matrix((val, ind, ip), shape=(ip.size - 1, N))
+                A, H = csr(*host[6:9]), csr(*host[9:12])
                 if name == "adaptmg_congruence_count":
+                    K, _ = congruence_rows.twin(A, H, z, rows=rows)
+                    r = np.arange(N) if rows is None else rows
                     host[-2][...] = np.diff(K.indptr)
-                    host[-1][...] = np.where(z, np.abs((H.T @ A @ H).diagonal()), 0.0)
+                    host[-1][...] = np.where(z[r], np.abs((H.T @ A @ H).diagonal()[r]), 0.0)
                 else:
+                    K, _ = congruence_rows.twin(A, H, z, rows=rows, scale=lambda d, m: float(host[-3]))
                     host[-2][...], host[-1][...] = K.indices, K.data
         return launch
 

@@ -33,6 +33,13 @@ there, where they apply (:func:`available`), the device path's two cuSPARSE SpGE
 the diagonal's mean and :func:`~.index_kernels.constrained_csr`: ~60 CuPy calls and 4 reads of
 the device a level become ~12 calls and one read.  The NumPy twin (host arrays, and the CPU
 tests' stand-ins) is that path's formula through SciPy: :func:`twin`.
+
+Some rows only (``rows=``): the kernels run one thread per asked row, reading that row of
+:math:`H^T` from an ``m x n`` matrix of just those rows, and the row scale comes from the
+caller's ``scale(dsum, nfree)`` between the count and the fill.  :mod:`adaptmg.distributed.local`
+builds a rank's owned rows so, from the matrix of its needed cells (no :math:`H^T A H` of the
+whole local matrix, the scale one ``Allreduce``): measured on two H200 at 19M DoFs per rank,
+the local levels' matrix phase 0.60 -> 0.48 s.
 """
 from __future__ import annotations
 
@@ -43,23 +50,25 @@ import scipy.sparse as sp
 
 from ..backend import backend_of, in_host_memory, to_host
 
-__all__ = ["constrained_congruence", "rows", "available", "twin", "KERNEL_NAMES"]
+__all__ = ["constrained_congruence", "kernel_rows", "available", "fits", "twin", "KERNEL_NAMES"]
 
 KERNEL_NAMES = ("adaptmg_congruence_count", "adaptmg_congruence_fill")
 
 _SRC = r"""
 #define ADAPTMG_CONG_BLOCK 32
 #define ADAPTMG_CONG_CAP 64
-// the terms (column q, value) of row p of H^T A H in free columns, in a fixed order;
-// fn returns false to stop early
+#define ADAPTMG_CONG_DECL \
+    const int* __restrict__ tp, const int* __restrict__ ti, const double* __restrict__ tv, \
+    const int* __restrict__ ap, const int* __restrict__ ai, const double* __restrict__ av, \
+    const int* __restrict__ hp, const int* __restrict__ hi, const double* __restrict__ hv, \
+    const bool* __restrict__ z
+#define ADAPTMG_CONG_ARGS tp, ti, tv, ap, ai, av, hp, hi, hv, z
+// the terms (column q, value) in free columns of the output row r -- (H^T)_{pi} A_ij H_jq over
+// the entries (i, (H^T)_{pi}) of row r of tp/ti/tv --, in a fixed order; fn returns false to stop
 template <class Fn>
-__device__ __forceinline__ void adaptmg_cong_terms(
-    long long p, const int* __restrict__ tp, const int* __restrict__ ti, const double* __restrict__ tv,
-    const int* __restrict__ ap, const int* __restrict__ ai, const double* __restrict__ av,
-    const int* __restrict__ hp, const int* __restrict__ hi, const double* __restrict__ hv,
-    const bool* __restrict__ z, Fn fn)
+__device__ __forceinline__ void adaptmg_cong_terms(long long r, ADAPTMG_CONG_DECL, Fn fn)
 {
-    for (int t = tp[p]; t < tp[p + 1]; ++t) {
+    for (int t = tp[r]; t < tp[r + 1]; ++t) {
         const long long i = ti[t];
         const double wi = tv[t];
         for (int a = ap[i]; a < ap[i + 1]; ++a) {
@@ -73,25 +82,18 @@ __device__ __forceinline__ void adaptmg_cong_terms(
     }
 }
 
-#define ADAPTMG_CONG_ARGS tp, ti, tv, ap, ai, av, hp, hi, hv, z
+// n output rows; output row r is row rmap[r] of K when mapped (else row r), its terms row r of tp/ti/tv
 #define ADAPTMG_CONG_PARAMS \
-    long long n, const int* __restrict__ tp, const int* __restrict__ ti, const double* __restrict__ tv, \
-    const int* __restrict__ ap, const int* __restrict__ ai, const double* __restrict__ av, \
-    const int* __restrict__ hp, const int* __restrict__ hi, const double* __restrict__ hv, \
-    const bool* __restrict__ z
+    long long n, const long long* __restrict__ rmap, int mapped, ADAPTMG_CONG_DECL
 
-// whether term k (column q) of row p is the first with its column; then *s is the column's sum
-__device__ __forceinline__ bool adaptmg_cong_first(
-    long long p, long long q, long long k, double* s,
-    const int* __restrict__ tp, const int* __restrict__ ti, const double* __restrict__ tv,
-    const int* __restrict__ ap, const int* __restrict__ ai, const double* __restrict__ av,
-    const int* __restrict__ hp, const int* __restrict__ hi, const double* __restrict__ hv,
-    const bool* __restrict__ z)
+// whether term k (column q) of row r is the first with its column; then *s is the column's sum
+__device__ __forceinline__ bool adaptmg_cong_first(long long r, long long q, long long k, double* s,
+                                                   ADAPTMG_CONG_DECL)
 {
     long long m = 0;
     bool first = true;
     double acc = 0.0;
-    adaptmg_cong_terms(p, ADAPTMG_CONG_ARGS, [&](long long c, double v) {
+    adaptmg_cong_terms(r, ADAPTMG_CONG_ARGS, [&](long long c, double v) {
         if (c == q) {
             if (m < k) { first = false; return false; }
             acc += v;
@@ -105,16 +107,12 @@ __device__ __forceinline__ bool adaptmg_cong_first(
 
 // the row's distinct columns and their sums, sorted by column, in the thread's slots of the
 // block's shared buffer (slot t of lane l at t * BLOCK + l); -1 past CAP columns
-__device__ __forceinline__ int adaptmg_cong_buffer(
-    long long p, int* __restrict__ sc, double* __restrict__ sv, int lane,
-    const int* __restrict__ tp, const int* __restrict__ ti, const double* __restrict__ tv,
-    const int* __restrict__ ap, const int* __restrict__ ai, const double* __restrict__ av,
-    const int* __restrict__ hp, const int* __restrict__ hi, const double* __restrict__ hv,
-    const bool* __restrict__ z)
+__device__ __forceinline__ int adaptmg_cong_buffer(long long r, int* __restrict__ sc, double* __restrict__ sv,
+                                                   int lane, ADAPTMG_CONG_DECL)
 {
     int u = 0;
     bool over = false;
-    adaptmg_cong_terms(p, ADAPTMG_CONG_ARGS, [&](long long q, double v) {
+    adaptmg_cong_terms(r, ADAPTMG_CONG_ARGS, [&](long long q, double v) {
         int lo = 0, hi = u;
         while (lo < hi) {
             const int mid = (lo + hi) >> 1;
@@ -137,37 +135,46 @@ __device__ __forceinline__ int adaptmg_cong_buffer(
     return over ? -1 : u;
 }
 
+// fn(q, s) for each distinct free column q of row r and its sum s (zero sums too): sorted by
+// column from the slots (returns true), or past CAP columns term by term, in the order of the
+// columns' first terms (returns false; quadratic in the row's terms)
+template <class Fn>
+__device__ __forceinline__ bool adaptmg_cong_columns(long long r, int* __restrict__ sc, double* __restrict__ sv,
+                                                     int lane, ADAPTMG_CONG_DECL, Fn fn)
+{
+    const int u = adaptmg_cong_buffer(r, sc, sv, lane, ADAPTMG_CONG_ARGS);
+    if (u >= 0) {
+        for (int t = 0; t < u; ++t)
+            fn((long long)sc[t * ADAPTMG_CONG_BLOCK + lane], sv[t * ADAPTMG_CONG_BLOCK + lane]);
+        return true;
+    }
+    long long k = 0;
+    adaptmg_cong_terms(r, ADAPTMG_CONG_ARGS, [&](long long q, double v) {
+        double s;
+        if (adaptmg_cong_first(r, q, k, &s, ADAPTMG_CONG_ARGS)) fn(q, s);
+        ++k;
+        return true;
+    });
+    return false;
+}
+
 extern "C" __global__ void adaptmg_congruence_count(ADAPTMG_CONG_PARAMS, long long* cnt, double* ad)
 {
     __shared__ int sc[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
     __shared__ double sv[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
     const int lane = threadIdx.x;
-    const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= n) return;
-    if (!z[p]) { cnt[p] = 1; ad[p] = 0.0; return; }
+    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    const long long p = mapped ? rmap[r] : r;
+    if (!z[p]) { cnt[r] = 1; ad[r] = 0.0; return; }
     long long c = 0;
     double d = 0.0;
-    const int u = adaptmg_cong_buffer(p, sc, sv, lane, ADAPTMG_CONG_ARGS);
-    if (u >= 0) {
-        for (int t = 0; t < u; ++t) {
-            const double s = sv[t * ADAPTMG_CONG_BLOCK + lane];
-            if (s != 0.0) ++c;
-            if (sc[t * ADAPTMG_CONG_BLOCK + lane] == p) d = s;
-        }
-    } else {                                      // more than CAP columns: term by term
-        long long k = 0;
-        adaptmg_cong_terms(p, ADAPTMG_CONG_ARGS, [&](long long q, double v) {
-            double s;
-            if (adaptmg_cong_first(p, q, k, &s, ADAPTMG_CONG_ARGS)) {
-                if (s != 0.0) ++c;
-                if (q == p) d = s;
-            }
-            ++k;
-            return true;
-        });
-    }
-    cnt[p] = c;
-    ad[p] = d < 0.0 ? -d : d;
+    adaptmg_cong_columns(r, sc, sv, lane, ADAPTMG_CONG_ARGS, [&](long long q, double s) {
+        if (s != 0.0) ++c;
+        if (q == p) d = s;
+    });
+    cnt[r] = c;
+    ad[r] = d < 0.0 ? -d : d;
 }
 
 extern "C" __global__ void adaptmg_congruence_fill(ADAPTMG_CONG_PARAMS, const int* __restrict__ ptr,
@@ -176,28 +183,16 @@ extern "C" __global__ void adaptmg_congruence_fill(ADAPTMG_CONG_PARAMS, const in
     __shared__ int sc[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
     __shared__ double sv[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
     const int lane = threadIdx.x;
-    const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= n) return;
-    const long long o0 = ptr[p];
+    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    const long long p = mapped ? rmap[r] : r;
+    const long long o0 = ptr[r];
     if (!z[p]) { kcol[o0] = (int)p; kval[o0] = scale; return; }
     long long o = o0;
-    const int u = adaptmg_cong_buffer(p, sc, sv, lane, ADAPTMG_CONG_ARGS);
-    if (u >= 0) {
-        for (int t = 0; t < u; ++t) {
-            const double s = sv[t * ADAPTMG_CONG_BLOCK + lane];
-            if (s != 0.0) { kcol[o] = sc[t * ADAPTMG_CONG_BLOCK + lane]; kval[o] = s; ++o; }
-        }
-        return;
-    }
-    long long k = 0;                              // more than CAP columns: term by term
-    adaptmg_cong_terms(p, ADAPTMG_CONG_ARGS, [&](long long q, double v) {
-        double s;
-        if (adaptmg_cong_first(p, q, k, &s, ADAPTMG_CONG_ARGS) && s != 0.0) {
-            kcol[o] = (int)q; kval[o] = s; ++o;
-        }
-        ++k;
-        return true;
+    const bool sorted = adaptmg_cong_columns(r, sc, sv, lane, ADAPTMG_CONG_ARGS, [&](long long q, double s) {
+        if (s != 0.0) { kcol[o] = (int)q; kval[o] = s; ++o; }
     });
+    if (sorted) return;
     for (long long a = o0 + 1; a < o; ++a) {             // the row's entries sorted by column
         const int c = kcol[a];
         const double v = kval[a];
@@ -217,16 +212,26 @@ def _module(xp):
     return xp.RawModule(code=_SRC)
 
 
+def fits(space) -> bool:
+    """Whether the rows of ``space``'s :math:`H^T A H` fit the kernels' 64 column slots: 2-D
+    (Q1 <= 11 columns a node row, Q2 <= 33) and 3-D scalar Q1 (<= 45).  3-D Q2 and vector rows
+    reach ~130-270 columns, whose term-by-term path is quadratic in hundreds to thousands of
+    terms: callers keep the SpGEMM products for them."""
+    return space.dim == 2 or (space.degree == 1 and space.components == 1)
+
+
 def _int32_csr(M):
     return M.indptr.dtype == np.int32 and M.indices.dtype == np.int32
 
 
-def available(A, H, HT) -> bool:
+def available(A, H, HT, rows=None) -> bool:
     """Whether the kernels take these matrices: device CSR, float64 values, int32 indices (what
-    cupyx holds), ``H`` and ``HT`` square of ``A``'s size."""
+    cupyx holds), ``H`` square of ``A``'s size, ``HT`` ``A``'s shape (``len(rows)`` rows with
+    ``rows``)."""
     n = A.shape[0]
+    m = n if rows is None else int(rows.shape[0])
     return (not in_host_memory(A.data) and A.dtype == np.float64 and H.dtype == np.float64
-            and HT.dtype == np.float64 and A.shape == H.shape == HT.shape == (n, n)
+            and HT.dtype == np.float64 and A.shape == H.shape == (n, n) and HT.shape == (m, n)
             and _int32_csr(A) and _int32_csr(H) and _int32_csr(HT))
 
 
@@ -235,70 +240,90 @@ def _launch(xp, name, n, args):
         _module(xp).get_function(name)(((n + _BLOCK - 1) // _BLOCK,), (_BLOCK,), (np.int64(n),) + args)
 
 
-def constrained_congruence(A, H, HT, z):
+def _default_scale(dsum, nfree):
+    """The row scale from the sum of :math:`|B_{pp}|` over ``nfree`` free rows: their mean, 1
+    when that is zero (or there is no free row)."""
+    mean = float(dsum) / nfree if nfree else 0.0
+    return mean if mean > 0 else 1.0
+
+
+def constrained_congruence(A, H, HT, z, rows=None, scale=None):
     r"""``(K, s)``: :math:`K = Z H^T A H Z + s (I - Z)` (the module's formula) and the row
     scale ``s`` (a float), for CSR ``A`` (duplicates and unsorted columns are summed and sorted
     as any terms), the hanging-node matrix ``H``, its transpose ``HT`` (CSR) and the free mask
     ``z`` (bool, ``n``).  On the device (:func:`available`) two row kernels, a running sum and one
-    read; otherwise :func:`twin`."""
-    if tuple(z.shape) != (A.shape[0],):
+    read; otherwise :func:`twin`.
+
+    ``rows`` (distinct DoFs, ``m`` of them): only those rows of ``K`` (``m x n``, row ``k`` is
+    row ``rows[k]``), ``HT`` then holding just the rows ``rows`` of :math:`H^T` (``m x n``;
+    the rows of non-free DoFs may be empty) -- a rank's owned rows in :mod:`adaptmg.distributed`.
+    ``scale(dsum, nfree)``: ``s`` from the sum of :math:`|B_{pp}|` over the ``nfree`` free rows
+    among them (default: their mean, 1 when zero; a distributed caller reduces over its ranks)."""
+    n = A.shape[0]
+    if tuple(z.shape) != (n,):
         raise ValueError(f"constrained_congruence: the free mask has shape {tuple(z.shape)}, "
-                         f"the matrix {A.shape[0]} rows")
+                         f"the matrix {n} rows")
+    m = n if rows is None else int(rows.shape[0])
+    if tuple(HT.shape) != (m, n):
+        raise ValueError(f"constrained_congruence: H^T has shape {tuple(HT.shape)}, expected {(m, n)} "
+                         f"({'the rows asked for' if rows is not None else 'the matrix'})")
     if in_host_memory(A.data):
-        return twin(A, H, z)
-    if not available(A, H, HT):
+        return twin(A, H, z, rows=rows, scale=scale)
+    if not available(A, H, HT, rows):
         raise ValueError("constrained_congruence: the kernels take device CSR matrices of float64 with int32 "
-                         f"indices, all {A.shape[0]} x {A.shape[0]}; got A {A.dtype}/{A.indices.dtype}, "
+                         f"indices, all {n} x {n}; got A {A.dtype}/{A.indices.dtype}, "
                          f"H {H.dtype}/{H.indices.dtype} {H.shape}, HT {HT.dtype}/{HT.indices.dtype} {HT.shape}")
     be = backend_of(A.data)
-    ptr, kcol, kval, s = rows(be.xp, (A.indptr, A.indices, A.data), (H.indptr, H.indices, H.data),
-                              (HT.indptr, HT.indices, HT.data), z)
-    n = A.shape[0]
-    K = be.sparse.csr_matrix((kval, kcol, ptr), shape=(n, n))
+    ptr, kcol, kval, s = kernel_rows(be.xp, (A.indptr, A.indices, A.data), (H.indptr, H.indices, H.data),
+                               (HT.indptr, HT.indices, HT.data), z, rows, scale)
+    K = be.sparse.csr_matrix((kval, kcol, ptr), shape=(m, n))
     K.has_canonical_format = True
     return K, s
 
 
-def rows(xp, A, H, HT, z):
+def kernel_rows(xp, A, H, HT, z, rows=None, scale=None):
     """The kernels' part of :func:`constrained_congruence` on the array module ``xp``, the
     matrices as ``(indptr, indices, data)`` triples (int32, int32, float64): ``(indptr,
-    indices, data, s)`` of K (int32 / int32 / float64 arrays of ``xp``, ``s`` a float)."""
-    n = int(A[0].shape[0]) - 1
+    indices, data, s)`` of K's rows (int32 / int32 / float64 arrays of ``xp``, ``s`` a float)."""
+    m = int(HT[0].shape[0]) - 1
     z = xp.ascontiguousarray(z, dtype=bool)
-    args = tuple(HT) + tuple(A) + tuple(H) + (z,)
-    cnt, ad = xp.empty(n, dtype=np.int64), xp.empty(n, dtype=np.float64)
-    _launch(xp, "adaptmg_congruence_count", n, args + (cnt, ad))
-    ptr = xp.zeros(n + 1, dtype=np.int64)
+    mapped = rows is not None
+    rmap = xp.ascontiguousarray(rows, dtype=np.int64) if mapped else xp.zeros(1, dtype=np.int64)
+    args = (rmap, np.int32(mapped)) + tuple(HT) + tuple(A) + tuple(H) + (z,)
+    cnt, ad = xp.empty(m, dtype=np.int64), xp.empty(m, dtype=np.float64)
+    _launch(xp, "adaptmg_congruence_count", m, args + (cnt, ad))
+    ptr = xp.zeros(m + 1, dtype=np.int64)
     ptr[1:] = xp.cumsum(cnt)
     # one read: the entry count, the sum of |B_pp| over the free rows and their number
-    nnz, dsum, nfree = (to_host(xp.stack([ptr[-1].astype(np.float64), ad.sum(), z.sum().astype(np.float64)]))
-                        if n else (0.0, 0.0, 0.0))
+    zr = z[rmap] if mapped else z
+    nnz, dsum, nfree = (to_host(xp.stack([ptr[-1].astype(np.float64), ad.sum(), zr.sum().astype(np.float64)]))
+                        if m else (0.0, 0.0, 0.0))
     nnz, nfree = int(nnz), int(nfree)
     if nnz >= 2 ** 31:
         raise ValueError(f"constrained_congruence: {nnz} entries exceed the int32 indices of cupyx")
-    mean = float(dsum) / nfree if nfree else 0.0
-    s = mean if mean > 0 else 1.0
+    s = (scale or _default_scale)(float(dsum), nfree)
     ptr32 = ptr.astype(np.int32)
     kcol, kval = xp.empty(nnz, dtype=np.int32), xp.empty(nnz, dtype=np.float64)
-    _launch(xp, "adaptmg_congruence_fill", n, args + (ptr32, np.float64(s), kcol, kval))
+    _launch(xp, "adaptmg_congruence_fill", m, args + (ptr32, np.float64(s), kcol, kval))
     return ptr32, kcol, kval, s
 
 
-def twin(A, H, z):
+def twin(A, H, z, rows=None, scale=None):
     """The host formula of :func:`constrained_congruence`: ``H^T (A H)`` by SciPy products,
-    ``s`` from its diagonal and ``Z B Z + s (I - Z)`` by masking (zeros dropped); SciPy CSR."""
+    ``s`` from its diagonal and ``Z B Z + s (I - Z)`` by masking (zeros dropped); SciPy CSR
+    (the rows ``rows`` of it with ``rows``)."""
     A, H = sp.csr_matrix(A), sp.csr_matrix(H)
     z = np.asarray(z, dtype=bool)
     B = (H.T @ (A @ H)).tocsr()
     B.sum_duplicates()
-    d = np.abs(B.diagonal()[z])
-    mean = float(d.mean()) if d.size else 0.0
-    s = mean if mean > 0 else 1.0
-    C = B.tocoo()
-    keep = z[C.row] & z[C.col] & (C.data != 0)
-    fixed = np.flatnonzero(~z)
+    r = np.arange(A.shape[0]) if rows is None else np.asarray(to_host(rows), dtype=np.int64)
+    zr = z[r]
+    s = (scale or _default_scale)(float(np.abs(B.diagonal()[r][zr]).sum()), int(zr.sum()))
+    C = B[r].tocoo()
+    keep = zr[C.row] & z[C.col] & (C.data != 0)
+    fixed = np.flatnonzero(~zr)
     K = sp.coo_matrix((np.concatenate([C.data[keep], np.full(fixed.size, s)]),
-                       (np.concatenate([C.row[keep], fixed]), np.concatenate([C.col[keep], fixed]))),
-                      shape=A.shape).tocsr()
+                       (np.concatenate([C.row[keep], fixed]), np.concatenate([C.col[keep], r[fixed]]))),
+                      shape=(r.size, A.shape[1])).tocsr()
     K.sum_duplicates()
     return K, s

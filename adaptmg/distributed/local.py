@@ -26,10 +26,12 @@ free x free entries; ``s`` = mean of ``|B_ii|`` over the free DoFs (one ``Allred
 sum and a count), and the owned rows of ``K`` are ``B_o`` (zeros dropped) plus ``s`` on
 the diagonal of the non-free rows.  All of it through the backend's ``xp`` and sparse
 module: on the GPU the view is assembled on the device (``device=, keep_on_device=True``)
-and constrained there by the one device congruence of :mod:`adaptmg.fe.congruence`
-(:func:`~adaptmg.fe.congruence.congruence_on_device`: cuSPARSE's products where they fit,
-else the expansion of the hanging entries, which needs no SpGEMM), owned rows and free
-columns selected after it.
+and constrained there: the owned rows straight from ``A``, ``H`` and the owned rows of
+``Z H^T`` by the row kernels of :mod:`adaptmg.device.congruence_rows` where the rows fit
+their slots (2-D, 3-D scalar Q1), else by the one device congruence of
+:mod:`adaptmg.fe.congruence` (:func:`~adaptmg.fe.congruence.congruence_on_device`:
+cuSPARSE's products where they fit, else the expansion of the hanging entries, which needs
+no SpGEMM), owned rows and free columns selected after it.
 
 Transfer.  ``P = Z_f (\chi \otimes I_c) H_c Z_c`` (:mod:`adaptmg.multilevel.transfer`):
 a row of ``\chi`` (fine node ``f``) is the coarse cell polynomial of any fine cell
@@ -74,7 +76,8 @@ from types import SimpleNamespace
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, get_backend, repeat
+from ..backend import CPU, get_backend, is_device_sparse, repeat
+from ..device.congruence_rows import available as rows_available, constrained_congruence, fits as rows_fit
 from ..device.index_kernels import constrained_rows
 from ..fe.csr_ops import congruence_with_constraints, row_positions
 from ..mesh._touch import cells_with_vertex_in
@@ -195,10 +198,15 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_
     ``backend``: where the rows are built -- the same code through ``xp``.  On the GPU
     ``assemble`` is called as :func:`adaptmg.multigrid` calls it there
     (:func:`~adaptmg.multilevel.hierarchy._on_backend`: ``device=, keep_on_device=True``
-    when it takes them) and constrained there: :math:`H^T A H` (:func:`_device_projected`),
-    then its owned rows of :math:`Z H^T A H Z + s (I - Z)` by one count and one fill kernel
-    (:func:`adaptmg.device.index_kernels.constrained_rows`; two numbers (for ``s``) cross);
-    on the host the products of the two constraint blocks.
+    when it takes them) and constrained there: with hanging nodes whose rows fit them
+    (:func:`adaptmg.device.congruence_rows.fits`: 2-D, 3-D scalar Q1) the owned rows of
+    :math:`Z H^T A H Z + s (I - Z)` straight from ``A``, ``H`` and the owned rows of
+    :math:`Z H^T` by the two row kernels of
+    :func:`~adaptmg.device.congruence_rows.constrained_congruence` (no :math:`H^T A H` of the
+    whole local matrix); otherwise :math:`H^T A H` (:func:`_device_projected`), then its owned
+    rows by one count and one fill kernel (:func:`adaptmg.device.index_kernels.constrained_rows`).
+    Either way two numbers (for ``s``) cross between the count and the fill, then the
+    ``Allreduce``.  On the host the products of the two constraint blocks.
 
     Returns ``(K_o, HZT_o, cells)``: ``K_o`` the owned rows (n_o x N, sorted columns) on
     ``backend`` (host CSR for a rank without rows), ``HZT_o`` the owned rows of ``Z H^T``
@@ -226,12 +234,17 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_
         mark[view.cell_dofs] = True
         nodes = np.flatnonzero(mark)
         dofs = (nodes[:, None] * c + np.arange(c)).ravel()
-    HZT_o, HZ = constraint_blocks(space, rows, dofs, free) if (rhs_rows or not on_dev) else (None, None)
+    # on a device mesh with hanging nodes whose rows fit them, the owned rows of K by the row
+    # kernels, which read the owned rows of H^T (HZT_o)
+    kernels = (on_dev and be.is_gpu and rows.size > 0 and rows_fit(space)
+               and space.hanging_nodes.shape[0] > 0 and is_device_sparse(space.H))
+    HZT_o, HZ = constraint_blocks(space, rows, dofs, free) if (rhs_rows or not on_dev or kernels) else (None, None)
+    HZT_ret = HZT_o if (rhs_rows or not on_dev) else None
     if not rows.size:
         # a rank owning no DoF of the level (a coarse level folded onto fewer ranks) needs no
         # cell; it still takes part in the Allreduce of s
         _row_scale(comm, 0.0, 0)
-        return sp.csr_matrix((0, N)), HZT_o, cells
+        return sp.csr_matrix((0, N)), HZT_ret, cells
     A = _on_backend(assemble, be)(view)
     if getattr(A, "shape", None) != (N, N):
         raise ValueError(f"assemble(view) must return a {N} x {N} matrix, got shape {getattr(A, 'shape', None)}")
@@ -239,9 +252,14 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_
     # column non-free: no device product of an empty matrix), the result moved there
     wb = be if on_dev or (HZT_o.nnz and HZ.nnz) else CPU
     if wb.is_gpu:                                # no cuSPARSE SpGEMM of the level's matrix
-        B = _device_projected(space, wb.asmatrix(A))
-        K_o, _ = constrained_rows(B, wb.asarray(rows), wb.asarray(free), lambda d, m: _row_scale(comm, d, m))
-        return be.asmatrix(K_o), HZT_o, cells
+        A = wb.asmatrix(A)
+        scale = lambda d, m: _row_scale(comm, d, m)           # noqa: E731
+        rows_d, free_d = wb.asarray(rows), wb.asarray(free)
+        if kernels and rows_available(A, space.H, HZT_o, rows_d):
+            K_o, _ = constrained_congruence(A, space.H, HZT_o, free_d, rows=rows_d, scale=scale)
+        else:
+            K_o, _ = constrained_rows(_device_projected(space, A), rows_d, free_d, scale)
+        return be.asmatrix(K_o), HZT_ret, cells
     B = ((HZT_o @ sp.csr_matrix(A)) @ HZ).tocsr()
     B.sum_duplicates()
     B = _drop_zeros(wb, B)
@@ -258,7 +276,7 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_
                                                  shape=B.shape).tocsr()
         B = (B + wb.asmatrix(S)).tocsr()
         B.sort_indices()
-    return be.asmatrix(B), HZT_o, cells
+    return be.asmatrix(B), HZT_ret, cells
 
 
 def _device_projected(space, A):

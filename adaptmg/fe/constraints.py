@@ -24,7 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import backend_of, is_device_array, is_device_sparse, to_host
-from ..device.congruence_rows import available as _rows_available, constrained_congruence
+from ..device.congruence_rows import available as _rows_available, constrained_congruence, fits as _rows_fit
 from ..device.index_kernels import constrained_csr
 from .congruence import congruence_map_on
 from .csr_ops import (NodeBlockMatrix, as_csr, congruence_map, congruence_with_constraints, csr_diagonal,
@@ -351,11 +351,8 @@ def _device_matrix(cons, A, be=None):
     be = backend_of(A) if be is None else be
     xp = be.xp
     space = cons.space
-    # rows that fit the kernels' 64 column slots: 2-D (Q1 <= 11 columns a node row, Q2 <= 33),
-    # 3-D scalar Q1 (<= 45); 3-D Q2 and vector rows reach ~130-270, whose term-by-term path is
-    # quadratic in hundreds to thousands of terms: they keep the products
-    fits = space.dim == 2 or (space.degree == 1 and space.components == 1)
-    if fits and space.hanging_nodes.size and space._on_device and is_device_sparse(space.H):
+    # rows that fit the kernels' 64 column slots (2-D, 3-D scalar Q1); the others keep the products
+    if _rows_fit(space) and space.hanging_nodes.size and space._on_device and is_device_sparse(space.H):
         H, HT = space.H, cons._HT_on(be)
         if _rows_available(A, H, HT):          # K row by row: two kernels and one read
             K, cons._scale = constrained_congruence(A, H, HT, cons.free)

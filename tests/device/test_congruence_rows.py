@@ -91,11 +91,54 @@ def test_row_kernels_on_host_threads(host_gpu, monkeypatch, dim, q, cap):
     xp = _HostXP(host_gpu.xp)
     CR._module.cache_clear()
     try:
-        ptr, col, val, s = CR.rows(xp, _int32(A), _int32(H), _int32(H.T.tocsr()), free)
+        ptr, col, val, s = CR.kernel_rows(xp, _int32(A), _int32(H), _int32(H.T.tocsr()), free)
     finally:
         CR._module.cache_clear()
     K = sp.csr_matrix((val, col, ptr), shape=A.shape)
     _check(K, s, K_ref, s_ref)
+
+
+def _some_rows(free, seed=0):
+    """Sorted distinct rows: a third of the DoFs, fixed and hanging ones among them."""
+    rng = np.random.default_rng(seed)
+    rows = np.flatnonzero(rng.random(free.size) < 0.35)
+    assert (~free[rows]).any() and free[rows].any()
+    return rows
+
+
+def _check_rows(K, s, d, m, rows, free, K_ref, s_ref):
+    """Rows ``rows`` of K_ref with the scale the callback returned (s_ref), and the callback given
+    the sum of |B_pp| over the free rows among them and their number."""
+    assert s == s_ref
+    assert m == int(free[rows].sum())
+    d_ref = np.abs(K_ref.diagonal()[rows][free[rows]]).sum()
+    assert abs(d - d_ref) <= 64 * EPS * d_ref
+    _check(K, s, K_ref[rows], s_ref)
+
+
+@pytest.mark.parametrize("dim, q, cap", [(2, 1, 64), (3, 1, 64), (2, 2, 6)])
+def test_chosen_rows_on_host_threads(host_gpu, monkeypatch, dim, q, cap):
+    """Only some rows (a rank's owned rows): H^T's rows of them alone, Z-masked as
+    adaptmg.distributed passes them, and the row scale from the caller's reduction."""
+    A, H, free, K_ref, s_ref = _problem(dim, q)
+    rows = _some_rows(free)
+    HT = sp.csr_matrix(H.T.tocsr()[rows].multiply(free[rows][:, None]))
+    if cap != 64:
+        monkeypatch.setattr(CR, "_SRC", CR._SRC.replace("#define ADAPTMG_CONG_CAP 64",
+                                                        f"#define ADAPTMG_CONG_CAP {cap}"))
+    got = []
+    xp = _HostXP(host_gpu.xp)
+    CR._module.cache_clear()
+    try:
+        ptr, col, val, s = CR.kernel_rows(xp, _int32(A), _int32(H), _int32(HT), free, rows=rows,
+                                          scale=lambda d, m: got.append((d, m)) or s_ref)
+    finally:
+        CR._module.cache_clear()
+    K = sp.csr_matrix((val, col, ptr), shape=(rows.size, A.shape[0]))
+    _check_rows(K, s, *got[0], rows, free, K_ref, s_ref)
+    got.clear()                                          # the twin: the same rows and sums
+    K, s = CR.twin(A, H, free, rows=rows, scale=lambda d, m: got.append((d, m)) or s_ref)
+    _check_rows(K, s, *got[0], rows, free, K_ref, s_ref)
 
 
 def test_host_arrays_take_the_twin_and_a_wrong_mask_is_refused():
@@ -104,6 +147,9 @@ def test_host_arrays_take_the_twin_and_a_wrong_mask_is_refused():
     _check(K, s, K_ref, s_ref)
     with pytest.raises(ValueError, match="free mask has shape"):
         CR.constrained_congruence(A, H, H.T.tocsr(), free[:-1])
+    rows = _some_rows(free)
+    with pytest.raises(ValueError, match="H\\^T has shape"):        # all rows of H^T for some rows
+        CR.constrained_congruence(A, H, H.T.tocsr(), free, rows=rows)
 
 
 @pytest.mark.gpu
@@ -118,3 +164,19 @@ def test_on_the_device_equals_the_host(dim, q):
     _check(K.get(), s, K_ref, s_ref)
     with pytest.raises(ValueError, match="float64 with int32"):
         CR.constrained_congruence(dev(A).astype(np.float32), dev(H), dev(H.T.tocsr()), cp.asarray(free))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim, q", [(2, 1), (3, 1)])
+def test_chosen_rows_on_the_device(dim, q):
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    A, H, free, K_ref, s_ref = _problem(dim, q)
+    rows = _some_rows(free)
+    HT = sp.csr_matrix(H.T.tocsr()[rows].multiply(free[rows][:, None]))
+    dev = lambda M: csp.csr_matrix(sp.csr_matrix(M))
+    got = []
+    K, s = CR.constrained_congruence(dev(A), dev(H), dev(HT), cp.asarray(free), rows=cp.asarray(rows),
+                                     scale=lambda d, m: got.append((d, m)) or s_ref)
+    assert K.has_canonical_format and K.shape == (rows.size, A.shape[0])
+    _check_rows(K.get(), s, *got[0], rows, free, K_ref, s_ref)
