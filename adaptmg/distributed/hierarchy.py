@@ -113,7 +113,7 @@ from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi, power_lambda_
 from ..multilevel.level import Level
 from ..multilevel.solver import MultilevelSolver
 from ..multilevel.start_vector import start_vector
-from .comm import HaloTimer, resolve_transport
+from .comm import HaloTimer, allreduce_sum, resolve_transport
 from .csr import DistCSR, Layout, _device_block, _device_plan, norm
 from .partition import coarse_cell_ranks, dof_owners, fold_cell_ranks, level_ranks
 
@@ -230,13 +230,18 @@ class _FineView:
 def _power_lambda(comm, A, apply_S, N, iterations=12, seed=0):
     """:meth:`Smoother.lambda_max` distributed: the same power iteration
     (:func:`~adaptmg.multilevel.smoothers.power_lambda_max`) from the serial start vector
-    (its owned entries only, on ``A``'s backend), norms by Allreduce; returns 1.05 lambda.
-    A rank without rows only joins the reductions."""
+    (its owned entries only, on ``A``'s backend), norms by Allreduce -- on the device by NCCL
+    where the halo exchange goes that way (a 0-d device array: the iteration does not wait for
+    the device, one read at the end); returns 1.05 lambda.  A rank without rows only joins the
+    reductions."""
     xp = A.backend.xp                 # computed where it is used (bit for bit the host's)
     v = start_vector(N, seed, rows=A.rows.rows_on(xp), xp=xp)
     S = apply_S if A.rows.n else (lambda u: u)
-    return power_lambda_max(lambda u: S(A @ u), v, lambda u: norm(comm, u), iterations,
-                            "distributed smoother")
+    gnorm = lambda u: norm(comm, u)                                  # noqa: E731
+    if A.transport == "nccl":         # the squares summed on the device: the host never waits
+        red = allreduce_sum(comm, "nccl")
+        gnorm = lambda u: xp.sqrt(red(xp.asarray(xp.dot(u, u)).reshape(1)))[0]    # noqa: E731
+    return power_lambda_max(lambda u: S(A @ u), v, gnorm, iterations, "distributed smoother")
 
 
 def _lanczos_lambda(comm, A, dinv, N, steps=20, seed=0):
