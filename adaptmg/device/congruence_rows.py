@@ -226,12 +226,12 @@ def _int32_csr(M):
 
 def available(A, H, HT, rows=None) -> bool:
     """Whether the kernels take these matrices: device CSR, float64 values, int32 indices (what
-    cupyx holds), ``H`` square of ``A``'s size, ``HT`` ``A``'s shape (``len(rows)`` rows with
-    ``rows``)."""
-    n = A.shape[0]
-    m = n if rows is None else int(rows.shape[0])
+    cupyx holds), ``A`` square (``n x n``), ``H`` ``n x k``, ``HT`` ``k x n`` (``len(rows) x n``
+    with ``rows``)."""
+    n, k = A.shape[0], H.shape[1]
+    m = k if rows is None else int(rows.shape[0])
     return (not in_host_memory(A.data) and A.dtype == np.float64 and H.dtype == np.float64
-            and HT.dtype == np.float64 and A.shape == H.shape == (n, n) and HT.shape == (m, n)
+            and HT.dtype == np.float64 and A.shape == (n, n) and H.shape == (n, k) and HT.shape == (m, n)
             and _int32_csr(A) and _int32_csr(H) and _int32_csr(HT))
 
 
@@ -258,25 +258,30 @@ def constrained_congruence(A, H, HT, z, rows=None, scale=None):
     row ``rows[k]``), ``HT`` then holding just the rows ``rows`` of :math:`H^T` (``m x n``;
     the rows of non-free DoFs may be empty) -- a rank's owned rows in :mod:`adaptmg.distributed`.
     ``scale(dsum, nfree)``: ``s`` from the sum of :math:`|B_{pp}|` over the ``nfree`` free rows
-    among them (default: their mean, 1 when zero; a distributed caller reduces over its ranks)."""
-    n = A.shape[0]
-    if tuple(z.shape) != (n,):
+    among them (default: their mean, 1 when zero; a distributed caller reduces over its ranks).
+
+    ``H`` may be rectangular, ``n x k`` (an expansion into ``k`` other unknowns, e.g. a rank's
+    local nodes into the global ones they reach, :mod:`adaptmg.distributed.forest_rows`): then
+    ``HT`` is ``k x n`` (``len(rows) x n``), ``z`` has ``k`` entries and ``K`` is ``k x k``
+    (``len(rows) x k``)."""
+    n, k = A.shape[0], H.shape[1]
+    if tuple(z.shape) != (k,):
         raise ValueError(f"constrained_congruence: the free mask has shape {tuple(z.shape)}, "
-                         f"the matrix {n} rows")
-    m = n if rows is None else int(rows.shape[0])
+                         f"H has {k} columns")
+    m = k if rows is None else int(rows.shape[0])
     if tuple(HT.shape) != (m, n):
         raise ValueError(f"constrained_congruence: H^T has shape {tuple(HT.shape)}, expected {(m, n)} "
-                         f"({'the rows asked for' if rows is not None else 'the matrix'})")
+                         f"({'the rows asked for' if rows is not None else 'all rows'})")
     if in_host_memory(A.data):
         return twin(A, H, z, rows=rows, scale=scale)
     if not available(A, H, HT, rows):
         raise ValueError("constrained_congruence: the kernels take device CSR matrices of float64 with int32 "
-                         f"indices, all {n} x {n}; got A {A.dtype}/{A.indices.dtype}, "
+                         f"indices, A n x n, H n x k, H^T k x n; got A {A.dtype}/{A.indices.dtype} {A.shape}, "
                          f"H {H.dtype}/{H.indices.dtype} {H.shape}, HT {HT.dtype}/{HT.indices.dtype} {HT.shape}")
     be = backend_of(A.data)
     ptr, kcol, kval, s = kernel_rows(be.xp, (A.indptr, A.indices, A.data), (H.indptr, H.indices, H.data),
-                               (HT.indptr, HT.indices, HT.data), z, rows, scale)
-    K = be.sparse.csr_matrix((kval, kcol, ptr), shape=(m, n))
+                                     (HT.indptr, HT.indices, HT.data), z, rows, scale)
+    K = be.sparse.csr_matrix((kval, kcol, ptr), shape=(m, k))
     K.has_canonical_format = True
     return K, s
 
@@ -316,7 +321,7 @@ def twin(A, H, z, rows=None, scale=None):
     z = np.asarray(z, dtype=bool)
     B = (H.T @ (A @ H)).tocsr()
     B.sum_duplicates()
-    r = np.arange(A.shape[0]) if rows is None else np.asarray(to_host(rows), dtype=np.int64)
+    r = np.arange(H.shape[1]) if rows is None else np.asarray(to_host(rows), dtype=np.int64)
     zr = z[r]
     s = (scale or _default_scale)(float(np.abs(B.diagonal()[r][zr]).sum()), int(zr.sum()))
     C = B[r].tocoo()
@@ -324,6 +329,6 @@ def twin(A, H, z, rows=None, scale=None):
     fixed = np.flatnonzero(~zr)
     K = sp.coo_matrix((np.concatenate([C.data[keep], np.full(fixed.size, s)]),
                        (np.concatenate([C.row[keep], fixed]), np.concatenate([C.col[keep], r[fixed]]))),
-                      shape=(r.size, A.shape[1])).tocsr()
+                      shape=(r.size, H.shape[1])).tocsr()
     K.sum_duplicates()
     return K, s

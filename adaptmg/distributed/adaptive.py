@@ -51,7 +51,9 @@ weight ``goal`` is given (e.g. ``goal=1`` with ``f = 1``, ``g = 0``: :math:`J(u_
 the multigrid hierarchy from the forest, the load and ``H x``, all of :func:`.solve.solve_forest`
 but the Krylov solve; solve; estimate; error; mark; refine; repartition; the maximum over the
 ranks).  GPU: ``backend`` goes
-to :func:`.solve.solve_forest`; estimating, marking and the forest stay on the host.
+to :func:`.solve.solve_forest`, whose levels' matrices and load are formed on the device, and
+the indicators are computed there on the finest forest's local mesh (a callable ``f`` gets
+device points); the marking, the errors and the forest stay on the host.
 """
 from __future__ import annotations
 
@@ -63,6 +65,7 @@ from .. import assemble as _assemble
 from ..estimate.marking import check_tie_rtol
 from ..estimate.residual import residual_indicators
 from ..fe import Space
+from ..backend import to_host
 from ..fe.norms import errors as _errors
 from .forest import DistributedForest, _agree, _allsum, _exscan
 from .forest_rows import _owner_ranges, _pull
@@ -102,10 +105,16 @@ def owned_indicators(forest, u_nodes, *, f=0.0, space=None, **estimator_kwargs) 
     of every local node (:func:`local_nodal_values`): the serial
     :func:`~adaptmg.estimate.residual_indicators` on the local mesh (module docstring: equal
     to the serial mesh's).  ``f``: a constant or a callable of the points; ``space``: the local
-    mesh's Q1 space if already built."""
+    mesh's Q1 space if already built -- on the GPU (:meth:`~.forest.DistributedForest.local_space`)
+    the indicators are computed there (``u_nodes`` moved up, a callable ``f`` gets device
+    points) and the owned ones come back as a host array for the marking."""
     if not (callable(f) or np.isscalar(f)):
         raise TypeError(f"owned_indicators: f must be a number or a callable of the points, got {type(f).__name__}")
     space = Space(forest.mesh, 1) if space is None else space
+    be = space.backend
+    if be.is_gpu:                     # the local mesh's space on the device: u moved up, eta back
+        eta = residual_indicators(space, be.asarray(u_nodes, dtype=float), f=f, partial=True, **estimator_kwargs)
+        return to_host(eta[forest.owned_cells_on(be)])
     eta = residual_indicators(space, u_nodes, f=f, partial=True, **estimator_kwargs)
     return eta[forest.owned_cells]
 
@@ -233,7 +242,8 @@ def adaptive_loop_forest(forest, f=1.0, *, g=None, assemble=_assemble.stiffness,
         t0 = time.perf_counter()
         space = res.mg._fine_prep[0]                          # the finest forest's local Q1 space
         u = local_nodal_values(F, res.u_local, res.mg.layout.starts)
-        eta = owned_indicators(F, u, f=f, space=space)
+        be = res.mg.backend                                   # on the GPU: its copy there
+        eta = owned_indicators(F, u, f=f, space=F.local_space(be) if be.is_gpu else space)
         t["estimate"] = time.perf_counter() - t0
         sums = [float((eta * eta).sum())]
         if exact is not None or grad is not None:

@@ -86,6 +86,7 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
+from ..fe.space import Space
 from ..mesh import Mesh
 from ..mesh._touch import cells_with_vertex_in
 from ..mesh._tree import _mean_of
@@ -362,6 +363,23 @@ class DistributedForest:
     def ghost_cells(self) -> np.ndarray:
         """Local indices of the ghosts, in key order."""
         return self._in_key_order(self.owner != self.rank)
+
+    def local_space(self, backend):
+        """The local mesh's Q1 space on ``backend`` (a :class:`~adaptmg.backend.Backend`): on the
+        GPU the local mesh moved there once (:meth:`adaptmg.Mesh.to`: one copy of its forest's
+        tables, kept with this forest) -- its numbering, cells and nodes are the host mesh's --
+        where the set-up's matrices, loads and indicators are computed."""
+        cache = self.__dict__.setdefault("_spaces", {})
+        if backend.name not in cache:
+            cache[backend.name] = Space(self.mesh.to(backend), 1)
+        return cache[backend.name]
+
+    def owned_cells_on(self, backend):
+        """:attr:`owned_cells` as an array of ``backend`` (moved once, kept)."""
+        cache = self.__dict__.setdefault("_owned_on", {})
+        if backend.name not in cache:
+            cache[backend.name] = backend.asarray(self.owned_cells)
+        return cache[backend.name]
 
     @property
     def dim(self) -> int:

@@ -49,9 +49,13 @@ The right-hand side ``Z H^T (b - A H g) + s g`` (Dirichlet values ``g`` lifted a
 (hanging ones, also on the boundary, follow their parents) come from the finest forest alone
 (:func:`.forest_rows.owned_constrained_load`, :meth:`ForestHierarchy.expand_local`).
 
-Set-up on the host (NumPy/SciPy); with ``backend="gpu"`` the DistCSR blocks, the smoothers
-and rank 0's serial hierarchy live on the device (:class:`~.csr.DistCSR` moves the host rows
-up).  Not here: Q2 and several components.
+The forests (keys, coarsening, numbering, the expansions ``E``) and the transfers' rows are
+built on the host (NumPy/SciPy).  With ``backend="gpu"`` each level's local mesh is moved to
+the device once (:meth:`~.forest.DistributedForest.local_space`) and ``K_l``'s owned rows and
+the load are formed there (the owned leaves assembled on the device, :math:`Z E^T A E Z` by the
+congruence row kernels; only the cut's entries cross to the host); the DistCSR blocks, the
+smoothers and rank 0's serial hierarchy live on the device (:class:`~.csr.DistCSR` moves the
+host rows of ``P_l`` and ``R_l`` up).  Not here: Q2 and several components.
 """
 from __future__ import annotations
 
@@ -206,7 +210,8 @@ class ForestHierarchy:
             t = now()
             fine = i == len(seq) - 1
             K_o, gids, free_o, scale, *A_p = owned_constrained_rows(F, assemble, dirichlet, prep=preps[i],
-                                                                    return_assembled=fine and keep_assembled)
+                                                                    return_assembled=fine and keep_assembled,
+                                                                    backend=be)
             if fine:
                 self._scale, self._fine_A = scale, (A_p[0] if A_p else None)
             lay = RangeLayout(preps[i][4].starts, comm)
@@ -253,7 +258,8 @@ class ForestHierarchy:
         collective)."""
         g_o = owned_dirichlet_values(self.forest, g, self.dirichlet, self._fine_prep)
         return owned_constrained_load(self.forest, f, self.dirichlet, prep=self._fine_prep, g_o=g_o,
-                                      A=self._fine_A, s=self._scale, assemble=self._assemble)[0]
+                                      A=self._fine_A, s=self._scale, assemble=self._assemble,
+                                      backend=self.backend)[0]
 
     def expand_local(self, x_loc):
         """Nodal values ``u = H x`` of the finest level's owned nodes from the owned entries of

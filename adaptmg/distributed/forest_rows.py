@@ -40,11 +40,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..assemble import stiffness
-from ..fe.csr_ops import mask_rows_cols
+from ..backend import CPU, get_backend, is_device_sparse, scatter_add, to_host
+from ..device.congruence_rows import available as rows_available, constrained_congruence
+from ..fe.csr_ops import mask_rows_cols, row_positions
 from ..fe.space import Space
-from ..multilevel.hierarchy import dirichlet_dofs
+from ..multilevel.hierarchy import _on_backend, dirichlet_dofs
 from .forest import DistributedForest, _allsum, alltoallv
-from .local import CellSubset
+from .local import CellSubset, _drop_zeros
 
 __all__ = ["owned_rows", "owned_constrained_rows", "owned_constrained_load", "owned_dirichlet_values",
            "Expansion", "prepare"]
@@ -55,12 +57,14 @@ def _check_forest(forest):
         raise TypeError(f"expected a DistributedForest, got {type(forest).__name__}")
 
 
-def _assembled(assemble, space, n):
+def _assembled(assemble, space, n, keep=False):
+    """``assemble(space)``, checked to be ``n x n``, as SciPy CSR (``keep``: a device matrix stays
+    there, as CSR)."""
     A = assemble(space)
     if getattr(A, "shape", None) != (n, n):
         raise ValueError(f"assemble(space) must return a {n} x {n} matrix (Q1 scalar), got shape "
                          f"{getattr(A, 'shape', None)}")
-    return sp.csr_matrix(A)
+    return A.tocsr() if keep and is_device_sparse(A) else sp.csr_matrix(A)
 
 
 def _global_rows(B, gid, N):
@@ -192,7 +196,7 @@ def dirichlet_owned(forest, free_o):
 
 
 def owned_constrained_load(forest, f, dirichlet="all", prep=None, g_o=None, A=None, s=None,
-                           assemble=stiffness):
+                           assemble=stiffness, backend=CPU):
     r"""The owned entries of the constrained load vector (``b`` = :func:`adaptmg.assemble.load`
     of ``f`` on the global mesh), as :func:`owned_constrained_rows` builds the matrix and
     :meth:`adaptmg.Constraints.rhs` the serial one,
@@ -212,45 +216,57 @@ def owned_constrained_load(forest, f, dirichlet="all", prep=None, g_o=None, A=No
     ``g_o``: the owned nodes' Dirichlet values (:func:`owned_dirichlet_values`; None:
     homogeneous, or a value spec ``dirichlet``), then also the Dirichlet row scale ``s``
     (:func:`owned_constrained_rows`' fourth result) and ``A`` = ``A_p`` (its
-    ``return_assembled``; assembled here with ``assemble`` if None).  Returns ``(b_o, gids)``."""
+    ``return_assembled``; assembled here with ``assemble`` if None).  ``backend`` "gpu": the
+    load, the lift and :math:`E_p^T r_p` on the device (the local mesh there, as
+    :func:`owned_constrained_rows` has it; a callable ``f`` gets device points), the cut's
+    entries through the host; ``b_o`` a device array.  Returns ``(b_o, gids)``."""
     from ..assemble import load
     _check_forest(forest)
+    be = get_backend(backend)
+    xp = be.xp
     comm = forest.comm
     space, gids, first, free_o, ex = prepare(forest, dirichlet) if prep is None else prep
-    view = CellSubset(space, forest.owned_cells)
+    if be.is_gpu:
+        view = CellSubset(forest.local_space(be), forest.owned_cells_on(be))
+    else:
+        view = CellSubset(space, forest.owned_cells)
     if isinstance(f, np.ndarray) and f.ndim >= 1:
         if f.shape[0] != forest.num_owned:
             raise ValueError(f"f: one value per owned leaf ({forest.num_owned}) expected, got shape {f.shape}")
+        f = be.asarray(f)
     if g_o is None:
         g_o = owned_dirichlet_values(forest, None, dirichlet, (space, gids, first, free_o, ex))
     lift = g_o is not None and bool(_allsum(comm, int(np.any(g_o))))
     if lift and s is None:
         raise ValueError("owned_constrained_load: non-zero Dirichlet values need the row scale s")
     if np.isscalar(f) and not isinstance(f, (bool, str)) and f == 0:
-        b = np.zeros(space.num_dofs)                      # no source: a zero load, no quadrature
+        b = xp.zeros(space.num_dofs)                      # no source: a zero load, no quadrature
     else:
-        b = np.asarray(load(view, f), dtype=float)
+        b = xp.asarray(load(view, f), dtype=float)
+    E = be.asmatrix(ex.E) if be.is_gpu else ex.E
     if lift:
-        g_u = _pull(comm, ex.starts, ex.u, first, g_o)
+        g_u = be.asarray(_pull(comm, ex.starts, ex.u, first, g_o))
         if A is None:
-            A = _assembled(assemble, view, forest.mesh.num_nodes)
-        b = b - A @ (ex.E @ g_u)
-    e = ex.E.T @ b                                        # E_p^T r_p over u
+            A = _assembled(_on_backend(assemble, be), view, forest.mesh.num_nodes, keep=True)
+        b = b - A @ (E @ g_u)
+    e = E.T @ b                                           # E_p^T r_p over u
     u = ex.u
     lo, hi = np.searchsorted(u, [first, first + gids.size])
-    out = np.zeros(gids.size)
-    out[u[lo:hi] - first] = e[lo:hi]
+    out = xp.zeros(gids.size)
+    out[be.asarray(u[lo:hi] - first)] = e[lo:hi]
     rest = np.concatenate([np.arange(lo), np.arange(hi, u.size)])
-    r, v = alltoallv(comm, np.searchsorted(ex.starts, u[rest], side="right") - 1, u[rest], e[rest])
-    np.add.at(out, r - first, v)
-    out[~free_o] = 0.0
+    r, v = alltoallv(comm, np.searchsorted(ex.starts, u[rest], side="right") - 1, u[rest],
+                     to_host(e[be.asarray(rest)]))
+    scatter_add(out, be.asarray(r - first), be.asarray(v))
+    out[be.asarray(~free_o)] = 0.0
     if lift:
         d = dirichlet_owned(forest, free_o)
-        out[d] = s * g_o[d]
+        out[be.asarray(d)] = s * be.asarray(g_o[d])
     return out, gids
 
 
-def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=None, return_assembled=False):
+def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=None, return_assembled=False,
+                           backend=CPU):
     r"""The owned rows of ``K = Z H^T A H Z + s (I - Z)`` (module doc), ``A`` =
     ``assemble(Space(mesh))`` (Q1 scalar), ``dirichlet`` any spec of
     :func:`adaptmg.multilevel.hierarchy.dirichlet_dofs` made of boundary faces (None, "all",
@@ -262,36 +278,83 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
     free mask; ``s`` the Dirichlet scale (the same on every rank).  ``prep``: what
     :func:`prepare` returned for this forest and ``dirichlet`` (made here if None).
     ``return_assembled``: also return ``A_p``, the matrix of the owned leaves on the local
-    nodes (for lifting Dirichlet values, :func:`owned_constrained_load`)."""
+    nodes (for lifting Dirichlet values, :func:`owned_constrained_load`).
+
+    ``backend`` "gpu" (a :class:`~adaptmg.backend.Backend` or its name): ``A_p`` assembled on
+    the local mesh moved to the device (:meth:`~.forest.DistributedForest.local_space`) and
+    :math:`Z E_p^T A_p E_p Z` formed there by the congruence row kernels
+    (:func:`adaptmg.device.congruence_rows.constrained_congruence` with the expansion ``E_p``
+    as a rectangular ``H``: no SpGEMM), ``K_o`` (and ``A_p``) device CSR; only the entries of
+    rows owned elsewhere (the cut) and three numbers cross to the host."""
     _check_forest(forest)
+    be = get_backend(backend)
     comm, M = forest.comm, forest.mesh
     N = forest.num_global_nodes
     space, gids, first, free_o, ex = prepare(forest, dirichlet) if prep is None else prep
-    u, E, starts = ex.u, ex.E, ex.starts
-    # C_p = E^T A_p E over the owned leaves (the rows of non-owned leaves' vertices are never
-    # reached: A_p is zero there)
-    A = _assembled(assemble, CellSubset(space, forest.owned_cells), M.num_nodes)
-    C = (E.T.tocsr() @ A @ E).tocsr()
-    C.sort_indices()
-    C = mask_rows_cols(C, ex.free_u, ex.free_u)           # Z C_p Z
+    u, starts = ex.u, ex.starts
+    xp = be.xp
+    # C_p = Z E^T A_p E Z over the owned leaves (the rows of non-owned leaves' vertices are
+    # never reached: A_p is zero there), rows and columns the global nodes u
+    if be.is_gpu:
+        dspace = forest.local_space(be)
+        A = _assembled(_on_backend(assemble, be), CellSubset(dspace, forest.owned_cells_on(be)), M.num_nodes,
+                       keep=True)
+        C = _device_congruence(be, A, ex)
+    else:
+        A = _assembled(assemble, CellSubset(space, forest.owned_cells), M.num_nodes)
+        C = (ex.E.T.tocsr() @ A @ ex.E).tocsr()
+        C.sort_indices()
+        C = mask_rows_cols(C, ex.free_u, ex.free_u)
     # rows of owned nodes: a contiguous block of the sorted u, kept here (columns renamed by
     # the increasing u: rows stay sorted); the others' entries go to their owners
-    lo, hi = np.searchsorted(u, [first, first + gids.size])
-    cnt = np.zeros(gids.size, dtype=np.int64)
-    cnt[u[lo:hi] - first] = np.diff(C.indptr[lo:hi + 1])
-    a, b = C.indptr[lo], C.indptr[hi]
-    B = sp.csr_matrix((C.data[a:b], u[C.indices[a:b]], np.concatenate([[0], np.cumsum(cnt)])),
-                      shape=(gids.size, N))
-    R = sp.vstack([C[:lo], C[hi:]]).tocoo()
-    rr = np.concatenate([u[:lo], u[hi:]])[R.row]
-    r, c, v = alltoallv(comm, np.searchsorted(starts, rr, side="right") - 1, rr, u[R.col], R.data)
-    B = (B + sp.csr_matrix((v, (r - first, c)), shape=B.shape)).tocsr()
+    lo, hi = (int(i) for i in np.searchsorted(u, [first, first + gids.size]))
+    ub = be.asarray(u)
+    ip = C.indptr
+    cnt = xp.zeros(gids.size, dtype=np.int64)
+    cnt[ub[lo:hi] - first] = xp.diff(ip[lo:hi + 1])
+    a, b = (int(i) for i in to_host(ip[xp.asarray([lo, hi])]))
+    it = np.int32 if N < 2 ** 31 and C.nnz < 2 ** 31 else np.int64
+    ptr = xp.zeros(gids.size + 1, dtype=it)
+    ptr[1:] = xp.cumsum(cnt)
+    B = be.sparse.csr_matrix((C.data[a:b], ub[C.indices[a:b]].astype(it), ptr), shape=(gids.size, N))
+    # the cut: the entries outside rows lo..hi-1, their rows by a search in the row pointer
+    e = xp.concatenate([xp.arange(a, dtype=np.int64), xp.arange(b, int(C.nnz), dtype=np.int64)])
+    er = xp.searchsorted(ip, e, side="right") - 1
+    rr, cc, vv = (to_host(x) for x in (ub[er], ub[C.indices[e]], C.data[e]))
+    r, c, v = alltoallv(comm, np.searchsorted(starts, rr, side="right") - 1, rr, cc, vv)
+    if r.size:
+        R = be.sparse.coo_matrix((be.asarray(v), (be.asarray(r - first), be.asarray(c))), shape=B.shape).tocsr()
+        B = (B + R).tocsr()
     B.sum_duplicates()
-    B.eliminate_zeros()
-    d = B.diagonal(k=first)                              # B[i, gids[i]], gids = first + i
-    tot = _allsum(comm, np.array([np.abs(d[free_o]).sum(), free_o.sum()], dtype=float))
+    B = _drop_zeros(be, B)
+    # s: the mean of |B_ii| over the free owned rows of all ranks (B[i, gids[i]])
+    fo = be.asarray(free_o)
+    d = 0.0
+    if B.nnz:
+        pos = row_positions(xp, B.indptr, B.indices, be.asarray(gids))
+        d = float((xp.abs(B.data[xp.maximum(pos, 0)]) * ((pos >= 0) & fo)).sum())
+    tot = _allsum(comm, np.array([d, float(np.count_nonzero(free_o))], dtype=float))
     s = float(tot[0] / tot[1]) if tot[1] > 0 and tot[0] > 0 else 1.0    # local._row_scale's rule
     fx = np.flatnonzero(~free_o)
-    K = (B + sp.csr_matrix((np.full(fx.size, s), (fx, gids[fx])), shape=B.shape)).tocsr()
-    K.sort_indices()
-    return (K, gids, free_o, s, A) if return_assembled else (K, gids, free_o, s)
+    if fx.size:
+        S = be.sparse.coo_matrix((xp.full(fx.size, s), (be.asarray(fx), be.asarray(gids[fx]))), shape=B.shape)
+        B = (B + S.tocsr()).tocsr()
+    B.sort_indices()
+    return (B, gids, free_o, s, A) if return_assembled else (B, gids, free_o, s)
+
+
+def _device_congruence(be, A, ex):
+    """:math:`Z E^T A E Z` (``u.size`` square, canonical device CSR) of the device ``A`` (local
+    nodes) and the expansion ``ex`` (moved up): the congruence row kernels with ``E`` as a
+    rectangular ``H``, or, where they do not take the matrices (64-bit indices), cuSPARSE's
+    products and a masking pass.  A non-free row's one kernel entry is an explicit zero (the
+    scale 0 here: ``s`` is found after the rows are summed over the ranks), dropped later."""
+    E = be.asmatrix(ex.E)
+    ET = E.T.tocsr()
+    z = be.asarray(ex.free_u)
+    if rows_available(A, E, ET):
+        C, _ = constrained_congruence(A, E, ET, z, scale=lambda d, m: 0.0)
+        return C
+    C = (ET @ A @ E).tocsr()
+    C.sum_duplicates()
+    return mask_rows_cols(C, z, z)

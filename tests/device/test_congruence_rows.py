@@ -141,6 +141,29 @@ def test_chosen_rows_on_host_threads(host_gpu, monkeypatch, dim, q, cap):
     _check_rows(K, s, *got[0], rows, free, K_ref, s_ref)
 
 
+@pytest.mark.parametrize("dim", [2, 3])
+def test_a_rectangular_expansion_on_host_threads(host_gpu, dim):
+    """H as an expansion E (n x k) into the k unknowns its columns reach (how the distributed
+    forest passes a rank's local nodes into the global ones): K is k x k, the rows and columns
+    of K_ref at those unknowns; a non-free row the single entry of the caller's scale."""
+    A, H, free, K_ref, s_ref = _problem(dim)
+    cols = np.unique(H.indices)
+    assert cols.size < H.shape[1]                      # hanging nodes are no column
+    E = sp.csr_matrix(H[:, cols])
+    z = free[cols]
+    xp = _HostXP(host_gpu.xp)
+    CR._module.cache_clear()
+    try:
+        ptr, col, val, s = CR.kernel_rows(xp, _int32(A), _int32(E), _int32(E.T.tocsr()), z,
+                                          scale=lambda d, m: s_ref)
+    finally:
+        CR._module.cache_clear()
+    K = sp.csr_matrix((val, col, ptr), shape=(cols.size, cols.size))
+    _check(K, s, K_ref[cols][:, cols], s_ref)
+    K2, _ = CR.twin(A, E, z, scale=lambda d, m: s_ref)
+    _check(K2, s, K_ref[cols][:, cols], s_ref)
+
+
 def test_host_arrays_take_the_twin_and_a_wrong_mask_is_refused():
     A, H, free, K_ref, s_ref = _problem(2)
     K, s = CR.constrained_congruence(A, H, H.T.tocsr(), free)       # host arrays: the twin
@@ -180,3 +203,17 @@ def test_chosen_rows_on_the_device(dim, q):
                                      scale=lambda d, m: got.append((d, m)) or s_ref)
     assert K.has_canonical_format and K.shape == (rows.size, A.shape[0])
     _check_rows(K.get(), s, *got[0], rows, free, K_ref, s_ref)
+
+
+@pytest.mark.gpu
+def test_a_rectangular_expansion_on_the_device():
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    A, H, free, K_ref, s_ref = _problem(3)
+    cols = np.unique(H.indices)
+    E = sp.csr_matrix(H[:, cols])
+    dev = lambda M: csp.csr_matrix(sp.csr_matrix(M))
+    K, s = CR.constrained_congruence(dev(A), dev(E), dev(E.T.tocsr()), cp.asarray(free[cols]),
+                                     scale=lambda d, m: s_ref)
+    assert K.shape == (cols.size, cols.size)
+    _check(K.get(), s, K_ref[cols][:, cols], s_ref)

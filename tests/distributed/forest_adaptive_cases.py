@@ -190,7 +190,7 @@ def run_gpu(records, fake):
     cpu = {c: adaptive_loop_forest(F0, **ckw, **kw)["history"] for c, ckw in cases.items()}
     if fake:
         import fake_cupy
-        fake_cupy.install(devices=1)
+        fake_cupy.install(devices=1, mesh=True)   # the local meshes go to the device
     from adaptmg.backend import is_device_array
     for c, ckw in cases.items():
         out = adaptive_loop_forest(F0, **ckw, backend="gpu", coarse_max_rows=None, **kw)

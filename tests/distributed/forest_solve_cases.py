@@ -227,7 +227,7 @@ def run_gpu(records, fake, dim=2):
     cpu = solve_forest(df, rtol=RTOL, agglomerate_below=100, gather=True)
     if fake:
         import fake_cupy
-        fake_cupy.install(devices=1)
+        fake_cupy.install(devices=1, mesh=True)   # the local meshes go to the device
     gpu = solve_forest(df, rtol=RTOL, agglomerate_below=100, gather=True, backend="gpu", coarse_max_rows=None)
     mg = gpu.mg
     dl = mg.levels[1:]
