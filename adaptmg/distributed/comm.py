@@ -50,7 +50,7 @@ import numpy as np
 __all__ = ["allreduce_sum", "NcclSum", "nccl_type", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
            "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
            "select_device", "choose_transport", "resolve_transport", "nccl_available",
-           "nccl_communicator", "nccl_stream", "TRANSPORTS"]
+           "nccl_communicator", "nccl_stream", "nccl_allgather", "TRANSPORTS"]
 
 #: environment variables in which MPI launchers announce the job size / this process's rank
 #: (MPICH/Hydra and Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*)
@@ -310,15 +310,35 @@ def nccl_type(nccl, dtype):
     return getattr(nccl, name), factor
 
 
+class _Ordered:
+    """Two events that put NCCL calls on the communicator's stream (:func:`nccl_stream`, where
+    all of its NCCL work goes, in the same order on every rank) after the current stream's
+    work so far and before its later work -- the host never waits."""
+
+    def __init__(self, comm, xp):
+        self.xp = xp
+        self.stream = nccl_stream(comm)
+        self.sptr = self.stream.ptr
+        self.ready = xp.cuda.Event(disable_timing=True)    # after the inputs (current stream)
+        self.done = xp.cuda.Event(disable_timing=True)     # after the call (NCCL stream)
+
+    def run(self, call):
+        cur = self.xp.cuda.get_current_stream()
+        self.ready.record(cur)
+        self.stream.wait_event(self.ready)
+        call(self.sptr)
+        self.done.record(self.stream)
+        cur.wait_event(self.done)
+
+
 class NcclSum:
     r"""``a -> sum over the ranks of comm of a`` on the device: one ``ncclAllReduce`` (sum)
     of the CuPy array ``a`` into a new device array, which is returned.
 
-    Ordering (the same pattern as the NCCL halo exchange of :mod:`.csr`): an event recorded
-    on the current stream after ``a`` was computed, the communicator's stream
-    (:func:`nccl_stream`, where all of its NCCL work goes, in the same order on every rank)
-    waits for it, runs the allreduce and records a second event that the current stream
-    waits for.  So the result is read only after the allreduce, and ``a``'s and the
+    Ordering (the same pattern as the NCCL halo exchange of :mod:`.csr`, :class:`_Ordered`):
+    an event recorded on the current stream after ``a`` was computed, the communicator's
+    stream waits for it, runs the allreduce and records a second event that the current
+    stream waits for.  So the result is read only after the allreduce, and ``a``'s and the
     result's memory (CuPy's pool reuses it in order on the current stream) is not reused
     before it; the host never waits.  ``calls`` counts the reductions."""
 
@@ -328,10 +348,7 @@ class NcclSum:
         self.nccl = nccl_module()
         self.op = getattr(self.nccl, "NCCL_SUM", 0)       # ncclSum is 0 in every NCCL version
         self.nc = nccl_communicator(comm)
-        self.stream = nccl_stream(comm)
-        self.sptr = self.stream.ptr
-        self.ready = xp.cuda.Event(disable_timing=True)    # after the partial (current stream)
-        self.done = xp.cuda.Event(disable_timing=True)     # after the allreduce (NCCL stream)
+        self.order = _Ordered(comm, xp)
         self.calls = 0
 
     def __call__(self, a):
@@ -341,14 +358,29 @@ class NcclSum:
         a = xp.ascontiguousarray(a)
         dt, factor = nccl_type(self.nccl, a.dtype)
         out = xp.empty_like(a)
-        cur = xp.cuda.get_current_stream()
-        self.ready.record(cur)
-        self.stream.wait_event(self.ready)
-        self.nc.allReduce(a.data.ptr, out.data.ptr, a.size * factor, dt, self.op, self.sptr)
-        self.done.record(self.stream)
-        cur.wait_event(self.done)
+        self.order.run(lambda sptr: self.nc.allReduce(a.data.ptr, out.data.ptr, a.size * factor, dt, self.op, sptr))
         self.calls += 1
         return out
+
+
+def nccl_allgather(comm, x, counts):
+    """Every rank's device vector ``x`` (``counts[p]`` entries on rank ``p``) concatenated in
+    rank order, on every rank's device: one ``ncclAllGather`` of the vectors padded to the
+    largest count (ordered as :class:`NcclSum`; collective)."""
+    from ..backend import get_backend, nccl_module
+    xp = get_backend("gpu").xp
+    counts = np.asarray(counts, dtype=np.int64)
+    m, rank = int(counts.max(initial=0)), comm.Get_rank()
+    if x.shape != (int(counts[rank]),):
+        raise ValueError(f"nccl_allgather: rank {rank} has {x.shape} entries, counts say {int(counts[rank])}")
+    send = xp.zeros(m, dtype=x.dtype)
+    send[:x.size] = x
+    recv = xp.empty(m * counts.size, dtype=x.dtype)
+    dt, factor = nccl_type(nccl_module(), x.dtype)
+    nc = nccl_communicator(comm)
+    if m:
+        _Ordered(comm, xp).run(lambda sptr: nc.allGather(send.data.ptr, recv.data.ptr, m * factor, dt, sptr))
+    return xp.concatenate([recv[p * m:p * m + int(c)] for p, c in enumerate(counts)])
 
 
 class HaloTimer:

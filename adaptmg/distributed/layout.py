@@ -129,8 +129,10 @@ class Layout:
             raise ValueError(f"global vector must have shape ({self.N},), got {x_global.shape}")
         return np.ascontiguousarray(x_global[self.rows])
 
-    def allgather(self, x_local: np.ndarray, device: bool = False):
-        """The global vector on every rank (one ``Allgatherv`` of host buffers).
+    def allgather(self, x_local, device: bool = False, transport: str = "mpi"):
+        """The global vector on every rank (one ``Allgatherv`` of host buffers; with ``transport``
+        "nccl" and a device ``x_local`` one ``ncclAllGather`` on the devices,
+        :func:`.comm.nccl_allgather`: nothing of O(N) crosses to the host).
 
         The received buffer is rank-major (rank 0's entries, then rank 1's, ...); global
         entry ``i`` sits at position ``perm^{-1}[i]`` with ``perm`` the stable argsort of
@@ -140,10 +142,15 @@ class Layout:
         ``device=True`` (else a host copy); a host layout returns a host array."""
         if x_local.shape != (self.n,):
             raise ValueError(f"local vector must have shape ({self.n},), got {x_local.shape}")
-        buf = np.empty(self.N, dtype=x_local.dtype)
-        displ = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
-        self.comm.Allgatherv(np.ascontiguousarray(x_local), [buf, (self.counts, displ)])
-        if self._dev is not None and "owner" not in self.__dict__:
+        on_dev = self._dev is not None and "owner" not in self.__dict__
+        if on_dev and transport == "nccl" and is_device_array(x_local):
+            from .comm import nccl_allgather
+            buf = nccl_allgather(self.comm, x_local, self.counts)
+        else:
+            buf = np.empty(self.N, dtype=x_local.dtype)
+            displ = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
+            self.comm.Allgatherv(np.ascontiguousarray(to_host(x_local)), [buf, (self.counts, displ)])
+        if on_dev:
             xp = self._dev["xp"]
             perm = self._dev.get("perm")
             if perm is None:                               # unique keys: any sort gives perm

@@ -140,7 +140,7 @@ def _check(space, b, rtol, maxiter, accel, min_dofs_per_rank=None, agglomerate_b
 
 def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter=200,
           accel="cg", cycle="V", agglomerate_below="auto", min_dofs_per_rank="auto", weights=None,
-          callback=None, local_setup=True, transport=None, **multigrid_kwargs) -> DistributedResult:
+          callback=None, local_setup=True, transport=None, on_device=False, **multigrid_kwargs) -> DistributedResult:
     """Solve the constrained system of ``assemble(space)`` with load vector ``b`` by CG
     preconditioned with geometric multigrid, distributed over ``comm``.
 
@@ -174,6 +174,10 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
         ``ADAPTMG_HALO_TRANSPORT`` or "auto": NCCL when every rank has its own GPU, else host
         staging), "host" or "nccl" (:func:`.comm.resolve_transport`); ``result.mg.transport``
         tells which was used.
+    on_device : GPU backend, several ranks: ``result.x`` and ``result.u`` stay on the device of
+        the mesh (a mesh on the GPU; gathered there by ``ncclAllGather`` when the halo goes by
+        NCCL) instead of host copies -- what a loop on a device mesh continues with (one rank:
+        the serial path's arrays, on the device already).
     """
     comm = get_comm(comm)
     size = 1 if comm is None else comm.Get_size()
@@ -198,7 +202,7 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
         if local:
             return _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycle,
                                 agglomerate_below, weights, callback, (t0, c0), multigrid_kwargs,
-                                min_dofs_per_rank, transport)
+                                min_dofs_per_rank, transport, on_device)
         ml = multigrid(space, assemble, dirichlet=dirichlet, **multigrid_kwargs)
         f = ml.constrain(_on_mesh(space, b))
         if size == 1:                                     # the serial code path
@@ -223,8 +227,8 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
         mg = DistributedHierarchy(ml, ranks, comm, agglomerate_below,
                                   min_dofs_per_rank=min_dofs_per_rank, transport=transport)
         return _krylov_solve(comm, mg, mg.layout.scatter(to_host(f)), ranks, (t0, c0), accel, cycle, rtol,
-                             maxiter, callback, lambda x: to_host(ml.expand(_on_mesh(space, x))), ml,
-                             stacklevel=3)
+                             maxiter, callback, lambda x: ml.expand(_on_mesh(space, x)), ml,
+                             stacklevel=3, on_device=on_device)
 
 
 def resolve(mg, f_loc, *, accel="cg", cycle="V", rtol=1e-8, maxiter=200, callback=None,
@@ -288,15 +292,19 @@ def _timed_resolve(comm, mg, f_loc, start, accel, cycle, rtol, maxiter, callback
 
 
 def _krylov_solve(comm, mg, f_loc, ranks, start, accel, cycle, rtol, maxiter, callback, expand, ml,
-                  extra_timings=None, stacklevel=3):
+                  extra_timings=None, stacklevel=3, on_device=False):
     """The distributed multigrid-Krylov solve once ``mg`` is set up (both set-up paths of
     :func:`solve`): set-up and solve timings, one agreed warning when it does not converge,
     the solution gathered on every rank (``expand``: nodal values of the constrained ``x``);
-    ``f_loc`` (host) is moved to the hierarchy's backend, the gathered ``x`` is on the host."""
+    ``f_loc`` (host) is moved to the hierarchy's backend, the gathered ``x`` and ``u`` are host
+    arrays (``on_device``: where the gather and ``expand`` left them)."""
     x_loc, info, its, res, timings = _timed_resolve(comm, mg, f_loc, start, accel, cycle, rtol, maxiter,
                                                     callback, stacklevel)
-    x = mg.layout.allgather(to_host(x_loc), device=True)    # a device layout's: on its device
-    u, x = expand(x), to_host(x)
+    # a device layout's: on its device (NCCL: gathered there)
+    x = mg.layout.allgather(x_loc, device=True, transport=getattr(mg, "transport", "mpi"))
+    u = expand(x)
+    if not on_device:
+        u, x = to_host(u), to_host(x)
     size = comm.Get_size()
     return DistributedResult(u=u, x=x, x_local=x_loc, iterations=its, info=info,
                              residuals=res, size=size, cell_ranks=ranks, imbalance=float(imbalance(ranks, size)),
@@ -418,7 +426,7 @@ def _split_hierarchy(space, max_levels, agglomerate_below):
 
 
 def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycle, agglomerate_below,
-                 weights, callback, start, kw, min_dofs_per_rank=None, transport=None):
+                 weights, callback, start, kw, min_dofs_per_rank=None, transport=None, on_device=False):
     """:func:`solve` on several ranks with the large geometric levels set up from the rank's
     cells only (``start``: wall and CPU clocks at the start of the set-up)."""
     t0, c0 = start
@@ -450,9 +458,9 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     phases = {"coarse_hierarchy_s": t_coarse, "mesh_hierarchy_s": t_split, "frees_s": t2 - t1,
               "partition_s": t3 - t2, "rhs_s": time.perf_counter() - t4}
     return _krylov_solve(comm, mg, f_loc, ranks, (t0, c0), accel, cycle, rtol,
-                         maxiter, callback, lambda x: to_host(space.H @ _on_mesh(space, x)), ml,
+                         maxiter, callback, lambda x: space.H @ _on_mesh(space, x), ml,
                          extra_timings={**phases, **mg.setup_stats},
-                         stacklevel=4)
+                         stacklevel=4, on_device=on_device)
 
 
 def _on_mesh(space, v):

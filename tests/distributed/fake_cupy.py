@@ -269,6 +269,16 @@ class _NcclCommunicator:
         _at(int(recvbuf), int(count), dt)[...] = out
         _STATE["nccl_allreduces"] += 1
 
+    def allGather(self, sendbuf, recvbuf, count, datatype, stream):
+        """ncclAllGather, carried out at once by an MPI Allgather."""
+        if _GROUP:
+            raise RuntimeError("fake nccl: allGather inside a send/recv group")
+        dt = _NCCL_TYPES[datatype]
+        src = np.array(_at(int(sendbuf), int(count), dt))
+        out = np.empty(int(count) * self.ndev, dtype=dt)
+        self.mpi.Allgather(src, out)
+        _at(int(recvbuf), int(count) * self.ndev, dt)[...] = out
+
 
 _GROUP = []
 
@@ -331,7 +341,8 @@ def install(devices=1, with_nccl=False, mesh=False):
     if with_nccl:       # ``from cupy.cuda import nccl`` finds the stand-in (this process only)
         top, sub = types.ModuleType("cupy"), types.ModuleType("cupy.cuda")
         top.cuda, sub.nccl = sub, nccl
-        sys.modules.update({"cupy": top, "cupy.cuda": sub, "cupy.cuda.nccl": nccl})
+        # with ``mesh`` "cupy" stays this module (the device mesh imports it)
+        sys.modules.update({**({} if mesh else {"cupy": top}), "cupy.cuda": sub, "cupy.cuda.nccl": nccl})
     return xp
 
 
