@@ -26,6 +26,13 @@ mark, refine and repartition.  ``--backend gpu``: the set-up's matrices, the cyc
 GPU per rank, NCCL when every rank has its own); the forest, the estimator and the marking
 stay on the host (``--no-errors`` skips the host quadrature of the exact solution's errors,
 the largest host phase).  On a machine with fewer cores than ranks the seconds mean little.
+
+``--mesh replicated``: :func:`adaptmg.distributed.adaptive_loop_replicated` instead -- the mesh
+whole on every rank (with ``--backend gpu`` on every GPU: refinement, estimator and marking
+there, rank 0's marks broadcast), the set-up (each rank its cells' rows, the Morton cut of each
+step's mesh) and the solve distributed; homogeneous Dirichlet data (``lshape0``, ``fichera``).
+Its phases: mesh (space and load), setup, partition (part of setup), solve, gather (the
+solution on every rank), estimate, mark, refine.
 """
 import argparse
 import json
@@ -65,12 +72,41 @@ def error_of(name, h):
     return h.get("err_H1", float("nan"))
 
 
+def replicated_worker(args, comm):
+    """``--mesh replicated``: :func:`adaptmg.distributed.adaptive_loop_replicated` (the mesh whole
+    on every rank -- on every GPU --, the set-up and solve distributed)."""
+    from adaptmg.distributed import adaptive_loop_replicated
+    from adaptmg.distributed.comm import select_device
+    from adaptmg.distributed.replicated_adaptive import PHASES as REPLICATED_PHASES
+    if args.backend == "gpu":
+        select_device(comm)
+    coarse, pkw = problem(args.problem, not args.no_errors)
+    t0 = time.perf_counter()
+    mesh = coarse.to(args.backend)
+    for _ in range(args.uniform):
+        mesh = mesh.refine()
+    t_init = time.perf_counter() - t0
+    kw = {} if args.agglomerate_below is None else {"agglomerate_below": args.agglomerate_below}
+    tie = None if args.tie_rtol == "none" else float(args.tie_rtol)
+    t0 = time.perf_counter()
+    out = adaptive_loop_replicated(mesh, **pkw, comm=comm, steps=args.steps, max_dofs=int(args.max_dofs),
+                                   theta=args.theta, tie_rtol=tie, rtol=args.rtol, backend=args.backend,
+                                   quiet=not args.progress,
+                                   printer=lambda line: print(line, file=sys.stderr, flush=True), **kw)
+    total = time.perf_counter() - t0
+    if comm.Get_rank() == 0:
+        print(json.dumps({"P": comm.Get_size(), "history": out["history"], "init_s": t_init, "total_s": total,
+                          "transport": None, "backend": args.backend, "phases": list(REPLICATED_PHASES)}))
+
+
 def worker(args):
     from mpi4py import MPI
 
     from adaptmg.distributed import adaptive_loop_forest
     from adaptmg.distributed.forest import DistributedForest
     comm = MPI.COMM_WORLD
+    if args.mesh == "replicated":
+        return replicated_worker(args, comm)
     coarse, pkw = problem(args.problem, not args.no_errors)
     t0 = time.perf_counter()
     F = DistributedForest.from_coarse(coarse, comm=comm)
@@ -88,7 +124,8 @@ def worker(args):
     if comm.Get_rank() == 0:
         res = out["result"]
         print(json.dumps({"P": comm.Get_size(), "history": out["history"], "init_s": t_init, "total_s": total,
-                          "transport": getattr(res.mg, "transport", None), "backend": args.backend}))
+                          "transport": getattr(res.mg, "transport", None), "backend": args.backend,
+                          "phases": list(PHASES)}))
 
 
 def driver(args):
@@ -103,7 +140,8 @@ def driver(args):
         cmd = mpiexec_command(P) + [sys.executable, os.path.abspath(__file__), "--worker", "--problem", name,
                                     "--backend", args.backend, "--max-dofs", str(args.max_dofs),
                                     "--steps", str(args.steps), "--theta", str(args.theta), "--rtol", str(args.rtol),
-                                    "--uniform", str(args.uniform), "--tie-rtol", str(args.tie_rtol)] \
+                                    "--uniform", str(args.uniform), "--tie-rtol", str(args.tie_rtol),
+                                    "--mesh", args.mesh] \
             + (["--no-errors"] if args.no_errors else []) + (["--progress"] if args.progress else [])
         if args.agglomerate_below is not None:
             cmd += ["--agglomerate-below", str(args.agglomerate_below)]
@@ -114,18 +152,19 @@ def driver(args):
         if r.returncode != 0:
             sys.exit(f"P={P} failed:\n{r.stdout[-2000:]}\n{(r.stderr or '')[-4000:]}")
         rec = json.loads(r.stdout.strip().splitlines()[-1])
-        print(f"\nP = {P}, backend {rec['backend']}"
-              + (f" (halo transport {rec['transport']})" if rec["backend"] == "gpu" else "")
+        phases = rec["phases"]
+        print(f"\nP = {P}, backend {rec['backend']}, mesh {args.mesh}"
+              + (f" (halo transport {rec['transport']})" if rec["backend"] == "gpu" and rec["transport"] else "")
               + f": {TITLES[name]}, Q1, Doerfler theta = {args.theta} (tie_rtol {args.tie_rtol}), CG to rtol "
               f"{args.rtol:g}; "
-              f"initial forest {rec['init_s']:.2f} s, loop {rec['total_s']:.2f} s, launch {wall:.1f} s")
+              f"initial {args.mesh} mesh {rec['init_s']:.2f} s, loop {rec['total_s']:.2f} s, launch {wall:.1f} s")
         print(f"{'step':>4} {'cells':>10} {'DoFs':>10} {'its':>4} {'estimate':>10} {err_name:>10} "
-              f"{'owned':>15} " + " ".join(f"{p[:8]:>8}" for p in PHASES) + f" {'sum':>8}")
-        sums = np.zeros(len(PHASES))
+              f"{'owned':>15} " + " ".join(f"{p[:8]:>8}" for p in phases) + f" {'sum':>8}")
+        sums = np.zeros(len(phases))
         for h in rec["history"]:
-            t = np.array([h[f"t_{p}"] for p in PHASES])
+            t = np.array([h[f"t_{p}"] for p in phases])
             sums += t
-            own = f"{h['owned_min']}-{h['owned_max']}"
+            own = f"{h['owned_min']}-{h['owned_max']}" if "owned_min" in h else "-"
             print(f"{h['step']:>4} {h['cells']:>10} {h['dofs']:>10} {h['iterations']:>4} {h['estimate']:>10.3e} "
                   f"{error_of(name, h):>10.3e} {own:>15} " + " ".join(f"{x:>8.3f}" for x in t) + f" {t.sum():>8.3f}")
         print(f"{'all':>4} {'':>10} {'':>10} {'':>4} {'':>10} {'':>10} {'':>15} "
@@ -143,6 +182,9 @@ def main():
     ap.add_argument("--problem", choices=sorted(PROBLEMS), default="lshape")
     ap.add_argument("--tie-rtol", default="1e-8", help="Doerfler's tie rule ('none': plain Doerfler)")
     ap.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--mesh", choices=["forest", "replicated"], default="forest",
+                    help="forest: the distributed forest (a rank holds its cells and a ghost layer); "
+                         "replicated: the whole mesh on every rank (every GPU), set-up and solve distributed")
     ap.add_argument("--max-dofs", type=float, default=2e5, help="stop once the forest has this many nodes")
     ap.add_argument("--steps", type=int, default=100, help="at most this many refinements")
     ap.add_argument("--theta", type=float, default=0.5, help="Doerfler's bulk parameter")
@@ -165,6 +207,8 @@ def main():
             float(args.tie_rtol)
         except ValueError:
             ap.error(f"--tie-rtol must be a number or 'none', got {args.tie_rtol!r}")
+    if args.mesh == "replicated" and args.problem == "lshape":
+        ap.error("--mesh replicated solves with homogeneous Dirichlet data: --problem lshape0 or fichera")
     (worker if args.worker else driver)(args)
 
 

@@ -28,7 +28,10 @@ coarse forest levels re-cut onto ``P_l`` ranks by the same rule as :func:`solve`
 Dirichlet values ``g`` lifted as the serial constraints lift them), and
 :mod:`.adaptive` (the adaptive loop on the forest: solve, residual indicators of the owned
 leaves from the local mesh, Doerfler marking across ranks without a gather -- with a tie
-rule for symmetric problems --, refine, repartition; :func:`adaptive_loop_forest`)::
+rule for symmetric problems --, refine, repartition; :func:`adaptive_loop_forest`);
+:mod:`.replicated_adaptive` (the adaptive loop with the mesh replicated on every rank --
+every device --, :func:`solve`'s distributed set-up and solve each step, the Morton cut of
+each step's mesh, rank 0's marks broadcast; :func:`adaptive_loop_replicated`)::
 
     df = DistributedForest.box([0, 0, 0], [1, 1, 1], [2, 2, 2]).refine().refine()
     res = solve_forest(df, assemble.stiffness, f=1.0, g=lambda x: x[:, 0], rtol=1e-8)  # u = g on the boundary
@@ -90,9 +93,10 @@ from .forest import DistributedForest
 from .hierarchy import DistributedHierarchy, RankZeroCycle
 from .partition import (coarse_cell_ranks, curve_order, dof_owners, fold_cell_ranks, imbalance,
                         level_ranks, partition_cells)
+from .replicated_adaptive import adaptive_loop_replicated
 from .solve import DistributedResult, resolve, solve, solve_forest, solve_poisson
 
-__all__ = ["adaptive_loop_forest", "doerfler_forest", "agree", "allreduce_sum", "get_comm", "guard", "have_mpi", "install_excepthook", "launched_rank",
+__all__ = ["adaptive_loop_forest", "adaptive_loop_replicated", "doerfler_forest", "agree", "allreduce_sum", "get_comm", "guard", "have_mpi", "install_excepthook", "launched_rank",
            "launched_size", "local_rank", "resolve_transport", "select_device", "DistCSR", "Layout",
            "dot", "dots", "norm", "DistributedForest", "DistributedHierarchy", "RankZeroCycle", "coarse_cell_ranks", "curve_order",
            "dof_owners", "fold_cell_ranks", "imbalance", "level_ranks", "partition_cells", "DistributedResult", "resolve", "solve",
