@@ -94,9 +94,18 @@ def replicated_worker(args, comm):
                                    quiet=not args.progress,
                                    printer=lambda line: print(line, file=sys.stderr, flush=True), **kw)
     total = time.perf_counter() - t0
+    mb = comm.allgather(_device_mb() if args.backend == "gpu" else 0.0)
     if comm.Get_rank() == 0:
         print(json.dumps({"P": comm.Get_size(), "history": out["history"], "init_s": t_init, "total_s": total,
-                          "transport": None, "backend": args.backend, "phases": list(REPLICATED_PHASES)}))
+                          "transport": None, "backend": args.backend, "phases": list(REPLICATED_PHASES),
+                          "device_mb": mb}))
+
+
+def _device_mb():
+    """This rank's device memory held by CuPy's pool, MiB (the pool keeps freed blocks: the
+    loop's high-water mark, up to fragmentation)."""
+    import cupy
+    return round(cupy.get_default_memory_pool().total_bytes() / 2 ** 20, 1)
 
 
 def worker(args):
@@ -170,6 +179,9 @@ def driver(args):
         print(f"{'all':>4} {'':>10} {'':>10} {'':>4} {'':>10} {'':>10} {'':>15} "
               + " ".join(f"{x:>8.3f}" for x in sums) + f" {sums.sum():>8.3f}")
         hist = rec["history"]
+        if rec.get("device_mb") and any(rec["device_mb"]):
+            print(f"device memory per rank (CuPy pool, high-water) {rec['device_mb']} MiB: "
+                  f"{max(rec['device_mb']) * 2 ** 20 / hist[-1]['dofs']:.0f} B per DoF of the last mesh")
         if len(hist) >= 3 and not args.no_errors:
             n = np.array([h["dofs"] for h in hist], float)
             e = np.array([error_of(name, h) for h in hist])
