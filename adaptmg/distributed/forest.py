@@ -374,6 +374,12 @@ class DistributedForest:
             cache[backend.name] = Space(self.mesh.to(backend), 1)
         return cache[backend.name]
 
+    def release_device(self):
+        """Drop the device copies of :meth:`local_space` and :meth:`owned_cells_on` (a coarse
+        level's, once its rows are built: their memory goes back to the pool)."""
+        self.__dict__.pop("_spaces", None)
+        self.__dict__.pop("_owned_on", None)
+
     def owned_cells_on(self, backend):
         """:attr:`owned_cells` as an array of ``backend`` (moved once, kept)."""
         cache = self.__dict__.setdefault("_owned_on", {})

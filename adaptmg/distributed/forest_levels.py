@@ -214,6 +214,8 @@ class ForestHierarchy:
                                                                     backend=be)
             if fine:
                 self._scale, self._fine_A = scale, (A_p[0] if A_p else None)
+            else:                # a coarser level's local mesh on the device: done with
+                F.release_device()
             lay = RangeLayout(preps[i][4].starts, comm)
             _check(comm, lay.n == gids.size and (gids.size == 0 or int(gids[0]) == lay.lo),
                    "ForestHierarchy: the owned node ids are not the rank's range")
