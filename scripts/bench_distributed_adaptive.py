@@ -170,14 +170,15 @@ def driver(args):
         print(f"{'step':>4} {'cells':>10} {'DoFs':>10} {'its':>4} {'estimate':>10} {err_name:>10} "
               f"{'owned':>15} " + " ".join(f"{p[:8]:>8}" for p in phases) + f" {'sum':>8}")
         sums = np.zeros(len(phases))
+        whole = np.array([p != "partition" for p in phases])      # (a part of the set-up)
         for h in rec["history"]:
             t = np.array([h[f"t_{p}"] for p in phases])
             sums += t
             own = f"{h['owned_min']}-{h['owned_max']}" if "owned_min" in h else "-"
             print(f"{h['step']:>4} {h['cells']:>10} {h['dofs']:>10} {h['iterations']:>4} {h['estimate']:>10.3e} "
-                  f"{error_of(name, h):>10.3e} {own:>15} " + " ".join(f"{x:>8.3f}" for x in t) + f" {t.sum():>8.3f}")
+                  f"{error_of(name, h):>10.3e} {own:>15} " + " ".join(f"{x:>8.3f}" for x in t) + f" {t[whole].sum():>8.3f}")
         print(f"{'all':>4} {'':>10} {'':>10} {'':>4} {'':>10} {'':>10} {'':>15} "
-              + " ".join(f"{x:>8.3f}" for x in sums) + f" {sums.sum():>8.3f}")
+              + " ".join(f"{x:>8.3f}" for x in sums) + f" {sums[whole].sum():>8.3f}")
         hist = rec["history"]
         if rec.get("device_mb") and any(rec["device_mb"]):
             print(f"device memory per rank (CuPy pool, high-water) {rec['device_mb']} MiB: "

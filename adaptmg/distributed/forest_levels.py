@@ -214,8 +214,9 @@ class ForestHierarchy:
                                                                     backend=be)
             if fine:
                 self._scale, self._fine_A = scale, (A_p[0] if A_p else None)
-            else:                # a coarser level's local mesh on the device: done with
+            else:                # a coarser level's device copies (local mesh, expansion): done with
                 F.release_device()
+                preps[i][4].drop_device()
             lay = RangeLayout(preps[i][4].starts, comm)
             _check(comm, lay.n == gids.size and (gids.size == 0 or int(gids[0]) == lay.lo),
                    "ForestHierarchy: the owned node ids are not the rank's range")

@@ -114,6 +114,18 @@ class Expansion:
 
     def __init__(self, u, E, free_u, starts):
         self.u, self.E, self.free_u, self.starts = u, E, free_u, starts
+        self._dev = None
+
+    def on(self, be):
+        """``(E, E^T, u, free_u)`` on the device ``be`` (moved up once and kept until
+        :meth:`drop_device`): what the rows and the load of a level on the GPU read."""
+        if self._dev is None:
+            E = be.asmatrix(self.E)
+            self._dev = (E, E.T.tocsr(), be.asarray(self.u), be.asarray(self.free_u))
+        return self._dev
+
+    def drop_device(self):
+        self._dev = None
 
     def masked(self):
         """``E Z``: the columns of non-free nodes dropped (zeros removed)."""
@@ -243,17 +255,17 @@ def owned_constrained_load(forest, f, dirichlet="all", prep=None, g_o=None, A=No
         b = xp.zeros(space.num_dofs)                      # no source: a zero load, no quadrature
     else:
         b = xp.asarray(load(view, f), dtype=float)
-    E = be.asmatrix(ex.E) if be.is_gpu else ex.E
+    E, ET = ex.on(be)[:2] if be.is_gpu else (ex.E, ex.E.T)
     if lift:
         g_u = be.asarray(_pull(comm, ex.starts, ex.u, first, g_o))
         if A is None:
             A = _assembled(_on_backend(assemble, be), view, forest.mesh.num_nodes, keep=True)
         b = b - A @ (E @ g_u)
-    e = E.T @ b                                           # E_p^T r_p over u
+    e = ET @ b                                            # E_p^T r_p over u
     u = ex.u
     lo, hi = np.searchsorted(u, [first, first + gids.size])
     out = xp.zeros(gids.size)
-    out[be.asarray(u[lo:hi] - first)] = e[lo:hi]
+    out[(ex.on(be)[2] if be.is_gpu else u)[lo:hi] - first] = e[lo:hi]
     rest = np.concatenate([np.arange(lo), np.arange(hi, u.size)])
     r, v = alltoallv(comm, np.searchsorted(ex.starts, u[rest], side="right") - 1, u[rest],
                      to_host(e[be.asarray(rest)]))
@@ -284,8 +296,10 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
     the local mesh moved to the device (:meth:`~.forest.DistributedForest.local_space`) and
     :math:`Z E_p^T A_p E_p Z` formed there by the congruence row kernels
     (:func:`adaptmg.device.congruence_rows.constrained_congruence` with the expansion ``E_p``
-    as a rectangular ``H``: no SpGEMM), ``K_o`` (and ``A_p``) device CSR; only the entries of
-    rows owned elsewhere (the cut) and three numbers cross to the host."""
+    as a rectangular ``H``: no SpGEMM), ``K_o`` (and ``A_p``) device CSR.  The forest's host
+    data move up once per level (the owned cells, ``E``, ``u``, the free masks:
+    :meth:`Expansion.on`); only the entries of rows owned elsewhere (the cut) and three
+    numbers come back to the host."""
     _check_forest(forest)
     be = get_backend(backend)
     comm, M = forest.comm, forest.mesh
@@ -308,7 +322,7 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
     # rows of owned nodes: a contiguous block of the sorted u, kept here (columns renamed by
     # the increasing u: rows stay sorted); the others' entries go to their owners
     lo, hi = (int(i) for i in np.searchsorted(u, [first, first + gids.size]))
-    ub = be.asarray(u)
+    ub = ex.on(be)[2] if be.is_gpu else u
     ip = C.indptr
     cnt = xp.zeros(gids.size, dtype=np.int64)
     cnt[ub[lo:hi] - first] = xp.diff(ip[lo:hi + 1])
@@ -345,13 +359,11 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
 
 def _device_congruence(be, A, ex):
     """:math:`Z E^T A E Z` (``u.size`` square, canonical device CSR) of the device ``A`` (local
-    nodes) and the expansion ``ex`` (moved up): the congruence row kernels with ``E`` as a
+    nodes) and the expansion ``ex`` (:meth:`Expansion.on`): the congruence row kernels with ``E`` as a
     rectangular ``H``, or, where they do not take the matrices (64-bit indices), cuSPARSE's
     products and a masking pass.  A non-free row's one kernel entry is an explicit zero (the
     scale 0 here: ``s`` is found after the rows are summed over the ranks), dropped later."""
-    E = be.asmatrix(ex.E)
-    ET = E.T.tocsr()
-    z = be.asarray(ex.free_u)
+    E, ET, _, z = ex.on(be)
     if rows_available(A, E, ET):
         C, _ = constrained_congruence(A, E, ET, z, scale=lambda d, m: 0.0)
         return C

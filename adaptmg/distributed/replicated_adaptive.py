@@ -29,7 +29,8 @@ rank's cells and their ghost layer.
 The history records per step the cells, DoFs, CG iterations, the estimate
 :math:`(\sum_K\eta_K^2)^{1/2}`, the errors when ``exact`` / ``grad`` are given, and the wall
 seconds (maximum over the ranks) of: ``mesh`` (the space and its load vector), ``setup`` (all
-of the solve but CG: hierarchy, partition, owned rows), ``partition`` (its Morton cut),
+of the solve but CG: hierarchy, partition, owned rows), ``partition`` (its Morton cut, a part
+of ``setup``),
 ``solve`` (CG), ``gather`` (the solution on every rank), ``estimate``, ``mark`` (with its
 broadcast) and ``refine``.
 """
@@ -55,14 +56,17 @@ __all__ = ["adaptive_loop_replicated", "PHASES"]
 PHASES = ("mesh", "setup", "partition", "solve", "gather", "estimate", "mark", "refine")
 
 
-def _broadcast_marks(comm, marks, transport):
-    """Rank 0's boolean marks on every rank: an allreduce of rank 0's marks and the others'
-    zeros (NCCL on the devices when the halo goes that way; else one host ``Bcast``)."""
-    be = backend_of(marks)
+def _broadcast_marks(comm, eta, theta, tie_rtol, transport):
+    """Rank 0's Doerfler marks of ``eta`` on every rank (the others do not mark): an allreduce
+    of rank 0's marks and the others' zeros (NCCL on the devices when the halo goes that way;
+    else one host ``Bcast``)."""
+    be = backend_of(eta)
+    root = comm.Get_rank() == 0
+    marks = mark(eta, "doerfler", theta, tie_rtol) if root else None
     if transport == "nccl":
-        mine = marks.astype(np.int32) if comm.Get_rank() == 0 else be.xp.zeros(marks.size, dtype=np.int32)
+        mine = marks.astype(np.int32) if root else be.xp.zeros(eta.size, dtype=np.int32)
         return NcclSum(comm)(mine) > 0
-    host = np.ascontiguousarray(to_host(marks), dtype=bool)
+    host = np.ascontiguousarray(to_host(marks), dtype=bool) if root else np.empty(eta.size, dtype=bool)
     comm.Bcast(host, root=0)
     return be.asarray(host) if be.is_gpu else host
 
@@ -158,7 +162,7 @@ def adaptive_loop_replicated(mesh, f=1.0, *, comm=None, steps=10, max_dofs=None,
         last = step == steps or (max_dofs is not None and space.num_dofs >= max_dofs)
         if not last:
             t5 = now()
-            marks = _broadcast_marks(comm, mark(eta, "doerfler", theta, tie_rtol), transport)
+            marks = _broadcast_marks(comm, eta, theta, tie_rtol, transport)
             t6 = now()
             mesh = mesh.refine(marks)
             t7 = now()

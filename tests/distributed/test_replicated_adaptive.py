@@ -61,3 +61,19 @@ def test_on_the_devices(tmp_path, monkeypatch):
     r = worker_records(WORKER, 2, tmp_path)[("gpu", "loop")]
     assert r["device"]
     _check(r, its_slack=2)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(theta=0.0), "theta must lie in"), (dict(steps=-1), "steps must be"), (dict(max_dofs=0), "max_dofs"),
+    (dict(exact=3.0), "exact must be a callable"), (dict(goal="x"), "goal must be"),
+    (dict(tie_rtol=2.0), "tie_rtol"), (dict(local_setup=False), "local set-up"),
+])
+def test_bad_arguments_are_refused(kw, match):
+    pytest.importorskip("mpi4py")
+    from adaptmg import Mesh
+    from adaptmg.distributed import adaptive_loop_replicated
+    mesh = Mesh.box([0, 0], [1, 1], [2, 2]).refine()
+    with pytest.raises(ValueError, match=match):
+        adaptive_loop_replicated(mesh, 1.0, **kw)
+    with pytest.raises(ValueError, match="expects an adaptmg Mesh"):
+        adaptive_loop_replicated("mesh", 1.0)
