@@ -49,13 +49,14 @@ The right-hand side ``Z H^T (b - A H g) + s g`` (Dirichlet values ``g`` lifted a
 (hanging ones, also on the boundary, follow their parents) come from the finest forest alone
 (:func:`.forest_rows.owned_constrained_load`, :meth:`ForestHierarchy.expand_local`).
 
-The forests (keys, coarsening, numbering, the expansions ``E``) and the transfers' rows are
-built on the host (NumPy/SciPy).  With ``backend="gpu"`` each level's local mesh is moved to
-the device once (:meth:`~.forest.DistributedForest.local_space`) and ``K_l``'s owned rows and
-the load are formed there (the owned leaves assembled on the device, :math:`Z E^T A E Z` by the
-congruence row kernels; only the cut's entries cross to the host); the DistCSR blocks, the
-smoothers and rank 0's serial hierarchy live on the device (:class:`~.csr.DistCSR` moves the
-host rows of ``P_l`` and ``R_l`` up).  Not here: Q2 and several components.
+The forests (keys, coarsening, numbering, the expansions ``E``) are built on the host
+(NumPy/SciPy).  With ``backend="gpu"`` each level's local mesh is moved to the device once
+(:meth:`~.forest.DistributedForest.local_space`, dropped once the next finer level's transfer
+is built) and ``K_l``'s owned rows, the rows of ``P_l`` and ``R_l`` that the rank answers
+itself, and the load are formed there (the owned leaves assembled on the device, :math:`Z E^T
+A E Z` by the congruence row kernels; only the cut's requests and entries cross to the host);
+the DistCSR blocks, the smoothers and rank 0's serial hierarchy live on the device.  Not here:
+Q2 and several components.
 """
 from __future__ import annotations
 
@@ -214,16 +215,15 @@ class ForestHierarchy:
                                                                     backend=be)
             if fine:
                 self._scale, self._fine_A = scale, (A_p[0] if A_p else None)
-            else:                # a coarser level's device copies (local mesh, expansion): done with
-                F.release_device()
-                preps[i][4].drop_device()
             lay = RangeLayout(preps[i][4].starts, comm)
             _check(comm, lay.n == gids.size and (gids.size == 0 or int(gids[0]) == lay.lo),
                    "ForestHierarchy: the owned node ids are not the rank's range")
             phase("matrix_s", t)
             t = now()
-            P_o = prolongation_rows(F, Fc, free_o, preps[i - 1][4], g2s if i == 1 else None)
+            P_o = prolongation_rows(F, Fc, free_o, preps[i - 1][4], g2s if i == 1 else None, backend=be)
             R_o = restriction_rows(P_o, gids, clay, F.num_global_nodes)
+            Fc.release_device()          # the coarser level's device copies (local mesh, expansion): done with
+            preps[i - 1][4].drop_device()
             phase("transfer_s", t)
             t = now()
             d = level_from_rows(K_o, P_o, R_o, lay, clay, self.timer, kw)

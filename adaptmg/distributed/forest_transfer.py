@@ -25,11 +25,18 @@ keys, the weights of ``C``'s vertices at vertex ``j`` of ``K`` read from the tab
 (``c_b`` the corner of child digit ``b`` of ``K`` in ``C``; the identity when ``K = C``),
 and the row is ``W E_c Z_c`` with ``E_c`` the coarse local mesh's ``H`` rows in global
 columns (:class:`~.forest_rows.Expansion`: exact for the vertices of owned leaves) -- one
-sparse product for all requests; its entries go back (one ``Alltoallv``).  The weights are
-dyadic, so the rows equal the serial ones bit for bit.
+sparse product for all requests; its entries go back (one ``Alltoallv``).  The coarse level
+is cut along the same curve, so nearly every request is the asking rank's own: those are
+answered where they are asked, only the others (the cut) travel.  The weights are dyadic, so
+the rows equal the serial ones bit for bit.
 
-``R``'s owned rows (coarse owned nodes): the entries of ``P``'s owned rows sent to the owners
-of their columns (one ``Alltoallv``) and sorted there.
+``R``'s owned rows (coarse owned nodes): the entries of ``P``'s owned rows in this rank's
+columns kept, the others sent to the owners of their columns (one ``Alltoallv``); sorted.
+
+On the GPU (``backend``) the own requests' rows are formed on the device (the coarse level's
+local mesh and expansion there: :meth:`~.forest.DistributedForest.local_space`,
+:meth:`~.forest_rows.Expansion.on`), ``P`` and ``R`` are device CSR, and only the cut's
+requests and entries cross to the host.
 
 A coarse level gathered on rank 0 (:func:`gather_level`): rank 0 rebuilds a serial
 :class:`~adaptmg.mesh.Mesh` from the leaf keys (:func:`.cellkeys.build_local`) and maps its
@@ -41,6 +48,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import CPU, backend_of, get_backend, to_host
+from ..fe.csr_ops import mask_rows_cols
 from ..mesh import reference as ref
 from .cellkeys import build_local
 from .forest import _check, alltoallv
@@ -72,11 +81,18 @@ def _first_owned_leaf(forest, nodes):
     return pos // nv, pos % nv
 
 
-def _coarse_rows(coarse, keys, j, EZ, u, table):
-    """At the coarse rank: the rows ``W E_c Z_c`` of the requests ``(keys, j)`` (module doc), as
-    COO ``(request, global column, value)``."""
+def _coarse_rows(coarse, keys, j, ex, table, be=CPU):
+    """At the coarse rank: the rows ``W E_c Z_c`` of the requests ``(keys, j)`` (host arrays;
+    module doc), as COO ``(request, global column, value)`` -- arrays of ``be``: on the GPU
+    the coarse leaves' vertices are read from the coarse local mesh there and ``W E_c Z_c``
+    is one device product (``ex``: the coarse :class:`~.forest_rows.Expansion`)."""
     codec = coarse.codec
     okeys = coarse.owned_keys
+    xp = be.xp
+    if keys.size == 0:              # (its collective check still taken)
+        _check(coarse.comm, True, "")
+        z = xp.zeros(0, dtype=np.int64)
+        return z, z, xp.zeros(0)
     at = np.searchsorted(okeys, keys, side="right") - 1
     C = okeys[np.maximum(at, 0)]
     lc, lk = codec.level(C), codec.level(keys)
@@ -87,26 +103,37 @@ def _coarse_rows(coarse, keys, j, EZ, u, table):
                                         "coarse cell it does not own (not one coarsening apart?)")
     nv = 2 ** coarse.dim
     digit = np.where(lk > lc, (keys >> codec._shift(lk)) & (nv - 1), nv)
-    W = table[digit, j]                                                    # (m, nv)
-    vtx = coarse.mesh.cells.take(coarse.owned_cells.take(at), axis=0)      # coarse cell's vertices
-    nz = W != 0
     m = keys.size
-    Wm = sp.csr_matrix((W[nz], (np.repeat(np.arange(m), nv).reshape(m, nv)[nz], vtx[nz])),
-                       shape=(m, coarse.mesh.num_nodes))
+    W = be.asarray(table)[be.asarray(digit), be.asarray(j)]                # (m, nv)
+    if be.is_gpu:                   # the coarse leaf's vertices from the local mesh there
+        cells = coarse.local_space(be).mesh.cells
+        vtx = xp.take(cells, xp.take(coarse.owned_cells_on(be), be.asarray(at)), axis=0)
+        E, _, ub, z = ex.on(be)
+        EZ = mask_rows_cols(E, xp.ones(E.shape[0], dtype=bool), z, drop_zeros=True)
+    else:
+        vtx = coarse.mesh.cells.take(coarse.owned_cells.take(at), axis=0)
+        EZ, ub = ex.masked(), ex.u
+    nz = W != 0
+    rows = xp.repeat(xp.arange(m), nv).reshape(m, nv)
+    Wm = be.sparse.csr_matrix(be.sparse.coo_matrix((W[nz], (rows[nz], vtx[nz])), shape=(m, coarse.mesh.num_nodes)))
     R = (Wm @ EZ).tocoo()
     keep = R.data != 0
-    return R.row[keep], u[R.col[keep]], R.data[keep]
+    return R.row[keep], ub[R.col[keep]], R.data[keep]
 
 
-def prolongation_rows(fine, coarse, free_f, coarse_ex, col_map=None):
-    """Owned rows of ``P = Z_f chi H_c Z_c`` (module doc): SciPy CSR (fine owned nodes x coarse
-    global nodes), sorted columns.
+def prolongation_rows(fine, coarse, free_f, coarse_ex, col_map=None, backend=CPU):
+    """Owned rows of ``P = Z_f chi H_c Z_c`` (module doc): CSR (fine owned nodes x coarse
+    global nodes), sorted columns, on ``backend`` (SciPy on the CPU, cupyx on the GPU).
 
     ``fine``, ``coarse``: consecutive forests (``coarse = fine.coarsen_once()``, any
     partitions); ``free_f``: free mask of the fine owned nodes; ``coarse_ex``: the coarse
     level's :class:`~.forest_rows.Expansion` (:func:`.forest_rows.prepare`); ``col_map``:
     optional map of the coarse global ids to another numbering (a gathered level's
-    ``g2s``).  Collective: two ``Alltoallv`` (requests by key, rows back)."""
+    ``g2s``).  Collective: the requests for coarse leaves of another rank (the cut) go there by
+    key and their rows come back (two ``Alltoallv``); the others -- nearly all: the coarse
+    level is cut along the same curve -- are answered here, on the device on the GPU (the
+    coarse level's local mesh and expansion there)."""
+    be = get_backend(backend)
     comm = fine.comm
     rank = comm.Get_rank()
     own = fine.owned_nodes
@@ -117,26 +144,50 @@ def prolongation_rows(fine, coarse, free_f, coarse_ex, col_map=None):
     k0 = int(coarse.owned_keys[0]) if coarse.owned_keys.size else np.iinfo(np.int64).max
     firsts = np.asarray(comm.allgather(k0) if comm.Get_size() > 1 else [k0], dtype=np.int64)
     dest = np.searchsorted(firsts, keys, side="right") - 1
-    rk, rj, rid, src = alltoallv(comm, dest, keys, j, want, np.full(want.size, rank, dtype=np.int64))
-    r, c, v = _coarse_rows(coarse, rk, rj, coarse_ex.masked(), coarse_ex.u, weight_table(fine.dim))
-    row, col, val = alltoallv(comm, src[r], rid[r], c, v)
+    here = dest == rank
+    table = weight_table(fine.dim)
+    # the requests of other ranks: there and back through the host
+    go = ~here
+    rk, rj, rid, src = alltoallv(comm, dest[go], keys[go], j[go], want[go],
+                                 np.full(int(go.sum()), rank, dtype=np.int64))
+    r, c, v = (to_host(a) for a in _coarse_rows(coarse, rk, rj, coarse_ex, table, be))
+    row_r, col_r, val_r = alltoallv(comm, src[r], rid[r], c, v)
+    # this rank's own requests, answered here
+    r, col, val = _coarse_rows(coarse, keys[here], j[here], coarse_ex, table, be)
+    row = be.asarray(want[here])[r]
+    row, col, val = (be.xp.concatenate([a, be.asarray(b)]) for a, b in ((row, row_r), (col, col_r), (val, val_r)))
     Nc = coarse.num_global_nodes
+    if row.size == 0:               # no entry (e.g. an idle rank): a host matrix
+        return sp.csr_matrix((own.size, Nc))
     if col_map is not None:
-        col = col_map[col]
-    P = sp.csr_matrix((val, (row, col)), shape=(own.size, Nc))
+        col = be.asarray(col_map)[col]
+    P = be.sparse.coo_matrix((val, (row, col)), shape=(own.size, Nc)).tocsr()
     P.sum_duplicates()
     return P
 
 
 def restriction_rows(P_o, row_gids, col_layout, n_rows_global):
     """Owned rows of ``R = P^T`` on ``col_layout`` (the coarse level's
-    :class:`~.csr.RangeLayout`): the entries of ``P``'s owned rows (global ids ``row_gids``)
-    sent to the owners of their columns (one ``Alltoallv``).  SciPy CSR (coarse owned x fine
-    global), sorted columns."""
+    :class:`~.csr.RangeLayout`): the entries of ``P``'s owned rows (global ids ``row_gids``) in
+    this rank's columns kept, the others sent to the owners of their columns (one
+    ``Alltoallv``: the cut).  CSR (coarse owned x fine global) on ``P_o``'s backend (host or
+    device), sorted columns."""
+    be = backend_of(P_o.data)
+    xp = be.xp
     T = P_o.tocoo()
     c = T.col.astype(np.int64)
-    r, f, v = alltoallv(col_layout.comm, col_layout.owner_of(c), c, row_gids[T.row], T.data)
-    R = sp.csr_matrix((v, (r - col_layout.lo, f)), shape=(col_layout.n, n_rows_global))
+    f = be.asarray(row_gids)[T.row]
+    mine = (c >= col_layout.lo) & (c < col_layout.hi)
+    go = xp.flatnonzero(~mine)
+    gc, gf, gv = (to_host(a[go]) for a in (c, f, T.data))
+    r, fr, v = alltoallv(col_layout.comm, col_layout.owner_of(gc), gc, gf, gv)
+    keep = xp.flatnonzero(mine)
+    if keep.size + r.size == 0:      # no entry: a host matrix
+        return sp.csr_matrix((col_layout.n, n_rows_global))
+    rows = xp.concatenate([c[keep], be.asarray(r)]) - col_layout.lo
+    cols = xp.concatenate([f[keep], be.asarray(fr)])
+    vals = xp.concatenate([T.data[keep], be.asarray(v)])
+    R = be.sparse.coo_matrix((vals, (rows, cols)), shape=(col_layout.n, n_rows_global)).tocsr()
     R.sum_duplicates()
     return R
 
