@@ -81,11 +81,19 @@ def _first_owned_leaf(forest, nodes):
     return pos // nv, pos % nv
 
 
-def _coarse_rows(coarse, keys, j, ex, table, be=CPU):
+def _masked_expansion(ex, be):
+    """``(E_c Z_c, u)`` of the coarse :class:`~.forest_rows.Expansion` on ``be``."""
+    if not be.is_gpu:
+        return ex.masked(), ex.u
+    E, _, ub, z = ex.on(be)
+    return mask_rows_cols(E, be.xp.ones(E.shape[0], dtype=bool), z, drop_zeros=True), ub
+
+
+def _coarse_rows(coarse, keys, j, EZ, ub, table, be=CPU):
     """At the coarse rank: the rows ``W E_c Z_c`` of the requests ``(keys, j)`` (host arrays;
     module doc), as COO ``(request, global column, value)`` -- arrays of ``be``: on the GPU
     the coarse leaves' vertices are read from the coarse local mesh there and ``W E_c Z_c``
-    is one device product (``ex``: the coarse :class:`~.forest_rows.Expansion`)."""
+    is one device product (``EZ``, ``ub``: :func:`_masked_expansion`)."""
     codec = coarse.codec
     okeys = coarse.owned_keys
     xp = be.xp
@@ -108,11 +116,8 @@ def _coarse_rows(coarse, keys, j, ex, table, be=CPU):
     if be.is_gpu:                   # the coarse leaf's vertices from the local mesh there
         cells = coarse.local_space(be).mesh.cells
         vtx = xp.take(cells, xp.take(coarse.owned_cells_on(be), be.asarray(at)), axis=0)
-        E, _, ub, z = ex.on(be)
-        EZ = mask_rows_cols(E, xp.ones(E.shape[0], dtype=bool), z, drop_zeros=True)
     else:
         vtx = coarse.mesh.cells.take(coarse.owned_cells.take(at), axis=0)
-        EZ, ub = ex.masked(), ex.u
     nz = W != 0
     rows = xp.repeat(xp.arange(m), nv).reshape(m, nv)
     Wm = be.sparse.csr_matrix(be.sparse.coo_matrix((W[nz], (rows[nz], vtx[nz])), shape=(m, coarse.mesh.num_nodes)))
@@ -146,14 +151,15 @@ def prolongation_rows(fine, coarse, free_f, coarse_ex, col_map=None, backend=CPU
     dest = np.searchsorted(firsts, keys, side="right") - 1
     here = dest == rank
     table = weight_table(fine.dim)
+    EZ, ub = _masked_expansion(coarse_ex, be)
     # the requests of other ranks: there and back through the host
     go = ~here
     rk, rj, rid, src = alltoallv(comm, dest[go], keys[go], j[go], want[go],
                                  np.full(int(go.sum()), rank, dtype=np.int64))
-    r, c, v = (to_host(a) for a in _coarse_rows(coarse, rk, rj, coarse_ex, table, be))
+    r, c, v = (to_host(a) for a in _coarse_rows(coarse, rk, rj, EZ, ub, table, be))
     row_r, col_r, val_r = alltoallv(comm, src[r], rid[r], c, v)
     # this rank's own requests, answered here
-    r, col, val = _coarse_rows(coarse, keys[here], j[here], coarse_ex, table, be)
+    r, col, val = _coarse_rows(coarse, keys[here], j[here], EZ, ub, table, be)
     row = be.asarray(want[here])[r]
     row, col, val = (be.xp.concatenate([a, be.asarray(b)]) for a, b in ((row, row_r), (col, col_r), (val, val_r)))
     Nc = coarse.num_global_nodes
