@@ -314,6 +314,8 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
         A = _assembled(_on_backend(assemble, be), CellSubset(dspace, forest.owned_cells_on(be)), M.num_nodes,
                        keep=True)
         C = _device_congruence(be, A, ex)
+        if not return_assembled:        # its memory back to the pool before the rows are split
+            A = None
     else:
         A = _assembled(assemble, CellSubset(space, forest.owned_cells), M.num_nodes)
         C = (ex.E.T.tocsr() @ A @ ex.E).tocsr()
