@@ -78,8 +78,9 @@ def _check_args(mesh, f, steps, max_dofs, theta, tie_rtol, exact, grad):
         return f"f must be a number or a callable of the points, got {type(f).__name__}"
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
         return f"steps must be a non-negative integer, got {steps!r}"
-    if max_dofs is not None and (isinstance(max_dofs, bool) or not np.isscalar(max_dofs) or not max_dofs > 0):
-        return f"max_dofs must be a positive number or None, got {max_dofs!r}"
+    if max_dofs is not None and (isinstance(max_dofs, bool) or not isinstance(max_dofs, (int, np.integer))
+                                 or max_dofs < 1):
+        return f"max_dofs must be None or a positive integer, got {max_dofs!r}"
     if not (np.isscalar(theta) and 0 < theta <= 1):
         return f"theta must lie in (0, 1], got {theta!r}"
     for name, fn in (("exact", exact), ("grad", grad)):
