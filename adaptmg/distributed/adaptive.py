@@ -170,7 +170,18 @@ def doerfler_forest(forest, eta, theta=0.5, tie_rtol=None) -> np.ndarray:
 def _check_args(forest, f, exact, grad, steps, max_dofs, theta, tie_rtol=None, goal=None):
     if not isinstance(forest, DistributedForest):
         raise TypeError(f"adaptive_loop_forest expects a DistributedForest, got {type(forest).__name__}")
-    if not (callable(f) or np.isscalar(f)):
+    return loop_arguments(f, exact, grad, steps, max_dofs, theta, tie_rtol, goal)
+
+
+def _number(x):
+    return np.isscalar(x) and not isinstance(x, (bool, str, bytes))
+
+
+def loop_arguments(f, exact, grad, steps, max_dofs, theta, tie_rtol=None, goal=None) -> str:
+    """What is wrong with an adaptive loop's arguments ('' if nothing): the source, the exact
+    solution and gradient, steps, max_dofs, Doerfler's theta and tie rule, the goal weight
+    (:func:`adaptive_loop_forest`, :func:`.replicated_adaptive.adaptive_loop_replicated`)."""
+    if not (callable(f) or _number(f)):
         return f"f must be a number or a callable of the points, got {type(f).__name__}"
     for name, fn in (("exact", exact), ("grad", grad)):
         if fn is not None and not callable(fn):
@@ -182,10 +193,9 @@ def _check_args(forest, f, exact, grad, steps, max_dofs, theta, tie_rtol=None, g
         return f"max_dofs must be None or a positive integer, got {max_dofs!r}"
     if not (np.isscalar(theta) and 0 < theta <= 1):
         return f"theta must lie in (0, 1], got {theta!r}"
-    if goal is not None and not (callable(goal) or (np.isscalar(goal) and not isinstance(goal, (str, bytes)))):
+    if goal is not None and not (callable(goal) or _number(goal)):
         return f"goal must be None, a number or a callable of the points, got {type(goal).__name__}"
-    return check_tie_rtol(tie_rtol)
-
+    return check_tie_rtol(tie_rtol) or ""
 
 PHASES = ("setup", "solve", "estimate", "error", "mark", "refine", "repartition")
 

@@ -42,11 +42,12 @@ import numpy as np
 
 from .. import assemble as _assemble
 from ..backend import backend_of, to_host
-from ..estimate.marking import check_tie_rtol, mark
+from ..estimate.marking import mark
 from ..estimate.residual import residual_indicators
 from ..fe import Space
 from ..fe.norms import errors as _errors
 from ..mesh import Mesh
+from .adaptive import loop_arguments
 from .comm import NcclSum, agree, get_comm
 from .solve import solve
 
@@ -69,24 +70,6 @@ def _broadcast_marks(comm, eta, theta, tie_rtol, transport):
     host = np.ascontiguousarray(to_host(marks), dtype=bool) if root else np.empty(eta.size, dtype=bool)
     comm.Bcast(host, root=0)
     return be.asarray(host) if be.is_gpu else host
-
-
-def _check_args(mesh, f, steps, max_dofs, theta, tie_rtol, exact, grad):
-    if not isinstance(mesh, Mesh):
-        return f"adaptive_loop_replicated expects an adaptmg Mesh, got {type(mesh).__name__}"
-    if not (callable(f) or (np.isscalar(f) and not isinstance(f, (bool, str)))):
-        return f"f must be a number or a callable of the points, got {type(f).__name__}"
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
-        return f"steps must be a non-negative integer, got {steps!r}"
-    if max_dofs is not None and (isinstance(max_dofs, bool) or not isinstance(max_dofs, (int, np.integer))
-                                 or max_dofs < 1):
-        return f"max_dofs must be None or a positive integer, got {max_dofs!r}"
-    if not (np.isscalar(theta) and 0 < theta <= 1):
-        return f"theta must lie in (0, 1], got {theta!r}"
-    for name, fn in (("exact", exact), ("grad", grad)):
-        if fn is not None and not callable(fn):
-            return f"{name} must be a callable of the points or None, got {type(fn).__name__}"
-    return check_tie_rtol(tie_rtol) or ""
 
 
 def adaptive_loop_replicated(mesh, f=1.0, *, comm=None, steps=10, max_dofs=None, theta=0.5, tie_rtol=None,
@@ -116,9 +99,8 @@ def adaptive_loop_replicated(mesh, f=1.0, *, comm=None, steps=10, max_dofs=None,
     dofs, iterations, info, estimate, err_L2 / err_H1, goal and ``t_<phase>`` (:data:`PHASES`, seconds,
     the maximum over the ranks)."""
     comm = get_comm(comm)
-    msg = _check_args(mesh, f, steps, max_dofs, theta, tie_rtol, exact, grad)
-    if not msg and goal is not None and not (callable(goal) or (np.isscalar(goal) and not isinstance(goal, (bool, str)))):
-        msg = f"goal must be a number, a callable of the points or None, got {type(goal).__name__}"
+    msg = (f"adaptive_loop_replicated expects an adaptmg Mesh, got {type(mesh).__name__}"
+           if not isinstance(mesh, Mesh) else loop_arguments(f, exact, grad, steps, max_dofs, theta, tie_rtol, goal))
     agree(comm, not msg, msg)
     if solve_kwargs.get("local_setup") is False or solve_kwargs.get("on_device") is False:
         agree(comm, False, "adaptive_loop_replicated runs the local set-up with the solution on the mesh's device")

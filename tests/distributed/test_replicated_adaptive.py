@@ -65,7 +65,7 @@ def test_on_the_devices(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("kw, match", [
     (dict(theta=0.0), "theta must lie in"), (dict(steps=-1), "steps must be"), (dict(max_dofs=0), "max_dofs"), (dict(max_dofs=1e5), "max_dofs must be None or a positive integer"),
-    (dict(exact=3.0), "exact must be a callable"), (dict(goal="x"), "goal must be"),
+    (dict(exact=3.0), "exact must be None or a callable"), (dict(goal="x"), "goal must be"),
     (dict(tie_rtol=2.0), "tie_rtol"), (dict(local_setup=False), "local set-up"),
 ])
 def test_bad_arguments_are_refused(kw, match):
