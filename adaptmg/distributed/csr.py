@@ -118,7 +118,7 @@ class DistCSR:
         self.shape = (rows.n, cols.n)
         self.global_shape = (rows.N, cols.N)
         self.dtype = np.dtype(M.dtype)
-        rank, size = comm.Get_rank(), comm.Get_size()
+        rank = comm.Get_rank()
         # the owned rows on the backend they are split on: the device when the target is the GPU
         # and the rank owns rows (a host matrix's owned rows are moved up first), else the host
         on = be if (be.is_gpu and rows.n) else CPU
@@ -132,21 +132,8 @@ class DistCSR:
         Aoo, Aog, self.ghosts = _split(on, Ml, cols, rank)
         self.nnz_local = int(Ml.nnz)
         self._Aoo = self._Aog = None                    # host blocks (made on first use on the GPU)
-        # communication pattern: ghosts by owner; owners learn what to send (one alltoall)
+        self._exchange_pattern()
         g = self.ghosts
-        gown = cols.owner_of(g)
-        rcounts = np.bincount(gown, minlength=size)
-        rstart = np.concatenate([[0], np.cumsum(rcounts)])
-        need = [g[rstart[q]:rstart[q + 1]] for q in range(size)]
-        asked = comm.alltoall(need)
-        self._recv = [(q, slice(rstart[q], rstart[q + 1])) for q in range(size) if rcounts[q]]
-        self._send = [(q, cols.local_index(np, np.asarray(a, dtype=np.int64))) for q, a in enumerate(asked)
-                      if len(a)]
-        if any((idx < 0).any() for _, idx in self._send):
-            raise RuntimeError("DistCSR: a rank asked for entries this rank does not own")
-        self.backend = CPU
-        self.transport = "mpi"
-        self._xp = np
         if be.is_gpu:
             if on.is_gpu:                               # split there: the blocks stay there
                 self._to_device(be, transport, (Aoo if Aoo.nnz else None,
@@ -158,7 +145,29 @@ class DistCSR:
         self._Aoo, self._Aog = Aoo, Aog
         self._poo = K.make_spmv(Aoo) if rows.n else None
         self._pog = K.make_spmv(Aog) if (rows.n and g.size) else None
-        self._gbuf = np.zeros(g.size, dtype=self.dtype)
+        self._host_buffers()
+
+    def _exchange_pattern(self):
+        """Who sends what to whom in a halo exchange, from ``self.ghosts`` (ordered by owner):
+        the ghosts grouped by owner, the owners told which of their entries are wanted (one
+        ``alltoall``); host transport (``mpi``) until :meth:`_to_device`."""
+        comm, cols, g = self.comm, self.cols, self.ghosts
+        size = comm.Get_size()
+        rcounts = np.bincount(cols.owner_of(g), minlength=size)
+        rstart = np.concatenate([[0], np.cumsum(rcounts)])
+        asked = comm.alltoall([g[rstart[q]:rstart[q + 1]] for q in range(size)])
+        self._recv = [(q, slice(rstart[q], rstart[q + 1])) for q in range(size) if rcounts[q]]
+        self._send = [(q, cols.local_index(np, np.asarray(a, dtype=np.int64))) for q, a in enumerate(asked)
+                      if len(a)]
+        if any((idx < 0).any() for _, idx in self._send):
+            raise RuntimeError(f"{type(self).__name__}: a rank asked for entries this rank does not own")
+        self.backend = CPU
+        self.transport = "mpi"
+        self._xp = np
+
+    def _host_buffers(self):
+        """The MPI exchange's host buffers (ghost values, one send buffer a neighbour)."""
+        self._gbuf = np.zeros(self.ghosts.size, dtype=self.dtype)
         self._sbuf = [np.zeros(idx.size, dtype=self.dtype) for _, idx in self._send]
 
     @property

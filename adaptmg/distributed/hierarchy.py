@@ -115,6 +115,7 @@ from ..multilevel.solver import MultilevelSolver
 from ..multilevel.start_vector import start_vector
 from .comm import HaloTimer, allreduce_sum, resolve_transport
 from .csr import DistCSR, Layout, _device_block, _device_plan, norm
+from .matrix_free import DistMatrixFree
 from .partition import coarse_cell_ranks, dof_owners, fold_cell_ranks, level_ranks
 
 __all__ = ["DistributedHierarchy", "RankZeroCycle", "level_owners"]
@@ -305,13 +306,14 @@ class _DLevel:
     __slots__ = ("A", "P", "R", "smoother", "layout")
 
 
-def level_from_rows(K_o, P_o, R_o, lay, clay, timer, kw):
+def level_from_rows(K_o, P_o, R_o, lay, clay, timer, kw, A=None):
     """A distributed level from this rank's rows of ``K``, ``P`` (fine x coarse) and ``R``
     (coarse x fine), global columns, on the layouts ``lay`` (fine) and ``clay`` (coarse):
-    three :class:`~.csr.DistCSR` (``kw``: backend, transport); the smoother comes later."""
+    three :class:`~.csr.DistCSR` (``kw``: backend, transport); the smoother comes later.
+    ``A``: the level's operator made already (``K_o`` None; e.g. a :class:`.DistMatrixFree`)."""
     d = _DLevel()
     d.layout, d.smoother = lay, None
-    d.A = DistCSR(K_o, lay, lay, timer, local_rows=True, **kw)
+    d.A = A if A is not None else DistCSR(K_o, lay, lay, timer, local_rows=True, **kw)
     d.P = DistCSR(P_o, lay, clay, timer, local_rows=True, **kw)
     d.R = DistCSR(R_o, clay, lay, timer, local_rows=True, **kw)
     return d
@@ -385,7 +387,9 @@ class DistributedHierarchy:
     local : dict(spaces=[...], frees=[...], assemble=f), optional: the spaces of the
         geometric levels above ``ml`` (coarse -> fine, the finest last), their free-DoF masks
         and the assembly callable, called on :class:`~.local.CellSubset` views.  Their
-        levels must all be distributed (at least ``agglomerate_below`` DoFs).
+        levels must all be distributed (at least ``agglomerate_below`` DoFs).  With
+        ``matrix_free=True`` in it these levels' operators are
+        :class:`~.matrix_free.DistMatrixFree` (the Q1 Laplacian; ``assemble`` not called).
 
     transport : GPU only: the halo transport, "auto" / "host" / "nccl" (None: the
         environment variable ``ADAPTMG_HALO_TRANSPORT`` or "auto"); ``self.transport`` the one
@@ -417,6 +421,7 @@ class DistributedHierarchy:
         st = self.setup_stats
         t0 = time.perf_counter()
         self.HT_o = self.free_o = None
+        self.matrix_free = bool(local is not None and local.get("matrix_free"))
         view = ml if local is None else _FineView(ml, local["spaces"])
         owners, c, cell_ranks, nranks = level_owners(view, fine_cell_ranks, self.size,
                                                      agglomerate_below, min_dofs_per_rank)
@@ -497,17 +502,23 @@ class DistributedHierarchy:
             return time.perf_counter()
         t0 = now()
         xp = space.mesh.backend.xp                   # a device mesh: its owners on the device
-        K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner_on(xp), self.comm,
-                                                  backend=be, rhs_rows=fine)
+        mf = None
+        if self.matrix_free:                         # the operator without a matrix
+            mf = DistMatrixFree(space, free, lay, self.timer, **kw)
+            K_o, HT_o, cells = None, None, mf.num_cells
+        else:
+            K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner_on(xp), self.comm,
+                                                      backend=be, rhs_rows=fine)
+            cells = int(cells.size)
         t1 = now()
         P_o, R_o, ncells_t = local_transfer_rows(cspace, space, cfree, free, clay.owner_on(xp),
                                                  lay.owner_on(xp), self.rank)
         t2 = now()
-        d = level_from_rows(K_o, P_o, R_o, lay, clay, self.timer, kw)
+        d = level_from_rows(K_o, P_o, R_o, lay, clay, self.timer, kw, A=mf)
         t3 = now()
         d.smoother = _distributed_smoother(self.ml, d.A, space.components)
         st = self.setup_stats
-        st["cells_assembled"].append(int(cells.size))
+        st["cells_assembled"].append(cells)
         st["cells"].append(space.mesh.num_cells)
         st["cells_transfer"].append(ncells_t)
         for key, v in (("matrix_s", t1 - t0), ("transfer_s", t2 - t1), ("distcsr_s", t3 - t2),
@@ -516,13 +527,15 @@ class DistributedHierarchy:
         if fine:
             self.HT_o = HT_o
             self.free_o = free[lay.rows_on(xp)]
-            st.update(fine_cells=space.mesh.num_cells, fine_cells_assembled=int(cells.size),
+            st.update(fine_cells=space.mesh.num_cells, fine_cells_assembled=cells,
                       fine_cells_transfer=ncells_t)
         return d
 
     def constrain_local(self, b):
         """Owned entries of the constrained right-hand side ``f = Z H^T b`` (homogeneous
         Dirichlet values) on the finest level, from the global load vector ``b``."""
+        if isinstance(self.A, DistMatrixFree):       # its own owned rows of Z H^T
+            return self.A.constrain_load(b)
         if self.HT_o is None:                        # replicated set-up: the serial hierarchy's
             return self.layout.scatter(self.ml.constrain(np.asarray(b, dtype=float)))
         # a device mesh: HT_o, the free mask and f on the device (b moved there)
