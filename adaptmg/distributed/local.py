@@ -390,7 +390,8 @@ def _transfer_nodes(coarse, fine, frow, crow):
     cmask[needed_cells(coarse, cown)] = True
     rcells = xp.flatnonzero(cmask[cidx])
     nmask = fown.copy()
-    nmask[xp.take(fine.cell_dofs, rcells, axis=0)] = True
+    for j in range(fine.cell_dofs.shape[1]):       # a vertex column at a time: no (cells, 2^d) gather
+        nmask[xp.take(fine.cell_dofs[:, j], rcells)] = True
     return nmask, fown, rcells
 
 

@@ -98,10 +98,10 @@ def number_hanging(found, pos):
     if nodes.size == 0:
         return found
     xp = backend_of(pos).xp
-    ln = pos.take(nodes)
+    ln = pos.take(nodes).astype(np.int64, copy=False)     # (pos may be int32)
     order = stable_argsort(ln)
-    lp = xp.where(parents >= 0, pos.take(xp.maximum(parents, 0)), -1)
-    qn = pos.take(pn)
+    lp = xp.where(parents >= 0, pos.take(xp.maximum(parents, 0)), -1).astype(np.int64, copy=False)
+    qn = pos.take(pn).astype(np.int64, copy=False)
     po = xp.lexsort(xp.stack([pc.astype(qn.dtype), qn]))   # pairs by (node, cell)
     return ln.take(order), lp.take(order, axis=0), owner.take(order), (qn.take(po), pc.take(po))
 

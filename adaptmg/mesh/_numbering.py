@@ -23,8 +23,8 @@ __all__ = ["number_nodes", "first_occurrences", "first_occurrences_xp"]
 def number_nodes(F, acn):
     """``(ids, pos, cells)`` for the active cells with forest vertex ids ``acn`` (nc, 2^d) of
     the forest ``F``: the forest ids of the mesh nodes in mesh order, the map forest id ->
-    mesh node (-1: none; forest size) and the cells in mesh node numbers (read-only), in
-    O(n).
+    mesh node (-1: none; forest size; int32 where the forest's nodes fit) and the cells in
+    mesh node numbers (int64, read-only), in O(n).
 
     The same code runs on the device (``F.backend.xp`` CuPy, ``acn`` a CuPy array): there the
     first occurrences are a ``scatter_min`` of the occurrence positions
@@ -43,9 +43,10 @@ def number_nodes(F, acn):
         ids = first_occurrences(flat, nn, n_root)
     else:
         ids = first_occurrences_xp(flat, nn, n_root, xp)
-    pos = xp.full(nn, -1, dtype=np.int64)
-    pos[ids] = xp.arange(ids.size)                      # ids distinct: one write per entry
-    c = xp.take(pos, acn)
+    # int32 where the forest's nodes fit: the table is forest-sized on every level that keeps one
+    pos = xp.full(nn, -1, dtype=np.int32 if nn < np.iinfo(np.int32).max else np.int64)
+    pos[ids] = xp.arange(ids.size, dtype=pos.dtype)     # ids distinct: one write per entry
+    c = xp.take(pos, acn).astype(np.int64, copy=False)
     if not be.is_gpu:
         c.flags.writeable = False
     return ids, pos, c
