@@ -6,9 +6,16 @@ Driver (launches ``mpiexec -n P`` for each P, one configuration per launch)::
     python scripts/bench_distributed.py --ranks 1 2 4 --strong-dofs 1e6          # strong scaling
     python scripts/bench_distributed.py --backend gpu --ranks 1 2 4 --dofs-per-rank 3e7   # one GPU per rank
 
-The mesh is the box [0, P_x] x [0,1]^(d-1) with 2 P_x x 2 x ... root cells (P_x = P for
-weak scaling, 1 for strong), refined uniformly until about the requested DoFs, plus one
-local refinement (hanging nodes on partition boundaries).  Reported per P: set-up time
+The mesh is the box [0, P_x] x [0,1]^(d-1) with 2 P_x x 2 x ... root cells (P_x = P L for
+weak scaling, L for strong; ``--length`` L, default 1), refined uniformly until about the
+requested DoFs, plus one local refinement of the cells in a ball of radius ``--ball`` (0.2)
+around (0.3, ...) (hanging nodes on partition boundaries).
+``--matrix-free``: the finest level's operator is applied without a matrix
+(``solve(..., matrix_free=True)``, :class:`adaptmg.distributed.matrix_free.DistMatrixFree`);
+the largest problem on two GPUs::
+
+    python scripts/bench_distributed.py --backend gpu --setup local --matrix-free --ranks 2 \
+        --mode strong --strong-dofs 2.1e8 --length 1.5 --ball 0.1 --repeat 3 --phases  Reported per P: set-up time
 (max over ranks, and per rank: hierarchy + partition + distributed matrices; ``--setup
 local`` builds the finest level from each rank's own cells plus a ghost layer and the serial
 hierarchy only below it, ``replicated`` every rank the whole serial hierarchy, ``both``
@@ -52,10 +59,12 @@ import time
 import numpy as np
 
 
-def make_mesh(dim, px, target, backend="cpu"):
-    """``backend`` ("cpu"/"gpu"): where the mesh is built (``Mesh.box(..., backend=)``)."""
+def make_mesh(dim, px, target, backend="cpu", ball=0.2):
+    """``backend`` ("cpu"/"gpu"): where the mesh is built (``Mesh.box(..., backend=)``);
+    ``ball``: the radius of the ball around (0.3, ...) whose cells are refined once more."""
     from adaptmg.mesh import Mesh
-    m = Mesh.box([0.0] * dim, [float(px)] + [1.0] * (dim - 1), [2 * px] + [2] * (dim - 1), backend=backend)
+    m = Mesh.box([0.0] * dim, [float(px)] + [1.0] * (dim - 1), [int(round(2 * px))] + [2] * (dim - 1),
+                 backend=backend)
     while True:
         n_next = (m.num_nodes * 2 ** dim)
         if n_next > target:
@@ -69,7 +78,7 @@ def make_mesh(dim, px, target, backend="cpu"):
         c = m.points[cells].mean(axis=1)
     else:
         c = _mean_of(m.points, [cells[:, j] for j in range(cells.shape[1])])
-    return m.refine(m.backend.xp.linalg.norm(c - 0.3, axis=1) < 0.2)
+    return m.refine(m.backend.xp.linalg.norm(c - 0.3, axis=1) < ball)
 
 
 def make_forest(dim, px, target, comm):
@@ -133,7 +142,7 @@ def worker(args):
 
 
 def _release(args):
-    """Drop the untimed run's device blocks (the pool keeps them otherwise: memory peak)."""
+    """Hand the pool's freed device blocks back (an untimed run's, the mesh refinement's peak)."""
     import gc
     gc.collect()
     if args.backend == "gpu":
@@ -158,7 +167,7 @@ def _local_setup(args, comm, report_figures=False):
     from adaptmg.distributed import solve
     from adaptmg.fe import Space
     P = comm.Get_size()
-    px = P if args.mode == "weak" else 1
+    px = args.length * (P if args.mode == "weak" else 1)
     target = args.dofs_per_rank * P if args.mode == "weak" else args.strong_dofs
     if args.mesh_backend == "gpu":           # the rank's device current before the mesh is made
         from adaptmg.distributed.comm import select_device
@@ -167,17 +176,18 @@ def _local_setup(args, comm, report_figures=False):
     mbe = get_backend(args.mesh_backend)
     comm.Barrier()
     tm = time.perf_counter()
-    mesh = make_mesh(args.dim, px, target, backend=args.mesh_backend)
+    mesh = make_mesh(args.dim, px, target, backend=args.mesh_backend, ball=args.ball)
     space = Space(mesh, 1)
     b = assemble.load(space, 1.0)
     mbe.synchronize()
     t_mesh = time.perf_counter() - tm
+    _release(args)                           # the refinement's peak blocks back (less fragmentation)
     comm.Barrier()
     t0 = time.perf_counter()
     sizes = level_size_args(args)
     r = solve(space, assemble.stiffness, b, comm=comm, rtol=1e-8, agglomerate_below=sizes[0],
               min_dofs_per_rank=sizes[1],
-              local_setup=args.setup == "local", backend=args.backend)
+              local_setup=args.setup == "local", backend=args.backend, matrix_free=args.matrix_free)
     setup = comm.allgather(r.timings["setup"])            # per rank, before the first barrier
     assembled = comm.allgather(r.timings.get("fine_cells_assembled", mesh.num_cells))
     cpu = comm.allgather(r.timings.get("setup_cpu", setup[comm.Get_rank()]))
@@ -313,8 +323,9 @@ def driver(args):
                    "--dofs-per-rank", str(args.dofs_per_rank), "--strong-dofs", str(args.strong_dofs),
                    "--agglomerate-below", str(args.agglomerate_below),
                    "--min-dofs-per-rank", str(args.min_dofs_per_rank),
-                   "--setup", mode, "--profile", str(args.profile), "--mesh-backend", args.mesh_backend] + \
-                  (["--warm-setup"] if args.warm_setup else [])
+                   "--setup", mode, "--profile", str(args.profile), "--mesh-backend", args.mesh_backend,
+                   "--length", str(args.length), "--ball", str(args.ball)] + \
+                  (["--warm-setup"] if args.warm_setup else []) + (["--matrix-free"] if args.matrix_free else [])
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
             if out.returncode != 0:
                 sys.exit(f"P={P} failed:\n{out.stderr[-4000:]}")
@@ -336,7 +347,8 @@ def driver(args):
             else:
                 e = t1 / (r["P"] * r["solve"])
             eff = f"{100 * e:.0f}"
-        mode = r["mode_setup"] if r["P"] > 1 or r["mode_setup"] == "forest" else "serial"
+        mode = r["mode_setup"] if r["P"] > 1 or r["mode_setup"] == "forest" or args.matrix_free else "serial"
+        mode += "-mf" if args.matrix_free else ""
         per = " ".join(f"{t:.3f}" for t in r["setup_per_rank"])
         cells = " ".join(str(c) for c in r["assembled"])
         cpu = " ".join(f"{t:.3f}" for t in r["setup_cpu"])
@@ -384,6 +396,15 @@ def main():
     ap.add_argument("--warm-setup", action="store_true",
                     help="run the mesh and set-up once untimed first (the set-up figures then leave out "
                          "first-use kernel loads and the allocator's growth)")
+    ap.add_argument("--matrix-free", action="store_true",
+                    help="the finest level's operator without a matrix (solve(..., matrix_free=True); "
+                         "with --setup local; P = 1 then takes the distributed path on one rank)")
+    ap.add_argument("--length", type=float, default=1.0,
+                    help="x-extent of the box per rank (weak) or in all (strong), 2 root cells a unit: "
+                         "e.g. 1.5 with --strong-dofs 2.1e8 gives 202M DoFs")
+    ap.add_argument("--ball", type=float, default=0.2,
+                    help="radius of the ball around (0.3, ...) refined once more (hanging nodes; --setup "
+                         "local and replicated)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.mode is None:
@@ -395,6 +416,10 @@ def main():
     if args.mesh_backend == "gpu" and args.backend != "gpu":
         ap.error("--mesh-backend gpu needs --backend gpu")
     args.dofs_per_rank, args.strong_dofs = int(args.dofs_per_rank), int(args.strong_dofs)
+    if args.length <= 0 or abs(2 * args.length - round(2 * args.length)) > 1e-12:
+        ap.error(f"--length must be a positive multiple of 0.5, got {args.length}")
+    if args.matrix_free and args.setup != "local":
+        ap.error("--matrix-free needs --setup local")
     if args.worker:
         worker(args)
     else:
