@@ -9,7 +9,8 @@
 Modules: :mod:`.partition` (Morton-curve cell partition, DoF owners), :mod:`.local`
 (per-rank set-up of a level from the rank's cells plus a ghost layer), :mod:`.csr`
 (MPIAIJ-style distributed CSR with halo exchange, distributed dots/norms),
-:mod:`.hierarchy` (the distributed levels -- every level distributed, coarser ones on
+:mod:`.matrix_free` (a level's constrained Q1 Laplacian applied without a matrix, with the
+same halo exchange: ``solve(..., matrix_free=True)``), :mod:`.hierarchy` (the distributed levels -- every level distributed, coarser ones on
 fewer ranks, the smallest agglomerated on rank 0 -- as the levels of one
 :class:`adaptmg.multilevel.MultilevelSolver`: no cycle of its own), :mod:`.solve`
 (one-call helpers: adaptmg.linalg's cg/gmres/fgmres unchanged, their reductions through
@@ -89,6 +90,7 @@ from .adaptive import adaptive_loop_forest, doerfler_forest
 from .comm import (agree, allreduce_sum, get_comm, guard, have_mpi, install_excepthook, launched_rank, launched_size,
                    local_rank, resolve_transport, select_device)
 from .csr import DistCSR, Layout, dot, dots, norm
+from .matrix_free import DistMatrixFree
 from .forest import DistributedForest
 from .hierarchy import DistributedHierarchy, RankZeroCycle
 from .partition import (coarse_cell_ranks, curve_order, dof_owners, fold_cell_ranks, imbalance,
@@ -97,7 +99,7 @@ from .replicated_adaptive import adaptive_loop_replicated
 from .solve import DistributedResult, resolve, solve, solve_forest, solve_poisson
 
 __all__ = ["adaptive_loop_forest", "adaptive_loop_replicated", "doerfler_forest", "agree", "allreduce_sum", "get_comm", "guard", "have_mpi", "install_excepthook", "launched_rank",
-           "launched_size", "local_rank", "resolve_transport", "select_device", "DistCSR", "Layout",
+           "launched_size", "local_rank", "resolve_transport", "select_device", "DistCSR", "DistMatrixFree", "Layout",
            "dot", "dots", "norm", "DistributedForest", "DistributedHierarchy", "RankZeroCycle", "coarse_cell_ranks", "curve_order",
            "dof_owners", "fold_cell_ranks", "imbalance", "level_ranks", "partition_cells", "DistributedResult", "resolve", "solve",
            "solve_forest", "solve_poisson"]
