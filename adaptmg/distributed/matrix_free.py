@@ -81,12 +81,34 @@ class DistMatrixFree(DistCSR):
         self.global_shape = (layout.N, layout.N)
         self.dtype = np.dtype(np.float64)
         self.nnz_local = 0
+        on = be if be.is_gpu else CPU
+        if layout.n:
+            self._build(space, xp.asarray(free), layout, on)
+        else:                      # a rank owning none of the level's DoFs (a folded level)
+            self.ghosts = np.zeros(0, dtype=np.int64)
+            self._exchange_pattern()
+            self.scale = _row_scale(comm, 0.0, 0)
+            self.lnodes = on.xp.zeros(0, dtype=np.int32)
+            self.num_cells = 0
+            self._op = self._ZHT = self._HZo = self._HZg = self._pzt = self._pho = self._phg = None
+            self._diag = np.zeros(0)
+            self._fixed = on.xp.zeros(0, dtype=np.int64)
+            self._u = self._v = on.xp.zeros(0)
+        if be.is_gpu:
+            self._to_device(be, transport, (None, None))
+        else:
+            self._poo = self._pog = None
+            self._host_buffers()
+
+    def _build(self, space, free, layout, on):
+        """The rank's cells, local nodes, the factors ``HZ`` / ``ZHT``, the cell operator, the
+        diagonal and ``s`` (module doc); the exchange pattern of the ghost columns."""
+        xp, comm = space.mesh.backend.xp, layout.comm
         n, N = layout.n, space.num_dofs
-        free = xp.asarray(free)
         rows = layout.rows_on(xp)
         own = xp.zeros(N, dtype=bool)
         own[rows] = True
-        cells = needed_cells(space, own) if n else xp.zeros(0, dtype=np.int64)
+        cells = needed_cells(space, own)
         it = np.int32 if N < np.iinfo(np.int32).max else np.int64
         cn = xp.take(space.cell_dofs, cells, axis=0).astype(it, copy=False)
         del own, cells
@@ -102,17 +124,15 @@ class DistMatrixFree(DistCSR):
         ZHT = self._owned_rows(space, rows, free, loc, lnodes.size)
         del loc
         self._exchange_pattern()
-        self.lnodes = lnodes
         self.num_cells = int(cells_l.shape[0])
-        on = be if be.is_gpu else CPU
         self._op = Q1Laplacian(space.mesh.points[lnodes], cells_l, on, check=True)
         del cells_l
+        self.lnodes = on.asarray(lnodes)
         HZ, self._ZHT = on.asmatrix(HZ), on.asmatrix(ZHT)
         self._pzt = K.make_spmv(self._ZHT)
         d = self._op.constrained_diagonal(HZ, n + self.ghosts.size)[:n]
         fo = on.asarray(free[rows])
-        s = _row_scale(comm, float(on.xp.abs(d[fo]).sum()) if n else 0.0, int(fo.sum()) if n else 0)
-        self.scale = s
+        self.scale = s = _row_scale(comm, float(on.xp.abs(d[fo]).sum()), int(fo.sum()))
         self._diag = to_host(on.xp.where(fo, d, s))        # host: the smoother keeps its own
         del d
         self._fixed = on.xp.flatnonzero(~fo)                # s (I - Z): the owned non-free rows
@@ -122,12 +142,6 @@ class DistMatrixFree(DistCSR):
         self._phg = K.make_spmv(self._HZg) if self._HZg is not None else None
         self._u = on.xp.zeros(int(lnodes.size))
         self._v = on.xp.zeros(int(lnodes.size))
-        if be.is_gpu:
-            self.lnodes = on.asarray(self.lnodes)
-            self._to_device(be, transport, (None, None))
-        else:
-            self._poo = self._pog = None
-            self._host_buffers()
 
     @staticmethod
     def _node_columns(space, free, lnodes, loc, layout):
@@ -224,7 +238,7 @@ class DistMatrixFree(DistCSR):
         mats = sum(int(M.data.nbytes + M.indices.nbytes + M.indptr.nbytes)
                    for M in (self._HZo, self._HZg, self._ZHT) if M is not None)
         vecs = sum(int(a.nbytes) for a in (self._u, self._v, self.lnodes, self._fixed))
-        return self._op.nbytes + mats + vecs
+        return (self._op.nbytes if self._op is not None else 0) + mats + vecs
 
     def __repr__(self):
         return (f"DistMatrixFree(rank {self.rows.rank}: {self.rows.n} of {self.global_shape[0]} rows, "

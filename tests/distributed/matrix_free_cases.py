@@ -1,8 +1,9 @@
 """Worker run under ``mpiexec -n P`` by tests/distributed/test_matrix_free_level.py (not a test module).
 
 ``python matrix_free_cases.py OUT.json``: on a 2-D and a 3-D mesh with hanging nodes (the 3-D
-one with its interior nodes moved: multilinear, not affine, cells) and homogeneous Dirichlet
-data, :func:`adaptmg.distributed.solve` with the assembled finest level and with
+one with its interior nodes moved: multilinear, not affine, cells; once more with the coarser
+locally built levels folded onto fewer ranks, ``min_dofs_per_rank=1000``: ranks owning no row of
+a matrix-free level) and homogeneous Dirichlet data, :func:`adaptmg.distributed.solve` with the assembled finest level and with
 ``matrix_free=True``; per case rank 0 records the largest relative difference of the two
 finest operators' products on a random vector and of their diagonals (over all ranks), the
 iterations of both solves and the relative difference of the solutions.  The two share
@@ -42,13 +43,13 @@ def main():
     if gpu:
         select_device(COMM)
     records = []
-    for dim in (2, 3):
+    for dim, fold in ((2, None), (3, None), (3, 1000)):
         mesh = mesh_of(dim)
         if gpu:
             mesh = mesh.to("gpu")
         space = Space(mesh, 1)
         b = assemble.load(space, 1.0)
-        kw = dict(comm=COMM, rtol=1e-10, agglomerate_below=100, min_dofs_per_rank=None, backend=be)
+        kw = dict(comm=COMM, rtol=1e-10, agglomerate_below=100, min_dofs_per_rank=fold, backend=be)
         r0 = solve(space, assemble.stiffness, b, **kw)
         r1 = solve(space, assemble.stiffness, b, matrix_free=True, **kw)
         # the assembled finest level: the distributed one, on one rank the serial hierarchy's
@@ -65,7 +66,8 @@ def main():
         dden = COMM.allreduce(float(np.abs(d0).max(initial=0.0)), op=MPI.MAX)
         u0, u1 = to_host(r0.u), to_host(r1.u)
         if COMM.rank == 0:
-            records.append({"case": f"{dim}d", "stage": be, "P": COMM.size, "product": num / den,
+            records.append({"case": f"{dim}d" + ("-folded" if fold else ""), "stage": be, "P": COMM.size,
+                            "active_ranks": list(r1.active_ranks), "product": num / den,
                             "diagonal": dnum / dden, "its": [r0.iterations, r1.iterations],
                             "info": [r0.info, r1.info], "u": float(np.abs(u0 - u1).max() / np.abs(u0).max()),
                             "type": type(A1).__name__, "ghosts": int(A1.ghosts.size),

@@ -32,10 +32,13 @@ def mf_results(request, tmp_path_factory):
 
 
 @needs_mpi
-@pytest.mark.parametrize("dim", [2, 3])
-def test_matrix_free_level_equals_the_assembled_one(mf_results, dim):
+@pytest.mark.parametrize("case", ["2d", "3d", "3d-folded"])
+def test_matrix_free_level_equals_the_assembled_one(mf_results, case):
     P, recs = mf_results
-    _check(recs[(f"{dim}d", "cpu")], P)
+    rec = recs[(case, "cpu")]
+    _check(rec, P)
+    if case.endswith("folded") and P > 1:      # a matrix-free level on fewer ranks than P
+        assert min(rec["active_ranks"][1:]) < P == rec["active_ranks"][-1], rec
 
 
 @needs_mpi
@@ -43,8 +46,8 @@ def test_matrix_free_level_equals_the_assembled_one(mf_results, dim):
 def test_matrix_free_level_on_the_devices(tmp_path, monkeypatch):
     monkeypatch.setenv("MATRIX_FREE_GPU", "1")
     recs = worker_records(WORKER, 2, tmp_path)
-    for dim in (2, 3):
-        _check(recs[(f"{dim}d", "gpu")], 2)
+    for case in ("2d", "3d", "3d-folded"):
+        _check(recs[(case, "gpu")], 2)
 
 
 @pytest.mark.parametrize("kw, match", [
