@@ -44,7 +44,7 @@ from ..assemble.matrix_free import Q1Laplacian
 from ..backend import CPU, get_backend, to_host
 from ..device import kernels as K
 from .comm import HaloTimer
-from .csr import DistCSR
+from .csr import DistCSR, _ScalePlan
 from .local import _hanging_rows_coo, _row_scale, constraint_blocks, needed_cells
 
 __all__ = ["DistMatrixFree"]
@@ -129,7 +129,7 @@ class DistMatrixFree(DistCSR):
         del cells_l
         self.lnodes = on.asarray(lnodes)
         HZ, self._ZHT = on.asmatrix(HZ), on.asmatrix(ZHT)
-        self._pzt = K.make_spmv(self._ZHT)
+        self._pzt = _plan(self._ZHT)
         d = self._op.constrained_diagonal(HZ, n + self.ghosts.size)[:n]
         fo = on.asarray(free[rows])
         self.scale = s = _row_scale(comm, float(on.xp.abs(d[fo]).sum()), int(fo.sum()))
@@ -138,8 +138,8 @@ class DistMatrixFree(DistCSR):
         self._fixed = on.xp.flatnonzero(~fo)                # s (I - Z): the owned non-free rows
         self._HZo, self._HZg = _column_blocks(on, HZ, n)    # owned and ghost columns of HZ
         del HZ
-        self._pho = K.make_spmv(self._HZo)
-        self._phg = K.make_spmv(self._HZg) if self._HZg is not None else None
+        self._pho = _plan(self._HZo)
+        self._phg = _plan(self._HZg) if self._HZg is not None else None
         self._u = on.xp.zeros(int(lnodes.size))
         self._v = on.xp.zeros(int(lnodes.size))
 
@@ -256,7 +256,15 @@ def _column_blocks(be, HZ, n):
         if width == 0:
             out.append(None)
             continue
-        M = be.sparse.coo_matrix((HZ.data[keep], (rows[keep], HZ.indices[keep] - lo)),
-                                 shape=(HZ.shape[0], width)).tocsr()
-        out.append(M)
+        if not bool(keep.any()):               # no device COO of no entries
+            out.append(be.sparse.csr_matrix((HZ.shape[0], width)))
+            continue
+        out.append(be.sparse.coo_matrix((HZ.data[keep], (rows[keep], HZ.indices[keep] - lo)),
+                                        shape=(HZ.shape[0], width)).tocsr())
     return out[0], out[1]
+
+
+def _plan(M):
+    """The SpMV plan of ``M`` (``y <- alpha M x + beta y``); a matrix without entries only
+    scales ``y`` (no cuSPARSE descriptor for it, as :class:`~.csr.DistCSR`'s empty blocks)."""
+    return _ScalePlan() if M.nnz == 0 else K.make_spmv(M)
