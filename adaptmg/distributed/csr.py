@@ -396,13 +396,18 @@ class DistCSR:
         t.seconds += t.now() - t0
         return reqs
 
-    def __call__(self, x, y, alpha=1.0, beta=0.0):
-        """``y <- alpha M x + beta y`` (posts the exchange, owned block, wait, ghost block)."""
+    def _check_vectors(self, x, y):
+        """The local vectors of a product: ``x`` over the owned columns, ``y`` the owned rows."""
+        name = type(self).__name__
         if x.shape != (self.cols.n,) or y.shape != (self.rows.n,):
-            raise ValueError(f"DistCSR: x must have shape ({self.cols.n},) and y ({self.rows.n},), "
+            raise ValueError(f"{name}: x must have shape ({self.cols.n},) and y ({self.rows.n},), "
                              f"got {x.shape} and {y.shape}")
         if x.dtype != self.dtype:
-            raise TypeError(f"DistCSR: x has dtype {x.dtype}, the matrix {self.dtype}")
+            raise TypeError(f"{name}: x has dtype {x.dtype}, the operator {self.dtype}")
+
+    def __call__(self, x, y, alpha=1.0, beta=0.0):
+        """``y <- alpha M x + beta y`` (posts the exchange, owned block, wait, ghost block)."""
+        self._check_vectors(x, y)
         reqs = self._post(x)
         if self._poo is not None:
             self._poo(x, y, alpha, beta)

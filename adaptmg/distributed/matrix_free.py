@@ -189,11 +189,7 @@ class DistMatrixFree(DistCSR):
 
     def __call__(self, x, y, alpha=1.0, beta=0.0):
         """``y <- alpha K x + beta y`` (exchange, then the two sparse factors and the cells)."""
-        if x.shape != (self.cols.n,) or y.shape != (self.rows.n,):
-            raise ValueError(f"DistMatrixFree: x must have shape ({self.cols.n},) and y ({self.rows.n},), "
-                             f"got {x.shape} and {y.shape}")
-        if x.dtype != self.dtype:
-            raise TypeError(f"DistMatrixFree: x has dtype {x.dtype}, the operator {self.dtype}")
+        self._check_vectors(x, y)
         reqs = self._post(x)
         if self.rows.n:
             self._pho(x, self._u)                           # while the ghost values travel
