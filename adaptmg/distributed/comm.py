@@ -453,12 +453,26 @@ def select_device(comm=None) -> int:
     any CuPy allocation (arrays live on the device that was current when they were made)."""
     if _SELECTED["device"] is not None:
         return _SELECTED["device"]
+    try:              # the device first: the GPU backend's set-up (kernel caches, the cubin
+        import cupy   # prefetch) would otherwise open a CUDA context on device 0 in every rank
+        cupy.cuda.Device(device_for_rank(local_rank(comm), cupy.cuda.runtime.getDeviceCount())).use()
+    except Exception:                          # no CuPy or no device: get_backend says so below
+        pass
     from ..backend import get_backend
     cupy = get_backend("gpu").xp
     dev = device_for_rank(local_rank(comm), cupy.cuda.runtime.getDeviceCount())
     cupy.cuda.Device(dev).use()
     _SELECTED["device"] = dev
     return dev
+
+
+def names_gpu(backend) -> bool:
+    """Whether a ``backend`` argument names the GPU ("gpu", "cuda" or a GPU
+    :class:`~adaptmg.backend.Backend`) -- without asking CUDA anything (so a caller can
+    :func:`select_device` before the backend is made; "auto" is not known without asking)."""
+    if isinstance(backend, str):
+        return backend.lower() in ("gpu", "cuda")
+    return bool(getattr(backend, "is_gpu", False))
 
 
 def _placement():

@@ -62,7 +62,7 @@ from ..mesh import Mesh
 from ..backend import get_backend, to_host
 from ..multilevel.hierarchy import _value_dict, dirichlet_dofs, multigrid
 from ..linalg._vectorops import global_norm, global_reductions
-from .comm import agree, allreduce_sum, get_comm, guard, select_device
+from .comm import agree, allreduce_sum, get_comm, guard, names_gpu, select_device
 from .hierarchy import DistributedHierarchy
 from .partition import imbalance, partition_cells
 
@@ -190,7 +190,7 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
     comm = get_comm(comm)
     size = 1 if comm is None else comm.Get_size()
     with guard(comm):
-        gpu = get_backend(multigrid_kwargs.get("backend", "cpu")).is_gpu
+        gpu = _rank_backend(multigrid_kwargs.get("backend", "cpu"), comm).is_gpu
         agglomerate_below, min_dofs_per_rank = level_sizes(agglomerate_below, min_dofs_per_rank, gpu)
         msg = _check(space, b, rtol, maxiter, accel, min_dofs_per_rank, agglomerate_below)
         if not msg and transport not in (None, "auto", "host", "nccl"):
@@ -367,7 +367,7 @@ def solve_forest(forest, assemble=_assemble.stiffness, f=1.0, *, g=None, comm=No
         raise ValueError("solve_forest: comm must be the forest's communicator (or None)")
     comm = fcomm
     with guard(comm):
-        gpu = get_backend(multigrid_kwargs.get("backend", "cpu")).is_gpu
+        gpu = _rank_backend(multigrid_kwargs.get("backend", "cpu"), comm).is_gpu
         agglomerate_below, min_dofs_per_rank = level_sizes(agglomerate_below, min_dofs_per_rank, gpu)
         msg = _check_numbers(rtol, maxiter, accel, agglomerate_below, min_dofs_per_rank)
         if not msg and transport not in (None, "auto", "host", "nccl"):
@@ -399,6 +399,14 @@ def solve_forest(forest, assemble=_assemble.stiffness, f=1.0, *, g=None, comm=No
                                  imbalance=float(counts.max() / counts.mean() - 1.0),
                                  timings={**timings, **mg.setup_stats, "rhs_s": rhs}, ml=mg.ml, mg=mg,
                                  active_ranks=list(mg.active_ranks))
+
+
+def _rank_backend(backend, comm):
+    """``get_backend(backend)``, this rank's device selected first where ``backend`` names the
+    GPU (:func:`.comm.names_gpu`): making the GPU backend must not open a context on device 0."""
+    if names_gpu(backend):
+        select_device(comm)
+    return get_backend(backend)
 
 
 def _check_values(g, dirichlet):
