@@ -388,8 +388,7 @@ class DistributedHierarchy:
         geometric levels above ``ml`` (coarse -> fine, the finest last), their free-DoF masks
         and the assembly callable, called on :class:`~.local.CellSubset` views.  Their
         levels must all be distributed (at least ``agglomerate_below`` DoFs).  With
-        ``matrix_free=m`` (a number of DoFs per rank, None: none) in it the finest level's
-        operator and those of the others with at least ``m`` DoFs per rank (``N_l / P_l``) are
+        ``matrix_free=True`` in it these levels' operators are
         :class:`~.matrix_free.DistMatrixFree` (the Q1 Laplacian; ``assemble`` not called).
 
     transport : GPU only: the halo transport, "auto" / "host" / "nccl" (None: the
@@ -422,7 +421,7 @@ class DistributedHierarchy:
         st = self.setup_stats
         t0 = time.perf_counter()
         self.HT_o = self.free_o = None
-        self.matrix_free = None if local is None else local.get("matrix_free")
+        self.matrix_free = bool(local is not None and local.get("matrix_free"))
         view = ml if local is None else _FineView(ml, local["spaces"])
         owners, c, cell_ranks, nranks = level_owners(view, fine_cell_ranks, self.size,
                                                      agglomerate_below, min_dofs_per_rank)
@@ -504,8 +503,7 @@ class DistributedHierarchy:
         t0 = now()
         xp = space.mesh.backend.xp                   # a device mesh: its owners on the device
         mf = None
-        if self.matrix_free is not None and (fine or lay.N >= self.matrix_free * self.active_ranks[l]):
-            # the operator without a matrix (module doc of .matrix_free)
+        if self.matrix_free:                         # the operator without a matrix
             mf = DistMatrixFree(space, free, lay, self.timer, **kw)
             K_o, HT_o, cells = None, None, mf.num_cells
         else:

@@ -98,10 +98,6 @@ class DistributedResult:
 GPU_LEVEL_SIZES = (2 ** 19, 2 ** 18)
 #: CPU defaults (ranks on cores: distributing pays down to small levels)
 CPU_LEVEL_SIZES = (1000, 2000)
-#: ``solve(..., matrix_free=True)``: a coarser locally built level is matrix-free from this many
-#: DoFs per rank (2^20: its assembled rows would take ~330 MB a rank in 3-D); on two H200 a
-#: 300k-DoF-per-rank matrix-free level made the solve 40 % slower than its assembled rows
-MATRIX_FREE_MIN_DOFS_PER_RANK = 2 ** 20
 
 
 def level_sizes(agglomerate_below, min_dofs_per_rank, gpu):
@@ -183,13 +179,11 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
         the mesh (a mesh on the GPU; gathered there by ``ncclAllGather`` when the halo goes by
         NCCL) instead of host copies -- what a loop on a device mesh continues with (one rank:
         the serial path's arrays, on the device already).
-    matrix_free : False, True or a number of DoFs per rank ``m``: the finest level's operator
-        and those of the other locally built levels with at least ``m`` DoFs per rank
-        (True: :data:`MATRIX_FREE_MIN_DOFS_PER_RANK`; 0: every locally built level) applied
-        without a matrix (:class:`~.matrix_free.DistMatrixFree`: ~100 bytes a DoF against
-        ~330 for the assembled rows in 3-D, and no 2^31-entry limit on a rank's matrix); a
-        smaller level keeps its assembled rows (a few hundred MB at most), whose fused
-        kernels beat the matrix-free product's half-dozen launches and exchange there.  Only for ``assemble=adaptmg.assemble.stiffness`` (coefficient 1) on
+    matrix_free : the operators of the locally built levels (the finest and every other one
+        with at least ``agglomerate_below`` DoFs) applied without a matrix
+        (:class:`~.matrix_free.DistMatrixFree`: ~100 bytes a DoF against ~330 for the
+        assembled rows in 3-D, and no 2^31-entry limit on a rank's matrix); the small serial
+        levels as usual.  Only for ``assemble=adaptmg.assemble.stiffness`` (coefficient 1) on
         a scalar Q1 space with the local set-up; on one rank too (it then takes the
         distributed code path on one rank instead of the serial one).
     """
@@ -201,10 +195,7 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
         msg = _check(space, b, rtol, maxiter, accel, min_dofs_per_rank, agglomerate_below)
         if not msg and transport not in (None, "auto", "host", "nccl"):
             msg = f"transport must be None, 'auto', 'host' or 'nccl', got {transport!r}"
-        if not msg and not (isinstance(matrix_free, bool) or (isinstance(matrix_free, (int, np.integer))
-                                                                and matrix_free >= 0)):
-            msg = f"matrix_free must be True, False or a non-negative number of DoFs per rank, got {matrix_free!r}"
-        if not msg and matrix_free is not False:
+        if not msg and matrix_free:
             msg = _check_matrix_free(space, assemble, local_setup, multigrid_kwargs, comm)
         agree(comm, not msg, msg)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -217,12 +208,11 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
                   f"after adaptmg.distributed.comm.select_device(comm)")
         if size > 1:                   # ranks already share the node's cores: no set-up threads
             multigrid_kwargs.setdefault("threads", 1)
-        mf = None if matrix_free is False else MATRIX_FREE_MIN_DOFS_PER_RANK if matrix_free is True else int(matrix_free)
-        local = (size > 1 or mf is not None) and local_setup and not multigrid_kwargs.get("galerkin", False)
+        local = (size > 1 or matrix_free) and local_setup and not multigrid_kwargs.get("galerkin", False)
         if local:
             return _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycle,
                                 agglomerate_below, weights, callback, (t0, c0), multigrid_kwargs,
-                                min_dofs_per_rank, transport, on_device, matrix_free=mf)
+                                min_dofs_per_rank, transport, on_device, matrix_free=bool(matrix_free))
         ml = multigrid(space, assemble, dirichlet=dirichlet, **multigrid_kwargs)
         f = ml.constrain(_on_mesh(space, b))
         if size == 1:                                     # the serial code path
@@ -470,7 +460,7 @@ def _check_matrix_free(space, assemble, local_setup, kw, comm):
 
 def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycle, agglomerate_below,
                  weights, callback, start, kw, min_dofs_per_rank=None, transport=None, on_device=False,
-                 matrix_free=None):
+                 matrix_free=False):
     """:func:`solve` on several ranks with the large geometric levels set up from the rank's
     cells only (``start``: wall and CPU clocks at the start of the set-up)."""
     t0, c0 = start
