@@ -23,8 +23,8 @@ Product.  With the owned entries ``x`` and the exchanged ghost values ``x_g``:
            + s\,(1 - z_o) \circ x\bigr) + \beta y
 
 (``HZ`` split into its owned and ghost columns: the owned part runs while the ghost values
-travel; three SpMVs with about one entry a row and one cell kernel).  The diagonal (Jacobi, Chebyshev)
-is :math:`\mathrm{diag}((HZ)^T A (HZ))` on the free rows, by one pass over the cells, and ``s``
+travel; three SpMVs with about one entry a row and one cell kernel).  The diagonal (Jacobi,
+Chebyshev) is :math:`\mathrm{diag}((HZ)^T A (HZ))` on the free rows, by one pass over the cells, and ``s``
 (the mean of its absolute values over all ranks' free DoFs: one ``Allreduce``) on the others.
 
 Memory per owned DoF (3-D, about one cell a node): the cells (32 bytes, int32), the local
@@ -41,7 +41,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..assemble.matrix_free import Q1Laplacian
-from ..backend import CPU, get_backend, to_host
+from ..backend import CPU, get_backend, repeat, to_host
 from ..device import kernels as K
 from .comm import HaloTimer
 from .csr import DistCSR, _ScalePlan
@@ -246,7 +246,7 @@ def _column_blocks(be, HZ, n):
     """``(HZ[:, :n], HZ[:, n:])`` of the canonical CSR ``HZ`` on ``be`` (the second None when
     there is no ghost column): one mask over the entries, their rows counted again."""
     xp = be.xp
-    rows = xp.repeat(xp.arange(HZ.shape[0]), xp.diff(HZ.indptr).astype(np.int64))
+    rows = repeat(xp.arange(HZ.shape[0]), xp.diff(HZ.indptr), total=HZ.nnz, xp=xp)   # no host counts
     out = []
     for keep, lo, width in ((HZ.indices < n, 0, n), (HZ.indices >= n, n, HZ.shape[1] - n)):
         if width == 0:
