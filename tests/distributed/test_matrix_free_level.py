@@ -55,6 +55,7 @@ def test_matrix_free_level_on_the_devices(tmp_path, monkeypatch):
     (dict(degree=2), "scalar Q1 space"),
     (dict(local_setup=False), "needs the local set-up"),
     (dict(galerkin=True), "needs the local set-up"),
+    (dict(matrix_free="yes"), "matrix_free must be True or False"),
 ])
 def test_matrix_free_refuses_what_it_cannot_apply(kw, match):
     pytest.importorskip("mpi4py")
@@ -64,5 +65,6 @@ def test_matrix_free_refuses_what_it_cannot_apply(kw, match):
     from adaptmg.mesh import Mesh
     space = Space(Mesh.box([0, 0], [1, 1], [2, 2]).refine(), kw.pop("degree", 1))
     form = getattr(assemble, kw.pop("assemble", "stiffness"))
+    kw.setdefault("matrix_free", True)
     with pytest.raises(ValueError, match=match):
-        solve(space, form, np.ones(space.num_dofs), matrix_free=True, **kw)
+        solve(space, form, np.ones(space.num_dofs), **kw)
