@@ -3,12 +3,13 @@
 ``python matrix_free_cases.py OUT.json``: on a 2-D and a 3-D mesh with hanging nodes (the 3-D
 one with its interior nodes moved: multilinear, not affine, cells; once more with the coarser
 locally built levels folded onto fewer ranks, ``min_dofs_per_rank=1000``: ranks owning no row of
-a matrix-free level) and homogeneous Dirichlet data, :func:`adaptmg.distributed.solve` with the assembled finest level and with
-``matrix_free=True``; per case rank 0 records the largest relative difference of the two
-finest operators' products on a random vector and of their diagonals (over all ranks), the
-iterations of both solves and the relative difference of the solutions.  The two share
-the partition and the layouts.  ``MATRIX_FREE_GPU=1``: on the devices (a mesh on each rank's
-GPU).
+a matrix-free level) and homogeneous Dirichlet data (on the whole boundary; in 2-D once more on
+two sides only, natural on the others), :func:`adaptmg.distributed.solve` with the assembled
+levels and with ``matrix_free=True``; per case rank 0 records the largest relative difference
+of the two finest operators' products on a random vector and of their diagonals (over all
+ranks), the iterations of both solves and the relative difference of the solutions.  The two
+share the partition and the layouts.  ``MATRIX_FREE_GPU=1``: on the devices (a mesh on each
+rank's GPU).
 """
 import json
 import os
@@ -43,13 +44,14 @@ def main():
     if gpu:
         select_device(COMM)
     records = []
-    for dim, fold in ((2, None), (3, None), (3, 1000)):
+    for dim, fold, dirichlet in ((2, None, "all"), (3, None, "all"), (3, 1000, "all"), (2, None, [0, 2])):
         mesh = mesh_of(dim)
         if gpu:
             mesh = mesh.to("gpu")
         space = Space(mesh, 1)
         b = assemble.load(space, 1.0)
-        kw = dict(comm=COMM, rtol=1e-10, agglomerate_below=100, min_dofs_per_rank=fold, backend=be)
+        kw = dict(comm=COMM, rtol=1e-10, agglomerate_below=100, min_dofs_per_rank=fold, backend=be,
+                  dirichlet=dirichlet)
         r0 = solve(space, assemble.stiffness, b, **kw)
         r1 = solve(space, assemble.stiffness, b, matrix_free=True, **kw)
         # the assembled finest level: the distributed one, on one rank the serial hierarchy's
@@ -66,7 +68,8 @@ def main():
         dden = COMM.allreduce(float(np.abs(d0).max(initial=0.0)), op=MPI.MAX)
         u0, u1 = to_host(r0.u), to_host(r1.u)
         if COMM.rank == 0:
-            records.append({"case": f"{dim}d" + ("-folded" if fold else ""), "stage": be, "P": COMM.size,
+            case = f"{dim}d" + ("-folded" if fold else "") + ("-two-sides" if dirichlet != "all" else "")
+            records.append({"case": case, "stage": be, "P": COMM.size,
                             "active_ranks": list(r1.active_ranks), "product": num / den,
                             "diagonal": dnum / dden, "its": [r0.iterations, r1.iterations],
                             "info": [r0.info, r1.info], "u": float(np.abs(u0 - u1).max() / np.abs(u0).max()),
