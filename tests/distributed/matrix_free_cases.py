@@ -4,7 +4,9 @@
 one with its interior nodes moved: multilinear, not affine, cells; once more with the coarser
 locally built levels folded onto fewer ranks, ``min_dofs_per_rank=1000``: ranks owning no row of
 a matrix-free level) and homogeneous Dirichlet data (on the whole boundary; in 2-D once more on
-two sides only, natural on the others), :func:`adaptmg.distributed.solve` with the assembled
+two sides only, natural on the others; in 3-D once more with the Chebyshev smoother, whose
+lambda_max comes from the matrix-free product), :func:`adaptmg.distributed.solve` with the
+assembled
 levels and with ``matrix_free=True``; per case rank 0 records the largest relative difference
 of the two finest operators' products on a random vector and of their diagonals (over all
 ranks), the iterations of both solves and the relative difference of the solutions.  The two
@@ -44,14 +46,16 @@ def main():
     if gpu:
         select_device(COMM)
     records = []
-    for dim, fold, dirichlet in ((2, None, "all"), (3, None, "all"), (3, 1000, "all"), (2, None, [0, 2])):
+    for dim, fold, dirichlet, smoother in ((2, None, "all", "jacobi"), (3, None, "all", "jacobi"),
+                                           (3, 1000, "all", "jacobi"), (2, None, [0, 2], "jacobi"),
+                                           (3, None, "all", "chebyshev")):
         mesh = mesh_of(dim)
         if gpu:
             mesh = mesh.to("gpu")
         space = Space(mesh, 1)
         b = assemble.load(space, 1.0)
         kw = dict(comm=COMM, rtol=1e-10, agglomerate_below=100, min_dofs_per_rank=fold, backend=be,
-                  dirichlet=dirichlet)
+                  dirichlet=dirichlet, smoother=smoother)
         r0 = solve(space, assemble.stiffness, b, **kw)
         r1 = solve(space, assemble.stiffness, b, matrix_free=True, **kw)
         # the assembled finest level: the distributed one, on one rank the serial hierarchy's
@@ -68,7 +72,8 @@ def main():
         dden = COMM.allreduce(float(np.abs(d0).max(initial=0.0)), op=MPI.MAX)
         u0, u1 = to_host(r0.u), to_host(r1.u)
         if COMM.rank == 0:
-            case = f"{dim}d" + ("-folded" if fold else "") + ("-two-sides" if dirichlet != "all" else "")
+            case = (f"{dim}d" + ("-folded" if fold else "") + ("-two-sides" if dirichlet != "all" else "")
+                    + ("-chebyshev" if smoother == "chebyshev" else ""))
             records.append({"case": case, "stage": be, "P": COMM.size,
                             "active_ranks": list(r1.active_ranks), "product": num / den,
                             "diagonal": dnum / dden, "its": [r0.iterations, r1.iterations],

@@ -32,7 +32,7 @@ def mf_results(request, tmp_path_factory):
 
 
 @needs_mpi
-@pytest.mark.parametrize("case", ["2d", "3d", "3d-folded", "2d-two-sides"])
+@pytest.mark.parametrize("case", ["2d", "3d", "3d-folded", "2d-two-sides", "3d-chebyshev"])
 def test_matrix_free_level_equals_the_assembled_one(mf_results, case):
     P, recs = mf_results
     rec = recs[(case, "cpu")]
@@ -46,7 +46,7 @@ def test_matrix_free_level_equals_the_assembled_one(mf_results, case):
 def test_matrix_free_level_on_the_devices(tmp_path, monkeypatch):
     monkeypatch.setenv("MATRIX_FREE_GPU", "1")
     recs = worker_records(WORKER, 2, tmp_path)
-    for case in ("2d", "3d", "3d-folded", "2d-two-sides"):
+    for case in ("2d", "3d", "3d-folded", "2d-two-sides", "3d-chebyshev"):
         _check(recs[(case, "gpu")], 2)
 
 
