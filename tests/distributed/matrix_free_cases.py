@@ -6,11 +6,10 @@ locally built levels folded onto fewer ranks, ``min_dofs_per_rank=1000``: ranks 
 a matrix-free level) and homogeneous Dirichlet data (on the whole boundary; in 2-D once more on
 two sides only, natural on the others; in 3-D once more with the Chebyshev smoother, whose
 lambda_max comes from the matrix-free product), :func:`adaptmg.distributed.solve` with the
-assembled
-levels and with ``matrix_free=True``; per case rank 0 records the largest relative difference
-of the two finest operators' products on a random vector and of their diagonals (over all
-ranks), the iterations of both solves and the relative difference of the solutions.  The two
-share the partition and the layouts.  ``MATRIX_FREE_GPU=1``: on the devices (a mesh on each
+assembled levels and with ``matrix_free=True``; per case rank 0 records the largest relative
+difference of the two finest operators' products on a random vector and of their diagonals
+(over all ranks), the iterations of both solves and the relative difference of the solutions.
+The two share the partition and the layouts.  ``MATRIX_FREE_GPU=1``: on the devices (a mesh on each
 rank's GPU).
 """
 import json
