@@ -502,19 +502,27 @@ def _split(be, Ml, cols, rank):
     own = lc >= 0                                        # (one gather gives both)
     gp = xp.flatnonzero(~own)                            # ghost entries, sorted
     gi = ind[gp].astype(xp.int64)
-    gu = xp.unique(gi)                                   # sorted by global index
-    gu_h = np.asarray(to_host(gu), dtype=np.int64)
-    order = np.lexsort((gu_h, cols.owner_of(gu_h)))      # by owner, then global index
-    ghosts = gu_h[order]
-    pos = np.empty(order.size, dtype=np.int64)
-    pos[order] = np.arange(order.size)
-    gpos = xp.asarray(pos)[xp.searchsorted(gu, gi)] if gi.size else gi
+    ghosts, gpos = ghost_numbering(xp, gi, cols)
     before = xp.searchsorted(gp, indptr.astype(gp.dtype)).astype(xp.int64)   # ghost entries before each row
     shape = Ml.shape[0]
     Aoo = _block(be, Ml.data[own], lc[own], indptr.astype(xp.int64) - before, (shape, cols.n),
                  sorted_=True)                          # local numbering keeps the column order
     Aog = _block(be, Ml.data[gp], gpos, before, (shape, ghosts.size), sorted_=False)
     return Aoo, Aog, ghosts
+
+
+def ghost_numbering(xp, gi, cols):
+    """``(ghosts, gpos)`` of the ghost columns ``gi`` (global indices owned elsewhere, an ``xp``
+    array, repeats allowed): ``ghosts`` the distinct ones ordered by (owner, global index)
+    (host; one ``unique`` on ``xp``, only the distinct ones cross to the host) and ``gpos``
+    each entry's position among them (``xp``)."""
+    gu = xp.unique(gi)                                   # sorted by global index
+    gu_h = np.asarray(to_host(gu), dtype=np.int64)
+    order = np.lexsort((gu_h, cols.owner_of(gu_h)))      # by owner, then global index
+    pos = np.empty(order.size, dtype=np.int64)
+    pos[order] = np.arange(order.size)
+    gpos = xp.asarray(pos)[xp.searchsorted(gu, gi)] if gi.size else gi
+    return gu_h[order], gpos
 
 
 def _block(be, data, col, indptr, shape, sorted_):

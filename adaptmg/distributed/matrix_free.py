@@ -44,7 +44,7 @@ from ..assemble.matrix_free import Q1Laplacian
 from ..backend import CPU, get_backend, repeat, to_host
 from ..device import kernels as K
 from .comm import HaloTimer
-from .csr import DistCSR, _ScalePlan
+from .csr import DistCSR, _ScalePlan, ghost_numbering
 from .local import _hanging_rows_coo, _row_scale, constraint_blocks, needed_cells
 
 __all__ = ["DistMatrixFree"]
@@ -156,15 +156,10 @@ class DistMatrixFree(DistCSR):
         c = xp.concatenate([reg, hp[keep]])
         val = xp.concatenate([xp.ones(reg.size), hw[keep]])
         lc = layout.local_index(xp, c).astype(np.int64)    # owned: its position; else -1
-        gi = c[lc < 0]
-        gu = xp.unique(gi)
-        gu_h = np.asarray(to_host(gu), dtype=np.int64)
-        order = np.lexsort((gu_h, layout.owner_of(gu_h)))
-        ghosts = gu_h[order]
-        pos = np.empty(order.size, dtype=np.int64)
-        pos[order] = np.arange(order.size)
-        if gi.size:
-            lc[lc < 0] = layout.n + xp.asarray(pos)[xp.searchsorted(gu, gi)]
+        ghost = lc < 0
+        ghosts, gpos = ghost_numbering(xp, c[ghost].astype(np.int64), layout)
+        if gpos.size:
+            lc[ghost] = layout.n + gpos
         shape = (int(lnodes.size), layout.n + ghosts.size)
         HZ = space.mesh.backend.sparse.coo_matrix((val, (loc[r], lc)), shape=shape).tocsr()
         HZ.sum_duplicates()
