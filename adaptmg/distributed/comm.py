@@ -529,8 +529,10 @@ def resolve_transport(comm, requested=None, backend=None) -> str:
     """The halo transport for ``backend`` on ``comm`` (collective for a GPU backend unless
     ``requested`` is ``"host"``): ``"mpi"`` on the CPU; on the GPU :func:`choose_transport`
     over the allgathered placements of all ranks.  ``requested`` None: the environment
-    variable ``ADAPTMG_HALO_TRANSPORT`` or ``"auto"``.  An already resolved transport
-    (``"host"``, ``"nccl"``, ``"mpi"``) is returned as is (no collective).  ``"nccl"``
+    variable ``ADAPTMG_HALO_TRANSPORT`` or ``"auto"``.  ``"host"`` is returned as is, and
+    ``"nccl"`` once ``comm`` has its NCCL communicator (:func:`nccl_communicator`: made by
+    every rank together after a check that passed, so every rank skips the collective
+    alike -- a hierarchy's matrices take its resolved transport without one each).  ``"nccl"``
     requested where it cannot be used raises the same ValueError on every rank."""
     if backend is None or not getattr(backend, "is_gpu", False):
         return "mpi"
@@ -545,6 +547,9 @@ def resolve_transport(comm, requested=None, backend=None) -> str:
         raise ValueError(f"halo transport must be one of {_REQUESTS}, got {requested!r}")
     if comm.Get_size() == 1:
         return "host"
+    hit = _NCCL.get(id(comm))
+    if requested == "nccl" and hit is not None and hit[0] is comm:
+        return "nccl"
     info = comm.allgather((_placement(), nccl_available()))
     choice, why = choose_transport(requested, [p for p, _ in info], [ok for _, ok in info])
     if not choice:

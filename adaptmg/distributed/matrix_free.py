@@ -23,7 +23,8 @@ Product.  With the owned entries ``x`` and the exchanged ghost values ``x_g``:
            + s\,(1 - z_o) \circ x\bigr) + \beta y
 
 (``HZ`` split into its owned and ghost columns: the owned part runs while the ghost values
-travel; three SpMVs with about one entry a row and one cell kernel).  The diagonal (Jacobi,
+travel; three SpMVs with about one entry a row and one cell kernel; the ghost columns' part
+only over the rows it reaches).  The diagonal (Jacobi,
 Chebyshev) is :math:`\mathrm{diag}((HZ)^T A (HZ))` on the free rows, by one pass over the cells, and ``s``
 (the mean of its absolute values over all ranks' free DoFs: one ``Allreduce``) on the others.
 
@@ -44,7 +45,7 @@ from ..assemble.matrix_free import Q1Laplacian
 from ..backend import CPU, get_backend, repeat, to_host
 from ..device import kernels as K
 from .comm import HaloTimer
-from .csr import DistCSR, _ScalePlan, ghost_numbering
+from .csr import DistCSR, _compressed_rows, _ScalePlan, ghost_numbering
 from .local import _hanging_rows_coo, _row_scale, constraint_blocks, needed_cells
 
 __all__ = ["DistMatrixFree"]
@@ -91,6 +92,7 @@ class DistMatrixFree(DistCSR):
             self.lnodes = on.xp.zeros(0, dtype=np.int32)
             self.num_cells = 0
             self._op = self._ZHT = self._HZo = self._HZg = self._pzt = self._pho = self._phg = None
+            self._hzg = None
             self._diag = np.zeros(0)
             self._fixed = on.xp.zeros(0, dtype=np.int64)
             self._u = self._v = on.xp.zeros(0)
@@ -139,7 +141,10 @@ class DistMatrixFree(DistCSR):
         self._HZo, self._HZg = _column_blocks(on, HZ, n)    # owned and ghost columns of HZ
         del HZ
         self._pho = _plan(self._HZo)
-        self._phg = _plan(self._HZg) if self._HZg is not None else None
+        # the ghost columns reach few rows (the partition's rim): only those rows are updated,
+        # not an SpMV over every local row (that, where the indices are 64-bit)
+        self._hzg = _compressed_rows(on.xp, self._HZg)
+        self._phg = _plan(self._HZg) if self._HZg is not None and self._hzg is None else None
         self._u = on.xp.zeros(int(lnodes.size))
         self._v = on.xp.zeros(int(lnodes.size))
 
@@ -191,7 +196,10 @@ class DistMatrixFree(DistCSR):
         self._wait(reqs)
         if not self.rows.n:
             return y
-        if self._phg is not None:
+        if self._hzg is not None:
+            gptr, gind, gdat, grow = self._hzg
+            K.csr_rows_add(gptr, gind, gdat, grow, self._gbuf, self._u)
+        elif self._phg is not None:
             self._phg(self._gbuf, self._u, 1.0, 1.0)
         self._v.fill(0)
         self._op.apply(self._u, self._v)

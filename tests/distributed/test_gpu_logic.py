@@ -153,6 +153,23 @@ def test_resolve_transport(monkeypatch):
     assert C.resolve_transport(_Comm(gathered=apart), None, _GPU()) == "nccl"
 
 
+def test_resolved_nccl_skips_the_collective(monkeypatch):
+    """A communicator that has its NCCL communicator takes "nccl" without an allgather (a
+    hierarchy's DistCSRs get its resolved transport); "auto", and "nccl" on another
+    communicator, still gather the placements."""
+    monkeypatch.delenv("ADAPTMG_HALO_TRANSPORT", raising=False)
+    monkeypatch.setattr(C, "_placement", lambda: ("n1", "0000:01"))
+    apart = [(("n1", "0000:01"), True), (("n1", "0000:02"), True)]
+    comm, other = _Comm(gathered=apart), _Comm(gathered=apart)
+    monkeypatch.setitem(C._NCCL, id(comm), (comm, object()))
+    assert C.resolve_transport(comm, "nccl", _GPU()) == "nccl" and comm.calls == []
+    assert C.resolve_transport(comm, "auto", _GPU()) == "nccl" and comm.calls == ["allgather"]
+    assert C.resolve_transport(other, "nccl", _GPU()) == "nccl" and other.calls == ["allgather"]
+    monkeypatch.setitem(C._NCCL, id(other), (comm, object()))      # a stale entry: another comm
+    other.calls.clear()
+    assert C.resolve_transport(other, "nccl", _GPU()) == "nccl" and other.calls == ["allgather"]
+
+
 class OneRank:
     def Get_rank(self):
         return 0
