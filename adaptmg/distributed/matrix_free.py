@@ -42,10 +42,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..assemble.matrix_free import Q1Laplacian
-from ..backend import CPU, get_backend, repeat, to_host
+from ..backend import CPU, get_backend, to_host
 from ..device import kernels as K
 from .comm import HaloTimer
-from .csr import DistCSR, _compressed_rows, _ScalePlan, ghost_numbering
+from .csr import DistCSR, _block, _compressed_rows, _ScalePlan, ghost_numbering
 from .local import _hanging_rows_coo, _row_scale, constraint_blocks, needed_cells
 
 __all__ = ["DistMatrixFree"]
@@ -143,7 +143,7 @@ class DistMatrixFree(DistCSR):
         self._pho = _plan(self._HZo)
         # the ghost columns reach few rows (the partition's rim): only those rows are updated,
         # not an SpMV over every local row (that, where the indices are 64-bit)
-        self._hzg = _compressed_rows(on.xp, self._HZg)
+        self._hzg = _compressed_rows(on.xp, self._HZg) if self._HZg is not None and self._HZg.nnz else None
         self._phg = _plan(self._HZg) if self._HZg is not None and self._hzg is None else None
         self._u = on.xp.zeros(int(lnodes.size))
         self._v = on.xp.zeros(int(lnodes.size))
@@ -247,20 +247,21 @@ class DistMatrixFree(DistCSR):
 
 def _column_blocks(be, HZ, n):
     """``(HZ[:, :n], HZ[:, n:])`` of the canonical CSR ``HZ`` on ``be`` (the second None when
-    there is no ghost column): one mask over the entries, their rows counted again."""
+    there is no ghost column).  A row's owned columns come before its ghost ones (sorted
+    indices), and the ghost entries are few: the blocks' row pointers are ``indptr`` less /
+    the number of ghost entries before each row (one search per row among their sorted
+    positions), the entries taken in order -- no COO round trip, no sort."""
     xp = be.xp
-    rows = repeat(xp.arange(HZ.shape[0]), xp.diff(HZ.indptr), total=HZ.nnz, xp=xp)   # no host counts
-    out = []
-    for keep, lo, width in ((HZ.indices < n, 0, n), (HZ.indices >= n, n, HZ.shape[1] - n)):
-        if width == 0:
-            out.append(None)
-            continue
-        if not bool(keep.any()):               # no device COO of no entries
-            out.append(be.sparse.csr_matrix((HZ.shape[0], width)))
-            continue
-        out.append(be.sparse.coo_matrix((HZ.data[keep], (rows[keep], HZ.indices[keep] - lo)),
-                                        shape=(HZ.shape[0], width)).tocsr())
-    return out[0], out[1]
+    width = HZ.shape[1] - n
+    gp = xp.flatnonzero(HZ.indices >= n)                  # the ghost entries, ascending
+    before = xp.searchsorted(gp, HZ.indptr.astype(gp.dtype)).astype(HZ.indptr.dtype)
+    own = HZ.indices < n
+    shape = HZ.shape[0]
+    HZo = _block(be, HZ.data[own], HZ.indices[own], HZ.indptr - before, (shape, n), sorted_=True)
+    if width == 0:
+        return HZo, None
+    HZg = _block(be, HZ.data[gp], HZ.indices[gp] - n, before, (shape, width), sorted_=True)
+    return HZo, HZg
 
 
 def _plan(M):
