@@ -503,12 +503,25 @@ def _split(be, Ml, cols, rank):
     gp = xp.flatnonzero(~own)                            # ghost entries, sorted
     gi = ind[gp].astype(xp.int64)
     ghosts, gpos = ghost_numbering(xp, gi, cols)
-    before = xp.searchsorted(gp, indptr.astype(gp.dtype)).astype(xp.int64)   # ghost entries before each row
-    shape = Ml.shape[0]
-    Aoo = _block(be, Ml.data[own], lc[own], indptr.astype(xp.int64) - before, (shape, cols.n),
-                 sorted_=True)                          # local numbering keeps the column order
-    Aog = _block(be, Ml.data[gp], gpos, before, (shape, ghosts.size), sorted_=False)
+    # the local numbering keeps the owned columns' order; the ghosts' positions do not
+    Aoo, Aog = _row_split(be, Ml.data, indptr, own, gp, lc[own], gpos, (cols.n, ghosts.size),
+                         ghost_sorted=False)
     return Aoo, Aog, ghosts
+
+
+def _row_split(be, data, indptr, own, gp, own_cols, ghost_cols, widths, ghost_sorted):
+    """``(M_o, M_g)``: CSR rows ``(data, indptr)`` (sorted within rows) split into two blocks
+    of ``widths`` columns -- the entries of the mask ``own`` with columns ``own_cols`` and those
+    at the sorted positions ``gp`` (the others, few) with columns ``ghost_cols``, each in its
+    order (``ghost_sorted``: the ghost columns keep the rows sorted).  The row pointers are
+    ``indptr`` less / the number of ghost entries before each row: one search a row among
+    ``gp``, no running count over all entries, no sort of the owned ones."""
+    xp = be.xp
+    before = xp.searchsorted(gp, indptr.astype(gp.dtype)).astype(xp.int64)   # ghost entries before each row
+    rows = indptr.shape[0] - 1
+    Mo = _block(be, data[own], own_cols, indptr.astype(xp.int64) - before, (rows, widths[0]), sorted_=True)
+    Mg = _block(be, data[gp], ghost_cols, before, (rows, widths[1]), sorted_=ghost_sorted)
+    return Mo, Mg
 
 
 def ghost_numbering(xp, gi, cols):

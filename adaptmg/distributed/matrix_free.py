@@ -45,7 +45,7 @@ from ..assemble.matrix_free import Q1Laplacian
 from ..backend import CPU, get_backend, to_host
 from ..device import kernels as K
 from .comm import HaloTimer
-from .csr import DistCSR, _block, _compressed_rows, _ScalePlan, ghost_numbering
+from .csr import DistCSR, _compressed_rows, _row_split, _ScalePlan, ghost_numbering
 from .local import _hanging_rows_coo, _row_scale, constraint_blocks, needed_cells
 
 __all__ = ["DistMatrixFree"]
@@ -247,21 +247,15 @@ class DistMatrixFree(DistCSR):
 
 def _column_blocks(be, HZ, n):
     """``(HZ[:, :n], HZ[:, n:])`` of the canonical CSR ``HZ`` on ``be`` (the second None when
-    there is no ghost column).  A row's owned columns come before its ghost ones (sorted
-    indices), and the ghost entries are few: the blocks' row pointers are ``indptr`` less /
-    the number of ghost entries before each row (one search per row among their sorted
-    positions), the entries taken in order -- no COO round trip, no sort."""
+    there is no ghost column): a row's owned columns come before its ghost ones, which are few
+    (:func:`~.csr._row_split`, as DistCSR splits its rows)."""
     xp = be.xp
-    width = HZ.shape[1] - n
-    gp = xp.flatnonzero(HZ.indices >= n)                  # the ghost entries, ascending
-    before = xp.searchsorted(gp, HZ.indptr.astype(gp.dtype)).astype(HZ.indptr.dtype)
-    own = HZ.indices < n
-    shape = HZ.shape[0]
-    HZo = _block(be, HZ.data[own], HZ.indices[own], HZ.indptr - before, (shape, n), sorted_=True)
-    if width == 0:
-        return HZo, None
-    HZg = _block(be, HZ.data[gp], HZ.indices[gp] - n, before, (shape, width), sorted_=True)
-    return HZo, HZg
+    ind = HZ.indices
+    gp = xp.flatnonzero(ind >= n)                        # the ghost entries, ascending
+    own = ind < n
+    HZo, HZg = _row_split(be, HZ.data, HZ.indptr, own, gp, ind[own], ind[gp] - n,
+                         (n, HZ.shape[1] - n), ghost_sorted=True)
+    return HZo, (HZg if HZ.shape[1] > n else None)
 
 
 def _plan(M):
