@@ -126,32 +126,34 @@ def level_jumps(cells, num_nodes: int, levels):
 
 def _jumps_by_scatter(cells, num_nodes, levels):
     """:func:`level_jumps` on the device: the minimum and the maximum level at every node by
-    two atomic scatters over all (cell, vertex) slots -- no loop over the mesh's levels with a
+    two atomic scatters over the (cell, vertex) slots -- no loop over the mesh's levels with a
     few launches and a host read each (an adaptive loop's mesh has 10-20 levels, and every
     level of its hierarchy asks); ``rows`` the cells with a vertex of a cell off the dominant
     level (the first most common one, as the host's ``argmax`` of its ``bincount``), None when
-    that level does not dominate.  The levels' histogram by an atomic scatter (no
-    ``bincount``: CuPy's reads the maximum first), sized by the levels' dtype where it is at
-    most 16 bits (the forest's int16 levels: no read), and one read, the dominant level's
-    size; the cells off it (a ``flatnonzero``) only when it dominates.  The host's mask and
-    rows."""
+    that level does not dominate.  When it dominates only ``rows`` are scattered: a node where
+    two levels meet is a vertex of a cell off the dominant level, so every cell at it is one of
+    ``rows``, and the other nodes of ``rows`` see one level.  The levels' histogram by an atomic
+    scatter (no ``bincount``: CuPy's reads the maximum first), sized by the levels' dtype where
+    it is at most 16 bits (the forest's int16 levels: no read), and one read, the dominant
+    level's size.  The host's mask and rows."""
     xp = backend_of(cells).xp
     nc, nv = cells.shape
     bins = (int(np.iinfo(levels.dtype).max) if levels.dtype.itemsize <= 2 else int(levels.max())) + 1
     hist = scatter_add(xp.full(bins, 0, dtype=np.int64), levels.astype(np.intp), 1)
     major = xp.argmax(hist)
     rest_size = nc - int(hist.max())
+    rows = None
+    if rest_size * SPARSE <= nc:                    # a dominant level: only the cells near the others
+        rest = xp.flatnonzero(levels != major)
+        touched = xp.zeros(num_nodes, dtype=bool)
+        touched[xp.take(cells, rest, axis=0).reshape(-1)] = True       # one value written
+        rows = cells_with_vertex_in(cells, touched)
+        cells, levels = xp.take(cells, rows, axis=0), levels.take(rows)
     flat = cells.reshape(-1)
     lv = xp.repeat(levels.astype(np.int32), nv)
     lo = scatter_min(xp.full(num_nodes, np.iinfo(np.int32).max, dtype=np.int32), flat, lv)
     hi = scatter_max(xp.full(num_nodes, -1, dtype=np.int32), flat, lv)
-    jump = hi > lo                                 # not a vertex: -1 > max is False
-    if rest_size * SPARSE > nc:
-        return jump, None
-    rest = xp.flatnonzero(levels != major)
-    touched = xp.zeros(num_nodes, dtype=bool)
-    touched[xp.take(cells, rest, axis=0).reshape(-1)] = True       # one value written
-    return jump, cells_with_vertex_in(cells, touched)
+    return hi > lo, rows                            # not a vertex: -1 > max is False
 
 
 def _stamp_levels(cells, which, lv, last, jump) -> None:
