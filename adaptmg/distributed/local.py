@@ -177,13 +177,23 @@ def constraint_blocks(space, rows, dofs, free):
         HZT_o.sum_duplicates()
     if dofs is None:
         return HZT_o, None
-    dreg = dofs[~hang[dofs] & free[dofs]]
-    hk, hp, hw = _hanging_rows_coo(space, dofs[hang[dofs]])
-    m = free[hp]
-    HZ = sp.csr_matrix((np.concatenate([np.ones(dreg.size), hw[m]]),
-                        (np.concatenate([dreg, hk[m]]), np.concatenate([dreg, hp[m]]))), shape=(N, N))
+    r, c, v = hz_rows_coo(space, dofs, free)
+    HZ = sp.csr_matrix((v, (r, c)), shape=(N, N))
     HZ.sum_duplicates()
     return HZT_o, HZ
+
+
+def hz_rows_coo(space, dofs, free):
+    """``(row, column, value)`` of the rows ``dofs`` (sorted DoFs, the mesh's array module) of
+    :math:`HZ` in global DoF numbers: a free regular DoF's unit entry, a hanging DoF's free
+    parents with their weights (a Dirichlet DoF's row is empty); the regular rows first."""
+    xp = space.mesh.backend.xp
+    hang = space.is_hanging
+    reg = dofs[~hang[dofs] & free[dofs]]
+    hk, hp, hw = _hanging_rows_coo(space, dofs[hang[dofs]])
+    keep = free[hp]
+    return (xp.concatenate([reg, hk[keep]]), xp.concatenate([reg, hp[keep]]),
+            xp.concatenate([xp.ones(reg.size), hw[keep]]))
 
 
 def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_rows=True):

@@ -46,7 +46,7 @@ from ..backend import CPU, get_backend, to_host
 from ..device import kernels as K
 from .comm import HaloTimer
 from .csr import DistCSR, _compressed_rows, _row_split, _ScalePlan, ghost_numbering
-from .local import _hanging_rows_coo, _row_scale, constraint_blocks, needed_cells
+from .local import _row_scale, constraint_blocks, hz_rows_coo, needed_cells
 
 __all__ = ["DistMatrixFree"]
 
@@ -153,13 +153,7 @@ class DistMatrixFree(DistCSR):
         """``(HZ, ghosts)``: ``HZ`` (local nodes x (owned + ghost) columns, CSR on the mesh's
         backend) and the ghost DoFs (host, ordered by (owner, global index))."""
         xp = space.mesh.backend.xp
-        hang = space.is_hanging
-        reg = lnodes[free[lnodes] & ~hang[lnodes]]
-        hk, hp, hw = _hanging_rows_coo(space, lnodes[hang[lnodes]])
-        keep = free[hp]
-        r = xp.concatenate([reg, hk[keep]])
-        c = xp.concatenate([reg, hp[keep]])
-        val = xp.concatenate([xp.ones(reg.size), hw[keep]])
+        r, c, val = hz_rows_coo(space, lnodes, free)
         lc = layout.local_index(xp, c).astype(np.int64)    # owned: its position; else -1
         ghost = lc < 0
         ghosts, gpos = ghost_numbering(xp, c[ghost].astype(np.int64), layout)
