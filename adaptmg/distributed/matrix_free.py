@@ -23,9 +23,9 @@ Product.  With the owned entries ``x`` and the exchanged ghost values ``x_g``:
            + s\,(1 - z_o) \circ x\bigr) + \beta y
 
 (``HZ`` split into its owned and ghost columns: the owned part runs while the ghost values
-travel; three SpMVs with about one entry a row and one cell kernel; the ghost columns' part
-only over the rows it reaches).  The diagonal (Jacobi,
-Chebyshev) is :math:`\mathrm{diag}((HZ)^T A (HZ))` on the free rows, by one pass over the cells, and ``s``
+travel, the ghost part only over the rows it reaches; three SpMVs with about one entry a row
+and one cell kernel).  The diagonal (Jacobi, Chebyshev) is
+:math:`\mathrm{diag}((HZ)^T A (HZ))` on the free rows, by one pass over the cells, and ``s``
 (the mean of its absolute values over all ranks' free DoFs: one ``Allreduce``) on the others.
 
 Memory per owned DoF (3-D, about one cell a node): the cells (32 bytes, int32), the local
@@ -141,8 +141,8 @@ class DistMatrixFree(DistCSR):
         self._HZo, self._HZg = _column_blocks(on, HZ, n)    # owned and ghost columns of HZ
         del HZ
         self._pho = _plan(self._HZo)
-        # the ghost columns reach few rows (the partition's rim): only those rows are updated,
-        # not an SpMV over every local row (that, where the indices are 64-bit)
+        # the ghost columns reach few rows (the partition's rim): only those rows are updated
+        # (the row kernel takes int32 indices; with 64-bit ones, an SpMV over every local row)
         self._hzg = _compressed_rows(on.xp, self._HZg) if self._HZg is not None and self._HZg.nnz else None
         self._phg = _plan(self._HZg) if self._HZg is not None and self._hzg is None else None
         self._u = on.xp.zeros(int(lnodes.size))
