@@ -78,6 +78,7 @@ def replicated_worker(args, comm):
     from adaptmg.distributed import adaptive_loop_replicated
     from adaptmg.distributed.comm import select_device
     from adaptmg.distributed.replicated_adaptive import PHASES as REPLICATED_PHASES
+    from bench_distributed import device_mb          # scripts/ is on sys.path when a script runs
     if args.backend == "gpu":
         select_device(comm)
     coarse, pkw = problem(args.problem, not args.no_errors)
@@ -94,18 +95,11 @@ def replicated_worker(args, comm):
                                    quiet=not args.progress,
                                    printer=lambda line: print(line, file=sys.stderr, flush=True), **kw)
     total = time.perf_counter() - t0
-    mb = comm.allgather(_device_mb() if args.backend == "gpu" else 0.0)
+    mb = comm.allgather(device_mb() if args.backend == "gpu" else 0.0)
     if comm.Get_rank() == 0:
         print(json.dumps({"P": comm.Get_size(), "history": out["history"], "init_s": t_init, "total_s": total,
                           "transport": None, "backend": args.backend, "phases": list(REPLICATED_PHASES),
                           "device_mb": mb}))
-
-
-def _device_mb():
-    """This rank's device memory held by CuPy's pool, MiB (the pool keeps freed blocks: the
-    loop's high-water mark, up to fragmentation)."""
-    import cupy
-    return round(cupy.get_default_memory_pool().total_bytes() / 2 ** 20, 1)
 
 
 def worker(args):

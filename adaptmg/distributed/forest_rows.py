@@ -117,8 +117,11 @@ class Expansion:
         self._dev = None
 
     def on(self, be):
-        """``(E, E^T, u, free_u)`` on the device ``be`` (moved up once and kept until
-        :meth:`drop_device`): what the rows and the load of a level on the GPU read."""
+        """``(E, E^T, u, free_u)`` on ``be``: the host's own (``E^T`` a transposed view), on the
+        device moved up once and kept until :meth:`drop_device` -- what the rows and the load
+        of a level read."""
+        if not be.is_gpu:
+            return self.E, self.E.T, self.u, self.free_u
         if self._dev is None:
             E = be.asmatrix(self.E)
             self._dev = (E, E.T.tocsr(), be.asarray(self.u), be.asarray(self.free_u))
@@ -127,9 +130,10 @@ class Expansion:
     def drop_device(self):
         self._dev = None
 
-    def masked(self):
-        """``E Z``: the columns of non-free nodes dropped (zeros removed)."""
-        return mask_rows_cols(self.E, np.ones(self.E.shape[0], dtype=bool), self.free_u, drop_zeros=True)
+    def masked(self, be=CPU):
+        """``E Z`` on ``be`` (:meth:`on`): the columns of non-free nodes dropped (zeros removed)."""
+        E, _, _, z = self.on(be)
+        return mask_rows_cols(E, be.xp.ones(E.shape[0], dtype=bool), z, drop_zeros=True)
 
 
 def _renamed_columns(cols, gid):
@@ -255,7 +259,7 @@ def owned_constrained_load(forest, f, dirichlet="all", prep=None, g_o=None, A=No
         b = xp.zeros(space.num_dofs)                      # no source: a zero load, no quadrature
     else:
         b = xp.asarray(load(view, f), dtype=float)
-    E, ET = ex.on(be)[:2] if be.is_gpu else (ex.E, ex.E.T)
+    E, ET, ub, _ = ex.on(be)
     if lift:
         g_u = be.asarray(_pull(comm, ex.starts, ex.u, first, g_o))
         if A is None:
@@ -265,7 +269,7 @@ def owned_constrained_load(forest, f, dirichlet="all", prep=None, g_o=None, A=No
     u = ex.u
     lo, hi = np.searchsorted(u, [first, first + gids.size])
     out = xp.zeros(gids.size)
-    out[(ex.on(be)[2] if be.is_gpu else u)[lo:hi] - first] = e[lo:hi]
+    out[ub[lo:hi] - first] = e[lo:hi]
     rest = np.concatenate([np.arange(lo), np.arange(hi, u.size)])
     r, v = alltoallv(comm, np.searchsorted(ex.starts, u[rest], side="right") - 1, u[rest],
                      to_host(e[be.asarray(rest)]))
@@ -324,7 +328,7 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
     # rows of owned nodes: a contiguous block of the sorted u, kept here (columns renamed by
     # the increasing u: rows stay sorted); the others' entries go to their owners
     lo, hi = (int(i) for i in np.searchsorted(u, [first, first + gids.size]))
-    ub = ex.on(be)[2] if be.is_gpu else u
+    ub = ex.on(be)[2]
     ip = C.indptr
     cnt = xp.zeros(gids.size, dtype=np.int64)
     cnt[ub[lo:hi] - first] = xp.diff(ip[lo:hi + 1])

@@ -49,7 +49,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import CPU, backend_of, get_backend, to_host
-from ..fe.csr_ops import mask_rows_cols
 from ..mesh import reference as ref
 from .cellkeys import build_local
 from .forest import _check, alltoallv
@@ -81,19 +80,11 @@ def _first_owned_leaf(forest, nodes):
     return pos // nv, pos % nv
 
 
-def _masked_expansion(ex, be):
-    """``(E_c Z_c, u)`` of the coarse :class:`~.forest_rows.Expansion` on ``be``."""
-    if not be.is_gpu:
-        return ex.masked(), ex.u
-    E, _, ub, z = ex.on(be)
-    return mask_rows_cols(E, be.xp.ones(E.shape[0], dtype=bool), z, drop_zeros=True), ub
-
-
 def _coarse_rows(coarse, keys, j, EZ, ub, table, be=CPU):
     """At the coarse rank: the rows ``W E_c Z_c`` of the requests ``(keys, j)`` (host arrays;
     module doc), as COO ``(request, global column, value)`` -- arrays of ``be``: on the GPU
     the coarse leaves' vertices are read from the coarse local mesh there and ``W E_c Z_c``
-    is one device product (``EZ``, ``ub``: :func:`_masked_expansion`)."""
+    is one device product (``EZ``, ``ub``: :meth:`~.forest_rows.Expansion.masked`, ``u`` there)."""
     codec = coarse.codec
     okeys = coarse.owned_keys
     xp = be.xp
@@ -151,7 +142,7 @@ def prolongation_rows(fine, coarse, free_f, coarse_ex, col_map=None, backend=CPU
     dest = np.searchsorted(firsts, keys, side="right") - 1
     here = dest == rank
     table = weight_table(fine.dim)
-    EZ, ub = _masked_expansion(coarse_ex, be)
+    EZ, ub = coarse_ex.masked(be), coarse_ex.on(be)[2]
     # the requests of other ranks: there and back through the host
     go = ~here
     rk, rj, rid, src = alltoallv(comm, dest[go], keys[go], j[go], want[go],
