@@ -76,6 +76,16 @@ Kernels
     :math:`C_{kj}` (distinct per row; sorted by an insertion sort in the row's thread):
     canonical CSR by a count kernel, a running sum and a fill kernel.
 
+``split_rows_count`` / ``split_rows_fill``
+    A rank's CSR rows (global columns :math:`j_p`) split into the owned-columns block and
+    the ghost-columns block of :mod:`adaptmg.distributed.csr`: with the local index
+    :math:`\ell(j)` (a table, or :math:`j - lo` on the range ``lo <= j < hi``; -1 where
+    another rank owns ``j``), row r has :math:`g_r = \#\{p : \ell(j_p) < 0\}` ghost entries;
+    with :math:`G_r = \sum_{s < r} g_s` the fill pass writes, in order, the owned entries
+    at :math:`\mathrm{ip}_r - G_r + \dots` (column :math:`\ell(j_p)`) and the ghost ones at
+    :math:`G_r + \dots` (global column :math:`j_p`): one read of the rows per pass instead
+    of a gather, two mask compactions and a search per entry.
+
 ``q1_forest_rows`` / ``q1_forest_fill``
     The rows of the Q1 embedding between two meshes of one forest
     (:func:`adaptmg.multilevel.transfer._q1_forest_csr`).  Fine node i with forest id
@@ -99,12 +109,13 @@ from ..backend import backend_of, constant, get_backend, in_host_memory, repeat,
 
 __all__ = ["registry_midpoints", "face_key_ends", "face_corners", "grouped_table_product", "ColumnGroups",
            "csr_row_entries", "constrained_csr", "constrained_rows", "weight_rows_csr",
-           "q1_forest_rows", "q1_forest_fill", "FUSED", "KERNEL_NAMES"]
+           "q1_forest_rows", "q1_forest_fill", "owned_ghost_rows", "FUSED", "KERNEL_NAMES"]
 
 #: the fused functions of this module (the census counts a call as one launch)
 FUSED = ("registry_midpoints", "face_corners", "grouped_table_product", "csr_row_entries",
          "constrained_csr_count", "constrained_csr_fill", "constrained_rows_count", "constrained_rows_fill",
-         "weight_rows_count", "weight_rows_fill", "q1_forest_rows", "q1_forest_fill")
+         "weight_rows_count", "weight_rows_fill", "q1_forest_rows", "q1_forest_fill",
+         "split_rows_count", "split_rows_fill")
 
 _SPECS = {
     # one thread per (cell, entity); K (n, nv) row-major vertex ids, ent (ne, 4) local
@@ -222,6 +233,35 @@ _SPECS = {
         "     int j = m;"
         "     while (j > 0 && kcol[o + j - 1] > c) { kcol[o + j] = kcol[o + j - 1]; kval[o + j] = kval[o + j - 1]; --j; }"
         "     kcol[o + j] = c; kval[o + j] = w; ++m; } }"),
+    # W = 32: one warp per row (i = 32 r + lane; the row's entries read 32 at a time,
+    # coalesced), W = 1: one thread per row (short rows); the row's ghost entries (local
+    # index -1; ``table`` 0: owned is the range lo .. hi - 1)
+    "split_rows_count": (
+        "raw I ip, raw C col, raw L local, int64 lo, int64 hi, int32 table, int32 W", "raw int64 g",
+        "long long r = i / W; int lane = (int)(i % W); long long e = (long long)ip[r + 1]; int c = 0;"
+        " for (long long p = (long long)ip[r] + lane; p - lane < e; p += W) {"
+        "   bool ghost = false;"
+        "   if (p < e) { long long j = (long long)col[p];"
+        "     ghost = table ? local[j] < 0 : (unsigned long long)(j - lo) >= (unsigned long long)(hi - lo); }"
+        "   c += W == 1 ? (int)ghost : __popc(__ballot_sync(0xffffffffu, ghost)); }"
+        " if (lane == 0) g[r] = c;"),
+    # the same rows: owned entries from ip_r - G_r (local columns), ghost ones from G_r; with
+    # W = 32 each lane's place among its chunk's entries of its kind by a ballot's prefix count
+    "split_rows_fill": (
+        "raw I ip, raw C col, raw F val, raw L local, int64 lo, int64 hi, int32 table, int32 W, raw int64 gptr",
+        "raw O ocol, raw F oval, raw int64 gcol, raw F gval",
+        "long long r = i / W; int lane = (int)(i % W); long long e = (long long)ip[r + 1];"
+        " long long g = gptr[r], o = (long long)ip[r] - g; unsigned below = (1u << lane) - 1u;"
+        " for (long long p = (long long)ip[r] + lane; p - lane < e; p += W) {"
+        "   long long j = -1, l = -1;"
+        "   if (p < e) { j = (long long)col[p];"
+        "     l = table ? (long long)local[j]"
+        "               : ((unsigned long long)(j - lo) < (unsigned long long)(hi - lo) ? j - lo : -1); }"
+        "   unsigned gm = p < e && l < 0, om = l >= 0;"
+        "   if (W > 1) { gm = __ballot_sync(0xffffffffu, gm); om = __ballot_sync(0xffffffffu, om); }"
+        "   if (l >= 0) { long long at = o + __popc(om & below); ocol[at] = (O)l; oval[at] = val[p]; }"
+        "   else if (p < e) { long long at = g + __popc(gm & below); gcol[at] = j; gval[at] = val[p]; }"
+        "   g += __popc(gm); o += __popc(om); }"),
     # one thread per fine node: its sorted parent codes, kept count, kind and flags
     "q1_forest_rows": (
         "int64 f, raw C cmap, raw K nkind, raw P npar, raw I colmap, raw bool free, int32 use_free,"
@@ -556,3 +596,53 @@ def q1_forest_fill(cnt, kind, hang, codes, ip, c: int, indices, data):
         at = ip[r_of] * c + r * n.repeat(n) + j
         indices[at] = (codes[r_of, j].astype(np.int64) * c + r).astype(indices.dtype)
         data[at] = w
+
+
+#: the mean entries a row from which :func:`owned_ghost_rows` gives each row a warp
+SPLIT_WARP_ROW = 12
+
+
+def owned_ghost_rows(ip, col, val, local=None, lo=0, hi=0):
+    """The owned / ghost split of CSR rows ``(ip, col, val)`` (sorted within rows, global
+    columns) -- the module's ``split_rows`` formula: ``local`` the local index of every
+    global column (-1: owned elsewhere), or None for ownership of the range ``lo <= j < hi``
+    (local index ``j - lo``).  Returns ``(optr, ocol, oval, gptr, gcol, gval)``: the owned
+    block (int64 row pointer, local columns int32 where ``hi - lo`` / the table fit, else
+    int64) and the ghost block (int64 row pointer, int64 global columns), each in the rows'
+    order.  On the device a count kernel, a running sum, one read of the ghost count and a
+    fill kernel, one warp a row where rows average :data:`SPLIT_WARP_ROW` entries or more (32
+    read at a time: a 3-D Q1 row of 27 is one coalesced load, where a thread a row reads 27
+    strided ones -- 500M entries: 68 ms a thread a row, 13 ms a warp a row, on an H200),
+    else one thread a row (a prolongation's rows of 1 - 8 entries would leave most of a warp
+    idle: 62M entries in 19M rows 2.9 against 9.4 ms); the twin: the local indices by one gather, two mask compactions and one
+    search of the row starts among the ghost entries."""
+    xp = backend_of(val).xp
+    n = int(ip.shape[0]) - 1
+    table = local is not None
+    width = int(local.size) if table else int(hi - lo)
+    it = np.int32 if width < np.iinfo(np.int32).max else np.int64
+    if not in_host_memory(val):
+        loc = local if table else xp.zeros(1, dtype=np.int32)
+        W = 32 if col.size >= SPLIT_WARP_ROW * n else 1          # lanes a row
+        args = (ip, col, loc, np.int64(lo), np.int64(hi), np.int32(table), np.int32(W))
+        gptr = xp.zeros(n + 1, dtype=np.int64)
+        if n:
+            gcnt = _kernel("split_rows_count")(*args, xp.empty(n, dtype=np.int64), size=W * n)
+            xp.cumsum(gcnt, out=gptr[1:])
+        ng = int(gptr[-1])
+        nnz = int(col.size)
+        ocol, oval = xp.empty(nnz - ng, dtype=it), xp.empty(nnz - ng, dtype=val.dtype)
+        gcol, gval = xp.empty(ng, dtype=np.int64), xp.empty(ng, dtype=val.dtype)
+        if n and nnz:
+            _kernel("split_rows_fill")(*args[:2], val, *args[2:], gptr, ocol, oval, gcol, gval, size=W * n)
+        return ip.astype(np.int64) - gptr, ocol, oval, gptr, gcol, gval
+    j = col.astype(np.int64)
+    if table:
+        lc = local[j]
+    else:
+        lc = j - lo
+        lc[(j < lo) | (j >= hi)] = -1
+    own = lc >= 0
+    gp = xp.flatnonzero(~own)
+    gptr = xp.searchsorted(gp, ip.astype(gp.dtype)).astype(np.int64)   # ghost entries before each row
+    return (ip.astype(np.int64) - gptr, lc[own].astype(it), val[own], gptr, j[gp], val[gp])

@@ -72,6 +72,7 @@ import scipy.sparse as sp
 
 from ..backend import CPU, get_backend, is_device_array, is_device_sparse, nccl_module, to_host
 from ..device import kernels as K
+from ..device.index_kernels import owned_ghost_rows
 from .comm import HaloTimer, nccl_communicator, nccl_stream, nccl_type, resolve_transport
 from .layout import Layout, RangeLayout
 
@@ -486,42 +487,27 @@ def _pinned(xp, n, dtype):
 
 def _split(be, Ml, cols, rank):
     r"""``(M_oo, M_og, ghosts)`` of the canonical CSR rows ``Ml`` (global columns) on ``be``
-    (module doc): an entry is owned when ``cols.owner`` of its column is ``rank``, i.e. its
-    local column ``cols.local_index`` is not -1 (one gather of the compact ``local``, or a
-    range test of a :class:`RangeLayout`), else a ghost; ``ghosts`` (host) are the distinct ghost columns
-    ordered by (owner, global index), found by one ``unique`` over the ghost entries -- only
-    they cross to the host on the GPU, O(halo) -- and each ghost entry's column is its
-    position among them (a search in the sorted distinct columns).
-
-    Ghost entries are few (the partition boundary), so both blocks' row pointers come from
-    the sorted ghost entry positions ``gp`` (``#{gp < indptr[r]}``: one search per row), not
-    from a running count over all entries."""
+    (module doc): an entry is owned when its local column (``cols``' compact ``local`` table,
+    or a range test of a :class:`RangeLayout`) is not -1, else a ghost.  Both blocks come from
+    :func:`adaptmg.device.index_kernels.owned_ghost_rows` (on the device a count and a fill
+    kernel over the rows, each entry read once a pass; on the host its twin), each keeping the
+    rows' order; ``ghosts`` (host) are the distinct ghost columns ordered by (owner, global
+    index), found by one ``unique`` over the ghost entries -- only they cross to the host on
+    the GPU, O(halo) -- and each ghost entry's column is its position among them."""
     xp = be.xp
-    ind, indptr = Ml.indices, Ml.indptr
-    lc = cols.local_index(xp, ind)                       # local column; -1: owned elsewhere
-    own = lc >= 0                                        # (one gather gives both)
-    gp = xp.flatnonzero(~own)                            # ghost entries, sorted
-    gi = ind[gp].astype(xp.int64)
-    ghosts, gpos = ghost_numbering(xp, gi, cols)
+    if isinstance(cols, RangeLayout):
+        table, lo, hi = None, cols.lo, cols.hi
+    elif Ml.nnz == 0:                 # no entries: no table to look in (a device layout's stays there)
+        table, lo, hi = None, 0, cols.n
+    else:
+        table, lo, hi = cols.local_on(xp), 0, 0
+    optr, ocol, oval, gptr, gcol, gval = owned_ghost_rows(Ml.indptr, Ml.indices, Ml.data, table, lo, hi)
+    ghosts, gpos = ghost_numbering(xp, gcol, cols)
+    rows = Ml.shape[0]
     # the local numbering keeps the owned columns' order; the ghosts' positions do not
-    Aoo, Aog = _row_split(be, Ml.data, indptr, own, gp, lc[own], gpos, (cols.n, ghosts.size),
-                         ghost_sorted=False)
+    Aoo = _block(be, oval, ocol, optr, (rows, cols.n), sorted_=True)
+    Aog = _block(be, gval, gpos, gptr, (rows, ghosts.size), sorted_=False)
     return Aoo, Aog, ghosts
-
-
-def _row_split(be, data, indptr, own, gp, own_cols, ghost_cols, widths, ghost_sorted):
-    """``(M_o, M_g)``: CSR rows ``(data, indptr)`` (sorted within rows) split into two blocks
-    of ``widths`` columns -- the entries of the mask ``own`` with columns ``own_cols`` and those
-    at the sorted positions ``gp`` (the others, few) with columns ``ghost_cols``, each in its
-    order (``ghost_sorted``: the ghost columns keep the rows sorted).  The row pointers are
-    ``indptr`` less / the number of ghost entries before each row: one search a row among
-    ``gp``, no running count over all entries, no sort of the owned ones."""
-    xp = be.xp
-    before = xp.searchsorted(gp, indptr.astype(gp.dtype)).astype(xp.int64)   # ghost entries before each row
-    rows = indptr.shape[0] - 1
-    Mo = _block(be, data[own], own_cols, indptr.astype(xp.int64) - before, (rows, widths[0]), sorted_=True)
-    Mg = _block(be, data[gp], ghost_cols, before, (rows, widths[1]), sorted_=ghost_sorted)
-    return Mo, Mg
 
 
 def ghost_numbering(xp, gi, cols):

@@ -44,8 +44,9 @@ import scipy.sparse as sp
 from ..assemble.matrix_free import Q1Laplacian
 from ..backend import CPU, get_backend, to_host
 from ..device import kernels as K
+from ..device.index_kernels import owned_ghost_rows
 from .comm import HaloTimer
-from .csr import DistCSR, _compressed_rows, _row_split, _ScalePlan, ghost_numbering
+from .csr import DistCSR, _block, _compressed_rows, _ScalePlan, ghost_numbering
 from .local import _row_scale, constraint_blocks, hz_rows_coo, needed_cells
 
 __all__ = ["DistMatrixFree"]
@@ -241,15 +242,14 @@ class DistMatrixFree(DistCSR):
 
 def _column_blocks(be, HZ, n):
     """``(HZ[:, :n], HZ[:, n:])`` of the canonical CSR ``HZ`` on ``be`` (the second None when
-    there is no ghost column): a row's owned columns come before its ghost ones, which are few
-    (:func:`~.csr._row_split`, as DistCSR splits its rows)."""
-    xp = be.xp
-    ind = HZ.indices
-    gp = xp.flatnonzero(ind >= n)                        # the ghost entries, ascending
-    own = ind < n
-    HZo, HZg = _row_split(be, HZ.data, HZ.indptr, own, gp, ind[own], ind[gp] - n,
-                         (n, HZ.shape[1] - n), ghost_sorted=True)
-    return HZo, (HZg if HZ.shape[1] > n else None)
+    there is no ghost column): the owned columns are the range ``0 .. n - 1``, split off as
+    DistCSR splits its rows (:func:`~adaptmg.device.index_kernels.owned_ghost_rows`); a
+    row's ghost columns come after its owned ones, so both blocks keep sorted rows."""
+    optr, ocol, oval, gptr, gcol, gval = owned_ghost_rows(HZ.indptr, HZ.indices, HZ.data, None, 0, n)
+    rows, width = HZ.shape[0], HZ.shape[1] - n
+    HZo = _block(be, oval, ocol, optr, (rows, n), sorted_=True)
+    HZg = _block(be, gval, gcol - n, gptr, (rows, width), sorted_=True)
+    return HZo, (HZg if width > 0 else None)
 
 
 def _plan(M):

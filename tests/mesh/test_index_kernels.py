@@ -412,3 +412,58 @@ def test_weight_rows_csr_kernel_equals_twin():
     want = index_kernels.weight_rows_csr(CPU, n, is_h, hanging, cols, W)
     for a in ("indptr", "indices", "data"):                   # the same canonical CSR, exactly
         np.testing.assert_array_equal(to_host(getattr(H, a)), getattr(want, a))
+
+
+def _split_case(table, it=np.int32, seed=5):
+    """A (40 x 60) canonical CSR with sorted rows (some empty, one full) and this rank's columns: a
+    ``local`` table of random owners (rank 1 of 3), or the range 20 .. 44."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(seed)
+    M = sp.random(40, 60, density=0.2, format="csr", random_state=rng)
+    keep = np.ones(40)
+    keep[5:8] = 0.0                                      # three empty rows
+    full = sp.csr_matrix((np.full(60, 0.5), (np.full(60, 10), np.arange(60))), shape=(40, 60))
+    M = sp.csr_matrix(sp.diags(keep) @ M + full)         # row 10: 60 entries (two warp chunks)
+    M.eliminate_zeros()
+    M.sort_indices()
+    M.indices, M.indptr = M.indices.astype(it), M.indptr.astype(it)
+    owned = rng.integers(0, 3, 60) == 1 if table else (np.arange(60) >= 20) & (np.arange(60) < 45)
+    local = np.full(60, -1, dtype=np.int32)
+    local[owned] = np.arange(int(owned.sum()))
+    return M, owned, (local, 0, 0) if table else (None, 20, 45)
+
+
+@pytest.mark.parametrize("table", [True, False])
+def test_owned_ghost_rows_twin_is_the_formula(table):
+    """The owned block is M's owned columns renumbered in order; the ghost block holds every
+    other entry of each row, in the row's order, with its global column."""
+    import scipy.sparse as sp
+    M, owned, (local, lo, hi) = _split_case(table)
+    optr, ocol, oval, gptr, gcol, gval = index_kernels.owned_ghost_rows(M.indptr, M.indices, M.data, local, lo, hi)
+    Aoo = sp.csr_matrix((oval, ocol, optr), shape=(40, int(owned.sum())))
+    np.testing.assert_array_equal(Aoo.toarray(), M[:, np.flatnonzero(owned)].toarray())
+    assert gcol.dtype == np.int64 and ocol.dtype == np.int32
+    for r in range(40):
+        e = slice(M.indptr[r], M.indptr[r + 1])
+        g = ~owned[M.indices[e]]
+        np.testing.assert_array_equal(gcol[gptr[r]:gptr[r + 1]], M.indices[e][g])
+        np.testing.assert_array_equal(gval[gptr[r]:gptr[r + 1]], M.data[e][g])
+    assert gptr[-1] == M.nnz - Aoo.nnz > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("table", [True, False])
+@pytest.mark.parametrize("it", [np.int32, np.int64])
+@pytest.mark.parametrize("lanes", ["warp", "thread"])
+def test_owned_ghost_rows_kernel_equals_twin(table, it, lanes, monkeypatch):
+    """Both kernels -- a warp a row (row-long ballots) and a thread a row -- equal the twin."""
+    from adaptmg.backend import get_backend, to_host
+    cp = get_backend("gpu").xp
+    monkeypatch.setattr(index_kernels, "SPLIT_WARP_ROW", 0 if lanes == "warp" else 10 ** 9)
+    M, _, (local, lo, hi) = _split_case(table, it)
+    want = index_kernels.owned_ghost_rows(M.indptr, M.indices, M.data, local, lo, hi)
+    got = index_kernels.owned_ghost_rows(cp.asarray(M.indptr), cp.asarray(M.indices), cp.asarray(M.data),
+                                         None if local is None else cp.asarray(local), lo, hi)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(to_host(g), w)           # copies and counts: exact
