@@ -341,25 +341,27 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, wh
 
     Spaces on a mesh on the GPU: ``P`` built on the device by
     :func:`~adaptmg.multilevel.transfer.prolongation`'s device paths (any degree and
-    components) with every fine row this rank does not need masked out (the fine free mask
-    restricted to the nodes of :func:`_transfer_nodes`: rows are independent, so the kept
-    ones equal the whole ``P``'s), its owned rows and those of its transpose selected there;
-    ``whole=False`` is then a ValueError.
+    components), its owned rows and those of its transpose selected there -- the whole ``P``
+    where the rank owns at least :data:`WHOLE_P_SHARE` of the fine DoFs (``whole`` None; finding
+    the rows it needs costs more than building the others), else with every fine row this
+    rank does not need masked out (the fine free mask restricted to the nodes of
+    :func:`_transfer_nodes`: rows are independent, so the kept ones equal the whole ``P``'s;
+    ``whole`` True / False force either).
 
     Returns ``(P_o, R_o, nfine_cells)``: the two blocks and how many fine cells were used."""
     c = fine.components
     if fine.mesh.backend.is_gpu:
-        if whole is False:
-            raise ValueError("local_transfer_rows: on a mesh on the GPU the rows come from the whole P "
-                             "(whole=False takes spaces on mesh.to('cpu'))")
         be = fine.mesh.backend
         xp = be.xp
         frow = xp.flatnonzero(xp.asarray(owner_f) == rank)
         crow = xp.flatnonzero(xp.asarray(owner_c) == rank)
-        # only the rows this rank needs (the others masked out of Z_f: no entries): the owned
-        # fine DoFs and the fine DoFs of R's rows (module doc), the same nodes as the host path
-        need = _transfer_nodes(coarse, fine, frow, crow)[0]
-        zf = xp.asarray(free_f) & xp.repeat(need, c)
+        zf = xp.asarray(free_f)
+        if whole is None:
+            whole = frow.size >= WHOLE_P_SHARE * fine.num_dofs
+        if not whole:
+            # only the rows this rank needs (the others masked out of Z_f: no entries): the
+            # owned fine DoFs and the fine DoFs of R's rows (module doc), as the host path
+            zf = zf & xp.repeat(_transfer_nodes(coarse, fine, frow, crow)[0], c)
         P = prolongation(coarse, fine, xp.asarray(free_c), zf)
 
         def rows_of(M, idx):                  # (a rank without rows: an empty host block)

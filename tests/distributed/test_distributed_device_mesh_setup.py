@@ -73,6 +73,8 @@ def test_gpu_rank_rows_on_a_device_mesh_equal_the_host_rows(dim, L, degree):
         dP, dR, _ = local_transfer_rows(dc, df, dcfree, dfree, dco, do, r)
         assert csp.isspmatrix_csr(dP) and csp.isspmatrix_csr(dR)
         assert _rel(dP, hP) <= 4 * EPS and _rel(dR, hR) <= 4 * EPS
+        mP, mR, _ = local_transfer_rows(dc, df, dcfree, dfree, dco, do, r, whole=False)   # rows masked
+        assert _rel(mP, hP) <= 4 * EPS and _rel(mR, hR) <= 4 * EPS
 
 
 def test_gpu_two_ranks_on_one_gpu_solve_from_a_device_mesh(tmp_path):
