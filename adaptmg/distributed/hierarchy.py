@@ -511,8 +511,11 @@ class DistributedHierarchy:
                                                       backend=be, rhs_rows=fine)
             cells = int(cells.size)
         t1 = now()
+        # matrix-free levels put memory first: P's rows this rank needs only (the whole P of
+        # a 2e8-DoF level on each of two H200 raised the pool's high-water by 55 B per DoF)
         P_o, R_o, ncells_t = local_transfer_rows(cspace, space, cfree, free, clay.owner_on(xp),
-                                                 lay.owner_on(xp), self.rank)
+                                                 lay.owner_on(xp), self.rank,
+                                                 whole=False if self.matrix_free else None)
         t2 = now()
         d = level_from_rows(K_o, P_o, R_o, lay, clay, self.timer, kw, A=mf)
         t3 = now()
