@@ -612,10 +612,11 @@ def owned_ghost_rows(ip, col, val, local=None, lo=0, hi=0):
     order.  On the device a count kernel, a running sum, one read of the ghost count and a
     fill kernel, one warp a row where rows average :data:`SPLIT_WARP_ROW` entries or more (32
     read at a time: a 3-D Q1 row of 27 is one coalesced load, where a thread a row reads 27
-    strided ones -- 500M entries: 68 ms a thread a row, 13 ms a warp a row, on an H200),
-    else one thread a row (a prolongation's rows of 1 - 8 entries would leave most of a warp
-    idle: 62M entries in 19M rows 2.9 against 9.4 ms); the twin: the local indices by one gather, two mask compactions and one
-    search of the row starts among the ghost entries."""
+    strided ones -- DistCSR's whole split of 500M entries on an H200: 68 ms a thread a row,
+    13 ms a warp a row), else one thread a row (a prolongation's rows of 1 - 8 entries would
+    leave most of a warp idle: 62M entries in 19M rows, 2.9 against 9.4 ms).  The twin: the
+    local indices by one gather, two mask compactions and one search of the row starts among
+    the ghost entries."""
     xp = backend_of(val).xp
     n = int(ip.shape[0]) - 1
     table = local is not None
