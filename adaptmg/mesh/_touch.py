@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import backend_of, scatter_add, scatter_max, scatter_min, stable_argsort, to_host
+from ..backend import backend_of, scatter_max, scatter_min, stable_argsort, to_host
 from ._xp import tuned, xp_of
 
 SPARSE = 4           # the sparse path when at most num_cells / SPARSE cells exceed the minimum
@@ -132,14 +132,14 @@ def _jumps_by_scatter(cells, num_nodes, levels):
     level (the first most common one, as the host's ``argmax`` of its ``bincount``), None when
     that level does not dominate.  When it dominates only ``rows`` are scattered: a node where
     two levels meet is a vertex of a cell off the dominant level, so every cell at it is one of
-    ``rows``, and the other nodes of ``rows`` see one level.  The levels' histogram by an atomic
-    scatter (no ``bincount``: CuPy's reads the maximum first), sized by the levels' dtype where
-    it is at most 16 bits (the forest's int16 levels: no read), and one read, the dominant
-    level's size.  The host's mask and rows."""
+    ``rows``, and the other nodes of ``rows`` see one level.  The levels' histogram by CuPy's
+    ``bincount`` (CUB's histogram, per-block counts summed: one read of the largest level for
+    its size; an atomic scatter of every cell into the few level bins serialised on them, 31 ms
+    for the six levels of a 38M-cell hierarchy on an H200), and one read, the dominant level's
+    size.  The host's mask and rows."""
     xp = backend_of(cells).xp
     nc, nv = cells.shape
-    bins = (int(np.iinfo(levels.dtype).max) if levels.dtype.itemsize <= 2 else int(levels.max())) + 1
-    hist = scatter_add(xp.full(bins, 0, dtype=np.int64), levels.astype(np.intp), 1)
+    hist = xp.bincount(levels.astype(np.intp, copy=False))
     major = xp.argmax(hist)
     rest_size = nc - int(hist.max())
     rows = None
