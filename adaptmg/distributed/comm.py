@@ -574,10 +574,23 @@ def nccl_stream(comm):
     return stream
 
 
+#: ``NCCL_MAX_NCHANNELS`` that :func:`nccl_communicator` sets where the environment does not
+#: (before NCCL reads it).  NCCL connects a communicator's channels lazily, on the first
+#: collective and the first send/receive, at a cost per channel: on two NVLink H200 (NCCL
+#: 2.28.9, ``dev`` micro-benchmark) the first all-reduce and the first send/receive group took
+#: 0.94 + 1.20 s with NCCL's default channels, 0.16 + 0.15 s with 4 (2: 0.10 + 0.08; 8: 0.32 +
+#: 0.31) -- most of a fresh process's first distributed set-up (3.3 s at 4.8M DoFs, 0.25 s
+#: when warm).  The exchanges here are halos and scalar sums: with 4 channels the solves took
+#: the same time (21M DoFs per GPU 87.1 vs 86.5 ms, 2.7M DoFs on two 12.7 vs 13.4 ms; with 2
+#: channels 88.9 and 15.2 ms).  A value in the environment is left as it is.
+NCCL_CHANNELS = 4
+
+
 def nccl_communicator(comm):
     """The NCCL communicator over the ranks of ``comm`` (same rank numbers), built once per
     communicator (collective the first time: rank 0's unique id is broadcast over MPI) on
-    the current device."""
+    the current device; ``NCCL_MAX_NCHANNELS`` defaults to :data:`NCCL_CHANNELS` for the
+    process (set before the first communicator, when the environment has none)."""
     hit = _NCCL.get(id(comm))
     if hit is not None and hit[0] is comm:
         return hit[1]
@@ -585,6 +598,7 @@ def nccl_communicator(comm):
     nccl = nccl_module()
     if nccl is None:
         raise RuntimeError("NCCL transport: cupy.cuda.nccl is not available on this rank")
+    os.environ.setdefault("NCCL_MAX_NCHANNELS", str(NCCL_CHANNELS))
     rank, size = comm.Get_rank(), comm.Get_size()
     uid = nccl.get_unique_id() if rank == 0 else None
     uid = comm.bcast(uid, root=0)

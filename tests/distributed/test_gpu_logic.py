@@ -170,6 +170,45 @@ def test_resolved_nccl_skips_the_collective(monkeypatch):
     assert C.resolve_transport(other, "nccl", _GPU()) == "nccl" and other.calls == ["allgather"]
 
 
+@pytest.mark.parametrize("preset", [None, "16"])
+def test_nccl_communicator_limits_the_channels_unless_set(monkeypatch, preset):
+    """NCCL_MAX_NCHANNELS is NCCL_CHANNELS when the first communicator is made (NCCL connects
+    channels lazily at a cost per channel, comm.NCCL_CHANNELS), a value in the environment
+    is kept; the communicator is made once per communicator."""
+    import adaptmg.backend as B
+    seen = []
+
+    class Nccl:
+        @staticmethod
+        def get_unique_id():
+            return b"id"
+
+        class NcclCommunicator:
+            def __init__(self, size, uid, rank):
+                seen.append((size, uid, rank, C.os.environ.get("NCCL_MAX_NCHANNELS")))
+
+    class Comm:
+        def Get_rank(self):
+            return 0
+
+        def Get_size(self):
+            return 2
+
+        def bcast(self, obj, root=0):
+            return obj
+
+    if preset is None:
+        monkeypatch.delenv("NCCL_MAX_NCHANNELS", raising=False)
+    else:
+        monkeypatch.setenv("NCCL_MAX_NCHANNELS", preset)
+    monkeypatch.setattr(B, "nccl_module", lambda: Nccl)
+    monkeypatch.setattr(C, "_NCCL", {})
+    comm = Comm()
+    nc = C.nccl_communicator(comm)
+    assert C.nccl_communicator(comm) is nc
+    assert seen == [(2, b"id", 0, preset or str(C.NCCL_CHANNELS))] and C.NCCL_CHANNELS == 4
+
+
 class OneRank:
     def Get_rank(self):
         return 0
