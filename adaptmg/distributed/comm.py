@@ -577,12 +577,13 @@ def nccl_stream(comm):
 #: ``NCCL_MAX_NCHANNELS`` that :func:`nccl_communicator` sets where the environment does not
 #: (before NCCL reads it).  NCCL connects a communicator's channels lazily, on the first
 #: collective and the first send/receive, at a cost per channel: on two NVLink H200 (NCCL
-#: 2.28.9, ``dev`` micro-benchmark) the first all-reduce and the first send/receive group took
-#: 0.94 + 1.20 s with NCCL's default channels, 0.16 + 0.15 s with 4 (2: 0.10 + 0.08; 8: 0.32 +
-#: 0.31) -- most of a fresh process's first distributed set-up (3.3 s at 4.8M DoFs, 0.25 s
+#: 2.28.9, ``scripts/bench_nccl_first_use.py``) the first all-reduce and the first
+#: send/receive group took 0.94 + 1.20 s with NCCL's default channels, 0.16 + 0.15 s with 4
+#: (2: 0.10 + 0.08; 8: 0.32 + 0.31) -- most of a fresh process's first distributed set-up (3.3 s at 4.8M DoFs, 0.25 s
 #: when warm).  The exchanges here are halos and scalar sums: with 4 channels the solves took
-#: the same time (21M DoFs per GPU 87.1 vs 86.5 ms, 2.7M DoFs on two 12.7 vs 13.4 ms; with 2
-#: channels 88.9 and 15.2 ms).  A value in the environment is left as it is.
+#: the same time (``scripts/bench_distributed.py`` with ``NCCL_MAX_NCHANNELS`` set: 21M DoFs
+#: per GPU 87.1 vs 86.5 ms, 2.7M DoFs on two 12.7 vs 13.4 ms; with 2 channels 88.9 and 15.2
+#: ms).  A value in the environment is left as it is.
 NCCL_CHANNELS = 4
 
 
