@@ -134,9 +134,9 @@ def _jumps_by_scatter(cells, num_nodes, levels):
     two levels meet is a vertex of a cell off the dominant level, so every cell at it is one of
     ``rows``, and the other nodes of ``rows`` see one level.  The levels' histogram by CuPy's
     ``bincount`` (CUB's histogram, per-block counts summed: one read of the largest level for
-    its size; an atomic scatter of every cell into the few level bins serialised on them, 31 ms
-    for the six levels of a 38M-cell hierarchy on an H200), and one read, the dominant level's
-    size.  The host's mask and rows."""
+    its size; an atomic scatter of every cell into the few level bins serialised on them: this
+    function took 45 ms for the six levels of a 38M-cell hierarchy on an H200 with it, 15 ms
+    with ``bincount``), and one read, the dominant level's size.  The host's mask and rows."""
     xp = backend_of(cells).xp
     nc, nv = cells.shape
     hist = xp.bincount(levels.astype(np.intp, copy=False))
