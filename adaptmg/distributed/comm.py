@@ -582,10 +582,9 @@ def nccl_stream(comm):
 #: (2: 0.10 + 0.08; 8: 0.32 + 0.31); a fresh process's first distributed set-up at 4.8M DoFs
 #: (``scripts/bench_distributed.py --ranks 2 --dofs-per-rank 2.6e6``, kernel caches filled)
 #: 3.08 s with NCCL's channels, 1.12 s with 4 (0.26 s warm).  The exchanges here are halos
-#: and scalar sums: with 4 channels the solves took
-#: the same time (``scripts/bench_distributed.py`` with ``NCCL_MAX_NCHANNELS`` set: 21M DoFs
-#: per GPU 87.1 vs 86.5 ms, 2.7M DoFs on two 12.7 vs 13.4 ms; with 2 channels 88.9 and 15.2
-#: ms).  A value in the environment is left as it is.
+#: and scalar sums: with 4 channels the solves took the same time (``bench_distributed.py``
+#: with ``NCCL_MAX_NCHANNELS`` set: 21M DoFs per GPU 87.1 vs 86.5 ms, 2.7M DoFs on two 12.7
+#: vs 13.4 ms; with 2 channels 88.9 and 15.2 ms).  A value in the environment is kept.
 NCCL_CHANNELS = 4
 
 
