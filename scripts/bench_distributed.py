@@ -15,9 +15,10 @@ around (0.3, ...) (hanging nodes on partition boundaries).
 the largest problem on two GPUs::
 
     python scripts/bench_distributed.py --backend gpu --setup local --matrix-free --ranks 2 \
-        --mode strong --strong-dofs 2.1e8 --length 1.5 --ball 0.1 --repeat 3 --phases  Reported per P: set-up time
-(max over ranks, and per rank: hierarchy + partition + distributed matrices; ``--setup
-local`` builds the finest level from each rank's own cells plus a ghost layer and the serial
+        --mode strong --strong-dofs 2.1e8 --length 1.5 --ball 0.1 --repeat 3 --phases
+
+Reported per P: set-up time (max over ranks, and per rank: hierarchy + partition +
+distributed matrices; ``--setup local`` builds the finest level from each rank's own cells plus a ghost layer and the serial
 hierarchy only below it, ``replicated`` every rank the whole serial hierarchy, ``both``
 runs each for comparison; ``cpu``: each rank's process CPU seconds of the set-up, which
 include MPI's busy waiting; ``--phases``: the local set-up's phases per rank) with the

@@ -455,7 +455,9 @@ def _device_block(be, A):
 
 
 def _device_plan(A_dev):
-    return _ScalePlan() if A_dev is None else K.make_spmv(A_dev)
+    """The SpMV plan of a block (``y <- alpha A x + beta y``); a block that is None or has no
+    entries only scales ``y`` (no cuSPARSE descriptor for a matrix without entries)."""
+    return _ScalePlan() if A_dev is None or A_dev.nnz == 0 else K.make_spmv(A_dev)
 
 
 def _compressed_rows(xp, G):

@@ -46,7 +46,7 @@ from ..backend import CPU, get_backend, to_host
 from ..device import kernels as K
 from ..device.index_kernels import owned_ghost_rows
 from .comm import HaloTimer
-from .csr import DistCSR, _block, _compressed_rows, _ScalePlan, ghost_numbering
+from .csr import DistCSR, _block, _compressed_rows, _device_plan, ghost_numbering
 from .local import _row_scale, constraint_blocks, hz_rows_coo, needed_cells
 
 __all__ = ["DistMatrixFree"]
@@ -132,7 +132,7 @@ class DistMatrixFree(DistCSR):
         del cells_l
         self.lnodes = on.asarray(lnodes)
         HZ, self._ZHT = on.asmatrix(HZ), on.asmatrix(ZHT)
-        self._pzt = _plan(self._ZHT)
+        self._pzt = _device_plan(self._ZHT)
         d = self._op.constrained_diagonal(HZ, n + self.ghosts.size)[:n]
         fo = on.asarray(free[rows])
         self.scale = s = _row_scale(comm, float(on.xp.abs(d[fo]).sum()), int(fo.sum()))
@@ -141,11 +141,11 @@ class DistMatrixFree(DistCSR):
         self._fixed = on.xp.flatnonzero(~fo)                # s (I - Z): the owned non-free rows
         self._HZo, self._HZg = _column_blocks(on, HZ, n)    # owned and ghost columns of HZ
         del HZ
-        self._pho = _plan(self._HZo)
+        self._pho = _device_plan(self._HZo)
         # the ghost columns reach few rows (the partition's rim): only those rows are updated
         # (the row kernel takes int32 indices; with 64-bit ones, an SpMV over every local row)
         self._hzg = _compressed_rows(on.xp, self._HZg) if self._HZg is not None and self._HZg.nnz else None
-        self._phg = _plan(self._HZg) if self._HZg is not None and self._hzg is None else None
+        self._phg = _device_plan(self._HZg) if self._HZg is not None and self._hzg is None else None
         self._u = on.xp.zeros(int(lnodes.size))
         self._v = on.xp.zeros(int(lnodes.size))
 
@@ -250,9 +250,3 @@ def _column_blocks(be, HZ, n):
     HZo = _block(be, oval, ocol, optr, (rows, n), sorted_=True)
     HZg = _block(be, gval, gcol - n, gptr, (rows, width), sorted_=True)
     return HZo, (HZg if width > 0 else None)
-
-
-def _plan(M):
-    """The SpMV plan of ``M`` (``y <- alpha M x + beta y``); a matrix without entries only
-    scales ``y`` (no cuSPARSE descriptor for it, as :class:`~.csr.DistCSR`'s empty blocks)."""
-    return _ScalePlan() if M.nnz == 0 else K.make_spmv(M)

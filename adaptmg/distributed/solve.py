@@ -204,7 +204,7 @@ def solve(space, assemble, b, *, comm=None, dirichlet="all", rtol=1e-10, maxiter
         agree(comm, not msg, msg)
         t0, c0 = time.perf_counter(), time.process_time()
         multigrid_kwargs.setdefault("backend", "cpu")
-        if get_backend(multigrid_kwargs["backend"]).is_gpu:
+        if gpu:
             dev = select_device(comm)  # local_rank % device_count, before any CuPy allocation
             on = getattr(getattr(space.mesh.points, "device", None), "id", None)
             agree(comm, on is None or on == dev,
