@@ -50,7 +50,7 @@ import numpy as np
 __all__ = ["allreduce_sum", "NcclSum", "nccl_type", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
            "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
            "select_device", "choose_transport", "resolve_transport", "nccl_available",
-           "nccl_communicator", "nccl_stream", "nccl_allgather", "TRANSPORTS"]
+           "nccl_communicator", "nccl_stream", "nccl_allgather", "alltoallv", "TRANSPORTS"]
 
 #: environment variables in which MPI launchers announce the job size / this process's rank
 #: (MPICH/Hydra and Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*)
@@ -268,6 +268,42 @@ def install_excepthook(comm=None) -> None:
         _abort(comm, exc_type, exc, tb)
 
     sys.excepthook = hook
+
+
+def _displs(counts):
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+
+
+def alltoallv(comm, dest: np.ndarray, *arrays, counts: bool = False):
+    """Send row ``i`` of every array to rank ``dest[i]`` (one ``Alltoall`` of the counts, one
+    ``Alltoallv`` per array; NumPy buffers, no pickling).  Returns the received arrays: rows
+    grouped by source rank, each source's rows in the order it sent them; ``counts=True``:
+    ``(arrays, rcount)``, ``rcount[q]`` the rows received from rank ``q``."""
+    P = comm.Get_size()
+    dest = np.asarray(dest, dtype=np.int64)
+    # rows already grouped by destination (often: destinations found in sorted ids) are sent
+    # as they are; else the stable order, rows gathered by take (not a 2-D fancy index)
+    grouped = dest.size < 2 or bool((dest[1:] >= dest[:-1]).all())
+    order = None if grouped else np.argsort(dest, kind="stable")
+
+    def rows(a):
+        a = np.asarray(a)
+        return a if order is None else a.take(order, axis=0)
+    if P == 1:
+        out = [np.array(a) if order is None else rows(a) for a in arrays]   # copies, as received
+        return (out, np.array([dest.size], dtype=np.int64)) if counts else out
+    scount = np.bincount(dest, minlength=P).astype(np.int64)
+    rcount = np.empty(P, dtype=np.int64)
+    comm.Alltoall(scount, rcount)
+    out = []
+    for a in arrays:
+        a = np.ascontiguousarray(rows(a))
+        w = int(np.prod(a.shape[1:], dtype=np.int64))
+        r = np.empty((int(rcount.sum()),) + a.shape[1:], dtype=a.dtype)
+        sc, rc = scount * w, rcount * w
+        comm.Alltoallv([a.reshape(-1), (sc, _displs(sc))], [r.reshape(-1), (rc, _displs(rc))])
+        out.append(r)
+    return (out, rcount) if counts else out
 
 
 def allreduce_sum(comm, transport="mpi"):

@@ -11,7 +11,7 @@ two CSR blocks:
 ``M_oo`` over the columns this rank owns and ``M_og`` over the *ghost* columns (owned
 elsewhere, referenced by an owned row), numbered by (owner rank, global index).
 
-Halo exchange.  At set-up every rank tells each owner (one ``alltoall``) which of the
+Halo exchange.  At set-up every rank tells each owner (one ``Alltoallv``) which of the
 owner's entries it needs; the product then posts ``Irecv`` of the ghost values and
 ``Isend`` of the packed owned values (NumPy buffers, no pickling), multiplies the owned
 block while the messages travel, waits, and adds the ghost block.  The time spent
@@ -73,7 +73,7 @@ import scipy.sparse as sp
 from ..backend import CPU, get_backend, is_device_array, is_device_sparse, nccl_module, to_host
 from ..device import kernels as K
 from ..device.index_kernels import owned_ghost_rows
-from .comm import HaloTimer, nccl_communicator, nccl_stream, nccl_type, resolve_transport
+from .comm import HaloTimer, alltoallv, nccl_communicator, nccl_stream, nccl_type, resolve_transport
 from .layout import Layout, RangeLayout
 
 __all__ = ["Layout", "RangeLayout", "DistCSR", "dot", "dots", "norm"]
@@ -130,10 +130,10 @@ class DistCSR:
             Ml = M if local_rows else M[rows.rows]
             Ml = on.asmatrix(Ml) if on.is_gpu else Ml
         Ml.sum_duplicates()
-        Aoo, Aog, self.ghosts = _split(on, Ml, cols, rank)
+        Aoo, Aog, self.ghosts, counts = _split(on, Ml, cols, rank)
         self.nnz_local = int(Ml.nnz)
         self._Aoo = self._Aog = None                    # host blocks (made on first use on the GPU)
-        self._exchange_pattern()
+        self._exchange_pattern(counts)
         g = self.ghosts
         if be.is_gpu:
             if on.is_gpu:                               # split there: the blocks stay there
@@ -148,20 +148,23 @@ class DistCSR:
         self._pog = K.make_spmv(Aog) if (rows.n and g.size) else None
         self._host_buffers()
 
-    def _exchange_pattern(self):
-        """Who sends what to whom in a halo exchange, from ``self.ghosts`` (ordered by owner):
-        the ghosts grouped by owner, the owners told which of their entries are wanted (one
-        ``alltoall``); host transport (``mpi``) until :meth:`_to_device`."""
+    def _exchange_pattern(self, counts=None):
+        """Who sends what to whom in a halo exchange, from ``self.ghosts`` (ordered by owner;
+        ``counts[q]``: how many rank ``q`` owns, looked up when None): the owners told which of
+        their entries are wanted (one ``Alltoall`` of the counts, one ``Alltoallv`` of the
+        indices); host transport (``mpi``) until :meth:`_to_device`."""
         comm, cols, g = self.comm, self.cols, self.ghosts
         size = comm.Get_size()
-        rcounts = np.bincount(cols.owner_of(g), minlength=size)
-        rstart = np.concatenate([[0], np.cumsum(rcounts)])
-        asked = comm.alltoall([g[rstart[q]:rstart[q + 1]] for q in range(size)])
-        self._recv = [(q, slice(rstart[q], rstart[q + 1])) for q in range(size) if rcounts[q]]
-        self._send = [(q, cols.local_index(np, np.asarray(a, dtype=np.int64))) for q, a in enumerate(asked)
-                      if len(a)]
-        if any((idx < 0).any() for _, idx in self._send):
+        if counts is None:
+            counts = np.bincount(cols.owner_of(g), minlength=size) if g.size else np.zeros(size, np.int64)
+        rstart = np.concatenate([[0], np.cumsum(counts)])
+        (asked,), got = alltoallv(comm, np.repeat(np.arange(size), counts), g, counts=True)
+        idx = cols.local_index(np, asked.astype(np.int64, copy=False)) if asked.size else asked
+        if asked.size and bool((idx < 0).any()):
             raise RuntimeError(f"{type(self).__name__}: a rank asked for entries this rank does not own")
+        sstart = np.concatenate([[0], np.cumsum(got)])
+        self._recv = [(q, slice(rstart[q], rstart[q + 1])) for q in range(size) if counts[q]]
+        self._send = [(q, idx[sstart[q]:sstart[q + 1]]) for q in range(size) if got[q]]
         self.backend = CPU
         self.transport = "mpi"
         self._xp = np
@@ -504,26 +507,45 @@ def _split(be, Ml, cols, rank):
     else:
         table, lo, hi = cols.local_on(xp), 0, 0
     optr, ocol, oval, gptr, gcol, gval = owned_ghost_rows(Ml.indptr, Ml.indices, Ml.data, table, lo, hi)
-    ghosts, gpos = ghost_numbering(xp, gcol, cols)
+    ghosts, gpos, counts = ghost_numbering(xp, gcol, cols)
     rows = Ml.shape[0]
     # the local numbering keeps the owned columns' order; the ghosts' positions do not
     Aoo = _block(be, oval, ocol, optr, (rows, cols.n), sorted_=True)
     Aog = _block(be, gval, gpos, gptr, (rows, ghosts.size), sorted_=False)
-    return Aoo, Aog, ghosts
+    return Aoo, Aog, ghosts, counts
 
 
 def ghost_numbering(xp, gi, cols):
-    """``(ghosts, gpos)`` of the ghost columns ``gi`` (global indices owned elsewhere, an ``xp``
-    array, repeats allowed): ``ghosts`` the distinct ones ordered by (owner, global index)
-    (host; one ``unique`` on ``xp``, only the distinct ones cross to the host) and ``gpos``
-    each entry's position among them (``xp``)."""
+    """``(ghosts, gpos, counts)`` of the ghost columns ``gi`` (global indices owned elsewhere, an
+    ``xp`` array, repeats allowed): ``ghosts`` the distinct ones ordered by (owner, global
+    index) (host), ``gpos`` each entry's position among them (``xp``) and ``counts[q]`` the
+    ghosts owned by rank ``q`` (host, one per rank of ``cols``).
+
+    One ``unique`` on ``xp``; the order is that of the keys ``owner * N + index`` (distinct).
+    Where the owners are on the device too (a device layout's, or a :class:`RangeLayout`'s
+    ranges) the keys are sorted there and one copy of them (O(halo)) comes to the host; else
+    the distinct ghosts come down and their owners are looked up on the host."""
+    N, size = cols.N, cols.comm.Get_size()
     gu = xp.unique(gi)                                   # sorted by global index
-    gu_h = np.asarray(to_host(gu), dtype=np.int64)
-    order = np.lexsort((gu_h, cols.owner_of(gu_h)))      # by owner, then global index
-    pos = np.empty(order.size, dtype=np.int64)
-    pos[order] = np.arange(order.size)
-    gpos = xp.asarray(pos)[xp.searchsorted(gu, gi)] if gi.size else gi
-    return gu_h[order], gpos
+    on_device = xp is not np and (isinstance(cols, RangeLayout) or getattr(cols, "_dev", None) is not None)
+    if on_device and size * N < 2 ** 62:
+        own = (xp.searchsorted(xp.asarray(cols.starts), gu, side="right") - 1 if isinstance(cols, RangeLayout)
+               else cols.owner_on(xp)[gu])
+        key = own * N + gu
+        keys = xp.sort(key)
+        pos = xp.searchsorted(keys, key)                 # gu[i]'s position in that order
+        keys = to_host(keys).astype(np.int64, copy=False)
+        owners, ghosts = np.divmod(keys, N)
+    else:
+        gu_h = np.asarray(to_host(gu), dtype=np.int64)
+        own = np.asarray(cols.owner_of(gu_h), dtype=np.int64)
+        order = np.lexsort((gu_h, own))                  # by owner, then global index
+        pos = np.empty(order.size, dtype=np.int64)
+        pos[order] = np.arange(order.size)
+        pos = xp.asarray(pos)
+        owners, ghosts = own[order], gu_h[order]
+    gpos = pos[xp.searchsorted(gu, gi)] if gi.size else gi
+    return ghosts, gpos, np.bincount(owners, minlength=size).astype(np.int64)
 
 
 def _block(be, data, col, indptr, shape, sorted_):

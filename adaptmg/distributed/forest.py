@@ -91,7 +91,7 @@ from ..mesh import Mesh
 from ..mesh._touch import cells_with_vertex_in
 from ..mesh._tree import _mean_of
 from .cellkeys import KeyCodec, build_local, root_positions
-from .comm import agree, get_comm
+from .comm import agree, alltoallv, get_comm
 
 __all__ = ["DistributedForest", "CellHalo"]
 
@@ -139,40 +139,6 @@ def _check(comm, ok, message):
     bad = [m for m in ([mine] if comm.Get_size() == 1 else comm.allgather(mine)) if m]
     if bad:
         raise RuntimeError(bad[0])
-
-
-def _displs(counts):
-    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-
-
-def alltoallv(comm, dest: np.ndarray, *arrays):
-    """Send row ``i`` of every array to rank ``dest[i]`` (one ``Alltoall`` of the counts, one
-    ``Alltoallv`` per array; NumPy buffers, no pickling).  Returns the received arrays: rows
-    grouped by source rank, each source's rows in the order it sent them."""
-    P = comm.Get_size()
-    dest = np.asarray(dest, dtype=np.int64)
-    # rows already grouped by destination (often: destinations found in sorted ids) are sent
-    # as they are; else the stable order, rows gathered by take (not a 2-D fancy index)
-    grouped = dest.size < 2 or bool((dest[1:] >= dest[:-1]).all())
-    order = None if grouped else np.argsort(dest, kind="stable")
-
-    def rows(a):
-        a = np.asarray(a)
-        return a if order is None else a.take(order, axis=0)
-    if P == 1:
-        return [np.array(a) if order is None else rows(a) for a in arrays]   # copies, as received
-    scount = np.bincount(dest, minlength=P).astype(np.int64)
-    rcount = np.empty(P, dtype=np.int64)
-    comm.Alltoall(scount, rcount)
-    out = []
-    for a in arrays:
-        a = np.ascontiguousarray(rows(a))
-        w = int(np.prod(a.shape[1:], dtype=np.int64))
-        r = np.empty((int(rcount.sum()),) + a.shape[1:], dtype=a.dtype)
-        sc, rc = scount * w, rcount * w
-        comm.Alltoallv([a.reshape(-1), (sc, _displs(sc))], [r.reshape(-1), (rc, _displs(rc))])
-        out.append(r)
-    return out
 
 
 def _touching(cells: np.ndarray, num_nodes: int, sel: np.ndarray) -> np.ndarray:

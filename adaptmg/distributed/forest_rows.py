@@ -45,7 +45,8 @@ from ..device.congruence_rows import available as rows_available, constrained_co
 from ..fe.csr_ops import mask_rows_cols, row_positions
 from ..fe.space import Space
 from ..multilevel.hierarchy import _on_backend, dirichlet_dofs
-from .forest import DistributedForest, _allsum, alltoallv
+from .comm import alltoallv
+from .forest import DistributedForest, _allsum
 from .local import CellSubset, _drop_zeros
 
 __all__ = ["owned_rows", "owned_constrained_rows", "owned_constrained_load", "owned_dirichlet_values",

@@ -51,7 +51,8 @@ import scipy.sparse as sp
 from ..backend import CPU, backend_of, get_backend, to_host
 from ..mesh import reference as ref
 from .cellkeys import build_local
-from .forest import _check, alltoallv
+from .comm import alltoallv
+from .forest import _check
 
 __all__ = ["weight_table", "prolongation_rows", "restriction_rows", "gather_level"]
 

@@ -123,10 +123,10 @@ class DistMatrixFree(DistCSR):
         loc[lnodes] = xp.arange(lnodes.size, dtype=it)
         cells_l = loc[cn]
         del cn
-        HZ, self.ghosts = self._node_columns(space, free, lnodes, loc, layout)
+        HZ, self.ghosts, counts = self._node_columns(space, free, lnodes, loc, layout)
         ZHT = self._owned_rows(space, rows, free, loc, lnodes.size)
         del loc
-        self._exchange_pattern()
+        self._exchange_pattern(counts)
         self.num_cells = int(cells_l.shape[0])
         self._op = Q1Laplacian(space.mesh.points[lnodes], cells_l, on, check=True)
         del cells_l
@@ -151,19 +151,20 @@ class DistMatrixFree(DistCSR):
 
     @staticmethod
     def _node_columns(space, free, lnodes, loc, layout):
-        """``(HZ, ghosts)``: ``HZ`` (local nodes x (owned + ghost) columns, CSR on the mesh's
-        backend) and the ghost DoFs (host, ordered by (owner, global index))."""
+        """``(HZ, ghosts, counts)``: ``HZ`` (local nodes x (owned + ghost) columns, CSR on the
+        mesh's backend), the ghost DoFs (host, ordered by (owner, global index)) and how many
+        each rank owns."""
         xp = space.mesh.backend.xp
         r, c, val = hz_rows_coo(space, lnodes, free)
         lc = layout.local_index(xp, c).astype(np.int64)    # owned: its position; else -1
         ghost = lc < 0
-        ghosts, gpos = ghost_numbering(xp, c[ghost].astype(np.int64), layout)
+        ghosts, gpos, counts = ghost_numbering(xp, c[ghost].astype(np.int64), layout)
         if gpos.size:
             lc[ghost] = layout.n + gpos
         shape = (int(lnodes.size), layout.n + ghosts.size)
         HZ = space.mesh.backend.sparse.coo_matrix((val, (loc[r], lc)), shape=shape).tocsr()
         HZ.sum_duplicates()
-        return HZ, ghosts
+        return HZ, ghosts, counts
 
     @staticmethod
     def _owned_rows(space, rows, free, loc, nloc):
