@@ -244,7 +244,69 @@ def test_rank_rows_and_blocks_built_on_the_gpu_equal_the_host_ones(monkeypatch):
         assert is_device_sparse(K_d)
         assert _rel(to_host(K_d), K_h) <= 1e-13
         lay = Layout(owner, comm)
-        oo_h, og_h, g_h = _split(CPU, K_h, lay, r)
-        oo_d, og_d, g_d = _split(be, K_d, lay, r)
-        assert np.array_equal(g_h, g_d) and g_h.size > 0
-        assert _rel(to_host(oo_d), oo_h) <= 1e-13 and _rel(to_host(og_d), og_h) <= 1e-13
+        oo_h, og_h, g_h, c_h = _split(CPU, K_h, lay, r)
+        assert c_h[r] == 0 and c_h.sum() == g_h.size > 0
+        assert np.array_equal(c_h, np.bincount(owner[g_h], minlength=2))
+        # a host layout (ghost owners looked up on the host) and a device one (the keys sorted
+        # on the device): the same ghosts, counts and blocks as the host split
+        for cols in (lay, Layout(be.asarray(owner), comm)):
+            oo_d, og_d, g_d, c_d = _split(be, K_d, cols, r)
+            assert np.array_equal(g_h, g_d) and np.array_equal(c_h, c_d)
+            assert _rel(to_host(oo_d), oo_h) <= 1e-13 and _rel(to_host(og_d), og_h) <= 1e-13
+
+
+def _unit_rows_case(seed, dup=False, n=40, N=90):
+    """Unit entries in some rows, distinct other entries off them (``dup``: one repeated)."""
+    rng = np.random.default_rng(seed)
+    ur = np.sort(rng.choice(n, n // 2, replace=False))
+    uc = rng.choice(N, ur.size, replace=False)
+    pos = np.unique(rng.integers(0, n, 120) * N + rng.integers(0, N, 120))
+    unit = set((ur * N + uc).tolist())
+    pos = np.array([p for p in pos if p not in unit])
+    rng.shuffle(pos)
+    hr, hc = np.divmod(pos, N)
+    hv = rng.random(hr.size) + 0.5
+    if dup:
+        hr, hc, hv = np.r_[hr, hr[:1]], np.r_[hc, hc[:1]], np.r_[hv, 0.25]
+    return (n, N), ur, uc, hr, hc, hv
+
+
+def _unit_rows_want(shape, ur, uc, hr, hc, hv):
+    M = sp.coo_matrix((np.r_[np.ones(ur.size), hv], (np.r_[ur, hr], np.r_[uc, hc])), shape=shape).tocsr()
+    M.sum_duplicates()
+    return M
+
+
+@pytest.mark.parametrize("dup", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_unit_rows_csr_is_the_coo_conversion(seed, dup):
+    """The CSR written into place (unit entry between the row's smaller and larger columns)
+    equals SciPy's COO -> CSR of the same entries, canonical; a repeated position is summed
+    (the conversion's path); no entries at all give an empty matrix."""
+    from adaptmg.backend import CPU
+    from adaptmg.distributed.local import unit_rows_csr
+    case = _unit_rows_case(seed, dup)
+    M = unit_rows_csr(CPU, *case)
+    want = _unit_rows_want(*case)
+    assert M.has_canonical_format and M.shape == want.shape
+    assert np.array_equal(M.indptr, want.indptr) and np.array_equal(M.indices, want.indices)
+    assert np.array_equal(M.data, want.data)              # copies (a repeat: one sum, the same)
+    z = np.zeros(0, dtype=np.int64)
+    E = unit_rows_csr(CPU, (5, 7), z, z, z, z, np.zeros(0))
+    assert E.shape == (5, 7) and E.nnz == 0 and np.array_equal(E.indptr, np.zeros(6))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dup", [False, True])
+def test_unit_rows_csr_on_the_device_equals_the_host(dup):
+    from adaptmg.backend import CPU, get_backend, to_host
+    from adaptmg.distributed.local import unit_rows_csr
+    be = get_backend("gpu")
+    case = _unit_rows_case(3, dup)
+    M = unit_rows_csr(be, case[0], *[be.asarray(a) for a in case[1:]])
+    H = unit_rows_csr(CPU, *case)
+    Mh = to_host(M)
+    assert np.array_equal(Mh.indptr, H.indptr) and np.array_equal(Mh.indices, H.indices)
+    assert np.array_equal(Mh.data, H.data)
+    z = be.xp.zeros(0, dtype=np.int64)
+    assert unit_rows_csr(be, (5, 7), z, z, z, z, be.xp.zeros(0)).nnz == 0
