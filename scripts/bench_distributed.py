@@ -17,7 +17,9 @@ the largest problem on two GPUs::
     python scripts/bench_distributed.py --backend gpu --setup local --matrix-free --ranks 2 \
         --mode strong --strong-dofs 2.1e8 --length 1.5 --ball 0.1 --repeat 3 --phases
 
-Reported per P: set-up time (max over ranks, and per rank: hierarchy + partition +
+Reported per P: set-up time (max over ranks; ``--setup-repeat k``: the median of k timed
+set-ups, each from a new mesh, every run listed -- a single set-up varies by +-5 % from run
+to run on the GPUs; per rank: hierarchy + partition +
 distributed matrices; ``--setup local`` builds the finest level from each rank's own cells plus a ghost layer and the serial
 hierarchy only below it, ``replicated`` every rank the whole serial hierarchy, ``both``
 runs each for comparison; ``cpu``: each rank's process CPU seconds of the set-up, which
@@ -139,7 +141,11 @@ def worker(args):
     if args.warm_setup:                      # one untimed set-up: first-use kernel loads out of the figures
         _local_setup(args, comm)
         _release(args)
-    _local_setup(args, comm, report_figures=True)
+    samples = []                             # --setup-repeat: more timed set-ups, the median reported
+    for _ in range(args.setup_repeat - 1):
+        samples.append(_local_setup(args, comm))
+        _release(args)
+    _local_setup(args, comm, report_figures=True, samples=samples)
 
 
 def _release(args):
@@ -161,9 +167,10 @@ def device_mb():
     return round(cupy.get_default_memory_pool().total_bytes() / 2 ** 20, 1)
 
 
-def _local_setup(args, comm, report_figures=False):
+def _local_setup(args, comm, report_figures=False, samples=()):
     """Mesh, space, load and :func:`adaptmg.distributed.solve`'s set-up (local or replicated);
-    with ``report_figures`` the timed solves and rank 0's JSON line."""
+    with ``report_figures`` the timed solves and rank 0's JSON line (the set-up figure: the
+    median of this one and the earlier ``samples``), else the set-up time (max over ranks)."""
     from adaptmg import assemble
     from adaptmg.distributed import solve
     from adaptmg.fe import Space
@@ -197,9 +204,11 @@ def _local_setup(args, comm, report_figures=False):
         ph["multigrid_s"] = r.timings["setup"]
     phases = comm.allgather({k: round(v, 3) for k, v in ph.items()})
     if not report_figures:
-        return
-    timed(args, comm, r, b, t0, dict(dofs=space.num_dofs, cells=mesh.num_cells, setup=max(setup),
-                                     setup_per_rank=setup, setup_cpu=cpu, phases=phases, assembled=assembled))
+        return max(setup)
+    runs = list(samples) + [max(setup)]
+    timed(args, comm, r, b, t0, dict(dofs=space.num_dofs, cells=mesh.num_cells, setup=float(np.median(runs)),
+                                     setup_runs=runs, setup_per_rank=setup, setup_cpu=cpu, phases=phases,
+                                     assembled=assembled))
 
 
 def report(args, comm, r, df, t_forest, tf, t0):
@@ -319,14 +328,15 @@ def driver(args):
     setups = ["local", "replicated"] if args.setup == "both" else [args.setup]
     for P in args.ranks:
         for mode in (setups if P > 1 else setups[:1]):       # one rank: the serial path either way
-            cmd = mpiexec_command(P) + [sys.executable, os.path.abspath(__file__), "--worker",
+            cmd = mpiexec_command(P, gpu=args.backend == "gpu") + [sys.executable, os.path.abspath(__file__), "--worker",
                    "--backend", args.backend, "--mode", args.mode, "--dim", str(args.dim), "--repeat", str(args.repeat),
                    "--dofs-per-rank", str(args.dofs_per_rank), "--strong-dofs", str(args.strong_dofs),
                    "--agglomerate-below", str(args.agglomerate_below),
                    "--min-dofs-per-rank", str(args.min_dofs_per_rank),
                    "--setup", mode, "--profile", str(args.profile), "--mesh-backend", args.mesh_backend,
                    "--length", str(args.length), "--ball", str(args.ball)] + \
-                  (["--warm-setup"] if args.warm_setup else []) + (["--matrix-free"] if args.matrix_free else [])
+                  (["--warm-setup"] if args.warm_setup else []) + (["--matrix-free"] if args.matrix_free else []) + \
+                  ["--setup-repeat", str(args.setup_repeat)]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
             if out.returncode != 0:
                 sys.exit(f"P={P} failed:\n{out.stderr[-4000:]}")
@@ -357,6 +367,9 @@ def driver(args):
         d2h = r.get("host_copies", "-")
         print(f"{r['P']:>3} {mode:>10} {r['dofs']:>10} {r['setup']:>9.3f} {r['solve']:>9.4f} {r['its']:>4} "
               f"{100 * r['halo'] / r['solve']:>7.1f} {coarse:>8} {eff:>6} {d2h:>4}  [{per}] cpu [{cpu}] / [{cells}] ({r['cells']})")
+        if len(r.get("setup_runs", [])) > 1:
+            print(f"      set-up s of {len(r['setup_runs'])} runs (median above; per rank: the last): "
+                  + " ".join(f"{t:.3f}" for t in r["setup_runs"]))
         if args.backend == "gpu" and r.get("device_mb"):
             mb = r["device_mb"]
             print(f"      device memory per rank (CuPy pool after the solves) [{' '.join(f'{m:.0f}' for m in mb)}] MiB, "
@@ -397,6 +410,9 @@ def main():
     ap.add_argument("--warm-setup", action="store_true",
                     help="run the mesh and set-up once untimed first (the set-up figures then leave out "
                          "first-use kernel loads and the allocator's growth)")
+    ap.add_argument("--setup-repeat", type=int, default=1,
+                    help="timed set-ups per P (each from a new mesh; --setup local / replicated): the median "
+                         "is reported, every run listed (the per-rank and phase figures: the last run's)")
     ap.add_argument("--matrix-free", action="store_true",
                     help="the finest level's operator without a matrix (solve(..., matrix_free=True); "
                          "with --setup local; P = 1 then takes the distributed path on one rank)")
@@ -421,6 +437,8 @@ def main():
         ap.error(f"--length must be a positive multiple of 0.5, got {args.length}")
     if args.matrix_free and args.setup != "local":
         ap.error("--matrix-free needs --setup local")
+    if args.setup_repeat < 1 or (args.setup_repeat > 1 and args.setup == "forest"):
+        ap.error(f"--setup-repeat must be >= 1 (1 with --setup forest), got {args.setup_repeat}")
     if args.worker:
         worker(args)
     else:

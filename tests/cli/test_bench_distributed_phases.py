@@ -1,7 +1,7 @@
 """Smoke test of scripts/bench_distributed.py on the CPU with mpich: P = 1 and P = 2 run, the
 table says where the mesh lives, and ``--phases`` prints one row of set-up phases per rank
-(P = 1 too: its mesh and its serial ``multigrid()``); ``--mesh-backend gpu`` needs the GPU
-backend."""
+(P = 1 too: its mesh and its serial ``multigrid()``), ``--setup-repeat`` lists its timed set-ups
+and reports their median; ``--mesh-backend gpu`` needs the GPU backend."""
 import os
 import pathlib
 import subprocess
@@ -25,7 +25,7 @@ def test_bench_distributed_prints_phases_per_rank():
     if find_mpiexec() is None:
         pytest.skip("no mpiexec")
     r = _run("--backend", "cpu", "--ranks", "1", "2", "--dofs-per-rank", "4e3", "--setup", "local",
-             "--phases", "--repeat", "1", "--dim", "2")
+             "--phases", "--repeat", "1", "--dim", "2", "--setup-repeat", "3")
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "mesh on the cpu" in out
@@ -33,8 +33,14 @@ def test_bench_distributed_prints_phases_per_rank():
     assert len(ranks) == 3, out                          # 1 row at P = 1, 2 at P = 2
     assert "mesh_s" in ranks[0] and "multigrid_s" in ranks[0]
     assert all("matrix_s" in ln and "transfer_s" in ln and "owners_s" in ln for ln in ranks[1:])
-    its = [ln.split()[5] for ln in out.splitlines() if ln.split()[:1] in (["1"], ["2"])]
+    rows = [ln.split() for ln in out.splitlines() if ln.split()[:1] in (["1"], ["2"])]
+    its = [r[5] for r in rows]
     assert len(its) == 2 and its[0] == its[1], out       # the same CG iterations
+    # --setup-repeat 3: three timed set-ups listed per P, their median in the table
+    runs = [ln.split(":")[-1].split() for ln in out.splitlines() if "set-up s of 3 runs" in ln]
+    assert len(runs) == 2, out
+    for row, rr in zip(rows, runs):
+        assert len(rr) == 3 and float(row[3]) == sorted(float(t) for t in rr)[1], (row, rr)
 
 
 def test_bench_distributed_mesh_backend_gpu_needs_the_gpu_backend():
