@@ -328,7 +328,7 @@ def driver(args):
     setups = ["local", "replicated"] if args.setup == "both" else [args.setup]
     for P in args.ranks:
         for mode in (setups if P > 1 else setups[:1]):       # one rank: the serial path either way
-            cmd = mpiexec_command(P) + [sys.executable, os.path.abspath(__file__), "--worker",
+            cmd = mpiexec_command(P, gpu=args.backend == "gpu") + [sys.executable, os.path.abspath(__file__), "--worker",
                    "--backend", args.backend, "--mode", args.mode, "--dim", str(args.dim), "--repeat", str(args.repeat),
                    "--dofs-per-rank", str(args.dofs_per_rank), "--strong-dofs", str(args.strong_dofs),
                    "--agglomerate-below", str(args.agglomerate_below),

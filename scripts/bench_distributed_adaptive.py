@@ -140,7 +140,7 @@ def driver(args):
                NCCL_NVLS_ENABLE="0", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     name, (_, err_name, optimal) = args.problem, PROBLEMS[args.problem]
     for P in args.ranks:
-        cmd = mpiexec_command(P) + [sys.executable, os.path.abspath(__file__), "--worker", "--problem", name,
+        cmd = mpiexec_command(P, gpu=args.backend == "gpu") + [sys.executable, os.path.abspath(__file__), "--worker", "--problem", name,
                                     "--backend", args.backend, "--max-dofs", str(args.max_dofs),
                                     "--steps", str(args.steps), "--theta", str(args.theta), "--rtol", str(args.rtol),
                                     "--uniform", str(args.uniform), "--tie-rtol", str(args.tie_rtol),

@@ -69,7 +69,7 @@ def driver(args):
         env.pop("NCCL_MAX_NCHANNELS", None)
         if value != "default":
             env["NCCL_MAX_NCHANNELS"] = str(int(value))
-        cmd = mpiexec_command(args.ranks) + [sys.executable, os.path.abspath(__file__), "--worker"]
+        cmd = mpiexec_command(args.ranks, gpu=True) + [sys.executable, os.path.abspath(__file__), "--worker"]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         if out.returncode != 0:
             sys.exit(f"channels {value} failed:\n{out.stderr[-4000:]}")

@@ -531,13 +531,16 @@ def test_gpu_device_reductions(real_gpu):
 
 def test_mpiexec_flags_for_open_mpi():
     """Open MPI (``mpiexec --version``: "mpiexec (OpenRTE) 4.1.6" / "Open MPI"): --oversubscribe,
-    and --allow-run-as-root for root; MPICH's hydra: nothing."""
+    --allow-run-as-root for root and, for GPU ranks, --bind-to none; MPICH's hydra: nothing."""
     ompi = "mpiexec (OpenRTE) 4.1.6\n\nReport bugs to http://www.open-mpi.org/community/help/"
     assert mpiexec_flags(ompi, 1000) == ["--oversubscribe"]
     assert mpiexec_flags(ompi, 0) == ["--oversubscribe", "--allow-run-as-root"]
     assert mpiexec_flags("mpirun (Open MPI) 5.0.3", 0) == ["--oversubscribe", "--allow-run-as-root"]
     hydra = "HYDRA build details:\n    Version:                                 4.2.0"
     assert mpiexec_flags(hydra, 0) == [] and mpiexec_flags("", 0) == []
+    # one rank per GPU: Open MPI's binding of each rank to one core switched off
+    assert mpiexec_flags(ompi, 1000, gpu=True) == ["--oversubscribe", "--bind-to", "none"]
+    assert mpiexec_flags(hydra, 0, gpu=True) == []
 
 
 def test_launcher_of_mpi4pys_library_is_chosen(tmp_path, monkeypatch):
