@@ -7,17 +7,7 @@ import pytest
 
 from adaptmg.distributed.csr import ghost_numbering
 from adaptmg.distributed.layout import Layout, RangeLayout
-
-
-class RankOf:
-    def __init__(self, rank, size):
-        self.rank, self.size = rank, size
-
-    def Get_rank(self):
-        return self.rank
-
-    def Get_size(self):
-        return self.size
+from test_local_setup import RankOf
 
 
 def _layouts(xp=np, N=997, size=4, rank=1, seed=3):
