@@ -428,6 +428,50 @@ def nccl_allgather(comm, x, counts):
     return xp.concatenate([recv[p * m:p * m + int(c)] for p, c in enumerate(counts)])
 
 
+_PASS_TAG = 23       # pass_arrays' MPI messages
+
+
+def pass_arrays(comm, arrays, src: int, dst: int, transport: str = "mpi") -> None:
+    """Rank ``src``'s ``arrays`` copied into rank ``dst``'s ``arrays`` (buffers of the same
+    shapes and dtypes there, written in place; other ranks do nothing).  Their bytes go by
+    one NCCL group of sends / receives where ``transport`` is ``"nccl"`` and the arrays are
+    on the device (ordered on the current stream as :class:`NcclSum`: the host does not
+    wait), else by MPI (device arrays through host copies)."""
+    rank = comm.Get_rank()
+    if rank not in (src, dst) or src == dst:
+        return
+    from ..backend import backend_of, get_backend, is_device_array, nccl_module, to_host
+    arrays = list(arrays)
+    if any(not a.flags.c_contiguous for a in arrays):
+        raise ValueError("pass_arrays: the arrays must be C-contiguous")
+    if transport == "nccl" and arrays and all(is_device_array(a) for a in arrays):
+        xp = get_backend("gpu").xp
+        nccl, nc = nccl_module(), nccl_communicator(comm)
+        views = [a.view(xp.uint8).ravel() for a in arrays if a.nbytes]
+
+        def group(sptr):
+            nccl.groupStart()
+            try:
+                for v in views:
+                    if rank == src:
+                        nc.send(v.data.ptr, v.size, nccl.NCCL_UINT8, dst, sptr)
+                    else:
+                        nc.recv(v.data.ptr, v.size, nccl.NCCL_UINT8, src, sptr)
+            finally:
+                nccl.groupEnd()
+        _Ordered(comm, xp).run(group)
+        return
+    for a in arrays:
+        if rank == src:
+            comm.Send(np.ascontiguousarray(to_host(a)), dest=dst, tag=_PASS_TAG)
+        elif is_device_array(a):
+            h = np.empty(a.shape, dtype=a.dtype)
+            comm.Recv(h, source=src, tag=_PASS_TAG)
+            a[...] = backend_of(a).xp.asarray(h)
+        else:
+            comm.Recv(a, source=src, tag=_PASS_TAG)
+
+
 class HaloTimer:
     """Accumulates the seconds spent in halo exchanges (posting, packing, waiting), their
     number, the bytes sent, and ``idle``: NCCL exchanges skipped because this rank had

@@ -116,27 +116,20 @@ from ..multilevel.start_vector import start_vector
 from .comm import HaloTimer, allreduce_sum, resolve_transport
 from .csr import DistCSR, Layout, _device_block, _device_plan, norm
 from .matrix_free import DistMatrixFree
-from .partition import coarse_cell_ranks, dof_owners, fold_cell_ranks, level_ranks
+from .partition import level_ownership, level_ranks
 
-__all__ = ["DistributedHierarchy", "RankZeroCycle", "level_owners"]
+__all__ = ["DistributedHierarchy", "RankZeroCycle", "SerialLevelsOnRankZero", "level_owners"]
 
 
 def level_owners(ml, fine_cell_ranks, size, agglomerate_below=1000, min_dofs_per_rank=2000):
     """DoF owners of every level of ``ml`` (coarse -> fine), the index ``c`` of the coarsest
     distributed level (levels below ``c`` are on rank 0), the cell ranks per geometric level
-    (folded onto the level's ranks) and the number of ranks ``P_l`` of every level
-    (:func:`~.partition.level_ranks`; 1 for the agglomerated levels)."""
+    (folded onto the level's ranks: zeros on the levels agglomerated on rank 0) and the
+    number of ranks ``P_l`` of every level (:func:`~.partition.level_ranks`; 1 for the
+    agglomerated levels)."""
     L = len(ml.levels)
     nalg = ml.num_algebraic
     spaces = ml.spaces
-    cell_ranks = [None] * len(spaces)
-    xp = spaces[-1].mesh.backend.xp                  # a device mesh: ranks and owners stay there
-    cell_ranks[-1] = xp.asarray(fine_cell_ranks).astype(np.int64, copy=False)
-    if cell_ranks[-1].shape != (spaces[-1].mesh.num_cells,):
-        raise ValueError(f"fine_cell_ranks must have one rank per cell ({spaces[-1].mesh.num_cells}), "
-                         f"got shape {cell_ranks[-1].shape}")
-    for i in range(len(spaces) - 2, -1, -1):
-        cell_ranks[i] = coarse_cell_ranks(spaces[i + 1].mesh, spaces[i].mesh, cell_ranks[i + 1], size)
     c = 1
     for l in range(L):
         if l < nalg or ml.levels[l].n < agglomerate_below:
@@ -147,16 +140,19 @@ def level_owners(ml, fine_cell_ranks, size, agglomerate_below=1000, min_dofs_per
                          "history to coarsen")
     c = min(c, L - 1)                        # the finest level is always distributed
     nranks = level_ranks([lev.n for lev in ml.levels], size, c, min_dofs_per_rank)
-    owners = []
-    for l in range(L):
-        if l < c:
-            owners.append(np.zeros(ml.levels[l].n, dtype=np.int64))
-        else:
-            g = l - nalg
-            if nranks[l] < size:             # fewer ranks than the job: fold the partition
-                cell_ranks[g] = fold_cell_ranks(spaces[g].mesh, cell_ranks[g], nranks[l])
-            owners.append(dof_owners(spaces[g], cell_ranks[g]))
-    return owners, c, cell_ranks, nranks
+    owners, cell = level_ownership(spaces[c - nalg:], fine_cell_ranks, nranks[c:], size)
+    return with_agglomerated([lev.n for lev in ml.levels[:c]],
+                             [s.mesh.num_cells for s in spaces[:c - nalg]], owners, cell, nranks[c:])
+
+
+def with_agglomerated(dofs, cells, owners, cell_ranks, nranks):
+    """:func:`level_owners`'s ``(owners, c, cell_ranks, nranks)`` from those of the distributed
+    levels (:func:`~.partition.level_ownership`) and the sizes of the ``c = len(dofs)``
+    levels below them, which rank 0 owns whole: ``dofs[l]`` DoFs, the geometric ones among
+    them ``cells[g]`` cells (coarse -> fine)."""
+    xp = backend_of(cell_ranks[-1]).xp
+    return ([np.zeros(n, dtype=np.int64) for n in dofs] + list(owners), len(dofs),
+            [xp.zeros(n, dtype=np.int64) for n in cells] + list(cell_ranks), [1] * len(dofs) + list(nranks))
 
 
 def _local_smoother(sm, A: DistCSR, rows: np.ndarray, be=CPU):
@@ -215,6 +211,44 @@ def _smoother_with(loc, A):
     loc.fused = False
     loc._work = None
     return loc
+
+
+class SerialLevelsOnRankZero:
+    """What a rank other than 0 holds of the serial hierarchy below the locally built levels,
+    which the local set-up builds on rank 0 only (:func:`.solve.solve`; every one of its
+    levels is agglomerated there): the levels' sizes ``levels[l].n`` (coarse -> fine),
+    ``num_algebraic``, the cells of its geometric levels ``cells``, its top space
+    (``spaces[-1]``, this rank's own copy) with rank 0's free-DoF mask of it
+    (``constraints[-1].free``), the smoother specification and the sweeps -- what the
+    distributed levels above it and :class:`RankZeroCycle` ask of it.  Made from
+    :meth:`summary` of rank 0's hierarchy (broadcast)."""
+
+    def __init__(self, summary, top, backend):
+        self.levels = [SimpleNamespace(n=int(n)) for n in summary["dofs"]]
+        self.num_algebraic = summary["num_algebraic"]
+        self.cells = list(summary["cells"])
+        self.spaces = [top]
+        self.constraints = [SimpleNamespace(free=top.backend.xp.asarray(summary["free"]))]
+        self._smoother_spec, self._smoother_kwargs = summary["smoother"]
+        self.presmooth, self.postsmooth = summary["sweeps"]
+        self.backend, self.dtype = backend, np.dtype(np.float64)
+
+    @staticmethod
+    def summary(ml):
+        """The picklable description of rank 0's hierarchy ``ml`` that the other ranks build
+        this from (the free mask of its top as a host array; a smoother given as a factory
+        travels as its name: the distributed levels reject it by that name)."""
+        spec = ml._smoother_spec
+        return dict(dofs=[int(lev.n) for lev in ml.levels], num_algebraic=int(ml.num_algebraic),
+                    cells=[int(s.mesh.num_cells) for s in ml.spaces],
+                    free=to_host(ml.constraints[-1].free),
+                    smoother=(spec if isinstance(spec, str) else getattr(spec, "__name__", repr(spec)),
+                              dict(ml._smoother_kwargs)),
+                    sweeps=(ml.presmooth, ml.postsmooth))
+
+    def __repr__(self):
+        return (f"SerialLevelsOnRankZero({len(self.levels)} levels on rank 0, "
+                f"{self.levels[-1].n} DoFs at the top)")
 
 
 class _FineView:
@@ -390,6 +424,9 @@ class DistributedHierarchy:
         levels must all be distributed (at least ``agglomerate_below`` DoFs).  With
         ``matrix_free=True`` in it these levels' operators are
         :class:`~.matrix_free.DistMatrixFree` (the Q1 Laplacian; ``assemble`` not called).
+        ``ownership=(owners, cell_ranks, nranks)`` in it: those of the local levels, computed
+        by the caller (:func:`~.partition.level_ownership`; every level of ``ml`` is then
+        agglomerated on rank 0, and ``ml`` may be a :class:`SerialLevelsOnRankZero`).
 
     transport : GPU only: the halo transport, "auto" / "host" / "nccl" (None: the
         environment variable ``ADAPTMG_HALO_TRANSPORT`` or "auto"); ``self.transport`` the one
@@ -422,9 +459,14 @@ class DistributedHierarchy:
         t0 = time.perf_counter()
         self.HT_o = self.free_o = None
         self.matrix_free = bool(local is not None and local.get("matrix_free"))
-        view = ml if local is None else _FineView(ml, local["spaces"])
-        owners, c, cell_ranks, nranks = level_owners(view, fine_cell_ranks, self.size,
-                                                     agglomerate_below, min_dofs_per_rank)
+        if local is not None and local.get("ownership") is not None:     # computed by the caller
+            cells = ml.cells if isinstance(ml, SerialLevelsOnRankZero) else [s.mesh.num_cells for s in ml.spaces]
+            owners, c, cell_ranks, nranks = with_agglomerated([lev.n for lev in ml.levels], cells,
+                                                              *local["ownership"])
+        else:
+            view = ml if local is None else _FineView(ml, local["spaces"])
+            owners, c, cell_ranks, nranks = level_owners(view, fine_cell_ranks, self.size,
+                                                         agglomerate_below, min_dofs_per_rank)
         self.owners, self.c, self.cell_ranks = owners, c, cell_ranks
         self.active_ranks = nranks
         self.layouts = [Layout(o, comm) for o in owners]

@@ -44,7 +44,7 @@ import numpy as np
 from ..backend import scatter_min, stable_argsort
 
 __all__ = ["curve_order", "partition_cells", "coarse_cell_ranks", "dof_owners", "imbalance",
-           "level_ranks", "fold_cell_ranks"]
+           "level_ranks", "fold_cell_ranks", "level_ownership"]
 
 _BITS = {2: 31, 3: 21}
 
@@ -252,6 +252,32 @@ def fold_cell_ranks(mesh, cell_ranks: np.ndarray, size_l: int) -> np.ndarray:
     out = xp.empty(n, dtype=np.int64)
     out[order] = (xp.arange(n, dtype=np.int64) * size_l) // n
     return out
+
+
+def level_ownership(spaces, fine_cell_ranks, nranks, size: int):
+    """Cell ranks and DoF owners of the distributed geometric levels ``spaces`` (coarse ->
+    fine, each a global-coarsening step below the next; the finest partitioned by
+    ``fine_cell_ranks`` over ``size`` ranks): a coarser level's cells by the vote of
+    :func:`coarse_cell_ranks` on the next finer level's unfolded ranks, then folded onto its
+    ``nranks[i]`` ranks (:func:`fold_cell_ranks`, :func:`level_ranks`), its DoFs owned by
+    :func:`dof_owners`.  Returns ``(owners, cell_ranks)``, one array per level, int64 on the
+    meshes' array module."""
+    if len(nranks) != len(spaces):
+        raise ValueError(f"level_ownership: {len(spaces)} levels but {len(nranks)} rank counts")
+    xp = spaces[-1].mesh.backend.xp
+    cell = [None] * len(spaces)
+    cell[-1] = xp.asarray(fine_cell_ranks).astype(np.int64, copy=False)
+    if cell[-1].shape != (spaces[-1].mesh.num_cells,):
+        raise ValueError(f"fine_cell_ranks must have one rank per cell ({spaces[-1].mesh.num_cells}), "
+                         f"got shape {cell[-1].shape}")
+    for i in range(len(spaces) - 2, -1, -1):
+        cell[i] = coarse_cell_ranks(spaces[i + 1].mesh, spaces[i].mesh, cell[i + 1], size)
+    owners = []
+    for i, s in enumerate(spaces):
+        if nranks[i] < size:                 # fewer ranks than the job: fold the partition
+            cell[i] = fold_cell_ranks(s.mesh, cell[i], nranks[i])
+        owners.append(dof_owners(s, cell[i]))
+    return owners, cell
 
 
 def dof_owners(space, cell_ranks: np.ndarray) -> np.ndarray:

@@ -62,9 +62,10 @@ from ..mesh import Mesh
 from ..backend import get_backend, to_host
 from ..multilevel.hierarchy import _value_dict, dirichlet_dofs, multigrid
 from ..linalg._vectorops import global_norm, global_reductions
-from .comm import agree, allreduce_sum, get_comm, guard, names_gpu, select_device
-from .hierarchy import DistributedHierarchy
-from .partition import imbalance, partition_cells
+from .comm import (agree, allreduce_sum, get_comm, guard, names_gpu, nccl_communicator, pass_arrays,
+                   resolve_transport, select_device)
+from .hierarchy import DistributedHierarchy, SerialLevelsOnRankZero
+from .partition import imbalance, level_ownership, level_ranks, partition_cells
 
 __all__ = ["solve", "solve_forest", "solve_poisson", "resolve", "DistributedResult"]
 
@@ -84,7 +85,9 @@ class DistributedResult:
     timings: dict = field(default_factory=dict)   # setup (wall), setup_cpu, solve, halo seconds
     # (this rank); with the local set-up also the finest level's cells and phase seconds
     ml: Any = None                 # the serial hierarchy (replicated; with the local set-up only
-    #                                the levels below the locally built ones)
+    #                                the levels below the locally built ones, and where all of
+    #                                them are agglomerated on rank 0 only there: the other ranks
+    #                                hold a hierarchy.SerialLevelsOnRankZero summary)
     mg: Any = None                 # DistributedHierarchy (None on one rank); mg.solver the cycle
     active_ranks: list = field(default_factory=list)   # ranks per level (coarse -> fine): P_l
     u_local: Any = None            # solve_forest: nodal values H x of the owned nodes (host)
@@ -466,7 +469,13 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
                  weights, callback, start, kw, min_dofs_per_rank=None, transport=None, on_device=False,
                  matrix_free=False):
     """:func:`solve` on several ranks with the large geometric levels set up from the rank's
-    cells only (``start``: wall and CPU clocks at the start of the set-up)."""
+    cells only (``start``: wall and CPU clocks at the start of the set-up).
+
+    Where every level of the serial hierarchy below them is agglomerated on rank 0 (its top
+    has fewer than ``agglomerate_below`` DoFs) and there are several ranks, rank 0 alone
+    builds it, while the other ranks cut the mesh and find the local levels' owners
+    (:func:`_cut_and_own`), which rank 1 hands to rank 0 (:func:`_hand_over`); rank 0
+    broadcasts what the others need of its hierarchy (:class:`SerialLevelsOnRankZero`)."""
     t0, c0 = start
     max_levels = kw.get("max_levels")
     ok = max_levels is None or (isinstance(max_levels, (int, np.integer)) and not isinstance(max_levels, bool))
@@ -478,28 +487,88 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     ckw = dict(kw)
     if max_levels is not None:
         ckw["max_levels"] = max_levels - len(spaces)
-    ml = multigrid(top, assemble, dirichlet=dirichlet, **ckw)       # the serial levels below
-    t_coarse = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    frees = [Constraints(s, dirichlet_dofs(s, dirichlet)).free for s in spaces]
-    t2 = time.perf_counter()
-    size = comm.Get_size()
-    ranks = partition_cells(space.mesh, size, weights)
-    t3 = time.perf_counter()
+    size, rank = comm.Get_size(), comm.Get_rank()
+    ownership = None
+    if size > 1 and top.num_dofs < agglomerate_below:
+        be = get_backend(ckw.get("backend", "cpu"))
+        transport = resolve_transport(comm, transport, be)
+        if transport == "nccl":
+            nccl_communicator(comm)          # made by every rank together, before ranks 0 and 1 use it
+        t1 = time.perf_counter()
+        frees = [Constraints(s, dirichlet_dofs(s, dirichlet)).free for s in spaces]
+        t2 = time.perf_counter()
+        ml = multigrid(top, assemble, dirichlet=dirichlet, **ckw) if rank == 0 else None
+        t3 = time.perf_counter()
+        nranks = level_ranks([s.num_dofs for s in spaces], size, 0, min_dofs_per_rank)
+        ranks, ownership = _cut_and_own(space, spaces, size, weights, nranks) if rank else (None, None)
+        t4 = time.perf_counter()
+        ranks, ownership = _hand_over(comm, space, spaces, nranks, ranks, ownership, transport)
+        summary = comm.bcast(SerialLevelsOnRankZero.summary(ml) if rank == 0 else None, root=0)
+        if rank:
+            ml = SerialLevelsOnRankZero(summary, top, be)
+        t5 = time.perf_counter()
+        # coarse_hierarchy_s: the mesh hierarchy and its spaces (mesh_hierarchy_s) and the
+        # serial levels (rank 0); partition_s: the cut and the local levels' owners (the
+        # other ranks); handover_s: their way to rank 0 and the serial levels' summary back
+        phases = {"coarse_hierarchy_s": t_split + t3 - t2, "mesh_hierarchy_s": t_split,
+                  "frees_s": t2 - t1, "partition_s": t4 - t3, "handover_s": t5 - t4}
+    else:
+        ml = multigrid(top, assemble, dirichlet=dirichlet, **ckw)       # the serial levels below
+        t_coarse = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        frees = [Constraints(s, dirichlet_dofs(s, dirichlet)).free for s in spaces]
+        t2 = time.perf_counter()
+        ranks = partition_cells(space.mesh, size, weights)
+        t3 = time.perf_counter()
+        # coarse_hierarchy_s: everything before the free masks (device selection, the mesh
+        # hierarchy and its spaces -- mesh_hierarchy_s --, the serial levels below)
+        phases = {"coarse_hierarchy_s": t_coarse, "mesh_hierarchy_s": t_split, "frees_s": t2 - t1,
+                  "partition_s": t3 - t2}
+    t4 = time.perf_counter()
     mg = DistributedHierarchy(ml, ranks, comm, agglomerate_below,
                               local=dict(spaces=spaces, assemble=assemble, frees=frees,
-                                         matrix_free=matrix_free),
+                                         matrix_free=matrix_free, ownership=ownership),
                               min_dofs_per_rank=min_dofs_per_rank, transport=transport)
-    t4 = time.perf_counter()
+    t5 = time.perf_counter()
     f_loc = mg.constrain_local(b)
-    # coarse_hierarchy_s: everything before the free masks (device selection, the mesh
-    # hierarchy and its spaces -- mesh_hierarchy_s --, the serial levels below)
-    phases = {"coarse_hierarchy_s": t_coarse, "mesh_hierarchy_s": t_split, "frees_s": t2 - t1,
-              "partition_s": t3 - t2, "rhs_s": time.perf_counter() - t4}
+    phases["rhs_s"] = time.perf_counter() - t5
     return _krylov_solve(comm, mg, f_loc, ranks, (t0, c0), accel, cycle, rtol,
                          maxiter, callback, lambda x: space.H @ _on_mesh(space, x), ml,
                          extra_timings={**phases, **mg.setup_stats},
                          stacklevel=4, on_device=on_device)
+
+
+def _cut_and_own(space, spaces, size, weights, nranks):
+    """The finest cells' ranks (:func:`~.partition.partition_cells`) and the locally built
+    levels' ``(owners, cell_ranks, nranks)`` (:func:`~.partition.level_ownership`; ``nranks``
+    their numbers of ranks, :func:`~.partition.level_ranks`)."""
+    ranks = partition_cells(space.mesh, size, weights)
+    owners, cells = level_ownership(spaces, ranks, nranks, size)
+    return ranks, (owners, cells, nranks)
+
+
+def _hand_over(comm, space, spaces, nranks, ranks, ownership, transport):
+    """Rank 1's finest cell ranks and local levels' owners and cell ranks (:func:`_cut_and_own`)
+    written into buffers on rank 0 (:func:`~.comm.pass_arrays`, as the narrowest integers that
+    hold a rank: an eighth of int64's bytes below 128 ranks) and widened there; the other
+    ranks keep their own."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    narrow = np.int8 if size < 2 ** 7 else np.int16 if size < 2 ** 15 else np.int32
+    xp = space.mesh.backend.xp
+    if rank == 1:
+        owners, cells, _ = ownership
+        bufs = [xp.ascontiguousarray(a.astype(narrow)) for a in [ranks, *owners, *cells]]
+    elif rank == 0:
+        n = [space.mesh.num_cells] + [s.num_dofs for s in spaces] + [s.mesh.num_cells for s in spaces]
+        bufs = [xp.empty(k, dtype=narrow) for k in n]
+    else:
+        return ranks, ownership
+    pass_arrays(comm, bufs, 1, 0, transport)
+    if rank == 1:
+        return ranks, ownership
+    wide = [a.astype(np.int64) for a in bufs]
+    L = len(spaces)
+    return wide[0], (wide[1:1 + L], wide[1 + L:], nranks)
 
 
 def _on_mesh(space, v):

@@ -229,7 +229,7 @@ csp.diags = lambda d, *a, **k: csr_matrix(sp.diags(np.asarray(d).view(np.ndarray
 
 
 # ---------------------------------------------------------------- a stand-in for cupy.cuda.nccl
-_NCCL_TYPES = {7: np.float64, 6: np.float32, 4: np.int64, 2: np.int32}
+_NCCL_TYPES = {7: np.float64, 6: np.float32, 4: np.int64, 2: np.int32, 1: np.uint8}
 
 
 def _at(ptr, count, dtype):
@@ -307,7 +307,7 @@ def _group_end():
 
 nccl = types.ModuleType("cupy.cuda.nccl")
 nccl.available = True
-nccl.NCCL_FLOAT64, nccl.NCCL_FLOAT32, nccl.NCCL_INT64, nccl.NCCL_INT32 = 7, 6, 4, 2
+nccl.NCCL_FLOAT64, nccl.NCCL_FLOAT32, nccl.NCCL_INT64, nccl.NCCL_INT32, nccl.NCCL_UINT8 = 7, 6, 4, 2, 1
 nccl.NCCL_SUM = 0
 nccl.NcclCommunicator = _NcclCommunicator
 nccl.get_unique_id = lambda: tuple(range(128))

@@ -139,7 +139,9 @@ def record(name, space, A, b, kw, serial_comm):
                 level_owned=[lay.counts.tolist() for lay in dist.mg.layouts],
                 level_cell_ranks=[np.bincount(cr, minlength=COMM.size).tolist()
                                   for cr in dist.mg.cell_ranks],
-                describe_ranks=[r["ranks"] for r in dist.mg.describe()]), dist
+                describe_ranks=[r["ranks"] for r in dist.mg.describe()],
+                serial_kinds=COMM.allgather(type(dist.ml).__name__),
+                serial_top_dofs=dist.ml.spaces[-1].num_dofs), dist
 
 
 def sync_counts(mg, b):

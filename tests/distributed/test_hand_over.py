@@ -1,0 +1,77 @@
+"""Rank 1's cut of the mesh and the local levels' owners handed to rank 0 (the local set-up
+of adaptmg.distributed.solve, where rank 0 alone builds the serial levels): the bytes that
+comm.pass_arrays moves by MPI, and solve._hand_over's narrowing to the smallest integers
+that hold a rank and widening back -- rank 0 ends with exactly rank 1's arrays, as int64.
+Two stand-in ranks in one process share a message queue (the MPI runs of test_mpi.py, the
+NCCL path on two GPUs: -m gpu, check the whole solve)."""
+import numpy as np
+import pytest
+
+from adaptmg.distributed.comm import pass_arrays
+from adaptmg.distributed.partition import level_ownership, level_ranks
+from adaptmg.distributed.solve import _cut_and_own, _hand_over, _split_hierarchy
+from adaptmg.fe import Space
+from test_local_setup import RankOf, _mesh
+
+
+class QueueRank(RankOf):
+    """Rank ``rank`` of ``size`` whose Send / Recv go through the shared list ``queue``."""
+
+    def __init__(self, rank, size, queue):
+        super().__init__(rank, size)
+        self.queue = queue
+
+    def Send(self, buf, dest, tag):
+        self.queue.append((self.rank, dest, tag, np.array(buf, copy=True)))
+
+    def Recv(self, buf, source, tag):
+        src, dst, t, data = self.queue.pop(0)
+        assert (src, dst, t) == (source, self.rank, tag)
+        assert data.dtype == buf.dtype and data.shape == buf.shape
+        buf[...] = data
+
+
+def test_pass_arrays_copies_the_senders_arrays_into_the_receivers():
+    q = []
+    rng = np.random.default_rng(0)
+    sent = [rng.integers(-100, 100, 50).astype(np.int8), rng.integers(0, 9, (3, 4)).astype(np.int16),
+            np.zeros(0, np.int32)]
+    pass_arrays(QueueRank(1, 3, q), sent, 1, 0)
+    assert len(q) == 3
+    pass_arrays(QueueRank(2, 3, q), [np.ones(5)], 1, 0)          # neither sender nor receiver
+    got = [np.full_like(a, 7) for a in sent]
+    pass_arrays(QueueRank(0, 3, q), got, 1, 0)
+    assert not q and all(np.array_equal(a, b) for a, b in zip(sent, got))
+    pass_arrays(QueueRank(0, 1, q), got, 0, 0)                   # to itself: nothing moves
+    assert not q
+    with pytest.raises(ValueError, match="C-contiguous"):
+        pass_arrays(QueueRank(1, 2, q), [np.zeros((4, 4))[:, 1]], 1, 0)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_rank_zero_receives_rank_ones_cut_and_owners_as_int64(size):
+    space = Space(_mesh(2, 3), 1)
+    top, spaces, msg = _split_hierarchy(space, None, 50)
+    assert not msg and top.num_dofs < 50 and len(spaces) >= 2
+    nranks = level_ranks([s.num_dofs for s in spaces], size, 0, 100)
+    ranks, own = _cut_and_own(space, spaces, size, None, nranks)
+    assert nranks[0] < size                                      # a folded level among them
+    q = []
+    assert _hand_over(QueueRank(1, size, q), space, spaces, nranks, ranks, own, "mpi") == (ranks, own)
+    assert all(data.dtype == np.int8 for *_, data in q)          # an eighth of int64's bytes
+    r0, (owners, cells, nr) = _hand_over(QueueRank(0, size, q), space, spaces, nranks, None, None, "mpi")
+    assert not q and nr == nranks
+    for a, b in zip([r0, *owners, *cells], [ranks, *own[0], *own[1]]):
+        assert a.dtype == np.int64 and np.array_equal(a, b)
+    again = level_ownership(spaces, r0, nranks, size)            # what rank 0 would have computed
+    assert all(np.array_equal(a, b) for a, b in zip(again[0] + again[1], owners + cells))
+
+
+def test_level_ownership_needs_one_rank_count_per_level():
+    space = Space(_mesh(2, 2), 1)
+    _, spaces, _ = _split_hierarchy(space, None, 50)
+    ranks = np.zeros(space.mesh.num_cells, dtype=np.int64)
+    with pytest.raises(ValueError, match="rank counts"):
+        level_ownership(spaces, ranks, [1], 2)
+    with pytest.raises(ValueError, match="one rank per cell"):
+        level_ownership(spaces, ranks[:-1], [2] * len(spaces), 2)
