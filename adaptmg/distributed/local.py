@@ -149,7 +149,8 @@ def unit_rows_csr(be, shape, ur, uc, hr, hc, hv):
     r"""Canonical CSR (on ``be``) of the unit entries ``(ur, uc)`` (at most one a row) plus the
     entries ``(hr, hc, hv)`` (distinct positions, none on a unit entry): the shape of
     :math:`(Z H^T)_{o,:}`, whose row ``i`` is ``e_i`` (a free regular DoF) and the weights
-    :math:`H_{ki}` of the hanging ``k`` with parent ``i``.
+    :math:`H_{ki}` of the hanging ``k`` with parent ``i``, and of the local rows of
+    :math:`HZ` (:func:`hz_rows_coo`; :class:`~.matrix_free.DistMatrixFree`).
 
     Written into place: only the few non-unit entries are sorted (by the keys
     ``row * N + column``) and each row's unit entry goes between its smaller and larger
@@ -217,23 +218,24 @@ def constraint_blocks(space, rows, dofs, free):
     HZT_o = unit_rows_csr(be, (n, N), local[reg], reg, local[hp[m]], hk[m], hw[m])
     if dofs is None:
         return HZT_o, None
-    r, c, v = hz_rows_coo(space, dofs, free)
+    r, c, v, _ = hz_rows_coo(space, dofs, free)
     HZ = sp.csr_matrix((v, (r, c)), shape=(N, N))
     HZ.sum_duplicates()
     return HZT_o, HZ
 
 
 def hz_rows_coo(space, dofs, free):
-    """``(row, column, value)`` of the rows ``dofs`` (sorted DoFs, the mesh's array module) of
-    :math:`HZ` in global DoF numbers: a free regular DoF's unit entry, a hanging DoF's free
-    parents with their weights (a Dirichlet DoF's row is empty); the regular rows first."""
+    """``(row, column, value, nunit)`` of the rows ``dofs`` (sorted DoFs, the mesh's array
+    module) of :math:`HZ` in global DoF numbers: a free regular DoF's unit entry, a hanging
+    DoF's free parents with their weights (a Dirichlet DoF's row is empty); the ``nunit``
+    unit entries first (the form :func:`unit_rows_csr` takes)."""
     xp = space.mesh.backend.xp
     hang = space.is_hanging
     reg = dofs[~hang[dofs] & free[dofs]]
     hk, hp, hw = _hanging_rows_coo(space, dofs[hang[dofs]])
     keep = free[hp]
     return (xp.concatenate([reg, hk[keep]]), xp.concatenate([reg, hp[keep]]),
-            xp.concatenate([xp.ones(reg.size), hw[keep]]))
+            xp.concatenate([xp.ones(reg.size), hw[keep]]), int(reg.size))
 
 
 def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_rows=True):

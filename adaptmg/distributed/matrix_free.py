@@ -47,7 +47,7 @@ from ..device import kernels as K
 from ..device.index_kernels import owned_ghost_rows
 from .comm import HaloTimer
 from .csr import DistCSR, _block, _compressed_rows, _device_plan, ghost_numbering
-from .local import _row_scale, constraint_blocks, hz_rows_coo, needed_cells
+from .local import _row_scale, constraint_blocks, hz_rows_coo, needed_cells, unit_rows_csr
 
 __all__ = ["DistMatrixFree"]
 
@@ -155,15 +155,15 @@ class DistMatrixFree(DistCSR):
         mesh's backend), the ghost DoFs (host, ordered by (owner, global index)) and how many
         each rank owns."""
         xp = space.mesh.backend.xp
-        r, c, val = hz_rows_coo(space, lnodes, free)
+        r, c, val, nu = hz_rows_coo(space, lnodes, free)
         lc = layout.local_index(xp, c).astype(np.int64)    # owned: its position; else -1
         ghost = lc < 0
         ghosts, gpos, counts = ghost_numbering(xp, c[ghost].astype(np.int64), layout)
         if gpos.size:
             lc[ghost] = layout.n + gpos
         shape = (int(lnodes.size), layout.n + ghosts.size)
-        HZ = space.mesh.backend.sparse.coo_matrix((val, (loc[r], lc)), shape=shape).tocsr()
-        HZ.sum_duplicates()
+        r = loc[r]                                         # the unit entries first
+        HZ = unit_rows_csr(space.mesh.backend, shape, r[:nu], lc[:nu], r[nu:], lc[nu:], val[nu:])
         return HZ, ghosts, counts
 
     @staticmethod
