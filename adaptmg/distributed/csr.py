@@ -491,14 +491,15 @@ def _pinned(xp, n, dtype):
 
 
 def _split(be, Ml, cols, rank):
-    r"""``(M_oo, M_og, ghosts)`` of the canonical CSR rows ``Ml`` (global columns) on ``be``
+    r"""``(M_oo, M_og, ghosts, counts)`` of the canonical CSR rows ``Ml`` (global columns) on ``be``
     (module doc): an entry is owned when its local column (``cols``' compact ``local`` table,
     or a range test of a :class:`RangeLayout`) is not -1, else a ghost.  Both blocks come from
     :func:`adaptmg.device.index_kernels.owned_ghost_rows` (on the device a count and a fill
     kernel over the rows, each entry read once a pass; on the host its twin), each keeping the
     rows' order; ``ghosts`` (host) are the distinct ghost columns ordered by (owner, global
     index), found by one ``unique`` over the ghost entries -- only they cross to the host on
-    the GPU, O(halo) -- and each ghost entry's column is its position among them."""
+    the GPU, O(halo) -- and each ghost entry's column is its position among them; ``counts``
+    the ghosts per owner (:func:`ghost_numbering`)."""
     xp = be.xp
     if isinstance(cols, RangeLayout):
         table, lo, hi = None, cols.lo, cols.hi
