@@ -6,7 +6,7 @@ of ``--channels`` this starts ``mpiexec -n P`` (one rank per GPU, ``NCCL_MAX_NCH
 to the value; ``default``: the variable removed, NCCL's own choice) and prints per rank the
 seconds of the communicator's creation, of the first and second all-reduce (one float64)
 and of the first and second send/receive group (1000 float64 to the next rank, from the
-previous one), each after a synchronisation.  :data:`adaptmg.distributed.comm.NCCL_CHANNELS`
+previous one), each after a synchronisation.  :data:`adaptmg.distributed.nccl.NCCL_CHANNELS`
 is what ``adaptmg.distributed`` sets when the environment has none; the solves' side of
 the choice: ``NCCL_MAX_NCHANNELS=<n> python scripts/bench_distributed.py ...`` (the driver
 passes the environment on).

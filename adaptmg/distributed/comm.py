@@ -4,8 +4,8 @@ and for the GPU backend the device of each rank and the halo transport.
 Everything here is host-side mpi4py.  ``mpi4py`` is imported lazily, so that
 ``import adaptmg.distributed`` works (and a one-rank run takes the serial code path)
 where it is not installed.  CuPy is reached only through ``adaptmg.backend.get_backend("gpu")``
-and NCCL through :func:`adaptmg.backend.nccl_module` (in :func:`nccl_communicator` /
-:func:`nccl_available`), so nothing here needs a GPU unless the GPU backend is asked for.
+and NCCL through :mod:`.nccl` (its communicator, stream and device collectives), so
+nothing here needs a GPU unless the GPU backend is asked for.
 
 GPU backend (see :mod:`.csr` for the exchange itself):
 
@@ -22,7 +22,7 @@ GPU backend (see :mod:`.csr` for the exchange itself):
   on one device) and ``cupy.cuda.nccl`` is available; :func:`choose_transport` is the
   rule.  ``"mpi"`` names the CPU backend's exchange (NumPy buffers).
 * :func:`allreduce_sum` -- the Krylov solvers' global reductions: a host ``Allreduce``
-  (``"mpi"``, ``"host"``) or, with the NCCL transport, :class:`NcclSum`, an
+  (``"mpi"``, ``"host"``) or, with the NCCL transport, :class:`.nccl.NcclSum`, an
   ``ncclAllReduce`` on the device that leaves the result there (no host synchronisation).
 
 Failure policy.  A distributed solve must never hang because one rank failed:
@@ -47,10 +47,12 @@ import traceback
 
 import numpy as np
 
-__all__ = ["allreduce_sum", "NcclSum", "nccl_type", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
+from .nccl import NcclSum, _Ordered, nccl_available, nccl_communicator, nccl_ready
+
+__all__ = ["allreduce_sum", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
            "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
-           "select_device", "choose_transport", "resolve_transport", "nccl_available",
-           "nccl_communicator", "nccl_stream", "nccl_allgather", "alltoallv", "TRANSPORTS"]
+           "select_device", "choose_transport", "resolve_transport", "pass_arrays",
+           "alltoallv", "TRANSPORTS"]
 
 #: environment variables in which MPI launchers announce the job size / this process's rank
 #: (MPICH/Hydra and Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*)
@@ -323,7 +325,7 @@ def allreduce_sum(comm, transport="mpi"):
     ``transport`` (the hierarchy's halo transport, :func:`resolve_transport`): ``"mpi"``
     (CPU) and ``"host"`` -- one ``Allreduce`` of a NumPy array; a CuPy partial is copied to
     the host (a synchronisation), reduced there and uploaded again.  ``"nccl"`` -- a
-    :class:`NcclSum`: the partial is summed on the device (``ncclAllReduce``), the result is
+    :class:`.nccl.NcclSum`: the partial is summed on the device (``ncclAllReduce``), the result is
     a device array and the host does not wait."""
     if transport == "nccl":
         return NcclSum(comm)
@@ -340,94 +342,6 @@ def allreduce_sum(comm, transport="mpi"):
     return f
 
 
-def nccl_type(nccl, dtype):
-    """``(NCCL data type constant, entries per element)`` for ``dtype``: a complex array is
-    sent (and summed: the sum of complex numbers is the sum of their real and imaginary
-    parts) as twice as many entries of its real type."""
-    dtype = np.dtype(dtype)
-    factor = 2 if dtype.kind == "c" else 1
-    base = dtype.type(0).real.dtype if factor == 2 else dtype
-    names = {"float64": "NCCL_FLOAT64", "float32": "NCCL_FLOAT32", "int64": "NCCL_INT64",
-             "int32": "NCCL_INT32"}
-    name = names.get(base.name)
-    if name is None:
-        raise TypeError(f"no NCCL type for dtype {dtype}")
-    return getattr(nccl, name), factor
-
-
-class _Ordered:
-    """Two events that put NCCL calls on the communicator's stream (:func:`nccl_stream`, where
-    all of its NCCL work goes, in the same order on every rank) after the current stream's
-    work so far and before its later work -- the host never waits."""
-
-    def __init__(self, comm, xp):
-        self.xp = xp
-        self.stream = nccl_stream(comm)
-        self.sptr = self.stream.ptr
-        self.ready = xp.cuda.Event(disable_timing=True)    # after the inputs (current stream)
-        self.done = xp.cuda.Event(disable_timing=True)     # after the call (NCCL stream)
-
-    def run(self, call):
-        cur = self.xp.cuda.get_current_stream()
-        self.ready.record(cur)
-        self.stream.wait_event(self.ready)
-        call(self.sptr)
-        self.done.record(self.stream)
-        cur.wait_event(self.done)
-
-
-class NcclSum:
-    r"""``a -> sum over the ranks of comm of a`` on the device: one ``ncclAllReduce`` (sum)
-    of the CuPy array ``a`` into a new device array, which is returned.
-
-    Ordering (the same pattern as the NCCL halo exchange of :mod:`.csr`, :class:`_Ordered`):
-    an event recorded on the current stream after ``a`` was computed, the communicator's
-    stream waits for it, runs the allreduce and records a second event that the current
-    stream waits for.  So the result is read only after the allreduce, and ``a``'s and the
-    result's memory (CuPy's pool reuses it in order on the current stream) is not reused
-    before it; the host never waits.  ``calls`` counts the reductions."""
-
-    def __init__(self, comm):
-        from ..backend import get_backend, nccl_module
-        self.xp = xp = get_backend("gpu").xp
-        self.nccl = nccl_module()
-        self.op = getattr(self.nccl, "NCCL_SUM", 0)       # ncclSum is 0 in every NCCL version
-        self.nc = nccl_communicator(comm)
-        self.order = _Ordered(comm, xp)
-        self.calls = 0
-
-    def __call__(self, a):
-        xp = self.xp
-        if not isinstance(a, xp.ndarray):
-            raise TypeError(f"NcclSum reduces device (CuPy) arrays, got {type(a).__name__}")
-        a = xp.ascontiguousarray(a)
-        dt, factor = nccl_type(self.nccl, a.dtype)
-        out = xp.empty_like(a)
-        self.order.run(lambda sptr: self.nc.allReduce(a.data.ptr, out.data.ptr, a.size * factor, dt, self.op, sptr))
-        self.calls += 1
-        return out
-
-
-def nccl_allgather(comm, x, counts):
-    """Every rank's device vector ``x`` (``counts[p]`` entries on rank ``p``) concatenated in
-    rank order, on every rank's device: one ``ncclAllGather`` of the vectors padded to the
-    largest count (ordered as :class:`NcclSum`; collective)."""
-    from ..backend import get_backend, nccl_module
-    xp = get_backend("gpu").xp
-    counts = np.asarray(counts, dtype=np.int64)
-    m, rank = int(counts.max(initial=0)), comm.Get_rank()
-    if x.shape != (int(counts[rank]),):
-        raise ValueError(f"nccl_allgather: rank {rank} has {x.shape} entries, counts say {int(counts[rank])}")
-    send = xp.zeros(m, dtype=x.dtype)
-    send[:x.size] = x
-    recv = xp.empty(m * counts.size, dtype=x.dtype)
-    dt, factor = nccl_type(nccl_module(), x.dtype)
-    nc = nccl_communicator(comm)
-    if m:
-        _Ordered(comm, xp).run(lambda sptr: nc.allGather(send.data.ptr, recv.data.ptr, m * factor, dt, sptr))
-    return xp.concatenate([recv[p * m:p * m + int(c)] for p, c in enumerate(counts)])
-
-
 _PASS_TAG = 23       # pass_arrays' MPI messages
 
 
@@ -435,7 +349,7 @@ def pass_arrays(comm, arrays, src: int, dst: int, transport: str = "mpi") -> Non
     """Rank ``src``'s ``arrays`` copied into rank ``dst``'s ``arrays`` (buffers of the same
     shapes and dtypes there, written in place; other ranks do nothing).  Their bytes go by
     one NCCL group of sends / receives where ``transport`` is ``"nccl"`` and the arrays are
-    on the device (ordered on the current stream as :class:`NcclSum`: the host does not
+    on the device (ordered on the current stream as :class:`.nccl.NcclSum`: the host does not
     wait), else by MPI (device arrays through host copies)."""
     rank = comm.Get_rank()
     if rank not in (src, dst) or src == dst:
@@ -607,13 +521,6 @@ def choose_transport(requested, placements, nccl_ok):
     return ("host" if requested == "auto" else ""), why
 
 
-def nccl_available() -> bool:
-    """True when ``cupy.cuda.nccl`` imports and reports itself available
-    (:func:`adaptmg.backend.nccl_module`)."""
-    from ..backend import nccl_module
-    return nccl_module() is not None
-
-
 def resolve_transport(comm, requested=None, backend=None) -> str:
     """The halo transport for ``backend`` on ``comm`` (collective for a GPU backend unless
     ``requested`` is ``"host"``): ``"mpi"`` on the CPU; on the GPU :func:`choose_transport`
@@ -636,63 +543,10 @@ def resolve_transport(comm, requested=None, backend=None) -> str:
         raise ValueError(f"halo transport must be one of {_REQUESTS}, got {requested!r}")
     if comm.Get_size() == 1:
         return "host"
-    hit = _NCCL.get(id(comm))
-    if requested == "nccl" and hit is not None and hit[0] is comm:
+    if requested == "nccl" and nccl_ready(comm):
         return "nccl"
     info = comm.allgather((_placement(), nccl_available()))
     choice, why = choose_transport(requested, [p for p, _ in info], [ok for _, ok in info])
     if not choice:
         raise ValueError(f"halo transport 'nccl' requested but {why}")
     return choice
-
-
-_NCCL = {}        # id(comm) -> (comm, NcclCommunicator): built once per communicator
-_NCCL_STREAMS = {}   # id(comm) -> (comm, cupy Stream): the halo exchanges' stream
-
-
-def nccl_stream(comm):
-    """The CUDA stream (non-blocking, on the current device) on which the NCCL halo exchanges
-    over ``comm`` run, one per communicator, so that they overlap the owned block's SpMV on
-    the current stream (:mod:`.csr`)."""
-    hit = _NCCL_STREAMS.get(id(comm))
-    if hit is not None and hit[0] is comm:
-        return hit[1]
-    from ..backend import get_backend
-    stream = get_backend("gpu").xp.cuda.Stream(non_blocking=True)
-    _NCCL_STREAMS[id(comm)] = (comm, stream)
-    return stream
-
-
-#: ``NCCL_MAX_NCHANNELS`` that :func:`nccl_communicator` sets where the environment does not
-#: (before NCCL reads it).  NCCL connects a communicator's channels lazily, on the first
-#: collective and the first send/receive, at a cost per channel: on two NVLink H200 (NCCL
-#: 2.28.9, ``scripts/bench_nccl_first_use.py``) the first all-reduce and the first
-#: send/receive group took 0.94 + 1.20 s with NCCL's default channels, 0.16 + 0.15 s with 4
-#: (2: 0.10 + 0.08; 8: 0.32 + 0.31); a fresh process's first distributed set-up at 4.8M DoFs
-#: (``scripts/bench_distributed.py --ranks 2 --dofs-per-rank 2.6e6``, kernel caches filled)
-#: 3.08 s with NCCL's channels, 1.12 s with 4 (0.26 s warm).  The exchanges here are halos
-#: and scalar sums: with 4 channels the solves took the same time (``bench_distributed.py``
-#: with ``NCCL_MAX_NCHANNELS`` set: 21M DoFs per GPU 87.1 vs 86.5 ms, 2.7M DoFs on two 12.7
-#: vs 13.4 ms; with 2 channels 88.9 and 15.2 ms).  A value in the environment is kept.
-NCCL_CHANNELS = 4
-
-
-def nccl_communicator(comm):
-    """The NCCL communicator over the ranks of ``comm`` (same rank numbers), built once per
-    communicator (collective the first time: rank 0's unique id is broadcast over MPI) on
-    the current device; ``NCCL_MAX_NCHANNELS`` defaults to :data:`NCCL_CHANNELS` for the
-    process (set before the first communicator, when the environment has none)."""
-    hit = _NCCL.get(id(comm))
-    if hit is not None and hit[0] is comm:
-        return hit[1]
-    from ..backend import nccl_module
-    nccl = nccl_module()
-    if nccl is None:
-        raise RuntimeError("NCCL transport: cupy.cuda.nccl is not available on this rank")
-    os.environ.setdefault("NCCL_MAX_NCHANNELS", str(NCCL_CHANNELS))
-    rank, size = comm.Get_rank(), comm.Get_size()
-    uid = nccl.get_unique_id() if rank == 0 else None
-    uid = comm.bcast(uid, root=0)
-    nc = nccl.NcclCommunicator(size, uid, rank)
-    _NCCL[id(comm)] = (comm, nc)          # the reference keeps id(comm) unique
-    return nc

@@ -37,7 +37,7 @@ CuPy arrays.  One exchange, by ``transport`` (:func:`.comm.resolve_transport`):
   exchange waits for that copy (a CUDA event) before it reuses the host ghost buffer.
 * ``"nccl"``: the same ``take`` on the current stream, then ``ncclSend``/``ncclRecv`` of
   device buffers inside one ``groupStart``/``groupEnd`` on the communicator's own stream
-  (:func:`.comm.nccl_stream`), which first waits for an event recorded after the ``take``;
+  (:func:`.nccl.nccl_stream`), which first waits for an event recorded after the ``take``;
   the owned block's SpMV runs on the current stream meanwhile (overlapping the exchange on
   the device), and the current stream waits for an event recorded after the group before
   the ghost block's SpMV.  Nothing waits on the host.  Successive exchanges are ordered by
@@ -73,7 +73,8 @@ import scipy.sparse as sp
 from ..backend import CPU, get_backend, is_device_array, is_device_sparse, nccl_module, to_host
 from ..device import kernels as K
 from ..device.index_kernels import owned_ghost_rows
-from .comm import HaloTimer, alltoallv, nccl_communicator, nccl_stream, nccl_type, resolve_transport
+from .comm import HaloTimer, alltoallv, resolve_transport
+from .nccl import nccl_communicator, nccl_stream, nccl_type
 from .layout import Layout, RangeLayout
 
 __all__ = ["Layout", "RangeLayout", "DistCSR", "dot", "dots", "norm"]

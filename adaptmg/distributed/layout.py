@@ -132,7 +132,7 @@ class Layout:
     def allgather(self, x_local, device: bool = False, transport: str = "mpi"):
         """The global vector on every rank (one ``Allgatherv`` of host buffers; with ``transport``
         "nccl" and a device ``x_local`` one ``ncclAllGather`` on the devices,
-        :func:`.comm.nccl_allgather`: nothing of O(N) crosses to the host).
+        :func:`.nccl.nccl_allgather`: nothing of O(N) crosses to the host).
 
         The received buffer is rank-major (rank 0's entries, then rank 1's, ...); global
         entry ``i`` sits at position ``perm^{-1}[i]`` with ``perm`` the stable argsort of
@@ -144,7 +144,7 @@ class Layout:
             raise ValueError(f"local vector must have shape ({self.n},), got {x_local.shape}")
         on_dev = self._dev is not None and "owner" not in self.__dict__
         if on_dev and transport == "nccl" and is_device_array(x_local):
-            from .comm import nccl_allgather
+            from .nccl import nccl_allgather
             buf = nccl_allgather(self.comm, x_local, self.counts)
         else:
             buf = np.empty(self.N, dtype=x_local.dtype)

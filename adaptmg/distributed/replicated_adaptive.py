@@ -48,7 +48,8 @@ from ..fe import Space
 from ..fe.norms import errors as _errors
 from ..mesh import Mesh
 from .adaptive import loop_arguments
-from .comm import NcclSum, agree, get_comm
+from .comm import agree, get_comm
+from .nccl import NcclSum
 from .solve import solve
 
 __all__ = ["adaptive_loop_replicated", "PHASES"]

@@ -62,8 +62,8 @@ from ..mesh import Mesh
 from ..backend import get_backend, to_host
 from ..multilevel.hierarchy import _value_dict, dirichlet_dofs, multigrid
 from ..linalg._vectorops import global_norm, global_reductions
-from .comm import (agree, allreduce_sum, get_comm, guard, names_gpu, nccl_communicator, pass_arrays,
-                   resolve_transport, select_device)
+from .comm import agree, allreduce_sum, get_comm, guard, names_gpu, pass_arrays, resolve_transport, select_device
+from .nccl import nccl_communicator
 from .hierarchy import DistributedHierarchy, SerialLevelsOnRankZero
 from .partition import imbalance, level_ownership, level_ranks, partition_cells
 

@@ -11,6 +11,7 @@ import fake_cupy
 from adaptmg import assemble
 from adaptmg.backend import CPU
 from adaptmg.distributed import comm as C
+from adaptmg.distributed import nccl as N
 from adaptmg.distributed import solve
 from adaptmg.fe import Space
 from adaptmg.mesh import Mesh
@@ -161,11 +162,11 @@ def test_resolved_nccl_skips_the_collective(monkeypatch):
     monkeypatch.setattr(C, "_placement", lambda: ("n1", "0000:01"))
     apart = [(("n1", "0000:01"), True), (("n1", "0000:02"), True)]
     comm, other = _Comm(gathered=apart), _Comm(gathered=apart)
-    monkeypatch.setitem(C._NCCL, id(comm), (comm, object()))
+    monkeypatch.setitem(N._NCCL, id(comm), (comm, object()))
     assert C.resolve_transport(comm, "nccl", _GPU()) == "nccl" and comm.calls == []
     assert C.resolve_transport(comm, "auto", _GPU()) == "nccl" and comm.calls == ["allgather"]
     assert C.resolve_transport(other, "nccl", _GPU()) == "nccl" and other.calls == ["allgather"]
-    monkeypatch.setitem(C._NCCL, id(other), (comm, object()))      # a stale entry: another comm
+    monkeypatch.setitem(N._NCCL, id(other), (comm, object()))      # a stale entry: another comm
     other.calls.clear()
     assert C.resolve_transport(other, "nccl", _GPU()) == "nccl" and other.calls == ["allgather"]
 
@@ -173,7 +174,7 @@ def test_resolved_nccl_skips_the_collective(monkeypatch):
 @pytest.mark.parametrize("preset", [None, "16"])
 def test_nccl_communicator_limits_the_channels_unless_set(monkeypatch, preset):
     """NCCL_MAX_NCHANNELS is NCCL_CHANNELS when the first communicator is made (NCCL connects
-    channels lazily at a cost per channel, comm.NCCL_CHANNELS), a value in the environment
+    channels lazily at a cost per channel, nccl.NCCL_CHANNELS), a value in the environment
     is kept; the communicator is made once per communicator."""
     import adaptmg.backend as B
     seen = []
@@ -185,7 +186,7 @@ def test_nccl_communicator_limits_the_channels_unless_set(monkeypatch, preset):
 
         class NcclCommunicator:
             def __init__(self, size, uid, rank):
-                seen.append((size, uid, rank, C.os.environ.get("NCCL_MAX_NCHANNELS")))
+                seen.append((size, uid, rank, N.os.environ.get("NCCL_MAX_NCHANNELS")))
 
     class Comm:
         def Get_rank(self):
@@ -202,11 +203,11 @@ def test_nccl_communicator_limits_the_channels_unless_set(monkeypatch, preset):
     else:
         monkeypatch.setenv("NCCL_MAX_NCHANNELS", preset)
     monkeypatch.setattr(B, "nccl_module", lambda: Nccl)
-    monkeypatch.setattr(C, "_NCCL", {})
+    monkeypatch.setattr(N, "_NCCL", {})
     comm = Comm()
-    nc = C.nccl_communicator(comm)
-    assert C.nccl_communicator(comm) is nc
-    assert seen == [(2, b"id", 0, preset or str(C.NCCL_CHANNELS))] and C.NCCL_CHANNELS == 4
+    nc = N.nccl_communicator(comm)
+    assert N.nccl_communicator(comm) is nc
+    assert seen == [(2, b"id", 0, preset or str(N.NCCL_CHANNELS))] and N.NCCL_CHANNELS == 4
 
 
 class OneRank:
@@ -235,12 +236,12 @@ def test_nccl_type_and_reduction_choice():
     TypeError), and allreduce_sum's choice by transport: the device reduction for "nccl", an
     unknown transport a ValueError naming it."""
     nccl = fake_cupy.nccl
-    assert C.nccl_type(nccl, np.float64) == (nccl.NCCL_FLOAT64, 1)
-    assert C.nccl_type(nccl, np.float32) == (nccl.NCCL_FLOAT32, 1)
-    assert C.nccl_type(nccl, np.complex128) == (nccl.NCCL_FLOAT64, 2)
-    assert C.nccl_type(nccl, np.complex64) == (nccl.NCCL_FLOAT32, 2)
+    assert N.nccl_type(nccl, np.float64) == (nccl.NCCL_FLOAT64, 1)
+    assert N.nccl_type(nccl, np.float32) == (nccl.NCCL_FLOAT32, 1)
+    assert N.nccl_type(nccl, np.complex128) == (nccl.NCCL_FLOAT64, 2)
+    assert N.nccl_type(nccl, np.complex64) == (nccl.NCCL_FLOAT32, 2)
     with pytest.raises(TypeError, match="no NCCL type for dtype float16"):
-        C.nccl_type(nccl, np.float16)
+        N.nccl_type(nccl, np.float16)
     with pytest.raises(ValueError, match="'gloo'"):
         C.allreduce_sum(_Comm(), "gloo")
     assert callable(C.allreduce_sum(_Comm(), "host")) and callable(C.allreduce_sum(_Comm()))
