@@ -52,7 +52,7 @@ from .nccl import NcclSum, _Ordered, nccl_available, nccl_communicator, nccl_rea
 __all__ = ["allreduce_sum", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
            "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
            "select_device", "choose_transport", "resolve_transport", "pass_arrays",
-           "alltoallv", "TRANSPORTS"]
+           "waitall", "alltoallv", "TRANSPORTS"]
 
 #: environment variables in which MPI launchers announce the job size / this process's rank
 #: (MPICH/Hydra and Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*)
@@ -261,6 +261,9 @@ class guard:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None and self.comm is not None and self.comm.Get_size() > 1 \
                 and not issubclass(exc_type, (KeyboardInterrupt, GeneratorExit)):
+            if getattr(self.comm, "in_process", False):
+                self.comm.Abort(1)       # ranks of one process: the others' calls raise, this propagates
+                return False
             _abort(self.comm, exc_type, exc, tb)
         return False
 
@@ -279,6 +282,19 @@ def install_excepthook(comm=None) -> None:
         _abort(comm, exc_type, exc, tb)
 
     sys.excepthook = hook
+
+
+def waitall(requests) -> None:
+    """Wait for the point-to-point ``requests`` (mpi4py's ``Request.Waitall``; the requests of
+    an in-process communicator, :mod:`.thread_comm`, one by one)."""
+    if not requests:
+        return
+    if getattr(requests[0], "in_process", False):
+        for r in requests:
+            r.Wait()
+        return
+    from mpi4py import MPI
+    MPI.Request.Waitall(requests)
 
 
 def _displs(counts):
@@ -423,7 +439,10 @@ def local_rank_from_env(environ=None):
 def local_rank(comm=None) -> int:
     """Rank of this process on its node: from the launcher's environment, else (collective
     on ``comm``) the rank in ``comm.Split_type(MPI.COMM_TYPE_SHARED)``; 0 without a
-    communicator."""
+    communicator, and for the ranks of an in-process communicator (:mod:`.thread_comm`: they
+    share the process's device)."""
+    if getattr(comm, "in_process", False):
+        return 0                            # ranks of one process share its device
     r = local_rank_from_env()
     if r is not None:
         return r

@@ -73,7 +73,7 @@ import scipy.sparse as sp
 from ..backend import CPU, get_backend, is_device_array, is_device_sparse, nccl_module, to_host
 from ..device import kernels as K
 from ..device.index_kernels import owned_ghost_rows
-from .comm import HaloTimer, alltoallv, resolve_transport
+from .comm import HaloTimer, alltoallv, resolve_transport, waitall
 from .nccl import nccl_communicator, nccl_stream, nccl_type
 from .layout import Layout, RangeLayout
 
@@ -343,8 +343,7 @@ class DistCSR:
             if reqs is not None:
                 reqs.wait_event(self._landed)
         else:
-            from mpi4py import MPI
-            MPI.Request.Waitall(reqs)
+            waitall(reqs)
             if self.transport == "host" and self.ghosts.size:
                 # received values -> device ghost buffer, on the current stream (ordered before
                 # the ghost block's SpMV); the next exchange waits for it before reusing _ghost
