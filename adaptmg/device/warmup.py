@@ -113,6 +113,31 @@ def _spectral(backend, n, degrees, solve_degree=3):
     poisson(mesh, solve_degree, _ones, backend=backend)
 
 
+
+def _distributed(backend, levels=(4, 6), ranks=2):
+    """:func:`adaptmg.distributed.solve` with the local set-up on ``ranks`` in-process ranks
+    (:mod:`adaptmg.distributed.thread_comm`: both sides of every exchange, rank 0's serial
+    levels and the other ranks' cut and hand-over) on a box refined ``levels`` times plus one
+    local refinement (CuPy's reductions compile per size class: ~3e4 and ~1.3e6 DoFs a rank
+    by default), the mesh on the backend; the smaller one also with a host mesh and with
+    matrix-free levels.  The ranks share this process's device, so the halo goes by host
+    staging: the NCCL path's few kernels of its own are left to the first run."""
+    from .. import assemble
+    from ..distributed import solve
+    from ..distributed.thread_comm import run_ranks
+    from ..fe import Space
+
+    def one(comm, n, mesh_backend, matrix_free):
+        space = Space(_mesh(3, n, 1, mesh_backend), 1)
+        b = assemble.load(space, 1.0)
+        solve(space, assemble.stiffness, b, comm=comm, rtol=1e-8, local_setup=True, backend=backend,
+              matrix_free=matrix_free)
+    for i, n in enumerate(levels):
+        run_ranks(ranks, one, n, backend, False)
+        if i == 0:
+            run_ranks(ranks, one, n, "cpu", False)
+            run_ranks(ranks, one, n, backend, True)
+
 #: name -> (function, args): the small problems :func:`warmup` runs, one process each; in
 #: priority order (the kernel manifest's replay order, :mod:`.kernel_manifest`: the most
 #: common problems' kernels first)
@@ -141,6 +166,7 @@ TASKS = {
     "smoothers-2d": (_geometric, (2, 1, 4, 1, ("float64",),
                                   ("chebyshev", "gauss_seidel", "l1_gauss_seidel", "block_jacobi"))),
     "spectral": (_spectral, (2, tuple(range(1, 9)))),
+    "distributed": (_distributed, ()),
 }
 
 

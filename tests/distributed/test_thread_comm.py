@@ -140,3 +140,8 @@ def test_distributed_solve_on_threads_matches_one_rank(P):
         assert "handover_s" in keys             # the split set-up ran
     assert it1 <= 8
 
+
+def test_warmup_distributed_task_runs_on_the_host():
+    from adaptmg.device.warmup import TASKS, _distributed
+    assert TASKS["distributed"][0] is _distributed
+    _distributed("cpu", levels=(3,))
