@@ -68,6 +68,26 @@ def _geometric(backend, dim, degree, n, local, dtypes=("float64", "float32"), sm
             ml.expand(ml.solve(b, rtol=1e-8, accel="cg"))
 
 
+
+#: free device memory (GiB) a task of ~2e7 DoFs needs; a smaller GPU skips it (it never runs
+#: problems that large, so it needs none of their kernels)
+HUGE_GIB = 48
+
+
+def _device_fits(backend, gib=HUGE_GIB) -> bool:
+    """Whether ``backend`` is the GPU and its current device has ``gib`` GiB free."""
+    if backend != "gpu":
+        return False
+    from ..backend import get_backend
+    free, _ = get_backend("gpu").xp.cuda.runtime.memGetInfo()
+    return free >= gib * 2 ** 30
+
+
+def _huge(backend, *args):
+    """:func:`_geometric` of a ~2e7-DoF problem, on a GPU with :data:`HUGE_GIB` GiB free only."""
+    if _device_fits(backend):
+        _geometric(backend, *args)
+
 def _amg(backend, dim, n, local=0):
     from .. import amg, assemble, multigrid
     from ..fe import Space
@@ -114,14 +134,17 @@ def _spectral(backend, n, degrees, solve_degree=3):
 
 
 
-def _distributed(backend, levels=(4, 6), ranks=2):
+def _distributed(backend, levels=(4, 6, 7), ranks=2):
     """:func:`adaptmg.distributed.solve` with the local set-up on ``ranks`` in-process ranks
     (:mod:`adaptmg.distributed.thread_comm`: both sides of every exchange, rank 0's serial
     levels and the other ranks' cut and hand-over) on a box refined ``levels`` times plus one
-    local refinement (CuPy's reductions compile per size class: ~3e4 and ~1.3e6 DoFs a rank
-    by default), the mesh on the backend; the smaller one also with a host mesh and with
-    matrix-free levels.  The ranks share this process's device, so the halo goes by host
-    staging: the NCCL path's few kernels of its own are left to the first run."""
+    local refinement (CuPy's reductions compile per size class, and arrays past 2 GB take
+    kernels with 64-bit indices: ~3e4, ~1.3e6 and ~1e7 DoFs a rank by default, the last on a
+    GPU with :data:`HUGE_GIB` GiB free only), the mesh on the backend; the smallest one also
+    with a host mesh and with matrix-free levels.  The ranks share this process's device, so
+    the halo goes by host staging: what only the NCCL path compiles, and the 64-bit variants
+    that a replicated mesh past 2 GB of cells needs (~2e7 DoFs a rank on two ranks), are left
+    to the first run that needs them."""
     from .. import assemble
     from ..distributed import solve
     from ..distributed.thread_comm import run_ranks
@@ -133,10 +156,13 @@ def _distributed(backend, levels=(4, 6), ranks=2):
         solve(space, assemble.stiffness, b, comm=comm, rtol=1e-8, local_setup=True, backend=backend,
               matrix_free=matrix_free)
     for i, n in enumerate(levels):
+        if n >= 7 and not _device_fits(backend):         # ~2e7 DoFs in all: a large GPU only
+            continue
         run_ranks(ranks, one, n, backend, False)
         if i == 0:
             run_ranks(ranks, one, n, "cpu", False)
             run_ranks(ranks, one, n, backend, True)
+
 
 #: name -> (function, args): the small problems :func:`warmup` runs, one process each; in
 #: priority order (the kernel manifest's replay order, :mod:`.kernel_manifest`: the most
@@ -151,6 +177,9 @@ TASKS = {
     # larger size (CuPy's reduction kernels follow the array sizes, see amg-3d-large)
     "q1-3d-device-mesh": (_geometric, (3, 1, 3, 1, ("float64",), ("jacobi",), 1, True)),
     "q1-3d-device-mesh-large": (_geometric, (3, 1, 5, 1, ("float64",), ("jacobi",), 1, True)),
+    # ... and a ~2e7-DoF one with hanging nodes: arrays past 2 GB (the matrix, the assembly's
+    # entries) take CuPy's and adaptmg's kernels with 64-bit indices, compiled separately
+    "q1-3d-device-mesh-huge": (_huge, (3, 1, 7, 1, ("float64",), ("jacobi",), 1, True)),
     "q1-2d-device-mesh": (_geometric, (2, 1, 5, 2, ("float64",), ("jacobi",), 1, True)),
     "amg-3d": (_amg, (3, 4)),
     # CuPy's reduction kernels are compiled per block shape, which follows the array sizes:

@@ -106,6 +106,17 @@ def test_warmup_tasks_run_on_the_host(task):
     run_task(task, backend="cpu")
 
 
+def test_huge_warmup_task_runs_on_a_large_gpu_only():
+    """The ~2e7-DoF task (kernels with 64-bit indices) is skipped on the host and where the
+    device has less than HUGE_GIB free: a quick return, not a 2e7-DoF host solve."""
+    import time
+    from adaptmg.device import warmup as W
+    assert W.TASKS["q1-3d-device-mesh-huge"][0] is W._huge and not W._device_fits("cpu")
+    t = time.perf_counter()
+    run_task("q1-3d-device-mesh-huge", backend="cpu")
+    assert time.perf_counter() - t < 5.0
+
+
 def test_warmup_refuses_unknown_tasks_and_needs_a_gpu():
     with pytest.raises(ValueError, match="unknown warm-up task"):
         run_task("nope")
