@@ -50,13 +50,17 @@ per-rank set-up (hierarchy, owners, assembly, constraints, transfers, DistCSR bl
 smoothers) runs on the device arrays; ``cpu``: the host mesh (the set-up on the host, moved
 up).  ``mesh_s`` in the phases is the mesh and the load vector, not part of the set-up;
 with ``--phases`` one row per rank, P = 1 included (its serial ``multigrid()`` set-up as
-``multigrid_s``).
+``multigrid_s``).  ``--cold``: each P runs in empty kernel cache folders -- without
+``--warm-setup`` the first set-up a user meets on a new machine (kernels from the shipped
+cubins, the rest compiled by NVRTC), e.g. ``--cold --ranks 2 --dofs-per-rank 2.6e6 --repeat 1``.
 """
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -337,7 +341,16 @@ def driver(args):
                    "--length", str(args.length), "--ball", str(args.ball)] + \
                   (["--warm-setup"] if args.warm_setup else []) + (["--matrix-free"] if args.matrix_free else []) + \
                   ["--setup-repeat", str(args.setup_repeat)]
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            run_env, cold_dir = env, None
+            if args.cold:                    # a first run on a machine: empty kernel cache folders
+                cold_dir = tempfile.mkdtemp(prefix="adaptmg-cold-")
+                run_env = dict(env, CUPY_CACHE_DIR=os.path.join(cold_dir, "cupy"),
+                               ADAPTMG_KERNEL_CACHE=os.path.join(cold_dir, "adaptmg"))
+            try:
+                out = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=args.timeout)
+            finally:
+                if cold_dir is not None:
+                    shutil.rmtree(cold_dir, ignore_errors=True)
             if out.returncode != 0:
                 sys.exit(f"P={P} failed:\n{out.stderr[-4000:]}")
             lines = out.stdout.strip().splitlines()
@@ -347,7 +360,7 @@ def driver(args):
     t1 = rows[0]["solve"] if rows[0]["P"] == 1 else None
     print(f"{args.mode} scaling, {args.dim}-D Q1 Poisson, multigrid-CG to rtol 1e-8 "
           f"({'CPU/MPI' if args.backend == 'cpu' else 'GPU, transport ' + str(rows[-1].get('transport'))}, "
-          f"mesh on the {args.mesh_backend}, {os.cpu_count()} cores)")
+          f"mesh on the {args.mesh_backend}, {os.cpu_count()} cores{', empty kernel caches' if args.cold else ''})")
     print(f"{'P':>3} {'set-up':>10} {'DoFs':>10} {'setup s':>9} {'solve s':>9} {'its':>4} {'halo %':>7} "
           f"{'coarse %':>8} {'eff %':>6} {'D2H':>4}  set-up s per rank / finest cells assembled per rank (of all)")
     for r in rows:
@@ -410,6 +423,10 @@ def main():
     ap.add_argument("--warm-setup", action="store_true",
                     help="run the mesh and set-up once untimed first (the set-up figures then leave out "
                          "first-use kernel loads and the allocator's growth)")
+    ap.add_argument("--cold", action="store_true",
+                    help="run each P in empty kernel cache folders (CUPY_CACHE_DIR, ADAPTMG_KERNEL_CACHE): "
+                         "what a first run on a machine meets (the shipped cubins still served); without "
+                         "--warm-setup the set-up is then the first in a fresh process with empty caches")
     ap.add_argument("--setup-repeat", type=int, default=1,
                     help="timed set-ups per P (each from a new mesh; --setup local / replicated): the median "
                          "is reported, every run listed (the per-rank and phase figures: the last run's)")

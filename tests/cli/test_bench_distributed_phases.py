@@ -46,3 +46,13 @@ def test_bench_distributed_prints_phases_per_rank():
 def test_bench_distributed_mesh_backend_gpu_needs_the_gpu_backend():
     r = _run("--backend", "cpu", "--mesh-backend", "gpu", "--ranks", "1")
     assert r.returncode != 0 and "--mesh-backend gpu needs --backend gpu" in r.stderr
+
+
+def test_bench_distributed_cold_runs_in_empty_cache_folders():
+    from adaptmg.distributed.comm import find_mpiexec
+    if find_mpiexec() is None:
+        pytest.skip("no mpiexec")
+    r = _run("--backend", "cpu", "--ranks", "1", "--dofs-per-rank", "2e3", "--setup", "local",
+             "--repeat", "1", "--dim", "2", "--cold")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "empty kernel caches" in r.stdout
