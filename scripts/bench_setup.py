@@ -157,8 +157,7 @@ def cold(case, args, adaptmg_cache):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cases", case,
                "--backend", args.backend, "--mesh-backend", args.mesh_backend, "--load", args.load,
                "--refine", str(args.refine), "--dofs", str(args.dofs)]
-        if args.amg:
-            cmd.append("--amg")
+        cmd.append("--amg" if args.amg else "--no-amg")        # the child's default is --amg
         before = _files(adaptmg_cache)
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
