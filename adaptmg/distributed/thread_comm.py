@@ -92,10 +92,19 @@ def _copy(obj):
     return pickle.loads(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
 
+def _flat(buf):
+    """A 1-D view of the NumPy buffer ``buf`` (written in place: a C-contiguous array only, as
+    MPI's buffers)."""
+    a = np.asarray(buf)
+    if not a.flags.c_contiguous:
+        raise ValueError("ThreadComm: buffers must be C-contiguous NumPy arrays")
+    return a.reshape(-1)
+
+
 def _spec(buf):
     """``(array, counts, displacements)`` of an mpi4py vector buffer ``[array, (counts, displs)]``."""
     arr, (counts, displs) = buf[0], buf[1]
-    return np.asarray(arr).reshape(-1), np.asarray(counts, dtype=np.int64), np.asarray(displs, dtype=np.int64)
+    return _flat(arr), np.asarray(counts, dtype=np.int64), np.asarray(displs, dtype=np.int64)
 
 
 class ThreadComm:
@@ -181,7 +190,7 @@ class ThreadComm:
         size = self._world.size
 
         def read(a):
-            out = np.asarray(recvbuf).reshape(size, -1)
+            out = _flat(recvbuf).reshape(size, -1)
             for q in range(size):
                 out[q] = np.asarray(a[q]).reshape(size, -1)[self._rank]
         self._collect(np.array(sendbuf, copy=True), read)
@@ -221,10 +230,10 @@ class ThreadComm:
                 break
             except queue.Empty:
                 continue
-        out = np.asarray(buf)
+        out = _flat(buf)
         if msg.size != out.size:
             raise ValueError(f"Recv: rank {source} sent {msg.size} entries into a buffer of {out.size}")
-        out.reshape(-1)[...] = msg.reshape(-1)
+        out[...] = msg.reshape(-1)
 
     def Isend(self, buf, dest, tag=0):
         self.Send(buf, dest, tag)

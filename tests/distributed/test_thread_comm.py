@@ -106,6 +106,17 @@ def test_a_failing_rank_aborts_the_others(where):
         run_ranks(2, g)
 
 
+def test_receive_buffers_must_be_contiguous():
+    """A strided receive buffer would take a copy, not the data: refused (as MPI's buffers)."""
+    def f(comm):
+        if comm.Get_rank() == 0:
+            comm.Send(np.ones(2), dest=1)
+        else:
+            comm.Recv(np.zeros(4)[::2], source=0)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        run_ranks(2, f)
+
+
 def test_run_ranks_checks_its_size():
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="positive integer"):
