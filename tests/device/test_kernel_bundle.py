@@ -365,10 +365,14 @@ def test_built_bundle_runs_a_fresh_process_without_nvrtc(tmp_path):
 
 
 @pytest.mark.gpu
-def test_shipped_bundle_serves_a_fresh_multigrid_run(tmp_path):
-    """A fresh process with empty caches and no prefetch runs the warm-up task ``q1-2d``
-    (adaptive 2-D Q1 multigrid set-up, CG/GMRES/FGMRES solves in float64 and float32, CUDA
-    graphs) from the shipped cubins: NVRTC compiles nothing."""
+@pytest.mark.parametrize("run", ["run_task('q1-2d', backend='gpu')",
+                                 "from adaptmg.device.warmup import _distributed; _distributed('gpu', levels=(4,))"])
+def test_shipped_bundle_serves_a_fresh_multigrid_run(tmp_path, run):
+    """A fresh process with empty caches and no prefetch runs, from the shipped cubins
+    (NVRTC compiles nothing), the warm-up task ``q1-2d`` (adaptive 2-D Q1 multigrid set-up,
+    CG/GMRES/FGMRES solves in float64 and float32, CUDA graphs) and the small problems of
+    the task ``distributed`` (the local set-up and solve on two in-process ranks: assembled
+    and matrix-free levels, device and host mesh)."""
     from adaptmg.device import kernel_bundle
     import cupy.cuda.compiler as C
     if kernel_bundle.read_header(kernel_bundle.bundle_path(C._get_arch())) is None:
@@ -387,9 +391,9 @@ def test_shipped_bundle_serves_a_fresh_multigrid_run(tmp_path):
             count[0] += bool(src.strip())
             return real(src, *a, **k)
         C.nvrtc.createProgram = counted
-        run_task("q1-2d", backend="gpu")
+        RUN
         print(json.dumps(count[0]))
-    """)
+    """).replace("RUN", run)
     env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "cupy"), ADAPTMG_KERNEL_CACHE=str(tmp_path / "adaptmg"),
                ADAPTMG_PREFETCH="0")
     env.pop("ADAPTMG_KERNEL_BUNDLE_DIR", None)
