@@ -250,7 +250,8 @@ def _abort(comm, exc_type, exc, tb):
 class guard:
     """Context manager: an exception inside it on any rank aborts every rank (``comm.Abort(1)``)
     after printing it with the rank's number.  On one rank (or comm None) it lets the
-    exception propagate as usual."""
+    exception propagate as usual; so it does on the ranks of an in-process communicator
+    (:mod:`.thread_comm`), after aborting that communicator (the other ranks' calls raise)."""
 
     def __init__(self, comm):
         self.comm = comm
