@@ -68,7 +68,6 @@ def _geometric(backend, dim, degree, n, local, dtypes=("float64", "float32"), sm
             ml.expand(ml.solve(b, rtol=1e-8, accel="cg"))
 
 
-
 #: free device memory (GiB) a task of ~2e7 DoFs needs; a smaller GPU skips it (it never runs
 #: problems that large, so it needs none of their kernels)
 HUGE_GIB = 48
@@ -87,6 +86,7 @@ def _huge(backend, *args):
     """:func:`_geometric` of a ~2e7-DoF problem, on a GPU with :data:`HUGE_GIB` GiB free only."""
     if _device_fits(backend):
         _geometric(backend, *args)
+
 
 def _amg(backend, dim, n, local=0):
     from .. import amg, assemble, multigrid
@@ -131,7 +131,6 @@ def _spectral(backend, n, degrees, solve_degree=3):
                 op.cell_apply(op.xp.asarray(V.points[V.cell_dofs, 0], dtype=dtype).reshape(op._cshape))
                 op.matvec(op.xp.asarray(V.points[:, 0], dtype=dtype))
     poisson(mesh, solve_degree, _ones, backend=backend)
-
 
 
 def _distributed(backend, levels=(4, 6, 7), ranks=2):
