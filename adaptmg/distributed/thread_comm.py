@@ -30,6 +30,7 @@ import pickle
 import queue
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -41,11 +42,13 @@ class RankAborted(RuntimeError):
 
 
 class _World:
-    """What the ranks of one in-process communicator share."""
+    """What the ranks of one in-process communicator share (``timeout``: the longest a rank
+    waits in one call for the others, seconds)."""
 
-    def __init__(self, size):
+    def __init__(self, size, timeout):
         self.size = size
-        self.barrier = threading.Barrier(size)
+        self.timeout = timeout
+        self.barrier = threading.Barrier(size, timeout=timeout)
         self.box = [None] * size              # one contribution per rank (collectives)
         self.lock = threading.Lock()
         self.mail = {}                         # (source, dest, tag) -> queue.Queue
@@ -130,9 +133,14 @@ class ThreadComm:
             raise RankAborted("another rank of the in-process communicator aborted")
 
     def _wait(self):
+        w = self._world
         try:
-            self._world.barrier.wait()
+            w.barrier.wait()
         except threading.BrokenBarrierError:
+            if not w.aborted.is_set():           # the barrier's timeout: a rank never came
+                w.aborted.set()
+                raise RankAborted(f"rank {self._rank} waited {w.timeout} s in a collective that "
+                                  "another rank never reached") from None
             raise RankAborted("another rank of the in-process communicator aborted") from None
 
     def _exchange(self, mine):
@@ -223,13 +231,17 @@ class ThreadComm:
 
     def Recv(self, buf, source, tag=0):
         q = self._world.queue(int(source), self._rank, tag)
+        deadline = time.monotonic() + self._world.timeout
         while True:
             self._check()
             try:
                 msg = q.get(timeout=0.05)
                 break
             except queue.Empty:
-                continue
+                if time.monotonic() > deadline:
+                    self.Abort(1)
+                    raise RankAborted(f"rank {self._rank} waited {self._world.timeout} s for a message "
+                                      f"from rank {source} (tag {tag}) that never came") from None
         out = _flat(buf)
         if msg.size != out.size:
             raise ValueError(f"Recv: rank {source} sent {msg.size} entries into a buffer of {out.size}")
@@ -249,14 +261,18 @@ class ThreadComm:
         self._world.barrier.abort()
 
 
-def run_ranks(size: int, fn, *args, **kwargs) -> list:
+def run_ranks(size: int, fn, *args, timeout: float = 600.0, **kwargs) -> list:
     """``fn(comm, *args, **kwargs)`` on ``size`` threads, one rank of a :class:`ThreadComm`
     each; returns their results in rank order.  The threads use the caller's current CUDA
     device (when CuPy is loaded).  An exception on any rank aborts the others and is raised
-    here (the first failing rank's own exception, not the :class:`RankAborted` of the rest)."""
+    here (the first failing rank's own exception, not the :class:`RankAborted` of the rest).
+    ``timeout``: the longest a rank waits in one collective or receive for the others
+    (seconds); past it every rank is aborted -- a mismatched call fails instead of hanging."""
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
         raise ValueError(f"run_ranks: size must be a positive integer, got {size!r}")
-    world = _World(int(size))
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"run_ranks: timeout must be a positive number of seconds, got {timeout!r}")
+    world = _World(int(size), float(timeout))
     results, errors = [None] * world.size, [None] * world.size
     device = None
     cupy = sys.modules.get("cupy")

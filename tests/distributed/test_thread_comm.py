@@ -117,10 +117,27 @@ def test_receive_buffers_must_be_contiguous():
         run_ranks(2, f)
 
 
-def test_run_ranks_checks_its_size():
+@pytest.mark.parametrize("where", ["barrier", "recv"])
+def test_a_call_no_other_rank_makes_fails_after_the_timeout(where):
+    """A rank that never reaches the collective (or never sends): the waiting rank gives up
+    after ``timeout`` and the error says so -- no hang."""
+    def f(comm):
+        if comm.Get_rank() == 0:
+            if where == "barrier":
+                comm.Barrier()
+            else:
+                comm.Recv(np.empty(1), source=1)
+    with pytest.raises(RankAborted, match="never"):
+        run_ranks(2, f, timeout=0.3)
+
+
+def test_run_ranks_checks_its_arguments():
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="positive integer"):
             run_ranks(bad, lambda comm: None)
+    for bad in (0, -1.0, True, "1"):
+        with pytest.raises(ValueError, match="timeout"):
+            run_ranks(2, lambda comm: None, timeout=bad)
 
 
 def _problem():
