@@ -218,9 +218,8 @@ def constraint_blocks(space, rows, dofs, free):
     HZT_o = unit_rows_csr(be, (n, N), local[reg], reg, local[hp[m]], hk[m], hw[m])
     if dofs is None:
         return HZT_o, None
-    r, c, v, _ = hz_rows_coo(space, dofs, free)
-    HZ = sp.csr_matrix((v, (r, c)), shape=(N, N))
-    HZ.sum_duplicates()
+    r, c, v, nu = hz_rows_coo(space, dofs, free)
+    HZ = unit_rows_csr(CPU, (N, N), r[:nu], c[:nu], r[nu:], c[nu:], v[nu:])
     return HZT_o, HZ
 
 
