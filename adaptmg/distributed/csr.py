@@ -149,15 +149,13 @@ class DistCSR:
         self._pog = K.make_spmv(Aog) if (rows.n and g.size) else None
         self._host_buffers()
 
-    def _exchange_pattern(self, counts=None):
+    def _exchange_pattern(self, counts):
         """Who sends what to whom in a halo exchange, from ``self.ghosts`` (ordered by owner;
-        ``counts[q]``: how many rank ``q`` owns, looked up when None): the owners told which of
-        their entries are wanted (one ``Alltoall`` of the counts, one ``Alltoallv`` of the
-        indices); host transport (``mpi``) until :meth:`_to_device`."""
+        ``counts[q]``: how many rank ``q`` owns, :func:`ghost_numbering`): the owners told
+        which of their entries are wanted (one ``Alltoall`` of the counts, one ``Alltoallv`` of
+        the indices); host transport (``mpi``) until :meth:`_to_device`."""
         comm, cols, g = self.comm, self.cols, self.ghosts
         size = comm.Get_size()
-        if counts is None:
-            counts = np.bincount(cols.owner_of(g), minlength=size) if g.size else np.zeros(size, np.int64)
         rstart = np.concatenate([[0], np.cumsum(counts)])
         (asked,), got = alltoallv(comm, np.repeat(np.arange(size), counts), g, counts=True)
         idx = cols.local_index(np, asked.astype(np.int64, copy=False)) if asked.size else asked

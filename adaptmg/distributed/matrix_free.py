@@ -88,7 +88,7 @@ class DistMatrixFree(DistCSR):
             self._build(space, xp.asarray(free), layout, on)
         else:                      # a rank owning none of the level's DoFs (a folded level)
             self.ghosts = np.zeros(0, dtype=np.int64)
-            self._exchange_pattern()
+            self._exchange_pattern(np.zeros(comm.Get_size(), dtype=np.int64))
             self.scale = _row_scale(comm, 0.0, 0)
             self.lnodes = on.xp.zeros(0, dtype=np.int32)
             self.num_cells = 0
