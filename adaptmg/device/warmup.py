@@ -26,9 +26,12 @@ def _ones(x):
     return 1.0 + 0.0 * x[..., 0]
 
 
-def _mesh(dim, n, local, backend="cpu"):
+def _mesh(dim, n, local, backend="cpu", length=1):
+    """A box ``[0, length] x [0, 1]^(dim-1)`` of ``2 length x 2 x ...`` roots refined ``n``
+    times, then ``local`` times in the ball of radius 0.25 around (0.3, ...)."""
     from ..mesh import Mesh
-    m = Mesh.box([0.0] * dim, [1.0] * dim, [2] * dim, backend=backend)
+    m = Mesh.box([0.0] * dim, [float(length)] + [1.0] * (dim - 1), [2 * length] + [2] * (dim - 1),
+                 backend=backend)
     xp = m.backend.xp
     for _ in range(n):
         m = m.refine()
@@ -133,24 +136,23 @@ def _spectral(backend, n, degrees, solve_degree=3):
     poisson(mesh, solve_degree, _ones, backend=backend)
 
 
-def _distributed(backend, levels=(4, 6, 7), ranks=2):
+def _distributed(backend, levels=(4, 6, 7), ranks=2, length=1, variants=True):
     """:func:`adaptmg.distributed.solve` with the local set-up on ``ranks`` in-process ranks
     (:mod:`adaptmg.distributed.thread_comm`: both sides of every exchange, rank 0's serial
     levels and the other ranks' cut and hand-over) on a box refined ``levels`` times plus one
     local refinement (CuPy's reductions compile per size class, and arrays past 2 GB take
     kernels with 64-bit indices: ~3e4, ~1.3e6 and ~1e7 DoFs a rank by default, the last on a
     GPU with :data:`HUGE_GIB` GiB free only), the mesh on the backend; the smallest one also
-    with a host mesh and with matrix-free levels.  The ranks share this process's device, so
-    the halo goes by host staging: what only the NCCL path compiles, and the 64-bit variants
-    that a replicated mesh past 2 GB of cells needs (~2e7 DoFs a rank on two ranks), are left
-    to the first run that needs them."""
+    with a host mesh and with matrix-free levels (``variants``).  The ranks share this process's device, so
+    the halo goes by host staging: what only the NCCL path compiles is left to the first run
+    that needs it (:func:`_distributed_huge`: the replicated mesh past 2 GB)."""
     from .. import assemble
     from ..distributed import solve
     from ..distributed.thread_comm import run_ranks
     from ..fe import Space
 
     def one(comm, n, mesh_backend, matrix_free):
-        space = Space(_mesh(3, n, 1, mesh_backend), 1)
+        space = Space(_mesh(3, n, 1, mesh_backend, length), 1)
         b = assemble.load(space, 1.0)
         solve(space, assemble.stiffness, b, comm=comm, rtol=1e-8, local_setup=True, backend=backend,
               matrix_free=matrix_free)
@@ -158,9 +160,44 @@ def _distributed(backend, levels=(4, 6, 7), ranks=2):
         if n >= 7 and not _device_fits(backend):         # ~2e7 DoFs in all: a large GPU only
             continue
         run_ranks(ranks, one, n, backend, False)
-        if i == 0:
+        if i == 0 and variants:
             run_ranks(ranks, one, n, "cpu", False)
             run_ranks(ranks, one, n, backend, True)
+
+
+#: free device memory (GiB) that :func:`_distributed_huge` needs: two ranks of ~2e7 DoFs, each
+#: with its own copy of the ~4e7-cell mesh, on one device
+DISTRIBUTED_HUGE_GIB = 100
+
+
+def _distributed_huge(backend):
+    """:func:`_distributed` on two in-process ranks with a replicated mesh of ~4e7 cells (~2e7
+    DoFs a rank, as two GPUs of ``bench_distributed.py --dofs-per-rank 2.1e7`` hold them): the
+    mesh's arrays pass 2 GB (its cells: 4e7 x 8 int64), so its hierarchy, free masks, cut and
+    the local levels' cell selections take CuPy's and adaptmg's kernels with 64-bit indices --
+    kernels that a one-GPU problem of the same size per GPU never meets.  On a GPU with
+    :data:`DISTRIBUTED_HUGE_GIB` GiB free only (the machine that records the manifest: the
+    shipped cubins then serve every GPU of those architectures)."""
+    if _memory_frees_up(backend, DISTRIBUTED_HUGE_GIB):
+        _distributed(backend, levels=(7,), length=2, variants=False)
+
+
+def _memory_frees_up(backend, gib, timeout=600.0, poll=1.0) -> bool:
+    """Whether ``gib`` GiB of the current device are free, waiting up to ``timeout`` seconds for
+    the tasks beside this one (:func:`warmup` runs them in parallel on one device) to release
+    theirs; False at once where the device is smaller than that (or no GPU)."""
+    if backend != "gpu":
+        return False
+    from ..backend import get_backend
+    rt = get_backend("gpu").xp.cuda.runtime
+    if rt.memGetInfo()[1] < gib * 2 ** 30:
+        return False
+    end = time.monotonic() + timeout
+    while not _device_fits(backend, gib):
+        if time.monotonic() > end:
+            return False
+        time.sleep(poll)
+    return True
 
 
 #: name -> (function, args): the small problems :func:`warmup` runs, one process each; in
@@ -195,6 +232,7 @@ TASKS = {
                                   ("chebyshev", "gauss_seidel", "l1_gauss_seidel", "block_jacobi"))),
     "spectral": (_spectral, (2, tuple(range(1, 9)))),
     "distributed": (_distributed, ()),
+    "distributed-huge": (_distributed_huge, ()),
 }
 
 

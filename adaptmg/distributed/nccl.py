@@ -4,8 +4,9 @@ built on them that leave their results on the device.
 
 * :func:`nccl_communicator` -- the ``NcclCommunicator`` over the ranks of an MPI
   communicator, made once per communicator (rank 0's unique id broadcast over MPI), with
-  ``NCCL_MAX_NCHANNELS`` defaulting to :data:`NCCL_CHANNELS`; :func:`nccl_ready` says whether
-  it exists already (then "nccl" needs no new agreement, :func:`.comm.resolve_transport`).
+  ``NCCL_MAX_NCHANNELS`` defaulting to :data:`NCCL_CHANNELS`; :func:`start_nccl_communicator`
+  begins making it on a thread (its first use waits); :func:`nccl_ready` says whether it
+  exists or is being made (then "nccl" needs no new agreement, :func:`.comm.resolve_transport`).
 * :func:`nccl_stream` -- the non-blocking stream on which all of a communicator's NCCL work
   runs, in the same order on every rank; :class:`_Ordered` puts a call there between two
   events, after the current stream's work so far and before its later work: the host never
@@ -23,7 +24,7 @@ import os
 import numpy as np
 
 __all__ = ["NCCL_CHANNELS", "NcclSum", "nccl_allgather", "nccl_available", "nccl_communicator",
-           "nccl_ready", "nccl_stream", "nccl_type"]
+           "nccl_ready", "nccl_stream", "nccl_type", "start_nccl_communicator"]
 
 
 def nccl_type(nccl, dtype):
@@ -156,11 +157,55 @@ def nccl_communicator(comm):
     """The NCCL communicator over the ranks of ``comm`` (same rank numbers), built once per
     communicator (collective the first time: rank 0's unique id is broadcast over MPI) on
     the current device; ``NCCL_MAX_NCHANNELS`` defaults to :data:`NCCL_CHANNELS` for the
-    process (set before the first communicator, when the environment has none)."""
+    process (set before the first communicator, when the environment has none).  One whose
+    making :func:`start_nccl_communicator` began is waited for (its error raised here)."""
+    hit = _NCCL.get(id(comm))
+    if hit is None or hit[0] is not comm:
+        start_nccl_communicator(comm)
+        hit = _NCCL[id(comm)]
+    nc = hit[1]
+    if isinstance(nc, _Pending):
+        nc = nc.result()
+        _NCCL[id(comm)] = (comm, nc)
+    return nc
+
+
+class _Pending:
+    """An NCCL communicator being made on a thread (:func:`start_nccl_communicator`)."""
+
+    def __init__(self, make, device):
+        import threading
+        self._out = None
+        self._err = None
+
+        def run():
+            try:
+                if device is not None:
+                    device.use()                 # the thread's current device: the caller's
+                self._out = make()
+            except BaseException as exc:         # noqa: BLE001 - re-raised by result()
+                self._err = exc
+        self._thread = threading.Thread(target=run, name="adaptmg-nccl-init", daemon=True)
+        self._thread.start()
+
+    def result(self):
+        self._thread.join()
+        if self._err is not None:
+            raise RuntimeError(f"NCCL transport: making the communicator failed: {self._err}") from self._err
+        return self._out
+
+
+def start_nccl_communicator(comm) -> None:
+    """Begin making :func:`nccl_communicator`'s communicator of ``comm`` (collective: rank 0's
+    unique id is broadcast over MPI here) and return: ``ncclCommInitRank`` runs on a thread
+    (it lets go of the interpreter), the first :func:`nccl_communicator` call waits for it.
+    NCCL's first communicator in a process costs ~0.5 s (two H200: 0.55 s, a second one
+    0.035 s), which the caller's set-up work now hides.  Nothing when it exists or is
+    being made."""
     hit = _NCCL.get(id(comm))
     if hit is not None and hit[0] is comm:
-        return hit[1]
-    from ..backend import nccl_module
+        return
+    from ..backend import get_backend, nccl_module
     nccl = nccl_module()
     if nccl is None:
         raise RuntimeError("NCCL transport: cupy.cuda.nccl is not available on this rank")
@@ -168,12 +213,15 @@ def nccl_communicator(comm):
     rank, size = comm.Get_rank(), comm.Get_size()
     uid = nccl.get_unique_id() if rank == 0 else None
     uid = comm.bcast(uid, root=0)
-    nc = nccl.NcclCommunicator(size, uid, rank)
-    _NCCL[id(comm)] = (comm, nc)          # the reference keeps id(comm) unique
-    return nc
+    try:
+        device = get_backend("gpu").xp.cuda.Device()
+    except (ImportError, RuntimeError):         # no device to select (a stand-in NCCL in tests)
+        device = None
+    _NCCL[id(comm)] = (comm, _Pending(lambda: nccl.NcclCommunicator(size, uid, rank), device))  # keeps id(comm) unique
 
 
 def nccl_ready(comm) -> bool:
-    """Whether ``comm`` has its NCCL communicator already (:func:`nccl_communicator`)."""
+    """Whether ``comm`` has its NCCL communicator already, or is making it
+    (:func:`nccl_communicator`, :func:`start_nccl_communicator`)."""
     hit = _NCCL.get(id(comm))
     return hit is not None and hit[0] is comm

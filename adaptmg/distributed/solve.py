@@ -63,7 +63,7 @@ from ..backend import get_backend, to_host
 from ..multilevel.hierarchy import _value_dict, dirichlet_dofs, multigrid
 from ..linalg._vectorops import global_norm, global_reductions
 from .comm import agree, allreduce_sum, get_comm, guard, names_gpu, pass_arrays, resolve_transport, select_device
-from .nccl import nccl_communicator
+from .nccl import start_nccl_communicator
 from .hierarchy import DistributedHierarchy, SerialLevelsOnRankZero
 from .partition import imbalance, level_ownership, level_ranks, partition_cells
 
@@ -480,6 +480,12 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     max_levels = kw.get("max_levels")
     ok = max_levels is None or (isinstance(max_levels, (int, np.integer)) and not isinstance(max_levels, bool))
     agree(comm, ok, f"max_levels must be a positive integer or None, got {max_levels!r}")
+    be = get_backend(kw.get("backend", "cpu"))
+    transport = resolve_transport(comm, transport, be)
+    if transport == "nccl":
+        # made by every rank together, before ranks 0 and 1 use it; a process's first NCCL
+        # communicator (~0.5 s) is made on a thread while the hierarchy below is set up
+        start_nccl_communicator(comm)
     t_split = time.perf_counter()
     top, spaces, msg = _split_hierarchy(space, max_levels, agglomerate_below)
     agree(comm, not msg, msg)
@@ -490,10 +496,6 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     size, rank = comm.Get_size(), comm.Get_rank()
     ownership = None
     if size > 1 and top.num_dofs < agglomerate_below:
-        be = get_backend(ckw.get("backend", "cpu"))
-        transport = resolve_transport(comm, transport, be)
-        if transport == "nccl":
-            nccl_communicator(comm)          # made by every rank together, before ranks 0 and 1 use it
         t1 = time.perf_counter()
         frees = [Constraints(s, dirichlet_dofs(s, dirichlet)).free for s in spaces]
         t2 = time.perf_counter()

@@ -577,8 +577,9 @@ class Mesh:
 
         def members(starts):                      # positions of the families' children
             m = xp.zeros(n, dtype=bool)
-            for k in range(nv):
-                m[starts + k] = True
+            # one scatter of every child (never of one entry: CuPy compiles a kernel of its own
+            # for a single-entry scatter, which a fresh process would wait for)
+            m[(starts[:, None] + xp.arange(nv)).ravel()] = True
             return m
 
         lv = self.levels

@@ -106,14 +106,17 @@ def test_warmup_tasks_run_on_the_host(task):
     run_task(task, backend="cpu")
 
 
-def test_huge_warmup_task_runs_on_a_large_gpu_only():
-    """The ~2e7-DoF task (kernels with 64-bit indices) is skipped on the host and where the
-    device has less than HUGE_GIB free: a quick return, not a 2e7-DoF host solve."""
+@pytest.mark.parametrize("task", ["q1-3d-device-mesh-huge", "distributed-huge"])
+def test_huge_warmup_tasks_run_on_a_large_gpu_only(task):
+    """The ~2e7-DoF tasks (kernels with 64-bit indices) are skipped on the host and where the
+    device has less than HUGE_GIB / DISTRIBUTED_HUGE_GIB free: a quick return, not a 2e7-DoF
+    host solve (nor a wait for memory that a host never frees)."""
     import time
     from adaptmg.device import warmup as W
     assert W.TASKS["q1-3d-device-mesh-huge"][0] is W._huge and not W._device_fits("cpu")
+    assert W.TASKS["distributed-huge"][0] is W._distributed_huge and not W._memory_frees_up("cpu", 1)
     t = time.perf_counter()
-    run_task("q1-3d-device-mesh-huge", backend="cpu")
+    run_task(task, backend="cpu")
     assert time.perf_counter() - t < 5.0
 
 

@@ -210,6 +210,58 @@ def test_nccl_communicator_limits_the_channels_unless_set(monkeypatch, preset):
     assert seen == [(2, b"id", 0, preset or str(N.NCCL_CHANNELS))] and N.NCCL_CHANNELS == 4
 
 
+def test_nccl_communicator_made_on_a_thread_is_waited_for(monkeypatch):
+    """start_nccl_communicator broadcasts the unique id (the collective part) and returns while
+    the communicator is made on a thread; nccl_ready is True at once (resolve_transport skips
+    its allgather), the first nccl_communicator waits for the thread and returns its result,
+    later ones the same object; a failure there is raised by nccl_communicator."""
+    import threading
+    import adaptmg.backend as B
+    release, calls = threading.Event(), []
+
+    class Nccl:
+        @staticmethod
+        def get_unique_id():
+            return b"id"
+
+        class NcclCommunicator:
+            def __init__(self, size, uid, rank):
+                assert release.wait(10)
+                if uid == b"bad":
+                    raise OSError("no route")
+                calls.append((size, uid, rank))
+
+    class Comm:
+        def __init__(self, uid=b"id"):
+            self.uid, self.bcasts = uid, 0
+
+        def Get_rank(self):
+            return 1
+
+        def Get_size(self):
+            return 2
+
+        def bcast(self, obj, root=0):
+            self.bcasts += 1
+            return self.uid
+
+    monkeypatch.setattr(B, "nccl_module", lambda: Nccl)
+    monkeypatch.setattr(N, "_NCCL", {})
+    comm = Comm()
+    N.start_nccl_communicator(comm)
+    assert N.nccl_ready(comm) and comm.bcasts == 1 and calls == []      # returned before the init
+    N.start_nccl_communicator(comm)                                    # once per communicator
+    assert comm.bcasts == 1
+    release.set()
+    nc = N.nccl_communicator(comm)
+    assert isinstance(nc, Nccl.NcclCommunicator) and calls == [(2, b"id", 1)]
+    assert N.nccl_communicator(comm) is nc and comm.bcasts == 1
+    bad = Comm(b"bad")
+    N.start_nccl_communicator(bad)
+    with pytest.raises(RuntimeError, match="making the communicator failed: no route"):
+        N.nccl_communicator(bad)
+
+
 class OneRank:
     def Get_rank(self):
         return 0
