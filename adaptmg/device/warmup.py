@@ -12,9 +12,11 @@ its kernels are then compiled on first use, as without the warm-up.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -85,10 +87,34 @@ def _device_fits(backend, gib=HUGE_GIB) -> bool:
     return free >= gib * 2 ** 30
 
 
+@contextlib.contextmanager
+def _one_large_task_at_a_time():
+    """Run the body while no other warm-up process runs a large problem (an exclusive lock on
+    a file in the temporary folder): :func:`warmup` starts its tasks in parallel processes on
+    one device, and two of the ~2e7-DoF problems side by side would not fit in its memory.
+    Where file locks are not available the body runs at once."""
+    try:
+        import fcntl
+    except ImportError:                        # no POSIX locks: no serialisation
+        yield
+        return
+    path = os.path.join(tempfile.gettempdir(), f"adaptmg-warmup-large-{os.getuid()}.lock")
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _huge(backend, *args):
-    """:func:`_geometric` of a ~2e7-DoF problem, on a GPU with :data:`HUGE_GIB` GiB free only."""
-    if _device_fits(backend):
-        _geometric(backend, *args)
+    """:func:`_geometric` of a ~2e7-DoF problem, on a GPU with :data:`HUGE_GIB` GiB free only
+    (one large task at a time)."""
+    if backend != "gpu":
+        return
+    with _one_large_task_at_a_time():
+        if _device_fits(backend):
+            _geometric(backend, *args)
 
 
 def _amg(backend, dim, n, local=0):
@@ -136,16 +162,17 @@ def _spectral(backend, n, degrees, solve_degree=3):
     poisson(mesh, solve_degree, _ones, backend=backend)
 
 
-def _distributed(backend, levels=(4, 6, 7), ranks=2, length=1, variants=True):
+def _distributed(backend, levels=(4, 6, 7), ranks=2, length=1, variants=True, gib=HUGE_GIB):
     """:func:`adaptmg.distributed.solve` with the local set-up on ``ranks`` in-process ranks
     (:mod:`adaptmg.distributed.thread_comm`: both sides of every exchange, rank 0's serial
     levels and the other ranks' cut and hand-over) on a box refined ``levels`` times plus one
     local refinement (CuPy's reductions compile per size class, and arrays past 2 GB take
     kernels with 64-bit indices: ~3e4, ~1.3e6 and ~1e7 DoFs a rank by default, the last on a
-    GPU with :data:`HUGE_GIB` GiB free only), the mesh on the backend; the smallest one also
-    with a host mesh and with matrix-free levels (``variants``).  The ranks share this process's device, so
-    the halo goes by host staging: what only the NCCL path compiles is left to the first run
-    that needs it (:func:`_distributed_huge`: the replicated mesh past 2 GB)."""
+    GPU with ``gib`` GiB free only, one large task at a time), the mesh on the backend; the
+    smallest one also with a host mesh and with matrix-free levels (``variants``).  The ranks
+    share this process's device, so the halo goes by host staging: what only the NCCL path
+    compiles is left to the first run that needs it (:func:`_distributed_huge`: the replicated
+    mesh past 2 GB)."""
     from .. import assemble
     from ..distributed import solve
     from ..distributed.thread_comm import run_ranks
@@ -157,7 +184,11 @@ def _distributed(backend, levels=(4, 6, 7), ranks=2, length=1, variants=True):
         solve(space, assemble.stiffness, b, comm=comm, rtol=1e-8, local_setup=True, backend=backend,
               matrix_free=matrix_free)
     for i, n in enumerate(levels):
-        if n >= 7 and not _device_fits(backend):         # ~2e7 DoFs in all: a large GPU only
+        if n >= 7:                                       # ~2e7 DoFs in all: a large GPU only
+            if backend == "gpu":
+                with _one_large_task_at_a_time():
+                    if _device_fits(backend, gib):
+                        run_ranks(ranks, one, n, backend, False)
             continue
         run_ranks(ranks, one, n, backend, False)
         if i == 0 and variants:
@@ -176,28 +207,9 @@ def _distributed_huge(backend):
     mesh's arrays pass 2 GB (its cells: 4e7 x 8 int64), so its hierarchy, free masks, cut and
     the local levels' cell selections take CuPy's and adaptmg's kernels with 64-bit indices --
     kernels that a one-GPU problem of the same size per GPU never meets.  On a GPU with
-    :data:`DISTRIBUTED_HUGE_GIB` GiB free only (the machine that records the manifest: the
-    shipped cubins then serve every GPU of those architectures)."""
-    if _memory_frees_up(backend, DISTRIBUTED_HUGE_GIB):
-        _distributed(backend, levels=(7,), length=2, variants=False)
-
-
-def _memory_frees_up(backend, gib, timeout=600.0, poll=1.0) -> bool:
-    """Whether ``gib`` GiB of the current device are free, waiting up to ``timeout`` seconds for
-    the tasks beside this one (:func:`warmup` runs them in parallel on one device) to release
-    theirs; False at once where the device is smaller than that (or no GPU)."""
-    if backend != "gpu":
-        return False
-    from ..backend import get_backend
-    rt = get_backend("gpu").xp.cuda.runtime
-    if rt.memGetInfo()[1] < gib * 2 ** 30:
-        return False
-    end = time.monotonic() + timeout
-    while not _device_fits(backend, gib):
-        if time.monotonic() > end:
-            return False
-        time.sleep(poll)
-    return True
+    :data:`DISTRIBUTED_HUGE_GIB` GiB free only, one large task at a time (the machine that
+    records the manifest: the shipped cubins then serve every GPU of those architectures)."""
+    _distributed(backend, levels=(7,), length=2, variants=False, gib=DISTRIBUTED_HUGE_GIB)
 
 
 #: name -> (function, args): the small problems :func:`warmup` runs, one process each; in

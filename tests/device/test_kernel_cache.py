@@ -114,10 +114,37 @@ def test_huge_warmup_tasks_run_on_a_large_gpu_only(task):
     import time
     from adaptmg.device import warmup as W
     assert W.TASKS["q1-3d-device-mesh-huge"][0] is W._huge and not W._device_fits("cpu")
-    assert W.TASKS["distributed-huge"][0] is W._distributed_huge and not W._memory_frees_up("cpu", 1)
+    assert W.TASKS["distributed-huge"][0] is W._distributed_huge
     t = time.perf_counter()
     run_task(task, backend="cpu")
     assert time.perf_counter() - t < 5.0
+
+
+def test_large_warmup_tasks_take_turns():
+    """The warm-up runs its tasks in parallel processes on one device: the large ones enter
+    their problem one at a time (a file lock), so two of them never share the memory."""
+    import threading
+    from adaptmg.device import warmup as W
+    inside, entered, release = [], threading.Event(), threading.Event()
+
+    def task(name):
+        with W._one_large_task_at_a_time():
+            inside.append(name)
+            entered.set()
+            release.wait(10)
+            inside.remove(name)
+
+    first = threading.Thread(target=task, args=("a",))
+    first.start()
+    assert entered.wait(10)
+    entered.clear()
+    second = threading.Thread(target=task, args=("b",))
+    second.start()
+    assert not entered.wait(0.3) and inside == ["a"]             # b waits for a
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert entered.is_set() and inside == []
 
 
 def test_warmup_refuses_unknown_tasks_and_needs_a_gpu():
