@@ -92,7 +92,9 @@ def _one_large_task_at_a_time():
     """Run the body while no other warm-up process runs a large problem (an exclusive lock on
     a file in the temporary folder): :func:`warmup` starts its tasks in parallel processes on
     one device, and two of the ~2e7-DoF problems side by side would not fit in its memory.
-    Where file locks are not available the body runs at once."""
+    The body's device memory goes back to the driver (CuPy's pools emptied) before the lock
+    is let go, so the next holder sees it free.  Where file locks are not available the body
+    runs at once."""
     try:
         import fcntl
     except ImportError:                        # no POSIX locks: no serialisation
@@ -104,16 +106,48 @@ def _one_large_task_at_a_time():
         try:
             yield
         finally:
+            _release_device_memory()
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _memory_frees_up(backend, gib, timeout=120.0, poll=0.5) -> bool:
+    """Whether ``gib`` GiB of the current device are free, waiting up to ``timeout`` seconds for
+    the tasks beside this one to give theirs back; False at once where the device is smaller
+    than that (or ``backend`` is not the GPU)."""
+    if backend != "gpu":
+        return False
+    from ..backend import get_backend
+    if get_backend("gpu").xp.cuda.runtime.memGetInfo()[1] < gib * 2 ** 30:
+        return False
+    end = time.monotonic() + timeout
+    while not _device_fits(backend, gib):
+        if time.monotonic() > end:
+            return False
+        time.sleep(poll)
+    return True
+
+
+def _release_device_memory():
+    """Collect garbage and empty CuPy's memory pools (nothing where CuPy was never imported)."""
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        return
+    import gc
+    gc.collect()
+    try:
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
+    except Exception:                          # noqa: BLE001 - a warm-up helper: never fatal
+        pass
+
+
 def _huge(backend, *args):
-    """:func:`_geometric` of a ~2e7-DoF problem, on a GPU with :data:`HUGE_GIB` GiB free only
-    (one large task at a time)."""
+    """:func:`_geometric` of a ~2e7-DoF problem, on a GPU of at least :data:`HUGE_GIB` GiB once
+    that much is free (one large task at a time)."""
     if backend != "gpu":
         return
     with _one_large_task_at_a_time():
-        if _device_fits(backend):
+        if _memory_frees_up(backend, HUGE_GIB):
             _geometric(backend, *args)
 
 
@@ -187,7 +221,7 @@ def _distributed(backend, levels=(4, 6, 7), ranks=2, length=1, variants=True, gi
         if n >= 7:                                       # ~2e7 DoFs in all: a large GPU only
             if backend == "gpu":
                 with _one_large_task_at_a_time():
-                    if _device_fits(backend, gib):
+                    if _memory_frees_up(backend, gib):
                         run_ranks(ranks, one, n, backend, False)
             continue
         run_ranks(ranks, one, n, backend, False)
