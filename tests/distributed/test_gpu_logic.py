@@ -171,14 +171,9 @@ def test_resolved_nccl_skips_the_collective(monkeypatch):
     assert C.resolve_transport(other, "nccl", _GPU()) == "nccl" and other.calls == ["allgather"]
 
 
-@pytest.mark.parametrize("preset", [None, "16"])
-def test_nccl_communicator_limits_the_channels_unless_set(monkeypatch, preset):
-    """NCCL_MAX_NCHANNELS is NCCL_CHANNELS when the first communicator is made (NCCL connects
-    channels lazily at a cost per channel, nccl.NCCL_CHANNELS), a value in the environment
-    is kept; the communicator is made once per communicator."""
-    import adaptmg.backend as B
-    seen = []
-
+def _fake_nccl(init):
+    """A stand-in for ``cupy.cuda.nccl``: unique id ``b"id"``, a communicator whose making calls
+    ``init(size, uid, rank)``."""
     class Nccl:
         @staticmethod
         def get_unique_id():
@@ -186,7 +181,18 @@ def test_nccl_communicator_limits_the_channels_unless_set(monkeypatch, preset):
 
         class NcclCommunicator:
             def __init__(self, size, uid, rank):
-                seen.append((size, uid, rank, N.os.environ.get("NCCL_MAX_NCHANNELS")))
+                init(size, uid, rank)
+    return Nccl
+
+
+@pytest.mark.parametrize("preset", [None, "16"])
+def test_nccl_communicator_limits_the_channels_unless_set(monkeypatch, preset):
+    """NCCL_MAX_NCHANNELS is NCCL_CHANNELS when the first communicator is made (NCCL connects
+    channels lazily at a cost per channel, nccl.NCCL_CHANNELS), a value in the environment
+    is kept; the communicator is made once per communicator."""
+    import adaptmg.backend as B
+    seen = []
+    Nccl = _fake_nccl(lambda size, uid, rank: seen.append((size, uid, rank, N.os.environ.get("NCCL_MAX_NCHANNELS"))))
 
     class Comm:
         def Get_rank(self):
@@ -219,17 +225,12 @@ def test_nccl_communicator_made_on_a_thread_is_waited_for(monkeypatch):
     import adaptmg.backend as B
     release, calls = threading.Event(), []
 
-    class Nccl:
-        @staticmethod
-        def get_unique_id():
-            return b"id"
-
-        class NcclCommunicator:
-            def __init__(self, size, uid, rank):
-                assert release.wait(10)
-                if uid == b"bad":
-                    raise OSError("no route")
-                calls.append((size, uid, rank))
+    def init(size, uid, rank):
+        assert release.wait(10)
+        if uid == b"bad":
+            raise OSError("no route")
+        calls.append((size, uid, rank))
+    Nccl = _fake_nccl(init)
 
     class Comm:
         def __init__(self, uid=b"id"):
