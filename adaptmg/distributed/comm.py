@@ -546,7 +546,7 @@ def resolve_transport(comm, requested=None, backend=None) -> str:
     ``requested`` is ``"host"``): ``"mpi"`` on the CPU; on the GPU :func:`choose_transport`
     over the allgathered placements of all ranks.  ``requested`` None: the environment
     variable ``ADAPTMG_HALO_TRANSPORT`` or ``"auto"``.  ``"host"`` is returned as is, and
-    ``"nccl"`` once ``comm`` has its NCCL communicator (:func:`nccl_communicator`: made by
+    ``"nccl"`` once ``comm`` has its NCCL communicator (:func:`.nccl.nccl_communicator`: made by
     every rank together after a check that passed, so every rank skips the collective
     alike -- a hierarchy's matrices take its resolved transport without one each).  ``"nccl"``
     requested where it cannot be used raises the same ValueError on every rank."""

@@ -7,8 +7,8 @@ task compiles the kernels of a two-rank GPU solve this way in one process
 (:mod:`adaptmg.device.warmup`), and the tests use it to check the distributed path on 2-3
 ranks in one interpreter.  It is not for speed: the ranks share the interpreter lock and the
 process's current device, so on the GPU their halo transport is host staging
-(:func:`.comm.resolve_transport` sees every rank on one device; NCCL is never used:
-CuPy's ``NcclCommunicator`` blocks holding the interpreter lock while the other ranks join).
+(:func:`.comm.resolve_transport` sees every rank on one device, and an NCCL communicator
+needs a device per rank: NCCL is never used here).
 
 Semantics.  A collective is an exchange of contributions: each rank stores its own, all wait
 at a barrier, each reads what it needs, all wait again (so no rank overwrites a contribution
