@@ -497,7 +497,7 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     ownership = None
     if size > 1 and top.num_dofs < agglomerate_below:
         t1 = time.perf_counter()
-        frees = [Constraints(s, dirichlet_dofs(s, dirichlet)).free for s in spaces]
+        frees = _free_masks(spaces, dirichlet)
         t2 = time.perf_counter()
         ml = multigrid(top, assemble, dirichlet=dirichlet, **ckw) if rank == 0 else None
         t3 = time.perf_counter()
@@ -518,7 +518,7 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
         ml = multigrid(top, assemble, dirichlet=dirichlet, **ckw)       # the serial levels below
         t_coarse = time.perf_counter() - t0
         t1 = time.perf_counter()
-        frees = [Constraints(s, dirichlet_dofs(s, dirichlet)).free for s in spaces]
+        frees = _free_masks(spaces, dirichlet)
         t2 = time.perf_counter()
         ranks = partition_cells(space.mesh, size, weights)
         t3 = time.perf_counter()
@@ -538,6 +538,11 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
                          maxiter, callback, lambda x: space.H @ _on_mesh(space, x), ml,
                          extra_timings={**phases, **mg.setup_stats},
                          stacklevel=4, on_device=on_device)
+
+
+def _free_masks(spaces, dirichlet):
+    """The free-DoF masks (neither hanging nor Dirichlet) of the locally built levels' spaces."""
+    return [Constraints(s, dirichlet_dofs(s, dirichlet)).free for s in spaces]
 
 
 def _cut_and_own(space, spaces, size, weights, nranks):
