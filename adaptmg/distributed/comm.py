@@ -47,7 +47,7 @@ import traceback
 
 import numpy as np
 
-from .nccl import NcclSum, _Ordered, nccl_available, nccl_communicator, nccl_ready
+from .nccl import NcclSum, nccl_available, nccl_communicator, nccl_pass, nccl_ready
 
 __all__ = ["allreduce_sum", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
            "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
@@ -371,26 +371,12 @@ def pass_arrays(comm, arrays, src: int, dst: int, transport: str = "mpi") -> Non
     rank = comm.Get_rank()
     if rank not in (src, dst) or src == dst:
         return
-    from ..backend import backend_of, get_backend, is_device_array, nccl_module, to_host
+    from ..backend import backend_of, is_device_array, to_host
     arrays = list(arrays)
     if any(not a.flags.c_contiguous for a in arrays):
         raise ValueError("pass_arrays: the arrays must be C-contiguous")
     if transport == "nccl" and arrays and all(is_device_array(a) for a in arrays):
-        xp = get_backend("gpu").xp
-        nccl, nc = nccl_module(), nccl_communicator(comm)
-        views = [a.view(xp.uint8).ravel() for a in arrays if a.nbytes]
-
-        def group(sptr):
-            nccl.groupStart()
-            try:
-                for v in views:
-                    if rank == src:
-                        nc.send(v.data.ptr, v.size, nccl.NCCL_UINT8, dst, sptr)
-                    else:
-                        nc.recv(v.data.ptr, v.size, nccl.NCCL_UINT8, src, sptr)
-            finally:
-                nccl.groupEnd()
-        _Ordered(comm, xp).run(group)
+        nccl_pass(comm, arrays, src, dst)
         return
     for a in arrays:
         if rank == src:

@@ -12,7 +12,8 @@ built on them that leave their results on the device.
   events, after the current stream's work so far and before its later work: the host never
   waits.
 * :class:`NcclSum` (``ncclAllReduce``, the Krylov solvers' inner products on the device) and
-  :func:`nccl_allgather`; :func:`nccl_type` maps a dtype to NCCL's constant.
+  :func:`nccl_allgather`; :func:`nccl_pass` (one rank's device arrays into another's, the
+  hand-over of :func:`.comm.pass_arrays`); :func:`nccl_type` maps a dtype to NCCL's constant.
 
 Nothing here imports CuPy or NCCL at module level: :func:`adaptmg.backend.nccl_module` is
 asked when a call needs it.
@@ -24,7 +25,7 @@ import os
 import numpy as np
 
 __all__ = ["NCCL_CHANNELS", "NcclSum", "nccl_allgather", "nccl_available", "nccl_communicator",
-           "nccl_ready", "nccl_stream", "nccl_type", "start_nccl_communicator"]
+           "nccl_pass", "nccl_ready", "nccl_stream", "nccl_type", "start_nccl_communicator"]
 
 
 def nccl_type(nccl, dtype):
@@ -113,6 +114,30 @@ def nccl_allgather(comm, x, counts):
     if m:
         _Ordered(comm, xp).run(lambda sptr: nc.allGather(send.data.ptr, recv.data.ptr, m * factor, dt, sptr))
     return xp.concatenate([recv[p * m:p * m + int(c)] for p, c in enumerate(counts)])
+
+
+def nccl_pass(comm, arrays, src, dst):
+    """Rank ``src``'s device ``arrays`` written into rank ``dst``'s (same shapes and dtypes),
+    their bytes by one group of ``ncclSend`` / ``ncclRecv`` (ordered as :class:`NcclSum`: the
+    host does not wait); ranks other than ``src`` and ``dst`` must not call it
+    (:func:`.comm.pass_arrays` decides who does)."""
+    from ..backend import get_backend, nccl_module
+    xp = get_backend("gpu").xp
+    rank = comm.Get_rank()
+    nccl, nc = nccl_module(), nccl_communicator(comm)
+    views = [a.view(xp.uint8).ravel() for a in arrays if a.nbytes]
+
+    def group(sptr):
+        nccl.groupStart()
+        try:
+            for v in views:
+                if rank == src:
+                    nc.send(v.data.ptr, v.size, nccl.NCCL_UINT8, dst, sptr)
+                else:
+                    nc.recv(v.data.ptr, v.size, nccl.NCCL_UINT8, src, sptr)
+        finally:
+            nccl.groupEnd()
+    _Ordered(comm, xp).run(group)
 
 
 def nccl_available() -> bool:
