@@ -47,7 +47,7 @@ import traceback
 
 import numpy as np
 
-from .nccl import NcclSum, nccl_available, nccl_communicator, nccl_pass, nccl_ready
+from .nccl import NcclSum, nccl_available, nccl_pass, nccl_ready
 
 __all__ = ["allreduce_sum", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
            "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
