@@ -184,11 +184,8 @@ def nccl_communicator(comm):
     the current device; ``NCCL_MAX_NCHANNELS`` defaults to :data:`NCCL_CHANNELS` for the
     process (set before the first communicator, when the environment has none).  One whose
     making :func:`start_nccl_communicator` began is waited for (its error raised here)."""
-    hit = _NCCL.get(id(comm))
-    if hit is None or hit[0] is not comm:
-        start_nccl_communicator(comm)
-        hit = _NCCL[id(comm)]
-    nc = hit[1]
+    start_nccl_communicator(comm)                # nothing when it exists or is being made
+    nc = _NCCL[id(comm)][1]
     if isinstance(nc, _Pending):
         nc = nc.result()
         _NCCL[id(comm)] = (comm, nc)
@@ -227,8 +224,7 @@ def start_nccl_communicator(comm) -> None:
     NCCL's first communicator in a process costs ~0.5 s (two H200: 0.55 s, a second one
     0.035 s), which the caller's set-up work now hides.  Nothing when it exists or is
     being made."""
-    hit = _NCCL.get(id(comm))
-    if hit is not None and hit[0] is comm:
+    if nccl_ready(comm):
         return
     from ..backend import get_backend, nccl_module
     nccl = nccl_module()
