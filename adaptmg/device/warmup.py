@@ -141,14 +141,20 @@ def _release_device_memory():
         pass
 
 
-def _huge(backend, *args):
-    """:func:`_geometric` of a ~2e7-DoF problem, on a GPU of at least :data:`HUGE_GIB` GiB once
-    that much is free (one large task at a time)."""
+def _large(backend, gib, fn, *args):
+    """``fn(*args)`` on a GPU of at least ``gib`` GiB once that much is free, one large task at
+    a time; nothing on the host."""
     if backend != "gpu":
         return
     with _one_large_task_at_a_time():
-        if _memory_frees_up(backend, HUGE_GIB):
-            _geometric(backend, *args)
+        if _memory_frees_up(backend, gib):
+            fn(*args)
+
+
+def _huge(backend, *args):
+    """:func:`_geometric` of a ~2e7-DoF problem, on a GPU of at least :data:`HUGE_GIB` GiB
+    (:func:`_large`)."""
+    _large(backend, HUGE_GIB, _geometric, backend, *args)
 
 
 def _amg(backend, dim, n, local=0):
@@ -219,10 +225,7 @@ def _distributed(backend, levels=(4, 6, 7), ranks=2, length=1, variants=True, gi
               matrix_free=matrix_free)
     for i, n in enumerate(levels):
         if n >= 7:                                       # ~2e7 DoFs in all: a large GPU only
-            if backend == "gpu":
-                with _one_large_task_at_a_time():
-                    if _memory_frees_up(backend, gib):
-                        run_ranks(ranks, one, n, backend, False)
+            _large(backend, gib, run_ranks, ranks, one, n, backend, False)
             continue
         run_ranks(ranks, one, n, backend, False)
         if i == 0 and variants:
