@@ -9,7 +9,11 @@ Driver (launches ``mpiexec -n P`` for each P, one configuration per launch)::
 The mesh is the box [0, P_x] x [0,1]^(d-1) with 2 P_x x 2 x ... root cells (P_x = P L for
 weak scaling, L for strong; ``--length`` L, default 1), refined uniformly until about the
 requested DoFs, plus one local refinement of the cells in a ball of radius ``--ball`` (0.2)
-around (0.3, ...) (hanging nodes on partition boundaries).
+around (0.3, ...) -- for weak scaling one such ball in each of the P segments of length L,
+around (0.3 + k L, 0.3, ...): the P-rank problem is P copies of the one-rank problem side by
+side, so each rank has the one-rank problem's DoFs (up to the nodes the copies share) and its
+hanging nodes (one ball in all left rank 0 with the hanging nodes and the others with ~10 %
+fewer DoFs at P = 2).
 ``--matrix-free``: the finest level's operator is applied without a matrix
 (``solve(..., matrix_free=True)``, :class:`adaptmg.distributed.matrix_free.DistMatrixFree`);
 the largest problem on two GPUs::
@@ -66,9 +70,23 @@ import time
 import numpy as np
 
 
-def make_mesh(dim, px, target, backend="cpu", ball=0.2):
+def in_balls(xp, c, px, ball, copies=1):
+    """Whether the points ``c`` (n x d) lie within ``ball`` of the nearest of the ``copies``
+    centres ``(0.3 + k px / copies, 0.3, ...)``, k < copies (one copy: ``|c - 0.3| < ball``,
+    bit for bit)."""
+    d = c - 0.3
+    if copies > 1:                             # the nearest centre along x
+        s = px / copies
+        k = xp.clip(xp.rint(d[:, 0] / s), 0, copies - 1)
+        d[:, 0] -= s * k
+    return xp.linalg.norm(d, axis=1) < ball
+
+
+def make_mesh(dim, px, target, backend="cpu", ball=0.2, copies=1):
     """``backend`` ("cpu"/"gpu"): where the mesh is built (``Mesh.box(..., backend=)``);
-    ``ball``: the radius of the ball around (0.3, ...) whose cells are refined once more."""
+    ``ball``: the radius of the ball around (0.3, ...) whose cells are refined once more;
+    ``copies``: that many balls, one in each of ``copies`` equal segments of ``[0, px]``
+    (:func:`in_balls`; weak scaling: one a rank)."""
     from adaptmg.mesh import Mesh
     m = Mesh.box([0.0] * dim, [float(px)] + [1.0] * (dim - 1), [int(round(2 * px))] + [2] * (dim - 1),
                  backend=backend)
@@ -85,10 +103,10 @@ def make_mesh(dim, px, target, backend="cpu", ball=0.2):
         c = m.points[cells].mean(axis=1)
     else:
         c = _mean_of(m.points, [cells[:, j] for j in range(cells.shape[1])])
-    return m.refine(m.backend.xp.linalg.norm(c - 0.3, axis=1) < ball)
+    return m.refine(in_balls(m.backend.xp, c, px, ball, copies))
 
 
-def make_forest(dim, px, target, comm):
+def make_forest(dim, px, target, comm, copies=1):
     """The mesh of :func:`make_mesh` as a distributed forest (no rank holds it whole): the box's
     roots cut over the ranks, refined uniformly (its node count known in closed form), then
     the same local refinement, then re-cut into equal pieces.  Returns the forest and the
@@ -101,7 +119,7 @@ def make_forest(dim, px, target, comm):
         df = df.refine()
         n = 2 * n
     t.append(time.perf_counter())
-    df = df.refine(lambda c: np.linalg.norm(c - 0.3, axis=1) < 0.2)
+    df = df.refine(lambda c: in_balls(np, np.array(c, dtype=float), px, 0.2, copies))
     t.append(time.perf_counter())
     df = df.repartition()
     t.append(time.perf_counter())
@@ -123,7 +141,7 @@ def forest_worker(args, comm):
     target = args.dofs_per_rank * P if args.mode == "weak" else args.strong_dofs
     comm.Barrier()
     t0 = time.perf_counter()
-    df, tf = make_forest(args.dim, px, target, comm)
+    df, tf = make_forest(args.dim, px, target, comm, copies=P if args.mode == "weak" else 1)
     t_forest = time.perf_counter() - t0
     sizes = level_size_args(args)
     r = solve_forest(df, f=1.0, rtol=1e-8, agglomerate_below=sizes[0], min_dofs_per_rank=sizes[1],
@@ -188,7 +206,8 @@ def _local_setup(args, comm, report_figures=False, samples=()):
     mbe = get_backend(args.mesh_backend)
     comm.Barrier()
     tm = time.perf_counter()
-    mesh = make_mesh(args.dim, px, target, backend=args.mesh_backend, ball=args.ball)
+    mesh = make_mesh(args.dim, px, target, backend=args.mesh_backend, ball=args.ball,
+                     copies=P if args.mode == "weak" else 1)
     space = Space(mesh, 1)
     b = assemble.load(space, 1.0)
     mbe.synchronize()
@@ -380,6 +399,10 @@ def driver(args):
         d2h = r.get("host_copies", "-")
         print(f"{r['P']:>3} {mode:>10} {r['dofs']:>10} {r['setup']:>9.3f} {r['solve']:>9.4f} {r['its']:>4} "
               f"{100 * r['halo'] / r['solve']:>7.1f} {coarse:>8} {eff:>6} {d2h:>4}  [{per}] cpu [{cpu}] / [{cells}] ({r['cells']})")
+        if args.mode == "weak" and r["P"] > 1 and rows[0]["P"] == 1:
+            size = r["dofs"] / (r["P"] * rows[0]["dofs"])          # a rank's DoFs over one rank's
+            print(f"      set-up vs P = 1: {r['setup'] / rows[0]['setup']:.2f}x with {size:.3f}x the DoFs "
+                  f"per rank")
         if len(r.get("setup_runs", [])) > 1:
             print(f"      set-up s of {len(r['setup_runs'])} runs (median above; per rank: the last): "
                   + " ".join(f"{t:.3f}" for t in r["setup_runs"]))
@@ -438,7 +461,7 @@ def main():
                          "e.g. 1.5 with --strong-dofs 2.1e8 gives 202M DoFs")
     ap.add_argument("--ball", type=float, default=0.2,
                     help="radius of the ball around (0.3, ...) refined once more (hanging nodes; --setup "
-                         "local and replicated)")
+                         "local and replicated; weak scaling: one ball in each rank's segment of the box)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.mode is None:

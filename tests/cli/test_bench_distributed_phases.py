@@ -37,6 +37,12 @@ def test_bench_distributed_prints_phases_per_rank():
     its = [r[5] for r in rows]
     assert len(its) == 2 and its[0] == its[1], out       # the same CG iterations
     # --setup-repeat 3: three timed set-ups listed per P, their median in the table
+    # weak scaling: P copies of the one-rank problem, so a rank has one rank's DoFs (less the
+    # nodes the copies share) and the set-up ratio is printed with that size ratio
+    vs = [ln for ln in out.splitlines() if "set-up vs P = 1" in ln]
+    assert len(vs) == 1, out
+    size = float(vs[0].split(" with ")[1].split("x")[0])
+    assert 0.95 < size <= 1.0, vs
     runs = [ln.split(":")[-1].split() for ln in out.splitlines() if "set-up s of 3 runs" in ln]
     assert len(runs) == 2, out
     for row, rr in zip(rows, runs):
@@ -56,3 +62,23 @@ def test_bench_distributed_cold_runs_in_empty_cache_folders():
              "--repeat", "1", "--dim", "2", "--cold")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "empty kernel caches" in r.stdout
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_weak_mesh_is_copies_of_the_one_rank_mesh(dim):
+    """make_mesh(copies=P) over [0, P]: the one-rank mesh P times side by side -- P times its
+    cells (cells are not shared), its refined ball in every copy; one copy is the old mesh."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_distributed", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    n = 4e3 if dim == 2 else 3e4
+    one = bench.make_mesh(dim, 1, n)
+    for P in (2, 3):
+        m = bench.make_mesh(dim, P, P * n, copies=P)
+        assert m.num_cells == P * one.num_cells
+        x = m.points[m.cells].mean(axis=1)[:, 0]
+        for k in range(P):                       # each unit segment holds one copy's cells
+            assert int(((x >= k) & (x < k + 1)).sum()) == one.num_cells
+        single = bench.make_mesh(dim, P, P * n)  # one ball: fewer cells
+        assert single.num_cells < m.num_cells
