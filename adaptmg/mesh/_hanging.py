@@ -57,10 +57,17 @@ def hanging_in_forest(F, cells, levels):
         return e64, xp.zeros((0, 4), dtype=np.int64), e32, (e64.copy(), e32.copy())
     d, nf, nc = F.dim, F.num_nodes, cells.shape[0]
     jump, rows = _touch.level_jumps(cells, nf, levels.astype(F.cell_level.dtype))
-    sub = cells if rows is None else xp.take(cells, rows, axis=0)
+    if rows is None:
+        # no dominant level: the cells with a jump vertex, not every cell.  A cell holding a
+        # hanging node has its edge's / face's corners among the jump nodes (the registry
+        # lookup asks for that), and each finer cell at the node has one of those corners
+        # as a vertex: the same nodes, owners and pairs from a fraction of the cells (two
+        # refined balls on a rank: 0.43 -> 0.03 s on the host)
+        rows = _touch.cells_with_vertex_in(cells, jump)
+    sub = xp.take(cells, rows, axis=0)
     seen = xp.zeros(nf, dtype=bool)                       # vertices of the cells beside a jump
     seen[sub] = True
-    lsub = levels if rows is None else levels.take(rows)
+    lsub = levels.take(rows)
     own = xp.flatnonzero(lsub < lsub.max())               # the cells that may hold one
     K = xp.take(sub, own, axis=0)
     regs = {"edge": (F.edge_keys, F.edge_nodes), "face": (F.face_keys, F.face_nodes)}
@@ -70,8 +77,7 @@ def hanging_in_forest(F, cells, levels):
     M = xp.concatenate(M, axis=1) if len(M) > 1 else M[0]
     at = xp.flatnonzero(M.ravel() >= 0)
     node, cell = M.ravel().take(at), own.take(at // sum(ne))
-    if rows is not None:
-        cell = rows.take(cell)
+    cell = rows.take(cell)
     # by node, then cell (a cell holds a node on one edge/face at most: the pairs are distinct):
     # one sort of the packed pairs (node ids < 2^31), unless the cells need more than 32 bits
     if nc < 2 ** 32:

@@ -467,3 +467,33 @@ def test_owned_ghost_rows_kernel_equals_twin(table, it, lanes, monkeypatch):
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
         np.testing.assert_array_equal(to_host(g), w)           # copies and counts: exact
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_hanging_search_without_a_dominant_level_reads_the_jump_cells_only(dim, monkeypatch):
+    """Where no level dominates (level_jumps gives no rows) the hanging-node search looks at
+    the cells with a jump vertex only: the nodes, parents, owners and (node, cell) pairs are
+    those of the search over every cell, on fewer cells."""
+    from adaptmg.mesh import _hanging, _touch
+    rng = np.random.default_rng(7 + dim)
+    m = adaptmg.Mesh.box([0.0] * dim, [1.0] * dim, [3] * dim)
+    for _ in range(3):
+        m = m.refine(rng.random(m.num_cells) < 0.4)
+    cells, levels = m._active_cell_nodes(), m.levels
+    jump, rows = _touch.level_jumps(cells, m._forest.num_nodes, levels.astype(m._forest.cell_level.dtype))
+    assert rows is None                                   # the branch under test
+    seen = []
+    real = _touch.cells_with_vertex_in
+
+    def spy(c, mask):
+        out = real(c, mask)
+        seen.append(out.size)
+        return out
+    monkeypatch.setattr(_touch, "cells_with_vertex_in", spy)
+    got = _hanging.hanging_in_forest(m._forest, cells, levels)
+    assert len(seen) == 1 and 0 < seen[0] < cells.shape[0]
+    monkeypatch.setattr(_touch, "cells_with_vertex_in", lambda c, mask: np.arange(c.shape[0]))
+    want = _hanging.hanging_in_forest(m._forest, cells, levels)      # every cell, as before
+    assert got[0].size > 10
+    for a, b in zip([*got[:3], *got[3]], [*want[:3], *want[3]]):
+        np.testing.assert_array_equal(a, b)
