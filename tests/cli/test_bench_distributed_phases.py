@@ -36,13 +36,13 @@ def test_bench_distributed_prints_phases_per_rank():
     rows = [ln.split() for ln in out.splitlines() if ln.split()[:1] in (["1"], ["2"])]
     its = [r[5] for r in rows]
     assert len(its) == 2 and its[0] == its[1], out       # the same CG iterations
-    # --setup-repeat 3: three timed set-ups listed per P, their median in the table
     # weak scaling: P copies of the one-rank problem, so a rank has one rank's DoFs (less the
     # nodes the copies share) and the set-up ratio is printed with that size ratio
     vs = [ln for ln in out.splitlines() if "set-up vs P = 1" in ln]
     assert len(vs) == 1, out
     size = float(vs[0].split(" with ")[1].split("x")[0])
     assert 0.95 < size <= 1.0, vs
+    # --setup-repeat 3: three timed set-ups listed per P, their median in the table
     runs = [ln.split(":")[-1].split() for ln in out.splitlines() if "set-up s of 3 runs" in ln]
     assert len(runs) == 2, out
     for row, rr in zip(rows, runs):
