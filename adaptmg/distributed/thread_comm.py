@@ -138,7 +138,7 @@ class ThreadComm:
             w.barrier.wait()
         except threading.BrokenBarrierError:
             if not w.aborted.is_set():           # the barrier's timeout: a rank never came
-                w.aborted.set()
+                self.Abort(1)
                 raise RankAborted(f"rank {self._rank} waited {w.timeout} s in a collective that "
                                   "another rank never reached") from None
             raise RankAborted("another rank of the in-process communicator aborted") from None
