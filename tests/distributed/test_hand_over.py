@@ -1,7 +1,8 @@
-"""Rank 1's cut of the mesh and the local levels' owners handed to rank 0 (the local set-up
-of adaptmg.distributed.solve, where rank 0 alone builds the serial levels): the bytes that
-comm.pass_arrays moves by MPI, and solve._hand_over's narrowing to the smallest integers
-that hold a rank and widening back -- rank 0 ends with exactly rank 1's arrays, as int64.
+"""Rank 1's cut of the mesh, the local levels' owners, free masks and hanging nodes handed to
+rank 0 (the local set-up of adaptmg.distributed.solve, where rank 0 alone builds the serial
+levels): the bytes that comm.pass_arrays moves by MPI, and solve._hand_over's narrowing to
+the smallest integers that hold a rank and widening back -- rank 0 ends with exactly rank 1's
+arrays, as int64, and with the masks and hanging nodes its own mesh would give.
 Two stand-in ranks in one process share a message queue (the MPI runs of test_mpi.py, the
 NCCL path on two GPUs: -m gpu, check the whole solve)."""
 import numpy as np
@@ -9,8 +10,10 @@ import pytest
 
 from adaptmg.distributed.comm import pass_arrays
 from adaptmg.distributed.partition import level_ownership, level_ranks
-from adaptmg.distributed.solve import _cut_and_own, _hand_over, _split_hierarchy
+from adaptmg.distributed.solve import (_cut_and_own, _free_masks, _hand_over, _hanging_arrays,
+                                      _split_hierarchy)
 from adaptmg.fe import Space
+from adaptmg.mesh import Mesh
 from test_local_setup import RankOf, _mesh
 
 
@@ -56,15 +59,51 @@ def test_rank_zero_receives_rank_ones_cut_and_owners_as_int64(size):
     nranks = level_ranks([s.num_dofs for s in spaces], size, 0, 100)
     ranks, own = _cut_and_own(space, spaces, size, None, nranks)
     assert nranks[0] < size                                      # a folded level among them
+    frees = _free_masks(spaces, "all")
     q = []
-    assert _hand_over(QueueRank(1, size, q), space, spaces, nranks, ranks, own, "mpi") == (ranks, own)
-    assert all(data.dtype == np.int8 for *_, data in q)          # an eighth of int64's bytes
-    r0, (owners, cells, nr) = _hand_over(QueueRank(0, size, q), space, spaces, nranks, None, None, "mpi")
+    assert _hand_over(QueueRank(1, size, q), space, spaces, nranks, ranks, own, frees, "mpi") == (ranks, own, frees)
+    narrowed = q[1:2 + 2 * len(spaces)]                          # (after the hanging arrays' shapes)
+    assert all(data.dtype == np.int8 for *_, data in narrowed)   # an eighth of int64's bytes
+    space0 = Space(_mesh(2, 3), 1)                               # rank 0's own (identical) mesh
+    _, spaces0, _ = _split_hierarchy(space0, None, 50)
+    r0, (owners, cells, nr), frees0 = _hand_over(QueueRank(0, size, q), space0, spaces0, nranks, None, None,
+                                                 None, "mpi")
     assert not q and nr == nranks
     for a, b in zip([r0, *owners, *cells], [ranks, *own[0], *own[1]]):
         assert a.dtype == np.int64 and np.array_equal(a, b)
     again = level_ownership(spaces, r0, nranks, size)            # what rank 0 would have computed
     assert all(np.array_equal(a, b) for a, b in zip(again[0] + again[1], owners + cells))
+    assert all(f0.dtype == bool and np.array_equal(f0, f) for f0, f in zip(frees0, frees))
+    # rank 0 keeps rank 1's hanging nodes as its meshes' own: it never searched them, and
+    # they are what the search finds
+    assert sum(s.hanging_nodes.size for s in spaces0) > 0
+    for s0, s in zip(spaces0, spaces):
+        assert "_hanging_forest" not in s0.mesh.__dict__
+        for a0, a in zip(_hanging_arrays(s0), _hanging_arrays(s)):
+            assert a0.dtype == a.dtype and a0.shape == a.shape and np.array_equal(a0, a)
+        assert np.array_equal(s0.H.toarray(), s.H.toarray())
+    assert all(np.array_equal(f0, f) for f0, f in zip(frees0, _free_masks(spaces0, "all")))
+    assert all("_hanging_forest" not in s0.mesh.__dict__ for s0 in spaces0)
+
+
+def _uniform():
+    return Mesh.box([0, 0], [1, 1], [4, 4]).refine().refine().refine()
+
+
+def test_hand_over_keeps_empty_hanging_arrays_shaped():
+    """Levels without hanging nodes: rank 0's arrays keep their 2-D shape (0, k)."""
+    space = Space(_uniform(), 1)
+    top, spaces, _ = _split_hierarchy(space, None, 20)
+    nranks = level_ranks([s.num_dofs for s in spaces], 2, 0, 10)
+    ranks, own = _cut_and_own(space, spaces, 2, None, nranks)
+    q = []
+    _hand_over(QueueRank(1, 2, q), space, spaces, nranks, ranks, own, _free_masks(spaces, "all"), "mpi")
+    space0 = Space(_uniform(), 1)
+    _, spaces0, _ = _split_hierarchy(space0, None, 20)
+    _hand_over(QueueRank(0, 2, q), space0, spaces0, nranks, None, None, None, "mpi")
+    shapes = [[a.shape for a in _hanging_arrays(s)] for s in spaces]
+    assert all(sh[0] == (0,) and len(sh[1]) == 2 for sh in shapes)
+    assert [[a.shape for a in _hanging_arrays(s)] for s in spaces0] == shapes
 
 
 def test_level_ownership_needs_one_rank_count_per_level():
