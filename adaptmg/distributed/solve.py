@@ -477,8 +477,9 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     nodes), cut the mesh and find the local levels' owners (:func:`_cut_and_own`), all of
     which rank 1 hands to rank 0 (:func:`_hand_over`); rank 0 broadcasts what the others need
     of its hierarchy (:class:`SerialLevelsOnRankZero`).  Measured on two H200 at 21M DoFs per
-    rank: rank 0's masks took 0.04 s before its serial levels (0.06 s) while rank 1 waited for
-    them; handing them over took the weak set-up from 0.83-0.87 to 0.76-0.78 s."""
+    rank: rank 0's own masks took 0.04 s before its serial levels (0.06-0.09 s) while rank 1
+    waited for them; handed over, the weak set-up went from 0.832 / 0.830 to 0.813 / 0.820 s
+    (``scripts/bench_distributed.py``, the two versions alternated in one call)."""
     t0, c0 = start
     max_levels = kw.get("max_levels")
     ok = max_levels is None or (isinstance(max_levels, (int, np.integer)) and not isinstance(max_levels, bool))
