@@ -562,7 +562,8 @@ def _cut_and_own(space, spaces, size, weights, nranks):
 
 def _hand_over(comm, space, spaces, nranks, ranks, ownership, frees, transport):
     """Rank 1's finest cell ranks, local levels' owners and cell ranks (:func:`_cut_and_own`),
-    free masks (:func:`_free_masks`) and hanging nodes (:func:`_hanging_arrays`) written into
+    free masks (:func:`_free_masks`) and hanging nodes (``Mesh._hanging_arrays`` of each level's
+    DoF carrier mesh) written into
     buffers on rank 0 (:func:`~.comm.pass_arrays`; the ranks as the narrowest integers that
     hold a rank: an eighth of int64's bytes below 128 ranks), widened there, the hanging
     nodes kept as its meshes' own (the replicated meshes are the same on every rank, so rank 0
@@ -574,14 +575,14 @@ def _hand_over(comm, space, spaces, nranks, ranks, ownership, frees, transport):
     L = len(spaces)
     if rank == 1:
         owners, cells, _ = ownership
-        hang = [a for s in spaces for a in _hanging_arrays(s)]
+        hang = [a for s in spaces for a in s._carrier._hanging_arrays()]
         meta = np.array([d for a in hang for d in (a.shape[0], a.shape[1] if a.ndim == 2 else -1, ord(a.dtype.char))],
                         dtype=np.int64)
         comm.Send(meta, dest=0, tag=_HAND_TAG)
         bufs = ([xp.ascontiguousarray(a.astype(narrow)) for a in [ranks, *owners, *cells]]
                 + [f.view(np.int8) for f in frees] + [xp.ascontiguousarray(a) for a in hang])
     elif rank == 0:
-        meta = np.empty(3 * _HANGING_ARRAYS * L, dtype=np.int64)
+        meta = np.empty(3 * Mesh.HANGING_ARRAYS * L, dtype=np.int64)
         comm.Recv(meta, source=1, tag=_HAND_TAG)
         hang = [xp.empty((int(d0),) if d1 < 0 else (int(d0), int(d1)), dtype=np.dtype(chr(c)))
                 for d0, d1, c in meta.reshape(-1, 3)]
@@ -593,27 +594,14 @@ def _hand_over(comm, space, spaces, nranks, ranks, ownership, frees, transport):
     pass_arrays(comm, bufs, 1, 0, transport)
     if rank == 1:
         return ranks, ownership, frees
+    k = Mesh.HANGING_ARRAYS
     for l, s in enumerate(spaces):
-        _keep_hanging(s, hang[_HANGING_ARRAYS * l:_HANGING_ARRAYS * (l + 1)])
+        s._carrier._adopt_hanging(hang[k * l:k * (l + 1)])
     wide = [a.astype(np.int64) for a in bufs[:1 + 2 * L]]
     return wide[0], (wide[1:1 + L], wide[1 + L:], nranks), [m.view(bool) for m in masks]
 
 
 _HAND_TAG = 29          # _hand_over's message of the hanging arrays' shapes
-_HANGING_ARRAYS = 5     # nodes, parents, owner cells, and the (node, cell) pairs' two arrays
-
-
-def _hanging_arrays(space):
-    """The hanging nodes of ``space``'s DoF carrier mesh as its ``_hanging`` holds them:
-    ``[nodes, parents, owner cells, pair nodes, pair cells]`` (found now if not yet)."""
-    nodes, parents, owner, (pn, pc) = space._carrier._hanging
-    return [nodes, parents, owner, pn, pc]
-
-
-def _keep_hanging(space, arrays):
-    """Store :func:`_hanging_arrays` of another rank's identical mesh as this mesh's own."""
-    nodes, parents, owner, pn, pc = arrays
-    space._carrier.__dict__["_hanging"] = (nodes, parents, owner, (pn, pc))
 
 
 def _on_mesh(space, v):

@@ -387,6 +387,22 @@ class Mesh:
         the numbering (O(hanging nodes))."""
         return _hanging.number_hanging(self._hanging_forest, self._node_numbering[1])
 
+    #: how many arrays :meth:`_hanging_arrays` gives
+    HANGING_ARRAYS = 5
+
+    def _hanging_arrays(self):
+        """:attr:`_hanging` as a flat list ``[nodes, parents, owner cells, pair nodes, pair
+        cells]`` (found now if not yet): what :meth:`_adopt_hanging` takes."""
+        nodes, parents, owner, (pn, pc) = self._hanging
+        return [nodes, parents, owner, pn, pc]
+
+    def _adopt_hanging(self, arrays):
+        """Take :meth:`_hanging_arrays` of an identical mesh -- another rank's copy of a
+        replicated mesh, the same cells and node numbering -- as this mesh's hanging nodes,
+        without searching for them (:func:`adaptmg.distributed.solve._hand_over`)."""
+        nodes, parents, owner, pn, pc = arrays
+        self.__dict__["_hanging"] = (nodes, parents, owner, (pn, pc))
+
     @property
     def hanging_nodes(self) -> np.ndarray:
         """Indices of the hanging nodes."""

@@ -10,8 +10,7 @@ import pytest
 
 from adaptmg.distributed.comm import pass_arrays
 from adaptmg.distributed.partition import level_ownership, level_ranks
-from adaptmg.distributed.solve import (_cut_and_own, _free_masks, _hand_over, _hanging_arrays,
-                                      _split_hierarchy)
+from adaptmg.distributed.solve import _cut_and_own, _free_masks, _hand_over, _split_hierarchy
 from adaptmg.fe import Space
 from adaptmg.mesh import Mesh
 from test_local_setup import RankOf, _mesh
@@ -79,8 +78,9 @@ def test_rank_zero_receives_rank_ones_cut_and_owners_as_int64(size):
     assert sum(s.hanging_nodes.size for s in spaces0) > 0
     for s0, s in zip(spaces0, spaces):
         assert "_hanging_forest" not in s0.mesh.__dict__
-        for a0, a in zip(_hanging_arrays(s0), _hanging_arrays(s)):
+        for a0, a in zip(s0.mesh._hanging_arrays(), s.mesh._hanging_arrays()):
             assert a0.dtype == a.dtype and a0.shape == a.shape and np.array_equal(a0, a)
+        # the same operations on the same integers on both sides (the weights 1/2, 1/4): exact
         assert np.array_equal(s0.H.toarray(), s.H.toarray())
     assert all(np.array_equal(f0, f) for f0, f in zip(frees0, _free_masks(spaces0, "all")))
     assert all("_hanging_forest" not in s0.mesh.__dict__ for s0 in spaces0)
@@ -101,9 +101,9 @@ def test_hand_over_keeps_empty_hanging_arrays_shaped():
     space0 = Space(_uniform(), 1)
     _, spaces0, _ = _split_hierarchy(space0, None, 20)
     _hand_over(QueueRank(0, 2, q), space0, spaces0, nranks, None, None, None, "mpi")
-    shapes = [[a.shape for a in _hanging_arrays(s)] for s in spaces]
+    shapes = [[a.shape for a in s.mesh._hanging_arrays()] for s in spaces]
     assert all(sh[0] == (0,) and len(sh[1]) == 2 for sh in shapes)
-    assert [[a.shape for a in _hanging_arrays(s)] for s in spaces0] == shapes
+    assert [[a.shape for a in s.mesh._hanging_arrays()] for s in spaces0] == shapes
 
 
 def test_level_ownership_needs_one_rank_count_per_level():
