@@ -497,7 +497,10 @@ def _split(be, Ml, cols, rank):
     rows' order; ``ghosts`` (host) are the distinct ghost columns ordered by (owner, global
     index), found by one ``unique`` over the ghost entries -- only they cross to the host on
     the GPU, O(halo) -- and each ghost entry's column is its position among them; ``counts``
-    the ghosts per owner (:func:`ghost_numbering`)."""
+    the ghosts per owner (:func:`ghost_numbering`).  The owned block's rows stay sorted (the
+    local numbering keeps the owned columns' order); so do the ghost block's where the ghosts
+    are in increasing global order too (one owner, or owners of increasing ranges: every row
+    at P = 2), else they are sorted (on the device a sort of the block's entries)."""
     xp = be.xp
     if isinstance(cols, RangeLayout):
         table, lo, hi = None, cols.lo, cols.hi
@@ -508,9 +511,9 @@ def _split(be, Ml, cols, rank):
     optr, ocol, oval, gptr, gcol, gval = owned_ghost_rows(Ml.indptr, Ml.indices, Ml.data, table, lo, hi)
     ghosts, gpos, counts = ghost_numbering(xp, gcol, cols)
     rows = Ml.shape[0]
-    # the local numbering keeps the owned columns' order; the ghosts' positions do not
     Aoo = _block(be, oval, ocol, optr, (rows, cols.n), sorted_=True)
-    Aog = _block(be, gval, gpos, gptr, (rows, ghosts.size), sorted_=False)
+    in_order = ghosts.size < 2 or bool(np.all(ghosts[1:] > ghosts[:-1]))     # host, O(halo)
+    Aog = _block(be, gval, gpos, gptr, (rows, ghosts.size), sorted_=in_order)
     return Aoo, Aog, ghosts, counts
 
 

@@ -56,3 +56,31 @@ def test_device_keys_equal_the_host_numbering(n):
             assert isinstance(gpos, cupy.ndarray)
             assert np.array_equal(ghosts, want[0]) and np.array_equal(counts, want[2])
             assert np.array_equal(cupy.asnumpy(gpos), np.asarray(want[1]))
+
+
+def _canonical(A):
+    """Columns strictly increasing inside every row."""
+    inside = np.ones(max(A.nnz - 1, 0), dtype=bool)
+    b = A.indptr[1:-1] - 1
+    inside[b[(b >= 0) & (b < inside.size)]] = False
+    return bool(np.all(np.diff(A.indices)[inside] > 0))
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_split_blocks_keep_sorted_rows_whether_or_not_the_ghost_order_does(which):
+    """csr._split: the ghost block's rows are sorted both where the (owner, index) order of the
+    ghosts is their global order (ranges: no sort) and where it is not (interleaved owners:
+    sorted); the blocks are the rows' owned and ghost columns."""
+    import scipy.sparse as sp
+    from adaptmg.backend import CPU
+    from adaptmg.distributed.csr import _split
+    lay, owner = _layouts()[which]
+    M = sp.csr_matrix(sp.random(owner.size, owner.size, density=0.03, random_state=np.random.default_rng(5))
+                      + sp.eye(owner.size))
+    rows = M[lay.rows]
+    Aoo, Aog, ghosts, counts = _split(CPU, rows, lay, lay.rank)
+    assert bool(np.all(np.diff(ghosts) > 0)) == (which == 1)     # the ranges keep the order
+    assert _canonical(Aoo) and _canonical(Aog) and Aog.has_sorted_indices
+    dense = rows.toarray()
+    assert np.array_equal(Aoo.toarray(), dense[:, lay.rows])
+    assert np.array_equal(Aog.toarray(), dense[:, ghosts])
