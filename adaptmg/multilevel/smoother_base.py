@@ -19,7 +19,7 @@ from ..backend import backend_of, get_backend, is_device_sparse, is_sparse, to_h
 from ..fe.csr_ops import csr_diagonal, csr_entry_rows
 from .start_vector import start_vector
 
-__all__ = ["Smoother", "Jacobi", "power_lambda_max"]
+__all__ = ["Smoother", "Jacobi", "power_lambda_max", "power_lambda_max_many"]
 
 
 def _check_square(A, who):
@@ -77,18 +77,32 @@ def power_lambda_max(apply, v, norm, iterations=12, who="smoother"):
     ``norm`` may return a 0-d device array: the iteration then never waits for the device
     (one read at the end instead of one per step); a zero ``S A v`` then shows as a NaN
     estimate, which is refused like a zero one."""
-    v /= norm(v)
-    lam = 0.0
+    return power_lambda_max_many([apply], [v], lambda us: [norm(us[0])], iterations, who)[0]
+
+
+def power_lambda_max_many(applies, vs, norms, iterations=12, who="smoother"):
+    """:func:`power_lambda_max` of several operators at once, their steps interleaved (step
+    ``k`` of every operator, then step ``k + 1``): ``norms(us)`` returns the 2-norms of the
+    list ``us`` together (on several ranks: one reduction of them all a step, where one
+    operator alone takes one each).  Each operator's estimate is the one
+    :func:`power_lambda_max` gives it, operation for operation."""
+    vs = list(vs)
+    for i, nv in enumerate(norms(vs)):
+        vs[i] /= nv
+    lams = [0.0] * len(vs)
     for _ in range(iterations):        # ||v|| = 1 at the top of each iteration
-        w = apply(v)
-        lam = norm(w)
-        if isinstance(lam, (float, np.floating)) and lam == 0:     # a host norm: stop there
-            break
-        v = w / lam
-    lam = float(lam)
-    if not np.isfinite(lam) or lam <= 0:
-        raise ValueError(f"{who}: could not estimate lambda_max(S A) (got {lam})")
-    return 1.05 * lam
+        ws = [apply(v) for apply, v in zip(applies, vs)]
+        lams = list(norms(ws))
+        if any(isinstance(lam, (float, np.floating)) and lam == 0 for lam in lams):
+            break                      # a host norm of zero: that estimate is refused below
+        vs = [w / lam for w, lam in zip(ws, lams)]
+    out = []
+    for lam in lams:
+        lam = float(lam)
+        if not np.isfinite(lam) or lam <= 0:
+            raise ValueError(f"{who}: could not estimate lambda_max(S A) (got {lam})")
+        out.append(1.05 * lam)
+    return out
 
 
 def _validate_sweeps(sweeps):

@@ -75,7 +75,7 @@ from .gauss_seidel import BlockGaussSeidel, GaussSeidel, L1GaussSeidel
 from .smoother_base import (Jacobi, Smoother, _block_diagonal_csr, _block_inverses,  # noqa: F401
                             _check_square,
                             _host_diagonal, _note, _validate_sweeps, _validate_vectors,
-                            power_lambda_max)
+                            power_lambda_max, power_lambda_max_many)
 
 __all__ = ["Smoother", "Jacobi", "Richardson", "BlockJacobi", "Chebyshev", "PrePostSmoother",
            "CFJacobi", "GaussSeidel", "BlockGaussSeidel", "L1GaussSeidel", "make_smoother",

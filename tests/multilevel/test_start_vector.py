@@ -78,3 +78,25 @@ def test_power_iteration_with_device_style_norm(as_array):
     assert lam == ref
     with np.errstate(invalid="ignore"), pytest.raises(ValueError, match="could not estimate"):
         power_lambda_max(lambda u: 0.0 * u, start_vector(400), norm)
+
+
+def test_power_iterations_together_equal_each_alone():
+    """power_lambda_max_many: the steps of several operators interleaved, their norms asked
+    together, give each operator's power_lambda_max (the same operations: equal floats, and
+    not all equal to each other); a zero operator among them is refused."""
+    from adaptmg.multilevel.smoothers import power_lambda_max, power_lambda_max_many
+    ops = [poisson((20, 20), format="csr"), poisson((9, 13), format="csr"), 3.0 * poisson((30,), format="csr")]
+    norm = lambda u: float(np.linalg.norm(u))                                   # noqa: E731
+    calls = []
+
+    def norms(us):
+        calls.append(len(us))
+        return [norm(u) for u in us]
+    alone = [power_lambda_max(lambda u, A=A: A @ u, start_vector(A.shape[0], 3), norm, 12) for A in ops]
+    together = power_lambda_max_many([lambda u, A=A: A @ u for A in ops],
+                                     [start_vector(A.shape[0], 3) for A in ops], norms, 12)
+    assert together == alone and len(set(alone)) == 3
+    assert calls == [3] * 13                       # the start vectors', then one per step
+    with np.errstate(invalid="ignore"), pytest.raises(ValueError, match="could not estimate"):
+        power_lambda_max_many([lambda u: ops[0] @ u, lambda u: 0.0 * u], [start_vector(400), start_vector(400)],
+                              norms)
