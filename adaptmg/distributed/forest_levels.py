@@ -40,7 +40,8 @@ per rank: :class:`.csr.RangeLayout`, O(P) memory):
   rank 0's serial numbering;
 * the smoother, built as the local set-up builds it
   (:func:`.hierarchy._distributed_smoother`: the owned diagonal block, ``omega = 4 / (3
-  \lambda_{max})`` by a distributed power iteration, Chebyshev's bound by Lanczos).
+  \lambda_{max})`` by a distributed power iteration -- all levels' together once they are
+  built, :func:`.hierarchy._auto_omegas` --, Chebyshev's bound by Lanczos).
 
 They are the levels of **one** :class:`~adaptmg.multilevel.MultilevelSolver` (its cycle),
 preconditioning :mod:`adaptmg.linalg`'s Krylov methods in :func:`.solve.solve_forest`.
@@ -79,7 +80,7 @@ from .forest import DistributedForest, _check
 from .forest_rows import _pull, owned_constrained_load, owned_constrained_rows, owned_dirichlet_values, prepare
 from .forest_transfer import gather_level, prolongation_rows, restriction_rows
 from .partition import level_ranks
-from .hierarchy import RankZeroCycle, _DLevel, _NoRows, _distributed_smoother, level_from_rows
+from .hierarchy import RankZeroCycle, _DLevel, _NoRows, _auto_omegas, _distributed_smoother, level_from_rows
 
 __all__ = ["ForestHierarchy", "coarsening_sequence"]
 
@@ -205,6 +206,7 @@ class ForestHierarchy:
         self.levels, self.layouts = [d0], [lay0]
         spec = SimpleNamespace(_smoother_spec=smoother, _smoother_kwargs=smoother_setup_kwargs(
             smoother, smoother_kwargs, block_size=1, auto_omega=True))
+        pending = []                     # the levels' omega="auto": estimated together
         for i in range(1, len(seq)):
             F, Fc = seq[i], seq[i - 1]
             clay = self.layouts[-1]
@@ -229,10 +231,13 @@ class ForestHierarchy:
             d = level_from_rows(K_o, P_o, R_o, lay, clay, self.timer, kw)
             phase("distcsr_s", t)
             t = now()
-            d.smoother = _distributed_smoother(spec, d.A, 1)
+            d.smoother = _distributed_smoother(spec, d.A, 1, pending)
             phase("smoother_s", t)
             self.levels.append(d)
             self.layouts.append(lay)
+        t = now()
+        _auto_omegas(comm, pending)
+        phase("smoother_s", t)
         self._fine_prep = preps[-1]
         self.A, self.layout = self.levels[-1].A, self.layouts[-1]
         self.c = 1
