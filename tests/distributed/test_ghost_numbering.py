@@ -82,5 +82,6 @@ def test_split_blocks_keep_sorted_rows_whether_or_not_the_ghost_order_does(which
     assert bool(np.all(np.diff(ghosts) > 0)) == (which == 1)     # the ranges keep the order
     assert _canonical(Aoo) and _canonical(Aog) and Aog.has_sorted_indices
     dense = rows.toarray()
+    # the blocks' values are the rows' own entries moved, not computed: exact
     assert np.array_equal(Aoo.toarray(), dense[:, lay.rows])
     assert np.array_equal(Aog.toarray(), dense[:, ghosts])
