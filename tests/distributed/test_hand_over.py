@@ -114,3 +114,17 @@ def test_level_ownership_needs_one_rank_count_per_level():
         level_ownership(spaces, ranks, [1], 2)
     with pytest.raises(ValueError, match="one rank per cell"):
         level_ownership(spaces, ranks[:-1], [2] * len(spaces), 2)
+
+
+def test_free_masks_leave_the_hanging_matrices_unbuilt():
+    """_free_masks: each level's mask is its Constraints' free mask, and no level's H is built
+    (on rank 1 of a hand-over H waits for the rows phase, off the path both ranks wait on)."""
+    space = Space(_mesh(2, 3), 1)
+    _, spaces, _ = _split_hierarchy(space, None, 50)
+    frees = _free_masks(spaces, "all")
+    assert all(s.hanging_nodes.size for s in spaces[-2:])        # levels with hanging nodes
+    assert not any("H_nodes" in s.__dict__ for s in spaces)       # cached_property: not built
+    from adaptmg.fe.constraints import Constraints
+    from adaptmg.multilevel.hierarchy import dirichlet_dofs
+    assert all(np.array_equal(f, Constraints(s, dirichlet_dofs(s, "all")).free) for f, s in zip(frees, spaces))
+    assert all("H_nodes" in s.__dict__ for s in spaces if s.hanging_nodes.size)   # the check can see it
