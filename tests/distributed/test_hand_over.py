@@ -116,6 +116,26 @@ def test_level_ownership_needs_one_rank_count_per_level():
         level_ownership(spaces, ranks[:-1], [2] * len(spaces), 2)
 
 
+@pytest.mark.parametrize("below", [1, 40, 100, 500, 5000, 10 ** 9])
+def test_serial_top_is_the_finest_level_below_the_threshold(below, monkeypatch):
+    """_split_hierarchy's top: the finest level below the finest with fewer than ``below`` DoFs
+    (the coarsest where none has), the levels above it returned as they are; the spaces of the
+    levels below the top are never made (their meshes are not numbered: rank 0's serial
+    hierarchy makes its own)."""
+    import importlib
+    solve_mod = importlib.import_module("adaptmg.distributed.solve")      # (the package's solve is a function)
+    space = Space(_mesh(2, 3), 1)
+    every = [Space(m, 1) for m in space.mesh.hierarchy()[:-1]] + [space]
+    small = [i for i, s in enumerate(every[:-1]) if s.num_dofs < below]
+    g = max(small) if small else 0
+    made = []
+    monkeypatch.setattr(solve_mod, "Space", lambda *a: made.append(a[0]) or Space(*a))
+    top, spaces, msg = _split_hierarchy(space, None, below)
+    assert not msg and spaces[-1] is space
+    assert [top.num_dofs] + [s.num_dofs for s in spaces] == [s.num_dofs for s in every[g:]]
+    assert len(made) == len(every) - 1 - g                       # only the top and the levels above it
+
+
 def test_free_masks_leave_the_hanging_matrices_unbuilt():
     """_free_masks: each level's mask is its Constraints' free mask, and no level's H is built
     (on rank 1 of a hand-over H waits for the rows phase, off the path both ranks wait on)."""
