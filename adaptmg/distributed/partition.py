@@ -5,7 +5,8 @@ root cell of the coarse mesh plus a refinement path (child indices ``c_1 .. c_k`
 Children are numbered lexicographically, child ``c`` having the bits
 ``(x, y, z) = (c & 1, c >> 1 & 1, c >> 2 & 1)``, which is exactly the Morton digit of
 the child in its parent.  Root cells are ordered by the Morton (Z-order) code of their
-centroids (quantised to 2^21 per axis over the mesh's bounding box).  The curve
+centroids (quantised to 2^21 steps of one size for every axis: the bounding box's longest
+side over 2^21, so the order follows the domain's shape).  The curve
 order of the active cells is the lexicographic order of ``(root key, c_1, c_2, ...)``:
 a depth-first traversal of the forest along the Z-curve, computed with one
 ``np.lexsort`` (no Python loop over cells; one pass per refinement level).
@@ -79,11 +80,18 @@ def _morton(q: np.ndarray) -> np.ndarray:
 
 def _root_ranks(F, roots: np.ndarray) -> np.ndarray:
     """Rank of each root cell (sorted forest ids ``roots``) in the Morton order of the root
-    centroids (quantised over their bounding box), ties by root id."""
+    centroids, ties by root id.  The centroids are quantised with one scale for every axis
+    (the bounding box's longest side), so the curve's first cuts cross the domain's long
+    axis: the roots of a 4 x 2 x 2 box in halves x < 2 and x >= 2, as the Morton order of
+    their integer positions (p4est's brick).  Scaled per axis, each side mapped onto the
+    whole range, the top bit was the short z axis's: the cut of a 2 x 1 x 1 box into two ran
+    along it, twice the cut area of the unit cubes side by side, and put both refined balls
+    of the weak-scaling problem on rank 0."""
     d, xp = F.dim, _xp(roots)
     cen = F.X[F.cell_nodes[roots]].mean(axis=1)
     lo, hi = cen.min(axis=0), cen.max(axis=0)
-    span = xp.where(hi > lo, hi - lo, 1.0)
+    span = float((hi - lo).max()) if roots.size else 0.0
+    span = span if span > 0 else 1.0
     q = xp.floor((cen - lo) / span * (2 ** _BITS[d] - 1) + 0.5)
     rank = xp.empty(roots.size, dtype=np.int64)
     # roots ascend: the stable sort of the Morton keys is lexsort((roots, keys))

@@ -322,6 +322,26 @@ def test_curve_order_is_morton_on_a_uniform_grid():
 
 
 @pytest.mark.parametrize("dim", [2, 3])
+def test_curve_cuts_an_elongated_box_across_its_long_axis(dim):
+    """Roots quantised with one scale for every axis: a box of 4 x 2 (x 2) roots, twice as
+    long in x, is cut in two at x = 1 -- the cut of two unit boxes side by side (area 1 in
+    3-D), not one along a short axis (area 2); with a refined ball in each unit box each of
+    the two ranks holds its own ball, the hanging nodes owned half and half.  (Scaled per
+    axis the first cut ran along a short axis.)"""
+    u = Mesh.box([0] * dim, [2] + [1] * (dim - 1), [4] + [2] * (dim - 1)).refine()
+    c = u.points[u.cells].mean(1)
+    m = u.refine((np.linalg.norm(c - np.r_[0.5, [0.5] * (dim - 1)], axis=1) < 0.3)
+                 | (np.linalg.norm(c - np.r_[1.5, [0.5] * (dim - 1)], axis=1) < 0.3))
+    for mesh in (u, m):                                  # equal cells in each unit box
+        c = mesh.points[mesh.cells].mean(1)
+        assert np.array_equal(partition_cells(mesh, 2), np.floor(c[:, 0]).astype(int))
+    space = Space(m, 1)
+    own = dof_owners(space, partition_cells(m, 2))
+    hang = np.bincount(own[space.hanging_nodes], minlength=2)
+    assert hang[0] == hang[1] > 0
+
+
+@pytest.mark.parametrize("dim", [2, 3])
 @pytest.mark.parametrize("size", [2, 3, 7])
 def test_partition_contiguous_balanced_and_owners(dim, size):
     m = _adaptive(dim)
