@@ -90,7 +90,7 @@ def _root_ranks(F, roots: np.ndarray) -> np.ndarray:
     d, xp = F.dim, _xp(roots)
     cen = F.X[F.cell_nodes[roots]].mean(axis=1)
     lo, hi = cen.min(axis=0), cen.max(axis=0)
-    span = float((hi - lo).max()) if roots.size else 0.0
+    span = float((hi - lo).max())                         # one root: no extent, scale 1
     span = span if span > 0 else 1.0
     q = xp.floor((cen - lo) / span * (2 ** _BITS[d] - 1) + 0.5)
     rank = xp.empty(roots.size, dtype=np.int64)
