@@ -32,7 +32,9 @@ Here no array of size E exists:
    per row r (kernel ``adaptmg_row_walk_sum``) walks r's incidences (c, i) with
    :math:`c_0 \le c < c_1` in ascending order and for j = 0..ncl-1 adds
    :math:`K_{c,i,j}` into the entry of column ``col_cells[c, j]`` (binary search in the row's
-   sorted columns):
+   sorted columns; eight columns of a cell searched in lockstep, their entries loaded before
+   any is stored -- a cell's columns are distinct entries -- so the thread has eight loads in
+   flight instead of one: 3-D Q1 at 20.7M cells on one H200 167 -> 34 ms, the same bits):
 
    .. math:: a_{(r,s)} \mathrel{+}= K_{c,i,j}, \qquad (c, i, j) \text{ ascending},\
              \mathrm{row\_cells}_{c,i} = r,\ \mathrm{col\_cells}_{c,j} = s.
@@ -82,21 +84,45 @@ while (lo < hi) {                       // first incidence of the row in the chu
   long long mid = (lo + hi) >> 1;
   if ((long long)inc[mid] < first) lo = mid + 1; else hi = mid;
 }
-const long long b = ip[i], e = ip[i + 1];
+const long long b = ip[i], len = ip[i + 1] - b;
 for (long long t = lo; t < end; ++t) {
   const long long p = inc[t];
   if (p >= stop) break;
   const long long c = p / nrl;
   const long long kb = (p - first) * ncll;   // K[f, c - c0, p - c nr, :]
   const long long cb = c * ncll;
-  for (long long j = 0; j < ncll; ++j) {
-    const long long s = cols[cb + j];
-    long long l = b, h = e - 1;
-    while (l < h) {
-      long long m = (l + h) >> 1;
-      if ((long long)ind[m] < s) l = m + 1; else h = m;
+  for (long long j0 = 0; j0 < ncll; j0 += 8) {      // eight of the cell's columns at a time
+    const int m = ncll - j0 < 8 ? (int)(ncll - j0) : 8;
+    long long s[8], at[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) { s[q] = q < m ? (long long)cols[cb + j0 + q] : -1; at[q] = b; }
+    // their eight lower bounds in the row's sorted columns, in lockstep (the same halvings)
+    for (long long n = len; n > 1; ) {
+      const long long half = n >> 1;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) at[q] = ((long long)ind[at[q] + half] < s[q]) ? at[q] + half : at[q];
+      n -= half;
     }
-    for (int f = 0; f < nf; ++f) data[l * dpos + f * dfld] += K[f * kfld + kb + j];
+    bool distinct = true;                 // a cell's columns: distinct but in a degenerate table
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      at[q] += ((long long)ind[at[q]] < s[q]);
+#pragma unroll
+      for (int r = 0; r < q; ++r) distinct = distinct && (q >= m || at[q] != at[r]);
+    }
+    for (int f = 0; f < nf; ++f) {
+      double v[8], d[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) v[q] = q < m ? K[f * kfld + kb + j0 + q] : 0.0;
+      if (distinct) {                     // every load before the stores
+#pragma unroll
+        for (int q = 0; q < 8; ++q) d[q] = q < m ? data[at[q] * dpos + f * dfld] : 0.0;
+#pragma unroll
+        for (int q = 0; q < 8; ++q) if (q < m) data[at[q] * dpos + f * dfld] = d[q] + v[q];
+      } else {
+        for (int q = 0; q < m; ++q) data[at[q] * dpos + f * dfld] += v[q];
+      }
+    }
   }
 }
 """
