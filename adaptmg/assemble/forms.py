@@ -55,6 +55,8 @@ naming the argument and the shapes involved.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..backend import Backend, backend_of, get_backend, is_device_array, is_device_sparse, to_host
@@ -63,6 +65,7 @@ from ..fe.geometry import CellGeometry, affine_mask, jacobian_error, matmul_seri
 from ..fe.quadrature import default_num_points, tensor_gauss
 from ._coefficients import coefficient as _coefficient, is_zero as _is_zero
 from ._device import MIN_DEVICE_ENTRIES, get_device_pattern
+from . import q1_stiffness
 from .on_device import device_element_sums, lumped_local, lumped_mass_on_device
 from ..fe.sparsity import componentwise, get_pattern
 from ..fe.space_xp import kron_identity
@@ -224,7 +227,7 @@ def _square_pattern(info):
 
 
 def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None, uniform=False,
-                     keep=None, device_elements=False):
+                     keep=None, device_elements=False, elements=None):
     r"""CSR of the element matrices :math:`K_c = \sum_q F_{c,q,:} T_{q,:,:}` summed over all cells.
 
     ``factor(sl, g, wdet)`` returns the geometric factor (n, nq, m) of a chunk of n
@@ -257,7 +260,8 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
 
     ``device_elements`` (with ``device``; a factor written against the backend of ``wdet``):
     the element matrices too -- and ``extra``'s -- are computed on the device, with the full
-    quadrature rule on every cell (:func:`.on_device.element_chunks`, summed chunk by chunk): nothing of
+    quadrature rule on every cell (:func:`.on_device.element_chunks`, or ``elements``:
+    :func:`.on_device.device_element_sums`; summed chunk by chunk): nothing of
     O(cells) is computed on the host or copied up but the mesh itself.  Asked for constant
     coefficients on a host mesh; always taken on a mesh on the GPU, where the coefficients are
     evaluated on the device too (:mod:`._coefficients`).
@@ -310,7 +314,8 @@ def _assemble_scalar(info, xi, w, factor, Tq, affine_ok, extra=None, device=None
         Te_full = np.ascontiguousarray(Te.reshape(nq * me, per))
     if device is not None and device_elements:      # no host chunk loop, no host buffers
         return _finished(finish, *device_element_sums(device, pat, info, xi, w, factor, T_full,
-                                                       None if extra is None else (cols, Te_full)), keep)
+                                                       None if extra is None else (cols, Te_full),
+                                                       elements=elements), keep)
     T_aff = np.tensordot(w, Tq, axes=1)
     group = info.affine_group(xi, per) if affine_ok else 1
     step = info.chunk_size(xi, per) * group
@@ -487,9 +492,12 @@ def stiffness(space, coef=1.0, *, quad_points=None, device=None, keep_on_device=
         return metric_factor(g.J, g.detJ, wc, packed=True)   # w kappa det J J^{-1} J^{-T}
     keep = _keep_backend("stiffness", device, keep_on_device, info)
     const = keep is not None and const
+    # Q1, a constant: the element matrices by one kernel a chunk (their arithmetic in registers)
+    q1 = const and q1_stiffness.fits(info, xi.shape[0])
+    elements = functools.partial(q1_stiffness.stiffness_chunks, coef=ev(None, None)) if q1 else None
     return _assemble_scalar(info, xi, w, factor, T, affine_ok=not ev.pointwise,
                             device=_assembly_device(device, info, T.shape[-1]),
-                            uniform=const, keep=keep, device_elements=const)
+                            uniform=const, keep=keep, device_elements=const, elements=elements)
 
 
 def convection(space, b, *, quad_points=None, device=None):

@@ -148,16 +148,20 @@ def element_chunks(be, info, xi, w, factor, T_full, extra=None, step=None):
         del X, g, K, Ke                 # one chunk's geometry and matrices alive at a time
 
 
-def device_element_sums(device, pat, info, xi, w, factor, T_full, extra):
+def device_element_sums(device, pat, info, xi, w, factor, T_full, extra, elements=None):
     """``(data, data_e)``: the element matrices computed on the device chunk by chunk
     (:func:`element_chunks`, at most :data:`._device.ASSEMBLY_CHUNK_BYTES` of them at
     once) and summed on the device pattern ``pat`` in ascending cell order (the same bits as
-    one sum of all of them); ``data_e`` those of ``extra = (cols, Te_full)`` or None."""
+    one sum of all of them); ``data_e`` those of ``extra = (cols, Te_full)`` or None.
+    ``elements(device, info, xi, w, T_full, step)``: another source of the same chunks
+    (:func:`.q1_stiffness.stiffness_chunks`), in place of ``factor``'s."""
     per = T_full.shape[1] * (1 if extra is None else 2)
     step = min(DEVICE_CHUNK_CELLS, chunk_cells(per))
     data = pat.zeros()
     data_e = None if extra is None else pat.zeros()
-    for sl, K, Ke in element_chunks(device, info, xi, w, factor, T_full, extra, step):
+    chunks = (element_chunks(device, info, xi, w, factor, T_full, extra, step) if elements is None
+              else elements(device, info, xi, w, T_full, step))
+    for sl, K, Ke in chunks:
         pat.add(data, sl.start, K)
         if Ke is not None:
             pat.add(data_e, sl.start, Ke)

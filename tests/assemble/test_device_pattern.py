@@ -98,7 +98,7 @@ def test_chunked_device_elements_equal_the_sorted_path(d, monkeypatch):
         with monkeypatch.context() as mp:          # the earlier path: all E entries, then sorted sums
             mp.setattr(forms, "get_device_pattern", lambda be, r, c, nr, nc: SortedDevicePattern(be, r, c, nr, nc))
 
-            def sums(device, pat, info, xi, w, factor, T_full, extra):
+            def sums(device, pat, info, xi, w, factor, T_full, extra, elements=None):
                 nent = info.num_cells * T_full.shape[1]
                 out, out_e = np.empty(nent), np.empty(nent) if extra is not None else None
                 on_device.element_entries_on_device(device, info, xi, w, factor, T_full, out,
