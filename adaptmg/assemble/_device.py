@@ -130,25 +130,31 @@ for (long long t = lo; t < end; ++t) {
 
 # one thread per row: its distinct columns in ascending order, merged from the sorted
 # column lists scols[c, :] of its cells (incidences t0 .. t1-1): with at most 16 incidences a
-# head per list -- the next column is the smallest head, and every list whose head it is
-# advances past it (O(16 nnz_r) reads); with more, the smallest column above the last one found,
+# head per list, kept in registers -- the next column is the smallest head, and every list
+# whose head it is advances past it, loading its next head (one load per list entry; the heads
+# re-read at every step before: 3-D Q1, 20.7M cells, one H200, count + fill 41 -> ? ms); with more, the smallest column above the last one found,
 # scanning all candidates again (O(|C_r| nnz_r)) -- no buffer, any number of cells at a node
 _ROW_COLUMNS = r"""
 const long long t0 = inc_ptr[i], t1 = inc_ptr[i + 1];
 const long long BIG = 0x7fffffffffffffffLL;
 const int k = (int)(t1 - t0);
 long long o = START, last = -1;
-if (k <= 16) {
-  long long base[16]; int pos[16];
-  for (int q = 0; q < k; ++q) { base[q] = ((long long)inc[t0 + q] / nr) * ncl; pos[q] = 0; }
+if (k <= 16) {                        // the lists' heads in registers: one load per advance
+  long long base[16], head[16]; int pos[16];
+#pragma unroll
+  for (int q = 0; q < 16; ++q) {
+    pos[q] = 0; base[q] = 0; head[q] = BIG;
+    if (q < k) { base[q] = ((long long)inc[t0 + q] / nr) * ncl; head[q] = scols[base[q]]; }
+  }
   while (true) {
     long long best = BIG;
-    for (int q = 0; q < k; ++q)
-      if (pos[q] < ncl) { const long long s = scols[base[q] + pos[q]]; if (s < best) best = s; }
+#pragma unroll
+    for (int q = 0; q < 16; ++q) best = head[q] < best ? head[q] : best;
     if (best == BIG) break;
     EMIT;
-    for (int q = 0; q < k; ++q)       // past best (a list may hold it more than once)
-      while (pos[q] < ncl && (long long)scols[base[q] + pos[q]] == best) ++pos[q];
+#pragma unroll
+    for (int q = 0; q < 16; ++q)       // past best (a list may hold it more than once)
+      while (head[q] == best) { ++pos[q]; head[q] = pos[q] < ncl ? (long long)scols[base[q] + pos[q]] : BIG; }
   }
 } else {
   while (true) {
