@@ -119,8 +119,9 @@ for (long long t = lo; t < end; ++t) {
         for (int q = 0; q < 8; ++q) d[q] = q < m ? data[at[q] * dpos + f * dfld] : 0.0;
 #pragma unroll
         for (int q = 0; q < 8; ++q) if (q < m) data[at[q] * dpos + f * dfld] = d[q] + v[q];
-      } else {
-        for (int q = 0; q < m; ++q) data[at[q] * dpos + f * dfld] += v[q];
+      } else {                            // (unrolled: a runtime index would put at[], v[] in local memory)
+#pragma unroll
+        for (int q = 0; q < 8; ++q) if (q < m) data[at[q] * dpos + f * dfld] += v[q];
       }
     }
   }
@@ -132,7 +133,7 @@ for (long long t = lo; t < end; ++t) {
 # column lists scols[c, :] of its cells (incidences t0 .. t1-1): with at most 16 incidences a
 # head per list, kept in registers -- the next column is the smallest head, and every list
 # whose head it is advances past it, loading its next head (one load per list entry; the heads
-# re-read at every step before: 3-D Q1, 20.7M cells, one H200, count + fill 41 -> ? ms); with more, the smallest column above the last one found,
+# re-read at every step before: 3-D Q1, 20.7M cells, one H200, count + fill 41 -> 19 ms); with more, the smallest column above the last one found,
 # scanning all candidates again (O(|C_r| nnz_r)) -- no buffer, any number of cells at a node
 _ROW_COLUMNS = r"""
 const long long t0 = inc_ptr[i], t1 = inc_ptr[i + 1];

@@ -478,7 +478,9 @@ def stiffness(space, coef=1.0, *, quad_points=None, device=None, keep_on_device=
     Acts component-wise for c > 1. Returns CSR (num_dofs x num_dofs).
     ``device``, ``keep_on_device``: see :func:`scalar_form` (a kept matrix takes the
     congruent-cell path for constant ``coef``); :func:`adaptmg.multigrid` on the GPU passes
-    both, so every level is assembled and constrained on the device.
+    both, so every level is assembled and constrained on the device -- a Q1 space with a
+    constant ``coef`` there with its element matrices by one kernel a chunk
+    (:mod:`.q1_stiffness`).
     """
     info = _SpaceInfo(space)
     xi, w = info.quadrature(quad_points)
