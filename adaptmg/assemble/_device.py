@@ -133,8 +133,9 @@ for (long long t = lo; t < end; ++t) {
 # column lists scols[c, :] of its cells (incidences t0 .. t1-1): with at most 16 incidences a
 # head per list, kept in registers -- the next column is the smallest head, and every list
 # whose head it is advances past it, loading its next head (one load per list entry; the heads
-# re-read at every step before: 3-D Q1, 20.7M cells, one H200, count + fill 41 -> 19 ms); with more, the smallest column above the last one found,
-# scanning all candidates again (O(|C_r| nnz_r)) -- no buffer, any number of cells at a node
+# were re-read at every step before: 3-D Q1, 20.7M cells, one H200, count + fill 41 -> 19 ms);
+# with more, the smallest column above the last one found, scanning all candidates again
+# (O(|C_r| nnz_r)) -- no buffer, any number of cells at a node
 _ROW_COLUMNS = r"""
 const long long t0 = inc_ptr[i], t1 = inc_ptr[i + 1];
 const long long BIG = 0x7fffffffffffffffLL;

@@ -16,9 +16,10 @@ J^{-1}J^{-T} = w_q \kappa\,\mathrm{adj}(J^TJ)/\det J`: the factor of
 the factor, one GEMM with ``T``), done in registers by one kernel per chunk instead of a
 dozen CuPy passes over chunk-sized temporaries: the sums run in another order, so the
 entries agree to rounding, not bit for bit.  Measured on one H200 (3-D, 20,712,966 cells,
-sync-timed, the two paths alternated in one process): the stiffness matrix 0.234 -> 0.123 s
-(the general path's element matrices ~136 ms of it: the geometry 41 ms, the factor and GEMM
-~95 ms), the entries within 6.7e-16 of the largest of the general path's.
+sync-timed, the two paths alternated in one process, the same row walk): the stiffness
+matrix 0.234 -> 0.128 s (the general path's element matrices ~136 ms of it: the geometry
+41 ms, the factor and GEMM ~95 ms), the entries within 6.7e-16 of the largest of the general
+path's.
 
 A cell with :math:`\det J_q \le 0` at some point is flagged and, after the sweep, reported
 by :func:`~adaptmg.fe.geometry.jacobian_error`, as on the general path.  On NumPy arrays
