@@ -31,7 +31,7 @@ import functools
 
 import numpy as np
 
-from ..backend import constant, get_backend, in_host_memory, to_host
+from ..backend import backend_of, constant, get_backend, in_host_memory, to_host
 from ..fe.geometry import _det, jacobian_error, metric_factor, q1_tables, sym_pairs
 
 __all__ = ["fits", "stiffness_chunks"]
@@ -107,10 +107,12 @@ def _kernel(d, nq):
 
 
 def _np_elements(pts, cells, dN, w, T, coef, sl):
-    """NumPy twin of the kernel: ``(K, bad)`` of the cells ``sl``, the same formulas
+    """The twin of the kernel on NumPy (or the tests' stand-ins for CuPy, whose arrays it keeps:
+    no host copy): ``(K, bad)`` of the cells ``sl``, the same formulas
     (:func:`~adaptmg.fe.geometry.metric_factor` with the weights ``w_q kappa``)."""
+    xp = backend_of(pts).xp
     X = pts[cells[sl]]                                         # (n, nv, d)
-    J = np.einsum("cva,qvb->cqab", X, dN)                      # (n, nq, d, d)
+    J = xp.einsum("cva,qvb->cqab", X, dN)                      # (n, nq, d, d)
     det = _det(J)
     F = metric_factor(J, det, w[None, :] * coef, packed=True)  # (n, nq, d(d+1)/2)
     return F.reshape(F.shape[0], -1) @ T, ~(det > 0).all(axis=1)
@@ -129,19 +131,15 @@ def stiffness_chunks(be, info, xi, w, T_full, step, coef=1.0):
     pts = xp.ascontiguousarray(xp.asarray(info.points, dtype=np.float64))
     cells = xp.ascontiguousarray(xp.asarray(info.cells))
     nc = info.num_cells
-    if in_host_memory(pts):              # the twin on host views (also the tests' stand-ins)
-        h = lambda a: a.view(np.ndarray)          # noqa: E731
-        P, C = h(pts), h(cells)
-        Tn, wn = np.asarray(T_full, dtype=np.float64), np.asarray(w, dtype=np.float64)
-        bad = np.zeros(nc, dtype=bool)
+    dN_d, w_d, T_d = constant(dN, xp), constant(w, xp), constant(T_full, xp)
+    bad = xp.zeros(nc, dtype=bool)
+    if in_host_memory(pts):              # the twin (NumPy; the tests' stand-ins for CuPy)
         for s in range(0, nc, step):
             sl = slice(s, min(s + step, nc))
-            K, bad[sl] = _np_elements(P, C, dN, wn, Tn, float(coef), sl)
-            yield sl, (K if xp is np else xp.asarray(K)), None
+            K, bad[sl] = _np_elements(pts, cells, dN_d, w_d, T_d, float(coef), sl)
+            yield sl, K, None
     else:
-        dN_d, w_d, T_d = constant(dN, xp), constant(w, xp), constant(T_full, xp)
         kern = _kernel(d, nq)
-        bad = xp.zeros(nc, dtype=bool)
         K = None
         for s in range(0, nc, step):
             sl = slice(s, min(s + step, nc))
