@@ -49,10 +49,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backend import backend_of, in_host_memory, to_host
+from .index_kernels import owned_ghost_rows
 
-__all__ = ["constrained_congruence", "kernel_rows", "available", "fits", "twin", "KERNEL_NAMES"]
+__all__ = ["constrained_congruence", "constrained_split_rows", "kernel_rows", "kernel_split_rows", "available",
+           "fits", "twin", "KERNEL_NAMES"]
 
-KERNEL_NAMES = ("adaptmg_congruence_count", "adaptmg_congruence_fill")
+KERNEL_NAMES = ("adaptmg_congruence_count", "adaptmg_congruence_fill", "adaptmg_congruence_count_split",
+                "adaptmg_congruence_fill_split")
 
 _SRC = r"""
 #define ADAPTMG_CONG_BLOCK 32
@@ -177,6 +180,21 @@ extern "C" __global__ void adaptmg_congruence_count(ADAPTMG_CONG_PARAMS, long lo
     ad[r] = d < 0.0 ? -d : d;
 }
 
+// the entries [a0, a1) of a row sorted by column (insertion sort: the rows past CAP columns)
+template <class C>
+__device__ __forceinline__ void adaptmg_cong_sort(C* __restrict__ col, double* __restrict__ val,
+                                                  long long a0, long long a1)
+{
+    for (long long a = a0 + 1; a < a1; ++a) {
+        const C c = col[a];
+        const double v = val[a];
+        long long b = a - 1;
+        while (b >= a0 && col[b] > c) { col[b + 1] = col[b]; val[b + 1] = val[b]; --b; }
+        col[b + 1] = c;
+        val[b + 1] = v;
+    }
+}
+
 extern "C" __global__ void adaptmg_congruence_fill(ADAPTMG_CONG_PARAMS, const int* __restrict__ ptr,
                                                    double scale, int* kcol, double* kval)
 {
@@ -192,15 +210,59 @@ extern "C" __global__ void adaptmg_congruence_fill(ADAPTMG_CONG_PARAMS, const in
     const bool sorted = adaptmg_cong_columns(r, sc, sv, lane, ADAPTMG_CONG_ARGS, [&](long long q, double s) {
         if (s != 0.0) { kcol[o] = (int)q; kval[o] = s; ++o; }
     });
+    if (!sorted) adaptmg_cong_sort(kcol, kval, o0, o);
+}
+
+// the rows split as a distributed matrix keeps them: loc[q] the local column of an owned
+// column q (-1: a ghost, kept by its global number); the count kernel also counts the ghosts
+extern "C" __global__ void adaptmg_congruence_count_split(ADAPTMG_CONG_PARAMS, const int* __restrict__ loc,
+                                                          long long* cnt, long long* gcnt, double* ad)
+{
+    __shared__ int sc[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
+    __shared__ double sv[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
+    const int lane = threadIdx.x;
+    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    const long long p = mapped ? rmap[r] : r;
+    if (!z[p]) { cnt[r] = 1; gcnt[r] = loc[p] < 0 ? 1 : 0; ad[r] = 0.0; return; }
+    long long c = 0, g = 0;
+    double d = 0.0;
+    adaptmg_cong_columns(r, sc, sv, lane, ADAPTMG_CONG_ARGS, [&](long long q, double s) {
+        if (s != 0.0) { ++c; if (loc[q] < 0) ++g; }
+        if (q == p) d = s;
+    });
+    cnt[r] = c;
+    gcnt[r] = g;
+    ad[r] = d < 0.0 ? -d : d;
+}
+
+// owned entries (local columns) from optr[r] = ptr[r] - gptr[r], ghost entries (global
+// columns) from gptr[r], each part sorted by column
+extern "C" __global__ void adaptmg_congruence_fill_split(ADAPTMG_CONG_PARAMS, const long long* __restrict__ ptr,
+                                                         const long long* __restrict__ gptr, double scale,
+                                                         const int* __restrict__ loc, int* ocol, double* oval,
+                                                         long long* gcol, double* gval)
+{
+    __shared__ int sc[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
+    __shared__ double sv[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
+    const int lane = threadIdx.x;
+    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    const long long p = mapped ? rmap[r] : r;
+    const long long g0 = gptr[r], o0 = ptr[r] - g0;
+    long long o = o0, g = g0;
+    auto put = [&](long long q, double s) {
+        const int l = loc[q];
+        if (l >= 0) { ocol[o] = l; oval[o] = s; ++o; }
+        else { gcol[g] = q; gval[g] = s; ++g; }
+    };
+    if (!z[p]) { put(p, scale); return; }
+    const bool sorted = adaptmg_cong_columns(r, sc, sv, lane, ADAPTMG_CONG_ARGS, [&](long long q, double s) {
+        if (s != 0.0) put(q, s);
+    });
     if (sorted) return;
-    for (long long a = o0 + 1; a < o; ++a) {             // the row's entries sorted by column
-        const int c = kcol[a];
-        const double v = kval[a];
-        long long b = a - 1;
-        while (b >= o0 && kcol[b] > c) { kcol[b + 1] = kcol[b]; kval[b + 1] = kval[b]; --b; }
-        kcol[b + 1] = c;
-        kval[b + 1] = v;
-    }
+    adaptmg_cong_sort(ocol, oval, o0, o);
+    adaptmg_cong_sort(gcol, gval, g0, g);
 }
 """
 
@@ -247,6 +309,24 @@ def _default_scale(dsum, nfree):
     return mean if mean > 0 else 1.0
 
 
+def _check_shapes(A, H, HT, z, rows, device=True):
+    """``(m, k)``, the output's rows and columns, after the checks of the arguments of
+    :func:`constrained_congruence` (``device``: also that the kernels take them)."""
+    n, k = A.shape[0], H.shape[1]
+    if tuple(z.shape) != (k,):
+        raise ValueError(f"constrained_congruence: the free mask has shape {tuple(z.shape)}, "
+                         f"H has {k} columns")
+    m = k if rows is None else int(rows.shape[0])
+    if tuple(HT.shape) != (m, n):
+        raise ValueError(f"constrained_congruence: H^T has shape {tuple(HT.shape)}, expected {(m, n)} "
+                         f"({'the rows asked for' if rows is not None else 'all rows'})")
+    if device and not available(A, H, HT, rows):
+        raise ValueError("constrained_congruence: the kernels take device CSR matrices of float64 with int32 "
+                         f"indices, A n x n, H n x k, H^T k x n; got A {A.dtype}/{A.indices.dtype} {A.shape}, "
+                         f"H {H.dtype}/{H.indices.dtype} {H.shape}, HT {HT.dtype}/{HT.indices.dtype} {HT.shape}")
+    return m, k
+
+
 def constrained_congruence(A, H, HT, z, rows=None, scale=None):
     r"""``(K, s)``: :math:`K = Z H^T A H Z + s (I - Z)` (the module's formula) and the row
     scale ``s`` (a float), for CSR ``A`` (duplicates and unsorted columns are summed and sorted
@@ -264,20 +344,10 @@ def constrained_congruence(A, H, HT, z, rows=None, scale=None):
     local nodes into the global ones they reach, :mod:`adaptmg.distributed.forest_rows`): then
     ``HT`` is ``k x n`` (``len(rows) x n``), ``z`` has ``k`` entries and ``K`` is ``k x k``
     (``len(rows) x k``)."""
-    n, k = A.shape[0], H.shape[1]
-    if tuple(z.shape) != (k,):
-        raise ValueError(f"constrained_congruence: the free mask has shape {tuple(z.shape)}, "
-                         f"H has {k} columns")
-    m = k if rows is None else int(rows.shape[0])
-    if tuple(HT.shape) != (m, n):
-        raise ValueError(f"constrained_congruence: H^T has shape {tuple(HT.shape)}, expected {(m, n)} "
-                         f"({'the rows asked for' if rows is not None else 'all rows'})")
+    m, k = _check_shapes(A, H, HT, z, rows, device=False)
     if in_host_memory(A.data):
         return twin(A, H, z, rows=rows, scale=scale)
-    if not available(A, H, HT, rows):
-        raise ValueError("constrained_congruence: the kernels take device CSR matrices of float64 with int32 "
-                         f"indices, A n x n, H n x k, H^T k x n; got A {A.dtype}/{A.indices.dtype} {A.shape}, "
-                         f"H {H.dtype}/{H.indices.dtype} {H.shape}, HT {HT.dtype}/{HT.indices.dtype} {HT.shape}")
+    _check_shapes(A, H, HT, z, rows)
     be = backend_of(A.data)
     ptr, kcol, kval, s = kernel_rows(be.xp, (A.indptr, A.indices, A.data), (H.indptr, H.indices, H.data),
                                      (HT.indptr, HT.indices, HT.data), z, rows, scale)
@@ -286,31 +356,89 @@ def constrained_congruence(A, H, HT, z, rows=None, scale=None):
     return K, s
 
 
+def constrained_split_rows(A, H, HT, z, local, rows=None, scale=None):
+    """``(parts, s)``: the rows of :func:`constrained_congruence` (the same arguments) split into
+    the owned and the ghost columns of a distributed matrix, ``parts = (optr, ocol, oval, gptr,
+    gcol, gval)`` as :func:`~.index_kernels.owned_ghost_rows` returns them for ``local`` (the
+    local index of every column of K, -1 for a column owned elsewhere; int32 on the device).
+    On the device the fill kernel writes the two parts (:func:`kernel_split_rows`); otherwise
+    :func:`twin`, then ``owned_ghost_rows``."""
+    m, k = _check_shapes(A, H, HT, z, rows, device=False)
+    if tuple(local.shape) != (k,):
+        raise ValueError(f"constrained_split_rows: the local table has shape {tuple(local.shape)}, "
+                         f"K has {k} columns")
+    if in_host_memory(A.data):
+        K, s = twin(A, H, z, rows=rows, scale=scale)
+        return owned_ghost_rows(K.indptr, K.indices, K.data, np.asarray(local)), s
+    if local.dtype != np.int32:
+        raise ValueError(f"constrained_split_rows: the kernels take an int32 local table, got {local.dtype}")
+    _check_shapes(A, H, HT, z, rows)
+    be = backend_of(A.data)
+    return kernel_split_rows(be.xp, (A.indptr, A.indices, A.data), (H.indptr, H.indices, H.data),
+                             (HT.indptr, HT.indices, HT.data), z, local, rows, scale)
+
+
+def _args(xp, A, H, HT, z, rows):
+    """The kernels' leading arguments and the free mask of the output rows."""
+    z = xp.ascontiguousarray(z, dtype=bool)
+    mapped = rows is not None
+    rmap = xp.ascontiguousarray(rows, dtype=np.int64) if mapped else xp.zeros(1, dtype=np.int64)
+    return (rmap, np.int32(mapped)) + tuple(HT) + tuple(A) + tuple(H) + (z,), (z[rmap] if mapped else z)
+
+
+def _sums(xp, ends, ad, zr, scale):
+    """One read after the count: the last entries of the running sums ``ends`` (entry counts),
+    the sum of |B_pp| over the free rows and their number; returns the counts (ints) and the
+    row scale ``s`` from ``scale(dsum, nfree)`` (default its mean, 1 when zero)."""
+    m = int(ad.shape[0])
+    vals = (to_host(xp.stack([e[-1].astype(np.float64) for e in ends]
+                             + [ad.sum(), zr.sum().astype(np.float64)])) if m
+            else np.zeros(len(ends) + 2))
+    counts = [int(v) for v in vals[:len(ends)]]
+    dsum, nfree = float(vals[-2]), int(vals[-1])
+    return counts, (scale or _default_scale)(dsum, nfree)
+
+
 def kernel_rows(xp, A, H, HT, z, rows=None, scale=None):
     """The kernels' part of :func:`constrained_congruence` on the array module ``xp``, the
     matrices as ``(indptr, indices, data)`` triples (int32, int32, float64): ``(indptr,
     indices, data, s)`` of K's rows (int32 / int32 / float64 arrays of ``xp``, ``s`` a float)."""
     m = int(HT[0].shape[0]) - 1
-    z = xp.ascontiguousarray(z, dtype=bool)
-    mapped = rows is not None
-    rmap = xp.ascontiguousarray(rows, dtype=np.int64) if mapped else xp.zeros(1, dtype=np.int64)
-    args = (rmap, np.int32(mapped)) + tuple(HT) + tuple(A) + tuple(H) + (z,)
+    args, zr = _args(xp, A, H, HT, z, rows)
     cnt, ad = xp.empty(m, dtype=np.int64), xp.empty(m, dtype=np.float64)
     _launch(xp, "adaptmg_congruence_count", m, args + (cnt, ad))
     ptr = xp.zeros(m + 1, dtype=np.int64)
     ptr[1:] = xp.cumsum(cnt)
-    # one read: the entry count, the sum of |B_pp| over the free rows and their number
-    zr = z[rmap] if mapped else z
-    nnz, dsum, nfree = (to_host(xp.stack([ptr[-1].astype(np.float64), ad.sum(), zr.sum().astype(np.float64)]))
-                        if m else (0.0, 0.0, 0.0))
-    nnz, nfree = int(nnz), int(nfree)
+    (nnz,), s = _sums(xp, [ptr], ad, zr, scale)
     if nnz >= 2 ** 31:
         raise ValueError(f"constrained_congruence: {nnz} entries exceed the int32 indices of cupyx")
-    s = (scale or _default_scale)(float(dsum), nfree)
     ptr32 = ptr.astype(np.int32)
     kcol, kval = xp.empty(nnz, dtype=np.int32), xp.empty(nnz, dtype=np.float64)
     _launch(xp, "adaptmg_congruence_fill", m, args + (ptr32, np.float64(s), kcol, kval))
     return ptr32, kcol, kval, s
+
+
+def kernel_split_rows(xp, A, H, HT, z, local, rows=None, scale=None):
+    """:func:`kernel_rows` with K's rows split as :class:`adaptmg.distributed.csr.DistCSR` keeps
+    them (the owned / ghost split of :func:`~.index_kernels.owned_ghost_rows`, written by the
+    fill kernel itself: no second pass over K): ``local`` (int32, one entry a column of K) the
+    local index of an owned column, -1 for a ghost.  Returns ``((optr, ocol, oval, gptr, gcol,
+    gval), s)``: row pointers int64, owned columns int32 (local), ghost columns int64 (global),
+    each part of a row sorted by column -- what ``owned_ghost_rows`` returns for
+    :func:`kernel_rows`' K, entry for entry (the same sums, moved)."""
+    m = int(HT[0].shape[0]) - 1
+    args, zr = _args(xp, A, H, HT, z, rows)
+    loc = xp.ascontiguousarray(local)
+    cnt, gcnt, ad = xp.empty(m, dtype=np.int64), xp.empty(m, dtype=np.int64), xp.empty(m, dtype=np.float64)
+    _launch(xp, "adaptmg_congruence_count_split", m, args + (loc, cnt, gcnt, ad))
+    ptr, gptr = xp.zeros(m + 1, dtype=np.int64), xp.zeros(m + 1, dtype=np.int64)
+    ptr[1:] = xp.cumsum(cnt)
+    gptr[1:] = xp.cumsum(gcnt)
+    (nnz, ng), s = _sums(xp, [ptr, gptr], ad, zr, scale)
+    ocol, oval = xp.empty(nnz - ng, dtype=np.int32), xp.empty(nnz - ng, dtype=np.float64)
+    gcol, gval = xp.empty(ng, dtype=np.int64), xp.empty(ng, dtype=np.float64)
+    _launch(xp, "adaptmg_congruence_fill_split", m, args + (ptr, gptr, np.float64(s), loc, ocol, oval, gcol, gval))
+    return (ptr - gptr, ocol, oval, gptr, gcol, gval), s
 
 
 def twin(A, H, z, rows=None, scale=None):

@@ -66,6 +66,7 @@ with NCCL).
 from __future__ import annotations
 
 import copy
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -77,9 +78,29 @@ from .comm import HaloTimer, alltoallv, resolve_transport, waitall
 from .nccl import nccl_communicator, nccl_stream, nccl_type
 from .layout import Layout, RangeLayout
 
-__all__ = ["Layout", "RangeLayout", "DistCSR", "dot", "dots", "norm"]
+__all__ = ["Layout", "RangeLayout", "DistCSR", "SplitRows", "dot", "dots", "norm"]
 
 _TAG = 7301
+
+
+class SplitRows(NamedTuple):
+    """This rank's rows of a matrix, split already into the owned and the ghost columns of the
+    column layout as :func:`_split` splits them: ``parts = (optr, ocol, oval, gptr, gcol, gval)``
+    of :func:`adaptmg.device.index_kernels.owned_ghost_rows` for the layout's ``local`` table
+    (owned columns local and sorted a row, ghost columns global and sorted a row), ``shape``
+    ``(rows.n, cols.N)``.  What a kernel that writes the split itself hands to
+    :class:`DistCSR` (``local_rows=True``): the rows of K by
+    :func:`adaptmg.device.congruence_rows.constrained_split_rows`, no second pass over them."""
+    parts: tuple
+    shape: tuple
+
+    @property
+    def nnz(self):
+        return int(self.parts[2].size + self.parts[5].size)
+
+    @property
+    def dtype(self):
+        return self.parts[2].dtype
 
 
 class DistCSR:
@@ -107,6 +128,9 @@ class DistCSR:
     def __init__(self, M, rows: Layout, cols: Layout, timer: HaloTimer | None = None,
                  local_rows: bool = False, backend=None, transport=None):
         be = get_backend(backend if backend is not None else "cpu")
+        split = isinstance(M, SplitRows)
+        if split and not local_rows:
+            raise ValueError("DistCSR: SplitRows are a rank's own rows: pass local_rows=True")
         if is_device_sparse(M) and not local_rows:
             M = to_host(M)                              # a global matrix: its rows taken on the host
         want = (rows.n if local_rows else rows.N, cols.N)
@@ -124,15 +148,23 @@ class DistCSR:
         # the owned rows on the backend they are split on: the device when the target is the GPU
         # and the rank owns rows (a host matrix's owned rows are moved up first), else the host
         on = be if (be.is_gpu and rows.n) else CPU
-        if is_device_sparse(M):
-            Ml = M.tocsr() if on.is_gpu else to_host(M)
+        if split:                                       # split by the kernel that made them
+            parts = tuple(on.asarray(a) if on.is_gpu else np.asarray(to_host(a)) for a in M.parts)
+            Aoo, Aog, self.ghosts, counts = _blocks(on, parts, rows.n, cols)
+            if counts[rank]:
+                raise ValueError("DistCSR: the split rows have ghost columns this rank owns: they were "
+                                 "split for another column layout")
+            self.nnz_local = M.nnz
         else:
-            M = sp.csr_matrix(M)
-            Ml = M if local_rows else M[rows.rows]
-            Ml = on.asmatrix(Ml) if on.is_gpu else Ml
-        Ml.sum_duplicates()
-        Aoo, Aog, self.ghosts, counts = _split(on, Ml, cols, rank)
-        self.nnz_local = int(Ml.nnz)
+            if is_device_sparse(M):
+                Ml = M.tocsr() if on.is_gpu else to_host(M)
+            else:
+                M = sp.csr_matrix(M)
+                Ml = M if local_rows else M[rows.rows]
+                Ml = on.asmatrix(Ml) if on.is_gpu else Ml
+            Ml.sum_duplicates()
+            Aoo, Aog, self.ghosts, counts = _split(on, Ml, cols, rank)
+            self.nnz_local = int(Ml.nnz)
         self._Aoo = self._Aog = None                    # host blocks (made on first use on the GPU)
         self._exchange_pattern(counts)
         g = self.ghosts
@@ -508,9 +540,14 @@ def _split(be, Ml, cols, rank):
         table, lo, hi = None, 0, cols.n
     else:
         table, lo, hi = cols.local_on(xp), 0, 0
-    optr, ocol, oval, gptr, gcol, gval = owned_ghost_rows(Ml.indptr, Ml.indices, Ml.data, table, lo, hi)
-    ghosts, gpos, counts = ghost_numbering(xp, gcol, cols)
-    rows = Ml.shape[0]
+    return _blocks(be, owned_ghost_rows(Ml.indptr, Ml.indices, Ml.data, table, lo, hi), Ml.shape[0], cols)
+
+
+def _blocks(be, parts, rows, cols):
+    """:func:`_split`'s ``(M_oo, M_og, ghosts, counts)`` from the split ``parts = (optr, ocol,
+    oval, gptr, gcol, gval)`` of ``rows`` rows (:class:`SplitRows`)."""
+    optr, ocol, oval, gptr, gcol, gval = parts
+    ghosts, gpos, counts = ghost_numbering(be.xp, gcol, cols)
     Aoo = _block(be, oval, ocol, optr, (rows, cols.n), sorted_=True)
     in_order = ghosts.size < 2 or bool(np.all(ghosts[1:] > ghosts[:-1]))     # host, O(halo)
     Aog = _block(be, gval, gpos, gptr, (rows, ghosts.size), sorted_=in_order)

@@ -584,8 +584,10 @@ class DistributedHierarchy:
             mf = DistMatrixFree(space, free, lay, self.timer, **kw)
             K_o, HT_o, cells = None, None, mf.num_cells
         else:
+            # on a device mesh the row kernels write K's rows split for the DistCSR already
             K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner_on(xp), self.comm,
-                                                      backend=be, rhs_rows=fine)
+                                                      backend=be, rhs_rows=fine,
+                                                      local=lay.local_on(xp) if xp is not np else None)
             cells = int(cells.size)
         t1 = now()
         # matrix-free levels put memory first: P's rows this rank needs only (the whole P of

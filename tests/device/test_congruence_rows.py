@@ -217,3 +217,86 @@ def test_a_rectangular_expansion_on_the_device():
                                      scale=lambda d, m: s_ref)
     assert K.shape == (cols.size, cols.size)
     _check(K.get(), s, K_ref[cols][:, cols], s_ref)
+
+
+def _local_table(n, rows, seed=1):
+    """A rank's local column table: the owned columns (the asked rows and a random half of the
+    others) numbered in increasing order, -1 for the rest (the ghosts)."""
+    rng = np.random.default_rng(seed)
+    own = rng.random(n) < 0.5
+    own[rows] = True
+    local = np.full(n, -1, dtype=np.int32)
+    local[own] = np.arange(int(own.sum()), dtype=np.int32)
+    return local
+
+
+def _same_parts(got, want):
+    """The split of the same rows: integers and the moved values exactly (one kernel's sums)."""
+    for g, w in zip(got, want):
+        g = np.asarray(g.get() if hasattr(g, "get") else g)
+        assert g.shape == w.shape and np.array_equal(g, w)
+
+
+@pytest.mark.parametrize("dim, q, cap", [(2, 1, 64), (3, 1, 64), (2, 2, 6), (3, 1, 12)])
+def test_split_fill_on_host_threads_is_the_split_of_the_rows(host_gpu, monkeypatch, dim, q, cap):
+    """The split kernels write the owned (local columns) and ghost (global columns) parts of
+    the rows the plain kernels write, each part of a row sorted -- exactly what
+    ``owned_ghost_rows`` makes of them, the row pointers and the row scale too; also the rows
+    past ``cap`` columns, which sort their parts after the term-by-term path."""
+    from adaptmg.device.index_kernels import owned_ghost_rows
+    A, H, free, K_ref, s_ref = _problem(dim, q)
+    rows = _some_rows(free)
+    HT = sp.csr_matrix(H.T.tocsr()[rows].multiply(free[rows][:, None]))
+    local = _local_table(A.shape[0], rows)
+    if cap != 64:
+        monkeypatch.setattr(CR, "_SRC", CR._SRC.replace("#define ADAPTMG_CONG_CAP 64",
+                                                        f"#define ADAPTMG_CONG_CAP {cap}"))
+    xp = _HostXP(host_gpu.xp)
+    CR._module.cache_clear()
+    try:
+        ptr, col, val, s = CR.kernel_rows(xp, _int32(A), _int32(H), _int32(HT), free, rows=rows,
+                                          scale=lambda d, m: s_ref)
+        parts, s2 = CR.kernel_split_rows(xp, _int32(A), _int32(H), _int32(HT), free, local, rows=rows,
+                                         scale=lambda d, m: s_ref)
+    finally:
+        CR._module.cache_clear()
+    assert s2 == s == s_ref
+    if cap != 64:
+        assert np.diff(ptr).max() > cap                        # some rows took the other path
+    want = owned_ghost_rows(ptr, col, val, local)
+    assert want[3][-1] > 0 and want[0][-1] > 0                 # ghosts and owned entries
+    _same_parts(parts, want)
+
+
+def test_split_rows_on_the_host_are_the_split_twin_and_bad_tables_are_refused():
+    from adaptmg.device.index_kernels import owned_ghost_rows
+    A, H, free, K_ref, s_ref = _problem(2)
+    rows = _some_rows(free)
+    HT = sp.csr_matrix(H.T.tocsr()[rows].multiply(free[rows][:, None]))
+    local = _local_table(A.shape[0], rows)
+    parts, s = CR.constrained_split_rows(A, H, HT, free, local, rows=rows, scale=lambda d, m: s_ref)
+    K, _ = CR.twin(A, H, free, rows=rows, scale=lambda d, m: s_ref)
+    _same_parts(parts, owned_ghost_rows(K.indptr, K.indices, K.data, local))
+    with pytest.raises(ValueError, match="local table has shape"):
+        CR.constrained_split_rows(A, H, HT, free, local[:-1], rows=rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim, q", [(2, 1), (3, 1)])
+def test_split_rows_on_the_device_are_the_split_of_the_rows(dim, q):
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+    from adaptmg.device.index_kernels import owned_ghost_rows
+    A, H, free, K_ref, s_ref = _problem(dim, q)
+    rows = _some_rows(free)
+    HT = sp.csr_matrix(H.T.tocsr()[rows].multiply(free[rows][:, None]))
+    local = _local_table(A.shape[0], rows)
+    dev = lambda M: csp.csr_matrix(sp.csr_matrix(M))
+    args = (dev(A), dev(H), dev(HT), cp.asarray(free))
+    K, _ = CR.constrained_congruence(*args, rows=cp.asarray(rows), scale=lambda d, m: s_ref)
+    parts, s = CR.constrained_split_rows(*args, cp.asarray(local), rows=cp.asarray(rows),
+                                         scale=lambda d, m: s_ref)
+    K = K.get()
+    _same_parts(parts, owned_ghost_rows(K.indptr.astype(np.int64), K.indices, K.data, local))
+    with pytest.raises(ValueError, match="int32 local table"):
+        CR.constrained_split_rows(*args, cp.asarray(local, dtype=np.int64), rows=cp.asarray(rows))
