@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import scatter_min, stable_argsort
+from ..backend import in_host_memory, scatter_min, stable_argsort
+from ..device.curve_keys import walk_keys
 
 __all__ = ["curve_order", "partition_cells", "coarse_cell_ranks", "dof_owners", "imbalance",
            "level_ranks", "fold_cell_ranks", "level_ownership"]
@@ -101,7 +102,9 @@ def _root_ranks(F, roots: np.ndarray) -> np.ndarray:
 
 def _curve_keys(mesh):
     r"""One int64 key per active cell whose order is the curve order, or None when it does not
-    fit into 63 bits (then :func:`_curve_order_walk`).
+    fit into 63 bits (then :func:`_curve_order_walk`).  On the device one thread a cell walks
+    up to its root (:func:`adaptmg.device.curve_keys.walk_keys`: the same keys, in one launch);
+    on the host:
 
     Top down from the roots, one step per level (no walk up from every cell): a cell of level
     ``k`` below the root of rank ``r`` with child digits ``c_1 .. c_k`` has the key
@@ -120,6 +123,12 @@ def _curve_keys(mesh):
     roots = xp.flatnonzero(F.cell_level == 0)
     if (max(roots.size - 1, 1).bit_length() + d * L > 63):
         return None
+    if not in_host_memory(ids):                # the device: one thread a cell walks up to its root
+        rr = xp.zeros(int(roots[-1]) + 1, dtype=np.int64)
+        rr[roots] = _root_ranks(F, roots)
+        return walk_keys(xp, ids, F.cell_parent.astype(np.int64, copy=False),
+                         F.cell_child0.astype(np.int64, copy=False), F.cell_level.astype(np.int16, copy=False),
+                         rr, d, L)
     active = xp.zeros(F.num_cells, dtype=bool)
     active[ids] = True
     fkey = xp.zeros(F.num_cells, dtype=np.int64)   # the key of every active cell, by forest id

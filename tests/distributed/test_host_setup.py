@@ -57,6 +57,39 @@ def test_curve_order_top_down_equals_walk(dim, steps):
 
 
 
+@pytest.mark.parametrize("dim,steps", [(2, 6), (3, 3)])
+def test_walk_kernel_keys_equal_the_top_down_keys(host_gpu, dim, steps):
+    """The device's keys (adaptmg.device.curve_keys: one thread a cell walks up to its root),
+    its CUDA source run on host threads, are the host's top-down keys, integer for integer, on
+    every mesh of an adaptive hierarchy (coarse meshes of the fine forest, whose cells are not
+    all of the deepest level)."""
+    from adaptmg.device import curve_keys as CK
+    CK._module.cache_clear()
+    try:
+        for m in _meshes(dim, steps):
+            F = m._forest
+            ids = m.cell_ids.astype(np.int64)
+            roots = np.flatnonzero(F.cell_level == 0)
+            rr = np.full(roots[-1] + 1, -1, dtype=np.int64)
+            rr[roots] = part._root_ranks(F, roots)
+            L = int(F.cell_level[ids].max())
+            got = CK.walk_keys(host_gpu.xp, ids, F.cell_parent.astype(np.int64), F.cell_child0.astype(np.int64),
+                               F.cell_level.astype(np.int16), rr, dim, L)
+            assert np.array_equal(got, part._curve_keys(m))
+    finally:
+        CK._module.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim,steps", [(2, 6), (3, 3)])
+def test_device_curve_order_equals_the_host_order(dim, steps):
+    """A mesh on the GPU takes the walk kernel: the same keys and order as the host mesh."""
+    for m in _meshes(dim, steps):
+        dm = m.to("gpu")
+        assert np.array_equal(part._curve_keys(dm).get(), part._curve_keys(m))
+        assert np.array_equal(curve_order(dm).get(), curve_order(m))
+
+
 @pytest.mark.parametrize("dim,degree,components", [(2, 2, 1), (3, 1, 3)])
 def test_dof_owners_is_the_lowest_touching_rank(dim, degree, components):
     """Every DoF's owner is the minimum rank over the cells having its node (int64 reference

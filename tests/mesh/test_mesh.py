@@ -111,6 +111,21 @@ def test_global_coarsening_hierarchy(dim, seed):
     assert all(h.levels.max() <= i for i, h in enumerate(H))
 
 
+def test_hierarchy_of_a_coarse_mesh_reuses_the_meshes_below_it():
+    """A coarse mesh of a hierarchy keeps its coarsening: its own hierarchy is the meshes below
+    it, the same objects, equal to a fresh coarsening; the caller's mesh keeps none (a second
+    hierarchy of it makes new meshes); max_levels still ends it."""
+    m = random_mesh(3, 2, 5, frac=0.4)
+    H = m.hierarchy()
+    assert len(H) >= 3 and "_coarsened" not in m.__dict__
+    H2 = H[-2].hierarchy()
+    assert len(H2) == len(H) - 1 and all(a is b for a, b in zip(H2, H[:-1]))
+    fresh = Mesh(H[-2]._forest, H[-2].cell_ids).hierarchy()
+    assert all(a is not b and np.array_equal(a.cell_ids, b.cell_ids) for a, b in zip(fresh, H2))
+    assert all(a is not b for a, b in zip(m.hierarchy()[:-1], H[:-1]))
+    assert H[-2].hierarchy(max_levels=2) == H[-3:-1]
+
+
 def _coarsen_by_counting(m):
     """coarsen_once as seed 001 §2.2 reads: a parent whose 2^d children are all active
     (counted over the forest) goes back unless one of its children touches a staying cell
