@@ -88,6 +88,15 @@ __device__ __forceinline__ void adaptmg_cong_terms(long long r, ADAPTMG_CONG_DEC
 // n output rows; output row r is row rmap[r] of K when mapped (else row r), its terms row r of tp/ti/tv
 #define ADAPTMG_CONG_PARAMS \
     long long n, const long long* __restrict__ rmap, int mapped, ADAPTMG_CONG_DECL
+// a kernel's thread: its output row r (none past n), K's row p of it, the lane and the block's
+// shared column slots
+#define ADAPTMG_CONG_ROW \
+    __shared__ int sc[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK]; \
+    __shared__ double sv[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK]; \
+    const int lane = threadIdx.x; \
+    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; \
+    if (r >= n) return; \
+    const long long p = mapped ? rmap[r] : r;
 
 // whether term k (column q) of row r is the first with its column; then *s is the column's sum
 __device__ __forceinline__ bool adaptmg_cong_first(long long r, long long q, long long k, double* s,
@@ -163,12 +172,7 @@ __device__ __forceinline__ bool adaptmg_cong_columns(long long r, int* __restric
 
 extern "C" __global__ void adaptmg_congruence_count(ADAPTMG_CONG_PARAMS, long long* cnt, double* ad)
 {
-    __shared__ int sc[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
-    __shared__ double sv[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
-    const int lane = threadIdx.x;
-    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= n) return;
-    const long long p = mapped ? rmap[r] : r;
+    ADAPTMG_CONG_ROW
     if (!z[p]) { cnt[r] = 1; ad[r] = 0.0; return; }
     long long c = 0;
     double d = 0.0;
@@ -198,12 +202,7 @@ __device__ __forceinline__ void adaptmg_cong_sort(C* __restrict__ col, double* _
 extern "C" __global__ void adaptmg_congruence_fill(ADAPTMG_CONG_PARAMS, const int* __restrict__ ptr,
                                                    double scale, int* kcol, double* kval)
 {
-    __shared__ int sc[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
-    __shared__ double sv[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
-    const int lane = threadIdx.x;
-    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= n) return;
-    const long long p = mapped ? rmap[r] : r;
+    ADAPTMG_CONG_ROW
     const long long o0 = ptr[r];
     if (!z[p]) { kcol[o0] = (int)p; kval[o0] = scale; return; }
     long long o = o0;
@@ -218,12 +217,7 @@ extern "C" __global__ void adaptmg_congruence_fill(ADAPTMG_CONG_PARAMS, const in
 extern "C" __global__ void adaptmg_congruence_count_split(ADAPTMG_CONG_PARAMS, const int* __restrict__ loc,
                                                           long long* cnt, long long* gcnt, double* ad)
 {
-    __shared__ int sc[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
-    __shared__ double sv[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
-    const int lane = threadIdx.x;
-    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= n) return;
-    const long long p = mapped ? rmap[r] : r;
+    ADAPTMG_CONG_ROW
     if (!z[p]) { cnt[r] = 1; gcnt[r] = loc[p] < 0 ? 1 : 0; ad[r] = 0.0; return; }
     long long c = 0, g = 0;
     double d = 0.0;
@@ -243,12 +237,7 @@ extern "C" __global__ void adaptmg_congruence_fill_split(ADAPTMG_CONG_PARAMS, co
                                                          const int* __restrict__ loc, int* ocol, double* oval,
                                                          long long* gcol, double* gval)
 {
-    __shared__ int sc[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
-    __shared__ double sv[ADAPTMG_CONG_CAP * ADAPTMG_CONG_BLOCK];
-    const int lane = threadIdx.x;
-    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= n) return;
-    const long long p = mapped ? rmap[r] : r;
+    ADAPTMG_CONG_ROW
     const long long g0 = gptr[r], o0 = ptr[r] - g0;
     long long o = o0, g = g0;
     auto put = [&](long long q, double s) {
