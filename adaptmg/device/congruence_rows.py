@@ -40,6 +40,13 @@ caller's ``scale(dsum, nfree)`` between the count and the fill.  :mod:`adaptmg.d
 builds a rank's owned rows so, from the matrix of its needed cells (no :math:`H^T A H` of the
 whole local matrix, the scale one ``Allreduce``): measured on two H200 at 19M DoFs per rank,
 the local levels' matrix phase 0.60 -> 0.48 s.
+
+Split rows (:func:`constrained_split_rows`, :func:`kernel_split_rows`): for a distributed
+matrix the count kernel also counts a row's columns owned elsewhere (``loc[q] < 0`` in the
+layout's table of local indices) and a fill variant writes the row's owned entries (local
+columns) and its ghost entries (global columns) into two arrays, each part sorted -- what
+:func:`~.index_kernels.owned_ghost_rows` makes of the plain rows, without writing and reading
+them again (two H200, 21M DoFs a rank: that split of the finest level took 11 ms).
 """
 from __future__ import annotations
 

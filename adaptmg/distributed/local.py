@@ -262,8 +262,9 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_
     ``Allreduce``.  On the host the products of the two constraint blocks.
 
     ``local``: the local index of every column (the level layout's ``local_on(xp)``, -1 for
-    another rank's column), or None.  Given, the row kernels write ``K_o`` split already into
-    the owned and the ghost columns, a :class:`~.csr.SplitRows` for :class:`~.csr.DistCSR`
+    another rank's column), or None.  Given (int32: fewer than 2^31 columns), the row kernels
+    write ``K_o`` split already into the owned and the ghost columns, a
+    :class:`~.csr.SplitRows` for :class:`~.csr.DistCSR`
     (:func:`adaptmg.device.congruence_rows.constrained_split_rows`: no second pass over the
     rows to split them -- two H200, 21M DoFs a rank: the finest level's split, 11 ms, gone);
     the other paths ignore it.
