@@ -305,9 +305,9 @@ def _default_scale(dsum, nfree):
     return mean if mean > 0 else 1.0
 
 
-def _check_shapes(A, H, HT, z, rows, device=True):
-    """``(m, k)``, the output's rows and columns, after the checks of the arguments of
-    :func:`constrained_congruence` (``device``: also that the kernels take them)."""
+def _check_shapes(A, H, HT, z, rows):
+    """``(m, k)``, the output's rows and columns, after the shape checks of the arguments of
+    :func:`constrained_congruence`."""
     n, k = A.shape[0], H.shape[1]
     if tuple(z.shape) != (k,):
         raise ValueError(f"constrained_congruence: the free mask has shape {tuple(z.shape)}, "
@@ -316,11 +316,15 @@ def _check_shapes(A, H, HT, z, rows, device=True):
     if tuple(HT.shape) != (m, n):
         raise ValueError(f"constrained_congruence: H^T has shape {tuple(HT.shape)}, expected {(m, n)} "
                          f"({'the rows asked for' if rows is not None else 'all rows'})")
-    if device and not available(A, H, HT, rows):
+    return m, k
+
+
+def _require_kernels(A, H, HT, rows):
+    """A ValueError unless the kernels take these device matrices (:func:`available`)."""
+    if not available(A, H, HT, rows):
         raise ValueError("constrained_congruence: the kernels take device CSR matrices of float64 with int32 "
                          f"indices, A n x n, H n x k, H^T k x n; got A {A.dtype}/{A.indices.dtype} {A.shape}, "
                          f"H {H.dtype}/{H.indices.dtype} {H.shape}, HT {HT.dtype}/{HT.indices.dtype} {HT.shape}")
-    return m, k
 
 
 def constrained_congruence(A, H, HT, z, rows=None, scale=None):
@@ -340,10 +344,10 @@ def constrained_congruence(A, H, HT, z, rows=None, scale=None):
     local nodes into the global ones they reach, :mod:`adaptmg.distributed.forest_rows`): then
     ``HT`` is ``k x n`` (``len(rows) x n``), ``z`` has ``k`` entries and ``K`` is ``k x k``
     (``len(rows) x k``)."""
-    m, k = _check_shapes(A, H, HT, z, rows, device=False)
+    m, k = _check_shapes(A, H, HT, z, rows)
     if in_host_memory(A.data):
         return twin(A, H, z, rows=rows, scale=scale)
-    _check_shapes(A, H, HT, z, rows)
+    _require_kernels(A, H, HT, rows)
     be = backend_of(A.data)
     ptr, kcol, kval, s = kernel_rows(be.xp, (A.indptr, A.indices, A.data), (H.indptr, H.indices, H.data),
                                      (HT.indptr, HT.indices, HT.data), z, rows, scale)
@@ -359,7 +363,7 @@ def constrained_split_rows(A, H, HT, z, local, rows=None, scale=None):
     local index of every column of K, -1 for a column owned elsewhere; int32 on the device).
     On the device the fill kernel writes the two parts (:func:`kernel_split_rows`); otherwise
     :func:`twin`, then ``owned_ghost_rows``."""
-    m, k = _check_shapes(A, H, HT, z, rows, device=False)
+    _, k = _check_shapes(A, H, HT, z, rows)
     if tuple(local.shape) != (k,):
         raise ValueError(f"constrained_split_rows: the local table has shape {tuple(local.shape)}, "
                          f"K has {k} columns")
@@ -368,7 +372,7 @@ def constrained_split_rows(A, H, HT, z, local, rows=None, scale=None):
         return owned_ghost_rows(K.indptr, K.indices, K.data, np.asarray(local)), s
     if local.dtype != np.int32:
         raise ValueError(f"constrained_split_rows: the kernels take an int32 local table, got {local.dtype}")
-    _check_shapes(A, H, HT, z, rows)
+    _require_kernels(A, H, HT, rows)
     be = backend_of(A.data)
     return kernel_split_rows(be.xp, (A.indptr, A.indices, A.data), (H.indptr, H.indices, H.data),
                              (HT.indptr, HT.indices, HT.data), z, local, rows, scale)

@@ -230,11 +230,17 @@ def _local_table(n, rows, seed=1):
     return local
 
 
-def _same_parts(got, want):
-    """The split of the same rows: integers and the moved values exactly (one kernel's sums)."""
-    for g, w in zip(got, want):
+def _same_parts(got, want, units=0):
+    """The split of the same rows: the row pointers and columns exactly, the values exactly
+    (``units`` 0: the same sums in the same order, moved) or within ``units`` eps of the
+    largest (two kernels compiled apart, whose compiler may contract the sums differently)."""
+    for i, (g, w) in enumerate(zip(got, want)):
         g = np.asarray(g.get() if hasattr(g, "get") else g)
-        assert g.shape == w.shape and np.array_equal(g, w)
+        assert g.shape == w.shape
+        if i in (2, 5) and units:
+            assert np.abs(g - w).max(initial=0.0) <= units * EPS * np.abs(w).max(initial=0.0)
+        else:
+            assert np.array_equal(g, w)
 
 
 @pytest.mark.parametrize("dim, q, cap", [(2, 1, 64), (3, 1, 64), (2, 2, 6), (3, 1, 12)])
@@ -297,6 +303,6 @@ def test_split_rows_on_the_device_are_the_split_of_the_rows(dim, q):
     parts, s = CR.constrained_split_rows(*args, cp.asarray(local), rows=cp.asarray(rows),
                                          scale=lambda d, m: s_ref)
     K = K.get()
-    _same_parts(parts, owned_ghost_rows(K.indptr.astype(np.int64), K.indices, K.data, local))
+    _same_parts(parts, owned_ghost_rows(K.indptr.astype(np.int64), K.indices, K.data, local), units=8)
     with pytest.raises(ValueError, match="int32 local table"):
         CR.constrained_split_rows(*args, cp.asarray(local, dtype=np.int64), rows=cp.asarray(rows))
