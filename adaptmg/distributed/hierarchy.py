@@ -229,6 +229,9 @@ class SerialLevelsOnRankZero:
         self.cells = list(summary["cells"])
         self.spaces = [top]
         self.constraints = [SimpleNamespace(free=top.backend.xp.asarray(summary["free"]))]
+        if summary.get("hanging") is not None:   # the top's hanging nodes as rank 0 found them
+            xp = top.mesh.backend.xp
+            top._carrier._adopt_hanging([xp.asarray(a) for a in summary["hanging"]])
         self._smoother_spec, self._smoother_kwargs = summary["smoother"]
         self.presmooth, self.postsmooth = summary["sweeps"]
         self.backend, self.dtype = backend, np.dtype(np.float64)
@@ -236,12 +239,18 @@ class SerialLevelsOnRankZero:
     @staticmethod
     def summary(ml):
         """The picklable description of rank 0's hierarchy ``ml`` that the other ranks build
-        this from (the free mask of its top as a host array; a smoother given as a factory
-        travels as its name: the distributed levels reject it by that name)."""
+        this from (the free mask and the hanging nodes of its top as host arrays -- the other
+        ranks' copies of the top adopt them instead of searching, which the first local
+        level's transfer would do: two H200, 21M DoFs a rank, 9.7 against rank 0's 2.0 ms
+        there, rank 0 waiting in the next exchange; a smoother given as a factory travels as
+        its name: the distributed levels reject it by that name)."""
         spec = ml._smoother_spec
+        top = ml.spaces[-1] if ml.spaces else None
         return dict(dofs=[int(lev.n) for lev in ml.levels], num_algebraic=int(ml.num_algebraic),
                     cells=[int(s.mesh.num_cells) for s in ml.spaces],
                     free=to_host(ml.constraints[-1].free),
+                    hanging=(None if top is None else
+                             [to_host(a) for a in top._carrier._hanging_arrays()]),
                     smoother=(spec if isinstance(spec, str) else getattr(spec, "__name__", repr(spec)),
                               dict(ml._smoother_kwargs)),
                     sweeps=(ml.presmooth, ml.postsmooth))

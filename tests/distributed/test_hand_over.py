@@ -86,6 +86,26 @@ def test_rank_zero_receives_rank_ones_cut_and_owners_as_int64(size):
     assert all("_hanging_forest" not in s0.mesh.__dict__ for s0 in spaces0)
 
 
+def test_serial_summary_hands_the_tops_hanging_nodes_to_the_other_ranks():
+    """Rank 0's summary of its serial levels carries the hanging nodes of their top; another
+    rank's copy of the top adopts them (no search) and gets the same constraint matrix."""
+    from adaptmg import assemble, multigrid
+    from adaptmg.backend import CPU
+    from adaptmg.distributed.hierarchy import SerialLevelsOnRankZero
+    space = Space(_mesh(2, 3), 1)
+    top, _, _ = _split_hierarchy(space, None, 200)
+    ml = multigrid(top, assemble.stiffness, dirichlet="all")
+    assert top.hanging_nodes.size > 0
+    summary = SerialLevelsOnRankZero.summary(ml)
+    top1, _, _ = _split_hierarchy(Space(_mesh(2, 3), 1), None, 200)     # rank 1's own copy
+    SerialLevelsOnRankZero(summary, top1, CPU)
+    assert "_hanging_forest" not in top1.mesh.__dict__
+    for a1, a in zip(top1.mesh._hanging_arrays(), top.mesh._hanging_arrays()):
+        assert a1.dtype == a.dtype and a1.shape == a.shape and np.array_equal(a1, a)
+    assert np.array_equal(top1.H.toarray(), top.H.toarray())        # the same integer operations
+    assert "_hanging_forest" not in top1.mesh.__dict__
+
+
 def _uniform():
     return Mesh.box([0, 0], [1, 1], [4, 4]).refine().refine().refine()
 
