@@ -117,6 +117,7 @@ from .comm import HaloTimer, allreduce_sum, resolve_transport
 from .csr import DistCSR, Layout, _device_block, _device_plan, dots
 from .matrix_free import DistMatrixFree
 from .partition import level_ownership, level_ranks
+from .rank_zero import RankZeroCycle
 
 __all__ = ["DistributedHierarchy", "RankZeroCycle", "SerialLevelsOnRankZero", "level_owners"]
 
@@ -399,43 +400,6 @@ class _NoRows:
 
     def __repr__(self):
         return "_NoRows()"
-
-
-class RankZeroCycle:
-    r"""The coarse solver of the distributed :class:`~adaptmg.multilevel.MultilevelSolver`:
-    on rank 0 one ``kind`` cycle of the serial hierarchy ``ml`` with its level ``level`` as
-    the top (``ml._run``), on the levels agglomerated there; other ranks own no entry of that
-    level (their vectors are empty) and do nothing.  ``depth = level``: the number of levels
-    below the top, for the cycle schedule
-    (:func:`~adaptmg.multilevel.solver.coarse_visits`), so that a W- or F-cycle visits it as
-    the serial cycle visits ``ml.levels[level]``.
-
-    ``seconds`` / ``calls``: wall time spent in it on this rank and its visits (reset them
-    to measure; the GPU runs asynchronously, so set ``sync = True`` for device time: the
-    device is then synchronised before and after each visit, which costs time itself)."""
-
-    def __init__(self, ml, level, rank):
-        self.ml, self.level, self.active = ml, int(level), rank == 0
-        self.depth = self.level
-        self.seconds, self.calls, self.sync = 0.0, 0, False
-
-    def cycle(self, b, x, kind, zero):
-        if self.active:
-            if self.sync:
-                self.ml.backend.synchronize()
-            t0 = time.perf_counter()
-            self.ml._run(b, x, kind, zero, level=self.level)
-            if self.sync:
-                self.ml.backend.synchronize()
-            self.seconds += time.perf_counter() - t0
-            self.calls += 1
-        return x
-
-    def __repr__(self):
-        if self.ml is None:                     # a rank other than 0 (forest set-up): no serial hierarchy
-            return f"RankZeroCycle(serial levels 0..{self.level} on rank 0)"
-        return (f"RankZeroCycle(serial levels 0..{self.level} on rank 0, "
-                f"{self.ml.levels[self.level].n} DoFs at the top)")
 
 
 class DistributedHierarchy:
