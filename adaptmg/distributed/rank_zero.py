@@ -7,7 +7,10 @@ import time
 
 import numpy as np
 
-__all__ = ["RankZeroCycle"]
+__all__ = ["RankZeroCycle", "MAX_GRAPHS"]
+
+#: buffer pairs (and cycle kinds) a :class:`RankZeroCycle` records graphs for
+MAX_GRAPHS = 8
 
 
 class RankZeroCycle:
@@ -26,7 +29,11 @@ class RankZeroCycle:
     values kept), later visits replay it with one launch.  The levels here are small and
     their cycle is the host's launches: the one-GPU solver replays them inside its graph of
     the whole cycle, which the distributed levels' exchanges rule out.  A refused capture
-    leaves that visit eager (``graph_error`` says why).
+    leaves that visit eager (``graph_error`` says why), as do buffers past the first
+    :data:`MAX_GRAPHS` pairs (the solver passes the same two; a caller with new ones each
+    time would otherwise record each time).  A graph freezes the serial levels as they were
+    when it was recorded (their smoothers' parameters): ``graph=False`` for a hierarchy that
+    changes after its first visit.
 
     ``seconds`` / ``calls``: wall time spent in it on this rank and its visits (reset them
     to measure; the GPU runs asynchronously, so set ``sync = True`` for device time: the
@@ -49,6 +56,8 @@ class RankZeroCycle:
             return None
         key = (kind, bool(zero), b.data.ptr, b.size, x.data.ptr, x.size)
         if key not in self._graphs:
+            if len(self._graphs) >= MAX_GRAPHS:
+                return None
             g = None
             if self.graph is True or ml._capturable():
                 from ..device.cudagraph import capture

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from adaptmg import assemble, multigrid
-from adaptmg.distributed.rank_zero import RankZeroCycle
+from adaptmg.distributed.rank_zero import MAX_GRAPHS, RankZeroCycle
 from adaptmg.fe import Space
 from test_local_setup import _mesh
 
@@ -63,6 +63,10 @@ def test_gpu_visits_replay_a_graph_equal_to_the_eager_cycle(kind, zero):
         assert float(cupy.abs(x - want).max()) <= 16 * np.finfo(float).eps * scale, visit
         assert bool((b == b_in).all())                # the capture's check left b as it was
     assert len(rz._graphs) == 1 and next(iter(rz._graphs.values())) is not None, rz.graph_error
+    many = RankZeroCycle(ml, lev, 0)                  # new buffers on every visit: recorded up to a cap
+    for _ in range(MAX_GRAPHS + 2):
+        many.cycle(b, cupy.zeros(n + 0), kind, zero)
+    assert len(many._graphs) <= MAX_GRAPHS
     off = RankZeroCycle(ml, lev, 0, graph=False)
     x[...] = x0
     off.cycle(b, x, kind, zero)
