@@ -47,6 +47,8 @@ def capture(backend, run, inputs, output, rtol=1e-12, seed=0, reset=None):
     """
     if not backend.is_gpu:
         return None, "not a GPU backend"
+    if not hasattr(backend.xp.cuda.Stream, "begin_capture"):
+        return None, "this array module cannot record CUDA graphs (no Stream.begin_capture)"
     try:
         return _capture(backend, run, inputs, output, rtol, seed, reset)
     except pdl.PDLUnavailable:
