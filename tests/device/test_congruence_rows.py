@@ -106,6 +106,27 @@ def _some_rows(free, seed=0):
     return rows
 
 
+def _rows_problem(dim, q=1):
+    """:func:`_problem` with :func:`_some_rows` and H^T's rows of them, Z-masked as
+    adaptmg.distributed passes them."""
+    A, H, free, K_ref, s_ref = _problem(dim, q)
+    rows = _some_rows(free)
+    return A, H, free, K_ref, s_ref, rows, sp.csr_matrix(H.T.tocsr()[rows].multiply(free[rows][:, None]))
+
+
+def _dev(M):
+    """A host sparse matrix as cupyx CSR."""
+    import cupyx.scipy.sparse as csp
+    return csp.csr_matrix(sp.csr_matrix(M))
+
+
+def _set_cap(monkeypatch, cap):
+    """The kernels' column slots a row set to ``cap`` (64: the source as it is)."""
+    if cap != 64:
+        monkeypatch.setattr(CR, "_SRC", CR._SRC.replace("#define ADAPTMG_CONG_CAP 64",
+                                                        f"#define ADAPTMG_CONG_CAP {cap}"))
+
+
 def _check_rows(K, s, d, m, rows, free, K_ref, s_ref):
     """Rows ``rows`` of K_ref with the scale the callback returned (s_ref), and the callback given
     the sum of |B_pp| over the free rows among them and their number."""
@@ -120,12 +141,8 @@ def _check_rows(K, s, d, m, rows, free, K_ref, s_ref):
 def test_chosen_rows_on_host_threads(host_gpu, monkeypatch, dim, q, cap):
     """Only some rows (a rank's owned rows): H^T's rows of them alone, Z-masked as
     adaptmg.distributed passes them, and the row scale from the caller's reduction."""
-    A, H, free, K_ref, s_ref = _problem(dim, q)
-    rows = _some_rows(free)
-    HT = sp.csr_matrix(H.T.tocsr()[rows].multiply(free[rows][:, None]))
-    if cap != 64:
-        monkeypatch.setattr(CR, "_SRC", CR._SRC.replace("#define ADAPTMG_CONG_CAP 64",
-                                                        f"#define ADAPTMG_CONG_CAP {cap}"))
+    A, H, free, K_ref, s_ref, rows, HT = _rows_problem(dim, q)
+    _set_cap(monkeypatch, cap)
     got = []
     xp = _HostXP(host_gpu.xp)
     CR._module.cache_clear()
@@ -178,28 +195,22 @@ def test_host_arrays_take_the_twin_and_a_wrong_mask_is_refused():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dim, q", [(2, 1), (3, 1), (2, 2)])
 def test_on_the_device_equals_the_host(dim, q):
-    import cupyx.scipy.sparse as csp
     A, H, free, K_ref, s_ref = _problem(dim, q)
-    dev = lambda M: csp.csr_matrix(sp.csr_matrix(M))
     import cupy as cp
-    K, s = CR.constrained_congruence(dev(A), dev(H), dev(H.T.tocsr()), cp.asarray(free))
+    K, s = CR.constrained_congruence(_dev(A), _dev(H), _dev(H.T.tocsr()), cp.asarray(free))
     assert K.has_canonical_format
     _check(K.get(), s, K_ref, s_ref)
     with pytest.raises(ValueError, match="float64 with int32"):
-        CR.constrained_congruence(dev(A).astype(np.float32), dev(H), dev(H.T.tocsr()), cp.asarray(free))
+        CR.constrained_congruence(_dev(A).astype(np.float32), _dev(H), _dev(H.T.tocsr()), cp.asarray(free))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dim, q", [(2, 1), (3, 1)])
 def test_chosen_rows_on_the_device(dim, q):
     import cupy as cp
-    import cupyx.scipy.sparse as csp
-    A, H, free, K_ref, s_ref = _problem(dim, q)
-    rows = _some_rows(free)
-    HT = sp.csr_matrix(H.T.tocsr()[rows].multiply(free[rows][:, None]))
-    dev = lambda M: csp.csr_matrix(sp.csr_matrix(M))
+    A, H, free, K_ref, s_ref, rows, HT = _rows_problem(dim, q)
     got = []
-    K, s = CR.constrained_congruence(dev(A), dev(H), dev(HT), cp.asarray(free), rows=cp.asarray(rows),
+    K, s = CR.constrained_congruence(_dev(A), _dev(H), _dev(HT), cp.asarray(free), rows=cp.asarray(rows),
                                      scale=lambda d, m: got.append((d, m)) or s_ref)
     assert K.has_canonical_format and K.shape == (rows.size, A.shape[0])
     _check_rows(K.get(), s, *got[0], rows, free, K_ref, s_ref)
@@ -208,12 +219,10 @@ def test_chosen_rows_on_the_device(dim, q):
 @pytest.mark.gpu
 def test_a_rectangular_expansion_on_the_device():
     import cupy as cp
-    import cupyx.scipy.sparse as csp
     A, H, free, K_ref, s_ref = _problem(3)
     cols = np.unique(H.indices)
     E = sp.csr_matrix(H[:, cols])
-    dev = lambda M: csp.csr_matrix(sp.csr_matrix(M))
-    K, s = CR.constrained_congruence(dev(A), dev(E), dev(E.T.tocsr()), cp.asarray(free[cols]),
+    K, s = CR.constrained_congruence(_dev(A), _dev(E), _dev(E.T.tocsr()), cp.asarray(free[cols]),
                                      scale=lambda d, m: s_ref)
     assert K.shape == (cols.size, cols.size)
     _check(K.get(), s, K_ref[cols][:, cols], s_ref)
@@ -250,13 +259,9 @@ def test_split_fill_on_host_threads_is_the_split_of_the_rows(host_gpu, monkeypat
     ``owned_ghost_rows`` makes of them, the row pointers and the row scale too; also the rows
     past ``cap`` columns, which sort their parts after the term-by-term path."""
     from adaptmg.device.index_kernels import owned_ghost_rows
-    A, H, free, K_ref, s_ref = _problem(dim, q)
-    rows = _some_rows(free)
-    HT = sp.csr_matrix(H.T.tocsr()[rows].multiply(free[rows][:, None]))
+    A, H, free, K_ref, s_ref, rows, HT = _rows_problem(dim, q)
     local = _local_table(A.shape[0], rows)
-    if cap != 64:
-        monkeypatch.setattr(CR, "_SRC", CR._SRC.replace("#define ADAPTMG_CONG_CAP 64",
-                                                        f"#define ADAPTMG_CONG_CAP {cap}"))
+    _set_cap(monkeypatch, cap)
     xp = _HostXP(host_gpu.xp)
     CR._module.cache_clear()
     try:
@@ -276,9 +281,7 @@ def test_split_fill_on_host_threads_is_the_split_of_the_rows(host_gpu, monkeypat
 
 def test_split_rows_on_the_host_are_the_split_twin_and_bad_tables_are_refused():
     from adaptmg.device.index_kernels import owned_ghost_rows
-    A, H, free, K_ref, s_ref = _problem(2)
-    rows = _some_rows(free)
-    HT = sp.csr_matrix(H.T.tocsr()[rows].multiply(free[rows][:, None]))
+    A, H, free, K_ref, s_ref, rows, HT = _rows_problem(2)
     local = _local_table(A.shape[0], rows)
     parts, s = CR.constrained_split_rows(A, H, HT, free, local, rows=rows, scale=lambda d, m: s_ref)
     K, _ = CR.twin(A, H, free, rows=rows, scale=lambda d, m: s_ref)
@@ -291,14 +294,10 @@ def test_split_rows_on_the_host_are_the_split_twin_and_bad_tables_are_refused():
 @pytest.mark.parametrize("dim, q", [(2, 1), (3, 1)])
 def test_split_rows_on_the_device_are_the_split_of_the_rows(dim, q):
     import cupy as cp
-    import cupyx.scipy.sparse as csp
     from adaptmg.device.index_kernels import owned_ghost_rows
-    A, H, free, K_ref, s_ref = _problem(dim, q)
-    rows = _some_rows(free)
-    HT = sp.csr_matrix(H.T.tocsr()[rows].multiply(free[rows][:, None]))
+    A, H, free, K_ref, s_ref, rows, HT = _rows_problem(dim, q)
     local = _local_table(A.shape[0], rows)
-    dev = lambda M: csp.csr_matrix(sp.csr_matrix(M))
-    args = (dev(A), dev(H), dev(HT), cp.asarray(free))
+    args = (_dev(A), _dev(H), _dev(HT), cp.asarray(free))
     K, _ = CR.constrained_congruence(*args, rows=cp.asarray(rows), scale=lambda d, m: s_ref)
     parts, s = CR.constrained_split_rows(*args, cp.asarray(local), rows=cp.asarray(rows),
                                          scale=lambda d, m: s_ref)
