@@ -59,7 +59,9 @@ touching the owned DoFs, and the smoother constructed on the owned diagonal bloc
 hierarchy's smoother name and keyword arguments, ``omega="auto"`` (power iteration, 12
 steps) and Chebyshev's ``lmax`` (Lanczos, 20 steps) estimated with the distributed product
 from the serial start vector (its owned entries only), so they equal the serial
-estimates up to the summation order.
+estimates up to the summation order (:mod:`.estimates`).  The local levels are built fine
+to coarse: on the GPU with NCCL the finest level's power iteration is queued (the host does
+not wait for it) and the coarser levels are set up on a high-priority stream meanwhile.
 
 GPU backend (``ml`` on the GPU).  The local set-up runs where the levels will live, by the
 same code as on the CPU written against the backend's ``xp`` (:mod:`.local`): each rank's
@@ -108,13 +110,13 @@ import scipy.sparse as sp
 
 from ..backend import CPU, backend_of, is_device_sparse, to_host
 from ..device import kernels as K
-from ..multilevel.chebyshev import lanczos_lambda_max
-from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi, power_lambda_max_many
+from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi
 from ..multilevel.level import Level
 from ..multilevel.solver import MultilevelSolver
-from ..multilevel.start_vector import start_vector
-from .comm import HaloTimer, allreduce_sum, resolve_transport
-from .csr import DistCSR, Layout, _device_block, _device_plan, dots
+from .comm import HaloTimer, resolve_transport
+from .csr import DistCSR, Layout, _device_block, _device_plan
+from .estimates import (auto_omegas as _auto_omegas, lanczos_lambda as _lanczos_lambda, priority_stream,
+                        start_auto_omegas)
 from .matrix_free import DistMatrixFree
 from .partition import level_ownership, level_ranks
 from .rank_zero import RankZeroCycle
@@ -272,63 +274,6 @@ class _FineView:
         self.num_algebraic = ml.num_algebraic
 
 
-def _auto_omegas(comm, pairs, iterations=12, seed=0):
-    r"""``omega = 4 / (3 lambda)`` for the smoothers of the levels ``pairs`` (``(A, smoother)``,
-    the smoother's ``omega="auto"``), ``lambda`` of :meth:`Smoother.lambda_max` distributed: the
-    same power iteration (:func:`~adaptmg.multilevel.smoothers.power_lambda_max`) from the serial
-    start vector (its owned entries only, on ``A``'s backend), norms by Allreduce -- on the
-    device by NCCL where the halo exchange goes that way (0-d device arrays: the iteration does
-    not wait for the device, one read at the end).  Several levels at once
-    (:func:`~adaptmg.multilevel.smoothers.power_lambda_max_many`): their steps interleaved and
-    their norms in one reduction a step, each level's estimate the one it has alone -- the
-    small levels' steps, bound by the host's launches and the exchanges' latency, run while the
-    device works through the large level's (measured on two H200 at 21M DoFs per rank: the
-    three local levels' estimates one after the other took 5.1, 5.8 and 37 ms on rank 0,
-    together 44 ms against one GPU's 42 ms for its five levels; the bench's smoothers phase
-    0.053-0.056 -> 0.047-0.048 s a rank).  A rank without rows of a level only joins the
-    reductions."""
-    if not pairs:
-        return
-    xp = pairs[0][0].backend.xp       # computed where it is used (bit for bit the host's)
-    vs, applies = [], []
-    for A, sm in pairs:
-        vs.append(start_vector(A.global_shape[0], seed, rows=A.rows.rows_on(xp), xp=xp))
-        S = sm._apply_S if A.rows.n else (lambda u: u)
-        applies.append(lambda u, A=A, S=S: S(A @ u))
-    if all(A.transport == "nccl" for A, _ in pairs):   # the squares summed on the device
-        red = allreduce_sum(comm, "nccl")
-
-        def norms(us):
-            sq = xp.empty(len(us))
-            for i, u in enumerate(us):          # (a copy each: no new kernel for a first run)
-                sq[i] = xp.dot(u, u)
-            r = xp.sqrt(red(sq))
-            return [r[i] for i in range(len(us))]
-    else:
-        def norms(us):
-            return [float(np.sqrt(max(d, 0.0))) for d in dots(comm, [(u, u) for u in us])]
-    lams = power_lambda_max_many(applies, vs, norms, iterations, "distributed smoother")
-    for (_, sm), lam in zip(pairs, lams):
-        sm.omega = 4.0 / (3.0 * lam)
-
-
-def _lanczos_lambda(comm, A, dinv, N, steps=20, seed=0):
-    """:func:`adaptmg.multilevel.chebyshev.estimate_lambda_max` distributed: the same Lanczos
-    iteration (:func:`~adaptmg.multilevel.chebyshev.lanczos_lambda_max`, host vectors) on
-    D^{-1/2} A D^{-1/2} from the serial start vector (owned entries), inner products reduced
-    by Allreduce; the products on ``A``'s backend (one copy each way per step on the GPU)."""
-    be = A.backend
-    s = be.asarray(np.sqrt(dinv))
-    v0 = start_vector(N, seed, rows=A.rows.rows)
-
-    def allreduce(loc):
-        glob = np.empty_like(loc)
-        comm.Allreduce(loc, glob)
-        return glob
-    return lanczos_lambda_max(lambda v: to_host(s * (A @ (s * be.asarray(v)))), v0,
-                              int(min(steps, N)), allreduce)
-
-
 def _distributed_smoother(ml, A: DistCSR, components, pending=None):
     """The finest level's smoother (the hierarchy's smoother spec and keyword arguments)
     built on ``A``'s owned block on ``A``'s backend (its diagonal and node blocks are the
@@ -459,6 +404,7 @@ class DistributedHierarchy:
         st = self.setup_stats
         t0 = time.perf_counter()
         self.HT_o = self.free_o = None
+        self.aside_estimates = 0          # 1: the finest local level's estimate overlapped the others
         self.matrix_free = bool(local is not None and local.get("matrix_free"))
         if local is not None and local.get("ownership") is not None:     # computed by the caller
             cells = ml.cells if isinstance(ml, SerialLevelsOnRankZero) else [s.mesh.num_cells for s in ml.spaces]
@@ -500,13 +446,37 @@ class DistributedHierarchy:
             spaces = [ml.spaces[-1]] + list(local["spaces"])
             frees = [ml.constraints[-1].free] + list(local["frees"])
             st.update(cells_assembled=[], cells=[], cells_transfer=[])
-            pending = []                 # the local levels' omega="auto": estimated together
-            for j in range(1, len(spaces)):
-                self.levels.append(self._local_level(spaces[j - 1], spaces[j], frees[j - 1], frees[j],
-                                                     local["assemble"], fine=j == len(spaces) - 1,
-                                                     pending=pending))
+            # fine to coarse: the finest level's omega="auto" estimate (twelve products of the
+            # largest matrix) is queued on the current stream where its norms stay on the
+            # device, and the coarser local levels are set up meanwhile on the high-priority
+            # stream (.estimates); theirs (bound by launches and latency) are estimated
+            # together afterwards
+            pending, top, base = [], len(spaces) - 1, len(self.levels)
+            built, fine_est, prev = {}, None, None
+            try:
+                for j in range(top, 0, -1):
+                    fine = j == top
+                    got = [] if fine else pending
+                    built[j] = self._local_level(spaces[j - 1], spaces[j], frees[j - 1], frees[j],
+                                                 local["assemble"], fine=fine, pending=got,
+                                                 level=base + j - 1)
+                    if fine:
+                        ready = be.xp.cuda.Event(disable_timing=True) if be.is_gpu else None
+                        if ready is not None:
+                            ready.record(be.xp.cuda.get_current_stream())   # the finest level's work
+                        fine_est = start_auto_omegas(self.comm, got)
+                        if fine_est.queued and j > 1:
+                            prev = self._to_priority_stream(ready)
+            finally:
+                if prev is not None:
+                    self._end_aside(prev)
+            self.levels.extend(built[j] for j in range(1, top + 1))
+            for key in ("cells_assembled", "cells", "cells_transfer"):      # coarse -> fine
+                st[key].reverse()
             t_est = time.perf_counter()
             _auto_omegas(self.comm, pending)
+            self.aside_estimates = int(prev is not None)
+            fine_est.finish()
             be.synchronize()
             st["smoother_s"] = st.get("smoother_s", 0.0) + time.perf_counter() - t_est
         self.A = self.levels[-1].A
@@ -534,21 +504,41 @@ class DistributedHierarchy:
                                 presmooth=ml.presmooth, postsmooth=ml.postsmooth,
                                 backend=self.backend, dtype=np.float64)
 
-    def _local_level(self, cspace, space, cfree, free, assemble, fine, pending=None):
+    def _to_priority_stream(self, ready):
+        """Make :func:`.estimates.priority_stream` wait for the event ``ready`` and the current
+        stream; returns the stream it replaced."""
+        xp = self.backend.xp
+        prev, hi = xp.cuda.get_current_stream(), priority_stream(xp)
+        hi.wait_event(ready)
+        hi.use()
+        return prev
+
+    def _end_aside(self, prev):
+        """Back to the stream ``prev``, after the priority stream's work so far; returns None."""
+        xp = self.backend.xp
+        done = xp.cuda.Event(disable_timing=True)
+        done.record(xp.cuda.get_current_stream())
+        prev.use()
+        prev.wait_event(done)
+        return None
+
+    def _local_level(self, cspace, space, cfree, free, assemble, fine, pending=None, level=None):
         """The next level from the rank's cells only (:mod:`.local`): owned rows of K, P, R and
         the smoother (``fine``: also keep (Z H^T)'s owned rows for the right-hand side), all
         built on the hierarchy's backend (on the GPU: K's rows assembled and constrained
         there, P's and R's rows built on the host and moved up, split into the DistCSR blocks
         there, the smoother from the device block; an ``omega="auto"`` appended to ``pending``,
-        estimated with the other local levels').  Phase times are taken after a device
-        synchronisation."""
+        estimated with the other local levels').  ``level``: its index (default: the next one).
+        Phase times are taken after a synchronisation of the current stream (not the device's:
+        the finest level's estimate, queued on the other stream, runs on)."""
         from .local import local_constrained_rows, local_transfer_rows
-        l = len(self.levels)
+        l = len(self.levels) if level is None else level
         lay, clay = self.layouts[l], self.layouts[l - 1]
         be, kw = self.backend, dict(backend=self.backend, transport=self.transport)
 
         def now():
-            be.synchronize()
+            if be.is_gpu:
+                be.xp.cuda.get_current_stream().synchronize()
             return time.perf_counter()
         t0 = now()
         xp = space.mesh.backend.xp                   # a device mesh: its owners on the device

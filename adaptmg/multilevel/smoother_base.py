@@ -19,7 +19,7 @@ from ..backend import backend_of, get_backend, is_device_sparse, is_sparse, to_h
 from ..fe.csr_ops import csr_diagonal, csr_entry_rows
 from .start_vector import start_vector
 
-__all__ = ["Smoother", "Jacobi", "power_lambda_max", "power_lambda_max_many"]
+__all__ = ["Smoother", "Jacobi", "power_lambda_max", "power_lambda_max_many", "power_iterate_many", "checked_lambdas"]
 
 
 def _check_square(A, who):
@@ -86,6 +86,14 @@ def power_lambda_max_many(applies, vs, norms, iterations=12, who="smoother"):
     list ``us`` together (on several ranks: one reduction of them all a step, where one
     operator alone takes one each).  Each operator's estimate is the one
     :func:`power_lambda_max` gives it, operation for operation."""
+    return checked_lambdas(power_iterate_many(applies, vs, norms, iterations), who)
+
+
+def power_iterate_many(applies, vs, norms, iterations=12):
+    """The iteration of :func:`power_lambda_max_many` without its read-back: the last norms
+    ``||S A v||`` as ``norms`` returned them (0-d device arrays stay on the device, so the
+    whole iteration can be queued without the host waiting); :func:`checked_lambdas` reads
+    and checks them."""
     vs = list(vs)
     for i, nv in enumerate(norms(vs)):
         vs[i] /= nv
@@ -96,6 +104,12 @@ def power_lambda_max_many(applies, vs, norms, iterations=12, who="smoother"):
         if any(isinstance(lam, (float, np.floating)) and lam == 0 for lam in lams):
             break                      # a host norm of zero: that estimate is refused below
         vs = [w / lam for w, lam in zip(ws, lams)]
+    return lams
+
+
+def checked_lambdas(lams, who="smoother"):
+    """``1.05 * lam`` for the norms of :func:`power_iterate_many` (read to the host), a
+    ValueError naming ``who`` for a zero, negative or non-finite one."""
     out = []
     for lam in lams:
         lam = float(lam)

@@ -87,8 +87,11 @@ coo_matrix.__module__ = "cupyx.scipy.sparse._coo"
 class _Stream:
     ptr = 0
 
-    def __init__(self, null=False, non_blocking=False, ptds=False):
+    def __init__(self, null=False, non_blocking=False, ptds=False, priority=0):
         pass
+
+    def use(self):                          # as cupy.cuda.Stream: the current stream from now
+        return self
 
     def synchronize(self):
         pass
@@ -100,6 +103,7 @@ class _Stream:
 
     def is_capturing(self):
         return False
+
 
 
 class _Event:

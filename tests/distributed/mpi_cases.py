@@ -348,6 +348,7 @@ def run_solve_gpu(out, fake):
                    exchanges=COMM.allgather(mg.timer.exchanges),
                    setup_exchanges=COMM.allgather(mg.setup_exchanges),
                    idle=COMM.allgather(mg.timer.idle), setup_idle=COMM.allgather(mg.setup_idle),
+                   setup_aside=COMM.allgather(getattr(mg, "aside_estimates", 0)),
                    sync=COMM.allgather(sync_counts(mg, b)),
                    active_ranks=dist.active_ranks, agglomerated=mg.c, levels=len(mg.levels),
                    # per distributed level of the one solver (levels[0] is rank 0's): the
