@@ -349,6 +349,10 @@ def run_solve_gpu(out, fake):
                    setup_exchanges=COMM.allgather(mg.setup_exchanges),
                    idle=COMM.allgather(mg.timer.idle), setup_idle=COMM.allgather(mg.setup_idle),
                    setup_aside=COMM.allgather(getattr(mg, "aside_estimates", 0)),
+                   # the distributed levels' omega (None: no rows, or no omega) and the serial
+                   # CPU hierarchy's on the same levels
+                   omega=COMM.allgather([getattr(d.smoother, "omega", None) for d in dl]),
+                   omega_cpu=[getattr(d.smoother, "omega", None) for d in cpu.ml._dev[-len(dl):]],
                    sync=COMM.allgather(sync_counts(mg, b)),
                    active_ranks=dist.active_ranks, agglomerated=mg.c, levels=len(mg.levels),
                    # per distributed level of the one solver (levels[0] is rank 0's): the

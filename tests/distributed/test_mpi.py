@@ -459,6 +459,15 @@ def _check_gpu_record(rec, transport):
     assert rec["local_rank"] == list(range(rec["size"])), rec
     assert rec["levels"] - rec["agglomerated"] >= 2, rec
     assert all(e > 0 for e in rec["exchanges"]), rec
+    # omega="auto" per distributed level (the finest one's estimate overlapped with the
+    # coarser levels' set-up) as the serial CPU hierarchy's, to rounding
+    for per_rank in rec["omega"]:
+        for om, ref in zip(per_rank, rec["omega_cpu"]):
+            assert (om is None) == (ref is None) or om is None, rec
+            if om is not None:
+                assert abs(om / ref - 1) <= 1e-12, (om, ref)
+    if rec["smoother"] != "Chebyshev":
+        assert all(per_rank[-1] is not None for per_rank in rec["omega"]), rec
     if rec["smoother"] == "Jacobi":      # sweeps through DistCSR.jacobi_sweep (one-pass kernels)
         flags = [f for per_rank in rec["fused"] for f in per_rank]
         assert True in flags and all(f in (True, None) for f in flags), rec
