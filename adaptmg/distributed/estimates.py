@@ -12,7 +12,11 @@ level's so (twelve products of the largest matrix) and sets up the coarser level
 meanwhile on :func:`priority_stream`, whose kernels the device schedules before the
 queued products' (on the default priority the coarser levels' small kernels waited behind
 them: two H200, 21M DoFs a rank, the next level's set-up 42 -> 69 ms; on the
-high-priority stream 53 ms, the set-up 0.416 -> 0.39-0.40 s).
+high-priority stream 53 ms; the set-up per rank 0.41-0.42 -> 0.39-0.40 s, old and new
+code alternated on three machines).  The price is memory: CuPy's pool keeps the blocks
+freed on a stream for that stream, so the coarser levels' set-up temporaries stay cached
+for the priority stream (the pool after a 21M-DoF-a-rank set-up and solve 1.87 -> 1.96 KB
+per DoF; cached, not live: the pool frees them when an allocation would fail).
 """
 from __future__ import annotations
 
