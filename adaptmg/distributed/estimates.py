@@ -16,7 +16,11 @@ high-priority stream 53 ms; the set-up per rank 0.41-0.42 -> 0.39-0.40 s, old an
 code alternated on three machines).  The price is memory: CuPy's pool keeps the blocks
 freed on a stream for that stream, so the coarser levels' set-up temporaries stay cached
 for the priority stream (the pool after a 21M-DoF-a-rank set-up and solve 1.87 -> 1.96 KB
-per DoF; cached, not live: the pool frees them when an allocation would fail).
+per DoF; cached, not live: the pool frees them when an allocation would fail).  And the
+overlap needs those cached blocks: an allocation the pool must take from CUDA (cudaMalloc)
+synchronises with the device, so the first set-up in a process, whose priority-stream
+blocks are all new, waits for the estimate at its first such allocation -- as long as it
+took before; the set-ups after it (warm, an adaptive loop's) overlap.
 """
 from __future__ import annotations
 
