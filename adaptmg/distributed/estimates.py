@@ -9,18 +9,9 @@ device (NCCL transport: the squares summed by an ``ncclAllReduce`` into 0-d devi
 the host never waits inside it, and :meth:`PendingOmegas.finish` reads the estimates and
 sets the smoothers' ``omega``.  :class:`~.hierarchy.DistributedHierarchy` queues the finest
 level's so (twelve products of the largest matrix) and sets up the coarser levels
-meanwhile on :func:`priority_stream`, whose kernels the device schedules before the
-queued products' (on the default priority the coarser levels' small kernels waited behind
-them: two H200, 21M DoFs a rank, the next level's set-up 42 -> 69 ms; on the
-high-priority stream 53 ms; the set-up per rank 0.41-0.42 -> 0.39-0.40 s, old and new
-code alternated on three machines).  The price is memory: CuPy's pool keeps the blocks
-freed on a stream for that stream, so the coarser levels' set-up temporaries stay cached
-for the priority stream (the pool after a 21M-DoF-a-rank set-up and solve 1.87 -> 1.96 KB
-per DoF; cached, not live: the pool frees them when an allocation would fail).  And the
-overlap needs those cached blocks: an allocation the pool must take from CUDA (cudaMalloc)
-synchronises with the device, so the first set-up in a process, whose priority-stream
-blocks are all new, waits for the estimate at its first such allocation -- as long as it
-took before; the set-ups after it (warm, an adaptive loop's) overlap.
+meanwhile on the high-priority stream (:mod:`adaptmg.device.priority`): two H200, 21M DoFs
+a rank, the set-up per rank 0.41-0.42 -> 0.39-0.40 s, old and new code alternated on three
+machines.
 """
 from __future__ import annotations
 
@@ -33,22 +24,7 @@ from ..multilevel.start_vector import start_vector
 from .comm import allreduce_sum
 from .csr import dots
 
-__all__ = ["auto_omegas", "start_auto_omegas", "PendingOmegas", "lanczos_lambda", "priority_stream"]
-
-_PRIORITY = {}
-
-
-def priority_stream(xp):
-    """The device's non-blocking stream of the highest priority (CUDA clamps the asked
-    priority to the device's range), one per device, made on first use and kept: CuPy's
-    memory pool keeps freed blocks per stream, so a stream made per set-up would strand
-    them."""
-    dev = int(xp.cuda.Device().id)
-    s = _PRIORITY.get(dev)
-    if s is None:
-        s = _PRIORITY[dev] = xp.cuda.Stream(non_blocking=True, priority=-100)
-    return s
-
+__all__ = ["auto_omegas", "start_auto_omegas", "PendingOmegas", "lanczos_lambda"]
 
 class PendingOmegas:
     """Estimates of :func:`start_auto_omegas`; :meth:`finish` sets the omegas.  ``queued``:

@@ -101,6 +101,7 @@ Jacobi; others (Gauss-Seidel: sequential across rows) raise ValueError.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from types import SimpleNamespace
@@ -110,13 +111,13 @@ import scipy.sparse as sp
 
 from ..backend import CPU, backend_of, is_device_sparse, to_host
 from ..device import kernels as K
+from ..device.priority import PriorityStream
 from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi
 from ..multilevel.level import Level
 from ..multilevel.solver import MultilevelSolver
 from .comm import HaloTimer, resolve_transport
 from .csr import DistCSR, Layout, _device_block, _device_plan
-from .estimates import (auto_omegas as _auto_omegas, lanczos_lambda as _lanczos_lambda, priority_stream,
-                        start_auto_omegas)
+from .estimates import auto_omegas as _auto_omegas, lanczos_lambda as _lanczos_lambda, start_auto_omegas
 from .matrix_free import DistMatrixFree
 from .partition import level_ownership, level_ranks
 from .rank_zero import RankZeroCycle
@@ -405,6 +406,7 @@ class DistributedHierarchy:
         t0 = time.perf_counter()
         self.HT_o = self.free_o = None
         self.aside_estimates = 0          # 1: the finest local level's estimate overlapped the others
+        self.priority_switches = 0        # blocks of the set-up run on the priority stream
         self.matrix_free = bool(local is not None and local.get("matrix_free"))
         if local is not None and local.get("ownership") is not None:     # computed by the caller
             cells = ml.cells if isinstance(ml, SerialLevelsOnRankZero) else [s.mesh.num_cells for s in ml.spaces]
@@ -449,33 +451,27 @@ class DistributedHierarchy:
             # fine to coarse: the finest level's omega="auto" estimate (twelve products of the
             # largest matrix) is queued on the current stream where its norms stay on the
             # device, and the coarser local levels are set up meanwhile on the high-priority
-            # stream (.estimates); theirs (bound by launches and latency) are estimated
-            # together afterwards
-            pending, top, base = [], len(spaces) - 1, len(self.levels)
-            built, fine_est, prev = {}, None, None
-            try:
-                for j in range(top, 0, -1):
-                    fine = j == top
-                    got = [] if fine else pending
+            # stream (adaptmg.device.priority); theirs (bound by launches and latency) are
+            # estimated together afterwards
+            pending, fine_pairs, top, base = [], [], len(spaces) - 1, len(self.levels)
+            hi = PriorityStream(be.xp) if be.is_gpu else None
+            built = {top: self._local_level(spaces[top - 1], spaces[top], frees[top - 1], frees[top],
+                                            local["assemble"], fine=True, pending=fine_pairs,
+                                            level=base + top - 1, aside=hi)}
+            mark = hi.mark() if hi is not None else None                # the finest level's work
+            fine_est = start_auto_omegas(self.comm, fine_pairs)
+            self.aside_estimates = int(fine_est.queued and top > 1 and hi is not None)
+            with hi.after(mark) if self.aside_estimates else contextlib.nullcontext():
+                for j in range(top - 1, 0, -1):
                     built[j] = self._local_level(spaces[j - 1], spaces[j], frees[j - 1], frees[j],
-                                                 local["assemble"], fine=fine, pending=got,
+                                                 local["assemble"], fine=False, pending=pending,
                                                  level=base + j - 1)
-                    if fine:
-                        ready = be.xp.cuda.Event(disable_timing=True) if be.is_gpu else None
-                        if ready is not None:
-                            ready.record(be.xp.cuda.get_current_stream())   # the finest level's work
-                        fine_est = start_auto_omegas(self.comm, got)
-                        if fine_est.queued and j > 1:
-                            prev = self._to_priority_stream(ready)
-            finally:
-                if prev is not None:
-                    self._end_aside(prev)
+            self.priority_switches = hi.switches if hi is not None else 0
             self.levels.extend(built[j] for j in range(1, top + 1))
             for key in ("cells_assembled", "cells", "cells_transfer"):      # coarse -> fine
                 st[key].reverse()
             t_est = time.perf_counter()
             _auto_omegas(self.comm, pending)
-            self.aside_estimates = int(prev is not None)
             fine_est.finish()
             be.synchronize()
             st["smoother_s"] = st.get("smoother_s", 0.0) + time.perf_counter() - t_est
@@ -504,31 +500,15 @@ class DistributedHierarchy:
                                 presmooth=ml.presmooth, postsmooth=ml.postsmooth,
                                 backend=self.backend, dtype=np.float64)
 
-    def _to_priority_stream(self, ready):
-        """Make :func:`.estimates.priority_stream` wait for the event ``ready`` and the current
-        stream; returns the stream it replaced."""
-        xp = self.backend.xp
-        prev, hi = xp.cuda.get_current_stream(), priority_stream(xp)
-        hi.wait_event(ready)
-        hi.use()
-        return prev
-
-    def _end_aside(self, prev):
-        """Back to the stream ``prev``, after the priority stream's work so far; returns None."""
-        xp = self.backend.xp
-        done = xp.cuda.Event(disable_timing=True)
-        done.record(xp.cuda.get_current_stream())
-        prev.use()
-        prev.wait_event(done)
-        return None
-
-    def _local_level(self, cspace, space, cfree, free, assemble, fine, pending=None, level=None):
+    def _local_level(self, cspace, space, cfree, free, assemble, fine, pending=None, level=None, aside=None):
         """The next level from the rank's cells only (:mod:`.local`): owned rows of K, P, R and
         the smoother (``fine``: also keep (Z H^T)'s owned rows for the right-hand side), all
         built on the hierarchy's backend (on the GPU: K's rows assembled and constrained
         there, P's and R's rows built on the host and moved up, split into the DistCSR blocks
         there, the smoother from the device block; an ``omega="auto"`` appended to ``pending``,
         estimated with the other local levels').  ``level``: its index (default: the next one).
+        ``aside``: a :class:`~adaptmg.device.priority.PriorityStream` for the constraint
+        blocks beside the assembly's last kernels (:func:`.local.local_constrained_rows`).
         Phase times are taken after a synchronisation of the current stream (not the device's:
         the finest level's estimate, queued on the other stream, runs on)."""
         from .local import local_constrained_rows, local_transfer_rows
@@ -550,7 +530,8 @@ class DistributedHierarchy:
             # on a device mesh the row kernels write K's rows split for the DistCSR already
             K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner_on(xp), self.comm,
                                                       backend=be, rhs_rows=fine,
-                                                      local=lay.local_on(xp) if xp is not np else None)
+                                                      local=lay.local_on(xp) if xp is not np else None,
+                                                      aside=aside)
             cells = int(cells.size)
         t1 = now()
         # matrix-free levels put memory first: P's rows this rank needs only (the whole P of

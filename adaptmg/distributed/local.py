@@ -239,7 +239,8 @@ def hz_rows_coo(space, dofs, free):
             xp.concatenate([xp.ones(reg.size), hw[keep]]), int(reg.size))
 
 
-def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_rows=True, local=None):
+def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_rows=True, local=None,
+                           aside=None):
     r"""Owned rows of ``K = Z H^T A H Z + s (I - Z)`` from the needed cells only (module doc).
 
     :math:`B_o = (Z H^T)_{o,:} A (H Z)` by two sparse products (:func:`constraint_blocks`:
@@ -268,6 +269,10 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_
     (:func:`adaptmg.device.congruence_rows.constrained_split_rows`: no second pass over the
     rows to split them -- two H200, 21M DoFs a rank: the finest level's split, 11 ms, gone);
     the other paths ignore it.
+
+    ``aside``: a :class:`~adaptmg.device.priority.PriorityStream` (a device mesh): the
+    assembly is queued first and the constraint blocks are built on the priority stream
+    while its last kernels run (they read nothing the assembly makes).
 
     Returns ``(K_o, HZT_o, cells)``: ``K_o`` the owned rows (n_o x N, sorted columns) on
     ``backend`` (host CSR for a rank without rows; :class:`~.csr.SplitRows` with ``local``
@@ -300,14 +305,23 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_
     # kernels, which read the owned rows of H^T (HZT_o)
     kernels = (on_dev and be.is_gpu and rows.size > 0 and rows_fit(space)
                and space.hanging_nodes.shape[0] > 0 and is_device_sparse(space.H))
-    HZT_o, HZ = constraint_blocks(space, rows, dofs, free) if (rhs_rows or not on_dev or kernels) else (None, None)
+    blocks = rhs_rows or not on_dev or kernels
+    A = None
+    if aside is not None and on_dev and rows.size and blocks:
+        mark = aside.mark()                          # the cells, the view and H are made
+        A = _on_backend(assemble, be)(view)          # its last kernels queued
+        with aside.after(mark):                      # the blocks beside them
+            HZT_o, HZ = constraint_blocks(space, rows, dofs, free)
+    else:
+        HZT_o, HZ = constraint_blocks(space, rows, dofs, free) if blocks else (None, None)
     HZT_ret = HZT_o if (rhs_rows or not on_dev) else None
     if not rows.size:
         # a rank owning no DoF of the level (a coarse level folded onto fewer ranks) needs no
         # cell; it still takes part in the Allreduce of s
         _row_scale(comm, 0.0, 0)
         return sp.csr_matrix((0, N)), HZT_ret, cells
-    A = _on_backend(assemble, be)(view)
+    if A is None:
+        A = _on_backend(assemble, be)(view)
     if getattr(A, "shape", None) != (N, N):
         raise ValueError(f"assemble(view) must return a {N} x {N} matrix, got shape {getattr(A, 'shape', None)}")
     # products on ``be`` -- on the host when a factor is empty (every owned row or every

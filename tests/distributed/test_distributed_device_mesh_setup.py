@@ -17,6 +17,7 @@ import scipy.sparse as sp
 from adaptmg import assemble
 from adaptmg.distributed import dof_owners, partition_cells
 from adaptmg.distributed.local import local_constrained_rows, local_transfer_rows
+from adaptmg.device.priority import PriorityStream
 from adaptmg.distributed.partition import coarse_cell_ranks, fold_cell_ranks
 from adaptmg.fe import Constraints, Space
 from adaptmg.multilevel.hierarchy import dirichlet_dofs
@@ -69,6 +70,14 @@ def test_gpu_rank_rows_on_a_device_mesh_equal_the_host_rows(dim, L, degree):
         assert csp.isspmatrix_csr(dK) and csp.isspmatrix_csr(dHT)
         assert np.array_equal(dcells.get(), hcells)
         assert _rel(dK, hK) <= 64 * EPS and _rel(dHT, hHT) <= 4 * EPS
+        # the constraint blocks on the priority stream beside the assembly's last kernels: the
+        # same kernels on the same inputs in another stream, so the same bits
+        ps = PriorityStream(cupy)
+        aK, aHT, acells = local_constrained_rows(df, assemble.stiffness, dfree, do, comm, backend="gpu", aside=ps)
+        assert ps.switches == 1 and np.array_equal(acells.get(), dcells.get())
+        for a, d in ((aK, dK), (aHT, dHT)):
+            assert np.array_equal(a.indptr.get(), d.indptr.get()) and np.array_equal(a.indices.get(), d.indices.get())
+            assert np.array_equal(a.data.get(), d.data.get())
         hP, hR, _ = local_transfer_rows(hc, hf, hcfree, hfree, hco, ho, r)
         dP, dR, _ = local_transfer_rows(dc, df, dcfree, dfree, dco, do, r)
         assert csp.isspmatrix_csr(dP) and csp.isspmatrix_csr(dR)

@@ -498,26 +498,30 @@ def test_device_path_with_a_stand_in_device(fake_gpu, case):
     fake = recs["fake"]
     if mode == "--fake":
         assert fake["device"] == [0, 0] and min(fake["pinned"]) > 0 and fake["nccl_calls"] == [0, 0]
+        # no stream waits: no NCCL, and a host mesh (no constraint blocks beside the assembly)
         assert fake["stream_waits"] == [0, 0]
+        assert all(recs[c]["priority_switches"] == [0, 0] for c in GPU_CASES), recs
     else:
         assert fake["device"] == [0, 1] and min(fake["nccl_calls"]) > 0
         # NCCL on its own stream: it waits for the gather, the current stream for the group;
         # two waits for every exchange of every set-up and solve (the set-up's lambda_max
         # estimates run the device product as well) except those where the rank has nothing
         # to send or receive (skipped: "idle"), two for every reduction on the device, and
-        # two for a set-up whose finest estimate ran on a stream aside (it waits for the
-        # levels' work, the current stream for it)
+        # two for each block of a set-up run on the priority stream (it waits for the work
+        # before, the current stream for it afterwards): here the coarser levels while the
+        # finest one's estimate runs
         for r in range(2):
             moved = sum(recs[c]["exchanges"][r] - recs[c]["idle"][r] + recs[c]["setup_exchanges"][r]
                         - recs[c]["setup_idle"][r] + recs[c]["sync"][r]["exchanges"]
                         - recs[c]["sync"][r]["idle"] for c in GPU_CASES)
-            aside = sum(recs[c]["setup_aside"][r] for c in GPU_CASES)
+            aside = sum(recs[c]["priority_switches"][r] for c in GPU_CASES)
             assert fake["stream_waits"][r] == 2 * moved + 2 * fake["nccl_allreduces"][r] + 2 * aside, fake
         # the local set-ups queue the finest level's omega="auto" estimate aside (NCCL norms
         # on the device); Chebyshev's Lanczos bound is estimated at once
         for c in GPU_CASES:
             want = int("replicated" not in c and recs[c]["smoother"] != "Chebyshev")
             assert recs[c]["setup_aside"] == [want, want], (c, recs[c]["setup_aside"])
+            assert recs[c]["priority_switches"] == [want, want], (c, recs[c]["priority_switches"])
         assert all(min(recs[c]["setup_exchanges"]) > 0 for c in GPU_CASES if "replicated" not in c), recs
         # a level folded onto rank 0: its exchanges move nothing and are skipped
         assert min(recs["q1-2d-folded"]["idle"]) > 0, recs["q1-2d-folded"]
