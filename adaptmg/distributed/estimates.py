@@ -26,6 +26,7 @@ from .csr import dots
 
 __all__ = ["auto_omegas", "start_auto_omegas", "PendingOmegas", "lanczos_lambda"]
 
+
 class PendingOmegas:
     """Estimates of :func:`start_auto_omegas`; :meth:`finish` sets the omegas.  ``queued``:
     they are still on the device (0-d arrays the host has not waited for)."""

@@ -509,8 +509,9 @@ class DistributedHierarchy:
         estimated with the other local levels').  ``level``: its index (default: the next one).
         ``aside``: a :class:`~adaptmg.device.priority.PriorityStream` for the constraint
         blocks beside the assembly's last kernels (:func:`.local.local_constrained_rows`).
-        Phase times are taken after a synchronisation of the current stream (not the device's:
-        the finest level's estimate, queued on the other stream, runs on)."""
+        Phase times are taken after a synchronisation of the current stream, not the device's:
+        while the coarser levels are set up on the priority stream, the finest level's
+        estimate runs on the other one."""
         from .local import local_constrained_rows, local_transfer_rows
         l = len(self.levels) if level is None else level
         lay, clay = self.layouts[l], self.layouts[l - 1]

@@ -105,7 +105,6 @@ class _Stream:
         return False
 
 
-
 class _Event:
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         self.recorded = 0

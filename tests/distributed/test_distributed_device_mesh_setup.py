@@ -15,9 +15,9 @@ import pytest
 import scipy.sparse as sp
 
 from adaptmg import assemble
+from adaptmg.device.priority import PriorityStream
 from adaptmg.distributed import dof_owners, partition_cells
 from adaptmg.distributed.local import local_constrained_rows, local_transfer_rows
-from adaptmg.device.priority import PriorityStream
 from adaptmg.distributed.partition import coarse_cell_ranks, fold_cell_ranks
 from adaptmg.fe import Constraints, Space
 from adaptmg.multilevel.hierarchy import dirichlet_dofs
