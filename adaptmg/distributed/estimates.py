@@ -24,7 +24,7 @@ from ..multilevel.start_vector import start_vector
 from .comm import allreduce_sum
 from .csr import dots
 
-__all__ = ["auto_omegas", "start_auto_omegas", "PendingOmegas", "lanczos_lambda"]
+__all__ = ["auto_omegas", "start_auto_omegas", "PendingOmegas", "lanczos_lambda", "device_norms"]
 
 
 class PendingOmegas:
@@ -41,6 +41,12 @@ class PendingOmegas:
         for (_, sm), lam in zip(self.pairs, lams):
             sm.omega = 4.0 / (3.0 * lam)
         self.lams = self.pairs = ()
+
+
+def device_norms(pairs) -> bool:
+    """Whether :func:`start_auto_omegas` of ``pairs`` keeps its norms on the device (every
+    level's halo exchange by NCCL): then it only queues the iteration."""
+    return bool(pairs) and all(A.transport == "nccl" for A, _ in pairs)
 
 
 def auto_omegas(comm, pairs, iterations=12, seed=0):
@@ -67,7 +73,7 @@ def start_auto_omegas(comm, pairs, iterations=12, seed=0) -> PendingOmegas:
     if not pairs:
         return PendingOmegas((), ())
     xp = pairs[0][0].backend.xp       # computed where it is used (bit for bit the host's)
-    on_device = all(A.transport == "nccl" for A, _ in pairs)
+    on_device = device_norms(pairs)
     return PendingOmegas(pairs, _power_iterations(comm, pairs, iterations, seed, xp, on_device), on_device)
 
 

@@ -117,7 +117,8 @@ from ..multilevel.level import Level
 from ..multilevel.solver import MultilevelSolver
 from .comm import HaloTimer, resolve_transport
 from .csr import DistCSR, Layout, _device_block, _device_plan
-from .estimates import auto_omegas as _auto_omegas, lanczos_lambda as _lanczos_lambda, start_auto_omegas
+from .estimates import (auto_omegas as _auto_omegas, device_norms, lanczos_lambda as _lanczos_lambda,
+                        start_auto_omegas)
 from .matrix_free import DistMatrixFree
 from .partition import level_ownership, level_ranks
 from .rank_zero import RankZeroCycle
@@ -458,10 +459,18 @@ class DistributedHierarchy:
             built = {top: self._local_level(spaces[top - 1], spaces[top], frees[top - 1], frees[top],
                                             local["assemble"], fine=True, pending=fine_pairs,
                                             level=base + top - 1, aside=hi)}
-            mark = hi.mark() if hi is not None else None                # the finest level's work
-            fine_est = start_auto_omegas(self.comm, fine_pairs)
-            self.aside_estimates = int(fine_est.queued and top > 1 and hi is not None)
-            with hi.after(mark) if self.aside_estimates else contextlib.nullcontext():
+            # not for matrix-free levels, which put memory first: the estimate's vectors would
+            # be live beside the coarser levels' set-up (two H200, 1e8 DoFs a rank: the pool's
+            # high-water 1,329 -> 1,374 B per DoF, and no time gained -- those levels' set-up is
+            # device-bound there); nor where the norms need the host: with the others then
+            fine_est = mark = None
+            if hi is not None and top > 1 and not self.matrix_free and device_norms(fine_pairs):
+                mark = hi.mark()                                        # the finest level's work
+                fine_est = start_auto_omegas(self.comm, fine_pairs)
+            else:
+                pending.extend(fine_pairs)
+            self.aside_estimates = int(fine_est is not None)
+            with hi.after(mark) if fine_est is not None else contextlib.nullcontext():
                 for j in range(top - 1, 0, -1):
                     built[j] = self._local_level(spaces[j - 1], spaces[j], frees[j - 1], frees[j],
                                                  local["assemble"], fine=False, pending=pending,
@@ -472,7 +481,8 @@ class DistributedHierarchy:
                 st[key].reverse()
             t_est = time.perf_counter()
             _auto_omegas(self.comm, pending)
-            fine_est.finish()
+            if fine_est is not None:
+                fine_est.finish()
             be.synchronize()
             st["smoother_s"] = st.get("smoother_s", 0.0) + time.perf_counter() - t_est
         self.A = self.levels[-1].A
