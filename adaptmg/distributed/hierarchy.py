@@ -449,36 +449,42 @@ class DistributedHierarchy:
             spaces = [ml.spaces[-1]] + list(local["spaces"])
             frees = [ml.constraints[-1].free] + list(local["frees"])
             st.update(cells_assembled=[], cells=[], cells_transfer=[])
-            # fine to coarse: the finest level's omega="auto" estimate (twelve products of the
-            # largest matrix) is queued on the current stream where its norms stay on the
-            # device, and the coarser local levels are set up meanwhile on the high-priority
-            # stream (adaptmg.device.priority); theirs (bound by launches and latency) are
-            # estimated together afterwards
-            pending, fine_pairs, top, base = [], [], len(spaces) - 1, len(self.levels)
+            # on the GPU with NCCL, fine to coarse: the finest level's omega="auto" estimate
+            # (twelve products of the largest matrix) is queued on the current stream, its norms
+            # staying on the device, and the coarser local levels are set up meanwhile on the
+            # high-priority stream (adaptmg.device.priority); theirs (bound by launches and
+            # latency) are estimated together afterwards.  Not for matrix-free levels, which put
+            # memory first: the estimate's vectors would be live beside the coarser levels'
+            # set-up (two H200, 1e8 DoFs a rank: the pool's high-water 1,329 -> 1,374 B per
+            # DoF, no time gained -- those levels' set-up is device-bound there).  Otherwise
+            # coarse to fine, every estimate at the end.
+            pending, top, base = [], len(spaces) - 1, len(self.levels)
             hi = PriorityStream(be.xp) if be.is_gpu else None
-            built = {top: self._local_level(spaces[top - 1], spaces[top], frees[top - 1], frees[top],
-                                            local["assemble"], fine=True, pending=fine_pairs,
-                                            level=base + top - 1, aside=hi)}
-            # not for matrix-free levels, which put memory first: the estimate's vectors would
-            # be live beside the coarser levels' set-up (two H200, 1e8 DoFs a rank: the pool's
-            # high-water 1,329 -> 1,374 B per DoF, and no time gained -- those levels' set-up is
-            # device-bound there); nor where the norms need the host: with the others then
-            fine_est = mark = None
-            if hi is not None and top > 1 and not self.matrix_free and device_norms(fine_pairs):
-                mark = hi.mark()                                        # the finest level's work
-                fine_est = start_auto_omegas(self.comm, fine_pairs)
+            fine_first = hi is not None and top > 1 and not self.matrix_free and self.transport == "nccl"
+
+            def level(j, got):
+                return self._local_level(spaces[j - 1], spaces[j], frees[j - 1], frees[j], local["assemble"],
+                                         fine=j == top, pending=got, level=base + j - 1,
+                                         aside=hi if j == top else None)
+            fine_est = None
+            if fine_first:
+                fine_pairs = []
+                built = {top: level(top, fine_pairs)}
+                if device_norms(fine_pairs):
+                    mark = hi.mark()                                    # the finest level's work
+                    fine_est = start_auto_omegas(self.comm, fine_pairs)
+                else:
+                    pending.extend(fine_pairs)
+                with hi.after(mark) if fine_est is not None else contextlib.nullcontext():
+                    for j in range(top - 1, 0, -1):
+                        built[j] = level(j, pending)
+                for key in ("cells_assembled", "cells", "cells_transfer"):      # coarse -> fine
+                    st[key].reverse()
             else:
-                pending.extend(fine_pairs)
+                built = {j: level(j, pending) for j in range(1, top + 1)}
             self.aside_estimates = int(fine_est is not None)
-            with hi.after(mark) if fine_est is not None else contextlib.nullcontext():
-                for j in range(top - 1, 0, -1):
-                    built[j] = self._local_level(spaces[j - 1], spaces[j], frees[j - 1], frees[j],
-                                                 local["assemble"], fine=False, pending=pending,
-                                                 level=base + j - 1)
             self.priority_switches = hi.switches if hi is not None else 0
             self.levels.extend(built[j] for j in range(1, top + 1))
-            for key in ("cells_assembled", "cells", "cells_transfer"):      # coarse -> fine
-                st[key].reverse()
             t_est = time.perf_counter()
             _auto_omegas(self.comm, pending)
             if fine_est is not None:
