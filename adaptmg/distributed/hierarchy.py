@@ -59,9 +59,10 @@ touching the owned DoFs, and the smoother constructed on the owned diagonal bloc
 hierarchy's smoother name and keyword arguments, ``omega="auto"`` (power iteration, 12
 steps) and Chebyshev's ``lmax`` (Lanczos, 20 steps) estimated with the distributed product
 from the serial start vector (its owned entries only), so they equal the serial
-estimates up to the summation order (:mod:`.estimates`).  The local levels are built fine
-to coarse: on the GPU with NCCL the finest level's power iteration is queued (the host does
-not wait for it) and the coarser levels are set up on a high-priority stream meanwhile.
+estimates up to the summation order (:mod:`.estimates`).  On the GPU with NCCL and assembled
+levels the local levels are built fine to coarse: the finest level's power iteration is
+queued (the host does not wait for it) and the coarser levels are set up on a high-priority
+stream meanwhile (:mod:`adaptmg.device.priority`); otherwise coarse to fine.
 
 GPU backend (``ml`` on the GPU).  The local set-up runs where the levels will live, by the
 same code as on the CPU written against the backend's ``xp`` (:mod:`.local`): each rank's
