@@ -71,13 +71,15 @@ def test_gpu_rank_rows_on_a_device_mesh_equal_the_host_rows(dim, L, degree):
         assert np.array_equal(dcells.get(), hcells)
         assert _rel(dK, hK) <= 64 * EPS and _rel(dHT, hHT) <= 4 * EPS
         # the constraint blocks on the priority stream beside the assembly's last kernels: the
-        # same kernels on the same inputs in another stream, so the same bits
+        # same kernels on the same inputs in another stream -- the same rows and columns, the
+        # values within 4 eps (a race would show as stale or missing entries, far beyond it;
+        # not bit for bit: Q2's fallback goes through cuSPARSE's products)
         ps = PriorityStream(cupy)
         aK, aHT, acells = local_constrained_rows(df, assemble.stiffness, dfree, do, comm, backend="gpu", aside=ps)
         assert ps.switches == 1 and np.array_equal(acells.get(), dcells.get())
         for a, d in ((aK, dK), (aHT, dHT)):
             assert np.array_equal(a.indptr.get(), d.indptr.get()) and np.array_equal(a.indices.get(), d.indices.get())
-            assert np.array_equal(a.data.get(), d.data.get())
+            assert _rel(a, d) <= 4 * EPS
         hP, hR, _ = local_transfer_rows(hc, hf, hcfree, hfree, hco, ho, r)
         dP, dR, _ = local_transfer_rows(dc, df, dcfree, dfree, dco, do, r)
         assert csp.isspmatrix_csr(dP) and csp.isspmatrix_csr(dR)
