@@ -28,11 +28,11 @@ __all__ = ["auto_omegas", "start_auto_omegas", "PendingOmegas", "lanczos_lambda"
 
 
 class PendingOmegas:
-    """Estimates of :func:`start_auto_omegas`; :meth:`finish` sets the omegas.  ``queued``:
-    they are still on the device (0-d arrays the host has not waited for)."""
+    """Estimates of :func:`start_auto_omegas` (with :func:`device_norms`, 0-d device arrays the
+    host has not waited for); :meth:`finish` sets the omegas."""
 
-    def __init__(self, pairs, lams, queued=False):
-        self.pairs, self.lams, self.queued = pairs, lams, queued
+    def __init__(self, pairs, lams):
+        self.pairs, self.lams = pairs, lams
 
     def finish(self):
         """Read the estimates (the host waits for them) and set every smoother's
@@ -73,8 +73,7 @@ def start_auto_omegas(comm, pairs, iterations=12, seed=0) -> PendingOmegas:
     if not pairs:
         return PendingOmegas((), ())
     xp = pairs[0][0].backend.xp       # computed where it is used (bit for bit the host's)
-    on_device = device_norms(pairs)
-    return PendingOmegas(pairs, _power_iterations(comm, pairs, iterations, seed, xp, on_device), on_device)
+    return PendingOmegas(pairs, _power_iterations(comm, pairs, iterations, seed, xp, device_norms(pairs)))
 
 
 def _power_iterations(comm, pairs, iterations, seed, xp, on_device):
