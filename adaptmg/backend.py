@@ -23,7 +23,7 @@ __all__ = ["Backend", "get_backend", "gpu_available", "backend_of", "is_device_a
            "is_device_sparse", "is_device_linear_operator", "is_device_error", "is_sparse",
            "to_device", "to_host", "host_copies", "call_points", "stable_argsort", "CPU", "nccl_module",
            "scatter_max", "scatter_min", "scatter_add", "repeat", "segment_index", "segment_owner", "unique_first",
-           "in_host_memory"]
+           "in_host_memory", "csr_from_arrays"]
 
 
 @dataclass(frozen=True)
@@ -414,6 +414,31 @@ def nccl_module():
     if not getattr(nccl, "available", True) or not hasattr(nccl, "NcclCommunicator"):
         return None
     return nccl
+
+
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def csr_from_arrays(sparse, data, indices, indptr, shape):
+    """The CSR matrix ``(data, indices, indptr)`` of ``shape`` in the sparse module ``sparse``
+    (``scipy.sparse``, ``cupyx.scipy.sparse`` or a stand-in: a backend's ``.sparse``), the
+    arrays used as they are where their index dtype is kept.
+
+    On the GPU without the constructor's read-back: cupyx's tuple constructor (CuPy 14) reads
+    the index arrays' range to choose their dtype, a synchronisation -- on an H200 the host
+    waited 80 ms there for a queued assembly instead of queueing the next level's set-up
+    beside it.  Here the dtype is chosen as that constructor chooses it for valid arrays
+    (indices below ``shape[1]``, ``indptr`` at most the entry count): int32 where the
+    shape and the entry count fit, else int64; the arrays are cast (asynchronously) only
+    where their dtype differs.  Where cupyx has no ``_from_parts`` (before CuPy 14.2), or
+    on the host, the constructor (its checks and errors)."""
+    make = getattr(sparse.csr_matrix, "_from_parts", None)
+    if (make is None or not _is_cupy_array(data) or data.ndim != 1 or indices.ndim != 1 or indptr.ndim != 1
+            or data.shape[0] != indices.shape[0] or indptr.shape[0] != int(shape[0]) + 1
+            or data.dtype.char not in "?fdFD"):
+        return sparse.csr_matrix((data, indices, indptr), shape=shape)
+    it = np.int32 if max(int(shape[0]), int(shape[1]), data.shape[0]) <= _INT32_MAX else np.int64
+    return make(data, indices.astype(it, copy=False), indptr.astype(it, copy=False), (int(shape[0]), int(shape[1])))
 
 
 def to_device_sparse(A, dtype=None):

@@ -57,7 +57,7 @@ import functools
 
 import numpy as np
 
-from ..backend import get_backend, in_host_memory, repeat, stable_argsort, to_host
+from ..backend import csr_from_arrays, get_backend, in_host_memory, repeat, stable_argsort, to_host
 from ..fe.csr_ops import row_positions
 from ..fe.sparsity import Pattern, _index_dtype, cell_tables, memoised
 
@@ -456,7 +456,7 @@ class DevicePattern:
                              f"{self.shape[1]} matrix need 64-bit CSR indices, which cupyx.scipy.sparse "
                              f"has from CuPy 14.3 on (this is {getattr(self.backend.xp, '__version__', '?')}): "
                              "at most 2^31 - 1 entries per device matrix (split the mesh over ranks)")
-        A = csp.csr_matrix((data, self.d_indices.copy(), self.d_indptr.copy()), shape=self.shape)
+        A = csr_from_arrays(csp, data, self.d_indices.copy(), self.d_indptr.copy(), self.shape)
         A.has_canonical_format = True
         return A
 

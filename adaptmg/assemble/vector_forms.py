@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import to_host
+from ..backend import csr_from_arrays, to_host
 from ..fe.csr_ops import expand_node_blocks
 from ..fe.geometry import matmul_serial
 from ._device import get_device_pattern
@@ -198,8 +198,7 @@ def _kept_result(be, indptr, indices, fdata, format, return_mass, info):
     A.has_canonical_format = True                            # sorted node columns, sorted blocks
     if not return_mass:
         return A
-    M = be.sparse.csr_matrix((be.xp.ascontiguousarray(fdata[:, 0]), indices.copy(), indptr.copy()),
-                             shape=(n, n))
+    M = csr_from_arrays(be.sparse, be.xp.ascontiguousarray(fdata[:, 0]), indices.copy(), indptr.copy(), (n, n))
     M.has_canonical_format = True
     return A, M
 

@@ -55,7 +55,7 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, in_host_memory, to_host
+from ..backend import backend_of, csr_from_arrays, in_host_memory, to_host
 from .index_kernels import owned_ghost_rows
 
 __all__ = ["constrained_congruence", "constrained_split_rows", "kernel_rows", "kernel_split_rows", "available",
@@ -351,7 +351,7 @@ def constrained_congruence(A, H, HT, z, rows=None, scale=None):
     be = backend_of(A.data)
     ptr, kcol, kval, s = kernel_rows(be.xp, (A.indptr, A.indices, A.data), (H.indptr, H.indices, H.data),
                                      (HT.indptr, HT.indices, HT.data), z, rows, scale)
-    K = be.sparse.csr_matrix((kval, kcol, ptr), shape=(m, k))
+    K = csr_from_arrays(be.sparse, kval, kcol, ptr, (m, k))
     K.has_canonical_format = True
     return K, s
 

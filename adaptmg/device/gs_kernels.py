@@ -54,7 +54,7 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, to_host
+from ..backend import backend_of, csr_from_arrays, to_host
 from ..fe.csr_ops import csr_entry_rows
 from ..multilevel.coloring import csr_row_positions
 from .kernels import _ctype as ctype_of
@@ -271,7 +271,7 @@ def colour_rows(A, groups, inv, block_size=1):
     rows_, mats, invs = [], [], []
     for g, (rows, ptr, idx, dat) in zip(groups, colour_slices(A, groups, block_size)):
         rows_.append(rows)
-        mats.append(be.sparse.csr_matrix((dat, idx, ptr), shape=(int(rows.shape[0]), A.shape[1])))
+        mats.append(csr_from_arrays(be.sparse, dat, idx, ptr, (int(rows.shape[0]), A.shape[1])))
         invs.append(inv[rows] if block_size == 1 else be.xp.ascontiguousarray(inv[g]))
     return rows_, mats, invs
 

@@ -105,7 +105,7 @@ import functools
 
 import numpy as np
 
-from ..backend import backend_of, constant, get_backend, in_host_memory, repeat, to_host
+from ..backend import backend_of, constant, csr_from_arrays, get_backend, in_host_memory, repeat, to_host
 
 __all__ = ["registry_midpoints", "face_key_ends", "face_corners", "grouped_table_product", "ColumnGroups",
            "csr_row_entries", "constrained_csr", "constrained_rows", "weight_rows_csr",
@@ -451,7 +451,7 @@ def constrained_csr(B, z, scale):
         nnz = int(ptr[-1])
         kcol, kval = xp.empty(nnz, dtype=col.dtype), xp.empty(nnz, dtype=val.dtype)
         _kernel("constrained_csr_fill")(z, ip, col, val, z, ptr, val.dtype.type(scale), kcol, kval)
-        K = spm.csr_matrix((kval, kcol, ptr), shape=B.shape)
+        K = csr_from_arrays(spm, kval, kcol, ptr, B.shape)
         K.has_canonical_format = True
         return K
     C = B.tocoo()
@@ -490,7 +490,7 @@ def constrained_rows(B, rows, z, scale):
         kcol, kval = xp.empty(nnz, dtype=col.dtype), xp.empty(nnz, dtype=val.dtype)
         if m:
             _kernel("constrained_rows_fill")(rows, ip, col, val, z, ptr, val.dtype.type(s), kcol, kval)
-        K = spm.csr_matrix((kval, kcol, ptr), shape=(m, N))
+        K = csr_from_arrays(spm, kval, kcol, ptr, (m, N))
         K.has_canonical_format = True
         return K, s
     zr = z[rows]
@@ -525,7 +525,7 @@ def weight_rows_csr(be, n, is_h, hanging, cols, W):
         ptr = ptr.astype(it)
         kcol, kval = xp.empty(nnz, dtype=it), xp.empty(nnz, dtype=W.dtype)
         _kernel("weight_rows_fill")(h, W, cols, ptr, nv, kcol, kval)
-        H = be.sparse.csr_matrix((kval, kcol, ptr), shape=(n, n))
+        H = csr_from_arrays(be.sparse, kval, kcol, ptr, (n, n))
         H.has_canonical_format = True
         return H
     nz = W != 0

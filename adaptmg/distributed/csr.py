@@ -71,7 +71,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, get_backend, is_device_array, is_device_sparse, nccl_module, to_host
+from ..backend import CPU, csr_from_arrays, get_backend, is_device_array, is_device_sparse, nccl_module, to_host
 from ..device import kernels as K
 from ..device.index_kernels import owned_ghost_rows
 from .comm import HaloTimer, alltoallv, resolve_transport, waitall
@@ -596,8 +596,7 @@ def _block(be, data, col, indptr, shape, sorted_):
     it = np.int32 if max(shape[1], nk) < np.iinfo(np.int32).max else np.int64
     if be.is_gpu and (nk == 0 or shape[1] == 0):
         return sp.csr_matrix(shape)
-    A = be.sparse.csr_matrix((data, col.astype(it, copy=False), indptr.astype(it, copy=False)),
-                             shape=shape)
+    A = csr_from_arrays(be.sparse, data, col.astype(it, copy=False), indptr.astype(it, copy=False), shape)
     if sorted_:                          # no re-sort (on the device a sort of every entry)
         A.has_sorted_indices = True
     else:

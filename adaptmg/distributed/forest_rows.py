@@ -40,7 +40,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..assemble import stiffness
-from ..backend import CPU, get_backend, is_device_sparse, scatter_add, to_host
+from ..backend import CPU, csr_from_arrays, get_backend, is_device_sparse, scatter_add, to_host
 from ..device.congruence_rows import available as rows_available, constrained_congruence
 from ..fe.csr_ops import mask_rows_cols, row_positions
 from ..fe.space import Space
@@ -337,7 +337,7 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
     it = np.int32 if N < 2 ** 31 and C.nnz < 2 ** 31 else np.int64
     ptr = xp.zeros(gids.size + 1, dtype=it)
     ptr[1:] = xp.cumsum(cnt)
-    B = be.sparse.csr_matrix((C.data[a:b], ub[C.indices[a:b]].astype(it), ptr), shape=(gids.size, N))
+    B = csr_from_arrays(be.sparse, C.data[a:b], ub[C.indices[a:b]].astype(it), ptr, (gids.size, N))
     # the cut: the entries outside rows lo..hi-1, their rows by a search in the row pointer
     e = xp.concatenate([xp.arange(a, dtype=np.int64), xp.arange(b, int(C.nnz), dtype=np.int64)])
     er = xp.searchsorted(ip, e, side="right") - 1

@@ -42,7 +42,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..assemble.matrix_free import Q1Laplacian
-from ..backend import CPU, get_backend, to_host
+from ..backend import CPU, csr_from_arrays, get_backend, to_host
 from ..device import kernels as K
 from ..device.index_kernels import owned_ghost_rows
 from .comm import HaloTimer
@@ -173,8 +173,8 @@ class DistMatrixFree(DistCSR):
         col = loc[ZHT.indices]
         if col.size and bool((col < 0).any()):
             raise RuntimeError("DistMatrixFree: an owned row reaches a node outside the rank's cells")
-        out = space.mesh.backend.sparse.csr_matrix((ZHT.data, col.astype(ZHT.indices.dtype), ZHT.indptr),
-                                                   shape=(rows.size, nloc))
+        out = csr_from_arrays(space.mesh.backend.sparse, ZHT.data, col.astype(ZHT.indices.dtype), ZHT.indptr,
+                              (rows.size, nloc))
         out.has_sorted_indices = True          # loc increases with the global index
         return out
 

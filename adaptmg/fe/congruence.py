@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, is_device_array, is_device_error, is_device_sparse, segment_owner, stable_argsort
+from ..backend import backend_of, csr_from_arrays, is_device_array, is_device_error, is_device_sparse, segment_owner, stable_argsort
 from .space_xp import csr_rows
 
 __all__ = ["congruence_by_expansion", "congruence_by_products", "congruence_on_device",
@@ -221,7 +221,7 @@ def congruence_by_expansion(A, H, hanging):
     at = ptrB[T][s_own] + (s_pos - S.indptr[s_own].astype(xp.int64))
     data[at] = S.data[s_pos]
     indices[at] = S.indices[s_pos]
-    B = xs.csr_matrix((data, indices, ptrB.astype(it)), shape=A.shape)
+    B = csr_from_arrays(xs, data, indices, ptrB.astype(it), A.shape)
     B.has_canonical_format = True
     return B
 
@@ -320,5 +320,5 @@ def congruence_map_on(be, indptr, indices, Hn, keep, extra_diagonal=None, on_mes
     seg = xp.empty(nnz2 + 1, dtype=it)
     seg[:nnz2] = starts
     seg[nnz2] = total
-    T = xs.csr_matrix((W[order], src[order].astype(it), seg), shape=(nnz2, nse))
+    T = csr_from_arrays(xs, W[order], src[order].astype(it), seg, (nnz2, nse))
     return ip2, ind2, T

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, is_device_array, is_device_sparse, segment_owner, to_host
+from ..backend import backend_of, csr_from_arrays, is_device_array, is_device_sparse, segment_owner, to_host
 from .sparsity import Pattern, _index_dtype
 
 
@@ -165,8 +165,7 @@ def _mask_device(A, rows, cols, drop_zeros, diagonal=None):
     vals = data[keep]
     if diag is not None:
         vals[diag[keep]] = diagonal
-    out = be.sparse.csr_matrix((vals, indices[keep], before[indptr].astype(indptr.dtype)),
-                               shape=A.shape)
+    out = csr_from_arrays(be.sparse, vals, indices[keep], before[indptr].astype(indptr.dtype), A.shape)
     out.has_canonical_format = bool(A.has_canonical_format)
     return out
 
@@ -680,4 +679,4 @@ def expand_node_blocks(backend, indptr, indices, data, coef, num_nodes, drop_zer
         cs[1:] = xp.cumsum(keep)
         optr = cs[optr]
         out_data, out_ind = out_data[keep], out_ind[keep]
-    return spm.csr_matrix((out_data, out_ind, optr.astype(it)), shape=(n * c, m * c))
+    return csr_from_arrays(spm, out_data, out_ind, optr.astype(it), (n * c, m * c))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import constant
+from ..backend import constant, csr_from_arrays
 from ..device.index_kernels import csr_row_entries, weight_rows_csr
 from ..mesh import reference as ref
 
@@ -158,7 +158,7 @@ def kron_identity(be, A, c):
         indices[at] = (col + r).astype(it)
         data[at] = A.data
     indptr[N * c] = c * nnz
-    B = be.sparse.csr_matrix((data, indices, indptr), shape=(N * c, M * c))
+    B = csr_from_arrays(be.sparse, data, indices, indptr, (N * c, M * c))
     B.has_canonical_format = True
     return B
 

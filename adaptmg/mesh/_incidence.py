@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import csr_from_arrays
+
 
 def _value_dtype(be):
     return np.float64 if be.is_gpu else np.int32
@@ -20,8 +22,8 @@ def incidence(cells, num_nodes: int, be):
     """(num_cells, num_nodes) 0/1 CSR of ``cells`` (nc, nv) node ids on the backend ``be``."""
     nc, nv = cells.shape
     xp = be.xp
-    return be.sparse.csr_matrix((xp.ones(nc * nv, dtype=_value_dtype(be)), cells.ravel(),
-                                 xp.arange(0, nc * nv + 1, nv)), shape=(nc, num_nodes))
+    return csr_from_arrays(be.sparse, xp.ones(nc * nv, dtype=_value_dtype(be)), cells.ravel(),
+                           xp.arange(0, nc * nv + 1, nv), (nc, num_nodes))
 
 
 def touch_graph(N, links, be):

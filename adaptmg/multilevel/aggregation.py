@@ -56,7 +56,7 @@ import functools
 
 import numpy as np
 
-from ..backend import to_host
+from ..backend import csr_from_arrays, to_host
 from ..fe.csr_ops import csr_diagonal
 
 __all__ = ["csr_rowmax", "neighbour_max", "strength", "node_graph", "isolated_dofs", "aggregate", "tentative",
@@ -127,7 +127,7 @@ def _coo_rows(be, M):
 
 
 def _csr(be, data, indices, indptr, shape):
-    return be.sparse.csr_matrix((data, indices, indptr), shape=shape)
+    return csr_from_arrays(be.sparse, data, indices, indptr, shape)
 
 
 def _indptr_from_counts(be, counts):

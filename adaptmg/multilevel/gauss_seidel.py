@@ -83,7 +83,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import backend_of, is_sparse
+from ..backend import backend_of, csr_from_arrays, is_sparse
 from ..device import kernels as K
 from ..device.gs_split import make_colored_sweep
 from ..fe.csr_ops import csr_diagonal, csr_entry_rows
@@ -287,8 +287,8 @@ class L1GaussSeidel(GaussSeidel):
 
         def part(keep):                                   # the kept entries, compressed
             ptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(keep, dtype=xp.int64)])
-            return be.sparse.csr_matrix((A.data[keep], A.indices[keep],
-                                         ptr[A.indptr].astype(A.indptr.dtype)), shape=A.shape)
+            return csr_from_arrays(be.sparse, A.data[keep], A.indices[keep], ptr[A.indptr].astype(A.indptr.dtype),
+                                   A.shape)
         self._Ain, self._Aoff = part(inside & nz), part(~inside & nz)
         self._groups = color_groups(color_graph(self._Ain, 1, seed=self.seed))
         off = xp.bincount(rows, weights=xp.where(inside, 0, xp.abs(A.data)), minlength=n)

@@ -15,7 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..device import kernels as K
-from ..backend import backend_of, get_backend, is_device_sparse, is_sparse, to_host
+from ..backend import backend_of, csr_from_arrays, get_backend, is_device_sparse, is_sparse, to_host
 from ..fe.csr_ops import csr_diagonal, csr_entry_rows
 from .start_vector import start_vector
 
@@ -440,4 +440,4 @@ def _block_diagonal_csr(blocks):
     xp, n = be.xp, N * c
     indptr = xp.arange(0, n * c + 1, c, dtype=np.int64)
     cols = (xp.arange(n)[:, None] // c) * c + xp.arange(c)[None, :]
-    return be.sparse.csr_matrix((blocks.reshape(n * c), cols.reshape(-1), indptr), shape=(n, n))
+    return csr_from_arrays(be.sparse, blocks.reshape(n * c), cols.reshape(-1), indptr, (n, n))

@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, get_backend, repeat, scatter_min
+from ..backend import CPU, csr_from_arrays, get_backend, repeat, scatter_min
 from ..device import forest_hanging as FH
 from ..device import index_kernels as IK
 from ..fe.congruence import _hanging_rows, _index_array, _parents
@@ -147,8 +147,8 @@ def _interpolation_on(be, coarse, fine):
     t = xp.take(start_tab, xp.take(key, own)) + (xp.arange(total, dtype=xp.int64) - xp.take(indptr, own))
     flat = xp.take(cidx, xp.take(cell, own)) * nloc + xp.take(kc, t)
     it = xp.int32 if max(nf, ncn, total) <= np.iinfo(np.int32).max else xp.int64
-    A = be.sparse.csr_matrix((xp.take(wv, t), xp.take(coarse.cell_dofs.ravel(), flat).astype(it),
-                              indptr.astype(it)), shape=(nf, ncn))
+    A = csr_from_arrays(be.sparse, xp.take(wv, t), xp.take(coarse.cell_dofs.ravel(), flat).astype(it),
+                        indptr.astype(it), (nf, ncn))
     A.sort_indices()                                        # distinct coarse nodes per row
     A.has_canonical_format = True
     return A
@@ -359,8 +359,7 @@ def _q1_forest_csr(coarse: Space, fine: Space, fine_free=None, coarse_free=None,
     data = repeat(w_row, cnt * c if c > 1 else cnt, nnz, xp=be.xp)
     if C is not None and C.nnz:
         _write_hanging_entries(xp, C, rows_c, ip, cnt, c, it, indices, data)
-    A = be.sparse.csr_matrix((data, indices, _dof_indptr(xp, ip, cnt, nf, c, nnz, it)),
-                             shape=(nf * c, ncn * c), copy=False)
+    A = csr_from_arrays(be.sparse, data, indices, _dof_indptr(xp, ip, cnt, nf, c, nnz, it), (nf * c, ncn * c))
     if not be.is_gpu:
         A.has_canonical_format = True                 # distinct parents, sorted
     return A
@@ -440,8 +439,7 @@ def _q1_forest_csr_fused(coarse, fine, fine_free, coarse_free, H, be, c):
         rows_c, C = expanded()
     if C is not None and C.nnz:
         _write_hanging_entries(xp, C, rows_c, ip, cnt, c, it, indices, data)
-    A = be.sparse.csr_matrix((data, indices, _dof_indptr(xp, ip, cnt, nf, c, nnz, it)),
-                             shape=(nf * c, ncn * c), copy=False)
+    A = csr_from_arrays(be.sparse, data, indices, _dof_indptr(xp, ip, cnt, nf, c, nnz, it), (nf * c, ncn * c))
     if not be.is_gpu:
         A.has_canonical_format = True                 # distinct parents, sorted (the twins: tests)
     return A

@@ -129,3 +129,39 @@ def test_is_gpu_oom_by_defining_module(module, name, msg, oom):
     exc = _fake(module, name, Exception)(msg)
     assert is_device_error(exc) == module.startswith("cupy")
     assert is_gpu_oom(exc) == oom
+
+
+def test_csr_from_arrays_on_the_host_is_scipys_constructor():
+    from adaptmg.backend import csr_from_arrays
+    A = csr_from_arrays(sp, np.array([1.0, 2.0, 3.0]), np.array([0, 2, 1]), np.array([0, 2, 2, 3]), (3, 4))
+    ref = sp.csr_matrix((np.array([1.0, 2.0, 3.0]), np.array([0, 2, 1]), np.array([0, 2, 2, 3])), shape=(3, 4))
+    assert A.shape == (3, 4) and A.indices.dtype == ref.indices.dtype and abs(A - ref).max() == 0
+    with pytest.raises(ValueError):                  # the constructor's checks
+        csr_from_arrays(sp, np.ones(2), np.array([0, 1, 2]), np.array([0, 3]), (1, 3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("it", ["int32", "int64"])
+def test_csr_from_arrays_on_the_gpu_equals_the_constructor_without_a_read(it):
+    """The index dtype the constructor picks (int32: every index fits), the same arrays and
+    matrix; and no device -> host read (the constructor reads the index range: the sync it
+    saves).  Malformed arrays still reach the constructor's ValueError."""
+    if not gpu_available():
+        pytest.skip("needs CuPy and a visible CUDA device")
+    from adaptmg.backend import csr_from_arrays
+    from adaptmg.device.host_reads import available, count_host_reads
+    be = get_backend("gpu")
+    xp = be.xp
+    H = sp.random(50, 70, density=0.1, format="csr", random_state=3)
+    data, ind, ptr = xp.asarray(H.data), xp.asarray(H.indices.astype(it)), xp.asarray(H.indptr.astype(it))
+    ref = be.sparse.csr_matrix((data, ind, ptr), shape=H.shape)
+    if available():
+        with count_host_reads(xp) as reads:
+            A = csr_from_arrays(be.sparse, data, ind, ptr, H.shape)
+        assert reads.calls == 0, reads.report()
+    else:
+        A = csr_from_arrays(be.sparse, data, ind, ptr, H.shape)
+    assert A.shape == ref.shape and A.indices.dtype == ref.indices.dtype == A.indptr.dtype == np.int32
+    assert abs(to_host(A) - H).max() == 0
+    with pytest.raises(ValueError):
+        csr_from_arrays(be.sparse, data[:-1], ind, ptr, H.shape)
