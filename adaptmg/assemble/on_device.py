@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import backend_of, call_points, constant, is_device_array, to_host
+from ..device.deferred import check_later
 from ..fe.geometry import _det, _det_inv, jacobian_error, q1_tables
 from ._device import chunk_cells
 
@@ -99,7 +100,7 @@ class _DeviceGeometry:
 def _chunks(be, info, xi, step=None, window=None):
     """(slice, X (n, 2^d, d), geometry) over chunks of ``step`` cells of the cells ``window``
     (a slice; default all), all on the backend ``be`` (ValueError after the sweep for cells
-    with det J <= 0)."""
+    with det J <= 0; inside :func:`adaptmg.device.deferred.deferred_checks` at its end)."""
     xp = be.xp
     step = DEVICE_CHUNK_CELLS if step is None else step
     N, dN = q1_tables(info.dim, xi)
@@ -115,8 +116,7 @@ def _chunks(be, info, xi, step=None, window=None):
         bad[sl] = ~(detJ > 0).all(axis=1)
         yield sl, X, _DeviceGeometry(J, detJ, X, N)
         del X, J, detJ                  # not alive beside the next chunk's
-    if bool(bad.any()):
-        raise jacobian_error(to_host(bad))
+    check_later(bad.any(), lambda: jacobian_error(to_host(bad)))     # (adaptmg.device.deferred)
 
 
 def element_chunks(be, info, xi, w, factor, T_full, extra=None, step=None):

@@ -32,6 +32,7 @@ import functools
 import numpy as np
 
 from ..backend import backend_of, constant, get_backend, in_host_memory, to_host
+from ..device.deferred import check_later
 from ..fe.geometry import _det, jacobian_error, metric_factor, q1_tables, sym_pairs
 
 __all__ = ["fits", "stiffness_chunks"]
@@ -124,7 +125,8 @@ def stiffness_chunks(be, info, xi, w, T_full, step, coef=1.0):
     tensor (nq * d(d+1)/2, 4^d) of :func:`adaptmg.assemble.stiffness`.  The form of
     :func:`.on_device.element_chunks` (what :func:`.on_device.device_element_sums` sums; on
     the device one buffer serves every chunk: a chunk's ``K`` holds until the next is asked
-    for); ValueError after the sweep for cells with det J <= 0."""
+    for); ValueError after the sweep for cells with det J <= 0 (inside
+    :func:`adaptmg.device.deferred.deferred_checks`: at that block's end)."""
     xp = be.xp
     d, nq = info.dim, xi.shape[0]
     dN = q1_tables(d, xi)[1]                                   # (nq, nv, d)
@@ -148,5 +150,5 @@ def stiffness_chunks(be, info, xi, w, T_full, step, coef=1.0):
                 K = xp.empty((n, T_full.shape[1]))
             kern(pts, cells, dN_d, w_d, T_d, float(coef), np.int64(s), K[:n], bad, size=n)
             yield sl, K[:n], None
-    if bool(bad.any()):
-        raise jacobian_error(to_host(bad))
+    # read now, or at the end of an enclosing deferred_checks block (adaptmg.device.deferred)
+    check_later(bad.any(), lambda: jacobian_error(to_host(bad)))

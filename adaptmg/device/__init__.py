@@ -12,6 +12,9 @@
 * :mod:`.host_reads` -- the device -> host bytes of a block of code (every ``get``,
   ``int()``, ``tolist``, NumPy conversion and device-to-host memcpy, by call site;
   Python 3.12's sys.monitoring): what a GPU set-up still reads back.
+* :mod:`.priority` -- a block of host-bound set-up on the high-priority stream beside
+  queued device work; :mod:`.deferred` -- the validity reads of queued work (an
+  assembly's det J check) done at the end of such a block instead of at once.
 
 Kernels come from memoised factories with names in the ``adaptmg_`` namespace; on
 the host the same algorithm runs in NumPy, so one test body checks both.
