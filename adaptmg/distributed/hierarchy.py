@@ -60,9 +60,13 @@ hierarchy's smoother name and keyword arguments, ``omega="auto"`` (power iterati
 steps) and Chebyshev's ``lmax`` (Lanczos, 20 steps) estimated with the distributed product
 from the serial start vector (its owned entries only), so they equal the serial
 estimates up to the summation order (:mod:`.estimates`).  On the GPU with NCCL and assembled
-levels the local levels are built fine to coarse: the finest level's power iteration is
-queued (the host does not wait for it) and the coarser levels are set up on a high-priority
-stream meanwhile (:mod:`adaptmg.device.priority`); otherwise coarse to fine.
+levels the local levels are built fine to coarse, the host-bound set-up beside the finest
+level's device-bound work on a high-priority stream (:mod:`adaptmg.device.priority`): while
+the finest level's assembly runs (its det J check read afterwards,
+:mod:`adaptmg.device.deferred`), its transfer rows, their DistCSRs and the levels below the
+second finest; while its power iteration runs (queued: the host does not wait for it), the
+second finest level.  Otherwise coarse to fine (on the GPU the finest level's transfer
+beside its assembly all the same).
 
 GPU backend (``ml`` on the GPU).  The local set-up runs where the levels will live, by the
 same code as on the CPU written against the backend's ``xp`` (:mod:`.local`): each rank's
@@ -329,13 +333,14 @@ class _DLevel:
 def level_from_rows(K_o, P_o, R_o, lay, clay, timer, kw, A=None):
     """A distributed level from this rank's rows of ``K``, ``P`` (fine x coarse) and ``R``
     (coarse x fine), global columns, on the layouts ``lay`` (fine) and ``clay`` (coarse):
-    three :class:`~.csr.DistCSR` (``kw``: backend, transport); the smoother comes later.
+    three :class:`~.csr.DistCSR` (``kw``: backend, transport; ``P_o`` / ``R_o`` may be
+    theirs already); the smoother comes later.
     ``A``: the level's operator made already (``K_o`` None; e.g. a :class:`.DistMatrixFree`)."""
     d = _DLevel()
     d.layout, d.smoother = lay, None
     d.A = A if A is not None else DistCSR(K_o, lay, lay, timer, local_rows=True, **kw)
-    d.P = DistCSR(P_o, lay, clay, timer, local_rows=True, **kw)
-    d.R = DistCSR(R_o, clay, lay, timer, local_rows=True, **kw)
+    d.P = P_o if isinstance(P_o, DistCSR) else DistCSR(P_o, lay, clay, timer, local_rows=True, **kw)
+    d.R = R_o if isinstance(R_o, DistCSR) else DistCSR(R_o, clay, lay, timer, local_rows=True, **kw)
     return d
 
 
@@ -407,8 +412,9 @@ class DistributedHierarchy:
         st = self.setup_stats
         t0 = time.perf_counter()
         self.HT_o = self.free_o = None
-        self.aside_estimates = 0          # 1: the finest local level's estimate overlapped the others
+        self.aside_estimates = 0          # 1: the finest local level's estimate overlapped the second finest
         self.priority_switches = 0        # blocks of the set-up run on the priority stream
+        self.build_order = []             # the locally built levels' indices, in the order finished
         self.matrix_free = bool(local is not None and local.get("matrix_free"))
         if local is not None and local.get("ownership") is not None:     # computed by the caller
             cells = ml.cells if isinstance(ml, SerialLevelsOnRankZero) else [s.mesh.num_cells for s in ml.spaces]
@@ -450,41 +456,53 @@ class DistributedHierarchy:
             spaces = [ml.spaces[-1]] + list(local["spaces"])
             frees = [ml.constraints[-1].free] + list(local["frees"])
             st.update(cells_assembled=[], cells=[], cells_transfer=[])
-            # on the GPU with NCCL, fine to coarse: the finest level's omega="auto" estimate
-            # (twelve products of the largest matrix) is queued on the current stream, its norms
-            # staying on the device, and the coarser local levels are set up meanwhile on the
-            # high-priority stream (adaptmg.device.priority); theirs (bound by launches and
-            # latency) are estimated together afterwards.  Not for matrix-free levels, which put
-            # memory first: the estimate's vectors would be live beside the coarser levels'
-            # set-up (two H200, 1e8 DoFs a rank: the pool's high-water 1,329 -> 1,374 B per
-            # DoF, no time gained -- those levels' set-up is device-bound there).  Otherwise
+            # on the GPU with NCCL, fine to coarse, the host-bound set-up of the coarser levels
+            # beside the finest level's device-bound work, on the high-priority stream
+            # (adaptmg.device.priority): the finest assembly is queued (its det J check
+            # deferred) and, while its kernels run, its transfer rows, their DistCSRs and the
+            # levels below the second finest are set up; then the finest level's omega="auto"
+            # estimate (twelve products of the largest matrix, norms on the device) is queued and
+            # the second finest level is set up meanwhile; the other estimates (bound by
+            # launches and latency) run together afterwards.  Two H200, 21M DoFs a rank: the
+            # finest assembly ~130 ms and its estimate ~37 ms of device work; the coarser
+            # levels ~26 ms (the third finest) and ~41 ms (the second finest) of host work.
+            # Not for matrix-free levels, which put memory first (their set-up is device-bound;
+            # the estimate's vectors would be live beside the coarser levels' set-up: at 1e8 DoFs
+            # a rank the pool's high-water 1,329 -> 1,374 B per DoF, no time gained).  Otherwise
             # coarse to fine, every estimate at the end.
             pending, top, base = [], len(spaces) - 1, len(self.levels)
             hi = PriorityStream(be.xp) if be.is_gpu else None
             fine_first = hi is not None and top > 1 and not self.matrix_free and self.transport == "nccl"
+            built, order = {}, []
 
-            def level(j, got):
-                return self._local_level(spaces[j - 1], spaces[j], frees[j - 1], frees[j], local["assemble"],
-                                         fine=j == top, pending=got, level=base + j - 1,
-                                         aside=hi if j == top else None)
+            def level(j, got=pending, after=None):
+                built[j] = self._local_level(spaces[j - 1], spaces[j], frees[j - 1], frees[j], local["assemble"],
+                                             fine=j == top, pending=got, level=base + j - 1,
+                                             aside=hi if j == top else None, after=after)
+                order.append(j)
+
+            def below_second():                      # beside the finest assembly
+                for j in range(top - 2, 0, -1):
+                    level(j)
             fine_est = None
             if fine_first:
                 fine_pairs = []
-                built = {top: level(top, fine_pairs)}
+                level(top, fine_pairs, after=below_second if top > 2 else None)
                 if device_norms(fine_pairs):
                     mark = hi.mark()                                    # the finest level's work
                     fine_est = start_auto_omegas(self.comm, fine_pairs)
                 else:
                     pending.extend(fine_pairs)
                 with hi.after(mark) if fine_est is not None else contextlib.nullcontext():
-                    for j in range(top - 1, 0, -1):
-                        built[j] = level(j, pending)
-                for key in ("cells_assembled", "cells", "cells_transfer"):      # coarse -> fine
-                    st[key].reverse()
+                    level(top - 1)
             else:
-                built = {j: level(j, pending) for j in range(1, top + 1)}
+                for j in range(1, top + 1):
+                    level(j)
+            for key in ("cells_assembled", "cells", "cells_transfer"):          # coarse -> fine
+                st[key] = [v for _, v in sorted(zip(order, st[key]))]
             self.aside_estimates = int(fine_est is not None)
             self.priority_switches = hi.switches if hi is not None else 0
+            self.build_order = [base + j - 1 for j in order]        # the local levels, as finished
             self.levels.extend(built[j] for j in range(1, top + 1))
             t_est = time.perf_counter()
             _auto_omegas(self.comm, pending)
@@ -517,7 +535,8 @@ class DistributedHierarchy:
                                 presmooth=ml.presmooth, postsmooth=ml.postsmooth,
                                 backend=self.backend, dtype=np.float64)
 
-    def _local_level(self, cspace, space, cfree, free, assemble, fine, pending=None, level=None, aside=None):
+    def _local_level(self, cspace, space, cfree, free, assemble, fine, pending=None, level=None, aside=None,
+                     after=None):
         """The next level from the rank's cells only (:mod:`.local`): owned rows of K, P, R and
         the smoother (``fine``: also keep (Z H^T)'s owned rows for the right-hand side), all
         built on the hierarchy's backend (on the GPU: K's rows assembled and constrained
@@ -525,7 +544,10 @@ class DistributedHierarchy:
         there, the smoother from the device block; an ``omega="auto"`` appended to ``pending``,
         estimated with the other local levels').  ``level``: its index (default: the next one).
         ``aside``: a :class:`~adaptmg.device.priority.PriorityStream` for the constraint
-        blocks beside the assembly's last kernels (:func:`.local.local_constrained_rows`).
+        blocks, the transfer's rows and their two DistCSRs, built there while the assembly's
+        kernels run (:func:`.local.local_constrained_rows`' ``beside``; its det J check read
+        after them); then ``after()`` there too (the coarser levels), else ``after()`` after
+        the transfer.  Its phase times are the coarser levels' own, not this level's.
         Phase times are taken after a synchronisation of the current stream, not the device's:
         while the coarser levels are set up on the priority stream, the finest level's
         estimate runs on the other one."""
@@ -541,31 +563,56 @@ class DistributedHierarchy:
         t0 = now()
         xp = space.mesh.backend.xp                   # a device mesh: its owners on the device
         mf = None
+        tr = {}
+
+        def transfer():
+            # matrix-free levels put memory first: P's rows this rank needs only (the whole P
+            # of a 2e8-DoF level on each of two H200 raised the pool's high-water by 55 B per DoF)
+            t = time.perf_counter()
+            P_o, R_o, tr["cells"] = local_transfer_rows(cspace, space, cfree, free, clay.owner_on(xp),
+                                                        lay.owner_on(xp), self.rank,
+                                                        whole=False if self.matrix_free else None)
+            if tr.get("beside"):                     # their DistCSRs there too
+                tr["P"] = DistCSR(P_o, lay, clay, self.timer, local_rows=True, **kw)
+                tr["R"] = DistCSR(R_o, clay, lay, self.timer, local_rows=True, **kw)
+            else:
+                tr["P"], tr["R"] = P_o, R_o
+            tr["s"] = time.perf_counter() - t
+            if after is not None:                    # the coarser levels (their own phase times)
+                after()
+                tr["after"] = time.perf_counter() - t - tr["s"]
         if self.matrix_free:                         # the operator without a matrix
             mf = DistMatrixFree(space, free, lay, self.timer, **kw)
             K_o, HT_o, cells = None, None, mf.num_cells
         else:
-            # on a device mesh the row kernels write K's rows split for the DistCSR already
+            # on a device mesh the row kernels write K's rows split for the DistCSR already;
+            # with ``aside`` the transfer and its DistCSRs are built on the priority stream
+            # while the assembly's kernels run (two H200, 21M DoFs a rank: ~40 ms of host work
+            # that waited for the device otherwise)
+            tr["beside"] = aside is not None
             K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner_on(xp), self.comm,
                                                       backend=be, rhs_rows=fine,
                                                       local=lay.local_on(xp) if xp is not np else None,
-                                                      aside=aside)
+                                                      aside=aside, beside=transfer if aside is not None else None)
             cells = int(cells.size)
         t1 = now()
-        # matrix-free levels put memory first: P's rows this rank needs only (the whole P of
-        # a 2e8-DoF level on each of two H200 raised the pool's high-water by 55 B per DoF)
-        P_o, R_o, ncells_t = local_transfer_rows(cspace, space, cfree, free, clay.owner_on(xp),
-                                                 lay.owner_on(xp), self.rank,
-                                                 whole=False if self.matrix_free else None)
+        if "P" not in tr:
+            transfer()
         t2 = now()
-        d = level_from_rows(K_o, P_o, R_o, lay, clay, self.timer, kw, A=mf)
+        d = level_from_rows(K_o, tr["P"], tr["R"], lay, clay, self.timer, kw, A=mf)
         t3 = now()
+        ncells_t = tr["cells"]
         d.smoother = _distributed_smoother(self.ml, d.A, space.components, pending)
         st = self.setup_stats
         st["cells_assembled"].append(cells)
         st["cells"].append(space.mesh.num_cells)
         st["cells_transfer"].append(ncells_t)
-        for key, v in (("matrix_s", t1 - t0), ("transfer_s", t2 - t1), ("distcsr_s", t3 - t2),
+        # beside the assembly the transfer's host time (and its DistCSRs') counts in transfer_s,
+        # not in matrix_s, which holds it
+        tb = tr["s"] if tr.get("beside") else 0.0
+        ta = tr.get("after", 0.0)
+        for key, v in (("matrix_s", t1 - t0 - tb - (ta if tr.get("beside") else 0.0)),
+                       ("transfer_s", t2 - t1 + tb - (0.0 if tr.get("beside") else ta)), ("distcsr_s", t3 - t2),
                        ("smoother_s", now() - t3)):
             st[key] = st.get(key, 0.0) + v
         if fine:

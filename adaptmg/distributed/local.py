@@ -76,9 +76,10 @@ from types import SimpleNamespace
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, get_backend, is_device_sparse, repeat
+from ..backend import CPU, csr_from_arrays, get_backend, is_device_sparse, repeat
 from ..device.congruence_rows import (available as rows_available, constrained_congruence, constrained_split_rows,
                                       fits as rows_fit)
+from ..device.deferred import deferred_checks
 from ..device.index_kernels import constrained_rows
 from ..fe.csr_ops import congruence_with_constraints, row_positions
 from ..mesh._touch import cells_with_vertex_in
@@ -189,7 +190,7 @@ def unit_rows_csr(be, shape, ur, uc, hr, hc, hv):
     data[upos] = 1.0
     indices[hpos] = hc
     data[hpos] = hv
-    M = be.sparse.csr_matrix((data, indices, indptr.astype(it)), shape=shape)
+    M = csr_from_arrays(be.sparse, data, indices, indptr.astype(it), shape)
     M.has_canonical_format = True
     return M
 
@@ -240,7 +241,7 @@ def hz_rows_coo(space, dofs, free):
 
 
 def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_rows=True, local=None,
-                           aside=None):
+                           aside=None, beside=None):
     r"""Owned rows of ``K = Z H^T A H Z + s (I - Z)`` from the needed cells only (module doc).
 
     :math:`B_o = (Z H^T)_{o,:} A (H Z)` by two sparse products (:func:`constraint_blocks`:
@@ -271,8 +272,13 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_
     the other paths ignore it.
 
     ``aside``: a :class:`~adaptmg.device.priority.PriorityStream` (a device mesh): the
-    assembly is queued first and the constraint blocks are built on the priority stream
-    while its last kernels run (they read nothing the assembly makes).
+    assembly is queued first, its det J check deferred
+    (:func:`adaptmg.device.deferred.deferred_checks`: no host wait for its element kernels),
+    and the constraint blocks are built on the priority stream while its kernels run (they
+    read nothing the assembly makes).  ``beside``: a callable (no arguments) of more such
+    work, run after the constraint blocks -- on the priority stream with them where
+    ``aside`` applies, else on the current stream before the assembly; on every rank
+    before the ``Allreduce`` of ``s`` (it may hold collectives of its own).
 
     Returns ``(K_o, HZT_o, cells)``: ``K_o`` the owned rows (n_o x N, sorted columns) on
     ``backend`` (host CSR for a rank without rows; :class:`~.csr.SplitRows` with ``local``
@@ -309,11 +315,16 @@ def local_constrained_rows(space, assemble, free, owner, comm, backend=CPU, rhs_
     A = None
     if aside is not None and on_dev and rows.size and blocks:
         mark = aside.mark()                          # the cells, the view and H are made
-        A = _on_backend(assemble, be)(view)          # its last kernels queued
-        with aside.after(mark):                      # the blocks beside them
-            HZT_o, HZ = constraint_blocks(space, rows, dofs, free)
+        with deferred_checks():                      # det J read at the end: no wait here
+            A = _on_backend(assemble, be)(view)      # its kernels queued
+            with aside.after(mark):                  # the blocks (and beside) meanwhile
+                HZT_o, HZ = constraint_blocks(space, rows, dofs, free)
+                if beside is not None:
+                    beside()
     else:
         HZT_o, HZ = constraint_blocks(space, rows, dofs, free) if blocks else (None, None)
+        if beside is not None:
+            beside()
     HZT_ret = HZT_o if (rhs_rows or not on_dev) else None
     if not rows.size:
         # a rank owning no DoF of the level (a coarse level folded onto fewer ranks) needs no
@@ -381,8 +392,7 @@ def _drop_zeros(be, B):
     if bool(nz.all()):
         return B
     before = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(nz, dtype=xp.int64)])
-    out = be.sparse.csr_matrix((B.data[nz], B.indices[nz], before[B.indptr].astype(B.indptr.dtype)),
-                               shape=B.shape)
+    out = csr_from_arrays(be.sparse, B.data[nz], B.indices[nz], before[B.indptr].astype(B.indptr.dtype), B.shape)
     out.has_canonical_format = True
     return out
 

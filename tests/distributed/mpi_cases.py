@@ -350,6 +350,7 @@ def run_solve_gpu(out, fake):
                    idle=COMM.allgather(mg.timer.idle), setup_idle=COMM.allgather(mg.setup_idle),
                    setup_aside=COMM.allgather(getattr(mg, "aside_estimates", 0)),
                    priority_switches=COMM.allgather(getattr(mg, "priority_switches", 0)),
+                   build_order=list(getattr(mg, "build_order", [])),
                    # the distributed levels' omega (None: no rows, or no omega) and the serial
                    # CPU hierarchy's on the same levels
                    omega=COMM.allgather([getattr(d.smoother, "omega", None) for d in dl]),

@@ -521,6 +521,18 @@ def test_device_path_with_a_stand_in_device(fake_gpu, case):
             want = int("replicated" not in c and recs[c]["smoother"] != "Chebyshev")
             assert recs[c]["setup_aside"] == [want, want], (c, recs[c]["setup_aside"])
             assert recs[c]["priority_switches"] == [want, want], (c, recs[c]["priority_switches"])
+        # fine to coarse, in the order finished: the levels below the second finest (built
+        # beside the finest level's assembly, so done first), the finest, then the second
+        # finest (beside the finest level's estimate); some case has three local levels
+        deep = 0
+        for c in GPU_CASES:
+            order = recs[c]["build_order"]
+            if order:
+                top = max(order)
+                want = list(range(top - 2, min(order) - 1, -1)) + [top, top - 1] if len(order) > 1 else [top]
+                assert order == want, (c, order)
+                deep += len(order) >= 3
+        assert deep, {c: recs[c]["build_order"] for c in GPU_CASES}
         assert all(min(recs[c]["setup_exchanges"]) > 0 for c in GPU_CASES if "replicated" not in c), recs
         # a level folded onto rank 0: its exchanges move nothing and are skipped
         assert min(recs["q1-2d-folded"]["idle"]) > 0, recs["q1-2d-folded"]
