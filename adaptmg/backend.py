@@ -454,8 +454,8 @@ def to_device_sparse(A, dtype=None):
     if not A.has_sorted_indices:
         A = A.sorted_indices()
     idx = A.indices.dtype
-    return csp.csr_matrix((_upload(cupy, A.data), _upload(cupy, A.indices),
-                           _upload(cupy, A.indptr.astype(idx, copy=False))), shape=A.shape)
+    return csr_from_arrays(csp, _upload(cupy, A.data), _upload(cupy, A.indices),
+                           _upload(cupy, A.indptr.astype(idx, copy=False)), A.shape)
 
 
 def to_device(a, dtype=None):

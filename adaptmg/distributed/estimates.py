@@ -8,10 +8,11 @@ entries, so every rank gets the serial estimate.
 device (NCCL transport: the squares summed by an ``ncclAllReduce`` into 0-d device arrays):
 the host never waits inside it, and :meth:`PendingOmegas.finish` reads the estimates and
 sets the smoothers' ``omega``.  :class:`~.hierarchy.DistributedHierarchy` queues the finest
-level's so (twelve products of the largest matrix) and sets up the coarser levels
-meanwhile on the high-priority stream (:mod:`adaptmg.device.priority`): two H200, 21M DoFs
-a rank, the set-up per rank 0.41-0.42 -> 0.39-0.40 s, old and new code alternated on three
-machines.
+level's so (twelve products of the largest matrix) and sets up the second finest level
+meanwhile on the high-priority stream (:mod:`adaptmg.device.priority`; the levels below it
+go beside the finest level's assembly): two H200, 21M DoFs a rank, with all the coarser
+levels beside the estimate the set-up per rank went 0.41-0.42 -> 0.39-0.40 s, old and new
+code alternated on three machines.
 """
 from __future__ import annotations
 

@@ -564,6 +564,10 @@ class DistributedHierarchy:
         xp = space.mesh.backend.xp                   # a device mesh: its owners on the device
         mf = None
         tr = {}
+        # with ``aside`` the transfer and its DistCSRs (and ``after``) are built on the priority
+        # stream while the assembly's kernels run (two H200, 21M DoFs a rank: ~40 ms of host
+        # work that waited for the device otherwise)
+        beside = aside is not None and not self.matrix_free
 
         def transfer():
             # matrix-free levels put memory first: P's rows this rank needs only (the whole P
@@ -572,28 +576,23 @@ class DistributedHierarchy:
             P_o, R_o, tr["cells"] = local_transfer_rows(cspace, space, cfree, free, clay.owner_on(xp),
                                                         lay.owner_on(xp), self.rank,
                                                         whole=False if self.matrix_free else None)
-            if tr.get("beside"):                     # their DistCSRs there too
-                tr["P"] = DistCSR(P_o, lay, clay, self.timer, local_rows=True, **kw)
-                tr["R"] = DistCSR(R_o, clay, lay, self.timer, local_rows=True, **kw)
-            else:
-                tr["P"], tr["R"] = P_o, R_o
+            tr["P"], tr["R"] = ((DistCSR(P_o, lay, clay, self.timer, local_rows=True, **kw),
+                                 DistCSR(R_o, clay, lay, self.timer, local_rows=True, **kw)) if beside
+                                else (P_o, R_o))
             tr["s"] = time.perf_counter() - t
             if after is not None:                    # the coarser levels (their own phase times)
+                t = time.perf_counter()
                 after()
-                tr["after"] = time.perf_counter() - t - tr["s"]
+                tr["after"] = time.perf_counter() - t
         if self.matrix_free:                         # the operator without a matrix
             mf = DistMatrixFree(space, free, lay, self.timer, **kw)
             K_o, HT_o, cells = None, None, mf.num_cells
         else:
-            # on a device mesh the row kernels write K's rows split for the DistCSR already;
-            # with ``aside`` the transfer and its DistCSRs are built on the priority stream
-            # while the assembly's kernels run (two H200, 21M DoFs a rank: ~40 ms of host work
-            # that waited for the device otherwise)
-            tr["beside"] = aside is not None
+            # on a device mesh the row kernels write K's rows split for the DistCSR already
             K_o, HT_o, cells = local_constrained_rows(space, assemble, free, lay.owner_on(xp), self.comm,
                                                       backend=be, rhs_rows=fine,
                                                       local=lay.local_on(xp) if xp is not np else None,
-                                                      aside=aside, beside=transfer if aside is not None else None)
+                                                      aside=aside, beside=transfer if beside else None)
             cells = int(cells.size)
         t1 = now()
         if "P" not in tr:
@@ -607,13 +606,12 @@ class DistributedHierarchy:
         st["cells_assembled"].append(cells)
         st["cells"].append(space.mesh.num_cells)
         st["cells_transfer"].append(ncells_t)
-        # beside the assembly the transfer's host time (and its DistCSRs') counts in transfer_s,
-        # not in matrix_s, which holds it
-        tb = tr["s"] if tr.get("beside") else 0.0
+        # the transfer's host time (beside the assembly: with its DistCSRs) counts in transfer_s,
+        # the coarser levels' (``after``) in their own phases: neither in the interval holding them
         ta = tr.get("after", 0.0)
-        for key, v in (("matrix_s", t1 - t0 - tb - (ta if tr.get("beside") else 0.0)),
-                       ("transfer_s", t2 - t1 + tb - (0.0 if tr.get("beside") else ta)), ("distcsr_s", t3 - t2),
-                       ("smoother_s", now() - t3)):
+        inside = tr["s"] + ta if beside else 0.0
+        for key, v in (("matrix_s", t1 - t0 - inside), ("transfer_s", t2 - t1 + (tr["s"] if beside else -ta)),
+                       ("distcsr_s", t3 - t2), ("smoother_s", now() - t3)):
             st[key] = st.get(key, 0.0) + v
         if fine:
             self.HT_o = HT_o

@@ -27,6 +27,7 @@ import itertools
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import csr_from_arrays
 from ..mesh import Mesh
 from ..mesh import reference as ref
 from .basis import check_spectral_degree, gll_points, local_indices
@@ -149,7 +150,7 @@ def retype_csr(A, dtype, backend):
     copy of the structure; ``A`` itself when the dtype already fits)."""
     if np.dtype(A.dtype) == np.dtype(dtype):
         return A
-    return backend.sparse.csr_matrix((A.data.astype(dtype), A.indices, A.indptr), shape=A.shape)
+    return csr_from_arrays(backend.sparse, A.data.astype(dtype), A.indices, A.indptr, A.shape)
 
 
 def array_nbytes(*items):
@@ -411,7 +412,7 @@ class SpectralSpace:
         if col_mask is not None:
             vals *= xp.asarray(col_mask, dtype=vals.dtype)[cols]
         indptr = xp.arange(0, vals.size + 1, vals.shape[1], dtype=itype)
-        P = be.sparse.csr_matrix((vals.ravel(), cols.ravel(), indptr), shape=(self.num_dofs, num_coarse))
+        P = csr_from_arrays(be.sparse, vals.ravel(), cols.ravel(), indptr, (self.num_dofs, num_coarse))
         P.eliminate_zeros()
         if be.is_gpu:                       # as an uploaded SciPy matrix would be (to_device_sparse)
             P.sort_indices()
