@@ -63,10 +63,12 @@ estimates up to the summation order (:mod:`.estimates`).  On the GPU with NCCL a
 levels the local levels are built fine to coarse, the host-bound set-up beside the finest
 level's device-bound work on a high-priority stream (:mod:`adaptmg.device.priority`): while
 the finest level's assembly runs (its det J check read afterwards,
-:mod:`adaptmg.device.deferred`), its transfer rows, their DistCSRs and the levels below the
-second finest; while its power iteration runs (queued: the host does not wait for it), the
-second finest level.  Otherwise coarse to fine (on the GPU the finest level's transfer
-beside its assembly all the same).
+:mod:`adaptmg.device.deferred`), its transfer rows, their DistCSRs, the levels below the
+second finest and, where rank 0 alone builds the serial levels
+(:class:`~.serial_levels.PendingSerialLevels`), those on rank 0; while its power iteration
+runs (queued: the host does not wait for it), the second finest level.  Otherwise coarse to
+fine (on the GPU the finest level's transfer, and rank 0's serial levels, beside its
+assembly all the same).
 
 GPU backend (``ml`` on the GPU).  The local set-up runs where the levels will live, by the
 same code as on the CPU written against the backend's ``xp`` (:mod:`.local`): each rank's
@@ -127,6 +129,7 @@ from .estimates import (auto_omegas as _auto_omegas, device_norms, lanczos_lambd
 from .matrix_free import DistMatrixFree
 from .partition import level_ownership, level_ranks
 from .rank_zero import RankZeroCycle
+from .serial_levels import PendingSerialLevels, SerialLevelsOnRankZero
 
 __all__ = ["DistributedHierarchy", "RankZeroCycle", "SerialLevelsOnRankZero", "level_owners"]
 
@@ -221,53 +224,6 @@ def _smoother_with(loc, A):
     loc.fused = False
     loc._work = None
     return loc
-
-
-class SerialLevelsOnRankZero:
-    """What a rank other than 0 holds of the serial hierarchy below the locally built levels,
-    which the local set-up builds on rank 0 only (:func:`.solve.solve`; every one of its
-    levels is agglomerated there): the levels' sizes ``levels[l].n`` (coarse -> fine),
-    ``num_algebraic``, the cells of its geometric levels ``cells``, its top space
-    (``spaces[-1]``, this rank's own copy) with rank 0's free-DoF mask of it
-    (``constraints[-1].free``), the smoother specification and the sweeps -- what the
-    distributed levels above it and :class:`RankZeroCycle` ask of it.  Made from
-    :meth:`summary` of rank 0's hierarchy (broadcast)."""
-
-    def __init__(self, summary, top, backend):
-        self.levels = [SimpleNamespace(n=int(n)) for n in summary["dofs"]]
-        self.num_algebraic = summary["num_algebraic"]
-        self.cells = list(summary["cells"])
-        self.spaces = [top]
-        self.constraints = [SimpleNamespace(free=top.backend.xp.asarray(summary["free"]))]
-        if summary.get("hanging") is not None:   # the top's hanging nodes as rank 0 found them
-            xp = top.mesh.backend.xp
-            top._carrier._adopt_hanging([xp.asarray(a) for a in summary["hanging"]])
-        self._smoother_spec, self._smoother_kwargs = summary["smoother"]
-        self.presmooth, self.postsmooth = summary["sweeps"]
-        self.backend, self.dtype = backend, np.dtype(np.float64)
-
-    @staticmethod
-    def summary(ml):
-        """The picklable description of rank 0's hierarchy ``ml`` that the other ranks build
-        this from (the free mask and the hanging nodes of its top as host arrays -- the other
-        ranks' copies of the top adopt them instead of searching, which the first local
-        level's transfer would do: two H200, 21M DoFs a rank, 9.7 against rank 0's 2.0 ms
-        there, rank 0 waiting in the next exchange; a smoother given as a factory travels as
-        its name: the distributed levels reject it by that name)."""
-        spec = ml._smoother_spec
-        top = ml.spaces[-1] if ml.spaces else None
-        return dict(dofs=[int(lev.n) for lev in ml.levels], num_algebraic=int(ml.num_algebraic),
-                    cells=[int(s.mesh.num_cells) for s in ml.spaces],
-                    free=to_host(ml.constraints[-1].free),
-                    hanging=(None if top is None else
-                             [to_host(a) for a in top._carrier._hanging_arrays()]),
-                    smoother=(spec if isinstance(spec, str) else getattr(spec, "__name__", repr(spec)),
-                              dict(ml._smoother_kwargs)),
-                    sweeps=(ml.presmooth, ml.postsmooth))
-
-    def __repr__(self):
-        return (f"SerialLevelsOnRankZero({len(self.levels)} levels on rank 0, "
-                f"{self.levels[-1].n} DoFs at the top)")
 
 
 class _FineView:
@@ -380,7 +336,11 @@ class DistributedHierarchy:
         :class:`~.matrix_free.DistMatrixFree` (the Q1 Laplacian; ``assemble`` not called).
         ``ownership=(owners, cell_ranks, nranks)`` in it: those of the local levels, computed
         by the caller (:func:`~.partition.level_ownership`; every level of ``ml`` is then
-        agglomerated on rank 0, and ``ml`` may be a :class:`SerialLevelsOnRankZero`).
+        agglomerated on rank 0, and ``ml`` may be a :class:`SerialLevelsOnRankZero` or a
+        :class:`~.serial_levels.PendingSerialLevels`: rank 0 builds them beside the finest
+        level's assembly -- the finest level's ``after`` --, and the levels below their top
+        join ``levels``, ``layouts`` and the other lists at the end; ``self.ml`` is then rank
+        0's hierarchy there and a :class:`SerialLevelsOnRankZero` elsewhere).
 
     transport : GPU only: the halo transport, "auto" / "host" / "nccl" (None: the
         environment variable ``ADAPTMG_HALO_TRANSPORT`` or "auto"); ``self.transport`` the one
@@ -415,9 +375,12 @@ class DistributedHierarchy:
         self.aside_estimates = 0          # 1: the finest local level's estimate overlapped the second finest
         self.priority_switches = 0        # blocks of the set-up run on the priority stream
         self.build_order = []             # the locally built levels' indices, in the order finished
+        self.serial_beside = None         # pending serial levels: built beside the finest level (rank 0)
         self.matrix_free = bool(local is not None and local.get("matrix_free"))
+        pending_serial = isinstance(ml, PendingSerialLevels)      # (then only their top is known)
         if local is not None and local.get("ownership") is not None:     # computed by the caller
-            cells = ml.cells if isinstance(ml, SerialLevelsOnRankZero) else [s.mesh.num_cells for s in ml.spaces]
+            cells = (ml.cells if isinstance(ml, (SerialLevelsOnRankZero, PendingSerialLevels))
+                     else [s.mesh.num_cells for s in ml.spaces])
             owners, c, cell_ranks, nranks = with_agglomerated([lev.n for lev in ml.levels], cells,
                                                               *local["ownership"])
         else:
@@ -437,11 +400,8 @@ class DistributedHierarchy:
             d = _DLevel()
             d.layout = lay = self.layouts[l]
             d.A = d.P = d.R = d.smoother = None
-            if l == c - 1:                   # the top of the levels on rank 0: the coarse level
-                # rank 0 owns every row, in order: its rows are the serial matrix as it is (on
-                # the device there: no host round trip); the other ranks own none
-                A = lev.A if lay.n == lay.N else sp.csr_matrix((lay.n, lay.N))
-                d.A = DistCSR(A, lay, lay, self.timer, local_rows=True, **kw)
+            if l == c - 1 and not pending_serial:     # the top of the levels on rank 0: the coarse level
+                d.A = self._rank_zero_top(lev, lay, kw)
             if l >= c:
                 d.A = DistCSR(to_host(lev.A), lay, lay, self.timer, **kw)
                 d.P = DistCSR(lev.P, lay, self.layouts[l - 1], self.timer, **kw)
@@ -459,8 +419,9 @@ class DistributedHierarchy:
             # on the GPU with NCCL, fine to coarse, the host-bound set-up of the coarser levels
             # beside the finest level's device-bound work, on the high-priority stream
             # (adaptmg.device.priority): the finest assembly is queued (its det J check
-            # deferred) and, while its kernels run, its transfer rows, their DistCSRs and the
-            # levels below the second finest are set up; then the finest level's omega="auto"
+            # deferred) and, while its kernels run, its transfer rows, their DistCSRs, the
+            # levels below the second finest and rank 0's pending serial levels (~45 ms of
+            # launch-bound host work, no collective) are set up; then the finest level's omega="auto"
             # estimate (twelve products of the largest matrix, norms on the device) is queued and
             # the second finest level is set up meanwhile; the other estimates (bound by
             # launches and latency) run together afterwards.  Two H200, 21M DoFs a rank: the
@@ -481,13 +442,17 @@ class DistributedHierarchy:
                                              aside=hi if j == top else None, after=after)
                 order.append(j)
 
+            serial_build = ml.build if pending_serial else None
+
             def below_second():                      # beside the finest assembly
                 for j in range(top - 2, 0, -1):
                     level(j)
+                if serial_build is not None:         # rank 0's serial levels (no collective)
+                    serial_build()
             fine_est = None
             if fine_first:
                 fine_pairs = []
-                level(top, fine_pairs, after=below_second if top > 2 else None)
+                level(top, fine_pairs, after=below_second if top > 2 or pending_serial else None)
                 if device_norms(fine_pairs):
                     mark = hi.mark()                                    # the finest level's work
                     fine_est = start_auto_omegas(self.comm, fine_pairs)
@@ -497,7 +462,7 @@ class DistributedHierarchy:
                     level(top - 1)
             else:
                 for j in range(1, top + 1):
-                    level(j)
+                    level(j, after=serial_build if j == top else None)
             for key in ("cells_assembled", "cells", "cells_transfer"):          # coarse -> fine
                 st[key] = [v for _, v in sorted(zip(order, st[key]))]
             self.aside_estimates = int(fine_est is not None)
@@ -510,6 +475,8 @@ class DistributedHierarchy:
                 fine_est.finish()
             be.synchronize()
             st["smoother_s"] = st.get("smoother_s", 0.0) + time.perf_counter() - t_est
+            if pending_serial:
+                self._serial_below(ml, local["ownership"], kw)
         self.A = self.levels[-1].A
         self.layout = self.layouts[-1]
         t2 = time.perf_counter()
@@ -520,6 +487,39 @@ class DistributedHierarchy:
         #: distributed product on the hierarchy's backend)
         self.setup_exchanges = self.timer.exchanges
         self.setup_idle = self.timer.idle          # ... of them skipped (NCCL, nothing to move)
+
+    def _rank_zero_top(self, lev, lay, kw):
+        """Level ``c - 1``'s DistCSR, the top of the levels on rank 0 (the coarse level of the
+        one cycle): rank 0 owns every row, in order, so its rows are the serial matrix
+        ``lev.A`` as it is (on the device there: no host round trip); the other ranks own none."""
+        A = lev.A if lay.n == lay.N else sp.csr_matrix((lay.n, lay.N))
+        return DistCSR(A, lay, lay, self.timer, local_rows=True, **kw)
+
+    def _serial_below(self, pending, ownership, kw):
+        """After the local levels, from :class:`~.serial_levels.PendingSerialLevels` (collective):
+        rank 0's serial levels (built beside the finest assembly; now if not), their summary on
+        the other ranks, the levels below their top put below the ones built (their layouts:
+        rank 0 owns them), the top's DistCSR, and every level index shifted by their count."""
+        t = time.perf_counter()
+        self.serial_beside = pending.built is not None          # (rank 0; False elsewhere)
+        self.ml, summary = pending.finish(self.comm, self.backend)
+        self.setup_stats["serial_build_s"] = pending.seconds
+        owners, c, cell_ranks, nranks = with_agglomerated(summary["dofs"], summary["cells"], *ownership)
+        below = c - 1                                    # the levels under the top
+        self.owners, self.c, self.cell_ranks, self.active_ranks = owners, c, cell_ranks, nranks
+        self.layouts = [Layout(o, self.comm) for o in owners[:below]] + self.layouts
+        self.owning_ranks = [int((lay.counts > 0).sum()) for lay in self.layouts]
+        empty = []
+        for lay in self.layouts[:below]:
+            d = _DLevel()
+            d.layout, d.A, d.P, d.R, d.smoother = lay, None, None, None, None
+            empty.append(d)
+        self.levels = empty + self.levels
+        lev = self.ml.levels[-1] if self.rank == 0 else None
+        self.levels[c - 1].A = self._rank_zero_top(lev, self.layouts[c - 1], kw)
+        self.build_order = [l + below for l in self.build_order]
+        self.backend.synchronize()
+        self.setup_stats["serial_levels_s"] += time.perf_counter() - t
 
     def _solver(self):
         """The one MultilevelSolver: levels ``c - 1 .. L`` (DistCSR operators, the owned-rows

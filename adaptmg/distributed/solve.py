@@ -56,16 +56,17 @@ import numpy as np
 
 from .. import assemble as _assemble
 from .. import linalg
-from ..fe import Constraints, Space
+from ..fe import Space
 from ..linalg import ConvergenceWarning
 from ..mesh import Mesh
 from ..backend import get_backend, to_host
-from ..multilevel.hierarchy import _value_dict, dirichlet_dofs, multigrid
+from ..multilevel.hierarchy import _value_dict, multigrid
 from ..linalg._vectorops import global_norm, global_reductions
-from .comm import agree, allreduce_sum, get_comm, guard, names_gpu, pass_arrays, resolve_transport, select_device
+from .comm import agree, allreduce_sum, get_comm, guard, names_gpu, resolve_transport, select_device
 from .nccl import start_nccl_communicator
-from .hierarchy import DistributedHierarchy, SerialLevelsOnRankZero
-from .partition import imbalance, level_ownership, level_ranks, partition_cells
+from .hierarchy import DistributedHierarchy
+from .serial_levels import PendingSerialLevels, cut_and_own, free_masks, hand_over
+from .partition import imbalance, level_ranks, partition_cells
 
 __all__ = ["solve", "solve_forest", "solve_poisson", "resolve", "DistributedResult"]
 
@@ -479,14 +480,14 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     cells only (``start``: wall and CPU clocks at the start of the set-up).
 
     Where every level of the serial hierarchy below them is agglomerated on rank 0 (its top
-    has fewer than ``agglomerate_below`` DoFs) and there are several ranks, rank 0 alone
-    builds it, while the other ranks build the local levels' free masks (finding their hanging
-    nodes), cut the mesh and find the local levels' owners (:func:`_cut_and_own`), all of
-    which rank 1 hands to rank 0 (:func:`_hand_over`); rank 0 broadcasts what the others need
-    of its hierarchy (:class:`SerialLevelsOnRankZero`).  Measured on two H200 at 21M DoFs per
-    rank: rank 0's own masks took 0.04 s before its serial levels (0.06-0.09 s) while rank 1
-    waited for them; handed over, the weak set-up went from 0.832 / 0.830 to 0.813 / 0.820 s
-    (``scripts/bench_distributed.py``, the two versions alternated in one call)."""
+    has fewer than ``agglomerate_below`` DoFs) and there are several ranks, rank 0 finds the
+    free masks of the local levels and the top while rank 1 cuts the mesh and finds the local
+    levels' owners, each handing its arrays to the others (:func:`.serial_levels.hand_over`),
+    and rank 0 alone builds the serial levels, later, beside its finest level's assembly
+    (:class:`.serial_levels.PendingSerialLevels`; the others then hold their summary,
+    :class:`.serial_levels.SerialLevelsOnRankZero`).  Before, rank 0 built them first while
+    rank 1 found the masks and the cut (two H200 at 21M DoFs a rank, ~65 ms each, the masks
+    and the cut about as long as the serial levels)."""
     t0, c0 = start
     max_levels = kw.get("max_levels")
     ok = max_levels is None or (isinstance(max_levels, (int, np.integer)) and not isinstance(max_levels, bool))
@@ -508,30 +509,30 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     ownership = None
     if size > 1 and top.num_dofs < agglomerate_below:
         t1 = time.perf_counter()
-        # rank 0 builds the serial levels meanwhile and takes rank 1's masks at the hand-over
-        frees = _free_masks(spaces, dirichlet) if rank else None
+        # rank 0: the free masks (the top's too); rank 1: the cut and the owners; then each
+        # hands its arrays to the others, and rank 0 builds the serial levels later, beside
+        # its finest assembly (.serial_levels)
+        masks = free_masks([top] + spaces, dirichlet) if rank == 0 else None
         t2 = time.perf_counter()
-        ml = multigrid(top, assemble, dirichlet=dirichlet, **ckw) if rank == 0 else None
-        t3 = time.perf_counter()
         nranks = level_ranks([s.num_dofs for s in spaces], size, 0, min_dofs_per_rank)
-        ranks, ownership = _cut_and_own(space, spaces, size, weights, nranks) if rank else (None, None)
+        cut = cut_and_own(space, spaces, size, weights, nranks) if rank == 1 else None
+        t3 = time.perf_counter()
+        ranks, ownership, masks = hand_over(comm, space, top, spaces, nranks, cut, masks, transport)
+        frees = masks[1:]
+        ml = PendingSerialLevels(top, masks[0], lambda: multigrid(top, assemble, dirichlet=dirichlet, **ckw),
+                                 space.components, ckw, rank, be)
         t4 = time.perf_counter()
-        ranks, ownership, frees = _hand_over(comm, space, spaces, nranks, ranks, ownership, frees, transport)
-        summary = comm.bcast(SerialLevelsOnRankZero.summary(ml) if rank == 0 else None, root=0)
-        if rank:
-            ml = SerialLevelsOnRankZero(summary, top, be)
-        t5 = time.perf_counter()
-        # coarse_hierarchy_s: the mesh hierarchy and its spaces (mesh_hierarchy_s) and the
-        # serial levels (rank 0); frees_s: the free masks (the other ranks); partition_s: the
-        # cut and the local levels' owners (the other ranks); handover_s: rank 1's owners,
-        # masks and hanging nodes on their way to rank 0, the serial levels' summary back
-        phases = {"coarse_hierarchy_s": t_split + t3 - t2, "mesh_hierarchy_s": t_split,
-                  "frees_s": t2 - t1, "partition_s": t4 - t3, "handover_s": t5 - t4}
+        # coarse_hierarchy_s: the mesh hierarchy and its spaces (mesh_hierarchy_s; rank 0's
+        # serial levels: the hierarchy's serial_build_s); frees_s: the free masks (rank 0);
+        # partition_s: the cut and the local levels' owners (rank 1); handover_s: the two
+        # passed to the other ranks
+        phases = {"coarse_hierarchy_s": t_split, "mesh_hierarchy_s": t_split,
+                  "frees_s": t2 - t1, "partition_s": t3 - t2, "handover_s": t4 - t3}
     else:
         ml = multigrid(top, assemble, dirichlet=dirichlet, **ckw)       # the serial levels below
         t_coarse = time.perf_counter() - t0
         t1 = time.perf_counter()
-        frees = _free_masks(spaces, dirichlet)
+        frees = free_masks(spaces, dirichlet)
         t2 = time.perf_counter()
         ranks = partition_cells(space.mesh, size, weights)
         t3 = time.perf_counter()
@@ -548,72 +549,9 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     f_loc = mg.constrain_local(b)
     phases["rhs_s"] = time.perf_counter() - t5
     return _krylov_solve(comm, mg, f_loc, ranks, (t0, c0), accel, cycle, rtol,
-                         maxiter, callback, lambda x: space.H @ _on_mesh(space, x), ml,
+                         maxiter, callback, lambda x: space.H @ _on_mesh(space, x), mg.ml,
                          extra_timings={**phases, **mg.setup_stats},
                          stacklevel=4, on_device=on_device)
-
-
-def _free_masks(spaces, dirichlet):
-    """The free-DoF masks (neither hanging nor Dirichlet) of the locally built levels' spaces.
-    Their hanging-node matrices ``H`` are not built here: a mask needs only which nodes hang,
-    and ``H`` is built on first use by the level's rows -- on rank 1 of a hand-over
-    (:func:`_solve_local`) that takes ``H`` off the path both ranks wait on, into the rows
-    phase, where rank 1 waits for rank 0 anyway (two H200, 21M DoFs a rank: rank 1's masks
-    38 -> 33 ms)."""
-    return [Constraints(s, dirichlet_dofs(s, dirichlet), build_H=False).free for s in spaces]
-
-
-def _cut_and_own(space, spaces, size, weights, nranks):
-    """The finest cells' ranks (:func:`~.partition.partition_cells`) and the locally built
-    levels' ``(owners, cell_ranks, nranks)`` (:func:`~.partition.level_ownership`; ``nranks``
-    their numbers of ranks, :func:`~.partition.level_ranks`)."""
-    ranks = partition_cells(space.mesh, size, weights)
-    owners, cells = level_ownership(spaces, ranks, nranks, size)
-    return ranks, (owners, cells, nranks)
-
-
-def _hand_over(comm, space, spaces, nranks, ranks, ownership, frees, transport):
-    """Rank 1's finest cell ranks, local levels' owners and cell ranks (:func:`_cut_and_own`),
-    free masks (:func:`_free_masks`) and hanging nodes (``Mesh._hanging_arrays`` of each level's
-    DoF carrier mesh) written into
-    buffers on rank 0 (:func:`~.comm.pass_arrays`; the ranks as the narrowest integers that
-    hold a rank: an eighth of int64's bytes below 128 ranks), widened there, the hanging
-    nodes kept as its meshes' own (the replicated meshes are the same on every rank, so rank 0
-    neither searches them nor builds the masks: it builds the serial levels meanwhile).  The
-    other ranks keep their own.  Returns ``(ranks, ownership, frees)``."""
-    rank, size = comm.Get_rank(), comm.Get_size()
-    narrow = np.int8 if size < 2 ** 7 else np.int16 if size < 2 ** 15 else np.int32
-    xp = space.mesh.backend.xp
-    L = len(spaces)
-    if rank == 1:
-        owners, cells, _ = ownership
-        hang = [a for s in spaces for a in s._carrier._hanging_arrays()]
-        meta = np.array([d for a in hang for d in (a.shape[0], a.shape[1] if a.ndim == 2 else -1, ord(a.dtype.char))],
-                        dtype=np.int64)
-        comm.Send(meta, dest=0, tag=_HAND_TAG)
-        bufs = ([xp.ascontiguousarray(a.astype(narrow)) for a in [ranks, *owners, *cells]]
-                + [f.view(np.int8) for f in frees] + [xp.ascontiguousarray(a) for a in hang])
-    elif rank == 0:
-        meta = np.empty(3 * Mesh.HANGING_ARRAYS * L, dtype=np.int64)
-        comm.Recv(meta, source=1, tag=_HAND_TAG)
-        hang = [xp.empty((int(d0),) if d1 < 0 else (int(d0), int(d1)), dtype=np.dtype(chr(c)))
-                for d0, d1, c in meta.reshape(-1, 3)]
-        n = [space.mesh.num_cells] + [s.num_dofs for s in spaces] + [s.mesh.num_cells for s in spaces]
-        masks = [xp.empty(s.num_dofs, dtype=np.int8) for s in spaces]
-        bufs = [xp.empty(k, dtype=narrow) for k in n] + masks + hang
-    else:
-        return ranks, ownership, frees
-    pass_arrays(comm, bufs, 1, 0, transport)
-    if rank == 1:
-        return ranks, ownership, frees
-    k = Mesh.HANGING_ARRAYS
-    for l, s in enumerate(spaces):
-        s._carrier._adopt_hanging(hang[k * l:k * (l + 1)])
-    wide = [a.astype(np.int64) for a in bufs[:1 + 2 * L]]
-    return wide[0], (wide[1:1 + L], wide[1 + L:], nranks), [m.view(bool) for m in masks]
-
-
-_HAND_TAG = 29          # _hand_over's message of the hanging arrays' shapes
 
 
 def _on_mesh(space, v):

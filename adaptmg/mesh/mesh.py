@@ -399,7 +399,7 @@ class Mesh:
     def _adopt_hanging(self, arrays):
         """Take :meth:`_hanging_arrays` of an identical mesh -- another rank's copy of a
         replicated mesh, the same cells and node numbering -- as this mesh's hanging nodes,
-        without searching for them (:func:`adaptmg.distributed.solve._hand_over`)."""
+        without searching for them (:func:`adaptmg.distributed.serial_levels.hand_over`)."""
         nodes, parents, owner, pn, pc = arrays
         self.__dict__["_hanging"] = (nodes, parents, owner, (pn, pc))
 

@@ -1,16 +1,22 @@
-"""Rank 1's cut of the mesh, the local levels' owners, free masks and hanging nodes handed to
-rank 0 (the local set-up of adaptmg.distributed.solve, where rank 0 alone builds the serial
-levels): the bytes that comm.pass_arrays moves by MPI, and solve._hand_over's narrowing to
-the smallest integers that hold a rank and widening back -- rank 0 ends with exactly rank 1's
-arrays, as int64, and with the masks and hanging nodes its own mesh would give.
-Two stand-in ranks in one process share a message queue (the MPI runs of test_mpi.py, the
-NCCL path on two GPUs: -m gpu, check the whole solve)."""
+"""Who computes what before the local levels where rank 0 alone builds the serial levels
+(adaptmg.distributed.serial_levels): rank 0's free masks (and hanging nodes) of the local
+levels and the top, rank 1's cut of the mesh and the local levels' owners, each handed to
+every other rank -- the bytes that comm.pass_arrays moves by MPI, the cut narrowed to the
+smallest integers that hold a rank and widened back, the receivers' meshes adopting the
+hanging nodes (no search) -- and the serial levels built later (PendingSerialLevels): the
+smoothing the local levels use before they exist is the one multigrid gives them, checked.
+In-process ranks (thread_comm) and a shared message queue stand in for MPI (the MPI runs of
+test_mpi.py, the NCCL path on two GPUs: -m gpu, check the whole solve)."""
 import numpy as np
 import pytest
 
+from adaptmg import assemble, multigrid
 from adaptmg.distributed.comm import pass_arrays
 from adaptmg.distributed.partition import level_ownership, level_ranks
-from adaptmg.distributed.solve import _cut_and_own, _free_masks, _hand_over, _split_hierarchy
+from adaptmg.distributed.serial_levels import (PendingSerialLevels, SerialLevelsOnRankZero, cut_and_own,
+                                              free_masks, hand_over, multigrid_smoothing)
+from adaptmg.distributed.solve import _split_hierarchy
+from adaptmg.distributed.thread_comm import run_ranks
 from adaptmg.fe import Space
 from adaptmg.mesh import Mesh
 from test_local_setup import RankOf, _mesh
@@ -50,48 +56,57 @@ def test_pass_arrays_copies_the_senders_arrays_into_the_receivers():
         pass_arrays(QueueRank(1, 2, q), [np.zeros((4, 4))[:, 1]], 1, 0)
 
 
-@pytest.mark.parametrize("size", [2, 3])
-def test_rank_zero_receives_rank_ones_cut_and_owners_as_int64(size):
-    space = Space(_mesh(2, 3), 1)
-    top, spaces, msg = _split_hierarchy(space, None, 50)
-    assert not msg and top.num_dofs < 50 and len(spaces) >= 2
+def _share(comm, make_mesh, below, sent=None):
+    """One rank's side of the hand-over on its own copy of the mesh: what it ends with."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if sent is not None:                                         # the dtypes this rank sends
+        send = comm.Send
+        comm.Send = lambda buf, dest, tag=0: (sent.append(np.asarray(buf).dtype), send(buf, dest, tag))
+    space = Space(make_mesh(), 1)
+    top, spaces, msg = _split_hierarchy(space, None, below)
+    assert not msg
     nranks = level_ranks([s.num_dofs for s in spaces], size, 0, 100)
-    ranks, own = _cut_and_own(space, spaces, size, None, nranks)
-    assert nranks[0] < size                                      # a folded level among them
-    frees = _free_masks(spaces, "all")
-    q = []
-    assert _hand_over(QueueRank(1, size, q), space, spaces, nranks, ranks, own, frees, "mpi") == (ranks, own, frees)
-    narrowed = q[1:2 + 2 * len(spaces)]                          # (after the hanging arrays' shapes)
-    assert all(data.dtype == np.int8 for *_, data in narrowed)   # an eighth of int64's bytes
-    space0 = Space(_mesh(2, 3), 1)                               # rank 0's own (identical) mesh
-    _, spaces0, _ = _split_hierarchy(space0, None, 50)
-    r0, (owners, cells, nr), frees0 = _hand_over(QueueRank(0, size, q), space0, spaces0, nranks, None, None,
-                                                 None, "mpi")
-    assert not q and nr == nranks
-    for a, b in zip([r0, *owners, *cells], [ranks, *own[0], *own[1]]):
-        assert a.dtype == np.int64 and np.array_equal(a, b)
-    again = level_ownership(spaces, r0, nranks, size)            # what rank 0 would have computed
-    assert all(np.array_equal(a, b) for a, b in zip(again[0] + again[1], owners + cells))
-    assert all(f0.dtype == bool and np.array_equal(f0, f) for f0, f in zip(frees0, frees))   # masks: exact
-    # rank 0 keeps rank 1's hanging nodes as its meshes' own: it never searched them, and
-    # they are what the search finds
-    assert sum(s.hanging_nodes.size for s in spaces0) > 0
-    for s0, s in zip(spaces0, spaces):
-        assert "_hanging_forest" not in s0.mesh.__dict__
-        for a0, a in zip(s0.mesh._hanging_arrays(), s.mesh._hanging_arrays()):
-            assert a0.dtype == a.dtype and a0.shape == a.shape and np.array_equal(a0, a)
-        # the same operations on the same integers on both sides (the weights 1/2, 1/4): exact
-        assert np.array_equal(s0.H.toarray(), s.H.toarray())
-    assert all(np.array_equal(f0, f) for f0, f in zip(frees0, _free_masks(spaces0, "all")))
-    assert all("_hanging_forest" not in s0.mesh.__dict__ for s0 in spaces0)
+    cut = cut_and_own(space, spaces, size, None, nranks) if rank == 1 else None
+    masks = free_masks([top] + spaces, "all") if rank == 0 else None
+    ranks, (owners, cells, nr), got = hand_over(comm, space, top, spaces, nranks, cut, masks, "mpi")
+    searched = ["_hanging_forest" in s._carrier.__dict__ for s in [top, *spaces]]
+    return dict(ranks=ranks, owners=owners, cells=cells, nranks=nr, masks=got, searched=searched,
+                hanging=[s._carrier._hanging_arrays() for s in [top, *spaces]],
+                H=[s.H.toarray() for s in [top, *spaces]], spaces=(top, spaces), want_nranks=nranks,
+                own_masks=free_masks([top] + spaces, "all"))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_rank_gets_rank_ones_cut_and_rank_zeros_masks(size):
+    sent = {r: [] for r in range(size)}
+    got = run_ranks(size, lambda comm: _share(comm, lambda: _mesh(2, 3), 50, sent[comm.Get_rank()]), timeout=120)
+    top, spaces = got[1]["spaces"]
+    assert top.num_dofs < 50 and len(spaces) >= 2
+    assert got[0]["want_nranks"][0] < size                       # a folded level among them
+    assert sent[1] and all(d == np.int8 for d in sent[1])         # the cut: an eighth of int64's bytes
+    ref = got[1]                                                 # the cut rank's own arrays
+    again = level_ownership(spaces, ref["ranks"], ref["want_nranks"], size)
+    assert all(np.array_equal(a, b) for a, b in zip(again[0] + again[1], ref["owners"] + ref["cells"]))
+    for r, g in enumerate(got):
+        assert g["nranks"] == ref["want_nranks"]
+        for a, b in zip([g["ranks"], *g["owners"], *g["cells"]], [ref["ranks"], *ref["owners"], *ref["cells"]]):
+            assert a.dtype == np.int64 and np.array_equal(a, b), r          # integers: exact
+        assert len(g["masks"]) == len(spaces) + 1
+        for m, m0, own in zip(g["masks"], got[0]["masks"], g["own_masks"]):
+            assert m.dtype == bool and np.array_equal(m, m0) and np.array_equal(m, own), r
+        # the receivers keep rank 0's hanging nodes as their meshes' own: never searched, and
+        # what the search finds; the same integer operations give the same H (weights 1/2, 1/4)
+        assert g["searched"] == [r == 0] * (len(spaces) + 1), r
+        for h, h0 in zip(g["hanging"], got[0]["hanging"]):
+            assert all(a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b) for a, b in zip(h, h0))
+        assert all(np.array_equal(H, H0) for H, H0 in zip(g["H"], got[0]["H"]))
+    assert sum(s.hanging_nodes.size for s in spaces) > 0
 
 
 def test_serial_summary_hands_the_tops_hanging_nodes_to_the_other_ranks():
     """Rank 0's summary of its serial levels carries the hanging nodes of their top; another
     rank's copy of the top adopts them (no search) and gets the same constraint matrix."""
-    from adaptmg import assemble, multigrid
     from adaptmg.backend import CPU
-    from adaptmg.distributed.hierarchy import SerialLevelsOnRankZero
     space = Space(_mesh(2, 3), 1)
     top, _, _ = _split_hierarchy(space, None, 200)
     ml = multigrid(top, assemble.stiffness, dirichlet="all")
@@ -111,19 +126,11 @@ def _uniform():
 
 
 def test_hand_over_keeps_empty_hanging_arrays_shaped():
-    """Levels without hanging nodes: rank 0's arrays keep their 2-D shape (0, k)."""
-    space = Space(_uniform(), 1)
-    top, spaces, _ = _split_hierarchy(space, None, 20)
-    nranks = level_ranks([s.num_dofs for s in spaces], 2, 0, 10)
-    ranks, own = _cut_and_own(space, spaces, 2, None, nranks)
-    q = []
-    _hand_over(QueueRank(1, 2, q), space, spaces, nranks, ranks, own, _free_masks(spaces, "all"), "mpi")
-    space0 = Space(_uniform(), 1)
-    _, spaces0, _ = _split_hierarchy(space0, None, 20)
-    _hand_over(QueueRank(0, 2, q), space0, spaces0, nranks, None, None, None, "mpi")
-    shapes = [[a.shape for a in s.mesh._hanging_arrays()] for s in spaces]
+    """Levels without hanging nodes: the receivers' arrays keep their 2-D shape (0, k)."""
+    got = run_ranks(2, lambda comm: _share(comm, _uniform, 20), timeout=120)
+    shapes = [[a.shape for a in h] for h in got[0]["hanging"]]
     assert all(sh[0] == (0,) and len(sh[1]) == 2 for sh in shapes)
-    assert [[a.shape for a in s.mesh._hanging_arrays()] for s in spaces0] == shapes
+    assert [[a.shape for a in h] for h in got[1]["hanging"]] == shapes
 
 
 def test_level_ownership_needs_one_rank_count_per_level():
@@ -157,14 +164,65 @@ def test_serial_top_is_the_finest_level_below_the_threshold(below, monkeypatch):
 
 
 def test_free_masks_leave_the_hanging_matrices_unbuilt():
-    """_free_masks: each level's mask is its Constraints' free mask, and no level's H is built
+    """free_masks: each level's mask is its Constraints' free mask, and no level's H is built
     (on rank 1 of a hand-over H waits for the rows phase, off the path both ranks wait on)."""
     space = Space(_mesh(2, 3), 1)
     _, spaces, _ = _split_hierarchy(space, None, 50)
-    frees = _free_masks(spaces, "all")
+    frees = free_masks(spaces, "all")
     assert all(s.hanging_nodes.size for s in spaces[-2:])        # levels with hanging nodes
     assert not any("H_nodes" in s.__dict__ for s in spaces)       # cached_property: not built
     from adaptmg.fe.constraints import Constraints
     from adaptmg.multilevel.hierarchy import dirichlet_dofs
     assert all(np.array_equal(f, Constraints(s, dirichlet_dofs(s, "all")).free) for f, s in zip(frees, spaces))
     assert all("H_nodes" in s.__dict__ for s in spaces if s.hanging_nodes.size)   # the check can see it
+
+
+@pytest.mark.parametrize("components, kw", [
+    (1, {}), (1, dict(smoother="chebyshev", presmooth=1, postsmooth=3)),
+    (1, dict(smoother="jacobi", smoother_kwargs={"omega": 0.6})), (2, dict(smoother="block_jacobi")),
+    (1, dict(smoother=("chebyshev", "jacobi"))), (1, dict(backend="cpu", threads=1, coarse_max_rows=None))])
+def test_smoothing_of_the_serial_levels_is_known_before_they_exist(components, kw):
+    """multigrid_smoothing: the finest level's smoother, its arguments and the sweeps that
+    multigrid(space, **kw) gives its solver -- what the local levels use while rank 0 has not
+    built the serial levels yet."""
+    space = Space(Mesh.box([0, 0], [1, 1], [4, 4]).refine(), 1, components)
+    form = (lambda sp: assemble.elasticity(sp, 1.0, 1.0)) if components == 2 else assemble.stiffness
+    ml = multigrid(space, form, **kw)
+    spec, skw, pre, post = multigrid_smoothing(components, kw)
+    assert (spec, skw, pre, post) == (ml._smoother_spec, ml._smoother_kwargs, ml.presmooth, ml.postsmooth)
+
+
+def _pending(comm, make_kw, below=50):
+    rank = comm.Get_rank()
+    space = Space(_mesh(2, 3), 1)
+    top, _, _ = _split_hierarchy(space, None, below)
+    free = free_masks([top], "all")[0]
+    made = []
+
+    def make():
+        made.append(rank)
+        return multigrid(top, assemble.stiffness, dirichlet="all", **make_kw)
+    pend = PendingSerialLevels(top, free, make, 1, {}, rank, "cpu")
+    pend.build()                                  # rank 0 only
+    ml, summary = pend.finish(comm, None)
+    return made, ml, summary, top, free
+
+
+def test_pending_serial_levels_are_built_on_rank_zero_and_summarised_elsewhere():
+    got = run_ranks(2, lambda comm: _pending(comm, {}), timeout=120)
+    (made0, ml0, s0, top0, _), (made1, ml1, s1, top1, free1) = got
+    assert made0 == [0] and made1 == []                            # built once, on rank 0
+    assert type(ml0).__name__ == "GeometricMultigrid" and isinstance(ml1, SerialLevelsOnRankZero)
+    assert s1 == s0 and s0["dofs"] == [lev.n for lev in ml0.levels] and s0["dofs"][-1] == top1.num_dofs
+    assert s0["free"] is None and s0["hanging"] is None           # the others have the top's already
+    assert ml1.constraints[-1].free is free1 and ml1.spaces[-1] is top1
+    assert (ml1._smoother_spec, ml1._smoother_kwargs) == (ml0._smoother_spec, ml0._smoother_kwargs)
+    assert [lev.n for lev in ml1.levels] == s0["dofs"] and ml1.cells == s0["cells"]
+
+
+@pytest.mark.parametrize("make_kw", [dict(smoother="chebyshev"), dict(presmooth=1)])
+def test_pending_serial_levels_refuse_other_smoothing(make_kw):
+    """Serial levels built with another smoothing than the local levels used: every rank
+    raises (the check runs on the broadcast summary)."""
+    with pytest.raises(RuntimeError, match="not those the local levels were built for"):
+        run_ranks(2, lambda comm: _pending(comm, make_kw), timeout=120)

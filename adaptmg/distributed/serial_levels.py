@@ -1,0 +1,219 @@
+r"""The serial levels below the locally built ones where every one of them is agglomerated on
+rank 0 (the local set-up of :func:`.solve.solve`; ``top`` the finest level with fewer than
+``agglomerate_below`` DoFs): rank 0 alone builds them (``multigrid(top)``), the other ranks
+hold their summary (:class:`SerialLevelsOnRankZero`).
+
+Who computes what before the local levels (:func:`hand_over`).  The mesh is replicated, so
+every rank could find every level's free mask and the cut itself; instead rank 0 finds the
+free masks of the local levels and of the top (:func:`free_masks`: their hanging nodes)
+while rank 1 cuts the finest mesh and finds the local levels' owners (:func:`cut_and_own`),
+and each sends its arrays to every other rank (:func:`~.comm.pass_arrays`: one NCCL group a
+pair on the device, the host not waiting; the ranks as the narrowest integers that hold a
+rank).  The receivers adopt the hanging nodes as their meshes' own (no search).
+
+Rank 0 builds the serial levels later, beside its finest level's device-bound assembly
+(:class:`PendingSerialLevels`: what the local levels need of them -- the top's space and
+free mask, the smoother and sweeps ``multigrid`` gives its levels -- is known before;
+:class:`~.hierarchy.DistributedHierarchy` calls :meth:`PendingSerialLevels.build` there and
+:meth:`PendingSerialLevels.finish` after the local levels: one broadcast of their summary,
+which must name the smoothing the local levels used).  Measured on one H200 for two ranks
+at 21M DoFs a rank (42M-cell replicated mesh): the masks 23.7 ms (the finest level) +
+7.4 + 6.3 + 6.0 ms (the coarser ones and the top), the cut and owners 25 ms, the serial
+levels (94k DoFs at their top) 43-66 ms; before, rank 0 built the serial levels and rank 1
+found the masks and the cut side by side, ~65 ms each, before the local levels.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..backend import get_backend, to_host
+from ..fe import Constraints
+from ..mesh import Mesh
+from ..multilevel.hierarchy import dirichlet_dofs, multigrid
+from ..multilevel.smoothers import level_smoothers, smoother_setup_kwargs
+from .comm import pass_arrays
+from .partition import level_ownership, partition_cells
+
+__all__ = ["SerialLevelsOnRankZero", "PendingSerialLevels", "multigrid_smoothing", "free_masks", "cut_and_own",
+           "hand_over"]
+
+
+class SerialLevelsOnRankZero:
+    """What a rank other than 0 holds of the serial hierarchy below the locally built levels,
+    which the local set-up builds on rank 0 only (:func:`.solve.solve`; every one of its
+    levels is agglomerated there): the levels' sizes ``levels[l].n`` (coarse -> fine),
+    ``num_algebraic``, the cells of its geometric levels ``cells``, its top space
+    (``spaces[-1]``, this rank's own copy) with its free-DoF mask (``constraints[-1].free``:
+    ``free``, else rank 0's from the summary), the smoother specification and the sweeps --
+    what the distributed levels above it and :class:`~.rank_zero.RankZeroCycle` ask of it.
+    Made from :meth:`summary` of rank 0's hierarchy (broadcast)."""
+
+    def __init__(self, summary, top, backend, free=None):
+        self.levels = [SimpleNamespace(n=int(n)) for n in summary["dofs"]]
+        self.num_algebraic = summary["num_algebraic"]
+        self.cells = list(summary["cells"])
+        self.spaces = [top]
+        self.constraints = [SimpleNamespace(free=top.backend.xp.asarray(summary["free"] if free is None else free))]
+        if summary.get("hanging") is not None:   # the top's hanging nodes as rank 0 found them
+            xp = top.mesh.backend.xp
+            top._carrier._adopt_hanging([xp.asarray(a) for a in summary["hanging"]])
+        self._smoother_spec, self._smoother_kwargs = summary["smoother"]
+        self.presmooth, self.postsmooth = summary["sweeps"]
+        self.backend, self.dtype = backend, np.dtype(np.float64)
+
+    @staticmethod
+    def summary(ml, top=True):
+        """The picklable description of rank 0's hierarchy ``ml`` that the other ranks build
+        this from (``top``: with the free mask and the hanging nodes of its top as host arrays
+        -- the other ranks' copies of the top adopt them instead of searching; without them
+        where those ranks have them already, :func:`hand_over`; a smoother given as a factory
+        travels as its name: the distributed levels reject it by that name)."""
+        spec = ml._smoother_spec
+        space = ml.spaces[-1] if (ml.spaces and top) else None
+        return dict(dofs=[int(lev.n) for lev in ml.levels], num_algebraic=int(ml.num_algebraic),
+                    cells=[int(s.mesh.num_cells) for s in ml.spaces],
+                    free=to_host(ml.constraints[-1].free) if top else None,
+                    hanging=(None if space is None else
+                             [to_host(a) for a in space._carrier._hanging_arrays()]),
+                    smoother=(_spec_name(spec), dict(ml._smoother_kwargs)),
+                    sweeps=(ml.presmooth, ml.postsmooth))
+
+    def __repr__(self):
+        return (f"SerialLevelsOnRankZero({len(self.levels)} levels on rank 0, "
+                f"{self.levels[-1].n} DoFs at the top)")
+
+
+def _spec_name(spec):
+    return spec if isinstance(spec, str) else getattr(spec, "__name__", repr(spec))
+
+
+def multigrid_smoothing(components, kwargs):
+    """``(spec, smoother_kwargs, presmooth, postsmooth)`` of the finest level of
+    ``multigrid(space, **kwargs)`` for a space of ``components`` (multigrid's defaults where
+    ``kwargs`` has none): what its solver's ``_smoother_spec`` and ``_smoother_kwargs`` will be."""
+    params = inspect.signature(multigrid).parameters
+
+    def get(key):
+        return kwargs.get(key, params[key].default)
+    smoother = get("smoother")
+    skw = smoother_setup_kwargs(smoother, get("smoother_kwargs"), block_size=components, auto_omega=True)
+    spec, kw = level_smoothers(smoother, skw)[0]
+    return spec, kw, get("presmooth"), get("postsmooth")
+
+
+class PendingSerialLevels:
+    """The serial levels below the local ones before rank 0 has built them (module doc): the
+    top space ``spaces[-1]`` with its free mask ``constraints[-1].free``, ``levels`` and
+    ``cells`` of the top alone, and the smoothing of :func:`multigrid_smoothing` -- what the
+    local levels ask of them, and their ``backend`` and ``dtype`` (``kwargs``' or multigrid's
+    defaults).  ``make()`` builds them (called on rank 0 only: :meth:`build`); ``seconds``:
+    how long that took."""
+
+    def __init__(self, top, free, make, components, kwargs, rank, backend):
+        self.spaces = [top]
+        self.constraints = [SimpleNamespace(free=free)]
+        self.levels = [SimpleNamespace(n=int(top.num_dofs))]
+        self.cells = [int(top.mesh.num_cells)]
+        self.num_algebraic = 0
+        self._smoother_spec, self._smoother_kwargs, self.presmooth, self.postsmooth = \
+            multigrid_smoothing(components, kwargs)
+        self.backend = get_backend(backend)
+        self.dtype = np.dtype(kwargs.get("dtype", inspect.signature(multigrid).parameters["dtype"].default))
+        self._make, self.rank = make, rank
+        self.built, self.seconds = None, 0.0
+
+    def build(self):
+        """Rank 0: build the serial levels (once); other ranks: nothing."""
+        if self.rank == 0 and self.built is None:
+            t = time.perf_counter()
+            self.built = self._make()
+            self.seconds = time.perf_counter() - t
+
+    def finish(self, comm, backend):
+        """Collective, after the local levels: ``(ml, summary)`` -- rank 0's hierarchy there
+        (built now if it was not yet), its :class:`SerialLevelsOnRankZero` elsewhere, and the
+        broadcast :meth:`SerialLevelsOnRankZero.summary` -- after checking on every rank that
+        its top is this top and its smoothing the one the local levels used."""
+        self.build()
+        summary = None
+        if self.rank == 0:
+            summary = SerialLevelsOnRankZero.summary(self.built, top=False)
+            free = self.built.constraints[-1].free
+            summary["same_free"] = bool((free == self.constraints[-1].free).all()) if free.shape[0] else True
+        if comm.Get_size() > 1:
+            summary = comm.bcast(summary, root=0)
+        used = ((_spec_name(self._smoother_spec), dict(self._smoother_kwargs)), (self.presmooth, self.postsmooth))
+        got = (tuple(summary["smoother"]), tuple(summary["sweeps"]))
+        if got != used or summary["dofs"][-1] != self.levels[-1].n or not summary["same_free"]:
+            raise RuntimeError(f"the serial levels on rank 0 ({got}, {summary['dofs'][-1]} DoFs at the top) are "
+                               f"not those the local levels were built for ({used}, {self.levels[-1].n} DoFs), "
+                               f"or their top's free mask differs: {summary['same_free']}")
+        if self.rank == 0:
+            return self.built, summary
+        return SerialLevelsOnRankZero(summary, self.spaces[-1], backend, free=self.constraints[-1].free), summary
+
+    def __repr__(self):
+        return f"PendingSerialLevels({self.levels[-1].n} DoFs at the top, built: {self.built is not None})"
+
+
+def free_masks(spaces, dirichlet):
+    """The free-DoF masks (neither hanging nor Dirichlet) of ``spaces``.  Their hanging-node
+    matrices ``H`` are not built here: a mask needs only which nodes hang, and ``H`` is built
+    on first use by the level's rows (the other ranks of a hand-over get the hanging nodes,
+    :func:`hand_over`, and build it there, off the path the ranks wait on)."""
+    return [Constraints(s, dirichlet_dofs(s, dirichlet), build_H=False).free for s in spaces]
+
+
+def cut_and_own(space, spaces, size, weights, nranks):
+    """The finest cells' ranks (:func:`~.partition.partition_cells`) and the locally built
+    levels' ``(owners, cell_ranks, nranks)`` (:func:`~.partition.level_ownership`; ``nranks``
+    their numbers of ranks, :func:`~.partition.level_ranks`)."""
+    ranks = partition_cells(space.mesh, size, weights)
+    owners, cells = level_ownership(spaces, ranks, nranks, size)
+    return ranks, (owners, cells, nranks)
+
+
+def hand_over(comm, space, top, spaces, nranks, cut, masks, transport):
+    """Rank 1's :func:`cut_and_own` of ``space`` (``cut``, None elsewhere) and rank 0's
+    :func:`free_masks` of ``[top] + spaces`` with those meshes' hanging nodes (``masks``, None
+    elsewhere) on every rank (module doc; the cut as the narrowest integers that hold a rank,
+    widened to int64 by the receivers -- an eighth of int64's bytes below 128 ranks; the
+    hanging arrays' shapes by one MPI broadcast).  Collective (``size >= 2``).  Returns
+    ``(ranks, (owners, cell_ranks, nranks), masks)``; a receiver's meshes hold the sender's
+    hanging nodes as their own."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    narrow = np.int8 if size < 2 ** 7 else np.int16 if size < 2 ** 15 else np.int32
+    xp = space.mesh.backend.xp
+    L = len(spaces)
+    carriers = [s._carrier for s in [top, *spaces]]
+    if rank == 1:
+        ranks, (owners, cells, _) = cut
+        cbufs = [xp.ascontiguousarray(a.astype(narrow)) for a in [ranks, *owners, *cells]]
+    else:
+        n = [space.mesh.num_cells] + [s.num_dofs for s in spaces] + [s.mesh.num_cells for s in spaces]
+        cbufs = [xp.empty(k, dtype=narrow) for k in n]
+    if rank == 0:
+        hang = [xp.ascontiguousarray(a) for c in carriers for a in c._hanging_arrays()]
+        meta = [(a.shape, a.dtype.str) for a in hang]
+        mbufs = [m.view(np.int8) for m in masks] + hang
+    comm_meta = comm.bcast(meta if rank == 0 else None, root=0)
+    if rank != 0:
+        hang = [xp.empty(shape, dtype=np.dtype(dt)) for shape, dt in comm_meta]
+        mbufs = [xp.empty(s.num_dofs, dtype=np.int8) for s in [top, *spaces]] + hang
+    for dst in range(size):                      # (to itself: nothing moves)
+        pass_arrays(comm, cbufs, 1, dst, transport)
+    for dst in range(size):
+        pass_arrays(comm, mbufs, 0, dst, transport)
+    if rank != 0:
+        k = Mesh.HANGING_ARRAYS
+        for l, c in enumerate(carriers):
+            c._adopt_hanging(hang[k * l:k * (l + 1)])
+        masks = [m.view(bool) for m in mbufs[:L + 1]]
+    if rank == 1:
+        return ranks, cut[1], masks
+    wide = [a.astype(np.int64) for a in cbufs]
+    return wide[0], (wide[1:1 + L], wide[1 + L:], nranks), masks
