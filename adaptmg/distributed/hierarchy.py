@@ -116,7 +116,7 @@ from types import SimpleNamespace
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, backend_of, is_device_sparse, to_host
+from ..backend import CPU, backend_of, get_backend, is_device_sparse, to_host
 from ..device import kernels as K
 from ..device.priority import PriorityStream
 from ..multilevel.smoothers import BlockJacobi, Chebyshev, Jacobi
@@ -375,7 +375,7 @@ class DistributedHierarchy:
         self.aside_estimates = 0          # 1: the finest local level's estimate overlapped the second finest
         self.priority_switches = 0        # blocks of the set-up run on the priority stream
         self.build_order = []             # the locally built levels' indices, in the order finished
-        self.serial_beside = None         # pending serial levels: built beside the finest level (rank 0)
+        self.serial_built = None          # pending serial levels: when rank 0 built them (None elsewhere)
         self.matrix_free = bool(local is not None and local.get("matrix_free"))
         pending_serial = isinstance(ml, PendingSerialLevels)      # (then only their top is known)
         if local is not None and local.get("ownership") is not None:     # computed by the caller
@@ -442,7 +442,7 @@ class DistributedHierarchy:
                                              aside=hi if j == top else None, after=after)
                 order.append(j)
 
-            serial_build = ml.build if pending_serial else None
+            serial_build = (lambda: ml.build("beside the finest level")) if pending_serial else None
 
             def below_second():                      # beside the finest assembly
                 for j in range(top - 2, 0, -1):
@@ -488,6 +488,14 @@ class DistributedHierarchy:
         self.setup_exchanges = self.timer.exchanges
         self.setup_idle = self.timer.idle          # ... of them skipped (NCCL, nothing to move)
 
+    @staticmethod
+    def serial_beside_finest(backend, matrix_free):
+        """Whether the finest local level's ``after`` -- where a
+        :class:`~.serial_levels.PendingSerialLevels` is built -- runs beside its device-bound
+        assembly (the GPU, assembled levels: the priority stream of :meth:`_local_level`) rather
+        than after it."""
+        return get_backend(backend).is_gpu and not matrix_free
+
     def _rank_zero_top(self, lev, lay, kw):
         """Level ``c - 1``'s DistCSR, the top of the levels on rank 0 (the coarse level of the
         one cycle): rank 0 owns every row, in order, so its rows are the serial matrix
@@ -501,8 +509,8 @@ class DistributedHierarchy:
         the other ranks, the levels below their top put below the ones built (their layouts:
         rank 0 owns them), the top's DistCSR, and every level index shifted by their count."""
         t = time.perf_counter()
-        self.serial_beside = pending.built is not None          # (rank 0; False elsewhere)
         self.ml, summary = pending.finish(self.comm, self.backend)
+        self.serial_built = pending.where
         self.setup_stats["serial_build_s"] = pending.seconds
         owners, c, cell_ranks, nranks = with_agglomerated(summary["dofs"], summary["cells"], *ownership)
         below = c - 1                                    # the levels under the top

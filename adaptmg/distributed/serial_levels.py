@@ -4,23 +4,31 @@ rank 0 (the local set-up of :func:`.solve.solve`; ``top`` the finest level with 
 hold their summary (:class:`SerialLevelsOnRankZero`).
 
 Who computes what before the local levels (:func:`hand_over`).  The mesh is replicated, so
-every rank could find every level's free mask and the cut itself; instead rank 0 finds the
+every rank could find every level's free mask and the cut itself; instead one rank finds the
 free masks of the local levels and of the top (:func:`free_masks`: their hanging nodes)
 while rank 1 cuts the finest mesh and finds the local levels' owners (:func:`cut_and_own`),
 and each sends its arrays to every other rank (:func:`~.comm.pass_arrays`: one NCCL group a
 pair on the device, the host not waiting; the ranks as the narrowest integers that hold a
 rank).  The receivers adopt the hanging nodes as their meshes' own (no search).
 
-Rank 0 builds the serial levels later, beside its finest level's device-bound assembly
-(:class:`PendingSerialLevels`: what the local levels need of them -- the top's space and
-free mask, the smoother and sweeps ``multigrid`` gives its levels -- is known before;
-:class:`~.hierarchy.DistributedHierarchy` calls :meth:`PendingSerialLevels.build` there and
-:meth:`PendingSerialLevels.finish` after the local levels: one broadcast of their summary,
-which must name the smoothing the local levels used).  Measured on one H200 for two ranks
-at 21M DoFs a rank (42M-cell replicated mesh): the masks 23.7 ms (the finest level) +
-7.4 + 6.3 + 6.0 ms (the coarser ones and the top), the cut and owners 25 ms, the serial
-levels (94k DoFs at their top) 43-66 ms; before, rank 0 built the serial levels and rank 1
-found the masks and the cut side by side, ~65 ms each, before the local levels.
+Rank 0 builds the serial levels (:class:`PendingSerialLevels`: what the local levels need of
+them -- the top's space and free mask, the smoother and sweeps ``multigrid`` gives its
+levels -- is known before they exist; :meth:`PendingSerialLevels.finish`, after the local
+levels, broadcasts their summary, which must name the smoothing the local levels used)
+either
+
+* beside its finest level's device-bound assembly, where the hierarchy runs the finest
+  level's ``after`` there (on the GPU, assembled levels:
+  :meth:`~.hierarchy.DistributedHierarchy.serial_beside_finest`); rank 0 then finds the masks
+  (``mask_rank=0``) while rank 1 cuts -- or
+* first, while rank 1 finds the masks and cuts (``mask_rank=1``): elsewhere nothing would
+  run beside them.
+
+Measured on one H200 for two ranks at 21M DoFs a rank (42M-cell replicated mesh): the masks
+23.7 ms (the finest level) + 7.4 + 6.3 + 6.0 ms (the coarser ones and the top), the cut and
+owners 25 ms, the serial levels (94k DoFs at their top) 43-66 ms: the second way keeps both
+ranks ~65 ms before the first local level, the first ~45 ms, rank 0's host otherwise
+waiting ~43 ms for the finest assembly.
 """
 from __future__ import annotations
 
@@ -107,7 +115,8 @@ def multigrid_smoothing(components, kwargs):
 
 class PendingSerialLevels:
     """The serial levels below the local ones before rank 0 has built them (module doc): the
-    top space ``spaces[-1]`` with its free mask ``constraints[-1].free``, ``levels`` and
+    top space ``spaces[-1]`` with its free mask ``constraints[-1].free`` (``free``; the caller
+    may set it later, once the masks are handed over), ``levels`` and
     ``cells`` of the top alone, and the smoothing of :func:`multigrid_smoothing` -- what the
     local levels ask of them, and their ``backend`` and ``dtype`` (``kwargs``' or multigrid's
     defaults).  ``make()`` builds them (called on rank 0 only: :meth:`build`); ``seconds``:
@@ -124,21 +133,23 @@ class PendingSerialLevels:
         self.backend = get_backend(backend)
         self.dtype = np.dtype(kwargs.get("dtype", inspect.signature(multigrid).parameters["dtype"].default))
         self._make, self.rank = make, rank
-        self.built, self.seconds = None, 0.0
+        self.built, self.seconds, self.where = None, 0.0, None
 
-    def build(self):
-        """Rank 0: build the serial levels (once); other ranks: nothing."""
+    def build(self, where):
+        """Rank 0: build the serial levels (once; ``where``: a word on when, kept in
+        ``where``); other ranks: nothing."""
         if self.rank == 0 and self.built is None:
             t = time.perf_counter()
             self.built = self._make()
             self.seconds = time.perf_counter() - t
+            self.where = where
 
     def finish(self, comm, backend):
         """Collective, after the local levels: ``(ml, summary)`` -- rank 0's hierarchy there
         (built now if it was not yet), its :class:`SerialLevelsOnRankZero` elsewhere, and the
         broadcast :meth:`SerialLevelsOnRankZero.summary` -- after checking on every rank that
         its top is this top and its smoothing the one the local levels used."""
-        self.build()
+        self.build("after the local levels")
         summary = None
         if self.rank == 0:
             summary = SerialLevelsOnRankZero.summary(self.built, top=False)
@@ -179,14 +190,14 @@ def cut_and_own(space, spaces, size, weights, nranks):
     return ranks, (owners, cells, nranks)
 
 
-def hand_over(comm, space, top, spaces, nranks, cut, masks, transport):
-    """Rank 1's :func:`cut_and_own` of ``space`` (``cut``, None elsewhere) and rank 0's
-    :func:`free_masks` of ``[top] + spaces`` with those meshes' hanging nodes (``masks``, None
-    elsewhere) on every rank (module doc; the cut as the narrowest integers that hold a rank,
-    widened to int64 by the receivers -- an eighth of int64's bytes below 128 ranks; the
-    hanging arrays' shapes by one MPI broadcast).  Collective (``size >= 2``).  Returns
-    ``(ranks, (owners, cell_ranks, nranks), masks)``; a receiver's meshes hold the sender's
-    hanging nodes as their own."""
+def hand_over(comm, space, top, spaces, nranks, cut, masks, transport, mask_rank=0):
+    """Rank 1's :func:`cut_and_own` of ``space`` (``cut``, None elsewhere) and rank
+    ``mask_rank``'s :func:`free_masks` of ``[top] + spaces`` with those meshes' hanging nodes
+    (``masks``, None elsewhere) on every rank (module doc; the cut as the narrowest integers
+    that hold a rank, widened to int64 by the receivers -- an eighth of int64's bytes below 128
+    ranks; the hanging arrays' shapes by one MPI broadcast).  Collective (``size >= 2``).
+    Returns ``(ranks, (owners, cell_ranks, nranks), masks)``; a receiver's meshes hold the
+    sender's hanging nodes as their own."""
     rank, size = comm.Get_rank(), comm.Get_size()
     narrow = np.int8 if size < 2 ** 7 else np.int16 if size < 2 ** 15 else np.int32
     xp = space.mesh.backend.xp
@@ -198,19 +209,20 @@ def hand_over(comm, space, top, spaces, nranks, cut, masks, transport):
     else:
         n = [space.mesh.num_cells] + [s.num_dofs for s in spaces] + [s.mesh.num_cells for s in spaces]
         cbufs = [xp.empty(k, dtype=narrow) for k in n]
-    if rank == 0:
+    mine = rank == mask_rank
+    if mine:
         hang = [xp.ascontiguousarray(a) for c in carriers for a in c._hanging_arrays()]
         meta = [(a.shape, a.dtype.str) for a in hang]
         mbufs = [m.view(np.int8) for m in masks] + hang
-    comm_meta = comm.bcast(meta if rank == 0 else None, root=0)
-    if rank != 0:
-        hang = [xp.empty(shape, dtype=np.dtype(dt)) for shape, dt in comm_meta]
+    meta = comm.bcast(meta if mine else None, root=mask_rank)
+    if not mine:
+        hang = [xp.empty(shape, dtype=np.dtype(dt)) for shape, dt in meta]
         mbufs = [xp.empty(s.num_dofs, dtype=np.int8) for s in [top, *spaces]] + hang
     for dst in range(size):                      # (to itself: nothing moves)
         pass_arrays(comm, cbufs, 1, dst, transport)
     for dst in range(size):
-        pass_arrays(comm, mbufs, 0, dst, transport)
-    if rank != 0:
+        pass_arrays(comm, mbufs, mask_rank, dst, transport)
+    if not mine:
         k = Mesh.HANGING_ARRAYS
         for l, c in enumerate(carriers):
             c._adopt_hanging(hang[k * l:k * (l + 1)])

@@ -509,23 +509,28 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     ownership = None
     if size > 1 and top.num_dofs < agglomerate_below:
         t1 = time.perf_counter()
-        # rank 0: the free masks (the top's too); rank 1: the cut and the owners; then each
-        # hands its arrays to the others, and rank 0 builds the serial levels later, beside
-        # its finest assembly (.serial_levels)
-        masks = free_masks([top] + spaces, dirichlet) if rank == 0 else None
+        # the serial levels on rank 0 (.serial_levels): where the finest local level's
+        # assembly leaves room beside it, built there, rank 0 finding the free masks (the
+        # top's too) meanwhile; else now, rank 1 finding the masks; rank 1 cuts the mesh and
+        # finds the owners; then each hands its arrays to the others
+        ml = PendingSerialLevels(top, None, lambda: multigrid(top, assemble, dirichlet=dirichlet, **ckw),
+                                 space.components, ckw, rank, be)
+        mask_rank = 0 if DistributedHierarchy.serial_beside_finest(be, matrix_free) else 1
+        if mask_rank == 1:
+            ml.build("before the local levels")
+        masks = free_masks([top] + spaces, dirichlet) if rank == mask_rank else None
         t2 = time.perf_counter()
         nranks = level_ranks([s.num_dofs for s in spaces], size, 0, min_dofs_per_rank)
         cut = cut_and_own(space, spaces, size, weights, nranks) if rank == 1 else None
         t3 = time.perf_counter()
-        ranks, ownership, masks = hand_over(comm, space, top, spaces, nranks, cut, masks, transport)
+        ranks, ownership, masks = hand_over(comm, space, top, spaces, nranks, cut, masks, transport, mask_rank)
         frees = masks[1:]
-        ml = PendingSerialLevels(top, masks[0], lambda: multigrid(top, assemble, dirichlet=dirichlet, **ckw),
-                                 space.components, ckw, rank, be)
+        ml.constraints[-1].free = masks[0]
         t4 = time.perf_counter()
         # coarse_hierarchy_s: the mesh hierarchy and its spaces (mesh_hierarchy_s; rank 0's
-        # serial levels: the hierarchy's serial_build_s); frees_s: the free masks (rank 0);
-        # partition_s: the cut and the local levels' owners (rank 1); handover_s: the two
-        # passed to the other ranks
+        # serial levels: the hierarchy's serial_build_s); frees_s: the free masks (or rank
+        # 0's serial levels, built first); partition_s: the cut and the local levels' owners
+        # (rank 1); handover_s: the two passed to the other ranks
         phases = {"coarse_hierarchy_s": t_split, "mesh_hierarchy_s": t_split,
                   "frees_s": t2 - t1, "partition_s": t3 - t2, "handover_s": t4 - t3}
     else:

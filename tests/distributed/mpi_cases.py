@@ -141,7 +141,7 @@ def record(name, space, A, b, kw, serial_comm):
                                   for cr in dist.mg.cell_ranks],
                 describe_ranks=[r["ranks"] for r in dist.mg.describe()],
                 serial_kinds=COMM.allgather(type(dist.ml).__name__),
-                serial_beside=COMM.allgather(dist.mg.serial_beside),
+                serial_built=COMM.allgather(dist.mg.serial_built),
                 serial_top_dofs=dist.ml.spaces[-1].num_dofs), dist
 
 
@@ -352,7 +352,7 @@ def run_solve_gpu(out, fake):
                    setup_aside=COMM.allgather(getattr(mg, "aside_estimates", 0)),
                    priority_switches=COMM.allgather(getattr(mg, "priority_switches", 0)),
                    build_order=list(getattr(mg, "build_order", [])),
-                   serial_beside=COMM.allgather(getattr(mg, "serial_beside", None)),
+                   serial_built=COMM.allgather(getattr(mg, "serial_built", None)),
                    serial_top_dofs=dist.ml.spaces[-1].num_dofs,
                    # the distributed levels' omega (None: no rows, or no omega) and the serial
                    # CPU hierarchy's on the same levels

@@ -56,7 +56,7 @@ def test_pass_arrays_copies_the_senders_arrays_into_the_receivers():
         pass_arrays(QueueRank(1, 2, q), [np.zeros((4, 4))[:, 1]], 1, 0)
 
 
-def _share(comm, make_mesh, below, sent=None):
+def _share(comm, make_mesh, below, sent=None, mask_rank=0):
     """One rank's side of the hand-over on its own copy of the mesh: what it ends with."""
     rank, size = comm.Get_rank(), comm.Get_size()
     if sent is not None:                                         # the dtypes this rank sends
@@ -67,8 +67,8 @@ def _share(comm, make_mesh, below, sent=None):
     assert not msg
     nranks = level_ranks([s.num_dofs for s in spaces], size, 0, 100)
     cut = cut_and_own(space, spaces, size, None, nranks) if rank == 1 else None
-    masks = free_masks([top] + spaces, "all") if rank == 0 else None
-    ranks, (owners, cells, nr), got = hand_over(comm, space, top, spaces, nranks, cut, masks, "mpi")
+    masks = free_masks([top] + spaces, "all") if rank == mask_rank else None
+    ranks, (owners, cells, nr), got = hand_over(comm, space, top, spaces, nranks, cut, masks, "mpi", mask_rank)
     searched = ["_hanging_forest" in s._carrier.__dict__ for s in [top, *spaces]]
     return dict(ranks=ranks, owners=owners, cells=cells, nranks=nr, masks=got, searched=searched,
                 hanging=[s._carrier._hanging_arrays() for s in [top, *spaces]],
@@ -76,14 +76,19 @@ def _share(comm, make_mesh, below, sent=None):
                 own_masks=free_masks([top] + spaces, "all"))
 
 
-@pytest.mark.parametrize("size", [2, 3])
-def test_every_rank_gets_rank_ones_cut_and_rank_zeros_masks(size):
+@pytest.mark.parametrize("size, mask_rank", [(2, 0), (3, 0), (2, 1), (3, 1)])
+def test_every_rank_gets_rank_ones_cut_and_the_masks(size, mask_rank):
     sent = {r: [] for r in range(size)}
-    got = run_ranks(size, lambda comm: _share(comm, lambda: _mesh(2, 3), 50, sent[comm.Get_rank()]), timeout=120)
+    got = run_ranks(size, lambda comm: _share(comm, lambda: _mesh(2, 3), 50, sent[comm.Get_rank()], mask_rank),
+                    timeout=120)
     top, spaces = got[1]["spaces"]
     assert top.num_dofs < 50 and len(spaces) >= 2
     assert got[0]["want_nranks"][0] < size                       # a folded level among them
-    assert sent[1] and all(d == np.int8 for d in sent[1])         # the cut: an eighth of int64's bytes
+    if mask_rank == 0:                                           # the cut: an eighth of int64's bytes
+        assert sent[1] and all(d == np.int8 for d in sent[1])
+    else:                                                        # (the cut first, then the masks)
+        ncut = 1 + 2 * len(spaces)
+        assert all(d == np.int8 for d in sent[1][:ncut * (size - 1)])
     ref = got[1]                                                 # the cut rank's own arrays
     again = level_ownership(spaces, ref["ranks"], ref["want_nranks"], size)
     assert all(np.array_equal(a, b) for a, b in zip(again[0] + again[1], ref["owners"] + ref["cells"]))
@@ -92,14 +97,14 @@ def test_every_rank_gets_rank_ones_cut_and_rank_zeros_masks(size):
         for a, b in zip([g["ranks"], *g["owners"], *g["cells"]], [ref["ranks"], *ref["owners"], *ref["cells"]]):
             assert a.dtype == np.int64 and np.array_equal(a, b), r          # integers: exact
         assert len(g["masks"]) == len(spaces) + 1
-        for m, m0, own in zip(g["masks"], got[0]["masks"], g["own_masks"]):
+        for m, m0, own in zip(g["masks"], got[mask_rank]["masks"], g["own_masks"]):
             assert m.dtype == bool and np.array_equal(m, m0) and np.array_equal(m, own), r
         # the receivers keep rank 0's hanging nodes as their meshes' own: never searched, and
         # what the search finds; the same integer operations give the same H (weights 1/2, 1/4)
-        assert g["searched"] == [r == 0] * (len(spaces) + 1), r
-        for h, h0 in zip(g["hanging"], got[0]["hanging"]):
+        assert g["searched"] == [r == mask_rank] * (len(spaces) + 1), r
+        for h, h0 in zip(g["hanging"], got[mask_rank]["hanging"]):
             assert all(a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b) for a, b in zip(h, h0))
-        assert all(np.array_equal(H, H0) for H, H0 in zip(g["H"], got[0]["H"]))
+        assert all(np.array_equal(H, H0) for H, H0 in zip(g["H"], got[mask_rank]["H"]))
     assert sum(s.hanging_nodes.size for s in spaces) > 0
 
 
@@ -203,7 +208,7 @@ def _pending(comm, make_kw, below=50):
         made.append(rank)
         return multigrid(top, assemble.stiffness, dirichlet="all", **make_kw)
     pend = PendingSerialLevels(top, free, make, 1, {}, rank, "cpu")
-    pend.build()                                  # rank 0 only
+    pend.build("in the test")                     # rank 0 only
     ml, summary = pend.finish(comm, None)
     return made, ml, summary, top, free
 

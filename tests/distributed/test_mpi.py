@@ -128,8 +128,9 @@ def test_levels_are_set_up_from_the_ranks_cells(results, case):
     assert alone or case != "q1-2d", rec
     assert rec["serial_kinds"] == ["GeometricMultigrid"] + [
         "SerialLevelsOnRankZero" if alone else "GeometricMultigrid"] * (n - 1), rec
-    # rank 0 alone builds them, beside (after) the finest local level's rows, not first
-    assert rec["serial_beside"] == ([True] + [False] * (n - 1) if alone else [None] * n), rec
+    # rank 0 alone builds them: on the CPU first (nothing runs beside the finest level there),
+    # while rank 1 finds the free masks and cuts the mesh
+    assert rec["serial_built"] == (["before the local levels"] + [None] * (n - 1) if alone else [None] * n), rec
     assert max(rec["fine_rows_err"]) <= 1e-13, rec
     assert rec["levels"] == rec["serial_levels"], rec
     nloc = len(rec["level_cells"])
@@ -526,7 +527,7 @@ def test_device_path_with_a_stand_in_device(fake_gpu, case):
         # where rank 0 alone builds the serial levels, it builds them beside the finest
         # level's assembly (with the levels below the second finest), not first
         alone = [c for c in GPU_CASES if "replicated" not in c and recs[c]["serial_top_dofs"] < 50]
-        assert alone and all(recs[c]["serial_beside"] == [True, False] for c in alone), recs
+        assert alone and all(recs[c]["serial_built"] == ["beside the finest level", None] for c in alone), recs
         # fine to coarse, in the order finished: the levels below the second finest (built
         # beside the finest level's assembly, so done first), the finest, then the second
         # finest (beside the finest level's estimate); some case has three local levels
