@@ -63,10 +63,12 @@ all ranks; ``result.active_ranks`` lists ``P_l`` per level).  ``agglomerate_belo
 to 1000 DoFs on the CPU and 2^19 on GPUs, where a level of fewer rows costs a kernel launch's
 latency on one GPU and a halo exchange per smoothing step when distributed.  The small levels below ``agglomerate_below`` (agglomerated onto
 rank 0, and algebraic ones) come from a serial hierarchy on the coarse mesh, which rank 0
-alone builds while the other ranks cut the mesh and find the local levels' DoF owners; rank 1
-hands them to rank 0 (NCCL or MPI, as int8 where the ranks fit) and rank 0 broadcasts what the
-others need of its hierarchy (``result.ml`` there: a :class:`~.hierarchy.SerialLevelsOnRankZero`;
-two H200, 19M DoFs per GPU: rank 0's work before the local levels 0.15 -> 0.12 s).  Where the
+alone builds: on the GPU with assembled levels beside its finest level's assembly, rank 0
+finding the free masks and rank 1 cutting the mesh (the local levels' DoF owners) before;
+elsewhere first, while rank 1 finds the masks and cuts.  Each hands its arrays to the others
+(NCCL or MPI, the ranks as int8 where they fit) and rank 0 broadcasts what the others need of
+its hierarchy (``result.ml`` there: a :class:`~.serial_levels.SerialLevelsOnRankZero`;
+:mod:`.serial_levels`).  Where the
 coarsest mesh level itself has ``agglomerate_below`` DoFs or more, every rank builds the
 serial hierarchy and cuts the mesh, as before.  ``solve(..., local_setup=False)`` is the first version: every rank builds the
 whole serial hierarchy and extracts its rows.  Matrices, vectors, smoothing, transfers and
