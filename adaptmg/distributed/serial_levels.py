@@ -22,13 +22,17 @@ either
   :meth:`~.hierarchy.DistributedHierarchy.serial_beside_finest`); rank 0 then finds the masks
   (``mask_rank=0``) while rank 1 cuts -- or
 * first, while rank 1 finds the masks and cuts (``mask_rank=1``): elsewhere nothing would
-  run beside them.
+  run beside them, and in the first local set-up of a process (:func:`first_setup`), whose
+  serial levels pay their libraries' and kernels' first use (~0.45 s on an H200) while the
+  process's NCCL communicator is made (~0.5 s, on a thread): first, that hides behind both.
 
-Measured on one H200 for two ranks at 21M DoFs a rank (42M-cell replicated mesh): the masks
-23.7 ms (the finest level) + 7.4 + 6.3 + 6.0 ms (the coarser ones and the top), the cut and
-owners 25 ms, the serial levels (94k DoFs at their top) 43-66 ms: the second way keeps both
-ranks ~65 ms before the first local level, the first ~45 ms, rank 0's host otherwise
-waiting ~43 ms for the finest assembly.
+Two H200, 21M DoFs a rank (42M-cell replicated mesh; old and new code alternated in one
+call, warm set-ups): beside the finest level, 0.376 / 0.389 / 0.376 -> 0.363 / 0.362 / 0.361 s
+on one host, 0.381 / 0.417 -> 0.371 / 0.374 s on another (the ranks reach the first local
+level after ~49 ms instead of ~84 ms; the serial levels' ~52 ms of launch-bound host work
+end with the finest assembly, ~2 ms after it).  Built there in a process's first set-up as
+well, they made it 0.93 / 0.95 -> 1.02-1.07 s; built first there, 1.08 / 1.43 (old) against
+0.99 / 1.09 s (the first set-up varies by tenths of a second between runs).
 """
 from __future__ import annotations
 
@@ -47,7 +51,22 @@ from .comm import pass_arrays
 from .partition import level_ownership, partition_cells
 
 __all__ = ["SerialLevelsOnRankZero", "PendingSerialLevels", "multigrid_smoothing", "free_masks", "cut_and_own",
-           "hand_over"]
+           "hand_over", "first_setup", "setup_done"]
+
+#: local set-ups this process has finished (:func:`setup_done`)
+_SETUPS = [0]
+
+
+def first_setup(comm) -> bool:
+    """Whether this is the first local set-up of the process on some rank (collective: one
+    ``allreduce`` of a count, so every rank answers the same)."""
+    mine = int(_SETUPS[0] == 0)
+    return bool(comm.allreduce(mine) if comm.Get_size() > 1 else mine)
+
+
+def setup_done() -> None:
+    """Count a finished local set-up (:func:`first_setup`)."""
+    _SETUPS[0] += 1
 
 
 class SerialLevelsOnRankZero:

@@ -65,7 +65,7 @@ from ..linalg._vectorops import global_norm, global_reductions
 from .comm import agree, allreduce_sum, get_comm, guard, names_gpu, resolve_transport, select_device
 from .nccl import start_nccl_communicator
 from .hierarchy import DistributedHierarchy
-from .serial_levels import PendingSerialLevels, cut_and_own, free_masks, hand_over
+from .serial_levels import PendingSerialLevels, cut_and_own, first_setup, free_masks, hand_over, setup_done
 from .partition import imbalance, level_ranks, partition_cells
 
 __all__ = ["solve", "solve_forest", "solve_poisson", "resolve", "DistributedResult"]
@@ -511,11 +511,13 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
         t1 = time.perf_counter()
         # the serial levels on rank 0 (.serial_levels): where the finest local level's
         # assembly leaves room beside it, built there, rank 0 finding the free masks (the
-        # top's too) meanwhile; else now, rank 1 finding the masks; rank 1 cuts the mesh and
-        # finds the owners; then each hands its arrays to the others
+        # top's too) meanwhile; else -- and in a process's first set-up -- now, rank 1
+        # finding the masks; rank 1 cuts the mesh and finds the owners; then each hands its
+        # arrays to the others
         ml = PendingSerialLevels(top, None, lambda: multigrid(top, assemble, dirichlet=dirichlet, **ckw),
                                  space.components, ckw, rank, be)
-        mask_rank = 0 if DistributedHierarchy.serial_beside_finest(be, matrix_free) else 1
+        beside = DistributedHierarchy.serial_beside_finest(be, matrix_free) and not first_setup(comm)
+        mask_rank = 0 if beside else 1
         if mask_rank == 1:
             ml.build("before the local levels")
         masks = free_masks([top] + spaces, dirichlet) if rank == mask_rank else None
@@ -550,6 +552,7 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
                               local=dict(spaces=spaces, assemble=assemble, frees=frees,
                                          matrix_free=matrix_free, ownership=ownership),
                               min_dofs_per_rank=min_dofs_per_rank, transport=transport)
+    setup_done()
     t5 = time.perf_counter()
     f_loc = mg.constrain_local(b)
     phases["rhs_s"] = time.perf_counter() - t5

@@ -22,6 +22,7 @@ from adaptmg import assemble
 from adaptmg.distributed import allreduce_sum, install_excepthook, solve
 from adaptmg.linalg._vectorops import VectorOps, global_norm, global_reductions
 from adaptmg.backend import CPU
+from adaptmg.distributed.serial_levels import _SETUPS
 from adaptmg.fe import Space
 from adaptmg.mesh import Mesh
 
@@ -328,6 +329,7 @@ def run_solve_gpu(out, fake):
     for name, (make, extra) in GPU_CASES.items():
         space, A, b, kw = make()
         kw = {"min_dofs_per_rank": 0, "rtol": 1e-10, "agglomerate_below": 50, **kw, **extra}
+        first = any(COMM.allgather(_SETUPS[0] == 0))       # this process's first local set-up
         dist = solve(space, A, b, comm=COMM, backend="gpu", coarse_max_rows=None, **kw)
         cpu = solve(space, A, b, comm=serial_comm, backend="cpu", **kw)
         gpu = None if fake else solve(space, A, b, comm=serial_comm, backend="gpu",
@@ -352,7 +354,7 @@ def run_solve_gpu(out, fake):
                    setup_aside=COMM.allgather(getattr(mg, "aside_estimates", 0)),
                    priority_switches=COMM.allgather(getattr(mg, "priority_switches", 0)),
                    build_order=list(getattr(mg, "build_order", [])),
-                   serial_built=COMM.allgather(getattr(mg, "serial_built", None)),
+                   serial_built=COMM.allgather(getattr(mg, "serial_built", None)), first_setup=first,
                    serial_top_dofs=dist.ml.spaces[-1].num_dofs,
                    # the distributed levels' omega (None: no rows, or no omega) and the serial
                    # CPU hierarchy's on the same levels

@@ -231,3 +231,20 @@ def test_pending_serial_levels_refuse_other_smoothing(make_kw):
     raises (the check runs on the broadcast summary)."""
     with pytest.raises(RuntimeError, match="not those the local levels were built for"):
         run_ranks(2, lambda comm: _pending(comm, make_kw), timeout=120)
+
+
+def test_first_setup_is_agreed_by_every_rank(monkeypatch):
+    """first_setup: true on every rank while some rank has finished no local set-up."""
+    import adaptmg.distributed.serial_levels as SL
+    monkeypatch.setattr(SL, "_SETUPS", [0])
+    assert run_ranks(2, lambda comm: SL.first_setup(comm), timeout=60) == [True, True]
+    SL.setup_done()
+    assert run_ranks(2, lambda comm: SL.first_setup(comm), timeout=60) == [False, False]
+
+    class OtherFresh:                                # a rank whose peer has set up nothing yet
+        def Get_size(self):
+            return 2
+
+        def allreduce(self, x):
+            return x + 1
+    assert SL.first_setup(OtherFresh()) is True      # this rank is not fresh, its peer is: both say first
