@@ -74,38 +74,30 @@ class SerialLevelsOnRankZero:
     which the local set-up builds on rank 0 only (:func:`.solve.solve`; every one of its
     levels is agglomerated there): the levels' sizes ``levels[l].n`` (coarse -> fine),
     ``num_algebraic``, the cells of its geometric levels ``cells``, its top space
-    (``spaces[-1]``, this rank's own copy) with its free-DoF mask (``constraints[-1].free``:
-    ``free``, else rank 0's from the summary), the smoother specification and the sweeps --
-    what the distributed levels above it and :class:`~.rank_zero.RankZeroCycle` ask of it.
-    Made from :meth:`summary` of rank 0's hierarchy (broadcast)."""
+    (``spaces[-1]``, this rank's own copy) with its free-DoF mask ``free``
+    (``constraints[-1].free``: handed over before the local levels, :func:`hand_over`), the
+    smoother specification and the sweeps -- what the distributed levels above it and
+    :class:`~.rank_zero.RankZeroCycle` ask of it.  Made from :meth:`summary` of rank 0's
+    hierarchy (broadcast)."""
 
-    def __init__(self, summary, top, backend, free=None):
+    def __init__(self, summary, top, backend, free):
         self.levels = [SimpleNamespace(n=int(n)) for n in summary["dofs"]]
         self.num_algebraic = summary["num_algebraic"]
         self.cells = list(summary["cells"])
         self.spaces = [top]
-        self.constraints = [SimpleNamespace(free=top.backend.xp.asarray(summary["free"] if free is None else free))]
-        if summary.get("hanging") is not None:   # the top's hanging nodes as rank 0 found them
-            xp = top.mesh.backend.xp
-            top._carrier._adopt_hanging([xp.asarray(a) for a in summary["hanging"]])
+        self.constraints = [SimpleNamespace(free=top.backend.xp.asarray(free))]
         self._smoother_spec, self._smoother_kwargs = summary["smoother"]
         self.presmooth, self.postsmooth = summary["sweeps"]
         self.backend, self.dtype = backend, np.dtype(np.float64)
 
     @staticmethod
-    def summary(ml, top=True):
+    def summary(ml):
         """The picklable description of rank 0's hierarchy ``ml`` that the other ranks build
-        this from (``top``: with the free mask and the hanging nodes of its top as host arrays
-        -- the other ranks' copies of the top adopt them instead of searching; without them
-        where those ranks have them already, :func:`hand_over`; a smoother given as a factory
-        travels as its name: the distributed levels reject it by that name)."""
+        this from (a smoother given as a factory travels as its name: the distributed levels
+        reject it by that name)."""
         spec = ml._smoother_spec
-        space = ml.spaces[-1] if (ml.spaces and top) else None
         return dict(dofs=[int(lev.n) for lev in ml.levels], num_algebraic=int(ml.num_algebraic),
                     cells=[int(s.mesh.num_cells) for s in ml.spaces],
-                    free=to_host(ml.constraints[-1].free) if top else None,
-                    hanging=(None if space is None else
-                             [to_host(a) for a in space._carrier._hanging_arrays()]),
                     smoother=(_spec_name(spec), dict(ml._smoother_kwargs)),
                     sweeps=(ml.presmooth, ml.postsmooth))
 
@@ -171,7 +163,7 @@ class PendingSerialLevels:
         self.build("after the local levels")
         summary = None
         if self.rank == 0:
-            summary = SerialLevelsOnRankZero.summary(self.built, top=False)
+            summary = SerialLevelsOnRankZero.summary(self.built)
             # compared on the host (the top's masks are small; a device comparison of two bool
             # arrays would be a kernel of its own for a first run to compile)
             summary["same_free"] = bool(np.array_equal(to_host(self.built.constraints[-1].free),
@@ -186,7 +178,7 @@ class PendingSerialLevels:
                                f"or their top's free mask differs: {summary['same_free']}")
         if self.rank == 0:
             return self.built, summary
-        return SerialLevelsOnRankZero(summary, self.spaces[-1], backend, free=self.constraints[-1].free), summary
+        return SerialLevelsOnRankZero(summary, self.spaces[-1], backend, self.constraints[-1].free), summary
 
     def __repr__(self):
         return f"PendingSerialLevels({self.levels[-1].n} DoFs at the top, built: {self.built is not None})"

@@ -88,7 +88,7 @@ class DistributedResult:
     ml: Any = None                 # the serial hierarchy (replicated; with the local set-up only
     #                                the levels below the locally built ones, and where all of
     #                                them are agglomerated on rank 0 only there: the other ranks
-    #                                hold a hierarchy.SerialLevelsOnRankZero summary)
+    #                                hold a serial_levels.SerialLevelsOnRankZero summary)
     mg: Any = None                 # DistributedHierarchy (None on one rank); mg.solver the cycle
     active_ranks: list = field(default_factory=list)   # ranks per level (coarse -> fine): P_l
     u_local: Any = None            # solve_forest: nodal values H x of the owned nodes (host)
