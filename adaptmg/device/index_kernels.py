@@ -84,7 +84,10 @@ Kernels
     with :math:`G_r = \sum_{s < r} g_s` the fill pass writes, in order, the owned entries
     at :math:`\mathrm{ip}_r - G_r + \dots` (column :math:`\ell(j_p)`) and the ghost ones at
     :math:`G_r + \dots` (global column :math:`j_p`): one read of the rows per pass instead
-    of a gather, two mask compactions and a search per entry.
+    of a gather, two mask compactions and a search per entry.  With chosen rows
+    :math:`s_r` (row r of the result is row :math:`s_r` of the matrix) the count pass also
+    writes the owned count :math:`o_r`, and the owned entries start at
+    :math:`O_r = \sum_{q < r} o_q`: the split of ``M[s]`` without the copy ``M[s]``.
 
 ``q1_forest_rows`` / ``q1_forest_fill``
     The rows of the Q1 embedding between two meshes of one forest
@@ -235,24 +238,30 @@ _SPECS = {
         "     kcol[o + j] = c; kval[o + j] = w; ++m; } }"),
     # W = 32: one warp per row (i = 32 r + lane; the row's entries read 32 at a time,
     # coalesced), W = 1: one thread per row (short rows); the row's ghost entries (local
-    # index -1; ``table`` 0: owned is the range lo .. hi - 1)
+    # index -1; ``table`` 0: owned is the range lo .. hi - 1); ``has_sel``: row r is the
+    # matrix's row sel[r], and its owned count goes to o[r] too
     "split_rows_count": (
-        "raw I ip, raw C col, raw L local, int64 lo, int64 hi, int32 table, int32 W", "raw int64 g",
-        "long long r = i / W; int lane = (int)(i % W); long long e = (long long)ip[r + 1]; int c = 0;"
-        " for (long long p = (long long)ip[r] + lane; p - lane < e; p += W) {"
+        "raw I ip, raw C col, raw L local, int64 lo, int64 hi, int32 table, int32 W, raw int64 sel,"
+        " int32 has_sel", "raw int64 g, raw int64 o",
+        "long long r = i / W; int lane = (int)(i % W); long long s = has_sel ? sel[r] : r;"
+        " long long b = (long long)ip[s], e = (long long)ip[s + 1]; int c = 0;"
+        " for (long long p = b + lane; p - lane < e; p += W) {"
         "   bool ghost = false;"
         "   if (p < e) { long long j = (long long)col[p];"
         "     ghost = table ? local[j] < 0 : (unsigned long long)(j - lo) >= (unsigned long long)(hi - lo); }"
         "   c += W == 1 ? (int)ghost : __popc(__ballot_sync(0xffffffffu, ghost)); }"
-        " if (lane == 0) g[r] = c;"),
-    # the same rows: owned entries from ip_r - G_r (local columns), ghost ones from G_r; with
-    # W = 32 each lane's place among its chunk's entries of its kind by a ballot's prefix count
+        " if (lane == 0) { g[r] = c; if (has_sel) o[r] = e - b - c; }"),
+    # the same rows: owned entries from O_r (ip_r - G_r without a selection; local columns),
+    # ghost ones from G_r; with W = 32 each lane's place among its chunk's entries of its kind
+    # by a ballot's prefix count
     "split_rows_fill": (
-        "raw I ip, raw C col, raw F val, raw L local, int64 lo, int64 hi, int32 table, int32 W, raw int64 gptr",
+        "raw I ip, raw C col, raw F val, raw L local, int64 lo, int64 hi, int32 table, int32 W,"
+        " raw int64 sel, int32 has_sel, raw int64 optr, raw int64 gptr",
         "raw O ocol, raw F oval, raw int64 gcol, raw F gval",
-        "long long r = i / W; int lane = (int)(i % W); long long e = (long long)ip[r + 1];"
-        " long long g = gptr[r], o = (long long)ip[r] - g; unsigned below = (1u << lane) - 1u;"
-        " for (long long p = (long long)ip[r] + lane; p - lane < e; p += W) {"
+        "long long r = i / W; int lane = (int)(i % W); long long s = has_sel ? sel[r] : r;"
+        " long long b = (long long)ip[s], e = (long long)ip[s + 1];"
+        " long long g = gptr[r], o = has_sel ? optr[r] : b - g; unsigned below = (1u << lane) - 1u;"
+        " for (long long p = b + lane; p - lane < e; p += W) {"
         "   long long j = -1, l = -1;"
         "   if (p < e) { j = (long long)col[p];"
         "     l = table ? (long long)local[j]"
@@ -602,11 +611,14 @@ def q1_forest_fill(cnt, kind, hang, codes, ip, c: int, indices, data):
 SPLIT_WARP_ROW = 12
 
 
-def owned_ghost_rows(ip, col, val, local=None, lo=0, hi=0):
+def owned_ghost_rows(ip, col, val, local=None, lo=0, hi=0, rows=None):
     """The owned / ghost split of CSR rows ``(ip, col, val)`` (sorted within rows, global
     columns) -- the module's ``split_rows`` formula: ``local`` the local index of every
     global column (-1: owned elsewhere), or None for ownership of the range ``lo <= j < hi``
-    (local index ``j - lo``).  Returns ``(optr, ocol, oval, gptr, gcol, gval)``: the owned
+    (local index ``j - lo``); ``rows`` (int64, of the arrays' module): only those rows of
+    the matrix, in that order (None: every row) -- its rows without a gathered copy of them
+    first (two H200, a rank's 21M rows of a 42M-row prolongation: that copy, ``P[rows]``,
+    took 3.7 ms).  Returns ``(optr, ocol, oval, gptr, gcol, gval)``: the owned
     block (int64 row pointer, local columns int32 where ``hi - lo`` / the table fit, else
     int64) and the ghost block (int64 row pointer, int64 global columns), each in the rows'
     order.  On the device a count kernel, a running sum, one read of the ghost count and a
@@ -615,28 +627,46 @@ def owned_ghost_rows(ip, col, val, local=None, lo=0, hi=0):
     strided ones -- DistCSR's whole split of 500M entries on an H200: 68 ms a thread a row,
     13 ms a warp a row), else one thread a row (a prolongation's rows of 1 - 8 entries would
     leave most of a warp idle: 62M entries in 19M rows, 2.9 against 9.4 ms).  The twin: the
-    local indices by one gather, two mask compactions and one search of the row starts among
-    the ghost entries."""
+    chosen rows gathered, then the local indices by one gather, two mask compactions and one
+    search of the row starts among the ghost entries."""
     xp = backend_of(val).xp
-    n = int(ip.shape[0]) - 1
+    sel = rows is not None
+    n = int(rows.shape[0]) if sel else int(ip.shape[0]) - 1
     table = local is not None
     width = int(local.size) if table else int(hi - lo)
     it = np.int32 if width < np.iinfo(np.int32).max else np.int64
     if not in_host_memory(val):
         loc = local if table else xp.zeros(1, dtype=np.int32)
-        W = 32 if col.size >= SPLIT_WARP_ROW * n else 1          # lanes a row
-        args = (ip, col, loc, np.int64(lo), np.int64(hi), np.int32(table), np.int32(W))
+        rows_all = max(int(ip.shape[0]) - 1, 1)
+        W = 32 if col.size >= SPLIT_WARP_ROW * rows_all else 1          # lanes a row
+        pick = rows.astype(np.int64, copy=False) if sel else xp.zeros(1, dtype=np.int64)
+        args = (ip, col, loc, np.int64(lo), np.int64(hi), np.int32(table), np.int32(W), pick, np.int32(sel))
         gptr = xp.zeros(n + 1, dtype=np.int64)
+        optr = xp.zeros(n + 1, dtype=np.int64) if sel else None
         if n:
-            gcnt = _kernel("split_rows_count")(*args, xp.empty(n, dtype=np.int64), size=W * n)
+            gcnt, ocnt = _kernel("split_rows_count")(*args, xp.empty(n, dtype=np.int64),
+                                                     xp.empty(n if sel else 1, dtype=np.int64), size=W * n)
             xp.cumsum(gcnt, out=gptr[1:])
-        ng = int(gptr[-1])
-        nnz = int(col.size)
-        ocol, oval = xp.empty(nnz - ng, dtype=it), xp.empty(nnz - ng, dtype=val.dtype)
+            if sel:
+                xp.cumsum(ocnt, out=optr[1:])
+        if sel:                      # one read of both counts
+            ng, no = (int(v) for v in to_host(xp.stack([gptr[-1], optr[-1]])))
+        else:
+            ng = int(gptr[-1])
+            no = int(col.size) - ng
+            optr = ip.astype(np.int64) - gptr
+        ocol, oval = xp.empty(no, dtype=it), xp.empty(no, dtype=val.dtype)
         gcol, gval = xp.empty(ng, dtype=np.int64), xp.empty(ng, dtype=val.dtype)
-        if n and nnz:
-            _kernel("split_rows_fill")(*args[:2], val, *args[2:], gptr, ocol, oval, gcol, gval, size=W * n)
-        return ip.astype(np.int64) - gptr, ocol, oval, gptr, gcol, gval
+        if n and no + ng:
+            _kernel("split_rows_fill")(*args[:2], val, *args[2:], optr, gptr, ocol, oval, gcol, gval, size=W * n)
+        return optr, ocol, oval, gptr, gcol, gval
+    if sel:                          # the chosen rows gathered, then split as every row
+        start = ip[rows].astype(np.int64)
+        cnt = ip[rows + 1].astype(np.int64) - start
+        ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(cnt, out=ptr[1:])
+        at = np.repeat(start - ptr[:-1], cnt) + np.arange(ptr[-1], dtype=np.int64)
+        return owned_ghost_rows(ptr, col[at], val[at], local, lo, hi)
     j = col.astype(np.int64)
     if table:
         lc = local[j]

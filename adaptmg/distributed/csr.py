@@ -71,7 +71,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, csr_from_arrays, get_backend, is_device_array, is_device_sparse, nccl_module, to_host
+from ..backend import CPU, backend_of, csr_from_arrays, get_backend, is_device_array, is_device_sparse, nccl_module, to_host
 from ..device import kernels as K
 from ..device.index_kernels import owned_ghost_rows
 from .comm import HaloTimer, alltoallv, resolve_transport, waitall
@@ -533,14 +533,25 @@ def _split(be, Ml, cols, rank):
     local numbering keeps the owned columns' order); so do the ghost block's where the ghosts
     are in increasing global order too (one owner, or owners of increasing ranges: every row
     at P = 2), else they are sorted (on the device a sort of the block's entries)."""
-    xp = be.xp
+    return _blocks(be, split_rows(Ml, cols).parts, Ml.shape[0], cols)
+
+
+def split_rows(M, cols, rows=None) -> SplitRows:
+    """The rows ``rows`` of the canonical CSR ``M`` (global columns; int64 row numbers of its
+    array module, in the order wanted; None: every row) split for the column layout ``cols``
+    as :class:`DistCSR` splits a rank's rows (:func:`_split`), as :class:`SplitRows`: what
+    ``DistCSR(split_rows(M, cols, rows), rows_layout, cols, local_rows=True)`` takes -- the
+    same blocks as ``DistCSR(M[rows], ...)`` without the copy ``M[rows]``
+    (:func:`adaptmg.device.index_kernels.owned_ghost_rows` reads the chosen rows in place)."""
+    xp = backend_of(M.data).xp
     if isinstance(cols, RangeLayout):
         table, lo, hi = None, cols.lo, cols.hi
-    elif Ml.nnz == 0:                 # no entries: no table to look in (a device layout's stays there)
+    elif M.nnz == 0:                  # no entries: no table to look in (a device layout's stays there)
         table, lo, hi = None, 0, cols.n
     else:
         table, lo, hi = cols.local_on(xp), 0, 0
-    return _blocks(be, owned_ghost_rows(Ml.indptr, Ml.indices, Ml.data, table, lo, hi), Ml.shape[0], cols)
+    n = M.shape[0] if rows is None else int(rows.shape[0])
+    return SplitRows(owned_ghost_rows(M.indptr, M.indices, M.data, table, lo, hi, rows), (n, M.shape[1]))
 
 
 def _blocks(be, parts, rows, cols):

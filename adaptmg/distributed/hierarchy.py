@@ -581,9 +581,11 @@ class DistributedHierarchy:
             # matrix-free levels put memory first: P's rows this rank needs only (the whole P
             # of a 2e8-DoF level on each of two H200 raised the pool's high-water by 55 B per DoF)
             t = time.perf_counter()
+            # split for the DistCSRs as they are taken out of P and its transpose
             P_o, R_o, tr["cells"] = local_transfer_rows(cspace, space, cfree, free, clay.owner_on(xp),
                                                         lay.owner_on(xp), self.rank,
-                                                        whole=False if self.matrix_free else None)
+                                                        whole=False if self.matrix_free else None,
+                                                        split=(clay, lay))
             tr["P"], tr["R"] = ((DistCSR(P_o, lay, clay, self.timer, local_rows=True, **kw),
                                  DistCSR(R_o, clay, lay, self.timer, local_rows=True, **kw)) if beside
                                 else (P_o, R_o))

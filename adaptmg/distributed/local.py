@@ -85,7 +85,7 @@ from ..fe.csr_ops import congruence_with_constraints, row_positions
 from ..mesh._touch import cells_with_vertex_in
 from ..multilevel.hierarchy import _on_backend
 from ..multilevel.transfer import prolongation
-from .csr import SplitRows
+from .csr import SplitRows, split_rows
 
 __all__ = ["CellSubset", "needed_cells", "local_constrained_rows", "local_transfer_rows", "unit_rows_csr"]
 
@@ -411,7 +411,7 @@ def _row_scale(comm, absdiag_sum, count):
 WHOLE_P_SHARE = 0.25
 
 
-def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, whole=None):
+def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, whole=None, split=None):
     """Owned rows of P (fine owned x coarse, global columns) and of R = P^T (coarse owned x
     fine, global columns), built from the rank's fine cells only (module doc) -- or, for a
     scalar Q1 space where the rank owns at least :data:`WHOLE_P_SHARE` of the fine DoFs
@@ -428,7 +428,22 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, wh
     :func:`_transfer_nodes`: rows are independent, so the kept ones equal the whole ``P``'s;
     ``whole`` True / False force either).
 
+    ``split``: ``(coarse layout, fine layout)``, the column layouts of ``P`` and ``R``: the
+    blocks come as :class:`~.csr.SplitRows` for them (:func:`~.csr.split_rows`; on the device
+    the owned rows read in place from ``P`` and its transpose, no copy of them first).
+
     Returns ``(P_o, R_o, nfine_cells)``: the two blocks and how many fine cells were used."""
+    if split is not None:
+        P_o, R_o, cells = _transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, whole, True)
+        if isinstance(P_o, tuple):                      # (the whole matrix, its rows)
+            return split_rows(P_o[0], split[0], P_o[1]), split_rows(R_o[0], split[1], R_o[1]), cells
+        return split_rows(P_o, split[0]), split_rows(R_o, split[1]), cells
+    return _transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, whole, False)
+
+
+def _transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, whole, lazy):
+    """:func:`local_transfer_rows`; ``lazy``: on the device ``(matrix, rows)`` pairs instead
+    of the rows taken out of the matrices."""
     c = fine.components
     if fine.mesh.backend.is_gpu:
         be = fine.mesh.backend
@@ -445,6 +460,8 @@ def local_transfer_rows(coarse, fine, free_c, free_f, owner_c, owner_f, rank, wh
         P = prolongation(coarse, fine, xp.asarray(free_c), zf)
 
         def rows_of(M, idx):                  # (a rank without rows: an empty host block)
+            if lazy:
+                return M, idx
             return be.asmatrix(M[idx]) if idx.size else sp.csr_matrix((0, M.shape[1]))
         return rows_of(P, frow), rows_of(P.T.tocsr(), crow), fine.mesh.num_cells
     frow = np.flatnonzero(owner_f == rank)

@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 from adaptmg import assemble, multigrid
 from adaptmg.distributed import dof_owners, partition_cells
-from adaptmg.distributed.csr import Layout
+from adaptmg.distributed.csr import Layout, split_rows
 from adaptmg.distributed.local import local_constrained_rows, local_transfer_rows
 from adaptmg.distributed.partition import coarse_cell_ranks, curve_order, fold_cell_ranks
 from adaptmg.fe import Constraints, Space
@@ -140,6 +140,20 @@ def test_rank_rows_on_a_device_mesh_equal_the_host_rows(fake, dim, L, degree, si
         assert isinstance(dP, fake.csr_matrix) and isinstance(dR, fake.csr_matrix)
         _close(dP, hP, units=4, pattern=True)
         _close(dR, hR, units=4, pattern=True)
+        # split= (the hierarchy's call): the device rows split for the DistCSRs as they are read
+        # out of P and its transpose -- the host rows' split, integers exactly
+        for whole in (None, False):
+            sP, sR, _ = local_transfer_rows(dc, df, dcfree, dfree, dco, do, r, whole=whole,
+                                            split=(Layout(dco, comm), Layout(do, comm)))
+            for got, M, owners in ((sP, hP, hco), (sR, hR, ho)):
+                want = split_rows(M, Layout(owners, comm))
+                assert got.shape == want.shape
+                for k, (a, w) in enumerate(zip(got.parts, want.parts)):
+                    assert a.dtype == w.dtype
+                    if k in (2, 5):          # values: the few eps of the two paths
+                        assert np.abs(_h(a) - w).max(initial=0.0) <= 4 * EPS
+                    else:
+                        assert np.array_equal(_h(a), w)
         assert np.abs(_h(dHT @ fake.xp.asarray(b)) - hHT @ b).max() <= 8 * EPS * np.abs(b).max()
 
 

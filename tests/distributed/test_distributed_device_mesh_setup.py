@@ -17,6 +17,8 @@ import scipy.sparse as sp
 from adaptmg import assemble
 from adaptmg.device.priority import PriorityStream
 from adaptmg.distributed import dof_owners, partition_cells
+from adaptmg.distributed.csr import SplitRows, split_rows
+from adaptmg.distributed.layout import Layout
 from adaptmg.distributed.local import local_constrained_rows, local_transfer_rows
 from adaptmg.distributed.partition import coarse_cell_ranks, fold_cell_ranks
 from adaptmg.fe import Constraints, Space
@@ -86,6 +88,16 @@ def test_gpu_rank_rows_on_a_device_mesh_equal_the_host_rows(dim, L, degree):
         assert _rel(dP, hP) <= 4 * EPS and _rel(dR, hR) <= 4 * EPS
         mP, mR, _ = local_transfer_rows(dc, df, dcfree, dfree, dco, do, r, whole=False)   # rows masked
         assert _rel(mP, hP) <= 4 * EPS and _rel(mR, hR) <= 4 * EPS
+        # split= (the hierarchy's call): the rows split for the DistCSRs as they are read out of
+        # P and its transpose -- the split of the rows taken out first, entry for entry
+        lay, clay = Layout(do, comm), Layout(dco, comm)
+        for whole, (P_o, R_o) in ((None, (dP, dR)), (False, (mP, mR))):
+            sP, sR, _ = local_transfer_rows(dc, df, dcfree, dfree, dco, do, r, whole=whole, split=(clay, lay))
+            for got, M, cols in ((sP, P_o, clay), (sR, R_o, lay)):
+                want = split_rows(M, cols)
+                assert isinstance(got, SplitRows) and got.shape == want.shape
+                for a, b in zip(got.parts, want.parts):
+                    assert a.dtype == b.dtype and np.array_equal(a.get(), b.get())
 
 
 def test_gpu_two_ranks_on_one_gpu_solve_from_a_device_mesh(tmp_path):

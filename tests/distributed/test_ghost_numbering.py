@@ -91,7 +91,7 @@ def _split_rows_case(comm, owner):
     """A rank's DistCSR from its rows and from the same rows split beforehand (SplitRows)."""
     import scipy.sparse as sp
     from adaptmg.device.index_kernels import owned_ghost_rows
-    from adaptmg.distributed.csr import DistCSR, SplitRows
+    from adaptmg.distributed.csr import DistCSR, SplitRows, split_rows
     lay = Layout(owner, comm)
     M = sp.csr_matrix(sp.random(owner.size, owner.size, density=0.03, random_state=np.random.default_rng(7))
                       + sp.eye(owner.size))
@@ -99,6 +99,7 @@ def _split_rows_case(comm, owner):
     parts = owned_ghost_rows(rows.indptr, rows.indices, rows.data, lay.local.astype(np.int32))
     plain = DistCSR(rows, lay, lay, local_rows=True)
     split = DistCSR(SplitRows(parts, rows.shape), lay, lay, local_rows=True)
+    chosen = DistCSR(split_rows(M, lay, np.asarray(lay.rows, dtype=np.int64)), lay, lay, local_rows=True)
     wrong = None
     try:                                 # split for another layout: ghosts this rank owns
         other = np.where(owner == comm.Get_rank(), (comm.Get_rank() + 1) % comm.Get_size(), owner)
@@ -108,20 +109,22 @@ def _split_rows_case(comm, owner):
     except ValueError as e:
         wrong = str(e)
     x = np.random.default_rng(comm.Get_rank()).random(lay.n)
-    return plain, split, wrong, plain @ x, split @ x
+    return plain, split, chosen, wrong, plain @ x, split @ x
 
 
 def test_split_rows_make_the_same_distributed_matrix():
-    """DistCSR of SplitRows (a kernel's split, here owned_ghost_rows') has the blocks, ghosts and
-    product of the DistCSR of the rows themselves (the same entries moved: exact); rows split
+    """DistCSR of SplitRows (a kernel's split, here owned_ghost_rows', of the rows or of the
+    whole matrix's chosen rows: split_rows) has the blocks, ghosts and product of the
+    DistCSR of the rows themselves (the same entries moved: exact); rows split
     for another column layout are refused, and SplitRows need local_rows=True."""
     from adaptmg.distributed.csr import DistCSR, SplitRows
     from adaptmg.distributed.thread_comm import run_ranks
     owner = np.random.default_rng(2).integers(0, 3, 500)
-    for plain, split, wrong, y1, y2 in run_ranks(3, _split_rows_case, owner, timeout=60):
-        assert np.array_equal(split.ghosts, plain.ghosts) and split.nnz_local == plain.nnz_local
-        for a, b in ((split.Aoo, plain.Aoo), (split.Aog, plain.Aog)):
-            assert a.shape == b.shape and (a != b).nnz == 0
+    for plain, split, chosen, wrong, y1, y2 in run_ranks(3, _split_rows_case, owner, timeout=60):
+        for s in (split, chosen):         # chosen: split_rows of the whole matrix's rank rows
+            assert np.array_equal(s.ghosts, plain.ghosts) and s.nnz_local == plain.nnz_local
+            for a, b in ((s.Aoo, plain.Aoo), (s.Aog, plain.Aog)):
+                assert a.shape == b.shape and (a != b).nnz == 0
         assert np.array_equal(y1, y2)
         assert wrong is not None and "another column layout" in wrong
     with pytest.raises(ValueError, match="local_rows=True"):

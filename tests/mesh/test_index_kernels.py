@@ -451,19 +451,41 @@ def test_owned_ghost_rows_twin_is_the_formula(table):
     assert gptr[-1] == M.nnz - Aoo.nnz > 0
 
 
+#: chosen rows: out of order, a repeat, empty rows (5, 6) and the 60-entry row 10
+_CHOSEN = np.array([10, 3, 5, 39, 0, 3, 6, 21], dtype=np.int64)
+
+
+@pytest.mark.parametrize("table", [True, False])
+@pytest.mark.parametrize("rows", [_CHOSEN, np.zeros(0, dtype=np.int64)], ids=["some", "none"])
+def test_owned_ghost_rows_of_chosen_rows_are_those_rows_split(table, rows):
+    """``rows=``: the split of the chosen rows read in place is the split of ``M[rows]``."""
+    M, _, (local, lo, hi) = _split_case(table)
+    S = M[rows]
+    want = index_kernels.owned_ghost_rows(S.indptr, S.indices, S.data, local, lo, hi)
+    got = index_kernels.owned_ghost_rows(M.indptr, M.indices, M.data, local, lo, hi, rows=rows)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+    assert got[0].size == rows.size + 1 and (rows.size == 0 or got[3][-1] > 0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("table", [True, False])
 @pytest.mark.parametrize("it", [np.int32, np.int64])
 @pytest.mark.parametrize("lanes", ["warp", "thread"])
-def test_owned_ghost_rows_kernel_equals_twin(table, it, lanes, monkeypatch):
-    """Both kernels -- a warp a row (row-long ballots) and a thread a row -- equal the twin."""
+@pytest.mark.parametrize("chosen", [False, True])
+def test_owned_ghost_rows_kernel_equals_twin(table, it, lanes, chosen, monkeypatch):
+    """Both kernels -- a warp a row (row-long ballots) and a thread a row -- equal the twin,
+    on every row and on chosen rows."""
     from adaptmg.backend import get_backend, to_host
     cp = get_backend("gpu").xp
     monkeypatch.setattr(index_kernels, "SPLIT_WARP_ROW", 0 if lanes == "warp" else 10 ** 9)
     M, _, (local, lo, hi) = _split_case(table, it)
-    want = index_kernels.owned_ghost_rows(M.indptr, M.indices, M.data, local, lo, hi)
+    rows = _CHOSEN if chosen else None
+    want = index_kernels.owned_ghost_rows(M.indptr, M.indices, M.data, local, lo, hi, rows=rows)
     got = index_kernels.owned_ghost_rows(cp.asarray(M.indptr), cp.asarray(M.indices), cp.asarray(M.data),
-                                         None if local is None else cp.asarray(local), lo, hi)
+                                         None if local is None else cp.asarray(local), lo, hi,
+                                         rows=None if rows is None else cp.asarray(rows))
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
         np.testing.assert_array_equal(to_host(g), w)           # copies and counts: exact
