@@ -20,8 +20,8 @@ either
 * beside its finest level's device-bound assembly, where the hierarchy runs the finest
   level's ``after`` there (on the GPU, assembled levels:
   :meth:`~.hierarchy.DistributedHierarchy.serial_beside_finest`); rank 0 then finds the masks
-  (``mask_rank=0``) while rank 1 cuts -- or
-* first, while rank 1 finds the masks and cuts (``mask_rank=1``): elsewhere nothing would
+  while rank 1 cuts and finds the second finest level's (:func:`mask_finders`) -- or
+* first, while rank 1 finds the masks and cuts: elsewhere nothing would
   run beside them, and in the first local set-up of a process (:func:`first_setup`), whose
   serial levels pay their libraries' and kernels' first use (~0.45 s on an H200) while the
   process's NCCL communicator is made (~0.5 s, on a thread): first, that hides behind both.
@@ -51,7 +51,7 @@ from .comm import pass_arrays
 from .partition import level_ownership, partition_cells
 
 __all__ = ["SerialLevelsOnRankZero", "PendingSerialLevels", "multigrid_smoothing", "free_masks", "cut_and_own",
-           "hand_over", "first_setup", "setup_done"]
+           "mask_finders", "hand_over", "first_setup", "setup_done"]
 
 #: local set-ups this process has finished (:func:`setup_done`)
 _SETUPS = [0]
@@ -201,43 +201,70 @@ def cut_and_own(space, spaces, size, weights, nranks):
     return ranks, (owners, cells, nranks)
 
 
+def mask_finders(levels: int, beside: bool) -> list:
+    """The rank that finds each of the ``levels`` free masks of ``[top] + spaces`` (coarse ->
+    fine; :func:`hand_over`'s ``mask_rank``).  ``beside`` (rank 0 builds the serial levels
+    later, beside its finest assembly): rank 0 finds them, except the second finest level's,
+    which rank 1 finds besides its cut -- the masks took ~39 ms of rank 0's device against
+    ~25 ms for the cut (one H200, the 42M-cell mesh of two ranks at 21M DoFs each: the finest
+    mask ~23 ms, the 5.3M level's ~7 ms); else rank 1 finds every one while rank 0 builds
+    the serial levels."""
+    if not beside:
+        return [1] * levels
+    out = [0] * levels
+    if levels >= 2:
+        out[-2] = 1
+    return out
+
+
 def hand_over(comm, space, top, spaces, nranks, cut, masks, transport, mask_rank=0):
-    """Rank 1's :func:`cut_and_own` of ``space`` (``cut``, None elsewhere) and rank
-    ``mask_rank``'s :func:`free_masks` of ``[top] + spaces`` with those meshes' hanging nodes
-    (``masks``, None elsewhere) on every rank (module doc; the cut as the narrowest integers
-    that hold a rank, widened to int64 by the receivers -- an eighth of int64's bytes below 128
-    ranks; the hanging arrays' shapes by one MPI broadcast).  Collective (``size >= 2``).
-    Returns ``(ranks, (owners, cell_ranks, nranks), masks)``; a receiver's meshes hold the
-    sender's hanging nodes as their own."""
+    """Rank 1's :func:`cut_and_own` of ``space`` (``cut``, None elsewhere) and the
+    :func:`free_masks` of ``[top] + spaces`` with those meshes' hanging nodes on every rank
+    (module doc): ``mask_rank`` the rank that found them, or one such rank per level
+    (:func:`mask_finders`); ``masks`` this rank's masks of the levels it found, in level order
+    (None: it found none).  The cut goes as the narrowest integers that hold a rank, widened
+    to int64 by the receivers -- an eighth of int64's bytes below 128 ranks; the hanging
+    arrays' shapes by one MPI ``allgather``.  Collective (``size >= 2``).  Returns ``(ranks,
+    (owners, cell_ranks, nranks), masks)`` (every level's mask); a receiver's meshes hold the
+    finder's hanging nodes as their own."""
     rank, size = comm.Get_rank(), comm.Get_size()
     narrow = np.int8 if size < 2 ** 7 else np.int16 if size < 2 ** 15 else np.int32
     xp = space.mesh.backend.xp
     L = len(spaces)
-    carriers = [s._carrier for s in [top, *spaces]]
+    levels = [top, *spaces]
+    finders = [mask_rank] * (L + 1) if np.ndim(mask_rank) == 0 else [int(q) for q in mask_rank]
+    if len(finders) != L + 1 or any(not 0 <= q < size for q in finders):
+        raise ValueError(f"hand_over: mask_rank must be a rank or one rank per level ({L + 1}) in "
+                         f"[0, {size}), got {mask_rank!r}")
+    carriers = [s._carrier for s in levels]
     if rank == 1:
         ranks, (owners, cells, _) = cut
         cbufs = [xp.ascontiguousarray(a.astype(narrow)) for a in [ranks, *owners, *cells]]
     else:
         n = [space.mesh.num_cells] + [s.num_dofs for s in spaces] + [s.mesh.num_cells for s in spaces]
         cbufs = [xp.empty(k, dtype=narrow) for k in n]
-    mine = rank == mask_rank
-    if mine:
-        hang = [xp.ascontiguousarray(a) for c in carriers for a in c._hanging_arrays()]
-        meta = [(a.shape, a.dtype.str) for a in hang]
-        mbufs = [m.view(np.int8) for m in masks] + hang
-    meta = comm.bcast(meta if mine else None, root=mask_rank)
-    if not mine:
-        hang = [xp.empty(shape, dtype=np.dtype(dt)) for shape, dt in meta]
-        mbufs = [xp.empty(s.num_dofs, dtype=np.int8) for s in [top, *spaces]] + hang
+    own = [l for l in range(L + 1) if finders[l] == rank]
+    found = dict(zip(own, masks if own else []))
+    hang = {l: [xp.ascontiguousarray(a) for a in carriers[l]._hanging_arrays()] for l in own}
+    metas = comm.allgather([(a.shape, a.dtype.str) for l in own for a in hang[l]])
     for dst in range(size):                      # (to itself: nothing moves)
         pass_arrays(comm, cbufs, 1, dst, transport)
-    for dst in range(size):
-        pass_arrays(comm, mbufs, mask_rank, dst, transport)
-    if not mine:
-        k = Mesh.HANGING_ARRAYS
-        for l, c in enumerate(carriers):
-            c._adopt_hanging(hang[k * l:k * (l + 1)])
-        masks = [m.view(bool) for m in mbufs[:L + 1]]
+    k = Mesh.HANGING_ARRAYS
+    out = [None] * (L + 1)
+    for q in sorted(set(finders)):               # each finder's masks and hanging arrays
+        lv = [l for l in range(L + 1) if finders[l] == q]
+        if q == rank:
+            mbufs = [found[l].view(np.int8) for l in lv] + [a for l in lv for a in hang[l]]
+        else:
+            mbufs = ([xp.empty(levels[l].num_dofs, dtype=np.int8) for l in lv]
+                     + [xp.empty(shape, dtype=np.dtype(dt)) for shape, dt in metas[q]])
+        for dst in range(size):
+            pass_arrays(comm, mbufs, q, dst, transport)
+        for i, l in enumerate(lv):
+            out[l] = mbufs[i].view(bool)
+            if q != rank:
+                carriers[l]._adopt_hanging(mbufs[len(lv) + k * i:len(lv) + k * (i + 1)])
+    masks = out
     if rank == 1:
         return ranks, cut[1], masks
     wide = [a.astype(np.int64) for a in cbufs]

@@ -65,7 +65,8 @@ from ..linalg._vectorops import global_norm, global_reductions
 from .comm import agree, allreduce_sum, get_comm, guard, names_gpu, resolve_transport, select_device
 from .nccl import start_nccl_communicator
 from .hierarchy import DistributedHierarchy
-from .serial_levels import PendingSerialLevels, cut_and_own, first_setup, free_masks, hand_over, setup_done
+from .serial_levels import (PendingSerialLevels, cut_and_own, first_setup, free_masks, hand_over, mask_finders,
+                            setup_done)
 from .partition import imbalance, level_ranks, partition_cells
 
 __all__ = ["solve", "solve_forest", "solve_poisson", "resolve", "DistributedResult"]
@@ -481,7 +482,8 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
 
     Where every level of the serial hierarchy below them is agglomerated on rank 0 (its top
     has fewer than ``agglomerate_below`` DoFs) and there are several ranks, rank 0 finds the
-    free masks of the local levels and the top while rank 1 cuts the mesh and finds the local
+    free masks of the local levels and the top (but the second finest level's,
+    :func:`.serial_levels.mask_finders`) while rank 1 cuts the mesh and finds the local
     levels' owners, each handing its arrays to the others (:func:`.serial_levels.hand_over`),
     and rank 0 alone builds the serial levels, later, beside its finest level's assembly
     (:class:`.serial_levels.PendingSerialLevels`; the others then hold their summary,
@@ -511,21 +513,23 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
         t1 = time.perf_counter()
         # the serial levels on rank 0 (.serial_levels): where the finest local level's
         # assembly leaves room beside it, built there, rank 0 finding the free masks (the
-        # top's too) meanwhile; else -- and in a process's first set-up -- now, rank 1
-        # finding the masks; rank 1 cuts the mesh and finds the owners; then each hands its
-        # arrays to the others
+        # top's too; rank 1 the second finest level's) meanwhile; else -- and in a process's
+        # first set-up -- now, rank 1 finding the masks; rank 1 cuts the mesh and finds the
+        # owners; then each hands its arrays to the others
         ml = PendingSerialLevels(top, None, lambda: multigrid(top, assemble, dirichlet=dirichlet, **ckw),
                                  space.components, ckw, rank, be)
         beside = DistributedHierarchy.serial_beside_finest(be, matrix_free) and not first_setup(comm)
-        mask_rank = 0 if beside else 1
-        if mask_rank == 1:
+        levels = [top] + spaces
+        finders = mask_finders(len(levels), beside)
+        if not beside:
             ml.build("before the local levels")
-        masks = free_masks([top] + spaces, dirichlet) if rank == mask_rank else None
+        mine = [s for s, q in zip(levels, finders) if q == rank]
+        masks = free_masks(mine, dirichlet) if mine else None
         t2 = time.perf_counter()
         nranks = level_ranks([s.num_dofs for s in spaces], size, 0, min_dofs_per_rank)
         cut = cut_and_own(space, spaces, size, weights, nranks) if rank == 1 else None
         t3 = time.perf_counter()
-        ranks, ownership, masks = hand_over(comm, space, top, spaces, nranks, cut, masks, transport, mask_rank)
+        ranks, ownership, masks = hand_over(comm, space, top, spaces, nranks, cut, masks, transport, finders)
         frees = masks[1:]
         ml.constraints[-1].free = masks[0]
         t4 = time.perf_counter()

@@ -1,6 +1,7 @@
 """Who computes what before the local levels where rank 0 alone builds the serial levels
-(adaptmg.distributed.serial_levels): rank 0's free masks (and hanging nodes) of the local
-levels and the top, rank 1's cut of the mesh and the local levels' owners, each handed to
+(adaptmg.distributed.serial_levels): the free masks (and hanging nodes) of the local levels
+and the top, each found by one rank (one for all, or one per level: mask_finders), rank 1's
+cut of the mesh and the local levels' owners, each handed to
 every other rank -- the bytes that comm.pass_arrays moves by MPI, the cut narrowed to the
 smallest integers that hold a rank and widened back, the receivers' meshes adopting the
 hanging nodes (no search) -- and the serial levels built later (PendingSerialLevels): the
@@ -14,7 +15,7 @@ from adaptmg import assemble, multigrid
 from adaptmg.distributed.comm import pass_arrays
 from adaptmg.distributed.partition import level_ownership, level_ranks
 from adaptmg.distributed.serial_levels import (PendingSerialLevels, SerialLevelsOnRankZero, cut_and_own,
-                                              free_masks, hand_over, multigrid_smoothing)
+                                              free_masks, hand_over, mask_finders, multigrid_smoothing)
 from adaptmg.distributed.solve import _split_hierarchy
 from adaptmg.distributed.thread_comm import run_ranks
 from adaptmg.fe import Space
@@ -56,6 +57,16 @@ def test_pass_arrays_copies_the_senders_arrays_into_the_receivers():
         pass_arrays(QueueRank(1, 2, q), [np.zeros((4, 4))[:, 1]], 1, 0)
 
 
+def _finders(mask_rank, levels, size):
+    """``mask_rank`` as one finder per level: a rank, "beside" (:func:`mask_finders`: rank 0,
+    rank 1 the second finest) or "spread" (level l by rank (l + 2) % size: every rank finds some)."""
+    if mask_rank == "beside":
+        return mask_finders(levels, True)
+    if mask_rank == "spread":
+        return [(l + 2) % size for l in range(levels)]
+    return [mask_rank] * levels
+
+
 def _share(comm, make_mesh, below, sent=None, mask_rank=0):
     """One rank's side of the hand-over on its own copy of the mesh: what it ends with."""
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -67,28 +78,35 @@ def _share(comm, make_mesh, below, sent=None, mask_rank=0):
     assert not msg
     nranks = level_ranks([s.num_dofs for s in spaces], size, 0, 100)
     cut = cut_and_own(space, spaces, size, None, nranks) if rank == 1 else None
-    masks = free_masks([top] + spaces, "all") if rank == mask_rank else None
-    ranks, (owners, cells, nr), got = hand_over(comm, space, top, spaces, nranks, cut, masks, "mpi", mask_rank)
+    finders = _finders(mask_rank, len(spaces) + 1, size)
+    mine = [s for s, q in zip([top] + spaces, finders) if q == rank]
+    masks = free_masks(mine, "all") if mine else None
+    arg = mask_rank if isinstance(mask_rank, int) else finders
+    ranks, (owners, cells, nr), got = hand_over(comm, space, top, spaces, nranks, cut, masks, "mpi", arg)
     searched = ["_hanging_forest" in s._carrier.__dict__ for s in [top, *spaces]]
     return dict(ranks=ranks, owners=owners, cells=cells, nranks=nr, masks=got, searched=searched,
                 hanging=[s._carrier._hanging_arrays() for s in [top, *spaces]],
                 H=[s.H.toarray() for s in [top, *spaces]], spaces=(top, spaces), want_nranks=nranks,
-                own_masks=free_masks([top] + spaces, "all"))
+                own_masks=free_masks([top] + spaces, "all"), finders=finders)
 
 
-@pytest.mark.parametrize("size, mask_rank", [(2, 0), (3, 0), (2, 1), (3, 1)])
+@pytest.mark.parametrize("size, mask_rank", [(2, 0), (3, 0), (2, 1), (3, 1), (2, "beside"), (3, "beside"),
+                                             (3, "spread")])
 def test_every_rank_gets_rank_ones_cut_and_the_masks(size, mask_rank):
     sent = {r: [] for r in range(size)}
     got = run_ranks(size, lambda comm: _share(comm, lambda: _mesh(2, 3), 50, sent[comm.Get_rank()], mask_rank),
                     timeout=120)
     top, spaces = got[1]["spaces"]
+    finders = got[0]["finders"]
     assert top.num_dofs < 50 and len(spaces) >= 2
     assert got[0]["want_nranks"][0] < size                       # a folded level among them
-    if mask_rank == 0:                                           # the cut: an eighth of int64's bytes
+    if 1 not in finders:                                         # the cut: an eighth of int64's bytes
         assert sent[1] and all(d == np.int8 for d in sent[1])
     else:                                                        # (the cut first, then the masks)
         ncut = 1 + 2 * len(spaces)
         assert all(d == np.int8 for d in sent[1][:ncut * (size - 1)])
+    if mask_rank == "beside":
+        assert finders == [0] * (len(spaces) - 1) + [1, 0]
     ref = got[1]                                                 # the cut rank's own arrays
     again = level_ownership(spaces, ref["ranks"], ref["want_nranks"], size)
     assert all(np.array_equal(a, b) for a, b in zip(again[0] + again[1], ref["owners"] + ref["cells"]))
@@ -97,15 +115,28 @@ def test_every_rank_gets_rank_ones_cut_and_the_masks(size, mask_rank):
         for a, b in zip([g["ranks"], *g["owners"], *g["cells"]], [ref["ranks"], *ref["owners"], *ref["cells"]]):
             assert a.dtype == np.int64 and np.array_equal(a, b), r          # integers: exact
         assert len(g["masks"]) == len(spaces) + 1
-        for m, m0, own in zip(g["masks"], got[mask_rank]["masks"], g["own_masks"]):
-            assert m.dtype == bool and np.array_equal(m, m0) and np.array_equal(m, own), r
-        # the receivers keep rank 0's hanging nodes as their meshes' own: never searched, and
-        # what the search finds; the same integer operations give the same H (weights 1/2, 1/4)
-        assert g["searched"] == [r == mask_rank] * (len(spaces) + 1), r
-        for h, h0 in zip(g["hanging"], got[mask_rank]["hanging"]):
+        for l, (m, own) in enumerate(zip(g["masks"], g["own_masks"])):
+            m0 = got[finders[l]]["masks"][l]
+            assert m.dtype == bool and np.array_equal(m, m0) and np.array_equal(m, own), (r, l)
+        # the receivers keep the finder's hanging nodes as their meshes' own: never searched,
+        # and what the search finds; the same integer operations give the same H (weights 1/2, 1/4)
+        assert g["searched"] == [r == q for q in finders], r
+        for l, h in enumerate(g["hanging"]):
+            h0 = got[finders[l]]["hanging"][l]
             assert all(a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b) for a, b in zip(h, h0))
-        assert all(np.array_equal(H, H0) for H, H0 in zip(g["H"], got[mask_rank]["H"]))
+            assert np.array_equal(g["H"][l], got[finders[l]]["H"][l])
     assert sum(s.hanging_nodes.size for s in spaces) > 0
+
+
+def test_hand_over_needs_one_finder_per_level():
+    def one(comm):
+        space = Space(_uniform(), 1)
+        top, spaces, _ = _split_hierarchy(space, None, 20)
+        with pytest.raises(ValueError, match="one rank per level"):
+            hand_over(comm, space, top, spaces, [2] * len(spaces), None, None, "mpi", [0])
+        with pytest.raises(ValueError, match="one rank per level"):
+            hand_over(comm, space, top, spaces, [2] * len(spaces), None, None, "mpi", 2)
+    run_ranks(2, one, timeout=60)
 
 
 def _uniform():
