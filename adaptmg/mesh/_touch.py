@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import backend_of, scatter_max, scatter_min, stable_argsort, to_host
+from ..backend import backend_of, in_host_memory, scatter_max, stable_argsort, to_host
+from ..device.index_kernels import cells_vertex_hit, scatter_cells
 from ._xp import tuned, xp_of
 
 SPARSE = 4           # the sparse path when at most num_cells / SPARSE cells exceed the minimum
@@ -66,6 +67,8 @@ def cells_with_vertex_in(cells: np.ndarray, mask: np.ndarray) -> np.ndarray:
     boolean gather of the vertex slots, on the host 4 or 8 of them read as one word per
     cell."""
     xp = xp_of(cells)
+    if not in_host_memory(cells):        # one kernel a cell (no bool per vertex slot)
+        return xp.flatnonzero(cells_vertex_hit(cells, mask))
     hit = xp.take(mask, cells)
     nv = cells.shape[1]
     if nv in (4, 8) and tuned(hit):
@@ -101,8 +104,8 @@ def level_jumps(cells, num_nodes: int, levels):
     the vertices of the other cells can jump, so those are stamped first, the cells touching
     them found by one boolean gather of the vertex slots (8 bytes a cell), and of the
     dominant level only those cells stamped.  The same mask either way.  On the device
-    (CuPy arrays) two atomic scatters instead (:func:`_jumps_by_scatter`); O(1) scalars to
-    the host there, O(levels) on the host."""
+    (CuPy arrays) atomic minima and maxima instead (:func:`_jumps_by_scatter`); O(1) scalars
+    to the host there, O(levels) on the host."""
     be = backend_of(cells)
     xp = be.xp
     nc, nv = cells.shape
@@ -126,7 +129,8 @@ def level_jumps(cells, num_nodes: int, levels):
 
 def _jumps_by_scatter(cells, num_nodes, levels):
     """:func:`level_jumps` on the device: the minimum and the maximum level at every node by
-    two atomic scatters over the (cell, vertex) slots -- no loop over the mesh's levels with a
+    one kernel of atomic minima and maxima over the (cell, vertex) slots
+    (:func:`~adaptmg.device.index_kernels.scatter_cells`) -- no loop over the mesh's levels with a
     few launches and a host read each (an adaptive loop's mesh has 10-20 levels, and every
     level of its hierarchy asks); ``rows`` the cells with a vertex of a cell off the dominant
     level (the first most common one, as the host's ``argmax`` of its ``bincount``), None when
@@ -149,10 +153,8 @@ def _jumps_by_scatter(cells, num_nodes, levels):
         touched[xp.take(cells, rest, axis=0).reshape(-1)] = True       # one value written
         rows = cells_with_vertex_in(cells, touched)
         cells, levels = xp.take(cells, rows, axis=0), levels.take(rows)
-    flat = cells.reshape(-1)
-    lv = xp.repeat(levels.astype(np.int32), nv)
-    lo = scatter_min(xp.full(num_nodes, np.iinfo(np.int32).max, dtype=np.int32), flat, lv)
-    hi = scatter_max(xp.full(num_nodes, -1, dtype=np.int32), flat, lv)
+    lo, hi = scatter_cells(cells, levels.astype(np.int32), xp.full(num_nodes, np.iinfo(np.int32).max, dtype=np.int32),
+                           xp.full(num_nodes, -1, dtype=np.int32))
     return hi > lo, rows                            # not a vertex: -1 > max is False
 
 
