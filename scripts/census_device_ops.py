@@ -18,8 +18,8 @@ reductions and scans 40 us, reads 50 us, host -> device copies 30 us, other laun
 allocations 3 us, sparse products 20 us (SpMV) / 150 us (SpGEMM: its nnz is read back),
 COO -> CSR and sum_duplicates 100 us, ``tocsr()`` of a CSR matrix (cupyx returns it) 1 us.  The result is a *census*, not a timing: it says which
 call sites a level or a step pays for most often.  The fused set-up and estimator kernels of
-``adaptmg/device/index_kernels.py``, the constrained matrix's row kernels
-(``device/congruence_rows.py``) and the transfer's hanging rows (``device/forest_hanging.py``)
+``adaptmg/device/index_kernels.py`` and ``device/cell_kernels.py``, the constrained matrix's
+row kernels (``device/congruence_rows.py``) and the transfer's hanging rows (``device/forest_hanging.py``)
 run their device path here, each kernel one launch (``kernel:<name>``, its result from the
 host path, not counted).  (What it does not see: the
 solver's fused ``ElementwiseKernel`` s run their NumPy twins here and count as their
@@ -382,6 +382,10 @@ def install(monkeypatch=None):
     from adaptmg.device import index_kernels
     mp.setattr(index_kernels, "in_host_memory", lambda a: type(a) is np.ndarray)
     mp.setattr(index_kernels, "_kernel", _fused_kernel)
+    # the cell kernels (hanging-node search, DoF owners) likewise
+    from adaptmg.device import cell_kernels
+    mp.setattr(cell_kernels, "in_host_memory", lambda a: type(a) is np.ndarray)
+    mp.setattr(cell_kernels, "_kernel", _cell_kernel)
     # the constrained matrix's row kernels likewise
     from adaptmg.device import congruence_rows
     mp.setattr(congruence_rows, "in_host_memory", lambda a: type(a) is np.ndarray)
@@ -508,6 +512,27 @@ class _ForestHangModule:
                 cnt, ip, c, indices, data = host[11:]
                 transfer._write_hanging_entries(np, C, rows_c, ip, cnt, int(c), indices.dtype.type, indices, data)
         return launch
+
+
+def _cell_kernel(name):
+    """A stand-in for :mod:`adaptmg.device.cell_kernels`' kernel ``name``: one launch whose
+    outputs are the twin's (run on the host arrays, not counted)."""
+    from adaptmg.device import cell_kernels
+
+    def launch(*args, size=None):
+        _record("launch", f"kernel:{name}")
+        with _nested():
+            host = [_base(a) for a in args]
+            if name == "cells_vertex_hit":
+                cells, mask, _, hit = host
+                hit[...] = cell_kernels.cells_vertex_hit(cells, mask)
+                return None
+            if name == "cell_scatter":
+                cells, val, _, ops, lo, hi = host
+                cell_kernels.scatter_cells(cells, val, lo if int(ops) & 1 else None, hi if int(ops) & 2 else None)
+                return None
+            raise NotImplementedError(f"census: no stand-in of the cell kernel {name!r}")
+    return launch
 
 
 def _fused_kernel(name):

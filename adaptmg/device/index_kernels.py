@@ -89,18 +89,6 @@ Kernels
     writes the owned count :math:`o_r`, and the owned entries start at
     :math:`O_r = \sum_{q < r} o_q`: the split of ``M[s]`` without the copy ``M[s]``.
 
-``cells_vertex_hit``
-    Whether a cell has a vertex in a node mask, :math:`h_K = \bigvee_{i \in V(K)} m_i`: one
-    thread a cell reading its vertices, where a gather wrote and a reduction read a bool per
-    (cell, vertex) slot (a 42M-cell mesh's cells near a refined ball on an H200: 3.8 ms that
-    way).
-
-``cell_scatter``
-    Every cell's value into its vertices' minimum and / or maximum,
-    :math:`\ell_i = \min(\ell_i, \min_{K \ni i} v_K)`, :math:`u_i = \max(u_i, \max_{K \ni i} v_K)`:
-    one thread a (cell, vertex) slot with integer atomics (exact, in any order), where the
-    values were first repeated to one per slot and scattered once per bound.
-
 ``q1_forest_rows`` / ``q1_forest_fill``
     The rows of the Q1 embedding between two meshes of one forest
     (:func:`adaptmg.multilevel.transfer._q1_forest_csr`).  Fine node i with forest id
@@ -124,14 +112,13 @@ from ..backend import backend_of, constant, csr_from_arrays, get_backend, in_hos
 
 __all__ = ["registry_midpoints", "face_key_ends", "face_corners", "grouped_table_product", "ColumnGroups",
            "csr_row_entries", "constrained_csr", "constrained_rows", "weight_rows_csr",
-           "q1_forest_rows", "q1_forest_fill", "owned_ghost_rows", "cells_vertex_hit", "scatter_cells", "FUSED",
-           "KERNEL_NAMES"]
+           "q1_forest_rows", "q1_forest_fill", "owned_ghost_rows", "FUSED", "KERNEL_NAMES"]
 
 #: the fused functions of this module (the census counts a call as one launch)
 FUSED = ("registry_midpoints", "face_corners", "grouped_table_product", "csr_row_entries",
          "constrained_csr_count", "constrained_csr_fill", "constrained_rows_count", "constrained_rows_fill",
          "weight_rows_count", "weight_rows_fill", "q1_forest_rows", "q1_forest_fill",
-         "split_rows_count", "split_rows_fill", "cells_vertex_hit", "cell_scatter")
+         "split_rows_count", "split_rows_fill")
 
 _SPECS = {
     # one thread per (cell, entity); K (n, nv) row-major vertex ids, ent (ne, 4) local
@@ -284,19 +271,6 @@ _SPECS = {
         "   if (l >= 0) { long long at = o + __popc(om & below); ocol[at] = (O)l; oval[at] = val[p]; }"
         "   else if (p < e) { long long at = g + __popc(gm & below); gcol[at] = j; gval[at] = val[p]; }"
         "   g += __popc(gm); o += __popc(om); }"),
-    # one thread per cell: whether one of its nv vertices is in the node mask
-    "cells_vertex_hit": (
-        "raw C cells, raw bool mask, int32 nv", "bool hit",
-        "const long long o = i * (long long)nv; bool h = false;"
-        " for (int j = 0; j < nv && !h; ++j) h = mask[(long long)cells[o + j]];"
-        " hit = h;"),
-    # one thread per (cell, vertex) slot: the cell's value into its vertex's minimum (ops & 1)
-    # and maximum (ops & 2)
-    "cell_scatter": (
-        "raw C cells, raw V val, int32 nv, int32 ops", "raw V lo, raw V hi",
-        "long long n = (long long)cells[i]; V v = val[i / nv];"
-        " if (ops & 1) atomicMin(&lo[n], v);"
-        " if (ops & 2) atomicMax(&hi[n], v);"),
     # one thread per fine node: its sorted parent codes, kept count, kind and flags
     "q1_forest_rows": (
         "int64 f, raw C cmap, raw K nkind, raw P npar, raw I colmap, raw bool free, int32 use_free,"
@@ -703,47 +677,3 @@ def owned_ghost_rows(ip, col, val, local=None, lo=0, hi=0, rows=None):
     gp = xp.flatnonzero(~own)
     gptr = xp.searchsorted(gp, ip.astype(gp.dtype)).astype(np.int64)   # ghost entries before each row
     return (ip.astype(np.int64) - gptr, lc[own].astype(it), val[own], gptr, j[gp], val[gp])
-
-
-def cells_vertex_hit(cells, mask):
-    """bool (nc,): whether a vertex of each cell (rows of ``cells``, (nc, nv) node ids) is in
-    the node mask ``mask`` -- the module's ``cells_vertex_hit``.  One kernel on the device;
-    the twin a gather of the vertex slots and ``any``."""
-    xp = backend_of(cells).xp
-    if not in_host_memory(cells):
-        cells = xp.ascontiguousarray(cells)
-        hit = xp.empty(cells.shape[0], dtype=bool)
-        if hit.size:
-            _kernel("cells_vertex_hit")(cells, xp.ascontiguousarray(mask, dtype=bool), np.int32(cells.shape[1]), hit)
-        return hit
-    return xp.take(mask, cells).any(axis=1)
-
-
-def scatter_cells(cells, values, lo=None, hi=None):
-    """``lo[i] = min(lo[i], values[K])`` and / or ``hi[i] = max(hi[i], values[K])`` for every
-    vertex i of every cell K (rows of ``cells``, (nc, nv) node ids; ``lo`` / ``hi`` None: that
-    bound is not wanted) -- the module's ``cell_scatter``, in place.  On the device one kernel
-    with integer atomics (``values``, ``lo`` and ``hi`` int32 or int64 of one dtype); the
-    twin repeats the values to the slots and scatters them (``np.minimum.at`` /
-    ``np.maximum.at``, :func:`~adaptmg.backend.scatter_min`)."""
-    from ..backend import scatter_max, scatter_min
-    xp = backend_of(cells).xp
-    nv = cells.shape[1]
-    if not in_host_memory(cells):
-        outs = [a for a in (lo, hi) if a is not None]
-        if any(a.dtype != values.dtype for a in outs) or values.dtype not in (np.int32, np.int64):
-            raise TypeError(f"scatter_cells: values and bounds must share an int32 / int64 dtype, got "
-                            f"{values.dtype} and {[a.dtype for a in outs]}")
-        ops = (lo is not None) + 2 * (hi is not None)
-        if cells.size and ops:
-            dummy = outs[0]
-            _kernel("cell_scatter")(xp.ascontiguousarray(cells), values, np.int32(nv), np.int32(ops),
-                                    dummy if lo is None else lo, dummy if hi is None else hi, size=cells.size)
-        return lo, hi
-    flat = cells.reshape(-1)
-    rep = xp.repeat(values, nv)
-    if lo is not None:
-        scatter_min(lo, flat, rep)
-    if hi is not None:
-        scatter_max(hi, flat, rep)
-    return lo, hi

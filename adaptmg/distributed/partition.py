@@ -44,7 +44,7 @@ import numpy as np
 
 from ..backend import in_host_memory, stable_argsort
 from ..device.curve_keys import walk_keys
-from ..device.index_kernels import scatter_cells
+from ..device.cell_kernels import scatter_cells
 
 __all__ = ["curve_order", "partition_cells", "coarse_cell_ranks", "dof_owners", "imbalance",
            "level_ranks", "fold_cell_ranks", "level_ownership"]
@@ -300,7 +300,7 @@ def level_ownership(spaces, fine_cell_ranks, nranks, size: int):
 
 def dof_owners(space, cell_ranks: np.ndarray) -> np.ndarray:
     """Owner rank of every DoF of ``space``: the lowest rank among the cells touching its node
-    (one scatter-min over the (cell, node) slots, :func:`adaptmg.device.index_kernels.scatter_cells`:
+    (one scatter-min over the (cell, node) slots, :func:`adaptmg.device.cell_kernels.scatter_cells`:
     on the device one kernel of atomic minima, int32 -- there is no int16 atomic minimum --,
     on the host the ranks repeated to the slots in int16 where they fit, a quarter of
     int64's bytes; one H200, the 42M-cell mesh of a two-rank set-up: 5.3 ms with the ranks

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import backend_of, in_host_memory, scatter_max, stable_argsort, to_host
-from ..device.index_kernels import cells_vertex_hit, scatter_cells
+from ..device.cell_kernels import cells_vertex_hit, scatter_cells
 from ._xp import tuned, xp_of
 
 SPARSE = 4           # the sparse path when at most num_cells / SPARSE cells exceed the minimum
@@ -130,7 +130,7 @@ def level_jumps(cells, num_nodes: int, levels):
 def _jumps_by_scatter(cells, num_nodes, levels):
     """:func:`level_jumps` on the device: the minimum and the maximum level at every node by
     one kernel of atomic minima and maxima over the (cell, vertex) slots
-    (:func:`~adaptmg.device.index_kernels.scatter_cells`) -- no loop over the mesh's levels with a
+    (:func:`~adaptmg.device.cell_kernels.scatter_cells`) -- no loop over the mesh's levels with a
     few launches and a host read each (an adaptive loop's mesh has 10-20 levels, and every
     level of its hierarchy asks); ``rows`` the cells with a vertex of a cell off the dominant
     level (the first most common one, as the host's ``argmax`` of its ``bincount``), None when
