@@ -71,7 +71,8 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, backend_of, csr_from_arrays, get_backend, is_device_array, is_device_sparse, nccl_module, to_host
+from ..backend import (CPU, backend_of, csr_from_arrays, get_backend, is_device_array, is_device_sparse, nccl_module,
+                       to_host)
 from ..device import kernels as K
 from ..device.index_kernels import owned_ghost_rows
 from .comm import HaloTimer, alltoallv, resolve_transport, waitall

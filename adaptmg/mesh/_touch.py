@@ -142,7 +142,7 @@ def _jumps_by_scatter(cells, num_nodes, levels):
     function took 45 ms for the six levels of a 38M-cell hierarchy on an H200 with it, 15 ms
     with ``bincount``), and one read, the dominant level's size.  The host's mask and rows."""
     xp = backend_of(cells).xp
-    nc, nv = cells.shape
+    nc = cells.shape[0]
     hist = xp.bincount(levels.astype(np.intp, copy=False))
     major = xp.argmax(hist)
     rest_size = nc - int(hist.max())
@@ -153,8 +153,8 @@ def _jumps_by_scatter(cells, num_nodes, levels):
         touched[xp.take(cells, rest, axis=0).reshape(-1)] = True       # one value written
         rows = cells_with_vertex_in(cells, touched)
         cells, levels = xp.take(cells, rows, axis=0), levels.take(rows)
-    lo, hi = scatter_cells(cells, levels.astype(np.int32), xp.full(num_nodes, np.iinfo(np.int32).max, dtype=np.int32),
-                           xp.full(num_nodes, -1, dtype=np.int32))
+    lo, hi = scatter_cells(cells, levels.astype(np.int32),
+                           xp.full(num_nodes, np.iinfo(np.int32).max, dtype=np.int32), xp.full(num_nodes, -1, dtype=np.int32))
     return hi > lo, rows                            # not a vertex: -1 > max is False
 
 
