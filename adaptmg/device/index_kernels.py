@@ -306,12 +306,18 @@ _SPECS = {
 KERNEL_NAMES = tuple(f"adaptmg_{n}" for n in _SPECS)
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(name: str):
-    """The CuPy ``ElementwiseKernel`` ``adaptmg_<name>`` (built once)."""
-    xp = get_backend("gpu").xp
-    ins, outs, op = _SPECS[name]
-    return xp.ElementwiseKernel(ins, outs, op, f"adaptmg_{name}")
+def kernel_factory(specs):
+    """The memoised factory ``name -> `` the CuPy ``ElementwiseKernel`` ``adaptmg_<name>`` of
+    ``specs`` (name -> (inputs, outputs, operation); each built once)."""
+    @functools.lru_cache(maxsize=None)
+    def kernel(name: str):
+        xp = get_backend("gpu").xp
+        ins, outs, op = specs[name]
+        return xp.ElementwiseKernel(ins, outs, op, f"adaptmg_{name}")
+    return kernel
+
+
+_kernel = kernel_factory(_SPECS)
 
 
 def face_key_ends(c0, c1, c2, c3):
