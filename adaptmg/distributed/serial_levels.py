@@ -205,7 +205,7 @@ def mask_finders(levels: int, beside: bool) -> list:
     """The rank that finds each of the ``levels`` free masks of ``[top] + spaces`` (coarse ->
     fine; :func:`hand_over`'s ``mask_rank``).  ``beside`` (rank 0 builds the serial levels
     later, beside its finest assembly): rank 0 finds them, except the second finest level's,
-    which rank 1 finds besides its cut -- the masks took ~39 ms of rank 0's device against
+    which rank 1 finds beside its cut -- the masks took ~39 ms of rank 0's device against
     ~25 ms for the cut (one H200, the 42M-cell mesh of two ranks at 21M DoFs each: the finest
     mask ~23 ms, the 5.3M level's ~7 ms); else rank 1 finds every one while rank 0 builds
     the serial levels."""
