@@ -531,6 +531,20 @@ def _cell_kernel(name):
                 cells, val, _, ops, lo, hi = host
                 cell_kernels.scatter_cells(cells, val, lo if int(ops) & 1 else None, hi if int(ops) & 2 else None)
                 return None
+            if name == "cells_on_boundary":
+                ids, _, hit = host
+                hit[...] = cell_kernels.cells_on_boundary(ids)
+                return None
+            if name == "cell_votes":
+                parent, rank, size, votes, bad = host
+                ok = (rank >= 0) & (rank < int(size))
+                bad[0] = int(not ok.all())
+                np.add.at(votes, parent[ok] * int(size) + rank[ok], 1)
+                return None
+            if name == "majority":
+                votes, size, best = host
+                best[...] = votes.reshape(-1, int(size)).argmax(axis=1)
+                return None
             raise NotImplementedError(f"census: no stand-in of the cell kernel {name!r}")
     return launch
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..backend import in_host_memory, stable_argsort
 from ..device.curve_keys import walk_keys
-from ..device.cell_kernels import scatter_cells
+from ..device.cell_kernels import majority_ranks, scatter_cells
 
 __all__ = ["curve_order", "partition_cells", "coarse_cell_ranks", "dof_owners", "imbalance",
            "level_ranks", "fold_cell_ranks", "level_ownership"]
@@ -216,11 +216,11 @@ def partition_cells(mesh, size: int, weights=None) -> np.ndarray:
 
 def coarse_cell_ranks(fine_mesh, coarse_mesh, fine_ranks: np.ndarray, size: int) -> np.ndarray:
     """Ranks of the cells of ``coarse_mesh`` (one global-coarsening step below ``fine_mesh``):
-    the rank holding most of a coarse cell's fine cells (ties: the lowest rank)."""
+    the rank holding most of a coarse cell's fine cells (ties: the lowest rank;
+    :func:`~adaptmg.device.cell_kernels.majority_ranks`, a ValueError for a rank outside
+    ``0 .. size - 1``)."""
     cidx, _ = fine_mesh.parent_of(coarse_mesh)
-    xp = _xp(cidx)
-    votes = xp.bincount(cidx * size + xp.asarray(fine_ranks), minlength=coarse_mesh.num_cells * size)
-    return votes.reshape(coarse_mesh.num_cells, size).argmax(axis=1)
+    return majority_ranks(cidx, fine_ranks, coarse_mesh.num_cells, size)
 
 
 def level_ranks(dofs, size, c=0, min_dofs_per_rank=None):

@@ -12,19 +12,27 @@ from typing import Callable
 
 import numpy as np
 
-from ..backend import backend_of, call_points
+from ..backend import backend_of, call_points, in_host_memory
+from ..device.cell_kernels import cells_on_boundary
 from . import reference as ref
 
 
 def boundary_faces(b, ids=None):
     """(cells, local faces, boundary ids) of the faces with a boundary id ``b`` (nc, 2d) >= 0,
     row-major (= ``nonzero(b >= 0)``), only those whose id is in ``ids`` (an int array) if
-    given."""
+    given.  On the device the faces are searched only in the cells that have one
+    (:func:`~adaptmg.device.cell_kernels.cells_on_boundary`): the same arrays."""
     be = backend_of(b)
+    rows = None
+    if not in_host_memory(b):
+        rows = be.xp.flatnonzero(cells_on_boundary(b))
+        b = b[rows]
     flat = b.reshape(-1)
     at = be.xp.flatnonzero(flat >= 0)
     c, f = be.xp.divmod(at, b.shape[1])
     bid = flat.take(at)
+    if rows is not None:
+        c = rows[c]
     if ids is not None:
         keep = be.xp.isin(bid, be.asarray(ids))
         c, f, bid = c[keep], f[keep], bid[keep]

@@ -59,3 +59,55 @@ def test_cells_vertex_hit_and_scatter_cells_kernels_equal_twins(dtype, nv):
                 np.testing.assert_array_equal(to_host(a), b)
     with pytest.raises(TypeError, match="int32 / int64"):
         cell_kernels.scatter_cells(cp.asarray(cells), cp.asarray(vals).astype(np.float64), lo=cp.zeros(500))
+
+
+def test_cells_on_boundary_and_majority_ranks_twins_are_the_formulas():
+    """``cells_on_boundary``: a cell is on the boundary iff one of its face ids is >= 0;
+    ``majority_ranks``: every coarse cell's most frequent rank among its fine cells (ties and
+    cells without fine cells: the lowest rank); a rank outside 0 .. size - 1 or a size below
+    one is a ValueError."""
+    rng = np.random.default_rng(5)
+    ids = np.where(rng.random((400, 6)) < 0.05, rng.integers(0, 4, (400, 6)), -1).astype(np.int32)
+    hit = cell_kernels.cells_on_boundary(ids)
+    assert hit.dtype == bool and np.array_equal(hit, [any(v >= 0 for v in row) for row in ids])
+    assert 0 < hit.sum() < 400
+    for size in (1, 2, 3):
+        parent = rng.integers(0, 50, 300)
+        ranks = rng.integers(0, size, 300)
+        got = cell_kernels.majority_ranks(parent, ranks, 60, size)
+        for K in range(60):
+            counts = [int(((parent == K) & (ranks == r)).sum()) for r in range(size)]
+            assert got[K] == counts.index(max(counts)), (K, counts)
+    assert np.array_equal(cell_kernels.majority_ranks(np.array([0, 0, 1, 1]), np.array([1, 0, 1, 1]), 3, 2),
+                          [0, 1, 0])
+    with pytest.raises(ValueError, match=r"0 \.\. 1"):
+        cell_kernels.majority_ranks(np.array([0, 1]), np.array([0, 2]), 2, 2)
+    with pytest.raises(ValueError, match="positive integer"):
+        cell_kernels.majority_ranks(np.array([0, 1]), np.array([0, 0]), 2, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_cells_on_boundary_and_majority_ranks_kernels_equal_twins(dtype):
+    """The kernels equal the twins (integers, exact), also with the boundary faces searched in
+    the boundary cells only; a bad rank raises from the device flag."""
+    from adaptmg.backend import get_backend, to_host
+    from adaptmg.mesh import _boundary
+    cp = get_backend("gpu").xp
+    rng = np.random.default_rng(8)
+    ids = np.where(rng.random((5000, 6)) < 0.03, rng.integers(0, 4, (5000, 6)), -1).astype(dtype)
+    np.testing.assert_array_equal(to_host(cell_kernels.cells_on_boundary(cp.asarray(ids))),
+                                  cell_kernels.cells_on_boundary(ids))
+    for sel in (None, np.array([1, 3])):
+        for a, b in zip(_boundary.boundary_faces(cp.asarray(ids), sel), _boundary.boundary_faces(ids, sel)):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(to_host(a), b)
+    for size in (1, 2, 5):
+        parent = rng.integers(0, 700, 6000).astype(dtype)
+        ranks = rng.integers(0, size, 6000).astype(dtype)
+        want = cell_kernels.majority_ranks(parent, ranks, 800, size)
+        got = cell_kernels.majority_ranks(cp.asarray(parent), cp.asarray(ranks), 800, size)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(to_host(got), want)
+    with pytest.raises(ValueError, match=r"0 \.\. 1"):
+        cell_kernels.majority_ranks(cp.asarray([0, 1]), cp.asarray([0, -1]), 2, 2)
