@@ -532,8 +532,8 @@ def _cell_kernel(name):
                 cell_kernels.scatter_cells(cells, val, lo if int(ops) & 1 else None, hi if int(ops) & 2 else None)
                 return None
             if name == "cells_on_boundary":
-                ids, _, hit = host
-                hit[...] = cell_kernels.cells_on_boundary(ids)
+                ids, _, rows, has_rows, hit = host
+                hit[...] = cell_kernels.cells_on_boundary(ids, rows if int(has_rows) else None)
                 return None
             if name == "cell_votes":
                 parent, rank, size, votes, bad = host
@@ -544,6 +544,12 @@ def _cell_kernel(name):
             if name == "majority":
                 votes, size, best = host
                 best[...] = votes.reshape(-1, int(size)).argmax(axis=1)
+                return None
+            if name == "parent_positions":
+                act, loc, parent, child0, pos, child, pos_c, child_c, bad = host
+                r = cell_kernels.parent_positions(act, loc, parent, child0, pos_c.dtype)
+                pos[...], child[...], pos_c[...], child_c[...] = r[:4]
+                bad[0] = int(not r[4])
                 return None
             raise NotImplementedError(f"census: no stand-in of the cell kernel {name!r}")
     return launch

@@ -16,9 +16,10 @@ call as one launch):
 
 ``cells_on_boundary``
     Whether a cell has a boundary face, :math:`b_K = \bigvee_{f} (\mathrm{id}_{K,f} \ge 0)`:
-    one thread a cell reading its face ids, so that the boundary faces are searched only in
-    the rows that have one (``flatnonzero`` over every face slot of a 42M-cell mesh on an
-    H200: 2.96 -> 0.76 ms).
+    one thread a cell reading its face ids (in the mesh's table, or in the forest's at the
+    mesh's cells), so that the boundary faces are searched only in the rows that have one
+    (a 42M-cell mesh on an H200: the mesh's table gathered from the forest's and every face
+    slot searched, 2.3 + 1.5 ms; now 0.8 ms).
 
 ``cell_votes`` / ``majority``
     The rank holding most of a coarse cell's fine cells, :math:`r_K = \arg\max_r
@@ -26,6 +27,14 @@ call as one launch):
     into ``(coarse cells, ranks)`` counts, then one thread a coarse cell, where ``bincount``
     (two host syncs for its bounds) and ``argmax`` over a two-wide axis took 1.7 ms (41M
     fine cells) and 4.0 ms (5.2M) on an H200; now 0.37 and 0.11 ms.
+
+``parent_positions``
+    The coarse cell holding each fine cell and the child index in it: :math:`(\ell(a), -1)`
+    where the fine cell's forest id :math:`a` is active in the coarse mesh (:math:`\ell`: forest
+    id -> coarse position, -1 elsewhere), else :math:`(\ell(\pi(a)), a - c_0(\pi(a)))` with
+    :math:`\pi` the forest parent and :math:`c_0` its first child -- one thread a fine cell
+    writing the int64 results and their compact copies, where a dozen whole-array passes
+    did it (41M fine cells on an H200: 4.0 -> 0.9 ms).
 
 On an H200, the 42M-cell replicated mesh of a two-rank set-up at 21M DoFs a rank
 (``dev``-style sync timing): ``cells_with_vertex_in`` 3.8 -> 1.5 ms, the hanging search's
@@ -39,10 +48,11 @@ from ..backend import backend_of, in_host_memory, scatter_max, scatter_min
 from .deferred import check_later
 from .index_kernels import kernel_factory
 
-__all__ = ["cells_vertex_hit", "scatter_cells", "cells_on_boundary", "majority_ranks", "FUSED", "KERNEL_NAMES"]
+__all__ = ["cells_vertex_hit", "scatter_cells", "cells_on_boundary", "majority_ranks", "parent_positions",
+           "FUSED", "KERNEL_NAMES"]
 
 #: the fused functions of this module (the census counts a call as one launch)
-FUSED = ("cells_vertex_hit", "cell_scatter", "cells_on_boundary", "cell_votes", "majority")
+FUSED = ("cells_vertex_hit", "cell_scatter", "cells_on_boundary", "cell_votes", "majority", "parent_positions")
 
 _SPECS = {
     # one thread per cell: whether one of its nv vertices is in the node mask
@@ -58,10 +68,10 @@ _SPECS = {
         "long long n = (long long)cells[i]; V v = val[i / nv];"
         " if (ops & 1) atomicMin(&lo[n], v);"
         " if (ops & 2) atomicMax(&hi[n], v);"),
-    # one thread per cell: whether one of its w face ids is >= 0
+    # one thread per cell (row i of ids, or row rows[i]): whether one of its w face ids is >= 0
     "cells_on_boundary": (
-        "raw B ids, int32 w", "bool hit",
-        "const long long o = i * (long long)w; bool h = false;"
+        "raw B ids, int32 w, raw R rows, int32 has_rows", "bool hit",
+        "const long long o = (has_rows ? (long long)rows[i] : i) * (long long)w; bool h = false;"
         " for (int j = 0; j < w && !h; ++j) h = ids[o + j] >= 0;"
         " hit = h;"),
     # one thread per fine cell: its vote for its rank in its coarse cell's counts; a rank
@@ -77,6 +87,14 @@ _SPECS = {
         "const long long o = i * (long long)size; int b = 0; int bv = votes[o];"
         " for (int j = 1; j < size; ++j) { const int v = votes[o + j]; if (v > bv) { bv = v; b = j; } }"
         " best = b;"),
+    # one thread per fine cell (forest id act[i]): its coarse position and child index, both
+    # also in the compact dtypes; a cell with neither itself nor its parent in loc sets bad
+    "parent_positions": (
+        "raw A act, raw L loc, raw Q parent, raw Q child0", "int64 pos, int64 child, M pos_c, int8 child_c, raw int32 bad",
+        "const long long a = (long long)act[i]; long long p = (long long)loc[a]; long long ch = -1;"
+        " if (p < 0) { const long long q = (long long)parent[a]; p = q >= 0 ? (long long)loc[q] : -1;"
+        " if (p < 0) bad[0] = 1; else ch = a - (long long)child0[q]; }"
+        " pos = p; child = ch; pos_c = (M)p; child_c = (signed char)ch;"),
 }
 
 KERNEL_NAMES = tuple(f"adaptmg_{n}" for n in _SPECS)
@@ -127,18 +145,20 @@ def scatter_cells(cells, values, lo=None, hi=None):
     return lo, hi
 
 
-def cells_on_boundary(ids):
-    """bool (nc,): whether each cell has a boundary face (``ids`` (nc, 2d) its faces' boundary
-    ids, ``>= 0`` on the boundary) -- the module's ``cells_on_boundary``.  One kernel on the
-    device; the twin ``(ids >= 0).any(axis=1)``."""
+def cells_on_boundary(ids, rows=None):
+    """bool (nc,): whether each cell has a boundary face -- ``ids`` (nc, 2d) the cells' faces'
+    boundary ids (``>= 0`` on the boundary), or with ``rows`` (nc,) the cells are those rows
+    of ``ids`` (a forest's table: no gather of the mesh's rows first) -- the module's
+    ``cells_on_boundary``.  One kernel on the device; the twin ``(ids[rows] >= 0).any(axis=1)``."""
     xp = backend_of(ids).xp
     if not in_host_memory(ids):
         ids = xp.ascontiguousarray(ids)
-        hit = xp.empty(ids.shape[0], dtype=bool)
+        hit = xp.empty(ids.shape[0] if rows is None else rows.size, dtype=bool)
         if hit.size:
-            _kernel("cells_on_boundary")(ids, np.int32(ids.shape[1]), hit)
+            sel = hit if rows is None else xp.ascontiguousarray(rows)
+            _kernel("cells_on_boundary")(ids, np.int32(ids.shape[1]), sel, np.int32(rows is not None), hit)
         return hit
-    return (ids >= 0).any(axis=1)
+    return ((ids if rows is None else xp.take(ids, rows, axis=0)) >= 0).any(axis=1)
 
 
 def majority_ranks(parent, ranks, num_coarse: int, size: int):
@@ -170,3 +190,31 @@ def majority_ranks(parent, ranks, num_coarse: int, size: int):
         raise bad()
     votes = xp.bincount(parent * size + ranks, minlength=int(num_coarse) * int(size))
     return votes.reshape(int(num_coarse), int(size)).argmax(axis=1)
+
+
+def parent_positions(act, loc, parent, child0, compact=np.int32):
+    """For fine cells with forest ids ``act``, in a forest with ``parent`` / ``child0`` (each
+    forest cell's parent, -1 for a root, and first child), with ``loc`` (forest id -> position
+    among the coarse mesh's active cells, -1 where not active there): ``(pos, child, pos_c,
+    child_c, ok)`` -- the coarse position holding each fine cell and its child index in it (-1
+    where the fine cell is the coarse cell itself) as int64, the same in ``compact`` and int8,
+    and whether every cell was found (a host bool: one read) -- the module's
+    ``parent_positions``.  One kernel on the device; the twin whole-array gathers."""
+    xp = backend_of(act).xp
+    if not in_host_memory(act):
+        n = act.size
+        pos, child = xp.empty(n, dtype=np.int64), xp.empty(n, dtype=np.int64)
+        pos_c, child_c = xp.empty(n, dtype=compact), xp.empty(n, dtype=np.int8)
+        bad = xp.zeros(1, dtype=np.int32)
+        if n:
+            _kernel("parent_positions")(xp.ascontiguousarray(act), loc, parent, child0, pos, child, pos_c, child_c, bad)
+        return pos, child, pos_c, child_c, not bool(bad[0])
+    p = loc.take(act)
+    same = p >= 0
+    par = parent.take(act)
+    pp = loc.take(par)                            # a root's -1 reads the last entry: reset
+    pp[par < 0] = -1
+    ok = bool((same | (pp >= 0)).all())
+    pos = xp.where(same, p, pp).astype(np.int64, copy=False)
+    child = xp.where(same, -1, act - child0.take(xp.maximum(par, 0))).astype(np.int64, copy=False)
+    return pos, child, pos.astype(compact), child.astype(np.int8), ok

@@ -17,22 +17,26 @@ from ..device.cell_kernels import cells_on_boundary
 from . import reference as ref
 
 
-def boundary_faces(b, ids=None):
+def boundary_faces(b, ids=None, rows=None):
     """(cells, local faces, boundary ids) of the faces with a boundary id ``b`` (nc, 2d) >= 0,
     row-major (= ``nonzero(b >= 0)``), only those whose id is in ``ids`` (an int array) if
-    given.  On the device the faces are searched only in the cells that have one
-    (:func:`~adaptmg.device.cell_kernels.cells_on_boundary`): the same arrays."""
+    given.  ``rows``: the cells are these rows of ``b`` (a forest's table and a mesh's active
+    cells; cell ``i`` is row ``rows[i]``).  On the device the faces are searched only in the
+    cells that have one (:func:`~adaptmg.device.cell_kernels.cells_on_boundary`): the same
+    arrays."""
     be = backend_of(b)
-    rows = None
+    keep_rows = None
     if not in_host_memory(b):
-        rows = be.xp.flatnonzero(cells_on_boundary(b))
-        b = b[rows]
+        keep_rows = be.xp.flatnonzero(cells_on_boundary(b, rows))
+        b = b.take(keep_rows if rows is None else rows.take(keep_rows), axis=0)
+    elif rows is not None:
+        b = b.take(rows, axis=0)
     flat = b.reshape(-1)
     at = be.xp.flatnonzero(flat >= 0)
     c, f = be.xp.divmod(at, b.shape[1])
     bid = flat.take(at)
-    if rows is not None:
-        c = rows[c]
+    if keep_rows is not None:
+        c = keep_rows.take(c)
     if ids is not None:
         keep = be.xp.isin(bid, be.asarray(ids))
         c, f, bid = c[keep], f[keep], bid[keep]

@@ -6,7 +6,7 @@ is a coarse cell itself).  A level pair of a hierarchy is asked several times (t
 distributed set-up's cell ranks and transfer rows, the prolongation), so the last answer per
 fine mesh is kept while both meshes live (compact: int32 / int8, 5 bytes a cell); every
 call returns new int64 arrays, on the meshes' backend (NumPy or CuPy: one body against
-``xp``).
+``xp``, the per-cell lookup :func:`~adaptmg.device.cell_kernels.parent_positions`).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import weakref
 
 import numpy as np
 
+from ..device.cell_kernels import parent_positions
 from ._xp import xp_of
 
 #: fine mesh -> (weak reference to the coarse mesh, coarse index, child index)
@@ -39,15 +40,9 @@ def parent_of(fine, coarse):
     it = np.int32 if F.num_cells < np.iinfo(np.int32).max else np.int64
     loc = xp.full(F.num_cells, -1, dtype=it)
     loc[coarse._active] = xp.arange(coarse._active.size, dtype=it)
-    pos = loc.take(act)
-    same = pos >= 0
-    par = F.cell_parent.take(act)
-    ppos = loc.take(par)                          # a root's -1 reads the last entry: reset
-    ppos[par < 0] = -1
-    if not bool((same | (ppos >= 0)).all()):
+    compact = np.int32 if coarse.num_cells <= np.iinfo(np.int32).max else np.int64
+    cidx, child, cidx_c, child_c, ok = parent_positions(act, loc, F.cell_parent, F.cell_child0, compact)
+    if not ok:
         raise ValueError("parent_of: some cells are refined more than once relative to the coarse mesh")
-    cidx = xp.where(same, pos, ppos).astype(np.int64)
-    child = xp.where(same, -1, act - F.cell_child0.take(xp.maximum(par, 0)))
-    it = np.int32 if coarse.num_cells <= np.iinfo(np.int32).max else np.int64
-    _MEMO[fine] = (weakref.ref(coarse), cidx.astype(it), child.astype(np.int8))
+    _MEMO[fine] = (weakref.ref(coarse), cidx_c, child_c)
     return cidx, child

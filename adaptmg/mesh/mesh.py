@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..backend import CPU, call_points, get_backend
+from ..backend import CPU, call_points, get_backend, in_host_memory
 from . import reference as ref
 from . import tags
 from . import _boundary, _hanging, _incidence, _parents, _touch
@@ -487,8 +487,13 @@ class Mesh:
 
     def boundary_faces(self, ids=None):
         """(cells, local faces, boundary ids) of the boundary faces, optionally only those with ``ids``
-        (ids or names, :meth:`resolve_boundary`)."""
-        return _boundary.boundary_faces(self.boundary_ids, self.resolve_boundary(ids))
+        (ids or names, :meth:`resolve_boundary`).  On the device, before :attr:`boundary_ids` is
+        needed, read from the forest's table at the active cells (no gather of every cell's
+        ids first)."""
+        ids = self.resolve_boundary(ids)
+        if "boundary_ids" in self.__dict__ or in_host_memory(self._active):
+            return _boundary.boundary_faces(self.boundary_ids, ids)
+        return _boundary.boundary_faces(self._forest.cell_bface, ids, rows=self._active)
 
     def boundary_nodes(self, ids=None, where: Callable | None = None) -> np.ndarray:
         """Sorted indices of nodes on boundary faces (with boundary id in ``ids``) where ``where(x)`` holds."""
