@@ -20,7 +20,7 @@ either
 * beside its finest level's device-bound assembly, where the hierarchy runs the finest
   level's ``after`` there (on the GPU, assembled levels:
   :meth:`~.hierarchy.DistributedHierarchy.serial_beside_finest`); rank 0 then finds the masks
-  while rank 1 cuts and finds the second finest level's (:func:`mask_finders`) -- or
+  while rank 1 cuts and finds the top's and the second finest level's (:func:`mask_finders`) -- or
 * first, while rank 1 finds the masks and cuts: elsewhere nothing would
   run beside them, and in the first local set-up of a process (:func:`first_setup`), whose
   serial levels pay their libraries' and kernels' first use (~0.45 s on an H200) while the
@@ -204,16 +204,17 @@ def cut_and_own(space, spaces, size, weights, nranks):
 def mask_finders(levels: int, beside: bool) -> list:
     """The rank that finds each of the ``levels`` free masks of ``[top] + spaces`` (coarse ->
     fine; :func:`hand_over`'s ``mask_rank``).  ``beside`` (rank 0 builds the serial levels
-    later, beside its finest assembly): rank 0 finds them, except the second finest level's,
-    which rank 1 finds beside its cut -- the masks took ~39 ms of rank 0's device against
-    ~25 ms for the cut (one H200, the 42M-cell mesh of two ranks at 21M DoFs each: the finest
-    mask ~23 ms, the 5.3M level's ~7 ms); else rank 1 finds every one while rank 0 builds
-    the serial levels."""
+    later, beside its finest assembly): rank 0 finds them, except the top's and the second
+    finest level's, which rank 1 finds beside its cut (one H200, the 42M-cell mesh of two
+    ranks at 21M DoFs each, sync-timed sides: rank 0's masks 26.4 ms against 19.8 ms for
+    rank 1's cut and second finest mask; with the top's moved, 21.2 / 24.6 ms -- the top's
+    mask, ~5 ms, is bound by the host's launches and syncs); else rank 1 finds every one
+    while rank 0 builds the serial levels."""
     if not beside:
         return [1] * levels
     out = [0] * levels
     if levels >= 2:
-        out[-2] = 1
+        out[0] = out[-2] = 1
     return out
 
 

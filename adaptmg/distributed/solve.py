@@ -482,10 +482,10 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
 
     Where every level of the serial hierarchy below them is agglomerated on rank 0 (its top
     has fewer than ``agglomerate_below`` DoFs) and there are several ranks, rank 0 finds the
-    free masks of the local levels and the top (but the second finest level's,
-    :func:`.serial_levels.mask_finders`) while rank 1 cuts the mesh and finds the local
-    levels' owners, each handing its arrays to the others (:func:`.serial_levels.hand_over`),
-    and rank 0 alone builds the serial levels, later, beside its finest level's assembly
+    free masks of the local levels (but the second finest level's,
+    :func:`.serial_levels.mask_finders`) while rank 1 finds that and the top's, cuts the mesh
+    and finds the local levels' owners, each handing its arrays to the others
+    (:func:`.serial_levels.hand_over`), and rank 0 alone builds the serial levels, later, beside its finest level's assembly
     (:class:`.serial_levels.PendingSerialLevels`; the others then hold their summary,
     :class:`.serial_levels.SerialLevelsOnRankZero`).  Before, rank 0 built them first while
     rank 1 found the masks and the cut (two H200 at 21M DoFs a rank, ~65 ms each, the masks
@@ -512,8 +512,8 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     if size > 1 and top.num_dofs < agglomerate_below:
         t1 = time.perf_counter()
         # the serial levels on rank 0 (.serial_levels): where the finest local level's
-        # assembly leaves room beside it, built there, rank 0 finding the free masks (the
-        # top's too; rank 1 the second finest level's) meanwhile; else -- and in a process's
+        # assembly leaves room beside it, built there, rank 0 finding the free masks (rank 1
+        # the top's and the second finest level's) meanwhile; else -- and in a process's
         # first set-up -- now, rank 1 finding the masks; rank 1 cuts the mesh and finds the
         # owners; then each hands its arrays to the others
         ml = PendingSerialLevels(top, None, lambda: multigrid(top, assemble, dirichlet=dirichlet, **ckw),

@@ -59,7 +59,7 @@ def test_pass_arrays_copies_the_senders_arrays_into_the_receivers():
 
 def _finders(mask_rank, levels, size):
     """``mask_rank`` as one finder per level: a rank, "beside" (:func:`mask_finders`: rank 0,
-    rank 1 the second finest) or "spread" (level l by rank (l + 2) % size: every rank finds some)."""
+    rank 1 the top and the second finest) or "spread" (level l by rank (l + 2) % size: every rank finds some)."""
     if mask_rank == "beside":
         return mask_finders(levels, True)
     if mask_rank == "spread":
@@ -106,7 +106,7 @@ def test_every_rank_gets_rank_ones_cut_and_the_masks(size, mask_rank):
         ncut = 1 + 2 * len(spaces)
         assert all(d == np.int8 for d in sent[1][:ncut * (size - 1)])
     if mask_rank == "beside":
-        assert finders == [0] * (len(spaces) - 1) + [1, 0]
+        assert finders == [1] + [0] * (len(spaces) - 2) + [1, 0]
     ref = got[1]                                                 # the cut rank's own arrays
     again = level_ownership(spaces, ref["ranks"], ref["want_nranks"], size)
     assert all(np.array_equal(a, b) for a, b in zip(again[0] + again[1], ref["owners"] + ref["cells"]))
