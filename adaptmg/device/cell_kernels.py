@@ -206,6 +206,8 @@ def parent_positions(act, loc, parent, child0, compact=np.int32):
         pos, child = xp.empty(n, dtype=np.int64), xp.empty(n, dtype=np.int64)
         pos_c, child_c = xp.empty(n, dtype=compact), xp.empty(n, dtype=np.int8)
         bad = xp.zeros(1, dtype=np.int32)
+        if child0.dtype != parent.dtype:          # (one type for both in the kernel)
+            child0 = child0.astype(parent.dtype)
         if n:
             _kernel("parent_positions")(xp.ascontiguousarray(act), loc, parent, child0, pos, child, pos_c, child_c, bad)
         return pos, child, pos_c, child_c, not bool(bad[0])

@@ -485,11 +485,11 @@ def _solve_local(space, assemble, b, comm, dirichlet, rtol, maxiter, accel, cycl
     free masks of the local levels (but the second finest level's,
     :func:`.serial_levels.mask_finders`) while rank 1 finds that and the top's, cuts the mesh
     and finds the local levels' owners, each handing its arrays to the others
-    (:func:`.serial_levels.hand_over`), and rank 0 alone builds the serial levels, later, beside its finest level's assembly
-    (:class:`.serial_levels.PendingSerialLevels`; the others then hold their summary,
-    :class:`.serial_levels.SerialLevelsOnRankZero`).  Before, rank 0 built them first while
-    rank 1 found the masks and the cut (two H200 at 21M DoFs a rank, ~65 ms each, the masks
-    and the cut about as long as the serial levels)."""
+    (:func:`.serial_levels.hand_over`), and rank 0 alone builds the serial levels, later,
+    beside its finest level's assembly (:class:`.serial_levels.PendingSerialLevels`; the
+    others then hold their summary, :class:`.serial_levels.SerialLevelsOnRankZero`).  Before,
+    rank 0 built them first while rank 1 found the masks and the cut (two H200 at 21M DoFs a
+    rank, ~65 ms each, the masks and the cut about as long as the serial levels)."""
     t0, c0 = start
     max_levels = kw.get("max_levels")
     ok = max_levels is None or (isinstance(max_levels, (int, np.integer)) and not isinstance(max_levels, bool))
