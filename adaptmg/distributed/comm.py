@@ -49,7 +49,7 @@ import numpy as np
 
 from .nccl import NcclSum, nccl_available, nccl_pass, nccl_ready
 
-__all__ = ["allreduce_sum", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
+__all__ = ["allreduce_sum", "collective_property", "mpi_family", "mpi4py_family", "check_launch", "find_mpiexec", "mpiexec_flags", "mpiexec_command", "get_comm", "have_mpi", "agree", "guard", "install_excepthook", "HaloTimer",
            "launched_size", "launched_rank", "local_rank_from_env", "local_rank", "device_for_rank",
            "select_device", "choose_transport", "resolve_transport", "pass_arrays",
            "waitall", "alltoallv", "TRANSPORTS"]
@@ -283,6 +283,29 @@ def install_excepthook(comm=None) -> None:
         _abort(comm, exc_type, exc, tb)
 
     sys.excepthook = hook
+
+
+class collective_property:
+    """A property computed on first access and kept in the instance (``functools.cached_property``
+    without its lock), for values whose computation is collective.
+
+    Python 3.11's ``cached_property`` holds one lock per property for *every* instance while it
+    computes: where the ranks of :mod:`.thread_comm` are threads of one process, the first rank
+    to ask waits inside the collective for the others, which wait for the lock -- a deadlock
+    (3.12 dropped the lock).  As with MPI ranks, each instance here is computed by its own
+    rank only once."""
+
+    def __init__(self, fn):
+        self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 def waitall(requests) -> None:

@@ -81,7 +81,6 @@ across ranks.
 """
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import scipy.sparse as sp
@@ -91,7 +90,7 @@ from ..mesh import Mesh
 from ..mesh._touch import cells_with_vertex_in
 from ..mesh._tree import _mean_of
 from .cellkeys import KeyCodec, build_local, root_positions
-from .comm import agree, alltoallv, get_comm
+from .comm import agree, alltoallv, collective_property, get_comm
 
 __all__ = ["DistributedForest", "CellHalo"]
 
@@ -320,12 +319,12 @@ class DistributedForest:
             c = c[np.argsort(k, kind="stable")]   # distinct keys; the cells of a level are a sorted run
         return c
 
-    @functools.cached_property
+    @collective_property
     def owned_cells(self) -> np.ndarray:
         """Local indices of the owned leaves, in curve (key) order."""
         return self._in_key_order(self.owner == self.rank)
 
-    @functools.cached_property
+    @collective_property
     def ghost_cells(self) -> np.ndarray:
         """Local indices of the ghosts, in key order."""
         return self._in_key_order(self.owner != self.rank)
@@ -381,7 +380,7 @@ class DistributedForest:
                   self.mesh.cell_ids, self.keys, self.owner]
         return int(sum(a.nbytes for a in arrays))
 
-    @functools.cached_property
+    @collective_property
     def halo(self) -> CellHalo:
         """The owner -> ghost-holder exchange of per-cell values (collective on first use)."""
         M = self.mesh
@@ -554,7 +553,7 @@ class DistributedForest:
         return self._settle(keys[own == self.rank], dest, keys[other], own[other])
 
     # ------------------------------------------------------------------ global node numbering
-    @functools.cached_property
+    @collective_property
     def _numbering(self):
         M = self.mesh
         cells, nn, nv = M.cells, M.num_nodes, 2 ** M.dim
