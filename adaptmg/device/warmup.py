@@ -249,6 +249,36 @@ def _distributed_huge(backend):
     _distributed(backend, levels=(7,), length=2, variants=False, gib=DISTRIBUTED_HUGE_GIB)
 
 
+def _distributed_adaptive(backend, max_dofs=20000, ranks=2):
+    """The two distributed adaptive loops on ``ranks`` in-process ranks
+    (:mod:`adaptmg.distributed.thread_comm`), each to ``max_dofs``: the mesh whole on every rank
+    (:func:`adaptmg.distributed.adaptive_loop_replicated`, the L-shape with zero boundary
+    data: its source's and the estimator's, marks' and gather's kernels) and the distributed
+    forest (:func:`adaptmg.distributed.adaptive_loop_forest`, the Fichera cube: the forest's
+    device levels, loads and marks).  Without them a first two-GPU loop in a fresh process
+    compiled 6-8 and 4 kernels of CuPy's (2-4 s of its first step, two H200); the halo
+    transport here is host staging, as in :func:`_distributed`.  Skipped where the problems
+    package is not installed."""
+    try:
+        from adaptmg_problems import fichera, lshape
+    except ImportError:                  # problems/ not installed: nothing to warm
+        return
+    from ..distributed import adaptive_loop_forest, adaptive_loop_replicated
+    from ..distributed.forest import DistributedForest
+    from ..distributed.thread_comm import run_ranks
+
+    def replicated(comm):
+        mesh = lshape.coarse_mesh().to(backend).refine().refine()
+        adaptive_loop_replicated(mesh, lshape.source_zero_bc, comm=comm, steps=30, max_dofs=max_dofs,
+                                 tie_rtol=1e-8, backend=backend)
+
+    def forest(comm):
+        F = DistributedForest.from_coarse(fichera.coarse_mesh(), comm=comm).refine().repartition()
+        adaptive_loop_forest(F, 1.0, steps=30, max_dofs=max_dofs, tie_rtol=1e-8, backend=backend)
+    run_ranks(ranks, replicated)
+    run_ranks(ranks, forest)
+
+
 #: name -> (function, args): the small problems :func:`warmup` runs, one process each; in
 #: priority order (the kernel manifest's replay order, :mod:`.kernel_manifest`: the most
 #: common problems' kernels first)
@@ -282,6 +312,7 @@ TASKS = {
     "spectral": (_spectral, (2, tuple(range(1, 9)))),
     "distributed": (_distributed, ()),
     "distributed-huge": (_distributed_huge, ()),
+    "distributed-adaptive": (_distributed_adaptive, ()),
 }
 
 

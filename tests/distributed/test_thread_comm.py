@@ -173,3 +173,41 @@ def test_warmup_distributed_task_runs_on_the_host():
     from adaptmg.device.warmup import TASKS, _distributed
     assert TASKS["distributed"][0] is _distributed
     _distributed("cpu", levels=(3,))
+
+
+def test_forest_on_thread_ranks():
+    """The distributed forest on in-process ranks: its collective cached values (the cell halo,
+    the numbering) are computed by each rank on its own (Python 3.11's cached_property made
+    the second rank wait for the first one's lock while the first waited in the collective:
+    a deadlock, here a timeout), and the global node count is the one-rank count."""
+    from adaptmg.distributed.forest import DistributedForest
+
+    def f(comm):
+        F = DistributedForest.box([0, 0, 0], [2, 1, 1], (2, 1, 1), comm=comm).refine()
+        F = F.refine(F.centres()[:, 0] < 0.6).repartition()
+        return F.num_global_nodes, len(F.owned_cells), F.num_ghosts
+    (n1, c1, g1), = run_ranks(1, f, timeout=60)
+    out = run_ranks(2, f, timeout=60)
+    assert g1 == 0 and all(n == n1 for n, _, _ in out)
+    assert sum(c for _, c, _ in out) == c1 and all(g > 0 for _, _, g in out)
+
+
+def test_collective_property_is_computed_once_per_instance():
+    from adaptmg.distributed.comm import collective_property
+    calls = []
+
+    class A:
+        @collective_property
+        def v(self):
+            """doc"""
+            calls.append(self)
+            return len(calls)
+    a, b = A(), A()
+    assert (a.v, a.v, b.v) == (1, 1, 2) and calls == [a, b]
+    assert isinstance(A.v, collective_property) and A.v.__doc__ == "doc" and a.__dict__["v"] == 1
+
+
+def test_warmup_distributed_adaptive_task_runs_on_the_host():
+    from adaptmg.device.warmup import TASKS, _distributed_adaptive
+    assert TASKS["distributed-adaptive"][0] is _distributed_adaptive
+    _distributed_adaptive("cpu", max_dofs=3000)
