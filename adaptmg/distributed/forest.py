@@ -81,7 +81,6 @@ across ranks.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import scipy.sparse as sp
 
