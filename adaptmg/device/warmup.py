@@ -233,6 +233,28 @@ def _distributed(backend, levels=(4, 6, 7), ranks=2, length=1, variants=True, gi
             run_ranks(ranks, one, n, backend, True)
 
 
+#: free device memory (GiB) that :func:`_estimate_huge` needs: the residual estimator's face
+#: matching on a ~2e7-DoF 3-D mesh held a CuPy pool of 95 GiB (one H200)
+ESTIMATE_HUGE_GIB = 115
+
+
+def _estimate_huge(backend):
+    """:func:`adaptmg.estimate.residual_indicators` on a ~2e7-DoF 3-D mesh with hanging nodes on
+    the device (the ``q1-3d-device-mesh-huge`` mesh): the face matching's arrays pass 2 GB and
+    take kernels of their own -- 22 compiled on a first call at 21M DoFs, 3.3 s against 0.8 s
+    for the second (one H200), what every 3-D adaptive loop on the GPU met at that size.  On
+    a GPU with :data:`ESTIMATE_HUGE_GIB` GiB free only, one large task at a time."""
+    _large(backend, ESTIMATE_HUGE_GIB, _estimate_on_device_mesh, backend, 3, 7, 1)
+
+
+def _estimate_on_device_mesh(backend, dim, n, local):
+    from ..estimate import residual_indicators
+    from ..fe import Space
+    space = Space(_mesh(dim, n, local, backend), 1)
+    xp = space.mesh.backend.xp
+    residual_indicators(space, xp.linspace(0.0, 1.0, space.num_dofs), f=1.0)
+
+
 #: free device memory (GiB) that :func:`_distributed_huge` needs: two ranks of ~2e7 DoFs, each
 #: with its own copy of the ~4e7-cell mesh, on one device
 DISTRIBUTED_HUGE_GIB = 100
@@ -313,6 +335,7 @@ TASKS = {
     "distributed": (_distributed, ()),
     "distributed-huge": (_distributed_huge, ()),
     "distributed-adaptive": (_distributed_adaptive, ()),
+    "estimate-huge": (_estimate_huge, ()),
 }
 
 

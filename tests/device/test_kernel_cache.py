@@ -106,7 +106,7 @@ def test_warmup_tasks_run_on_the_host(task):
     run_task(task, backend="cpu")
 
 
-@pytest.mark.parametrize("task", ["q1-3d-device-mesh-huge", "distributed-huge"])
+@pytest.mark.parametrize("task", ["q1-3d-device-mesh-huge", "distributed-huge", "estimate-huge"])
 def test_huge_warmup_tasks_run_on_a_large_gpu_only(task):
     """The ~2e7-DoF tasks (kernels with 64-bit indices) are skipped on the host and where the
     device has less than HUGE_GIB / DISTRIBUTED_HUGE_GIB free: a quick return, not a 2e7-DoF
@@ -115,9 +115,16 @@ def test_huge_warmup_tasks_run_on_a_large_gpu_only(task):
     from adaptmg.device import warmup as W
     assert W.TASKS["q1-3d-device-mesh-huge"][0] is W._huge and not W._device_fits("cpu")
     assert W.TASKS["distributed-huge"][0] is W._distributed_huge and not W._memory_frees_up("cpu", 1)
+    assert W.TASKS["estimate-huge"][0] is W._estimate_huge
     t = time.perf_counter()
     run_task(task, backend="cpu")
     assert time.perf_counter() - t < 5.0
+
+
+def test_estimate_huge_task_body_runs_on_the_host():
+    """What ``estimate-huge`` runs on a large GPU is a valid call (a small mesh on the host)."""
+    from adaptmg.device import warmup as W
+    W._estimate_on_device_mesh("cpu", 3, 1, 1)
 
 
 def test_large_warmup_tasks_take_turns():
