@@ -115,6 +115,11 @@ class HostXP:
 
     @staticmethod
     def empty(shape, dtype):
-        return np.full(shape, np.nan, dtype=dtype)
+        """Poisoned: NaN for floats, the extreme value for integers (what a kernel leaves
+        unwritten shows)."""
+        dt = np.dtype(dtype)
+        fill = np.nan if dt.kind in "fc" else np.iinfo(dt).min if dt.kind == "i" else \
+            np.iinfo(dt).max if dt.kind == "u" else 0
+        return np.full(shape, fill, dtype=dt)
 
     zeros = staticmethod(np.zeros)
