@@ -138,7 +138,7 @@ class _Device:
 
 
 _STATE = {"device": None, "pinned": 0, "count": 1, "nccl_calls": 0, "stream_waits": 0, "gets": 0,
-          "get_values": 0, "nccl_allreduces": 0}
+          "get_values": 0, "nccl_allreduces": 0, "world": None}
 
 
 def _pinned(nbytes):
@@ -250,7 +250,11 @@ class _NcclCommunicator:
         from mpi4py import MPI
         assert len(commId) == 128 and MPI.COMM_WORLD.Get_size() == ndev
         assert MPI.COMM_WORLD.Get_rank() == rank
-        self.mpi = MPI.COMM_WORLD.Dup()
+        # COMM_WORLD's Dup made by install() on the main thread: this constructor runs on the
+        # library's NCCL init thread (adaptmg.distributed.nccl.start_nccl_communicator) beside
+        # the main thread's collectives, and a Dup here (collective) raced them -- the ranks'
+        # messages crossed (MPICH: 'Message truncated' in the first set-up's allreduce)
+        self.mpi = _STATE["world"]
         self.rank, self.ndev = rank, ndev
 
     def send(self, sendbuf, count, datatype, peer, stream):
@@ -342,6 +346,8 @@ def install(devices=1, with_nccl=False, mesh=False):
         MultilevelSolver._capturable = lambda self: False
         xp.cuda.runtime.getDevice = lambda: _STATE["device"] or 0
     if with_nccl:       # ``from cupy.cuda import nccl`` finds the stand-in (this process only)
+        from mpi4py import MPI        # collective: every rank installs at the same point
+        _STATE["world"] = MPI.COMM_WORLD.Dup()      # the stand-in communicators' (shared)
         top, sub = types.ModuleType("cupy"), types.ModuleType("cupy.cuda")
         top.cuda, sub.nccl = sub, nccl
         # with ``mesh`` "cupy" stays this module (the device mesh imports it)
