@@ -7,6 +7,7 @@ Examples::
     python scripts/bench_estimate.py --cells 1400000 --backend gpu  # the size of the GPU loop's last step
     python scripts/bench_estimate.py --dim 3 --cells 100000 --degree 2
     python scripts/bench_estimate.py --device-path   # the GPU path's chunks and checks, on NumPy
+    python scripts/bench_estimate.py --backend gpu --mesh-backend gpu --cells 2.5e7 --share 2
 
 The mesh is graded towards the singular corner (the L-shape's re-entrant corner in 2-D, the
 origin of the cube in 3-D): cells with :math:`h_K > \\delta\\, r_K^{1/3}` are refined until
@@ -20,6 +21,14 @@ Prints one row per backend: cells, interior faces, face runs, evaluation calls p
 and the best of ``--repeat`` later calls.  ``--device-path`` runs the CPU backend through the
 GPU's code path (its chunk sizes and deferred determinant checks, :func:`device_path`), so that
 a host without a GPU counts the GPU's evaluations.
+
+``--share P`` also times what one rank of ``P`` does per step of
+:func:`adaptmg.distributed.adaptive_loop_replicated`, on a mesh whose faces are not matched yet
+(as every step's new mesh): the indicators of the rank's cells of the Morton cut (``cells=``:
+the faces matched around them, :func:`adaptmg.estimate.faces.face_runs` with ``only=``), the
+slowest rank's, against the whole estimate (``P = 1``); and of the whole estimate the face
+matching alone.  ``--mesh-backend gpu``
+grades the mesh on the device (large meshes in seconds; the estimator then runs on it).
 """
 from __future__ import annotations
 
@@ -37,26 +46,64 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
-def graded_mesh(dim, cells):
-    """The L-shape (2-D) or the unit cube (3-D) refined towards a corner to >= ``cells`` cells."""
+def graded_mesh(dim, cells, backend="cpu"):
+    """The L-shape (2-D) or the unit cube (3-D) refined towards a corner to >= ``cells`` cells
+    (on ``backend``'s arrays: a device mesh for "gpu")."""
     from adaptmg import Mesh
     if dim == 2:
         from adaptmg_problems.lshape import coarse_mesh
         mesh = coarse_mesh()
     else:
         mesh = Mesh.box([0.0] * 3, [1.0] * 3, [2, 2, 2])
+    if backend != "cpu":
+        mesh = mesh.to(backend)
+    xp = mesh.backend.xp
     delta = 0.5
     while mesh.num_cells < cells:
         delta /= 1.1
         while True:
             X = mesh.points[mesh.cells]
-            h = np.linalg.norm(X[:, -1] - X[:, 0], axis=1)
-            r = np.linalg.norm(X.mean(axis=1), axis=1)
-            marked = np.flatnonzero(h > delta * np.maximum(r, h) ** (1.0 / 3.0))
+            h = xp.linalg.norm(X[:, -1] - X[:, 0], axis=1)
+            r = xp.linalg.norm(X.mean(axis=1), axis=1)
+            marked = xp.flatnonzero(h > delta * xp.maximum(r, h) ** (1.0 / 3.0))
             if marked.size == 0:
                 break
             mesh = mesh.refine(marked)
     return mesh
+
+
+def _timed(fn, be):
+    be.synchronize()
+    t = time.perf_counter()
+    fn()
+    be.synchronize()
+    return time.perf_counter() - t
+
+
+def rank_share(space, u, be, size, repeat):
+    """Seconds per step of a rank of ``size`` in the replicated loop's estimate (module doc),
+    each on a mesh whose faces are not memoised, best of ``repeat``: ``(match, whole, rank)`` --
+    the whole mesh's face matching alone, the whole estimate and the slowest rank's estimate of
+    its cells."""
+    import adaptmg.estimate.faces as faces
+    from adaptmg.distributed.partition import partition_cells
+    from adaptmg.estimate import residual_indicators
+    mesh = space.mesh
+
+    def fresh(fn):
+        def run():
+            for cache in (faces._RUNS_CACHE, faces._FACE_CACHE):
+                cache.pop(mesh, None)
+            fn()
+        return min(_timed(run, be) for _ in range(repeat))
+    t_match = fresh(lambda: faces.face_runs(mesh, backend=be))
+    whole = fresh(lambda: residual_indicators(space, u, f=1.0, backend=be))
+    ranks = partition_cells(mesh, size)
+    slowest = 0.0
+    for r in range(size):
+        own = ranks == r
+        slowest = max(slowest, fresh(lambda: residual_indicators(space, u, f=1.0, backend=be, cells=own)))
+    return t_match, whole, slowest
 
 
 @contextlib.contextmanager
@@ -140,9 +187,13 @@ def main(argv=None):
     p.add_argument("--degree", type=int, default=1, choices=(1, 2))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--device-path", action="store_true", help="the GPU code path on the CPU backend")
+    p.add_argument("--share", type=int, default=0, help="also time one rank's estimate of P ranks (module doc)")
+    p.add_argument("--mesh-backend", default="cpu", choices=("cpu", "gpu"), help="where the mesh is graded")
     a = p.parse_args(argv)
+    if a.share < 0:
+        p.error("--share must be a positive number of ranks")
     t = time.perf_counter()
-    mesh = graded_mesh(a.dim, int(a.cells))
+    mesh = graded_mesh(a.dim, int(a.cells), a.mesh_backend)
     print(f"graded {a.dim}-D mesh: {mesh.num_cells} cells, {mesh.num_hanging_nodes} hanging nodes "
           f"({time.perf_counter() - t:.1f} s)", flush=True)
     print("| backend | cells | DoFs | faces | runs | evaluations / estimate | table products / estimate "
@@ -157,6 +208,18 @@ def main(argv=None):
         rows.append(r)
         print(f"| {r['backend']} | {r['cells']} | {r['dofs']} | {r['faces']} | {r['runs']} | {r['evaluations']} "
               f"| {r['products']} | {r['first']:.3f} | {r['best']:.4f} |", flush=True)
+    if a.share:
+        from adaptmg import Space
+        from adaptmg.backend import get_backend
+        print(f"\nper step of the replicated loop, one rank of P = {a.share} against P = 1 (seconds, best of "
+              f"{a.repeat}, faces not matched before):\n| backend | of it: match faces | whole estimate (P = 1) "
+              f"| a rank's cells (P = {a.share}, slowest) | ratio |\n|---|---|---|---|---|")
+        for name in a.backend.split(","):
+            be = get_backend(name.strip())
+            space = Space(mesh, a.degree)
+            u = be.asarray(np.random.default_rng(0).standard_normal(space.num_dofs))
+            m, w, r = rank_share(space, u, be, a.share, a.repeat)
+            print(f"| {be.name} | {m:.4f} | {w:.4f} | {r:.4f} | {w / r:.2f}x |", flush=True)
     return rows
 
 

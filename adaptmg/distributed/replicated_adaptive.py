@@ -10,8 +10,11 @@ Step :math:`\ell` on the mesh :math:`\mathcal T_\ell` (every phase collective):
    (:mod:`.local`), the levels below ``agglomerate_below`` live on rank 0; the solution is
    gathered on every rank (on the GPU on the devices: ``ncclAllGather`` when the halo goes by
    NCCL, ``solve(..., on_device=True)``).
-2. **Estimate**: the residual indicators :func:`adaptmg.estimate.residual_indicators` of every
-   cell, on every rank's copy of the mesh.
+2. **Estimate**: the residual indicators :func:`adaptmg.estimate.residual_indicators` of the
+   rank's own cells of this step's cut (``cells=``: their cell residuals and the faces touching
+   them, on the rank's copy of the mesh), summed over the ranks (each cell's indicator comes from
+   one rank, the others add exact zeros: every rank holds the same array, bit for bit; on the
+   devices ``ncclAllReduce`` when the halo goes by NCCL, else one host ``Allreduce``).
 3. **Mark**: Doerfler's set (:func:`adaptmg.estimate.marking.mark`) of rank 0, broadcast (an
    allreduce of rank 0's marks and the others' zeros: on the devices by NCCL), so every rank
    refines the same cells whatever the round-off of its own indicators.
@@ -19,9 +22,10 @@ Step :math:`\ell` on the mesh :math:`\mathcal T_\ell` (every phase collective):
    ranks' meshes stay equal; their cell and node counts are compared every step and a
    difference is a ``RuntimeError``).
 
-What scales with the ranks: the assembly, the constrained matrices, the transfers and the
-solve (each rank its cells' rows).  What does not: the mesh, the refinement and the
-estimator, done whole on every rank -- memory per rank grows with the whole mesh (on an
+What scales with the ranks: the assembly, the constrained matrices, the transfers, the solve
+(each rank its cells' rows) and the estimator's evaluation (each rank its cells and their
+faces; the faces of the whole mesh are still matched on every rank).  What does not: the mesh
+and the refinement, done whole on every rank -- memory per rank grows with the whole mesh (on an
 H200 about 0.6 KB per DoF of 2-D mesh), which bounds this loop to what one device holds; the
 distributed forest (:mod:`.forest`, :func:`.adaptive.adaptive_loop_forest`) holds only a
 rank's cells and their ghost layer.
@@ -71,6 +75,20 @@ def _broadcast_marks(comm, eta, theta, tie_rtol, transport):
     host = np.ascontiguousarray(to_host(marks), dtype=bool) if root else np.empty(eta.size, dtype=bool)
     comm.Bcast(host, root=0)
     return be.asarray(host) if be.is_gpu else host
+
+
+def _sum_over_ranks(comm, a, transport):
+    """The sum of every rank's ``a`` on every rank (NCCL on the devices when the halo goes that
+    way; else one host ``Allreduce``)."""
+    if comm.Get_size() == 1:
+        return a
+    be = backend_of(a)
+    if transport == "nccl":
+        return NcclSum(comm)(a)
+    host = np.ascontiguousarray(to_host(a), dtype=float)
+    out = np.empty_like(host)
+    comm.Allreduce(host, out)
+    return be.asarray(out) if be.is_gpu else out
 
 
 def adaptive_loop_replicated(mesh, f=1.0, *, comm=None, steps=10, max_dofs=None, theta=0.5, tie_rtol=None,
@@ -128,11 +146,12 @@ def adaptive_loop_replicated(mesh, f=1.0, *, comm=None, steps=10, max_dofs=None,
         t2 = now()
         tm, its, info, transport = res.timings, res.iterations, res.info, getattr(res.mg, "transport", "mpi")
         u = be.asarray(res.u) if be.is_gpu else np.asarray(res.u)
+        own = None if comm.Get_size() == 1 else res.cell_ranks == comm.Get_rank()
         del res                               # its hierarchy: not alive during the next one
         t3 = now()
         t.update(mesh=t1 - t0, setup=tm["setup"], partition=tm.get("partition_s", 0.0), solve=tm["solve"],
                  gather=t2 - t1 - tm["setup"] - tm["solve"] + (t3 - t2))
-        eta = residual_indicators(space, u, f=f)
+        eta = _sum_over_ranks(comm, residual_indicators(space, u, f=f, cells=own), transport)
         est = float(np.sqrt(float((eta * eta).sum())))
         t4 = now()
         t["estimate"] = t4 - t3

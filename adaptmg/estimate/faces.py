@@ -42,6 +42,7 @@ from ..device.index_kernels import face_corners
 from ..fe.element import LagrangeQ
 from ..fe.quadrature import tensor_gauss
 from ..fe.sparsity import counting_order
+from ..mesh._touch import cells_with_vertex_in
 from ..mesh import reference as ref
 from .evaluation import PointValues, max_vertex_distance
 
@@ -145,10 +146,18 @@ def face_pairs(mesh, backend=None, partial=False) -> FacePairs:
     return out
 
 
-def _match_faces(mesh, be, partial, once_only):
+def _match_faces(mesh, be, partial, once_only, only=None):
     """:func:`face_pairs` (not memoised); ``once_only``: only the listings with ``once`` True
     (every face once, in the same order: what :func:`face_runs` keeps), so that the neighbour
-    rows and corners of the second listing of a conforming face are never formed."""
+    rows and corners of the second listing of a conforming face are never formed.
+
+    ``only``: None, or a boolean mask of cells: then only the faces of two rings of cells
+    around ``only`` are listed -- ``ring1`` the cells that share a vertex with a cell of
+    ``only`` (every neighbour of such a cell, across a whole face or a sub-face, does), ``ring2``
+    those sharing a vertex with ``ring1`` -- so every face of a ``ring1`` cell has its
+    partner listed and is classified as in the whole mesh; fine sub-faces are looked for among
+    ``ring1``'s faces only (a face of the outer ring whose partner was not listed could pass for
+    one), the faces of ``only`` are all found, and others may be left out."""
     xp = be.xp
     d = mesh.dim
     nfv = 2 ** (d - 1)
@@ -157,7 +166,11 @@ def _match_faces(mesh, be, partial, once_only):
     cor_i = constant(ref.corners(d), xp)
     cells = mesh_arrays(mesh, be).cells
     bid = be.asarray(mesh.boundary_ids)
-    c_all, f_all = xp.nonzero(bid < 0)
+    if only is None:
+        c_all, f_all = xp.nonzero(bid < 0)
+    else:                             # the faces of two rings of cells around ``only``, in the same order
+        ring1 = _around(cells, only, mesh.num_nodes, xp)
+        c_all, f_all = xp.nonzero((bid < 0) & _around(cells, ring1, mesh.num_nodes, xp)[:, None])
     # (nF, nfv), face-lexicographic: every cell's faces by one gather along the vertex axis,
     # then the interior ones as whole rows (row gathers by ``take``: a 2-D fancy index copies
     # element by element, several times slower on the host)
@@ -169,6 +182,8 @@ def _match_faces(mesh, be, partial, once_only):
     npar = (par >= 0).sum(1)
     cand = npar[V] == nfv                                          # vertex = centre of the coarse face
     hidx = xp.flatnonzero(cand.any(1))
+    if only is not None:
+        hidx = hidx[ring1[c_all[hidx]]]
     hv = V[hidx, xp.argmax(cand[hidx], axis=1)]
     ckey = _sort_rows(par.take(hv, axis=0)[:, :nfv], xp)
     nF = key.shape[0]
@@ -197,6 +212,8 @@ def _match_faces(mesh, be, partial, once_only):
     is_fine = xp.zeros(nF, dtype=bool)
     is_fine[fine_rows] = True
     bad = ~(conf | is_coarse | is_fine)
+    if only is not None:              # the faces of ``only`` must match; the others may not
+        bad &= only[c_all]
     if not partial and bad.any():                                                  # details copied to the host only here
         i = int(xp.flatnonzero(bad)[0])
         raise RuntimeError(f"face matching failed for {int(bad.sum())} interior face(s) (first: cell "
@@ -223,6 +240,15 @@ def _match_faces(mesh, be, partial, once_only):
                            "nor a hanging node on its face")
     once = xp.concatenate([rows[:nconf] < nbrow[:nconf], xp.ones(fine_rows.size, dtype=bool)])
     return FacePairs(cell, face, nb, R, hanging, once)
+
+
+def _around(cells, mask, num_nodes, xp):
+    """The cells (a mask) that share a vertex with a cell of ``mask``."""
+    near = xp.zeros(num_nodes, dtype=bool)
+    near[cells[mask].reshape(-1)] = True
+    out = xp.zeros(cells.shape[0], dtype=bool)
+    out[cells_with_vertex_in(cells, near)] = True
+    return out
 
 
 def _sort_rows(V, xp=np):
@@ -330,22 +356,31 @@ class FaceRuns:
 _RUNS_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # mesh -> {backend: FaceRuns}
 
 
-def face_runs(mesh, backend=None, partial=False) -> FaceRuns:
+def face_runs(mesh, backend=None, partial=False, only=None) -> FaceRuns:
     """The :class:`FaceRuns` of a mesh (memoised per mesh and backend; meshes are immutable).
 
     ``backend`` as in :func:`face_pairs`: on the GPU the face matching, the run grouping and
     the face diameters run on CuPy and ``cell``/``face``/``nb``/``hanging``/``h`` are CuPy
     arrays, equal to the host's in the same order (CuPy's argsort is stable, like the host's
     ``kind="stable"``); ``R_sets`` is a (small) NumPy array and ``runs`` a list either way.
-    ``partial``: as in :func:`face_pairs`."""
+    ``partial``: as in :func:`face_pairs`.
+
+    ``only``: None, or a boolean mask of cells (on the backend): the faces touching them, as
+    :func:`runs_touching` cuts them from the whole mesh's runs -- those runs when they are
+    memoised already, else matched among the cells around ``only`` alone (a rank's share of a
+    mesh that every rank holds: about that share of the work; not memoised)."""
     be = _resolve(backend)
     tag = "partial" if partial else None
     hit = _cache_get(_RUNS_CACHE, mesh, be, tag)
     if hit is not None:
-        return hit
+        return hit if only is None else runs_touching(hit, only, be)
     xp, gpu = be.xp, be.is_gpu
     fp = _cache_get(_FACE_CACHE, mesh, be, "partial" if partial else None)
-    if fp is None:                    # on the host the listings kept below only (the same faces, same
+    if fp is not None and only is not None:
+        return runs_touching(face_runs(mesh, be, partial), only, be)
+    if only is not None:              # matched around ``only``; its runs cut to its faces below
+        fp = _match_faces(mesh, be, partial, True, only)
+    elif fp is None:                  # on the host the listings kept below only (the same faces, same
         #                               order); on the device all (the selection would be one more sync)
         fp = _match_faces(mesh, be, partial, True) if not gpu else face_pairs(mesh, be, partial)
     d = mesh.dim
@@ -390,10 +425,37 @@ def face_runs(mesh, backend=None, partial=False) -> FaceRuns:
     else:
         runs = [(int(a), int(b), int(key[a] // G), int(key[a] % G)) for a, b in zip(starts, stops) if b > a]
     cell, face = fp.cell[sel], fp.face[sel]
+    if only is not None:              # the faces of ``only`` (before their diameters)
+        out = runs_touching(FaceRuns(cell, face, fp.nb[sel], fp.hanging[sel], None, R_sets, runs,
+                                     key % G if gpu else None), only, be)
+        out.h = face_diameters(mesh, out.cell, out.face, be)
+        return out
     out = FaceRuns(cell, face, fp.nb[sel], fp.hanging[sel], face_diameters(mesh, cell, face, be), R_sets, runs,
                    key % G if gpu else None)
     _cache_put(_RUNS_CACHE, mesh, be, out, tag)
     return out
+
+
+def runs_touching(fr: FaceRuns, mask, backend=None) -> FaceRuns:
+    """The faces of ``fr`` with a cell in ``mask`` (a boolean array over the mesh's cells, on
+    ``fr``'s backend) on either side, in their order, their runs re-cut: a run keeps the
+    faces it had that touch ``mask`` (empty runs dropped), so the tables of the runs still
+    serve them.  What a cell of ``mask`` receives from the faces is what it receives from all
+    of ``fr`` (a face that is left out touches no cell of ``mask``).  On the GPU O(runs)
+    numbers come to the host (the run bounds)."""
+    be = _resolve(backend)
+    xp = be.xp
+    keep = mask[fr.cell] | mask[fr.nb]
+    sel = xp.flatnonzero(keep)
+    before = xp.zeros(keep.size + 1, dtype=np.int64)                # kept faces before face i
+    xp.cumsum(keep, out=before[1:])
+    ends = np.array([b for r in fr.runs for b in r[:2]], dtype=np.int64)
+    pos = to_host(before[be.asarray(ends)]) if ends.size else ends
+    runs = [(int(pos[2 * i]), int(pos[2 * i + 1]), f, g) for i, (_, _, f, g) in enumerate(fr.runs)
+            if pos[2 * i + 1] > pos[2 * i]]
+    take = lambda a: None if a is None else a[sel]                  # noqa: E731
+    return FaceRuns(take(fr.cell), take(fr.face), take(fr.nb), take(fr.hanging), take(fr.h), fr.R_sets, runs,
+                    take(fr.sets))
 
 
 def outward_normals(ev: PointValues, faces, d):

@@ -188,6 +188,29 @@ class _Data:
         check_determinants(flags)
 
 
+def _cell_selection(cells, nc, be):
+    """``cells`` of an indicator call (None, a boolean mask of the ``nc`` cells or cell ids)
+    as ``(ids, mask)`` on ``be`` (sorted distinct ids), or ``(None, None)`` for every cell."""
+    if cells is None:
+        return None, None
+    xp = be.xp
+    a = be.asarray(cells) if be.is_gpu else np.asarray(to_host(cells))
+    if a.dtype == bool:
+        if a.shape != (nc,):
+            raise ValueError(f"cells as a boolean mask must have shape ({nc},) (one entry a cell), got {a.shape}")
+        mask = a
+    elif a.dtype.kind in "iu":
+        if a.ndim != 1:
+            raise ValueError(f"cells must be a boolean mask or a 1-D array of cell ids, got shape {a.shape}")
+        if a.size and (int(a.min()) < 0 or int(a.max()) >= nc):
+            raise ValueError(f"cells holds ids outside 0 .. {nc - 1}: {int(a.min())} .. {int(a.max())}")
+        mask = xp.zeros(nc, dtype=bool)
+        mask[a] = True
+    else:
+        raise TypeError(f"cells must be a boolean mask or integer cell ids, got dtype {a.dtype}")
+    return xp.flatnonzero(mask), mask
+
+
 def _own_side(dat, tabs, groups, cells, need_x):
     """Own side of the faces of ``cells``, evaluated with the own-face tables ``tabs[f]`` of the
     ``groups`` ``(start, stop, f)`` (local face f = 2 axis + side): fields, unit outward normal
@@ -220,7 +243,8 @@ def _face_groups(runs):
     return own, [(s, e, g) for s, e, _, g in runs]
 
 
-def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=False, data=None, partial=False):
+def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=False, data=None, partial=False,
+               cells=None):
     """Face part of eta_K^2: (1/2) sum h_F ||[flux . n]||^2 (+ Neumann faces).
 
     ``flux_n(grad, nrm, x, cells)`` maps gradients (c, d, m, n) and unit normals (d, m, n)
@@ -235,15 +259,18 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
     by their local face.
     ``data``: the :class:`_Data` of the call (default: ``U`` on the host); the result is an
     array of its backend.  ``partial``: the mesh is a piece of a larger one
-    (:func:`.faces.face_pairs`)."""
+    (:func:`.faces.face_pairs`).  ``cells``: None, or a boolean mask of the cells (on the
+    backend) whose values are wanted: only the faces touching them are matched and evaluated
+    (:func:`.faces.face_runs` with ``only=``) and the other cells' entries are 0."""
     mesh, d = space.mesh, space.dim
     c = space.components
     _check_neumann(neumann, neumann_ids, c)
+    only, cells = cells, None                 # the subset's mask (``cells`` names a chunk's cells below)
     dat = _Data(space, U) if data is None else data
     xp = dat.xp
     nc = mesh.num_cells
     el = space.element
-    fr = face_runs(mesh, backend=dat.be, partial=partial)      # on the backend (cached per mesh)
+    fr = face_runs(mesh, backend=dat.be, partial=partial, only=only)      # on the backend (cached per mesh)
     Nf, wf = face_quadrature(d, nq)
     wf = dat.array(wf)
     own = [dat.tables(el, Nf @ R) for R in own_face_refs(d, np.arange(2 * d))]
@@ -268,10 +295,13 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
     if neumann_ids is not None:
         cN, fN, _ = mesh.boundary_faces(neumann_ids)
         cNd, fN = dat.array(cN), dat.array(fN)                      # on the backend
+        if only is not None:
+            keep = xp.flatnonzero(only[cNd])
+            cNd, fN = cNd[keep], fN[keep]
         order = stable_argsort(fN)                                  # grouped by local face
         cNd, fN = cNd[order], fN[order]
         if cNd.size == 0:
-            return out
+            return out if only is None else xp.where(only, out, 0.0)
         need_xn = need_x or callable(neumann)
         gconst = None
         if neumann is not None and not callable(neumann):
@@ -291,7 +321,7 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
                 r = r + _neumann_values(neumann, ea.x, nrm, c, xp=xp)
             valN[sl] = hF[sl] * (wf @ (da * _dot(r, r)))
         out += xp.bincount(cNd, weights=valN, minlength=nc)
-    return out
+    return out if only is None else xp.where(only, out, 0.0)
 
 
 def _resolve(backend, space):
@@ -315,7 +345,7 @@ def _result(space, *arrays):
 
 def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
                         neumann=None, neumann_ids=None, quad_points=None, parts=False,
-                        backend=None, partial=False):
+                        backend=None, partial=False, cells=None):
     r"""Residual indicators :math:`\eta_K` (module docstring) for a scalar elliptic or
     transport-diffusion problem :math:`-\nabla\cdot(k\nabla u) + b\cdot\nabla u + c u = f`.
 
@@ -339,6 +369,10 @@ def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
         ghost layer, :mod:`adaptmg.distributed.adaptive`): interior faces with no neighbour
         in it are left out, so only the cells whose neighbours are all in the piece get their
         full indicator.
+    cells : None (every cell), or a boolean mask (num_cells,) or integer ids of the cells whose
+        indicators are computed -- exactly those of the whole call, the other entries 0: the
+        cell residuals of these cells and the faces touching them only (a rank's share of a
+        mesh whole on every rank, :func:`adaptmg.distributed.adaptive_loop_replicated`).
 
     Returns eta (num_cells,) with :math:`\eta = (\sum_K\eta_K^2)^{1/2}` the global estimate
     -- NumPy arrays (also with ``backend="gpu"``), but for a space on a mesh on the GPU
@@ -357,6 +391,7 @@ def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
         check_coefficient(name, v, nc)
     check_coefficient("b", b, nc, (d,))
     _check_neumann(neumann, neumann_ids, 1)
+    ids, sel = _cell_selection(cells, nc, be)
     dat = _Data(space, U, be)
     xp = dat.xp
     f, k, b, c = (_prep(v, be) for v in (f, k, b, c))
@@ -366,9 +401,9 @@ def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
     w = dat.array(w)
     need_x = any(callable(v) for v in (f, k, b, c))
     need_grad = callable(k) or b is not None
-    cell_part = xp.empty(nc)
-    for sl in chunks(nc, dat.chunk(tab, hessian=True)):
-        cells = xp.arange(sl.start, sl.stop)
+    cell_part = xp.empty(nc) if ids is None else xp.zeros(nc)
+    for sl in chunks(nc if ids is None else ids.size, dat.chunk(tab, hessian=True)):
+        cells = xp.arange(sl.start, sl.stop) if ids is None else ids[sl]
         ev, cd = dat.fields(tab, cells, x=need_x, value=c is not None, grad=need_grad, hessian=True)
         h = max_vertex_distance(cd.X)                              # h_K of the chunk's cells
         R = _at("k", k, cells, ev.x, xp=xp) * laplacian(ev)[0]
@@ -382,13 +417,13 @@ def residual_indicators(space, u, *, f=0.0, k=1.0, b=None, c=None, k_grad=None,
             R = R - _dot(_at("b", b, cells, ev.x, (d,), xp=xp), G)
         if c is not None:
             R = R - _at("c", c, cells, ev.x, xp=xp) * ev.u[0]
-        cell_part[sl] = h ** 2 * (w @ (ev.detJ * R * R))
+        cell_part[sl if ids is None else cells] = h ** 2 * (w @ (ev.detJ * R * R))
 
     def flux_n(grad, nrm, x, cells):
         return _at("k", k, cells, x, xp=xp) * _dot(grad[0], nrm)[None]
 
     face_part = jump_terms(space, U, flux_n, space.degree + 1, neumann, neumann_ids,
-                           need_x=callable(k), data=dat, partial=partial)
+                           need_x=callable(k), data=dat, partial=partial, cells=sel)
     eta = xp.sqrt(cell_part + face_part)
     dat.check()
     if parts:
@@ -405,13 +440,13 @@ def _diagonal_sum(H):
 
 
 def elasticity_indicators(space, u, lam, mu, *, f=None, traction=None, neumann_ids=None,
-                          quad_points=None, backend=None):
+                          quad_points=None, backend=None, cells=None):
     r"""Residual indicators for linear elasticity :math:`-\nabla\cdot\sigma(u) = f`,
     :math:`\sigma = 2\mu\varepsilon + \lambda\,\mathrm{tr}\,\varepsilon\, I` (constant lam, mu):
     :math:`\eta_K^2 = h_K^2\|f + \nabla\cdot\sigma(u_h)\|_K^2 + \frac12\sum h_F\|[\![\sigma n]\!]\|_F^2
     + \sum_{F\subset\Gamma_N} h_F\|t - \sigma n\|_F^2` (``traction`` t(x, n) -> (..., d) or a
-    constant (d,), default 0).  ``backend`` as in :func:`residual_indicators`; the result is a
-    NumPy array."""
+    constant (d,), default 0).  ``backend`` and ``cells`` as in :func:`residual_indicators`; the
+    result is a NumPy array (on a device mesh an array of its device)."""
     check_space(space)
     d = space.dim
     if space.components != d:
@@ -424,6 +459,7 @@ def elasticity_indicators(space, u, lam, mu, *, f=None, traction=None, neumann_i
     nc = mesh.num_cells
     check_coefficient("f", f, nc, (d,))
     _check_neumann(traction, neumann_ids, d)
+    ids, sel = _cell_selection(cells, nc, be)
     dat = _Data(space, U, be)
     xp = dat.xp
     f = _prep(f, be)
@@ -431,9 +467,9 @@ def elasticity_indicators(space, u, lam, mu, *, f=None, traction=None, neumann_i
     xi, w = tensor_gauss(d, nq)
     tab = dat.tables(space.element, xi)
     w = dat.array(w)
-    cell_part = xp.empty(nc)
-    for sl in chunks(nc, dat.chunk(tab, hessian=True, components=d)):
-        cells = xp.arange(sl.start, sl.stop)
+    cell_part = xp.empty(nc) if ids is None else xp.zeros(nc)
+    for sl in chunks(nc if ids is None else ids.size, dat.chunk(tab, hessian=True, components=d)):
+        cells = xp.arange(sl.start, sl.stop) if ids is None else ids[sl]
         ev, cd = dat.fields(tab, cells, x=callable(f), hessian=True)
         H = hessian(ev)                                            # (c, d, d, m, n)
         lap = _diagonal_sum(H.transpose(1, 2, 0, 3, 4))           # sum_s H[:, s, s]: (c, m, n)
@@ -441,7 +477,7 @@ def elasticity_indicators(space, u, lam, mu, *, f=None, traction=None, neumann_i
         R = mu * lap + (lam + mu) * graddiv
         if f is not None:
             R = R + _at("f", f, cells, ev.x, (d,), xp=xp)
-        cell_part[sl] = max_vertex_distance(cd.X) ** 2 * (w @ (ev.detJ * _dot(R, R)))
+        cell_part[sl if ids is None else cells] = max_vertex_distance(cd.X) ** 2 * (w @ (ev.detJ * _dot(R, R)))
 
     def flux_n(grad, nrm, x, cells):
         # sigma n = mu (grad u + grad u^T) n + lam (div u) n
@@ -450,7 +486,7 @@ def elasticity_indicators(space, u, lam, mu, *, f=None, traction=None, neumann_i
         gtn = _dot(grad, nrm[:, None])                              # (grad u)^T n
         return mu * (gn + gtn) + lam * div * nrm
 
-    face_part = jump_terms(space, U, flux_n, space.degree + 1, traction, neumann_ids, data=dat)
+    face_part = jump_terms(space, U, flux_n, space.degree + 1, traction, neumann_ids, data=dat, cells=sel)
     eta = xp.sqrt(cell_part + face_part)
     dat.check()
     return _result(space, eta)
