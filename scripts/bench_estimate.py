@@ -29,6 +29,11 @@ the faces matched around them, :func:`adaptmg.estimate.faces.face_runs` with ``o
 slowest rank's, against the whole estimate (``P = 1``); and of the whole estimate the face
 matching alone.  ``--mesh-backend gpu``
 grades the mesh on the device (large meshes in seconds; the estimator then runs on it).
+
+``--pieces`` (GPU) times the whole estimate with its faces matched in pieces
+(:data:`adaptmg.estimate.residual.DEVICE_FACE_PIECE`, the default) against one piece,
+alternated, faces not matched before, and reads CuPy's pool: the bytes it held at the end
+above the arrays live before the call (the pool emptied first), per DoF -- the call's peak.
 """
 from __future__ import annotations
 
@@ -179,6 +184,30 @@ def run(backend, dim, cells, degree, repeat, mesh=None):
                 runs=len(fr.runs), first=first, best=best, **counts), mesh
 
 
+def pieces_against_one(space, u, be, repeat):
+    """``{label: (median seconds, largest peak bytes per DoF)}`` of the whole estimate in pieces
+    and in one piece (module doc), ``repeat`` alternated rounds after one untimed."""
+    import adaptmg.estimate.faces as faces
+    import adaptmg.estimate.residual as residual
+    from adaptmg.estimate import residual_indicators
+    pool = be.xp.get_default_memory_pool()
+    default, got = residual.DEVICE_FACE_PIECE, {}
+    try:
+        for rnd in range(repeat + 1):
+            for label, piece in (("pieces", default), ("one piece", 1 << 62)):
+                residual.DEVICE_FACE_PIECE = piece
+                for cache in (faces._RUNS_CACHE, faces._FACE_CACHE):
+                    cache.pop(space.mesh, None)
+                pool.free_all_blocks()
+                live = pool.used_bytes()
+                t = _timed(lambda: residual_indicators(space, u, f=1.0, backend=be), be)
+                if rnd:
+                    got.setdefault(label, []).append((t, (pool.total_bytes() - live) / space.num_dofs))
+    finally:
+        residual.DEVICE_FACE_PIECE = default
+    return {k: (float(np.median([t for t, _ in v])), max(b for _, b in v)) for k, v in got.items()}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="cpu", help="cpu, gpu, or both (comma separated)")
@@ -189,6 +218,7 @@ def main(argv=None):
     p.add_argument("--device-path", action="store_true", help="the GPU code path on the CPU backend")
     p.add_argument("--share", type=int, default=0, help="also time one rank's estimate of P ranks (module doc)")
     p.add_argument("--mesh-backend", default="cpu", choices=("cpu", "gpu"), help="where the mesh is graded")
+    p.add_argument("--pieces", action="store_true", help="GPU: the faces in pieces against one piece (module doc)")
     a = p.parse_args(argv)
     if a.share < 0:
         p.error("--share must be a positive number of ranks")
@@ -220,6 +250,16 @@ def main(argv=None):
             u = be.asarray(np.random.default_rng(0).standard_normal(space.num_dofs))
             m, w, r = rank_share(space, u, be, a.share, a.repeat)
             print(f"| {be.name} | {m:.4f} | {w:.4f} | {r:.4f} | {w / r:.2f}x |", flush=True)
+    if a.pieces:
+        from adaptmg import Space
+        from adaptmg.backend import get_backend
+        be = get_backend("gpu")
+        space = Space(mesh, a.degree)
+        u = be.asarray(np.random.default_rng(0).standard_normal(space.num_dofs))
+        print(f"\nthe whole estimate, faces matched in pieces against one piece ({a.repeat} rounds alternated, "
+              "median; the CuPy pool's peak above the live arrays):\n| faces | seconds | peak B per DoF |\n|---|---|---|")
+        for label, (t, peak) in pieces_against_one(space, u, be, a.repeat).items():
+            print(f"| {label} | {t:.3f} | {peak:.0f} |", flush=True)
     return rows
 
 

@@ -167,3 +167,68 @@ def test_gpu_subset_on_a_device_mesh():
     out = residual_indicators(space, gpu.asarray(u), f=1.0, cells=gpu.asarray(mask))
     assert gpu.is_gpu and not isinstance(out, np.ndarray)     # stays on the device
     _close(gpu.to_host(out) if hasattr(gpu, "to_host") else out.get(), ref, "device mesh", rtol=1e4 * EPS)
+
+
+def _device_path(monkeypatch):
+    """The estimator's GPU code path on NumPy (the device chunks, deferred checks and pieces)."""
+    import adaptmg.estimate.residual as residual
+    init = residual._Data.__init__
+
+    def as_device(self, *a, **k):
+        init(self, *a, **k)
+        self.gpu = True
+    monkeypatch.setattr(residual._Data, "__init__", as_device)
+
+
+@pytest.mark.parametrize("name", ["q1-callables", "3d-q1", "q2-poisson"])
+def test_whole_call_in_pieces_equals_the_whole_call(name, monkeypatch):
+    """On the GPU path a large mesh's faces go piece by piece (DEVICE_FACE_PIECE cells)."""
+    import adaptmg.estimate.residual as residual
+    space, u, kw = _case(name)
+    ref = residual_indicators(space, u, parts=True, **kw)
+    _forget_faces(space.mesh)
+    _device_path(monkeypatch)
+    d = space.dim                                           # four equal pieces
+    monkeypatch.setattr(residual, "DEVICE_FACE_PIECE", 2 * d * (space.mesh.num_cells // 4 + 1))
+    calls = []
+    real = residual.face_runs
+    monkeypatch.setattr(residual, "face_runs", lambda *a, **k: calls.append(k.get("only")) or real(*a, **k))
+    out = residual_indicators(space, u, parts=True, **kw)
+    assert len(calls) == 4 and all(c is not None for c in calls)
+    for new, r, what in zip(out, ref, ("eta", "cell part", "face part")):
+        _close(new, r, f"{name} {what} in pieces")
+    # whole-mesh faces memoised already: no pieces
+    face_runs(space.mesh)
+    calls.clear()
+    residual_indicators(space, u, **kw)
+    assert calls == [None]
+
+
+@pytest.mark.gpu
+def test_gpu_whole_call_in_pieces_matches_cpu(monkeypatch):
+    import adaptmg.estimate.residual as residual
+    gpu = get_backend("gpu")
+    space, u, kw = _case("q1-callables")
+    ref = residual_indicators(space, u, **kw)
+    monkeypatch.setattr(residual, "DEVICE_FACE_PIECE", 2 * space.dim * (space.mesh.num_cells // 3))
+    _forget_faces(space.mesh)
+    _close(residual_indicators(space, gpu.asarray(u), backend=gpu, **kw), ref, "pieces on the GPU", rtol=1e4 * EPS)
+
+
+def test_subset_in_pieces(monkeypatch):
+    """A subset larger than DEVICE_FACE_PIECE goes piece by piece too (GPU path)."""
+    import adaptmg.estimate.residual as residual
+    space, u, kw = _case("q1-callables")
+    mask = _masks(space.mesh.num_cells, 8)[0]
+    ref = residual_indicators(space, u, cells=mask, **kw)
+    _forget_faces(space.mesh)
+    _device_path(monkeypatch)
+    monkeypatch.setattr(residual, "DEVICE_FACE_PIECE", 2 * space.dim * (int(mask.sum()) // 3 + 1))
+    calls = []
+    real = residual.face_runs
+    monkeypatch.setattr(residual, "face_runs", lambda *a, **k: calls.append(k.get("only")) or real(*a, **k))
+    out = residual_indicators(space, u, cells=mask, **kw)
+    assert len(calls) == 3 and all(int(c.sum()) <= int(mask.sum()) // 3 + 1 for c in calls)
+    assert sum(int(c.sum()) for c in calls) == int(mask.sum())
+    assert not out[~mask].any()
+    _close(out[mask], ref[mask], "subset in pieces")
