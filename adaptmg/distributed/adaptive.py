@@ -67,6 +67,7 @@ from ..estimate.residual import residual_indicators
 from ..fe import Space
 from ..backend import to_host
 from ..fe.norms import errors as _errors
+from ..multilevel.release import release_hierarchies
 from .forest import DistributedForest, _agree, _allsum, _exscan
 from .forest_rows import _owner_ranges, _pull
 from .local import CellSubset
@@ -246,6 +247,9 @@ def adaptive_loop_forest(forest, f=1.0, *, g=None, assemble=_assemble.stiffness,
     for step in range(steps + 1):
         t = dict.fromkeys(PHASES, 0.0)
         t0 = time.perf_counter()
+        if step:                                              # the last step's hierarchy freed first
+            res = None
+            release_hierarchies(hist[-1]["dofs"])
         res = solve_forest(F, assemble, f, g=g, rtol=rtol, **solve_kwargs)
         t["solve"] = res.timings["solve"]
         t["setup"] = time.perf_counter() - t0 - t["solve"]      # hierarchy, load, H x: all but CG

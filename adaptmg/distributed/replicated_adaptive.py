@@ -51,6 +51,7 @@ from ..estimate.residual import residual_indicators
 from ..fe import Space
 from ..fe.norms import errors as _errors
 from ..mesh import Mesh
+from ..multilevel.release import release_hierarchies
 from .adaptive import loop_arguments
 from .comm import agree, get_comm
 from .nccl import NcclSum
@@ -148,6 +149,7 @@ def adaptive_loop_replicated(mesh, f=1.0, *, comm=None, steps=10, max_dofs=None,
         u = be.asarray(res.u) if be.is_gpu else np.asarray(res.u)
         own = None if comm.Get_size() == 1 else res.cell_ranks == comm.Get_rank()
         del res                               # its hierarchy: not alive during the next one
+        release_hierarchies(space.num_dofs)   # (its reference cycles freed now, not at some later collection)
         t3 = now()
         t.update(mesh=t1 - t0, setup=tm["setup"], partition=tm.get("partition_s", 0.0), solve=tm["solve"],
                  gather=t2 - t1 - tm["setup"] - tm["solve"] + (t3 - t2))
