@@ -37,8 +37,15 @@ None = NumPy).  On the GPU the numeric work runs on CuPy arrays (:class:`_Data`)
 the cells' vertices and nodal values, the geometry, gradients and Hessians at the points,
 the coefficients, fluxes, jumps, the integrals and the accumulations per cell, and the
 interior face topology (:func:`.faces.face_runs`: matching, run grouping, face diameters;
-cached per mesh and backend, as the mesh tables, :func:`.faces.mesh_arrays`); the reference
-tables are computed on the host and copied once per call.  The result is a NumPy array either
+cached per mesh and backend, as the mesh tables, :func:`.faces.mesh_arrays`; past
+:data:`DEVICE_FACE_PIECE` faces matched and evaluated in pieces of consecutive cells instead,
+not cached: the matching's memory follows the piece); the reference tables are computed on
+the host and copied once per call.
+
+``cells=`` (both estimators) computes the indicators of some cells only -- exactly the whole
+call's there, 0 elsewhere: their cell residuals and the faces touching them, matched among
+two rings of cells around them (:func:`.faces.face_runs` with ``only=``) -- a rank's share of
+a mesh that every rank holds (:func:`adaptmg.distributed.adaptive_loop_replicated`).  The result is a NumPy array either
 way, unless the mesh itself lives on the GPU (``mesh.to("gpu")``): then its tables are used
 where they are and the indicators stay on the device, for :mod:`.marking` and ``refine``.
 """
@@ -295,7 +302,7 @@ def jump_terms(space, U, flux_n, nq, neumann=None, neumann_ids=None, need_x=Fals
                 out += jump_terms(space, U, flux_n, nq, neumann, neumann_ids, need_x, dat, partial, piece)
             return out
     el = space.element
-    fr = face_runs(mesh, backend=dat.be, partial=partial, only=only)      # on the backend (cached per mesh)
+    fr = face_runs(mesh, backend=dat.be, partial=partial, only=only)      # on the backend (the whole mesh's cached)
     Nf, wf = face_quadrature(d, nq)
     wf = dat.array(wf)
     own = [dat.tables(el, Nf @ R) for R in own_face_refs(d, np.arange(2 * d))]
