@@ -53,7 +53,8 @@ but the Krylov solve; solve; estimate; error; mark; refine; repartition; the max
 ranks).  GPU: ``backend`` goes
 to :func:`.solve.solve_forest`, whose levels' matrices and load are formed on the device, and
 the indicators are computed there on the finest forest's local mesh (a callable ``f`` gets
-device points); the marking, the errors and the forest stay on the host.
+device points), as are the errors and the goal (the finest level's local space of the set-up);
+the marking and the forest stay on the host.
 """
 from __future__ import annotations
 
@@ -254,20 +255,21 @@ def adaptive_loop_forest(forest, f=1.0, *, g=None, assemble=_assemble.stiffness,
         t["solve"] = res.timings["solve"]
         t["setup"] = time.perf_counter() - t0 - t["solve"]      # hierarchy, load, H x: all but CG
         t0 = time.perf_counter()
-        space = res.mg._fine_prep[0]                          # the finest forest's local Q1 space
+        space = res.mg._fine_prep[0]            # the finest forest's local Q1 space (on the GPU: there)
         u = local_nodal_values(F, res.u_local, res.mg.layout.starts)
-        be = res.mg.backend                                   # on the GPU: its copy there
-        eta = owned_indicators(F, u, f=f, space=F.local_space(be) if be.is_gpu else space)
+        be = space.backend
+        cells = F.owned_cells_on(be)
+        eta = owned_indicators(F, u, f=f, space=space)
         t["estimate"] = time.perf_counter() - t0
         sums = [float((eta * eta).sum())]
         if exact is not None or grad is not None:
             t0 = time.perf_counter()
-            e = _errors(space, u, exact, grad, cells=F.owned_cells)
+            e = _errors(space, be.asarray(u), exact, grad, cells=cells)
             sums += [e.get("L2", 0.0) ** 2, e.get("H1", 0.0) ** 2]
             t["error"] = time.perf_counter() - t0
         if goal is not None:
             t0 = time.perf_counter()
-            sums.append(float(np.asarray(_assemble.load(CellSubset(space, F.owned_cells), goal)) @ u))
+            sums.append(float(be.xp.asarray(_assemble.load(CellSubset(space, cells), goal)) @ be.asarray(u)))
             t["error"] += time.perf_counter() - t0
         sums = _allsum(comm, np.array(sums))
         row = {"step": step, "cells": F.global_num_cells, "dofs": F.num_global_nodes,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import is_device_array
 from ..mesh import Mesh
 from ..mesh._tree import Forest
 from .partition import _root_ranks
@@ -37,6 +38,11 @@ __all__ = ["KeyCodec", "root_positions", "forest_keys", "build_local", "LEVEL_BI
 
 LEVEL_BITS = 5
 _LEVEL_MASK = (1 << LEVEL_BITS) - 1
+
+
+def _i64(a):
+    """``a`` as int64 in its own array module (a device array stays on the device)."""
+    return a.astype(np.int64, copy=False) if is_device_array(a) else np.asarray(a, dtype=np.int64)
 
 
 class KeyCodec:
@@ -62,8 +68,8 @@ class KeyCodec:
                              f"this many roots hold at most {self.lmax} levels")
 
     def _shift(self, level):
-        """Bit position of the digit of ``level`` (array or int)."""
-        return LEVEL_BITS + self.dim * (self.lmax - np.asarray(level, dtype=np.int64))
+        """Bit position of the digit of ``level`` (array, host or device, or int)."""
+        return LEVEL_BITS + self.dim * (self.lmax - _i64(level))
 
     def roots(self, position: np.ndarray) -> np.ndarray:
         """Keys of the root cells at curve positions ``position``."""
@@ -75,7 +81,8 @@ class KeyCodec:
 
     @staticmethod
     def level(keys: np.ndarray) -> np.ndarray:
-        return np.asarray(keys, dtype=np.int64) & _LEVEL_MASK
+        """Refinement level of each key (host or device arrays)."""
+        return _i64(keys) & _LEVEL_MASK
 
     def ancestor(self, keys: np.ndarray, level: int) -> np.ndarray:
         """Keys of the ancestors at ``level`` (<= each key's level) of ``keys``."""

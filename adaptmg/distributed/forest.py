@@ -344,12 +344,21 @@ class DistributedForest:
         self.__dict__.pop("_spaces", None)
         self.__dict__.pop("_owned_on", None)
 
+    def _moved(self, name, backend):
+        """The host array attribute ``name`` as an array of ``backend`` (moved once, kept until
+        :meth:`release_device`)."""
+        cache = self.__dict__.setdefault("_owned_on", {})
+        if (name, backend.name) not in cache:
+            cache[name, backend.name] = backend.asarray(getattr(self, name))
+        return cache[name, backend.name]
+
     def owned_cells_on(self, backend):
         """:attr:`owned_cells` as an array of ``backend`` (moved once, kept)."""
-        cache = self.__dict__.setdefault("_owned_on", {})
-        if backend.name not in cache:
-            cache[backend.name] = backend.asarray(self.owned_cells)
-        return cache[backend.name]
+        return self._moved("owned_cells", backend)
+
+    def owned_nodes_on(self, backend):
+        """:attr:`owned_nodes` as an array of ``backend`` (moved once, kept)."""
+        return self._moved("owned_nodes", backend)
 
     @property
     def dim(self) -> int:

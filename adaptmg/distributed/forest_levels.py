@@ -50,14 +50,15 @@ The right-hand side ``Z H^T (b - A H g) + s g`` (Dirichlet values ``g`` lifted a
 (hanging ones, also on the boundary, follow their parents) come from the finest forest alone
 (:func:`.forest_rows.owned_constrained_load`, :meth:`ForestHierarchy.expand_local`).
 
-The forests (keys, coarsening, numbering, the expansions ``E``) are built on the host
-(NumPy/SciPy).  With ``backend="gpu"`` each level's local mesh is moved to the device once
-(:meth:`~.forest.DistributedForest.local_space`, dropped once the next finer level's transfer
-is built) and ``K_l``'s owned rows, the rows of ``P_l`` and ``R_l`` that the rank answers
-itself, and the load are formed there (the owned leaves assembled on the device, :math:`Z E^T
-A E Z` by the congruence row kernels; only the cut's requests and entries cross to the host);
-the DistCSR blocks, the smoothers and rank 0's serial hierarchy live on the device.  Not here:
-Q2 and several components.
+The forests (keys, coarsening, numbering) are built on the host (NumPy/SciPy).  With
+``backend="gpu"`` each level's local mesh is moved to the device once when the level is
+reached (:meth:`~.forest.DistributedForest.local_space`, dropped once the next finer level's
+transfer is built): its hanging nodes, ``H``, Dirichlet nodes and the expansion ``E``
+(:func:`.forest_rows.prepare`), ``K_l``'s owned rows, the rows of ``P_l`` and ``R_l`` that the
+rank answers itself, the load and the nodal values ``H x`` are formed there (the owned leaves
+assembled on the device, :math:`Z E^T A E Z` by the congruence row kernels; only the cut's
+requests and entries cross to the host); the DistCSR blocks, the smoothers and rank 0's
+serial hierarchy live on the device.  Not here: Q2 and several components.
 """
 from __future__ import annotations
 
@@ -180,7 +181,9 @@ class ForestHierarchy:
         self.forests = seq
         phase("coarsen_s", t)
         t = now()
-        preps = [prepare(F, dirichlet) for F in seq]
+        # each level's space, free mask and expansion (on the device with the GPU backend):
+        # made when the level is reached, dropped once the next finer level's transfer is built
+        preps = [prepare(seq[0], dirichlet, be)] + [None] * (len(seq) - 1)
         phase("prepare_s", t)
         t = now()
         mesh0, g2s = gather_level(seq[0])
@@ -211,6 +214,9 @@ class ForestHierarchy:
             F, Fc = seq[i], seq[i - 1]
             clay = self.layouts[-1]
             t = now()
+            preps[i] = prepare(F, dirichlet, be)
+            phase("prepare_s", t)
+            t = now()
             fine = i == len(seq) - 1
             K_o, gids, free_o, scale, *A_p = owned_constrained_rows(F, assemble, dirichlet, prep=preps[i],
                                                                     return_assembled=fine and keep_assembled,
@@ -226,6 +232,7 @@ class ForestHierarchy:
             R_o = restriction_rows(P_o, gids, clay, F.num_global_nodes)
             Fc.release_device()          # the coarser level's device copies (local mesh, expansion): done with
             preps[i - 1][4].drop_device()
+            preps[i - 1] = None
             phase("transfer_s", t)
             t = now()
             d = level_from_rows(K_o, P_o, R_o, lay, clay, self.timer, kw)
@@ -276,18 +283,21 @@ class ForestHierarchy:
         (collective)."""
         space, gids, first, _, ex = self._fine_prep
         F = self.forest
-        x = np.asarray(to_host(x_loc), dtype=float)
-        own = F.owned_nodes
-        hang = np.flatnonzero(F.mesh.is_hanging[own])
+        be = space.backend                       # the device where the levels were prepared there
+        xp = be.xp
+        x = be.asarray(x_loc, dtype=float)
+        own = F.owned_nodes_on(be)
+        hang = xp.flatnonzero(space.mesh.is_hanging[own])
         Hh = space.H_nodes[own[hang]]
-        cg = F.node_gid[Hh.indices]
-        want = np.unique(cg)
+        cg = F._moved("node_gid", be)[Hh.indices]
+        want = xp.unique(cg)
         vals = _pull(self.comm, ex.starts, want, first, x)
         u = x.copy()
         if hang.size:
-            W = sp.csr_matrix((Hh.data * vals[np.searchsorted(want, cg)], Hh.indices, Hh.indptr), shape=Hh.shape)
-            u[hang] = np.asarray(W.sum(axis=1)).ravel()
-        return u
+            W = be.sparse.csr_matrix((Hh.data * vals[xp.searchsorted(want, cg)], Hh.indices, Hh.indptr),
+                                     shape=Hh.shape)
+            u[hang] = xp.asarray(W.sum(axis=1)).ravel()
+        return to_host(u)
 
     def describe(self):
         """Per level (coarse -> fine): global DoFs, owned DoFs per rank and ghost columns per

@@ -32,7 +32,10 @@ is assembled once over all ranks.
 The constrained load (:func:`owned_constrained_load`) is built the same way, the Dirichlet
 values ``g`` lifted with each rank's owned leaves' matrix: :math:`f = Z H^T (b - A H g) + s g`.
 
-Host NumPy/SciPy, vectorised; Q1 scalar (``components=1``) only.
+Vectorised, Q1 scalar (``components=1``) only.  On the host (NumPy/SciPy), or with
+``backend="gpu"`` on the device: :func:`prepare` finds the local mesh's hanging nodes, ``H``,
+the Dirichlet nodes and the expansion there, and the rows and the load are formed there; only
+the cut's entries and requests cross to the host.
 """
 from __future__ import annotations
 
@@ -40,7 +43,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..assemble import stiffness
-from ..backend import CPU, csr_from_arrays, get_backend, is_device_sparse, scatter_add, to_host
+from ..backend import (CPU, backend_of, call_points, csr_from_arrays, get_backend, is_device_sparse, scatter_add,
+                       stable_argsort, to_host)
 from ..device.congruence_rows import available as rows_available, constrained_congruence
 from ..fe.csr_ops import mask_rows_cols, row_positions
 from ..fe.space import Space
@@ -95,15 +99,31 @@ def _owner_ranges(comm, n_owned):
     return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
+def _owned_span(want, first, n):
+    """``(lo, hi)`` host ints: ``want[lo:hi]`` (sorted) are the ids ``first .. first + n - 1``."""
+    xp = backend_of(want).xp
+    return tuple(int(i) for i in to_host(xp.searchsorted(want, xp.asarray([first, first + n], dtype=want.dtype))))
+
+
 def _pull(comm, starts, want, first, values):
-    """``values`` (indexed by owned gid - ``first``) of the global ids ``want`` (sorted,
-    distinct), from their owners: one request and one reply ``Alltoallv``."""
-    rank = comm.Get_rank()
-    dest = np.searchsorted(starts, want, side="right") - 1
-    asked, src = alltoallv(comm, dest, want, np.full(want.size, rank, dtype=np.int64))
-    got_ids, got = alltoallv(comm, src, asked, values[asked - first])
+    """``values`` (indexed by owned gid - ``first``; host or device) of the global ids ``want``
+    (sorted, distinct; moved to ``values``' backend), from their owners: the owned ones taken
+    here, the others (through the host) by one request and one reply ``Alltoallv``.  An array of
+    ``values``' backend."""
+    be = backend_of(values)
+    xp = be.xp
+    want = be.asarray(want)
+    lo, hi = _owned_span(want, first, int(values.shape[0]))
+    rest = to_host(xp.concatenate([want[:lo], want[hi:]]))
+    dest = np.searchsorted(starts, rest, side="right") - 1
+    asked, src = alltoallv(comm, dest, rest, np.full(rest.size, comm.Get_rank(), dtype=np.int64))
+    got_ids, got = alltoallv(comm, src, asked, to_host(values[be.asarray(asked - first)]))
     o = np.argsort(got_ids)
-    return got[o][np.searchsorted(got_ids[o], want)]
+    rem = be.asarray(got[o][np.searchsorted(got_ids[o], rest)])
+    out = xp.empty(want.size, dtype=values.dtype)
+    out[lo:hi] = values[want[lo:hi] - first]
+    out[:lo], out[hi:] = rem[:lo], rem[lo:]
+    return out
 
 
 class Expansion:
@@ -111,25 +131,37 @@ class Expansion:
     ``u.size``) with column ``k`` the global node ``u[k]`` (``u`` sorted: the global nodes
     the rows reach), ``free_u`` the free status of those columns (from their owners),
     ``starts`` the ranks' blocks of global ids.  Exact for the vertices of owned leaves (a
-    hanging vertex's coarse leaf is a ghost: its parents and weights are local)."""
+    hanging vertex's coarse leaf is a ghost: its parents and weights are local).
+
+    Host arrays (SciPy ``E``), or device arrays where :func:`prepare` built it on the GPU
+    (``on_device``): then :meth:`on` gives them as they are and :meth:`drop_device` frees them."""
 
     def __init__(self, u, E, free_u, starts):
         self.u, self.E, self.free_u, self.starts = u, E, free_u, starts
+        self.on_device = is_device_sparse(E)
         self._dev = None
 
     def on(self, be):
         """``(E, E^T, u, free_u)`` on ``be``: the host's own (``E^T`` a transposed view), on the
-        device moved up once and kept until :meth:`drop_device` -- what the rows and the load
-        of a level read."""
+        device moved up once (or built there) and kept until :meth:`drop_device` -- what the
+        rows and the load of a level read."""
+        if self.E is None:
+            raise RuntimeError("Expansion: its device arrays were dropped (drop_device)")
         if not be.is_gpu:
+            if self.on_device:
+                raise ValueError("Expansion: built on the device, asked for on the host")
             return self.E, self.E.T, self.u, self.free_u
         if self._dev is None:
-            E = be.asmatrix(self.E)
+            E = self.E if self.on_device else be.asmatrix(self.E)
             self._dev = (E, E.T.tocsr(), be.asarray(self.u), be.asarray(self.free_u))
         return self._dev
 
     def drop_device(self):
+        """Free the device arrays (a coarse level's, once its transfer is built): the copies, or
+        for an expansion built on the device the arrays themselves (``starts`` stays)."""
         self._dev = None
+        if self.on_device:
+            self.u = self.E = self.free_u = None
 
     def masked(self, be=CPU):
         """``E Z`` on ``be`` (:meth:`on`): the columns of non-free nodes dropped (zeros removed)."""
@@ -139,35 +171,49 @@ class Expansion:
 
 def _renamed_columns(cols, gid):
     """``np.unique(gid[cols], return_inverse=True)`` for an injective ``gid`` (distinct local
-    nodes have distinct global ids): the distinct columns by a mask, their ids sorted (a stable
-    sort: the owned ones are one increasing run), each entry's rank by a scatter -- a sort of
-    the distinct columns instead of every entry."""
-    hit = np.zeros(gid.size, dtype=bool)
+    nodes have distinct global ids): the distinct columns by a mask, their ids sorted (on the
+    host a stable sort: the owned ones are one increasing run), each entry's rank by a scatter
+    -- a sort of the distinct columns instead of every entry.  Arrays of ``gid``'s backend."""
+    xp = backend_of(gid).xp
+    hit = xp.zeros(gid.size, dtype=bool)
     hit[cols] = True
-    used = np.flatnonzero(hit)
+    used = xp.flatnonzero(hit)
     g = gid.take(used)
-    o = np.argsort(g, kind="stable")
-    rank = np.empty(gid.size, dtype=np.int64)
-    rank[used.take(o)] = np.arange(used.size)
+    o = stable_argsort(g)
+    rank = xp.empty(gid.size, dtype=np.int64)
+    rank[used.take(o)] = xp.arange(used.size)
     return g.take(o), rank.take(cols)
 
 
-def prepare(forest, dirichlet):
-    """``(space, gids, first, free_o, Expansion)`` of the forest's local mesh: the owned global
-    ids, the first of them, the owned nodes' free mask (not hanging, not on a Dirichlet face:
-    all faces at an owned node are local) and the expansion (collective: one request and
-    one reply for the columns' free status)."""
+def prepare(forest, dirichlet, backend=CPU):
+    r"""``(space, gids, first, free_o, Expansion)`` of the forest's local mesh: its Q1 space, the
+    owned global ids (host; one contiguous range), the first of them, the owned nodes' free
+    mask (not hanging, not on a Dirichlet face: all faces at an owned node are local) and the
+    expansion (collective: one request and one reply for the free status of the columns
+    owned elsewhere).
+
+    ``backend`` "gpu": the space is the local mesh's on the device
+    (:meth:`~.forest.DistributedForest.local_space`: the mesh moved up once), whose hanging
+    nodes, ``H`` and Dirichlet nodes are found there; ``free_o`` and the expansion are device
+    arrays (the node ids moved up once), and the host mesh's hanging nodes are never searched
+    for.  Only the free status of columns owned elsewhere crosses (the cut)."""
+    be = get_backend(backend)
     comm, M = forest.comm, forest.mesh
     gid, own = forest.node_gid, forest.owned_nodes
-    space = Space(M, 1)
     gids = gid[own]
     first = int(gids[0]) if gids.size else 0
-    fixed = np.zeros(M.num_nodes, dtype=bool)
+    if be.is_gpu:
+        space = forest.local_space(be)
+        gid_x, own_x = forest._moved("node_gid", be), forest.owned_nodes_on(be)
+    else:
+        space, gid_x, own_x = Space(M, 1), gid, own
+    xp = space.backend.xp
+    fixed = xp.zeros(M.num_nodes, dtype=bool)
     fixed[dirichlet_dofs(space, dirichlet)] = True
-    free_o = ~(fixed[own] | M.is_hanging[own])
+    free_o = ~(fixed[own_x] | space.mesh.is_hanging[own_x])
     H = space.H_nodes
-    u, inv = _renamed_columns(H.indices, gid)             # the global nodes H reaches
-    E = sp.csr_matrix((H.data, inv, H.indptr), shape=(M.num_nodes, u.size))
+    u, inv = _renamed_columns(H.indices, gid_x)           # the global nodes H reaches
+    E = csr_from_arrays(space.backend.sparse, H.data, inv, H.indptr, (M.num_nodes, int(u.size)))
     starts = _owner_ranges(comm, int(gids.size))
     free_u = _pull(comm, starts, u, first, free_o)        # E's columns are never hanging
     return space, gids, first, free_o, Expansion(u, E, free_u, starts)
@@ -181,35 +227,43 @@ def owned_dirichlet_values(forest, g, dirichlet="all", prep=None):
     coordinates equal the serial mesh's); ``g=None`` with a ``{boundary: value}`` spec
     ``dirichlet``: its values (:func:`adaptmg.multilevel.hierarchy.dirichlet_values` on the
     local mesh: every face at an owned node is local).  None when the data are homogeneous
-    (``g`` None and no value spec).  No communication."""
+    (``g`` None and no value spec).  No communication.  An array of the space's backend:
+    ``prep`` made on the GPU (:func:`prepare`) gives device values, a callable ``g`` then
+    gets device points (or host copies where it refuses them:
+    :func:`adaptmg.backend.call_points`)."""
     from ..multilevel.hierarchy import dirichlet_values
     _check_forest(forest)
     space, gids, first, free_o, ex = prepare(forest, dirichlet) if prep is None else prep
-    own = forest.owned_nodes
+    xp = space.backend.xp
+    own = forest.owned_nodes_on(space.backend)
+    dm = dirichlet_owned(forest, free_o, space)
     if g is None:
         full = dirichlet_values(space, dirichlet)
         if full is None:
             return None
         g_o = full[own]
     elif callable(g):
-        g_o = np.zeros(own.size)
-        d = np.flatnonzero(dirichlet_owned(forest, free_o))
-        v = np.asarray(g(space.points[own[d]]), dtype=float)
+        g_o = xp.zeros(own.size)
+        d = xp.flatnonzero(dm)
+        v = call_points(g, space.points[own[d]], xp=xp)
         if v.shape != (d.size,):
             raise ValueError(f"g(x) must return one value per point, shape ({d.size},), got {v.shape}")
         g_o[d] = v
     elif np.ndim(g) == 0 and np.isreal(g):
-        g_o = np.where(dirichlet_owned(forest, free_o), float(g), 0.0)
+        g_o = xp.where(dm, float(g), 0.0)
     else:
         raise TypeError(f"g must be None, a number or a callable g(x) of the points, got {type(g).__name__}")
-    if not np.isfinite(g_o).all():
+    if not bool(xp.isfinite(g_o).all()):
         raise ValueError("Dirichlet values contain NaN or Inf")
-    return np.where(dirichlet_owned(forest, free_o), g_o, 0.0)
+    return xp.where(dm, g_o, 0.0)
 
 
-def dirichlet_owned(forest, free_o):
-    """The owned nodes' Dirichlet mask: neither free nor hanging."""
-    return ~free_o & ~forest.mesh.is_hanging[forest.owned_nodes]
+def dirichlet_owned(forest, free_o, space=None):
+    """The owned nodes' Dirichlet mask: neither free nor hanging (``space``: the local mesh's
+    space whose hanging nodes to read, on its backend -- :func:`prepare`'s; default the
+    forest's host mesh)."""
+    M = forest.mesh if space is None else space.mesh
+    return ~free_o & ~M.is_hanging[forest.owned_nodes_on(M.backend)]
 
 
 def owned_constrained_load(forest, f, dirichlet="all", prep=None, g_o=None, A=None, s=None,
@@ -242,7 +296,7 @@ def owned_constrained_load(forest, f, dirichlet="all", prep=None, g_o=None, A=No
     be = get_backend(backend)
     xp = be.xp
     comm = forest.comm
-    space, gids, first, free_o, ex = prepare(forest, dirichlet) if prep is None else prep
+    space, gids, first, free_o, ex = prepare(forest, dirichlet, be) if prep is None else prep
     if be.is_gpu:
         view = CellSubset(forest.local_space(be), forest.owned_cells_on(be))
     else:
@@ -253,7 +307,7 @@ def owned_constrained_load(forest, f, dirichlet="all", prep=None, g_o=None, A=No
         f = be.asarray(f)
     if g_o is None:
         g_o = owned_dirichlet_values(forest, None, dirichlet, (space, gids, first, free_o, ex))
-    lift = g_o is not None and bool(_allsum(comm, int(np.any(g_o))))
+    lift = g_o is not None and bool(_allsum(comm, int(bool(g_o.any()))))
     if lift and s is None:
         raise ValueError("owned_constrained_load: non-zero Dirichlet values need the row scale s")
     if np.isscalar(f) and not isinstance(f, (bool, str)) and f == 0:
@@ -267,18 +321,16 @@ def owned_constrained_load(forest, f, dirichlet="all", prep=None, g_o=None, A=No
             A = _assembled(_on_backend(assemble, be), view, forest.mesh.num_nodes, keep=True)
         b = b - A @ (E @ g_u)
     e = ET @ b                                            # E_p^T r_p over u
-    u = ex.u
-    lo, hi = np.searchsorted(u, [first, first + gids.size])
+    lo, hi = _owned_span(ub, first, gids.size)
     out = xp.zeros(gids.size)
     out[ub[lo:hi] - first] = e[lo:hi]
-    rest = np.concatenate([np.arange(lo), np.arange(hi, u.size)])
-    r, v = alltoallv(comm, np.searchsorted(ex.starts, u[rest], side="right") - 1, u[rest],
-                     to_host(e[be.asarray(rest)]))
+    ur, er = (to_host(xp.concatenate([a[:lo], a[hi:]])) for a in (ub, e))    # the cut's entries
+    r, v = alltoallv(comm, np.searchsorted(ex.starts, ur, side="right") - 1, ur, er)
     scatter_add(out, be.asarray(r - first), be.asarray(v))
     out[be.asarray(~free_o)] = 0.0
     if lift:
-        d = dirichlet_owned(forest, free_o)
-        out[be.asarray(d)] = s * be.asarray(g_o[d])
+        d = be.asarray(dirichlet_owned(forest, free_o, space))
+        out[d] = s * be.asarray(g_o)[d]
     return out, gids
 
 
@@ -309,8 +361,8 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
     be = get_backend(backend)
     comm, M = forest.comm, forest.mesh
     N = forest.num_global_nodes
-    space, gids, first, free_o, ex = prepare(forest, dirichlet) if prep is None else prep
-    u, starts = ex.u, ex.starts
+    space, gids, first, free_o, ex = prepare(forest, dirichlet, be) if prep is None else prep
+    starts = ex.starts
     xp = be.xp
     # C_p = Z E^T A_p E Z over the owned leaves (the rows of non-owned leaves' vertices are
     # never reached: A_p is zero there), rows and columns the global nodes u
@@ -328,8 +380,8 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
         C = mask_rows_cols(C, ex.free_u, ex.free_u)
     # rows of owned nodes: a contiguous block of the sorted u, kept here (columns renamed by
     # the increasing u: rows stay sorted); the others' entries go to their owners
-    lo, hi = (int(i) for i in np.searchsorted(u, [first, first + gids.size]))
     ub = ex.on(be)[2]
+    lo, hi = _owned_span(ub, first, gids.size)
     ip = C.indptr
     cnt = xp.zeros(gids.size, dtype=np.int64)
     cnt[ub[lo:hi] - first] = xp.diff(ip[lo:hi + 1])
@@ -354,11 +406,11 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
     if B.nnz:
         pos = row_positions(xp, B.indptr, B.indices, be.asarray(gids))
         d = float((xp.abs(B.data[xp.maximum(pos, 0)]) * ((pos >= 0) & fo)).sum())
-    tot = _allsum(comm, np.array([d, float(np.count_nonzero(free_o))], dtype=float))
+    tot = _allsum(comm, np.array([d, float(int(fo.sum()))], dtype=float))
     s = float(tot[0] / tot[1]) if tot[1] > 0 and tot[0] > 0 else 1.0    # local._row_scale's rule
-    fx = np.flatnonzero(~free_o)
-    if fx.size:
-        S = be.sparse.coo_matrix((xp.full(fx.size, s), (be.asarray(fx), be.asarray(gids[fx]))), shape=B.shape)
+    fx = xp.flatnonzero(~fo)
+    if fx.size:                     # the owned ids are one range: gids[fx] = first + fx
+        S = be.sparse.coo_matrix((xp.full(fx.size, s), (fx, fx + first)), shape=B.shape)
         B = (B + S.tocsr()).tocsr()
     B.sort_indices()
     return (B, gids, free_o, s, A) if return_assembled else (B, gids, free_o, s)

@@ -48,7 +48,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, backend_of, get_backend, to_host
+from ..backend import CPU, backend_of, get_backend, scatter_min, to_host
 from ..mesh import reference as ref
 from .cellkeys import build_local
 from .comm import alltoallv
@@ -68,33 +68,46 @@ def weight_table(dim: int) -> np.ndarray:
     return np.concatenate([W, np.eye(2 ** dim)[None]])
 
 
-def _first_owned_leaf(forest, nodes):
-    """For local nodes ``nodes`` (vertices of owned leaves): an owned leaf having each as a
-    vertex (its position in ``owned_cells``) and the vertex index there."""
-    cells = forest.mesh.cells.take(forest.owned_cells, axis=0)
+def _first_owned_leaf(forest, nodes, be=CPU):
+    """For local nodes ``nodes`` (vertices of owned leaves; an array of ``be``): the first owned
+    leaf having each as a vertex (its position in ``owned_cells``) and the vertex index there --
+    on the GPU from the local mesh there, by a scatter-min."""
+    xp = be.xp
+    if be.is_gpu:
+        cells = xp.take(forest.local_space(be).mesh.cells, forest.owned_cells_on(be), axis=0)
+    else:
+        cells = forest.mesh.cells.take(forest.owned_cells, axis=0)
     nv = cells.shape[1]
     flat = cells.reshape(-1)
-    first = np.full(forest.mesh.num_nodes, -1, dtype=np.int64)
-    first[flat[::-1]] = np.arange(flat.size - 1, -1, -1)      # later writes win: the first one
+    if be.is_gpu:
+        first = xp.full(forest.mesh.num_nodes, flat.size, dtype=np.int64)
+        scatter_min(first, flat, xp.arange(flat.size, dtype=np.int64))
+    else:
+        first = np.full(forest.mesh.num_nodes, flat.size, dtype=np.int64)
+        first[flat[::-1]] = np.arange(flat.size - 1, -1, -1)  # later writes win: the first one
     pos = first[nodes]
-    _check(forest.comm, bool((pos >= 0).all()), "prolongation_rows: an owned node is no vertex of an owned leaf")
+    _check(forest.comm, bool((pos < flat.size).all()), "prolongation_rows: an owned node is no vertex of an owned leaf")
     return pos // nv, pos % nv
 
 
 def _coarse_rows(coarse, keys, j, EZ, ub, table, be=CPU):
-    """At the coarse rank: the rows ``W E_c Z_c`` of the requests ``(keys, j)`` (host arrays;
-    module doc), as COO ``(request, global column, value)`` -- arrays of ``be``: on the GPU
-    the coarse leaves' vertices are read from the coarse local mesh there and ``W E_c Z_c``
-    is one device product (``EZ``, ``ub``: :meth:`~.forest_rows.Expansion.masked`, ``u`` there)."""
+    """At the coarse rank: the rows ``W E_c Z_c`` of the requests ``(keys, j)`` (module doc), as
+    COO ``(request, global column, value)`` -- arrays of ``be``: on the GPU the requests are
+    moved there (if not there already), the coarse leaves found among the owned keys there and
+    their vertices read from the coarse local mesh there, and ``W E_c Z_c`` is one device
+    product (``EZ``, ``ub``: :meth:`~.forest_rows.Expansion.masked`, ``u`` there)."""
     codec = coarse.codec
-    okeys = coarse.owned_keys
     xp = be.xp
     if keys.size == 0:              # (its collective check still taken)
         _check(coarse.comm, True, "")
         z = xp.zeros(0, dtype=np.int64)
         return z, z, xp.zeros(0)
-    at = np.searchsorted(okeys, keys, side="right") - 1
-    C = okeys[np.maximum(at, 0)]
+    if be.is_gpu:
+        okeys, keys, j = coarse._moved("owned_keys", be), be.asarray(keys), be.asarray(j)
+    else:
+        okeys = coarse.owned_keys
+    at = xp.searchsorted(okeys, keys, side="right") - 1
+    C = okeys[xp.maximum(at, 0)]
     lc, lk = codec.level(C), codec.level(keys)
     s = codec._shift(lc)
     ok = (at >= 0) & ((((keys >> s) << s) | lc) == C)
@@ -102,12 +115,12 @@ def _coarse_rows(coarse, keys, j, EZ, ub, table, be=CPU):
     _check(coarse.comm, bool(ok.all()), f"prolongation_rows: rank {coarse.rank} got fine leaves whose "
                                         "coarse cell it does not own (not one coarsening apart?)")
     nv = 2 ** coarse.dim
-    digit = np.where(lk > lc, (keys >> codec._shift(lk)) & (nv - 1), nv)
+    digit = xp.where(lk > lc, (keys >> codec._shift(lk)) & (nv - 1), nv)
     m = keys.size
-    W = be.asarray(table)[be.asarray(digit), be.asarray(j)]                # (m, nv)
+    W = be.asarray(table)[digit, j]                                        # (m, nv)
     if be.is_gpu:                   # the coarse leaf's vertices from the local mesh there
         cells = coarse.local_space(be).mesh.cells
-        vtx = xp.take(cells, xp.take(coarse.owned_cells_on(be), be.asarray(at)), axis=0)
+        vtx = xp.take(cells, xp.take(coarse.owned_cells_on(be), at), axis=0)
     else:
         vtx = coarse.mesh.cells.take(coarse.owned_cells.take(at), axis=0)
     nz = W != 0
@@ -131,28 +144,31 @@ def prolongation_rows(fine, coarse, free_f, coarse_ex, col_map=None, backend=CPU
     level is cut along the same curve -- are answered here, on the device on the GPU (the
     coarse level's local mesh and expansion there)."""
     be = get_backend(backend)
+    xp = be.xp
     comm = fine.comm
     rank = comm.Get_rank()
-    own = fine.owned_nodes
-    want = np.flatnonzero(free_f)                  # non-free rows stay empty
-    leaf, j = _first_owned_leaf(fine, own[want])
-    keys = fine.keys[fine.owned_cells[leaf]]
+    own = fine.owned_nodes_on(be)
+    want = xp.flatnonzero(be.asarray(free_f))      # non-free rows stay empty
+    leaf, j = _first_owned_leaf(fine, own[want], be)
+    keys = (fine._moved("owned_keys", be) if be.is_gpu else fine.owned_keys)[leaf]
     # a rank idle on a folded coarse level (one of the last ones) owns no key: it gets none
-    k0 = int(coarse.owned_keys[0]) if coarse.owned_keys.size else np.iinfo(np.int64).max
+    ck = coarse.owned_keys
+    k0 = int(ck[0]) if ck.size else np.iinfo(np.int64).max
     firsts = np.asarray(comm.allgather(k0) if comm.Get_size() > 1 else [k0], dtype=np.int64)
-    dest = np.searchsorted(firsts, keys, side="right") - 1
+    dest = xp.searchsorted(be.asarray(firsts), keys, side="right") - 1
     here = dest == rank
     table = weight_table(fine.dim)
     EZ, ub = coarse_ex.masked(be), coarse_ex.on(be)[2]
-    # the requests of other ranks: there and back through the host
-    go = ~here
-    rk, rj, rid, src = alltoallv(comm, dest[go], keys[go], j[go], want[go],
-                                 np.full(int(go.sum()), rank, dtype=np.int64))
+    # the requests of other ranks (the cut): there and back through the host
+    go = xp.flatnonzero(~here)
+    rk, rj, rid, src = alltoallv(comm, *(to_host(a[go]) for a in (dest, keys, j, want)),
+                                 np.full(int(go.size), rank, dtype=np.int64))
     r, c, v = (to_host(a) for a in _coarse_rows(coarse, rk, rj, EZ, ub, table, be))
     row_r, col_r, val_r = alltoallv(comm, src[r], rid[r], c, v)
     # this rank's own requests, answered here
-    r, col, val = _coarse_rows(coarse, keys[here], j[here], EZ, ub, table, be)
-    row = be.asarray(want[here])[r]
+    hi = xp.flatnonzero(here)
+    r, col, val = _coarse_rows(coarse, keys[hi], j[hi], EZ, ub, table, be)
+    row = want[hi][r]
     row, col, val = (be.xp.concatenate([a, be.asarray(b)]) for a, b in ((row, row_r), (col, col_r), (val, val_r)))
     Nc = coarse.num_global_nodes
     if row.size == 0:               # no entry (e.g. an idle rank): a host matrix

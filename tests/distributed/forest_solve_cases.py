@@ -228,12 +228,17 @@ def run_gpu(records, fake, dim=2):
     if fake:
         import fake_cupy
         fake_cupy.install(devices=1, mesh=True)   # the local meshes go to the device
-    gpu = solve_forest(df, rtol=RTOL, agglomerate_below=100, gather=True, backend="gpu", coarse_max_rows=None)
+    gdf = forest(dim, 2)              # the same forest, its host mesh untouched by the CPU solve
+    gpu = solve_forest(gdf, rtol=RTOL, agglomerate_below=100, gather=True, backend="gpu", coarse_max_rows=None)
     mg = gpu.mg
     dl = mg.levels[1:]
+    space, _, _, free_o, ex = mg._fine_prep
     device = bool(is_device_array(gpu.x_local) and mg.solver.backend.is_gpu
                   and all(d.A.backend.is_gpu and d.P.backend.is_gpu and d.R.backend.is_gpu for d in dl)
-                  and all(d.smoother.backend.is_gpu for d in dl if d.layout.n))
+                  and all(d.smoother.backend.is_gpu for d in dl if d.layout.n)
+                  # the levels prepared on the device: the host meshes' hanging nodes never searched
+                  and space.backend.is_gpu and is_device_array(free_o) and ex.on_device
+                  and not any("_hanging_forest" in F.mesh.__dict__ for F in mg.forests))
     device = COMM.allreduce(int(device), op=__import__("mpi4py").MPI.MIN)
     if COMM.rank == 0:
         records.append(dict(case=f"{'fake-' if fake else ''}gpu-{dim}d", stage="solve", P=COMM.size, its=gpu.iterations,

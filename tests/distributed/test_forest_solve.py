@@ -161,8 +161,9 @@ def _check_device(rec, transport=None):
 @needs_mpi
 def test_device_path_with_a_stand_in_device(solve_results):
     """``backend="gpu"`` with fake_cupy.py standing in for CuPy (np2 only): the levels' blocks,
-    smoothers and vectors claim to be on the device, rank 0's hierarchy is a GPU one, and the
-    solve equals the CPU path's."""
+    smoothers and vectors claim to be on the device, the levels were prepared there (the local
+    spaces, free masks and expansions; no host mesh searched for its hanging nodes), rank 0's
+    hierarchy is a GPU one, and the solve equals the CPU path's."""
     if "fake-gpu-2d" not in solve_results:
         pytest.skip("run under mpiexec -n 2 only")
     rec = solve_results["fake-gpu-2d"]
