@@ -217,7 +217,7 @@ class CellHalo:
         ghost = np.flatnonzero(owner != me)
         # only owned cells with a vertex of a ghost can be ghosts elsewhere: R[v, q] a ghost of
         # rank q has vertex v, (those owned cells x nodes) @ R the ranks each one touches
-        owned = _touching(cells, num_nodes, ghost)
+        owned = _touching(cells, num_nodes, ghost) if ghost.size else np.zeros(0, dtype=np.int64)
         owned = owned[owner[owned] == me]
         R = sp.csr_matrix((np.ones(ghost.size * nv, dtype=np.int32),
                            (np.take(cells, ghost, axis=0).reshape(-1), np.repeat(owner[ghost], nv))),
@@ -392,7 +392,9 @@ class DistributedForest:
     def halo(self) -> CellHalo:
         """The owner -> ghost-holder exchange of per-cell values (collective on first use)."""
         M = self.mesh
-        return CellHalo(self.comm, M._active_cell_nodes(), M._forest.num_nodes, self.owner, self.keys)
+        # without ghosts (one rank) nothing is sent or received: no vertex table needed
+        cells = M._active_cell_nodes() if self.num_ghosts else np.zeros((0, 2 ** self.dim), dtype=np.int64)
+        return CellHalo(self.comm, cells, M._forest.num_nodes, self.owner, self.keys)
 
     # ------------------------------------------------------------------ refinement
     def refine(self, marker=None) -> "DistributedForest":
@@ -443,8 +445,10 @@ class DistributedForest:
         cown[M.cell_ids] = self.owner
         cown[nc:] = cown[par]
         owner = cown[M2.cell_ids]
-        acn = M2._active_cell_nodes()
-        keep = _owned_and_layer(acn, F2.num_nodes, owner, self.rank)
+        if bool((owner == self.rank).all()):       # no ghosts (one rank): every leaf stays
+            keep = np.arange(owner.size)
+        else:
+            keep = _owned_and_layer(M2._active_cell_nodes(), F2.num_nodes, owner, self.rank)
         active = M2.cell_ids[keep]
         # leaves dropped from the ghost layer stay in the forest (it only grows): past a
         # quarter of the active cells, rebuild it from the keys (memory ~ owned + ghosts)
@@ -554,8 +558,13 @@ class DistributedForest:
         n_own = int((own == self.rank).sum())
         _agree(self.comm, n_own > 0 or self.num_owned == 0, f"coarsen_once: rank {self.rank} would own no cell (its leaves all "
                                      "belong to families of a lower rank); repartition or use fewer ranks")
-        old_nodes = np.zeros(F.num_nodes, dtype=bool)
-        old_nodes[M._active_cell_nodes()[mine]] = True
+        # the vertices of this rank's old leaves (read at the new leaves' vertices only): every
+        # node where no ghost was here (one rank), else the owned rows gathered by index
+        if self.num_owned == M.num_cells:
+            old_nodes = np.ones(F.num_nodes, dtype=bool)
+        else:
+            old_nodes = np.zeros(F.num_nodes, dtype=bool)
+            old_nodes[np.take(M._active_cell_nodes(), np.flatnonzero(mine), axis=0)] = True
         acn = F.cell_nodes[active]
         dest, other = _layer_pairs(acn, F.num_nodes, own, self.size, lambda rows, sub: old_nodes)
         return self._settle(keys[own == self.rank], dest, keys[other], own[other])
