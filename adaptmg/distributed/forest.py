@@ -68,12 +68,13 @@ distributed multigrid hierarchy over them with the small levels gathered on rank
 (:mod:`.forest_levels`, :func:`.solve.solve_forest`; every level equal to the serial
 hierarchy's at P = 1, 2, 3), and the adaptive loop solve -> estimate -> mark -> refine ->
 repartition (:mod:`.adaptive`: the owned leaves' residual indicators from the local mesh, Doerfler
-marking across ranks; the serial loop's marks at P = 1, 2, 3).  Not yet: coarse levels on fewer ranks than the job
-(:meth:`coarsen_once` refuses to leave a rank without cells; the hierarchy then re-cuts the
-level first, and gathers on rank 0 only below its threshold -- a fold onto fewer ranks, as
-:func:`.partition.fold_cell_ranks`, is the next step); :func:`.solve.solve` still replicates
-the mesh; DoF numbering of Q2 (edge/face/cell DoFs: the same two-round exchange over more
-entities); device (CuPy) arrays.  Node coordinates came out as the serial forest's bit for
+marking across ranks; the serial loop's marks at P = 1, 2, 3); coarse levels re-cut onto fewer
+ranks (:meth:`repartition` with ``ranks=``, the others idle).  Not yet: DoF numbering of Q2
+(edge/face/cell DoFs: the same two-round exchange over more entities); the forest itself on
+the device -- its keys, refinement, coarsening and numbering are host NumPy; with
+``backend="gpu"`` each level's local mesh moves up once and its hanging nodes, expansion,
+rows, transfers and load are formed there (:mod:`.forest_levels`), so the host's part of a
+set-up is the coarsening and the numbering.  Node coordinates came out as the serial forest's bit for
 bit in every test (boxes and two imported unstructured meshes); where coarse cells are
 oriented differently a face centre made by another cell's split could differ in the last
 bit (its parents summed in another order) -- the ids, not coordinates, identify nodes
@@ -338,9 +339,15 @@ class DistributedForest:
             cache[backend.name] = Space(self.mesh.to(backend), 1)
         return cache[backend.name]
 
-    def release_device(self):
-        """Drop the device copies of :meth:`local_space` and :meth:`owned_cells_on` (a coarse
-        level's, once its rows are built: their memory goes back to the pool)."""
+    def release_device(self, *names):
+        """Drop the device copies of :meth:`local_space` and of the moved arrays
+        (:meth:`owned_cells_on`, ...; a coarse level's, once its rows are built: their memory
+        goes back to the pool); with ``names`` only those moved arrays (e.g. ``"owned_keys"``)."""
+        if names:
+            cache = self.__dict__.get("_owned_on", {})
+            for key in [k for k in cache if k[0] in names]:
+                del cache[key]
+            return
         self.__dict__.pop("_spaces", None)
         self.__dict__.pop("_owned_on", None)
 

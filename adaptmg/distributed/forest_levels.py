@@ -230,6 +230,7 @@ class ForestHierarchy:
             t = now()
             P_o = prolongation_rows(F, Fc, free_o, preps[i - 1][4], g2s if i == 1 else None, backend=be)
             R_o = restriction_rows(P_o, gids, clay, F.num_global_nodes)
+            F.release_device("owned_keys")   # the fine leaves' keys: read by this transfer only
             Fc.release_device()          # the coarser level's device copies (local mesh, expansion): done with
             preps[i - 1][4].drop_device()
             preps[i - 1] = None

@@ -217,3 +217,21 @@ def test_group_pairs_is_the_cross_product_of_each_group():
     got = sorted(zip(i.tolist(), j.tolist()))
     want = sorted((a, b) for a in range(6) for b in range(6) if g[a] == g[b])
     assert got == want
+
+
+def test_moved_arrays_are_kept_until_released():
+    """The arrays a level moves to its backend (owned cells, owned nodes, node ids, keys) are
+    moved once and kept; ``release_device(name)`` drops only that one, ``release_device()``
+    all of them and the local spaces."""
+    from adaptmg.backend import CPU
+    df = DistributedForest.box([0, 0], [1, 1], [2, 2]).refine().refine(lambda x: x[:, 0] < 0.3)
+    np.testing.assert_array_equal(df.owned_nodes_on(CPU), df.owned_nodes)
+    np.testing.assert_array_equal(df._moved("owned_keys", CPU), df.owned_keys)
+    df.owned_cells_on(CPU)
+    df.local_space(CPU)
+    cache = df.__dict__["_owned_on"]
+    assert set(cache) == {("owned_nodes", "cpu"), ("owned_keys", "cpu"), ("owned_cells", "cpu")}
+    df.release_device("owned_keys")
+    assert set(cache) == {("owned_nodes", "cpu"), ("owned_cells", "cpu")} and "_spaces" in df.__dict__
+    df.release_device()
+    assert "_owned_on" not in df.__dict__ and "_spaces" not in df.__dict__
