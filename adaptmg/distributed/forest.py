@@ -452,7 +452,7 @@ class DistributedForest:
         cown[M.cell_ids] = self.owner
         cown[nc:] = cown[par]
         owner = cown[M2.cell_ids]
-        if bool((owner == self.rank).all()):       # no ghosts (one rank): every leaf stays
+        if not self.num_ghosts:                    # no ghosts (one rank): every leaf stays
             keep = np.arange(owner.size)
         else:
             keep = _owned_and_layer(M2._active_cell_nodes(), F2.num_nodes, owner, self.rank)
@@ -567,7 +567,7 @@ class DistributedForest:
                                      "belong to families of a lower rank); repartition or use fewer ranks")
         # the vertices of this rank's old leaves (read at the new leaves' vertices only): every
         # node where no ghost was here (one rank), else the owned rows gathered by index
-        if self.num_owned == M.num_cells:
+        if not self.num_ghosts:
             old_nodes = np.ones(F.num_nodes, dtype=bool)
         else:
             old_nodes = np.zeros(F.num_nodes, dtype=bool)

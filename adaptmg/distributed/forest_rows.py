@@ -202,12 +202,9 @@ def prepare(forest, dirichlet, backend=CPU):
     gid, own = forest.node_gid, forest.owned_nodes
     gids = gid[own]
     first = int(gids[0]) if gids.size else 0
-    if be.is_gpu:
-        space = forest.local_space(be)
-        gid_x, own_x = forest._moved("node_gid", be), forest.owned_nodes_on(be)
-    else:
-        space, gid_x, own_x = Space(M, 1), gid, own
-    xp = space.backend.xp
+    space = forest.local_space(be)                       # on the GPU: the mesh moved up once
+    gid_x, own_x = forest._moved("node_gid", be), forest.owned_nodes_on(be)
+    xp = be.xp
     fixed = xp.zeros(M.num_nodes, dtype=bool)
     fixed[dirichlet_dofs(space, dirichlet)] = True
     free_o = ~(fixed[own_x] | space.mesh.is_hanging[own_x])

@@ -73,10 +73,7 @@ def _first_owned_leaf(forest, nodes, be=CPU):
     leaf having each as a vertex (its position in ``owned_cells``) and the vertex index there --
     on the GPU from the local mesh there, by a scatter-min."""
     xp = be.xp
-    if be.is_gpu:
-        cells = xp.take(forest.local_space(be).mesh.cells, forest.owned_cells_on(be), axis=0)
-    else:
-        cells = forest.mesh.cells.take(forest.owned_cells, axis=0)
+    cells = xp.take(forest.local_space(be).mesh.cells, forest.owned_cells_on(be), axis=0)
     nv = cells.shape[1]
     flat = cells.reshape(-1)
     if be.is_gpu:
@@ -102,10 +99,7 @@ def _coarse_rows(coarse, keys, j, EZ, ub, table, be=CPU):
         _check(coarse.comm, True, "")
         z = xp.zeros(0, dtype=np.int64)
         return z, z, xp.zeros(0)
-    if be.is_gpu:
-        okeys, keys, j = coarse._moved("owned_keys", be), be.asarray(keys), be.asarray(j)
-    else:
-        okeys = coarse.owned_keys
+    okeys, keys, j = coarse._moved("owned_keys", be), be.asarray(keys), be.asarray(j)
     at = xp.searchsorted(okeys, keys, side="right") - 1
     C = okeys[xp.maximum(at, 0)]
     lc, lk = codec.level(C), codec.level(keys)
@@ -118,11 +112,8 @@ def _coarse_rows(coarse, keys, j, EZ, ub, table, be=CPU):
     digit = xp.where(lk > lc, (keys >> codec._shift(lk)) & (nv - 1), nv)
     m = keys.size
     W = be.asarray(table)[digit, j]                                        # (m, nv)
-    if be.is_gpu:                   # the coarse leaf's vertices from the local mesh there
-        cells = coarse.local_space(be).mesh.cells
-        vtx = xp.take(cells, xp.take(coarse.owned_cells_on(be), at), axis=0)
-    else:
-        vtx = coarse.mesh.cells.take(coarse.owned_cells.take(at), axis=0)
+    # the coarse leaf's vertices from the local mesh (on the GPU its copy there)
+    vtx = xp.take(coarse.local_space(be).mesh.cells, xp.take(coarse.owned_cells_on(be), at), axis=0)
     nz = W != 0
     rows = xp.repeat(xp.arange(m), nv).reshape(m, nv)
     Wm = be.sparse.csr_matrix(be.sparse.coo_matrix((W[nz], (rows[nz], vtx[nz])), shape=(m, coarse.mesh.num_nodes)))
@@ -150,7 +141,7 @@ def prolongation_rows(fine, coarse, free_f, coarse_ex, col_map=None, backend=CPU
     own = fine.owned_nodes_on(be)
     want = xp.flatnonzero(be.asarray(free_f))      # non-free rows stay empty
     leaf, j = _first_owned_leaf(fine, own[want], be)
-    keys = (fine._moved("owned_keys", be) if be.is_gpu else fine.owned_keys)[leaf]
+    keys = fine._moved("owned_keys", be)[leaf]
     # a rank idle on a folded coarse level (one of the last ones) owns no key: it gets none
     ck = coarse.owned_keys
     k0 = int(ck[0]) if ck.size else np.iinfo(np.int64).max
