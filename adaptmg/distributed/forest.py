@@ -85,6 +85,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import scatter_max
 from ..fe.space import Space
 from ..mesh import Mesh
 from ..mesh._touch import cells_with_vertex_in
@@ -203,6 +204,46 @@ def _layer_pairs(acn: np.ndarray, num_nodes: int, newown: np.ndarray, size: int,
     n = acn.shape[0]
     u = np.unique(dest[sel] * n + other[sel])
     return u // n, u % n
+
+
+class _StayingLevels:
+    r"""The blocking test of global coarsening, incrementally: ``node[i]`` the highest level of
+    the staying cells (those not coarsened) with vertex ``i``, raised as cells are found to
+    stay; a family cell ``K`` (level ``l``) is *bad* when a staying cell of level ``l + 1`` touches
+    it, i.e. :math:`\max_{i \in V(K)} \mathrm{node}[i] \ge l + 1` (vertex-balanced 2:1 forest:
+    a touching cell's level is ``l - 1 .. l + 1``).  :meth:`Mesh.touch_max` over all cells
+    each round computes the same; here the first round scatters only the staying cells whose
+    level is one above a candidate's and gathers only the candidates, and a later round
+    scatters only the cells that stopped being coarsened and re-tests only the candidates at
+    their vertices (the maxima only grow: a candidate not bad before is bad now only there)."""
+
+    def __init__(self, cells, num_nodes, lv, cand):
+        self.cells, self.lv = cells, lv
+        self.node = np.full(num_nodes, -1, dtype=np.int64)
+        top = int(lv.max()) + 2 if lv.size else 1
+        self.useful = np.zeros(top, dtype=bool)   # levels one above a candidate's
+        self.useful[lv[cand] + 1] = True
+        self.first = True
+
+    def add(self, staying, cand):
+        """Raise the maxima by the cells of the mask ``staying``; return the cells of the mask
+        ``cand`` (the candidates left) that are bad now."""
+        nv = self.cells.shape[1]
+        src = np.flatnonzero(staying & self.useful[self.lv])
+        if src.size:
+            scatter_max(self.node, np.take(self.cells, src, axis=0).reshape(-1), np.repeat(self.lv[src], nv))
+        if self.first:
+            rows = np.flatnonzero(cand)
+            self.first = False
+        elif src.size:
+            hit = np.zeros(self.node.size, dtype=bool)
+            hit[np.take(self.cells, src, axis=0)] = True
+            rows = cells_with_vertex_in(self.cells, hit)
+            rows = rows[cand[rows]]
+        else:
+            return np.zeros(0, dtype=np.int64)
+        top = np.take(self.node, np.take(self.cells, rows, axis=0)).max(axis=1) if rows.size else rows
+        return rows[top >= self.lv[rows] + 1]
 
 
 class CellHalo:
@@ -536,13 +577,19 @@ class DistributedForest:
         p0 = np.where(has, par, 0)
         in_fam = has & (np.bincount(par[has], minlength=F.num_cells)[p0] == nv)
         in_fam = self.halo.exchange(in_fam)       # a ghost's family may not be whole here
+        stays = _StayingLevels(M._active_cell_nodes(), F.num_nodes, lv, in_fam & mine)
+        left = ~in_fam                            # the cells that stay: first all, then the new ones
         while True:                               # one blocking wave a round
-            bad = in_fam & (M.touch_max(np.where(in_fam, -1, lv)) >= lv + 1) & mine
+            bad = np.zeros(M.num_cells, dtype=bool)
+            bad[stays.add(left, in_fam & mine)] = True
             bad = self.halo.exchange(bad)
             blocked = np.zeros(F.num_cells, dtype=bool)
             blocked[par[bad]] = True
             newly = in_fam & blocked[p0]
+            # a ghost's flag is its owner's, which only falls: the cells that left stay
+            was = in_fam
             in_fam = self.halo.exchange(in_fam & ~newly)
+            left = was & ~in_fam
             if _allsum(self.comm, int((newly & mine).any())) == 0:
                 break
         if _allsum(self.comm, int(in_fam.any())) == 0:
