@@ -372,23 +372,12 @@ class DistributedForest:
 
     def local_space(self, backend):
         """The local mesh's Q1 space on ``backend`` (a :class:`~adaptmg.backend.Backend`): on the
-        GPU the local mesh moved there once (as :meth:`adaptmg.Mesh.to`: one copy of its
-        forest's tables, kept with this forest, and shared with the forests coarsened from it
-        on one rank, which keep its host forest) -- its numbering, cells and nodes are the host
-        mesh's -- where the set-up's matrices, loads and indicators are computed."""
+        GPU the local mesh moved there once (:meth:`adaptmg.Mesh.to`: one copy of its forest's
+        tables, kept with this forest) -- its numbering, cells and nodes are the host mesh's --
+        where the set-up's matrices, loads and indicators are computed."""
         cache = self.__dict__.setdefault("_spaces", {})
         if backend.name not in cache:
-            M = self.mesh
-            if M.backend.name != backend.name:
-                # the forests coarsened on one rank share the host forest (coarsen_once): its
-                # device copy too, made once for them all
-                shared = self.__dict__.setdefault("_forest_on", {})
-                host, moved = shared.get(backend.name, (None, None))
-                if host is not M._forest:
-                    moved = M._forest.to(backend)
-                    shared[backend.name] = (M._forest, moved)
-                M = Mesh(moved, backend.asarray(M.cell_ids))
-            cache[backend.name] = Space(M, 1)
+            cache[backend.name] = Space(self.mesh.to(backend), 1)
         return cache[backend.name]
 
     def release_device(self, *names):
@@ -577,8 +566,7 @@ class DistributedForest:
         (the children's flags through the halo; repeated, one round per blocking wave, as the
         serial loop).  The parent goes to the owner of child 0 (it takes that child's place on
         the curve: the ranges stay contiguous), and the new ghost layers come as in
-        :meth:`repartition` from the ranks that had every old leaf at a vertex (on one rank the
-        coarse leaves are taken from this forest, as :meth:`Mesh.coarsen_once` does).  A rank left
+        :meth:`repartition` from the ranks that had every old leaf at a vertex.  A rank left
         without cells (all its leaves in families of a lower rank) is a ValueError, unless it
         had none before (idle on a folded level)."""
         M, F = self.mesh, self.mesh._forest
@@ -589,7 +577,7 @@ class DistributedForest:
         p0 = np.where(has, par, 0)
         in_fam = has & (np.bincount(par[has], minlength=F.num_cells)[p0] == nv)
         in_fam = self.halo.exchange(in_fam)       # a ghost's family may not be whole here
-        stays = _StayingLevels(M.cells, M.num_nodes, lv, in_fam & mine)   # numbered later anyway
+        stays = _StayingLevels(M._active_cell_nodes(), F.num_nodes, lv, in_fam & mine)
         left = ~in_fam                            # the cells that stay: first all, then the new ones
         while True:                               # one blocking wave a round
             bad = np.zeros(M.num_cells, dtype=bool)
@@ -624,14 +612,6 @@ class DistributedForest:
         n_own = int((own == self.rank).sum())
         _agree(self.comm, n_own > 0 or self.num_owned == 0, f"coarsen_once: rank {self.rank} would own no cell (its leaves all "
                                      "belong to families of a lower rank); repartition or use fewer ranks")
-        if self.size == 1:
-            # alone: the coarse leaves are cells of this forest (as in Mesh.coarsen_once), no
-            # ghost layer to migrate and nothing to rebuild; the levels share one device copy
-            # of the forest (local_space)
-            Fc = DistributedForest(self.comm, self.coarse, self.codec, self.root_pos, Mesh(F, active),
-                                   self._fkey, own)
-            Fc.__dict__["_forest_on"] = self.__dict__.setdefault("_forest_on", {})
-            return Fc
         # the vertices of this rank's old leaves (read at the new leaves' vertices only): every
         # node where no ghost was here (one rank), else the owned rows gathered by index
         if not self.num_ghosts:

@@ -160,13 +160,12 @@ def _check_device(rec, transport=None):
 
 @needs_mpi
 def test_device_path_with_a_stand_in_device(solve_results):
-    """``backend="gpu"`` with fake_cupy.py standing in for CuPy (np1, np2): the levels' blocks,
+    """``backend="gpu"`` with fake_cupy.py standing in for CuPy (np2 only): the levels' blocks,
     smoothers and vectors claim to be on the device, the levels were prepared there (the local
     spaces, free masks and expansions; no host mesh searched for its hanging nodes), rank 0's
-    hierarchy is a GPU one, and the solve equals the CPU path's; on one rank every level is a
-    cell set of the finest forest, whose one device copy the finest space uses."""
+    hierarchy is a GPU one, and the solve equals the CPU path's."""
     if "fake-gpu-2d" not in solve_results:
-        pytest.skip("run under mpiexec -n 1 and 2 only")
+        pytest.skip("run under mpiexec -n 2 only")
     rec = solve_results["fake-gpu-2d"]
     _check_device(rec, "host")
     assert rec["rel"] <= 1e3 * EPS
