@@ -88,7 +88,7 @@ import scipy.sparse as sp
 from ..backend import scatter_max
 from ..fe.space import Space
 from ..mesh import Mesh
-from ..mesh._touch import cells_with_vertex_in
+from ..mesh._touch import SPARSE, cells_with_vertex_in
 from ..mesh._tree import _mean_of
 from .cellkeys import KeyCodec, build_local, root_positions
 from .comm import agree, alltoallv, collective_property, get_comm
@@ -213,9 +213,11 @@ class _StayingLevels:
     it, i.e. :math:`\max_{i \in V(K)} \mathrm{node}[i] \ge l + 1` (vertex-balanced 2:1 forest:
     a touching cell's level is ``l - 1 .. l + 1``).  :meth:`Mesh.touch_max` over all cells
     each round computes the same; here the first round scatters only the staying cells whose
-    level is one above a candidate's and gathers only the candidates, and a later round
-    scatters only the cells that stopped being coarsened and re-tests only the candidates at
-    their vertices (the maxima only grow: a candidate not bad before is bad now only there)."""
+    level is one above a candidate's, and a later round only the cells that stopped being
+    coarsened; only the candidates at their vertices are tested (all of them where the first
+    round's sources are more than a ``SPARSE``-th of the cells: one gather instead of a boolean
+    one and a gather), since the maxima only grow: a candidate not bad before is bad now only
+    there."""
 
     def __init__(self, cells, num_nodes, lv, cand):
         self.cells, self.lv = cells, lv
@@ -228,21 +230,21 @@ class _StayingLevels:
     def add(self, staying, cand):
         """Raise the maxima by the cells of the mask ``staying``; return the cells of the mask
         ``cand`` (the candidates left) that are bad now."""
-        nv = self.cells.shape[1]
+        cells, n = self.cells, self.lv.size
         src = np.flatnonzero(staying & self.useful[self.lv])
-        if src.size:
-            scatter_max(self.node, np.take(self.cells, src, axis=0).reshape(-1), np.repeat(self.lv[src], nv))
-        if self.first:
-            rows = np.flatnonzero(cand)
-            self.first = False
-        elif src.size:
-            hit = np.zeros(self.node.size, dtype=bool)
-            hit[np.take(self.cells, src, axis=0)] = True
-            rows = cells_with_vertex_in(self.cells, hit)
-            rows = rows[cand[rows]]
-        else:
+        first, self.first = self.first, False
+        if src.size == 0:
             return np.zeros(0, dtype=np.int64)
-        top = np.take(self.node, np.take(self.cells, rows, axis=0)).max(axis=1) if rows.size else rows
+        sc = np.take(cells, src, axis=0)
+        scatter_max(self.node, sc.reshape(-1), np.repeat(self.lv[src], cells.shape[1]))
+        if first and src.size * SPARSE > n:           # sources everywhere: every candidate
+            rows = np.flatnonzero(cand)
+        else:                                         # the candidates at the sources' vertices
+            hit = np.zeros(self.node.size, dtype=bool)
+            hit[sc] = True
+            rows = cells_with_vertex_in(cells, hit)
+            rows = rows[cand[rows]]
+        top = np.take(self.node, np.take(cells, rows, axis=0)).max(axis=1) if rows.size else rows
         return rows[top >= self.lv[rows] + 1]
 
 
