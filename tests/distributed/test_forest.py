@@ -237,20 +237,22 @@ def test_moved_arrays_are_kept_until_released():
     assert "_owned_on" not in df.__dict__ and "_spaces" not in df.__dict__
 
 
+@pytest.mark.parametrize("share", [0.6, 0.95])
 @pytest.mark.parametrize("dim", [2, 3])
-def test_staying_levels_equal_touch_max_round_by_round(dim):
+def test_staying_levels_equal_touch_max_round_by_round(dim, share):
     """Global coarsening's incremental blocking test (:class:`_StayingLevels`) against
     :meth:`Mesh.touch_max` over every cell, round by round, as the staying cells grow: a
     candidate (level ``l``) is bad iff a staying cell touching it has a level >= ``l + 1``.
-    Random graded meshes, random candidates; after each round the bad ones (as their
-    blocked families do) and some random others stay."""
+    Random graded meshes, random candidates (``share`` of the cells: the first round's
+    sources many or few); after each round the bad ones (as their blocked families do) and
+    some random others stay."""
     rng = np.random.default_rng(7 + dim)
     m = Mesh.box([0] * dim, [1] * dim, [2] * dim).refine()
     for _ in range(3 if dim == 2 else 2):
         m = m.refine(rng.random(m.num_cells) < 0.3)
     lv = m.levels
     assert np.ptp(lv) >= 2
-    cand = rng.random(m.num_cells) < 0.6
+    cand = rng.random(m.num_cells) < share
     stay = ~cand
     st = _StayingLevels(m._active_cell_nodes(), m._forest.num_nodes, lv, cand)
     new, found = stay.copy(), 0
@@ -259,7 +261,7 @@ def test_staying_levels_equal_touch_max_round_by_round(dim):
         want = np.flatnonzero(cand & (m.touch_max(np.where(stay, lv, -1)) >= lv + 1))
         np.testing.assert_array_equal(np.sort(got), want)
         found += want.size
-        new = cand & (rng.random(m.num_cells) < 0.15)   # the bad ones and some others stay
+        new = cand & (rng.random(m.num_cells) < 0.05)   # the bad ones and some others stay
         new[want] = True
         cand, stay = cand & ~new, stay | new
     assert found > 0
