@@ -54,7 +54,9 @@ ranks).  GPU: ``backend`` goes
 to :func:`.solve.solve_forest`, whose levels' matrices and load are formed on the device, and
 the indicators are computed there on the finest forest's local mesh (a callable ``f`` gets
 device points), as are the errors and the goal (the finest level's local space of the set-up);
-the marking and the forest stay on the host.
+the refinement splits that local mesh there (:meth:`~.forest.DistributedForest.refine` with
+``backend``: the new local forest copied back, its device copy kept for the next set-up); the
+marking and the forest's other work (closure, keys, repartition, coarsening) stay on the host.
 """
 from __future__ import annotations
 
@@ -291,7 +293,7 @@ def adaptive_loop_forest(forest, f=1.0, *, g=None, assemble=_assemble.stiffness,
             if callback is not None:
                 callback(step, F, eta, marks, res)
                 t1 = time.perf_counter()
-            F2 = F.refine(marks)
+            F2 = F.refine(marks, backend=be)             # on the GPU: split on the device
             t2 = time.perf_counter()
             F2 = F2.repartition() if repartition else F2
             t3 = time.perf_counter()

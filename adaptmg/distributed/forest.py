@@ -74,7 +74,8 @@ ranks (:meth:`repartition` with ``ranks=``, the others idle).  Not yet: DoF numb
 the device -- its keys, refinement, coarsening and numbering are host NumPy; with
 ``backend="gpu"`` each level's local mesh moves up once and its hanging nodes, expansion,
 rows, transfers and load are formed there (:mod:`.forest_levels`), so the host's part of a
-set-up is the coarsening and the numbering.  Node coordinates came out as the serial forest's bit for
+set-up is the coarsening and the numbering; ``refine(..., backend="gpu")`` splits the local
+forest on the device and copies it back.  Node coordinates came out as the serial forest's bit for
 bit in every test (boxes and two imported unstructured meshes); where coarse cells are
 oriented differently a face centre made by another cell's split could differ in the last
 bit (its parents summed in another order) -- the ids, not coordinates, identify nodes
@@ -85,7 +86,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import scatter_max
+from ..backend import CPU, get_backend, scatter_max
 from ..fe.space import Space
 from ..mesh import Mesh
 from ..mesh._touch import SPARSE, cells_with_vertex_in
@@ -447,12 +448,17 @@ class DistributedForest:
         return CellHalo(self.comm, cells, M._forest.num_nodes, self.owner, self.keys)
 
     # ------------------------------------------------------------------ refinement
-    def refine(self, marker=None) -> "DistributedForest":
+    def refine(self, marker=None, backend=None) -> "DistributedForest":
         """Refine the marked owned leaves, closed across ranks by the 2:1 rule (collective).
 
         ``marker``: None (every leaf), a boolean mask over the owned leaves in curve order
         (:attr:`owned_cells`), or a callable ``f(centres) -> bool mask`` of their centroids
-        (n, d).  Children stay with their parent's owner; :meth:`repartition` re-cuts."""
+        (n, d).  Children stay with their parent's owner; :meth:`repartition` re-cuts.
+        ``backend`` (a :class:`~adaptmg.backend.Backend` or name; default: the host): with
+        the GPU the local forest is split on the device -- the copy of :meth:`local_space`,
+        made there if this forest has none -- and copied back (the same tables: the split's
+        arithmetic is the same on both), and the new forest keeps the device copy as its own
+        :meth:`local_space` (its set-up moves nothing up)."""
         n = self.num_owned
         if marker is None:
             mask = np.ones(n, dtype=bool)
@@ -486,7 +492,15 @@ class DistributedForest:
         if _allsum(self.comm, idx.size) == 0:
             return self
         F = M._forest
-        M2 = M._refine_exact(idx) if idx.size else M
+        be = None if backend is None else get_backend(backend)
+        dev = None
+        if not idx.size:
+            M2 = M
+        elif be is not None and be.is_gpu:                 # the split on the device, copied back
+            dev = self.local_space(be).mesh._refine_exact(be.asarray(idx))
+            M2 = dev.to(CPU)
+        else:
+            M2 = M._refine_exact(idx)
         F2, nc = M2._forest, F.num_cells
         new_cells = np.arange(nc, F2.num_cells, dtype=np.int64)
         par = F2.cell_parent[new_cells]
@@ -505,8 +519,12 @@ class DistributedForest:
         if int((F2.cell_child0 < 0).sum()) - active.size > active.size // 4:
             return DistributedForest._from_keys(self.comm, self.coarse, self.codec, self.root_pos,
                                                 fkey[active], owner[keep])
-        return DistributedForest(self.comm, self.coarse, self.codec, self.root_pos, Mesh(F2, active), fkey,
-                                 owner[keep])
+        out = DistributedForest(self.comm, self.coarse, self.codec, self.root_pos, Mesh(F2, active), fkey,
+                                owner[keep])
+        if dev is not None:                     # its local space: the device copy it came from
+            out.__dict__["_spaces"] = {be.name: Space(dev if keep.size == M2.num_cells
+                                                      else Mesh(dev._forest, be.asarray(active)), 1)}
+        return out
 
     # ------------------------------------------------------------------ repartition
     def repartition(self, weights=None, ranks=None) -> "DistributedForest":

@@ -265,3 +265,47 @@ def test_staying_levels_equal_touch_max_round_by_round(dim, share):
         new[want] = True
         cand, stay = cand & ~new, stay | new
     assert found > 0
+
+
+def _device_split_check(dim, be, monkeypatch):
+    from adaptmg.mesh._tree import Forest
+    df = DistributedForest.box([0] * dim, [1] * dim, [2] * dim).refine().refine(lambda x: x[:, 0] < 0.4)
+    c = df.centres()
+    marks = np.linalg.norm(c - 0.3, axis=1) < 0.3
+    host = df.refine(marks)
+    dev = df.refine(marks, backend=be)
+    assert dev.mesh.backend.name == "cpu"
+    np.testing.assert_array_equal(dev.keys, host.keys)
+    np.testing.assert_array_equal(dev.owner, host.owner)
+    Fh, Fd = host.mesh._forest, dev.mesh._forest
+    for name in ("X", "node_par", "node_kind", "cell_nodes", "cell_parent", "cell_level", "cell_bface"):
+        a, b = getattr(Fh, name), getattr(Fd, name)
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+    np.testing.assert_array_equal(dev.mesh.cell_ids, host.mesh.cell_ids)
+    moves, to = [], Forest.to
+    monkeypatch.setattr(Forest, "to", lambda self, b: moves.append(1) or to(self, b))
+    space = dev.local_space(be)
+    assert not moves and space.backend.is_gpu
+    np.testing.assert_array_equal(space.mesh.cells.get(), host.mesh.cells)
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_refine_split_on_the_device_equals_the_host_split(dim, monkeypatch):
+    """``refine(marks, backend="gpu")`` (the split on the device copy of the local forest,
+    here on the strict NumPy stand-in for CuPy of tests/mesh, which runs the generic code) gives
+    the host split's forest -- keys, owners, vertex tables, node coordinates and parents, bit
+    for bit: the same additions in the same order -- and the new forest keeps the device mesh
+    as its local space: its set-up copies no forest up."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mesh"))
+    import strict_cupy
+    from adaptmg.backend import get_backend
+    strict_cupy.install(monkeypatch)
+    _device_split_check(dim, get_backend("gpu"), monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim", [2, 3])
+def test_refine_split_on_the_gpu_equals_the_host_split(dim, monkeypatch):
+    """The same on the real device."""
+    from adaptmg.backend import get_backend
+    _device_split_check(dim, get_backend("gpu"), monkeypatch)
