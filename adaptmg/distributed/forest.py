@@ -86,7 +86,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..backend import CPU, get_backend, scatter_max
+from ..backend import CPU, get_backend, scatter_max, scatter_min, to_host
 from ..fe.space import Space
 from ..mesh import Mesh
 from ..mesh._touch import SPARSE, cells_with_vertex_in
@@ -646,34 +646,52 @@ class DistributedForest:
     # ------------------------------------------------------------------ global node numbering
     @collective_property
     def _numbering(self):
-        M = self.mesh
+        # on the device where this forest's local mesh is there already (the GPU set-up moves it
+        # first, a GPU refinement leaves it there): the same node numbers as the host mesh's,
+        # without numbering the host mesh; the results copied down once
+        dev = next((sp_ for sp_ in self.__dict__.get("_spaces", {}).values() if sp_.backend.is_gpu), None)
+        be = CPU if dev is None else dev.backend
+        xp = be.xp
+        M = self.mesh if dev is None else dev.mesh
         cells, nn, nv = M.cells, M.num_nodes, 2 ** M.dim
         g = self.ghost_cells
-        flat = cells.take(self.owned_cells, axis=0).reshape(-1)
-        on_owned = np.zeros(nn, dtype=bool)
+        flat = xp.take(cells, self.owned_cells_on(be), axis=0).reshape(-1)
+        on_owned = xp.zeros(nn, dtype=bool)
         on_owned[flat] = True
         # owner: the lowest rank of the leaves with the node as a vertex -- this rank unless a
         # ghost (a lower rank) has it too: a scatter over the ghosts' vertices only
-        low = np.full(nn, self.size, dtype=np.int64)
-        np.minimum.at(low, cells.take(g, axis=0).reshape(-1), np.repeat(self.owner[g], nv))
-        node_owner = np.where(on_owned, np.minimum(low, self.rank), -1)
+        low = xp.full(nn, self.size, dtype=np.int64)
+        if g.size:
+            scatter_min(low, xp.take(cells, be.asarray(g), axis=0).reshape(-1),
+                        xp.repeat(be.asarray(self.owner[g]), nv))
+        node_owner = xp.where(on_owned, xp.minimum(low, self.rank), -1)
         # owned nodes in the local mesh's node order (first occurrence along the local forest's
         # cells: the children of a cell consecutive, a space-filling order inside each tree)
-        mine = np.flatnonzero(node_owner == self.rank)
+        mine = xp.flatnonzero(node_owner == self.rank)
         off = int(_exscan(self.comm, int(mine.size)))
         total = int(_allsum(self.comm, int(mine.size)))
-        gid = np.full(nn, -1, dtype=np.int64)
-        gid[mine] = off + np.arange(mine.size)
-        halo = self.halo
-        tgt = cells.take(halo.recv_cells, axis=0)
-        for _ in range(2):                           # owned leaves' vertices, then the ghosts'
-            got = halo.send(gid.take(cells.take(halo.send_cells, axis=0)))
-            known = got >= 0
-            gid[tgt[known]] = got[known]
+        gid = xp.full(nn, -1, dtype=np.int64)
+        gid[mine] = off + xp.arange(mine.size, dtype=np.int64)
+        if self.size > 1:
+            halo = self.halo
+            tgt = xp.take(cells, be.asarray(halo.recv_cells), axis=0)
+            sent = xp.take(cells, be.asarray(halo.send_cells), axis=0)
+            for _ in range(2):                       # owned leaves' vertices, then the ghosts'
+                got = be.asarray(halo.send(to_host(xp.take(gid, sent))))
+                known = got >= 0
+                gid[tgt[known]] = got[known]
         missing = int((gid < 0).sum())
         _check(self.comm, missing == 0,
                f"global node numbering: rank {self.rank} has {missing} nodes without an id")
-        return gid, node_owner, mine, total, on_owned
+        if be.is_gpu:                                # kept on the device for the set-up
+            moved = self.__dict__.setdefault("_owned_on", {})
+            moved["node_gid", be.name], moved["owned_nodes", be.name] = gid, mine
+        return to_host(gid), to_host(node_owner), to_host(mine), total, to_host(on_owned)
+
+    @property
+    def num_local_nodes(self) -> int:
+        """Number of nodes of the local mesh (vertices of owned leaves and ghosts)."""
+        return int(self.node_gid.size)
 
     @property
     def node_gid(self) -> np.ndarray:

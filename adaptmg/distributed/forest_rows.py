@@ -198,12 +198,13 @@ def prepare(forest, dirichlet, backend=CPU):
     arrays (the node ids moved up once), and the host mesh's hanging nodes are never searched
     for.  Only the free status of columns owned elsewhere crosses (the cut)."""
     be = get_backend(backend)
-    comm, M = forest.comm, forest.mesh
+    comm = forest.comm
+    space = forest.local_space(be)         # on the GPU: the mesh moved up once, numbered there
     gid, own = forest.node_gid, forest.owned_nodes
     gids = gid[own]
     first = int(gids[0]) if gids.size else 0
-    space = forest.local_space(be)                       # on the GPU: the mesh moved up once
     gid_x, own_x = forest._moved("node_gid", be), forest.owned_nodes_on(be)
+    M = space.mesh
     xp = be.xp
     fixed = xp.zeros(M.num_nodes, dtype=bool)
     fixed[dirichlet_dofs(space, dirichlet)] = True
@@ -315,7 +316,7 @@ def owned_constrained_load(forest, f, dirichlet="all", prep=None, g_o=None, A=No
     if lift:
         g_u = be.asarray(_pull(comm, ex.starts, ex.u, first, g_o))
         if A is None:
-            A = _assembled(_on_backend(assemble, be), view, forest.mesh.num_nodes, keep=True)
+            A = _assembled(_on_backend(assemble, be), view, forest.num_local_nodes, keep=True)
         b = b - A @ (E @ g_u)
     e = ET @ b                                            # E_p^T r_p over u
     lo, hi = _owned_span(ub, first, gids.size)
@@ -356,22 +357,22 @@ def owned_constrained_rows(forest, assemble=stiffness, dirichlet="all", prep=Non
     numbers come back to the host."""
     _check_forest(forest)
     be = get_backend(backend)
-    comm, M = forest.comm, forest.mesh
-    N = forest.num_global_nodes
+    comm = forest.comm
     space, gids, first, free_o, ex = prepare(forest, dirichlet, be) if prep is None else prep
+    N, nn = forest.num_global_nodes, forest.num_local_nodes
     starts = ex.starts
     xp = be.xp
     # C_p = Z E^T A_p E Z over the owned leaves (the rows of non-owned leaves' vertices are
     # never reached: A_p is zero there), rows and columns the global nodes u
     if be.is_gpu:
         dspace = forest.local_space(be)
-        A = _assembled(_on_backend(assemble, be), CellSubset(dspace, forest.owned_cells_on(be)), M.num_nodes,
+        A = _assembled(_on_backend(assemble, be), CellSubset(dspace, forest.owned_cells_on(be)), nn,
                        keep=True)
         C = _device_congruence(be, A, ex)
         if not return_assembled:        # its memory back to the pool before the rows are split
             A = None
     else:
-        A = _assembled(assemble, CellSubset(space, forest.owned_cells), M.num_nodes)
+        A = _assembled(assemble, CellSubset(space, forest.owned_cells), nn)
         C = (ex.E.T.tocsr() @ A @ ex.E).tocsr()
         C.sort_indices()
         C = mask_rows_cols(C, ex.free_u, ex.free_u)

@@ -77,10 +77,10 @@ def _first_owned_leaf(forest, nodes, be=CPU):
     nv = cells.shape[1]
     flat = cells.reshape(-1)
     if be.is_gpu:
-        first = xp.full(forest.mesh.num_nodes, flat.size, dtype=np.int64)
+        first = xp.full(forest.num_local_nodes, flat.size, dtype=np.int64)
         scatter_min(first, flat, xp.arange(flat.size, dtype=np.int64))
     else:
-        first = np.full(forest.mesh.num_nodes, flat.size, dtype=np.int64)
+        first = np.full(forest.num_local_nodes, flat.size, dtype=np.int64)
         first[flat[::-1]] = np.arange(flat.size - 1, -1, -1)  # later writes win: the first one
     pos = first[nodes]
     _check(forest.comm, bool((pos < flat.size).all()), "prolongation_rows: an owned node is no vertex of an owned leaf")
@@ -116,7 +116,7 @@ def _coarse_rows(coarse, keys, j, EZ, ub, table, be=CPU):
     vtx = xp.take(coarse.local_space(be).mesh.cells, xp.take(coarse.owned_cells_on(be), at), axis=0)
     nz = W != 0
     rows = xp.repeat(xp.arange(m), nv).reshape(m, nv)
-    Wm = be.sparse.csr_matrix(be.sparse.coo_matrix((W[nz], (rows[nz], vtx[nz])), shape=(m, coarse.mesh.num_nodes)))
+    Wm = be.sparse.csr_matrix(be.sparse.coo_matrix((W[nz], (rows[nz], vtx[nz])), shape=(m, coarse.num_local_nodes)))
     R = (Wm @ EZ).tocoo()
     keep = R.data != 0
     return R.row[keep], ub[R.col[keep]], R.data[keep]

@@ -309,3 +309,30 @@ def test_refine_split_on_the_gpu_equals_the_host_split(dim, monkeypatch):
     """The same on the real device."""
     from adaptmg.backend import get_backend
     _device_split_check(dim, get_backend("gpu"), monkeypatch)
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_numbering_on_the_device_equals_the_host_numbering(dim, monkeypatch):
+    """A forest whose local mesh is on the device (``local_space``: the GPU set-up moves it
+    first) numbers its nodes there -- on the strict CuPy stand-in of tests/mesh -- with the
+    host numbering's ids, owners and owned nodes, without numbering the host mesh, and keeps
+    the device ids for the set-up."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mesh"))
+    import strict_cupy
+
+    def forest():
+        return DistributedForest.box([0] * dim, [1] * dim, [2] * dim).refine().refine(lambda x: x[:, 1] < 0.3)
+    host = forest()
+    want = host._numbering
+    strict_cupy.install(monkeypatch)
+    from adaptmg.backend import get_backend
+    be = get_backend("gpu")
+    dev = forest()
+    dev.local_space(be)
+    got = dev._numbering
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    assert all(isinstance(a, np.ndarray) and not isinstance(a, strict_cupy.ndarray) for a in got if np.ndim(a))
+    assert "_node_numbering" not in dev.mesh.__dict__
+    assert isinstance(dev._moved("node_gid", be), strict_cupy.ndarray)
+    np.testing.assert_array_equal(dev._moved("node_gid", be).get(), want[0])
