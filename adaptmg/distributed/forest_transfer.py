@@ -213,7 +213,10 @@ def gather_level(forest):
     if forest.rank == 0:
         keys = np.concatenate([k for k, _ in got])
         vg = np.concatenate([v for _, v in got])
-        mesh, fkey = build_local(forest.coarse, forest.codec, forest.root_pos, keys)
+        if P == 1:       # the forest's own local mesh: built from these keys by build_local
+            mesh, fkey = forest.mesh, forest._fkey
+        else:
+            mesh, fkey = build_local(forest.coarse, forest.codec, forest.root_pos, keys)
         o = np.argsort(keys)
         ck = fkey[mesh.cell_ids]
         at = o[np.minimum(np.searchsorted(keys[o], ck), keys.size - 1)]
