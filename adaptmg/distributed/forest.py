@@ -71,11 +71,13 @@ repartition (:mod:`.adaptive`: the owned leaves' residual indicators from the lo
 marking across ranks; the serial loop's marks at P = 1, 2, 3); coarse levels re-cut onto fewer
 ranks (:meth:`repartition` with ``ranks=``, the others idle).  Not yet: DoF numbering of Q2
 (edge/face/cell DoFs: the same two-round exchange over more entities); the forest itself on
-the device -- its keys, refinement, coarsening and numbering are host NumPy; with
-``backend="gpu"`` each level's local mesh moves up once and its hanging nodes, expansion,
-rows, transfers and load are formed there (:mod:`.forest_levels`), so the host's part of a
-set-up is the coarsening and the numbering; ``refine(..., backend="gpu")`` splits the local
-forest on the device and copies it back.  Node coordinates came out as the serial forest's bit for
+the device -- its keys, closure, coarsening and repartition are host NumPy; with
+``backend="gpu"`` each level's local mesh moves up once (or stays there after
+``refine(..., backend="gpu")``, which splits the local forest on the device and copies it
+back) and is numbered there (:attr:`node_gid` from the device mesh where it exists), and its
+hanging nodes, expansion, rows, transfers and load are formed there (:mod:`.forest_levels`),
+so the host's part of a set-up is the coarsening (with the numbering of the levels it
+counts).  Node coordinates came out as the serial forest's bit for
 bit in every test (boxes and two imported unstructured meshes); where coarse cells are
 oriented differently a face centre made by another cell's split could differ in the last
 bit (its parents summed in another order) -- the ids, not coordinates, identify nodes

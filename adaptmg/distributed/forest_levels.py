@@ -50,9 +50,9 @@ The right-hand side ``Z H^T (b - A H g) + s g`` (Dirichlet values ``g`` lifted a
 (hanging ones, also on the boundary, follow their parents) come from the finest forest alone
 (:func:`.forest_rows.owned_constrained_load`, :meth:`ForestHierarchy.expand_local`).
 
-The forests (keys, coarsening, numbering) are built on the host (NumPy/SciPy).  With
+The forests (keys, coarsening) are built on the host (NumPy/SciPy).  With
 ``backend="gpu"`` each level's local mesh is moved to the device once when the level is
-reached (:meth:`~.forest.DistributedForest.local_space`, dropped once the next finer level's
+reached (and numbered there, unless the coarsening counted its nodes on the host first) (:meth:`~.forest.DistributedForest.local_space`, dropped once the next finer level's
 transfer is built): its hanging nodes, ``H``, Dirichlet nodes and the expansion ``E``
 (:func:`.forest_rows.prepare`), ``K_l``'s owned rows, the rows of ``P_l`` and ``R_l`` that the
 rank answers itself, the load and the nodal values ``H x`` are formed there (the owned leaves

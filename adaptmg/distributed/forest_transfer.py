@@ -213,7 +213,9 @@ def gather_level(forest):
     if forest.rank == 0:
         keys = np.concatenate([k for k, _ in got])
         vg = np.concatenate([v for _, v in got])
-        if P == 1:       # the forest's own local mesh: built from these keys by build_local
+        if P == 1:
+            # the forest's own local mesh: its leaves are these keys (any mesh of them serves:
+            # s2g below is built and checked from the keys)
             mesh, fkey = forest.mesh, forest._fkey
         else:
             mesh, fkey = build_local(forest.coarse, forest.codec, forest.root_pos, keys)
