@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 from adaptmg.distributed.cellkeys import KeyCodec, build_local, forest_keys, root_positions
-from adaptmg.distributed.forest import DistributedForest, _StayingLevels, _group_pairs
+from adaptmg.distributed.forest import DistributedForest
+from adaptmg.distributed.forest_cells import _StayingLevels, _group_pairs
 from adaptmg.distributed.partition import curve_order
 from adaptmg.mesh import Mesh
 
