@@ -92,8 +92,9 @@ from ..fe.space import Space
 from ..mesh import Mesh
 from ..mesh._tree import _mean_of
 from .cellkeys import KeyCodec, build_local, root_positions
-from .comm import agree, alltoallv, collective_property, get_comm
-from .forest_cells import CellHalo, _StayingLevels, _check, _layer_pairs, _owned_and_layer, _touching
+from .comm import alltoallv, collective_property, get_comm
+from .forest_cells import (CellHalo, _StayingLevels, _agree, _allsum, _check, _exscan, _layer_pairs,
+                           _owned_and_layer, _touching)
 
 __all__ = ["DistributedForest", "CellHalo"]
 
@@ -111,27 +112,6 @@ class _SerialComm:
 def _as_comm(comm):
     c = get_comm(comm)
     return _SerialComm() if c is None else c
-
-
-def _allsum(comm, x):
-    return x if comm.Get_size() == 1 else comm.allreduce(x)
-
-
-def _exscan(comm, x):
-    """Sum of ``x`` over the lower ranks (0 on rank 0)."""
-    if comm.Get_size() == 1:
-        return 0
-    s = comm.exscan(x)
-    return 0 if s is None else s
-
-
-def _agree(comm, ok, message):
-    """ValueError on every rank if ``ok`` is False on any (:func:`.comm.agree`)."""
-    if comm.Get_size() == 1:
-        if not ok:
-            raise ValueError(message)
-    else:
-        agree(comm, ok, message)
 
 
 class DistributedForest:
@@ -436,7 +416,8 @@ class DistributedForest:
         p0 = np.where(has, par, 0)
         in_fam = has & (np.bincount(par[has], minlength=F.num_cells)[p0] == nv)
         in_fam = self.halo.exchange(in_fam)       # a ghost's family may not be whole here
-        stays = _StayingLevels(M._active_cell_nodes(), F.num_nodes, lv, in_fam & mine)
+        acn_local = M._active_cell_nodes()
+        stays = _StayingLevels(acn_local, F.num_nodes, lv, in_fam & mine)
         left = ~in_fam                            # the cells that stay: first all, then the new ones
         while True:                               # one blocking wave a round
             bad = np.zeros(M.num_cells, dtype=bool)
@@ -477,7 +458,7 @@ class DistributedForest:
             old_nodes = np.ones(F.num_nodes, dtype=bool)
         else:
             old_nodes = np.zeros(F.num_nodes, dtype=bool)
-            old_nodes[np.take(M._active_cell_nodes(), np.flatnonzero(mine), axis=0)] = True
+            old_nodes[np.take(acn_local, np.flatnonzero(mine), axis=0)] = True
         acn = F.cell_nodes[active]
         dest, other = _layer_pairs(acn, F.num_nodes, own, self.size, lambda rows, sub: old_nodes)
         return self._settle(keys[own == self.rank], dest, keys[other], own[other])

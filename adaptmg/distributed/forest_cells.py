@@ -2,8 +2,9 @@
 beside a set of cells (the ghost layer kept after a refinement), the (new owner, cell) pairs
 a re-cut sends to build the new ghost layers (:func:`_layer_pairs`), the owner -> ghost-holder
 exchange of per-cell values (:class:`CellHalo`), and the incremental blocking test of global
-coarsening (:class:`_StayingLevels`).  All host NumPy, vectorised; the ranks' collectives
-are :func:`.comm.alltoallv` and :func:`_check`'s allgather."""
+coarsening (:class:`_StayingLevels`); and the forest's small collectives (sums, an exclusive
+scan, the agreed ValueError of bad input and RuntimeError of an inconsistency).  All host
+NumPy, vectorised."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,9 +12,30 @@ import scipy.sparse as sp
 
 from ..backend import scatter_max
 from ..mesh._touch import SPARSE, cells_with_vertex_in
-from .comm import alltoallv
+from .comm import agree, alltoallv
 
 __all__ = ["CellHalo"]
+
+
+def _allsum(comm, x):
+    return x if comm.Get_size() == 1 else comm.allreduce(x)
+
+
+def _exscan(comm, x):
+    """Sum of ``x`` over the lower ranks (0 on rank 0)."""
+    if comm.Get_size() == 1:
+        return 0
+    s = comm.exscan(x)
+    return 0 if s is None else s
+
+
+def _agree(comm, ok, message):
+    """ValueError on every rank if ``ok`` is False on any (:func:`.comm.agree`)."""
+    if comm.Get_size() == 1:
+        if not ok:
+            raise ValueError(message)
+    else:
+        agree(comm, ok, message)
 
 
 def _check(comm, ok, message):

@@ -52,8 +52,9 @@ The right-hand side ``Z H^T (b - A H g) + s g`` (Dirichlet values ``g`` lifted a
 
 The forests (keys, coarsening) are built on the host (NumPy/SciPy).  With
 ``backend="gpu"`` each level's local mesh is moved to the device once when the level is
-reached (and numbered there, unless the coarsening counted its nodes on the host first) (:meth:`~.forest.DistributedForest.local_space`, dropped once the next finer level's
-transfer is built): its hanging nodes, ``H``, Dirichlet nodes and the expansion ``E``
+reached (:meth:`~.forest.DistributedForest.local_space`, dropped once the next finer level's
+transfer is built) and numbered there unless the coarsening counted its nodes on the host
+first; its hanging nodes, ``H``, Dirichlet nodes and the expansion ``E``
 (:func:`.forest_rows.prepare`), ``K_l``'s owned rows, the rows of ``P_l`` and ``R_l`` that the
 rank answers itself, the load and the nodal values ``H x`` are formed there (the owned leaves
 assembled on the device, :math:`Z E^T A E Z` by the congruence row kernels; only the cut's
